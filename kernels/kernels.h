@@ -1,0 +1,156 @@
+/* The compute ops table: every tensor operation the GPT model and the optimizer need, as function
+ * pointers chosen once at start (`const struct kernels *k = kernels_get("cpu");`), so the model and the
+ * FSDP engine have one code path for CPU and CUDA. A new device is a new table, not an `if` in the model.
+ *
+ * Conventions shared by every backend (docs/kernels.md has the details):
+ * - All pointers to tensors are device pointers of the backend (plain host memory for "cpu"); get them
+ *   from k->mem_alloc. Pointers documented as "host" are ordinary host memory on every backend.
+ * - Tensors are dense row-major fp32 unless stated. N = B*T rows of activations, C channels.
+ * - Matmul weights use the Hugging Face GPT-2 Conv1D layout W(in, out): y = x W + b, so HF checkpoints
+ *   load without a transpose.
+ * - Backward ops ADD (+=) into every gradient output they write (input and parameter gradients alike),
+ *   so residual branches and micro-batch accumulation need no extra pass; the caller zeroes gradient
+ *   buffers (k->mem_set) when it wants a fresh gradient. Exception: cross-entropy overwrites dlogits.
+ *   Passing NULL for an optional gradient output skips computing it.
+ * - Ops never allocate; ops that need scratch memory take a workspace sized by the matching
+ *   *_workspace_bytes query (call the query with the same shapes, after the thread count is final).
+ * - Every op returns 0 or a negative enum fsdp_error, with error_set() saying what was wrong.
+ * - The CPU backend uses at most OMP_NUM_THREADS threads (OpenMP loops and OpenBLAS share the pool). */
+#ifndef FSDP_KERNELS_KERNELS_H
+#define FSDP_KERNELS_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum kernels_dtype {
+    KERNELS_F32 = 0,
+    KERNELS_BF16 = 1, /* bfloat16 bits in uint16_t */
+    KERNELS_F16 = 2,  /* IEEE binary16 bits in uint16_t */
+};
+
+enum kernels_copy_kind {
+    KERNELS_COPY_H2D = 0, /* host -> device */
+    KERNELS_COPY_D2H = 1, /* device -> host */
+    KERNELS_COPY_D2D = 2, /* device -> device */
+};
+
+/* AdamW hyper-parameters for one call (one parameter group / tensor). */
+struct kernels_adamw_params {
+    float lr;
+    float beta1;
+    float beta2;
+    float eps;
+    float weight_decay; /* decoupled: param -= lr * weight_decay * param; 0 disables (biases, norms) */
+    float grad_scale;   /* grad is multiplied by this first (gradient clipping, loss scaling); 1 = none */
+    int step;           /* 1-based step count, for the bias corrections 1 - beta^step */
+};
+
+struct kernels {
+    const char *name; /* "cpu", "cuda" */
+
+    /* ---- device memory: one path for CPU and CUDA ---- */
+    /* Named mem_* because libc may define memcpy/free as macros. 64-byte aligned; NULL (and
+     * error_set) on failure; mem_free(NULL) is a no-op. */
+    void *(*mem_alloc)(size_t bytes);
+    void (*mem_free)(void *ptr);
+    int (*mem_copy)(void *dst, const void *src, size_t bytes, enum kernels_copy_kind kind);
+    int (*mem_set)(void *dst, int value, size_t bytes);
+    /* Waits for all queued work (no-op on CPU). */
+    int (*synchronize)(void);
+
+    /* ---- matmul ---- */
+    /* y(n, out) = x(n, in) W(in, out) + b(out); b may be NULL. y must not alias x. */
+    int (*matmul_forward)(float *y, const float *x, const float *w, const float *b, int n, int in,
+                          int out);
+    /* dx(n, in) += dy W^T; dw(in, out) += x^T dy; db(out) += column sums of dy. Any of dx, dw, db may be
+     * NULL. */
+    int (*matmul_backward)(float *dx, float *dw, float *db, const float *dy, const float *x,
+                           const float *w, int n, int in, int out);
+    /* General row-major SGEMM: C(m, n) = alpha op(A) op(B) + beta C, op = transpose when trans_* != 0
+     * (A is (m, k), or (k, m) when transposed; likewise B). For layouts matmul does not cover, e.g. the
+     * tied LM head logits = x wte^T with wte stored (V, C). */
+    int (*gemm)(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
+                const float *b, int ldb, float beta, float *c, int ldc);
+
+    /* ---- layernorm over the last dimension (c) ---- */
+    /* out, inp: (n, c); weight, bias: (c); mean, rstd: (n), saved for backward. */
+    int (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
+                             const float *weight, const float *bias, int n, int c, float eps);
+    /* dinp += ..., dweight += ..., dbias += ...; any of the three may be NULL. */
+    int (*layernorm_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                              const float *inp, const float *weight, const float *mean,
+                              const float *rstd, int n, int c);
+
+    /* ---- causal multi-head self-attention ---- */
+    /* qkv: (b*t, 3c), each row [q | k | v] as GPT-2's c_attn writes it; head h uses columns
+     * h*hs .. h*hs+hs-1 of each of q, k, v (hs = c/nh). out: (b*t, c), head h at the same columns.
+     * lse: (b, nh, t) log-sum-exp of each row of scaled scores (scale 1/sqrt(hs)), saved for backward.
+     * Memory is O(t) per head: no t x t matrix is stored; backward recomputes scores from q, k, v. */
+    size_t (*attention_workspace_bytes)(int b, int t, int c, int nh);
+    int (*attention_forward)(float *out, float *lse, const float *qkv, int b, int t, int c, int nh,
+                             void *workspace);
+    /* dqkv: (b*t, 3c) += gradient w.r.t. qkv. out and lse are forward's outputs. */
+    int (*attention_backward)(float *dqkv, const float *dout, const float *qkv, const float *out,
+                              const float *lse, int b, int t, int c, int nh, void *workspace);
+
+    /* ---- elementwise ---- */
+    /* GELU, tanh approximation (GPT-2's gelu_new). out may alias inp. */
+    int (*gelu_forward)(float *out, const float *inp, size_t n);
+    /* dinp += gelu'(inp) * dout. */
+    int (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
+    /* out = a + b (residual add); out may alias a or b. */
+    int (*residual_forward)(float *out, const float *a, const float *b, size_t n);
+    /* x *= s. */
+    int (*scale)(float *x, float s, size_t n);
+    /* *result (host) = sum of x[i]^2, accumulated in double. */
+    int (*sqnorm)(double *result, const float *x, size_t n);
+    /* dst[i] = src[i] converted; float -> bf16/f16 rounds to nearest even, keeps inf/nan (quiet),
+     * f16 overflow gives inf, subnormals are produced and read exactly. Same dtype = copy. */
+    int (*cast)(void *dst, enum kernels_dtype dst_dtype, const void *src, enum kernels_dtype src_dtype,
+                size_t n);
+
+    /* ---- embeddings ---- */
+    /* out(b*t, c) = wte[tokens[i]] + wpe[i mod t]; tokens: (b*t) device int32 in [0, vocab). */
+    int (*embedding_forward)(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                             int b, int t, int c);
+    /* dwte[tokens[i]] += dout[i]; dwpe[i mod t] += dout[i]; either may be NULL. */
+    int (*embedding_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int b,
+                              int t, int c);
+
+    /* ---- fused softmax cross-entropy over a padded vocabulary ---- */
+    /* logits: (n, vp) with only the first v columns real (vp >= v, the columns v..vp-1 are padding and
+     * never affect anything). targets: (n) device int32 in [0, v), or -1 to ignore the row.
+     * losses (optional, device, n floats): per-row loss, 0 for ignored rows.
+     * loss_sum (optional, host): sum of the losses of non-ignored rows, in double.
+     * dlogits (optional; may equal logits for in-place): OVERWRITTEN with
+     *   dloss * (softmax(logits[:v]) - onehot(target)), 0 in padded columns and in ignored rows.
+     * Chunked over the vocabulary with an online max/sum: no probability tensor is kept. */
+    int (*crossentropy_forward_backward)(float *losses, double *loss_sum, float *dlogits,
+                                         const float *logits, const int32_t *targets, int n, int v,
+                                         int vp, float dloss);
+
+    /* ---- optimizer ---- */
+    /* AdamW on fp32 master weights: g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+     * param -= lr * (m / (1-b1^step) / (sqrt(v / (1-b2^step)) + eps) + weight_decay * param). */
+    int (*adamw)(float *param, const float *grad, float *m, float *v, size_t n,
+                 const struct kernels_adamw_params *hp);
+};
+
+/* The CPU backend (OpenBLAS sgemm + OpenMP loops); never NULL. */
+const struct kernels *kernels_cpu(void);
+/* The CUDA backend; defined in kernels/cuda/ only when it is built (FSDP_HAVE_CUDA_KERNELS). Returns NULL
+ * with error_set when no usable GPU is present. */
+const struct kernels *kernels_cuda(void);
+/* By device name ("cpu", "cuda"); NULL with error_set when unknown or not available in this build/machine. */
+const struct kernels *kernels_get(const char *device);
+
+/* Host-side scalar conversions (round to nearest even), for checkpoints and tests. */
+uint16_t kernels_f32_to_bf16(float x);
+float kernels_bf16_to_f32(uint16_t x);
+uint16_t kernels_f32_to_f16(float x);
+float kernels_f16_to_f32(uint16_t x);
+
+/* Bytes of one element of dtype (4 or 2). */
+size_t kernels_dtype_size(enum kernels_dtype dtype);
+
+#endif
