@@ -110,12 +110,13 @@ struct kernels {
                 size_t n);
 
     /* ---- embeddings ---- */
-    /* out(b*t, c) = wte[tokens[i]] + wpe[i mod t]; tokens: (b*t) device int32 in [0, vocab). */
+    /* out(b*t, c) = wte[tokens[i]] + wpe[i mod t]; tokens: (b*t) device int32 in [0, vocab) (checked:
+     * FSDP_ERANGE otherwise); wte: (vocab, c) (rows may be padded beyond the real vocab); wpe: (>= t, c). */
     int (*embedding_forward)(float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                             int b, int t, int c);
+                             int b, int t, int c, int vocab);
     /* dwte[tokens[i]] += dout[i]; dwpe[i mod t] += dout[i]; either may be NULL. */
     int (*embedding_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int b,
-                              int t, int c);
+                              int t, int c, int vocab);
 
     /* ---- fused softmax cross-entropy over a padded vocabulary ---- */
     /* logits: (n, vp) with only the first v columns real (vp >= v, the columns v..vp-1 are padding and
