@@ -1,0 +1,53 @@
+/* The CPU ops table. */
+#include <cblas.h>
+#include <pthread.h>
+
+#include "common/log.h"
+#include "kernels/cpu/cpu.h"
+
+static const struct kernels cpu_table = {
+    .name = "cpu",
+    .mem_alloc = cpu_mem_alloc,
+    .mem_free = cpu_mem_free,
+    .mem_copy = cpu_mem_copy,
+    .mem_set = cpu_mem_set,
+    .synchronize = cpu_synchronize,
+    .matmul_forward = cpu_matmul_forward,
+    .matmul_backward = cpu_matmul_backward,
+    .gemm = cpu_gemm,
+    .layernorm_forward = cpu_layernorm_forward,
+    .layernorm_backward = cpu_layernorm_backward,
+    .attention_workspace_bytes = cpu_attention_workspace_bytes,
+    .attention_forward = cpu_attention_forward,
+    .attention_backward = cpu_attention_backward,
+    .gelu_forward = cpu_gelu_forward,
+    .gelu_backward = cpu_gelu_backward,
+    .residual_forward = cpu_residual_forward,
+    .scale = cpu_scale,
+    .sqnorm = cpu_sqnorm,
+    .cast = cpu_cast,
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+    .crossentropy_forward_backward = cpu_crossentropy_forward_backward,
+    .adamw = cpu_adamw,
+};
+
+static pthread_once_t blas_check_once = PTHREAD_ONCE_INIT;
+
+/* The pthread build of OpenBLAS keeps its own thread pool beside OpenMP's: with several ranks per
+ * machine that oversubscribes the cores and ignores OMP_NUM_THREADS. The build links the OpenMP one
+ * (rpath); say so loudly if something else was loaded anyway. */
+static void blas_check(void)
+{
+    int par = openblas_get_parallel();
+    if (par != 2)
+        log_warn("kernels cpu: OpenBLAS is the %s build, not the OpenMP one: threads may oversubscribe; "
+                 "install libopenblas0-openmp (config: %s)",
+                 par == 1 ? "pthreads" : "sequential", openblas_get_config());
+}
+
+const struct kernels *kernels_cpu(void)
+{
+    pthread_once(&blas_check_once, blas_check);
+    return &cpu_table;
+}

@@ -1,0 +1,424 @@
+/* matmul, gemm, layernorm, gelu, residual, scale, sqnorm, embeddings, memory and registry: each op
+ * against a naive double-precision reference, and each backward also against central finite differences
+ * of the backend's own forward. */
+#include "tests/kernels/ktest.h"
+
+/* ---------- matmul ---------- */
+
+static void ref_matmul(double *y, const float *x, const float *w, const float *b, int n, int in, int out)
+{
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < out; j++) {
+            double s = b ? b[j] : 0.0;
+            for (int p = 0; p < in; p++)
+                s += (double)x[i * in + p] * w[p * out + j];
+            y[i * out + j] = s;
+        }
+}
+
+static void check_matmul(int n, int in, int out, int with_bias)
+{
+    const struct kernels *k = kt_backend();
+    float *x = kt_host_rand((size_t)n * in, 1, -1, 1), *w = kt_host_rand((size_t)in * out, 2, -1, 1);
+    float *b = kt_host_rand(out, 3, -1, 1), *dy = kt_host_rand((size_t)n * out, 4, -1, 1);
+    float *dx0 = kt_host_rand((size_t)n * in, 5, -1, 1), *dw0 = kt_host_rand((size_t)in * out, 6, -1, 1);
+    float *db0 = kt_host_rand(out, 7, -1, 1);
+    float *dx_ = kt_devf(k, x, (size_t)n * in), *dw_ = kt_devf(k, w, (size_t)in * out);
+    float *db_ = kt_devf(k, b, out), *ddy = kt_devf(k, dy, (size_t)n * out);
+    float *dy_out = kt_devf(k, NULL, (size_t)n * out);
+    float *gx = kt_devf(k, dx0, (size_t)n * in), *gw = kt_devf(k, dw0, (size_t)in * out);
+    float *gb = kt_devf(k, db0, out);
+
+    cr_assert_eq(k->matmul_forward(dy_out, dx_, dw_, with_bias ? db_ : NULL, n, in, out), 0, "%s",
+                 error_message());
+    double *ref = kt_dzeros((size_t)n * out);
+    ref_matmul(ref, x, w, with_bias ? b : NULL, n, in, out);
+    float *y = kt_down(k, dy_out, (size_t)n * out);
+    kt_check("matmul y", y, ref, (size_t)n * out, 1e-4 * sqrt(in), 1e-4);
+
+    /* backward accumulates into the pre-filled gradients */
+    cr_assert_eq(k->matmul_backward(gx, gw, with_bias ? gb : NULL, ddy, dx_, dw_, n, in, out), 0);
+    double *rdx = kt_dzeros((size_t)n * in), *rdw = kt_dzeros((size_t)in * out), *rdb = kt_dzeros(out);
+    for (int i = 0; i < n; i++)
+        for (int p = 0; p < in; p++) {
+            double s = dx0[i * in + p];
+            for (int j = 0; j < out; j++)
+                s += (double)dy[i * out + j] * w[p * out + j];
+            rdx[i * in + p] = s;
+        }
+    for (int p = 0; p < in; p++)
+        for (int j = 0; j < out; j++) {
+            double s = dw0[p * out + j];
+            for (int i = 0; i < n; i++)
+                s += (double)x[i * in + p] * dy[i * out + j];
+            rdw[p * out + j] = s;
+        }
+    for (int j = 0; j < out; j++) {
+        double s = db0[j];
+        for (int i = 0; i < n; i++)
+            s += dy[i * out + j];
+        rdb[j] = with_bias ? s : db0[j];
+    }
+    float *hx = kt_down(k, gx, (size_t)n * in), *hw = kt_down(k, gw, (size_t)in * out), *hb = kt_down(k, gb, out);
+    kt_check("matmul dx", hx, rdx, (size_t)n * in, 1e-4 * sqrt(out), 1e-4);
+    kt_check("matmul dw", hw, rdw, (size_t)in * out, 1e-4 * sqrt(n), 1e-4);
+    kt_check("matmul db", hb, rdb, out, 1e-4 * sqrt(n), 1e-4);
+    free(x), free(w), free(b), free(dy), free(dx0), free(dw0), free(db0), free(ref), free(y);
+    free(rdx), free(rdw), free(rdb), free(hx), free(hw), free(hb);
+    k->mem_free(dx_), k->mem_free(dw_), k->mem_free(db_), k->mem_free(ddy), k->mem_free(dy_out);
+    k->mem_free(gx), k->mem_free(gw), k->mem_free(gb);
+}
+
+Test(kernels_ops, matmul_odd_shapes)
+{
+    check_matmul(1, 1, 1, 1);
+    check_matmul(7, 13, 5, 1);
+    check_matmul(33, 17, 65, 0);
+    check_matmul(130, 96, 288, 1);
+}
+
+/* Central differences of L = sum(y * r) through the backend's own forward: checks backward against the
+ * forward actually shipped, not just against the test's reference. */
+Test(kernels_ops, matmul_finite_differences)
+{
+    const struct kernels *k = kt_backend();
+    const int n = 5, in = 6, out = 7;
+    float *x = kt_host_rand(n * in, 11, -1, 1), *w = kt_host_rand(in * out, 12, -1, 1);
+    float *b = kt_host_rand(out, 13, -1, 1), *r = kt_host_rand(n * out, 14, -1, 1);
+    float *dx = kt_devf(k, x, n * in), *dw = kt_devf(k, w, in * out), *db = kt_devf(k, b, out);
+    float *dr = kt_devf(k, r, n * out), *dy = kt_devf(k, NULL, n * out);
+    float *gx = kt_devf(k, NULL, n * in), *gw = kt_devf(k, NULL, in * out), *gb = kt_devf(k, NULL, out);
+    cr_assert_eq(k->matmul_backward(gx, gw, gb, dr, dx, dw, n, in, out), 0);
+    float *hgx = kt_down(k, gx, n * in), *hgw = kt_down(k, gw, in * out), *hgb = kt_down(k, gb, out);
+    struct { float *host, *dev, *grad; int len; const char *name; } ps[] = {
+        {x, dx, hgx, n * in, "x"}, {w, dw, hgw, in * out, "w"}, {b, db, hgb, out, "b"}};
+    const float h = 1e-2f;
+    for (int pi = 0; pi < 3; pi++)
+        for (int e = 0; e < ps[pi].len; e++) {
+            double lv[2];
+            for (int sgn = 0; sgn < 2; sgn++) {
+                float saved = ps[pi].host[e];
+                ps[pi].host[e] = saved + (sgn ? -h : h);
+                k->mem_copy(ps[pi].dev, ps[pi].host, ps[pi].len * sizeof(float), KERNELS_COPY_H2D);
+                cr_assert_eq(k->matmul_forward(dy, dx, dw, db, n, in, out), 0);
+                float *y = kt_down(k, dy, n * out);
+                lv[sgn] = 0;
+                for (int i = 0; i < n * out; i++)
+                    lv[sgn] += (double)y[i] * r[i];
+                free(y);
+                ps[pi].host[e] = saved;
+                k->mem_copy(ps[pi].dev, ps[pi].host, ps[pi].len * sizeof(float), KERNELS_COPY_H2D);
+            }
+            double fd = (lv[0] - lv[1]) / (2 * h);
+            cr_assert(fabs(fd - ps[pi].grad[e]) <= 2e-3 + 2e-3 * fabs(fd), "d%s[%d]: backward %g, fd %g",
+                      ps[pi].name, e, (double)ps[pi].grad[e], fd);
+        }
+    free(x), free(w), free(b), free(r), free(hgx), free(hgw), free(hgb);
+    k->mem_free(dx), k->mem_free(dw), k->mem_free(db), k->mem_free(dr), k->mem_free(dy);
+    k->mem_free(gx), k->mem_free(gw), k->mem_free(gb);
+}
+
+Test(kernels_ops, gemm_all_transposes)
+{
+    const struct kernels *k = kt_backend();
+    const int m = 9, n = 11, kk = 7;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            int lda = (ta ? m : kk) + 3, ldb = (tb ? kk : n) + 2, ldc = n + 1;
+            int arows = ta ? kk : m, brows = tb ? n : kk;
+            float *a = kt_host_rand((size_t)arows * lda, 21 + ta, -1, 1);
+            float *b = kt_host_rand((size_t)brows * ldb, 23 + tb, -1, 1);
+            float *c = kt_host_rand((size_t)m * ldc, 25, -1, 1);
+            float *da = kt_devf(k, a, (size_t)arows * lda), *dbb = kt_devf(k, b, (size_t)brows * ldb);
+            float *dc = kt_devf(k, c, (size_t)m * ldc);
+            cr_assert_eq(k->gemm(ta, tb, m, n, kk, 0.5f, da, lda, dbb, ldb, 2.0f, dc, ldc), 0, "%s",
+                         error_message());
+            double *ref = kt_dzeros((size_t)m * ldc);
+            for (int i = 0; i < m; i++)
+                for (int j = 0; j < ldc; j++) {
+                    if (j >= n) { /* padding columns of C must be left alone */
+                        ref[i * ldc + j] = c[i * ldc + j];
+                        continue;
+                    }
+                    double s = 0;
+                    for (int p = 0; p < kk; p++)
+                        s += (double)(ta ? a[p * lda + i] : a[i * lda + p]) * (tb ? b[j * ldb + p] : b[p * ldb + j]);
+                    ref[i * ldc + j] = 0.5 * s + 2.0 * c[i * ldc + j];
+                }
+            float *got = kt_down(k, dc, (size_t)m * ldc);
+            kt_check(ta ? (tb ? "gemm TT" : "gemm TN") : (tb ? "gemm NT" : "gemm NN"), got, ref, (size_t)m * ldc,
+                     1e-5, 1e-5);
+            free(a), free(b), free(c), free(ref), free(got);
+            k->mem_free(da), k->mem_free(dbb), k->mem_free(dc);
+        }
+    cr_assert_eq(k->gemm(0, 0, 2, 2, 2, 1, NULL, 1, NULL, 2, 0, NULL, 2), FSDP_EINVAL);
+}
+
+/* ---------- layernorm ---------- */
+
+static void ref_layernorm(double *out, double *mean, double *rstd, const float *x, const float *w,
+                          const float *b, int n, int c, double eps)
+{
+    for (int i = 0; i < n; i++) {
+        double mu = 0, var = 0;
+        for (int j = 0; j < c; j++)
+            mu += x[i * c + j];
+        mu /= c;
+        for (int j = 0; j < c; j++)
+            var += (x[i * c + j] - mu) * (x[i * c + j] - mu);
+        var /= c;
+        double rs = 1.0 / sqrt(var + eps);
+        for (int j = 0; j < c; j++)
+            out[i * c + j] = (x[i * c + j] - mu) * rs * w[j] + b[j];
+        mean[i] = mu;
+        rstd[i] = rs;
+    }
+}
+
+Test(kernels_ops, layernorm_forward_backward)
+{
+    const struct kernels *k = kt_backend();
+    const int shapes[][2] = {{1, 1}, {3, 7}, {17, 129}, {64, 768}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int n = shapes[si][0], c = shapes[si][1];
+        size_t nc = (size_t)n * c;
+        /* a large common offset exercises the two-pass variance */
+        float *x = kt_host_rand(nc, 31 + si, 99, 101), *w = kt_host_rand(c, 32, 0.5, 1.5);
+        float *b = kt_host_rand(c, 33, -0.5, 0.5), *dy = kt_host_rand(nc, 34, -1, 1);
+        float *dx_ = kt_devf(k, x, nc), *dw_ = kt_devf(k, w, c), *db_ = kt_devf(k, b, c), *ddy = kt_devf(k, dy, nc);
+        float *dout = kt_devf(k, NULL, nc), *dmean = kt_devf(k, NULL, n), *drstd = kt_devf(k, NULL, n);
+        cr_assert_eq(k->layernorm_forward(dout, dmean, drstd, dx_, dw_, db_, n, c, 1e-5f), 0);
+        double *ro = kt_dzeros(nc), *rm = kt_dzeros(n), *rr = kt_dzeros(n);
+        ref_layernorm(ro, rm, rr, x, w, b, n, c, 1e-5);
+        float *o = kt_down(k, dout, nc), *mm = kt_down(k, dmean, n), *rs = kt_down(k, drstd, n);
+        kt_check("ln out", o, ro, nc, 2e-4, 2e-4);
+        kt_check("ln mean", mm, rm, n, 1e-5, 1e-6);
+        kt_check("ln rstd", rs, rr, n, 1e-5, 5e-4);
+
+        /* backward, starting from non-zero gradients (they must be accumulated into) */
+        float *g0 = kt_host_rand(nc, 35, -1, 1), *gw0 = kt_host_rand(c, 36, -1, 1), *gb0 = kt_host_rand(c, 37, -1, 1);
+        float *gx = kt_devf(k, g0, nc), *gw = kt_devf(k, gw0, c), *gb = kt_devf(k, gb0, c);
+        cr_assert_eq(k->layernorm_backward(gx, gw, gb, ddy, dx_, dw_, dmean, drstd, n, c), 0);
+        double *rgx = kt_dzeros(nc), *rgw = kt_dzeros(c), *rgb = kt_dzeros(c);
+        for (int j = 0; j < c; j++)
+            rgw[j] = gw0[j], rgb[j] = gb0[j];
+        for (int i = 0; i < n; i++) {
+            double sdn = 0, sdnn = 0;
+            for (int j = 0; j < c; j++) {
+                double nrm = (x[i * c + j] - rm[i]) * rr[i], dn = (double)dy[i * c + j] * w[j];
+                sdn += dn, sdnn += dn * nrm;
+                rgw[j] += dy[i * c + j] * nrm;
+                rgb[j] += dy[i * c + j];
+            }
+            for (int j = 0; j < c; j++) {
+                double nrm = (x[i * c + j] - rm[i]) * rr[i], dn = (double)dy[i * c + j] * w[j];
+                rgx[i * c + j] = g0[i * c + j] + (dn - sdn / c - nrm * sdnn / c) * rr[i];
+            }
+        }
+        float *hgx = kt_down(k, gx, nc), *hgw = kt_down(k, gw, c), *hgb = kt_down(k, gb, c);
+        /* rstd of a row with offset 100 and spread 1 is ~3.5: scale tolerances with it */
+        kt_check("ln dx", hgx, rgx, nc, 5e-3, 1e-3);
+        kt_check("ln dw", hgw, rgw, c, 1e-4 * n, 1e-4);
+        kt_check("ln db", hgb, rgb, c, 1e-5 * n, 1e-5);
+        free(x), free(w), free(b), free(dy), free(ro), free(rm), free(rr), free(o), free(mm), free(rs);
+        free(g0), free(gw0), free(gb0), free(rgx), free(rgw), free(rgb), free(hgx), free(hgw), free(hgb);
+        k->mem_free(dx_), k->mem_free(dw_), k->mem_free(db_), k->mem_free(ddy), k->mem_free(dout);
+        k->mem_free(dmean), k->mem_free(drstd), k->mem_free(gx), k->mem_free(gw), k->mem_free(gb);
+    }
+}
+
+Test(kernels_ops, layernorm_finite_differences)
+{
+    const struct kernels *k = kt_backend();
+    const int n = 3, c = 10;
+    float *x = kt_host_rand(n * c, 41, -2, 2), *w = kt_host_rand(c, 42, 0.5, 1.5), *b = kt_host_rand(c, 43, -1, 1);
+    float *r = kt_host_rand(n * c, 44, -1, 1);
+    float *dx = kt_devf(k, x, n * c), *dw = kt_devf(k, w, c), *db = kt_devf(k, b, c), *dr = kt_devf(k, r, n * c);
+    float *dout = kt_devf(k, NULL, n * c), *dm = kt_devf(k, NULL, n), *ds = kt_devf(k, NULL, n);
+    float *gx = kt_devf(k, NULL, n * c), *gw = kt_devf(k, NULL, c), *gb = kt_devf(k, NULL, c);
+    cr_assert_eq(k->layernorm_forward(dout, dm, ds, dx, dw, db, n, c, 1e-5f), 0);
+    cr_assert_eq(k->layernorm_backward(gx, gw, gb, dr, dx, dw, dm, ds, n, c), 0);
+    float *hg[3] = {kt_down(k, gx, n * c), kt_down(k, gw, c), kt_down(k, gb, c)};
+    float *host[3] = {x, w, b}, *dev[3] = {dx, dw, db};
+    int len[3] = {n * c, c, c};
+    const float h = 1e-2f;
+    for (int pi = 0; pi < 3; pi++)
+        for (int e = 0; e < len[pi]; e++) {
+            double lv[2];
+            for (int sgn = 0; sgn < 2; sgn++) {
+                float saved = host[pi][e];
+                host[pi][e] = saved + (sgn ? -h : h);
+                k->mem_copy(dev[pi], host[pi], len[pi] * sizeof(float), KERNELS_COPY_H2D);
+                cr_assert_eq(k->layernorm_forward(dout, dm, ds, dx, dw, db, n, c, 1e-5f), 0);
+                float *y = kt_down(k, dout, n * c);
+                lv[sgn] = 0;
+                for (int i = 0; i < n * c; i++)
+                    lv[sgn] += (double)y[i] * r[i];
+                free(y);
+                host[pi][e] = saved;
+                k->mem_copy(dev[pi], host[pi], len[pi] * sizeof(float), KERNELS_COPY_H2D);
+            }
+            double fd = (lv[0] - lv[1]) / (2 * h);
+            cr_assert(fabs(fd - hg[pi][e]) <= 5e-3 + 1e-2 * fabs(fd), "ln grad %d[%d]: backward %g, fd %g", pi, e,
+                      (double)hg[pi][e], fd);
+        }
+    free(x), free(w), free(b), free(r), free(hg[0]), free(hg[1]), free(hg[2]);
+    k->mem_free(dx), k->mem_free(dw), k->mem_free(db), k->mem_free(dr), k->mem_free(dout), k->mem_free(dm);
+    k->mem_free(ds), k->mem_free(gx), k->mem_free(gw), k->mem_free(gb);
+}
+
+/* ---------- gelu ---------- */
+
+static double ref_gelu(double x)
+{
+    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+Test(kernels_ops, gelu_forward_backward)
+{
+    const struct kernels *k = kt_backend();
+    const size_t n = 40000 + 3; /* several chunks and a ragged tail */
+    float *x = kt_host_rand(n, 51, -8, 8), *dy = kt_host_rand(n, 52, -1, 1), *g0 = kt_host_rand(n, 53, -1, 1);
+    x[0] = 0.0f, x[1] = -30.0f, x[2] = 30.0f, x[3] = 1e-6f, x[4] = -1e-6f;
+    float *dx = kt_devf(k, x, n), *ddy = kt_devf(k, dy, n), *dout = kt_devf(k, NULL, n), *gx = kt_devf(k, g0, n);
+    cr_assert_eq(k->gelu_forward(dout, dx, n), 0);
+    cr_assert_eq(k->gelu_backward(gx, dx, ddy, n), 0);
+    double *ry = kt_dzeros(n), *rg = kt_dzeros(n);
+    for (size_t i = 0; i < n; i++) {
+        ry[i] = ref_gelu(x[i]);
+        double hh = 1e-4 * (fabs(x[i]) > 1 ? fabs(x[i]) : 1); /* central difference of the double reference */
+        rg[i] = g0[i] + dy[i] * (ref_gelu(x[i] + hh) - ref_gelu(x[i] - hh)) / (2 * hh);
+    }
+    float *y = kt_down(k, dout, n), *g = kt_down(k, gx, n);
+    kt_check("gelu y", y, ry, n, 2e-6, 2e-6);
+    kt_check("gelu dx", g, rg, n, 1e-5, 1e-5);
+    /* in place */
+    cr_assert_eq(k->gelu_forward(dx, dx, n), 0);
+    float *y2 = kt_down(k, dx, n);
+    cr_assert_arr_eq(y2, y, n * sizeof(float));
+    free(x), free(dy), free(g0), free(ry), free(rg), free(y), free(g), free(y2);
+    k->mem_free(dx), k->mem_free(ddy), k->mem_free(dout), k->mem_free(gx);
+}
+
+/* ---------- vector ops ---------- */
+
+Test(kernels_ops, residual_scale_sqnorm)
+{
+    const struct kernels *k = kt_backend();
+    const size_t n = 50001;
+    float *a = kt_host_rand(n, 61, -3, 3), *b = kt_host_rand(n, 62, -3, 3);
+    float *da = kt_devf(k, a, n), *db = kt_devf(k, b, n), *dout = kt_devf(k, NULL, n);
+    cr_assert_eq(k->residual_forward(dout, da, db, n), 0);
+    float *o = kt_down(k, dout, n);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(o[i], a[i] + b[i], "residual[%zu]", i);
+    cr_assert_eq(k->residual_forward(da, da, db, n), 0); /* out aliases a */
+    float *o2 = kt_down(k, da, n);
+    cr_assert_arr_eq(o2, o, n * sizeof(float));
+    cr_assert_eq(k->scale(db, -0.25f, n), 0);
+    float *sb = kt_down(k, db, n);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(sb[i], b[i] * -0.25f, "scale[%zu]", i);
+    double got = -1, want = 0;
+    for (size_t i = 0; i < n; i++)
+        want += (double)a[i] * a[i];
+    float *d2 = kt_devf(k, a, n);
+    cr_assert_eq(k->sqnorm(&got, d2, n), 0);
+    cr_assert(fabs(got - want) <= 1e-12 * want, "sqnorm %.17g want %.17g", got, want);
+    /* double accumulation: 1 + many tiny values that a float sum would drop entirely */
+    const size_t m = 1 << 20;
+    float *tiny = malloc(m * sizeof *tiny);
+    cr_assert(tiny);
+    tiny[0] = 1.0f;
+    for (size_t i = 1; i < m; i++)
+        tiny[i] = 1e-4f; /* square 1e-8 < float eps/2 relative to 1 */
+    float *dt = kt_devf(k, tiny, m);
+    cr_assert_eq(k->sqnorm(&got, dt, m), 0);
+    double want2 = 1.0 + (double)(m - 1) * (double)1e-4f * (double)1e-4f;
+    cr_assert(fabs(got - want2) <= 1e-10, "sqnorm of tiny values %.17g want %.17g", got, want2);
+    cr_assert_eq(k->sqnorm(&got, dt, 0), 0);
+    cr_assert_eq(got, 0.0);
+    free(a), free(b), free(o), free(o2), free(sb), free(tiny);
+    k->mem_free(da), k->mem_free(db), k->mem_free(dout), k->mem_free(d2), k->mem_free(dt);
+}
+
+/* ---------- embeddings ---------- */
+
+Test(kernels_ops, embedding_forward_backward)
+{
+    const struct kernels *k = kt_backend();
+    const int B = 3, T = 5, C = 70, V = 11; /* C straddles the backward strip width */
+    int32_t tok[15] = {0, 3, 3, 10, 7, 3, 3, 3, 0, 1, 10, 9, 2, 3, 4};
+    float *wte = kt_host_rand(V * C, 71, -1, 1), *wpe = kt_host_rand(T * C, 72, -1, 1);
+    float *dy = kt_host_rand(B * T * C, 73, -1, 1);
+    float *gte0 = kt_host_rand(V * C, 74, -1, 1), *gpe0 = kt_host_rand(T * C, 75, -1, 1);
+    int32_t *dtok = kt_dev_from(k, tok, sizeof tok);
+    float *dte = kt_devf(k, wte, V * C), *dpe = kt_devf(k, wpe, T * C), *dout = kt_devf(k, NULL, B * T * C);
+    float *ddy = kt_devf(k, dy, B * T * C), *gte = kt_devf(k, gte0, V * C), *gpe = kt_devf(k, gpe0, T * C);
+    cr_assert_eq(k->embedding_forward(dout, dtok, dte, dpe, B, T, C, V), 0);
+    cr_assert_eq(k->embedding_backward(gte, gpe, ddy, dtok, B, T, C, V), 0);
+    double *ro = kt_dzeros(B * T * C), *rte = kt_dzeros(V * C), *rpe = kt_dzeros(T * C);
+    for (int i = 0; i < V * C; i++)
+        rte[i] = gte0[i];
+    for (int i = 0; i < T * C; i++)
+        rpe[i] = gpe0[i];
+    for (int i = 0; i < B * T; i++)
+        for (int j = 0; j < C; j++) {
+            ro[i * C + j] = (double)wte[tok[i] * C + j] + wpe[(i % T) * C + j];
+            rte[tok[i] * C + j] += dy[i * C + j];
+            rpe[(i % T) * C + j] += dy[i * C + j];
+        }
+    float *o = kt_down(k, dout, B * T * C), *ht = kt_down(k, gte, V * C), *hp = kt_down(k, gpe, T * C);
+    kt_check("emb out", o, ro, B * T * C, 0, 1e-7);
+    kt_check("emb dwte", ht, rte, V * C, 1e-6, 1e-6);
+    kt_check("emb dwpe", hp, rpe, T * C, 1e-6, 1e-6);
+    /* token out of range is an error, not a wild read */
+    int32_t bad[15];
+    memcpy(bad, tok, sizeof bad);
+    bad[7] = V;
+    k->mem_copy(dtok, bad, sizeof bad, KERNELS_COPY_H2D);
+    cr_assert_eq(k->embedding_forward(dout, dtok, dte, dpe, B, T, C, V), FSDP_ERANGE);
+    cr_assert(strstr(error_message(), "11") != NULL, "message: %s", error_message());
+    free(wte), free(wpe), free(dy), free(gte0), free(gpe0), free(ro), free(rte), free(rpe), free(o), free(ht), free(hp);
+    k->mem_free(dtok), k->mem_free(dte), k->mem_free(dpe), k->mem_free(dout), k->mem_free(ddy);
+    k->mem_free(gte), k->mem_free(gpe);
+}
+
+/* ---------- memory, registry, argument checks ---------- */
+
+Test(kernels_ops, memory_and_registry)
+{
+    const struct kernels *k = kt_backend();
+    cr_assert_eq(kernels_get("tpu"), NULL);
+    cr_assert(strstr(error_message(), "unknown device") != NULL, "message: %s", error_message());
+    cr_assert_eq(kernels_get(NULL), NULL);
+    cr_assert_eq(kernels_get("cpu"), kernels_cpu());
+    cr_assert_str_eq(kernels_cpu()->name, "cpu");
+    unsigned char host[300], back[300];
+    for (int i = 0; i < 300; i++)
+        host[i] = (unsigned char)(i * 7);
+    unsigned char *d = k->mem_alloc(300), *d2 = k->mem_alloc(300);
+    cr_assert(d && d2);
+    cr_assert_eq((uintptr_t)d % 64, 0);
+    cr_assert_eq(k->mem_copy(d, host, 300, KERNELS_COPY_H2D), 0);
+    cr_assert_eq(k->mem_copy(d2, d, 300, KERNELS_COPY_D2D), 0);
+    cr_assert_eq(k->mem_set(d2 + 100, 0xab, 50), 0);
+    cr_assert_eq(k->mem_copy(back, d2, 300, KERNELS_COPY_D2H), 0);
+    for (int i = 0; i < 300; i++)
+        cr_assert_eq(back[i], i >= 100 && i < 150 ? 0xab : host[i], "byte %d", i);
+    k->mem_free(d), k->mem_free(d2);
+    k->mem_free(NULL);
+    /* bad shapes are reported, not executed */
+    float dummy[4] = {0};
+    cr_assert_eq(k->matmul_forward(dummy, dummy, dummy, NULL, 1, 0, 1), FSDP_EINVAL);
+    cr_assert_eq(k->layernorm_forward(dummy, dummy, dummy, dummy, dummy, dummy, 1, 0, 1e-5f), FSDP_EINVAL);
+    cr_assert_eq(k->attention_forward(dummy, dummy, dummy, 1, 1, 3, 2, dummy), FSDP_EINVAL);
+}
+
+/* The build must load the OpenMP flavour of OpenBLAS, which shares OpenMP's threads (see
+ * kernels/meson.build); the pthread flavour would oversubscribe ranks sharing a machine. */
+extern int openblas_get_parallel(void);
+Test(kernels_ops, openblas_is_openmp_build)
+{
+    cr_assert_eq(openblas_get_parallel(), 2, "OpenBLAS threading model %d (2 = OpenMP)", openblas_get_parallel());
+}
