@@ -1,2 +1,160 @@
+/* Causal attention against a naive double-precision softmax(QK^T/sqrt(hs)) V with a full score row, on
+ * shapes that are not multiples of the backend's tiles, plus finite differences of the backend's own
+ * forward for backward. */
 #include "tests/kernels/ktest.h"
-Test(kernels_x, placeholder) { cr_assert(kt_backend()); }
+
+struct att_ref {
+    double *out, *lse, *dqkv;
+};
+
+/* qkv (B*T, 3C) packed [q | k | v]; dout (B*T, C). Fills out, lse (B, NH, T) and dqkv (added to dqkv0). */
+static struct att_ref ref_attention(const float *qkv, const float *dout, const float *dqkv0, int B, int T,
+                                    int C, int NH)
+{
+    int hs = C / NH;
+    double scale = 1.0 / sqrt((double)hs);
+    struct att_ref r = {kt_dzeros((size_t)B * T * C), kt_dzeros((size_t)B * NH * T), kt_dzeros((size_t)B * T * 3 * C)};
+    for (size_t i = 0; i < (size_t)B * T * 3 * C; i++)
+        r.dqkv[i] = dqkv0 ? dqkv0[i] : 0.0;
+    double *s = kt_dzeros(T), *p = kt_dzeros(T), *dp = kt_dzeros(T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int i = 0; i < T; i++) {
+                const float *q = qkv + ((size_t)(b * T + i) * 3 * C) + h * hs;
+                double mx = -INFINITY;
+                for (int j = 0; j <= i; j++) {
+                    const float *kk = qkv + ((size_t)(b * T + j) * 3 * C) + C + h * hs;
+                    double d = 0;
+                    for (int e = 0; e < hs; e++)
+                        d += (double)q[e] * kk[e];
+                    s[j] = d * scale;
+                    mx = s[j] > mx ? s[j] : mx;
+                }
+                double sum = 0;
+                for (int j = 0; j <= i; j++)
+                    sum += exp(s[j] - mx);
+                for (int j = 0; j <= i; j++)
+                    p[j] = exp(s[j] - mx) / sum;
+                r.lse[(size_t)(b * NH + h) * T + i] = mx + log(sum);
+                double *o = r.out + (size_t)(b * T + i) * C + h * hs;
+                for (int j = 0; j <= i; j++) {
+                    const float *v = qkv + ((size_t)(b * T + j) * 3 * C) + 2 * C + h * hs;
+                    for (int e = 0; e < hs; e++)
+                        o[e] += p[j] * v[e];
+                }
+                if (!dout)
+                    continue;
+                const float *g = dout + (size_t)(b * T + i) * C + h * hs;
+                double pdp = 0;
+                for (int j = 0; j <= i; j++) {
+                    const float *v = qkv + ((size_t)(b * T + j) * 3 * C) + 2 * C + h * hs;
+                    double *dv = r.dqkv + ((size_t)(b * T + j) * 3 * C) + 2 * C + h * hs;
+                    dp[j] = 0;
+                    for (int e = 0; e < hs; e++) {
+                        dp[j] += (double)g[e] * v[e];
+                        dv[e] += p[j] * g[e];
+                    }
+                    pdp += p[j] * dp[j];
+                }
+                double *dq = r.dqkv + ((size_t)(b * T + i) * 3 * C) + h * hs;
+                for (int j = 0; j <= i; j++) {
+                    double ds = p[j] * (dp[j] - pdp) * scale;
+                    const float *kk = qkv + ((size_t)(b * T + j) * 3 * C) + C + h * hs;
+                    double *dk = r.dqkv + ((size_t)(b * T + j) * 3 * C) + C + h * hs;
+                    for (int e = 0; e < hs; e++) {
+                        dq[e] += ds * kk[e];
+                        dk[e] += ds * q[e];
+                    }
+                }
+            }
+    free(s), free(p), free(dp);
+    return r;
+}
+
+static void check_attention(int B, int T, int C, int NH, float spread, uint64_t seed)
+{
+    const struct kernels *k = kt_backend();
+    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    float *qkv = kt_host_rand(nq, seed, -spread, spread), *dout = kt_host_rand(no, seed + 1, -1, 1);
+    float *g0 = kt_host_rand(nq, seed + 2, -1, 1);
+    float *dqkv_ = kt_devf(k, qkv, nq), *ddout = kt_devf(k, dout, no), *dg = kt_devf(k, g0, nq);
+    float *dout_ = kt_devf(k, NULL, no), *dlse = kt_devf(k, NULL, nl);
+    size_t wsb = k->attention_workspace_bytes(B, T, C, NH);
+    void *ws = k->mem_alloc(wsb);
+    cr_assert(ws);
+    /* workspace memory must not grow like T^2 (tiled, O(T) per head at most) */
+    cr_assert(wsb <= (size_t)B * NH * (64u * 1024u + 16u * (size_t)T * sizeof(float)) + 4096,
+              "workspace %zu bytes for B=%d T=%d NH=%d", wsb, B, T, NH);
+    cr_assert_eq(k->attention_forward(dout_, dlse, dqkv_, B, T, C, NH, ws), 0, "%s", error_message());
+    cr_assert_eq(k->attention_backward(dg, ddout, dqkv_, dout_, dlse, B, T, C, NH, ws), 0, "%s", error_message());
+    struct att_ref r = ref_attention(qkv, dout, g0, B, T, C, NH);
+    float *o = kt_down(k, dout_, no), *l = kt_down(k, dlse, nl), *g = kt_down(k, dg, nq);
+    kt_check("att out", o, r.out, no, 2e-5, 1e-4);
+    kt_check("att lse", l, r.lse, nl, 2e-5, 2e-5);
+    kt_check("att dqkv", g, r.dqkv, nq, 1e-4, 2e-4);
+    free(qkv), free(dout), free(g0), free(o), free(l), free(g), free(r.out), free(r.lse), free(r.dqkv);
+    k->mem_free(dqkv_), k->mem_free(ddout), k->mem_free(dg), k->mem_free(dout_), k->mem_free(dlse), k->mem_free(ws);
+}
+
+Test(kernels_attention, single_token_and_tiny)
+{
+    check_attention(1, 1, 4, 1, 1.0f, 1);
+    check_attention(2, 3, 6, 3, 1.0f, 2);
+}
+
+Test(kernels_attention, t_not_multiple_of_tiles)
+{
+    check_attention(1, 65, 8, 2, 1.0f, 3);
+    check_attention(2, 131, 12, 3, 1.0f, 4);
+}
+
+Test(kernels_attention, long_sequence_crosses_key_blocks)
+{
+    check_attention(1, 300, 32, 2, 1.0f, 5);
+}
+
+/* Large scores: the online softmax must rescale without overflow when later keys raise the running max. */
+Test(kernels_attention, large_scores_stable)
+{
+    check_attention(1, 200, 16, 1, 6.0f, 6);
+}
+
+Test(kernels_attention, gpt2_head_size)
+{
+    check_attention(2, 70, 128, 2, 0.5f, 7);
+}
+
+Test(kernels_attention, finite_differences)
+{
+    const struct kernels *k = kt_backend();
+    const int B = 1, T = 6, C = 4, NH = 2;
+    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+    float *qkv = kt_host_rand(nq, 8, -1, 1), *r = kt_host_rand(no, 9, -1, 1);
+    float *dq = kt_devf(k, qkv, nq), *dr = kt_devf(k, r, no), *dg = kt_devf(k, NULL, nq);
+    float *dout = kt_devf(k, NULL, no), *dlse = kt_devf(k, NULL, (size_t)B * NH * T);
+    void *ws = k->mem_alloc(k->attention_workspace_bytes(B, T, C, NH));
+    cr_assert(ws);
+    cr_assert_eq(k->attention_forward(dout, dlse, dq, B, T, C, NH, ws), 0);
+    cr_assert_eq(k->attention_backward(dg, dr, dq, dout, dlse, B, T, C, NH, ws), 0);
+    float *g = kt_down(k, dg, nq);
+    const float h = 1e-2f;
+    for (size_t e = 0; e < nq; e++) {
+        double lv[2];
+        for (int sgn = 0; sgn < 2; sgn++) {
+            float saved = qkv[e];
+            qkv[e] = saved + (sgn ? -h : h);
+            k->mem_copy(dq, qkv, nq * sizeof(float), KERNELS_COPY_H2D);
+            cr_assert_eq(k->attention_forward(dout, dlse, dq, B, T, C, NH, ws), 0);
+            float *y = kt_down(k, dout, no);
+            lv[sgn] = 0;
+            for (size_t i = 0; i < no; i++)
+                lv[sgn] += (double)y[i] * r[i];
+            free(y);
+            qkv[e] = saved;
+        }
+        double fd = (lv[0] - lv[1]) / (2 * h);
+        cr_assert(fabs(fd - g[e]) <= 2e-3 + 1e-2 * fabs(fd), "dqkv[%zu]: backward %g, fd %g", e, (double)g[e], fd);
+    }
+    free(qkv), free(r), free(g);
+    k->mem_free(dq), k->mem_free(dr), k->mem_free(dg), k->mem_free(dout), k->mem_free(dlse), k->mem_free(ws);
+}
