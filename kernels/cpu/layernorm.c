@@ -12,11 +12,13 @@ CPU_SIMD_CLONES
 static void ln_row_forward(float *out, float *mean_out, float *rstd_out, const float *x, const float *w,
                            const float *b, int c, float eps)
 {
-    float sum = 0.0f;
+    /* The mean in double: residual-stream rows can carry a large common offset, and a float sum of
+     * thousands of such values is off by enough to shift every normalised output. */
+    double sum = 0.0;
 #pragma omp simd reduction(+ : sum)
     for (int j = 0; j < c; j++)
         sum += x[j];
-    float mean = sum / (float)c;
+    float mean = (float)(sum / c);
     /* Two passes (mean, then squared deviations) rather than E[x^2]-E[x]^2, which cancels badly for rows
      * with a large mean. */
     float var = 0.0f;
