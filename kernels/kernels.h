@@ -135,6 +135,10 @@ struct kernels {
      * param -= lr * (m / (1-b1^step) / (sqrt(v / (1-b2^step)) + eps) + weight_decay * param). */
     int (*adamw)(float *param, const float *grad, float *m, float *v, size_t n,
                  const struct kernels_adamw_params *hp);
+
+    /* ---- additions (after the first release of this table) ---- */
+    /* y += a * x (gradient accumulation, averaging over ranks/micro-batches). */
+    int (*axpy)(float *y, float a, const float *x, size_t n);
 };
 
 /* The CPU backend (OpenBLAS sgemm + OpenMP loops); never NULL. */

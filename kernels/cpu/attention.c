@@ -51,6 +51,7 @@ static void att_row_online(float *s, int nk, int jmax, float *m, float *l, float
         return;
     }
     float mx = s[0];
+#pragma omp simd reduction(max : mx)
     for (int j = 1; j < jmax; j++)
         mx = s[j] > mx ? s[j] : mx;
     float m_new = *m > mx ? *m : mx;

@@ -45,6 +45,7 @@ int cpu_gelu_forward(float *out, const float *inp, size_t n);
 int cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 int cpu_residual_forward(float *out, const float *a, const float *b, size_t n);
 int cpu_scale(float *x, float s, size_t n);
+int cpu_axpy(float *y, float a, const float *x, size_t n);
 int cpu_sqnorm(double *result, const float *x, size_t n);
 int cpu_cast(void *dst, enum kernels_dtype dst_dtype, const void *src, enum kernels_dtype src_dtype,
              size_t n);

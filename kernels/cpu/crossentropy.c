@@ -17,6 +17,7 @@ static float xent_row_lse(const float *x, int v)
     for (int j0 = 0; j0 < v; j0 += XENT_CHUNK) {
         int j1 = j0 + XENT_CHUNK < v ? j0 + XENT_CHUNK : v;
         float cm = x[j0];
+#pragma omp simd reduction(max : cm)
         for (int j = j0 + 1; j < j1; j++)
             cm = x[j] > cm ? x[j] : cm;
         if (cm > m) {

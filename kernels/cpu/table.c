@@ -30,6 +30,7 @@ static const struct kernels cpu_table = {
     .embedding_backward = cpu_embedding_backward,
     .crossentropy_forward_backward = cpu_crossentropy_forward_backward,
     .adamw = cpu_adamw,
+    .axpy = cpu_axpy,
 };
 
 static pthread_once_t blas_check_once = PTHREAD_ONCE_INIT;

@@ -1,4 +1,4 @@
-/* Whole-buffer vector ops: residual add, scaling, squared norm. */
+/* Whole-buffer vector ops: residual add, scaling, axpy, squared norm. */
 #include "common/error.h"
 #include "kernels/cpu/cpu.h"
 
@@ -16,6 +16,14 @@ static void scale_chunk(float *x, float s, size_t n)
 #pragma omp simd
     for (size_t i = 0; i < n; i++)
         x[i] *= s;
+}
+
+CPU_SIMD_CLONES
+static void axpy_chunk(float *y, float a, const float *x, size_t n)
+{
+#pragma omp simd
+    for (size_t i = 0; i < n; i++)
+        y[i] += a * x[i];
 }
 
 /* Squares and sums in double: the global gradient norm adds millions of terms of very different
@@ -52,6 +60,19 @@ int cpu_scale(float *x, float s, size_t n)
     for (size_t ch = 0; ch < chunks; ch++) {
         size_t lo = ch * CPU_CHUNK, len = n - lo < CPU_CHUNK ? n - lo : CPU_CHUNK;
         scale_chunk(x + lo, s, len);
+    }
+    return 0;
+}
+
+int cpu_axpy(float *y, float a, const float *x, size_t n)
+{
+    if (n && (!y || !x))
+        return error_set(FSDP_EINVAL, "kernels cpu: axpy: NULL buffer");
+    size_t chunks = (n + CPU_CHUNK - 1) / CPU_CHUNK;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (size_t ch = 0; ch < chunks; ch++) {
+        size_t lo = ch * CPU_CHUNK, len = n - lo < CPU_CHUNK ? n - lo : CPU_CHUNK;
+        axpy_chunk(y + lo, a, x + lo, len);
     }
     return 0;
 }

@@ -302,7 +302,7 @@ Test(kernels_ops, gelu_forward_backward)
 
 /* ---------- vector ops ---------- */
 
-Test(kernels_ops, residual_scale_sqnorm)
+Test(kernels_ops, residual_scale_axpy_sqnorm)
 {
     const struct kernels *k = kt_backend();
     const size_t n = 50001;
@@ -319,6 +319,14 @@ Test(kernels_ops, residual_scale_sqnorm)
     float *sb = kt_down(k, db, n);
     for (size_t i = 0; i < n; i++)
         cr_assert_eq(sb[i], b[i] * -0.25f, "scale[%zu]", i);
+    float *y0 = kt_host_rand(n, 63, -1, 1);
+    float *dy0 = kt_devf(k, y0, n), *dbb = kt_devf(k, b, n);
+    cr_assert_eq(k->axpy(dy0, 1.5f, dbb, n), 0);
+    float *ay = kt_down(k, dy0, n);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_float_eq(ay[i], y0[i] + 1.5f * b[i], 1e-6f, "axpy[%zu]", i);
+    free(y0), free(ay);
+    k->mem_free(dy0), k->mem_free(dbb);
     double got = -1, want = 0;
     for (size_t i = 0; i < n; i++)
         want += (double)a[i] * a[i];
