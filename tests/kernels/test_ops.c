@@ -1,6 +1,8 @@
 /* matmul, gemm, layernorm, gelu, residual, scale, sqnorm, embeddings, memory and registry: each op
  * against a naive double-precision reference, and each backward also against central finite differences
  * of the backend's own forward. */
+#include <omp.h>
+
 #include "tests/kernels/ktest.h"
 
 /* ---------- matmul ---------- */
@@ -429,4 +431,52 @@ extern int openblas_get_parallel(void);
 Test(kernels_ops, openblas_is_openmp_build)
 {
     cr_assert_eq(openblas_get_parallel(), 2, "OpenBLAS threading model %d (2 = OpenMP)", openblas_get_parallel());
+}
+
+/* The backend's own reductions (layernorm parameter gradients, bias gradients, embedding scatter,
+ * attention) are split by columns or by (batch, head), never by rows, so the bits must not depend on
+ * the number of OpenMP threads: ranks with different OMP_NUM_THREADS still agree. */
+Test(kernels_ops, same_bits_for_any_thread_count)
+{
+    const struct kernels *k = kt_backend();
+    const int B = 2, T = 37, C = 96, NH = 3, N = B * T, V = 29;
+    float *x = kt_host_rand((size_t)N * 3 * C, 81, -1, 1), *dy = kt_host_rand((size_t)N * 3 * C, 82, -1, 1);
+    float *w = kt_host_rand(3 * C, 83, 0.5, 1.5);
+    int32_t tok[74];
+    for (int i = 0; i < N; i++)
+        tok[i] = (i * 7) % V;
+    float *res[2][6];
+    for (int run = 0; run < 2; run++) {
+        omp_set_num_threads(run ? 3 : 1);
+        float *dx = kt_devf(k, x, (size_t)N * 3 * C), *ddy = kt_devf(k, dy, (size_t)N * 3 * C), *dw = kt_devf(k, w, 3 * C);
+        float *out = kt_devf(k, NULL, (size_t)N * 3 * C), *mean = kt_devf(k, NULL, N), *rstd = kt_devf(k, NULL, N);
+        float *gx = kt_devf(k, NULL, (size_t)N * 3 * C), *gw = kt_devf(k, NULL, 3 * C), *gb = kt_devf(k, NULL, 3 * C);
+        float *ao = kt_devf(k, NULL, (size_t)N * C), *lse = kt_devf(k, NULL, (size_t)B * NH * T);
+        float *gq = kt_devf(k, NULL, (size_t)N * 3 * C), *gte = kt_devf(k, NULL, (size_t)V * C);
+        int32_t *dt = kt_dev_from(k, tok, sizeof tok);
+        void *ws = k->mem_alloc(k->attention_workspace_bytes(B, T, C, NH));
+        cr_assert(ws);
+        cr_assert_eq(k->layernorm_forward(out, mean, rstd, dx, dw, dw, N, 3 * C, 1e-5f), 0);
+        cr_assert_eq(k->layernorm_backward(gx, gw, gb, ddy, dx, dw, mean, rstd, N, 3 * C), 0);
+        cr_assert_eq(k->matmul_backward(NULL, NULL, gb, ddy, dx, dw, N, 3 * C, 3 * C), 0);
+        cr_assert_eq(k->attention_forward(ao, lse, dx, B, T, C, NH, ws), 0);
+        cr_assert_eq(k->attention_backward(gq, ddy, dx, ao, lse, B, T, C, NH, ws), 0);
+        cr_assert_eq(k->embedding_backward(gte, NULL, ddy, dt, 1, N, C, V), 0);
+        res[run][0] = kt_down(k, out, (size_t)N * 3 * C);
+        res[run][1] = kt_down(k, gx, (size_t)N * 3 * C);
+        res[run][2] = kt_down(k, gw, 3 * C);
+        res[run][3] = kt_down(k, gb, 3 * C);
+        res[run][4] = kt_down(k, gq, (size_t)N * 3 * C);
+        res[run][5] = kt_down(k, gte, (size_t)V * C);
+        k->mem_free(dx), k->mem_free(ddy), k->mem_free(dw), k->mem_free(out), k->mem_free(mean), k->mem_free(rstd);
+        k->mem_free(gx), k->mem_free(gw), k->mem_free(gb), k->mem_free(ao), k->mem_free(lse), k->mem_free(gq);
+        k->mem_free(gte), k->mem_free(dt), k->mem_free(ws);
+    }
+    const size_t len[6] = {(size_t)N * 3 * C, (size_t)N * 3 * C, 3 * C, 3 * C, (size_t)N * 3 * C, (size_t)V * C};
+    const char *name[6] = {"ln out", "ln dx", "ln dw", "db", "attention dqkv", "dwte"};
+    for (int r = 0; r < 6; r++) {
+        cr_assert_arr_eq(res[0][r], res[1][r], len[r] * sizeof(float), "%s differs between 1 and 3 threads", name[r]);
+        free(res[0][r]), free(res[1][r]);
+    }
+    free(x), free(dy), free(w);
 }
