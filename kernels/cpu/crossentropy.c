@@ -43,6 +43,37 @@ static void xent_row_grad(float *dx, const float *x, int v, int vp, float lse, f
         dx[j] = 0.0f;
 }
 
+/* Loss of one row (0 when ignored); writes its losses entry and dlogits row when asked. */
+static double xent_row(float *losses, float *dlogits, const float *logits, const int32_t *targets, int i,
+                       int v, int vp, float dloss)
+{
+    const float *x = logits + (size_t)i * vp;
+    float *dx = dlogits ? dlogits + (size_t)i * vp : NULL;
+    int tgt = targets[i];
+    if (tgt < 0) {
+        if (losses)
+            losses[i] = 0.0f;
+        if (dx)
+            for (int j = 0; j < vp; j++)
+                dx[j] = 0.0f;
+        return 0.0;
+    }
+    float lse = xent_row_lse(x, v);
+    float xt = x[tgt]; /* read before dx (possibly the same row) is overwritten */
+    float loss = lse - xt;
+    if (losses)
+        losses[i] = loss;
+    if (dx) {
+        xent_row_grad(dx, x, v, vp, lse, dloss);
+        dx[tgt] -= dloss;
+    }
+    return loss;
+}
+
+/* Rows are summed in a fixed number of blocks, added in order, so loss_sum has the same bits for any
+ * thread count. */
+#define XENT_BLOCKS 64
+
 int cpu_crossentropy_forward_backward(float *losses, double *loss_sum, float *dlogits,
                                       const float *logits, const int32_t *targets, int n, int v, int vp,
                                       float dloss)
@@ -54,31 +85,19 @@ int cpu_crossentropy_forward_backward(float *losses, double *loss_sum, float *dl
         if (targets[i] < -1 || targets[i] >= v)
             return error_set(FSDP_ERANGE, "kernels cpu: crossentropy: target %d at row %d is outside [0, %d) "
                              "and not -1 (ignore)", (int)targets[i], i, v);
-    double total = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : total) if ((long)n * v > CPU_CHUNK)
-    for (int i = 0; i < n; i++) {
-        const float *x = logits + (size_t)i * vp;
-        float *dx = dlogits ? dlogits + (size_t)i * vp : NULL;
-        int tgt = targets[i];
-        if (tgt < 0) {
-            if (losses)
-                losses[i] = 0.0f;
-            if (dx)
-                for (int j = 0; j < vp; j++)
-                    dx[j] = 0.0f;
-            continue;
-        }
-        float lse = xent_row_lse(x, v);
-        float xt = x[tgt]; /* read before dx (possibly the same row) is overwritten */
-        float loss = lse - xt;
-        if (losses)
-            losses[i] = loss;
-        total += loss;
-        if (dx) {
-            xent_row_grad(dx, x, v, vp, lse, dloss);
-            dx[tgt] -= dloss;
-        }
+    double part[XENT_BLOCKS];
+    int per = (n + XENT_BLOCKS - 1) / XENT_BLOCKS;
+#pragma omp parallel for schedule(dynamic, 1) if ((long)n * v > CPU_CHUNK)
+    for (int blk = 0; blk < XENT_BLOCKS; blk++) {
+        int r0 = blk * per, r1 = r0 + per < n ? r0 + per : n;
+        double s = 0.0;
+        for (int i = r0; i < r1; i++)
+            s += xent_row(losses, dlogits, logits, targets, i, v, vp, dloss);
+        part[blk] = s;
     }
+    double total = 0.0;
+    for (int blk = 0; blk < XENT_BLOCKS; blk++)
+        total += part[blk];
     if (loss_sum)
         *loss_sum = total;
     return 0;

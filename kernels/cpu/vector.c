@@ -77,19 +77,25 @@ int cpu_axpy(float *y, float a, const float *x, size_t n)
     return 0;
 }
 
+/* The sum is split into a fixed number of blocks, whatever the thread count, and the block sums are
+ * added in order: ranks running with different OMP_NUM_THREADS get the same bits. */
+#define SQNORM_BLOCKS 256
+
 int cpu_sqnorm(double *result, const float *x, size_t n)
 {
     if (!result || (n && !x))
         return error_set(FSDP_EINVAL, "kernels cpu: sqnorm: NULL argument");
-    size_t chunks = (n + CPU_CHUNK - 1) / CPU_CHUNK;
-    double total = 0.0;
-    /* Static schedule + ordered-free reduction over whole chunks: the result depends only on the
-     * thread count, not on timing. */
-#pragma omp parallel for schedule(static) reduction(+ : total) if (chunks > 1)
-    for (size_t ch = 0; ch < chunks; ch++) {
-        size_t lo = ch * CPU_CHUNK, len = n - lo < CPU_CHUNK ? n - lo : CPU_CHUNK;
-        total += sqnorm_chunk(x + lo, len);
+    double part[SQNORM_BLOCKS];
+    size_t per = (n + SQNORM_BLOCKS - 1) / SQNORM_BLOCKS;
+    per = (per + 63) & ~(size_t)63; /* whole cache lines per block */
+#pragma omp parallel for schedule(static) if (n > CPU_CHUNK)
+    for (int blk = 0; blk < SQNORM_BLOCKS; blk++) {
+        size_t lo = (size_t)blk * per;
+        part[blk] = lo < n ? sqnorm_chunk(x + lo, n - lo < per ? n - lo : per) : 0.0;
     }
+    double total = 0.0;
+    for (int blk = 0; blk < SQNORM_BLOCKS; blk++)
+        total += part[blk];
     *result = total;
     return 0;
 }

@@ -472,6 +472,20 @@ Test(kernels_ops, same_bits_for_any_thread_count)
         k->mem_free(gx), k->mem_free(gw), k->mem_free(gb), k->mem_free(ao), k->mem_free(lse), k->mem_free(gq);
         k->mem_free(gte), k->mem_free(dt), k->mem_free(ws);
     }
+    /* the double reductions too: sqnorm and the cross-entropy loss sum */
+    float *big = kt_host_rand(300001, 84, -1, 1), *lg = kt_host_rand((size_t)N * V, 85, -5, 5);
+    float *dbig = kt_devf(k, big, 300001), *dlg = kt_devf(k, lg, (size_t)N * V);
+    int32_t *dt = kt_dev_from(k, tok, sizeof tok);
+    double sq[2], ls[2];
+    for (int run = 0; run < 2; run++) {
+        omp_set_num_threads(run ? 3 : 1);
+        cr_assert_eq(k->sqnorm(&sq[run], dbig, 300001), 0);
+        cr_assert_eq(k->crossentropy_forward_backward(NULL, &ls[run], NULL, dlg, dt, N, V, V, 1.0f), 0);
+    }
+    cr_assert(memcmp(&sq[0], &sq[1], sizeof(double)) == 0, "sqnorm %.17g vs %.17g", sq[0], sq[1]);
+    cr_assert(memcmp(&ls[0], &ls[1], sizeof(double)) == 0, "loss sum %.17g vs %.17g", ls[0], ls[1]);
+    free(big), free(lg);
+    k->mem_free(dbig), k->mem_free(dlg), k->mem_free(dt);
     const size_t len[6] = {(size_t)N * 3 * C, (size_t)N * 3 * C, 3 * C, 3 * C, (size_t)N * 3 * C, (size_t)V * C};
     const char *name[6] = {"ln out", "ln dx", "ln dw", "db", "attention dqkv", "dwte"};
     for (int r = 0; r < 6; r++) {
