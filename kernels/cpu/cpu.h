@@ -7,8 +7,9 @@
 
 /* The build targets baseline x86-64 (SSE2) so binaries run on any machine; hot inner loops are compiled
  * again for AVX2/AVX-512 and picked at load time (ifunc). OpenMP-outlined bodies would not inherit the
- * clones, so the cloned functions are the per-chunk/per-row workers called from the parallel loops. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+ * clones, so the cloned functions are the per-chunk/per-row workers called from the parallel loops.
+ * -DKERNELS_NO_SIMD_CLONES builds the baseline code only (to test it on a machine with AVX-512). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(KERNELS_NO_SIMD_CLONES)
 #define CPU_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define CPU_SIMD_CLONES
