@@ -1,0 +1,23 @@
+/* The launcher's supervision loop for one node: join a generation, run the workers, watch them, the
+ * signals and the store, tear down on any failure anywhere, restart while restarts are left. */
+#ifndef FSDP_LAUNCHER_AGENT_H
+#define FSDP_LAUNCHER_AGENT_H
+
+#include "launcher/args.h"
+#include "rendezvous/rendezvous.h"
+
+struct agent {
+    const struct launch_args *a;
+    struct rdzv *r;
+    int sigfd;            /* signalfd for SIGCHLD and the forwarded signals */
+    const char *host;
+    const char *program;  /* resolved path */
+    const char *secret;   /* FSDP_RDZV_TOKEN given to workers, NULL = none */
+    const char *omp_threads;
+    int pending_signal;   /* a terminating signal received, 0 if none */
+};
+
+/* Runs the job to the end; returns the launcher's exit code. */
+int agent_run(struct agent *ag);
+
+#endif

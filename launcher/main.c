@@ -1,0 +1,119 @@
+/* fsdp-launch: a torchrun-compatible launcher (see docs/launcher.md). */
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "launcher/agent.h"
+#include "launcher/args.h"
+#include "launcher/workers.h"
+#include "rendezvous/rendezvous.h"
+
+static void random_token(char *out, size_t nbytes)
+{
+    unsigned char buf[32];
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    ssize_t got = fd >= 0 ? read(fd, buf, nbytes) : -1;
+    if (fd >= 0)
+        close(fd);
+    for (size_t i = 0; i < nbytes; i++)
+        sprintf(out + 2 * i, "%02x", got == (ssize_t)nbytes ? buf[i] : (unsigned)(rand() & 0xff));
+}
+
+int main(int argc, char **argv)
+{
+    log_init("fsdp-launch");
+    struct launch_args a;
+    int rc = launch_args_parse(argc, argv, &a);
+    if (rc == 1)
+        return 0;
+    if (rc) {
+        log_error("%s", error_message());
+        launch_args_free(&a);
+        return 2;
+    }
+    log_set_level(a.log_level);
+    char program[PATH_MAX];
+    if (workers_find_program(a.prog_argv[0], program, sizeof program)) {
+        log_error("%s", error_message());
+        launch_args_free(&a);
+        return 2;
+    }
+    if (a.redirects[0] && !a.log_dir[0])
+        log_warn("--redirects has no effect without --log_dir (output would be lost): ignoring it");
+
+    /* Blocked before any thread exists (the store server's), so every signal lands in the signalfd. */
+    sigset_t set;
+    sigemptyset(&set);
+    int sigs[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+        sigaddset(&set, sigs[i]);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    int sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (sigfd < 0) {
+        log_error("signalfd failed");
+        launch_args_free(&a);
+        return 1;
+    }
+
+    char host[256] = "?";
+    gethostname(host, sizeof host - 1);
+    /* One node: nobody else needs the token, so a random one keeps strangers off the port. Several nodes
+     * must share it, so it can only come from the user (the same FSDP_RDZV_TOKEN on every node). */
+    char token[65];
+    const char *secret = getenv("FSDP_RDZV_TOKEN");
+    if (!secret && a.nnodes == 1) {
+        random_token(token, 16);
+        secret = token;
+    }
+    char omp[24];
+    const char *omp_threads = NULL;
+    if (!getenv("OMP_NUM_THREADS")) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        long t = cores / a.nproc_per_node;
+        snprintf(omp, sizeof omp, "%ld", t < 1 ? 1 : t);
+        omp_threads = omp;
+        log_info("OMP_NUM_THREADS not set: using %s per worker (%ld cores / %d workers); set it to override", omp,
+                 cores, a.nproc_per_node);
+    }
+
+    bool local_only = a.nnodes == 1 && (strcmp(a.master_addr, "127.0.0.1") == 0 ||
+                                        strcmp(a.master_addr, "localhost") == 0);
+    char heartbeat_env[32];
+    const char *hb = getenv("FSDP_HEARTBEAT_TIMEOUT");
+    snprintf(heartbeat_env, sizeof heartbeat_env, "%s", hb ? hb : "");
+    struct rdzv_options ro = {.master_addr = a.master_addr, .master_port = a.master_port,
+                              .bind_addr = local_only ? "127.0.0.1" : NULL, .run_id = a.run_id, .secret = secret,
+                              .nnodes = a.nnodes, .node_rank = a.node_rank, .nproc_per_node = a.nproc_per_node,
+                              .host = host, .timeout_s = a.rdzv_timeout_s,
+                              .heartbeat_timeout_s = hb ? atof(heartbeat_env) : 0,
+                              .node_hosts = a.slurm_nhosts >= a.nnodes ? (const char *const *)a.slurm_hosts : NULL};
+    struct rdzv *r = NULL;
+    rc = rdzv_open(&ro, &r);
+    if (rc) {
+        log_error("%s", error_message());
+        launch_args_free(&a);
+        return 1;
+    }
+    if (a.node_rank == 0 && (a.master_port == 0 || a.standalone)) {
+        /* Printed whatever the log level: other nodes and scripts need this port. */
+        dprintf(2, "fsdp-launch: store listening on %s:%d\n", a.master_addr, rdzv_port(r));
+    }
+    log_debug("node %d of %d (%s), run id %s, store %s:%d, program %s", a.node_rank, a.nnodes, host, a.run_id,
+              a.master_addr, rdzv_port(r), program);
+
+    struct agent ag = {.a = &a, .r = r, .sigfd = sigfd, .host = host, .program = program, .secret = secret,
+                       .omp_threads = omp_threads};
+    int code = agent_run(&ag);
+    rdzv_close(r);
+    close(sigfd);
+    launch_args_free(&a);
+    return code;
+}

@@ -1,0 +1,132 @@
+#include "launcher/output.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+void output_init(struct out_stream *s, int fd, int console_fd, int log_fd, bool prefix, int rank, bool keep_tail)
+{
+    memset(s, 0, sizeof *s);
+    s->fd = fd;
+    s->console_fd = console_fd;
+    s->log_fd = log_fd;
+    s->prefix = prefix;
+    s->rank = rank;
+    s->keep_tail = keep_tail;
+}
+
+static void write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return; /* a closed terminal must not stop supervision */
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+static void keep_tail(struct out_stream *s, const char *line, size_t n)
+{
+    if (n + 1 > OUTPUT_TAIL_BYTES) {
+        line += n + 1 - OUTPUT_TAIL_BYTES;
+        n = OUTPUT_TAIL_BYTES - 1;
+    }
+    if (s->tail_len + n + 1 > OUTPUT_TAIL_BYTES) {
+        /* Drop whole lines from the front so the tail always starts at a line. */
+        size_t drop = s->tail_len + n + 1 - OUTPUT_TAIL_BYTES;
+        char *nl = memchr(s->tail + drop, '\n', s->tail_len - drop);
+        drop = nl ? (size_t)(nl - s->tail) + 1 : s->tail_len;
+        memmove(s->tail, s->tail + drop, s->tail_len - drop);
+        s->tail_len -= drop;
+    }
+    memcpy(s->tail + s->tail_len, line, n);
+    s->tail[s->tail_len + n] = '\n';
+    s->tail_len += n + 1;
+}
+
+static void emit(struct out_stream *s, const char *line, size_t n)
+{
+    char out[OUTPUT_LINE_MAX + 32];
+    memcpy(out, line, n);
+    out[n] = '\n';
+    if (s->log_fd >= 0)
+        write_all(s->log_fd, out, n + 1);
+    if (s->console_fd >= 0) {
+        if (s->prefix) {
+            int p = snprintf(out, 32, "[rank %d]:", s->rank);
+            memcpy(out + p, line, n);
+            out[p + n] = '\n';
+            write_all(s->console_fd, out, (size_t)p + n + 1);
+        } else {
+            write_all(s->console_fd, out, n + 1);
+        }
+    }
+    if (s->keep_tail)
+        keep_tail(s, line, n);
+}
+
+int output_pump(struct out_stream *s)
+{
+    if (s->fd < 0)
+        return 1;
+    for (;;) {
+        ssize_t r = read(s->fd, s->buf + s->len, sizeof s->buf - s->len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        if (r <= 0) {
+            output_close(s);
+            return 1;
+        }
+        s->len += (size_t)r;
+        size_t start = 0;
+        for (;;) {
+            char *nl = memchr(s->buf + start, '\n', s->len - start);
+            if (!nl)
+                break;
+            emit(s, s->buf + start, (size_t)(nl - (s->buf + start)));
+            start = (size_t)(nl - s->buf) + 1;
+        }
+        if (start == 0 && s->len == sizeof s->buf) {
+            emit(s, s->buf, s->len);
+            start = s->len;
+        }
+        memmove(s->buf, s->buf + start, s->len - start);
+        s->len -= start;
+    }
+}
+
+void output_close(struct out_stream *s)
+{
+    if (s->len > 0)
+        emit(s, s->buf, s->len);
+    s->len = 0;
+    if (s->fd >= 0)
+        close(s->fd);
+    s->fd = -1;
+    if (s->log_fd >= 0)
+        close(s->log_fd);
+    s->log_fd = -1;
+}
+
+const char *output_tail(const struct out_stream *s, int lines)
+{
+    /* The tail buffer is const to callers; the summary reads it once the worker is dead. */
+    size_t end = s->tail_len;
+    size_t i = end;
+    int seen = 0;
+    while (i > 0) {
+        if (s->tail[i - 1] == '\n' && i != end && ++seen >= lines)
+            break;
+        i--;
+    }
+    static __thread char copy[OUTPUT_TAIL_BYTES + 1];
+    memcpy(copy, s->tail + i, end - i);
+    copy[end - i] = 0;
+    return copy;
+}

@@ -1,0 +1,35 @@
+/* One worker output stream (stdout or stderr) read from its pipe and cut into whole lines, each line
+ * written with one write(2) to the log file and/or the console, so lines of different ranks never mix
+ * inside a line. The stderr stream also keeps its last lines for the failure summary. */
+#ifndef FSDP_LAUNCHER_OUTPUT_H
+#define FSDP_LAUNCHER_OUTPUT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define OUTPUT_LINE_MAX 8192 /* a longer line is cut into pieces of this size */
+#define OUTPUT_TAIL_BYTES 4096
+
+struct out_stream {
+    int fd;         /* read end of the worker's pipe; -1 once closed */
+    int console_fd; /* 1 or 2, or -1 when this stream is not shown */
+    int log_fd;     /* -1 without --log_dir */
+    bool prefix;    /* "[rank N]:" on console lines (--tee) */
+    int rank;
+    char buf[OUTPUT_LINE_MAX];
+    size_t len;
+    bool keep_tail;
+    char tail[OUTPUT_TAIL_BYTES];
+    size_t tail_len;
+};
+
+void output_init(struct out_stream *s, int fd, int console_fd, int log_fd, bool prefix, int rank, bool keep_tail);
+/* Reads what the pipe has now. Returns 1 at end of file (the stream is then flushed and closed), 0
+ * otherwise. */
+int output_pump(struct out_stream *s);
+/* Emits a last partial line and closes the pipe and the log file. */
+void output_close(struct out_stream *s);
+/* The last `lines` lines of the tail, as one string inside the stream (valid until the next pump). */
+const char *output_tail(const struct out_stream *s, int lines);
+
+#endif

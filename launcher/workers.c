@@ -1,0 +1,353 @@
+#include "launcher/workers.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/error.h"
+#include "common/log.h"
+
+extern char **environ;
+
+static bool is_exec_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
+}
+
+int workers_find_program(const char *prog, char *out, size_t cap)
+{
+    if (strchr(prog, '/')) {
+        if (!is_exec_file(prog))
+            return error_set(FSDP_ENOTFOUND, "program '%s' %s", prog,
+                             access(prog, F_OK) == 0 ? "is not an executable file" : "does not exist");
+        snprintf(out, cap, "%s", prog);
+        return 0;
+    }
+    const char *path = getenv("PATH");
+    if (!path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    for (const char *p = path;;) {
+        const char *c = strchr(p, ':');
+        size_t len = c ? (size_t)(c - p) : strlen(p);
+        int n = snprintf(out, cap, "%.*s%s%s", (int)len, p, len ? "/" : "", prog);
+        if (n > 0 && (size_t)n < cap && is_exec_file(out))
+            return 0;
+        if (!c)
+            break;
+        p = c + 1;
+    }
+    /* Next to fsdp-launch, so `fsdp-launch fsdp-worker cfg.ini` works from a build tree. */
+    char self[PATH_MAX];
+    ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (sl > 0) {
+        self[sl] = 0;
+        char *slash = strrchr(self, '/');
+        if (slash) {
+            *slash = 0;
+            int n = snprintf(out, cap, "%s/%s", self, prog);
+            if (n > 0 && (size_t)n < cap && is_exec_file(out))
+                return 0;
+        } else {
+            self[0] = 0;
+        }
+    } else {
+        self[0] = 0;
+    }
+    return error_set(FSDP_ENOTFOUND, "program '%s' not found in PATH nor next to fsdp-launch (%s)", prog,
+                     self[0] ? self : "?");
+}
+
+static int mkdir_p(const char *dir)
+{
+    char tmp[PATH_MAX];
+    int n = snprintf(tmp, sizeof tmp, "%s", dir);
+    if (n < 0 || (size_t)n >= sizeof tmp)
+        return error_set(FSDP_ERANGE, "log directory path too long: %s", dir);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = 0;
+        if (mkdir(tmp, 0755) && errno != EEXIST)
+            return error_set(FSDP_EIO, "cannot create log directory %s: %s", tmp, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(tmp, 0755) && errno != EEXIST)
+        return error_set(FSDP_EIO, "cannot create log directory %s: %s", tmp, strerror(errno));
+    return 0;
+}
+
+/* torchrun's variables replace any inherited ones of the same name. */
+static const char *const overridden[] = {
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_NAME",
+    "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "FSDP_RDZV_TOKEN", "FSDP_STORE_PREFIX",
+    "OMP_NUM_THREADS", NULL};
+
+static bool is_overridden(const char *entry)
+{
+    for (int i = 0; overridden[i]; i++) {
+        size_t n = strlen(overridden[i]);
+        if (strncmp(entry, overridden[i], n) == 0 && entry[n] == '=')
+            return true;
+    }
+    return false;
+}
+
+/* Built in the parent: after fork only async-signal-safe calls are allowed (the store server thread
+ * may hold malloc's lock at the moment of fork), so the child only calls execve. */
+static char **build_env(const struct launch_args *a, const struct rdzv_assignment *as, const struct spawn_env *e,
+                        int local_rank)
+{
+    size_t n = 0;
+    for (char **p = environ; *p; p++)
+        n++;
+    char **env = calloc(n + 24, sizeof *env);
+    if (!env)
+        return NULL;
+    size_t k = 0;
+    for (char **p = environ; *p; p++)
+        if (!is_overridden(*p))
+            env[k++] = strdup(*p);
+    int rank = as->rank_base + local_rank;
+    char v[1024];
+#define ADD(...)                                   \
+    do {                                           \
+        snprintf(v, sizeof v, __VA_ARGS__);        \
+        env[k++] = strdup(v);                      \
+    } while (0)
+    ADD("RANK=%d", rank);
+    ADD("LOCAL_RANK=%d", local_rank);
+    ADD("WORLD_SIZE=%d", as->world_size);
+    ADD("LOCAL_WORLD_SIZE=%d", a->nproc_per_node);
+    ADD("GROUP_RANK=%d", a->node_rank);
+    ADD("GROUP_WORLD_SIZE=%d", a->nnodes);
+    ADD("ROLE_NAME=%s", a->role);
+    ADD("ROLE_RANK=%d", rank);
+    ADD("ROLE_WORLD_SIZE=%d", as->world_size);
+    ADD("MASTER_ADDR=%s", a->master_addr);
+    ADD("MASTER_PORT=%d", e->master_port);
+    ADD("TORCHELASTIC_RESTART_COUNT=%d", e->restart_count);
+    ADD("TORCHELASTIC_MAX_RESTARTS=%d", a->max_restarts);
+    ADD("TORCHELASTIC_RUN_ID=%s", a->run_id);
+    ADD("FSDP_STORE_PREFIX=%s", as->prefix);
+    if (e->secret)
+        ADD("FSDP_RDZV_TOKEN=%s", e->secret);
+    if (e->omp_threads)
+        ADD("OMP_NUM_THREADS=%s", e->omp_threads);
+    else if (getenv("OMP_NUM_THREADS"))
+        ADD("OMP_NUM_THREADS=%s", getenv("OMP_NUM_THREADS"));
+#undef ADD
+    for (size_t i = 0; i < k; i++)
+        if (!env[i]) {
+            for (size_t j = 0; j < k; j++)
+                free(env[j]);
+            free(env);
+            return NULL;
+        }
+    return env;
+}
+
+static void free_env(char **env)
+{
+    if (!env)
+        return;
+    for (char **p = env; *p; p++)
+        free(*p);
+    free(env);
+}
+
+static int open_log(const char *dir, const char *name)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0)
+        error_set(FSDP_EIO, "cannot create log file %s: %s", path, strerror(errno));
+    return fd;
+}
+
+static int spawn_one(struct worker *w, const struct launch_args *a, const struct rdzv_assignment *as,
+                     const struct spawn_env *e)
+{
+    int outp[2] = {-1, -1}, errp[2] = {-1, -1};
+    int log_out = -1, log_err = -1;
+    char **env = NULL;
+    int rc = 0;
+    if (a->log_dir[0]) {
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s/%s/attempt_%d/%d", a->log_dir, a->run_id, e->restart_count, w->local_rank);
+        rc = mkdir_p(dir);
+        if (rc)
+            return rc;
+        log_out = open_log(dir, "stdout.log");
+        log_err = log_out >= 0 ? open_log(dir, "stderr.log") : -1;
+        if (log_err < 0) {
+            rc = FSDP_EIO;
+            goto fail;
+        }
+    }
+    if (pipe2(outp, O_CLOEXEC) || pipe2(errp, O_CLOEXEC)) {
+        rc = error_set(FSDP_EIO, "pipe: %s", strerror(errno));
+        goto fail;
+    }
+    env = build_env(a, as, e, w->local_rank);
+    if (!env) {
+        rc = error_set(FSDP_ENOMEM, "out of memory building the worker environment");
+        goto fail;
+    }
+    pid_t parent = getpid();
+    sigset_t none;
+    sigemptyset(&none);
+    pid_t pid = fork();
+    if (pid < 0) {
+        rc = error_set(FSDP_EIO, "fork: %s", strerror(errno));
+        goto fail;
+    }
+    if (pid == 0) {
+        /* Child: async-signal-safe calls only until execve. */
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) /* the launcher died before prctl took effect */
+            _exit(128 + SIGKILL);
+        signal(SIGPIPE, SIG_DFL);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        dup2(outp[1], 1);
+        dup2(errp[1], 2);
+        execve(e->program, a->prog_argv, env);
+        static const char msg[] = "fsdp-launch: execve of the program failed\n";
+        ssize_t ignored = write(2, msg, sizeof msg - 1);
+        (void)ignored;
+        _exit(127);
+    }
+    setpgid(pid, pid); /* also from the parent, so signalling the group never races the child's own call */
+    free_env(env);
+    close(outp[1]);
+    close(errp[1]);
+    fcntl(outp[0], F_SETFL, O_NONBLOCK);
+    fcntl(errp[0], F_SETFL, O_NONBLOCK);
+    int rank = w->rank;
+    bool shown = launch_rank_shown(a, w->local_rank);
+    int red = a->log_dir[0] ? launch_std_mask(a->redirects, w->local_rank) : 0;
+    int tee = launch_std_mask(a->tee, w->local_rank);
+    bool out_console = shown && ((tee & 1) || !(red & 1));
+    bool err_console = shown && ((tee & 2) || !(red & 2));
+    output_init(&w->out, outp[0], out_console ? 1 : -1, log_out, (tee & 1) != 0, rank, false);
+    output_init(&w->err, errp[0], err_console ? 2 : -1, log_err, (tee & 2) != 0, rank, true);
+    w->pid = pid;
+    w->running = true;
+    return 0;
+fail:
+    free_env(env);
+    for (int i = 0; i < 2; i++) {
+        if (outp[i] >= 0)
+            close(outp[i]);
+        if (errp[i] >= 0)
+            close(errp[i]);
+    }
+    if (log_out >= 0)
+        close(log_out);
+    if (log_err >= 0)
+        close(log_err);
+    return rc;
+}
+
+int workers_spawn(struct worker_group *g, const struct launch_args *a, const struct rdzv_assignment *as,
+                  const struct spawn_env *e)
+{
+    memset(g, 0, sizeof *g);
+    g->w = calloc((size_t)a->nproc_per_node, sizeof *g->w);
+    if (!g->w)
+        return error_set(FSDP_ENOMEM, "out of memory");
+    for (int i = 0; i < a->nproc_per_node; i++) {
+        struct worker *w = &g->w[i];
+        w->local_rank = i;
+        w->rank = as->rank_base + i;
+        w->out.fd = w->err.fd = w->out.log_fd = w->err.log_fd = -1;
+        int rc = spawn_one(w, a, as, e);
+        if (rc) {
+            g->n = i;
+            workers_signal(g, SIGKILL);
+            while (g->running > 0 && waitpid(-1, NULL, 0) > 0)
+                g->running--;
+            workers_release(g);
+            return rc;
+        }
+        g->n = i + 1;
+        g->running++;
+    }
+    return 0;
+}
+
+int workers_reap(struct worker_group *g, int *first_failed)
+{
+    int reaped = 0;
+    *first_failed = -1;
+    for (;;) {
+        int st;
+        pid_t pid = waitpid(-1, &st, WNOHANG);
+        if (pid <= 0)
+            break;
+        for (int i = 0; i < g->n; i++) {
+            struct worker *w = &g->w[i];
+            if (w->pid != pid || !w->running)
+                continue;
+            w->running = false;
+            w->status = st;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            w->exit_wall_s = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+            g->running--;
+            reaped++;
+            if (workers_exit_code(st) != 0 && *first_failed < 0)
+                *first_failed = i;
+        }
+    }
+    return reaped;
+}
+
+void workers_signal(struct worker_group *g, int sig)
+{
+    for (int i = 0; i < g->n; i++)
+        if (g->w[i].running)
+            kill(-g->w[i].pid, sig);
+}
+
+void workers_release(struct worker_group *g)
+{
+    for (int i = 0; i < g->n; i++) {
+        struct worker *w = &g->w[i];
+        if (w->pid > 0)
+            kill(-w->pid, SIGKILL); /* grandchildren left in the group */
+        output_close(&w->out);
+        output_close(&w->err);
+    }
+    free(g->w);
+    memset(g, 0, sizeof *g);
+}
+
+void workers_describe_status(int status, char *buf, size_t cap)
+{
+    if (WIFSIGNALED(status)) {
+        int sig = WTERMSIG(status);
+        snprintf(buf, cap, "signal %d (SIG%s)", sig, sigabbrev_np(sig) ? sigabbrev_np(sig) : "?");
+    } else {
+        snprintf(buf, cap, "exit code %d", WEXITSTATUS(status));
+    }
+}
+
+int workers_exit_code(int status)
+{
+    if (WIFSIGNALED(status))
+        return 128 + WTERMSIG(status);
+    return WEXITSTATUS(status);
+}

@@ -1,0 +1,492 @@
+#include "rendezvous/rendezvous.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/error.h"
+#include "common/log.h"
+
+struct rdzv {
+    struct store_server *server;
+    struct store_client *client;
+    int port;
+    int nnodes, node_rank, nproc;
+    double timeout_s, hb_timeout_s;
+    char addr[256];
+    char host[256];
+    char **node_hosts; /* NULL or nnodes names */
+    /* heartbeat bookkeeping of the current generation: last counter seen and when it last moved */
+    int hb_gen;
+    int64_t *hb_last;
+    double *hb_moved;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void sleep_s(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+static const char *node_name(const struct rdzv *r, int node)
+{
+    return r->node_hosts && r->node_hosts[node] ? r->node_hosts[node] : NULL;
+}
+
+/* Keeps a value on the store equal across nodes: the first writer sets it, later ones must match. */
+static int agree(struct rdzv *r, const char *key, const char *what, int value)
+{
+    char mine[32];
+    snprintf(mine, sizeof mine, "%d", value);
+    void *actual = NULL;
+    size_t alen = 0;
+    int rc = store_client_compare_set(r->client, key, NULL, 0, mine, strlen(mine), &actual, &alen);
+    if (rc)
+        return rc;
+    if (alen != strlen(mine) || memcmp(actual, mine, alen) != 0) {
+        rc = error_set(FSDP_EINVAL, "node %d was started with %s %s but the job has %s %.*s: give every node the "
+                       "same %s", r->node_rank, what, mine, what, (int)alen, (char *)actual, what);
+    }
+    free(actual);
+    return rc;
+}
+
+int rdzv_open(const struct rdzv_options *o, struct rdzv **out)
+{
+    *out = NULL;
+    struct rdzv *r = calloc(1, sizeof *r);
+    if (!r)
+        return error_set(FSDP_ENOMEM, "out of memory");
+    r->nnodes = o->nnodes;
+    r->node_rank = o->node_rank;
+    r->nproc = o->nproc_per_node;
+    r->timeout_s = o->timeout_s > 0 ? o->timeout_s : 900;
+    r->hb_timeout_s = o->heartbeat_timeout_s > 0 ? o->heartbeat_timeout_s : 10;
+    r->hb_gen = -1;
+    snprintf(r->addr, sizeof r->addr, "%s", o->master_addr);
+    snprintf(r->host, sizeof r->host, "%s", o->host ? o->host : "?");
+    r->port = o->master_port;
+    int rc = 0;
+    r->hb_last = calloc((size_t)o->nnodes, sizeof *r->hb_last);
+    r->hb_moved = calloc((size_t)o->nnodes, sizeof *r->hb_moved);
+    if (!r->hb_last || !r->hb_moved) {
+        rc = error_set(FSDP_ENOMEM, "out of memory");
+        goto fail;
+    }
+    if (o->node_hosts) {
+        r->node_hosts = calloc((size_t)o->nnodes, sizeof *r->node_hosts);
+        if (!r->node_hosts) {
+            rc = error_set(FSDP_ENOMEM, "out of memory");
+            goto fail;
+        }
+        for (int i = 0; i < o->nnodes && o->node_hosts[i]; i++)
+            r->node_hosts[i] = strdup(o->node_hosts[i]);
+    }
+
+    const char *connect_host = o->master_addr;
+    if (o->node_rank == 0) {
+        struct store_server_options so = {.bind_addr = o->bind_addr, .port = o->master_port, .run_id = o->run_id,
+                                          .secret = o->secret};
+        rc = store_server_start(&so, &r->server);
+        if (rc == FSDP_EEXIST) {
+            rc = error_set(rc, "cannot host the store: port %d on %s is already in use (another job?); pick another "
+                           "--master_port, or 0 for a free one [%s]", o->master_port,
+                           o->bind_addr && *o->bind_addr ? o->bind_addr : "0.0.0.0", error_message());
+            goto fail;
+        }
+        if (rc)
+            goto fail;
+        r->port = store_server_port(r->server);
+        /* Our own server is reachable on loopback whatever master_addr resolves to from here. */
+        connect_host = o->bind_addr && *o->bind_addr ? o->bind_addr : "127.0.0.1";
+    }
+    struct store_client_options co = {.host = connect_host, .port = r->port, .run_id = o->run_id,
+                                      .secret = o->secret, .connect_timeout_s = r->timeout_s,
+                                      .default_timeout_s = 60};
+    rc = store_client_connect(&co, &r->client);
+    if (rc == FSDP_EREFUSED) {
+        rc = error_set(rc, "the store at %s:%d refused node %d: its run id (--rdzv_id '%s') or FSDP_RDZV_TOKEN "
+                       "differs from node 0's [%s]", r->addr, r->port, r->node_rank, o->run_id, error_message());
+        goto fail;
+    }
+    if (rc) {
+        rc = error_set(rc, "cannot reach the rendezvous store at %s:%d (tried for %.0f s): is fsdp-launch running "
+                       "on node 0 with this --master_addr/--master_port, and the port open? [%s]", r->addr, r->port,
+                       r->timeout_s, error_message());
+        goto fail;
+    }
+    rc = agree(r, "rdzv/nnodes", "--nnodes", r->nnodes);
+    if (!rc)
+        rc = agree(r, "rdzv/nproc_per_node", "--nproc_per_node", r->nproc);
+    if (rc)
+        goto fail;
+    *out = r;
+    return 0;
+fail:
+    rdzv_close(r);
+    return rc;
+}
+
+int rdzv_port(const struct rdzv *r) { return r->port; }
+bool rdzv_is_host(const struct rdzv *r) { return r->server != NULL; }
+
+static int key_exists(struct rdzv *r, const char *key, bool *exists)
+{
+    const char *keys[1] = {key};
+    return store_client_check(r->client, keys, 1, exists);
+}
+
+/* Lists the nodes that have not joined generation g, for the timeout message. */
+static void describe_missing(struct rdzv *r, int g, char *buf, size_t cap, int *joined)
+{
+    size_t used = 0;
+    buf[0] = 0;
+    *joined = 0;
+    for (int n = 0; n < r->nnodes; n++) {
+        char key[64];
+        snprintf(key, sizeof key, "rdzv/g%d/node/%d", g, n);
+        bool ex = false;
+        if (key_exists(r, key, &ex) == 0 && ex) {
+            (*joined)++;
+            continue;
+        }
+        if (used + 64 >= cap)
+            continue;
+        const char *h = node_name(r, n);
+        int w = h ? snprintf(buf + used, cap - used, "%s%d (host %s)", used ? ", " : "", n, h)
+                  : snprintf(buf + used, cap - used, "%s%d", used ? ", " : "", n);
+        used += w > 0 ? (size_t)w : 0;
+        if (used >= cap)
+            used = cap - 1;
+    }
+}
+
+static int current_generation(struct rdzv *r, int *g)
+{
+    bool ex = false;
+    int rc = key_exists(r, "rdzv/gen", &ex);
+    if (rc || !ex) {
+        *g = 0;
+        return rc;
+    }
+    void *v = NULL;
+    size_t len = 0;
+    rc = store_client_get(r->client, "rdzv/gen", &v, &len, 5);
+    if (rc)
+        return rc;
+    *g = atoi(v);
+    free(v);
+    return 0;
+}
+
+/* Claims this node's slot in generation g. *taken_by receives the holder's text when another launcher
+ * has it (a duplicate node rank, or our own predecessor that died). */
+static int claim_slot(struct rdzv *r, int g, char **taken_by)
+{
+    char key[64], mine[320];
+    snprintf(key, sizeof key, "rdzv/g%d/node/%d", g, r->node_rank);
+    snprintf(mine, sizeof mine, "%s pid %d", r->host, (int)getpid());
+    void *actual = NULL;
+    size_t alen = 0;
+    *taken_by = NULL;
+    int rc = store_client_compare_set(r->client, key, NULL, 0, mine, strlen(mine), &actual, &alen);
+    if (rc)
+        return rc;
+    if (alen == strlen(mine) && memcmp(actual, mine, alen) == 0)
+        free(actual);
+    else
+        *taken_by = actual;
+    return 0;
+}
+
+int rdzv_join(struct rdzv *r, int min_generation, bool (*should_stop)(void *), void *arg,
+              struct rdzv_assignment *out)
+{
+    int g = 0;
+    int rc = current_generation(r, &g);
+    if (rc)
+        return rc;
+    if (g < min_generation)
+        g = min_generation;
+    double t0 = now_s();
+    for (;;) {
+        char *holder = NULL;
+        rc = claim_slot(r, g, &holder);
+        if (rc)
+            return rc;
+        if (!holder)
+            break;
+        /* The slot is held. If that generation already failed, its holder was our dead predecessor and
+         * the others move on to g+1; otherwise wait one heartbeat timeout for them to notice it is gone. */
+        char fkey[64];
+        snprintf(fkey, sizeof fkey, "rdzv/g%d/failed", g);
+        double wait_until = now_s() + r->hb_timeout_s + 2;
+        bool failed = false;
+        while (!failed && now_s() < wait_until) {
+            rc = key_exists(r, fkey, &failed);
+            if (rc) {
+                free(holder);
+                return rc;
+            }
+            if (!failed) {
+                if (should_stop && should_stop(arg)) {
+                    free(holder);
+                    return error_set(FSDP_EABORTED, "rendezvous abandoned");
+                }
+                sleep_s(0.1);
+            }
+        }
+        if (!failed) {
+            rc = error_set(FSDP_EREFUSED, "node rank %d already joined the job (generation %d) from %s: is another "
+                           "fsdp-launch running with the same --node_rank?", r->node_rank, g, holder);
+            free(holder);
+            return rc;
+        }
+        free(holder);
+        g++;
+    }
+    char key[64];
+    snprintf(key, sizeof key, "rdzv/g%d/hb/%d", g, r->node_rank);
+    int64_t dummy;
+    rc = store_client_add(r->client, key, 1, &dummy);
+    if (rc)
+        return rc;
+    char gv[32];
+    snprintf(gv, sizeof gv, "%d", g);
+    rc = store_client_set(r->client, "rdzv/gen", gv, strlen(gv));
+    if (rc)
+        return rc;
+
+    char **keys = calloc((size_t)r->nnodes, sizeof *keys);
+    if (!keys)
+        return error_set(FSDP_ENOMEM, "out of memory");
+    for (int n = 0; n < r->nnodes && !rc; n++) {
+        keys[n] = malloc(48);
+        if (!keys[n])
+            rc = error_set(FSDP_ENOMEM, "out of memory");
+        else
+            snprintf(keys[n], 48, "rdzv/g%d/node/%d", g, n);
+    }
+    /* Polled with short sleeps rather than one long store wait, so a signal to the launcher (should_stop)
+     * is honoured within ~100 ms while nodes are still missing. */
+    double pause = 0.0005;
+    while (!rc) {
+        bool all = false;
+        rc = store_client_check(r->client, (const char *const *)keys, (size_t)r->nnodes, &all);
+        if (rc || all)
+            break;
+        if (should_stop && should_stop(arg)) {
+            rc = error_set(FSDP_EABORTED, "rendezvous abandoned");
+            break;
+        }
+        if (now_s() - t0 > r->timeout_s) {
+            char missing[1024];
+            int joined = 0;
+            describe_missing(r, g, missing, sizeof missing, &joined);
+            rc = error_set(FSDP_ETIMEDOUT, "rendezvous timed out after %.0f s (--rdzv_timeout): %d of %d nodes "
+                           "joined generation %d; missing node ranks: %s", r->timeout_s, joined, r->nnodes, g,
+                           missing);
+            break;
+        }
+        sleep_s(pause);
+        if (pause < 0.1)
+            pause *= 2;
+    }
+    for (int n = 0; n < r->nnodes; n++)
+        free(keys[n]);
+    free(keys);
+    if (rc)
+        return rc;
+    out->generation = g;
+    out->rank_base = r->node_rank * r->nproc;
+    out->world_size = r->nnodes * r->nproc;
+    snprintf(out->prefix, sizeof out->prefix, "worker/g%d/", g);
+    /* Heartbeats restart with the generation: everyone just joined, so everyone is alive now. */
+    r->hb_gen = g;
+    double t = now_s();
+    for (int n = 0; n < r->nnodes; n++) {
+        r->hb_last[n] = -1;
+        r->hb_moved[n] = t;
+    }
+    return 0;
+}
+
+int rdzv_publish_failure(struct rdzv *r, int generation, const char *record, char **root)
+{
+    char key[64];
+    snprintf(key, sizeof key, "rdzv/g%d/failed", generation);
+    void *actual = NULL;
+    size_t alen = 0;
+    int rc = store_client_compare_set(r->client, key, NULL, 0, record, strlen(record), &actual, &alen);
+    if (rc)
+        return rc;
+    *root = actual;
+    return 0;
+}
+
+int rdzv_poll(struct rdzv *r, int g, struct rdzv_status *st)
+{
+    st->failure = NULL;
+    st->lost_node = -1;
+    st->done_nodes = 0;
+    char key[64];
+    int64_t v;
+    snprintf(key, sizeof key, "rdzv/g%d/hb/%d", g, r->node_rank);
+    int rc = store_client_add(r->client, key, 1, &v);
+    if (rc)
+        return rc;
+    snprintf(key, sizeof key, "rdzv/g%d/failed", g);
+    bool failed = false;
+    rc = key_exists(r, key, &failed);
+    if (rc)
+        return rc;
+    if (failed) {
+        size_t len;
+        rc = store_client_get(r->client, key, (void **)&st->failure, &len, 5);
+        if (rc)
+            return rc;
+    }
+    snprintf(key, sizeof key, "rdzv/g%d/done", g);
+    rc = store_client_add(r->client, key, 0, &v);
+    if (rc)
+        return rc;
+    st->done_nodes = (int)v;
+    double t = now_s();
+    for (int n = 0; n < r->nnodes; n++) {
+        if (n == r->node_rank)
+            continue;
+        snprintf(key, sizeof key, "rdzv/g%d/hb/%d", g, n);
+        rc = store_client_add(r->client, key, 0, &v);
+        if (rc)
+            return rc;
+        if (r->hb_gen == g && v != r->hb_last[n]) {
+            r->hb_last[n] = v;
+            r->hb_moved[n] = t;
+        } else if (r->hb_gen == g && t - r->hb_moved[n] > r->hb_timeout_s && st->lost_node < 0) {
+            st->lost_node = n;
+        }
+    }
+    return 0;
+}
+
+int rdzv_mark_done(struct rdzv *r, int g)
+{
+    char key[64];
+    int64_t v;
+    snprintf(key, sizeof key, "rdzv/g%d/done", g);
+    return store_client_add(r->client, key, 1, &v);
+}
+
+int rdzv_finish(struct rdzv *r, int g, double timeout_s)
+{
+    char key[64];
+    int64_t v = 0;
+    snprintf(key, sizeof key, "rdzv/g%d/bye", g);
+    if (!r->server)
+        return store_client_add(r->client, key, 1, &v);
+    double t0 = now_s();
+    double pause = 0.0005;
+    for (;;) {
+        int rc = store_client_add(r->client, key, 0, &v);
+        if (rc)
+            return rc;
+        if (v >= r->nnodes - 1)
+            return 0;
+        if (now_s() - t0 > timeout_s)
+            return error_set(FSDP_ETIMEDOUT, "%d of %d other nodes said goodbye before the store closed",
+                             (int)v, r->nnodes - 1);
+        sleep_s(pause);
+        if (pause < 0.05)
+            pause *= 2;
+    }
+}
+
+void rdzv_close(struct rdzv *r)
+{
+    if (!r)
+        return;
+    store_client_close(r->client);
+    store_server_stop(r->server);
+    if (r->node_hosts)
+        for (int i = 0; i < r->nnodes; i++)
+            free(r->node_hosts[i]);
+    free(r->node_hosts);
+    free(r->hb_last);
+    free(r->hb_moved);
+    free(r);
+}
+
+/* ---- worker side ---- */
+
+static int env_int(const char *name, int *out)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return error_set(FSDP_EINVAL, "%s is not set: start this program with fsdp-launch (or set MASTER_ADDR, "
+                         "MASTER_PORT, RANK, WORLD_SIZE, TORCHELASTIC_RUN_ID yourself)", name);
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (*end || x < 0 || x > 1 << 30)
+        return error_set(FSDP_EINVAL, "%s='%s' is not a non-negative integer", name, v);
+    *out = (int)x;
+    return 0;
+}
+
+int rdzv_worker_connect(struct rdzv_worker *w, double timeout_s)
+{
+    memset(w, 0, sizeof *w);
+    int port = 0;
+    int rc = env_int("MASTER_PORT", &port);
+    if (!rc)
+        rc = env_int("RANK", &w->rank);
+    if (!rc)
+        rc = env_int("WORLD_SIZE", &w->world_size);
+    if (rc)
+        return rc;
+    if (env_int("LOCAL_RANK", &w->local_rank))
+        w->local_rank = 0;
+    error_clear();
+    const char *addr = getenv("MASTER_ADDR");
+    if (!addr || !*addr)
+        return error_set(FSDP_EINVAL, "MASTER_ADDR is not set: start this program with fsdp-launch");
+    const char *run_id = getenv("TORCHELASTIC_RUN_ID");
+    const char *prefix = getenv("FSDP_STORE_PREFIX");
+    snprintf(w->prefix, sizeof w->prefix, "%s", prefix ? prefix : "worker/");
+    struct store_client_options co = {.host = addr, .port = port, .run_id = run_id ? run_id : "none",
+                                      .secret = getenv("FSDP_RDZV_TOKEN"),
+                                      .connect_timeout_s = timeout_s > 0 ? timeout_s : 60,
+                                      .default_timeout_s = timeout_s > 0 ? timeout_s : 300};
+    return store_client_connect(&co, &w->client);
+}
+
+int rdzv_worker_key(const struct rdzv_worker *w, const char *name, char *buf, size_t cap)
+{
+    int n = snprintf(buf, cap, "%s%s", w->prefix, name);
+    if (n < 0 || (size_t)n >= cap)
+        return error_set(FSDP_ERANGE, "store key '%s%s' longer than %zu bytes", w->prefix, name, cap - 1);
+    return 0;
+}
+
+int rdzv_worker_barrier(struct rdzv_worker *w, const char *name, double timeout_s)
+{
+    char key[STORE_MAX_KEY_BYTES];
+    int rc = rdzv_worker_key(w, name, key, sizeof key);
+    if (rc)
+        return rc;
+    return store_client_barrier(w->client, key, w->world_size, timeout_s);
+}
+
+void rdzv_worker_close(struct rdzv_worker *w)
+{
+    store_client_close(w->client);
+    w->client = NULL;
+}
