@@ -1,0 +1,314 @@
+/* fsdp-worker's schema and the real fsdp-worker binary: defaults are valid, the accelerate-style flags
+ * reach the right keys, cross-key checks name their keys, --print-config round-trips through the
+ * binary, training says it is not built (exit 2), and docs/config.md is what the schema generates. */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/config.h"
+#include "common/error.h"
+#include "worker/worker_config.h"
+
+static struct config *make(void)
+{
+    struct config *cfg = NULL;
+    cr_assert_eq(config_create(worker_config_schema(), &cfg), 0, "%s", error_message());
+    return cfg;
+}
+
+Test(worker_config, defaults_are_a_small_valid_model)
+{
+    struct config *cfg = make();
+    struct worker_config wc;
+    cr_assert_eq(worker_config_view(cfg, &wc), 0, "%s", error_message());
+    cr_assert_eq(wc.model.n_layer, 4);
+    cr_assert_eq(wc.model.n_embd, 128);
+    cr_assert_eq(wc.model.n_head, 4);
+    cr_assert_eq(wc.model.vocab_size, 256);
+    cr_assert_eq(wc.model.block_size, 128);
+    cr_assert_float_eq(wc.model.init_std, 0.02, 1e-15);
+    cr_assert_eq(wc.fsdp.version, 2);
+    cr_assert_eq(wc.fsdp.sharding_strategy, WORKER_FULL_SHARD);
+    cr_assert_eq(wc.fsdp.auto_wrap_policy, WORKER_WRAP_TRANSFORMER);
+    cr_assert_str_eq(wc.fsdp.transformer_layer_cls_to_wrap, "DecoderBlock");
+    cr_assert_str_eq(wc.log.dir, "./runs/<run_id>");
+    cr_assert_str_eq(wc.model.init_from, "");
+    config_destroy(cfg);
+}
+
+/* Each flat flag as accelerate / SimpleTuner users write it, the key it must set and the canonical value. */
+static const struct {
+    const char *arg, *section, *key, *want;
+} flat[] = {
+    {"--fsdp_version=1", "fsdp", "version", "1"},
+    {"--fsdp_state_dict_type=sharded", "checkpoint", "state_dict_type", "SHARDED_STATE_DICT"},
+    {"--fsdp_state_dict_type=full", "checkpoint", "state_dict_type", "FULL_STATE_DICT"},
+    {"--fsdp_auto_wrap_policy=transformer", "fsdp", "auto_wrap_policy", "TRANSFORMER_BASED_WRAP"},
+    {"--fsdp_auto_wrap_policy=size_based_wrap", "fsdp", "auto_wrap_policy", "SIZE_BASED_WRAP"},
+    {"--fsdp_sharding_strategy=1", "fsdp", "sharding_strategy", "FULL_SHARD"},
+    {"--fsdp_sharding_strategy=2", "fsdp", "sharding_strategy", "SHARD_GRAD_OP"},
+    {"--fsdp_sharding_strategy=3", "fsdp", "sharding_strategy", "NO_SHARD"},
+    {"--fsdp_sharding_strategy=4", "fsdp", "sharding_strategy", "HYBRID_SHARD"},
+    {"--fsdp_sharding_strategy=5", "fsdp", "sharding_strategy", "HYBRID_SHARD_ZERO2"},
+    {"--fsdp_sharding_strategy=hybrid-shard", "fsdp", "sharding_strategy", "HYBRID_SHARD"},
+    {"--fsdp_backward_prefetch", "fsdp", "backward_prefetch", "BACKWARD_PRE"},
+    {"--fsdp_backward_prefetch=NO_PREFETCH", "fsdp", "backward_prefetch", "NO_PREFETCH"},
+    {"--fsdp_offload_params", "fsdp", "offload_params", "true"},
+    {"--fsdp_cpu_ram_efficient_loading", "checkpoint", "cpu_ram_efficient_loading", "true"},
+    {"--fsdp_sync_module_states=false", "fsdp", "sync_module_states", "false"},
+    {"--fsdp_forward_prefetch", "fsdp", "forward_prefetch", "true"},
+    {"--fsdp_transformer_layer_cls_to_wrap=Block", "fsdp", "transformer_layer_cls_to_wrap", "Block"},
+    {"--fsdp_min_num_params=1000", "fsdp", "min_num_params", "1000"},
+    {"--fsdp_reshard_after_forward=no", "fsdp", "reshard_after_forward", "false"},
+    {"--mixed_precision=bf16", "fsdp", "mixed_precision", "bf16"},
+    {"--mixed_precision=no", "fsdp", "mixed_precision", "fp32"},
+    {"--resume_from=latest", "checkpoint", "resume_from", "latest"},
+    {"--learning_rate=0.001", "optim", "lr", "0.001"},
+    {"--seed=7", "train", "seed", "7"},
+    {"--FSDP-VERSION=1", "fsdp", "version", "1"},
+};
+
+Test(worker_config, accelerate_flags_map_to_their_keys)
+{
+    for (size_t i = 0; i < sizeof flat / sizeof flat[0]; i++) {
+        char *argv[] = {"fsdp-worker", (char *)flat[i].arg, NULL};
+        struct config_cli cli;
+        cr_assert_eq(config_cli_parse(worker_config_schema(), 2, argv, &cli), 0, "%s: %s", flat[i].arg,
+                     error_message());
+        struct config *cfg = make();
+        cr_assert_eq(config_cli_apply(&cli, cfg), 0, "%s: %s", flat[i].arg, error_message());
+        char *out = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&out, &len);
+        config_print_ini(cfg, f);
+        fclose(f);
+        /* Look for "key = want" inside the key's own section of the printed config. */
+        char header[64], line[256];
+        snprintf(header, sizeof header, "\n[%s]\n", flat[i].section);
+        snprintf(line, sizeof line, "\n%s = %s\n", flat[i].key, flat[i].want);
+        const char *sec = strstr(out, header);
+        cr_assert_not_null(sec, "%s", flat[i].arg);
+        const char *next = strstr(sec + 1, "\n[");
+        const char *hit = strstr(sec, line);
+        cr_assert(hit && (!next || hit < next), "%s did not give %s.%s = %s:\n%s", flat[i].arg, flat[i].section,
+                  flat[i].key, flat[i].want, out);
+        free(out);
+        config_destroy(cfg);
+        config_cli_free(&cli);
+    }
+}
+
+static void expect_invalid(const char *name, const char *value, const char *needle)
+{
+    struct config *cfg = make();
+    cr_assert_eq(config_set(cfg, name, value), 0, "%s=%s: %s", name, value, error_message());
+    struct worker_config wc;
+    cr_assert_eq(worker_config_view(cfg, &wc), FSDP_EINVAL, "%s=%s accepted", name, value);
+    cr_assert(strstr(error_message(), needle), "%s=%s: message lacks \"%s\": %s", name, value, needle,
+              error_message());
+    config_destroy(cfg);
+}
+
+Test(worker_config, cross_key_checks_name_the_keys)
+{
+    expect_invalid("model.n_head", "3", "model.n_embd (128) must be a multiple of model.n_head (3)");
+    expect_invalid("train.micro_batch", "32", "train.micro_batch (32) must be at most train.train_batch (16)");
+    expect_invalid("optim.min_lr", "0.1", "optim.min_lr (0.1) must be at most optim.lr (0.0006)");
+    expect_invalid("optim.lr", "0", "optim.lr must be above 0");
+    expect_invalid("optim.beta2", "1", "optim.beta2 (1) must be below 1");
+    expect_invalid("fsdp.hybrid_shard_size", "2", "fsdp.hybrid_shard_size (2) applies only to");
+    expect_invalid("fsdp.transformer_layer_cls_to_wrap", "", "needs fsdp.transformer_layer_cls_to_wrap");
+}
+
+Test(worker_config, model_family_unknown_lists_known)
+{
+    struct config *cfg = make();
+    cr_assert_eq(config_set(cfg, "model.model_family", "llama"), FSDP_EINVAL);
+    cr_assert(strstr(error_message(), "model.model_family: 'llama' is not valid; expected one of: gpt2"), "%s",
+              error_message());
+    config_destroy(cfg);
+}
+
+/* ---- the real binary ------------------------------------------------------------------------------- */
+
+struct run {
+    int status; /* exit code, or 128 + signal */
+    char out[65536], err[8192];
+};
+
+static void slurp(const char *path, char *buf, size_t cap)
+{
+    int fd = open(path, O_RDONLY);
+    cr_assert(fd >= 0, "%s", path);
+    ssize_t n = read(fd, buf, cap - 1);
+    buf[n < 0 ? 0 : n] = '\0';
+    close(fd);
+}
+
+static void run_worker(struct run *r, const char *dir, const char *const *args)
+{
+    const char *root = getenv("FSDP_BUILD_ROOT");
+    cr_assert_not_null(root, "FSDP_BUILD_ROOT is not set (run through meson test)");
+    char exe[512], out_path[512], err_path[512];
+    snprintf(exe, sizeof exe, "%s/worker/fsdp-worker", root);
+    snprintf(out_path, sizeof out_path, "%s/stdout", dir);
+    snprintf(err_path, sizeof err_path, "%s/stderr", dir);
+    char *argv[32];
+    int argc = 0;
+    argv[argc++] = exe;
+    for (; args[argc - 1]; argc++)
+        argv[argc] = (char *)args[argc - 1];
+    argv[argc] = NULL;
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0)
+            _exit(126);
+        unsetenv("RANK");
+        execv(exe, argv);
+        _exit(127);
+    }
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    cr_assert_neq(r->status, 127, "cannot exec %s", exe);
+    slurp(out_path, r->out, sizeof r->out);
+    slurp(err_path, r->err, sizeof r->err);
+}
+
+static char *make_dir(void)
+{
+    static char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/cfgworkerXXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    return dir;
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f, "%s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void cleanup(const char *dir)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+Test(worker_binary, print_config_round_trips_and_overrides_win, .timeout = 60)
+{
+    char *dir = make_dir();
+    char ini[256], printed[256];
+    snprintf(ini, sizeof ini, "%s/run.ini", dir);
+    snprintf(printed, sizeof printed, "%s/printed.ini", dir);
+    write_file(ini, "[model]\nn_layer = 2\n[train]\nmicro_batch = 2\n[fsdp]\nsharding_strategy = 2\n"
+                    "[optim]\nlr = 0.001\n");
+    static struct run r1, r2;
+    const char *a1[] = {ini, "--train.micro_batch=8", "--fsdp_offload_params", "--print-config", NULL};
+    run_worker(&r1, dir, a1);
+    cr_assert_eq(r1.status, 0, "stderr: %s", r1.err);
+    cr_assert(strstr(r1.out, "\nn_layer = 2\n"), "%s", r1.out);
+    cr_assert(strstr(r1.out, "\nmicro_batch = 8\n"), "the command line must win over the file:\n%s", r1.out);
+    cr_assert(strstr(r1.out, "\nsharding_strategy = SHARD_GRAD_OP\n"), "%s", r1.out);
+    cr_assert(strstr(r1.out, "\noffload_params = true\n"), "%s", r1.out);
+    write_file(printed, r1.out);
+    const char *a2[] = {printed, "--print-config", NULL};
+    run_worker(&r2, dir, a2);
+    cr_assert_eq(r2.status, 0, "stderr: %s", r2.err);
+    cr_assert_str_eq(r1.out, r2.out, "print -> reload -> print must be byte-equal");
+    cleanup(dir);
+}
+
+Test(worker_binary, training_is_not_built_yet, .timeout = 60)
+{
+    char *dir = make_dir();
+    char ini[256];
+    snprintf(ini, sizeof ini, "%s/run.ini", dir);
+    write_file(ini, "[train]\nmax_steps = 5\n");
+    static struct run r;
+    const char *a[] = {ini, NULL};
+    run_worker(&r, dir, a);
+    cr_assert_eq(r.status, 2, "stderr: %s", r.err);
+    cr_assert(strstr(r.err, "training is not part of this build yet"), "%s", r.err);
+    cr_assert_str_eq(r.out, "", "nothing pretends to train");
+    cleanup(dir);
+}
+
+Test(worker_binary, errors_name_file_line_key_and_suggestion, .timeout = 60)
+{
+    char *dir = make_dir();
+    char ini[256], want[512];
+    snprintf(ini, sizeof ini, "%s/run.ini", dir);
+    write_file(ini, "[train]\nmax_steps = 5\nmicro_bach = 2\n");
+    static struct run r;
+    const char *a[] = {ini, "--print-config", NULL};
+    run_worker(&r, dir, a);
+    cr_assert_eq(r.status, 1, "stderr: %s", r.err);
+    snprintf(want, sizeof want, "%s:3: unknown key 'micro_bach' in [train]; did you mean 'train.micro_batch'?", ini);
+    cr_assert(strstr(r.err, want), "%s", r.err);
+    cr_assert_str_eq(r.out, "");
+
+    const char *b[] = {ini, "--fsdp_sharding_strategy=9", NULL};
+    write_file(ini, "[train]\nmax_steps = 5\n");
+    run_worker(&r, dir, b);
+    cr_assert_eq(r.status, 1, "stderr: %s", r.err);
+    cr_assert(strstr(r.err, "bad value for fsdp.sharding_strategy: '9' is not valid; expected one of: FULL_SHARD"),
+              "%s", r.err);
+
+    const char *c[] = {ini, "--fsdp_verison=2", NULL};
+    run_worker(&r, dir, c);
+    cr_assert_eq(r.status, 1, "stderr: %s", r.err);
+    cr_assert(strstr(r.err, "unknown option '--fsdp_verison'; did you mean '--fsdp_version'?"), "%s", r.err);
+
+    const char *d[] = {ini, "--model.n_head=5", NULL};
+    run_worker(&r, dir, d);
+    cr_assert_eq(r.status, 1, "stderr: %s", r.err);
+    cr_assert(strstr(r.err, "model.n_embd (128) must be a multiple of model.n_head (5)"), "%s", r.err);
+    cleanup(dir);
+}
+
+Test(worker_binary, log_level_flag_applies, .timeout = 60)
+{
+    char *dir = make_dir();
+    char ini[256];
+    snprintf(ini, sizeof ini, "%s/run.ini", dir);
+    write_file(ini, "[train]\nmax_steps = 5\n");
+    static struct run r;
+    const char *quiet[] = {ini, "--log_level=off", NULL};
+    run_worker(&r, dir, quiet);
+    cr_assert_eq(r.status, 2);
+    cr_assert_str_eq(r.err, "", "--log_level=off silences even errors");
+    const char *debug[] = {ini, "--log-level", "debug", "--print-config", NULL};
+    run_worker(&r, dir, debug);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.err, " D: config ok"), "%s", r.err);
+    cleanup(dir);
+}
+
+Test(worker_binary, docs_config_md_is_generated_from_the_schema, .timeout = 60)
+{
+    const char *src = getenv("FSDP_SOURCE_ROOT");
+    cr_assert_not_null(src);
+    char *dir = make_dir();
+    static struct run r;
+    const char *a[] = {"--help-config=markdown", NULL};
+    run_worker(&r, dir, a);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    char path[512];
+    snprintf(path, sizeof path, "%s/docs/config.md", src);
+    static char doc[65536];
+    slurp(path, doc, sizeof doc);
+    cr_assert(strlen(r.out) < sizeof r.out - 1, "reference outgrew the test buffer");
+    cr_assert_str_eq(doc, r.out, "docs/config.md is stale: regenerate it with `ninja -C BUILD config-docs`");
+    cleanup(dir);
+}

@@ -1,0 +1,98 @@
+/* fsdp-worker: one per rank. For now it loads, validates and prints its configuration; training arrives
+ * with the engine, and until then the worker says so instead of pretending to train. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "common/config.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "worker/worker_config.h"
+
+enum { EXIT_CONFIG = 1, EXIT_NOT_BUILT = 2 };
+
+static void print_usage(FILE *out)
+{
+    fputs("usage: fsdp-worker CONFIG.ini [--section.key=value ...] [--print-config] [--log_level=L]\n"
+          "       fsdp-worker --print-config            (the defaults, as a starting CONFIG.ini)\n"
+          "       fsdp-worker --help-config[=markdown]  (the reference of every key: docs/config.md)\n"
+          "\n"
+          "Options override the file: --train.micro_batch=8, --train.micro_batch 8, or accelerate-style\n"
+          "flags such as --fsdp_version=2 --fsdp_sharding_strategy=1 --fsdp_offload_params.\n"
+          "  --print-config     print the effective configuration (INI; loads back unchanged) and exit\n"
+          "  --log_level=L      debug, info, warn or error (also FSDP_LOG_LEVEL)\n"
+          "  -h, --help         this text\n",
+          out);
+}
+
+static int fail(const char *what)
+{
+    log_error("%s: %s", what, error_message());
+    return EXIT_CONFIG;
+}
+
+int main(int argc, char **argv)
+{
+    log_init("fsdp-worker");
+    const char *rank = getenv("RANK");
+    if (rank && *rank)
+        log_set_rank(atoi(rank));
+
+    const struct config_schema *schema = worker_config_schema();
+    struct config_cli cli;
+    struct config *cfg = NULL;
+    int status = EXIT_CONFIG;
+    if (config_cli_parse(schema, argc, argv, &cli) != 0) {
+        status = fail("bad command line");
+        goto out;
+    }
+    if (cli.help) {
+        print_usage(stdout);
+        status = 0;
+        goto out;
+    }
+    if (cli.help_config) {
+        if (strcasecmp(cli.help_config, "markdown") != 0 && strcasecmp(cli.help_config, "md") != 0) {
+            log_error("--help-config=%s: the only format is markdown", cli.help_config);
+            goto out;
+        }
+        status = config_print_markdown(schema, stdout) == 0 ? 0 : fail("writing the reference");
+        goto out;
+    }
+    if (cli.n_positional > 1 || (cli.n_positional == 0 && !cli.print_config)) {
+        log_error("expected one config file, got %d arguments; run fsdp-worker --help", cli.n_positional);
+        print_usage(stderr);
+        goto out;
+    }
+    if (config_create(schema, &cfg) != 0) {
+        status = fail("config schema");
+        goto out;
+    }
+    if (cli.n_positional == 1 && config_load_file(cfg, cli.positional[0]) != 0) {
+        status = fail("config file");
+        goto out;
+    }
+    if (config_cli_apply(&cli, cfg) != 0) {
+        log_error("%s", error_message()); /* already says "command line: ..." */
+        goto out;
+    }
+    struct worker_config wc;
+    if (worker_config_view(cfg, &wc) != 0) {
+        status = fail("invalid config");
+        goto out;
+    }
+    log_debug("config ok: %d layers, n_embd %d, fsdp version %d", wc.model.n_layer, wc.model.n_embd,
+              wc.fsdp.version);
+    if (cli.print_config) {
+        status = config_print_ini(cfg, stdout) == 0 ? 0 : fail("--print-config");
+        goto out;
+    }
+    log_error("training is not part of this build yet: the config %s is valid (see it with --print-config)",
+              cli.positional[0]);
+    status = EXIT_NOT_BUILT;
+out:
+    config_destroy(cfg);
+    config_cli_free(&cli);
+    return status;
+}
