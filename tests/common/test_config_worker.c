@@ -312,3 +312,46 @@ Test(worker_binary, docs_config_md_is_generated_from_the_schema, .timeout = 60)
     cr_assert_str_eq(doc, r.out, "docs/config.md is stale: regenerate it with `ninja -C BUILD config-docs`");
     cleanup(dir);
 }
+
+/* The keys the worker's issue asks for, all declared now so that later work only reads values. */
+Test(worker_config, schema_has_every_section_and_key)
+{
+    static const char *const want[] = {
+        "model.model_family", "model.n_layer", "model.n_head", "model.n_embd", "model.vocab_size",
+        "model.block_size", "model.init_std", "model.seed", "model.init_from", "model.activation_checkpointing",
+        "train.train_batch", "train.micro_batch", "train.max_steps", "train.eval_interval", "train.eval_steps",
+        "train.seed", "train.device", "optim.lr", "optim.beta1", "optim.beta2", "optim.eps", "optim.weight_decay",
+        "optim.grad_clip", "optim.warmup_steps", "optim.lr_schedule", "optim.min_lr", "data.train_file",
+        "data.val_file", "data.order", "fsdp.enable", "fsdp.version", "fsdp.sharding_strategy",
+        "fsdp.hybrid_shard_size", "fsdp.reshard_after_forward", "fsdp.auto_wrap_policy",
+        "fsdp.transformer_layer_cls_to_wrap", "fsdp.min_num_params", "fsdp.backward_prefetch",
+        "fsdp.forward_prefetch", "fsdp.limit_all_gathers", "fsdp.sync_module_states", "fsdp.offload_params",
+        "fsdp.mixed_precision", "fsdp.reduce_dtype", "log.interval", "log.dir", "checkpoint.dir",
+        "checkpoint.interval", "checkpoint.state_dict_type", "checkpoint.keep_last",
+        "checkpoint.cpu_ram_efficient_loading", "checkpoint.resume_from",
+    };
+    const struct config_schema *s = worker_config_schema();
+    cr_assert_eq(s->n_keys, sizeof want / sizeof want[0], "a key was added or removed: update this list");
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        int k = config_find_key(s, want[i]);
+        cr_assert(k >= 0, "missing %s", want[i]);
+        cr_assert(s->keys[k].help && *s->keys[k].help, "%s has no help", want[i]);
+    }
+}
+
+Test(worker_binary, space_separated_values_and_flat_keys_in_a_file, .timeout = 60)
+{
+    char *dir = make_dir();
+    char ini[256];
+    snprintf(ini, sizeof ini, "%s/run.ini", dir);
+    write_file(ini, "fsdp_state_dict_type = full\n\n[Model]\nN-Layer = 6\n");
+    static struct run r;
+    const char *a[] = {"--train.micro_batch", "2", ini, "--mixed_precision", "bfloat16", "--print-config", NULL};
+    run_worker(&r, dir, a);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "\nstate_dict_type = FULL_STATE_DICT\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "\nn_layer = 6\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "\nmicro_batch = 2\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "\nmixed_precision = bf16\n"), "%s", r.out);
+    cleanup(dir);
+}
