@@ -1,5 +1,5 @@
 /* The rendezvous key-value store: a server (libevent, hosted by the launcher of node 0) and a blocking
- * client used by launchers and workers. Wire protocol: see docs/architecture.md ("Store protocol").
+ * client used by launchers and workers. Wire protocol, limits and messages: docs/store.md.
  *
  * Every call returns 0 or a negative enum fsdp_error; on failure error_message() says what happened,
  * naming the key(s) waited for and the server address. Waits take a timeout in seconds (<= 0 means the

@@ -333,7 +333,7 @@ int store_client_connect(const struct store_client_options *opts, struct store_c
             char why[128];
             snprintf(why, sizeof why, "%s", err < 0 ? gai_strerror(-err) : strerror(err));
             rc = error_set(FSDP_ETIMEDOUT,
-                           "could not reach store at %s for %.0f s (last error: %s): is the launcher of node 0 "
+                           "could not reach store at %s for %g s (last error: %s): is the launcher of node 0 "
                            "running and --master_addr/--master_port right?",
                            c->addr, connect_s, why);
             break;

@@ -846,7 +846,8 @@ int store_server_start(const struct store_server_options *opts, struct store_ser
         if (s->base)
             s->stop_ev = event_new(s->base, -1, 0, stop_cb, s);
         if (s->stop_ev)
-            s->listener = evconnlistener_new(s->base, accept_cb, s, LEV_OPT_CLOSE_ON_FREE, -1, fd);
+            s->listener = evconnlistener_new(s->base, accept_cb, s,
+                                             LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1, fd);
         if (!s->listener) {
             close(fd);
             rc = error_set(FSDP_EIO, "libevent could not set up the store listener");

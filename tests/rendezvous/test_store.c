@@ -1,6 +1,8 @@
 /* Store operations, limits, waits, tokens and barriers against a real server over loopback. */
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 
 #include "store_test_util.h"
 
@@ -539,4 +541,28 @@ Test(store, barrier_timeout_says_who_arrived)
     cr_assert_eq(store_client_barrier(c, "bad", 0, 1), FSDP_EINVAL);
     store_client_close(c);
     store_server_stop(s);
+}
+
+/* The launcher hosts the server and forks+execs workers: they must not inherit the server's sockets,
+ * or a stopped server's connections would stay open in them and its clients would never see EOF. */
+Test(store, exec_child_does_not_keep_connections_open)
+{
+    struct store_server *s = test_server("job", NULL, 0);
+    struct blocked_get b = {.port = store_server_port(s)};
+    pthread_t t;
+    pthread_create(&t, NULL, blocked_get_thread, &b);
+    test_sleep(0.3);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        execl("/bin/sleep", "sleep", "20", (char *)NULL);
+        _exit(127);
+    }
+    test_sleep(0.2);
+    store_server_stop(s);
+    pthread_join(t, NULL);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    cr_assert_eq(b.rc, FSDP_ECLOSED, "rc %d: %s", b.rc, b.msg);
+    cr_assert_lt(b.took, 10.0, "client saw the close only after %.1f s", b.took);
 }
