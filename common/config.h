@@ -121,7 +121,8 @@ const char *config_suggest_section(const struct config_schema *schema, const cha
 
 /* Loads an INI file over cfg. Errors name the file and line: unknown section (lists known ones), unknown
  * key (suggests the nearest), bad value (lists what is allowed), duplicate key (names both lines),
- * over-long line, syntax error. */
+ * over-long line, syntax error. Over-long lines are found before anything is applied; after any other
+ * error cfg may hold part of the file, so discard it. */
 int config_load_file(struct config *cfg, const char *path);
 /* Same for text already in memory; name is used in messages in place of a file name. */
 int config_load_string(struct config *cfg, const char *text, const char *name);
