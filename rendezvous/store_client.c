@@ -145,6 +145,11 @@ static int client_roundtrip(struct store_client *c, double wait_s, const char *w
     rc = send_all(c, c->out.data, c->out.len, deadline, what);
     if (rc != 0)
         return rc;
+    /* Poll before the first recv: the reply is rarely there yet, and this saves a recv that would
+     * only say EAGAIN. */
+    struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
+    while (poll(&pfd, 1, poll_ms(deadline)) < 0 && errno == EINTR)
+        ;
     uint8_t hdr[STORE_FRAME_HEADER_BYTES];
     rc = recv_exact(c, hdr, sizeof hdr, deadline, wait_s, what);
     if (rc != 0)

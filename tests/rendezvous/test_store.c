@@ -566,3 +566,38 @@ Test(store, exec_child_does_not_keep_connections_open)
     cr_assert_eq(b.rc, FSDP_ECLOSED, "rc %d: %s", b.rc, b.msg);
     cr_assert_lt(b.took, 10.0, "client saw the close only after %.1f s", b.took);
 }
+
+/* A launcher that crashes (SIGKILL, no cleanup) must release its clients just as promptly. */
+Test(store, killed_server_process_unblocks_waiting_client)
+{
+    int pfd[2];
+    cr_assert_eq(pipe(pfd), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        struct store_server_options o = {.bind_addr = "127.0.0.1", .port = 0, .run_id = "job"};
+        struct store_server *s = NULL;
+        int port = store_server_start(&o, &s) == 0 ? store_server_port(s) : -1;
+        if (write(pfd[1], &port, sizeof port) != sizeof port)
+            _exit(1);
+        pause();
+        _exit(0);
+    }
+    close(pfd[1]);
+    int port = -1;
+    cr_assert_eq(read(pfd[0], &port, sizeof port), (ssize_t)sizeof port);
+    close(pfd[0]);
+    cr_assert_gt(port, 0, "server process could not start");
+    struct blocked_get b = {.port = port};
+    pthread_t t;
+    pthread_create(&t, NULL, blocked_get_thread, &b);
+    test_sleep(0.3);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    pthread_join(t, NULL);
+    cr_assert_eq(b.rc, FSDP_ECLOSED, "rc %d: %s", b.rc, b.msg);
+    cr_assert_lt(b.took, 10.0);
+    char expect[64];
+    snprintf(expect, sizeof expect, "store at 127.0.0.1:%d", port);
+    cr_assert(strstr(b.msg, expect), "%s", b.msg);
+}
