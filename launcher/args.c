@@ -242,7 +242,7 @@ static int apply(struct launch_args *a, int id, const char *v, const char *src)
             if ((size_t)(colon - v) >= sizeof lo || strcmp(colon + 1, "") == 0)
                 return error_set(FSDP_EINVAL, "%s: '%s' is not N or N:N", src, v);
             snprintf(lo, sizeof lo, "%.*s", (int)(colon - v), v);
-            int a1, a2;
+            int a1 = 0, a2 = 0;
             int rc = parse_int(lo, src, 1, 1 << 20, &a1);
             if (!rc)
                 rc = parse_int(colon + 1, src, 1, 1 << 20, &a2);

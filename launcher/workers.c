@@ -168,8 +168,12 @@ static void free_env(char **env)
 
 static int open_log(const char *dir, const char *name)
 {
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
+    char path[PATH_MAX + 32];
+    int n = snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (n < 0 || (size_t)n >= sizeof path) {
+        error_set(FSDP_ERANGE, "log path too long under %s", dir);
+        return -1;
+    }
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0)
         error_set(FSDP_EIO, "cannot create log file %s: %s", path, strerror(errno));
@@ -185,7 +189,10 @@ static int spawn_one(struct worker *w, const struct launch_args *a, const struct
     int rc = 0;
     if (a->log_dir[0]) {
         char dir[PATH_MAX];
-        snprintf(dir, sizeof dir, "%s/%s/attempt_%d/%d", a->log_dir, a->run_id, e->restart_count, w->local_rank);
+        int n = snprintf(dir, sizeof dir, "%s/%s/attempt_%d/%d", a->log_dir, a->run_id, e->restart_count,
+                         w->local_rank);
+        if (n < 0 || (size_t)n >= sizeof dir)
+            return error_set(FSDP_ERANGE, "log directory path too long under %s", a->log_dir);
         rc = mkdir_p(dir);
         if (rc)
             return rc;

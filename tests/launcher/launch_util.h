@@ -1,0 +1,219 @@
+/* Helpers of the launcher tests: run the real fsdp-launch with files for its output, wait with
+ * deadlines, find the port node 0 printed, and check which worker pids are still alive. */
+#ifndef FSDP_TESTS_LAUNCH_UTIL_H
+#define FSDP_TESTS_LAUNCH_UTIL_H
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static inline double lu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static inline void lu_nap(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+static inline const char *lu_build_path(const char *rel)
+{
+    static char buf[4][4096];
+    static int k;
+    const char *root = getenv("FSDP_BUILD_ROOT");
+    cr_assert(root, "FSDP_BUILD_ROOT not set: run through meson test");
+    char *b = buf[k++ % 4];
+    snprintf(b, 4096, "%s/%s", root, rel);
+    return b;
+}
+
+#define LU_LAUNCH lu_build_path("launcher/fsdp-launch")
+#define LU_PROBE lu_build_path("tests/launcher/launch-probe")
+
+static inline char *lu_tmpdir(void)
+{
+    char *d = strdup("/tmp/fsdp-launch-test-XXXXXX");
+    cr_assert(d && mkdtemp(d), "mkdtemp failed");
+    return d;
+}
+
+/* Starts argv[0] with stdout/stderr to files under dir (named tag.out / tag.err); env_set entries are
+ * "NAME=value" (value empty with a trailing '=' means unset). */
+static inline pid_t lu_spawn(const char *const *argv, const char *dir, const char *tag, const char *const *env_set)
+{
+    char out[4200], err[4200];
+    snprintf(out, sizeof out, "%s/%s.out", dir, tag);
+    snprintf(err, sizeof err, "%s/%s.err", dir, tag);
+    pid_t pid = fork();
+    cr_assert(pid >= 0, "fork failed");
+    if (pid == 0) {
+        unsetenv("OMP_NUM_THREADS");
+        for (int i = 0; env_set && env_set[i]; i++) {
+            const char *eq = strchr(env_set[i], '=');
+            char name[256];
+            snprintf(name, sizeof name, "%.*s", (int)(eq - env_set[i]), env_set[i]);
+            if (eq[1])
+                setenv(name, eq + 1, 1);
+            else
+                unsetenv(name);
+        }
+        int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fo < 0 || fe < 0)
+            _exit(126);
+        dup2(fo, 1);
+        dup2(fe, 2);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Waits up to timeout_s; returns the wait status, or -1 after killing a process that overran. */
+static inline int lu_wait(pid_t pid, double timeout_s)
+{
+    double end = lu_now() + timeout_s;
+    int st;
+    while (lu_now() < end) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid)
+            return st;
+        lu_nap(0.01);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    return -1;
+}
+
+static inline int lu_exit_code(int st)
+{
+    if (st == -1)
+        return -1000; /* timed out */
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static inline char *lu_slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return strdup("");
+    size_t cap = 1 << 16, n = 0;
+    char *s = malloc(cap);
+    for (;;) {
+        if (n + 4096 > cap)
+            s = realloc(s, cap *= 2);
+        size_t r = fread(s + n, 1, 4096, f);
+        n += r;
+        if (r == 0)
+            break;
+    }
+    fclose(f);
+    s[n] = 0;
+    return s;
+}
+
+static inline char *lu_slurp_tag(const char *dir, const char *tag, const char *ext)
+{
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s.%s", dir, tag, ext);
+    return lu_slurp(p);
+}
+
+/* The port node 0 printed ("store listening on ADDR:PORT"), or -1 after timeout_s. */
+static inline int lu_read_port(const char *dir, const char *tag, double timeout_s)
+{
+    double end = lu_now() + timeout_s;
+    while (lu_now() < end) {
+        char *s = lu_slurp_tag(dir, tag, "err");
+        char *p = strstr(s, "fsdp-launch: store listening on ");
+        char *nl = p ? strchr(p, '\n') : NULL;
+        if (p && nl) {
+            *nl = 0;
+            int port = atoi(strrchr(p, ':') + 1);
+            free(s);
+            return port;
+        }
+        free(s);
+        lu_nap(0.02);
+    }
+    return -1;
+}
+
+static inline bool lu_pid_alive(int pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    char buf[512] = "";
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *rp = strrchr(buf, ')');
+    return rp && rp[1] == ' ' && rp[2] != 'Z' && rp[2] != 'X';
+}
+
+/* Waits until dir/pid.<r> exists for r in [0, n) and reads them. Returns how many were found. */
+static inline int lu_read_pids(const char *dir, int n, int *pids, double timeout_s)
+{
+    double end = lu_now() + timeout_s;
+    int found = 0;
+    while (lu_now() < end) {
+        found = 0;
+        for (int r = 0; r < n; r++) {
+            char p[4200];
+            snprintf(p, sizeof p, "%s/pid.%d", dir, r);
+            FILE *f = fopen(p, "r");
+            if (f) {
+                found += fscanf(f, "%d", &pids[r]) == 1;
+                fclose(f);
+            }
+        }
+        if (found == n)
+            break;
+        lu_nap(0.02);
+    }
+    return found;
+}
+
+/* Seconds until none of the pids lives, or -1 if some still live after timeout_s. */
+static inline double lu_wait_pids_dead(const int *pids, int n, double timeout_s)
+{
+    double t0 = lu_now();
+    while (lu_now() - t0 < timeout_s) {
+        bool any = false;
+        for (int i = 0; i < n; i++)
+            any = any || lu_pid_alive(pids[i]);
+        if (!any)
+            return lu_now() - t0;
+        lu_nap(0.02);
+    }
+    return -1;
+}
+
+static inline void lu_rm_rf(const char *dir)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/bin/rm", "rm", "-rf", dir, (char *)NULL);
+        _exit(127);
+    }
+    if (pid > 0)
+        waitpid(pid, NULL, 0);
+}
+
+#endif

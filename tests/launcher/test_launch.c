@@ -1,0 +1,265 @@
+/* fsdp-launch on one node, run for real: the worker environment, restarts, signals, logs. */
+#include "launch_util.h"
+
+#include <sys/socket.h>
+#include <netinet/in.h>
+
+static char *env_value(const char *text, const char *name)
+{
+    static char v[512];
+    char key[128];
+    snprintf(key, sizeof key, "\n%s=", name);
+    char *all = malloc(strlen(text) + 2);
+    all[0] = '\n';
+    strcpy(all + 1, text);
+    char *p = strstr(all, key);
+    v[0] = 0;
+    if (p) {
+        p += strlen(key);
+        size_t n = strcspn(p, "\n");
+        snprintf(v, sizeof v, "%.*s", (int)n, p);
+    }
+    free(all);
+    return p ? v : NULL;
+}
+
+Test(launch, env_contract_four_ranks, .timeout = 60)
+{
+    char *dir = lu_tmpdir();
+    const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc-per-node=4", "--max_restarts", "2", "--role", "trainer",
+                          "--rdzv_id", "envrun", LU_PROBE, "env", dir, NULL};
+    pid_t p = lu_spawn(argv, dir, "launch", NULL);
+    int port = lu_read_port(dir, "launch", 30);
+    int st = lu_wait(p, 40);
+    char *err = lu_slurp_tag(dir, "launch", "err");
+    cr_assert_eq(lu_exit_code(st), 0, "launcher exit %d, stderr:\n%s", lu_exit_code(st), err);
+    cr_assert_gt(port, 0, "no port printed in:\n%s", err);
+    cr_assert(strstr(err, "OMP_NUM_THREADS not set"), "no OMP notice in:\n%s", err);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    char omp[32], ports[32];
+    snprintf(omp, sizeof omp, "%ld", cores / 4 > 0 ? cores / 4 : 1);
+    snprintf(ports, sizeof ports, "%d", port);
+    char token[256] = "";
+    for (int r = 0; r < 4; r++) {
+        char path[4200], want[32];
+        snprintf(path, sizeof path, "%s/env.%d", dir, r);
+        char *t = lu_slurp(path);
+        cr_assert(t[0], "rank %d wrote no environment", r);
+        snprintf(want, sizeof want, "%d", r);
+        cr_expect_str_eq(env_value(t, "RANK"), want);
+        cr_expect_str_eq(env_value(t, "LOCAL_RANK"), want);
+        cr_expect_str_eq(env_value(t, "ROLE_RANK"), want);
+        cr_expect_str_eq(env_value(t, "WORLD_SIZE"), "4");
+        cr_expect_str_eq(env_value(t, "LOCAL_WORLD_SIZE"), "4");
+        cr_expect_str_eq(env_value(t, "ROLE_WORLD_SIZE"), "4");
+        cr_expect_str_eq(env_value(t, "GROUP_RANK"), "0");
+        cr_expect_str_eq(env_value(t, "GROUP_WORLD_SIZE"), "1");
+        cr_expect_str_eq(env_value(t, "ROLE_NAME"), "trainer");
+        cr_expect_str_eq(env_value(t, "MASTER_ADDR"), "127.0.0.1");
+        cr_expect_str_eq(env_value(t, "MASTER_PORT"), ports);
+        cr_expect_str_eq(env_value(t, "TORCHELASTIC_RESTART_COUNT"), "0");
+        cr_expect_str_eq(env_value(t, "TORCHELASTIC_MAX_RESTARTS"), "2");
+        cr_expect_str_eq(env_value(t, "TORCHELASTIC_RUN_ID"), "envrun");
+        cr_expect_str_eq(env_value(t, "FSDP_STORE_PREFIX"), "worker/g0/");
+        cr_expect_str_eq(env_value(t, "OMP_NUM_THREADS"), omp);
+        const char *tok = env_value(t, "FSDP_RDZV_TOKEN");
+        cr_expect(tok && strcmp(tok, "<unset>") != 0 && strlen(tok) >= 16, "rank %d: no generated token", r);
+        if (r == 0)
+            snprintf(token, sizeof token, "%s", tok ? tok : "");
+        else
+            cr_expect_str_eq(tok ? tok : "", token, "ranks got different tokens");
+        free(t);
+    }
+    free(err);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
+Test(launch, user_omp_and_token_kept, .timeout = 60)
+{
+    char *dir = lu_tmpdir();
+    const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "2", LU_PROBE, "env", dir, NULL};
+    const char *env[] = {"OMP_NUM_THREADS=3", "FSDP_RDZV_TOKEN=sekrit", NULL};
+    pid_t p = lu_spawn(argv, dir, "launch", env);
+    int st = lu_wait(p, 40);
+    char *err = lu_slurp_tag(dir, "launch", "err");
+    cr_assert_eq(lu_exit_code(st), 0, "stderr:\n%s", err);
+    cr_expect_null(strstr(err, "OMP_NUM_THREADS not set"), "notice printed although the user set it");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/env.1", dir);
+    char *t = lu_slurp(path);
+    cr_expect_str_eq(env_value(t, "OMP_NUM_THREADS"), "3");
+    cr_expect_str_eq(env_value(t, "FSDP_RDZV_TOKEN"), "sekrit");
+    free(t);
+    free(err);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
+Test(launch, failure_stops_all_ranks_and_reports_root_cause, .timeout = 60)
+{
+    char *dir = lu_tmpdir();
+    const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "3", LU_PROBE, "fail", dir, "1", "7", NULL};
+    pid_t p = lu_spawn(argv, dir, "launch", NULL);
+    int pids[3];
+    cr_assert_eq(lu_read_pids(dir, 3, pids, 30), 3, "workers did not start");
+    int st = lu_wait(p, 30);
+    char *err = lu_slurp_tag(dir, "launch", "err");
+    cr_assert_eq(lu_exit_code(st), 7, "launcher exit %d, stderr:\n%s", lu_exit_code(st), err);
+    cr_expect_geq(lu_wait_pids_dead(pids, 3, 5), 0, "workers outlived the launcher");
+    cr_expect(strstr(err, "Root cause (first failure): rank 1 (local rank 1) on node 0"), "summary:\n%s", err);
+    cr_expect(strstr(err, "exit code 7"), "summary:\n%s", err);
+    cr_expect(strstr(err, "rank 1 giving up with exit code 7"), "no stderr tail in:\n%s", err);
+    free(err);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
+Test(launch, restart_after_first_attempt_fails, .timeout = 60)
+{
+    char *dir = lu_tmpdir();
+    const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "2", "--max_restarts", "1", "--log_dir", dir,
+                          LU_PROBE, "failfirst", dir, NULL};
+    pid_t p = lu_spawn(argv, dir, "launch", NULL);
+    int st = lu_wait(p, 40);
+    char *err = lu_slurp_tag(dir, "launch", "err");
+    cr_assert_eq(lu_exit_code(st), 0, "launcher exit %d, stderr:\n%s", lu_exit_code(st), err);
+    cr_expect(strstr(err, "restarting the job"), "no restart notice:\n%s", err);
+    for (int r = 0; r < 2; r++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/ok.%d", dir, r);
+        char *t = lu_slurp(path);
+        cr_expect_str_eq(t, "1\n", "rank %d did not see TORCHELASTIC_RESTART_COUNT=1", r);
+        free(t);
+    }
+    free(err);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
+Test(launch, no_restart_left_exits_with_code, .timeout = 60)
+{
+    char *dir = lu_tmpdir();
+    const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "2", LU_PROBE, "failfirst", dir, NULL};
+    pid_t p = lu_spawn(argv, dir, "launch", NULL);
+    int st = lu_wait(p, 40);
+    cr_assert_eq(lu_exit_code(st), 4);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
+Test(launch, sigkill_of_launcher_leaves_no_worker, .timeout = 60)
+{
+    char *dir = lu_tmpdir();
+    const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "3", LU_PROBE, "sleep", dir, NULL};
+    pid_t p = lu_spawn(argv, dir, "launch", NULL);
+    int pids[3];
+    cr_assert_eq(lu_read_pids(dir, 3, pids, 30), 3, "workers did not start");
+    kill(p, SIGKILL);
+    lu_wait(p, 10);
+    cr_expect_geq(lu_wait_pids_dead(pids, 3, 5), 0, "a worker outlived its SIGKILLed launcher");
+    for (int i = 0; i < 3; i++)
+        kill(pids[i], SIGKILL);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
+static void signal_exits_cleanly(int sig)
+{
+    char *dir = lu_tmpdir();
+    const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "2", LU_PROBE, "sleep", dir, NULL};
+    pid_t p = lu_spawn(argv, dir, "launch", NULL);
+    int pids[2];
+    cr_assert_eq(lu_read_pids(dir, 2, pids, 30), 2, "workers did not start");
+    double t0 = lu_now();
+    kill(p, sig);
+    int st = lu_wait(p, 20);
+    double took = lu_now() - t0;
+    char *err = lu_slurp_tag(dir, "launch", "err");
+    cr_expect_eq(lu_exit_code(st), 128 + sig, "exit %d, stderr:\n%s", lu_exit_code(st), err);
+    cr_expect_lt(took, 10, "launcher took %.1f s to stop", took);
+    cr_expect_geq(lu_wait_pids_dead(pids, 2, 5), 0, "workers left running");
+    cr_expect(strstr(err, "forwarding it to the workers"), "stderr:\n%s", err);
+    free(err);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
+Test(launch, sigint_gives_clean_exit, .timeout = 60) { signal_exits_cleanly(SIGINT); }
+Test(launch, sigterm_gives_clean_exit, .timeout = 60) { signal_exits_cleanly(SIGTERM); }
+
+Test(launch, log_dir_layout_and_tee, .timeout = 60)
+{
+    char *dir = lu_tmpdir();
+    const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "2", "--rdzv_id", "logrun", "--log_dir", dir,
+                          "--tee", "3", "--local_ranks_filter", "1", LU_PROBE, "talk", NULL};
+    pid_t p = lu_spawn(argv, dir, "launch", NULL);
+    int st = lu_wait(p, 40);
+    char *out = lu_slurp_tag(dir, "launch", "out");
+    char *err = lu_slurp_tag(dir, "launch", "err");
+    cr_assert_eq(lu_exit_code(st), 0, "stderr:\n%s", err);
+    for (int r = 0; r < 2; r++) {
+        char path[4200], want[128];
+        snprintf(path, sizeof path, "%s/logrun/attempt_0/%d/stdout.log", dir, r);
+        char *t = lu_slurp(path);
+        snprintf(want, sizeof want, "out line 1 of rank %d\nout line 2 of rank %d\n", r, r);
+        cr_expect_str_eq(t, want, "%s", path);
+        free(t);
+        snprintf(path, sizeof path, "%s/logrun/attempt_0/%d/stderr.log", dir, r);
+        t = lu_slurp(path);
+        snprintf(want, sizeof want, "err line of rank %d\n", r);
+        cr_expect_str_eq(t, want, "%s", path);
+        free(t);
+    }
+    /* Only local rank 1 passes the filter, and tee prefixes its lines. */
+    cr_expect_str_eq(out, "[rank 1]:out line 1 of rank 1\n[rank 1]:out line 2 of rank 1\n");
+    cr_expect(strstr(err, "[rank 1]:err line of rank 1\n"), "stderr:\n%s", err);
+    cr_expect_null(strstr(err, "rank 0\n"), "filtered rank 0 reached the console:\n%s", err);
+    free(out);
+    free(err);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
+Test(launch, redirects_keep_stream_off_console, .timeout = 60)
+{
+    char *dir = lu_tmpdir();
+    const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "1", "--rdzv_id", "r", "--log_dir", dir,
+                          "--redirects", "0:1", LU_PROBE, "talk", NULL};
+    pid_t p = lu_spawn(argv, dir, "launch", NULL);
+    int st = lu_wait(p, 40);
+    char *out = lu_slurp_tag(dir, "launch", "out");
+    char *err = lu_slurp_tag(dir, "launch", "err");
+    cr_assert_eq(lu_exit_code(st), 0, "stderr:\n%s", err);
+    cr_expect_str_eq(out, "", "redirected stdout reached the console");
+    cr_expect(strstr(err, "err line of rank 0\n"), "stderr (not redirected) missing:\n%s", err);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/r/attempt_0/0/stdout.log", dir);
+    char *t = lu_slurp(path);
+    cr_expect(strstr(t, "out line 2 of rank 0"), "%s: %s", path, t);
+    free(t);
+    free(out);
+    free(err);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
+Test(launch, program_found_next_to_launcher_and_demo_runs, .timeout = 60)
+{
+    char *dir = lu_tmpdir();
+    const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "3", "fsdp-rdzv-demo", NULL};
+    pid_t p = lu_spawn(argv, dir, "launch", NULL);
+    int st = lu_wait(p, 40);
+    char *out = lu_slurp_tag(dir, "launch", "out");
+    char *err = lu_slurp_tag(dir, "launch", "err");
+    cr_assert_eq(lu_exit_code(st), 0, "stderr:\n%s", err);
+    for (int r = 0; r < 3; r++) {
+        char want[64];
+        snprintf(want, sizeof want, "rank %d of 3 (local rank %d)", r, r);
+        cr_expect(strstr(out, want), "missing '%s' in:\n%s", want, out);
+    }
+    free(out);
+    free(err);
+    lu_rm_rf(dir);
+    free(dir);
+}

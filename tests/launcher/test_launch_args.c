@@ -1,0 +1,174 @@
+/* Unit tests of the launcher's configuration: SLURM hostlists, flag spellings, PET_* and SLURM_*. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "launcher/args.h"
+#include "launcher/slurm.h"
+
+static void expect_hosts(const char *list, const char *const *want, size_t n)
+{
+    char **h;
+    size_t got;
+    cr_assert_eq(slurm_expand_nodelist(list, &h, &got), 0, "%s: %s", list, error_message());
+    cr_assert_eq(got, n, "%s: %zu hosts, want %zu", list, got, n);
+    for (size_t i = 0; i < n; i++)
+        cr_expect_str_eq(h[i], want[i], "%s: host %zu", list, i);
+    slurm_free_hosts(h, got);
+}
+
+Test(slurm, nodelist_expansion)
+{
+    const char *a[] = {"gpu01", "gpu02", "gpu03", "gpu07", "login1"};
+    expect_hosts("gpu[01-03,07],login1", a, 5);
+    const char *b[] = {"node1"};
+    expect_hosts("node1", b, 1);
+    const char *c[] = {"r1-n8", "r1-n9", "r1-n10", "r2-n8", "r2-n9", "r2-n10"};
+    expect_hosts("r[1-2]-n[8-10]", c, 6);
+    const char *d[] = {"a0098", "a0099", "a0100", "b", "c5x"};
+    expect_hosts("a[0098-0100],b,c[5]x", d, 5);
+}
+
+Test(slurm, nodelist_errors)
+{
+    char **h;
+    size_t n;
+    cr_expect_eq(slurm_expand_nodelist("gpu[01-03", &h, &n), FSDP_EINVAL);
+    cr_expect_eq(slurm_expand_nodelist("gpu[3-1]", &h, &n), FSDP_EINVAL);
+    cr_expect_eq(slurm_expand_nodelist("gpu[a-b]", &h, &n), FSDP_EINVAL);
+    cr_expect_eq(slurm_expand_nodelist("", &h, &n), FSDP_EINVAL);
+    cr_expect_eq(slurm_expand_nodelist("gpu[]", &h, &n), FSDP_EINVAL);
+}
+
+static int parse(struct launch_args *a, const char *const *argv)
+{
+    int argc = 0;
+    while (argv[argc])
+        argc++;
+    return launch_args_parse(argc, (char **)argv, a);
+}
+
+static void clear_env(void)
+{
+    const char *vars[] = {"SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NUM_NODES", "SLURM_NNODES",
+                          "SLURM_NODEID", "PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_NPROC_PER_NODE",
+                          "PET_MASTER_PORT", "PET_STANDALONE", "CUDA_VISIBLE_DEVICES", NULL};
+    for (int i = 0; vars[i]; i++)
+        unsetenv(vars[i]);
+}
+
+Test(args, both_spellings_and_equals)
+{
+    clear_env();
+    struct launch_args a;
+    const char *argv[] = {"fsdp-launch", "--nnodes=2", "--node-rank", "1", "--nproc_per_node=3", "--master-addr",
+                          "10.0.0.1", "--master_port=1234", "--max-restarts=2", "--monitor_interval", "0.5",
+                          "--run_id", "abc", "--rdzv-timeout", "7", "--shutdown_timeout=3", "--role", "r",
+                          "--log_level", "warn", "--", "prog", "--nnodes", "9", NULL};
+    cr_assert_eq(parse(&a, argv), 0, "%s", error_message());
+    cr_expect_eq(a.nnodes, 2);
+    cr_expect_eq(a.node_rank, 1);
+    cr_expect_eq(a.nproc_per_node, 3);
+    cr_expect_str_eq(a.master_addr, "10.0.0.1");
+    cr_expect_eq(a.master_port, 1234);
+    cr_expect_eq(a.max_restarts, 2);
+    cr_expect_float_eq(a.monitor_interval_s, 0.5, 1e-9);
+    cr_expect_str_eq(a.run_id, "abc");
+    cr_expect_float_eq(a.rdzv_timeout_s, 7, 1e-9);
+    cr_expect_float_eq(a.shutdown_timeout_s, 3, 1e-9);
+    cr_expect_str_eq(a.role, "r");
+    cr_expect_eq(a.log_level, LOG_WARN);
+    cr_assert_eq(a.prog_argc, 3, "the program's own flags must be left alone");
+    cr_expect_str_eq(a.prog_argv[0], "prog");
+    cr_expect_str_eq(a.prog_argv[1], "--nnodes");
+    launch_args_free(&a);
+}
+
+Test(args, defaults_and_program_without_dashes)
+{
+    clear_env();
+    struct launch_args a;
+    const char *argv[] = {"fsdp-launch", "prog", "-x", NULL};
+    cr_assert_eq(parse(&a, argv), 0, "%s", error_message());
+    cr_expect_eq(a.nnodes, 1);
+    cr_expect_eq(a.nproc_per_node, 1);
+    cr_expect_eq(a.master_port, 29500);
+    cr_expect_str_eq(a.master_addr, "127.0.0.1");
+    cr_expect_float_eq(a.shutdown_timeout_s, 30, 1e-9);
+    cr_expect_eq(a.prog_argc, 2);
+    cr_expect_eq(strlen(a.run_id), 16, "one node gets a random run id");
+    launch_args_free(&a);
+}
+
+Test(args, pet_environment_below_flags)
+{
+    clear_env();
+    setenv("PET_NNODES", "4", 1);
+    setenv("PET_NODE_RANK", "2", 1);
+    setenv("PET_MASTER_ADDR", "head", 1);
+    setenv("PET_NPROC_PER_NODE", "cpu", 1);
+    struct launch_args a;
+    const char *argv[] = {"fsdp-launch", "--node_rank", "3", "prog", NULL};
+    cr_assert_eq(parse(&a, argv), 0, "%s", error_message());
+    cr_expect_eq(a.nnodes, 4);
+    cr_expect_eq(a.node_rank, 3, "a flag beats PET_NODE_RANK");
+    cr_expect_str_eq(a.master_addr, "head");
+    cr_expect_geq(a.nproc_per_node, 1);
+    cr_expect_str_eq(a.run_id, "none", "several nodes share the default run id");
+    launch_args_free(&a);
+}
+
+Test(args, slurm_fills_what_flags_leave_unset)
+{
+    clear_env();
+    setenv("SLURM_JOB_ID", "777", 1);
+    setenv("SLURM_JOB_NODELIST", "gpu[01-03,07],login1", 1);
+    setenv("SLURM_JOB_NUM_NODES", "5", 1);
+    setenv("SLURM_NODEID", "3", 1);
+    struct launch_args a;
+    const char *argv[] = {"fsdp-launch", "prog", NULL};
+    cr_assert_eq(parse(&a, argv), 0, "%s", error_message());
+    cr_expect_eq(a.nnodes, 5);
+    cr_expect_eq(a.node_rank, 3);
+    cr_expect_str_eq(a.master_addr, "gpu01");
+    cr_expect_str_eq(a.run_id, "777");
+    cr_expect_eq(a.slurm_nhosts, 5);
+    launch_args_free(&a);
+    const char *argv2[] = {"fsdp-launch", "--master_addr", "other", "--nnodes", "5", "--node_rank", "0", "prog", NULL};
+    cr_assert_eq(parse(&a, argv2), 0, "%s", error_message());
+    cr_expect_str_eq(a.master_addr, "other", "flags win over SLURM");
+    cr_expect_eq(a.node_rank, 0);
+    launch_args_free(&a);
+}
+
+Test(args, standalone_and_nproc_forms)
+{
+    clear_env();
+    struct launch_args a;
+    const char *argv[] = {"fsdp-launch", "--standalone", "--nproc_per_node", "auto", "prog", NULL};
+    cr_assert_eq(parse(&a, argv), 0, "%s", error_message());
+    cr_expect(a.standalone);
+    cr_expect_eq(a.master_port, 0);
+    cr_expect_eq(a.nnodes, 1);
+    cr_expect_geq(a.nproc_per_node, 1);
+    launch_args_free(&a);
+    setenv("CUDA_VISIBLE_DEVICES", "0,1,2", 1);
+    const char *argv2[] = {"fsdp-launch", "--nproc_per_node", "gpu", "prog", NULL};
+    cr_assert_eq(parse(&a, argv2), 0, "%s", error_message());
+    cr_expect_eq(a.nproc_per_node, 3);
+    launch_args_free(&a);
+    setenv("CUDA_VISIBLE_DEVICES", "", 1);
+    cr_expect_eq(parse(&a, argv2), FSDP_EINVAL, "no visible GPU");
+    cr_expect(strstr(error_message(), "shows no GPU"), "%s", error_message());
+    launch_args_free(&a);
+}
+
+Test(args, std_masks)
+{
+    cr_expect_eq(launch_std_mask("3", 5), 3);
+    cr_expect_eq(launch_std_mask("", 0), 0);
+    cr_expect_eq(launch_std_mask("0:1,2:3", 0), 1);
+    cr_expect_eq(launch_std_mask("0:1,2:3", 2), 3);
+    cr_expect_eq(launch_std_mask("0:1,2:3", 1), 0);
+}

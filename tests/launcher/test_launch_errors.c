@@ -1,0 +1,169 @@
+/* The errors a user meets first: each must come before any work, say what is wrong, and exit non-zero. */
+#include "launch_util.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+/* Runs the launcher to completion; returns its exit code and its stderr in *err. */
+static int run_launch(const char *const *argv, const char *const *env, double timeout_s, char **err)
+{
+    char *dir = lu_tmpdir();
+    pid_t p = lu_spawn(argv, dir, "launch", env);
+    int st = lu_wait(p, timeout_s);
+    *err = lu_slurp_tag(dir, "launch", "err");
+    lu_rm_rf(dir);
+    free(dir);
+    return lu_exit_code(st);
+}
+
+static void expect_error(const char *const *argv, int code, const char *needle)
+{
+    char *err;
+    int rc = run_launch(argv, NULL, 30, &err);
+    cr_expect_eq(rc, code, "exit %d (want %d), stderr:\n%s", rc, code, err);
+    cr_expect(strstr(err, needle), "stderr lacks '%s':\n%s", needle, err);
+    free(err);
+}
+
+Test(launch_errors, nproc_not_positive)
+{
+    const char *a[] = {LU_LAUNCH, "--nproc_per_node", "0", "/bin/true", NULL};
+    expect_error(a, 2, "'0' is not a positive number of workers");
+    const char *b[] = {LU_LAUNCH, "--nproc-per-node=-3", "/bin/true", NULL};
+    expect_error(b, 2, "'-3' is not a positive number of workers");
+    const char *c[] = {LU_LAUNCH, "--nproc_per_node", "many", "/bin/true", NULL};
+    expect_error(c, 2, "'many' is not a positive number");
+}
+
+Test(launch_errors, missing_program)
+{
+    const char *a[] = {LU_LAUNCH, "--standalone", "no-such-program-xyz", NULL};
+    expect_error(a, 2, "program 'no-such-program-xyz' not found in PATH nor next to fsdp-launch");
+    const char *b[] = {LU_LAUNCH, "--standalone", "/nonexistent/prog", NULL};
+    expect_error(b, 2, "program '/nonexistent/prog' does not exist");
+    const char *c[] = {LU_LAUNCH, "--standalone", NULL};
+    expect_error(c, 2, "no program to run");
+}
+
+Test(launch_errors, bad_flags)
+{
+    const char *a[] = {LU_LAUNCH, "--nproc_per_nod", "2", "/bin/true", NULL};
+    expect_error(a, 2, "unknown flag '--nproc_per_nod'");
+    const char *b[] = {LU_LAUNCH, "--nnodes", "2", "--node_rank", "2", "/bin/true", NULL};
+    expect_error(b, 2, "--node_rank 2 is out of range: --nnodes is 2");
+    const char *c[] = {LU_LAUNCH, "--master_port", "70000", "/bin/true", NULL};
+    expect_error(c, 2, "--master_port: '70000' is not an integer in [0, 65535]");
+    const char *d[] = {LU_LAUNCH, "--max_restarts", NULL};
+    expect_error(d, 2, "--max_restarts needs a value");
+    const char *e[] = {LU_LAUNCH, "--nnodes", "1:4", "/bin/true", NULL};
+    expect_error(e, 2, "elastic '1:4'");
+    const char *f[] = {LU_LAUNCH, "--tee", "5", "/bin/true", NULL};
+    expect_error(f, 2, "--tee: '5' is not 0, 1, 2, 3");
+    const char *g[] = {LU_LAUNCH, "--nnodes", "2", "--node_rank", "1", "--master_port", "0", "/bin/true", NULL};
+    expect_error(g, 2, "only works on node 0");
+}
+
+Test(launch_errors, pet_environment_is_read_and_checked)
+{
+    char *err;
+    const char *a[] = {LU_LAUNCH, "/bin/true", NULL};
+    const char *env[] = {"PET_NPROC_PER_NODE=zero", NULL};
+    int rc = run_launch(a, env, 30, &err);
+    cr_expect_eq(rc, 2);
+    cr_expect(strstr(err, "PET_NPROC_PER_NODE: 'zero'"), "stderr:\n%s", err);
+    free(err);
+}
+
+static int listening_socket(int *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
+    cr_assert(bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(fd, 4) == 0);
+    socklen_t len = sizeof sa;
+    getsockname(fd, (struct sockaddr *)&sa, &len);
+    *port = ntohs(sa.sin_port);
+    return fd;
+}
+
+Test(launch_errors, port_already_in_use)
+{
+    int port;
+    int fd = listening_socket(&port);
+    char ports[16];
+    snprintf(ports, sizeof ports, "%d", port);
+    const char *a[] = {LU_LAUNCH, "--master_port", ports, "--nnodes", "2", "/bin/true", NULL};
+    char *err;
+    int rc = run_launch(a, NULL, 30, &err);
+    cr_expect_eq(rc, 1, "stderr:\n%s", err);
+    cr_expect(strstr(err, "already in use"), "stderr:\n%s", err);
+    cr_expect(strstr(err, ports), "port not named:\n%s", err);
+    free(err);
+    close(fd);
+}
+
+Test(launch_errors, master_unreachable_names_address_and_time)
+{
+    int port;
+    int fd = listening_socket(&port);
+    close(fd); /* nothing listens there now */
+    char ports[16];
+    snprintf(ports, sizeof ports, "%d", port);
+    const char *a[] = {LU_LAUNCH, "--nnodes", "2", "--node_rank", "1", "--master_addr", "127.0.0.1", "--master_port",
+                       ports, "--rdzv_timeout", "1", "/bin/true", NULL};
+    char *err;
+    int rc = run_launch(a, NULL, 30, &err);
+    char want[128];
+    snprintf(want, sizeof want, "cannot reach the rendezvous store at 127.0.0.1:%d (tried for 1 s)", port);
+    cr_expect_eq(rc, 1, "stderr:\n%s", err);
+    cr_expect(strstr(err, want), "stderr:\n%s", err);
+    free(err);
+}
+
+Test(launch_errors, wrong_token_refused, .timeout = 60)
+{
+    char *dir = lu_tmpdir();
+    const char *n0[] = {LU_LAUNCH, "--nnodes", "2", "--node_rank", "0", "--master_port", "0", "--rdzv_timeout", "20",
+                        "--rdzv_id", "tok", LU_PROBE, "barrier", NULL};
+    const char *env0[] = {"FSDP_RDZV_TOKEN=right", NULL};
+    pid_t p0 = lu_spawn(n0, dir, "n0", env0);
+    int port = lu_read_port(dir, "n0", 30);
+    cr_assert_gt(port, 0);
+    char ports[16];
+    snprintf(ports, sizeof ports, "%d", port);
+    const char *n1[] = {LU_LAUNCH, "--nnodes", "2", "--node_rank", "1", "--master_port", ports, "--rdzv_timeout", "5",
+                        "--rdzv_id", "tok", LU_PROBE, "barrier", NULL};
+    const char *env1[] = {"FSDP_RDZV_TOKEN=wrong", NULL};
+    char *err;
+    int rc = run_launch(n1, env1, 30, &err);
+    cr_expect_eq(rc, 1, "stderr:\n%s", err);
+    cr_expect(strstr(err, "refused node 1") && strstr(err, "FSDP_RDZV_TOKEN"), "stderr:\n%s", err);
+    free(err);
+    kill(p0, SIGTERM);
+    lu_wait(p0, 20);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
+Test(launch_errors, join_timeout_names_missing_nodes, .timeout = 60)
+{
+    const char *a[] = {LU_LAUNCH, "--nnodes", "3", "--node_rank", "0", "--master_port", "0", "--rdzv_timeout", "1",
+                       "/bin/true", NULL};
+    char *err;
+    int rc = run_launch(a, NULL, 30, &err);
+    cr_expect_eq(rc, 1, "stderr:\n%s", err);
+    cr_expect(strstr(err, "1 of 3 nodes joined generation 0; missing node ranks: 1, 2"), "stderr:\n%s", err);
+    free(err);
+}
+
+Test(launch_errors, join_timeout_names_missing_slurm_hosts, .timeout = 60)
+{
+    const char *a[] = {LU_LAUNCH, "--master_port", "0", "--rdzv_timeout", "1", "/bin/true", NULL};
+    const char *env[] = {"SLURM_JOB_ID=4242", "SLURM_JOB_NODELIST=localhost,gpu[07-08]", "SLURM_JOB_NUM_NODES=3",
+                         "SLURM_NODEID=0", "PET_MASTER_ADDR=127.0.0.1", NULL};
+    char *err;
+    int rc = run_launch(a, env, 30, &err);
+    cr_expect_eq(rc, 1, "stderr:\n%s", err);
+    cr_expect(strstr(err, "missing node ranks: 1 (host gpu07), 2 (host gpu08)"), "stderr:\n%s", err);
+    free(err);
+}
