@@ -1,0 +1,442 @@
+/* The communicator core: option defaults, the backend choice, comm_split through the store, and the
+ * progress thread that runs every operation (blocking forms are async + wait) in issue order. Errors
+ * are decorated here with the collective, its sequence number, the group and this rank, and make the
+ * communicator broken: once one collective failed the ranks are out of step, so later ones fail fast. */
+#include "comm/comm_internal.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "rendezvous/store.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct comm_work {
+    struct comm_req req;
+    struct comm *comm;
+    struct comm_work *next;
+    bool done;
+    int status;
+    char msg[768];
+};
+
+struct comm {
+    struct comm_info info;
+    struct comm_options opts;
+    const struct comm_backend *be;
+    void *state;
+    int nsplits;
+    uint64_t seq;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct comm_work *head, *tail;
+    bool stop;
+    int broken;
+    char broken_msg[768];
+};
+
+double comm_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+const char *comm_kind_name(enum comm_kind kind)
+{
+    static const char *names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",
+                                  "barrier", "send", "recv"};
+    return (unsigned)kind < sizeof(names) / sizeof(names[0]) ? names[kind] : "?";
+}
+
+int comm_rank(const struct comm *c) { return c->info.rank; }
+int comm_size(const struct comm *c) { return c->info.size; }
+const char *comm_group(const struct comm *c) { return c->info.group; }
+const char *comm_backend_name(const struct comm *c) { return c->be->name; }
+uint64_t comm_work_seq(const struct comm_work *w) { return w->req.seq; }
+
+static void *progress_main(void *arg)
+{
+    struct comm *c = arg;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        while (!c->head && !c->stop)
+            pthread_cond_wait(&c->cv, &c->mu);
+        if (!c->head)
+            break;
+        struct comm_work *w = c->head;
+        int broken = c->broken;
+        pthread_mutex_unlock(&c->mu);
+
+        int rc;
+        if (broken) {
+            rc = broken;
+            snprintf(w->msg, sizeof(w->msg), "comm: %s #%llu in group '%s' not run (rank %d): an earlier "
+                     "collective failed: %.600s", comm_kind_name(w->req.kind), (unsigned long long)w->req.seq,
+                     c->info.group, c->info.rank, c->broken_msg);
+        } else {
+            w->req.deadline = comm_now_s() + c->info.timeout_s;
+            error_clear();
+            rc = c->be->run(c->state, &w->req);
+            if (rc)
+                snprintf(w->msg, sizeof(w->msg), "comm: %s #%llu in group '%s' failed on rank %d of %d "
+                         "(%s backend, timeout %.0f s): %s", comm_kind_name(w->req.kind),
+                         (unsigned long long)w->req.seq, c->info.group, c->info.rank, c->info.size, c->be->name,
+                         c->info.timeout_s, error_message());
+        }
+
+        pthread_mutex_lock(&c->mu);
+        if (rc && !c->broken) {
+            c->broken = rc;
+            snprintf(c->broken_msg, sizeof(c->broken_msg), "%s", w->msg);
+            log_error("%s", w->msg);
+        }
+        c->head = w->next;
+        if (!c->head)
+            c->tail = NULL;
+        w->status = rc;
+        w->done = true;
+        pthread_cond_broadcast(&c->cv);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+static double env_double(const char *name, double def)
+{
+    const char *s = getenv(name);
+    if (!s || !*s)
+        return def;
+    char *end;
+    double v = strtod(s, &end);
+    return (*end || v <= 0) ? def : v;
+}
+
+static bool group_ok(const char *g)
+{
+    size_t n = strlen(g);
+    if (n == 0 || n > 64)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = g[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
+              ch == '.' || ch == '-'))
+            return false;
+    }
+    return true;
+}
+
+int comm_create(struct store_client *store, int rank, int size, const char *group,
+                const struct comm_options *opts, struct comm **out)
+{
+    *out = NULL;
+    if (!store || size < 1 || rank < 0 || rank >= size || !group)
+        return error_set(FSDP_EINVAL, "comm_create: rank %d of %d (store %s)", rank, size, store ? "set" : "NULL");
+    if (!group_ok(group))
+        return error_set(FSDP_EINVAL, "comm_create: group name '%s' must be 1-64 chars of [A-Za-z0-9_.-]", group);
+    struct comm_options o = opts ? *opts : (struct comm_options){.generation = -1, .device = -1};
+    const char *bname = o.backend ? o.backend : getenv("FSDP_COMM_BACKEND");
+    if (!bname || !*bname)
+        bname = "cpu";
+    const struct comm_backend *be = NULL;
+    if (strcmp(bname, "cpu") == 0)
+        be = comm_backend_cpu();
+    else if (strcmp(bname, "nccl") == 0 && !(be = comm_backend_nccl()))
+        return error_set(FSDP_EUNSUPPORTED, "comm_create: this build has no NCCL backend (built without CUDA); "
+                         "use backend \"cpu\"");
+    if (!be)
+        return error_set(FSDP_EINVAL, "comm_create: unknown backend '%s' (use \"cpu\" or \"nccl\")", bname);
+    if (o.generation < 0) {
+        const char *g = getenv("FSDP_RDZV_GENERATION");
+        o.generation = g ? atoi(g) : 0;
+    }
+    if (o.timeout_s <= 0)
+        o.timeout_s = env_double("FSDP_COMM_TIMEOUT_S", 600);
+    if (o.device < 0) {
+        const char *lr = getenv("LOCAL_RANK");
+        o.device = lr ? atoi(lr) : 0;
+    }
+    o.backend = be->name;
+
+    struct comm *c = calloc(1, sizeof(*c));
+    if (!c)
+        return error_set(FSDP_ENOMEM, "comm_create: out of memory");
+    c->opts = o;
+    c->be = be;
+    c->info.store = store;
+    c->info.rank = rank;
+    c->info.size = size;
+    c->info.generation = o.generation;
+    c->info.device = o.device;
+    c->info.timeout_s = o.timeout_s;
+    snprintf(c->info.group, sizeof(c->info.group), "%s", group);
+    snprintf(c->info.key_prefix, sizeof(c->info.key_prefix), "comm/%s/%d", group, o.generation);
+    int rc = be->init(&c->info, &c->state);
+    if (rc) {
+        rc = error_set(rc, "comm_create: group '%s' rank %d of %d (%s backend): %s", group, rank, size, be->name,
+                       error_message());
+        free(c);
+        return rc;
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    if (pthread_create(&c->thread, NULL, progress_main, c) != 0) {
+        be->fini(c->state);
+        free(c);
+        return error_set(FSDP_ENOMEM, "comm_create: cannot start the progress thread");
+    }
+    *out = c;
+    return 0;
+}
+
+void comm_destroy(struct comm *c)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    c->stop = true;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    pthread_join(c->thread, NULL);
+    c->be->fini(c->state);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c);
+}
+
+struct split_entry {
+    int color, key, rank;
+};
+
+static int split_cmp(const void *a, const void *b)
+{
+    const struct split_entry *x = a, *y = b;
+    if (x->key != y->key)
+        return x->key < y->key ? -1 : 1;
+    return x->rank < y->rank ? -1 : x->rank > y->rank;
+}
+
+int comm_split(struct comm *c, int color, int key, struct comm **out)
+{
+    *out = NULL;
+    if (color < COMM_SPLIT_NONE)
+        return error_set(FSDP_EINVAL, "comm_split: color %d (use >= 0 or COMM_SPLIT_NONE)", color);
+    int n = c->nsplits++, size = c->info.size, rc = 0;
+    char k[256], v[64];
+    snprintf(k, sizeof(k), "%s/split%d/%d", c->info.key_prefix, n, c->info.rank);
+    snprintf(v, sizeof(v), "%d %d", color, key);
+    if ((rc = store_client_set(c->info.store, k, v, strlen(v))) != 0)
+        return rc;
+    struct split_entry *e = calloc((size_t)size, sizeof(*e));
+    if (!e)
+        return error_set(FSDP_ENOMEM, "comm_split: out of memory");
+    int m = 0, me = -1;
+    double deadline = comm_now_s() + c->info.timeout_s;
+    for (int r = 0; r < size; r++) {
+        snprintf(k, sizeof(k), "%s/split%d/%d", c->info.key_prefix, n, r);
+        void *val = NULL;
+        size_t len = 0;
+        double left = deadline - comm_now_s();
+        if ((rc = store_client_get(c->info.store, k, &val, &len, left > 0.01 ? left : 0.01)) != 0) {
+            rc = error_set(rc, "comm_split #%d of group '%s': rank %d did not arrive: %s", n, c->info.group, r,
+                           error_message());
+            free(e);
+            return rc;
+        }
+        int col = 0, ky = 0;
+        sscanf((char *)val, "%d %d", &col, &ky);
+        free(val);
+        if (col == color && color != COMM_SPLIT_NONE)
+            e[m++] = (struct split_entry){col, ky, r};
+    }
+    if (color == COMM_SPLIT_NONE) {
+        free(e);
+        return 0;
+    }
+    qsort(e, (size_t)m, sizeof(*e), split_cmp);
+    for (int i = 0; i < m; i++)
+        if (e[i].rank == c->info.rank)
+            me = i;
+    free(e);
+    char name[128];
+    snprintf(name, sizeof(name), "%.40s.%dc%d", c->info.group, n, color);
+    return comm_create(c->info.store, me, m, name, &c->opts, out);
+}
+
+static int enqueue(struct comm *c, const struct comm_req *req, struct comm_work **out)
+{
+    *out = NULL;
+    struct comm_work *w = calloc(1, sizeof(*w));
+    if (!w)
+        return error_set(FSDP_ENOMEM, "comm: out of memory");
+    w->req = *req;
+    w->comm = c;
+    pthread_mutex_lock(&c->mu);
+    w->req.seq = ++c->seq;
+    if (c->tail)
+        c->tail->next = w;
+    else
+        c->head = w;
+    c->tail = w;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    *out = w;
+    return 0;
+}
+
+static int check_args(struct comm *c, const struct comm_req *r)
+{
+    const char *op = comm_kind_name(r->kind);
+    if ((unsigned)r->dtype > COMM_F16)
+        return error_set(FSDP_EINVAL, "comm_%s: unknown dtype %d", op, (int)r->dtype);
+    if ((unsigned)r->op > COMM_MAX)
+        return error_set(FSDP_EINVAL, "comm_%s: unknown reduction %d", op, (int)r->op);
+    if (r->count && (r->kind != COMM_K_BARRIER) && ((!r->in && r->kind != COMM_K_RECV && r->kind != COMM_K_BROADCAST) ||
+                                                    (!r->out && r->kind != COMM_K_SEND)))
+        return error_set(FSDP_EINVAL, "comm_%s: NULL buffer for %zu elements", op, r->count);
+    if ((r->kind == COMM_K_SEND || r->kind == COMM_K_RECV || r->kind == COMM_K_BROADCAST) &&
+        (r->peer < 0 || r->peer >= c->info.size || (r->kind != COMM_K_BROADCAST && r->peer == c->info.rank)))
+        return error_set(FSDP_EINVAL, "comm_%s: peer/root %d is not another rank of group '%s' (size %d)", op,
+                         r->peer, c->info.group, c->info.size);
+    return 0;
+}
+
+static int submit(struct comm *c, struct comm_req r, struct comm_work **work)
+{
+    int rc = check_args(c, &r);
+    if (rc) {
+        *work = NULL;
+        return rc;
+    }
+    return enqueue(c, &r, work);
+}
+
+int comm_work_wait(struct comm_work *w)
+{
+    if (!w)
+        return error_set(FSDP_EINVAL, "comm_work_wait: NULL handle");
+    struct comm *c = w->comm;
+    pthread_mutex_lock(&c->mu);
+    /* No deadline here: the operation itself gives up at its own deadline (every wait inside it has one),
+     * and those queued before it do the same, so this returns within (queue length) x timeout. */
+    while (!w->done)
+        pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    int rc = w->status;
+    if (rc)
+        error_set(rc, "%s", w->msg);
+    free(w);
+    return rc;
+}
+
+int comm_work_test(struct comm_work *w, bool *done)
+{
+    if (!w)
+        return error_set(FSDP_EINVAL, "comm_work_test: NULL handle");
+    pthread_mutex_lock(&w->comm->mu);
+    *done = w->done;
+    pthread_mutex_unlock(&w->comm->mu);
+    return 0;
+}
+
+static int run_sync(struct comm *c, struct comm_req r)
+{
+    struct comm_work *w;
+    int rc = submit(c, r, &w);
+    return rc ? rc : comm_work_wait(w);
+}
+
+int comm_all_gather_async(struct comm *c, const void *in, void *out, size_t count, enum comm_dtype dtype,
+                          struct comm_work **work)
+{
+    return submit(c, (struct comm_req){.kind = COMM_K_ALL_GATHER, .in = in, .out = out, .count = count,
+                                       .dtype = dtype}, work);
+}
+
+int comm_reduce_scatter_async(struct comm *c, const void *in, void *out, size_t count, enum comm_dtype dtype,
+                              enum comm_op op, struct comm_work **work)
+{
+    return submit(c, (struct comm_req){.kind = COMM_K_REDUCE_SCATTER, .in = in, .out = out, .count = count,
+                                       .dtype = dtype, .op = op}, work);
+}
+
+int comm_all_reduce_async(struct comm *c, const void *in, void *out, size_t count, enum comm_dtype dtype,
+                          enum comm_op op, struct comm_work **work)
+{
+    return submit(c, (struct comm_req){.kind = COMM_K_ALL_REDUCE, .in = in, .out = out, .count = count,
+                                       .dtype = dtype, .op = op}, work);
+}
+
+int comm_broadcast_async(struct comm *c, void *buf, size_t count, enum comm_dtype dtype, int root,
+                         struct comm_work **work)
+{
+    return submit(c, (struct comm_req){.kind = COMM_K_BROADCAST, .in = buf, .out = buf, .count = count,
+                                       .dtype = dtype, .peer = root}, work);
+}
+
+int comm_send_async(struct comm *c, const void *buf, size_t count, enum comm_dtype dtype, int peer,
+                    struct comm_work **work)
+{
+    return submit(c, (struct comm_req){.kind = COMM_K_SEND, .in = buf, .count = count, .dtype = dtype,
+                                       .peer = peer}, work);
+}
+
+int comm_recv_async(struct comm *c, void *buf, size_t count, enum comm_dtype dtype, int peer,
+                    struct comm_work **work)
+{
+    return submit(c, (struct comm_req){.kind = COMM_K_RECV, .out = buf, .count = count, .dtype = dtype,
+                                       .peer = peer}, work);
+}
+
+int comm_all_gather(struct comm *c, const void *in, void *out, size_t count, enum comm_dtype dtype)
+{
+    return run_sync(c, (struct comm_req){.kind = COMM_K_ALL_GATHER, .in = in, .out = out, .count = count,
+                                         .dtype = dtype});
+}
+
+int comm_reduce_scatter(struct comm *c, const void *in, void *out, size_t count, enum comm_dtype dtype,
+                        enum comm_op op)
+{
+    return run_sync(c, (struct comm_req){.kind = COMM_K_REDUCE_SCATTER, .in = in, .out = out, .count = count,
+                                         .dtype = dtype, .op = op});
+}
+
+int comm_all_reduce(struct comm *c, const void *in, void *out, size_t count, enum comm_dtype dtype,
+                    enum comm_op op)
+{
+    return run_sync(c, (struct comm_req){.kind = COMM_K_ALL_REDUCE, .in = in, .out = out, .count = count,
+                                         .dtype = dtype, .op = op});
+}
+
+int comm_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype dtype, int root)
+{
+    return run_sync(c, (struct comm_req){.kind = COMM_K_BROADCAST, .in = buf, .out = buf, .count = count,
+                                         .dtype = dtype, .peer = root});
+}
+
+int comm_barrier(struct comm *c)
+{
+    return run_sync(c, (struct comm_req){.kind = COMM_K_BARRIER});
+}
+
+int comm_send(struct comm *c, const void *buf, size_t count, enum comm_dtype dtype, int peer)
+{
+    return run_sync(c, (struct comm_req){.kind = COMM_K_SEND, .in = buf, .count = count, .dtype = dtype,
+                                         .peer = peer});
+}
+
+int comm_recv(struct comm *c, void *buf, size_t count, enum comm_dtype dtype, int peer)
+{
+    return run_sync(c, (struct comm_req){.kind = COMM_K_RECV, .out = buf, .count = count, .dtype = dtype,
+                                         .peer = peer});
+}
+
+#ifndef FSDP_HAVE_CUDA
+const struct comm_backend *comm_backend_nccl(void)
+{
+    return NULL;
+}
+#endif

@@ -1,0 +1,100 @@
+/* Collectives for the data plane: all_gather, reduce_scatter, all_reduce, broadcast, barrier, send/recv
+ * over a group of ranks, with blocking and asynchronous forms. A communicator is bootstrapped through the
+ * rendezvous store and runs on one backend chosen at creation: "cpu" (shared memory between ranks of a
+ * host, TCP between hosts) or "nccl" (CUDA device buffers). See docs/collectives.md.
+ *
+ * Every call returns 0 or a negative enum fsdp_error; error_message() then names the collective, its
+ * sequence number, the group, and the rank(s) that did not arrive. After a failed collective the
+ * communicator is broken: later calls fail at once with the first error (peers are out of step).
+ *
+ * Counts are in elements. A count may be 0. all_gather takes `count` elements per rank and fills
+ * `size * count`; reduce_scatter takes `size * count` and yields `count`: callers pad their buffers to a
+ * multiple of the group size. Buffers are host memory for "cpu" and device memory for "nccl".
+ *
+ * Threading: one thread issues operations on a communicator (the FSDP engine's); a progress thread per
+ * communicator runs them in issue order. Buffers passed to an asynchronous call must stay untouched until
+ * its handle is waited for. */
+#ifndef FSDP_COMM_COMM_H
+#define FSDP_COMM_COMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct store_client;
+struct comm;
+struct comm_work;
+
+enum comm_dtype { COMM_F32 = 0, COMM_BF16 = 1, COMM_F16 = 2 };
+
+/* SUM of f32 adds in rank order (bitwise reproducible; see docs/collectives.md for the hierarchical
+ * order); bf16/f16 accumulate in f32 and round once. AVG = SUM then one division by the group size. */
+enum comm_op { COMM_SUM = 0, COMM_AVG = 1, COMM_MAX = 2 };
+
+#define COMM_SPLIT_NONE (-1) /* comm_split color for ranks that join no sub-group */
+
+struct comm_options {
+    const char *backend;  /* "cpu", "nccl"; NULL = $FSDP_COMM_BACKEND, else "cpu" */
+    int generation;       /* rendezvous generation, part of every store key; < 0 = $FSDP_RDZV_GENERATION or 0 */
+    double timeout_s;     /* per-wait limit; <= 0 = $FSDP_COMM_TIMEOUT_S, else 600 */
+    int device;           /* nccl: CUDA device; < 0 = $LOCAL_RANK or 0 */
+};
+
+/* Collective over all `size` ranks, which call it with the same group name (unique among the job's live
+ * communicators, [A-Za-z0-9_.-], at most 64 chars). The store client is used only during comm_create and
+ * comm_split, from the calling thread. opts NULL = all defaults. */
+int comm_create(struct store_client *store, int rank, int size, const char *group,
+                const struct comm_options *opts, struct comm **out);
+/* Collective over comm: ranks with the same color form a sub-communicator ordered by (key, old rank);
+ * color COMM_SPLIT_NONE yields *out = NULL. Children are named "<group>.<n>c<color>" (n counts the
+ * splits of the parent) and use the parent's store, backend and options. */
+int comm_split(struct comm *comm, int color, int key, struct comm **out);
+/* Waits for pending operations (bounded by their timeouts), then frees. NULL accepted. */
+void comm_destroy(struct comm *comm);
+
+int comm_rank(const struct comm *comm);
+int comm_size(const struct comm *comm);
+const char *comm_group(const struct comm *comm);
+const char *comm_backend_name(const struct comm *comm);
+size_t comm_dtype_size(enum comm_dtype dtype);
+const char *comm_dtype_name(enum comm_dtype dtype);
+
+/* ---- blocking forms ---- */
+/* in: count elements; out: size * count. In-place form: in == out + rank * count. */
+int comm_all_gather(struct comm *comm, const void *in, void *out, size_t count, enum comm_dtype dtype);
+/* in: size * count elements; out: count (the reduction of every rank's block `rank`). op SUM or AVG
+ * (MAX also works). out must not overlap in. */
+int comm_reduce_scatter(struct comm *comm, const void *in, void *out, size_t count, enum comm_dtype dtype,
+                        enum comm_op op);
+/* in == out allowed. */
+int comm_all_reduce(struct comm *comm, const void *in, void *out, size_t count, enum comm_dtype dtype,
+                    enum comm_op op);
+int comm_broadcast(struct comm *comm, void *buf, size_t count, enum comm_dtype dtype, int root);
+int comm_barrier(struct comm *comm);
+/* Point to point; matched in issue order per pair of ranks. */
+int comm_send(struct comm *comm, const void *buf, size_t count, enum comm_dtype dtype, int peer);
+int comm_recv(struct comm *comm, void *buf, size_t count, enum comm_dtype dtype, int peer);
+
+/* ---- asynchronous forms: queue the operation and return a handle at once ---- */
+int comm_all_gather_async(struct comm *comm, const void *in, void *out, size_t count, enum comm_dtype dtype,
+                          struct comm_work **work);
+int comm_reduce_scatter_async(struct comm *comm, const void *in, void *out, size_t count,
+                              enum comm_dtype dtype, enum comm_op op, struct comm_work **work);
+int comm_all_reduce_async(struct comm *comm, const void *in, void *out, size_t count, enum comm_dtype dtype,
+                          enum comm_op op, struct comm_work **work);
+int comm_broadcast_async(struct comm *comm, void *buf, size_t count, enum comm_dtype dtype, int root,
+                         struct comm_work **work);
+int comm_send_async(struct comm *comm, const void *buf, size_t count, enum comm_dtype dtype, int peer,
+                    struct comm_work **work);
+int comm_recv_async(struct comm *comm, void *buf, size_t count, enum comm_dtype dtype, int peer,
+                    struct comm_work **work);
+
+/* Blocks until the operation finished (each operation is bounded by the communicator's timeout), returns
+ * its status and frees the handle. */
+int comm_work_wait(struct comm_work *work);
+/* *done = finished; never blocks. The handle still has to be waited for (which then returns at once). */
+int comm_work_test(struct comm_work *work, bool *done);
+/* Sequence number of the operation (1-based per communicator), as named in error messages. */
+uint64_t comm_work_seq(const struct comm_work *work);
+
+#endif

@@ -1,0 +1,456 @@
+/* The "cpu" backend: ranks that share a host (same hostname and network namespace, found through the
+ * store) use the shared-memory engine; hosts talk over TCP between their leaders (lowest rank of each
+ * host). With one host everything is shared memory; with one rank per host everything is TCP.
+ *
+ * Cross-host reductions: leaders split the buffer into one chunk per host; every leader sends chunk h to
+ * leader h, which reduces the host sums in host order (hosts ordered by their lowest rank) and sends the
+ * result back to all. So an f32 sum is (sum of host 0's ranks in rank order) + (host 1's) + ..., the
+ * same for every run with the same layout. */
+#include "comm/comm_internal.h"
+#include "comm/comm_shm.h"
+#include "comm/comm_tcp.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "rendezvous/store.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+struct cpu_state {
+    int rank, size;
+    int nhosts, host;       /* this rank's host index */
+    int *host_of;           /* [size] host index of each rank */
+    int *leader;            /* [nhosts] lowest rank of each host */
+    int *local_count;       /* [nhosts] */
+    int nlocal, local_rank; /* on this host */
+    int locals[SHM_MAX_LOCAL];
+    struct shm_group *shm; /* NULL when alone on the host */
+    struct tcp_mesh *tcp;
+    void *tmp;
+    size_t tmp_bytes;
+};
+
+/* Two ranks share memory only when they see the same machine and the same network namespace: separate
+ * namespaces (containers, ip netns) are separate hosts for us. Env overrides let tests fake hosts. */
+static void host_id(int rank, char *buf, size_t len)
+{
+    const char *fake = getenv("FSDP_COMM_HOST_ID");
+    const char *force = getenv("FSDP_COMM_FORCE_TCP");
+    if (force && *force && strcmp(force, "0") != 0) {
+        snprintf(buf, len, "tcp-only-rank-%d", rank);
+        return;
+    }
+    if (fake && *fake) {
+        snprintf(buf, len, "fake-%s", fake);
+        return;
+    }
+    char hn[256] = "";
+    gethostname(hn, sizeof(hn) - 1);
+    struct stat st;
+    unsigned long long netns = stat("/proc/self/ns/net", &st) == 0 ? (unsigned long long)st.st_ino : 0;
+    char boot[64] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof(boot), f))
+            boot[0] = 0;
+        fclose(f);
+        boot[strcspn(boot, "\n")] = 0;
+    }
+    snprintf(buf, len, "%s/%s/%llu", hn, boot, netns);
+}
+
+static size_t slot_bytes(void)
+{
+    const char *s = getenv("FSDP_COMM_SHM_SLOT_KIB");
+    long kib = s ? atol(s) : 0;
+    if (kib < 64)
+        kib = 1024;
+    return (size_t)kib << 10;
+}
+
+static void cpu_fini(void *state)
+{
+    struct cpu_state *st = state;
+    if (!st)
+        return;
+    shm_group_detach(st->shm);
+    tcp_mesh_destroy(st->tcp);
+    free(st->host_of);
+    free(st->leader);
+    free(st->local_count);
+    free(st->tmp);
+    free(st);
+}
+
+static int setup_shm(struct cpu_state *st, const struct comm_info *info, double deadline)
+{
+    char key[256], name[200];
+    size_t sb = slot_bytes();
+    const char *run = getenv("FSDP_RUN_ID");
+    if (!run || !*run)
+        run = getenv("TORCHELASTIC_RUN_ID");
+    if (!run || !*run)
+        run = "local";
+    int rc;
+    snprintf(key, sizeof(key), "%s/shm/%d", info->key_prefix, st->host);
+    if (st->local_rank == 0) {
+        /* The leader's pid keeps two jobs with the same run id apart. */
+        snprintf(name, sizeof(name), "/fsdp-%.40s-%.64s-%d-h%d-%d", run, info->group, info->generation,
+                 st->host, (int)getpid());
+        if ((rc = shm_group_attach(name, true, 0, st->nlocal, st->locals, sb, &st->shm)) != 0)
+            return rc;
+        rc = store_client_set(info->store, key, name, strlen(name));
+    } else {
+        void *v = NULL;
+        size_t vl = 0;
+        double left = deadline - comm_now_s();
+        if ((rc = store_client_get(info->store, key, &v, &vl, left > 0.01 ? left : 0.01)) != 0)
+            return rc;
+        snprintf(name, sizeof(name), "%s", (char *)v);
+        free(v);
+        rc = shm_group_attach(name, false, st->local_rank, st->nlocal, st->locals, sb, &st->shm);
+    }
+    /* Unlink once everyone has mapped it: from then on a crash cannot leave anything in /dev/shm. */
+    snprintf(key, sizeof(key), "%s/shm_mapped/%d", info->key_prefix, st->host);
+    double left = deadline - comm_now_s();
+    int brc = rc ? rc : store_client_barrier(info->store, key, st->nlocal, left > 0.01 ? left : 0.01);
+    if (st->local_rank == 0)
+        shm_unlink(name);
+    return rc ? rc : brc;
+}
+
+static int cpu_init(const struct comm_info *info, void **state)
+{
+    *state = NULL;
+    struct cpu_state *st = calloc(1, sizeof(*st));
+    if (!st)
+        return error_set(FSDP_ENOMEM, "comm cpu: out of memory");
+    st->rank = info->rank;
+    st->size = info->size;
+    st->host_of = calloc((size_t)info->size, sizeof(int));
+    st->leader = calloc((size_t)info->size, sizeof(int));
+    st->local_count = calloc((size_t)info->size, sizeof(int));
+    char **ids = calloc((size_t)info->size, sizeof(char *));
+    int rc = 0;
+    double deadline = comm_now_s() + info->timeout_s;
+    if (!st->host_of || !st->leader || !st->local_count || !ids) {
+        rc = error_set(FSDP_ENOMEM, "comm cpu: out of memory");
+        goto out;
+    }
+    char id[512], key[256];
+    host_id(info->rank, id, sizeof(id));
+    snprintf(key, sizeof(key), "%s/host/%d", info->key_prefix, info->rank);
+    if ((rc = store_client_set(info->store, key, id, strlen(id))) != 0)
+        goto out;
+    for (int r = 0; r < info->size; r++) {
+        snprintf(key, sizeof(key), "%s/host/%d", info->key_prefix, r);
+        size_t len = 0;
+        double left = deadline - comm_now_s();
+        if ((rc = store_client_get(info->store, key, (void **)&ids[r], &len, left > 0.01 ? left : 0.01)) != 0) {
+            rc = error_set(rc, "rank %d never published its host id: %s", r, error_message());
+            goto out;
+        }
+        int h = -1;
+        for (int q = 0; q < r && h < 0; q++)
+            if (strcmp(ids[q], ids[r]) == 0)
+                h = st->host_of[q];
+        if (h < 0) {
+            h = st->nhosts++;
+            st->leader[h] = r;
+        }
+        st->host_of[r] = h;
+        st->local_count[h]++;
+    }
+    st->host = st->host_of[info->rank];
+    for (int r = 0; r < info->size; r++) {
+        if (st->host_of[r] != st->host)
+            continue;
+        if (st->nlocal == SHM_MAX_LOCAL) {
+            rc = error_set(FSDP_EUNSUPPORTED, "comm cpu: more than %d ranks on one host", SHM_MAX_LOCAL);
+            goto out;
+        }
+        if (r == info->rank)
+            st->local_rank = st->nlocal;
+        st->locals[st->nlocal++] = r;
+    }
+    log_debug("comm %s: rank %d on host %d of %d (local %d of %d)", info->group, info->rank, st->host,
+              st->nhosts, st->local_rank, st->nlocal);
+    if (st->nlocal > 1 && (rc = setup_shm(st, info, deadline)) != 0)
+        goto out;
+    /* The mesh serves send/recv everywhere and the leaders' cross-host steps. */
+    if (info->size > 1 && (rc = tcp_mesh_create(info->store, info->key_prefix, info->rank, info->size, deadline,
+                                                &st->tcp)) != 0)
+        goto out;
+out:
+    if (ids)
+        for (int r = 0; r < info->size; r++)
+            free(ids[r]);
+    free(ids);
+    if (rc) {
+        cpu_fini(st);
+        return rc;
+    }
+    *state = st;
+    return 0;
+}
+
+static void *scratch(struct cpu_state *st, size_t bytes)
+{
+    if (bytes <= st->tmp_bytes)
+        return st->tmp;
+    void *p = realloc(st->tmp, bytes);
+    if (!p)
+        return NULL;
+    st->tmp = p;
+    st->tmp_bytes = bytes;
+    return p;
+}
+
+/* A failure on a leader's TCP step must release the ranks of its host waiting in the segment. */
+static int leader_failed(struct cpu_state *st, int rc)
+{
+    if (st->shm) {
+        char why[480];
+        snprintf(why, sizeof(why), "%s", error_message());
+        shm_abort(st->shm, why);
+        error_set(rc, "%s", why);
+    }
+    return rc;
+}
+
+static void chunk_of(size_t n, int parts, int i, size_t *lo, size_t *len)
+{
+    size_t base = n / (size_t)parts, rem = n % (size_t)parts, ui = (size_t)i;
+    *lo = ui * base + (ui < rem ? ui : rem);
+    *len = base + (ui < rem ? 1 : 0);
+}
+
+/* Leaders only: buf (n elements, already this host's sum) becomes the sum over hosts. */
+static int leaders_all_reduce(struct cpu_state *st, void *buf, size_t n, enum comm_dtype dt, enum comm_op op,
+                              int divisor, double deadline)
+{
+    size_t es = comm_dtype_size(dt), mylo, mylen;
+    int H = st->nhosts, me = st->host;
+    chunk_of(n, H, me, &mylo, &mylen);
+    unsigned char *tmp = scratch(st, mylen * es * (size_t)H + 1);
+    if (!tmp)
+        return error_set(FSDP_ENOMEM, "comm cpu: out of memory for %zu bytes", mylen * es * (size_t)H);
+    struct tcp_xfer x[256];
+    int nx = 0;
+    for (int h = 0; h < H; h++) {
+        if (h == me)
+            continue;
+        size_t lo, len;
+        chunk_of(n, H, h, &lo, &len);
+        x[nx++] = (struct tcp_xfer){.peer = st->leader[h], .sbuf = (unsigned char *)buf + lo * es,
+                                    .slen = len * es, .rbuf = tmp + (size_t)h * mylen * es, .rlen = mylen * es};
+    }
+    int rc = tcp_exchange(st->tcp, x, nx, deadline);
+    if (rc)
+        return rc;
+    const void *srcs[256];
+    for (int h = 0; h < H; h++)
+        srcs[h] = h == me ? (unsigned char *)buf + mylo * es : tmp + (size_t)h * mylen * es;
+    comm_reduce_arrays(dt, op, srcs, H, (unsigned char *)buf + mylo * es, mylen, divisor);
+    nx = 0;
+    for (int h = 0; h < H; h++) {
+        if (h == me)
+            continue;
+        size_t lo, len;
+        chunk_of(n, H, h, &lo, &len);
+        x[nx++] = (struct tcp_xfer){.peer = st->leader[h], .sbuf = (unsigned char *)buf + mylo * es,
+                                    .slen = mylen * es, .rbuf = (unsigned char *)buf + lo * es, .rlen = len * es};
+    }
+    return tcp_exchange(st->tcp, x, nx, deadline);
+}
+
+static int cpu_all_reduce(struct cpu_state *st, const void *in, void *out, size_t n, enum comm_dtype dt,
+                          enum comm_op op, double deadline)
+{
+    int divisor = op == COMM_AVG ? st->size : 1;
+    enum comm_op base = op == COMM_AVG ? COMM_SUM : op;
+    size_t bytes = n * comm_dtype_size(dt);
+    if (st->nhosts == 1)
+        return shm_all_reduce(st->shm, in, out, n, dt, base, divisor, deadline);
+    int rc;
+    if (st->shm) {
+        if ((rc = shm_all_reduce(st->shm, in, out, n, dt, base, 1, deadline)) != 0)
+            return rc;
+    } else if (in != out && bytes) {
+        memcpy(out, in, bytes);
+    }
+    if (st->local_rank == 0 && (rc = leaders_all_reduce(st, out, n, dt, base, divisor, deadline)) != 0)
+        return leader_failed(st, rc);
+    return st->shm ? shm_broadcast(st->shm, out, bytes, 0, deadline) : 0;
+}
+
+static int cpu_all_gather(struct cpu_state *st, const void *in, void *out, size_t count, enum comm_dtype dt,
+                          double deadline)
+{
+    size_t bpr = count * comm_dtype_size(dt);
+    if (st->nhosts == 1)
+        return shm_all_gather(st->shm, in, out, bpr, deadline);
+    size_t total = bpr * (size_t)st->size;
+    unsigned char *tmp = scratch(st, total + 1);
+    if (!tmp)
+        return error_set(FSDP_ENOMEM, "comm cpu: out of memory for %zu bytes", total);
+    int rc;
+    /* tmp holds the blocks host by host (each host's ranks in rank order); then they go to their ranks. */
+    size_t *host_off = calloc((size_t)st->nhosts, sizeof(size_t));
+    if (!host_off)
+        return error_set(FSDP_ENOMEM, "comm cpu: out of memory");
+    for (int h = 1; h < st->nhosts; h++)
+        host_off[h] = host_off[h - 1] + (size_t)st->local_count[h - 1] * bpr;
+    unsigned char *mine = tmp + host_off[st->host];
+    if (st->shm)
+        rc = shm_all_gather(st->shm, in, mine, bpr, deadline);
+    else
+        rc = (memmove(mine, in, bpr), 0);
+    if (rc == 0 && st->local_rank == 0) {
+        struct tcp_xfer x[256];
+        int nx = 0;
+        for (int h = 0; h < st->nhosts; h++)
+            if (h != st->host)
+                x[nx++] = (struct tcp_xfer){.peer = st->leader[h], .sbuf = mine,
+                                            .slen = (size_t)st->nlocal * bpr, .rbuf = tmp + host_off[h],
+                                            .rlen = (size_t)st->local_count[h] * bpr};
+        if ((rc = tcp_exchange(st->tcp, x, nx, deadline)) != 0)
+            rc = leader_failed(st, rc);
+        if (rc == 0) {
+            size_t *seen = calloc((size_t)st->nhosts, sizeof(size_t));
+            if (!seen) {
+                rc = error_set(FSDP_ENOMEM, "comm cpu: out of memory");
+            } else {
+                for (int r = 0; r < st->size; r++) {
+                    int h = st->host_of[r];
+                    memcpy((unsigned char *)out + (size_t)r * bpr, tmp + host_off[h] + seen[h]++ * bpr, bpr);
+                }
+                free(seen);
+            }
+        }
+    }
+    free(host_off);
+    if (rc)
+        return rc;
+    return st->shm ? shm_broadcast(st->shm, out, total, 0, deadline) : 0;
+}
+
+static int cpu_reduce_scatter(struct cpu_state *st, const void *in, void *out, size_t count,
+                              enum comm_dtype dt, enum comm_op op, double deadline)
+{
+    if (st->nhosts == 1) {
+        int divisor = op == COMM_AVG ? st->size : 1;
+        return shm_reduce_scatter(st->shm, in, out, count, dt, op == COMM_AVG ? COMM_SUM : op, divisor,
+                                  deadline);
+    }
+    /* Across hosts: a full all-reduce, then this rank's block (simple; the leaders' step already moves
+     * only 1/H of the buffer per link). */
+    size_t es = comm_dtype_size(dt), n = count * (size_t)st->size;
+    unsigned char *full = malloc(n * es + 1);
+    if (!full)
+        return error_set(FSDP_ENOMEM, "comm cpu: out of memory for %zu bytes", n * es);
+    int rc = cpu_all_reduce(st, in, full, n, dt, op, deadline);
+    if (rc == 0)
+        memcpy(out, full + (size_t)st->rank * count * es, count * es);
+    free(full);
+    return rc;
+}
+
+static int cpu_broadcast(struct cpu_state *st, void *buf, size_t bytes, int root, double deadline)
+{
+    if (st->nhosts == 1)
+        return shm_broadcast(st->shm, buf, bytes, root, deadline);
+    int rh = st->host_of[root], rc;
+    if (st->host == rh && st->shm) {
+        int lr = 0;
+        while (st->locals[lr] != root)
+            lr++;
+        if ((rc = shm_broadcast(st->shm, buf, bytes, lr, deadline)) != 0)
+            return rc;
+    }
+    if (st->local_rank == 0) {
+        struct tcp_xfer x[256];
+        int nx = 0;
+        if (st->host == rh) {
+            for (int h = 0; h < st->nhosts; h++)
+                if (h != rh)
+                    x[nx++] = (struct tcp_xfer){.peer = st->leader[h], .sbuf = buf, .slen = bytes};
+        } else {
+            x[nx++] = (struct tcp_xfer){.peer = st->leader[rh], .rbuf = buf, .rlen = bytes};
+        }
+        if ((rc = tcp_exchange(st->tcp, x, nx, deadline)) != 0)
+            return leader_failed(st, rc);
+    }
+    if (st->host != rh && st->shm)
+        return shm_broadcast(st->shm, buf, bytes, 0, deadline);
+    return 0;
+}
+
+static int cpu_barrier(struct cpu_state *st, double deadline)
+{
+    int rc;
+    if (st->shm && (rc = shm_barrier(st->shm, deadline)) != 0)
+        return rc;
+    if (st->nhosts == 1)
+        return 0;
+    if (st->local_rank == 0) {
+        unsigned char one = 1, got[256];
+        struct tcp_xfer x[256];
+        int nx = 0;
+        for (int h = 0; h < st->nhosts; h++)
+            if (h != st->host)
+                x[nx] = (struct tcp_xfer){.peer = st->leader[h], .sbuf = &one, .slen = 1, .rbuf = &got[nx],
+                                          .rlen = 1}, nx++;
+        if ((rc = tcp_exchange(st->tcp, x, nx, deadline)) != 0)
+            return leader_failed(st, rc);
+    }
+    return st->shm ? shm_barrier(st->shm, deadline) : 0;
+}
+
+static int cpu_run(void *state, const struct comm_req *q)
+{
+    struct cpu_state *st = state;
+    size_t es = comm_dtype_size(q->dtype);
+    if (st->size == 1) {
+        /* Alone: collectives are copies (or, for AVG over one rank, exact copies too). */
+        if (q->kind == COMM_K_SEND || q->kind == COMM_K_RECV)
+            return error_set(FSDP_EINVAL, "send/recv to rank %d in a group of one", q->peer);
+        if ((q->kind == COMM_K_ALL_GATHER || q->kind == COMM_K_REDUCE_SCATTER || q->kind == COMM_K_ALL_REDUCE) &&
+            q->in != q->out && q->count)
+            memmove(q->out, q->in, q->count * es);
+        return 0;
+    }
+    switch (q->kind) {
+    case COMM_K_ALL_GATHER:
+        return cpu_all_gather(st, q->in, q->out, q->count, q->dtype, q->deadline);
+    case COMM_K_REDUCE_SCATTER:
+        return cpu_reduce_scatter(st, q->in, q->out, q->count, q->dtype, q->op, q->deadline);
+    case COMM_K_ALL_REDUCE:
+        return cpu_all_reduce(st, q->in, q->out, q->count, q->dtype, q->op, q->deadline);
+    case COMM_K_BROADCAST:
+        return cpu_broadcast(st, q->out, q->count * es, q->peer, q->deadline);
+    case COMM_K_BARRIER:
+        return cpu_barrier(st, q->deadline);
+    case COMM_K_SEND: {
+        struct tcp_xfer x = {.peer = q->peer, .sbuf = q->in, .slen = q->count * es};
+        return tcp_exchange(st->tcp, &x, 1, q->deadline);
+    }
+    case COMM_K_RECV: {
+        struct tcp_xfer x = {.peer = q->peer, .rbuf = q->out, .rlen = q->count * es};
+        return tcp_exchange(st->tcp, &x, 1, q->deadline);
+    }
+    }
+    return error_set(FSDP_EINVAL, "unknown operation %d", (int)q->kind);
+}
+
+static const struct comm_backend cpu_backend = {
+    .name = "cpu", .init = cpu_init, .run = cpu_run, .fini = cpu_fini};
+
+const struct comm_backend *comm_backend_cpu(void)
+{
+    return &cpu_backend;
+}

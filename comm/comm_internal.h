@@ -1,0 +1,61 @@
+/* What the communicator core (comm.c) and its backends share: the request a backend executes, the
+ * backend table, and the dtype/reduction helpers. Not part of the public API. */
+#ifndef FSDP_COMM_INTERNAL_H
+#define FSDP_COMM_INTERNAL_H
+
+#include "comm/comm.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum comm_kind { COMM_K_ALL_GATHER, COMM_K_REDUCE_SCATTER, COMM_K_ALL_REDUCE, COMM_K_BROADCAST,
+                 COMM_K_BARRIER, COMM_K_SEND, COMM_K_RECV };
+
+struct comm_req {
+    enum comm_kind kind;
+    const void *in;
+    void *out;
+    size_t count;
+    enum comm_dtype dtype;
+    enum comm_op op;
+    int peer; /* root for broadcast */
+    uint64_t seq;
+    double deadline; /* monotonic seconds (comm_now_s) by which every wait of this request gives up */
+};
+
+/* What a backend sees of its communicator. */
+struct comm_info {
+    struct store_client *store;
+    int rank, size, generation, device;
+    double timeout_s;
+    char group[72];
+    char key_prefix[128]; /* "comm/<group>/<gen>" */
+};
+
+/* A backend: a table chosen once at creation. run() executes one request to completion (blocking, on
+ * the communicator's progress thread) and on failure sets an error message that names the rank(s) at
+ * fault; the core adds the collective, sequence number and group. */
+struct comm_backend {
+    const char *name;
+    int (*init)(const struct comm_info *info, void **state);
+    int (*run)(void *state, const struct comm_req *req);
+    void (*fini)(void *state);
+};
+
+const struct comm_backend *comm_backend_cpu(void);
+const struct comm_backend *comm_backend_nccl(void); /* NULL when built without CUDA */
+
+double comm_now_s(void);
+const char *comm_kind_name(enum comm_kind kind);
+
+/* dst[i] = srcs[0][i] (op) srcs[1][i] (op) ... in that order, accumulated in f32, then divided by
+ * divisor when divisor > 1 (AVG), then rounded to dtype once. dst may alias any source. op is SUM or
+ * MAX (AVG is SUM with a divisor). */
+void comm_reduce_arrays(enum comm_dtype dtype, enum comm_op op, const void *const *srcs, int nsrc, void *dst,
+                        size_t n, int divisor);
+float comm_bf16_to_f32(uint16_t v);
+uint16_t comm_f32_to_bf16(float f);
+float comm_f16_to_f32(uint16_t v);
+uint16_t comm_f32_to_f16(float f);
+
+#endif

@@ -1,0 +1,200 @@
+/* The "nccl" backend: device buffers, one NCCL communicator per group on a dedicated stream. Bootstrap:
+ * rank 0 of the group calls ncclGetUniqueId (which also starts NCCL's bootstrap listener in that process)
+ * and publishes it under "<key_prefix>/nccl_id"; the others wait for it, then all call ncclCommInitRank.
+ * Completion is watched by the progress thread: it polls the stream and ncclCommGetAsyncError in short
+ * sleeps until the deadline, then aborts the NCCL communicator so nothing hangs on a dead peer. */
+#include "comm/comm_internal.h"
+#include "comm/comm_nccl.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "rendezvous/store.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct nccl_state {
+    ncclComm_t comm;
+    cudaStream_t stream;
+    int device, rank, size;
+    bool aborted;
+};
+
+int comm_nccl_exchange_id(struct store_client *store, const char *key_prefix, int rank, double timeout_s,
+                          unsigned char id[COMM_NCCL_ID_BYTES])
+{
+    char key[256];
+    snprintf(key, sizeof(key), "%s/nccl_id", key_prefix);
+    if (rank == 0) {
+        ncclUniqueId uid;
+        ncclResult_t r = ncclGetUniqueId(&uid);
+        if (r != ncclSuccess)
+            return error_set(FSDP_EIO, "ncclGetUniqueId failed: %s (check NCCL_SOCKET_IFNAME / network)",
+                             ncclGetErrorString(r));
+        memcpy(id, uid.internal, COMM_NCCL_ID_BYTES);
+        return store_client_set(store, key, id, COMM_NCCL_ID_BYTES);
+    }
+    void *v = NULL;
+    size_t len = 0;
+    int rc = store_client_get(store, key, &v, &len, timeout_s);
+    if (rc)
+        return error_set(rc, "rank 0 never published the NCCL unique id (%s): %s", key, error_message());
+    if (len != COMM_NCCL_ID_BYTES) {
+        free(v);
+        return error_set(FSDP_EPROTO, "NCCL unique id under %s has %zu bytes, expected %d", key, len,
+                         COMM_NCCL_ID_BYTES);
+    }
+    memcpy(id, v, COMM_NCCL_ID_BYTES);
+    free(v);
+    return 0;
+}
+
+static void nccl_fini(void *state)
+{
+    struct nccl_state *st = state;
+    if (!st)
+        return;
+    if (st->comm) {
+        if (st->aborted)
+            ncclCommAbort(st->comm);
+        else
+            ncclCommDestroy(st->comm);
+    }
+    if (st->stream)
+        cudaStreamDestroy(st->stream);
+    free(st);
+}
+
+static int nccl_init(const struct comm_info *info, void **state)
+{
+    *state = NULL;
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess)
+        ndev = 0; /* no driver = no device */
+    if (ndev == 0)
+        return error_set(FSDP_EUNSUPPORTED, "nccl backend: no CUDA device is visible; use the cpu backend");
+    struct nccl_state *st = calloc(1, sizeof(*st));
+    if (!st)
+        return error_set(FSDP_ENOMEM, "nccl backend: out of memory");
+    st->device = info->device % ndev;
+    st->rank = info->rank;
+    st->size = info->size;
+    cudaError_t ce = cudaSetDevice(st->device);
+    if (ce == cudaSuccess)
+        ce = cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking);
+    if (ce != cudaSuccess) {
+        int dev = st->device;
+        free(st);
+        return error_set(FSDP_EIO, "nccl backend: device %d: %s", dev, cudaGetErrorString(ce));
+    }
+    unsigned char id[COMM_NCCL_ID_BYTES];
+    int rc = comm_nccl_exchange_id(info->store, info->key_prefix, info->rank, info->timeout_s, id);
+    if (rc) {
+        nccl_fini(st);
+        return rc;
+    }
+    ncclUniqueId uid;
+    memcpy(uid.internal, id, COMM_NCCL_ID_BYTES);
+    ncclResult_t r = ncclCommInitRank(&st->comm, info->size, uid, info->rank);
+    if (r != ncclSuccess) {
+        st->comm = NULL;
+        nccl_fini(st);
+        return error_set(FSDP_EIO, "ncclCommInitRank failed: %s (set NCCL_DEBUG=INFO for details)",
+                         ncclGetErrorString(r));
+    }
+    *state = st;
+    return 0;
+}
+
+static ncclDataType_t nccl_type(enum comm_dtype d)
+{
+    return d == COMM_F32 ? ncclFloat32 : d == COMM_BF16 ? ncclBfloat16 : ncclFloat16;
+}
+
+static ncclRedOp_t nccl_op(enum comm_op op)
+{
+    return op == COMM_AVG ? ncclAvg : op == COMM_MAX ? ncclMax : ncclSum;
+}
+
+/* Waits for the stream with 1 ms sleeps (a device wait cannot take a timeout), watching NCCL's async
+ * error; at the deadline the communicator is aborted so the kernels of this rank stop. */
+static int wait_stream(struct nccl_state *st, const struct comm_req *q)
+{
+    for (;;) {
+        cudaError_t ce = cudaStreamQuery(st->stream);
+        if (ce == cudaSuccess)
+            return 0;
+        if (ce != cudaErrorNotReady)
+            return error_set(FSDP_EIO, "CUDA error: %s", cudaGetErrorString(ce));
+        ncclResult_t ar = ncclSuccess;
+        ncclCommGetAsyncError(st->comm, &ar);
+        if (ar != ncclSuccess && ar != ncclInProgress) {
+            ncclCommAbort(st->comm);
+            st->comm = NULL;
+            return error_set(FSDP_ECLOSED, "NCCL reported %s (a peer probably died); communicator aborted",
+                             ncclGetErrorString(ar));
+        }
+        if (comm_now_s() >= q->deadline) {
+            ncclCommAbort(st->comm);
+            st->comm = NULL;
+            return error_set(FSDP_ETIMEDOUT, "NCCL did not complete in time (some rank did not arrive; NCCL cannot "
+                             "say which: look for the rank whose log stops first); communicator aborted");
+        }
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static int nccl_run(void *state, const struct comm_req *q)
+{
+    struct nccl_state *st = state;
+    if (!st->comm)
+        return error_set(FSDP_EABORTED, "the NCCL communicator was aborted by an earlier failure");
+    cudaSetDevice(st->device);
+    ncclDataType_t t = nccl_type(q->dtype);
+    ncclResult_t r = ncclSuccess;
+    switch (q->kind) {
+    case COMM_K_ALL_GATHER:
+        r = ncclAllGather(q->in, q->out, q->count, t, st->comm, st->stream);
+        break;
+    case COMM_K_REDUCE_SCATTER:
+        r = ncclReduceScatter(q->in, q->out, q->count, t, nccl_op(q->op), st->comm, st->stream);
+        break;
+    case COMM_K_ALL_REDUCE:
+        r = ncclAllReduce(q->in, q->out, q->count, t, nccl_op(q->op), st->comm, st->stream);
+        break;
+    case COMM_K_BROADCAST:
+        r = ncclBroadcast(q->out, q->out, q->count, t, q->peer, st->comm, st->stream);
+        break;
+    case COMM_K_BARRIER: {
+        /* NCCL has no barrier: a one-element all-reduce on a scratch device word does the job. */
+        void *d = NULL;
+        if (cudaMallocAsync(&d, 4, st->stream) != cudaSuccess)
+            return error_set(FSDP_ENOMEM, "nccl barrier: cudaMallocAsync failed");
+        cudaMemsetAsync(d, 0, 4, st->stream);
+        r = ncclAllReduce(d, d, 1, ncclFloat32, ncclSum, st->comm, st->stream);
+        cudaFreeAsync(d, st->stream);
+        break;
+    }
+    case COMM_K_SEND:
+        r = ncclSend(q->in, q->count, t, q->peer, st->comm, st->stream);
+        break;
+    case COMM_K_RECV:
+        r = ncclRecv(q->out, q->count, t, q->peer, st->comm, st->stream);
+        break;
+    }
+    if (r != ncclSuccess)
+        return error_set(FSDP_EIO, "NCCL %s: %s", comm_kind_name(q->kind), ncclGetErrorString(r));
+    return wait_stream(st, q);
+}
+
+static const struct comm_backend nccl_backend = {
+    .name = "nccl", .init = nccl_init, .run = nccl_run, .fini = nccl_fini};
+
+const struct comm_backend *comm_backend_nccl(void)
+{
+    return &nccl_backend;
+}

@@ -1,0 +1,38 @@
+/* The shared-memory engine: the ranks of one host share a segment with a futex barrier and double-
+ * buffered slots; data moves with memcpy and in-place reductions, chunked so large buffers pipeline
+ * through a fixed-size segment. Ranks here are local indices 0..n-1 (the communicator maps them). */
+#ifndef FSDP_COMM_SHM_H
+#define FSDP_COMM_SHM_H
+
+#include "comm/comm.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define SHM_MAX_LOCAL 64
+
+struct shm_group;
+
+/* Bytes of segment a group of n ranks with slots of slot_bytes needs. */
+size_t shm_segment_bytes(int n, size_t slot_bytes);
+/* create: O_CREAT|O_EXCL the named segment (the first rank); otherwise open the existing one. The caller
+ * unlinks (shm_unlink) as soon as every rank has attached. global_ranks[i] names local rank i in
+ * messages. */
+int shm_group_attach(const char *name, bool create, int local_rank, int n, const int *global_ranks,
+                     size_t slot_bytes, struct shm_group **out);
+void shm_group_detach(struct shm_group *g);
+
+/* All wait until deadline (comm_now_s); a dead peer (its pid gone or a zombie) or a rank that aborted
+ * makes every rank fail with a message naming it. */
+int shm_barrier(struct shm_group *g, double deadline);
+int shm_all_gather(struct shm_group *g, const void *in, void *out, size_t bytes_per_rank, double deadline);
+int shm_all_reduce(struct shm_group *g, const void *in, void *out, size_t count, enum comm_dtype dtype,
+                   enum comm_op op, int divisor, double deadline);
+int shm_reduce_scatter(struct shm_group *g, const void *in, void *out, size_t count, enum comm_dtype dtype,
+                       enum comm_op op, int divisor, double deadline);
+int shm_broadcast(struct shm_group *g, void *buf, size_t bytes, int root, double deadline);
+/* Makes every rank of the group fail its current or next wait with this rank's message (used when a
+ * step outside the segment, e.g. TCP between hosts, failed on this rank). */
+void shm_abort(struct shm_group *g, const char *why);
+
+#endif

@@ -1,0 +1,208 @@
+/* Collective bandwidth of the cpu backend (shared memory on one host) against single-thread memcpy and
+ * gloo (torch 1.13) measured in the same run. Sizes are the full (gathered / reduced) buffer, as in
+ * ../shared/anchors/torch/gloo_coll.py; bus bandwidth follows nccl-tests:
+ *   all_gather, reduce_scatter: busbw = size / t * (W-1)/W;  all_reduce: busbw = size / t * 2(W-1)/W.
+ * Lines: bench=<op> backend=cpu world=W size_mib=S time_ms=t busbw_gbs=b, then bench=memcpy, then the
+ * gloo anchor lines and bench=ratio lines (ours / peer). */
+#include "comm/comm.h"
+#include "common/error.h"
+#include "rendezvous/store.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { NOPS = 3, NSIZES = 3, MAXW = 4 };
+static const char *op_names[NOPS] = {"all_gather", "reduce_scatter", "all_reduce"};
+static const int sizes_mib[NSIZES] = {1, 16, 64};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One rank: median time of each op/size, written by rank 0 to the pipe. */
+static int rank_main(int port, int rank, int world, int iters, int wfd)
+{
+    struct store_client_options co = {.host = "127.0.0.1", .port = port, .run_id = "bench"};
+    struct store_client *sc = NULL;
+    struct comm *c = NULL;
+    char group[32];
+    snprintf(group, sizeof(group), "bench%d", world);
+    if (store_client_connect(&co, &sc) != 0 || comm_create(sc, rank, world, group, NULL, &c) != 0) {
+        fprintf(stderr, "bench rank %d: %s\n", rank, error_message());
+        return 1;
+    }
+    size_t maxb = (size_t)sizes_mib[NSIZES - 1] << 20;
+    float *full = malloc(maxb), *out = malloc(maxb);
+    memset(full, 1, maxb);
+    memset(out, 0, maxb);
+    double res[NOPS][NSIZES];
+    for (int s = 0; s < NSIZES; s++) {
+        size_t n = ((size_t)sizes_mib[s] << 20) / 4, per = n / (size_t)world;
+        for (int op = 0; op < NOPS; op++) {
+            double ts[64];
+            for (int it = 0; it < iters + 2; it++) {
+                comm_barrier(c);
+                double t0 = now_s();
+                int rc = op == 0   ? comm_all_gather(c, full, out, per, COMM_F32)
+                         : op == 1 ? comm_reduce_scatter(c, full, out, per, COMM_F32, COMM_SUM)
+                                   : comm_all_reduce(c, full, full, n, COMM_F32, COMM_SUM);
+                if (rc) {
+                    fprintf(stderr, "bench rank %d: %s\n", rank, error_message());
+                    return 1;
+                }
+                ts[it] = now_s() - t0;
+            }
+            qsort(ts + 2, (size_t)iters, sizeof(double), cmp_double); /* 2 warm-up runs dropped */
+            res[op][s] = ts[2 + iters / 2];
+        }
+    }
+    if (rank == 0 && write(wfd, res, sizeof(res)) != (ssize_t)sizeof(res))
+        return 1;
+    comm_destroy(c);
+    store_client_close(sc);
+    free(full);
+    free(out);
+    return 0;
+}
+
+static int run_world(int world, int iters, double res[NOPS][NSIZES])
+{
+    struct store_server_options so = {.port = 0, .run_id = "bench"};
+    struct store_server *srv = NULL;
+    if (store_server_start(&so, &srv) != 0) {
+        fprintf(stderr, "bench: store: %s\n", error_message());
+        return 1;
+    }
+    int pfd[2];
+    if (pipe(pfd) != 0)
+        return 1;
+    pid_t pids[MAXW];
+    fflush(NULL);
+    for (int r = 0; r < world; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            close(pfd[0]);
+            _exit(rank_main(store_server_port(srv), r, world, iters, pfd[1]));
+        }
+    }
+    close(pfd[1]);
+    ssize_t got = read(pfd[0], res, sizeof(double) * NOPS * NSIZES);
+    close(pfd[0]);
+    int bad = got != (ssize_t)(sizeof(double) * NOPS * NSIZES);
+    for (int r = 0; r < world; r++) {
+        int st;
+        waitpid(pids[r], &st, 0);
+        bad |= !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+    }
+    store_server_stop(srv);
+    return bad;
+}
+
+/* Single-thread memcpy bandwidth (bytes copied per second) on 64 MiB. */
+static double memcpy_gbs(void)
+{
+    size_t b = 64u << 20;
+    char *s = malloc(b), *d = malloc(b);
+    memset(s, 1, b);
+    memset(d, 2, b);
+    double best = 1e30;
+    for (int i = 0; i < 7; i++) {
+        double t0 = now_s();
+        memcpy(d, s, b);
+        double t = now_s() - t0;
+        best = t < best ? t : best;
+        s[i] = d[b - 1 - (size_t)i]; /* keep the copies observable */
+    }
+    free(s);
+    free(d);
+    return (double)b / best / 1e9;
+}
+
+/* Runs gloo_coll.py at world 2 through torchrun and collects its busbw per op/size. */
+static void run_gloo(double gloo[NOPS][NSIZES])
+{
+    for (int op = 0; op < NOPS; op++)
+        for (int s = 0; s < NSIZES; s++)
+            gloo[op][s] = 0;
+    const char *src = getenv("FSDP_SOURCE_ROOT");
+    if (!src) {
+        printf("bench=gloo skipped=1 reason=no_FSDP_SOURCE_ROOT\n");
+        return;
+    }
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd),
+             "cd %s/../shared/anchors/torch && OMP_NUM_THREADS=1 timeout 600 /usr/bin/python3 torchrun.py "
+             "--standalone --nproc_per_node 2 gloo_coll.py --mib 1 16 64 2>/dev/null",
+             src);
+    FILE *p = popen(cmd, "r");
+    if (!p) {
+        printf("bench=gloo skipped=1 reason=popen\n");
+        return;
+    }
+    char line[512];
+    while (fgets(line, sizeof(line), p)) {
+        fputs(line, stdout);
+        char opn[32];
+        int w, mib;
+        double t, bw;
+        if (sscanf(line, "anchor=gloo op=%31s world=%d size_mib=%d time_ms=%lf busbw_gbs=%lf", opn, &w, &mib, &t,
+                   &bw) != 5)
+            continue;
+        for (int op = 0; op < NOPS; op++)
+            for (int s = 0; s < NSIZES; s++)
+                if (strcmp(opn, op_names[op]) == 0 && mib == sizes_mib[s])
+                    gloo[op][s] = bw;
+    }
+    pclose(p);
+}
+
+int main(int argc, char **argv)
+{
+    int iters = argc > 1 ? atoi(argv[1]) : 10;
+    if (iters < 1 || iters > 60)
+        iters = 10;
+    static const int worlds[] = {2, 4};
+    double res[2][NOPS][NSIZES];
+    for (int wi = 0; wi < 2; wi++) {
+        int W = worlds[wi];
+        if (run_world(W, iters, res[wi]) != 0) {
+            fprintf(stderr, "bench: world %d failed\n", W);
+            return 1;
+        }
+        for (int op = 0; op < NOPS; op++)
+            for (int s = 0; s < NSIZES; s++) {
+                double bytes = (double)((size_t)sizes_mib[s] << 20), t = res[wi][op][s];
+                double f = op == 2 ? 2.0 * (W - 1) / W : (double)(W - 1) / W;
+                printf("bench=%s backend=cpu world=%d size_mib=%d time_ms=%.3f busbw_gbs=%.2f\n", op_names[op], W,
+                       sizes_mib[s], t * 1e3, bytes * f / t / 1e9);
+            }
+    }
+    double mc = memcpy_gbs();
+    printf("bench=memcpy threads=1 size_mib=64 gbs=%.2f\n", mc);
+    fflush(stdout);
+    double gloo[NOPS][NSIZES];
+    run_gloo(gloo);
+    for (int op = 0; op < NOPS; op++)
+        for (int s = 0; s < NSIZES; s++) {
+            double bytes = (double)((size_t)sizes_mib[s] << 20), t = res[0][op][s];
+            double bw = bytes * (op == 2 ? 1.0 : 0.5) / t / 1e9; /* world 2 busbw */
+            printf("bench=ratio op=%s world=2 size_mib=%d vs_memcpy=%.2f", op_names[op], sizes_mib[s], bw / mc);
+            if (gloo[op][s] > 0)
+                printf(" vs_gloo=%.1f", bw / gloo[op][s]);
+            printf("\n");
+        }
+    return 0;
+}

@@ -1,0 +1,350 @@
+/* Collectives of the cpu backend on one host (shared memory), forced TCP, and 2 fake hosts x 2 ranks
+ * (shared memory + TCP): every op, dtype and reduction for counts 0, 1, a prime and a chunked size,
+ * compared bitwise with a reference computed in the documented order. */
+#include "comm_test_util.h"
+
+#include <math.h>
+
+static const enum comm_dtype dtypes[] = {COMM_F32, COMM_BF16, COMM_F16};
+static const size_t counts[] = {0, 1, 1009, 40009};
+
+struct coll_arg {
+    int hosts;
+};
+
+#define FAIL(...) do { fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); goto fail; } while (0)
+
+static int body_collectives(struct rank_ctx *c)
+{
+    const struct coll_arg *a = c->arg;
+    int W = c->size, r = c->rank, hosts = a ? a->hosts : 1, salt = 0;
+    void *in = NULL, *out = NULL;
+    for (size_t di = 0; di < 3; di++) {
+        enum comm_dtype dt = dtypes[di];
+        size_t es = comm_dtype_size(dt);
+        for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
+            size_t n = counts[ci], total = n * (size_t)W;
+            in = calloc(total + 1, es);
+            out = calloc(total + 1, es);
+            if (!in || !out)
+                FAIL("rank %d: out of memory", r);
+
+            /* all_gather, out of place then in place */
+            salt++;
+            for (size_t i = 0; i < n; i++)
+                tu_put(dt, in, i, tu_gen(r, i, salt));
+            if (comm_all_gather(c->comm, in, out, n, dt) != 0)
+                FAIL("rank %d: all_gather: %s", r, error_message());
+            for (int q = 0; q < W; q++)
+                for (size_t i = 0; i < n; i++)
+                    if (!tu_same(dt, out, (size_t)q * n + i, tu_round(dt, tu_gen(q, i, salt))))
+                        FAIL("rank %d: all_gather %s n=%zu: block %d elem %zu wrong", r, comm_dtype_name(dt), n,
+                             q, i);
+            salt++;
+            memset(out, 0, total * es);
+            for (size_t i = 0; i < n; i++)
+                tu_put(dt, out, (size_t)r * n + i, tu_gen(r, i, salt));
+            if (comm_all_gather(c->comm, (char *)out + (size_t)r * n * es, out, n, dt) != 0)
+                FAIL("rank %d: in-place all_gather: %s", r, error_message());
+            for (int q = 0; q < W; q++)
+                for (size_t i = 0; i < n; i++)
+                    if (!tu_same(dt, out, (size_t)q * n + i, tu_round(dt, tu_gen(q, i, salt))))
+                        FAIL("rank %d: in-place all_gather %s n=%zu: block %d elem %zu wrong", r,
+                             comm_dtype_name(dt), n, q, i);
+
+            for (enum comm_op op = COMM_SUM; op <= COMM_MAX; op++) {
+                /* all_reduce out of place, then in place */
+                salt++;
+                for (size_t i = 0; i < n; i++)
+                    tu_put(dt, in, i, tu_gen(r, i, salt));
+                if (comm_all_reduce(c->comm, in, out, n, dt, op) != 0)
+                    FAIL("rank %d: all_reduce: %s", r, error_message());
+                for (size_t i = 0; i < n; i++)
+                    if (!tu_same(dt, out, i, tu_ref_reduce(dt, op, W, hosts, NULL, i, salt)))
+                        FAIL("rank %d: all_reduce %s op %d n=%zu elem %zu: got %.9g want %.9g", r,
+                             comm_dtype_name(dt), op, n, i, (double)tu_get(dt, out, i),
+                             (double)tu_ref_reduce(dt, op, W, hosts, NULL, i, salt));
+                if (comm_all_reduce(c->comm, in, in, n, dt, op) != 0)
+                    FAIL("rank %d: in-place all_reduce: %s", r, error_message());
+                if (memcmp(in, out, n * es) != 0)
+                    FAIL("rank %d: in-place all_reduce %s op %d differs from out of place", r, comm_dtype_name(dt),
+                         op);
+
+                /* reduce_scatter: rank r's input element j is gen(r, j); output i = reduce of j = r*n+i */
+                salt++;
+                for (size_t j = 0; j < total; j++)
+                    tu_put(dt, in, j, tu_gen(r, j, salt));
+                if (comm_reduce_scatter(c->comm, in, out, n, dt, op) != 0)
+                    FAIL("rank %d: reduce_scatter: %s", r, error_message());
+                for (size_t i = 0; i < n; i++)
+                    if (!tu_same(dt, out, i, tu_ref_reduce(dt, op, W, hosts, NULL, (size_t)r * n + i, salt)))
+                        FAIL("rank %d: reduce_scatter %s op %d n=%zu elem %zu: got %.9g want %.9g", r,
+                             comm_dtype_name(dt), op, n, i, (double)tu_get(dt, out, i),
+                             (double)tu_ref_reduce(dt, op, W, hosts, NULL, (size_t)r * n + i, salt));
+            }
+
+            /* broadcast from a root that moves with the count */
+            salt++;
+            int root = (int)(ci % (size_t)W);
+            for (size_t i = 0; i < n; i++)
+                tu_put(dt, out, i, tu_gen(r, i, salt));
+            if (comm_broadcast(c->comm, out, n, dt, root) != 0)
+                FAIL("rank %d: broadcast: %s", r, error_message());
+            for (size_t i = 0; i < n; i++)
+                if (!tu_same(dt, out, i, tu_round(dt, tu_gen(root, i, salt))))
+                    FAIL("rank %d: broadcast %s n=%zu root %d elem %zu wrong", r, comm_dtype_name(dt), n, root, i);
+            if (comm_barrier(c->comm) != 0)
+                FAIL("rank %d: barrier: %s", r, error_message());
+            free(in);
+            free(out);
+            in = out = NULL;
+        }
+    }
+    return 0;
+fail:
+    free(in);
+    free(out);
+    return 1;
+}
+
+static void run_collectives(int world, int hosts, bool force_tcp)
+{
+    int st[MAX_RANKS];
+    struct coll_arg a = {.hosts = force_tcp ? world : hosts};
+    struct run_opts o = {.hosts = hosts, .force_tcp = force_tcp, .limit_s = 150};
+    run_ranks(world, body_collectives, &a, &o, st);
+    assert_all_ok(world, st);
+}
+
+Test(comm_shm, world1, .timeout = 180) { run_collectives(1, 1, false); }
+Test(comm_shm, world2, .timeout = 180) { run_collectives(2, 1, false); }
+Test(comm_shm, world3, .timeout = 180) { run_collectives(3, 1, false); }
+Test(comm_shm, world4, .timeout = 180) { run_collectives(4, 1, false); }
+Test(comm_shm, world5, .timeout = 180) { run_collectives(5, 1, false); }
+Test(comm_shm, world8, .timeout = 180) { run_collectives(8, 1, false); }
+Test(comm_tcp, forced_world2, .timeout = 180) { run_collectives(2, 1, true); }
+Test(comm_tcp, forced_world3, .timeout = 180) { run_collectives(3, 1, true); }
+Test(comm_hier, hosts2_x_ranks2, .timeout = 180) { run_collectives(4, 2, false); }
+Test(comm_hier, hosts2_x_ranks3, .timeout = 180) { run_collectives(6, 2, false); }
+
+/* 64 MiB through the default (1 MiB) slots: all_reduce f32 sum and an all_gather filling 64 MiB. */
+static int body_large(struct rank_ctx *c)
+{
+    size_t n = (64u << 20) / 4, W = (size_t)c->size, per = n / W;
+    float *buf = malloc(n * 4), *out = malloc(n * 4);
+    int rc = 1;
+    if (!buf || !out)
+        goto done;
+    for (size_t i = 0; i < n; i++)
+        buf[i] = tu_gen(c->rank, i, 7);
+    if (comm_all_reduce(c->comm, buf, buf, n, COMM_F32, COMM_SUM) != 0) {
+        fprintf(stderr, "rank %d: all_reduce 64 MiB: %s\n", c->rank, error_message());
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        float ref = tu_ref_reduce(COMM_F32, COMM_SUM, c->size, 1, NULL, i, 7);
+        if (memcmp(&buf[i], &ref, 4) != 0) {
+            fprintf(stderr, "rank %d: 64 MiB all_reduce elem %zu: %.9g != %.9g\n", c->rank, i, (double)buf[i],
+                    (double)ref);
+            goto done;
+        }
+    }
+    for (size_t i = 0; i < per; i++)
+        buf[i] = (float)(c->rank * 1000003 + (int)(i % 1000003));
+    if (comm_all_gather(c->comm, buf, out, per, COMM_F32) != 0) {
+        fprintf(stderr, "rank %d: all_gather 64 MiB: %s\n", c->rank, error_message());
+        goto done;
+    }
+    for (size_t q = 0; q < W; q++)
+        for (size_t i = 0; i < per; i++)
+            if (out[q * per + i] != (float)((int)q * 1000003 + (int)(i % 1000003))) {
+                fprintf(stderr, "rank %d: 64 MiB all_gather block %zu elem %zu wrong\n", c->rank, q, i);
+                goto done;
+            }
+    rc = 0;
+done:
+    free(buf);
+    free(out);
+    return rc;
+}
+
+Test(comm_shm, large_64mib_world2, .timeout = 180)
+{
+    int st[MAX_RANKS];
+    struct run_opts o = {.slot_kib = "1024", .limit_s = 150};
+    run_ranks(2, body_large, NULL, &o, st);
+    assert_all_ok(2, st);
+}
+
+/* 1000 asynchronous operations issued back to back finish in issue order with the right results. */
+static int body_async(struct rank_ctx *c)
+{
+    enum { N = 1000, CNT = 37 };
+    float *bufs = malloc(sizeof(float) * N * CNT);
+    struct comm_work **w = calloc(N, sizeof(*w));
+    int rc = 1;
+    if (!bufs || !w)
+        goto done;
+    for (int k = 0; k < N; k++) {
+        for (int i = 0; i < CNT; i++)
+            bufs[k * CNT + i] = tu_gen(c->rank, (size_t)i, k);
+        if (comm_all_reduce_async(c->comm, &bufs[k * CNT], &bufs[k * CNT], CNT, COMM_F32, COMM_SUM, &w[k]) != 0) {
+            fprintf(stderr, "rank %d: issue %d: %s\n", c->rank, k, error_message());
+            goto done;
+        }
+        if (comm_work_seq(w[k]) != (uint64_t)k + 1) {
+            fprintf(stderr, "rank %d: op %d has seq %llu\n", c->rank, k, (unsigned long long)comm_work_seq(w[k]));
+            goto done;
+        }
+    }
+    /* Whenever an op is done, every op issued before it is done too. */
+    for (int probe = 0; probe < 50; probe++) {
+        int k = (probe * 397) % N;
+        bool done_k = false, done_j = false;
+        comm_work_test(w[k], &done_k);
+        if (done_k)
+            for (int j = 0; j < k; j++) {
+                comm_work_test(w[j], &done_j);
+                if (!done_j) {
+                    fprintf(stderr, "rank %d: op %d done before op %d\n", c->rank, k, j);
+                    goto done;
+                }
+            }
+    }
+    for (int k = N - 1; k >= 0; k--) {
+        /* Waiting in reverse: the last one done implies all are. */
+        if (comm_work_wait(w[k]) != 0) {
+            fprintf(stderr, "rank %d: op %d: %s\n", c->rank, k, error_message());
+            w[k] = NULL;
+            goto done;
+        }
+        w[k] = NULL;
+    }
+    for (int k = 0; k < N; k++)
+        for (int i = 0; i < CNT; i++) {
+            float ref = tu_ref_reduce(COMM_F32, COMM_SUM, c->size, 1, NULL, (size_t)i, k);
+            if (memcmp(&bufs[k * CNT + i], &ref, 4) != 0) {
+                fprintf(stderr, "rank %d: op %d elem %d wrong\n", c->rank, k, i);
+                goto done;
+            }
+        }
+    rc = 0;
+done:
+    if (w)
+        for (int k = 0; k < N; k++)
+            if (w[k])
+                comm_work_wait(w[k]);
+    free(w);
+    free(bufs);
+    return rc;
+}
+
+Test(comm_async, thousand_in_order_world4, .timeout = 180)
+{
+    int st[MAX_RANKS];
+    struct run_opts o = {.limit_s = 150};
+    run_ranks(4, body_async, NULL, &o, st);
+    assert_all_ok(4, st);
+}
+
+/* Sub-groups as HYBRID_SHARD builds them: shard groups of consecutive ranks, replicate groups across. */
+static int body_split(struct rank_ctx *c)
+{
+    int W = c->size, r = c->rank, shard = 2;
+    struct comm *sg = NULL, *rg = NULL, *none = (struct comm *)1;
+    int rc = 1;
+    if (comm_split(c->comm, r / shard, r, &sg) != 0 || comm_split(c->comm, r % shard, -r, &rg) != 0 ||
+        comm_split(c->comm, r == 0 ? 0 : COMM_SPLIT_NONE, 0, &none) != 0) {
+        fprintf(stderr, "rank %d: split: %s\n", r, error_message());
+        goto done;
+    }
+    if (comm_size(sg) != shard || comm_rank(sg) != r % shard) {
+        fprintf(stderr, "rank %d: shard group rank %d size %d\n", r, comm_rank(sg), comm_size(sg));
+        goto done;
+    }
+    /* key = -rank orders the replicate group by descending old rank */
+    int members[MAX_RANKS], m = 0;
+    for (int q = W - 1; q >= 0; q--)
+        if (q % shard == r % shard)
+            members[m++] = q;
+    if (comm_size(rg) != m || members[comm_rank(rg)] != r) {
+        fprintf(stderr, "rank %d: replicate group rank %d size %d\n", r, comm_rank(rg), comm_size(rg));
+        goto done;
+    }
+    if ((r == 0) != (none != NULL)) {
+        fprintf(stderr, "rank %d: COMM_SPLIT_NONE gave %p\n", r, (void *)none);
+        goto done;
+    }
+    if (none && comm_size(none) != 1)
+        goto done;
+    float v[101], ref;
+    for (int i = 0; i < 101; i++)
+        v[i] = tu_gen(r, (size_t)i, 3);
+    if (comm_all_reduce(rg, v, v, 101, COMM_F32, COMM_SUM) != 0) {
+        fprintf(stderr, "rank %d: replicate all_reduce: %s\n", r, error_message());
+        goto done;
+    }
+    for (int i = 0; i < 101; i++) {
+        ref = tu_ref_reduce(COMM_F32, COMM_SUM, m, 1, members, (size_t)i, 3);
+        if (memcmp(&ref, &v[i], 4) != 0) {
+            fprintf(stderr, "rank %d: replicate sum elem %d: %.9g != %.9g\n", r, i, (double)v[i], (double)ref);
+            goto done;
+        }
+    }
+    float g[2] = {0, 0}, mine = (float)r;
+    if (comm_all_gather(sg, &mine, g, 1, COMM_F32) != 0 || g[0] != (float)(r / shard * shard) ||
+        g[1] != (float)(r / shard * shard + 1)) {
+        fprintf(stderr, "rank %d: shard all_gather %g %g: %s\n", r, (double)g[0], (double)g[1], error_message());
+        goto done;
+    }
+    rc = 0;
+done:
+    comm_destroy(sg);
+    comm_destroy(rg);
+    if (none != (struct comm *)1)
+        comm_destroy(none);
+    return rc;
+}
+
+Test(comm_split, hybrid_groups_world6, .timeout = 180)
+{
+    int st[MAX_RANKS];
+    struct run_opts o = {.limit_s = 150};
+    run_ranks(6, body_split, NULL, &o, st);
+    assert_all_ok(6, st);
+}
+
+/* Point to point around a ring, 1 MiB, even ranks send first so the pairs never both block in send. */
+static int body_sendrecv(struct rank_ctx *c)
+{
+    size_t n = 1u << 18;
+    int r = c->rank, W = c->size, next = (r + 1) % W, prev = (r + W - 1) % W, rc;
+    float *s = malloc(n * 4), *d = malloc(n * 4);
+    for (size_t i = 0; i < n; i++)
+        s[i] = tu_gen(r, i, 9);
+    if (r % 2 == 0) {
+        rc = comm_send(c->comm, s, n, COMM_F32, next);
+        rc = rc ? rc : comm_recv(c->comm, d, n, COMM_F32, prev);
+    } else {
+        rc = comm_recv(c->comm, d, n, COMM_F32, prev);
+        rc = rc ? rc : comm_send(c->comm, s, n, COMM_F32, next);
+    }
+    if (rc)
+        fprintf(stderr, "rank %d: send/recv: %s\n", r, error_message());
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        if (d[i] != tu_gen(prev, i, 9)) {
+            fprintf(stderr, "rank %d: recv elem %zu wrong\n", r, i);
+            rc = 1;
+        }
+    int bad = comm_send(c->comm, s, 1, COMM_F32, r) == 0; /* to self: refused */
+    free(s);
+    free(d);
+    return rc || bad;
+}
+
+Test(comm_p2p, ring_world4, .timeout = 120)
+{
+    int st[MAX_RANKS];
+    run_ranks(4, body_sendrecv, NULL, NULL, st);
+    assert_all_ok(4, st);
+}

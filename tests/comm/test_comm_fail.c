@@ -1,0 +1,116 @@
+/* Failures: a rank SIGKILLed mid-run, or stuck, makes every other rank fail within the timeout with an
+ * error that names it, the collective and its sequence number; nothing is left in /dev/shm. */
+#include "comm_test_util.h"
+
+#include <dirent.h>
+#include <signal.h>
+
+struct fail_arg {
+    int victim;
+    bool stuck; /* sleep instead of dying */
+    double max_s;
+};
+
+/* Two good all_reduces, then the victim dies (or hangs) and the others' third must fail naming it. */
+static int body_victim(struct rank_ctx *c)
+{
+    const struct fail_arg *a = c->arg;
+    float v[4099] = {0};
+    for (int k = 0; k < 2; k++)
+        if (comm_all_reduce(c->comm, v, v, 4099, COMM_F32, COMM_SUM) != 0) {
+            fprintf(stderr, "rank %d: warm-up all_reduce: %s\n", c->rank, error_message());
+            return 1;
+        }
+    if (c->rank == a->victim) {
+        if (a->stuck) {
+            sleep((unsigned)a->max_s / 2); /* past the others' timeout, then die like a killed rank */
+            raise(SIGKILL);
+        }
+        raise(SIGKILL);
+    }
+    double t0 = tu_now();
+    int rc = comm_all_reduce(c->comm, v, v, 4099, COMM_F32, COMM_SUM);
+    double dt = tu_now() - t0;
+    char want[32];
+    snprintf(want, sizeof(want), "rank %d", a->victim);
+    const char *msg = error_message();
+    if (rc == 0 || !strstr(msg, "all_reduce #3") || !strstr(msg, "group 'world'") || !strstr(msg, want) ||
+        dt > a->max_s) {
+        fprintf(stderr, "rank %d: rc %d after %.1f s, message: %s\n", c->rank, rc, dt, msg);
+        return 1;
+    }
+    /* Broken from now on: the next call fails at once with the first error. */
+    if (comm_barrier(c->comm) == 0 || !strstr(error_message(), "earlier")) {
+        fprintf(stderr, "rank %d: barrier after failure: %s\n", c->rank, error_message());
+        return 1;
+    }
+    fprintf(stderr, "rank %d (expected failure, %.1f s): %s\n", c->rank, dt, msg);
+    return 0;
+}
+
+static int shm_leftovers(const char *run_id)
+{
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strstr(e->d_name, run_id))
+            n++;
+    closedir(d);
+    return n;
+}
+
+static void run_victim(int world, int victim, bool stuck, bool force_tcp, int hosts, double timeout_s,
+                       double max_s)
+{
+    char run_id[64];
+    snprintf(run_id, sizeof(run_id), "fail%d-%d", (int)getpid(), victim);
+    struct fail_arg a = {.victim = victim, .stuck = stuck, .max_s = max_s};
+    struct run_opts o = {.run_id = run_id, .timeout_s = timeout_s, .force_tcp = force_tcp, .hosts = hosts,
+                         .limit_s = max_s + 30};
+    int st[MAX_RANKS];
+    run_ranks(world, body_victim, &a, &o, st);
+    for (int r = 0; r < world; r++) {
+        if (r == victim)
+            cr_assert(WIFSIGNALED(st[r]) && WTERMSIG(st[r]) == SIGKILL, "victim status 0x%x", st[r]);
+        else
+            cr_assert(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "rank %d did not report the failure (0x%x)",
+                      r, st[r]);
+    }
+    cr_assert_eq(shm_leftovers(run_id), 0, "/dev/shm still holds a segment of run %s", run_id);
+}
+
+/* Dead peers are noticed from their pid (shm) or the closed socket (TCP), long before the timeout. */
+Test(comm_fail, killed_rank_shm_world4, .timeout = 100) { run_victim(4, 3, false, false, 1, 30, 20); }
+Test(comm_fail, killed_leader_shm_world3, .timeout = 100) { run_victim(3, 0, false, false, 1, 30, 20); }
+Test(comm_fail, killed_rank_tcp_world3, .timeout = 100) { run_victim(3, 1, false, true, 1, 30, 20); }
+Test(comm_fail, killed_rank_hier_2x2, .timeout = 100) { run_victim(4, 2, false, false, 2, 30, 20); }
+/* A live but stuck rank: the others give up at the timeout (3 s) and name it. */
+Test(comm_fail, stuck_rank_times_out_world3, .timeout = 100) { run_victim(3, 1, true, false, 1, 3, 20); }
+
+static int body_bad_args(struct rank_ctx *c)
+{
+    float x = 0;
+    int bad = 0;
+    bad |= comm_broadcast(c->comm, &x, 1, COMM_F32, c->size) != FSDP_EINVAL;
+    bad |= comm_send(c->comm, &x, 1, COMM_F32, c->rank) != FSDP_EINVAL;
+    bad |= comm_all_reduce(c->comm, NULL, NULL, 5, COMM_F32, COMM_SUM) != FSDP_EINVAL;
+    bad |= comm_all_reduce(c->comm, NULL, NULL, 0, COMM_F32, COMM_SUM) != 0; /* count 0: nothing to touch */
+    struct comm *dup = NULL;
+    bad |= comm_create(c->store, 0, 1, "bad/name", NULL, &dup) != FSDP_EINVAL;
+    struct comm_options o = {.backend = "carrier-pigeon", .generation = -1, .device = -1};
+    bad |= comm_create(c->store, 0, 1, "x", &o, &dup) != FSDP_EINVAL;
+    bad |= strcmp(comm_backend_name(c->comm), "cpu") != 0 || strcmp(comm_group(c->comm), "world") != 0;
+    if (bad)
+        fprintf(stderr, "rank %d: argument checks failed: %s\n", c->rank, error_message());
+    return bad;
+}
+
+Test(comm_fail, bad_arguments, .timeout = 60)
+{
+    int st[MAX_RANKS];
+    run_ranks(2, body_bad_args, NULL, NULL, st);
+    assert_all_ok(2, st);
+}
