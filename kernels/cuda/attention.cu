@@ -1,0 +1,411 @@
+/* Causal multi-head attention, flash-attention style, in fp32 on CUDA cores (no t x t matrix anywhere;
+ * O(t) memory per head: the lse saved by forward and a D = rowsum(dO * O) vector in backward).
+ *
+ * Tiles are 32 x 32 (one key or one query per lane). A block of 8 warps owns 32 rows; each warp owns 4
+ * of them. Per tile, the block stages 32 rows of K and V (forward, dQ) or of Q and dO (dK/dV) in shared
+ * memory; a lane computes the score of "its" key (or query) against the warp's row as a dot product over
+ * a padded shared row (stride hs+1: the 32 lanes hit 32 different banks), the warp does the online
+ * softmax with shuffles, and the output row is accumulated in registers with lane d owning head
+ * dimensions d, d+32, ... (DPL = ceil(hs/32) of them). hs up to 256 is supported.
+ *
+ * Backward is two kernels, both deterministic without atomics: dQ (blocks over query rows, looping over
+ * key tiles, like forward) and dK/dV (blocks over key rows, looping over query tiles). Each recomputes the
+ * probabilities from q, k and lse, which costs a second QK^T but writes every gradient element from
+ * exactly one thread. */
+#include <math.h>
+
+#include "kernels/cuda/cuda.h"
+
+#define ATT_TILE 32                         /* keys (or queries) per shared tile = lanes per warp */
+#define ATT_WARPS 8
+#define ATT_ROWS_PER_WARP (ATT_TILE / ATT_WARPS)
+#define ATT_THREADS (ATT_WARPS * 32)
+#define ATT_MAX_HS 256
+
+/* Forward. grid (query tiles, b*nh); heaviest (last) query tiles are launched first so the causal
+ * triangle's long blocks do not trail at the end. */
+template <int DPL>
+__global__ void __launch_bounds__(ATT_THREADS)
+    att_forward_kernel(float *out, float *lse, const float *qkv, int t, int c, int nh, float scale)
+{
+    extern __shared__ float sm[];
+    const int hs = c / nh, hp = hs + 1, ld = 3 * c;
+    float *qs = sm, *ks = qs + ATT_TILE * hs, *vs = ks + ATT_TILE * hp;
+    const int pair = blockIdx.y, bi = pair / nh, h = pair % nh;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * ATT_TILE;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float *base = qkv + (size_t)bi * t * ld + (size_t)h * hs;
+
+    for (int idx = threadIdx.x; idx < ATT_TILE * hs; idx += ATT_THREADS) {
+        int r = idx / hs, d = idx % hs;
+        qs[idx] = q0 + r < t ? base[(size_t)(q0 + r) * ld + d] : 0.0f;
+    }
+    float m[ATT_ROWS_PER_WARP], l[ATT_ROWS_PER_WARP], o[ATT_ROWS_PER_WARP][DPL];
+#pragma unroll
+    for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
+        m[rr] = -INFINITY;
+        l[rr] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++)
+            o[rr][i] = 0.0f;
+    }
+    const int q_last = min(q0 + ATT_TILE, t) - 1;
+    for (int k0 = 0; k0 <= q_last; k0 += ATT_TILE) {
+        __syncthreads(); /* the previous tile is no longer read */
+        for (int idx = threadIdx.x; idx < ATT_TILE * hs; idx += ATT_THREADS) {
+            int r = idx / hs, d = idx % hs;
+            bool in = k0 + r < t;
+            const float *row = base + (size_t)(k0 + r) * ld;
+            ks[r * hp + d] = in ? row[c + d] : 0.0f;
+            vs[r * hs + d] = in ? row[2 * c + d] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
+            const int r = warp * ATT_ROWS_PER_WARP + rr, qi = q0 + r;
+            if (qi >= t || k0 > qi)
+                continue; /* warp-uniform */
+            const float *qrow = qs + r * hs, *krow = ks + lane * hp;
+            float s = 0.0f;
+            for (int d = 0; d < hs; d++)
+                s += qrow[d] * krow[d];
+            s *= scale;
+            const bool valid = k0 + lane <= qi;
+            const float mx = cuda_warp_max(valid ? s : -INFINITY); /* finite: key k0 <= qi is valid */
+            const float m_new = fmaxf(m[rr], mx);
+            const float p = valid ? __expf(s - m_new) : 0.0f;
+            const float alpha = __expf(m[rr] - m_new); /* 0 on the first tile, where m is -inf */
+            l[rr] = l[rr] * alpha + cuda_warp_sum(p);
+            m[rr] = m_new;
+            const int jmax = min(ATT_TILE, qi - k0 + 1);
+#pragma unroll
+            for (int i = 0; i < DPL; i++)
+                o[rr][i] *= alpha;
+            for (int j = 0; j < jmax; j++) {
+                const float pj = __shfl_sync(0xffffffffu, p, j);
+#pragma unroll
+                for (int i = 0; i < DPL; i++) {
+                    const int d = lane + 32 * i;
+                    if (d < hs)
+                        o[rr][i] += pj * vs[j * hs + d];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
+        const int qi = q0 + warp * ATT_ROWS_PER_WARP + rr;
+        if (qi >= t)
+            continue;
+        const float inv = 1.0f / l[rr];
+        float *orow = out + ((size_t)bi * t + qi) * c + (size_t)h * hs;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            const int d = lane + 32 * i;
+            if (d < hs)
+                orow[d] = o[rr][i] * inv;
+        }
+        if (lane == 0)
+            lse[(size_t)pair * t + qi] = m[rr] + logf(l[rr]);
+    }
+}
+
+/* D[pair, i] = dO_i . O_i, one warp per (row, head). */
+__global__ void att_rowdot_kernel(float *dsum, const float *dout, const float *out, int b, int t, int c, int nh)
+{
+    const int hs = c / nh, lane = threadIdx.x & 31;
+    const size_t w = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5, total = (size_t)b * nh * t;
+    if (w >= total)
+        return;
+    const int qi = (int)(w % t), pair = (int)(w / t), bi = pair / nh, h = pair % nh;
+    const size_t off = ((size_t)bi * t + qi) * c + (size_t)h * hs;
+    float s = 0.0f;
+    for (int d = lane; d < hs; d += 32)
+        s += dout[off + d] * out[off + d];
+    s = cuda_warp_sum(s);
+    if (lane == 0)
+        dsum[w] = s;
+}
+
+/* dQ: blocks over query tiles (as forward), looping over key tiles. */
+template <int DPL>
+__global__ void __launch_bounds__(ATT_THREADS)
+    att_backward_dq_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *dsum,
+                           int t, int c, int nh, float scale)
+{
+    extern __shared__ float sm[];
+    const int hs = c / nh, hp = hs + 1, ld = 3 * c;
+    float *qs = sm, *dos = qs + ATT_TILE * hs, *ks = dos + ATT_TILE * hs, *vs = ks + ATT_TILE * hp;
+    const int pair = blockIdx.y, bi = pair / nh, h = pair % nh;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * ATT_TILE;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float *base = qkv + (size_t)bi * t * ld + (size_t)h * hs;
+    const float *dobase = dout + (size_t)bi * t * c + (size_t)h * hs;
+
+    for (int idx = threadIdx.x; idx < ATT_TILE * hs; idx += ATT_THREADS) {
+        int r = idx / hs, d = idx % hs;
+        bool in = q0 + r < t;
+        qs[idx] = in ? base[(size_t)(q0 + r) * ld + d] : 0.0f;
+        dos[idx] = in ? dobase[(size_t)(q0 + r) * c + d] : 0.0f;
+    }
+    float dq[ATT_ROWS_PER_WARP][DPL], row_lse[ATT_ROWS_PER_WARP], row_d[ATT_ROWS_PER_WARP];
+#pragma unroll
+    for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
+        const int qi = q0 + warp * ATT_ROWS_PER_WARP + rr;
+        row_lse[rr] = qi < t ? lse[(size_t)pair * t + qi] : 0.0f;
+        row_d[rr] = qi < t ? dsum[(size_t)pair * t + qi] : 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++)
+            dq[rr][i] = 0.0f;
+    }
+    const int q_last = min(q0 + ATT_TILE, t) - 1;
+    for (int k0 = 0; k0 <= q_last; k0 += ATT_TILE) {
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < ATT_TILE * hs; idx += ATT_THREADS) {
+            int r = idx / hs, d = idx % hs;
+            bool in = k0 + r < t;
+            const float *row = base + (size_t)(k0 + r) * ld;
+            ks[r * hp + d] = in ? row[c + d] : 0.0f;
+            vs[r * hp + d] = in ? row[2 * c + d] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
+            const int r = warp * ATT_ROWS_PER_WARP + rr, qi = q0 + r;
+            if (qi >= t || k0 > qi)
+                continue;
+            const float *qrow = qs + r * hs, *dorow = dos + r * hs, *krow = ks + lane * hp, *vrow = vs + lane * hp;
+            float s = 0.0f, dp = 0.0f;
+            for (int d = 0; d < hs; d++) {
+                s += qrow[d] * krow[d];
+                dp += dorow[d] * vrow[d];
+            }
+            const bool valid = k0 + lane <= qi;
+            const float p = valid ? __expf(s * scale - row_lse[rr]) : 0.0f;
+            const float ds = p * (dp - row_d[rr]) * scale;
+            const int jmax = min(ATT_TILE, qi - k0 + 1);
+            for (int j = 0; j < jmax; j++) {
+                const float dsj = __shfl_sync(0xffffffffu, ds, j);
+#pragma unroll
+                for (int i = 0; i < DPL; i++) {
+                    const int d = lane + 32 * i;
+                    if (d < hs)
+                        dq[rr][i] += dsj * ks[j * hp + d];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
+        const int qi = q0 + warp * ATT_ROWS_PER_WARP + rr;
+        if (qi >= t)
+            continue;
+        float *g = dqkv + ((size_t)bi * t + qi) * ld + (size_t)h * hs;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            const int d = lane + 32 * i;
+            if (d < hs)
+                g[d] += dq[rr][i];
+        }
+    }
+}
+
+/* dK and dV: blocks over key tiles (the first keys see the most queries, so they launch first), looping
+ * over the query tiles at or after the key tile. */
+template <int DPL>
+__global__ void __launch_bounds__(ATT_THREADS)
+    att_backward_dkv_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *dsum,
+                            int t, int c, int nh, float scale)
+{
+    extern __shared__ float sm[];
+    const int hs = c / nh, hp = hs + 1, ld = 3 * c;
+    float *kb = sm, *vb = kb + ATT_TILE * hs, *qt = vb + ATT_TILE * hs, *dot = qt + ATT_TILE * hp;
+    float *lse_t = dot + ATT_TILE * hp, *d_t = lse_t + ATT_TILE;
+    const int pair = blockIdx.y, bi = pair / nh, h = pair % nh;
+    const int k0 = blockIdx.x * ATT_TILE;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float *base = qkv + (size_t)bi * t * ld + (size_t)h * hs;
+    const float *dobase = dout + (size_t)bi * t * c + (size_t)h * hs;
+
+    for (int idx = threadIdx.x; idx < ATT_TILE * hs; idx += ATT_THREADS) {
+        int r = idx / hs, d = idx % hs;
+        bool in = k0 + r < t;
+        const float *row = base + (size_t)(k0 + r) * ld;
+        kb[idx] = in ? row[c + d] : 0.0f;
+        vb[idx] = in ? row[2 * c + d] : 0.0f;
+    }
+    float dk[ATT_ROWS_PER_WARP][DPL], dv[ATT_ROWS_PER_WARP][DPL];
+#pragma unroll
+    for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++)
+#pragma unroll
+        for (int i = 0; i < DPL; i++)
+            dk[rr][i] = dv[rr][i] = 0.0f;
+    for (int q0 = k0; q0 < t; q0 += ATT_TILE) {
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < ATT_TILE * hs; idx += ATT_THREADS) {
+            int r = idx / hs, d = idx % hs;
+            bool in = q0 + r < t;
+            qt[r * hp + d] = in ? base[(size_t)(q0 + r) * ld + d] : 0.0f;
+            dot[r * hp + d] = in ? dobase[(size_t)(q0 + r) * c + d] : 0.0f;
+        }
+        if (threadIdx.x < ATT_TILE) {
+            int qi = q0 + threadIdx.x;
+            lse_t[threadIdx.x] = qi < t ? lse[(size_t)pair * t + qi] : 0.0f;
+            d_t[threadIdx.x] = qi < t ? dsum[(size_t)pair * t + qi] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
+            const int r = warp * ATT_ROWS_PER_WARP + rr, kj = k0 + r;
+            if (kj >= t)
+                continue;
+            const int qi = q0 + lane;
+            const float *krow = kb + r * hs, *vrow = vb + r * hs, *qrow = qt + lane * hp, *dorow = dot + lane * hp;
+            float s = 0.0f, dp = 0.0f;
+            for (int d = 0; d < hs; d++) {
+                s += qrow[d] * krow[d];
+                dp += dorow[d] * vrow[d];
+            }
+            const bool valid = qi >= kj && qi < t;
+            const float p = valid ? __expf(s * scale - lse_t[lane]) : 0.0f;
+            const float ds = p * (dp - d_t[lane]) * scale;
+            const int j0 = max(0, kj - q0), j1 = min(ATT_TILE, t - q0);
+            for (int j = j0; j < j1; j++) {
+                const float pj = __shfl_sync(0xffffffffu, p, j), dsj = __shfl_sync(0xffffffffu, ds, j);
+#pragma unroll
+                for (int i = 0; i < DPL; i++) {
+                    const int d = lane + 32 * i;
+                    if (d < hs) {
+                        dv[rr][i] += pj * dot[j * hp + d];
+                        dk[rr][i] += dsj * qt[j * hp + d];
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
+        const int kj = k0 + warp * ATT_ROWS_PER_WARP + rr;
+        if (kj >= t)
+            continue;
+        float *g = dqkv + ((size_t)bi * t + kj) * ld + (size_t)h * hs;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            const int d = lane + 32 * i;
+            if (d < hs) {
+                g[c + d] += dk[rr][i];
+                g[2 * c + d] += dv[rr][i];
+            }
+        }
+    }
+}
+
+static int check_shape(const char *op, int b, int t, int c, int nh)
+{
+    if (b < 0 || t < 0 || c <= 0 || nh <= 0 || c % nh != 0)
+        return error_set(FSDP_EINVAL, "kernels cuda: %s: bad shape b=%d t=%d c=%d nh=%d (c %% nh must be 0)", op,
+                         b, t, c, nh);
+    if (c / nh > ATT_MAX_HS)
+        return error_set(FSDP_EUNSUPPORTED, "kernels cuda: %s: head size %d is above the supported %d", op, c / nh,
+                         ATT_MAX_HS);
+    if ((long)b * nh > 65535)
+        return error_set(FSDP_EUNSUPPORTED, "kernels cuda: %s: b*nh = %ld is above 65535 (grid limit)", op,
+                         (long)b * nh);
+    return 0;
+}
+
+/* Launches kern with its dynamic shared memory, opting in above the 48 KiB default when needed. */
+template <typename K> static int att_prepare(const char *op, K kern, size_t smem)
+{
+    if (smem > (size_t)cuda_ctx.smem_optin)
+        return error_set(FSDP_EUNSUPPORTED, "kernels cuda: %s: needs %zu bytes of shared memory per block, the "
+                         "device allows %d", op, smem, cuda_ctx.smem_optin);
+    if (smem > 48 * 1024)
+        return cuda_check(op, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    return 0;
+}
+
+template <int DPL> static int att_forward_launch(float *out, float *lse, const float *qkv, int b, int t, int c, int nh)
+{
+    const int hs = c / nh;
+    size_t smem = (size_t)ATT_TILE * (2 * hs + hs + 1) * sizeof(float);
+    int rc = att_prepare("attention_forward", att_forward_kernel<DPL>, smem);
+    if (rc)
+        return rc;
+    dim3 grid((t + ATT_TILE - 1) / ATT_TILE, b * nh);
+    att_forward_kernel<DPL><<<grid, ATT_THREADS, smem, cuda_ctx.stream>>>(out, lse, qkv, t, c, nh,
+                                                                          1.0f / sqrtf((float)hs));
+    return cuda_check_launch("attention_forward");
+}
+
+template <int DPL>
+static int att_backward_launch(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *dsum,
+                               int b, int t, int c, int nh)
+{
+    const int hs = c / nh;
+    const float scale = 1.0f / sqrtf((float)hs);
+    size_t smem_dq = (size_t)ATT_TILE * (2 * hs + 2 * (hs + 1)) * sizeof(float);
+    size_t smem_dkv = (size_t)ATT_TILE * (2 * hs + 2 * (hs + 1) + 2) * sizeof(float);
+    int rc;
+    if ((rc = att_prepare("attention_backward dq", att_backward_dq_kernel<DPL>, smem_dq)) ||
+        (rc = att_prepare("attention_backward dk/dv", att_backward_dkv_kernel<DPL>, smem_dkv)))
+        return rc;
+    dim3 grid((t + ATT_TILE - 1) / ATT_TILE, b * nh);
+    att_backward_dq_kernel<DPL><<<grid, ATT_THREADS, smem_dq, cuda_ctx.stream>>>(dqkv, dout, qkv, lse, dsum, t, c,
+                                                                                 nh, scale);
+    if ((rc = cuda_check_launch("attention_backward dq")))
+        return rc;
+    att_backward_dkv_kernel<DPL><<<grid, ATT_THREADS, smem_dkv, cuda_ctx.stream>>>(dqkv, dout, qkv, lse, dsum, t,
+                                                                                   c, nh, scale);
+    return cuda_check_launch("attention_backward dk/dv");
+}
+
+size_t cuda_attention_workspace_bytes(int b, int t, int c, int nh)
+{
+    (void)c;
+    if (b <= 0 || t <= 0 || nh <= 0)
+        return 64;
+    /* Backward's D = rowsum(dO * O), one float per (batch, head, position); forward needs none. */
+    return (size_t)b * nh * t * sizeof(float);
+}
+
+int cuda_attention_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, void *workspace)
+{
+    (void)workspace;
+    int rc = check_shape("attention_forward", b, t, c, nh);
+    if (rc || b == 0 || t == 0)
+        return rc;
+    const int hs = c / nh;
+    if (hs <= 32)
+        return att_forward_launch<1>(out, lse, qkv, b, t, c, nh);
+    if (hs <= 64)
+        return att_forward_launch<2>(out, lse, qkv, b, t, c, nh);
+    if (hs <= 128)
+        return att_forward_launch<4>(out, lse, qkv, b, t, c, nh);
+    return att_forward_launch<8>(out, lse, qkv, b, t, c, nh);
+}
+
+int cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                            int b, int t, int c, int nh, void *workspace)
+{
+    int rc = check_shape("attention_backward", b, t, c, nh);
+    if (rc || b == 0 || t == 0)
+        return rc;
+    if (!workspace)
+        return error_set(FSDP_EINVAL, "kernels cuda: attention_backward: NULL workspace (size it with "
+                                      "attention_workspace_bytes)");
+    float *dsum = (float *)workspace;
+    size_t warps = (size_t)b * nh * t;
+    att_rowdot_kernel<<<(unsigned)((warps * 32 + CUDA_THREADS - 1) / CUDA_THREADS), CUDA_THREADS, 0,
+                        cuda_ctx.stream>>>(dsum, dout, out, b, t, c, nh);
+    if ((rc = cuda_check_launch("attention_backward (rowdot)")))
+        return rc;
+    const int hs = c / nh;
+    if (hs <= 32)
+        return att_backward_launch<1>(dqkv, dout, qkv, lse, dsum, b, t, c, nh);
+    if (hs <= 64)
+        return att_backward_launch<2>(dqkv, dout, qkv, lse, dsum, b, t, c, nh);
+    if (hs <= 128)
+        return att_backward_launch<4>(dqkv, dout, qkv, lse, dsum, b, t, c, nh);
+    return att_backward_launch<8>(dqkv, dout, qkv, lse, dsum, b, t, c, nh);
+}

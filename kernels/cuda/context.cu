@@ -1,0 +1,334 @@
+/* The CUDA backend's process context (device, stream, cuBLAS handle), its ops table, and the
+ * helpers every kernel file shares: error translation, scratch memory, range checks of ids. */
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda.h"
+
+extern "C" {
+#include "common/log.h"
+}
+
+struct cuda_ctx cuda_ctx;
+
+static const struct kernels cuda_table = {
+    .name = "cuda",
+    .mem_alloc = cuda_mem_alloc,
+    .mem_free = cuda_mem_free,
+    .mem_copy = cuda_mem_copy,
+    .mem_set = cuda_mem_set,
+    .synchronize = cuda_synchronize,
+    .matmul_forward = cuda_matmul_forward,
+    .matmul_backward = cuda_matmul_backward,
+    .gemm = cuda_gemm,
+    .layernorm_forward = cuda_layernorm_forward,
+    .layernorm_backward = cuda_layernorm_backward,
+    .attention_workspace_bytes = cuda_attention_workspace_bytes,
+    .attention_forward = cuda_attention_forward,
+    .attention_backward = cuda_attention_backward,
+    .gelu_forward = cuda_gelu_forward,
+    .gelu_backward = cuda_gelu_backward,
+    .residual_forward = cuda_residual_forward,
+    .scale = cuda_scale,
+    .sqnorm = cuda_sqnorm,
+    .cast = cuda_cast,
+    .embedding_forward = cuda_embedding_forward,
+    .embedding_backward = cuda_embedding_backward,
+    .crossentropy_forward_backward = cuda_crossentropy_forward_backward,
+    .adamw = cuda_adamw,
+    .axpy = cuda_axpy,
+};
+
+int cuda_check(const char *op, cudaError_t e)
+{
+    if (e == cudaSuccess)
+        return 0;
+    return error_set(e == cudaErrorMemoryAllocation ? FSDP_ENOMEM : FSDP_EIO, "kernels cuda: %s: %s (%s)", op,
+                     cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+int cuda_check_launch(const char *op)
+{
+    return cuda_check(op, cudaGetLastError());
+}
+
+int cuda_check_blas(const char *op, cublasStatus_t s)
+{
+    if (s == CUBLAS_STATUS_SUCCESS)
+        return 0;
+    return error_set(s == CUBLAS_STATUS_ALLOC_FAILED ? FSDP_ENOMEM : FSDP_EIO, "kernels cuda: %s: cuBLAS %s (%s)",
+                     op, cublasGetStatusString(s), cublasGetStatusName(s));
+}
+
+unsigned cuda_grid(size_t n)
+{
+    size_t blocks = (n + CUDA_THREADS - 1) / CUDA_THREADS;
+    /* Enough blocks to fill every SM several times; grid-stride loops cover the rest. */
+    size_t cap = (size_t)(cuda_ctx.sm_count > 0 ? cuda_ctx.sm_count : 1) * 32;
+    if (blocks > cap)
+        blocks = cap;
+    return blocks ? (unsigned)blocks : 1u;
+}
+
+int cuda_scratch(const char *op, void **ptr, size_t bytes)
+{
+    if (bytes > cuda_ctx.scratch_bytes) {
+        /* Work already queued may still read the old buffer: cudaFree waits for the device. */
+        cudaFree(cuda_ctx.scratch);
+        cuda_ctx.scratch = NULL;
+        cuda_ctx.scratch_bytes = 0;
+        size_t want = bytes < (1u << 20) ? (1u << 20) : bytes;
+        int rc = cuda_check(op, cudaMalloc(&cuda_ctx.scratch, want));
+        if (rc)
+            return rc;
+        cuda_ctx.scratch_bytes = want;
+    }
+    *ptr = cuda_ctx.scratch;
+    return 0;
+}
+
+__global__ void check_ids_kernel(int *flag, const int32_t *ids, int n, int lo, int hi)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        if (ids[i] < lo || ids[i] >= hi)
+            atomicMin(flag, i);
+}
+
+int cuda_check_ids(const char *op, const char *what, const int32_t *ids, int n, int lo, int hi)
+{
+    if (n <= 0)
+        return 0;
+    int first = INT_MAX, rc;
+    if ((rc = cuda_check(op, cudaMemcpyAsync(cuda_ctx.flag, &first, sizeof first, cudaMemcpyHostToDevice,
+                                             cuda_ctx.stream))))
+        return rc;
+    check_ids_kernel<<<cuda_grid((size_t)n), CUDA_THREADS, 0, cuda_ctx.stream>>>(cuda_ctx.flag, ids, n, lo, hi);
+    if ((rc = cuda_check_launch(op)))
+        return rc;
+    /* The caller needs an answer now, as the CPU backend gives: one small synchronous read. */
+    if ((rc = cuda_check(op, cudaMemcpyAsync(&first, cuda_ctx.flag, sizeof first, cudaMemcpyDeviceToHost,
+                                             cuda_ctx.stream))) ||
+        (rc = cuda_check(op, cudaStreamSynchronize(cuda_ctx.stream))))
+        return rc;
+    if (first == INT_MAX)
+        return 0;
+    int32_t bad = 0;
+    if ((rc = cuda_check(op, cudaMemcpy(&bad, ids + first, sizeof bad, cudaMemcpyDeviceToHost))))
+        return rc;
+    return error_set(FSDP_ERANGE, "kernels cuda: %s: %s %d at position %d is outside [%d, %d)", op, what,
+                     (int)bad, first, lo, hi);
+}
+
+/* ---- deterministic column sums ---- */
+
+#define COLSUM_ROWS 256 /* rows per partial sum */
+
+__global__ void colsum_partial_kernel(float *part, const float *src, int rows, int cols)
+{
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    int r0 = blockIdx.y * COLSUM_ROWS, r1 = min(r0 + COLSUM_ROWS, rows);
+    if (j >= cols)
+        return;
+    float s = 0.0f;
+    for (int i = r0; i < r1; i++)
+        s += src[(size_t)i * cols + j];
+    part[(size_t)blockIdx.y * cols + j] = s;
+}
+
+__global__ void colsum_finish_kernel(float *dst, const float *part, int chunks, int cols)
+{
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= cols)
+        return;
+    float s = 0.0f;
+    for (int k = 0; k < chunks; k++)
+        s += part[(size_t)k * cols + j];
+    dst[j] += s;
+}
+
+int cuda_colsum_add(const char *op, float *dst, const float *src, int rows, int cols)
+{
+    if (rows <= 0 || cols <= 0)
+        return 0;
+    int chunks = (rows + COLSUM_ROWS - 1) / COLSUM_ROWS, rc;
+    void *part;
+    if ((rc = cuda_scratch(op, &part, (size_t)chunks * cols * sizeof(float))))
+        return rc;
+    dim3 grid((cols + CUDA_THREADS - 1) / CUDA_THREADS, chunks);
+    colsum_partial_kernel<<<grid, CUDA_THREADS, 0, cuda_ctx.stream>>>((float *)part, src, rows, cols);
+    colsum_finish_kernel<<<(cols + CUDA_THREADS - 1) / CUDA_THREADS, CUDA_THREADS, 0, cuda_ctx.stream>>>(
+        dst, (const float *)part, chunks, cols);
+    return cuda_check_launch(op);
+}
+
+/* ---- device selection and context ---- */
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static int init_rc;
+static char init_msg[512];
+
+/* Several ranks share a node: LOCAL_RANK (torchrun's variable, set by fsdp-launch) picks the GPU, so
+ * each rank gets its own card without the caller having to call cudaSetDevice first. */
+static int pick_device(int count)
+{
+    const char *lr = getenv("LOCAL_RANK");
+    if (lr && *lr) {
+        char *end;
+        long v = strtol(lr, &end, 10);
+        if (*end == '\0' && v >= 0)
+            return (int)(v % count);
+    }
+    int cur = 0;
+    return cudaGetDevice(&cur) == cudaSuccess ? cur : 0;
+}
+
+static void init_context(void)
+{
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    /* Without a driver this fails (error 35) and may leave count untouched: any error means no GPU. */
+    if (e != cudaSuccess || count <= 0) {
+        init_rc = FSDP_EUNSUPPORTED;
+        snprintf(init_msg, sizeof init_msg,
+                 "kernels cuda: no CUDA device: cudaGetDeviceCount %s (%s); use device=cpu, or check the "
+                 "driver (nvidia-smi) and CUDA_VISIBLE_DEVICES",
+                 e != cudaSuccess ? "failed" : "found 0 devices",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "no error");
+        (void)cudaGetLastError(); /* clear the sticky-free error so later CUDA users start clean */
+        return;
+    }
+    struct cuda_ctx *c = &cuda_ctx;
+    c->device = pick_device(count);
+    const char *step = "cudaSetDevice";
+    e = cudaSetDevice(c->device);
+    if (e == cudaSuccess) {
+        step = "cudaDeviceGetAttribute";
+        e = cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, c->device);
+    }
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&c->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device);
+    if (e == cudaSuccess) {
+        step = "cudaStreamCreate";
+        e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    }
+    if (e == cudaSuccess) {
+        step = "cudaMalloc";
+        e = cudaMalloc((void **)&c->flag, sizeof(int));
+    }
+    if (e != cudaSuccess) {
+        init_rc = FSDP_EIO;
+        snprintf(init_msg, sizeof init_msg, "kernels cuda: no CUDA device usable: %s on device %d: %s (%s)", step,
+                 c->device, cudaGetErrorString(e), cudaGetErrorName(e));
+        return;
+    }
+    cublasStatus_t s = cublasCreate(&c->blas);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasSetStream(c->blas, c->stream);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        init_rc = FSDP_EIO;
+        snprintf(init_msg, sizeof init_msg, "kernels cuda: cuBLAS initialisation failed on device %d: %s",
+                 c->device, cublasGetStatusString(s));
+        return;
+    }
+    /* Exact fp32 by default so results match the CPU backend; TF32 tensor cores (10-bit mantissa
+     * products, fp32 accumulation) roughly 8x the matmul rate on H100 and are opt-in. */
+    const char *tf32 = getenv("FSDP_CUDA_TF32");
+    c->gemm_compute = tf32 && strcmp(tf32, "1") == 0 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, c->device) == cudaSuccess)
+        log_info("kernels cuda: device %d of %d: %s (sm_%d%d, %d SMs, %.1f GiB), matmul %s", c->device, count,
+                 prop.name, prop.major, prop.minor, c->sm_count, (double)prop.totalGlobalMem / (1 << 30),
+                 c->gemm_compute == CUBLAS_COMPUTE_32F ? "fp32" : "tf32");
+    init_rc = 0;
+}
+
+extern "C" const struct kernels *kernels_cuda(void)
+{
+    pthread_once(&init_once, init_context);
+    if (init_rc) {
+        error_set(init_rc, "%s", init_msg);
+        return NULL;
+    }
+    /* The context is per process but the current device is per thread: a new thread must not queue
+     * work on device 0 by accident. */
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess || cur != cuda_ctx.device)
+        cudaSetDevice(cuda_ctx.device);
+    return &cuda_table;
+}
+
+/* ---- memory ---- */
+
+void *cuda_mem_alloc(size_t bytes)
+{
+    void *p = NULL;
+    /* cudaMalloc aligns to 256 bytes, more than the table's 64. */
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 64);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* an allocation failure is not sticky: later calls may succeed */
+        error_set(e == cudaErrorMemoryAllocation ? FSDP_ENOMEM : FSDP_EIO,
+                  "kernels cuda: cannot allocate %zu bytes of device memory: %s", bytes, cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+}
+
+void cuda_mem_free(void *ptr)
+{
+    if (ptr) {
+        cudaError_t e = cudaFree(ptr);
+        if (e != cudaSuccess)
+            log_warn("kernels cuda: mem_free: %s", cudaGetErrorString(e));
+    }
+}
+
+int cuda_mem_copy(void *dst, const void *src, size_t bytes, enum kernels_copy_kind kind)
+{
+    static const cudaMemcpyKind kinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
+                                           cudaMemcpyDeviceToDevice};
+    if ((unsigned)kind > KERNELS_COPY_D2D)
+        return error_set(FSDP_EINVAL, "kernels cuda: bad copy kind %d", (int)kind);
+    if (bytes == 0)
+        return 0;
+    if (!dst || !src)
+        return error_set(FSDP_EINVAL, "kernels cuda: mem_copy of %zu bytes with a NULL pointer", bytes);
+    int rc;
+    const char *d = (const char *)dst, *s = (const char *)src;
+    if (kind == KERNELS_COPY_D2D && d < s + bytes && s < d + bytes && d != s) {
+        /* cudaMemcpy does not define overlapping copies (the CPU backend's memmove does): bounce through
+         * scratch so both backends mean the same thing. */
+        void *tmp;
+        if ((rc = cuda_scratch("mem_copy", &tmp, bytes)) ||
+            (rc = cuda_check("mem_copy", cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, cuda_ctx.stream))))
+            return rc;
+        src = tmp;
+    }
+    if (d == s)
+        return 0;
+    rc = cuda_check("mem_copy", cudaMemcpyAsync(dst, src, bytes, kinds[kind], cuda_ctx.stream));
+    if (rc)
+        return rc;
+    /* Host buffers are ordinary (pageable) memory the caller reuses as soon as we return, as with the
+     * CPU backend: copies touching the host complete before returning; device-to-device stays queued. */
+    if (kind != KERNELS_COPY_D2D)
+        rc = cuda_check("mem_copy", cudaStreamSynchronize(cuda_ctx.stream));
+    return rc;
+}
+
+int cuda_mem_set(void *dst, int value, size_t bytes)
+{
+    if (bytes == 0)
+        return 0;
+    if (!dst)
+        return error_set(FSDP_EINVAL, "kernels cuda: mem_set of %zu bytes on NULL", bytes);
+    return cuda_check("mem_set", cudaMemsetAsync(dst, value, bytes, cuda_ctx.stream));
+}
+
+int cuda_synchronize(void)
+{
+    return cuda_check("synchronize (an earlier kernel failed asynchronously)",
+                      cudaStreamSynchronize(cuda_ctx.stream));
+}

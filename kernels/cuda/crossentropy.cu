@@ -1,0 +1,110 @@
+/* Fused softmax cross-entropy over a padded vocabulary: one block per row; each thread keeps an online
+ * (max, sum) over its strided columns, the block combines them into the row's log-sum-exp, and a second
+ * sweep writes dlogits. No probability tensor exists; logits are read twice (the second time mostly
+ * from L2 for GPT-2's 50k vocabulary). Padded columns v..vp-1 are never read. */
+#include <math.h>
+
+#include "kernels/cuda/cuda.h"
+
+#define XENT_THREADS 512
+
+__global__ void __launch_bounds__(XENT_THREADS)
+    xent_kernel(float *losses, double *row_loss, float *dlogits, const float *logits, const int32_t *targets,
+                int v, int vp, float dloss)
+{
+    __shared__ float shf[32];
+    __shared__ float sh_xt;
+    int row = blockIdx.x;
+    const float *x = logits + (size_t)row * vp;
+    float *dx = dlogits ? dlogits + (size_t)row * vp : NULL;
+    int tgt = targets[row];
+    if (tgt < 0) {
+        if (dx)
+            for (int j = threadIdx.x; j < vp; j += blockDim.x)
+                dx[j] = 0.0f;
+        if (threadIdx.x == 0) {
+            if (losses)
+                losses[row] = 0.0f;
+            if (row_loss)
+                row_loss[row] = 0.0;
+        }
+        return;
+    }
+    if (threadIdx.x == 0)
+        sh_xt = x[tgt]; /* read before dx (possibly the same row) is overwritten */
+    float m = -INFINITY, s = 0.0f;
+    for (int j = threadIdx.x; j < v; j += blockDim.x) {
+        float xj = x[j];
+        if (xj > m) {
+            s *= __expf(m - xj);
+            m = xj;
+        }
+        s += __expf(xj - m);
+    }
+    /* Block max, then every thread rescales its sum to it. */
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float bm = cuda_warp_max(m);
+    if (lane == 0)
+        shf[warp] = bm;
+    __syncthreads();
+    bm = cuda_warp_max(lane < nw ? shf[lane] : -INFINITY);
+    float scaled = m == -INFINITY ? 0.0f : s * __expf(m - bm);
+    float total = cuda_block_sum(scaled, shf);
+    float lse = bm + logf(total);
+    float xt = sh_xt; /* published by the __syncthreads inside the reductions */
+    __syncthreads();  /* every thread has read x[tgt] before anyone overwrites it */
+    if (dx) {
+        for (int j = threadIdx.x; j < v; j += blockDim.x)
+            dx[j] = dloss * (__expf(x[j] - lse) - (j == tgt ? 1.0f : 0.0f));
+        for (int j = v + threadIdx.x; j < vp; j += blockDim.x)
+            dx[j] = 0.0f;
+    }
+    if (threadIdx.x == 0) {
+        float loss = lse - xt;
+        if (losses)
+            losses[row] = loss;
+        if (row_loss)
+            row_loss[row] = loss;
+    }
+}
+
+/* One block adds the row losses in a fixed order: the same bits on every run. */
+__global__ void xent_sum_kernel(double *row_loss, int n)
+{
+    __shared__ double sh[32];
+    double s = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        s += row_loss[i];
+    s = cuda_block_sum(s, sh);
+    if (threadIdx.x == 0)
+        row_loss[0] = s;
+}
+
+int cuda_crossentropy_forward_backward(float *losses, double *loss_sum, float *dlogits, const float *logits,
+                                       const int32_t *targets, int n, int v, int vp, float dloss)
+{
+    if (n < 0 || v <= 0 || vp < v)
+        return error_set(FSDP_EINVAL, "kernels cuda: crossentropy: bad shape n=%d v=%d vp=%d (need vp >= v)", n,
+                         v, vp);
+    if (loss_sum)
+        *loss_sum = 0.0;
+    int rc = cuda_check_ids("crossentropy", "target (or -1 to ignore)", targets, n, -1, v);
+    if (rc || n == 0)
+        return rc;
+    void *row_loss = NULL;
+    if (loss_sum && (rc = cuda_scratch("crossentropy", &row_loss, (size_t)n * sizeof(double))))
+        return rc;
+    xent_kernel<<<n, XENT_THREADS, 0, cuda_ctx.stream>>>(losses, (double *)row_loss, dlogits, logits, targets, v,
+                                                         vp, dloss);
+    if ((rc = cuda_check_launch("crossentropy")))
+        return rc;
+    if (!loss_sum)
+        return 0;
+    xent_sum_kernel<<<1, 1024, 0, cuda_ctx.stream>>>((double *)row_loss, n);
+    if ((rc = cuda_check_launch("crossentropy (loss sum)")))
+        return rc;
+    if ((rc = cuda_check("crossentropy", cudaMemcpyAsync(loss_sum, row_loss, sizeof *loss_sum,
+                                                         cudaMemcpyDeviceToHost, cuda_ctx.stream))))
+        return rc;
+    return cuda_check("crossentropy", cudaStreamSynchronize(cuda_ctx.stream));
+}

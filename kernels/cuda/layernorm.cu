@@ -1,0 +1,138 @@
+/* LayerNorm over the channel dimension. One warp per row (8 rows per 256-thread block): a GPT row of
+ * 768..1600 floats is 24..50 loads per lane, reductions stay in shuffles and no shared memory or
+ * __syncthreads is needed. The parameter gradients reduce over rows in fixed chunks (partials, then the
+ * chunks in order), so they are deterministic without atomics. */
+#include "kernels/cuda/cuda.h"
+
+#define LN_ROWS_PER_BLOCK (CUDA_THREADS / 32)
+#define LN_CHUNK_ROWS 256
+
+__global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *inp,
+                                         const float *w, const float *b, int n, int c, float eps)
+{
+    int row = blockIdx.x * LN_ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= n)
+        return;
+    const float *x = inp + (size_t)row * c;
+    /* Mean in double and variance from deviations (two passes), as on the CPU: residual rows can carry a
+     * large common offset that a float sum or E[x^2]-E[x]^2 would lose. */
+    double sum = 0.0;
+    for (int j = lane; j < c; j += 32)
+        sum += x[j];
+    float mu = (float)(cuda_warp_sum(sum) / c);
+    float var = 0.0f;
+    for (int j = lane; j < c; j += 32) {
+        float d = x[j] - mu;
+        var += d * d;
+    }
+    float rs = rsqrtf(cuda_warp_sum(var) / (float)c + eps);
+    float *o = out + (size_t)row * c;
+    for (int j = lane; j < c; j += 32)
+        o[j] = (x[j] - mu) * rs * w[j] + b[j];
+    if (lane == 0) {
+        mean[row] = mu;
+        rstd[row] = rs;
+    }
+}
+
+__global__ void layernorm_backward_dinp_kernel(float *dinp, const float *dout, const float *inp, const float *w,
+                                               const float *mean, const float *rstd, int n, int c)
+{
+    int row = blockIdx.x * LN_ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= n)
+        return;
+    const float *x = inp + (size_t)row * c, *dy = dout + (size_t)row * c;
+    float mu = mean[row], rs = rstd[row];
+    float sum_dn = 0.0f, sum_dn_n = 0.0f;
+    for (int j = lane; j < c; j += 32) {
+        float dn = dy[j] * w[j];
+        sum_dn += dn;
+        sum_dn_n += dn * (x[j] - mu) * rs;
+    }
+    float mean_dn = cuda_warp_sum(sum_dn) / (float)c, mean_dn_n = cuda_warp_sum(sum_dn_n) / (float)c;
+    float *dx = dinp + (size_t)row * c;
+    for (int j = lane; j < c; j += 32) {
+        float nrm = (x[j] - mu) * rs;
+        dx[j] += (dy[j] * w[j] - mean_dn - nrm * mean_dn_n) * rs;
+    }
+}
+
+/* part: [2][chunks][c], the dweight then the dbias partial of each row chunk. */
+__global__ void layernorm_backward_params_partial_kernel(float *part, const float *dout, const float *inp,
+                                                         const float *mean, const float *rstd, int n, int c,
+                                                         int chunks)
+{
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= c)
+        return;
+    int r0 = blockIdx.y * LN_CHUNK_ROWS, r1 = min(r0 + LN_CHUNK_ROWS, n);
+    float aw = 0.0f, ab = 0.0f;
+    for (int i = r0; i < r1; i++) {
+        float g = dout[(size_t)i * c + j];
+        aw += g * (inp[(size_t)i * c + j] - mean[i]) * rstd[i];
+        ab += g;
+    }
+    part[(size_t)blockIdx.y * c + j] = aw;
+    part[((size_t)chunks + blockIdx.y) * c + j] = ab;
+}
+
+__global__ void layernorm_backward_params_finish_kernel(float *dweight, float *dbias, const float *part, int c,
+                                                        int chunks)
+{
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= c)
+        return;
+    float aw = 0.0f, ab = 0.0f;
+    for (int k = 0; k < chunks; k++) {
+        aw += part[(size_t)k * c + j];
+        ab += part[((size_t)chunks + k) * c + j];
+    }
+    if (dweight)
+        dweight[j] += aw;
+    if (dbias)
+        dbias[j] += ab;
+}
+
+int cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                           const float *bias, int n, int c, float eps)
+{
+    if (n < 0 || c <= 0 || !(eps >= 0.0f))
+        return error_set(FSDP_EINVAL, "kernels cuda: layernorm_forward: bad n=%d c=%d eps=%g", n, c, (double)eps);
+    if (n == 0)
+        return 0;
+    unsigned blocks = (unsigned)((n + LN_ROWS_PER_BLOCK - 1) / LN_ROWS_PER_BLOCK);
+    layernorm_forward_kernel<<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>(out, mean, rstd, inp, weight, bias, n, c,
+                                                                           eps);
+    return cuda_check_launch("layernorm_forward");
+}
+
+int cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                            const float *weight, const float *mean, const float *rstd, int n, int c)
+{
+    if (n < 0 || c <= 0)
+        return error_set(FSDP_EINVAL, "kernels cuda: layernorm_backward: bad n=%d c=%d", n, c);
+    if (n == 0)
+        return 0;
+    int rc;
+    if (dinp) {
+        unsigned blocks = (unsigned)((n + LN_ROWS_PER_BLOCK - 1) / LN_ROWS_PER_BLOCK);
+        layernorm_backward_dinp_kernel<<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>(dinp, dout, inp, weight, mean,
+                                                                                     rstd, n, c);
+        if ((rc = cuda_check_launch("layernorm_backward dinp")))
+            return rc;
+    }
+    if (dweight || dbias) {
+        int chunks = (n + LN_CHUNK_ROWS - 1) / LN_CHUNK_ROWS;
+        void *part;
+        if ((rc = cuda_scratch("layernorm_backward", &part, 2 * (size_t)chunks * c * sizeof(float))))
+            return rc;
+        dim3 grid((c + CUDA_THREADS - 1) / CUDA_THREADS, chunks);
+        layernorm_backward_params_partial_kernel<<<grid, CUDA_THREADS, 0, cuda_ctx.stream>>>(
+            (float *)part, dout, inp, mean, rstd, n, c, chunks);
+        layernorm_backward_params_finish_kernel<<<grid.x, CUDA_THREADS, 0, cuda_ctx.stream>>>(
+            dweight, dbias, (const float *)part, c, chunks);
+        if ((rc = cuda_check_launch("layernorm_backward dweight/dbias")))
+            return rc;
+    }
+    return 0;
+}

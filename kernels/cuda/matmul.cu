@@ -1,0 +1,73 @@
+/* Linear layers and general GEMM on cuBLAS (cublasGemmEx, fp32 in and out). cuBLAS is column-major:
+ * a row-major C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T, so every call swaps the operands
+ * and the m/n sizes instead of transposing anything. */
+#include "kernels/cuda/cuda.h"
+
+/* Row-major C(m, n) = alpha op(A) op(B) + beta C. */
+static int gemm_rm(const char *op, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                   const float *b, int ldb, float beta, float *c, int ldc)
+{
+    if (m == 0 || n == 0)
+        return 0;
+    return cuda_check_blas(op, cublasGemmEx(cuda_ctx.blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                            ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, CUDA_R_32F, ldb, a,
+                                            CUDA_R_32F, lda, &beta, c, CUDA_R_32F, ldc, cuda_ctx.gemm_compute,
+                                            CUBLAS_GEMM_DEFAULT));
+}
+
+static int check_dims(const char *op, int n, int in, int out)
+{
+    if (n < 0 || in <= 0 || out <= 0)
+        return error_set(FSDP_EINVAL, "kernels cuda: %s: bad shape n=%d in=%d out=%d", op, n, in, out);
+    return 0;
+}
+
+__global__ void bias_fill_kernel(float *y, const float *b, size_t n, int out)
+{
+    size_t total = n * (size_t)out;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = b[i % out];
+}
+
+int cuda_matmul_forward(float *y, const float *x, const float *w, const float *b, int n, int in, int out)
+{
+    int rc = check_dims("matmul_forward", n, in, out);
+    if (rc || n == 0)
+        return rc;
+    float beta = 0.0f;
+    if (b) {
+        /* Seed y with the bias and let the GEMM accumulate (beta = 1): the epilogue costs one write. */
+        size_t total = (size_t)n * out;
+        bias_fill_kernel<<<cuda_grid(total), CUDA_THREADS, 0, cuda_ctx.stream>>>(y, b, (size_t)n, out);
+        if ((rc = cuda_check_launch("matmul_forward (bias)")))
+            return rc;
+        beta = 1.0f;
+    }
+    return gemm_rm("matmul_forward", 0, 0, n, out, in, 1.0f, x, in, w, out, beta, y, out);
+}
+
+int cuda_matmul_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
+                         int n, int in, int out)
+{
+    int rc = check_dims("matmul_backward", n, in, out);
+    if (rc || n == 0)
+        return rc;
+    if (dx && (rc = gemm_rm("matmul_backward dx", 0, 1, n, in, out, 1.0f, dy, out, w, out, 1.0f, dx, in)))
+        return rc;
+    if (dw && (rc = gemm_rm("matmul_backward dw", 1, 0, in, out, n, 1.0f, x, in, dy, out, 1.0f, dw, out)))
+        return rc;
+    if (db)
+        rc = cuda_colsum_add("matmul_backward db", db, dy, n, out);
+    return rc;
+}
+
+int cuda_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
+              const float *b, int ldb, float beta, float *c, int ldc)
+{
+    int a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
+    if (m < 0 || n < 0 || k < 0 || lda < (a_cols > 1 ? a_cols : 1) || ldb < (b_cols > 1 ? b_cols : 1) ||
+        ldc < (n > 1 ? n : 1))
+        return error_set(FSDP_EINVAL, "kernels cuda: gemm: bad shape m=%d n=%d k=%d lda=%d ldb=%d ldc=%d", m, n,
+                         k, lda, ldb, ldc);
+    return gemm_rm("gemm", trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}

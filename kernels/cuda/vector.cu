@@ -1,0 +1,103 @@
+/* Whole-buffer vector ops: residual add, scaling, axpy, squared norm. Grid-stride loops over size_t
+ * indices so buffers above 2^31 elements (a large model's flat shard) work. */
+#include "kernels/cuda/cuda.h"
+
+#define GRID_STRIDE(i, n)                                                                                     \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+__global__ void add_kernel(float *out, const float *a, const float *b, size_t n)
+{
+    GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+}
+
+__global__ void scale_kernel(float *x, float s, size_t n)
+{
+    GRID_STRIDE(i, n) x[i] *= s;
+}
+
+__global__ void axpy_kernel(float *y, float a, const float *x, size_t n)
+{
+    GRID_STRIDE(i, n) y[i] += a * x[i];
+}
+
+int cuda_residual_forward(float *out, const float *a, const float *b, size_t n)
+{
+    if (n == 0)
+        return 0;
+    if (!out || !a || !b)
+        return error_set(FSDP_EINVAL, "kernels cuda: residual_forward: NULL buffer");
+    add_kernel<<<cuda_grid(n), CUDA_THREADS, 0, cuda_ctx.stream>>>(out, a, b, n);
+    return cuda_check_launch("residual_forward");
+}
+
+int cuda_scale(float *x, float s, size_t n)
+{
+    if (n == 0)
+        return 0;
+    if (!x)
+        return error_set(FSDP_EINVAL, "kernels cuda: scale: NULL buffer");
+    scale_kernel<<<cuda_grid(n), CUDA_THREADS, 0, cuda_ctx.stream>>>(x, s, n);
+    return cuda_check_launch("scale");
+}
+
+int cuda_axpy(float *y, float a, const float *x, size_t n)
+{
+    if (n == 0)
+        return 0;
+    if (!y || !x)
+        return error_set(FSDP_EINVAL, "kernels cuda: axpy: NULL buffer");
+    axpy_kernel<<<cuda_grid(n), CUDA_THREADS, 0, cuda_ctx.stream>>>(y, a, x, n);
+    return cuda_check_launch("axpy");
+}
+
+/* Squares summed in double (the global gradient norm adds millions of terms of very different
+ * magnitude). A fixed grid of per-block partials, then one block adding them in a fixed order: the
+ * result is the same bits on every run, with no atomics. */
+#define SQNORM_MAX_BLOCKS 1024
+
+__global__ void sqnorm_partial_kernel(double *part, const float *x, size_t n)
+{
+    __shared__ double sh[32];
+    double s = 0.0;
+    GRID_STRIDE(i, n) s += (double)x[i] * (double)x[i];
+    s = cuda_block_sum(s, sh);
+    if (threadIdx.x == 0)
+        part[blockIdx.x] = s;
+}
+
+__global__ void sqnorm_finish_kernel(double *part, int nparts)
+{
+    __shared__ double sh[32];
+    double s = 0.0;
+    for (int i = threadIdx.x; i < nparts; i += blockDim.x)
+        s += part[i];
+    s = cuda_block_sum(s, sh);
+    if (threadIdx.x == 0)
+        part[0] = s;
+}
+
+int cuda_sqnorm(double *result, const float *x, size_t n)
+{
+    if (!result)
+        return error_set(FSDP_EINVAL, "kernels cuda: sqnorm: NULL result");
+    *result = 0.0;
+    if (n == 0)
+        return 0;
+    if (!x)
+        return error_set(FSDP_EINVAL, "kernels cuda: sqnorm: NULL buffer");
+    unsigned blocks = cuda_grid(n);
+    if (blocks > SQNORM_MAX_BLOCKS)
+        blocks = SQNORM_MAX_BLOCKS;
+    void *part;
+    int rc = cuda_scratch("sqnorm", &part, SQNORM_MAX_BLOCKS * sizeof(double));
+    if (rc)
+        return rc;
+    sqnorm_partial_kernel<<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>((double *)part, x, n);
+    sqnorm_finish_kernel<<<1, CUDA_THREADS, 0, cuda_ctx.stream>>>((double *)part, (int)blocks);
+    if ((rc = cuda_check_launch("sqnorm")))
+        return rc;
+    if ((rc = cuda_check("sqnorm", cudaMemcpyAsync(result, part, sizeof *result, cudaMemcpyDeviceToHost,
+                                                   cuda_ctx.stream))))
+        return rc;
+    return cuda_check("sqnorm", cudaStreamSynchronize(cuda_ctx.stream));
+}

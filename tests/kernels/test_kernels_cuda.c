@@ -1,0 +1,503 @@
+/* The CUDA ops table against the CPU one: every op runs on both backends with the same inputs and the
+ * results are compared element by element. Without a GPU (or in a build without CUDA kernels) each
+ * comparison skips with "no CUDA device ..."; the registry test checks that kernels_get("cuda") then
+ * fails cleanly with a message that says so.
+ *
+ * Tolerances (|gpu - cpu| <= atol + rtol |cpu|), and why:
+ * - matmul/gemm 1e-5 * sqrt(k) + 1e-5 rel: both exact fp32 (no TF32 unless FSDP_CUDA_TF32=1, which these
+ *   tests do not set), only the summation order differs.
+ * - attention 2e-5 + 1e-4 rel: __expf vs the CPU's polynomial exp and a different tile order.
+ * - layernorm, gelu, cross-entropy, AdamW 1e-5 + 1e-5 rel (tanhf vs exp-based tanh, __expf in softmax).
+ * - residual, scale, axpy, embedding forward: exact (one rounding in the same order).
+ * - embedding backward: 1e-6 (both sum repeated tokens in token order; FMA contraction may differ).
+ * - casts: identical bits (the same integer rounding code).
+ * - sqnorm and loss sums: 1e-12 relative (double accumulation, different order). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "kernels/kernels.h"
+
+static const struct kernels *gpu(void)
+{
+    const struct kernels *k = kernels_get("cuda");
+    if (!k)
+        cr_skip_test("no CUDA device (or no CUDA kernels in this build): %s", error_message());
+    return k;
+}
+
+static const struct kernels *cpu(void)
+{
+    const struct kernels *k = kernels_get("cpu");
+    cr_assert(k, "%s", error_message());
+    return k;
+}
+
+/* xorshift64*, reproducible everywhere. */
+static float *host_rand(size_t n, uint64_t seed, float lo, float hi)
+{
+    float *h = malloc((n ? n : 1) * sizeof *h);
+    cr_assert(h);
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (size_t i = 0; i < n; i++) {
+        s ^= s >> 12;
+        s ^= s << 25;
+        s ^= s >> 27;
+        h[i] = lo + (hi - lo) * (float)((double)((s * 2685821657736338717ull) >> 11) / 9007199254740992.0);
+    }
+    return h;
+}
+
+/* A buffer on the device of k filled from host (zeroed when host is NULL). */
+static void *up(const struct kernels *k, const void *host, size_t bytes)
+{
+    void *d = k->mem_alloc(bytes);
+    cr_assert(d, "%s mem_alloc(%zu): %s", k->name, bytes, error_message());
+    if (host)
+        cr_assert_eq(k->mem_copy(d, host, bytes, KERNELS_COPY_H2D), 0, "%s", error_message());
+    else
+        cr_assert_eq(k->mem_set(d, 0, bytes), 0, "%s", error_message());
+    return d;
+}
+
+static float *upf(const struct kernels *k, const float *host, size_t n)
+{
+    return up(k, host, n * sizeof(float));
+}
+
+static void *down(const struct kernels *k, const void *dev, size_t bytes)
+{
+    void *h = malloc(bytes ? bytes : 1);
+    cr_assert(h);
+    cr_assert_eq(k->synchronize(), 0, "%s synchronize: %s", k->name, error_message());
+    cr_assert_eq(k->mem_copy(h, dev, bytes, KERNELS_COPY_D2H), 0, "%s", error_message());
+    return h;
+}
+
+/* The same float buffer on both backends; compare downloads it from both and checks them. */
+struct pair {
+    float *c, *g;
+    size_t n;
+};
+
+static struct pair pair_new(const struct kernels *kc, const struct kernels *kg, const float *host, size_t n)
+{
+    return (struct pair){upf(kc, host, n), upf(kg, host, n), n};
+}
+
+static void pair_free(const struct kernels *kc, const struct kernels *kg, struct pair *p)
+{
+    kc->mem_free(p->c);
+    kg->mem_free(p->g);
+}
+
+static void compare(const char *what, const struct kernels *kc, const struct kernels *kg, const struct pair *p,
+                    double atol, double rtol)
+{
+    float *want = down(kc, p->c, p->n * sizeof(float)), *got = down(kg, p->g, p->n * sizeof(float));
+    for (size_t i = 0; i < p->n; i++) {
+        double err = fabs((double)got[i] - want[i]);
+        if (!(err <= atol + rtol * fabs(want[i])) && !(isnan(got[i]) && isnan(want[i])))
+            cr_assert_fail("%s[%zu]: cuda %.9g, cpu %.9g (err %.3g > %.3g)", what, i, (double)got[i],
+                           (double)want[i], err, atol + rtol * fabs(want[i]));
+    }
+    free(want);
+    free(got);
+}
+
+Test(kernels_cuda, unavailable_device_fails_cleanly)
+{
+    error_clear();
+    const struct kernels *k = kernels_get("cuda");
+    if (k) {
+        /* A GPU is here: the table must be complete and usable. */
+        cr_assert_str_eq(k->name, "cuda");
+        const void *const *fn = (const void *const *)&k->mem_alloc;
+        size_t nfn = (sizeof *k - offsetof(struct kernels, mem_alloc)) / sizeof(void *);
+        for (size_t i = 0; i < nfn; i++)
+            cr_assert(fn[i], "cuda table entry %zu is NULL", i);
+        float h[3] = {1, 2, 3}, back[3] = {0};
+        float *d = up(k, h, sizeof h);
+        cr_assert_eq(k->mem_copy(back, d, sizeof h, KERNELS_COPY_D2H), 0, "%s", error_message());
+        cr_assert_eq(memcmp(h, back, sizeof h), 0);
+        k->mem_free(d);
+        return;
+    }
+    const char *msg = error_message();
+    cr_assert(msg[0], "kernels_get(\"cuda\") returned NULL without a message");
+#ifdef FSDP_HAVE_CUDA
+    cr_assert(strstr(msg, "no CUDA device"), "unclear message: %s", msg);
+    /* The answer is cached but the message is set again on every call (it is per thread). */
+    error_clear();
+    cr_assert_null(kernels_cuda());
+    cr_assert(strstr(error_message(), "no CUDA device"), "second call: %s", error_message());
+#else
+    cr_assert(strstr(msg, "CUDA"), "unclear message: %s", msg);
+#endif
+    /* A failed CUDA probe leaves the CPU backend fully usable. */
+    const struct kernels *c = cpu();
+    double s = -1;
+    float x[2] = {3, 4};
+    cr_assert_eq(c->sqnorm(&s, x, 2), 0);
+    cr_assert_eq(s, 25.0);
+}
+
+static void check_matmul(int n, int in, int out, int bias)
+{
+    const struct kernels *kg = gpu(), *kc = cpu();
+    float *x = host_rand((size_t)n * in, 1, -1, 1), *w = host_rand((size_t)in * out, 2, -1, 1);
+    float *b = host_rand(out, 3, -1, 1), *dy = host_rand((size_t)n * out, 4, -1, 1);
+    float *g0 = host_rand((size_t)(n > out ? n : out) * (in > out ? in : out), 5, -1, 1);
+    struct pair X = pair_new(kc, kg, x, (size_t)n * in), W = pair_new(kc, kg, w, (size_t)in * out);
+    struct pair B = pair_new(kc, kg, b, out), DY = pair_new(kc, kg, dy, (size_t)n * out);
+    struct pair Y = pair_new(kc, kg, NULL, (size_t)n * out), DX = pair_new(kc, kg, g0, (size_t)n * in);
+    struct pair DW = pair_new(kc, kg, g0, (size_t)in * out), DB = pair_new(kc, kg, g0, out);
+    cr_assert_eq(kc->matmul_forward(Y.c, X.c, W.c, bias ? B.c : NULL, n, in, out), 0);
+    cr_assert_eq(kg->matmul_forward(Y.g, X.g, W.g, bias ? B.g : NULL, n, in, out), 0, "%s", error_message());
+    compare("matmul y", kc, kg, &Y, 1e-5 * sqrt(in), 1e-5);
+    cr_assert_eq(kc->matmul_backward(DX.c, DW.c, bias ? DB.c : NULL, DY.c, X.c, W.c, n, in, out), 0);
+    cr_assert_eq(kg->matmul_backward(DX.g, DW.g, bias ? DB.g : NULL, DY.g, X.g, W.g, n, in, out), 0, "%s",
+                 error_message());
+    compare("matmul dx", kc, kg, &DX, 1e-5 * sqrt(out), 1e-5);
+    compare("matmul dw", kc, kg, &DW, 1e-5 * sqrt(n), 1e-5);
+    compare("matmul db", kc, kg, &DB, 1e-5 * sqrt(n), 1e-5);
+    struct pair *all[] = {&X, &W, &B, &DY, &Y, &DX, &DW, &DB};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        pair_free(kc, kg, all[i]);
+    free(x), free(w), free(b), free(dy), free(g0);
+}
+
+Test(kernels_cuda, matmul_matches_cpu)
+{
+    check_matmul(1, 1, 1, 1);
+    check_matmul(37, 45, 29, 1);
+    check_matmul(300, 96, 288, 0);
+    check_matmul(513, 256, 1024, 1);
+}
+
+Test(kernels_cuda, gemm_all_transposes_match_cpu)
+{
+    const struct kernels *kg = gpu(), *kc = cpu();
+    const int m = 33, n = 47, kk = 29, pad = 3;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            int lda = (ta ? m : kk) + pad, ldb = (tb ? kk : n) + pad, ldc = n + pad;
+            size_t na = (size_t)(ta ? kk : m) * lda, nb = (size_t)(tb ? n : kk) * ldb, nc = (size_t)m * ldc;
+            float *a = host_rand(na, 10 + ta, -1, 1), *b = host_rand(nb, 20 + tb, -1, 1), *c0 = host_rand(nc, 30, -1, 1);
+            struct pair A = pair_new(kc, kg, a, na), B = pair_new(kc, kg, b, nb), C = pair_new(kc, kg, c0, nc);
+            cr_assert_eq(kc->gemm(ta, tb, m, n, kk, 0.75f, A.c, lda, B.c, ldb, -0.5f, C.c, ldc), 0);
+            cr_assert_eq(kg->gemm(ta, tb, m, n, kk, 0.75f, A.g, lda, B.g, ldb, -0.5f, C.g, ldc), 0, "%s",
+                         error_message());
+            compare(ta ? (tb ? "gemm TT" : "gemm TN") : (tb ? "gemm NT" : "gemm NN"), kc, kg, &C, 1e-5 * sqrt(kk),
+                    1e-5);
+            pair_free(kc, kg, &A), pair_free(kc, kg, &B), pair_free(kc, kg, &C);
+            free(a), free(b), free(c0);
+        }
+    cr_assert_lt(kg->gemm(0, 0, 2, 2, 2, 1, NULL, 1, NULL, 2, 0, NULL, 2), 0, "lda < k must be rejected");
+}
+
+Test(kernels_cuda, layernorm_matches_cpu)
+{
+    const struct kernels *kg = gpu(), *kc = cpu();
+    const int n = 67, c = 1600;
+    float *x = host_rand((size_t)n * c, 40, -2, 2), *w = host_rand(c, 41, 0.5f, 1.5f), *b = host_rand(c, 42, -1, 1);
+    for (int i = 0; i < n; i++) /* rows with a large common offset, as the residual stream carries */
+        for (int j = 0; j < c; j++)
+            x[(size_t)i * c + j] += (float)(i % 5) * 100.0f;
+    float *dy = host_rand((size_t)n * c, 43, -1, 1), *g0 = host_rand((size_t)n * c, 44, -1, 1);
+    struct pair X = pair_new(kc, kg, x, (size_t)n * c), W = pair_new(kc, kg, w, c), B = pair_new(kc, kg, b, c);
+    struct pair Y = pair_new(kc, kg, NULL, (size_t)n * c), M = pair_new(kc, kg, NULL, n), R = pair_new(kc, kg, NULL, n);
+    struct pair DY = pair_new(kc, kg, dy, (size_t)n * c), DX = pair_new(kc, kg, g0, (size_t)n * c);
+    struct pair DW = pair_new(kc, kg, g0, c), DB = pair_new(kc, kg, g0 + c, c);
+    cr_assert_eq(kc->layernorm_forward(Y.c, M.c, R.c, X.c, W.c, B.c, n, c, 1e-5f), 0);
+    cr_assert_eq(kg->layernorm_forward(Y.g, M.g, R.g, X.g, W.g, B.g, n, c, 1e-5f), 0, "%s", error_message());
+    compare("layernorm out", kc, kg, &Y, 1e-5, 1e-5);
+    compare("layernorm mean", kc, kg, &M, 1e-5, 1e-6);
+    compare("layernorm rstd", kc, kg, &R, 1e-6, 1e-5);
+    cr_assert_eq(kc->layernorm_backward(DX.c, DW.c, DB.c, DY.c, X.c, W.c, M.c, R.c, n, c), 0);
+    cr_assert_eq(kg->layernorm_backward(DX.g, DW.g, DB.g, DY.g, X.g, W.g, M.g, R.g, n, c), 0, "%s",
+                 error_message());
+    compare("layernorm dinp", kc, kg, &DX, 1e-5, 1e-4);
+    compare("layernorm dweight", kc, kg, &DW, 1e-5 * sqrt(n), 1e-5);
+    compare("layernorm dbias", kc, kg, &DB, 1e-5 * sqrt(n), 1e-5);
+    /* NULL gradient outputs are skipped, not written */
+    cr_assert_eq(kg->layernorm_backward(NULL, NULL, DB.g, DY.g, X.g, W.g, M.g, R.g, n, c), 0);
+    struct pair *all[] = {&X, &W, &B, &Y, &M, &R, &DY, &DX, &DW, &DB};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        pair_free(kc, kg, all[i]);
+    free(x), free(w), free(b), free(dy), free(g0);
+}
+
+static void check_attention(int b, int t, int c, int nh, float qk_range)
+{
+    const struct kernels *kg = gpu(), *kc = cpu();
+    size_t nqkv = (size_t)b * t * 3 * c, nout = (size_t)b * t * c, nlse = (size_t)b * nh * t;
+    float *qkv = host_rand(nqkv, 50, -qk_range, qk_range), *dout = host_rand(nout, 51, -1, 1);
+    float *g0 = host_rand(nqkv, 52, -1, 1);
+    struct pair QKV = pair_new(kc, kg, qkv, nqkv), O = pair_new(kc, kg, NULL, nout), L = pair_new(kc, kg, NULL, nlse);
+    struct pair DO = pair_new(kc, kg, dout, nout), DQKV = pair_new(kc, kg, g0, nqkv);
+    size_t wc = kc->attention_workspace_bytes(b, t, c, nh), wg = kg->attention_workspace_bytes(b, t, c, nh);
+    void *wsc = kc->mem_alloc(wc), *wsg = kg->mem_alloc(wg);
+    cr_assert(wsc && wsg);
+    cr_assert_eq(kc->attention_forward(O.c, L.c, QKV.c, b, t, c, nh, wsc), 0);
+    cr_assert_eq(kg->attention_forward(O.g, L.g, QKV.g, b, t, c, nh, wsg), 0, "%s", error_message());
+    compare("attention out", kc, kg, &O, 2e-5, 1e-4);
+    compare("attention lse", kc, kg, &L, 2e-5, 1e-5);
+    cr_assert_eq(kc->attention_backward(DQKV.c, DO.c, QKV.c, O.c, L.c, b, t, c, nh, wsc), 0);
+    cr_assert_eq(kg->attention_backward(DQKV.g, DO.g, QKV.g, O.g, L.g, b, t, c, nh, wsg), 0, "%s",
+                 error_message());
+    compare("attention dqkv", kc, kg, &DQKV, 5e-5, 1e-4);
+    /* Deterministic: a second backward from the same start gives the same bits. */
+    float *first = down(kg, DQKV.g, nqkv * sizeof(float));
+    cr_assert_eq(kg->mem_copy(DQKV.g, g0, nqkv * sizeof(float), KERNELS_COPY_H2D), 0);
+    cr_assert_eq(kg->attention_backward(DQKV.g, DO.g, QKV.g, O.g, L.g, b, t, c, nh, wsg), 0);
+    float *second = down(kg, DQKV.g, nqkv * sizeof(float));
+    cr_assert_eq(memcmp(first, second, nqkv * sizeof(float)), 0, "attention backward is not deterministic");
+    struct pair *all[] = {&QKV, &O, &L, &DO, &DQKV};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        pair_free(kc, kg, all[i]);
+    kc->mem_free(wsc), kg->mem_free(wsg);
+    free(qkv), free(dout), free(g0), free(first), free(second);
+}
+
+Test(kernels_cuda, attention_matches_cpu)
+{
+    check_attention(1, 1, 8, 2, 1.0f);     /* one token, hs 4 */
+    check_attention(2, 70, 64, 4, 1.0f);   /* t not a multiple of the 32-row tiles, hs 16 */
+    check_attention(2, 200, 256, 4, 1.0f); /* GPT-2's hs 64 */
+    check_attention(1, 97, 384, 3, 1.0f);  /* hs 128 */
+    check_attention(1, 65, 400, 2, 0.5f);  /* hs 200: not a multiple of 32, needs > 48 KiB shared memory */
+    check_attention(1, 130, 64, 2, 6.0f);  /* large scores: the online softmax must rescale */
+}
+
+Test(kernels_cuda, elementwise_match_cpu)
+{
+    const struct kernels *kg = gpu(), *kc = cpu();
+    const size_t n = 300001;
+    float *a = host_rand(n, 60, -6, 6), *b = host_rand(n, 61, -1, 1), *g0 = host_rand(n, 62, -1, 1);
+    struct pair A = pair_new(kc, kg, a, n), B = pair_new(kc, kg, b, n), Y = pair_new(kc, kg, NULL, n);
+    struct pair D = pair_new(kc, kg, g0, n);
+    cr_assert_eq(kc->gelu_forward(Y.c, A.c, n), 0);
+    cr_assert_eq(kg->gelu_forward(Y.g, A.g, n), 0, "%s", error_message());
+    compare("gelu", kc, kg, &Y, 1e-6, 1e-5);
+    cr_assert_eq(kc->gelu_backward(D.c, A.c, B.c, n), 0);
+    cr_assert_eq(kg->gelu_backward(D.g, A.g, B.g, n), 0, "%s", error_message());
+    compare("gelu backward", kc, kg, &D, 1e-6, 1e-5);
+    cr_assert_eq(kc->residual_forward(Y.c, A.c, B.c, n), 0);
+    cr_assert_eq(kg->residual_forward(Y.g, A.g, B.g, n), 0);
+    compare("residual", kc, kg, &Y, 0, 0);
+    cr_assert_eq(kc->residual_forward(A.c, A.c, B.c, n), 0); /* aliasing out == a */
+    cr_assert_eq(kg->residual_forward(A.g, A.g, B.g, n), 0);
+    compare("residual in place", kc, kg, &A, 0, 0);
+    cr_assert_eq(kc->scale(Y.c, -0.37f, n), 0);
+    cr_assert_eq(kg->scale(Y.g, -0.37f, n), 0);
+    compare("scale", kc, kg, &Y, 0, 0);
+    cr_assert_eq(kc->axpy(Y.c, 0.25f, B.c, n), 0);
+    cr_assert_eq(kg->axpy(Y.g, 0.25f, B.g, n), 0);
+    compare("axpy", kc, kg, &Y, 1e-7, 1e-6); /* FMA contraction may differ */
+    struct pair *all[] = {&A, &B, &Y, &D};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        pair_free(kc, kg, all[i]);
+    free(a), free(b), free(g0);
+}
+
+Test(kernels_cuda, sqnorm_matches_cpu_and_is_deterministic)
+{
+    const struct kernels *kg = gpu(), *kc = cpu();
+    const size_t sizes[] = {1, 255, 257, 1000003, 5000000};
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+        size_t n = sizes[s];
+        float *x = host_rand(n, 70 + s, -3, 3);
+        x[0] = 1e4f; /* very different magnitudes: float accumulation would lose the small terms */
+        struct pair X = pair_new(kc, kg, x, n);
+        double rc = -1, rg = -1, rg2 = -2;
+        cr_assert_eq(kc->sqnorm(&rc, X.c, n), 0);
+        cr_assert_eq(kg->sqnorm(&rg, X.g, n), 0, "%s", error_message());
+        cr_assert_eq(kg->sqnorm(&rg2, X.g, n), 0);
+        cr_assert(fabs(rg - rc) <= 1e-12 * fabs(rc), "sqnorm n=%zu: cuda %.17g cpu %.17g", n, rg, rc);
+        cr_assert(rg == rg2, "sqnorm n=%zu not deterministic: %.17g vs %.17g", n, rg, rg2);
+        pair_free(kc, kg, &X);
+        free(x);
+    }
+    double r = -1;
+    cr_assert_eq(kg->sqnorm(&r, NULL, 0), 0);
+    cr_assert_eq(r, 0.0);
+}
+
+Test(kernels_cuda, casts_give_identical_bits)
+{
+    const struct kernels *kg = gpu(), *kc = cpu();
+    const size_t n = 70000;
+    float *f = host_rand(n, 80, -70000, 70000);
+    /* edge cases: zeros, inf, nan, f16 overflow boundary, subnormals of both formats, ties */
+    const uint32_t special[] = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00001u, 0xffa00000u,
+                                0x477fefffu, 0x477ff000u, 0x33000000u, 0x33000001u, 0x38800000u, 0x387fffffu,
+                                0x00000001u, 0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x3a800800u, 0x3a801800u};
+    memcpy(f, special, sizeof special);
+    for (size_t i = 100; i < 20000; i++) /* small magnitudes: f16 subnormal range */
+        f[i] *= 1e-9f;
+    const enum kernels_dtype dts[] = {KERNELS_F32, KERNELS_BF16, KERNELS_F16};
+    for (int s = 0; s < 3; s++)
+        for (int d = 0; d < 3; d++) {
+            /* the source of a 16-bit dtype is made by the CPU backend, then both convert it */
+            size_t ss = kernels_dtype_size(dts[s]), ds = kernels_dtype_size(dts[d]);
+            void *src = malloc(n * ss);
+            cr_assert(src);
+            cr_assert_eq(kc->cast(src, dts[s], f, KERNELS_F32, n), 0);
+            void *sc = up(kc, src, n * ss), *sg = up(kg, src, n * ss);
+            void *dc = up(kc, NULL, n * ds), *dg = up(kg, NULL, n * ds);
+            cr_assert_eq(kc->cast(dc, dts[d], sc, dts[s], n), 0);
+            cr_assert_eq(kg->cast(dg, dts[d], sg, dts[s], n), 0, "%s", error_message());
+            unsigned char *hc = down(kc, dc, n * ds), *hg = down(kg, dg, n * ds);
+            for (size_t i = 0; i < n * ds; i++)
+                if (hc[i] != hg[i])
+                    cr_assert_fail("cast %d -> %d: byte %zu (element %zu, input %a) differs: cuda %02x cpu %02x",
+                                   (int)dts[s], (int)dts[d], i, i / ds, (double)f[i / ds], hg[i], hc[i]);
+            kc->mem_free(sc), kg->mem_free(sg), kc->mem_free(dc), kg->mem_free(dg);
+            free(src), free(hc), free(hg);
+        }
+    free(f);
+    cr_assert_lt(kg->cast(NULL, (enum kernels_dtype)7, NULL, KERNELS_F32, 1), 0);
+}
+
+Test(kernels_cuda, embedding_matches_cpu)
+{
+    const struct kernels *kg = gpu(), *kc = cpu();
+    const int b = 3, t = 50, c = 200, vocab = 97, vp = 104;
+    int32_t tok[150];
+    for (int i = 0; i < b * t; i++)
+        tok[i] = (i * 37 + i / 7) % 13 == 0 ? 5 : (i * 31) % vocab; /* token 5 repeats many times */
+    float *wte = host_rand((size_t)vp * c, 90, -1, 1), *wpe = host_rand((size_t)t * c, 91, -1, 1);
+    float *dout = host_rand((size_t)b * t * c, 92, -1, 1);
+    struct pair WTE = pair_new(kc, kg, wte, (size_t)vp * c), WPE = pair_new(kc, kg, wpe, (size_t)t * c);
+    struct pair O = pair_new(kc, kg, NULL, (size_t)b * t * c), DO = pair_new(kc, kg, dout, (size_t)b * t * c);
+    int32_t *tc = up(kc, tok, sizeof tok), *tg = up(kg, tok, sizeof tok);
+    cr_assert_eq(kc->embedding_forward(O.c, tc, WTE.c, WPE.c, b, t, c, vocab), 0);
+    cr_assert_eq(kg->embedding_forward(O.g, tg, WTE.g, WPE.g, b, t, c, vocab), 0, "%s", error_message());
+    compare("embedding out", kc, kg, &O, 0, 0);
+    cr_assert_eq(kc->embedding_backward(WTE.c, WPE.c, DO.c, tc, b, t, c, vocab), 0);
+    cr_assert_eq(kg->embedding_backward(WTE.g, WPE.g, DO.g, tg, b, t, c, vocab), 0, "%s", error_message());
+    compare("embedding dwte", kc, kg, &WTE, 1e-6, 1e-6);
+    compare("embedding dwpe", kc, kg, &WPE, 1e-6, 1e-6);
+    /* an out-of-range token is an error naming it, on the GPU as on the CPU */
+    tok[77] = vocab;
+    cr_assert_eq(kg->mem_copy(tg, tok, sizeof tok, KERNELS_COPY_H2D), 0);
+    cr_assert_eq(kg->embedding_forward(O.g, tg, WTE.g, WPE.g, b, t, c, vocab), FSDP_ERANGE);
+    cr_assert(strstr(error_message(), "position 77"), "%s", error_message());
+    cr_assert_eq(kg->embedding_backward(WTE.g, NULL, DO.g, tg, b, t, c, vocab), FSDP_ERANGE);
+    cr_assert_eq(kg->embedding_backward(NULL, WPE.g, DO.g, tg, b, t, c, vocab), 0, "dwpe needs no token check");
+    struct pair *all[] = {&WTE, &WPE, &O, &DO};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        pair_free(kc, kg, all[i]);
+    kc->mem_free(tc), kg->mem_free(tg);
+    free(wte), free(wpe), free(dout);
+}
+
+static void check_xent(int n, int v, int vp, int in_place, float spread)
+{
+    const struct kernels *kg = gpu(), *kc = cpu();
+    int32_t *tgt = malloc((size_t)n * sizeof *tgt);
+    cr_assert(tgt);
+    for (int i = 0; i < n; i++)
+        tgt[i] = i % 7 == 3 ? -1 : (int32_t)(((long)i * 7919) % v);
+    float *x = host_rand((size_t)n * vp, 100 + v, -spread, spread);
+    for (int i = 0; i < n; i++)
+        for (int j = v; j < vp; j++)
+            x[(size_t)i * vp + j] = NAN; /* padding is never read */
+    struct pair X = pair_new(kc, kg, x, (size_t)n * vp), L = pair_new(kc, kg, NULL, n);
+    struct pair D = pair_new(kc, kg, NULL, (size_t)n * vp);
+    int32_t *tc = up(kc, tgt, (size_t)n * sizeof *tgt), *tg = up(kg, tgt, (size_t)n * sizeof *tgt);
+    double sc = -1, sg = -2, sg2 = -3;
+    cr_assert_eq(kc->crossentropy_forward_backward(L.c, &sc, in_place ? X.c : D.c, X.c, tc, n, v, vp, 0.5f), 0);
+    cr_assert_eq(kg->crossentropy_forward_backward(L.g, &sg, in_place ? X.g : D.g, X.g, tg, n, v, vp, 0.5f), 0, "%s",
+                 error_message());
+    compare("xent losses", kc, kg, &L, 1e-5, 1e-5);
+    compare("xent dlogits", kc, kg, in_place ? &X : &D, 1e-7, 1e-5);
+    cr_assert(fabs(sg - sc) <= 1e-5 * fabs(sc) + 1e-6, "loss sum: cuda %.17g cpu %.17g", sg, sc);
+    if (!in_place) { /* same bits again */
+        cr_assert_eq(kg->crossentropy_forward_backward(NULL, &sg2, NULL, X.g, tg, n, v, vp, 0.5f), 0);
+        cr_assert(sg == sg2, "loss sum not deterministic: %.17g vs %.17g", sg, sg2);
+    }
+    pair_free(kc, kg, &X), pair_free(kc, kg, &L), pair_free(kc, kg, &D);
+    kc->mem_free(tc), kg->mem_free(tg);
+    free(tgt), free(x);
+}
+
+Test(kernels_cuda, crossentropy_matches_cpu)
+{
+    check_xent(1, 1, 1, 0, 1.0f);
+    check_xent(37, 1000, 1024, 0, 4.0f);
+    check_xent(16, 50257, 50304, 1, 8.0f); /* GPT-2's vocabulary, padded, dlogits in place */
+}
+
+Test(kernels_cuda, crossentropy_rejects_bad_target)
+{
+    const struct kernels *kg = gpu();
+    int32_t tgt[4] = {0, 1, 10, -1};
+    float *x = host_rand(4 * 16, 110, -1, 1);
+    float *X = up(kg, x, 4 * 16 * sizeof(float));
+    int32_t *T = up(kg, tgt, sizeof tgt);
+    double s;
+    cr_assert_eq(kg->crossentropy_forward_backward(NULL, &s, NULL, X, T, 4, 10, 16, 1.0f), FSDP_ERANGE);
+    cr_assert(strstr(error_message(), "position 2"), "%s", error_message());
+    cr_assert_eq(kg->crossentropy_forward_backward(NULL, &s, NULL, X, T, 4, 11, 16, 1.0f), 0, "%s",
+                 error_message());
+    kg->mem_free(X), kg->mem_free(T);
+    free(x);
+}
+
+Test(kernels_cuda, adamw_matches_cpu)
+{
+    const struct kernels *kg = gpu(), *kc = cpu();
+    const size_t n = 100003;
+    float *p = host_rand(n, 120, -1, 1), *g = host_rand(n, 121, -0.1f, 0.1f);
+    struct pair P = pair_new(kc, kg, p, n), G = pair_new(kc, kg, g, n);
+    struct pair M = pair_new(kc, kg, NULL, n), V = pair_new(kc, kg, NULL, n);
+    for (int step = 1; step <= 5; step++) {
+        struct kernels_adamw_params hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                                          .weight_decay = step == 3 ? 0.0f : 0.1f, .grad_scale = 0.5f, .step = step};
+        cr_assert_eq(kc->adamw(P.c, G.c, M.c, V.c, n, &hp), 0);
+        cr_assert_eq(kg->adamw(P.g, G.g, M.g, V.g, n, &hp), 0, "%s", error_message());
+    }
+    compare("adamw param", kc, kg, &P, 1e-7, 1e-5);
+    compare("adamw m", kc, kg, &M, 1e-9, 1e-5);
+    compare("adamw v", kc, kg, &V, 1e-12, 1e-5);
+    struct kernels_adamw_params bad = {.lr = 1e-3f, .beta1 = 1.0f, .beta2 = 0.95f, .step = 1};
+    cr_assert_eq(kg->adamw(P.g, G.g, M.g, V.g, n, &bad), FSDP_EINVAL);
+    pair_free(kc, kg, &P), pair_free(kc, kg, &G), pair_free(kc, kg, &M), pair_free(kc, kg, &V);
+    free(p), free(g);
+}
+
+Test(kernels_cuda, memory_ops)
+{
+    const struct kernels *kg = gpu();
+    float h[1000], back[1000];
+    for (int i = 0; i < 1000; i++)
+        h[i] = (float)i;
+    float *a = up(kg, h, sizeof h), *b = up(kg, NULL, sizeof h);
+    cr_assert_eq(kg->mem_copy(b, a, sizeof h, KERNELS_COPY_D2D), 0);
+    cr_assert_eq(kg->mem_copy(b + 10, b, 500 * sizeof(float), KERNELS_COPY_D2D), 0); /* overlapping */
+    cr_assert_eq(kg->mem_set(a, 0, 100 * sizeof(float)), 0);
+    cr_assert_eq(kg->synchronize(), 0);
+    cr_assert_eq(kg->mem_copy(back, b, sizeof h, KERNELS_COPY_D2H), 0);
+    cr_assert_eq(back[9], 9.0f);
+    cr_assert_eq(back[10], 0.0f);
+    cr_assert_eq(back[509], 499.0f);
+    cr_assert_eq(back[510], 510.0f);
+    cr_assert_eq(kg->mem_copy(back, a, sizeof h, KERNELS_COPY_D2H), 0);
+    cr_assert_eq(back[99], 0.0f);
+    cr_assert_eq(back[100], 100.0f);
+    cr_assert_eq(kg->mem_copy(back, a, 4, (enum kernels_copy_kind)9), FSDP_EINVAL);
+    kg->mem_free(a), kg->mem_free(b);
+    kg->mem_free(NULL);
+    /* an impossible allocation fails with a message, and the backend keeps working */
+    cr_assert_null(kg->mem_alloc((size_t)1 << 50));
+    cr_assert(strstr(error_message(), "cannot allocate"), "%s", error_message());
+    void *ok = kg->mem_alloc(16);
+    cr_assert(ok, "%s", error_message());
+    kg->mem_free(ok);
+}
