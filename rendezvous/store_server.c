@@ -62,6 +62,7 @@ struct conn {
 struct store_server {
     struct event_base *base;
     struct evconnlistener *listener;
+    struct event *accept_resume; /* re-enables accepting after running out of descriptors */
     struct event *stop_ev; /* activated from another thread: a loopbreak sent before the loop runs is lost */
     pthread_t thread;
     bool thread_started;
@@ -736,13 +737,24 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
         conn_free(c);
 }
 
+static void accept_resume_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    evconnlistener_enable(((struct store_server *)arg)->listener);
+}
+
+/* Out of descriptors, the pending connection stays in the backlog and the listener would fire again at
+ * once: pause accepting briefly instead of spinning (the waiting client keeps its connect timeout). */
 static void accept_error_cb(struct evconnlistener *l, void *arg)
 {
-    (void)l;
-    (void)arg;
+    struct store_server *s = arg;
     int err = EVUTIL_SOCKET_ERROR();
     log_warn("store: accept failed: %s (raise the open-files limit for more clients)",
              evutil_socket_error_to_string(err));
+    struct timeval pause = {.tv_sec = 0, .tv_usec = 100 * 1000};
+    if (evconnlistener_disable(l) == 0 && event_add(s->accept_resume, &pause) != 0)
+        evconnlistener_enable(l);
 }
 
 static void stop_cb(evutil_socket_t fd, short what, void *arg)
@@ -843,9 +855,11 @@ int store_server_start(const struct store_server_options *opts, struct store_ser
         rc = bind_listener(opts->bind_addr, opts->port, &fd);
     if (rc == 0) {
         s->base = event_base_new();
-        if (s->base)
+        if (s->base) {
             s->stop_ev = event_new(s->base, -1, 0, stop_cb, s);
-        if (s->stop_ev)
+            s->accept_resume = evtimer_new(s->base, accept_resume_cb, s);
+        }
+        if (s->stop_ev && s->accept_resume)
             s->listener = evconnlistener_new(s->base, accept_cb, s,
                                              LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1, fd);
         if (!s->listener) {
@@ -899,6 +913,8 @@ void store_server_stop(struct store_server *s)
         evconnlistener_free(s->listener);
     if (s->stop_ev)
         event_free(s->stop_ev);
+    if (s->accept_resume)
+        event_free(s->accept_resume);
     if (s->base)
         event_base_free(s->base);
     store_table_free(&s->table);

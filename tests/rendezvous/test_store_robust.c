@@ -356,3 +356,58 @@ Test(store_robust, clients_1024_concurrent, .timeout = 100)
     store_client_close(c);
     store_server_stop(s);
 }
+
+#include <dirent.h>
+
+static int highest_open_fd(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    cr_assert_not_null(d);
+    int hi = -1;
+    for (struct dirent *e; (e = readdir(d));)
+        if (atoi(e->d_name) > hi)
+            hi = atoi(e->d_name);
+    closedir(d);
+    return hi;
+}
+
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+           ru.ru_stime.tv_usec / 1e6;
+}
+
+/* Out of descriptors the server must neither spin on accept nor lose the clients in its backlog: they
+ * get in once descriptors are available again. */
+Test(store_robust, out_of_descriptors_pauses_accepting)
+{
+    struct store_server *s = test_server("job", NULL, 0);
+    int port = store_server_port(s);
+    struct rlimit saved;
+    getrlimit(RLIMIT_NOFILE, &saved);
+    struct rlimit tight = {.rlim_cur = (rlim_t)highest_open_fd() + 3, .rlim_max = saved.rlim_max};
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        setrlimit(RLIMIT_NOFILE, &saved);
+        struct store_client *cs[8];
+        for (int i = 0; i < 8; i++)
+            if (test_connect_opts(port, "job", NULL, 30, &cs[i]) != 0 || store_client_ping(cs[i]) != 0)
+                _exit(10 + i);
+        for (int i = 0; i < 8; i++)
+            store_client_close(cs[i]);
+        _exit(0);
+    }
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &tight), 0);
+    double cpu0 = cpu_seconds();
+    test_sleep(1.0);
+    double busy = cpu_seconds() - cpu0;
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &saved), 0);
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "clients failed (status 0x%x)", st);
+    cr_assert_lt(busy, 0.1, "server spun on accept: %.2f s of CPU in 1 s", busy);
+    store_server_stop(s);
+}
