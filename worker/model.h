@@ -1,0 +1,166 @@
+/* The model: a tree of named modules whose parameters live in one flat fp32 buffer, grouped into FSDP
+ * units (unit 0 = the root: wte, wpe, ln_f; unit 1 + i = decoder block h.i), and forward/backward entry
+ * points per unit so the FSDP engine can all-gather unit i, compute it, and free it again.
+ *
+ * Families come from a registry (model_config.model_family: "gpt2"); each family provides its layout
+ * (modules, parameters, units) and its compute (struct model_ops) over the kernels table.
+ *
+ * Buffers: parameters and gradients are device buffers laid out as model_layout says (a unit's slice is
+ * params + unit->offset). Activations live in one arena allocated by model_create, sized from the config
+ * and the batch shape up front (model_arena_bytes). docs/model.md has names, layouts and the init. */
+#ifndef FSDP_WORKER_MODEL_H
+#define FSDP_WORKER_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+
+#define MODEL_NAME_MAX 64
+#define MODEL_PATH_MAX 4096
+/* The vocabulary is padded to a multiple of this for matmul speed; padded logits never reach the loss. */
+#define MODEL_VOCAB_ALIGN 64
+
+struct model_config {
+    char model_family[32]; /* registry name, "gpt2" */
+    int n_layer, n_head, n_embd;
+    int vocab_size; /* real vocabulary; the model pads it to MODEL_VOCAB_ALIGN internally */
+    int block_size; /* maximum sequence length (rows of wpe) */
+    float init_std;
+    uint64_t seed;
+    char init_from[MODEL_PATH_MAX]; /* "" = random init from seed, else a safetensors file (HF names) */
+    bool activation_checkpointing;
+};
+
+/* One parameter tensor. Shapes are the model's (wte has vocab_padded rows); HF files hold real rows. */
+struct model_param {
+    char name[MODEL_NAME_MAX]; /* Hugging Face GPT-2 name, e.g. "h.3.attn.c_attn.weight" */
+    int ndim;
+    int shape[2];
+    size_t numel;
+    size_t offset;      /* elements from the start of the flat parameter buffer */
+    size_t unit_offset; /* elements from the start of its unit's slice */
+    int unit, module;
+    bool weight_decay; /* matrices and embeddings decay; biases and norm gains do not */
+    float init_std;    /* > 0: normal(0, init_std); 0: constant init_value */
+    float init_value;
+    int init_rows; /* rows given random values; rows beyond (vocab padding) are zero */
+};
+
+struct model_module {
+    char name[MODEL_NAME_MAX]; /* "" (root), "wte", "h", "h.0", "h.0.attn", "h.0.attn.c_attn", ... */
+    const char *class_name;    /* "GPT2Model", "Embedding", "ModuleList", "DecoderBlock", "LayerNorm",
+                                  "CausalSelfAttention", "MLP", "Conv1D" */
+    int parent;                /* -1 for the root */
+    int first_param, n_params; /* parameters this module owns directly (consecutive) */
+};
+
+struct model_unit {
+    char name[MODEL_NAME_MAX]; /* "root", "h.0", ... */
+    int module;                /* the module the unit wraps */
+    size_t offset, numel;      /* slice of the flat buffer */
+    int first_param, n_params;
+};
+
+struct model_layout {
+    struct model_config config;
+    int vocab_padded;
+    size_t numel;      /* flat buffer length, vocab padding included */
+    size_t numel_real; /* parameters that count (padding rows excluded) */
+    struct model_param *params;
+    int n_params;
+    struct model_module *modules;
+    int n_modules;
+    struct model_unit *units;
+    int n_units;
+};
+
+/* ---- registry and layout ---- */
+/* Checks cfg and builds the layout of its family; unknown family: FSDP_EINVAL listing the known ones. */
+int model_layout_build(struct model_layout *out, const struct model_config *cfg);
+void model_layout_free(struct model_layout *layout);
+/* Comma-separated registry names ("gpt2"). */
+const char *model_family_names(void);
+/* Index of the parameter with this name, or -1. */
+int model_layout_find(const struct model_layout *layout, const char *name);
+/* Parameters of modules of class class_name (e.g. "DecoderBlock", subtrees included); for reports. */
+size_t model_layout_class_numel(const struct model_layout *layout, const char *class_name);
+/* The config with GPT-2 defaults (gpt2 family, init_std 0.02, seed 1337); sizes left 0. */
+void model_config_default(struct model_config *cfg);
+
+/* ---- initialisation (host memory) ---- */
+/* Elements [begin, begin + count) of parameter p's row-major tensor, as the full init would produce
+ * them: each element is a pure function of (seed, parameter name, index), so a rank can initialise only
+ * its shard and still match the single-rank init bit for bit. */
+void model_init_param_range(const struct model_layout *layout, int p, size_t begin, size_t count,
+                            float *dst);
+/* Whole flat buffer (host): from config.init_from when set, else random from config.seed. */
+int model_init_params(const struct model_layout *layout, float *host_params);
+
+/* ---- weights as safetensors with Hugging Face GPT-2 names (host buffers) ---- */
+/* Reads every parameter (F32/F16/BF16; optional "transformer." prefix; mask buffers h.N.attn.bias and
+ * h.N.attn.masked_bias and the tied lm_head.weight ignored by exact name). wte rows in the file are the
+ * real vocabulary; padding rows are set to 0. wpe may have more rows than block_size (the first are used). */
+int model_weights_load(const struct model_layout *layout, const char *path, float *host_params);
+/* Writes every parameter as F32 with HF names (wte without padding rows); atomic. */
+int model_weights_save(const struct model_layout *layout, const char *path, const float *host_params);
+
+/* ---- activation arena ---- */
+/* Bytes of the activation arena for a batch of b sequences of t tokens, with or without activation
+ * checkpointing (then only block inputs are kept and a block's activations are recomputed in backward). */
+size_t model_arena_bytes(const struct model_config *cfg, int b, int t, bool checkpointing,
+                         const struct kernels *k);
+
+/* ---- compute ---- */
+struct model;
+
+/* Builds the layout and allocates the arena for batches of b x t tokens (t <= block_size). */
+int model_create(struct model **out, const struct model_config *cfg, const struct kernels *k, int b, int t);
+void model_destroy(struct model *m);
+const struct model_layout *model_get_layout(const struct model *m);
+size_t model_get_arena_bytes(const struct model *m);
+
+/* Host token ids and targets (b*t each; target -1 = ignored) of the next forward. */
+int model_set_batch(struct model *m, const int32_t *tokens, const int32_t *targets);
+/* Valid (non-ignored) targets of the current batch. */
+int model_batch_targets(const struct model *m);
+
+/* Per-unit steps, in this order: embed, block 0..L-1, head; then backward head, block L-1..0, embed.
+ * root = the root unit's slice (params + units[0].offset), block = unit 1 + i's slice; grads likewise;
+ * gradients are ADDED (+=) so micro-batches accumulate; the caller zeroes them.
+ * forward_head: dloss != 0 also prepares backward (dloss = d total loss / d loss of one target row,
+ * e.g. 1 / valid targets for a mean); dloss == 0 keeps the logits (model_logits) and allows no backward.
+ * *loss_sum (host, may be NULL) = sum of per-row losses over valid targets. */
+int model_forward_embed(struct model *m, const float *root);
+int model_forward_block(struct model *m, int layer, const float *block);
+int model_forward_head(struct model *m, const float *root, float dloss, double *loss_sum);
+int model_backward_head(struct model *m, const float *root, float *root_grads);
+int model_backward_block(struct model *m, int layer, const float *block, float *block_grads);
+int model_backward_embed(struct model *m, const float *root, float *root_grads);
+
+/* Whole model over the flat buffers. forward: mean loss over valid targets, logits kept.
+ * forward_backward: mean loss, grads += d mean loss / d params. */
+int model_forward(struct model *m, const float *params, float *loss);
+int model_forward_backward(struct model *m, const float *params, float *grads, float *loss);
+/* (b*t, vocab_padded) logits after model_forward or forward_head with dloss 0 (device memory). */
+const float *model_logits(const struct model *m);
+
+/* ---- families ---- */
+/* A family's compute; the registry maps model_family to one of these and a layout builder. */
+struct model_ops {
+    /* Allocates the family's activation arena and state for m->b x m->t tokens (model_internal.h). */
+    int (*create)(struct model *m);
+    void (*destroy)(struct model *m);
+    size_t (*arena_bytes)(const struct model_config *cfg, int b, int t, bool checkpointing,
+                          const struct kernels *k);
+    int (*forward_embed)(struct model *m, const float *root);
+    int (*forward_block)(struct model *m, int layer, const float *block);
+    int (*forward_head)(struct model *m, const float *root, float dloss, double *loss_sum);
+    int (*backward_head)(struct model *m, const float *root, float *root_grads);
+    int (*backward_block)(struct model *m, int layer, const float *block, float *block_grads);
+    int (*backward_embed)(struct model *m, const float *root, float *root_grads);
+    const float *(*logits)(const struct model *m);
+};
+
+#endif
