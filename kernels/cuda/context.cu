@@ -193,11 +193,11 @@ static void init_context(void)
     if (e != cudaSuccess || count <= 0) {
         init_rc = FSDP_EUNSUPPORTED;
         snprintf(init_msg, sizeof init_msg,
-                 "kernels cuda: no CUDA device: cudaGetDeviceCount %s (%s); use device=cpu, or check the "
-                 "driver (nvidia-smi) and CUDA_VISIBLE_DEVICES",
+                 "kernels cuda: no CUDA device: cudaGetDeviceCount %s (%s, error %d); use device=cpu, or "
+                 "check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES",
                  e != cudaSuccess ? "failed" : "found 0 devices",
-                 e != cudaSuccess ? cudaGetErrorString(e) : "no error");
-        (void)cudaGetLastError(); /* clear the sticky-free error so later CUDA users start clean */
+                 e != cudaSuccess ? cudaGetErrorString(e) : "no error", (int)e);
+        (void)cudaGetLastError(); /* not sticky: clear it so later CUDA users (NCCL) start clean */
         return;
     }
     struct cuda_ctx *c = &cuda_ctx;
