@@ -411,3 +411,78 @@ Test(store_robust, out_of_descriptors_pauses_accepting)
     cr_assert_lt(busy, 0.1, "server spun on accept: %.2f s of CPU in 1 s", busy);
     store_server_stop(s);
 }
+
+/* ---- the client against peers that are not a working store ---- */
+
+struct fake_server {
+    int lfd;
+    const char *reply; /* sent after reading the handshake; NULL = say nothing */
+    size_t reply_len;
+};
+
+static void *fake_server_thread(void *arg)
+{
+    struct fake_server *f = arg;
+    int fd = accept(f->lfd, NULL, NULL);
+    if (fd < 0)
+        return NULL;
+    char buf[256];
+    if (recv(fd, buf, sizeof buf, 0) > 0 && f->reply)
+        send(fd, f->reply, f->reply_len, MSG_NOSIGNAL);
+    /* hold the connection until the client gives up */
+    while (recv(fd, buf, sizeof buf, 0) > 0)
+        ;
+    close(fd);
+    return NULL;
+}
+
+static int fake_listen(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(fd, 4), 0);
+    return fd;
+}
+
+static int fake_port(int fd)
+{
+    struct sockaddr_in a;
+    socklen_t sl = sizeof a;
+    getsockname(fd, (struct sockaddr *)&a, &sl);
+    return ntohs(a.sin_port);
+}
+
+Test(store_robust, client_against_silent_peer_times_out)
+{
+    struct fake_server f = {.lfd = fake_listen()};
+    pthread_t t;
+    pthread_create(&t, NULL, fake_server_thread, &f);
+    struct store_client *c = NULL;
+    double t0 = test_now();
+    int rc = test_connect_opts(fake_port(f.lfd), "job", NULL, 1, &c);
+    double dt = test_now() - t0;
+    cr_assert_eq(rc, FSDP_ETIMEDOUT, "rc %d: %s", rc, error_message());
+    cr_assert_lt(dt, 15);
+    char expect[96];
+    snprintf(expect, sizeof expect, "no reply from store at 127.0.0.1:%d", fake_port(f.lfd));
+    cr_assert(strstr(error_message(), expect), "%s", error_message());
+    cr_assert(strstr(error_message(), "handshake"), "%s", error_message());
+    pthread_join(t, NULL);
+    close(f.lfd);
+}
+
+Test(store_robust, client_against_foreign_peer_protocol_error)
+{
+    static const char http[] = "HTTP/1.1 400 Bad Request\r\n\r\n";
+    struct fake_server f = {.lfd = fake_listen(), .reply = http, .reply_len = sizeof http - 1};
+    pthread_t t;
+    pthread_create(&t, NULL, fake_server_thread, &f);
+    struct store_client *c = NULL;
+    int rc = test_connect_opts(fake_port(f.lfd), "job", NULL, 5, &c);
+    cr_assert_eq(rc, FSDP_EPROTO, "rc %d: %s", rc, error_message());
+    cr_assert(strstr(error_message(), "is it an fsdpc store?"), "%s", error_message());
+    pthread_join(t, NULL);
+    close(f.lfd);
+}
