@@ -19,7 +19,7 @@
 enum opt_id {
     O_NNODES, O_NODE_RANK, O_NPROC, O_MASTER_ADDR, O_MASTER_PORT, O_STANDALONE, O_MAX_RESTARTS,
     O_MONITOR, O_RDZV_ID, O_RUN_ID, O_RDZV_TIMEOUT, O_LOG_DIR, O_REDIRECTS, O_TEE, O_FILTER, O_ROLE,
-    O_SHUTDOWN, O_LOG_LEVEL, O_HELP, O_COUNT
+    O_SHUTDOWN, O_LOG_LEVEL, O_RDZV_ENDPOINT, O_RDZV_BACKEND, O_HELP, O_COUNT
 };
 
 struct opt {
@@ -47,6 +47,8 @@ static const struct opt opts[O_COUNT] = {
     [O_ROLE] = {"role", true, "ROLE_NAME for the workers (default 'default')"},
     [O_SHUTDOWN] = {"shutdown_timeout", true, "seconds between SIGTERM and SIGKILL at teardown (default 30)"},
     [O_LOG_LEVEL] = {"log_level", true, "debug, info, warn or error (default info)"},
+    [O_RDZV_ENDPOINT] = {"rdzv_endpoint", true, "HOST[:PORT] of node 0: the same as --master_addr/--master_port"},
+    [O_RDZV_BACKEND] = {"rdzv_backend", true, "accepted for torchrun command lines (static, c10d); the store is always ours"},
     [O_HELP] = {"help", false, "this text"},
 };
 
@@ -297,6 +299,31 @@ static int apply(struct launch_args *a, int id, const char *v, const char *src)
         if (log_parse_level(v, &a->log_level))
             return error_set(FSDP_EINVAL, "%s: '%s' is not debug, info, warn or error", src, v);
         return 0;
+    case O_RDZV_ENDPOINT: {
+        /* HOST:PORT, HOST, or [V6]:PORT; a bare IPv6 address has several colons and no port. */
+        const char *colon = strrchr(v, ':');
+        const char *rb = strrchr(v, ']');
+        bool has_port = colon && (v[0] == '[' ? rb && colon == rb + 1 : strchr(v, ':') == colon);
+        char host[256];
+        size_t hlen = has_port ? (size_t)(colon - v) : strlen(v);
+        const char *h = v;
+        if (v[0] == '[' && rb) {
+            h = v + 1;
+            hlen = (size_t)(rb - v) - 1;
+        }
+        if (hlen == 0 || hlen >= sizeof host)
+            return error_set(FSDP_EINVAL, "%s: '%s' is not HOST[:PORT]", src, v);
+        snprintf(host, sizeof host, "%.*s", (int)hlen, h);
+        int rc = copy_str(a->master_addr, sizeof a->master_addr, host, src);
+        if (!rc && has_port)
+            rc = parse_int(colon + 1, src, 0, 65535, &a->master_port);
+        return rc;
+    }
+    case O_RDZV_BACKEND:
+        if (strcmp(v, "static") && strcmp(v, "c10d"))
+            return error_set(FSDP_EUNSUPPORTED, "%s: '%s' is not supported; fsdp-launch has one rendezvous (c10d-like, "
+                             "hosted by node 0): use static or c10d", src, v);
+        return 0;
     default: return 0;
     }
 }
@@ -345,7 +372,7 @@ static int apply_slurm(struct launch_args *a, bool set[O_COUNT])
             return rc;
         a->slurm_hosts = hosts;
         a->slurm_nhosts = (int)n;
-        if (!set[O_MASTER_ADDR] && !a->standalone) {
+        if (!set[O_MASTER_ADDR] && !set[O_RDZV_ENDPOINT] && !a->standalone) {
             rc = copy_str(a->master_addr, sizeof a->master_addr, hosts[0], "SLURM_JOB_NODELIST");
             if (rc)
                 return rc;

@@ -26,6 +26,14 @@ static void random_token(char *out, size_t nbytes)
         sprintf(out + 2 * i, "%02x", got == (ssize_t)nbytes ? buf[i] : (unsigned)(rand() & 0xff));
 }
 
+/* A slow --monitor_interval must not make a live node look lost: allow at least three missed beats. */
+static double heartbeat_timeout(double wanted, double monitor_interval)
+{
+    if (wanted <= 0)
+        wanted = 10;
+    return wanted > 3 * monitor_interval ? wanted : 3 * monitor_interval;
+}
+
 int main(int argc, char **argv)
 {
     log_init("fsdp-launch");
@@ -93,7 +101,8 @@ int main(int argc, char **argv)
                               .bind_addr = local_only ? "127.0.0.1" : NULL, .run_id = a.run_id, .secret = secret,
                               .nnodes = a.nnodes, .node_rank = a.node_rank, .nproc_per_node = a.nproc_per_node,
                               .host = host, .timeout_s = a.rdzv_timeout_s,
-                              .heartbeat_timeout_s = hb ? atof(heartbeat_env) : 0,
+                              .heartbeat_timeout_s = heartbeat_timeout(hb ? atof(heartbeat_env) : 10,
+                                                                       a.monitor_interval_s),
                               .node_hosts = a.slurm_nhosts >= a.nnodes ? (const char *const *)a.slurm_hosts : NULL};
     struct rdzv *r = NULL;
     rc = rdzv_open(&ro, &r);

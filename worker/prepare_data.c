@@ -211,7 +211,7 @@ static void usage(FILE *f)
             "  -v, --val-fraction F     share of the corpus for val.bin, 0 <= F < 1 (default 0.1)\n"
             "  -f, --format FMT         nanogpt (headerless uint16, default) or llmc (llm.c header)\n"
             "  -c, --chunk-size BYTES   files are split into chunks of this size for the train/val split\n"
-            "                           (default 65536)\n"
+            "                           (default 16384)\n"
             "  -h, --help               this text\n");
 }
 
@@ -309,7 +309,7 @@ done:
 int main(int argc, char **argv)
 {
     log_init("fsdp-prepare-data");
-    struct prep_options opt = {".", 0.1, DATA_FORMAT_NANOGPT, 65536};
+    struct prep_options opt = {".", 0.1, DATA_FORMAT_NANOGPT, 16384};
     static const struct option longopts[] = {
         {"out", required_argument, NULL, 'o'},        {"val-fraction", required_argument, NULL, 'v'},
         {"format", required_argument, NULL, 'f'},     {"chunk-size", required_argument, NULL, 'c'},

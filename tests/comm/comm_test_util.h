@@ -55,15 +55,51 @@ static inline int tu_connect(int port, struct store_client **out)
     return store_client_connect(&co, out);
 }
 
+/* The store server runs in its own process, not as a thread of this one: the ranks are fork()ed from here,
+ * and a fork taken while a server thread holds an allocator lock (ASan's allocator has no fork handlers)
+ * leaves that lock held forever in the child. Returns the port; the server exits when the parent kills it. */
+static inline int tu_server_spawn(pid_t *pid_out)
+{
+    int pfd[2];
+    cr_assert_eq(pipe(pfd), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        close(pfd[0]);
+        struct store_server_options so = {.port = 0, .run_id = "commtest"};
+        struct store_server *srv = NULL;
+        int port = store_server_start(&so, &srv) == 0 ? store_server_port(srv) : -1;
+        if (port < 0)
+            fprintf(stderr, "store: %s\n", error_message());
+        if (write(pfd[1], &port, sizeof port) != (ssize_t)sizeof port)
+            _exit(1);
+        close(pfd[1]);
+        for (;;)
+            pause();
+    }
+    close(pfd[1]);
+    int port = -1;
+    ssize_t got = read(pfd[0], &port, sizeof port);
+    close(pfd[0]);
+    cr_assert(got == (ssize_t)sizeof port && port > 0, "the store server process did not start");
+    *pid_out = pid;
+    return port;
+}
+
+static inline void tu_server_reap(pid_t pid)
+{
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
 /* Runs body on `size` ranks; fills status[] with each child's wait status. */
 static inline void run_ranks(int size, rank_body body, const void *arg, const struct run_opts *o_in,
                              int status[MAX_RANKS])
 {
     struct run_opts o = o_in ? *o_in : (struct run_opts){0};
-    struct store_server_options so = {.port = 0, .run_id = "commtest"};
-    struct store_server *srv = NULL;
-    cr_assert_eq(store_server_start(&so, &srv), 0, "store: %s", error_message());
-    int port = store_server_port(srv);
+    pid_t srv_pid;
+    int port = tu_server_spawn(&srv_pid);
     char run_id[64], tmo[32];
     snprintf(run_id, sizeof(run_id), "%s", o.run_id ? o.run_id : "");
     if (!o.run_id)
@@ -124,7 +160,7 @@ static inline void run_ranks(int size, rank_body body, const void *arg, const st
         if (left > 0)
             usleep(20000);
     }
-    store_server_stop(srv);
+    tu_server_reap(srv_pid);
 }
 
 static inline void assert_all_ok(int size, const int status[MAX_RANKS])

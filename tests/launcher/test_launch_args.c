@@ -172,3 +172,28 @@ Test(args, std_masks)
     cr_expect_eq(launch_std_mask("0:1,2:3", 2), 3);
     cr_expect_eq(launch_std_mask("0:1,2:3", 1), 0);
 }
+
+Test(args, rdzv_endpoint_and_backend)
+{
+    clear_env();
+    struct launch_args a;
+    const char *argv[] = {"fsdp-launch", "--rdzv-backend=c10d", "--rdzv_endpoint", "head01:29411", "prog", NULL};
+    cr_assert_eq(parse(&a, argv), 0, "%s", error_message());
+    cr_expect_str_eq(a.master_addr, "head01");
+    cr_expect_eq(a.master_port, 29411);
+    launch_args_free(&a);
+    const char *argv2[] = {"fsdp-launch", "--rdzv_endpoint=[fe80::1]:1234", "prog", NULL};
+    cr_assert_eq(parse(&a, argv2), 0, "%s", error_message());
+    cr_expect_str_eq(a.master_addr, "fe80::1");
+    cr_expect_eq(a.master_port, 1234);
+    launch_args_free(&a);
+    const char *argv3[] = {"fsdp-launch", "--rdzv_endpoint", "head02", "prog", NULL};
+    cr_assert_eq(parse(&a, argv3), 0, "%s", error_message());
+    cr_expect_str_eq(a.master_addr, "head02");
+    cr_expect_eq(a.master_port, 29500);
+    launch_args_free(&a);
+    const char *argv4[] = {"fsdp-launch", "--rdzv_backend", "etcd", "prog", NULL};
+    cr_expect_eq(parse(&a, argv4), FSDP_EUNSUPPORTED);
+    cr_expect(strstr(error_message(), "'etcd' is not supported"), "%s", error_message());
+    launch_args_free(&a);
+}
