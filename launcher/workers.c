@@ -91,7 +91,7 @@ static const char *const overridden[] = {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_NAME",
     "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "FSDP_RDZV_TOKEN", "FSDP_STORE_PREFIX",
-    "OMP_NUM_THREADS", NULL};
+    "OMP_NUM_THREADS", "FSDP_LOG_LEVEL", NULL};
 
 static bool is_overridden(const char *entry)
 {
@@ -140,6 +140,10 @@ static char **build_env(const struct launch_args *a, const struct rdzv_assignmen
     ADD("TORCHELASTIC_MAX_RESTARTS=%d", a->max_restarts);
     ADD("TORCHELASTIC_RUN_ID=%s", a->run_id);
     ADD("FSDP_STORE_PREFIX=%s", as->prefix);
+    /* --log_level (else the launcher's own FSDP_LOG_LEVEL) reaches the workers: one knob for the job. */
+    static const char *const level_names[] = {"debug", "info", "warn", "error", "off"};
+    ADD("FSDP_LOG_LEVEL=%s", level_names[a->log_level >= LOG_DEBUG && a->log_level <= LOG_OFF ? a->log_level
+                                                                                              : LOG_INFO]);
     if (e->secret)
         ADD("FSDP_RDZV_TOKEN=%s", e->secret);
     if (e->omp_threads)

@@ -98,9 +98,8 @@ int rdzv_open(const struct rdzv_options *o, struct rdzv **out)
                                           .secret = o->secret};
         rc = store_server_start(&so, &r->server);
         if (rc == FSDP_EEXIST) {
-            rc = error_set(rc, "cannot host the store: port %d on %s is already in use (another job?); pick another "
-                           "--master_port, or 0 for a free one [%s]", o->master_port,
-                           o->bind_addr && *o->bind_addr ? o->bind_addr : "0.0.0.0", error_message());
+            /* The server's message names the address and port already; add the way out only we know. */
+            rc = error_set(rc, "cannot host the store: %s (or --master_port 0 to pick a free port)", error_message());
             goto fail;
         }
         if (rc)

@@ -334,7 +334,9 @@ int store_client_connect(const struct store_client_options *opts, struct store_c
             c->fd = -1;
             err = ECONNRESET;
         }
-        if (now_s() + backoff >= deadline) {
+        /* The last try lands on the deadline, so "tried for N s" in the message is what happened. */
+        double left = deadline - now_s();
+        if (left <= 0) {
             char why[128];
             snprintf(why, sizeof why, "%s", err < 0 ? gai_strerror(-err) : strerror(err));
             rc = error_set(FSDP_ETIMEDOUT,
@@ -343,7 +345,8 @@ int store_client_connect(const struct store_client_options *opts, struct store_c
                            c->addr, connect_s, why);
             break;
         }
-        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)(backoff * 1e9)};
+        double nap = backoff < left ? backoff : left;
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)(nap * 1e9)};
         nanosleep(&ts, NULL);
         backoff = backoff * 2 > 0.5 ? 0.5 : backoff * 2;
     }

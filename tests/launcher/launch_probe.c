@@ -14,7 +14,7 @@ static const char *const vars[] = {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_NAME",
     "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "FSDP_STORE_PREFIX", "FSDP_RDZV_TOKEN", "OMP_NUM_THREADS",
-    NULL};
+    "FSDP_LOG_LEVEL", NULL};
 
 static int env_int(const char *n) { return getenv(n) ? atoi(getenv(n)) : -1; }
 

@@ -263,3 +263,50 @@ Test(launch, program_found_next_to_launcher_and_demo_runs, .timeout = 60)
     lu_rm_rf(dir);
     free(dir);
 }
+
+/* One knob for the whole job: --log_level (else the launcher's FSDP_LOG_LEVEL) sets the launcher's own
+ * level and reaches every worker as FSDP_LOG_LEVEL, overriding what the workers would inherit. */
+Test(launch, log_level_flag_reaches_workers, .timeout = 60)
+{
+    char *dir = lu_tmpdir();
+    const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "2", "--log-level", "debug", LU_PROBE, "env",
+                          dir, NULL};
+    const char *env[] = {"FSDP_LOG_LEVEL=error", NULL};
+    pid_t p = lu_spawn(argv, dir, "launch", env);
+    int st = lu_wait(p, 40);
+    char *err = lu_slurp_tag(dir, "launch", "err");
+    cr_assert_eq(lu_exit_code(st), 0, "stderr:\n%s", err);
+    cr_expect(strstr(err, "] D: node 0 of 1"), "the launcher did not log at debug level:\n%s", err);
+    for (int r = 0; r < 2; r++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/env.%d", dir, r);
+        char *t = lu_slurp(path);
+        cr_expect_str_eq(env_value(t, "FSDP_LOG_LEVEL"), "debug", "rank %d", r);
+        free(t);
+    }
+    free(err);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
+Test(launch, log_level_environment_reaches_workers, .timeout = 60)
+{
+    char *dir = lu_tmpdir();
+    const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "2", LU_PROBE, "env", dir, NULL};
+    const char *env[] = {"FSDP_LOG_LEVEL=WARN", NULL};
+    pid_t p = lu_spawn(argv, dir, "launch", env);
+    int st = lu_wait(p, 40);
+    char *err = lu_slurp_tag(dir, "launch", "err");
+    cr_assert_eq(lu_exit_code(st), 0, "stderr:\n%s", err);
+    cr_expect_null(strstr(err, "OMP_NUM_THREADS not set"), "an info line passed FSDP_LOG_LEVEL=WARN:\n%s", err);
+    for (int r = 0; r < 2; r++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/env.%d", dir, r);
+        char *t = lu_slurp(path);
+        cr_expect_str_eq(env_value(t, "FSDP_LOG_LEVEL"), "warn", "rank %d", r);
+        free(t);
+    }
+    free(err);
+    lu_rm_rf(dir);
+    free(dir);
+}

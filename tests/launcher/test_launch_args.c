@@ -1,5 +1,7 @@
 /* Unit tests of the launcher's configuration: SLURM hostlists, flag spellings, PET_* and SLURM_*. */
 #include <criterion/criterion.h>
+#include <ctype.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -196,4 +198,101 @@ Test(args, rdzv_endpoint_and_backend)
     cr_expect_eq(parse(&a, argv4), FSDP_EUNSUPPORTED);
     cr_expect(strstr(error_message(), "'etcd' is not supported"), "%s", error_message());
     launch_args_free(&a);
+}
+
+/* Every flag of the issue, each in three spellings: --name_with_underscores, --name-with-dashes (both
+ * --flag value and --flag=value) and PET_NAME. `check` says where the value must land. */
+struct flag_case {
+    const char *name, *value;
+    bool (*check)(const struct launch_args *a);
+};
+
+static bool ck_nnodes(const struct launch_args *a) { return a->nnodes == 3; }
+static bool ck_node_rank(const struct launch_args *a) { return a->node_rank == 2; }
+static bool ck_nproc(const struct launch_args *a) { return a->nproc_per_node == 5; }
+static bool ck_addr(const struct launch_args *a) { return strcmp(a->master_addr, "10.1.2.3") == 0; }
+static bool ck_port(const struct launch_args *a) { return a->master_port == 4321; }
+static bool ck_standalone(const struct launch_args *a) { return a->standalone && a->master_port == 0; }
+static bool ck_restarts(const struct launch_args *a) { return a->max_restarts == 6; }
+static bool ck_monitor(const struct launch_args *a) { return a->monitor_interval_s == 0.25; }
+static bool ck_run_id(const struct launch_args *a) { return strcmp(a->run_id, "job42") == 0; }
+static bool ck_rdzv_timeout(const struct launch_args *a) { return a->rdzv_timeout_s == 12.5; }
+static bool ck_log_dir(const struct launch_args *a) { return strcmp(a->log_dir, "/tmp/logs") == 0; }
+static bool ck_redirects(const struct launch_args *a) { return strcmp(a->redirects, "0:3,1:2") == 0; }
+static bool ck_tee(const struct launch_args *a) { return strcmp(a->tee, "2") == 0; }
+static bool ck_filter(const struct launch_args *a) { return strcmp(a->local_ranks_filter, "0,2") == 0; }
+static bool ck_role(const struct launch_args *a) { return strcmp(a->role, "trainer") == 0; }
+static bool ck_shutdown(const struct launch_args *a) { return a->shutdown_timeout_s == 4; }
+static bool ck_log_level(const struct launch_args *a) { return a->log_level == LOG_ERROR; }
+static bool ck_endpoint(const struct launch_args *a)
+{
+    return strcmp(a->master_addr, "head9") == 0 && a->master_port == 2345;
+}
+static bool ck_backend(const struct launch_args *a) { (void)a; return true; }
+
+static const struct flag_case flag_cases[] = {
+    {"nnodes", "3", ck_nnodes},
+    {"node_rank", "2", ck_node_rank},
+    {"nproc_per_node", "5", ck_nproc},
+    {"master_addr", "10.1.2.3", ck_addr},
+    {"master_port", "4321", ck_port},
+    {"standalone", "true", ck_standalone},
+    {"max_restarts", "6", ck_restarts},
+    {"monitor_interval", "0.25", ck_monitor},
+    {"rdzv_id", "job42", ck_run_id},
+    {"run_id", "job42", ck_run_id},
+    {"rdzv_timeout", "12.5", ck_rdzv_timeout},
+    {"log_dir", "/tmp/logs", ck_log_dir},
+    {"redirects", "0:3,1:2", ck_redirects},
+    {"tee", "2", ck_tee},
+    {"local_ranks_filter", "0,2", ck_filter},
+    {"role", "trainer", ck_role},
+    {"shutdown_timeout", "4", ck_shutdown},
+    {"log_level", "error", ck_log_level},
+    {"rdzv_endpoint", "head9:2345", ck_endpoint},
+    {"rdzv_backend", "c10d", ck_backend},
+};
+
+Test(args, every_flag_in_every_spelling)
+{
+    clear_env();
+    for (size_t i = 0; i < sizeof flag_cases / sizeof flag_cases[0]; i++) {
+        const struct flag_case *fc = &flag_cases[i];
+        char under[64], dash[64], eq[128], pet[64];
+        snprintf(under, sizeof under, "--%s", fc->name);
+        snprintf(dash, sizeof dash, "--%s", fc->name);
+        for (char *p = dash; *p; p++)
+            if (*p == '_')
+                *p = '-';
+        snprintf(eq, sizeof eq, "%s=%s", dash, fc->value);
+        snprintf(pet, sizeof pet, "PET_");
+        for (size_t k = 0; fc->name[k]; k++)
+            pet[4 + k] = (char)toupper((unsigned char)fc->name[k]);
+        pet[4 + strlen(fc->name)] = 0;
+        /* A neutral flag in front (so the flag under test is not first); node_rank needs room in --nnodes. */
+        const char *nn = strcmp(fc->name, "node_rank") == 0      ? "--nnodes=4"
+                         : strcmp(fc->name, "rdzv_backend") == 0 ? "--role=x"
+                                                                 : "--rdzv_backend=static";
+        bool is_bool = strcmp(fc->name, "standalone") == 0;
+        const char *forms[3][6] = {
+            {"fsdp-launch", nn, under, is_bool ? "prog" : fc->value, is_bool ? NULL : "prog", NULL},
+            {"fsdp-launch", nn, dash, is_bool ? "prog" : fc->value, is_bool ? NULL : "prog", NULL},
+            {"fsdp-launch", nn, eq, "prog", NULL, NULL},
+        };
+        for (int f = 0; f < 3; f++) {
+            struct launch_args a;
+            int rc = parse(&a, forms[f]);
+            cr_expect_eq(rc, 0, "%s %s: %s", forms[f][2], forms[f][3], error_message());
+            cr_expect(rc != 0 || fc->check(&a), "%s %s: value not applied", forms[f][2], forms[f][3]);
+            launch_args_free(&a);
+        }
+        setenv(pet, fc->value, 1);
+        const char *from_env[] = {"fsdp-launch", nn, "prog", NULL};
+        struct launch_args a;
+        int rc = parse(&a, from_env);
+        cr_expect_eq(rc, 0, "%s=%s: %s", pet, fc->value, error_message());
+        cr_expect(rc != 0 || fc->check(&a), "%s=%s: value not applied", pet, fc->value);
+        launch_args_free(&a);
+        unsetenv(pet);
+    }
 }

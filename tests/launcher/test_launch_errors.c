@@ -98,6 +98,8 @@ Test(launch_errors, port_already_in_use)
     cr_expect_eq(rc, 1, "stderr:\n%s", err);
     cr_expect(strstr(err, "already in use"), "stderr:\n%s", err);
     cr_expect(strstr(err, ports), "port not named:\n%s", err);
+    const char *first = strstr(err, "already in use");
+    cr_expect(first && !strstr(first + 1, "already in use"), "message repeated or garbled:\n%s", err);
     free(err);
     close(fd);
 }
@@ -112,11 +114,15 @@ Test(launch_errors, master_unreachable_names_address_and_time)
     const char *a[] = {LU_LAUNCH, "--nnodes", "2", "--node_rank", "1", "--master_addr", "127.0.0.1", "--master_port",
                        ports, "--rdzv_timeout", "1", "/bin/true", NULL};
     char *err;
+    double t0 = lu_now();
     int rc = run_launch(a, NULL, 30, &err);
+    double took = lu_now() - t0;
     char want[128];
     snprintf(want, sizeof want, "cannot reach the rendezvous store at 127.0.0.1:%d (tried for 1 s)", port);
     cr_expect_eq(rc, 1, "stderr:\n%s", err);
     cr_expect(strstr(err, want), "stderr:\n%s", err);
+    cr_expect_geq(took, 0.95, "gave up after %.2f s but said it tried for 1 s", took);
+    cr_expect(strstr(err, "Connection refused"), "the last connect error is not named:\n%s", err);
     free(err);
 }
 
