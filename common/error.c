@@ -2,6 +2,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char g_error_msg[1024];
 
@@ -27,10 +28,14 @@ const char *error_name(int code)
 
 int error_set(int code, const char *fmt, ...)
 {
+    /* Callers wrap a lower error with `error_set(rc, "...: %s", error_message())`: format into a
+     * scratch buffer first, since vsnprintf into the buffer it is reading from is undefined. */
+    char tmp[sizeof g_error_msg];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(g_error_msg, sizeof g_error_msg, fmt, ap);
+    vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
+    memcpy(g_error_msg, tmp, sizeof tmp);
     return code;
 }
 
