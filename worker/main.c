@@ -1,5 +1,5 @@
-/* fsdp-worker: one per rank. For now it loads, validates and prints its configuration; training arrives
- * with the engine, and until then the worker says so instead of pretending to train. */
+/* fsdp-worker: one per rank. Loads and checks the configuration (file, then command-line overrides), then
+ * trains: as one rank when started alone, as rank RANK of WORLD_SIZE under fsdp-launch or torchrun. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,9 +8,10 @@
 #include "common/config.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "worker/train.h"
 #include "worker/worker_config.h"
 
-enum { EXIT_CONFIG = 1, EXIT_NOT_BUILT = 2 };
+enum { EXIT_CONFIG = 1, EXIT_TRAIN = 2 };
 
 static void print_usage(FILE *out)
 {
@@ -88,9 +89,30 @@ int main(int argc, char **argv)
         status = config_print_ini(cfg, stdout) == 0 ? 0 : fail("--print-config");
         goto out;
     }
-    log_error("training is not part of this build yet: the config %s is valid (see it with --print-config)",
-              cli.positional[0]);
-    status = EXIT_NOT_BUILT;
+    char *text = NULL;
+    size_t text_len = 0;
+    FILE *mem = open_memstream(&text, &text_len);
+    if (!mem || config_print_ini(cfg, mem) != 0) {
+        if (mem)
+            fclose(mem);
+        free(text);
+        status = fail("config text");
+        goto out;
+    }
+    fclose(mem);
+    struct train_env env;
+    int rc = train_env_open(&env);
+    if (rc == 0) {
+        rc = train_run(&wc, text, &env);
+    }
+    train_env_close(&env);
+    free(text);
+    if (rc) {
+        log_error("%s", error_message());
+        status = EXIT_TRAIN;
+    } else {
+        status = 0;
+    }
 out:
     config_destroy(cfg);
     config_cli_free(&cli);

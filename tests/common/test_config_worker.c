@@ -1,6 +1,6 @@
 /* fsdp-worker's schema and the real fsdp-worker binary: defaults are valid, the accelerate-style flags
  * reach the right keys, cross-key checks name their keys, --print-config round-trips through the
- * binary, training says it is not built (exit 2), and docs/config.md is what the schema generates. */
+ * binary, training without data.train_file fails before any work (exit 2), and docs/config.md is what the schema generates. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -229,7 +229,7 @@ Test(worker_binary, print_config_round_trips_and_overrides_win, .timeout = 60)
     cleanup(dir);
 }
 
-Test(worker_binary, training_is_not_built_yet, .timeout = 60)
+Test(worker_binary, missing_train_file_is_named_before_work, .timeout = 60)
 {
     char *dir = make_dir();
     char ini[256];
@@ -239,8 +239,8 @@ Test(worker_binary, training_is_not_built_yet, .timeout = 60)
     const char *a[] = {ini, NULL};
     run_worker(&r, dir, a);
     cr_assert_eq(r.status, 2, "stderr: %s", r.err);
-    cr_assert(strstr(r.err, "training is not part of this build yet"), "%s", r.err);
-    cr_assert_str_eq(r.out, "", "nothing pretends to train");
+    cr_assert(strstr(r.err, "data.train_file is not set"), "%s", r.err);
+    cr_assert_str_eq(r.out, "", "no training output before the error");
     cleanup(dir);
 }
 

@@ -1,0 +1,99 @@
+/* Engine memory: persistent shards allocated once, and transient buffers (gathered units, unsharded
+ * gradients, staging) from a free list. Blocks of a transformer have equal sizes, so after the first
+ * step every request is met by a buffer of exactly that size and the steady state allocates nothing
+ * (page faults of fresh allocations would otherwise cost as much as the copies). Every byte is counted
+ * in a category, for the plan, the progress line and the end-of-run report. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "worker/fsdp_internal.h"
+
+static const char *const mem_names[FSDP_MEM_COUNT] = {"params", "grads", "optimizer", "gathered params",
+                                                      "unsharded grads", "comm buffers", "activations"};
+
+const char *fsdp_mem_name(enum fsdp_mem m)
+{
+    return (unsigned)m < FSDP_MEM_COUNT ? mem_names[m] : "?";
+}
+
+void fsdp_mem_add(struct fsdp *f, enum fsdp_mem cat, ptrdiff_t bytes)
+{
+    f->mem.now[cat] = (size_t)((ptrdiff_t)f->mem.now[cat] + bytes);
+    if (f->mem.now[cat] > f->mem.peak[cat])
+        f->mem.peak[cat] = f->mem.now[cat];
+    size_t total = 0;
+    for (int i = 0; i < FSDP_MEM_COUNT; i++)
+        total += f->mem.now[i];
+    if (total > f->mem.peak_total)
+        f->mem.peak_total = total;
+}
+
+void *fsdp_alloc_persistent(struct fsdp *f, size_t bytes, enum fsdp_mem cat)
+{
+    void *p = f->k->mem_alloc(bytes ? bytes : 64);
+    if (!p) {
+        error_set(FSDP_ENOMEM, "fsdp: cannot allocate %zu bytes for %s", bytes, fsdp_mem_name(cat));
+        return NULL;
+    }
+    /* Zero it: the moments start at 0, and touching the pages makes RSS show what sharding saves. */
+    f->k->mem_set(p, 0, bytes ? bytes : 64);
+    fsdp_mem_add(f, cat, (ptrdiff_t)bytes);
+    return p;
+}
+
+void *fsdp_buf_get(struct fsdp *f, size_t bytes, enum fsdp_mem cat)
+{
+    if (bytes == 0)
+        bytes = 64;
+    int best = -1;
+    for (int i = 0; i < f->n_pool; i++)
+        if (!f->pool[i].used && f->pool[i].bytes == bytes) {
+            best = i;
+            break;
+        }
+    if (best < 0) {
+        if (f->n_pool == f->cap_pool) {
+            int cap = f->cap_pool ? 2 * f->cap_pool : 16;
+            struct fsdp_pool_buf *np = realloc(f->pool, (size_t)cap * sizeof *np);
+            if (!np) {
+                error_set(FSDP_ENOMEM, "fsdp: out of memory");
+                return NULL;
+            }
+            f->pool = np;
+            f->cap_pool = cap;
+        }
+        void *p = f->k->mem_alloc(bytes);
+        if (!p) {
+            error_set(FSDP_ENOMEM, "fsdp: cannot allocate %zu bytes for %s", bytes, fsdp_mem_name(cat));
+            return NULL;
+        }
+        best = f->n_pool++;
+        f->pool[best] = (struct fsdp_pool_buf){.ptr = p, .bytes = bytes};
+    }
+    f->pool[best].used = true;
+    f->pool[best].cat = cat;
+    fsdp_mem_add(f, cat, (ptrdiff_t)bytes);
+    return f->pool[best].ptr;
+}
+
+void fsdp_buf_put(struct fsdp *f, void *ptr)
+{
+    if (!ptr)
+        return;
+    for (int i = 0; i < f->n_pool; i++)
+        if (f->pool[i].ptr == ptr && f->pool[i].used) {
+            f->pool[i].used = false;
+            fsdp_mem_add(f, f->pool[i].cat, -(ptrdiff_t)f->pool[i].bytes);
+            return;
+        }
+}
+
+void fsdp_pool_free(struct fsdp *f)
+{
+    for (int i = 0; i < f->n_pool; i++)
+        f->k->mem_free(f->pool[i].ptr);
+    free(f->pool);
+    f->pool = NULL;
+    f->n_pool = f->cap_pool = 0;
+}

@@ -1,0 +1,154 @@
+/* The engine's state outside the step: initial parameters (each rank its own shards, or rank 0's
+ * broadcast), low-precision copies, and access for checkpoints (whole units gathered one at a time). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "worker/fsdp_internal.h"
+
+int fsdp_refresh_lp(struct fsdp *f)
+{
+    if (f->param_dtype == KERNELS_F32)
+        return 0;
+    int rc = 0;
+    for (int i = 0; i < f->n_units && !rc; i++)
+        rc = f->k->cast(f->units[i].lp, f->param_dtype, f->units[i].master, KERNELS_F32, f->units[i].shard);
+    return rc;
+}
+
+/* Copies this rank's shard of unit u out of its full parameters `full` (device, model order). */
+static int shard_from_full(struct fsdp *f, struct fsdp_unit *u, const float *full)
+{
+    int rc = 0;
+    for (size_t i = 0; i < f->n_pieces && !rc; i++) {
+        const struct fsdp_piece *p = &f->pieces[i];
+        if (&f->units[p->unit] != u)
+            continue;
+        size_t src = f->layout->params[p->param].offset - u->offset + p->begin;
+        rc = f->k->mem_copy(u->master + p->shard_off, full + src, p->count * sizeof(float), KERNELS_COPY_D2D);
+    }
+    return rc;
+}
+
+static int init_broadcast(struct fsdp *f)
+{
+    const struct model_layout *l = f->layout;
+    float *host = NULL;
+    int rc = 0;
+    if (f->g.rank == 0) {
+        if (!(host = malloc(l->numel * sizeof(float))))
+            return error_set(FSDP_ENOMEM, "fsdp: no memory for rank 0's initial model (%zu parameters)", l->numel);
+        rc = model_init_params(l, host);
+    }
+    /* Rank 0's init can fail (a bad init_from file): tell the others instead of leaving them in a broadcast. */
+    double failed = 0;
+    int rc2 = fsdp_sum_world(f, rc ? 1.0 : 0.0, &failed);
+    if (rc || rc2 || failed > 0) {
+        free(host);
+        if (!rc && !rc2)
+            rc = error_set(FSDP_EABORTED, "fsdp: rank 0 could not initialise the model (its log says why)");
+        return rc ? rc : rc2;
+    }
+    for (int i = 0; i < f->n_units && !rc; i++) {
+        struct fsdp_unit *u = &f->units[i];
+        float *dev = fsdp_buf_get(f, u->numel * sizeof(float), FSDP_MEM_GATHERED);
+        if (!dev) {
+            rc = FSDP_ENOMEM;
+            break;
+        }
+        if (host)
+            rc = f->k->mem_copy(dev, host + u->offset, u->numel * sizeof(float), KERNELS_COPY_H2D);
+        if (!rc)
+            rc = comm_broadcast(f->g.world, dev, u->numel, COMM_F32, 0);
+        if (!rc)
+            rc = shard_from_full(f, u, dev);
+        fsdp_buf_put(f, dev);
+    }
+    free(host);
+    return rc;
+}
+
+static int init_local(struct fsdp *f)
+{
+    const struct model_layout *l = f->layout;
+    int rc = 0;
+    if (l->config.init_from[0]) {
+        float *host = malloc(l->numel * sizeof(float));
+        if (!host)
+            return error_set(FSDP_ENOMEM, "fsdp: no memory to read %s", l->config.init_from);
+        rc = model_init_params(l, host);
+        for (size_t i = 0; i < f->n_pieces && !rc; i++) {
+            const struct fsdp_piece *p = &f->pieces[i];
+            rc = f->k->mem_copy(p->data[FSDP_STATE_PARAM], host + l->params[p->param].offset + p->begin,
+                                p->count * sizeof(float), KERNELS_COPY_H2D);
+        }
+        free(host);
+        return rc;
+    }
+    size_t most = 0;
+    for (size_t i = 0; i < f->n_pieces; i++)
+        most = f->pieces[i].count > most ? f->pieces[i].count : most;
+    float *tmp = malloc((most ? most : 1) * sizeof(float));
+    if (!tmp)
+        return error_set(FSDP_ENOMEM, "fsdp: out of memory");
+    for (size_t i = 0; i < f->n_pieces && !rc; i++) {
+        const struct fsdp_piece *p = &f->pieces[i];
+        model_init_param_range(l, p->param, p->begin, p->count, tmp);
+        rc = f->k->mem_copy(p->data[FSDP_STATE_PARAM], tmp, p->count * sizeof(float), KERNELS_COPY_H2D);
+    }
+    free(tmp);
+    return rc;
+}
+
+int fsdp_init_params(struct fsdp *f)
+{
+    int rc = f->wc.fsdp.sync_module_states && f->g.world_size > 1 ? init_broadcast(f) : init_local(f);
+    if (!rc)
+        rc = fsdp_refresh_lp(f);
+    return rc;
+}
+
+int fsdp_gather_unit_state(struct fsdp *f, int ui, enum fsdp_state_kind kind, float *dst)
+{
+    struct fsdp_unit *u = &f->units[ui];
+    const struct kernels *k = f->k;
+    const float *src = kind == FSDP_STATE_PARAM ? u->master : kind == FSDP_STATE_EXP_AVG ? u->exp_avg : u->exp_avg_sq;
+    size_t sg = (size_t)f->shard_size;
+    if (sg == 1)
+        return k->mem_copy(dst, src, u->numel * sizeof(float), KERNELS_COPY_D2H);
+    float *all = fsdp_buf_get(f, sg * u->shard * sizeof(float), FSDP_MEM_GATHERED);
+    if (!all)
+        return FSDP_ENOMEM;
+    int rc = comm_all_gather(f->shard_comm, src, all, u->shard, COMM_F32);
+    if (!rc && f->version == 1)
+        rc = k->mem_copy(dst, all, u->numel * sizeof(float), KERNELS_COPY_D2H);
+    for (size_t r = 0; !rc && f->version != 1 && r < sg; r++)
+        for (int j = 0; !rc && j < u->n_params; j++) {
+            const struct fsdp_pslot *s = &u->slots[j];
+            size_t rb = r * s->chunk < s->rows ? r * s->chunk : s->rows;
+            size_t re = rb + s->chunk < s->rows ? rb + s->chunk : s->rows;
+            if (re > rb)
+                rc = k->mem_copy(dst + s->unit_off + rb * s->row_len, all + r * u->shard + s->shard_off,
+                                 (re - rb) * s->row_len * sizeof(float), KERNELS_COPY_D2H);
+        }
+    fsdp_buf_put(f, all);
+    return rc;
+}
+
+int fsdp_state_loaded(struct fsdp *f, int64_t optimizer_steps, double loss_scale, int64_t scaler_good)
+{
+    (void)optimizer_steps;
+    if (f->param_dtype == KERNELS_F16 && loss_scale > 0) {
+        f->loss_scale = loss_scale;
+        f->scaler_good = scaler_good;
+    }
+    for (int i = 0; i < f->n_units; i++)
+        fsdp_release(f, i);
+    return fsdp_refresh_lp(f);
+}
+
+int64_t fsdp_scaler_good_steps(const struct fsdp *f)
+{
+    return f->scaler_good;
+}

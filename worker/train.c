@@ -1,0 +1,337 @@
+/* The training loop. Each step: every rank takes its rows of the step's global batch (the batch does not
+ * depend on the world size), runs its micro-batches through the engine with dloss = 1 / tokens of the
+ * global batch (so the summed gradients are those of the global mean loss), then the sharded AdamW step.
+ * The reported loss is the same global mean, summed over ranks in rank order. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm/comm.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "worker/data.h"
+#include "worker/fsdp.h"
+#include "worker/lr_schedule.h"
+#include "worker/metrics.h"
+#include "worker/model.h"
+#include "worker/progress.h"
+#include "worker/train.h"
+#include "worker/train_ckpt.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* "./runs/<run_id>" -> "./runs/<the run id>" */
+static void expand_run_id(char *out, size_t cap, const char *pattern, const char *run_id)
+{
+    const char *at = strstr(pattern, "<run_id>");
+    if (!at)
+        snprintf(out, cap, "%s", pattern);
+    else
+        snprintf(out, cap, "%.*s%s%s", (int)(at - pattern), pattern, run_id, at + strlen("<run_id>"));
+}
+
+static int mkdir_p(const char *path)
+{
+    char buf[4352];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        return error_set(FSDP_ERANGE, "directory name too long: %s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = 0;
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+            return error_set(FSDP_EIO, "cannot create directory %s: %s", buf, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+        return error_set(FSDP_EIO, "cannot create directory %s: %s", buf, strerror(errno));
+    return 0;
+}
+
+/* Peak FLOP/s of this rank for the MFU: FSDP_PEAK_TFLOPS when set, else on CPU a short SGEMM measured now
+ * (every rank at once, so each sees its share of the cores); unknown (-1) on other devices. */
+static double peak_flops(const struct kernels *k)
+{
+    const char *env = getenv("FSDP_PEAK_TFLOPS");
+    if (env && *env)
+        return atof(env) * 1e12;
+    if (strcmp(k->name, "cpu") != 0)
+        return -1;
+    enum { N = 384 };
+    float *a = k->mem_alloc(3 * N * N * sizeof(float));
+    if (!a)
+        return -1;
+    for (size_t i = 0; i < 3 * N * N; i++)
+        a[i] = (float)(i % 7) * 0.01f;
+    double best = 0, t_end = now_s() + 0.15;
+    while (now_s() < t_end) {
+        double t0 = now_s();
+        k->gemm(0, 0, N, N, N, 1.0f, a, N, a + N * N, N, 0.0f, a + 2 * N * N, N);
+        double dt = now_s() - t0;
+        double fl = 2.0 * N * N * N / dt;
+        best = fl > best ? fl : best;
+    }
+    k->mem_free(a);
+    return best;
+}
+
+struct trainer {
+    const struct worker_config *wc;
+    struct train_env *env;
+    const struct kernels *k;
+    struct comm *world;
+    struct model *model;
+    struct fsdp *fsdp;
+    struct data_file *train, *val;
+    int32_t *inputs, *targets;
+    int rows_per_rank, accum;
+    double tokens_per_step;
+};
+
+/* This rank's rows of the global batch of `step` in file d, micro-batch a. */
+static int load_micro(struct trainer *t, struct data_file *d, int64_t step, int a)
+{
+    int mb = t->wc->train.micro_batch;
+    int64_t row0 = (int64_t)t->env->rank * t->rows_per_rank + (int64_t)a * mb;
+    int rc = data_get_rows(d, step, row0, mb, t->inputs, t->targets);
+    return rc ? rc : model_set_batch(t->model, t->inputs, t->targets);
+}
+
+static int evaluate(struct trainer *t, double *val_loss)
+{
+    double local = 0;
+    int rc = 0;
+    for (int64_t e = 0; e < t->wc->train.eval_steps && !rc; e++)
+        for (int a = 0; a < t->accum && !rc; a++) {
+            double s = 0;
+            rc = load_micro(t, t->val, e, a);
+            if (!rc)
+                rc = fsdp_forward_eval(t->fsdp, &s);
+            local += s;
+        }
+    double sum = 0;
+    if (!rc)
+        rc = fsdp_sum_world(t->fsdp, local, &sum);
+    *val_loss = sum / (t->tokens_per_step * (double)t->wc->train.eval_steps);
+    return rc;
+}
+
+static int open_data(struct trainer *t)
+{
+    const struct worker_config *wc = t->wc;
+    struct data_options o = {.block_size = wc->model.block_size, .vocab_size = wc->model.vocab_size,
+                             .batch_rows = wc->train.train_batch, .order = (enum data_order)wc->data.order,
+                             .seed = wc->train.seed, .stream = DATA_STREAM_TRAIN};
+    if (!wc->data.train_file[0])
+        return error_set(FSDP_EINVAL, "data.train_file is not set: give a token file (fsdp-prepare-data makes one "
+                         "from text files)");
+    int rc = data_open(wc->data.train_file, &o, &t->train);
+    if (rc)
+        return rc;
+    if (wc->data.val_file[0] && wc->train.eval_interval > 0) {
+        o.stream = DATA_STREAM_VAL;
+        rc = data_open(wc->data.val_file, &o, &t->val);
+    }
+    return rc;
+}
+
+static void report_memory(const struct trainer *t)
+{
+    const struct fsdp_mem_stats *m = fsdp_get_mem(t->fsdp);
+    char line[1024];
+    size_t len = 0;
+    for (int i = 0; i < FSDP_MEM_COUNT; i++)
+        len += (size_t)snprintf(line + len, sizeof line - len, "%s%s %.1f MiB", i ? ", " : "",
+                                fsdp_mem_name((enum fsdp_mem)i), (double)m->peak[i] / (1024.0 * 1024));
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    const struct fsdp_timing *tm = fsdp_get_timing(t->fsdp);
+    log_info("peak memory: %s; total %.1f MiB; peak RSS %.1f MiB; all-gathers %lld (%lld prefetched), waited %.3f s "
+             "for gathers and %.3f s for reductions",
+             line, (double)m->peak_total / (1024.0 * 1024), (double)ru.ru_maxrss / 1024.0, (long long)tm->gathers,
+             (long long)tm->prefetched, tm->gather_wait_s, tm->reduce_wait_s);
+}
+
+static int run_loop(struct trainer *t, int64_t first_step)
+{
+    const struct worker_config *wc = t->wc;
+    struct train_env *env = t->env;
+    bool lead = env->rank == 0;
+    struct lr_schedule sched = {.kind = (enum lr_schedule_kind)wc->optim.lr_schedule, .lr = wc->optim.lr,
+                                .min_lr = wc->optim.min_lr, .warmup_steps = wc->optim.warmup_steps,
+                                .decay_steps = wc->train.max_steps};
+    int rc = lr_schedule_check(&sched);
+    if (rc)
+        return rc;
+    struct metrics *met = NULL;
+    char logdir[4200];
+    expand_run_id(logdir, sizeof logdir, wc->log.dir, env->run_id);
+    if (lead) {
+        rc = mkdir_p(logdir);
+        if (!rc)
+            rc = metrics_open(logdir, first_step > 0, &met);
+        if (rc)
+            return rc;
+    }
+    double peak = peak_flops(t->k);
+    const struct model_layout *l = model_get_layout(t->model);
+    double flops_per_token = 6.0 * (double)l->numel_real +
+                             12.0 * wc->model.n_layer * (double)wc->model.n_embd * wc->model.block_size;
+    struct progress prog;
+    progress_init(&prog, stdout, -1, first_step, wc->train.max_steps, wc->log.interval);
+    double t_start = now_s();
+    double last_loss = NAN, last_val = NAN;
+    for (int64_t s = first_step; s < wc->train.max_steps && !rc; s++) {
+        double t0 = now_s();
+        double lr = lr_schedule_at(&sched, s);
+        float dloss = (float)(fsdp_loss_scale(t->fsdp) / t->tokens_per_step);
+        double local = 0;
+        for (int a = 0; a < t->accum && !rc; a++) {
+            double ls = 0;
+            rc = load_micro(t, t->train, s, a);
+            if (!rc)
+                rc = fsdp_forward_backward(t->fsdp, dloss, a == t->accum - 1, &ls);
+            local += ls;
+        }
+        struct fsdp_step_result res;
+        if (!rc)
+            rc = fsdp_optimizer_step(t->fsdp, lr, s + 1, &res);
+        double sum = 0;
+        if (!rc)
+            rc = fsdp_sum_world(t->fsdp, local, &sum);
+        if (rc)
+            break;
+        double loss = sum / t->tokens_per_step;
+        double dt = now_s() - t0;
+        struct metrics_row row = {.step = s, .loss = loss, .lr = lr, .grad_norm = res.grad_norm,
+                                  .tokens_per_s = t->tokens_per_step / dt};
+        bool do_eval = t->val && wc->train.eval_interval > 0 &&
+                       ((s + 1) % wc->train.eval_interval == 0 || s + 1 == wc->train.max_steps);
+        if (do_eval) {
+            rc = evaluate(t, &row.val_loss);
+            row.has_val = 1;
+            last_val = row.val_loss;
+        }
+        last_loss = loss;
+        if (!rc && lead) {
+            rc = metrics_log(met, &row);
+            double mfu = peak > 0 ? row.tokens_per_s * flops_per_token / (peak * env->world_size) : -1;
+            struct progress_stats ps = {.step = s, .loss = loss, .lr = lr, .grad_norm = res.grad_norm,
+                                        .tokens_per_s = row.tokens_per_s, .mfu = mfu,
+                                        .mem_bytes = (double)fsdp_get_mem(t->fsdp)->peak_total};
+            progress_update(&prog, &ps);
+            if (row.has_val && !prog.tty)
+                log_info("step %lld: val loss %.4f", (long long)s + 1, row.val_loss);
+        }
+        if (!rc)
+            rc = train_ckpt_maybe_save(t->fsdp, wc, env, s + 1, false);
+    }
+    if (lead)
+        progress_finish(&prog);
+    if (!rc)
+        rc = train_ckpt_maybe_save(t->fsdp, wc, env, wc->train.max_steps, true);
+    if (!rc && lead && first_step < wc->train.max_steps) {
+        double el = now_s() - t_start;
+        if (isnan(last_val))
+            log_info("done: %lld steps in %.1f s, final loss %.4f", (long long)(wc->train.max_steps - first_step), el,
+                     last_loss);
+        else
+            log_info("done: %lld steps in %.1f s, final loss %.4f, val loss %.4f",
+                     (long long)(wc->train.max_steps - first_step), el, last_loss, last_val);
+        log_info("metrics: %s/metrics.jsonl, TensorBoard: %s", logdir, metrics_events_path(met));
+    }
+    metrics_close(met);
+    return rc;
+}
+
+int train_run(const struct worker_config *wc, const char *config_text, struct train_env *env)
+{
+    struct trainer t = {.wc = wc, .env = env};
+    const char *dev = wc->train.device == WORKER_DEVICE_CUDA  ? "cuda"
+                      : wc->train.device == WORKER_DEVICE_CPU ? "cpu"
+                                                              : NULL;
+    if (!dev)
+        dev = kernels_get("cuda") ? "cuda" : "cpu";
+    error_clear();
+    t.k = kernels_get(dev);
+    if (!t.k)
+        return error_set(FSDP_EUNSUPPORTED, "train.device = %s: %s", dev, error_message());
+    int rc = fsdp_check_config(wc, env->world_size, env->local_world_size, strcmp(dev, "cuda") == 0);
+    if (rc)
+        return rc;
+    t.rows_per_rank = wc->train.train_batch / env->world_size;
+    t.accum = t.rows_per_rank / wc->train.micro_batch;
+    t.tokens_per_step = (double)wc->train.train_batch * wc->model.block_size;
+
+    struct model_config mc;
+    model_config_default(&mc);
+    mc.n_layer = wc->model.n_layer;
+    mc.n_head = wc->model.n_head;
+    mc.n_embd = wc->model.n_embd;
+    mc.vocab_size = wc->model.vocab_size;
+    mc.block_size = wc->model.block_size;
+    mc.init_std = (float)wc->model.init_std;
+    mc.seed = wc->model.seed;
+    mc.activation_checkpointing = wc->model.activation_checkpointing;
+    snprintf(mc.init_from, sizeof mc.init_from, "%s", wc->model.init_from);
+
+    size_t ntok = (size_t)wc->train.micro_batch * wc->model.block_size;
+    t.inputs = malloc(ntok * sizeof *t.inputs);
+    t.targets = malloc(ntok * sizeof *t.targets);
+    if (!t.inputs || !t.targets)
+        rc = error_set(FSDP_ENOMEM, "out of memory");
+    if (!rc)
+        rc = open_data(&t);
+    if (!rc)
+        rc = model_create(&t.model, &mc, t.k, wc->train.micro_batch, wc->model.block_size);
+    if (!rc && env->world_size > 1) {
+        struct comm_options co = {.backend = strcmp(dev, "cuda") == 0 ? "nccl" : "cpu",
+                                  .generation = env->restart_count, .device = -1};
+        rc = comm_create(env->store, env->rank, env->world_size, "world", &co, &t.world);
+    }
+    struct fsdp_groups g = {.world = t.world, .rank = env->rank, .world_size = env->world_size,
+                            .local_world_size = env->local_world_size};
+    if (!rc)
+        rc = fsdp_create(&t.fsdp, wc, t.model, t.k, &g);
+    if (!rc) {
+        fsdp_log_plan(t.fsdp);
+        if (env->rank == 0)
+            log_info("model gpt2: %d layers, %d heads, n_embd %d, vocab %d, context %d: %zu parameters; "
+                     "activations %.1f MiB per rank (micro_batch %d%s); %d rank(s), %d micro-batch(es) per step",
+                     wc->model.n_layer, wc->model.n_head, wc->model.n_embd, wc->model.vocab_size,
+                     wc->model.block_size, model_get_layout(t.model)->numel_real,
+                     (double)model_get_arena_bytes(t.model) / (1024.0 * 1024), wc->train.micro_batch,
+                     wc->model.activation_checkpointing ? ", activation checkpointing" : "", env->world_size, t.accum);
+    }
+    int64_t first_step = 0;
+    if (!rc)
+        rc = fsdp_init_params(t.fsdp);
+    if (!rc)
+        rc = train_ckpt_maybe_load(t.fsdp, wc, env, config_text, &first_step);
+    if (!rc)
+        rc = run_loop(&t, first_step);
+    if (!rc)
+        report_memory(&t);
+    /* Everyone is done with the store and the communicators before rank 0 may stop its store. */
+    if (!rc && t.world)
+        rc = comm_barrier(t.world);
+    fsdp_destroy(t.fsdp);
+    comm_destroy(t.world);
+    model_destroy(t.model);
+    data_close(t.train);
+    data_close(t.val);
+    free(t.inputs);
+    free(t.targets);
+    return rc;
+}
