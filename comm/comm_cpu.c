@@ -32,6 +32,10 @@ struct cpu_state {
     struct tcp_mesh *tcp;
     void *tmp;
     size_t tmp_bytes;
+    /* The progress thread's own store connection, for the failure record (see resolve_failure). */
+    struct store_client *oob;
+    char failed_key[160];
+    bool failure_resolved;
 };
 
 /* Two ranks share memory only when they see the same machine and the same network namespace: separate
@@ -79,6 +83,7 @@ static void cpu_fini(void *state)
         return;
     shm_group_detach(st->shm);
     tcp_mesh_destroy(st->tcp);
+    store_client_close(st->oob);
     free(st->host_of);
     free(st->leader);
     free(st->local_count);
@@ -181,6 +186,11 @@ static int cpu_init(const struct comm_info *info, void **state)
               st->nhosts, st->local_rank, st->nlocal);
     if (st->nlocal > 1 && (rc = setup_shm(st, info, deadline)) != 0)
         goto out;
+    if (info->size > 1) {
+        snprintf(st->failed_key, sizeof(st->failed_key), "%s/failed", info->key_prefix);
+        if ((rc = store_client_clone(info->store, 10, &st->oob)) != 0)
+            goto out;
+    }
     /* The mesh serves send/recv everywhere and the leaders' cross-host steps. */
     if (info->size > 1 && (rc = tcp_mesh_create(info->store, info->key_prefix, info->rank, info->size, deadline,
                                                 &st->tcp)) != 0)
@@ -210,9 +220,38 @@ static void *scratch(struct cpu_state *st, size_t bytes)
     return p;
 }
 
+/* A rank that gives up closes its sockets, and its peers then see a reset connection and would blame
+ * that rank, which is only the messenger. So every failing rank first offers its cause to the store
+ * (compare-and-set on one key per communicator and generation: the first cause wins) and only then
+ * returns and lets its connections close; a rank whose own error is a lost connection reports the
+ * winning cause instead. The true first failure is always published before any connection it causes to
+ * drop, so a secondary error never wins. */
+static int resolve_failure(struct cpu_state *st, int rc)
+{
+    if (!st->oob || st->failure_resolved)
+        return rc;
+    st->failure_resolved = true;
+    char mine[600];
+    snprintf(mine, sizeof(mine), "rank %d: %s", st->rank, error_message());
+    void *won = NULL;
+    size_t wl = 0;
+    if (store_client_compare_set(st->oob, st->failed_key, NULL, 0, mine, strlen(mine), &won, &wl) != 0) {
+        free(won);
+        return rc; /* the store is gone too: keep what we saw */
+    }
+    bool ours = won && wl == strlen(mine) && memcmp(won, mine, wl) == 0;
+    int other = -1, off = 0;
+    if (!ours && won && sscanf(won, "rank %d: %n", &other, &off) == 1 && off > 0 && other != st->rank &&
+        (rc == FSDP_ECLOSED || rc == FSDP_EIO))
+        error_set(rc, "rank %d failed first: %s", other, (char *)won + off);
+    free(won);
+    return rc;
+}
+
 /* A failure on a leader's TCP step must release the ranks of its host waiting in the segment. */
 static int leader_failed(struct cpu_state *st, int rc)
 {
+    rc = resolve_failure(st, rc);
     if (st->shm) {
         char why[480];
         snprintf(why, sizeof(why), "%s", error_message());
@@ -411,9 +450,17 @@ static int cpu_barrier(struct cpu_state *st, double deadline)
     return st->shm ? shm_barrier(st->shm, deadline) : 0;
 }
 
+static int cpu_dispatch(struct cpu_state *st, const struct comm_req *q);
+
 static int cpu_run(void *state, const struct comm_req *q)
 {
     struct cpu_state *st = state;
+    int rc = cpu_dispatch(st, q);
+    return rc && rc != FSDP_EINVAL ? resolve_failure(st, rc) : rc;
+}
+
+static int cpu_dispatch(struct cpu_state *st, const struct comm_req *q)
+{
     size_t es = comm_dtype_size(q->dtype);
     if (st->size == 1) {
         /* Alone: collectives are copies (or, for AVG over one rank, exact copies too). */

@@ -47,6 +47,9 @@ struct store_client_options {
 
 int store_client_connect(const struct store_client_options *opts, struct store_client **out);
 void store_client_close(struct store_client *c); /* NULL accepted */
+/* A second connection to the same server with the same token, for another thread (a client is not
+ * thread-safe); default_timeout_s as in the options (<= 0: 300 s). */
+int store_client_clone(const struct store_client *c, double default_timeout_s, struct store_client **out);
 /* The socket fd, for poll()-based callers that want to notice a dead server. */
 int store_client_fd(const struct store_client *c);
 

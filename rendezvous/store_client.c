@@ -30,6 +30,8 @@ struct store_client {
     bool broken; /* the stream is out of step (half a reply read): every later call fails */
     double default_timeout_s;
     char addr[300]; /* "host:port" for messages */
+    char *host, *run_id, *secret; /* what store_client_clone reconnects with */
+    int port;
     struct store_buf out;
     uint8_t *in;
     size_t in_len, in_cap;
@@ -316,6 +318,14 @@ int store_client_connect(const struct store_client_options *opts, struct store_c
     c->default_timeout_s = opts->default_timeout_s > 0 ? opts->default_timeout_s : 300.0;
     snprintf(c->addr, sizeof c->addr, "%s:%d", opts->host, opts->port);
     store_buf_init(&c->out);
+    c->port = opts->port;
+    c->host = strdup(opts->host);
+    c->run_id = strdup(opts->run_id);
+    c->secret = opts->secret ? strdup(opts->secret) : NULL;
+    if (!c->host || !c->run_id || (opts->secret && !c->secret)) {
+        store_client_close(c);
+        return error_set(FSDP_ENOMEM, "out of memory creating a store client");
+    }
     double connect_s = opts->connect_timeout_s > 0 ? opts->connect_timeout_s : 30.0;
     double start = now_s(), deadline = start + connect_s;
     double backoff = 0.02;
@@ -366,7 +376,20 @@ void store_client_close(struct store_client *c)
         close(c->fd);
     store_buf_free(&c->out);
     free(c->in);
+    free(c->host);
+    free(c->run_id);
+    free(c->secret);
     free(c);
+}
+
+int store_client_clone(const struct store_client *c, double default_timeout_s, struct store_client **out)
+{
+    *out = NULL;
+    if (!c)
+        return error_set(FSDP_EINVAL, "store_client_clone: no client");
+    struct store_client_options co = {.host = c->host, .port = c->port, .run_id = c->run_id, .secret = c->secret,
+                                      .connect_timeout_s = 30, .default_timeout_s = default_timeout_s};
+    return store_client_connect(&co, out);
 }
 
 int store_client_fd(const struct store_client *c) { return c ? c->fd : -1; }

@@ -11,6 +11,8 @@
 #include "rendezvous/store.h"
 
 #include <criterion/criterion.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,7 +41,24 @@ struct run_opts {
     bool no_comm;             /* body creates what it needs */
     double limit_s;           /* parent kills children after this; 0 = 100 */
     const char *slot_kib;     /* FSDP_COMM_SHM_SLOT_KIB; NULL = "64" (exercise chunking) */
+    /* Two real hosts: network namespaces (ip netns names). The store server and the first half of the
+     * ranks live in netns[0], the rest in netns[1]; everyone reaches the store at store_addr. */
+    const char *netns[2];
+    const char *store_addr;
 };
+
+/* Moves the calling (single-threaded, freshly forked) process into the named network namespace. */
+static inline int tu_enter_netns(const char *name)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "/run/netns/%s", name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    int rc = setns(fd, CLONE_NEWNET);
+    close(fd);
+    return rc;
+}
 
 static inline double tu_now(void)
 {
@@ -48,9 +67,9 @@ static inline double tu_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static inline int tu_connect(int port, struct store_client **out)
+static inline int tu_connect(const char *host, int port, struct store_client **out)
 {
-    struct store_client_options co = {.host = "127.0.0.1", .port = port, .run_id = "commtest",
+    struct store_client_options co = {.host = host ? host : "127.0.0.1", .port = port, .run_id = "commtest",
                                       .connect_timeout_s = 30, .default_timeout_s = 60};
     return store_client_connect(&co, out);
 }
@@ -58,7 +77,7 @@ static inline int tu_connect(int port, struct store_client **out)
 /* The store server runs in its own process, not as a thread of this one: the ranks are fork()ed from here,
  * and a fork taken while a server thread holds an allocator lock (ASan's allocator has no fork handlers)
  * leaves that lock held forever in the child. Returns the port; the server exits when the parent kills it. */
-static inline int tu_server_spawn(pid_t *pid_out)
+static inline int tu_server_spawn(pid_t *pid_out, const char *netns)
 {
     int pfd[2];
     cr_assert_eq(pipe(pfd), 0);
@@ -69,7 +88,11 @@ static inline int tu_server_spawn(pid_t *pid_out)
         close(pfd[0]);
         struct store_server_options so = {.port = 0, .run_id = "commtest"};
         struct store_server *srv = NULL;
-        int port = store_server_start(&so, &srv) == 0 ? store_server_port(srv) : -1;
+        int port = -1;
+        if (netns && tu_enter_netns(netns) != 0)
+            fprintf(stderr, "store: cannot enter netns %s\n", netns);
+        else
+            port = store_server_start(&so, &srv) == 0 ? store_server_port(srv) : -1;
         if (port < 0)
             fprintf(stderr, "store: %s\n", error_message());
         if (write(pfd[1], &port, sizeof port) != (ssize_t)sizeof port)
@@ -99,7 +122,7 @@ static inline void run_ranks(int size, rank_body body, const void *arg, const st
 {
     struct run_opts o = o_in ? *o_in : (struct run_opts){0};
     pid_t srv_pid;
-    int port = tu_server_spawn(&srv_pid);
+    int port = tu_server_spawn(&srv_pid, o.netns[0]);
     char run_id[64], tmo[32];
     snprintf(run_id, sizeof(run_id), "%s", o.run_id ? o.run_id : "");
     if (!o.run_id)
@@ -122,8 +145,12 @@ static inline void run_ranks(int size, rank_body body, const void *arg, const st
             snprintf(h, sizeof(h), "host%d", r / (size / o.hosts));
             setenv("FSDP_COMM_HOST_ID", h, 1);
         }
+        if (o.netns[0] && tu_enter_netns(o.netns[r < size / 2 ? 0 : 1]) != 0) {
+            fprintf(stderr, "rank %d: cannot enter its network namespace\n", r);
+            _exit(1);
+        }
         struct rank_ctx ctx = {.rank = r, .size = size, .arg = arg};
-        int rc = tu_connect(port, &ctx.store);
+        int rc = tu_connect(o.store_addr, port, &ctx.store);
         if (rc) {
             fprintf(stderr, "rank %d: store connect: %s\n", r, error_message());
             _exit(1);

@@ -1,8 +1,10 @@
-/* Collectives of the cpu backend on one host (shared memory), forced TCP, and 2 fake hosts x 2 ranks
- * (shared memory + TCP): every op, dtype and reduction for counts 0, 1, a prime and a chunked size,
- * compared bitwise with a reference computed in the documented order. */
+/* Collectives of the cpu backend on one host (shared memory), forced TCP, 2 fake hosts x 2 or 3 ranks
+ * (shared memory + TCP) and 2 real hosts (two network namespaces over a veth pair): every op, dtype and
+ * reduction for counts 0, 1, a prime and a chunked size, and 64 MiB, compared bitwise with a reference
+ * computed in the documented order. */
 #include "comm_test_util.h"
 
+#include <fcntl.h>
 #include <math.h>
 
 static const enum comm_dtype dtypes[] = {COMM_F32, COMM_BF16, COMM_F16};
@@ -121,20 +123,51 @@ Test(comm_shm, world2, .timeout = 180) { run_collectives(2, 1, false); }
 Test(comm_shm, world3, .timeout = 180) { run_collectives(3, 1, false); }
 Test(comm_shm, world4, .timeout = 180) { run_collectives(4, 1, false); }
 Test(comm_shm, world5, .timeout = 180) { run_collectives(5, 1, false); }
+Test(comm_shm, world6, .timeout = 180) { run_collectives(6, 1, false); }
+Test(comm_shm, world7, .timeout = 180) { run_collectives(7, 1, false); }
 Test(comm_shm, world8, .timeout = 180) { run_collectives(8, 1, false); }
 Test(comm_tcp, forced_world2, .timeout = 180) { run_collectives(2, 1, true); }
 Test(comm_tcp, forced_world3, .timeout = 180) { run_collectives(3, 1, true); }
 Test(comm_hier, hosts2_x_ranks2, .timeout = 180) { run_collectives(4, 2, false); }
 Test(comm_hier, hosts2_x_ranks3, .timeout = 180) { run_collectives(6, 2, false); }
 
-/* 64 MiB through the default (1 MiB) slots: all_reduce f32 sum and an all_gather filling 64 MiB. */
+/* 64 MiB through the default (1 MiB) slots: all_reduce f32 sum, an all_gather filling 64 MiB, a
+ * reduce_scatter of a 64 MiB input (f32 avg) and a bf16 all_reduce (max) of 64 MiB. */
 static int body_large(struct rank_ctx *c)
 {
+    const struct coll_arg *a = c->arg;
+    int hosts = a ? a->hosts : 1;
     size_t n = (64u << 20) / 4, W = (size_t)c->size, per = n / W;
     float *buf = malloc(n * 4), *out = malloc(n * 4);
     int rc = 1;
     if (!buf || !out)
         goto done;
+    for (size_t i = 0; i < n; i++)
+        buf[i] = tu_gen(c->rank, i, 8);
+    if (comm_reduce_scatter(c->comm, buf, out, per, COMM_F32, COMM_AVG) != 0) {
+        fprintf(stderr, "rank %d: reduce_scatter 64 MiB: %s\n", c->rank, error_message());
+        goto done;
+    }
+    for (size_t i = 0; i < per; i++) {
+        float ref = tu_ref_reduce(COMM_F32, COMM_AVG, c->size, hosts, NULL, (size_t)c->rank * per + i, 8);
+        if (memcmp(&out[i], &ref, 4) != 0) {
+            fprintf(stderr, "rank %d: 64 MiB reduce_scatter elem %zu: %.9g != %.9g\n", c->rank, i, (double)out[i],
+                    (double)ref);
+            goto done;
+        }
+    }
+    uint16_t *h = (uint16_t *)out; /* 64 MiB of bf16 */
+    for (size_t i = 0; i < 2 * n; i++)
+        tu_put(COMM_BF16, h, i, tu_gen(c->rank, i, 9));
+    if (comm_all_reduce(c->comm, h, h, 2 * n, COMM_BF16, COMM_MAX) != 0) {
+        fprintf(stderr, "rank %d: bf16 all_reduce 64 MiB: %s\n", c->rank, error_message());
+        goto done;
+    }
+    for (size_t i = 0; i < 2 * n; i++)
+        if (!tu_same(COMM_BF16, h, i, tu_ref_reduce(COMM_BF16, COMM_MAX, c->size, hosts, NULL, i, 9))) {
+            fprintf(stderr, "rank %d: 64 MiB bf16 all_reduce max elem %zu wrong\n", c->rank, i);
+            goto done;
+        }
     for (size_t i = 0; i < n; i++)
         buf[i] = tu_gen(c->rank, i, 7);
     if (comm_all_reduce(c->comm, buf, buf, n, COMM_F32, COMM_SUM) != 0) {
@@ -142,7 +175,7 @@ static int body_large(struct rank_ctx *c)
         goto done;
     }
     for (size_t i = 0; i < n; i++) {
-        float ref = tu_ref_reduce(COMM_F32, COMM_SUM, c->size, 1, NULL, i, 7);
+        float ref = tu_ref_reduce(COMM_F32, COMM_SUM, c->size, hosts, NULL, i, 7);
         if (memcmp(&buf[i], &ref, 4) != 0) {
             fprintf(stderr, "rank %d: 64 MiB all_reduce elem %zu: %.9g != %.9g\n", c->rank, i, (double)buf[i],
                     (double)ref);
@@ -175,6 +208,66 @@ Test(comm_shm, large_64mib_world2, .timeout = 180)
     run_ranks(2, body_large, NULL, &o, st);
     assert_all_ok(2, st);
 }
+
+Test(comm_tcp, large_64mib_forced_world2, .timeout = 180)
+{
+    int st[MAX_RANKS];
+    struct coll_arg a = {.hosts = 2};
+    struct run_opts o = {.force_tcp = true, .limit_s = 150};
+    run_ranks(2, body_large, &a, &o, st);
+    assert_all_ok(2, st);
+}
+
+/* ---- two real hosts: two network namespaces joined by a veth pair ---- */
+
+static int sh(const char *cmd)
+{
+    fflush(NULL);
+    pid_t p = fork();
+    if (p == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        dup2(null, 2);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    int st;
+    waitpid(p, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Without FSDP_COMM_HOST_ID the backend tells hosts apart by hostname, boot id and network namespace:
+ * 2 ranks in each namespace are 2 hosts of 2 ranks (shared memory inside, TCP over the veth between). */
+static void run_in_two_netns(rank_body body, int world, int hosts_in_ref)
+{
+    char ns0[32], ns1[32], cmd[1024], addr[32];
+    int id = getpid() % 100000, oct = 1 + id % 250;
+    snprintf(ns0, sizeof ns0, "fc%da", id);
+    snprintf(ns1, sizeof ns1, "fc%db", id);
+    snprintf(cmd, sizeof cmd,
+             "ip netns add %s && ip netns add %s && ip link add c%da type veth peer name c%db && "
+             "ip link set c%da netns %s && ip link set c%db netns %s && "
+             "ip -n %s addr add 10.214.%d.1/24 dev c%da && ip -n %s addr add 10.214.%d.2/24 dev c%db && "
+             "ip -n %s link set c%da up && ip -n %s link set c%db up && "
+             "ip -n %s link set lo up && ip -n %s link set lo up",
+             ns0, ns1, id, id, id, ns0, id, ns1, ns0, oct, id, ns1, oct, id, ns0, id, ns1, id, ns0, ns1);
+    if (sh(cmd) != 0) {
+        snprintf(cmd, sizeof cmd, "ip netns del %s; ip netns del %s", ns0, ns1);
+        sh(cmd);
+        cr_skip_test("cannot create network namespaces and a veth pair here (needs root and iproute2)");
+    }
+    snprintf(addr, sizeof addr, "10.214.%d.1", oct);
+    struct coll_arg a = {.hosts = hosts_in_ref};
+    struct run_opts o = {.netns = {ns0, ns1}, .store_addr = addr, .limit_s = 150, .slot_kib = "1024"};
+    int st[MAX_RANKS];
+    run_ranks(world, body, &a, &o, st);
+    snprintf(cmd, sizeof cmd, "ip netns del %s; ip netns del %s", ns0, ns1);
+    sh(cmd);
+    assert_all_ok(world, st);
+}
+
+Test(comm_netns, hosts2_x_ranks2, .timeout = 180) { run_in_two_netns(body_collectives, 4, 2); }
+Test(comm_netns, large_64mib_hosts2_x_ranks1, .timeout = 180) { run_in_two_netns(body_large, 2, 2); }
 
 /* 1000 asynchronous operations issued back to back finish in issue order with the right results. */
 static int body_async(struct rank_ctx *c)

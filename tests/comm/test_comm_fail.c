@@ -3,6 +3,7 @@
 #include "comm_test_util.h"
 
 #include <dirent.h>
+#include <pthread.h>
 #include <signal.h>
 
 struct fail_arg {
@@ -10,6 +11,21 @@ struct fail_arg {
     bool stuck; /* sleep instead of dying */
     double max_s;
 };
+
+/* The message must blame the victim itself, not a rank that only gave up because of it (whose closed
+ * connections are what the others see first). */
+static bool names_cause(const char *msg, int victim)
+{
+    const char *forms[] = {"rank %d (pid", "rank %d closed its connection", "connection to rank %d failed",
+                           "rank %d did not arrive"};
+    for (size_t i = 0; i < sizeof(forms) / sizeof(forms[0]); i++) {
+        char want[64];
+        snprintf(want, sizeof(want), forms[i], victim);
+        if (strstr(msg, want))
+            return true;
+    }
+    return false;
+}
 
 /* Two good all_reduces, then the victim dies (or hangs) and the others' third must fail naming it. */
 static int body_victim(struct rank_ctx *c)
@@ -35,7 +51,7 @@ static int body_victim(struct rank_ctx *c)
     snprintf(want, sizeof(want), "rank %d", a->victim);
     const char *msg = error_message();
     if (rc == 0 || !strstr(msg, "all_reduce #3") || !strstr(msg, "group 'world'") || !strstr(msg, want) ||
-        dt > a->max_s) {
+        !names_cause(msg, a->victim) || dt > a->max_s) {
         fprintf(stderr, "rank %d: rc %d after %.1f s, message: %s\n", c->rank, rc, dt, msg);
         return 1;
     }
@@ -45,6 +61,50 @@ static int body_victim(struct rank_ctx *c)
         return 1;
     }
     fprintf(stderr, "rank %d (expected failure, %.1f s): %s\n", c->rank, dt, msg);
+    return 0;
+}
+
+static void *kill_self_later(void *arg)
+{
+    const struct timespec ts = {0, 300 * 1000 * 1000};
+    (void)arg;
+    nanosleep(&ts, NULL);
+    raise(SIGKILL);
+    return NULL;
+}
+
+/* The victim is killed by a timer while every rank loops over 4 MiB all_reduces, so it dies inside a
+ * collective (in the middle of its copies or reductions), not between two. */
+static int body_midkill(struct rank_ctx *c)
+{
+    const struct fail_arg *a = c->arg;
+    size_t n = (4u << 20) / 4;
+    float *v = calloc(n, sizeof(float));
+    if (!v)
+        return 1;
+    if (c->rank == a->victim) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, kill_self_later, NULL) != 0)
+            return 1;
+    }
+    double t0 = tu_now();
+    int rc = 0;
+    uint64_t it = 0;
+    while (rc == 0 && tu_now() - t0 < a->max_s)
+        rc = comm_all_reduce(c->comm, v, v, n, COMM_F32, COMM_SUM), it++;
+    free(v);
+    double dt = tu_now() - t0;
+    char want[32], seq[48];
+    snprintf(want, sizeof(want), "rank %d", a->victim);
+    snprintf(seq, sizeof(seq), "all_reduce #%llu in group 'world'", (unsigned long long)it);
+    const char *msg = error_message();
+    if (rc == 0 || !strstr(msg, seq) || !strstr(msg, want) || !names_cause(msg, a->victim)) {
+        fprintf(stderr, "rank %d: rc %d after %.1f s and %llu all_reduces, message: %s\n", c->rank, rc, dt,
+                (unsigned long long)it, msg);
+        return 1;
+    }
+    fprintf(stderr, "rank %d (expected failure after %.2f s, %llu ops): %s\n", c->rank, dt, (unsigned long long)it,
+            msg);
     return 0;
 }
 
@@ -62,8 +122,8 @@ static int shm_leftovers(const char *run_id)
     return n;
 }
 
-static void run_victim(int world, int victim, bool stuck, bool force_tcp, int hosts, double timeout_s,
-                       double max_s)
+static void run_body(rank_body body, int world, int victim, bool stuck, bool force_tcp, int hosts,
+                     double timeout_s, double max_s)
 {
     char run_id[64];
     snprintf(run_id, sizeof(run_id), "fail%d-%d", (int)getpid(), victim);
@@ -71,7 +131,7 @@ static void run_victim(int world, int victim, bool stuck, bool force_tcp, int ho
     struct run_opts o = {.run_id = run_id, .timeout_s = timeout_s, .force_tcp = force_tcp, .hosts = hosts,
                          .limit_s = max_s + 30};
     int st[MAX_RANKS];
-    run_ranks(world, body_victim, &a, &o, st);
+    run_ranks(world, body, &a, &o, st);
     for (int r = 0; r < world; r++) {
         if (r == victim)
             cr_assert(WIFSIGNALED(st[r]) && WTERMSIG(st[r]) == SIGKILL, "victim status 0x%x", st[r]);
@@ -82,6 +142,12 @@ static void run_victim(int world, int victim, bool stuck, bool force_tcp, int ho
     cr_assert_eq(shm_leftovers(run_id), 0, "/dev/shm still holds a segment of run %s", run_id);
 }
 
+static void run_victim(int world, int victim, bool stuck, bool force_tcp, int hosts, double timeout_s,
+                       double max_s)
+{
+    run_body(body_victim, world, victim, stuck, force_tcp, hosts, timeout_s, max_s);
+}
+
 /* Dead peers are noticed from their pid (shm) or the closed socket (TCP), long before the timeout. */
 Test(comm_fail, killed_rank_shm_world4, .timeout = 100) { run_victim(4, 3, false, false, 1, 30, 20); }
 Test(comm_fail, killed_leader_shm_world3, .timeout = 100) { run_victim(3, 0, false, false, 1, 30, 20); }
@@ -89,6 +155,21 @@ Test(comm_fail, killed_rank_tcp_world3, .timeout = 100) { run_victim(3, 1, false
 Test(comm_fail, killed_rank_hier_2x2, .timeout = 100) { run_victim(4, 2, false, false, 2, 30, 20); }
 /* A live but stuck rank: the others give up at the timeout (3 s) and name it. */
 Test(comm_fail, stuck_rank_times_out_world3, .timeout = 100) { run_victim(3, 1, true, false, 1, 3, 20); }
+
+/* Killed inside a collective: the others fail naming it, the collective and its sequence number, long
+ * before the 30 s timeout (max_s 20 bounds the whole run). */
+Test(comm_fail, killed_mid_collective_shm_world4, .timeout = 100)
+{
+    run_body(body_midkill, 4, 2, false, false, 1, 30, 20);
+}
+Test(comm_fail, killed_mid_collective_hier_2x2, .timeout = 100)
+{
+    run_body(body_midkill, 4, 1, false, false, 2, 30, 20);
+}
+Test(comm_fail, killed_mid_collective_tcp_world3, .timeout = 100)
+{
+    run_body(body_midkill, 3, 0, false, true, 1, 30, 20);
+}
 
 static int body_bad_args(struct rank_ctx *c)
 {

@@ -362,6 +362,27 @@ Test(store, wrong_run_id_or_secret_refused)
     store_server_stop(s);
 }
 
+/* A clone is a second connection with the same token (a secret-protected server accepts it) and its
+ * own default timeout; it outlives the client it was made from. */
+Test(store, clone_connects_with_same_token)
+{
+    struct store_server *s = test_server("job", "s3cret", 0);
+    struct store_client *c = NULL, *k = NULL;
+    cr_assert_eq(test_connect_opts(store_server_port(s), "job", "s3cret", 5, &c), 0, "%s", error_message());
+    cr_assert_eq(store_client_clone(c, 0.5, &k), 0, "%s", error_message());
+    cr_assert_eq(store_client_set(c, "from-original", "1", 1), 0);
+    get_str(k, "from-original", "1");
+    store_client_close(c);
+    void *v = NULL;
+    size_t n = 0;
+    double t0 = test_now();
+    cr_assert_eq(store_client_get(k, "never", &v, &n, 0), FSDP_ETIMEDOUT, "%s", error_message());
+    cr_expect_lt(test_now() - t0, 5, "the clone's default timeout (0.5 s) was not used");
+    cr_assert_eq(store_client_ping(k), 0, "%s", error_message());
+    store_client_close(k);
+    store_server_stop(s);
+}
+
 Test(store, port_in_use)
 {
     struct store_server *s = test_server("job", NULL, 0);
