@@ -458,6 +458,31 @@ static int write_entry_data(int fd, const char *path, const struct safetensors_e
     return rc;
 }
 
+int safetensors_header(const char *path, const struct safetensors_entry *entries, size_t n_entries,
+                       const struct safetensors_meta *meta, size_t n_meta, void **out, size_t *out_bytes)
+{
+    int rc;
+    *out = NULL;
+    *out_bytes = 0;
+    char *json = build_header(path, entries, n_entries, meta, n_meta, &rc);
+    if (!json)
+        return rc;
+    size_t jlen = strlen(json), hlen = (jlen + 7) & ~(size_t)7;
+    uint8_t *buf = malloc(8 + hlen);
+    if (!buf) {
+        free(json);
+        return error_set(FSDP_ENOMEM, "out of memory");
+    }
+    for (int i = 0; i < 8; i++)
+        buf[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+    memcpy(buf + 8, json, jlen);
+    memset(buf + 8 + jlen, ' ', hlen - jlen);
+    free(json);
+    *out = buf;
+    *out_bytes = 8 + hlen;
+    return 0;
+}
+
 int safetensors_write(const char *path, const struct safetensors_entry *entries, size_t n_entries,
                       const struct safetensors_meta *meta, size_t n_meta, safetensors_fill_fn fill,
                       void *fill_ctx)

@@ -93,4 +93,10 @@ int safetensors_write(const char *path, const struct safetensors_entry *entries,
                       const struct safetensors_meta *meta, size_t n_meta, safetensors_fill_fn fill,
                       void *fill_ctx);
 
+/* The bytes a file of these entries starts with (u64 length + padded JSON; the data follows, entries in
+ * the given order), so a caller can write a file in its own way: one streaming pass, pwrite of each
+ * tensor as it becomes available, its own checksums. *out (malloc'ed) holds *out_bytes bytes. */
+int safetensors_header(const char *path, const struct safetensors_entry *entries, size_t n_entries,
+                       const struct safetensors_meta *meta, size_t n_meta, void **out, size_t *out_bytes);
+
 #endif

@@ -1,0 +1,333 @@
+/* Checkpoint round trips: sharded saves at world 1, 2, 3 in both piece styles read back at other world
+ * sizes, full saves read back and loaded by model_weights_load, scalar state, `latest`, keep_last
+ * pruning and the invisibility of unfinished saves. Damage and disk-full cases are test_ckpt_fail.c. */
+#include <dirent.h>
+
+#include "common/safetensors.h"
+#include "tests/ckpt/ctest.h"
+
+static char dir[64];
+static void setup(void)
+{
+    ct_tmpdir(dir, sizeof dir);
+}
+static void teardown(void)
+{
+    ct_rmdir(dir);
+}
+
+TestSuite(ckpt, .init = setup, .fini = teardown);
+
+static void reshard(int save_world, int version, const int *read_worlds, int n_read)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    ct_save_sharded(dir, &l, 10, save_world, version, 1, 0);
+    struct ckpt_reader *r;
+    cr_assert_eq(ckpt_open(dir, "latest", &l, &r), 0, "%s", error_message());
+    cr_assert_str_eq(ckpt_reader_format(r), "sharded");
+    for (int i = 0; i < n_read; i++)
+        ct_check_read(r, &l, read_worlds[i], 1);
+    ckpt_close(r);
+    model_layout_free(&l);
+}
+
+Test(ckpt, sharded_world1_read_at_2_and_3)
+{
+    reshard(1, 2, (int[]){1, 2, 3}, 3);
+}
+
+Test(ckpt, sharded_v2_world2_read_at_1_3_4)
+{
+    reshard(2, 2, (int[]){1, 3, 4}, 3);
+}
+
+Test(ckpt, sharded_v2_world3_read_at_2)
+{
+    reshard(3, 2, (int[]){2, 5}, 2);
+}
+
+Test(ckpt, sharded_v1_flat_units_world2_read_at_3)
+{
+    reshard(2, 1, (int[]){1, 3}, 2);
+}
+
+Test(ckpt, sharded_v1_flat_units_world3_read_at_2)
+{
+    reshard(3, 1, (int[]){2, 4}, 2);
+}
+
+Test(ckpt, unaligned_ranges_cross_pieces_and_crc_blocks)
+{
+    /* wte of a 2048-row vocabulary is 288 KiB per kind: still one CRC block, so use n_embd 36 and vocab
+     * 16384 (2.25 MiB) to get several blocks and reads that start and end inside them. */
+    struct model_layout l;
+    ct_layout(&l, 16384);
+    ct_save_sharded(dir, &l, 3, 3, 2, 9, 0);
+    struct ckpt_reader *r;
+    cr_assert_eq(ckpt_open(dir, "latest", &l, &r), 0, "%s", error_message());
+    int p = model_layout_find(&l, "wte.weight");
+    size_t n = l.params[p].numel;
+    size_t cuts[][2] = {{0, 1}, {1, 262143}, {262143, 262146}, {100000, 400000}, {n - 5, 5}, {0, n}};
+    for (size_t c = 0; c < sizeof cuts / sizeof cuts[0]; c++) {
+        size_t b = cuts[c][0], cnt = cuts[c][1];
+        float *got = malloc(cnt * sizeof *got), *want = malloc(cnt * sizeof *want);
+        ct_fill(&l, CKPT_EXP_AVG, p, b, cnt, want, 9);
+        cr_assert_eq(ckpt_read(r, CKPT_EXP_AVG, p, b, cnt, got), 0, "%s", error_message());
+        cr_assert(memcmp(got, want, cnt * sizeof *got) == 0, "range [%zu, +%zu) differs", b, cnt);
+        free(got);
+        free(want);
+    }
+    float x;
+    cr_assert_eq(ckpt_read(r, CKPT_PARAM, p, n, 1, &x), FSDP_ERANGE);
+    ckpt_close(r);
+    model_layout_free(&l);
+}
+
+Test(ckpt, scalar_state_round_trip)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    ct_save_sharded(dir, &l, 42, 2, 1, 1, 0);
+    struct ckpt_reader *r;
+    cr_assert_eq(ckpt_open(dir, "latest", NULL, &r), 0, "%s", error_message());
+    const struct ckpt_state *s = ckpt_reader_state(r);
+    struct ckpt_state want;
+    ct_state(&want, &l, 42, 2, 1);
+    cr_assert_eq(s->step, 42);
+    cr_assert_eq(s->loss_scale, want.loss_scale);
+    cr_assert_eq(s->scaler_good_steps, want.scaler_good_steps);
+    cr_assert_eq(s->world_size, 2);
+    cr_assert_eq(s->fsdp_version, 1);
+    cr_assert_str_eq(s->strategy, "FULL_SHARD");
+    cr_assert_str_eq(s->config_text, want.config_text);
+    cr_assert_str_eq(s->model.model_family, "gpt2");
+    cr_assert_eq(s->model.n_layer, 2);
+    cr_assert_eq(s->model.n_embd, 36);
+    cr_assert_eq(s->model.vocab_size, 77);
+    cr_assert_eq(s->model.seed, l.config.seed);
+    /* No layout given: the reader builds the checkpoint's own. */
+    cr_assert_eq(ckpt_reader_layout(r)->numel, l.numel);
+    ckpt_close(r);
+    model_layout_free(&l);
+}
+
+Test(ckpt, full_round_trip_any_put_order_and_reshard)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    ct_save_full(dir, &l, 5, 3, 0);
+    char path[256];
+    snprintf(path, sizeof path, "%s/fsdp_cpt5/fsdp_cpt5.safetensors", dir);
+    cr_assert(ct_exists(path));
+    snprintf(path, sizeof path, "%s/fsdp_cpt5/fsdp_cpt5_optim.safetensors", dir);
+    cr_assert(ct_exists(path));
+    struct ckpt_reader *r;
+    cr_assert_eq(ckpt_open(dir, "latest", &l, &r), 0, "%s", error_message());
+    cr_assert_str_eq(ckpt_reader_format(r), "full");
+    ct_check_read(r, &l, 1, 3);
+    ct_check_read(r, &l, 3, 3); /* padding rows of wte come back as zeros */
+    ckpt_close(r);
+    model_layout_free(&l);
+}
+
+Test(ckpt, full_model_file_loads_with_model_weights_load)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    ct_save_full(dir, &l, 8, 4, 0);
+    char path[256];
+    snprintf(path, sizeof path, "%s/fsdp_cpt8/fsdp_cpt8.safetensors", dir);
+    float *got = malloc(l.numel * sizeof *got);
+    memset(got, 0xff, l.numel * sizeof *got);
+    cr_assert_eq(model_weights_load(&l, path, got), 0, "%s", error_message());
+    for (int p = 0; p < l.n_params; p++)
+        for (size_t i = 0; i < l.params[p].numel; i++) {
+            float want = ct_value(&l, CKPT_PARAM, p, i, 4);
+            cr_assert(memcmp(&got[l.params[p].offset + i], &want, 4) == 0, "%s[%zu]", l.params[p].name, i);
+        }
+    /* The optimizer file: the same names behind "exp_avg." / "exp_avg_sq.", real rows only. */
+    struct safetensors_file *f;
+    snprintf(path, sizeof path, "%s/fsdp_cpt8/fsdp_cpt8_optim.safetensors", dir);
+    cr_assert_eq(safetensors_open(&f, path), 0, "%s", error_message());
+    cr_assert_eq(f->n_tensors, 2 * (size_t)l.n_params);
+    const struct safetensors_tensor *t = safetensors_find(f, "exp_avg_sq.wte.weight");
+    cr_assert_not_null(t);
+    cr_assert_eq(t->shape[0], 77);
+    cr_assert_eq(t->shape[1], 36);
+    float v;
+    cr_assert_eq(safetensors_read(f, t, 4 * 37, &v, 4), 0);
+    cr_assert_eq(v, ct_value(&l, CKPT_EXP_AVG_SQ, model_layout_find(&l, "wte.weight"), 37, 4));
+    safetensors_close(f);
+    free(got);
+    model_layout_free(&l);
+}
+
+Test(ckpt, full_commit_refuses_missing_tensor)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    struct ckpt_full_writer *w;
+    cr_assert_eq(ckpt_full_open(dir, 3, &l, &w), 0, "%s", error_message());
+    float *t = calloc(l.params[0].numel, sizeof *t);
+    cr_assert_eq(ckpt_full_put(w, CKPT_PARAM, 0, t), 0);
+    cr_assert_eq(ckpt_full_put(w, CKPT_PARAM, 0, t), FSDP_EINVAL, "a second put of one tensor was accepted");
+    struct ckpt_state s;
+    ct_state(&s, &l, 3, 1, 2);
+    cr_assert_neq(ckpt_full_commit(w, &s, 0), 0);
+    cr_assert(strstr(error_message(), "never put"), "%s", error_message());
+    char path[256];
+    snprintf(path, sizeof path, "%s/.tmp_fsdp_cpt3", dir);
+    cr_assert(!ct_exists(path), "temporary directory left behind");
+    snprintf(path, sizeof path, "%s/fsdp_cpt3", dir);
+    cr_assert(!ct_exists(path));
+    free(t);
+    model_layout_free(&l);
+}
+
+Test(ckpt, latest_points_at_newest_and_resolves)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    ct_save_sharded(dir, &l, 10, 2, 2, 1, 0);
+    ct_save_full(dir, &l, 20, 2, 0);
+    char out[4096], want[256];
+    cr_assert_eq(ckpt_resolve(dir, "latest", out, sizeof out), 0, "%s", error_message());
+    snprintf(want, sizeof want, "%s/fsdp_cpt20", dir);
+    cr_assert_str_eq(out, want);
+    cr_assert_eq(ckpt_resolve(dir, "fsdp_sharded_cpt10", out, sizeof out), 0);
+    snprintf(want, sizeof want, "%s/fsdp_sharded_cpt10", dir);
+    cr_assert_str_eq(out, want);
+    struct ckpt_reader *r;
+    cr_assert_eq(ckpt_open(want, NULL, &l, &r), 0, "%s", error_message());
+    cr_assert_eq(ckpt_reader_state(r)->step, 10);
+    ckpt_close(r);
+    /* A root without any checkpoint: not found, saying so. */
+    char empty[64];
+    ct_tmpdir(empty, sizeof empty);
+    cr_assert_eq(ckpt_resolve(empty, "latest", out, sizeof out), FSDP_ENOTFOUND);
+    cr_assert(strstr(error_message(), "no checkpoint"), "%s", error_message());
+    ct_rmdir(empty);
+    model_layout_free(&l);
+}
+
+static int count_checkpoints(const char *root, char *names, size_t cap)
+{
+    DIR *d = opendir(root);
+    cr_assert_not_null(d);
+    struct dirent *e;
+    int n = 0;
+    names[0] = '\0';
+    while ((e = readdir(d)))
+        if (strncmp(e->d_name, "fsdp_", 5) == 0) {
+            n++;
+            strncat(names, e->d_name, cap - strlen(names) - 2);
+            strcat(names, " ");
+        }
+    closedir(d);
+    return n;
+}
+
+Test(ckpt, keep_last_prunes_oldest_after_commit)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    char names[512];
+    for (int s = 1; s <= 4; s++) {
+        ct_save_sharded(dir, &l, s * 10, 2, 2, (uint32_t)s, 2);
+        cr_assert_eq(count_checkpoints(dir, names, sizeof names), s < 2 ? s : 2, "%s", names);
+    }
+    char path[256];
+    snprintf(path, sizeof path, "%s/fsdp_sharded_cpt30", dir);
+    cr_assert(ct_exists(path), "%s", names);
+    snprintf(path, sizeof path, "%s/fsdp_sharded_cpt40", dir);
+    cr_assert(ct_exists(path), "%s", names);
+    /* keep_last 0 keeps everything. */
+    ct_save_full(dir, &l, 50, 5, 0);
+    cr_assert_eq(count_checkpoints(dir, names, sizeof names), 3, "%s", names);
+    model_layout_free(&l);
+}
+
+Test(ckpt, unfinished_save_is_invisible_and_failed_commit_cleans_up)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    ct_save_sharded(dir, &l, 10, 2, 2, 1, 1);
+    /* Step 20: only rank 0 of 2 wrote (rank 1 crashed). */
+    struct ct_pieces ps = {0};
+    ct_rank_pieces(&ps, &l, 2, 0, 2, 2);
+    cr_assert_eq(ckpt_sharded_write_rank(dir, 20, 0, &l, ps.v, ps.n), 0, "%s", error_message());
+    ct_free(&ps);
+    char out[4096], path[256];
+    cr_assert_eq(ckpt_resolve(dir, "latest", out, sizeof out), 0);
+    cr_assert(strstr(out, "fsdp_sharded_cpt10"), "%s", out);
+    cr_assert_neq(ckpt_resolve(dir, "fsdp_sharded_cpt20", out, sizeof out), 0, "unfinished save visible");
+    struct ckpt_reader *r;
+    cr_assert_neq(ckpt_open(dir, "fsdp_sharded_cpt20", &l, &r), 0);
+    struct ckpt_state s;
+    ct_state(&s, &l, 20, 2, 2);
+    cr_assert_eq(ckpt_sharded_commit(dir, 20, 2, &l, &s, 1), FSDP_ENOTFOUND);
+    cr_assert(strstr(error_message(), "fsdp_sharded_cpt20_rank1") && strstr(error_message(), "rank 1"), "%s",
+              error_message());
+    snprintf(path, sizeof path, "%s/.tmp_fsdp_sharded_cpt20", dir);
+    cr_assert(!ct_exists(path), "temporary directory left after a failed commit");
+    /* keep_last 1 must not have removed the previous checkpoint for a save that failed. */
+    cr_assert_eq(ckpt_open(dir, "latest", &l, &r), 0, "%s", error_message());
+    ct_check_read(r, &l, 2, 1);
+    ckpt_close(r);
+    model_layout_free(&l);
+}
+
+Test(ckpt, same_step_saved_again_replaces_it)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    ct_save_sharded(dir, &l, 10, 2, 2, 1, 0);
+    ct_save_sharded(dir, &l, 10, 3, 1, 2, 0);
+    struct ckpt_reader *r;
+    cr_assert_eq(ckpt_open(dir, "latest", &l, &r), 0, "%s", error_message());
+    cr_assert_eq(ckpt_reader_state(r)->world_size, 3);
+    ct_check_read(r, &l, 2, 2);
+    ckpt_close(r);
+    model_layout_free(&l);
+}
+
+Test(ckpt, write_rank_rejects_overlap_and_out_of_range)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    struct ct_pieces ps = {0};
+    ct_add(&ps, &l, CKPT_PARAM, 3, 0, 10, 1);
+    ct_add(&ps, &l, CKPT_PARAM, 3, 5, 10, 1);
+    cr_assert_eq(ckpt_sharded_write_rank(dir, 1, 0, &l, ps.v, ps.n), FSDP_EINVAL);
+    cr_assert(strstr(error_message(), "overlap"), "%s", error_message());
+    ct_free(&ps);
+    ct_add(&ps, &l, CKPT_PARAM, 3, l.params[3].numel - 2, 2, 1);
+    ps.v[0].count = 3;
+    cr_assert_eq(ckpt_sharded_write_rank(dir, 1, 0, &l, ps.v, ps.n), FSDP_EINVAL);
+    ps.v[0].count = 2;
+    ps.v[0].kind = 7;
+    cr_assert_eq(ckpt_sharded_write_rank(dir, 1, 0, &l, ps.v, ps.n), FSDP_EINVAL);
+    ct_free(&ps);
+    model_layout_free(&l);
+}
+
+Test(ckpt, commit_refuses_gap_between_ranks)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    /* Both ranks write rank 0's part (as if a plan disagreed): the second half of each tensor is missing. */
+    for (int r = 0; r < 2; r++) {
+        struct ct_pieces ps = {0};
+        ct_rank_pieces(&ps, &l, 2, r == 1 ? 0 : 0, 2, 1);
+        cr_assert_eq(ckpt_sharded_write_rank(dir, 7, r, &l, ps.v, ps.n), 0, "%s", error_message());
+        ct_free(&ps);
+    }
+    struct ckpt_state s;
+    ct_state(&s, &l, 7, 2, 2);
+    cr_assert_eq(ckpt_sharded_commit(dir, 7, 2, &l, &s, 0), FSDP_EINVAL);
+    cr_assert(strstr(error_message(), "overlap") || strstr(error_message(), "cover"), "%s", error_message());
+    char out[4096];
+    cr_assert_eq(ckpt_resolve(dir, "latest", out, sizeof out), FSDP_ENOTFOUND);
+    model_layout_free(&l);
+}
