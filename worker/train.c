@@ -86,6 +86,19 @@ static double peak_flops(const struct kernels *k)
     return best;
 }
 
+/* Resident bytes now (not the peak): the growth across allocating the shards is what sharding saves. */
+static size_t rss_now(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long size = 0, res = 0;
+    if (f) {
+        if (fscanf(f, "%lu %lu", &size, &res) != 2)
+            res = 0;
+        fclose(f);
+    }
+    return (size_t)res * (size_t)sysconf(_SC_PAGESIZE);
+}
+
 struct trainer {
     const struct worker_config *wc;
     struct train_env *env;
@@ -300,10 +313,12 @@ int train_run(const struct worker_config *wc, const char *config_text, struct tr
                                   .generation = env->restart_count, .device = -1};
         rc = comm_create(env->store, env->rank, env->world_size, "world", &co, &t.world);
     }
+    size_t rss0 = rss_now();
     struct fsdp_groups g = {.world = t.world, .rank = env->rank, .world_size = env->world_size,
                             .local_world_size = env->local_world_size};
     if (!rc)
         rc = fsdp_create(&t.fsdp, wc, t.model, t.k, &g);
+    size_t rss1 = rss_now();
     if (!rc) {
         fsdp_log_plan(t.fsdp);
         if (env->rank == 0)
@@ -317,6 +332,11 @@ int train_run(const struct worker_config *wc, const char *config_text, struct tr
     int64_t first_step = 0;
     if (!rc)
         rc = fsdp_init_params(t.fsdp);
+    if (!rc) {
+        log_info("persistent state: %zu bytes per rank (params + grads + optimizer, engine accounting); RSS grew by "
+                 "%zu bytes creating it",
+                 fsdp_persistent_bytes(t.fsdp), rss1 > rss0 ? rss1 - rss0 : 0);
+    }
     if (!rc)
         rc = train_ckpt_maybe_load(t.fsdp, wc, env, config_text, &first_step);
     if (!rc)
