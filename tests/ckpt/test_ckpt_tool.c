@@ -1,0 +1,280 @@
+/* fsdp-ckpt, run as a user runs it: inspect (and its checksum verdict on a damaged file), merge and
+ * export (loaded back with the model's own loader and checked by Debian's python3 + torch reading the
+ * format by hand), and sample (greedy output equal to the model's argmax computed here). */
+#include <fcntl.h>
+#include <math.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/safetensors.h"
+#include "kernels/kernels.h"
+#include "tests/ckpt/ctest.h"
+#include "worker/ckpt_internal.h"
+
+static char dir[64];
+static void setup(void)
+{
+    ct_tmpdir(dir, sizeof dir);
+}
+static void teardown(void)
+{
+    ct_rmdir(dir);
+}
+
+TestSuite(ckpt_tool, .init = setup, .fini = teardown);
+
+/* Runs argv with stdout+stderr into out; returns the exit status (or 128 + signal). */
+static int run(char *const argv[], char *out, size_t cap)
+{
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        dup2(p[1], 1);
+        dup2(p[1], 2);
+        close(p[0]);
+        close(p[1]);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(p[1]);
+    size_t n = 0;
+    ssize_t got;
+    while ((got = read(p[0], out + n, cap - 1 - n)) > 0)
+        n += (size_t)got;
+    out[n] = '\0';
+    close(p[0]);
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static const char *tool(void)
+{
+    static char path[1024];
+    const char *b = getenv("FSDP_BUILD_ROOT");
+    cr_assert_not_null(b, "FSDP_BUILD_ROOT not set (run through meson test)");
+    snprintf(path, sizeof path, "%s/worker/fsdp-ckpt", b);
+    return path;
+}
+
+static char out[1 << 16];
+
+Test(ckpt_tool, inspect_prints_state_and_verifies)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    ct_save_sharded(dir, &l, 7, 2, 2, 1, 0);
+    char target[128];
+    snprintf(target, sizeof target, "%s:latest", dir);
+    cr_assert_eq(run((char *[]){(char *)tool(), "inspect", target, NULL}, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "format: sharded") && strstr(out, "step: 7") && strstr(out, "world_size: 2") &&
+                  strstr(out, "strategy: FULL_SHARD") && strstr(out, "fsdp_version: 2") &&
+                  strstr(out, "h.1.mlp.c_fc.weight") && strstr(out, "(36, 144)") && strstr(out, "(128, 36)") &&
+                  strstr(out, "checksums: OK"),
+              "%s", out);
+    /* A root also works without :latest; a damaged shard makes inspect fail and name it. */
+    char path[256];
+    snprintf(path, sizeof path, "%s/fsdp_sharded_cpt7/fsdp_sharded_cpt7_rank0", dir);
+    int fd = open(path, O_RDWR);
+    struct stat st;
+    fstat(fd, &st);
+    unsigned char b = 0;
+    cr_assert_eq(pread(fd, &b, 1, st.st_size - 8), 1);
+    b ^= 1;
+    cr_assert_eq(pwrite(fd, &b, 1, st.st_size - 8), 1);
+    close(fd);
+    cr_assert_eq(run((char *[]){(char *)tool(), "inspect", dir, NULL}, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "FAILED") && strstr(out, path) && strstr(out, "CRC32C mismatch"), "%s", out);
+    model_layout_free(&l);
+}
+
+Test(ckpt_tool, usage_errors)
+{
+    cr_assert_eq(run((char *[]){(char *)tool(), NULL}, out, sizeof out), 2);
+    cr_assert(strstr(out, "usage"), "%s", out);
+    cr_assert_eq(run((char *[]){(char *)tool(), "frobnicate", NULL}, out, sizeof out), 2);
+    cr_assert_eq(run((char *[]){(char *)tool(), "inspect", "/nonexistent/ckpt", NULL}, out, sizeof out), 1);
+    cr_assert(strstr(out, "/nonexistent/ckpt"), "%s", out);
+    cr_assert_eq(run((char *[]){(char *)tool(), "export", dir, "x.safetensors", "--dtype", "f8", NULL}, out,
+                     sizeof out),
+                 2);
+    cr_assert(strstr(out, "--dtype"), "%s", out);
+}
+
+/* Runs /usr/bin/python3 check_full.py on a model file and compares its per-tensor sums with ours. */
+static void python_check(const char *model, const struct model_layout *l, uint32_t salt)
+{
+    if (access("/usr/bin/python3", X_OK) != 0 ||
+        system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0)
+        cr_skip_test("Debian's /usr/bin/python3 with torch (python3-torch) is not installed");
+    char script[1024], n_layer[16], n_embd[16], vocab[16], block[16];
+    snprintf(script, sizeof script, "%s/tests/ckpt/check_full.py", getenv("FSDP_SOURCE_ROOT"));
+    snprintf(n_layer, sizeof n_layer, "%d", l->config.n_layer);
+    snprintf(n_embd, sizeof n_embd, "%d", l->config.n_embd);
+    snprintf(vocab, sizeof vocab, "%d", l->config.vocab_size);
+    snprintf(block, sizeof block, "%d", l->config.block_size);
+    int rc = run((char *[]){"/usr/bin/python3", script, (char *)model, n_layer, n_embd, vocab, block, NULL}, out,
+                 sizeof out);
+    cr_assert_eq(rc, 0, "%s", out);
+    char ok[32];
+    snprintf(ok, sizeof ok, "OK %d", l->n_params);
+    cr_assert(strstr(out, ok), "%s", out);
+    /* A leading newline lets every tensor line be found as "\nNAME ". */
+    static char lines[sizeof out + 1];
+    lines[0] = '\n';
+    memcpy(lines + 1, out, sizeof out);
+    for (int p = 0; p < l->n_params; p++) {
+        char key[96];
+        snprintf(key, sizeof key, "\n%s ", l->params[p].name);
+        const char *line = strstr(lines, key);
+        cr_assert_not_null(line, "%s missing in:\n%s", l->params[p].name, out);
+        const char *sum = strchr(line + strlen(key), ' ');
+        double got = strtod(sum, NULL), want = 0;
+        for (size_t i = 0; i < ckpt_param_real_numel(&l->params[p]); i++)
+            want += ct_value(l, CKPT_PARAM, p, i, salt);
+        cr_assert(fabs(got - want) <= 1e-9 * (1 + fabs(want)), "%s: python sum %.17g, saved %.17g",
+                  l->params[p].name, got, want);
+    }
+}
+
+Test(ckpt_tool, merge_sharded_to_hf_safetensors)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    ct_save_sharded(dir, &l, 12, 3, 1, 6, 0);
+    char src[128], dst[128];
+    snprintf(src, sizeof src, "%s/fsdp_sharded_cpt12", dir);
+    snprintf(dst, sizeof dst, "%s/merged.safetensors", dir);
+    cr_assert_eq(run((char *[]){(char *)tool(), "merge", src, dst, NULL}, out, sizeof out), 0, "%s", out);
+    float *got = malloc(l.numel * sizeof *got);
+    cr_assert_eq(model_weights_load(&l, dst, got), 0, "%s", error_message());
+    for (int p = 0; p < l.n_params; p++)
+        for (size_t i = 0; i < l.params[p].numel; i++) {
+            float want = ct_value(&l, CKPT_PARAM, p, i, 6);
+            cr_assert(memcmp(&want, &got[l.params[p].offset + i], 4) == 0, "%s[%zu]", l.params[p].name, i);
+        }
+    free(got);
+    python_check(dst, &l, 6);
+    model_layout_free(&l);
+}
+
+Test(ckpt_tool, full_checkpoint_model_file_opens_in_python)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    ct_save_full(dir, &l, 4, 8, 0);
+    char model[128];
+    snprintf(model, sizeof model, "%s/fsdp_cpt4/fsdp_cpt4.safetensors", dir);
+    python_check(model, &l, 8);
+    model_layout_free(&l);
+}
+
+Test(ckpt_tool, export_bf16_and_f16)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    ct_save_full(dir, &l, 4, 2, 0);
+    const char *dtypes[] = {"bf16", "f16"};
+    for (int d = 0; d < 2; d++) {
+        char dst[128];
+        snprintf(dst, sizeof dst, "%s/export_%s.safetensors", dir, dtypes[d]);
+        cr_assert_eq(run((char *[]){(char *)tool(), "export", dir, dst, "--dtype", (char *)dtypes[d], NULL}, out,
+                         sizeof out),
+                     0, "%s", out);
+        struct safetensors_file *f;
+        cr_assert_eq(safetensors_open(&f, dst), 0, "%s", error_message());
+        int p = model_layout_find(&l, "h.1.attn.c_attn.weight");
+        const struct safetensors_tensor *t = safetensors_find(f, "h.1.attn.c_attn.weight");
+        cr_assert_not_null(t);
+        cr_assert_eq(t->dtype, d == 0 ? SAFETENSORS_BF16 : SAFETENSORS_F16);
+        uint16_t v[50];
+        cr_assert_eq(safetensors_read(f, t, 200, v, sizeof v), 0);
+        for (int i = 0; i < 50; i++) {
+            float x = ct_value(&l, CKPT_PARAM, p, 100 + (size_t)i, 2);
+            uint16_t want = d == 0 ? kernels_f32_to_bf16(x) : kernels_f32_to_f16(x);
+            cr_assert_eq(v[i], want, "element %d: %04x vs %04x", i, v[i], want);
+        }
+        cr_assert_eq(safetensors_find(f, "wte.weight")->shape[0], 77, "padding rows exported");
+        safetensors_close(f);
+        /* The model loader widens bf16/f16 files. */
+        float *w = malloc(l.numel * sizeof *w);
+        cr_assert_eq(model_weights_load(&l, dst, w), 0, "%s", error_message());
+        free(w);
+    }
+    model_layout_free(&l);
+}
+
+/* Greedy continuation computed here with the model API, as the sampler should. */
+static void greedy(const struct model_layout *l, const float *params, const char *prompt, int n_new, char *res)
+{
+    struct model *m;
+    int T = l->config.block_size;
+    cr_assert_eq(model_create(&m, &l->config, kernels_cpu(), 1, T), 0, "%s", error_message());
+    int ctx[256], n = 0;
+    for (const char *c = prompt; *c; c++)
+        ctx[n++] = (unsigned char)*c;
+    for (int g = 0; g < n_new; g++) {
+        int w = n < T ? n : T;
+        int32_t tok[64], tgt[64];
+        for (int i = 0; i < T; i++) {
+            tok[i] = i < w ? ctx[n - w + i] : 0;
+            tgt[i] = -1;
+        }
+        float loss;
+        cr_assert_eq(model_set_batch(m, tok, tgt), 0);
+        cr_assert_eq(model_forward(m, params, &loss), 0);
+        const float *lg = model_logits(m) + (size_t)(w - 1) * l->vocab_padded;
+        int best = 0;
+        for (int v = 1; v < l->config.vocab_size; v++)
+            if (lg[v] > lg[best])
+                best = v;
+        ctx[n++] = best;
+        res[g] = (char)best;
+    }
+    model_destroy(m);
+}
+
+Test(ckpt_tool, sample_greedy_matches_model_and_seed_repeats)
+{
+    struct model_layout l;
+    ct_layout(&l, 256);
+    ct_save_full(dir, &l, 3, 11, 0);
+    float *params = kernels_cpu()->mem_alloc(l.numel * sizeof *params);
+    for (int p = 0; p < l.n_params; p++)
+        ct_fill(&l, CKPT_PARAM, p, 0, l.params[p].numel, params + l.params[p].offset, 11);
+    /* 20 tokens from a 3-byte prompt overrun block_size 16: the window slides. */
+    char want[21] = "";
+    greedy(&l, params, "abc", 20, want);
+    kernels_cpu()->mem_free(params);
+    cr_assert_eq(run((char *[]){(char *)tool(), "sample", dir, "--prompt", "abc", "--temperature", "0", "--length",
+                                "20", NULL},
+                     out, sizeof out),
+                 0, "%s", out);
+    cr_assert(memcmp(out, "abc", 3) == 0 && memcmp(out + 3, want, 20) == 0 && out[23] == '\n', "got %s", out);
+    char first[4096];
+    const char *args[] = {"--temperature=1.0", "--top_k=50", "--length=40", "--seed=5"};
+    cr_assert_eq(run((char *[]){(char *)tool(), "sample", dir, (char *)args[0], (char *)args[1], (char *)args[2],
+                                (char *)args[3], NULL},
+                     out, sizeof out),
+                 0, "%s", out);
+    memcpy(first, out, sizeof first);
+    cr_assert_eq(run((char *[]){(char *)tool(), "sample", dir, (char *)args[0], (char *)args[1], (char *)args[2],
+                                (char *)args[3], NULL},
+                     out, sizeof out),
+                 0, "%s", out);
+    cr_assert(memcmp(first, out, 1 + 40 + 1) == 0, "same seed, different text");
+    cr_assert_eq(first[0], '\n', "default prompt is a newline");
+    /* A prompt byte outside a 77-token vocabulary is refused with the reason. */
+    model_layout_free(&l);
+    struct model_layout small;
+    char d2[64];
+    ct_tmpdir(d2, sizeof d2);
+    ct_layout(&small, 77);
+    ct_save_full(d2, &small, 1, 1, 0);
+    cr_assert_eq(run((char *[]){(char *)tool(), "sample", d2, "--prompt", "zzz", NULL}, out, sizeof out), 1);
+    cr_assert(strstr(out, "vocab_size 77"), "%s", out);
+    ct_rmdir(d2);
+    model_layout_free(&small);
+}
