@@ -135,6 +135,7 @@ int fsdp_n_units(const struct fsdp *f);
 void fsdp_unit_params(const struct fsdp *f, int unit, int *first_param, int *n_params, size_t *offset,
                       size_t *numel);
 const struct kernels *fsdp_kernels(const struct fsdp *f);
+const struct model_layout *fsdp_layout(const struct fsdp *f);
 struct comm *fsdp_world(const struct fsdp *f);
 
 #endif

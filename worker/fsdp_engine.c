@@ -575,6 +575,11 @@ const struct kernels *fsdp_kernels(const struct fsdp *f)
     return f->k;
 }
 
+const struct model_layout *fsdp_layout(const struct fsdp *f)
+{
+    return f->layout;
+}
+
 struct comm *fsdp_world(const struct fsdp *f)
 {
     return f->g.world;

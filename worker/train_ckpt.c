@@ -1,30 +1,265 @@
-/* Checkpoint hooks of the training loop. The storage layer (sharded and full state dicts) lands with the
- * checkpoint issue; until then a resume request is refused rather than silently ignored, and no save is
- * attempted. */
+/* Checkpoints from the training loop: when to save, who writes what, and resuming.
+ *
+ * Saving is a collective. SHARDED_STATE_DICT: the ranks of the first replica (every rank unless HYBRID or
+ * NO_SHARD replicate the shards) each write their own pieces; all ranks agree that every write succeeded
+ * before rank 0 commits, so a failed write on any rank (disk full) fails the save everywhere and leaves
+ * the earlier checkpoints as they were. FULL_STATE_DICT: units are gathered one at a time and rank 0
+ * streams each tensor into the files, so it never holds more than one unsharded unit.
+ *
+ * Resuming: every rank reads only the ranges of its own pieces, whatever world size, strategy or version
+ * wrote the checkpoint (the reader reshards). After a restart by the launcher (TORCHELASTIC_RESTART_COUNT
+ * > 0) the default is `latest`. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
 #include "common/error.h"
 #include "common/log.h"
+#include "worker/ckpt.h"
 #include "worker/train_ckpt.h"
 
-int train_ckpt_maybe_load(struct fsdp *f, const struct worker_config *wc, struct train_env *env,
-                          const char *config_text, int64_t *first_step)
+static char *saved_config_text;
+static int64_t last_saved_step = -1;
+
+static void expand_root(char *out, size_t cap, const struct worker_config *wc, const struct train_env *env)
 {
-    (void)f;
-    (void)env;
-    (void)config_text;
-    *first_step = 0;
-    if (wc->checkpoint.resume_from[0])
-        return error_set(FSDP_EUNSUPPORTED, "checkpoint.resume_from = %s: checkpoints are not part of this build yet",
-                         wc->checkpoint.resume_from);
+    const char *pat = wc->checkpoint.dir, *at = strstr(pat, "<run_id>");
+    if (!at)
+        snprintf(out, cap, "%s", pat);
+    else
+        snprintf(out, cap, "%.*s%s%s", (int)(at - pat), pat, env->run_id, at + strlen("<run_id>"));
+}
+
+static int mkdir_p(const char *path)
+{
+    char buf[4352];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        return error_set(FSDP_ERANGE, "checkpoint.dir too long: %s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = 0;
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+            return error_set(FSDP_EIO, "checkpoint.dir: cannot create %s: %s", buf, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+        return error_set(FSDP_EIO, "checkpoint.dir: cannot create %s: %s", buf, strerror(errno));
     return 0;
+}
+
+static const char *strategy_name(const struct worker_config *wc)
+{
+    static const char *names[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"};
+    return wc->fsdp.enable ? names[wc->fsdp.sharding_strategy] : "NO_SHARD";
+}
+
+static void fill_state(struct ckpt_state *st, struct fsdp *f, const struct worker_config *wc, int64_t step,
+                       int writers)
+{
+    memset(st, 0, sizeof *st);
+    st->step = step;
+    st->loss_scale = fsdp_loss_scale(f);
+    st->scaler_good_steps = fsdp_scaler_good_steps(f);
+    st->world_size = writers;
+    snprintf(st->strategy, sizeof st->strategy, "%s", strategy_name(wc));
+    st->fsdp_version = wc->fsdp.version;
+    st->config_text = saved_config_text ? saved_config_text : "";
+    model_config_default(&st->model);
+    st->model.n_layer = wc->model.n_layer;
+    st->model.n_head = wc->model.n_head;
+    st->model.n_embd = wc->model.n_embd;
+    st->model.vocab_size = wc->model.vocab_size;
+    st->model.block_size = wc->model.block_size;
+    st->model.init_std = (float)wc->model.init_std;
+    st->model.seed = wc->model.seed;
+}
+
+/* Every rank's rc -> the same verdict everywhere (a sum over ranks of the failures). */
+static int agree(struct fsdp *f, int rc, const char *what)
+{
+    double bad = 0;
+    int rc2 = fsdp_sum_world(f, rc ? 1.0 : 0.0, &bad);
+    if (rc)
+        return rc;
+    if (rc2)
+        return rc2;
+    if (bad > 0)
+        return error_set(FSDP_EABORTED, "%s failed on %d other rank(s); their logs say why", what, (int)bad);
+    return 0;
+}
+
+static int save_sharded(struct fsdp *f, const struct worker_config *wc, struct train_env *env, const char *root,
+                        int64_t step)
+{
+    const struct model_layout *l = fsdp_layout(f);
+    const struct kernels *k = fsdp_kernels(f);
+    size_t n = 0;
+    const struct fsdp_piece *pieces = fsdp_pieces(f, &n);
+    bool writer = fsdp_replica_index(f) == 0;
+    int rc = 0;
+    struct ckpt_piece *cp = NULL;
+    float *host = NULL;
+    if (writer) {
+        size_t total = 0;
+        for (size_t i = 0; i < n; i++)
+            total += pieces[i].count;
+        cp = calloc(3 * n + 1, sizeof *cp);
+        /* device -> host staging; on CPU this is one copy of the shards, freed right after the write */
+        host = malloc((3 * total + 1) * sizeof(float));
+        if (!cp || !host)
+            rc = error_set(FSDP_ENOMEM, "checkpoint: no memory to stage %zu elements", 3 * total);
+        size_t at = 0, m = 0;
+        for (int kind = 0; kind < 3 && !rc; kind++)
+            for (size_t i = 0; i < n && !rc; i++) {
+                rc = k->mem_copy(host + at, pieces[i].data[kind], pieces[i].count * sizeof(float), KERNELS_COPY_D2H);
+                cp[m++] = (struct ckpt_piece){.kind = kind, .param = pieces[i].param, .begin = pieces[i].begin,
+                                              .count = pieces[i].count, .data = host + at};
+                at += pieces[i].count;
+            }
+        if (!rc)
+            rc = ckpt_sharded_write_rank(root, step, fsdp_shard_rank(f), l, cp, m);
+    }
+    free(cp);
+    free(host);
+    rc = agree(f, rc, "writing this rank's checkpoint shard");
+    if (rc == 0 && env->rank == 0) {
+        struct ckpt_state st;
+        fill_state(&st, f, wc, step, fsdp_shard_size(f));
+        rc = ckpt_sharded_commit(root, step, fsdp_shard_size(f), l, &st, (int)wc->checkpoint.keep_last);
+    }
+    if (rc && env->rank == 0)
+        ckpt_sharded_abort(root, step);
+    return agree(f, rc, "committing the checkpoint");
+}
+
+static int save_full(struct fsdp *f, const struct worker_config *wc, struct train_env *env, const char *root,
+                     int64_t step)
+{
+    const struct model_layout *l = fsdp_layout(f);
+    struct ckpt_full_writer *w = NULL;
+    int rc = 0;
+    if (env->rank == 0)
+        rc = ckpt_full_open(root, step, l, &w);
+    rc = agree(f, rc, "opening the full checkpoint");
+    size_t most = 0;
+    for (int u = 0; u < fsdp_n_units(f); u++) {
+        int fp, np;
+        size_t off, numel;
+        fsdp_unit_params(f, u, &fp, &np, &off, &numel);
+        most = numel > most ? numel : most;
+    }
+    float *unit = rc ? NULL : malloc((most ? most : 1) * sizeof(float));
+    if (!rc && !unit)
+        rc = error_set(FSDP_ENOMEM, "checkpoint: no memory for one unit (%zu parameters)", most);
+    for (int u = 0; u < fsdp_n_units(f) && !rc; u++)
+        for (int kind = 0; kind < 3 && !rc; kind++) {
+            int fp, np;
+            size_t off, numel;
+            fsdp_unit_params(f, u, &fp, &np, &off, &numel);
+            /* a collective of the shard group: every rank takes part, rank 0 writes */
+            rc = fsdp_gather_unit_state(f, u, (enum fsdp_state_kind)kind, unit);
+            for (int p = fp; p < fp + np && !rc && w; p++)
+                rc = ckpt_full_put(w, kind, p, unit + (l->params[p].offset - off));
+        }
+    free(unit);
+    if (env->rank == 0 && w) {
+        if (rc) {
+            ckpt_full_abort(w);
+        } else {
+            struct ckpt_state st;
+            fill_state(&st, f, wc, step, env->world_size);
+            rc = ckpt_full_commit(w, &st, (int)wc->checkpoint.keep_last);
+        }
+    }
+    return agree(f, rc, "writing the full checkpoint");
 }
 
 int train_ckpt_maybe_save(struct fsdp *f, const struct worker_config *wc, struct train_env *env, int64_t step,
                           bool final)
 {
-    (void)f;
-    (void)wc;
-    (void)env;
-    (void)step;
-    (void)final;
+    bool due = final ? step != last_saved_step && step > 0
+                     : wc->checkpoint.interval > 0 && step % wc->checkpoint.interval == 0;
+    if (!due)
+        return 0;
+    char root[4352];
+    expand_root(root, sizeof root, wc, env);
+    int rc = env->rank == 0 ? mkdir_p(root) : 0;
+    rc = agree(f, rc, "creating checkpoint.dir");
+    if (rc)
+        return rc;
+    bool sharded = wc->checkpoint.state_dict_type == WORKER_SHARDED_STATE_DICT;
+    rc = sharded ? save_sharded(f, wc, env, root, step) : save_full(f, wc, env, root, step);
+    if (rc)
+        return error_set(rc, "checkpoint at step %lld in %s failed; earlier checkpoints are intact: %s",
+                         (long long)step, root, error_message());
+    last_saved_step = step;
+    if (env->rank == 0)
+        log_info("checkpoint: step %lld saved (%s) under %s", (long long)step,
+                 sharded ? "SHARDED_STATE_DICT" : "FULL_STATE_DICT", root);
     return 0;
+}
+
+int train_ckpt_maybe_load(struct fsdp *f, const struct worker_config *wc, struct train_env *env,
+                          const char *config_text, int64_t *first_step)
+{
+    free(saved_config_text);
+    saved_config_text = config_text ? strdup(config_text) : NULL;
+    last_saved_step = -1;
+    *first_step = 0;
+    const char *which = wc->checkpoint.resume_from;
+    bool implicit = false;
+    if (!which[0] && env->restart_count > 0) {
+        which = CKPT_LATEST;
+        implicit = true;
+    }
+    if (!which[0])
+        return 0;
+    char root[4352];
+    expand_root(root, sizeof root, wc, env);
+    if (strcmp(which, CKPT_LATEST) == 0) {
+        char path[4352];
+        if (ckpt_resolve(root, which, path, sizeof path) == FSDP_ENOTFOUND) {
+            if (env->rank == 0)
+                log_warn("%s: no checkpoint under %s yet; starting from step 0",
+                         implicit ? "restart" : "checkpoint.resume_from = latest", root);
+            return 0;
+        }
+    }
+    struct ckpt_reader *r = NULL;
+    int rc = ckpt_open(root, which, fsdp_layout(f), &r);
+    size_t n = 0;
+    const struct fsdp_piece *pieces = fsdp_pieces(f, &n);
+    size_t most = 0;
+    for (size_t i = 0; i < n; i++)
+        most = pieces[i].count > most ? pieces[i].count : most;
+    float *tmp = rc ? NULL : malloc((most ? most : 1) * sizeof(float));
+    if (!rc && !tmp)
+        rc = error_set(FSDP_ENOMEM, "resume: out of memory");
+    const struct kernels *k = fsdp_kernels(f);
+    for (size_t i = 0; i < n && !rc; i++)
+        for (int kind = 0; kind < 3 && !rc; kind++) {
+            rc = ckpt_read(r, kind, pieces[i].param, pieces[i].begin, pieces[i].count, tmp);
+            if (!rc)
+                rc = k->mem_copy(pieces[i].data[kind], tmp, pieces[i].count * sizeof(float), KERNELS_COPY_H2D);
+        }
+    free(tmp);
+    if (!rc) {
+        const struct ckpt_state *st = ckpt_reader_state(r);
+        *first_step = st->step;
+        last_saved_step = st->step;
+        rc = fsdp_state_loaded(f, st->step, st->loss_scale, st->scaler_good_steps);
+        if (!rc && env->rank == 0)
+            log_info("resumed from %s (%s, step %lld, written by %d rank(s), %s, version %d)", ckpt_reader_path(r),
+                     ckpt_reader_format(r), (long long)st->step, st->world_size, st->strategy, st->fsdp_version);
+        if (!rc && st->step > wc->train.max_steps)
+            rc = error_set(FSDP_EINVAL, "the checkpoint is at step %lld, beyond train.max_steps = %lld",
+                           (long long)st->step, (long long)wc->train.max_steps);
+    }
+    if (rc)
+        rc = error_set(rc, "resume from %s (%s): %s", which, root, error_message());
+    ckpt_close(r);
+    return agree(f, rc, "resuming");
 }
