@@ -4,6 +4,7 @@
  * The reported loss is the same global mean, summed over ranks in rank order. */
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -176,6 +177,19 @@ static void report_memory(const struct trainer *t)
              (long long)tm->prefetched, tm->gather_wait_s, tm->reduce_wait_s);
 }
 
+/* FSDP_FAULT_KILL=STEP:RANK: that rank SIGKILLs itself when it reaches STEP on the first attempt only, so
+ * tests (and users rehearsing recovery) can crash a run at a chosen point and watch it recover. */
+static void fault_maybe_kill(const struct train_env *env, int64_t step)
+{
+    const char *v = getenv("FSDP_FAULT_KILL");
+    long long at;
+    int rank;
+    if (v && env->restart_count == 0 && sscanf(v, "%lld:%d", &at, &rank) == 2 && at == step && rank == env->rank) {
+        log_warn("FSDP_FAULT_KILL: killing myself at step %lld", at);
+        raise(SIGKILL);
+    }
+}
+
 static int run_loop(struct trainer *t, int64_t first_step)
 {
     const struct worker_config *wc = t->wc;
@@ -206,6 +220,7 @@ static int run_loop(struct trainer *t, int64_t first_step)
     double t_start = now_s();
     double last_loss = NAN, last_val = NAN;
     for (int64_t s = first_step; s < wc->train.max_steps && !rc; s++) {
+        fault_maybe_kill(env, s);
         double t0 = now_s();
         double lr = lr_schedule_at(&sched, s);
         float dloss = (float)(fsdp_loss_scale(t->fsdp) / t->tokens_per_step);
