@@ -1,0 +1,266 @@
+/* Helpers of the training tests: a tiny GPT config over byte tokens of the project's own docs, runs of
+ * the real fsdp-worker (alone, or under the real fsdp-launch) in a mkdtemp directory, and readers of what
+ * a run leaves behind: metrics.jsonl rows and the log lines of every rank. Header-only so each test
+ * binary stays one file. */
+#ifndef FSDP_TESTS_TRAIN_TTEST_H
+#define FSDP_TESTS_TRAIN_TTEST_H
+
+#include <cjson/cJSON.h>
+#include <math.h>
+
+#include "../launcher/launch_util.h"
+
+/* Generous: a loaded 2-core machine runs several of these at once, under ASan in CI. */
+#define TT_RUN_TIMEOUT_S 240.0
+
+/* The configuration the lead checked by hand: 20 steps of a 34k-parameter model, 12 sequences a step. */
+static const char tt_tiny_ini[] = "[model]\n"
+                                  "n_layer = 2\n"
+                                  "n_head = 2\n"
+                                  "n_embd = 32\n"
+                                  "vocab_size = 256\n"
+                                  "block_size = 16\n"
+                                  "[train]\n"
+                                  "train_batch = 12\n"
+                                  "micro_batch = 1\n"
+                                  "max_steps = 20\n"
+                                  "eval_interval = 0\n"
+                                  "[optim]\n"
+                                  "lr = 0.003\n"
+                                  "warmup_steps = 2\n"
+                                  "[log]\n"
+                                  "interval = 10\n";
+
+struct tt_ctx {
+    char *dir;       /* mkdtemp; everything a test writes lives here */
+    char ini[1024];   /* dir/tiny.ini, data paths filled in */
+    char data[1024]; /* dir/data: train.bin, val.bin */
+};
+
+/* What one run left: exit code (-1000 = timed out), the launcher's (or worker's) streams, its log dir. */
+struct tt_result {
+    int code;
+    char *out, *err;
+    char logdir[2200];
+};
+
+static inline void tt_write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f, "cannot write %s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Makes the tmpdir, the byte-level token files (fsdp-prepare-data over docs/) and tiny.ini. */
+static inline void tt_setup(struct tt_ctx *c)
+{
+    memset(c, 0, sizeof *c);
+    c->dir = strdup("/tmp/fsdp-train-test-XXXXXX");
+    cr_assert(c->dir && mkdtemp(c->dir), "mkdtemp failed");
+    const char *src = getenv("FSDP_SOURCE_ROOT");
+    cr_assert(src, "FSDP_SOURCE_ROOT not set: run through meson test");
+    char docs[2048];
+    snprintf(docs, sizeof docs, "%s/docs", src);
+    snprintf(c->data, sizeof c->data, "%s/data", c->dir);
+    const char *argv[] = {lu_build_path("worker/fsdp-prepare-data"), "-o", c->data, docs, NULL};
+    int code = lu_exit_code(lu_wait(lu_spawn(argv, c->dir, "prepare", NULL), 120));
+    char *err = lu_slurp_tag(c->dir, "prepare", "err");
+    cr_assert_eq(code, 0, "fsdp-prepare-data failed (%d): %s", code, err);
+    free(err);
+    char text[8192];
+    snprintf(text, sizeof text, "%s[data]\ntrain_file = %s/train.bin\nval_file = %s/val.bin\n", tt_tiny_ini, c->data,
+             c->data);
+    snprintf(c->ini, sizeof c->ini, "%s/tiny.ini", c->dir);
+    tt_write_file(c->ini, text);
+}
+
+static inline void tt_teardown(struct tt_ctx *c)
+{
+    if (c->dir)
+        lu_rm_rf(c->dir);
+    free(c->dir);
+    c->dir = NULL;
+}
+
+static inline void tt_result_free(struct tt_result *r)
+{
+    free(r->out);
+    free(r->err);
+    r->out = r->err = NULL;
+}
+
+/* Runs `fsdp-launch --standalone --nproc_per_node world fsdp-worker ini --log.dir=... --checkpoint.dir=...
+ * extra...` (world 0: fsdp-worker alone, no launcher and no torchrun environment) with one OpenMP thread
+ * per rank. tag names the run's directory under c->dir; extra ends with NULL. */
+static inline void tt_run_ini(const struct tt_ctx *c, const char *ini, int world, const char *tag,
+                              const char *const *extra, struct tt_result *r)
+{
+    memset(r, 0, sizeof *r);
+    char nproc[16], logarg[2300], ckarg[2300], rundir[2048];
+    snprintf(nproc, sizeof nproc, "%d", world);
+    snprintf(rundir, sizeof rundir, "%s/%s", c->dir, tag);
+    cr_assert(mkdir(rundir, 0755) == 0, "run tag %s used twice", tag);
+    snprintf(r->logdir, sizeof r->logdir, "%s/log", rundir);
+    snprintf(logarg, sizeof logarg, "--log.dir=%s", r->logdir);
+    snprintf(ckarg, sizeof ckarg, "--checkpoint.dir=%s/ckpt", rundir);
+    const char *argv[64];
+    int n = 0;
+    if (world > 0) {
+        argv[n++] = LU_LAUNCH;
+        argv[n++] = "--standalone";
+        argv[n++] = "--nproc_per_node";
+        argv[n++] = nproc;
+    }
+    argv[n++] = lu_build_path("worker/fsdp-worker");
+    argv[n++] = ini;
+    argv[n++] = logarg;
+    argv[n++] = ckarg;
+    for (int i = 0; extra && extra[i]; i++) {
+        cr_assert(n < 62, "too many arguments");
+        argv[n++] = extra[i];
+    }
+    argv[n] = NULL;
+    /* Whatever torchrun-style variables the test runner inherited must not make a lone worker a rank. */
+    static const char *const env[] = {"OMP_NUM_THREADS=1", "RANK=", "WORLD_SIZE=", "LOCAL_RANK=",
+                                      "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=", "FSDP_STORE_PREFIX=",
+                                      "FSDP_STORE_PORT=", "TORCHELASTIC_RUN_ID=", "FSDP_LOG_LEVEL=", NULL};
+    r->code = lu_exit_code(lu_wait(lu_spawn(argv, rundir, "run", env), TT_RUN_TIMEOUT_S));
+    r->out = lu_slurp_tag(rundir, "run", "out");
+    r->err = lu_slurp_tag(rundir, "run", "err");
+}
+
+static inline void tt_run(const struct tt_ctx *c, int world, const char *tag, const char *const *extra,
+                          struct tt_result *r)
+{
+    tt_run_ini(c, c->ini, world, tag, extra, r);
+}
+
+/* Runs and asserts success, showing the tail of stderr when it fails. */
+static inline void tt_run_ok(const struct tt_ctx *c, int world, const char *tag, const char *const *extra,
+                             struct tt_result *r)
+{
+    tt_run(c, world, tag, extra, r);
+    size_t len = strlen(r->err);
+    cr_assert_eq(r->code, 0, "run %s (world %d) exited with %d:\n%s", tag, world, r->code,
+                 r->err + (len > 3000 ? len - 3000 : 0));
+}
+
+/* Values of `key` in each row of metrics.jsonl, NAN where a row lacks it; returns the row count. */
+static inline int tt_metric(const struct tt_result *r, const char *key, double *v, int max)
+{
+    char path[2300];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", r->logdir);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "no %s", path);
+    char line[4096];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        cJSON *o = cJSON_Parse(line);
+        cr_assert_not_null(o, "metrics.jsonl row %d is not JSON: %s", n, line);
+        cr_assert(n < max, "more than %d rows in %s", max, path);
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
+        v[n++] = cJSON_IsNumber(x) ? x->valuedouble : NAN;
+        cJSON_Delete(o);
+    }
+    fclose(f);
+    return n;
+}
+
+/* Largest relative difference |a - b| / |b| over n values (infinite when either is not finite). */
+static inline double tt_max_rel(const double *a, const double *b, int n)
+{
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        if (!isfinite(a[i]) || !isfinite(b[i]))
+            return INFINITY;
+        double d = fabs(a[i] - b[i]) / fabs(b[i]);
+        worst = d > worst ? d : worst;
+    }
+    return worst;
+}
+
+enum { TT_STEPS = 20 };
+
+/* The per-step losses of a finished run; asserts one row per step. */
+static inline void tt_losses(const struct tt_result *r, double *loss)
+{
+    int n = tt_metric(r, "loss", loss, TT_STEPS + 1);
+    cr_assert_eq(n, TT_STEPS, "%s: %d metric rows, expected %d", r->logdir, n, TT_STEPS);
+}
+
+/* Asserts the losses of r are within rel of ref step by step; returns the largest difference seen. */
+static inline double tt_assert_losses(const struct tt_result *r, const double *ref, double rel, const char *what)
+{
+    double loss[TT_STEPS];
+    tt_losses(r, loss);
+    double d = tt_max_rel(loss, ref, TT_STEPS);
+    cr_assert(d <= rel, "%s: losses differ from the reference by %.3g relative (bound %.3g); step 19: %.9g vs %.9g",
+              what, d, rel, loss[TT_STEPS - 1], ref[TT_STEPS - 1]);
+    return d;
+}
+
+/* How many lines of s contain both a and b (b may be NULL). */
+static inline int tt_count_lines(const char *s, const char *a, const char *b)
+{
+    int n = 0;
+    for (const char *p = s; p && *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t len = nl ? (size_t)(nl - p) : strlen(p);
+        char *line = strndup(p, len);
+        n += strstr(line, a) && (!b || strstr(line, b));
+        free(line);
+        p = nl ? nl + 1 : NULL;
+    }
+    return n;
+}
+
+/* The line of rank `rank` (the "[rank N] " prefix; -1 = a lone worker without one) containing key, or
+ * NULL; the caller frees it. */
+static inline char *tt_rank_line(const char *s, int rank, const char *key)
+{
+    char tag[32];
+    snprintf(tag, sizeof tag, "[rank %d] ", rank);
+    for (const char *p = s; p && *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t len = nl ? (size_t)(nl - p) : strlen(p);
+        char *line = strndup(p, len);
+        if (strstr(line, key) && (rank < 0 ? !strstr(line, "[rank ") : strstr(line, tag) != NULL))
+            return line;
+        free(line);
+        p = nl ? nl + 1 : NULL;
+    }
+    return NULL;
+}
+
+/* One point of the parity matrix: strategy x version x prefetch (true: BACKWARD_PRE + forward_prefetch;
+ * false: NO_PREFETCH) at a world size, its losses checked against ref. HYBRID_* shard over pairs of ranks at
+ * even worlds and over single ranks at odd ones (the shard size must divide the world). */
+static inline double tt_parity_point(const struct tt_ctx *c, const char *strategy, int version, bool prefetch,
+                                     int world, const double *ref, double rel)
+{
+    char tag[128], strat[96], ver[32], hyb[48];
+    snprintf(tag, sizeof tag, "%s-v%d-%s-w%d", strategy, version, prefetch ? "pre" : "none", world);
+    snprintf(strat, sizeof strat, "--fsdp.sharding_strategy=%s", strategy);
+    snprintf(ver, sizeof ver, "--fsdp.version=%d", version);
+    snprintf(hyb, sizeof hyb, "--fsdp.hybrid_shard_size=%d", world % 2 == 0 ? 2 : 1);
+    const char *extra[] = {strat, ver, prefetch ? "--fsdp.backward_prefetch=BACKWARD_PRE" : "--fsdp.backward_prefetch=NO_PREFETCH",
+                           prefetch ? "--fsdp.forward_prefetch=true" : "--fsdp.forward_prefetch=false",
+                           strncmp(strategy, "HYBRID", 6) == 0 ? hyb : NULL, NULL};
+    struct tt_result r;
+    tt_run_ok(c, world, tag, extra, &r);
+    double d = tt_assert_losses(&r, ref, rel, tag);
+    tt_result_free(&r);
+    return d;
+}
+
+/* The reference: FULL_SHARD (the default), version 2, one rank under the launcher. */
+static inline void tt_reference(const struct tt_ctx *c, double *ref)
+{
+    struct tt_result r;
+    tt_run_ok(c, 1, "reference", NULL, &r);
+    tt_losses(&r, ref);
+    tt_result_free(&r);
+}
+
+#endif
