@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/crc32c.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "worker/ckpt_internal.h"
@@ -61,6 +62,28 @@ int ckpt_pwrite_all(int fd, const void *buf, size_t n, uint64_t off, const char 
         p += w;
         off += (uint64_t)w;
         n -= (size_t)w;
+    }
+    return 0;
+}
+
+int ckpt_write_crc(int fd, uint64_t off, const float *data, size_t count, uint32_t *crcs, const char *path)
+{
+    enum { CHUNK_BLOCKS = 8 };
+    const char *p = (const char *)data;
+    size_t bytes = count * sizeof(float);
+    for (size_t done = 0, blk = 0; done < bytes; blk += CHUNK_BLOCKS) {
+        size_t n = bytes - done < (size_t)CHUNK_BLOCKS * CKPT_CRC_BLOCK ? bytes - done
+                                                                         : (size_t)CHUNK_BLOCKS * CKPT_CRC_BLOCK;
+        for (size_t b = 0; b * CKPT_CRC_BLOCK < n; b++) {
+            size_t len = n - b * CKPT_CRC_BLOCK < CKPT_CRC_BLOCK ? n - b * CKPT_CRC_BLOCK : CKPT_CRC_BLOCK;
+            crcs[blk + b] = crc32c(p + done + b * CKPT_CRC_BLOCK, len);
+        }
+        int rc = ckpt_pwrite_all(fd, p + done, n, off + done, path);
+        if (rc != 0)
+            return rc;
+        /* Only a hint: where unsupported, the fsync at the end does all the work as before. */
+        sync_file_range(fd, (off_t)(off + done), (off_t)n, SYNC_FILE_RANGE_WRITE);
+        done += n;
     }
     return 0;
 }

@@ -171,10 +171,18 @@ int ckpt_full_put(struct ckpt_full_writer *w, int kind, int param, const float *
         return error_set(FSDP_EINVAL, "checkpoint: %s of '%s' put twice", ckpt_kind_name(kind), mp->name);
     size_t n = ckpt_param_real_numel(mp);
     int f = file_of(kind);
-    int rc = ckpt_pwrite_all(w->fd[f], t, n * sizeof(float), w->offset[s], w->path[f]);
-    if (rc == 0)
-        rc = ckpt_block_crcs(t, n, &w->crcs[s], &w->n_crcs[s]);
-    return rc;
+    size_t nc = (n * sizeof(float) + CKPT_CRC_BLOCK - 1) / CKPT_CRC_BLOCK;
+    uint32_t *crcs = malloc((nc ? nc : 1) * sizeof *crcs);
+    if (!crcs)
+        return error_set(FSDP_ENOMEM, "out of memory");
+    int rc = ckpt_write_crc(w->fd[f], w->offset[s], t, n, crcs, w->path[f]);
+    if (rc != 0) {
+        free(crcs);
+        return rc;
+    }
+    w->crcs[s] = crcs;
+    w->n_crcs[s] = nc;
+    return 0;
 }
 
 static int finish(struct ckpt_full_writer *w, const struct ckpt_state *state, int keep_last)

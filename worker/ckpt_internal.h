@@ -65,6 +65,10 @@ void ckpt_remove_tree(const char *path);
 /* write() of everything, or an FSDP_EIO error naming path and the cause (disk full spelled out). */
 int ckpt_write_all(int fd, const void *buf, size_t n, const char *path);
 int ckpt_pwrite_all(int fd, const void *buf, size_t n, uint64_t off, const char *path);
+/* pwrite of count floats at off, computing their block CRCs into crcs (ceil(bytes / CKPT_CRC_BLOCK)) on
+ * the way and starting the disk's writeback of each chunk at once (sync_file_range), so checksumming,
+ * copying into the page cache and the device's writes overlap and the final fsync has little left. */
+int ckpt_write_crc(int fd, uint64_t off, const float *data, size_t count, uint32_t *crcs, const char *path);
 int ckpt_pread_all(int fd, void *buf, size_t n, uint64_t off, const char *path);
 /* tmp (a directory under root) becomes root/name: fsync, rename (an existing root/name is replaced only
  * after the new one is in place), `latest` := name (temp + fsync + rename), then prune to keep_last. */

@@ -120,12 +120,18 @@ int ckpt_sharded_write_rank(const char *root, int64_t step, int rank, const stru
     if ((rc = ckpt_mkdir(root)) != 0 || (rc = ckpt_mkdir(tmp)) != 0)
         return rc;
 
-    /* n entries + n CRC lists + 3 fixed metadata keys; CRCs come first because the header holds them. */
+    /* n entries + n CRC lists + 3 fixed metadata keys. The CRC lists are fixed-width hex, so the header
+     * is sized with zeros first, the data written (and checksummed) behind it in one pass, and the real
+     * header, of the same length, written last. */
     struct safetensors_entry *ent = calloc(n ? n : 1, sizeof *ent);
     struct safetensors_meta *meta = calloc(n + 3, sizeof *meta);
     char *names = malloc((n ? n : 1) * 2 * (MODEL_NAME_MAX + 48));
+    uint32_t **crcs = calloc(n ? n : 1, sizeof *crcs);
     char fixed[3][32];
-    if (!ent || !meta || !names) {
+    void *header = NULL;
+    size_t hbytes = 0;
+    int fd = -1;
+    if (!ent || !meta || !names || !crcs) {
         rc = error_set(FSDP_ENOMEM, "out of memory");
         goto out;
     }
@@ -141,37 +147,51 @@ int ckpt_sharded_write_rank(const char *root, int64_t step, int rank, const stru
         snprintf(ck, MODEL_NAME_MAX + 48, "crc32c.%s", en);
         ent[i] = (struct safetensors_entry){
             .name = en, .dtype = SAFETENSORS_F32, .ndim = 1, .shape = {(int64_t)p->count}, .data = p->data};
-        uint32_t *crcs;
-        size_t nc;
-        if ((rc = ckpt_block_crcs(p->data, p->count, &crcs, &nc)) != 0)
-            break;
+        size_t nc = (p->count * sizeof(float) + CKPT_CRC_BLOCK - 1) / CKPT_CRC_BLOCK;
+        crcs[i] = calloc(nc ? nc : 1, sizeof *crcs[i]);
         meta[3 + i].key = ck;
-        meta[3 + i].value = crc_text(crcs, nc);
-        free(crcs);
+        meta[3 + i].value = crcs[i] ? crc_text(crcs[i], nc) : NULL;
         if (!meta[3 + i].value)
             rc = error_set(FSDP_ENOMEM, "out of memory");
     }
-    void *header = NULL;
-    size_t hbytes = 0;
     if (rc == 0)
         rc = safetensors_header(path, ent, n, meta, n + 3, &header, &hbytes);
-    int fd = -1;
     if (rc == 0 && (fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0)
         rc = error_set(FSDP_EIO, "%s: cannot create: %s", path, strerror(errno));
+    uint64_t pos = hbytes;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        rc = ckpt_write_crc(fd, pos, pieces[i].data, pieces[i].count, crcs[i], path);
+        pos += pieces[i].count * sizeof(float);
+        size_t nc = (pieces[i].count * sizeof(float) + CKPT_CRC_BLOCK - 1) / CKPT_CRC_BLOCK;
+        if (rc != 0)
+            break;
+        free(meta[3 + i].value);
+        if (!(meta[3 + i].value = crc_text(crcs[i], nc)))
+            rc = error_set(FSDP_ENOMEM, "out of memory");
+    }
+    if (rc == 0) {
+        size_t again = 0;
+        free(header);
+        header = NULL;
+        rc = safetensors_header(path, ent, n, meta, n + 3, &header, &again);
+        if (rc == 0 && again != hbytes)
+            rc = error_set(FSDP_EINVAL, "internal: shard header changed length (%zu -> %zu)", hbytes, again);
+    }
     if (rc == 0)
-        rc = ckpt_write_all(fd, header, hbytes, path);
-    for (size_t i = 0; i < n && rc == 0; i++)
-        rc = ckpt_write_all(fd, pieces[i].data, pieces[i].count * sizeof(float), path);
+        rc = ckpt_pwrite_all(fd, header, hbytes, 0, path);
     if (rc == 0 && fsync(fd) != 0)
         rc = error_set(FSDP_EIO, "%s: fsync: %s", path, strerror(errno));
     if (fd >= 0 && close(fd) != 0 && rc == 0)
         rc = error_set(FSDP_EIO, "%s: close: %s", path, strerror(errno));
     if (fd >= 0 && rc != 0)
         unlink(path); /* a partial shard must not be mistaken for a finished one by the commit */
-    free(header);
 out:
+    free(header);
     for (size_t i = 0; meta && i < n; i++)
         free(meta[3 + i].value);
+    for (size_t i = 0; crcs && i < n; i++)
+        free(crcs[i]);
+    free(crcs);
     free(ent);
     free(meta);
     free(names);
