@@ -1,0 +1,157 @@
+/* The training math, quick: world-size parity for the default strategy and HYBRID (the whole matrix is
+ * test_train_parity, slow), mixed precision within its measured bound, gradient accumulation, and the
+ * settings that must not change the math (wrap policy, init broadcast, activation checkpointing, backward
+ * prefetch) giving the losses of one rank. Every run is the real fsdp-worker under the real fsdp-launch.
+ *
+ * Bounds (20 steps of the tiny model, relative to the fp32 losses of one rank), from measurements with a
+ * margin: fp32 1e-5 (measured 1.2e-8: summation order only); bf16 parameters + bf16 reduction 1e-3
+ * (measured 2.9e-4); fp16 2e-4 (measured 3.8e-5). */
+#include "ttest.h"
+
+#define FP32_REL 1e-5
+#define BF16_REL 1e-3
+#define FP16_REL 2e-4
+
+Test(math, quick_parity, .timeout = 300)
+{
+    struct tt_ctx c;
+    tt_setup(&c);
+    double ref[TT_STEPS];
+    tt_reference(&c, ref);
+    for (int version = 1; version <= 2; version++)
+        for (int world = 1; world <= 3; world++)
+            tt_parity_point(&c, "FULL_SHARD", version, true, world, ref, FP32_REL);
+    tt_parity_point(&c, "HYBRID_SHARD", 2, true, 4, ref, FP32_REL);
+    tt_teardown(&c);
+}
+
+/* Low precision must change the numbers (or it was not applied) but stay within its bound, at one rank
+ * and sharded over two and three. */
+static void precision_case(const char *dtype, double bound)
+{
+    struct tt_ctx c;
+    tt_setup(&c);
+    double ref[TT_STEPS];
+    tt_reference(&c, ref);
+    char mp[64], rd[64];
+    snprintf(mp, sizeof mp, "--fsdp.mixed_precision=%s", dtype);
+    snprintf(rd, sizeof rd, "--fsdp.reduce_dtype=%s", dtype);
+    const char *extra[] = {mp, rd, NULL};
+    for (int world = 1; world <= 3; world++) {
+        char tag[32];
+        snprintf(tag, sizeof tag, "%s-w%d", dtype, world);
+        struct tt_result r;
+        tt_run_ok(&c, world, tag, extra, &r);
+        cr_assert(strstr(r.err, dtype), "the plan does not name %s:\n%s", dtype, r.err);
+        double d = tt_assert_losses(&r, ref, bound, tag);
+        cr_assert(d > 1e-7, "%s: losses equal fp32's (%.3g): low precision was not applied", tag, d);
+        fprintf(stderr, "%s: largest relative difference from fp32 %.3g (bound %.3g)\n", tag, d, bound);
+        tt_result_free(&r);
+    }
+    tt_teardown(&c);
+}
+
+Test(math, bf16_bound, .timeout = 300) { precision_case("bf16", BF16_REL); }
+Test(math, fp16_bound, .timeout = 300) { precision_case("fp16", FP16_REL); }
+
+/* 4 micro-batches of 2 and 1 micro-batch of 8 (one rank, train_batch 8); and with the tiny config's 12
+ * rows, micro-batches of 2 and 6 against 1. */
+Test(math, micro_batch_accumulation, .timeout = 300)
+{
+    struct tt_ctx c;
+    tt_setup(&c);
+    const char *one8[] = {"--train.train_batch=8", "--train.micro_batch=8", NULL};
+    const char *four2[] = {"--train.train_batch=8", "--train.micro_batch=2", NULL};
+    struct tt_result a, b;
+    tt_run_ok(&c, 1, "b8-m8", one8, &a);
+    tt_run_ok(&c, 1, "b8-m2", four2, &b);
+    cr_assert(strstr(a.err, "1 micro-batch(es) per step") && strstr(b.err, "4 micro-batch(es) per step"),
+              "the runs did not accumulate as configured:\n%s\n%s", a.err, b.err);
+    double ref8[TT_STEPS];
+    tt_losses(&a, ref8);
+    tt_assert_losses(&b, ref8, FP32_REL, "4 micro-batches of 2 vs 1 of 8");
+    tt_result_free(&a);
+    tt_result_free(&b);
+
+    double ref[TT_STEPS];
+    tt_reference(&c, ref);
+    const char *m2[] = {"--train.micro_batch=2", NULL}, *m6[] = {"--train.micro_batch=6", NULL};
+    tt_run_ok(&c, 1, "m2", m2, &a);
+    tt_assert_losses(&a, ref, FP32_REL, "micro_batch 2 vs 1");
+    tt_run_ok(&c, 2, "m6-w2", m6, &b); /* 6 rows per rank: one micro-batch each */
+    tt_assert_losses(&b, ref, FP32_REL, "micro_batch 6 at world 2 vs micro_batch 1 at world 1");
+    tt_result_free(&a);
+    tt_result_free(&b);
+    tt_teardown(&c);
+}
+
+/* A setting that changes how the work is cut or scheduled, not what is computed: the losses of one rank
+ * with the defaults. must_log is a fragment of rank 0's log proving the setting took effect. */
+static void same_math(const char *tag, int world, const char *const *extra, const char *must_log)
+{
+    struct tt_ctx c;
+    tt_setup(&c);
+    double ref[TT_STEPS];
+    tt_reference(&c, ref);
+    struct tt_result r;
+    tt_run_ok(&c, world, tag, extra, &r);
+    cr_assert(strstr(r.err, must_log), "%s: the log lacks \"%s\":\n%s", tag, must_log, r.err);
+    tt_assert_losses(&r, ref, FP32_REL, tag);
+    tt_result_free(&r);
+    tt_teardown(&c);
+}
+
+Test(math, size_based_wrap, .timeout = 300)
+{
+    /* 20000 parameters: the two 12704-parameter blocks merge into one unit, the root stays alone. */
+    const char *extra[] = {"--fsdp.auto_wrap_policy=SIZE_BASED_WRAP", "--fsdp.min_num_params=20000", NULL};
+    same_math("size_wrap", 3, extra, "unit h.0..h.1 ");
+}
+
+Test(math, no_wrap, .timeout = 300)
+{
+    const char *extra[] = {"--fsdp.auto_wrap_policy=NO_WRAP", NULL};
+    same_math("no_wrap", 2, extra, "unit root..h.1 ");
+}
+
+Test(math, no_sync_module_states, .timeout = 300)
+{
+    /* Each rank initialises only its own shards from the seed instead of receiving rank 0's. */
+    const char *extra[] = {"--fsdp.sync_module_states=false", NULL};
+    same_math("no_sync", 3, extra, "fsdp plan: FULL_SHARD");
+}
+
+Test(math, activation_checkpointing, .timeout = 300)
+{
+    const char *extra[] = {"--model.activation_checkpointing=true", NULL};
+    same_math("act_ckpt", 2, extra, ", activation checkpointing");
+}
+
+Test(math, backward_post, .timeout = 300)
+{
+    const char *extra[] = {"--fsdp.backward_prefetch=BACKWARD_POST", NULL};
+    same_math("backward_post", 3, extra, "backward_prefetch BACKWARD_POST");
+}
+
+Test(math, shard_grad_op_no_reshard, .timeout = 300)
+{
+    const char *extra[] = {"--fsdp.sharding_strategy=SHARD_GRAD_OP", "--fsdp.forward_prefetch=true", NULL};
+    same_math("zero2", 2, extra, "fsdp plan: SHARD_GRAD_OP");
+}
+
+/* Started with no launcher and no torchrun variables, fsdp-worker trains as one rank: the same losses as
+ * one rank under fsdp-launch, bit for bit (the same computation in the same order). */
+Test(math, single_rank_without_launcher, .timeout = 300)
+{
+    struct tt_ctx c;
+    tt_setup(&c);
+    double ref[TT_STEPS];
+    tt_reference(&c, ref);
+    struct tt_result r;
+    tt_run_ok(&c, 0, "alone", NULL, &r);
+    cr_assert(strstr(r.err, "world 1 = 1 shard group(s) of 1"), "not one rank:\n%s", r.err);
+    cr_assert_null(strstr(r.err, "[rank "), "a lone worker has no rank prefix:\n%s", r.err);
+    tt_assert_losses(&r, ref, 0.0, "fsdp-worker alone vs one rank under fsdp-launch");
+    tt_result_free(&r);
+    tt_teardown(&c);
+}
