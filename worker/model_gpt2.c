@@ -228,6 +228,16 @@ static int gpt2_backward_head(struct model *m, const float *root, float *g)
                                  up(m, 0, root, LNF_W), s->lnf_mean, s->lnf_rstd, N, C);
 }
 
+/* A linear layer's backward with a fresh input gradient: dx = dy W^T written by sgemm with beta 0 (no
+ * zeroing pass over a scratch buffer that is about to be overwritten anyway), then the parameter
+ * gradients accumulated (+=) by matmul_backward as usual. */
+static int linear_backward(const struct kernels *k, float *dx, float *dw, float *db, const float *dy,
+                           const float *x, const float *w, int n, int in, int out)
+{
+    TRY(k->gemm(0, 1, n, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in));
+    return k->matmul_backward(NULL, dw, db, dy, x, w, n, in, out);
+}
+
 static int gpt2_backward_block(struct model *m, int layer, const float *w, float *g)
 {
     struct gpt2_state *s = m->family;
@@ -241,24 +251,20 @@ static int gpt2_backward_block(struct model *m, int layer, const float *w, float
     const float *x = s->resid + (size_t)layer * NC;
     /* s->dres holds dL/dy on entry and dL/dx on return: the residual adds make it flow straight through,
      * and each layernorm backward adds its branch into it. */
-    TRY(k->mem_set(s->dbig1, 0, 4 * NC * F));
-    TRY(k->matmul_backward(s->dbig1, upg(m, u, g, MPROJ_W), upg(m, u, g, MPROJ_B), s->dres, a->fcg,
-                           up(m, u, w, MPROJ_W), N, 4 * C, C));
+    TRY(linear_backward(k, s->dbig1, upg(m, u, g, MPROJ_W), upg(m, u, g, MPROJ_B), s->dres, a->fcg,
+                        up(m, u, w, MPROJ_W), N, 4 * C, C));
     TRY(k->mem_set(s->dbig2, 0, 4 * NC * F));
     TRY(k->gelu_backward(s->dbig2, a->fc, s->dbig1, 4 * NC));
-    TRY(k->mem_set(s->dln, 0, NC * F));
-    TRY(k->matmul_backward(s->dln, upg(m, u, g, FC_W), upg(m, u, g, FC_B), s->dbig2, a->ln2, up(m, u, w, FC_W),
-                           N, C, 4 * C));
+    TRY(linear_backward(k, s->dln, upg(m, u, g, FC_W), upg(m, u, g, FC_B), s->dbig2, a->ln2, up(m, u, w, FC_W), N,
+                        C, 4 * C));
     TRY(k->layernorm_backward(s->dres, upg(m, u, g, LN2_W), upg(m, u, g, LN2_B), s->dln, a->xmid,
                               up(m, u, w, LN2_W), a->ln2_mean, a->ln2_rstd, N, C));
-    TRY(k->mem_set(s->tmp, 0, NC * F));
-    TRY(k->matmul_backward(s->tmp, upg(m, u, g, APROJ_W), upg(m, u, g, APROJ_B), s->dres, a->atty,
-                           up(m, u, w, APROJ_W), N, C, C));
+    TRY(linear_backward(k, s->tmp, upg(m, u, g, APROJ_W), upg(m, u, g, APROJ_B), s->dres, a->atty,
+                        up(m, u, w, APROJ_W), N, C, C));
     TRY(k->mem_set(s->dbig1, 0, 3 * NC * F));
     TRY(k->attention_backward(s->dbig1, s->tmp, a->qkv, a->atty, a->lse, m->b, m->t, C, c->n_head, s->attn_ws));
-    TRY(k->mem_set(s->dln, 0, NC * F));
-    TRY(k->matmul_backward(s->dln, upg(m, u, g, ATTN_W), upg(m, u, g, ATTN_B), s->dbig1, a->ln1,
-                           up(m, u, w, ATTN_W), N, C, 3 * C));
+    TRY(linear_backward(k, s->dln, upg(m, u, g, ATTN_W), upg(m, u, g, ATTN_B), s->dbig1, a->ln1,
+                        up(m, u, w, ATTN_W), N, C, 3 * C));
     return k->layernorm_backward(s->dres, upg(m, u, g, LN1_W), upg(m, u, g, LN1_B), s->dln, x,
                                  up(m, u, w, LN1_W), a->ln1_mean, a->ln1_rstd, N, C);
 }
