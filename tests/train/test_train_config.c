@@ -1,0 +1,175 @@
+/* Bad configurations are refused before any work (no plan printed, no metrics written), with a message
+ * naming the keys, by every rank on its own: the ranks are started here by hand around a store of this
+ * test, so none is stopped by a launcher before it speaks. Then once under fsdp-launch, whose job must
+ * fail with the same message as its root cause. */
+#include <signal.h>
+
+#include "common/error.h"
+#include "rendezvous/store.h"
+#include "ttest.h"
+
+/* The store lives in its own process: the ranks are forked from here, and a fork taken while a server
+ * thread holds an allocator lock would leave that lock held in the child. */
+static int store_spawn(pid_t *pid_out)
+{
+    int pfd[2];
+    cr_assert_eq(pipe(pfd), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        close(pfd[0]);
+        struct store_server_options so = {.bind_addr = "127.0.0.1", .port = 0, .run_id = "cfgtest"};
+        struct store_server *srv = NULL;
+        int port = store_server_start(&so, &srv) == 0 ? store_server_port(srv) : -1;
+        if (port < 0)
+            fprintf(stderr, "store: %s\n", error_message());
+        if (write(pfd[1], &port, sizeof port) != (ssize_t)sizeof port)
+            _exit(1);
+        close(pfd[1]);
+        for (;;)
+            pause();
+    }
+    close(pfd[1]);
+    int port = -1;
+    ssize_t got = read(pfd[0], &port, sizeof port);
+    close(pfd[0]);
+    cr_assert(got == (ssize_t)sizeof port && port > 0, "the store server process did not start");
+    *pid_out = pid;
+    return port;
+}
+
+/* Starts `world` fsdp-worker ranks with the torchrun environment fsdp-launch would give them and checks
+ * that each exits 2 having said every fragment of want[] itself, and that none started working. */
+static void every_rank_refuses(const struct tt_ctx *c, int world, const char *tag, const char *const *extra,
+                               const char *const *want)
+{
+    pid_t srv;
+    int port = store_spawn(&srv);
+    char rundir[2048], logarg[2300], ckarg[2300];
+    snprintf(rundir, sizeof rundir, "%s/%s", c->dir, tag);
+    cr_assert_eq(mkdir(rundir, 0755), 0);
+    snprintf(logarg, sizeof logarg, "--log.dir=%s/log", rundir);
+    snprintf(ckarg, sizeof ckarg, "--checkpoint.dir=%s/ckpt", rundir);
+    const char *argv[32];
+    int n = 0;
+    argv[n++] = lu_build_path("worker/fsdp-worker");
+    argv[n++] = c->ini;
+    argv[n++] = logarg;
+    argv[n++] = ckarg;
+    for (int i = 0; extra[i]; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    pid_t pids[8];
+    char env[8][64];
+    for (int r = 0; r < world; r++) {
+        snprintf(env[0], 64, "RANK=%d", r);
+        snprintf(env[1], 64, "LOCAL_RANK=%d", r);
+        snprintf(env[2], 64, "WORLD_SIZE=%d", world);
+        snprintf(env[3], 64, "LOCAL_WORLD_SIZE=%d", world);
+        snprintf(env[4], 64, "MASTER_PORT=%d", port);
+        const char *envp[] = {env[0], env[1], env[2], env[3], env[4], "MASTER_ADDR=127.0.0.1",
+                              "TORCHELASTIC_RUN_ID=cfgtest", "FSDP_STORE_PREFIX=worker/g0/", "OMP_NUM_THREADS=1",
+                              "FSDP_RDZV_TOKEN=", "FSDP_LOG_LEVEL=", NULL};
+        char rtag[32];
+        snprintf(rtag, sizeof rtag, "rank%d", r);
+        pids[r] = lu_spawn(argv, rundir, rtag, envp);
+    }
+    for (int r = 0; r < world; r++) {
+        int code = lu_exit_code(lu_wait(pids[r], TT_RUN_TIMEOUT_S));
+        char rtag[32];
+        snprintf(rtag, sizeof rtag, "rank%d", r);
+        char *err = lu_slurp_tag(rundir, rtag, "err");
+        cr_assert_eq(code, 2, "%s: rank %d exited with %d, expected 2 (refused config):\n%s", tag, r, code, err);
+        char *line = tt_rank_line(err, r, " E: ");
+        cr_assert_not_null(line, "%s: rank %d printed no error of its own:\n%s", tag, r, err);
+        for (int i = 0; want[i]; i++)
+            cr_assert(strstr(line, want[i]), "%s: rank %d's error lacks \"%s\": %s", tag, r, want[i], line);
+        cr_assert_null(strstr(err, "fsdp plan"), "%s: rank %d planned before refusing:\n%s", tag, r, err);
+        free(line);
+        free(err);
+    }
+    kill(srv, SIGKILL);
+    waitpid(srv, NULL, 0);
+    char metrics[2400];
+    snprintf(metrics, sizeof metrics, "%s/log/metrics.jsonl", rundir);
+    cr_assert_neq(access(metrics, F_OK), 0, "%s: metrics were written by a refused run", tag);
+}
+
+/* The same config under fsdp-launch: the job fails and the launcher's root cause carries the message. */
+static void launcher_refuses(const struct tt_ctx *c, int world, const char *tag, const char *const *extra,
+                             const char *const *want)
+{
+    char ltag[96];
+    snprintf(ltag, sizeof ltag, "%s-launch", tag);
+    struct tt_result r;
+    tt_run(c, world, ltag, extra, &r);
+    cr_assert_neq(r.code, 0, "%s: fsdp-launch succeeded with a bad config", tag);
+    cr_assert_neq(r.code, -1000, "%s: fsdp-launch timed out", tag);
+    char *cause = strstr(r.err, "Root cause");
+    cr_assert_not_null(cause, "%s: no root cause from the launcher:\n%s", tag, r.err);
+    for (int i = 0; want[i]; i++)
+        cr_assert(strstr(cause, want[i]), "%s: the root cause lacks \"%s\":\n%s", tag, want[i], r.err);
+    tt_result_free(&r);
+}
+
+static void refused(int world, const char *tag, const char *const *extra, const char *const *want)
+{
+    struct tt_ctx c;
+    tt_setup(&c);
+    every_rank_refuses(&c, world, tag, extra, want);
+    launcher_refuses(&c, world, tag, extra, want);
+    tt_teardown(&c);
+}
+
+Test(config, train_batch_not_divisible_by_world, .timeout = 240)
+{
+    const char *extra[] = {"--train.train_batch=10", NULL};
+    const char *want[] = {"train.train_batch = 10", "3 data-parallel ranks", "9 or 12", NULL};
+    refused(3, "batch", extra, want);
+}
+
+Test(config, micro_batch_not_dividing_rows_per_rank, .timeout = 240)
+{
+    const char *extra[] = {"--train.micro_batch=4", NULL};
+    const char *want[] = {"train.micro_batch = 4", "6 sequences per rank", "train.train_batch", "1, 2, 3, 6", NULL};
+    refused(2, "micro", extra, want);
+}
+
+Test(config, hybrid_shard_size_not_dividing_world, .timeout = 240)
+{
+    const char *extra[] = {"--fsdp.sharding_strategy=HYBRID_SHARD", "--fsdp.hybrid_shard_size=2", NULL};
+    const char *want[] = {"fsdp.sharding_strategy = HYBRID_SHARD", "fsdp.hybrid_shard_size", "world size 3",
+                          "use one of 1, 3", NULL};
+    refused(3, "hybrid", extra, want);
+}
+
+Test(config, offload_params_with_no_shard, .timeout = 240)
+{
+    const char *extra[] = {"--fsdp.offload_params=true", "--fsdp.sharding_strategy=NO_SHARD", NULL};
+    const char *want[] = {"fsdp.offload_params", "fsdp.sharding_strategy = NO_SHARD", NULL};
+    refused(2, "offload", extra, want);
+}
+
+Test(config, wrap_class_mlp, .timeout = 240)
+{
+    const char *extra[] = {"--fsdp.transformer_layer_cls_to_wrap=MLP", NULL};
+    const char *want[] = {"fsdp.transformer_layer_cls_to_wrap = MLP", "DecoderBlock", NULL};
+    refused(2, "wrap", extra, want);
+}
+
+Test(config, missing_train_file, .timeout = 240)
+{
+    const char *extra[] = {"--data.train_file=", NULL};
+    const char *want[] = {"data.train_file", "fsdp-prepare-data", NULL};
+    refused(2, "nodata", extra, want);
+}
+
+Test(config, cuda_without_gpu, .timeout = 240)
+{
+    if (access("/dev/nvidiactl", F_OK) == 0)
+        cr_skip_test("an NVIDIA device is present: device = cuda is valid here");
+    const char *extra[] = {"--train.device=cuda", NULL};
+    const char *want[] = {"train.device = cuda", "device=cpu", NULL};
+    refused(2, "cuda", extra, want);
+}
