@@ -1,0 +1,351 @@
+/* Checkpoints through the real training job (fsdp-launch + fsdp-worker): exact resume at the same world
+ * size, resharded resume at other world sizes/strategies/versions and from either format, automatic
+ * recovery from a SIGKILLed rank with --max_restarts, a disk that fills up during a save, and the exported
+ * model evaluated by PyTorch against fsdp's evaluation of the same checkpoint. */
+#include "../launcher/launch_util.h"
+
+#include <math.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+
+#include "common/error.h"
+#include "common/safetensors.h"
+#include "worker/ckpt.h"
+#include "worker/model.h"
+
+#define TINY                                                                                                   \
+    "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nvocab_size = 256\nblock_size = 16\n"                       \
+    "[train]\ntrain_batch = 12\nmicro_batch = 1\nmax_steps = 20\neval_interval = 0\n"                          \
+    "[optim]\nlr = 0.003\nwarmup_steps = 2\n"
+
+struct job {
+    char *dir;
+    char ini[4200], data[4200];
+};
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert(f, "cannot write %s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* A temp dir with byte-level tokens of the project's docs and the tiny config. */
+static void job_setup(struct job *j)
+{
+    j->dir = lu_tmpdir();
+    snprintf(j->data, sizeof j->data, "%s/data", j->dir);
+    char docs[4200];
+    snprintf(docs, sizeof docs, "%s/docs", getenv("FSDP_SOURCE_ROOT"));
+    const char *argv[] = {lu_build_path("worker/fsdp-prepare-data"), "-o", j->data, docs, NULL};
+    pid_t p = lu_spawn(argv, j->dir, "prep", NULL);
+    cr_assert_eq(lu_exit_code(lu_wait(p, 60)), 0, "fsdp-prepare-data: %s", lu_slurp_tag(j->dir, "prep", "err"));
+    char text[8192];
+    snprintf(text, sizeof text, TINY "[data]\ntrain_file = %s/train.bin\n", j->data);
+    snprintf(j->ini, sizeof j->ini, "%s/tiny.ini", j->dir);
+    write_text(j->ini, text);
+}
+
+/* Runs fsdp-launch --standalone --nproc_per_node world fsdp-worker tiny.ini args...; returns the exit code. */
+static int job_run(struct job *j, const char *tag, int world, const char *const *args, const char *const *env)
+{
+    const char *argv[40];
+    int n = 0;
+    char nproc[16], logdir[4300];
+    snprintf(nproc, sizeof nproc, "%d", world);
+    snprintf(logdir, sizeof logdir, "--log.dir=%s/%s", j->dir, tag);
+    argv[n++] = LU_LAUNCH;
+    argv[n++] = "--standalone";
+    argv[n++] = "--nproc_per_node";
+    argv[n++] = nproc;
+    argv[n++] = "--max_restarts";
+    argv[n++] = "3";
+    argv[n++] = lu_build_path("worker/fsdp-worker");
+    argv[n++] = j->ini;
+    argv[n++] = logdir;
+    for (int i = 0; args && args[i]; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    const char *envs[16] = {"OMP_NUM_THREADS=1"};
+    int m = 1;
+    for (int i = 0; env && env[i]; i++)
+        envs[m++] = env[i];
+    envs[m] = NULL;
+    pid_t p = lu_spawn(argv, j->dir, tag, envs);
+    return lu_exit_code(lu_wait(p, 240));
+}
+
+/* Losses of metrics.jsonl of run `tag` as text (exact digits) and numbers; steps in file order. */
+static int losses(struct job *j, const char *tag, char text[][32], double *val, int cap)
+{
+    char p[4300];
+    snprintf(p, sizeof p, "%s/%s/metrics.jsonl", j->dir, tag);
+    char *s = lu_slurp(p);
+    int n = 0;
+    for (char *at = strstr(s, "\"loss\":"); at && n < cap; at = strstr(at + 1, "\"loss\":")) {
+        at += strlen("\"loss\":");
+        size_t len = strcspn(at, ",}");
+        snprintf(text[n], 32, "%.*s", (int)len, at);
+        val[n] = atof(text[n]);
+        n++;
+    }
+    free(s);
+    return n;
+}
+
+static char *opt(const char *fmt, const char *a, const char *b)
+{
+    char *s = malloc(4400);
+    snprintf(s, 4400, fmt, a, b);
+    return s;
+}
+
+/* The uninterrupted reference: 20 steps at world 2 with a sharded checkpoint every 10 (kept). */
+static void straight(struct job *j, const char *tag, const char *type)
+{
+    char *ck = opt("--checkpoint.dir=%s/ck-%s", j->dir, tag);
+    char *ty = opt("--checkpoint.state_dict_type=%s%s", type, "");
+    const char *args[] = {ck, "--checkpoint.interval=10", "--checkpoint.keep_last=0", ty, NULL};
+    int rc = job_run(j, tag, 2, args, NULL);
+    cr_assert_eq(rc, 0, "reference run failed: %s", lu_slurp_tag(j->dir, tag, "err"));
+    free(ck);
+    free(ty);
+}
+
+static void resume_and_compare(struct job *j, const char *ref, const char *from, const char *tag, int world,
+                               const char *const *extra, bool bitwise)
+{
+    char *res = opt("--checkpoint.resume_from=%s/%s", j->dir, from);
+    char *ck = opt("--checkpoint.dir=%s/ck-%s", j->dir, tag);
+    const char *args[12] = {res, ck};
+    int n = 2;
+    for (int i = 0; extra && extra[i]; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+    int rc = job_run(j, tag, world, args, NULL);
+    cr_assert_eq(rc, 0, "resumed run %s failed: %s", tag, lu_slurp_tag(j->dir, tag, "err"));
+    char t_ref[32][32], t_res[32][32];
+    double v_ref[32], v_res[32];
+    int nr = losses(j, ref, t_ref, v_ref, 32), ns = losses(j, tag, t_res, v_res, 32);
+    cr_assert_eq(nr, 20, "reference has %d steps", nr);
+    cr_assert_eq(ns, 10, "resumed run %s logged %d steps, want 10 (steps 10..19)", tag, ns);
+    for (int i = 0; i < 10; i++) {
+        if (bitwise)
+            cr_assert_str_eq(t_res[i], t_ref[10 + i], "%s step %d: %s vs uninterrupted %s", tag, 10 + i, t_res[i],
+                             t_ref[10 + i]);
+        double rel = fabs(v_res[i] - v_ref[10 + i]) / fabs(v_ref[10 + i]);
+        cr_assert_leq(rel, 1e-5, "%s step %d: %.9g vs %.9g (rel %.2e)", tag, 10 + i, v_res[i], v_ref[10 + i], rel);
+    }
+    free(res);
+    free(ck);
+}
+
+Test(resume, sharded_exact_at_same_world_and_resharded_elsewhere, .timeout = 240)
+{
+    struct job j;
+    job_setup(&j);
+    straight(&j, "ref", "SHARDED_STATE_DICT");
+    resume_and_compare(&j, "ref", "ck-ref/fsdp_sharded_cpt10", "same", 2, NULL, true);
+    const char *v1sgo[] = {"--fsdp.version=1", "--fsdp.sharding_strategy=SHARD_GRAD_OP", NULL};
+    resume_and_compare(&j, "ref", "ck-ref/fsdp_sharded_cpt10", "w3v1", 3, v1sgo, false);
+    const char *hybrid[] = {"--fsdp.sharding_strategy=HYBRID_SHARD", "--fsdp.hybrid_shard_size=2", NULL};
+    resume_and_compare(&j, "ref", "ck-ref/fsdp_sharded_cpt10", "w4hy", 4, hybrid, false);
+    resume_and_compare(&j, "ref", "ck-ref/fsdp_sharded_cpt10", "w1", 1, NULL, false);
+    lu_rm_rf(j.dir);
+}
+
+Test(resume, full_state_dict_exact_and_resharded, .timeout = 240)
+{
+    struct job j;
+    job_setup(&j);
+    straight(&j, "ref", "FULL_STATE_DICT");
+    char p[4300];
+    snprintf(p, sizeof p, "%s/ck-ref/fsdp_cpt10/fsdp_cpt10.safetensors", j.dir);
+    cr_assert_eq(access(p, R_OK), 0, "no %s", p);
+    resume_and_compare(&j, "ref", "ck-ref/fsdp_cpt10", "same", 2, NULL, true);
+    const char *ns[] = {"--fsdp.sharding_strategy=NO_SHARD", NULL};
+    resume_and_compare(&j, "ref", "ck-ref/fsdp_cpt10", "w3ns", 3, ns, false);
+    lu_rm_rf(j.dir);
+}
+
+Test(resume, sigkill_of_a_random_rank_recovers_from_latest, .timeout = 240)
+{
+    struct job j;
+    job_setup(&j);
+    straight(&j, "ref", "SHARDED_STATE_DICT");
+    srand((unsigned)time(NULL) ^ (unsigned)getpid());
+    int rank = rand() % 2, step = 6 + rand() % 13; /* a checkpoint every 5 steps: 5, 10, 15 */
+    char fault[64];
+    snprintf(fault, sizeof fault, "FSDP_FAULT_KILL=%d:%d", step, rank);
+    char *ck = opt("--checkpoint.dir=%s/ck-%s", j.dir, "crash");
+    const char *args[] = {ck, "--checkpoint.interval=5", NULL};
+    const char *env[] = {fault, NULL};
+    int rc = job_run(&j, "crash", 2, args, env);
+    char *err = lu_slurp_tag(j.dir, "crash", "err");
+    cr_assert_eq(rc, 0, "%s: the job did not recover: %s", fault, err);
+    cr_assert(strstr(err, "SIGKILL") && strstr(err, "restarting"), "%s: no restart seen: %s", fault, err);
+    char want[64];
+    snprintf(want, sizeof want, "fsdp_sharded_cpt%d", (step / 5) * 5);
+    cr_assert(step < 5 || strstr(err, want), "%s: did not resume from %s: %s", fault, want, err);
+    char t_ref[32][32], t_c[64][32];
+    double v_ref[32], v_c[64];
+    int nr = losses(&j, "ref", t_ref, v_ref, 32), nc = losses(&j, "crash", t_c, v_c, 64);
+    cr_assert_geq(nc, 20);
+    cr_assert_str_eq(t_c[nc - 1], t_ref[nr - 1], "%s: final loss %s, uninterrupted %s", fault, t_c[nc - 1],
+                     t_ref[nr - 1]);
+    free(ck);
+    free(err);
+    lu_rm_rf(j.dir);
+}
+
+/* Runs a 10-step job with a checkpoint every 5 steps on a disk that fills up, in a child that owns the
+ * simulated disk: a small tmpfs in a private mount namespace (room for the step-5 checkpoint, not for
+ * the step-10 one), else a file size limit (no rank file fits: the step-5 save fails). The child checks
+ * what the disk holds afterwards (the tmpfs is gone with it) and writes a verdict to dir/disk.verdict. */
+static void disk_full_child(struct job *j, const char *ckdir, int pfd)
+{
+    char *ck = opt("--checkpoint.dir=%s%s", ckdir, "");
+    const char *args[] = {ck, "--checkpoint.interval=5", "--checkpoint.keep_last=0", "--train.max_steps=10", NULL};
+    char mode = 't';
+    if (unshare(CLONE_NEWNS) != 0 || mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+        mount("tmpfs", ckdir, "tmpfs", 0, "size=614400") != 0) {
+        struct rlimit lim = {100 * 1024, 100 * 1024};
+        mode = setrlimit(RLIMIT_FSIZE, &lim) == 0 ? 'r' : 'x';
+        signal(SIGXFSZ, SIG_IGN);
+    }
+    if (write(pfd, &mode, 1) != 1 || mode == 'x')
+        _exit(0);
+    int rc = job_run(j, "full", 2, args, NULL);
+    struct rlimit unlimited = {RLIM_INFINITY, RLIM_INFINITY};
+    setrlimit(RLIMIT_FSIZE, &unlimited);
+    char verdict[4600] = "ok", path[4400];
+    int r = ckpt_resolve(ckdir, "latest", path, sizeof path);
+    if (rc == 0)
+        snprintf(verdict, sizeof verdict, "the job exited 0 after a failed save");
+    else if (mode == 't' && (r != 0 || !strstr(path, "fsdp_sharded_cpt5")))
+        snprintf(verdict, sizeof verdict, "latest should still be the step-5 checkpoint: rc %d, %s", r, path);
+    else if (mode == 'r' && r != FSDP_ENOTFOUND)
+        snprintf(verdict, sizeof verdict, "a failed first save left a checkpoint visible: %s", path);
+    if (mode == 't' && !strcmp(verdict, "ok")) {
+        struct ckpt_reader *cr = NULL;
+        uint64_t bytes = 0;
+        if (ckpt_open(ckdir, "latest", NULL, &cr) != 0 || ckpt_verify(cr, &bytes) != 0)
+            snprintf(verdict, sizeof verdict, "the step-5 checkpoint is damaged: %s", error_message());
+        ckpt_close(cr);
+    }
+    char vf[4400];
+    snprintf(vf, sizeof vf, "%s/disk.verdict", j->dir);
+    FILE *f = fopen(vf, "w");
+    if (f) {
+        fputs(verdict, f);
+        fclose(f);
+    }
+    _exit(0);
+}
+
+Test(resume, disk_full_stops_training_and_keeps_the_earlier_checkpoint, .timeout = 240)
+{
+    struct job j;
+    job_setup(&j);
+    char ckdir[4300];
+    snprintf(ckdir, sizeof ckdir, "%s/ck-full", j.dir);
+    mkdir(ckdir, 0755);
+    int pfd[2];
+    cr_assert_eq(pipe(pfd), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(pfd[0]);
+        disk_full_child(&j, ckdir, pfd[1]);
+    }
+    close(pfd[1]);
+    char mode = 'x';
+    if (read(pfd[0], &mode, 1) != 1)
+        mode = 'x';
+    close(pfd[0]);
+    waitpid(pid, NULL, 0);
+    if (mode == 'x')
+        cr_skip_test("cannot simulate a full disk here (no tmpfs mount in a namespace, no RLIMIT_FSIZE)");
+    const char *how = mode == 't' ? "tmpfs" : "RLIMIT_FSIZE";
+    char vf[4400];
+    snprintf(vf, sizeof vf, "%s/disk.verdict", j.dir);
+    char *verdict = lu_slurp(vf);
+    char *err = lu_slurp_tag(j.dir, "full", "err");
+    cr_assert_str_eq(verdict, "ok", "(%s) %s; job stderr: %s", how, verdict, err);
+    const char *want = mode == 't' ? "checkpoint at step 10" : "checkpoint at step 5";
+    cr_assert(strstr(err, want) && strstr(err, "earlier checkpoints are intact"),
+              "(%s) the failure does not name the save (%s) and say earlier ones are intact: %s", how, want, err);
+    free(verdict);
+    free(err);
+    lu_rm_rf(j.dir);
+}
+
+/* fsdp's evaluation of a checkpoint (read through the checkpoint reader, as a resume does) against
+ * PyTorch's evaluation of the model file fsdp-ckpt export made from it. */
+Test(resume, exported_model_matches_pytorch_logits, .timeout = 240)
+{
+    struct job j;
+    job_setup(&j);
+    straight(&j, "ref", "SHARDED_STATE_DICT");
+    char ck[4300], out[4300], batch[4300], ref[4300];
+    snprintf(ck, sizeof ck, "%s/ck-ref/fsdp_sharded_cpt20", j.dir);
+    snprintf(out, sizeof out, "%s/export.safetensors", j.dir);
+    snprintf(batch, sizeof batch, "%s/batch.safetensors", j.dir);
+    snprintf(ref, sizeof ref, "%s/torch.safetensors", j.dir);
+    const char *ex[] = {lu_build_path("worker/fsdp-ckpt"), "export", ck, out, NULL};
+    cr_assert_eq(lu_exit_code(lu_wait(lu_spawn(ex, j.dir, "export", NULL), 60)), 0, "export: %s",
+                 lu_slurp_tag(j.dir, "export", "err"));
+
+    struct ckpt_reader *r = NULL;
+    cr_assert_eq(ckpt_open(ck, NULL, NULL, &r), 0, "%s", error_message());
+    const struct model_layout *l = ckpt_reader_layout(r);
+    struct model *m = NULL;
+    enum { B = 2, T = 16 };
+    cr_assert_eq(model_create(&m, &l->config, kernels_cpu(), B, T), 0, "%s", error_message());
+    float *params = calloc(l->numel, sizeof(float));
+    for (int p = 0; p < l->n_params; p++)
+        cr_assert_eq(ckpt_read(r, CKPT_PARAM, p, 0, l->params[p].numel, params + l->params[p].offset), 0, "%s",
+                     error_message());
+    int32_t tok[B * T], tgt[B * T];
+    for (int i = 0; i < B * T; i++) {
+        tok[i] = (i * 37 + 11) % 256;
+        tgt[i] = (i * 53 + 5) % 256;
+    }
+    cr_assert_eq(model_set_batch(m, tok, tgt), 0);
+    float loss = 0;
+    cr_assert_eq(model_forward(m, params, &loss), 0, "%s", error_message());
+    const float *logits = model_logits(m);
+
+    struct safetensors_entry e[2] = {{.name = "tokens", .dtype = SAFETENSORS_I32, .ndim = 2, .shape = {B, T}, .data = tok},
+                                     {.name = "targets", .dtype = SAFETENSORS_I32, .ndim = 2, .shape = {B, T}, .data = tgt}};
+    cr_assert_eq(safetensors_write(batch, e, 2, NULL, 0, NULL, NULL), 0, "%s", error_message());
+    char script[4300];
+    snprintf(script, sizeof script, "%s/tests/model/torch_ref.py", getenv("FSDP_SOURCE_ROOT"));
+    const char *py[] = {"/usr/bin/python3", script, "--weights", out, "--batch", batch, "--n_head", "2", "--out", ref,
+                        "--fp64", NULL};
+    int rc = lu_exit_code(lu_wait(lu_spawn(py, j.dir, "torch", NULL), 120));
+    cr_assert_eq(rc, 0, "torch_ref.py: %s", lu_slurp_tag(j.dir, "torch", "err"));
+    struct safetensors_file *f = NULL;
+    cr_assert_eq(safetensors_open(&f, ref), 0, "%s", error_message());
+    const struct safetensors_tensor *t = safetensors_find(f, "logits");
+    cr_assert(t && t->dtype == SAFETENSORS_F32 && t->shape[0] == B * T && t->shape[1] == 256, "torch logits shape");
+    float *tl = malloc((size_t)t->numel * sizeof(float));
+    cr_assert_eq(safetensors_read(f, t, 0, tl, (size_t)t->numel * sizeof(float)), 0);
+    double worst = 0, scale = 0;
+    for (int i = 0; i < B * T; i++)
+        for (int v = 0; v < 256; v++)
+            scale = fmax(scale, fabs(tl[i * 256 + v]));
+    for (int i = 0; i < B * T; i++)
+        for (int v = 0; v < 256; v++)
+            worst = fmax(worst, fabs((double)logits[(size_t)i * l->vocab_padded + v] - tl[i * 256 + v]) / scale);
+    cr_assert_leq(worst, 1e-5, "logits differ from PyTorch's by %.2e relative (max |logit| %.3f)", worst, scale);
+    free(tl);
+    safetensors_close(f);
+    free(params);
+    model_destroy(m);
+    ckpt_close(r);
+    lu_rm_rf(j.dir);
+}
