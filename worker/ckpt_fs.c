@@ -108,6 +108,22 @@ int ckpt_pread_all(int fd, void *buf, size_t n, uint64_t off, const char *path)
     return 0;
 }
 
+int ckpt_crc_prefix(int fd, uint64_t bytes, uint32_t *crc, const char *path)
+{
+    char buf[65536];
+    uint32_t c = 0;
+    for (uint64_t off = 0; off < bytes;) {
+        size_t n = bytes - off < sizeof buf ? (size_t)(bytes - off) : sizeof buf;
+        int rc = ckpt_pread_all(fd, buf, n, off, path);
+        if (rc != 0)
+            return rc;
+        c = crc32c_update(c, buf, n);
+        off += n;
+    }
+    *crc = c;
+    return 0;
+}
+
 int ckpt_fsync_dir(const char *dir)
 {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);

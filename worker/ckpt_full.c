@@ -23,6 +23,7 @@ struct ckpt_full_writer {
     int64_t step;
     const struct model_layout *l;
     int fd[N_FILES];
+    uint64_t header_bytes[N_FILES];
     /* per (kind, param): absolute offset in its file and, once put, the block CRCs */
     uint64_t *offset;
     uint32_t **crcs;
@@ -96,6 +97,7 @@ static int write_header(struct ckpt_full_writer *w, int file)
     if (rc == 0)
         rc = ckpt_write_all(w->fd[file], hdr, hbytes, w->path[file]);
     uint64_t pos = hbytes;
+    w->header_bytes[file] = hbytes;
     for (int p = 0; p < l->n_params && rc == 0; p++)
         for (int j = 0; j < per; j++) {
             int kind = file == FILE_MODEL ? CKPT_PARAM : CKPT_EXP_AVG + j;
@@ -204,6 +206,9 @@ static int finish(struct ckpt_full_writer *w, const struct ckpt_state *state, in
             rc = error_set(FSDP_EIO, "%s: fsync: %s", w->path[f], strerror(errno));
         files[f].name = w->file_name[f];
         files[f].bytes = (uint64_t)st.st_size;
+        files[f].header_bytes = w->header_bytes[f];
+        if (rc == 0)
+            rc = ckpt_crc_prefix(w->fd[f], w->header_bytes[f], &files[f].header_crc, w->path[f]);
     }
     size_t n = (size_t)CKPT_KINDS * l->n_params;
     m.pieces = rc == 0 ? calloc(n, sizeof *m.pieces) : NULL;

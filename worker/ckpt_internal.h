@@ -26,6 +26,10 @@ struct ckpt_meta_piece {
 struct ckpt_meta_file {
     char *name; /* relative to the checkpoint directory */
     uint64_t bytes;
+    /* The safetensors header (u64 length + JSON): the block CRCs cover only the data, and other tools
+     * read the header, so it has a CRC of its own. */
+    uint64_t header_bytes;
+    uint32_t header_crc;
 };
 
 struct ckpt_meta {
@@ -69,6 +73,8 @@ int ckpt_pwrite_all(int fd, const void *buf, size_t n, uint64_t off, const char 
  * the way and starting the disk's writeback of each chunk at once (sync_file_range), so checksumming,
  * copying into the page cache and the device's writes overlap and the final fsync has little left. */
 int ckpt_write_crc(int fd, uint64_t off, const float *data, size_t count, uint32_t *crcs, const char *path);
+/* CRC32C of the first `bytes` bytes of fd. */
+int ckpt_crc_prefix(int fd, uint64_t bytes, uint32_t *crc, const char *path);
 int ckpt_pread_all(int fd, void *buf, size_t n, uint64_t off, const char *path);
 /* tmp (a directory under root) becomes root/name: fsync, rename (an existing root/name is replaced only
  * after the new one is in place), `latest` := name (temp + fsync + rename), then prune to keep_last. */

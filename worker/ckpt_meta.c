@@ -150,6 +150,8 @@ static cJSON *build(const struct ckpt_meta *m, const struct model_layout *l)
         cJSON *f = cJSON_CreateObject();
         cJSON_AddStringToObject(f, "name", m->files[i].name);
         cJSON_AddNumberToObject(f, "bytes", (double)m->files[i].bytes);
+        cJSON_AddNumberToObject(f, "header_bytes", (double)m->files[i].header_bytes);
+        cJSON_AddNumberToObject(f, "header_crc32c", m->files[i].header_crc);
         cJSON_AddItemToArray(files, f);
     }
     cJSON *tensors = cJSON_AddArrayToObject(root, "tensors");
@@ -363,8 +365,12 @@ static int parse(const char *path, const cJSON *root, struct ckpt_meta *m, char 
     {
         const cJSON *n = cJSON_GetObjectItemCaseSensitive(e, "name");
         struct ckpt_meta_file *f = &m->files[m->n_files];
-        if (!cJSON_IsString(n) || strchr(n->valuestring, '/') || get_u64(e, "bytes", &f->bytes))
-            return error_set(FSDP_EINVAL, "%s: a file entry lacks a plain name or bytes", path);
+        uint64_t hcrc;
+        if (!cJSON_IsString(n) || strchr(n->valuestring, '/') || get_u64(e, "bytes", &f->bytes) ||
+            get_u64(e, "header_bytes", &f->header_bytes) || get_u64(e, "header_crc32c", &hcrc) ||
+            hcrc > 0xffffffffu || f->header_bytes > f->bytes)
+            return error_set(FSDP_EINVAL, "%s: a file entry lacks a plain name, bytes or header checksum", path);
+        f->header_crc = (uint32_t)hcrc;
         if (!(f->name = strdup(n->valuestring)))
             return error_set(FSDP_ENOMEM, "out of memory");
         m->n_files++;

@@ -129,6 +129,14 @@ static int open_files(struct ckpt_reader *r)
             return error_set(FSDP_EINVAL, "%s: %s: %llu bytes, but %s records %llu", p,
                              (uint64_t)st.st_size < m->files[i].bytes ? "truncated" : "wrong size",
                              (unsigned long long)st.st_size, CKPT_META_FILE, (unsigned long long)m->files[i].bytes);
+        uint32_t hc;
+        int rc = ckpt_crc_prefix(r->fds[i], m->files[i].header_bytes, &hc, p);
+        if (rc != 0)
+            return rc;
+        if (hc != m->files[i].header_crc)
+            return error_set(FSDP_EINVAL, "%s: CRC32C mismatch in the safetensors header (first %llu bytes): the file is "
+                                          "corrupted; resume from an earlier checkpoint",
+                             p, (unsigned long long)m->files[i].header_bytes);
     }
     for (size_t i = 0; i < m->n_pieces; i++) {
         const struct ckpt_meta_piece *q = &m->pieces[i];

@@ -265,8 +265,10 @@ static int gather_rank(struct ckpt_meta *m, size_t *cap, const char *path, int r
     if (rc == 0) {
         struct ckpt_meta_file *mf = &m->files[rank];
         mf->bytes = f->file_size;
+        mf->header_bytes = f->data_start;
+        rc = ckpt_crc_prefix(f->fd, f->data_start, &mf->header_crc, path);
         mf->name = strdup(strrchr(path, '/') + 1);
-        if (!mf->name)
+        if (rc == 0 && !mf->name)
             rc = error_set(FSDP_ENOMEM, "out of memory");
     }
     safetensors_close(f);

@@ -89,6 +89,24 @@ Test(ckpt_fail, flipped_byte_in_full_model_file_is_a_crc_error_naming_it)
     model_layout_free(&l);
 }
 
+Test(ckpt_fail, damaged_safetensors_header_is_refused_at_open)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    ct_save_full(dir, &l, 5, 1, 0);
+    ct_save_sharded(dir, &l, 6, 2, 2, 1, 0);
+    const char *files[] = {"fsdp_cpt5/fsdp_cpt5.safetensors", "fsdp_sharded_cpt6/fsdp_sharded_cpt6_rank1"};
+    for (int i = 0; i < 2; i++) {
+        char path[256];
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        flip_byte(path, 30); /* inside the JSON header: invisible to the data CRCs */
+        struct ckpt_reader *r;
+        cr_assert_eq(ckpt_open(dir, i ? "fsdp_sharded_cpt6" : "fsdp_cpt5", &l, &r), FSDP_EINVAL);
+        cr_assert(strstr(error_message(), path) && strstr(error_message(), "header"), "%s", error_message());
+    }
+    model_layout_free(&l);
+}
+
 Test(ckpt_fail, edited_metadata_is_refused)
 {
     struct model_layout l;

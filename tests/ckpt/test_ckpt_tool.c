@@ -278,3 +278,106 @@ Test(ckpt_tool, sample_greedy_matches_model_and_seed_repeats)
     ct_rmdir(d2);
     model_layout_free(&small);
 }
+
+/* The issue's end-to-end check: a sharded checkpoint (world 3, flat units) exported by fsdp-ckpt, loaded
+ * by Debian's python3-torch into a PyTorch GPT-2 (tests/model/torch_ref.py), gives the logits that our
+ * model computes from the same checkpoint read back at world 2. */
+Test(ckpt_tool, exported_model_logits_match_pytorch, .timeout = 170)
+{
+    if (access("/usr/bin/python3", X_OK) != 0 ||
+        system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0)
+        cr_skip_test("Debian's /usr/bin/python3 with torch (python3-torch) is not installed");
+    struct model_layout l;
+    ct_layout(&l, 77);
+    float *init = malloc(l.numel * sizeof *init);
+    cr_assert_eq(model_init_params(&l, init), 0, "%s", error_message());
+    /* Norm gains and biases start at 1 and 0: perturb them so a mix-up of tensors would show. */
+    for (int p = 0; p < l.n_params; p++)
+        if (l.params[p].init_std == 0)
+            for (size_t i = 0; i < l.params[p].numel; i++)
+                init[l.params[p].offset + i] += 0.1f * ct_value(&l, CKPT_EXP_AVG, p, i, 3);
+    /* Pieces of world 3, version 1, the param kind taken from init. */
+    for (int r = 0; r < 3; r++) {
+        struct ct_pieces ps = {0};
+        ct_rank_pieces(&ps, &l, 1, r, 3, 1);
+        for (size_t i = 0; i < ps.n; i++)
+            if (ps.v[i].kind == CKPT_PARAM)
+                memcpy((float *)ps.v[i].data, init + l.params[ps.v[i].param].offset + ps.v[i].begin,
+                       ps.v[i].count * sizeof(float));
+        cr_assert_eq(ckpt_sharded_write_rank(dir, 30, r, &l, ps.v, ps.n), 0, "%s", error_message());
+        ct_free(&ps);
+    }
+    struct ckpt_state st;
+    ct_state(&st, &l, 30, 3, 1);
+    cr_assert_eq(ckpt_sharded_commit(dir, 30, 3, &l, &st, 0), 0, "%s", error_message());
+
+    char wpath[128], bpath[128], opath[128], cmd[1024];
+    snprintf(wpath, sizeof wpath, "%s/export.safetensors", dir);
+    snprintf(bpath, sizeof bpath, "%s/batch.safetensors", dir);
+    snprintf(opath, sizeof opath, "%s/torch_out.safetensors", dir);
+    cr_assert_eq(run((char *[]){(char *)tool(), "export", dir, wpath, NULL}, out, sizeof out), 0, "%s", out);
+    enum { B = 2, T = 16 };
+    int32_t tok[B * T], tgt[B * T];
+    for (int i = 0; i < B * T; i++) {
+        tok[i] = (i * 37 + 11) % 77;
+        tgt[i] = (i * 53 + 5) % 77;
+    }
+    struct safetensors_entry be[2] = {
+        {.name = "tokens", .dtype = SAFETENSORS_I32, .ndim = 2, .shape = {B, T}, .data = tok},
+        {.name = "targets", .dtype = SAFETENSORS_I32, .ndim = 2, .shape = {B, T}, .data = tgt},
+    };
+    cr_assert_eq(safetensors_write(bpath, be, 2, NULL, 0, NULL, NULL), 0, "%s", error_message());
+    snprintf(cmd, sizeof cmd,
+             "OMP_NUM_THREADS=1 /usr/bin/python3 %s/tests/model/torch_ref.py --weights %s --batch %s --n_head %d "
+             "--out %s >/dev/null",
+             getenv("FSDP_SOURCE_ROOT"), wpath, bpath, l.config.n_head, opath);
+    cr_assert_eq(system(cmd), 0, "torch_ref.py failed: %s", cmd);
+
+    /* Our evaluation of the checkpoint, read as two ranks would. */
+    const struct kernels *k = kernels_cpu();
+    float *params = k->mem_alloc(l.numel * sizeof *params);
+    struct ckpt_reader *r;
+    cr_assert_eq(ckpt_open(dir, "latest", &l, &r), 0, "%s", error_message());
+    for (int p = 0; p < l.n_params; p++)
+        for (int rank = 0; rank < 2; rank++) {
+            size_t b, e;
+            ct_v2_range(&l, p, rank, 2, &b, &e);
+            cr_assert_eq(ckpt_read(r, CKPT_PARAM, p, b, e - b, params + l.params[p].offset + b), 0, "%s",
+                         error_message());
+        }
+    ckpt_close(r);
+    cr_assert(memcmp(params, init, l.numel * sizeof *params) == 0, "params differ after the round trip");
+    struct model *m;
+    cr_assert_eq(model_create(&m, &l.config, k, B, T), 0, "%s", error_message());
+    cr_assert_eq(model_set_batch(m, tok, tgt), 0);
+    float loss;
+    cr_assert_eq(model_forward(m, params, &loss), 0, "%s", error_message());
+    const float *lg = model_logits(m);
+
+    struct safetensors_file *f;
+    cr_assert_eq(safetensors_open(&f, opath), 0, "%s", error_message());
+    const struct safetensors_tensor *lt = safetensors_find(f, "logits");
+    cr_assert_not_null(lt);
+    cr_assert_eq(lt->numel, (uint64_t)B * T * 77);
+    float *ref = malloc(lt->end - lt->begin);
+    cr_assert_eq(safetensors_read(f, lt, 0, ref, lt->end - lt->begin), 0);
+    double num = 0, den = 0;
+    for (int i = 0; i < B * T; i++)
+        for (int v = 0; v < 77; v++) {
+            double a = lg[(size_t)i * l.vocab_padded + v], b = ref[(size_t)i * 77 + v];
+            num += (a - b) * (a - b);
+            den += b * b;
+        }
+    double rel = sqrt(num / den);
+    cr_assert_leq(rel, 1e-5, "logits: relative error %.3g vs PyTorch", rel);
+    float ref_loss;
+    cr_assert_eq(safetensors_read(f, safetensors_find(f, "loss"), 0, &ref_loss, 4), 0);
+    cr_assert_leq(fabs(loss - ref_loss) / fabs(ref_loss), 1e-5, "loss %.9g vs torch %.9g", loss, ref_loss);
+    cr_log_info("logits vs PyTorch: relative error %.3g, loss %.6f vs %.6f", rel, loss, ref_loss);
+    safetensors_close(f);
+    free(ref);
+    model_destroy(m);
+    k->mem_free(params);
+    free(init);
+    model_layout_free(&l);
+}
