@@ -114,6 +114,13 @@ int main(int argc, char **argv)
         nap(120);
         return 0;
     }
+    if (strcmp(mode, "stubborn") == 0) { /* stubborn DIR: ignores SIGTERM, so only SIGKILL ends it */
+        signal(SIGTERM, SIG_IGN);
+        write_pid(dir);
+        for (int i = 0; i < 1200; i++)
+            nap(0.1);
+        return 0;
+    }
     if (strcmp(mode, "sleepfirst") == 0) { /* sleepfirst DIR: hang on attempt 0, succeed later */
         if (env_int("TORCHELASTIC_RESTART_COUNT") == 0) {
             write_pid(dir);
@@ -129,6 +136,14 @@ int main(int argc, char **argv)
     }
     if (strcmp(mode, "barrier") == 0)
         return barrier();
+    if (strcmp(mode, "flood") == 0) { /* flood: 400 lines of 5000 letters ('a' + rank), through stdio */
+        static char line[5002];
+        memset(line, 'a' + rank % 26, 5000);
+        line[5000] = '\n';
+        for (int i = 0; i < 400; i++)
+            fwrite(line, 1, 5001, stdout); /* stdio's 4 KiB buffer splits lines across writes */
+        return 0;
+    }
     if (strcmp(mode, "talk") == 0) { /* talk: lines on both streams, for the log layout */
         printf("out line 1 of rank %d\nout line 2 of rank %d\n", rank, rank);
         fflush(stdout);

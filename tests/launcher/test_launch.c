@@ -187,6 +187,35 @@ static void signal_exits_cleanly(int sig)
 
 Test(launch, sigint_gives_clean_exit, .timeout = 60) { signal_exits_cleanly(SIGINT); }
 Test(launch, sigterm_gives_clean_exit, .timeout = 60) { signal_exits_cleanly(SIGTERM); }
+Test(launch, sighup_gives_clean_exit, .timeout = 60) { signal_exits_cleanly(SIGHUP); }
+Test(launch, sigquit_gives_clean_exit, .timeout = 60) { signal_exits_cleanly(SIGQUIT); }
+
+/* A worker that ignores SIGTERM is SIGKILLed --shutdown_timeout seconds after it. */
+Test(launch, shutdown_timeout_escalates_to_sigkill, .timeout = 60)
+{
+    char *dir = lu_tmpdir();
+    const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "2", "--shutdown-timeout", "1", LU_PROBE,
+                          "stubborn", dir, NULL};
+    pid_t p = lu_spawn(argv, dir, "launch", NULL);
+    int pids[2];
+    cr_assert_eq(lu_read_pids(dir, 2, pids, 30), 2, "workers did not start");
+    double t0 = lu_now();
+    kill(p, SIGTERM);
+    int st = lu_wait(p, 30);
+    double took = lu_now() - t0;
+    char *err = lu_slurp_tag(dir, "launch", "err");
+    cr_expect_eq(lu_exit_code(st), 128 + SIGTERM, "exit %d, stderr:\n%s", lu_exit_code(st), err);
+    cr_expect_geq(took, 0.9, "SIGKILL came before --shutdown_timeout (%.2f s)", took);
+    cr_expect_lt(took, 10, "launcher took %.1f s to stop", took);
+    cr_expect(strstr(err, "still running 1.0 s after SIGTERM (--shutdown_timeout): sending SIGKILL"), "stderr:\n%s",
+              err);
+    cr_expect_geq(lu_wait_pids_dead(pids, 2, 5), 0, "workers left running");
+    for (int i = 0; i < 2; i++)
+        kill(pids[i], SIGKILL);
+    free(err);
+    lu_rm_rf(dir);
+    free(dir);
+}
 
 Test(launch, log_dir_layout_and_tee, .timeout = 60)
 {
@@ -217,6 +246,38 @@ Test(launch, log_dir_layout_and_tee, .timeout = 60)
     cr_expect_null(strstr(err, "rank 0\n"), "filtered rank 0 reached the console:\n%s", err);
     free(out);
     free(err);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
+/* Four ranks write long lines at once, each line cut across several pipe writes: every console line
+ * must still be one rank's whole line. */
+Test(launch, lines_of_ranks_never_interleave, .timeout = 60)
+{
+    char *dir = lu_tmpdir();
+    const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "4", LU_PROBE, "flood", NULL};
+    pid_t p = lu_spawn(argv, dir, "launch", NULL);
+    int st = lu_wait(p, 40);
+    char *out = lu_slurp_tag(dir, "launch", "out");
+    cr_assert_eq(lu_exit_code(st), 0);
+    int per_rank[4] = {0}, bad = 0;
+    for (char *l = out; *l;) {
+        char *nl = strchr(l, '\n');
+        size_t n = nl ? (size_t)(nl - l) : strlen(l);
+        int r = l[0] - 'a';
+        bool whole = n == 5000 && r >= 0 && r < 4;
+        for (size_t i = 0; whole && i < n; i++)
+            whole = l[i] == l[0];
+        if (whole)
+            per_rank[r]++;
+        else
+            bad++;
+        l = nl ? nl + 1 : l + n;
+    }
+    cr_expect_eq(bad, 0, "%d mixed or cut lines on the console", bad);
+    for (int r = 0; r < 4; r++)
+        cr_expect_eq(per_rank[r], 400, "rank %d: %d whole lines of 400", r, per_rank[r]);
+    free(out);
     lu_rm_rf(dir);
     free(dir);
 }
