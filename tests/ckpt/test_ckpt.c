@@ -2,6 +2,9 @@
  * sizes, full saves read back and loaded by model_weights_load, scalar state, `latest`, keep_last
  * pruning and the invisibility of unfinished saves. Damage and disk-full cases are test_ckpt_fail.c. */
 #include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/safetensors.h"
 #include "tests/ckpt/ctest.h"
@@ -329,5 +332,58 @@ Test(ckpt, commit_refuses_gap_between_ranks)
     cr_assert(strstr(error_message(), "overlap") || strstr(error_message(), "cover"), "%s", error_message());
     char out[4096];
     cr_assert_eq(ckpt_resolve(dir, "latest", out, sizeof out), FSDP_ENOTFOUND);
+    model_layout_free(&l);
+}
+
+/* A process killed in the middle of a save (after writing data, before the commit) leaves nothing a
+ * reader sees, and the next save of the same step (here at a smaller world) succeeds over its leftovers. */
+Test(ckpt, killed_mid_save_leaves_previous_latest_and_resave_works)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    ct_save_sharded(dir, &l, 10, 2, 2, 1, 1);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        /* rank 0 and rank 1 of a world-3 save of step 20, and half of a full save of step 20, then death */
+        for (int r = 0; r < 2; r++) {
+            struct ct_pieces ps = {0};
+            ct_rank_pieces(&ps, &l, 2, r, 3, 2);
+            if (ckpt_sharded_write_rank(dir, 20, r, &l, ps.v, ps.n) != 0)
+                _exit(1);
+        }
+        struct ckpt_full_writer *w;
+        if (ckpt_full_open(dir, 20, &l, &w) != 0)
+            _exit(1);
+        float *t = calloc(l.params[0].numel, sizeof *t);
+        if (ckpt_full_put(w, CKPT_PARAM, 0, t) != 0)
+            _exit(1);
+        raise(SIGKILL);
+        _exit(1);
+    }
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "child status %d", st);
+    char out[4096], path[256];
+    cr_assert_eq(ckpt_resolve(dir, "latest", out, sizeof out), 0, "%s", error_message());
+    cr_assert(strstr(out, "fsdp_sharded_cpt10"), "%s", out);
+    snprintf(path, sizeof path, "%s/.tmp_fsdp_sharded_cpt20", dir);
+    cr_assert(ct_exists(path), "the crashed save should have left its temporary directory");
+    struct ckpt_reader *r;
+    cr_assert_eq(ckpt_open(dir, "latest", &l, &r), 0, "%s", error_message());
+    ct_check_read(r, &l, 3, 1);
+    ckpt_close(r);
+    /* Re-save step 20 at world 1 (sharded) and as full: both replace the leftovers. */
+    ct_save_sharded(dir, &l, 20, 1, 2, 3, 0);
+    snprintf(path, sizeof path, "%s/fsdp_sharded_cpt20/fsdp_sharded_cpt20_rank1", dir);
+    cr_assert(!ct_exists(path), "a crashed attempt's rank file rode along into the checkpoint");
+    cr_assert_eq(ckpt_open(dir, "latest", &l, &r), 0, "%s", error_message());
+    ct_check_read(r, &l, 2, 3);
+    ckpt_close(r);
+    ct_save_full(dir, &l, 20, 4, 0);
+    cr_assert_eq(ckpt_open(dir, "latest", &l, &r), 0, "%s", error_message());
+    cr_assert_str_eq(ckpt_reader_format(r), "full");
+    ct_check_read(r, &l, 2, 4);
+    ckpt_close(r);
     model_layout_free(&l);
 }
