@@ -84,6 +84,7 @@ int ckpt_full_commit(struct ckpt_full_writer *w, const struct ckpt_state *state,
 void ckpt_full_abort(struct ckpt_full_writer *w);
 
 /* ---- loading (both formats, any world size) ---- */
+/* A reader keeps open descriptors and one 16 MiB read buffer; use one reader per thread. */
 struct ckpt_reader;
 /* which: "latest" (the checkpoint `latest` under ckpt_root names), a checkpoint directory name under
  * ckpt_root, or a path; NULL = ckpt_root is itself a checkpoint directory. Validates metadata.json (its
