@@ -291,15 +291,18 @@ int shm_reduce_scatter(struct shm_group *g, const void *in, void *out, size_t co
         size_t p = count - off < per ? count - off : per;
         int b = g->bank;
         g->bank ^= 1;
+        /* Only the blocks other ranks reduce go through the segment; this rank's own block is read
+         * straight from its input (same values, same rank order: the same bits). */
         unsigned char *mine = slot(g, b, g->me);
         for (int q = 0; q < g->n; q++)
-            memcpy(mine + (size_t)q * p * es, src + ((size_t)q * count + off) * es, p * es);
+            if (q != g->me)
+                memcpy(mine + (size_t)q * p * es, src + ((size_t)q * count + off) * es, p * es);
         int rc = shm_barrier(g, deadline);
         if (rc)
             return rc;
         const void *srcs[SHM_MAX_LOCAL];
         for (int s = 0; s < g->n; s++)
-            srcs[s] = slot(g, b, s) + (size_t)g->me * p * es;
+            srcs[s] = s == g->me ? src + ((size_t)g->me * count + off) * es : slot(g, b, s) + (size_t)g->me * p * es;
         comm_reduce_arrays(dtype, op, srcs, g->n, dst + off * es, p, divisor);
     }
     return 0;
