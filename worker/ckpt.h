@@ -56,11 +56,14 @@ struct ckpt_piece {
 const char *ckpt_kind_name(int kind);
 
 /* ---- SHARDED_STATE_DICT, in the phases the engine separates with barriers ---- */
-/* Every rank: writes its pieces into <root>/.tmp_fsdp_sharded_cpt{step}/fsdp_sharded_cpt{step}_rank{rank}
+/* `rank` and `world` count the WRITERS: one per distinct set of pieces. Under HYBRID_SHARD / NO_SHARD the
+ * replicas hold the same pieces, so only replica 0 writes, with rank = its rank in the shard group and
+ * world = the shard group size; state->world_size stays the job's world size. Piece data is host memory.
+ * Every writer: writes its pieces into <root>/.tmp_fsdp_sharded_cpt{step}/fsdp_sharded_cpt{step}_rank{rank}
  * and fsyncs it. Pieces must not overlap (checked). ENOSPC: the file is removed, FSDP_EIO says so. */
 int ckpt_sharded_write_rank(const char *ckpt_root, int64_t step, int rank, const struct model_layout *layout,
                             const struct ckpt_piece *pieces, size_t n);
-/* Rank 0 after all ranks wrote: checks every rank file, that the pieces of all ranks cover every tensor
+/* Writer 0 after all writers wrote: checks every rank file, that the pieces of all ranks cover every tensor
  * of every kind exactly, writes metadata.json, fsyncs, renames the directory to fsdp_sharded_cpt{step},
  * updates `latest`, then removes all but the newest keep_last checkpoints (0 = keep all). On failure the
  * temporary directory is removed and earlier checkpoints are untouched. */

@@ -387,3 +387,27 @@ Test(ckpt, killed_mid_save_leaves_previous_latest_and_resave_works)
     ckpt_close(r);
     model_layout_free(&l);
 }
+
+/* HYBRID_SHARD: a world of 4 with shard groups of 2 has 2 writers; the state keeps the job's world. */
+Test(ckpt, writers_fewer_than_world_size)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    for (int r = 0; r < 2; r++) {
+        struct ct_pieces ps = {0};
+        ct_rank_pieces(&ps, &l, 2, r, 2, 5);
+        cr_assert_eq(ckpt_sharded_write_rank(dir, 4, r, &l, ps.v, ps.n), 0, "%s", error_message());
+        ct_free(&ps);
+    }
+    struct ckpt_state s;
+    ct_state(&s, &l, 4, 4, 2);
+    snprintf(s.strategy, sizeof s.strategy, "HYBRID_SHARD");
+    cr_assert_eq(ckpt_sharded_commit(dir, 4, 2, &l, &s, 0), 0, "%s", error_message());
+    struct ckpt_reader *r;
+    cr_assert_eq(ckpt_open(dir, "latest", &l, &r), 0, "%s", error_message());
+    cr_assert_eq(ckpt_reader_state(r)->world_size, 4);
+    cr_assert_str_eq(ckpt_reader_state(r)->strategy, "HYBRID_SHARD");
+    ct_check_read(r, &l, 4, 5);
+    ckpt_close(r);
+    model_layout_free(&l);
+}
