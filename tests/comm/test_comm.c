@@ -441,3 +441,49 @@ Test(comm_p2p, ring_world4, .timeout = 120)
     run_ranks(4, body_sendrecv, NULL, NULL, st);
     assert_all_ok(4, st);
 }
+
+/* Waiting blocks in the kernel (futex, poll), never spins: the machines here have 2 cores for up to 8
+ * ranks. The last rank arrives 1.5 s late; the others must burn far less CPU than that while they wait. */
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int body_late_rank(struct rank_ctx *c)
+{
+    float v[1024] = {0};
+    if (comm_barrier(c->comm) != 0)
+        return 1;
+    if (c->rank == c->size - 1) {
+        struct timespec ts = {1, 500 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    double c0 = cpu_s(), t0 = tu_now();
+    if (comm_all_reduce(c->comm, v, v, 1024, COMM_F32, COMM_SUM) != 0) {
+        fprintf(stderr, "rank %d: all_reduce: %s\n", c->rank, error_message());
+        return 1;
+    }
+    double cpu = cpu_s() - c0, wall = tu_now() - t0;
+    if (c->rank != c->size - 1 && (wall < 1.0 || cpu > 0.3)) {
+        fprintf(stderr, "rank %d: waited %.2f s and used %.2f s of CPU (spinning?)\n", c->rank, wall, cpu);
+        return 1;
+    }
+    return 0;
+}
+
+Test(comm_shm, waiting_ranks_sleep_in_the_kernel, .timeout = 120)
+{
+    int st[MAX_RANKS];
+    run_ranks(4, body_late_rank, NULL, NULL, st);
+    assert_all_ok(4, st);
+}
+
+Test(comm_hier, waiting_ranks_sleep_in_the_kernel, .timeout = 120)
+{
+    int st[MAX_RANKS];
+    struct run_opts o = {.hosts = 2};
+    run_ranks(4, body_late_rank, NULL, &o, st);
+    assert_all_ok(4, st);
+}
