@@ -127,9 +127,11 @@ int fsdp_shard_size(const struct fsdp *f);
 /* After the pieces were overwritten (checkpoint load), refresh derived copies. */
 int fsdp_state_loaded(struct fsdp *f, int64_t optimizer_steps, double loss_scale, int64_t scaler_good);
 int64_t fsdp_scaler_good_steps(const struct fsdp *f);
-/* Gathers engine unit u's full parameters (kind) to every rank of the shard group into dst (host, the
- * unit's numel in model order); for full state dicts. */
+/* Gathers engine unit u's full state (kind) to every rank of the shard group into dst (host; the unit's
+ * parameters in model order at the start, dst must hold fsdp_unit_gather_capacity elements); for full
+ * state dicts. A collective of the shard group. */
 int fsdp_gather_unit_state(struct fsdp *f, int unit, enum fsdp_state_kind kind, float *dst_host);
+size_t fsdp_unit_gather_capacity(const struct fsdp *f, int unit);
 int fsdp_n_units(const struct fsdp *f);
 /* First model parameter and count of engine unit u; its flat offset and numel. */
 void fsdp_unit_params(const struct fsdp *f, int unit, int *first_param, int *n_params, size_t *offset,

@@ -109,6 +109,38 @@ int fsdp_init_params(struct fsdp *f)
     return rc;
 }
 
+size_t fsdp_unit_gather_capacity(const struct fsdp *f, int ui)
+{
+    const struct fsdp_unit *u = &f->units[ui];
+    size_t sg = (size_t)f->shard_size, pad = 0;
+    if (sg == 1)
+        return u->numel;
+    if (f->version == 1)
+        return sg * u->shard;
+    for (int j = 0; j < u->n_params; j++) {
+        const struct fsdp_pslot *s = &u->slots[j];
+        size_t over = (sg * s->chunk - s->rows) * s->row_len;
+        pad = over > pad ? over : pad;
+    }
+    return u->numel + pad;
+}
+
+/* Host memory is device memory on the CPU backend: gather straight into dst, so that a full save holds one
+ * unit, not two. Version 2 gathers parameter by parameter in order: a dim-0 chunk gathered over the ranks
+ * is the parameter's rows in order, and the zero rows padding its end are overwritten by the next
+ * parameter (dst has room for the last one's, see fsdp_unit_gather_capacity). */
+static int gather_unit_direct(struct fsdp *f, struct fsdp_unit *u, const float *src, float *dst)
+{
+    if (f->version == 1)
+        return comm_all_gather(f->shard_comm, src, dst, u->shard, COMM_F32);
+    int rc = 0;
+    for (int j = 0; j < u->n_params && !rc; j++) {
+        const struct fsdp_pslot *s = &u->slots[j];
+        rc = comm_all_gather(f->shard_comm, src + s->shard_off, dst + s->unit_off, s->chunk * s->row_len, COMM_F32);
+    }
+    return rc;
+}
+
 int fsdp_gather_unit_state(struct fsdp *f, int ui, enum fsdp_state_kind kind, float *dst)
 {
     struct fsdp_unit *u = &f->units[ui];
@@ -117,6 +149,8 @@ int fsdp_gather_unit_state(struct fsdp *f, int ui, enum fsdp_state_kind kind, fl
     size_t sg = (size_t)f->shard_size;
     if (sg == 1)
         return k->mem_copy(dst, src, u->numel * sizeof(float), KERNELS_COPY_D2H);
+    if (strcmp(k->name, "cpu") == 0)
+        return gather_unit_direct(f, u, src, dst);
     float *all = fsdp_buf_get(f, sg * u->shard * sizeof(float), FSDP_MEM_GATHERED);
     if (!all)
         return FSDP_ENOMEM;

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -48,6 +49,36 @@ static int mkdir_p(const char *path)
     if (mkdir(buf, 0777) != 0 && errno != EEXIST)
         return error_set(FSDP_EIO, "checkpoint.dir: cannot create %s: %s", buf, strerror(errno));
     return 0;
+}
+
+/* Resets the kernel's peak-RSS mark (VmHWM) and returns the resident bytes now, so that the peak read after
+ * a save is the save's own. */
+static size_t status_kib(const char *field)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    size_t kib = 0, n = strlen(field);
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, field, n) == 0)
+            kib = strtoull(line + n, NULL, 10);
+    if (f)
+        fclose(f);
+    return kib * 1024;
+}
+
+static size_t rss_peak_reset(void)
+{
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (f) {
+        fputs("5", f);
+        fclose(f);
+    }
+    return status_kib("VmRSS:");
+}
+
+static size_t rss_peak(void)
+{
+    return status_kib("VmHWM:");
 }
 
 static const char *strategy_name(const struct worker_config *wc)
@@ -144,13 +175,16 @@ static int save_full(struct fsdp *f, const struct worker_config *wc, struct trai
     if (env->rank == 0)
         rc = ckpt_full_open(root, step, l, &w);
     rc = agree(f, rc, "opening the full checkpoint");
-    size_t most = 0;
+    size_t most = 0, largest = 0;
     for (int u = 0; u < fsdp_n_units(f); u++) {
         int fp, np;
         size_t off, numel;
         fsdp_unit_params(f, u, &fp, &np, &off, &numel);
-        most = numel > most ? numel : most;
+        size_t cap = fsdp_unit_gather_capacity(f, u);
+        most = cap > most ? cap : most;
+        largest = numel > largest ? numel : largest;
     }
+    size_t rss_before = rss_peak_reset();
     float *unit = rc ? NULL : malloc((most ? most : 1) * sizeof(float));
     if (!rc && !unit)
         rc = error_set(FSDP_ENOMEM, "checkpoint: no memory for one unit (%zu parameters)", most);
@@ -174,6 +208,13 @@ static int save_full(struct fsdp *f, const struct worker_config *wc, struct trai
             rc = ckpt_full_commit(w, &st, (int)wc->checkpoint.keep_last);
         }
     }
+    if (env->rank == 0 && rc == 0) {
+        size_t hwm = rss_peak();
+        log_info("full save: peak RSS %.1f MiB, %.1f MiB above the %.1f MiB resident before the save (largest unit "
+                 "%.1f MiB)",
+                 (double)hwm / 1048576.0, hwm > rss_before ? (double)(hwm - rss_before) / 1048576.0 : 0.0,
+                 (double)rss_before / 1048576.0, (double)largest * 4 / 1048576.0);
+    }
     return agree(f, rc, "writing the full checkpoint");
 }
 
@@ -191,14 +232,19 @@ int train_ckpt_maybe_save(struct fsdp *f, const struct worker_config *wc, struct
     if (rc)
         return rc;
     bool sharded = wc->checkpoint.state_dict_type == WORKER_SHARDED_STATE_DICT;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     rc = sharded ? save_sharded(f, wc, env, root, step) : save_full(f, wc, env, root, step);
     if (rc)
         return error_set(rc, "checkpoint at step %lld in %s failed; earlier checkpoints are intact: %s",
                          (long long)step, root, error_message());
     last_saved_step = step;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    double mb = 3.0 * (double)fsdp_layout(f)->numel_real * 4 / 1e6; /* params + two moments, fp32 */
     if (env->rank == 0)
-        log_info("checkpoint: step %lld saved (%s) under %s", (long long)step,
-                 sharded ? "SHARDED_STATE_DICT" : "FULL_STATE_DICT", root);
+        log_info("checkpoint: step %lld saved (%s) under %s: %.1f MB in %.3f s, %.0f MB/s", (long long)step,
+                 sharded ? "SHARDED_STATE_DICT" : "FULL_STATE_DICT", root, mb, secs, mb / secs);
     return 0;
 }
 
@@ -228,6 +274,8 @@ int train_ckpt_maybe_load(struct fsdp *f, const struct worker_config *wc, struct
             return 0;
         }
     }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     struct ckpt_reader *r = NULL;
     int rc = ckpt_open(root, which, fsdp_layout(f), &r);
     size_t n = 0;
@@ -251,9 +299,14 @@ int train_ckpt_maybe_load(struct fsdp *f, const struct worker_config *wc, struct
         *first_step = st->step;
         last_saved_step = st->step;
         rc = fsdp_state_loaded(f, st->step, st->loss_scale, st->scaler_good_steps);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        double mb = 3.0 * (double)fsdp_layout(f)->numel_real * 4 / 1e6;
         if (!rc && env->rank == 0)
-            log_info("resumed from %s (%s, step %lld, written by %d rank(s), %s, version %d)", ckpt_reader_path(r),
-                     ckpt_reader_format(r), (long long)st->step, st->world_size, st->strategy, st->fsdp_version);
+            log_info("resumed from %s (%s, step %lld, written by %d rank(s), %s, version %d): %.1f MB read by all "
+                     "ranks in %.3f s, %.0f MB/s",
+                     ckpt_reader_path(r), ckpt_reader_format(r), (long long)st->step, st->world_size, st->strategy,
+                     st->fsdp_version, mb, secs, mb / secs);
         if (!rc && st->step > wc->train.max_steps)
             rc = error_set(FSDP_EINVAL, "the checkpoint is at step %lld, beyond train.max_steps = %lld",
                            (long long)st->step, (long long)wc->train.max_steps);
