@@ -159,7 +159,7 @@ int ckpt_tool_sample(int argc, char **argv)
     for (size_t i = 0; rc == 0 && i < plen; i++)
         ctx[n++] = (unsigned char)o.prompt[i];
     if (rc == 0 && n == 0)
-        ctx[n++] = '\n';
+        ctx[n++] = '\n' < V ? '\n' : 0; /* an empty prompt starts from a newline, as a document would */
     if (rc == 0)
         fwrite(o.prompt, 1, plen, stdout);
     uint64_t rng = o.seed;
