@@ -52,8 +52,6 @@ int ckpt_meta_read(const char *dir, struct ckpt_meta *m, char ***tensor_names, i
 
 /* Number of elements of parameter p that a full checkpoint stores (wte without padding rows). */
 size_t ckpt_param_real_numel(const struct model_param *p);
-/* Block CRCs of a piece's data (n = ceil(bytes / CKPT_CRC_BLOCK)); malloc'ed into *out. */
-int ckpt_block_crcs(const float *data, size_t count, uint32_t **out, size_t *n);
 /* Pieces of every kind/param sorted by (kind, param, begin) must tile [0, end) exactly, end = numel or
  * the real numel (full format). what names the source in errors. */
 int ckpt_check_coverage(struct ckpt_meta_piece *pieces, size_t n, const struct model_layout *l, bool full,

@@ -36,23 +36,6 @@ size_t ckpt_param_real_numel(const struct model_param *p)
     return (size_t)p->init_rows * (p->ndim == 2 ? (size_t)p->shape[1] : 1);
 }
 
-int ckpt_block_crcs(const float *data, size_t count, uint32_t **out, size_t *n)
-{
-    size_t bytes = count * sizeof(float);
-    size_t nb = (bytes + CKPT_CRC_BLOCK - 1) / CKPT_CRC_BLOCK;
-    uint32_t *c = malloc((nb ? nb : 1) * sizeof *c);
-    if (!c)
-        return error_set(FSDP_ENOMEM, "out of memory");
-    const char *p = (const char *)data;
-    for (size_t i = 0; i < nb; i++) {
-        size_t len = bytes - i * CKPT_CRC_BLOCK < CKPT_CRC_BLOCK ? bytes - i * CKPT_CRC_BLOCK : CKPT_CRC_BLOCK;
-        c[i] = crc32c(p + i * CKPT_CRC_BLOCK, len);
-    }
-    *out = c;
-    *n = nb;
-    return 0;
-}
-
 static int cmp_piece(const void *a, const void *b)
 {
     const struct ckpt_meta_piece *x = a, *y = b;
