@@ -138,16 +138,22 @@ static int save_sharded(struct fsdp *f, const struct worker_config *wc, struct t
         for (size_t i = 0; i < n; i++)
             total += pieces[i].count;
         cp = calloc(3 * n + 1, sizeof *cp);
-        /* device -> host staging; on CPU this is one copy of the shards, freed right after the write */
-        host = malloc((3 * total + 1) * sizeof(float));
-        if (!cp || !host)
+        /* Device memory is staged to the host; on the CPU backend the shards are host memory already and are
+         * written from where they are. */
+        bool staged = strcmp(k->name, "cpu") != 0;
+        host = staged ? malloc((3 * total + 1) * sizeof(float)) : NULL;
+        if (!cp || (staged && !host))
             rc = error_set(FSDP_ENOMEM, "checkpoint: no memory to stage %zu elements", 3 * total);
         size_t at = 0, m = 0;
         for (int kind = 0; kind < 3 && !rc; kind++)
             for (size_t i = 0; i < n && !rc; i++) {
-                rc = k->mem_copy(host + at, pieces[i].data[kind], pieces[i].count * sizeof(float), KERNELS_COPY_D2H);
+                const float *data = pieces[i].data[kind];
+                if (staged) {
+                    rc = k->mem_copy(host + at, data, pieces[i].count * sizeof(float), KERNELS_COPY_D2H);
+                    data = host + at;
+                }
                 cp[m++] = (struct ckpt_piece){.kind = kind, .param = pieces[i].param, .begin = pieces[i].begin,
-                                              .count = pieces[i].count, .data = host + at};
+                                              .count = pieces[i].count, .data = data};
                 at += pieces[i].count;
             }
         if (!rc)

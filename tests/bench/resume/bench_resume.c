@@ -1,0 +1,161 @@
+/* Checkpoint throughput of the real training job and rank 0's memory during a full save. For world 2 and
+ * 4 and both formats, a 51M-parameter GPT-2 (n_layer 8, n_embd 512, vocab 50304) takes one step and saves
+ * (the worker logs MB/s and, for a full save, rank 0's peak RSS above its resident size), then a second job
+ * resumes from it (the worker logs the load MB/s). Beside them, this disk's sequential write speed with
+ * fsync measured in the same run (as `dd bs=1M count=256 conv=fsync`).
+ * Lines: bench=ckpt_disk ..., bench=ckpt_save world=W format=F mb_per_s=... disk_mb_per_s=... ratio=...,
+ * bench=ckpt_load ..., bench=ckpt_full_save_rss world=W extra_mib=... largest_unit_mib=... goal_mib=... */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double disk_mb_per_s(const char *dir)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/dd.bin", dir);
+    size_t chunk = 1 << 20;
+    char *buf = calloc(1, chunk);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || !buf)
+        return -1;
+    double t0 = now_s();
+    for (int i = 0; i < 256; i++)
+        if (write(fd, buf, chunk) != (ssize_t)chunk)
+            return -1;
+    fsync(fd);
+    double dt = now_s() - t0;
+    close(fd);
+    unlink(path);
+    free(buf);
+    return 256.0 * chunk / 1e6 / dt;
+}
+
+/* Runs the job; its stderr (all ranks, --tee) lands in out. */
+static int run_job(const char *root, const char *dir, int world, const char *const *extra, char *out, size_t cap)
+{
+    char ini[4200], data[4200], log[4200], nproc[8];
+    snprintf(ini, sizeof ini, "%s/big.ini", dir);
+    snprintf(data, sizeof data, "%s/data", dir);
+    snprintf(log, sizeof log, "%s/job.log", dir);
+    snprintf(nproc, sizeof nproc, "%d", world);
+    FILE *f = fopen(ini, "w");
+    if (!f)
+        return -1;
+    fprintf(f, "[model]\nn_layer = 8\nn_head = 8\nn_embd = 512\nvocab_size = 50304\nblock_size = 64\n"
+               "[train]\ntrain_batch = 4\nmicro_batch = 1\nmax_steps = 1\neval_interval = 0\n"
+               "[data]\ntrain_file = %s/train.bin\n[log]\ndir = %s/logs\n",
+            data, dir);
+    fclose(f);
+    char launch[4200], worker[4200];
+    snprintf(launch, sizeof launch, "%s/launcher/fsdp-launch", root);
+    snprintf(worker, sizeof worker, "%s/worker/fsdp-worker", root);
+    const char *argv[24] = {launch, "--standalone", "--nproc_per_node", nproc, "--tee", "3", worker, ini};
+    int n = 8;
+    for (int i = 0; extra[i]; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        setenv("OMP_NUM_THREADS", "1", 1);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    f = fopen(log, "r");
+    size_t got = f ? fread(out, 1, cap - 1, f) : 0;
+    out[got] = 0;
+    if (f)
+        fclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static double field_before(const char *text, const char *anchor, const char *unit)
+{
+    const char *a = strstr(text, anchor);
+    if (!a)
+        return -1;
+    const char *u = strstr(a, unit);
+    if (!u)
+        return -1;
+    const char *p = u;
+    while (p > a && (p[-1] == ' '))
+        p--;
+    while (p > a && (strchr("0123456789.", p[-1])))
+        p--;
+    return atof(p);
+}
+
+int main(void)
+{
+    const char *root = getenv("FSDP_BUILD_ROOT"), *src = getenv("FSDP_SOURCE_ROOT");
+    if (!root || !src) {
+        fprintf(stderr, "run through meson test --benchmark (FSDP_BUILD_ROOT, FSDP_SOURCE_ROOT)\n");
+        return 1;
+    }
+    char dir[] = "/tmp/fsdp-bench-resume-XXXXXX";
+    if (!mkdtemp(dir))
+        return 1;
+    char cmd[8600];
+    snprintf(cmd, sizeof cmd, "'%s/worker/fsdp-prepare-data' -o '%s/data' '%s/docs' >/dev/null 2>&1", root, dir, src);
+    if (system(cmd) != 0)
+        return 1;
+    double disk = disk_mb_per_s(dir);
+    printf("bench=ckpt_disk mb_per_s=%.0f method=write_1MiB_x256_fsync\n", disk);
+    size_t cap = 1 << 20;
+    char *out = malloc(cap);
+    int status = 0;
+    const char *fmts[] = {"SHARDED_STATE_DICT", "FULL_STATE_DICT"};
+    for (int w = 2; w <= 4; w += 2)
+        for (int fi = 0; fi < 2; fi++) {
+            char ck[4300], type[64], res[4400];
+            snprintf(ck, sizeof ck, "--checkpoint.dir=%s/ck", dir);
+            snprintf(type, sizeof type, "--checkpoint.state_dict_type=%s", fmts[fi]);
+            const char *save[] = {ck, type, NULL};
+            if (run_job(root, dir, w, save, out, cap) != 0) {
+                fprintf(stderr, "save job failed:\n%s\n", out);
+                status = 1;
+                continue;
+            }
+            double mbs = field_before(out, "saved (", "MB/s");
+            const char *fmt = fi ? "full" : "sharded";
+            printf("bench=ckpt_save world=%d format=%s mb_per_s=%.0f disk_mb_per_s=%.0f ratio=%.2f\n", w, fmt, mbs,
+                   disk, mbs / disk);
+            if (fi) {
+                double extra = field_before(out, "full save:", "MiB above");
+                double unit = field_before(out, "largest unit", "MiB)");
+                printf("bench=ckpt_full_save_rss world=%d extra_mib=%.1f largest_unit_mib=%.1f goal_mib=%.1f met=%d\n",
+                       w, extra, unit, unit + 64, extra >= 0 && extra <= unit + 64);
+            }
+            snprintf(res, sizeof res, "--checkpoint.resume_from=latest");
+            const char *load[] = {ck, type, res, NULL};
+            if (run_job(root, dir, w, load, out, cap) != 0) {
+                fprintf(stderr, "resume job failed:\n%s\n", out);
+                status = 1;
+            } else {
+                printf("bench=ckpt_load world=%d format=%s mb_per_s=%.0f\n", w, fmt, field_before(out, "resumed from", "MB/s"));
+            }
+            snprintf(cmd, sizeof cmd, "rm -rf '%s/ck' '%s/logs'", dir, dir);
+            if (system(cmd) != 0)
+                status = 1;
+        }
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        status = 1;
+    free(out);
+    return status;
+}
