@@ -3,6 +3,7 @@
  * test, so none is stopped by a launcher before it speaks. Then once under fsdp-launch, whose job must
  * fail with the same message as its root cause. */
 #include <signal.h>
+#include <sys/prctl.h>
 
 #include "common/error.h"
 #include "rendezvous/store.h"
@@ -18,6 +19,8 @@ static int store_spawn(pid_t *pid_out)
     pid_t pid = fork();
     cr_assert(pid >= 0);
     if (pid == 0) {
+        /* A failed assertion ends the test without reaching the kill below: the store must not outlive it. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         close(pfd[0]);
         struct store_server_options so = {.bind_addr = "127.0.0.1", .port = 0, .run_id = "cfgtest"};
         struct store_server *srv = NULL;

@@ -1,0 +1,353 @@
+/* Training throughput at world 2 on CPU (OMP_NUM_THREADS=1 per rank): fsdp-worker under fsdp-launch with
+ * FULL_SHARD and with NO_SHARD, beside PyTorch DDP (gloo) training the same GPT with the same per-rank
+ * batch under torchrun (../shared/anchors/torch/gpt_fsdp.py --mode ddp; Debian's torch 1.13 runs FSDP
+ * only on CUDA), all in the same run. Goals: FULL_SHARD >= 1.5x torch DDP, and >= 0.9x fsdp's own
+ * NO_SHARD (sharding nearly free).
+ *
+ * Configs: S (4 layers, n_embd 256, vocab 4096, T 256, 8 sequences per rank: 4.27M parameters) and L
+ * (8 layers, n_embd 512, vocab 50304, T 256, 2 sequences per rank: 51.2M parameters).
+ *
+ * Each round runs torch, FULL_SHARD and NO_SHARD one after the other; a system's figure is the median
+ * step of a run after its warm-up steps (torch prints the same), and the best round counts, since on a
+ * shared machine the least disturbed round is the closest to the truth. The worker's tokens/s come from
+ * metrics.jsonl, its MFU from rank 0's progress line (its own peak: an SGEMM measured at start), and the
+ * time the ranks waited for all-gathers and reductions from their end-of-run lines.
+ *
+ * Usage: bench_train [--rounds N] [S] [L]          (default: --rounds 2 S L)
+ * Output: bench=train config=S strategy=FULL_SHARD world=2 ... tokens_per_s=... torch_ddp_tokens_per_s=...
+ *         ratio=... no_shard_ratio=...   and the same for NO_SHARD. */
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+struct bench_config {
+    const char *name;
+    int n_layer, n_embd, n_head, vocab, t, batch_per_rank;
+    int warmup, steps; /* untimed, timed */
+};
+
+static const struct bench_config configs[] = {
+    {"S", 4, 256, 4, 4096, 256, 8, 2, 8},
+    {"L", 8, 512, 8, 50304, 256, 2, 1, 4},
+};
+
+enum { WORLD = 2 };
+
+struct figure {
+    double tokens_per_s, mfu, gather_wait_s, reduce_wait_s, run_s;
+    long long params;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) || getsockname(fd, (struct sockaddr *)&sa, &len))
+        return -1;
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+/* Runs argv with stdout and stderr to out/err; returns its exit code (or 128 + signal). */
+static int run(char *const argv[], const char *out, const char *err)
+{
+    fflush(NULL);
+    pid_t p = fork();
+    if (p < 0)
+        return -1;
+    if (p == 0) {
+        int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fo < 0 || fe < 0)
+            _exit(126);
+        dup2(fo, 1);
+        dup2(fe, 2);
+        setenv("OMP_NUM_THREADS", "1", 1);
+        unsetenv("RANK");
+        unsetenv("WORLD_SIZE");
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    int st;
+    waitpid(p, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return strdup("");
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    size_t got = fread(s, 1, (size_t)n, f);
+    s[got] = 0;
+    fclose(f);
+    return s;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    if (n <= 0)
+        return NAN;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void show_tail(const char *what, const char *path)
+{
+    char *s = slurp(path);
+    size_t n = strlen(s);
+    fprintf(stderr, "bench_train: %s failed; end of %s:\n%s\n", what, path, s + (n > 2000 ? n - 2000 : 0));
+    free(s);
+}
+
+/* One fsdp-worker run of config c with `strategy` at world 2; fills f, returns 0 or -1. */
+static int run_fsdp(const char *build, const char *dir, const char *data, const struct bench_config *c,
+                    const char *strategy, int round, struct figure *f)
+{
+    char ini[4200], tag[4300], logdir[4400], out[4400], err[4400];
+    snprintf(ini, sizeof ini, "%s/%s.ini", dir, c->name);
+    snprintf(tag, sizeof tag, "%s/%s-%s-%d", dir, c->name, strategy, round);
+    snprintf(logdir, sizeof logdir, "%s/log", tag);
+    snprintf(out, sizeof out, "%s.out", tag);
+    snprintf(err, sizeof err, "%s.err", tag);
+    FILE *fi = fopen(ini, "w");
+    if (!fi)
+        return -1;
+    int total = c->warmup + c->steps;
+    fprintf(fi,
+            "[model]\nn_layer = %d\nn_head = %d\nn_embd = %d\nvocab_size = %d\nblock_size = %d\n"
+            "[train]\ntrain_batch = %d\nmicro_batch = %d\nmax_steps = %d\neval_interval = 0\n"
+            "[optim]\nlr = 0.0003\nwarmup_steps = 1\n[data]\ntrain_file = %s/train.bin\n"
+            "[log]\ninterval = 1\n",
+            c->n_layer, c->n_head, c->n_embd, c->vocab, c->t, c->batch_per_rank * WORLD, c->batch_per_rank, total,
+            data);
+    fclose(fi);
+    char launch[4200], worker[4200], nproc[16], port[16], logarg[4500], ckarg[4500], strat[128];
+    snprintf(launch, sizeof launch, "%s/launcher/fsdp-launch", build);
+    snprintf(worker, sizeof worker, "%s/worker/fsdp-worker", build);
+    snprintf(nproc, sizeof nproc, "%d", WORLD);
+    snprintf(port, sizeof port, "%d", free_port());
+    snprintf(logarg, sizeof logarg, "--log.dir=%s", logdir);
+    snprintf(ckarg, sizeof ckarg, "--checkpoint.dir=%s/ckpt", tag);
+    snprintf(strat, sizeof strat, "--fsdp.sharding_strategy=%s", strategy);
+    char *argv[] = {launch, "--nproc_per_node", nproc, "--master_port", port, worker, ini, logarg, ckarg, strat,
+                    NULL};
+    double t0 = now_s();
+    if (run(argv, out, err) != 0) {
+        show_tail(strategy, err);
+        return -1;
+    }
+    memset(f, 0, sizeof *f);
+    f->run_s = now_s() - t0;
+
+    /* tokens/s of the timed steps, from metrics.jsonl */
+    char path[4500];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", logdir);
+    char *m = slurp(path);
+    double tps[256];
+    int n = 0, step = 0;
+    for (char *line = strtok(m, "\n"); line && n < 256; line = strtok(NULL, "\n"), step++) {
+        const char *p = strstr(line, "\"tokens_per_s\":");
+        if (p && step >= c->warmup)
+            tps[n++] = atof(p + strlen("\"tokens_per_s\":"));
+    }
+    free(m);
+    f->tokens_per_s = median(tps, n);
+
+    /* MFU of the same steps from rank 0's progress lines: "step S/N | ... | mfu X% | ..." */
+    char *o = slurp(out);
+    double mfu[256];
+    int nm = 0;
+    for (char *line = strtok(o, "\n"); line && nm < 256; line = strtok(NULL, "\n")) {
+        int s = 0;
+        const char *p = strstr(line, "| mfu ");
+        if (sscanf(line, "step %d/", &s) == 1 && p && s > c->warmup)
+            mfu[nm++] = atof(p + strlen("| mfu ")) / 100.0;
+    }
+    free(o);
+    f->mfu = median(mfu, nm);
+
+    /* Parameters and the slowest rank's waits from the log. */
+    char *e = slurp(err);
+    const char *pp = strstr(e, "context ");
+    if (pp)
+        pp = strchr(pp, ':');
+    f->params = pp ? atoll(pp + 1) : 0;
+    for (const char *p = e; (p = strstr(p, "waited ")); p++) {
+        double g = 0, r = 0;
+        if (sscanf(p, "waited %lf s for gathers and %lf s for reductions", &g, &r) == 2) {
+            f->gather_wait_s = g > f->gather_wait_s ? g : f->gather_wait_s;
+            f->reduce_wait_s = r > f->reduce_wait_s ? r : f->reduce_wait_s;
+        }
+    }
+    free(e);
+    return isfinite(f->tokens_per_s) ? 0 : -1;
+}
+
+/* torch DDP on the same config; fills tokens/s (NAN when the peer is missing or fails). */
+static double run_torch(const char *anchors, const char *dir, const struct bench_config *c, int round)
+{
+    char torchrun[4200], script[4200], out[4300], err[4300];
+    snprintf(torchrun, sizeof torchrun, "%s/torchrun.py", anchors);
+    snprintf(script, sizeof script, "%s/gpt_fsdp.py", anchors);
+    snprintf(out, sizeof out, "%s/torch-%s-%d.out", dir, c->name, round);
+    snprintf(err, sizeof err, "%s/torch-%s-%d.err", dir, c->name, round);
+    char nproc[16], port[16], layers[16], dim[16], heads[16], vocab[16], seq[16], batch[16], steps[16], warm[16];
+    snprintf(nproc, sizeof nproc, "%d", WORLD);
+    snprintf(port, sizeof port, "%d", free_port());
+    snprintf(layers, sizeof layers, "%d", c->n_layer);
+    snprintf(dim, sizeof dim, "%d", c->n_embd);
+    snprintf(heads, sizeof heads, "%d", c->n_head);
+    snprintf(vocab, sizeof vocab, "%d", c->vocab);
+    snprintf(seq, sizeof seq, "%d", c->t);
+    snprintf(batch, sizeof batch, "%d", c->batch_per_rank);
+    snprintf(steps, sizeof steps, "%d", c->steps);
+    snprintf(warm, sizeof warm, "%d", c->warmup);
+    char *argv[] = {"/usr/bin/python3", torchrun, "--nproc_per_node", nproc, "--master_port", port, script,
+                    "--mode", "ddp", "--layers", layers, "--dim", dim, "--heads", heads, "--vocab", vocab, "--seq",
+                    seq, "--batch", batch, "--steps", steps, "--warmup", warm, NULL};
+    if (run(argv, out, err) != 0) {
+        show_tail("torch DDP", err);
+        return NAN;
+    }
+    char *o = slurp(out);
+    const char *p = strstr(o, "tokens_per_s=");
+    double v = p ? atof(p + strlen("tokens_per_s=")) : NAN;
+    free(o);
+    return v;
+}
+
+static void rm_rf(const char *dir)
+{
+    char *argv[] = {"/bin/rm", "-rf", (char *)dir, NULL};
+    run(argv, "/dev/null", "/dev/null");
+}
+
+int main(int argc, char **argv)
+{
+    const char *build = getenv("FSDP_BUILD_ROOT"), *src = getenv("FSDP_SOURCE_ROOT");
+    if (!build || !src) {
+        fprintf(stderr, "FSDP_BUILD_ROOT / FSDP_SOURCE_ROOT not set: run with meson test --benchmark\n");
+        return 1;
+    }
+    int rounds = 2;
+    const struct bench_config *want[2];
+    int n_want = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc)
+            rounds = atoi(argv[++i]);
+        else if (strcmp(argv[i], "S") == 0 && n_want < 2)
+            want[n_want++] = &configs[0];
+        else if (strcmp(argv[i], "L") == 0 && n_want < 2)
+            want[n_want++] = &configs[1];
+        else {
+            fprintf(stderr, "usage: bench_train [--rounds N] [S] [L]\n");
+            return 2;
+        }
+    }
+    if (!n_want) {
+        want[0] = &configs[0];
+        want[1] = &configs[1];
+        n_want = 2;
+    }
+    if (rounds < 1)
+        rounds = 1;
+
+    char dir[] = "/tmp/fsdp-bench-train-XXXXXX";
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    char data[4200], docs[4200], prep[4200], out[4300], err[4300];
+    snprintf(data, sizeof data, "%s/data", dir);
+    snprintf(docs, sizeof docs, "%s/docs", src);
+    snprintf(prep, sizeof prep, "%s/worker/fsdp-prepare-data", build);
+    snprintf(out, sizeof out, "%s/prepare.out", dir);
+    snprintf(err, sizeof err, "%s/prepare.err", dir);
+    char *pargv[] = {prep, "-o", data, docs, NULL};
+    if (run(pargv, out, err) != 0) {
+        show_tail("fsdp-prepare-data", err);
+        rm_rf(dir);
+        return 1;
+    }
+    char anchors[4200], probe[4300];
+    snprintf(anchors, sizeof anchors, "%s/../shared/anchors/torch", src);
+    snprintf(probe, sizeof probe, "%s/gpt_fsdp.py", anchors);
+    bool peer = access(probe, R_OK) == 0 && access("/usr/bin/python3", X_OK) == 0;
+    if (!peer)
+        fprintf(stderr, "bench_train: %s or /usr/bin/python3 missing: the torch DDP peer is skipped\n", probe);
+
+    int status = 0;
+    for (int w = 0; w < n_want; w++) {
+        const struct bench_config *c = want[w];
+        struct figure best_fs = {0}, best_ns = {0}, f;
+        double best_torch = NAN;
+        for (int r = 0; r < rounds; r++) {
+            if (peer) {
+                double t = run_torch(anchors, dir, c, r);
+                if (isfinite(t) && !(t <= best_torch))
+                    best_torch = t;
+            }
+            if (run_fsdp(build, dir, data, c, "FULL_SHARD", r, &f) == 0 && f.tokens_per_s > best_fs.tokens_per_s)
+                best_fs = f;
+            if (run_fsdp(build, dir, data, c, "NO_SHARD", r, &f) == 0 && f.tokens_per_s > best_ns.tokens_per_s)
+                best_ns = f;
+            fprintf(stderr, "bench_train: config %s round %d: torch %.0f, FULL_SHARD %.0f, NO_SHARD %.0f tokens/s\n",
+                    c->name, r, best_torch, best_fs.tokens_per_s, best_ns.tokens_per_s);
+        }
+        if (best_fs.tokens_per_s <= 0 || best_ns.tokens_per_s <= 0) {
+            fprintf(stderr, "bench_train: config %s: fsdp-worker failed\n", c->name);
+            status = 1;
+            continue;
+        }
+        const struct figure *fig[2] = {&best_fs, &best_ns};
+        const char *name[2] = {"FULL_SHARD", "NO_SHARD"};
+        for (int s = 0; s < 2; s++) {
+            const struct figure *x = fig[s];
+            double ratio = x->tokens_per_s / best_torch;
+            printf("bench=train config=%s strategy=%s world=%d params=%lld batch_per_rank=%d seq=%d "
+                   "tokens_per_s=%.0f mfu=%.4f torch_ddp_tokens_per_s=%.0f torch_ddp_mfu=%.4f ratio=%.3f "
+                   "no_shard_ratio=%.3f gather_wait_s=%.3f reduce_wait_s=%.3f run_s=%.1f rounds=%d%s\n",
+                   c->name, name[s], WORLD, x->params, c->batch_per_rank, c->t, x->tokens_per_s, x->mfu, best_torch,
+                   x->mfu * best_torch / x->tokens_per_s, ratio, x->tokens_per_s / best_ns.tokens_per_s,
+                   x->gather_wait_s, x->reduce_wait_s, x->run_s, rounds, peer ? "" : " note=peer_skipped");
+        }
+        if (peer)
+            printf("bench=train_goals config=%s full_shard_vs_ddp=%.3f goal_ddp=%s full_shard_vs_no_shard=%.3f "
+                   "goal_no_shard=%s\n",
+                   c->name, best_fs.tokens_per_s / best_torch,
+                   best_fs.tokens_per_s >= 1.5 * best_torch ? "met" : "missed",
+                   best_fs.tokens_per_s / best_ns.tokens_per_s,
+                   best_fs.tokens_per_s >= 0.9 * best_ns.tokens_per_s ? "met" : "missed");
+        fflush(stdout);
+    }
+    rm_rf(dir);
+    return status;
+}
