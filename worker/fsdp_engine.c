@@ -87,6 +87,11 @@ int fsdp_create(struct fsdp **out, const struct worker_config *wc, struct model 
         return error_set(FSDP_ENOMEM, "fsdp: out of memory");
     f->wc = *wc;
     f->k = k;
+    /* FSDP_TEST_OFFLOAD=1 runs the offload path on the CPU backend too (host "device"), so the staging
+     * copies are tested where no GPU exists; without it offload_params changes nothing on CPU. */
+    const char *test_off = getenv("FSDP_TEST_OFFLOAD");
+    f->offload = wc->fsdp.enable && wc->fsdp.offload_params && (on_cuda || (test_off && *test_off == '1'));
+    f->sk = f->offload ? kernels_cpu() : k;
     f->model = model;
     f->layout = model_get_layout(model);
     f->g = *g;
@@ -121,11 +126,11 @@ void fsdp_destroy(struct fsdp *f)
     for (int i = 0; f->units && i < f->n_units; i++) {
         struct fsdp_unit *u = &f->units[i];
         fsdp_release(f, i);
-        f->k->mem_free(u->master);
-        f->k->mem_free(u->grad);
-        f->k->mem_free(u->exp_avg);
-        f->k->mem_free(u->exp_avg_sq);
-        f->k->mem_free(u->lp);
+        f->sk->mem_free(u->master);
+        f->sk->mem_free(u->grad);
+        f->sk->mem_free(u->exp_avg);
+        f->sk->mem_free(u->exp_avg_sq);
+        f->sk->mem_free(u->lp);
     }
     fsdp_pool_free(f);
     if (f->own_shard_comm)
@@ -146,14 +151,26 @@ int fsdp_gather_issue(struct fsdp *f, int ui)
     const struct kernels *k = f->k;
     size_t es = fsdp_dsize(f->param_dtype), sg = (size_t)f->shard_size;
     if (sg == 1) {
-        if (f->param_dtype == KERNELS_F32) {
+        if (f->param_dtype == KERNELS_F32 && !f->offload) {
             u->full = u->master;
             u->full_alias = true;
         } else {
-            /* Compute sees the parameters as param_dtype rounds them. */
+            /* Compute sees the parameters as param_dtype rounds them (and in device memory). */
             if (!(u->full = fsdp_buf_get(f, u->numel * sizeof(float), FSDP_MEM_GATHERED)))
                 return FSDP_ENOMEM;
-            int rc = k->cast(u->full, KERNELS_F32, u->lp, f->param_dtype, u->numel);
+            int rc;
+            if (f->param_dtype == KERNELS_F32) {
+                rc = fsdp_state_to_dev(f, u->full, u->master, u->numel * sizeof(float));
+            } else {
+                void *lp = u->lp;
+                if (f->offload && !(lp = fsdp_buf_get(f, u->numel * es, FSDP_MEM_COMM)))
+                    return FSDP_ENOMEM;
+                rc = lp != u->lp ? fsdp_state_to_dev(f, lp, u->lp, u->numel * es) : 0;
+                if (!rc)
+                    rc = k->cast(u->full, KERNELS_F32, lp, f->param_dtype, u->numel);
+                if (lp != u->lp)
+                    fsdp_buf_put(f, lp);
+            }
             if (rc)
                 return rc;
         }
@@ -161,6 +178,15 @@ int fsdp_gather_issue(struct fsdp *f, int ui)
         return 0;
     }
     const void *src = f->param_dtype == KERNELS_F32 ? (const void *)u->master : u->lp;
+    if (f->offload) {
+        /* the shard lives in host memory; the collective needs it on the device */
+        if (!(u->gsrc = fsdp_buf_get(f, u->shard * es, FSDP_MEM_COMM)))
+            return FSDP_ENOMEM;
+        int rc = fsdp_state_to_dev(f, u->gsrc, src, u->shard * es);
+        if (rc)
+            return rc;
+        src = u->gsrc;
+    }
     size_t cap = f->version == 1 ? sg * u->shard : u->numel;
     if (!(u->full = fsdp_buf_get(f, cap * sizeof(float), FSDP_MEM_GATHERED)))
         return FSDP_ENOMEM;
@@ -222,6 +248,8 @@ int fsdp_gather_wait(struct fsdp *f, int ui)
             rc = gather_unpack(f, u);
         fsdp_buf_put(f, u->gbuf);
         u->gbuf = NULL;
+        fsdp_buf_put(f, u->gsrc);
+        u->gsrc = NULL;
         u->gstate = rc ? 0 : 2;
     }
     return rc;
@@ -235,6 +263,8 @@ void fsdp_release(struct fsdp *f, int ui)
         u->gwork = NULL;
         fsdp_buf_put(f, u->gbuf);
         u->gbuf = NULL;
+        fsdp_buf_put(f, u->gsrc);
+        u->gsrc = NULL;
     }
     if (u->full && !u->full_alias)
         fsdp_buf_put(f, u->full);
@@ -262,13 +292,27 @@ static int replicate_issue(struct fsdp *f, int ui)
     struct fsdp_unit *u = &f->units[ui];
     struct fsdp_pending p = {.unit = ui, .is_replicate = true};
     int rc;
-    if (f->reduce_dtype == KERNELS_F32) {
+    if (f->reduce_dtype == KERNELS_F32 && !f->offload) {
         rc = comm_all_reduce_async(f->rep_comm, u->grad, u->grad, u->shard, COMM_F32, COMM_SUM, &p.work);
+    } else if (f->reduce_dtype == KERNELS_F32) {
+        /* offload: the all-reduce runs on a device copy, copied back when it completes */
+        if (!(p.recv = fsdp_buf_get(f, u->shard * sizeof(float), FSDP_MEM_COMM)))
+            return FSDP_ENOMEM;
+        rc = fsdp_state_to_dev(f, p.recv, u->grad, u->shard * sizeof(float));
+        if (!rc)
+            rc = comm_all_reduce_async(f->rep_comm, p.recv, p.recv, u->shard, COMM_F32, COMM_SUM, &p.work);
     } else {
         if (!(p.recv = fsdp_buf_get(f, u->shard * 2, FSDP_MEM_COMM)))
             return FSDP_ENOMEM;
         p.recv_lp = true;
-        rc = f->k->cast(p.recv, f->reduce_dtype, u->grad, KERNELS_F32, u->shard);
+        float *g32 = u->grad;
+        if (f->offload && !(g32 = fsdp_buf_get(f, u->shard * sizeof(float), FSDP_MEM_COMM)))
+            return FSDP_ENOMEM;
+        rc = g32 != u->grad ? fsdp_state_to_dev(f, g32, u->grad, u->shard * sizeof(float)) : 0;
+        if (!rc)
+            rc = f->k->cast(p.recv, f->reduce_dtype, g32, KERNELS_F32, u->shard);
+        if (g32 != u->grad)
+            fsdp_buf_put(f, g32);
         if (!rc)
             rc = comm_all_reduce_async(f->rep_comm, p.recv, p.recv, u->shard, fsdp_comm_dtype(f->reduce_dtype),
                                        COMM_SUM, &p.work);
@@ -288,8 +332,17 @@ static int pending_finish(struct fsdp *f, struct fsdp_pending *p)
     struct fsdp_unit *u = &f->units[p->unit];
     const struct kernels *k = f->k;
     if (!rc && p->is_replicate) {
-        if (p->recv_lp)
+        if (p->recv_lp && !f->offload) {
             rc = k->cast(u->grad, KERNELS_F32, p->recv, f->reduce_dtype, u->shard);
+        } else if (p->recv_lp) {
+            float *g32 = fsdp_buf_get(f, u->shard * sizeof(float), FSDP_MEM_COMM);
+            rc = g32 ? k->cast(g32, KERNELS_F32, p->recv, f->reduce_dtype, u->shard) : FSDP_ENOMEM;
+            if (!rc)
+                rc = fsdp_dev_to_state(f, u->grad, g32, u->shard * sizeof(float));
+            fsdp_buf_put(f, g32);
+        } else if (p->recv) {
+            rc = fsdp_dev_to_state(f, u->grad, p->recv, u->shard * sizeof(float));
+        }
     } else if (!rc) {
         float *sum = p->recv;
         float *tmp = NULL;
@@ -301,7 +354,7 @@ static int pending_finish(struct fsdp *f, struct fsdp_pending *p)
             sum = tmp;
         }
         if (!rc)
-            rc = k->axpy(u->grad, 1.0f, sum, u->shard);
+            rc = fsdp_state_accumulate(f, u->grad, sum, u->shard);
         fsdp_buf_put(f, tmp);
     }
     fsdp_buf_put(f, p->send);
@@ -334,7 +387,7 @@ static int grads_begin(struct fsdp *f, int ui)
     struct fsdp_unit *u = &f->units[ui];
     if (u->fgrad)
         return 0;
-    if (f->shard_size == 1 && f->reduce_dtype == KERNELS_F32) {
+    if (f->shard_size == 1 && f->reduce_dtype == KERNELS_F32 && !f->offload) {
         u->fgrad = u->grad;
         return 0;
     }
@@ -353,7 +406,7 @@ static int grads_reduce(struct fsdp *f, int ui, bool last)
     int rc = 0;
     if (sg == 1) {
         if (u->fgrad != u->grad) {
-            rc = k->axpy(u->grad, 1.0f, u->fgrad, u->numel);
+            rc = fsdp_state_accumulate(f, u->grad, u->fgrad, u->numel);
             fsdp_buf_put(f, u->fgrad);
         }
         u->fgrad = NULL;
@@ -573,6 +626,11 @@ void fsdp_unit_params(const struct fsdp *f, int ui, int *first_param, int *n_par
 const struct kernels *fsdp_kernels(const struct fsdp *f)
 {
     return f->k;
+}
+
+const struct kernels *fsdp_state_kernels(const struct fsdp *f)
+{
+    return f->sk;
 }
 
 const struct model_layout *fsdp_layout(const struct fsdp *f)

@@ -36,6 +36,7 @@ struct fsdp_unit {
     int gstate;        /* 0 = not gathered, 1 = all-gather in flight, 2 = ready */
     struct comm_work *gwork;
     void *gbuf;        /* rank-major receive buffer when it is not `full` */
+    void *gsrc;        /* offload: the shard staged in device memory for the all-gather */
     float *fgrad;      /* unsharded gradients of the current backward */
 };
 
@@ -62,6 +63,8 @@ struct fsdp {
     const struct kernels *k;
     struct model *model;
     const struct model_layout *layout;
+    const struct kernels *sk; /* where the persistent state lives: the host's when offloading, else k */
+    bool offload;             /* offload_params on a device: shards in host memory, optimizer on the host */
     struct fsdp_groups g;
     struct comm *shard_comm, *rep_comm; /* NULL for one-rank groups */
     bool own_shard_comm, own_rep_comm;
@@ -104,6 +107,11 @@ void fsdp_buf_put(struct fsdp *f, void *ptr);
 void fsdp_pool_free(struct fsdp *f);
 void fsdp_mem_add(struct fsdp *f, enum fsdp_mem cat, ptrdiff_t bytes);
 void *fsdp_alloc_persistent(struct fsdp *f, size_t bytes, enum fsdp_mem cat);
+
+/* Copies between state memory (host memory when offloading) and device memory, and state += device. */
+int fsdp_state_to_dev(struct fsdp *f, void *dev, const void *state, size_t bytes);
+int fsdp_dev_to_state(struct fsdp *f, void *state, const void *dev, size_t bytes);
+int fsdp_state_accumulate(struct fsdp *f, float *state, const float *dev, size_t n);
 
 /* fsdp_engine.c */
 int fsdp_gather_issue(struct fsdp *f, int u);

@@ -31,13 +31,13 @@ void fsdp_mem_add(struct fsdp *f, enum fsdp_mem cat, ptrdiff_t bytes)
 
 void *fsdp_alloc_persistent(struct fsdp *f, size_t bytes, enum fsdp_mem cat)
 {
-    void *p = f->k->mem_alloc(bytes ? bytes : 64);
+    void *p = f->sk->mem_alloc(bytes ? bytes : 64);
     if (!p) {
         error_set(FSDP_ENOMEM, "fsdp: cannot allocate %zu bytes for %s", bytes, fsdp_mem_name(cat));
         return NULL;
     }
     /* Zero it: the moments start at 0, and touching the pages makes RSS show what sharding saves. */
-    f->k->mem_set(p, 0, bytes ? bytes : 64);
+    f->sk->mem_set(p, 0, bytes ? bytes : 64);
     fsdp_mem_add(f, cat, (ptrdiff_t)bytes);
     return p;
 }
@@ -87,6 +87,30 @@ void fsdp_buf_put(struct fsdp *f, void *ptr)
             fsdp_mem_add(f, f->pool[i].cat, -(ptrdiff_t)f->pool[i].bytes);
             return;
         }
+}
+
+int fsdp_state_to_dev(struct fsdp *f, void *dev, const void *state, size_t bytes)
+{
+    return f->k->mem_copy(dev, state, bytes, f->offload ? KERNELS_COPY_H2D : KERNELS_COPY_D2D);
+}
+
+int fsdp_dev_to_state(struct fsdp *f, void *state, const void *dev, size_t bytes)
+{
+    return f->k->mem_copy(state, dev, bytes, f->offload ? KERNELS_COPY_D2H : KERNELS_COPY_D2D);
+}
+
+int fsdp_state_accumulate(struct fsdp *f, float *state, const float *dev, size_t n)
+{
+    if (!f->offload)
+        return f->k->axpy(state, 1.0f, dev, n);
+    float *tmp = malloc((n ? n : 1) * sizeof(float));
+    if (!tmp)
+        return error_set(FSDP_ENOMEM, "fsdp: out of host memory");
+    int rc = f->k->mem_copy(tmp, dev, n * sizeof(float), KERNELS_COPY_D2H);
+    if (!rc)
+        rc = f->sk->axpy(state, 1.0f, tmp, n);
+    free(tmp);
+    return rc;
 }
 
 void fsdp_pool_free(struct fsdp *f)

@@ -53,14 +53,13 @@ int fsdp_sum_world(struct fsdp *f, double x, double *sum)
 
 int fsdp_optimizer_step(struct fsdp *f, double lr, int64_t step, struct fsdp_step_result *res)
 {
-    const struct kernels *k = f->k;
     int rc = fsdp_pending_drain(f, 0);
     if (rc)
         return rc;
     double local = 0;
     for (int i = 0; i < f->n_units && !rc; i++) {
         double s = 0;
-        rc = k->sqnorm(&s, f->units[i].grad, f->units[i].shard);
+        rc = f->sk->sqnorm(&s, f->units[i].grad, f->units[i].shard);
         local += s;
     }
     double sq = 0;
@@ -82,7 +81,7 @@ int fsdp_optimizer_step(struct fsdp *f, double lr, int64_t step, struct fsdp_ste
             log_warn("step %lld: non-finite gradients at loss scale %g; step skipped, scale now %g", (long long)step,
                      scale, f->loss_scale);
             for (int i = 0; i < f->n_units && !rc; i++)
-                rc = k->mem_set(f->units[i].grad, 0, f->units[i].shard * sizeof(float));
+                rc = f->sk->mem_set(f->units[i].grad, 0, f->units[i].shard * sizeof(float));
             for (int i = 0; i < f->n_units; i++)
                 fsdp_release(f, i);
             return rc;
@@ -99,11 +98,11 @@ int fsdp_optimizer_step(struct fsdp *f, double lr, int64_t step, struct fsdp_ste
         const struct fsdp_piece *p = &f->pieces[i];
         struct fsdp_unit *u = &f->units[p->unit];
         hp.weight_decay = f->layout->params[p->param].weight_decay ? (float)f->wc.optim.weight_decay : 0.0f;
-        rc = k->adamw(u->master + p->shard_off, u->grad + p->shard_off, u->exp_avg + p->shard_off,
+        rc = f->sk->adamw(u->master + p->shard_off, u->grad + p->shard_off, u->exp_avg + p->shard_off,
                       u->exp_avg_sq + p->shard_off, p->count, &hp);
     }
     for (int i = 0; i < f->n_units && !rc; i++)
-        rc = k->mem_set(f->units[i].grad, 0, f->units[i].shard * sizeof(float));
+        rc = f->sk->mem_set(f->units[i].grad, 0, f->units[i].shard * sizeof(float));
     /* gathered copies are stale now */
     for (int i = 0; i < f->n_units; i++)
         fsdp_release(f, i);

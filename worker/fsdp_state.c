@@ -13,7 +13,7 @@ int fsdp_refresh_lp(struct fsdp *f)
         return 0;
     int rc = 0;
     for (int i = 0; i < f->n_units && !rc; i++)
-        rc = f->k->cast(f->units[i].lp, f->param_dtype, f->units[i].master, KERNELS_F32, f->units[i].shard);
+        rc = f->sk->cast(f->units[i].lp, f->param_dtype, f->units[i].master, KERNELS_F32, f->units[i].shard);
     return rc;
 }
 
@@ -26,7 +26,7 @@ static int shard_from_full(struct fsdp *f, struct fsdp_unit *u, const float *ful
         if (&f->units[p->unit] != u)
             continue;
         size_t src = f->layout->params[p->param].offset - u->offset + p->begin;
-        rc = f->k->mem_copy(u->master + p->shard_off, full + src, p->count * sizeof(float), KERNELS_COPY_D2D);
+        rc = fsdp_dev_to_state(f, u->master + p->shard_off, full + src, p->count * sizeof(float));
     }
     return rc;
 }
@@ -80,8 +80,8 @@ static int init_local(struct fsdp *f)
         rc = model_init_params(l, host);
         for (size_t i = 0; i < f->n_pieces && !rc; i++) {
             const struct fsdp_piece *p = &f->pieces[i];
-            rc = f->k->mem_copy(p->data[FSDP_STATE_PARAM], host + l->params[p->param].offset + p->begin,
-                                p->count * sizeof(float), KERNELS_COPY_H2D);
+            rc = f->sk->mem_copy(p->data[FSDP_STATE_PARAM], host + l->params[p->param].offset + p->begin,
+                                 p->count * sizeof(float), KERNELS_COPY_H2D);
         }
         free(host);
         return rc;
@@ -95,7 +95,7 @@ static int init_local(struct fsdp *f)
     for (size_t i = 0; i < f->n_pieces && !rc; i++) {
         const struct fsdp_piece *p = &f->pieces[i];
         model_init_param_range(l, p->param, p->begin, p->count, tmp);
-        rc = f->k->mem_copy(p->data[FSDP_STATE_PARAM], tmp, p->count * sizeof(float), KERNELS_COPY_H2D);
+        rc = f->sk->mem_copy(p->data[FSDP_STATE_PARAM], tmp, p->count * sizeof(float), KERNELS_COPY_H2D);
     }
     free(tmp);
     return rc;
@@ -148,13 +148,22 @@ int fsdp_gather_unit_state(struct fsdp *f, int ui, enum fsdp_state_kind kind, fl
     const float *src = kind == FSDP_STATE_PARAM ? u->master : kind == FSDP_STATE_EXP_AVG ? u->exp_avg : u->exp_avg_sq;
     size_t sg = (size_t)f->shard_size;
     if (sg == 1)
-        return k->mem_copy(dst, src, u->numel * sizeof(float), KERNELS_COPY_D2H);
+        return f->sk->mem_copy(dst, src, u->numel * sizeof(float), KERNELS_COPY_D2H);
     if (strcmp(k->name, "cpu") == 0)
         return gather_unit_direct(f, u, src, dst);
     float *all = fsdp_buf_get(f, sg * u->shard * sizeof(float), FSDP_MEM_GATHERED);
+    float *staged = NULL;
     if (!all)
         return FSDP_ENOMEM;
-    int rc = comm_all_gather(f->shard_comm, src, all, u->shard, COMM_F32);
+    int rc = 0;
+    if (f->offload) {
+        staged = fsdp_buf_get(f, u->shard * sizeof(float), FSDP_MEM_COMM);
+        rc = staged ? fsdp_state_to_dev(f, staged, src, u->shard * sizeof(float)) : FSDP_ENOMEM;
+        src = staged;
+    }
+    if (!rc)
+        rc = comm_all_gather(f->shard_comm, src, all, u->shard, COMM_F32);
+    fsdp_buf_put(f, staged);
     if (!rc && f->version == 1)
         rc = k->mem_copy(dst, all, u->numel * sizeof(float), KERNELS_COPY_D2H);
     for (size_t r = 0; !rc && f->version != 1 && r < sg; r++)

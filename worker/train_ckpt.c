@@ -126,7 +126,7 @@ static int save_sharded(struct fsdp *f, const struct worker_config *wc, struct t
                         int64_t step)
 {
     const struct model_layout *l = fsdp_layout(f);
-    const struct kernels *k = fsdp_kernels(f);
+    const struct kernels *k = fsdp_state_kernels(f);
     size_t n = 0;
     const struct fsdp_piece *pieces = fsdp_pieces(f, &n);
     bool writer = fsdp_replica_index(f) == 0;
@@ -292,7 +292,7 @@ int train_ckpt_maybe_load(struct fsdp *f, const struct worker_config *wc, struct
     float *tmp = rc ? NULL : malloc((most ? most : 1) * sizeof(float));
     if (!rc && !tmp)
         rc = error_set(FSDP_ENOMEM, "resume: out of memory");
-    const struct kernels *k = fsdp_kernels(f);
+    const struct kernels *k = fsdp_state_kernels(f);
     for (size_t i = 0; i < n && !rc; i++)
         for (int kind = 0; kind < 3 && !rc; kind++) {
             rc = ckpt_read(r, kind, pieces[i].param, pieces[i].begin, pieces[i].count, tmp);

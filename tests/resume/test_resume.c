@@ -349,3 +349,30 @@ Test(resume, exported_model_matches_pytorch_logits, .timeout = 240)
     ckpt_close(r);
     lu_rm_rf(j.dir);
 }
+
+/* offload_params: on a GPU the shards live in host memory and every collective runs on device copies.
+ * FSDP_TEST_OFFLOAD=1 runs that staging path on the CPU backend; the math must not change, and its
+ * checkpoints (written from host memory) must resume exactly. */
+Test(resume, offload_staging_path_matches_and_resumes, .timeout = 240)
+{
+    struct job j;
+    job_setup(&j);
+    straight(&j, "ref", "SHARDED_STATE_DICT");
+    char *ck = opt("--checkpoint.dir=%s/ck-%s", j.dir, "off");
+    const char *args[] = {ck, "--checkpoint.interval=10", "--checkpoint.keep_last=0", "--fsdp.offload_params=true",
+                          "--fsdp.sharding_strategy=HYBRID_SHARD", "--fsdp.hybrid_shard_size=2", NULL};
+    const char *env[] = {"FSDP_TEST_OFFLOAD=1", NULL};
+    int rc = job_run(&j, "off", 4, args, env);
+    cr_assert_eq(rc, 0, "offload run failed: %s", lu_slurp_tag(j.dir, "off", "err"));
+    char t_ref[32][32], t_off[32][32];
+    double v_ref[32], v_off[32];
+    int nr = losses(&j, "ref", t_ref, v_ref, 32), no = losses(&j, "off", t_off, v_off, 32);
+    cr_assert_eq(no, nr);
+    for (int i = 0; i < nr; i++)
+        cr_assert_leq(fabs(v_off[i] - v_ref[i]) / fabs(v_ref[i]), 1e-5, "step %d: offload %s vs %s", i, t_off[i],
+                      t_ref[i]);
+    const char *more[] = {"--fsdp.offload_params=true", NULL};
+    resume_and_compare(&j, "ref", "ck-off/fsdp_sharded_cpt10", "offres", 2, more, false);
+    free(ck);
+    lu_rm_rf(j.dir);
+}
