@@ -177,6 +177,35 @@ static void report_memory(const struct trainer *t)
              (long long)tm->prefetched, tm->gather_wait_s, tm->reduce_wait_s);
 }
 
+/* A resumed run continues metrics.jsonl; lines of steps at or after the resume point (logged by the attempt
+ * that crashed after its last checkpoint) are dropped first, so the file has each step once. Rewritten
+ * through a temporary file and rename, so a crash here loses nothing. */
+static int metrics_trim(const char *dir, int64_t first_step)
+{
+    char path[4400], tmp[4400];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    snprintf(tmp, sizeof tmp, "%s/.metrics.jsonl.tmp", dir);
+    FILE *in = fopen(path, "r");
+    if (!in)
+        return 0;
+    FILE *out = fopen(tmp, "w");
+    if (!out) {
+        fclose(in);
+        return error_set(FSDP_EIO, "cannot write %s: %s", tmp, strerror(errno));
+    }
+    char line[4096];
+    long long step;
+    while (fgets(line, sizeof line, in))
+        if (sscanf(line, "{\"step\":%lld", &step) != 1 || step < first_step)
+            fputs(line, out);
+    fclose(in);
+    int bad = fflush(out) != 0 || fsync(fileno(out)) != 0;
+    bad |= fclose(out) != 0;
+    if (bad || rename(tmp, path) != 0)
+        return error_set(FSDP_EIO, "cannot rewrite %s: %s", path, strerror(errno));
+    return 0;
+}
+
 /* FSDP_FAULT_KILL=STEP:RANK: that rank SIGKILLs itself when it reaches STEP on the first attempt only, so
  * tests (and users rehearsing recovery) can crash a run at a chosen point and watch it recover. */
 static void fault_maybe_kill(const struct train_env *env, int64_t step)
@@ -206,6 +235,8 @@ static int run_loop(struct trainer *t, int64_t first_step)
     expand_run_id(logdir, sizeof logdir, wc->log.dir, env->run_id);
     if (lead) {
         rc = mkdir_p(logdir);
+        if (!rc)
+            rc = first_step > 0 ? metrics_trim(logdir, first_step) : 0;
         if (!rc)
             rc = metrics_open(logdir, first_step > 0, &met);
         if (rc)
