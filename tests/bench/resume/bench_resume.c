@@ -44,7 +44,7 @@ static double disk_mb_per_s(const char *dir)
 /* Runs the job; its stderr (all ranks, --tee) lands in out. */
 static int run_job(const char *root, const char *dir, int world, const char *const *extra, char *out, size_t cap)
 {
-    char ini[4200], data[4200], log[4200], nproc[8];
+    char ini[4200], data[4200], log[4200], nproc[16];
     snprintf(ini, sizeof ini, "%s/big.ini", dir);
     snprintf(data, sizeof data, "%s/data", dir);
     snprintf(log, sizeof log, "%s/job.log", dir);
