@@ -11,11 +11,15 @@
  * step of a run after its warm-up steps (torch prints the same), and the best round counts, since on a
  * shared machine the least disturbed round is the closest to the truth. The worker's tokens/s come from
  * metrics.jsonl, its MFU from rank 0's progress line (its own peak: an SGEMM measured at start), and the
- * time the ranks waited for all-gathers and reductions from their end-of-run lines.
+ * time the ranks waited for all-gathers and reductions from their end-of-run lines (wait_frac: that time
+ * over the run's step time). One rank with the same per-rank batch (NO_SHARD, world 1) gives `scaling`,
+ * world-2 tokens/s over twice one rank's: with the waits, it says whether a gap to the peer is in the
+ * distribution or in the per-rank compute.
  *
  * Usage: bench_train [--rounds N] [S] [L]          (default: --rounds 2 S L)
- * Output: bench=train config=S strategy=FULL_SHARD world=2 ... tokens_per_s=... torch_ddp_tokens_per_s=...
- *         ratio=... no_shard_ratio=...   and the same for NO_SHARD. */
+ * Output: bench=train config=S strategy=FULL_SHARD world=2 ... tokens_per_s=... mfu=... torch_ddp_tokens_per_s=...
+ *         ratio=... no_shard_ratio=... scaling=... wait_frac=...   the same for NO_SHARD, and
+ *         bench=train_goals config=S full_shard_vs_ddp=... goal_ddp=met|missed ... goal_no_shard=met|missed */
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <math.h>
@@ -129,11 +133,11 @@ static void show_tail(const char *what, const char *path)
 
 /* One fsdp-worker run of config c with `strategy` at world 2; fills f, returns 0 or -1. */
 static int run_fsdp(const char *build, const char *dir, const char *data, const struct bench_config *c,
-                    const char *strategy, int round, struct figure *f)
+                    const char *strategy, int world, int round, struct figure *f)
 {
     char ini[4200], tag[4300], logdir[4400], out[4400], err[4400];
     snprintf(ini, sizeof ini, "%s/%s.ini", dir, c->name);
-    snprintf(tag, sizeof tag, "%s/%s-%s-%d", dir, c->name, strategy, round);
+    snprintf(tag, sizeof tag, "%s/%s-%s-w%d-%d", dir, c->name, strategy, world, round);
     snprintf(logdir, sizeof logdir, "%s/log", tag);
     snprintf(out, sizeof out, "%s.out", tag);
     snprintf(err, sizeof err, "%s.err", tag);
@@ -146,13 +150,13 @@ static int run_fsdp(const char *build, const char *dir, const char *data, const 
             "[train]\ntrain_batch = %d\nmicro_batch = %d\nmax_steps = %d\neval_interval = 0\n"
             "[optim]\nlr = 0.0003\nwarmup_steps = 1\n[data]\ntrain_file = %s/train.bin\n"
             "[log]\ninterval = 1\n",
-            c->n_layer, c->n_head, c->n_embd, c->vocab, c->t, c->batch_per_rank * WORLD, c->batch_per_rank, total,
+            c->n_layer, c->n_head, c->n_embd, c->vocab, c->t, c->batch_per_rank * world, c->batch_per_rank, total,
             data);
     fclose(fi);
     char launch[4200], worker[4200], nproc[16], port[16], logarg[4500], ckarg[4500], strat[128];
     snprintf(launch, sizeof launch, "%s/launcher/fsdp-launch", build);
     snprintf(worker, sizeof worker, "%s/worker/fsdp-worker", build);
-    snprintf(nproc, sizeof nproc, "%d", WORLD);
+    snprintf(nproc, sizeof nproc, "%d", world);
     snprintf(port, sizeof port, "%d", free_port());
     snprintf(logarg, sizeof logarg, "--log.dir=%s", logdir);
     snprintf(ckarg, sizeof ckarg, "--checkpoint.dir=%s/ckpt", tag);
@@ -285,7 +289,7 @@ int main(int argc, char **argv)
         perror("mkdtemp");
         return 1;
     }
-    char data[4200], docs[4200], prep[4200], out[4300], err[4300];
+    char data[1024], docs[1024], prep[1024], out[1100], err[1100];
     snprintf(data, sizeof data, "%s/data", dir);
     snprintf(docs, sizeof docs, "%s/docs", src);
     snprintf(prep, sizeof prep, "%s/worker/fsdp-prepare-data", build);
@@ -297,7 +301,7 @@ int main(int argc, char **argv)
         rm_rf(dir);
         return 1;
     }
-    char anchors[4200], probe[4300];
+    char anchors[1024], probe[1100];
     snprintf(anchors, sizeof anchors, "%s/../shared/anchors/torch", src);
     snprintf(probe, sizeof probe, "%s/gpt_fsdp.py", anchors);
     bool peer = access(probe, R_OK) == 0 && access("/usr/bin/python3", X_OK) == 0;
@@ -307,7 +311,7 @@ int main(int argc, char **argv)
     int status = 0;
     for (int w = 0; w < n_want; w++) {
         const struct bench_config *c = want[w];
-        struct figure best_fs = {0}, best_ns = {0}, f;
+        struct figure best_fs = {0}, best_ns = {0}, best_one = {0}, f;
         double best_torch = NAN;
         for (int r = 0; r < rounds; r++) {
             if (peer) {
@@ -315,12 +319,17 @@ int main(int argc, char **argv)
                 if (isfinite(t) && !(t <= best_torch))
                     best_torch = t;
             }
-            if (run_fsdp(build, dir, data, c, "FULL_SHARD", r, &f) == 0 && f.tokens_per_s > best_fs.tokens_per_s)
+            if (run_fsdp(build, dir, data, c, "FULL_SHARD", WORLD, r, &f) == 0 && f.tokens_per_s > best_fs.tokens_per_s)
                 best_fs = f;
-            if (run_fsdp(build, dir, data, c, "NO_SHARD", r, &f) == 0 && f.tokens_per_s > best_ns.tokens_per_s)
+            if (run_fsdp(build, dir, data, c, "NO_SHARD", WORLD, r, &f) == 0 && f.tokens_per_s > best_ns.tokens_per_s)
                 best_ns = f;
-            fprintf(stderr, "bench_train: config %s round %d: torch %.0f, FULL_SHARD %.0f, NO_SHARD %.0f tokens/s\n",
-                    c->name, r, best_torch, best_fs.tokens_per_s, best_ns.tokens_per_s);
+            /* One rank with the same per-rank batch: what perfect scaling would double. */
+            if (run_fsdp(build, dir, data, c, "NO_SHARD", 1, r, &f) == 0 && f.tokens_per_s > best_one.tokens_per_s)
+                best_one = f;
+            fprintf(stderr,
+                    "bench_train: config %s round %d: best so far torch %.0f, FULL_SHARD %.0f, NO_SHARD %.0f, one rank "
+                    "%.0f tokens/s\n",
+                    c->name, r, best_torch, best_fs.tokens_per_s, best_ns.tokens_per_s, best_one.tokens_per_s);
         }
         if (best_fs.tokens_per_s <= 0 || best_ns.tokens_per_s <= 0) {
             fprintf(stderr, "bench_train: config %s: fsdp-worker failed\n", c->name);
@@ -328,16 +337,24 @@ int main(int argc, char **argv)
             continue;
         }
         const struct figure *fig[2] = {&best_fs, &best_ns};
+        /* Same FLOPs per token and the same measured peak for both, so MFU scales with tokens/s. */
+        double torch_mfu = best_fs.mfu * best_torch / best_fs.tokens_per_s;
         const char *name[2] = {"FULL_SHARD", "NO_SHARD"};
         for (int s = 0; s < 2; s++) {
             const struct figure *x = fig[s];
             double ratio = x->tokens_per_s / best_torch;
+            /* Share of the run's step time the slowest rank spent waiting for collectives (approximate: the
+             * median step stands for every step, warm-up included). */
+            double steps_s = (c->warmup + c->steps) * (double)c->batch_per_rank * WORLD * c->t / x->tokens_per_s;
+            double wait_frac = (x->gather_wait_s + x->reduce_wait_s) / steps_s;
             printf("bench=train config=%s strategy=%s world=%d params=%lld batch_per_rank=%d seq=%d "
                    "tokens_per_s=%.0f mfu=%.4f torch_ddp_tokens_per_s=%.0f torch_ddp_mfu=%.4f ratio=%.3f "
-                   "no_shard_ratio=%.3f gather_wait_s=%.3f reduce_wait_s=%.3f run_s=%.1f rounds=%d%s\n",
+                   "no_shard_ratio=%.3f one_rank_tokens_per_s=%.0f scaling=%.3f gather_wait_s=%.3f reduce_wait_s=%.3f "
+                   "wait_frac=%.3f run_s=%.1f rounds=%d%s\n",
                    c->name, name[s], WORLD, x->params, c->batch_per_rank, c->t, x->tokens_per_s, x->mfu, best_torch,
-                   x->mfu * best_torch / x->tokens_per_s, ratio, x->tokens_per_s / best_ns.tokens_per_s,
-                   x->gather_wait_s, x->reduce_wait_s, x->run_s, rounds, peer ? "" : " note=peer_skipped");
+                   torch_mfu, ratio, x->tokens_per_s / best_ns.tokens_per_s, best_one.tokens_per_s,
+                   x->tokens_per_s / (WORLD * best_one.tokens_per_s), x->gather_wait_s, x->reduce_wait_s, wait_frac, x->run_s,
+                   rounds, peer ? "" : " note=peer_skipped");
         }
         if (peer)
             printf("bench=train_goals config=%s full_shard_vs_ddp=%.3f goal_ddp=%s full_shard_vs_no_shard=%.3f "
