@@ -226,18 +226,17 @@ int shm_all_gather(struct shm_group *g, const void *in, void *out, size_t bpr, d
         int b = g->bank;
         g->bank ^= 1;
         memcpy(slot(g, b, g->me), src + off, len);
+        /* The own block goes out now, while the piece is still in cache and before waiting for the
+         * others (nothing to do in place). */
+        unsigned char *own = dst + (size_t)g->me * bpr + off;
+        if (own != src + off)
+            memmove(own, src + off, len);
         int rc = shm_barrier(g, deadline);
         if (rc)
             return rc;
-        for (int q = 0; q < g->n; q++) {
-            unsigned char *d = dst + (size_t)q * bpr + off;
-            if (q == g->me) {
-                if (d != src + off)
-                    memmove(d, src + off, len);
-            } else {
-                memcpy(d, slot(g, b, q), len);
-            }
-        }
+        for (int q = 0; q < g->n; q++)
+            if (q != g->me)
+                memcpy(dst + (size_t)q * bpr + off, slot(g, b, q), len);
     }
     return 0;
 }
