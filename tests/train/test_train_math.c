@@ -155,3 +155,65 @@ Test(math, single_rank_without_launcher, .timeout = 300)
     tt_result_free(&r);
     tt_teardown(&c);
 }
+
+/* fp16 loss scaling, as ShardedGradScaler: on a corpus of one repeated byte every token pulls the same
+ * LM-head row the same way, so at the initial scale (65536) the fp16 reduce-scatter overflows. Every rank
+ * must skip the same steps, halving the scale each time, leave the parameters untouched (the data repeats,
+ * so the next step's loss is bit-identical), then train on at the smaller scale. */
+Test(math, fp16_loss_scale_backoff, .timeout = 300)
+{
+    struct tt_ctx c;
+    tt_setup(&c);
+    char txt[2048], data[2048], file[2100];
+    snprintf(txt, sizeof txt, "%s/aaaa", c.dir);
+    snprintf(data, sizeof data, "%s/aaaa-data", c.dir);
+    cr_assert_eq(mkdir(txt, 0755), 0);
+    snprintf(file, sizeof file, "%s/a.txt", txt);
+    char *text = malloc(20001);
+    memset(text, 'a', 20000);
+    text[20000] = 0;
+    tt_write_file(file, text);
+    free(text);
+    const char *pargv[] = {lu_build_path("worker/fsdp-prepare-data"), "-o", data, txt, NULL};
+    cr_assert_eq(lu_exit_code(lu_wait(lu_spawn(pargv, c.dir, "prep-a", NULL), 120)), 0);
+    char trainarg[2200];
+    snprintf(trainarg, sizeof trainarg, "--data.train_file=%s/train.bin", data);
+    const char *extra[] = {trainarg, "--data.val_file=", "--fsdp.mixed_precision=fp16", "--fsdp.reduce_dtype=fp16",
+                           "--train.micro_batch=6", NULL};
+    struct tt_result r;
+    tt_run_ok(&c, 2, "fp16-aaaa", extra, &r);
+    double loss[TT_STEPS], gn[TT_STEPS];
+    tt_losses(&r, loss);
+    tt_metric(&r, "grad_norm", gn, TT_STEPS);
+    double scale = 65536;
+    int skipped = 0, last_skip = 0;
+    for (int s = 1; s <= TT_STEPS; s++) {
+        char want[96];
+        snprintf(want, sizeof want, "step %d: non-finite gradients at loss scale %g; step skipped, scale now %g", s,
+                 scale, scale / 2);
+        char *r0 = tt_rank_line(r.err, 0, want), *r1 = tt_rank_line(r.err, 1, want);
+        cr_assert_eq(!r0, !r1, "ranks disagree on skipping step %d:\n%s", s, r.err);
+        if (r0) {
+            skipped++;
+            last_skip = s;
+            scale /= 2;
+            /* metrics row s-1 is the skipped step; row s ran on the same parameters and the same batch */
+            cr_assert(!isfinite(gn[s - 1]), "skipped step %d reports a finite grad_norm %g", s, gn[s - 1]);
+            if (s < TT_STEPS)
+                cr_assert_eq(loss[s], loss[s - 1], "step %d was skipped but the parameters moved: %.9g then %.9g", s,
+                             loss[s - 1], loss[s]);
+        }
+        free(r0);
+        free(r1);
+    }
+    cr_assert(skipped >= 1, "no step was skipped at loss scale 65536 with fp16 reductions:\n%s", r.err);
+    cr_assert_eq(tt_count_lines(r.err, "non-finite gradients", NULL), 2 * skipped,
+                 "skip warnings other than the halving sequence:\n%s", r.err);
+    cr_assert(last_skip < TT_STEPS - 5 && loss[TT_STEPS - 1] < loss[last_skip] - 0.5,
+              "training did not go on after the last skip (step %d): loss %.4f -> %.4f", last_skip, loss[last_skip],
+              loss[TT_STEPS - 1]);
+    fprintf(stderr, "fp16: %d step(s) skipped, scale now %g; loss %.4f -> %.4f\n", skipped, scale, loss[0],
+            loss[TT_STEPS - 1]);
+    tt_result_free(&r);
+    tt_teardown(&c);
+}
