@@ -13,8 +13,9 @@
  * metrics.jsonl, its MFU from rank 0's progress line (its own peak: an SGEMM measured at start), and the
  * time the ranks waited for all-gathers and reductions from their end-of-run lines (wait_frac: that time
  * over the run's step time). One rank with the same per-rank batch (NO_SHARD, world 1) gives `scaling`,
- * world-2 tokens/s over twice one rank's: with the waits, it says whether a gap to the peer is in the
- * distribution or in the per-rank compute.
+ * world-2 tokens/s over twice one rank's, and torch's single process (--mode single, same per-rank batch)
+ * gives the same for DDP: with the waits, they say whether a gap to the peer is in the distribution or in
+ * the per-rank compute (bench=train_one_rank).
  *
  * Usage: bench_train [--rounds N] [S] [L]          (default: --rounds 2 S L)
  * Output: bench=train config=S strategy=FULL_SHARD world=2 ... tokens_per_s=... mfu=... torch_ddp_tokens_per_s=...
@@ -215,14 +216,15 @@ static int run_fsdp(const char *build, const char *dir, const char *data, const 
     return isfinite(f->tokens_per_s) ? 0 : -1;
 }
 
-/* torch DDP on the same config; fills tokens/s (NAN when the peer is missing or fails). */
-static double run_torch(const char *anchors, const char *dir, const struct bench_config *c, int round)
+/* torch on the same config: DDP at world 2 under torchrun, or (single) one process with the same per-rank
+ * batch; returns tokens/s (NAN when the peer fails). */
+static double run_torch(const char *anchors, const char *dir, const struct bench_config *c, int round, bool single)
 {
     char torchrun[4200], script[4200], out[4300], err[4300];
     snprintf(torchrun, sizeof torchrun, "%s/torchrun.py", anchors);
     snprintf(script, sizeof script, "%s/gpt_fsdp.py", anchors);
-    snprintf(out, sizeof out, "%s/torch-%s-%d.out", dir, c->name, round);
-    snprintf(err, sizeof err, "%s/torch-%s-%d.err", dir, c->name, round);
+    snprintf(out, sizeof out, "%s/torch-%s-%s-%d.out", dir, single ? "single" : "ddp", c->name, round);
+    snprintf(err, sizeof err, "%s/torch-%s-%s-%d.err", dir, single ? "single" : "ddp", c->name, round);
     char nproc[16], port[16], layers[16], dim[16], heads[16], vocab[16], seq[16], batch[16], steps[16], warm[16];
     snprintf(nproc, sizeof nproc, "%d", WORLD);
     snprintf(port, sizeof port, "%d", free_port());
@@ -237,8 +239,11 @@ static double run_torch(const char *anchors, const char *dir, const struct bench
     char *argv[] = {"/usr/bin/python3", torchrun, "--nproc_per_node", nproc, "--master_port", port, script,
                     "--mode", "ddp", "--layers", layers, "--dim", dim, "--heads", heads, "--vocab", vocab, "--seq",
                     seq, "--batch", batch, "--steps", steps, "--warmup", warm, NULL};
-    if (run(argv, out, err) != 0) {
-        show_tail("torch DDP", err);
+    char *single_argv[] = {"/usr/bin/python3", script, "--mode", "single", "--layers", layers, "--dim", dim,
+                           "--heads", heads, "--vocab", vocab, "--seq", seq, "--batch", batch, "--steps", steps,
+                           "--warmup", warm, NULL};
+    if (run(single ? single_argv : argv, out, err) != 0) {
+        show_tail(single ? "torch single" : "torch DDP", err);
         return NAN;
     }
     char *o = slurp(out);
@@ -312,12 +317,15 @@ int main(int argc, char **argv)
     for (int w = 0; w < n_want; w++) {
         const struct bench_config *c = want[w];
         struct figure best_fs = {0}, best_ns = {0}, best_one = {0}, f;
-        double best_torch = NAN;
+        double best_torch = NAN, best_torch_one = NAN;
         for (int r = 0; r < rounds; r++) {
             if (peer) {
-                double t = run_torch(anchors, dir, c, r);
+                double t = run_torch(anchors, dir, c, r, false);
                 if (isfinite(t) && !(t <= best_torch))
                     best_torch = t;
+                t = run_torch(anchors, dir, c, r, true);
+                if (isfinite(t) && !(t <= best_torch_one))
+                    best_torch_one = t;
             }
             if (run_fsdp(build, dir, data, c, "FULL_SHARD", WORLD, r, &f) == 0 && f.tokens_per_s > best_fs.tokens_per_s)
                 best_fs = f;
@@ -327,9 +335,10 @@ int main(int argc, char **argv)
             if (run_fsdp(build, dir, data, c, "NO_SHARD", 1, r, &f) == 0 && f.tokens_per_s > best_one.tokens_per_s)
                 best_one = f;
             fprintf(stderr,
-                    "bench_train: config %s round %d: best so far torch %.0f, FULL_SHARD %.0f, NO_SHARD %.0f, one rank "
-                    "%.0f tokens/s\n",
-                    c->name, r, best_torch, best_fs.tokens_per_s, best_ns.tokens_per_s, best_one.tokens_per_s);
+                    "bench_train: config %s round %d: best so far torch DDP %.0f, torch one process %.0f, FULL_SHARD "
+                    "%.0f, NO_SHARD %.0f, one rank %.0f tokens/s\n",
+                    c->name, r, best_torch, best_torch_one, best_fs.tokens_per_s, best_ns.tokens_per_s,
+                    best_one.tokens_per_s);
         }
         if (best_fs.tokens_per_s <= 0 || best_ns.tokens_per_s <= 0) {
             fprintf(stderr, "bench_train: config %s: fsdp-worker failed\n", c->name);
@@ -356,6 +365,11 @@ int main(int argc, char **argv)
                    x->tokens_per_s / (WORLD * best_one.tokens_per_s), x->gather_wait_s, x->reduce_wait_s, wait_frac, x->run_s,
                    rounds, peer ? "" : " note=peer_skipped");
         }
+        if (peer)
+            printf("bench=train_one_rank config=%s tokens_per_s=%.0f torch_tokens_per_s=%.0f ratio=%.3f "
+                   "torch_ddp_scaling=%.3f fsdp_full_shard_scaling=%.3f\n",
+                   c->name, best_one.tokens_per_s, best_torch_one, best_one.tokens_per_s / best_torch_one,
+                   best_torch / (WORLD * best_torch_one), best_fs.tokens_per_s / (WORLD * best_one.tokens_per_s));
         if (peer)
             printf("bench=train_goals config=%s full_shard_vs_ddp=%.3f goal_ddp=%s full_shard_vs_no_shard=%.3f "
                    "goal_no_shard=%s\n",
