@@ -434,6 +434,33 @@ int comm_recv(struct comm *c, void *buf, size_t count, enum comm_dtype dtype, in
                                          .peer = peer});
 }
 
+void *comm_mem_alloc(struct comm *c, size_t bytes)
+{
+    if (!c) {
+        error_set(FSDP_EINVAL, "comm_mem_alloc: NULL communicator");
+        return NULL;
+    }
+    if (c->be->mem_alloc)
+        return c->be->mem_alloc(c->state, bytes);
+    /* Cache-line aligned, and aligned_alloc wants a multiple of the alignment. */
+    void *p = aligned_alloc(64, bytes ? (bytes + 63) & ~(size_t)63 : 64);
+    if (!p)
+        error_set(FSDP_ENOMEM, "comm_mem_alloc: out of memory for %zu bytes", bytes);
+    return p;
+}
+
+void comm_mem_free(struct comm *c, void *p)
+{
+    if (!p)
+        return;
+    if (!c || !c->be->mem_free) {
+        free(p);
+        return;
+    }
+    if (c->be->mem_free(c->state, p) != 0)
+        log_error("%s", error_message());
+}
+
 #ifndef FSDP_HAVE_CUDA
 const struct comm_backend *comm_backend_nccl(void)
 {

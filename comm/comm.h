@@ -59,6 +59,20 @@ const char *comm_backend_name(const struct comm *comm);
 size_t comm_dtype_size(enum comm_dtype dtype);
 const char *comm_dtype_name(enum comm_dtype dtype);
 
+/* ---- registered memory ----
+ * A buffer from comm_mem_alloc may be used by any collective of any communicator of the same backend
+ * (comm_split children included) exactly like other memory; what it adds is speed. On "cpu" it is a
+ * per-process shared mapping that the other ranks of the host map on first use and cache: when every
+ * rank's input of an operation lies in such memory (all_reduce: input and output; broadcast: the root's
+ * buffer), the data moves with one copy straight from the peers' buffers (docs/collectives.md). On
+ * "nccl" it is ncclMemAlloc device memory. Page-aligned (cpu) and zero-filled (cpu); bytes 0 is allowed.
+ * Returns NULL with error_message() set on failure. Thread-safe, callable while operations are in flight.
+ * Allocate once and reuse: freeing makes every peer drop its cached mappings of this rank's buffers.
+ * A buffer must not be freed while an operation using it is queued; free it before comm_destroy(comm).
+ * comm_mem_free(comm, NULL) does nothing; a pointer not from comm_mem_alloc is reported and not freed. */
+void *comm_mem_alloc(struct comm *comm, size_t bytes);
+void comm_mem_free(struct comm *comm, void *p);
+
 /* ---- blocking forms ---- */
 /* in: count elements; out: size * count. In-place form: in == out + rank * count. */
 int comm_all_gather(struct comm *comm, const void *in, void *out, size_t count, enum comm_dtype dtype);

@@ -7,6 +7,7 @@
  * result back to all. So an f32 sum is (sum of host 0's ranks in rank order) + (host 1's) + ..., the
  * same for every run with the same layout. */
 #include "comm/comm_internal.h"
+#include "comm/comm_mem.h"
 #include "comm/comm_shm.h"
 #include "comm/comm_tcp.h"
 #include "common/error.h"
@@ -125,6 +126,8 @@ static int setup_shm(struct cpu_state *st, const struct comm_info *info, double 
     int brc = rc ? rc : store_client_barrier(info->store, key, st->nlocal, left > 0.01 ? left : 0.01);
     if (st->local_rank == 0)
         shm_unlink(name);
+    if (!rc && !brc)
+        shm_group_ready(st->shm);
     return rc ? rc : brc;
 }
 
@@ -494,8 +497,21 @@ static int cpu_dispatch(struct cpu_state *st, const struct comm_req *q)
     return error_set(FSDP_EINVAL, "unknown operation %d", (int)q->kind);
 }
 
+static void *cpu_mem_alloc(void *state, size_t bytes)
+{
+    (void)state; /* the registry is per process: children of comm_split see the same buffers */
+    return comm_mem_shared_alloc(bytes);
+}
+
+static int cpu_mem_free(void *state, void *p)
+{
+    (void)state;
+    return comm_mem_shared_free(p);
+}
+
 static const struct comm_backend cpu_backend = {
-    .name = "cpu", .init = cpu_init, .run = cpu_run, .fini = cpu_fini};
+    .name = "cpu", .init = cpu_init, .run = cpu_run, .fini = cpu_fini, .mem_alloc = cpu_mem_alloc,
+    .mem_free = cpu_mem_free};
 
 const struct comm_backend *comm_backend_cpu(void)
 {

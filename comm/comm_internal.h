@@ -40,6 +40,10 @@ struct comm_backend {
     int (*init)(const struct comm_info *info, void **state);
     int (*run)(void *state, const struct comm_req *req);
     void (*fini)(void *state);
+    /* comm_mem_alloc / comm_mem_free; NULL = plain aligned host memory. mem_free returns 0 or
+     * FSDP_EINVAL for a pointer it does not know. Called from any thread. */
+    void *(*mem_alloc)(void *state, size_t bytes);
+    int (*mem_free)(void *state, void *p);
 };
 
 const struct comm_backend *comm_backend_cpu(void);

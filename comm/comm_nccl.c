@@ -191,8 +191,32 @@ static int nccl_run(void *state, const struct comm_req *q)
     return wait_stream(st, q);
 }
 
+/* ncclMemAlloc rather than cudaMalloc: its memory can be registered with NCCL (NVLS, zero-copy
+ * collectives) where the platform supports it, and is plain device memory otherwise. */
+static void *nccl_mem_alloc(void *state, size_t bytes)
+{
+    struct nccl_state *st = state;
+    void *p = NULL;
+    cudaError_t ce = cudaSetDevice(st->device);
+    ncclResult_t r = ce == cudaSuccess ? ncclMemAlloc(&p, bytes ? bytes : 1) : ncclSuccess;
+    if (ce != cudaSuccess || r != ncclSuccess) {
+        error_set(FSDP_ENOMEM, "comm_mem_alloc: %zu bytes on device %d failed: %s", bytes, st->device,
+                  ce != cudaSuccess ? cudaGetErrorString(ce) : ncclGetErrorString(r));
+        return NULL;
+    }
+    return p;
+}
+
+static int nccl_mem_free(void *state, void *p)
+{
+    (void)state;
+    ncclResult_t r = ncclMemFree(p);
+    return r == ncclSuccess ? 0 : error_set(FSDP_EINVAL, "comm_mem_free: %s", ncclGetErrorString(r));
+}
+
 static const struct comm_backend nccl_backend = {
-    .name = "nccl", .init = nccl_init, .run = nccl_run, .fini = nccl_fini};
+    .name = "nccl", .init = nccl_init, .run = nccl_run, .fini = nccl_fini, .mem_alloc = nccl_mem_alloc,
+    .mem_free = nccl_mem_free};
 
 const struct comm_backend *comm_backend_nccl(void)
 {

@@ -5,9 +5,17 @@
  * alternate between pieces, so one piece's readers never race the next piece's writers and most pieces
  * need a single barrier. Every wait is a futex wait in the kernel with a short timeout slice, after which
  * the waiter checks the deadline, the abort flag and whether the missing peers are still alive: a dead
- * rank is reported within a slice, a stuck one at the deadline. */
+ * rank is reported within a slice, a stuck one at the deadline.
+ *
+ * Registered buffers (comm_mem_alloc, comm_mem.h): at the first barrier of every operation each rank has
+ * published where its buffers live (memfd, allocation id, offset) in the control page, for the bank of
+ * the operation's first piece. When every rank's buffers are registered, peers map each other's buffers
+ * (cached per peer) and the data moves with one copy, straight from a peer's buffer into the reader's
+ * (see the direct_* functions); otherwise the slots carry it as before. Ranks that hoped for the direct
+ * path stage their first piece only once they know the group is mixed, then all sync once more. */
 #include "comm/comm_shm.h"
 #include "comm/comm_internal.h"
+#include "comm/comm_mem.h"
 #include "common/error.h"
 #include "common/log.h"
 
@@ -26,6 +34,21 @@
 #include <unistd.h>
 
 #define SLICE_S 0.1
+#define PEER_MAPS 16 /* cached mappings of one peer's registered buffers */
+
+/* Where one rank's buffer of the current operation lives (comm_mem_ref, as a peer needs it). */
+struct shm_buf {
+    int32_t fd;
+    uint32_t pad;
+    uint64_t id, map_bytes, off;
+};
+
+struct shm_desc {
+    uint32_t valid; /* this rank's buffers are all registered */
+    uint32_t pad;
+    uint64_t frees; /* comm_mem_free_count() of the owner: peers drop stale mappings when it moves */
+    struct shm_buf in, out;
+};
 
 struct shm_ctrl {
     _Atomic uint32_t release; /* futex word: epoch of the last completed barrier */
@@ -37,6 +60,21 @@ struct shm_ctrl {
     char abort_msg[480];
     int32_t pid[SHM_MAX_LOCAL];
     _Atomic uint32_t arrive[SHM_MAX_LOCAL]; /* epoch each rank last arrived at */
+    int32_t seg_fd;                          /* the creator's fd of this segment, for the probe */
+    uint32_t probe[SHM_MAX_LOCAL];           /* 1: this rank can map peers' memory by /proc/<pid>/fd */
+    struct shm_desc desc[2][SHM_MAX_LOCAL];  /* per bank of an operation's first piece */
+};
+
+struct peer_map {
+    uint64_t id;
+    unsigned char *base;
+    size_t bytes;
+};
+
+struct peer_cache {
+    uint64_t frees;
+    int n, next;
+    struct peer_map m[PEER_MAPS];
 };
 
 struct shm_group {
@@ -46,6 +84,9 @@ struct shm_group {
     int n, me;
     uint32_t epoch;
     int bank;
+    int seg_fd; /* creator only: kept open so peers can probe /proc/<pid>/fd */
+    bool direct;
+    struct peer_cache *peers; /* [n] */
     int global[SHM_MAX_LOCAL];
 };
 
@@ -85,14 +126,24 @@ int shm_group_attach(const char *name, bool create, int local_rank, int n, const
     }
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     int e = errno;
-    close(fd);
+    if (!create || p == MAP_FAILED) {
+        close(fd);
+        fd = -1;
+    }
     if (p == MAP_FAILED)
         return error_set(FSDP_ENOMEM, "shm: mmap of %zu bytes failed: %s", bytes, strerror(e));
     struct shm_group *g = calloc(1, sizeof(*g));
-    if (!g) {
+    struct peer_cache *pc = calloc((size_t)n, sizeof(*pc));
+    if (!g || !pc) {
+        free(g);
+        free(pc);
         munmap(p, bytes);
+        if (fd >= 0)
+            close(fd);
         return error_set(FSDP_ENOMEM, "shm: out of memory");
     }
+    g->seg_fd = fd;
+    g->peers = pc;
     g->ctrl = p;
     g->data = (unsigned char *)p + ctrl_bytes();
     g->map_bytes = bytes;
@@ -106,15 +157,51 @@ int shm_group_attach(const char *name, bool create, int local_rank, int n, const
     if (create) {
         g->ctrl->n = (uint32_t)n;
         g->ctrl->slot_bytes = slot_bytes;
+        g->ctrl->seg_fd = fd;
     }
+    /* Can this rank map a peer's memfd? The creator's segment fd stands in for one. FSDP_COMM_SHM_DIRECT=0
+     * votes no, so every rank agrees on the path even if only some ranks set it. */
+    const char *env = getenv("FSDP_COMM_SHM_DIRECT");
+    bool ok = !(env && strcmp(env, "0") == 0);
+    if (ok && !create) {
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)g->ctrl->pid[0], (int)g->ctrl->seg_fd);
+        int pfd = open(path, O_RDONLY | O_CLOEXEC);
+        if (pfd < 0)
+            log_info("shm: rank %d cannot open %s (%s): registered buffers take the staged path",
+                     g->global[local_rank], path, strerror(errno));
+        else
+            close(pfd);
+        ok = pfd >= 0;
+    }
+    g->ctrl->probe[local_rank] = ok ? 1 : 2;
     *out = g;
     return 0;
+}
+
+void shm_group_ready(struct shm_group *g)
+{
+    g->direct = true;
+    for (int i = 0; i < g->n; i++)
+        g->direct = g->direct && g->ctrl->probe[i] == 1;
+}
+
+static void peer_drop_all(struct peer_cache *pc)
+{
+    for (int i = 0; i < pc->n; i++)
+        munmap(pc->m[i].base, pc->m[i].bytes);
+    pc->n = pc->next = 0;
 }
 
 void shm_group_detach(struct shm_group *g)
 {
     if (!g)
         return;
+    for (int i = 0; i < g->n; i++)
+        peer_drop_all(&g->peers[i]);
+    free(g->peers);
+    if (g->seg_fd >= 0)
+        close(g->seg_fd);
     munmap(g->ctrl, g->map_bytes);
     free(g);
 }
@@ -217,30 +304,6 @@ static unsigned char *slot(struct shm_group *g, int bank, int r)
     return g->data + ((size_t)bank * (size_t)g->n + (size_t)r) * g->slot;
 }
 
-int shm_all_gather(struct shm_group *g, const void *in, void *out, size_t bpr, double deadline)
-{
-    const unsigned char *src = in;
-    unsigned char *dst = out;
-    for (size_t off = 0; off < bpr; off += g->slot) {
-        size_t len = bpr - off < g->slot ? bpr - off : g->slot;
-        int b = g->bank;
-        g->bank ^= 1;
-        memcpy(slot(g, b, g->me), src + off, len);
-        /* The own block goes out now, while the piece is still in cache and before waiting for the
-         * others (nothing to do in place). */
-        unsigned char *own = dst + (size_t)g->me * bpr + off;
-        if (own != src + off)
-            memmove(own, src + off, len);
-        int rc = shm_barrier(g, deadline);
-        if (rc)
-            return rc;
-        for (int q = 0; q < g->n; q++)
-            if (q != g->me)
-                memcpy(dst + (size_t)q * bpr + off, slot(g, b, q), len);
-    }
-    return 0;
-}
-
 /* Rank q's share [*lo, *hi) of p elements, as even as possible. */
 static void share(size_t p, int n, int q, size_t *lo, size_t *hi)
 {
@@ -249,78 +312,427 @@ static void share(size_t p, int n, int q, size_t *lo, size_t *hi)
     *hi = *lo + base + (uq < rem ? 1 : 0);
 }
 
+static int next_bank(struct shm_group *g)
+{
+    int b = g->bank;
+    g->bank ^= 1;
+    return b;
+}
+
+static void buf_of(const struct comm_mem_ref *r, struct shm_buf *b)
+{
+    *b = (struct shm_buf){.fd = r->fd, .id = r->id, .map_bytes = r->map_bytes, .off = r->off};
+}
+
+/* Publishes this rank's buffers for the operation starting on bank b; true when they are all registered
+ * (out NULL: only in matters). */
+static bool publish(struct shm_group *g, int b, const void *in, size_t in_bytes, const void *out,
+                    size_t out_bytes)
+{
+    struct shm_desc *d = &g->ctrl->desc[b][g->me];
+    d->valid = 0;
+    struct comm_mem_ref ri, ro;
+    if (!g->direct || !comm_mem_lookup(in, in_bytes, &ri) || (out && !comm_mem_lookup(out, out_bytes, &ro)))
+        return false;
+    buf_of(&ri, &d->in);
+    if (out)
+        buf_of(&ro, &d->out);
+    d->frees = comm_mem_free_count();
+    d->valid = 1;
+    return true;
+}
+
+static int count_valid(struct shm_group *g, int b)
+{
+    int k = 0;
+    for (int i = 0; i < g->n; i++)
+        k += g->ctrl->desc[b][i].valid == 1;
+    return k;
+}
+
+/* Peer q's buffer described by sb, mapped read-only into this process (cached by allocation id). A
+ * failure aborts the group so the peers do not wait for this rank until the deadline. */
+static int peer_ptr(struct shm_group *g, int q, const struct shm_desc *d, const struct shm_buf *sb,
+                    const unsigned char **out)
+{
+    struct peer_cache *pc = &g->peers[q];
+    if (pc->frees != d->frees) {
+        peer_drop_all(pc);
+        pc->frees = d->frees;
+    }
+    for (int i = 0; i < pc->n; i++)
+        if (pc->m[i].id == sb->id) {
+            *out = pc->m[i].base + sb->off;
+            return 0;
+        }
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)g->ctrl->pid[q], (int)sb->fd);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    void *p = fd < 0 ? MAP_FAILED
+                     : mmap(NULL, sb->map_bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+    int e = errno;
+    if (fd >= 0)
+        close(fd);
+    if (p == MAP_FAILED) {
+        char why[300];
+        snprintf(why, sizeof(why), "rank %d cannot map rank %d's registered buffer (%s, %llu bytes): %s",
+                 g->global[g->me], g->global[q], path, (unsigned long long)sb->map_bytes, strerror(e));
+        shm_abort(g, why);
+        return error_set(FSDP_EIO, "%s", why);
+    }
+    int slotno;
+    if (pc->n < PEER_MAPS) {
+        slotno = pc->n++;
+    } else {
+        slotno = pc->next;
+        munmap(pc->m[slotno].base, pc->m[slotno].bytes);
+        pc->next = (slotno + 1) % PEER_MAPS;
+    }
+    pc->m[slotno] = (struct peer_map){.id = sb->id, .base = p, .bytes = sb->map_bytes};
+    *out = (const unsigned char *)p + sb->off;
+    return 0;
+}
+
+static int peer_in(struct shm_group *g, int b, int q, const unsigned char **out)
+{
+    const struct shm_desc *d = &g->ctrl->desc[b][q];
+    return peer_ptr(g, q, d, &d->in, out);
+}
+
+static int peer_out(struct shm_group *g, int b, int q, const unsigned char **out)
+{
+    const struct shm_desc *d = &g->ctrl->desc[b][q];
+    return peer_ptr(g, q, d, &d->out, out);
+}
+
+static _Atomic uint64_t direct_ops;
+
+uint64_t shm_direct_count(void)
+{
+    return atomic_load(&direct_ops);
+}
+
+/* ---- one copy: every rank's buffers are registered ----
+ * Each ends with a barrier: a rank's buffers must not change (or be freed) while peers still read them. */
+
+static int direct_all_gather(struct shm_group *g, int b, const void *in, void *out, size_t bpr, double deadline)
+{
+    unsigned char *dst = out;
+    unsigned char *own = dst + (size_t)g->me * bpr;
+    if (own != (const unsigned char *)in)
+        memmove(own, in, bpr);
+    /* Start with the next rank so that ranks do not all read the same peer at once. */
+    for (int k = 1; k < g->n; k++) {
+        int q = (g->me + k) % g->n;
+        const unsigned char *src;
+        int rc = peer_in(g, b, q, &src);
+        if (rc)
+            return rc;
+        memcpy(dst + (size_t)q * bpr, src, bpr);
+    }
+    return shm_barrier(g, deadline);
+}
+
+static int direct_reduce_scatter(struct shm_group *g, int b, const void *in, void *out, size_t count,
+                                 enum comm_dtype dtype, enum comm_op op, int divisor, double deadline)
+{
+    size_t es = comm_dtype_size(dtype), blk = (size_t)g->me * count * es;
+    const void *srcs[SHM_MAX_LOCAL];
+    for (int s = 0; s < g->n; s++) {
+        const unsigned char *p = in;
+        int rc = s == g->me ? 0 : peer_in(g, b, s, &p);
+        if (rc)
+            return rc;
+        srcs[s] = p + blk;
+    }
+    comm_reduce_arrays(dtype, op, srcs, g->n, out, count, divisor);
+    return shm_barrier(g, deadline);
+}
+
+/* Reduce-scatter into this rank's share of out, then gather the other shares from the peers' outs. */
+static int direct_all_reduce(struct shm_group *g, int b, const void *in, void *out, size_t count,
+                             enum comm_dtype dtype, enum comm_op op, int divisor, double deadline)
+{
+    size_t es = comm_dtype_size(dtype), lo, hi;
+    const unsigned char *pin[SHM_MAX_LOCAL], *pout[SHM_MAX_LOCAL];
+    for (int s = 0; s < g->n; s++) {
+        int rc = 0;
+        pin[s] = in;
+        pout[s] = out;
+        if (s != g->me && ((rc = peer_in(g, b, s, &pin[s])) != 0 || (rc = peer_out(g, b, s, &pout[s])) != 0))
+            return rc;
+    }
+    unsigned char *dst = out;
+    share(count, g->n, g->me, &lo, &hi);
+    if (hi > lo) {
+        const void *srcs[SHM_MAX_LOCAL];
+        for (int s = 0; s < g->n; s++)
+            srcs[s] = pin[s] + lo * es;
+        comm_reduce_arrays(dtype, op, srcs, g->n, dst + lo * es, hi - lo, divisor);
+    }
+    int rc = shm_barrier(g, deadline);
+    if (rc)
+        return rc;
+    for (int k = 1; k < g->n; k++) {
+        int q = (g->me + k) % g->n;
+        share(count, g->n, q, &lo, &hi);
+        if (hi > lo)
+            memcpy(dst + lo * es, pout[q] + lo * es, (hi - lo) * es);
+    }
+    return shm_barrier(g, deadline);
+}
+
+static int direct_broadcast(struct shm_group *g, int b, void *buf, size_t bytes, int root, double deadline)
+{
+    if (g->me != root) {
+        const unsigned char *src;
+        int rc = peer_in(g, b, root, &src);
+        if (rc)
+            return rc;
+        memcpy(buf, src, bytes);
+    }
+    return shm_barrier(g, deadline);
+}
+
+/* ---- staged through the slots ---- */
+
+static void ag_stage(struct shm_group *g, int b, const unsigned char *src, unsigned char *dst, size_t bpr,
+                     size_t off, size_t len)
+{
+    memcpy(slot(g, b, g->me), src + off, len);
+    /* The own block goes out now, while the piece is still in cache and before waiting for the
+     * others (nothing to do in place). */
+    unsigned char *own = dst + (size_t)g->me * bpr + off;
+    if (own != src + off)
+        memmove(own, src + off, len);
+}
+
+static void ag_finish(struct shm_group *g, int b, unsigned char *dst, size_t bpr, size_t off, size_t len)
+{
+    for (int q = 0; q < g->n; q++)
+        if (q != g->me)
+            memcpy(dst + (size_t)q * bpr + off, slot(g, b, q), len);
+}
+
+/* The first barrier of an operation: returns < 0 on error, 1 when every rank published registered
+ * buffers (take the direct path), else 0 after making sure piece 0 is staged by everyone: ranks that
+ * skipped staging (mine) stage it now and, in a mixed group, all sync once more. */
+static int first_sync(struct shm_group *g, int b, bool mine, void (*stage)(void *), void *arg, double deadline)
+{
+    int rc = shm_barrier(g, deadline);
+    if (rc)
+        return rc;
+    int nreg = count_valid(g, b);
+    if (nreg == g->n)
+        return 1;
+    if (mine)
+        stage(arg);
+    if (nreg > 0 && (rc = shm_barrier(g, deadline)) != 0)
+        return rc;
+    return 0;
+}
+
+struct ag_args {
+    struct shm_group *g;
+    int b;
+    const unsigned char *src;
+    unsigned char *dst;
+    size_t bpr, len;
+};
+
+static void ag_stage0(void *a)
+{
+    struct ag_args *x = a;
+    ag_stage(x->g, x->b, x->src, x->dst, x->bpr, 0, x->len);
+}
+
+int shm_all_gather(struct shm_group *g, const void *in, void *out, size_t bpr, double deadline)
+{
+    if (bpr == 0)
+        return 0;
+    const unsigned char *src = in;
+    unsigned char *dst = out;
+    int b = next_bank(g);
+    struct ag_args a = {g, b, src, dst, bpr, bpr < g->slot ? bpr : g->slot};
+    bool mine = publish(g, b, in, bpr, NULL, 0);
+    if (!mine)
+        ag_stage0(&a);
+    int rc = first_sync(g, b, mine, ag_stage0, &a, deadline);
+    if (rc < 0)
+        return rc;
+    if (rc == 1) {
+        atomic_fetch_add(&direct_ops, 1);
+        return direct_all_gather(g, b, in, out, bpr, deadline);
+    }
+    ag_finish(g, b, dst, bpr, 0, a.len);
+    for (size_t off = a.len; off < bpr; off += g->slot) {
+        size_t len = bpr - off < g->slot ? bpr - off : g->slot;
+        b = next_bank(g);
+        ag_stage(g, b, src, dst, bpr, off, len);
+        if ((rc = shm_barrier(g, deadline)) != 0)
+            return rc;
+        ag_finish(g, b, dst, bpr, off, len);
+    }
+    return 0;
+}
+
+struct ar_args {
+    struct shm_group *g;
+    int b;
+    const unsigned char *src;
+    size_t bytes;
+};
+
+static void ar_stage0(void *a)
+{
+    struct ar_args *x = a;
+    memcpy(slot(x->g, x->b, x->g->me), x->src, x->bytes);
+}
+
+/* After piece [off, off + p) is staged on bank b: each rank reduces its share into slot 0 (every rank has
+ * read slot 0's copy of that share by then), sync, everyone copies the reduced piece out. */
+static int ar_finish(struct shm_group *g, int b, unsigned char *dst, size_t off, size_t p, enum comm_dtype dtype,
+                     enum comm_op op, int divisor, double deadline)
+{
+    size_t es = comm_dtype_size(dtype), lo, hi;
+    share(p, g->n, g->me, &lo, &hi);
+    if (hi > lo) {
+        const void *srcs[SHM_MAX_LOCAL];
+        for (int s = 0; s < g->n; s++)
+            srcs[s] = slot(g, b, s) + lo * es;
+        comm_reduce_arrays(dtype, op, srcs, g->n, slot(g, b, 0) + lo * es, hi - lo, divisor);
+    }
+    int rc = shm_barrier(g, deadline);
+    if (rc)
+        return rc;
+    memcpy(dst + off * es, slot(g, b, 0), p * es);
+    return 0;
+}
+
 int shm_all_reduce(struct shm_group *g, const void *in, void *out, size_t count, enum comm_dtype dtype,
                    enum comm_op op, int divisor, double deadline)
 {
+    if (count == 0)
+        return 0;
     size_t es = comm_dtype_size(dtype), per = g->slot / es;
     const unsigned char *src = in;
     unsigned char *dst = out;
-    for (size_t off = 0; off < count; off += per) {
-        size_t p = count - off < per ? count - off : per;
-        int b = g->bank;
-        g->bank ^= 1;
+    int b = next_bank(g);
+    size_t p = count < per ? count : per;
+    struct ar_args a = {g, b, src, p * es};
+    bool mine = publish(g, b, in, count * es, out, count * es);
+    if (!mine)
+        ar_stage0(&a);
+    int rc = first_sync(g, b, mine, ar_stage0, &a, deadline);
+    if (rc < 0)
+        return rc;
+    if (rc == 1) {
+        atomic_fetch_add(&direct_ops, 1);
+        return direct_all_reduce(g, b, in, out, count, dtype, op, divisor, deadline);
+    }
+    if ((rc = ar_finish(g, b, dst, 0, p, dtype, op, divisor, deadline)) != 0)
+        return rc;
+    for (size_t off = p; off < count; off += per) {
+        p = count - off < per ? count - off : per;
+        b = next_bank(g);
         memcpy(slot(g, b, g->me), src + off * es, p * es);
-        int rc = shm_barrier(g, deadline);
-        if (rc)
+        if ((rc = shm_barrier(g, deadline)) != 0 ||
+            (rc = ar_finish(g, b, dst, off, p, dtype, op, divisor, deadline)) != 0)
             return rc;
-        size_t lo, hi;
-        share(p, g->n, g->me, &lo, &hi);
-        if (hi > lo) {
-            const void *srcs[SHM_MAX_LOCAL];
-            for (int s = 0; s < g->n; s++)
-                srcs[s] = slot(g, b, s) + lo * es;
-            /* The result goes to slot 0's copy of this share: every rank has read it by now. */
-            comm_reduce_arrays(dtype, op, srcs, g->n, slot(g, b, 0) + lo * es, hi - lo, divisor);
-        }
-        rc = shm_barrier(g, deadline);
-        if (rc)
-            return rc;
-        memcpy(dst + off * es, slot(g, b, 0), p * es);
     }
     return 0;
+}
+
+struct rs_args {
+    struct shm_group *g;
+    int b;
+    const unsigned char *src;
+    size_t count, off, p, es;
+};
+
+/* Only the blocks other ranks reduce go through the segment; this rank's own block is read straight
+ * from its input (same values, same rank order: the same bits). */
+static void rs_stage(void *a)
+{
+    struct rs_args *x = a;
+    unsigned char *mine = slot(x->g, x->b, x->g->me);
+    for (int q = 0; q < x->g->n; q++)
+        if (q != x->g->me)
+            memcpy(mine + (size_t)q * x->p * x->es, x->src + ((size_t)q * x->count + x->off) * x->es, x->p * x->es);
+}
+
+static void rs_finish(const struct rs_args *x, unsigned char *dst, enum comm_dtype dtype, enum comm_op op,
+                      int divisor)
+{
+    struct shm_group *g = x->g;
+    const void *srcs[SHM_MAX_LOCAL];
+    for (int s = 0; s < g->n; s++)
+        srcs[s] = s == g->me ? x->src + ((size_t)g->me * x->count + x->off) * x->es
+                             : slot(g, x->b, s) + (size_t)g->me * x->p * x->es;
+    comm_reduce_arrays(dtype, op, srcs, g->n, dst + x->off * x->es, x->p, divisor);
 }
 
 int shm_reduce_scatter(struct shm_group *g, const void *in, void *out, size_t count, enum comm_dtype dtype,
                        enum comm_op op, int divisor, double deadline)
 {
+    if (count == 0)
+        return 0;
     size_t es = comm_dtype_size(dtype), per = g->slot / (es * (size_t)g->n);
-    const unsigned char *src = in;
     unsigned char *dst = out;
-    for (size_t off = 0; off < count; off += per) {
-        size_t p = count - off < per ? count - off : per;
-        int b = g->bank;
-        g->bank ^= 1;
-        /* Only the blocks other ranks reduce go through the segment; this rank's own block is read
-         * straight from its input (same values, same rank order: the same bits). */
-        unsigned char *mine = slot(g, b, g->me);
-        for (int q = 0; q < g->n; q++)
-            if (q != g->me)
-                memcpy(mine + (size_t)q * p * es, src + ((size_t)q * count + off) * es, p * es);
-        int rc = shm_barrier(g, deadline);
-        if (rc)
+    struct rs_args a = {g, next_bank(g), in, count, 0, count < per ? count : per, es};
+    bool mine = publish(g, a.b, in, count * es * (size_t)g->n, NULL, 0);
+    if (!mine)
+        rs_stage(&a);
+    int rc = first_sync(g, a.b, mine, rs_stage, &a, deadline);
+    if (rc < 0)
+        return rc;
+    if (rc == 1) {
+        atomic_fetch_add(&direct_ops, 1);
+        return direct_reduce_scatter(g, a.b, in, out, count, dtype, op, divisor, deadline);
+    }
+    rs_finish(&a, dst, dtype, op, divisor);
+    for (a.off = a.p; a.off < count; a.off += per) {
+        a.p = count - a.off < per ? count - a.off : per;
+        a.b = next_bank(g);
+        rs_stage(&a);
+        if ((rc = shm_barrier(g, deadline)) != 0)
             return rc;
-        const void *srcs[SHM_MAX_LOCAL];
-        for (int s = 0; s < g->n; s++)
-            srcs[s] = s == g->me ? src + ((size_t)g->me * count + off) * es : slot(g, b, s) + (size_t)g->me * p * es;
-        comm_reduce_arrays(dtype, op, srcs, g->n, dst + off * es, p, divisor);
+        rs_finish(&a, dst, dtype, op, divisor);
     }
     return 0;
 }
 
 int shm_broadcast(struct shm_group *g, void *buf, size_t bytes, int root, double deadline)
 {
+    if (bytes == 0)
+        return 0;
     unsigned char *p = buf;
-    for (size_t off = 0; off < bytes; off += g->slot) {
-        size_t len = bytes - off < g->slot ? bytes - off : g->slot;
-        int b = g->bank;
-        g->bank ^= 1;
-        if (g->me == root)
-            memcpy(slot(g, b, 0), p + off, len);
-        int rc = shm_barrier(g, deadline);
-        if (rc)
-            return rc;
+    int b = next_bank(g);
+    size_t len = bytes < g->slot ? bytes : g->slot;
+    /* Only the root's buffer is read by others, so only its registration decides (no mixed case). */
+    bool mine = g->me == root && publish(g, b, buf, bytes, NULL, 0);
+    if (g->me != root)
+        g->ctrl->desc[b][g->me].valid = 0;
+    if (g->me == root && !mine)
+        memcpy(slot(g, b, 0), p, len);
+    int rc = shm_barrier(g, deadline);
+    if (rc)
+        return rc;
+    if (g->ctrl->desc[b][root].valid == 1) {
+        atomic_fetch_add(&direct_ops, 1);
+        return direct_broadcast(g, b, buf, bytes, root, deadline);
+    }
+    for (size_t off = 0;;) {
         if (g->me != root)
             memcpy(p + off, slot(g, b, 0), len);
+        off += len;
+        if (off >= bytes)
+            return 0;
+        len = bytes - off < g->slot ? bytes - off : g->slot;
+        b = next_bank(g);
+        if (g->me == root)
+            memcpy(slot(g, b, 0), p + off, len);
+        if ((rc = shm_barrier(g, deadline)) != 0)
+            return rc;
     }
-    return 0;
 }

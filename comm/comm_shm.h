@@ -1,6 +1,8 @@
 /* The shared-memory engine: the ranks of one host share a segment with a futex barrier and double-
  * buffered slots; data moves with memcpy and in-place reductions, chunked so large buffers pipeline
- * through a fixed-size segment. Ranks here are local indices 0..n-1 (the communicator maps them). */
+ * through a fixed-size segment. When every rank's buffers of an operation are registered (comm_mem.h),
+ * ranks read each other's buffers directly instead: one copy per block. Ranks here are local indices
+ * 0..n-1 (the communicator maps them). */
 #ifndef FSDP_COMM_SHM_H
 #define FSDP_COMM_SHM_H
 
@@ -20,6 +22,10 @@ size_t shm_segment_bytes(int n, size_t slot_bytes);
  * messages. */
 int shm_group_attach(const char *name, bool create, int local_rank, int n, const int *global_ranks,
                      size_t slot_bytes, struct shm_group **out);
+/* After every rank has attached (the caller's store barrier): decides once, identically on every rank,
+ * whether registered buffers (comm_mem.h) may take the one-copy path, from what each rank's attach
+ * found (it can open a peer's /proc/<pid>/fd; FSDP_COMM_SHM_DIRECT=0 says no). */
+void shm_group_ready(struct shm_group *g);
 void shm_group_detach(struct shm_group *g);
 
 /* All wait until deadline (comm_now_s); a dead peer (its pid gone or a zombie) or a rank that aborted
@@ -31,6 +37,8 @@ int shm_all_reduce(struct shm_group *g, const void *in, void *out, size_t count,
 int shm_reduce_scatter(struct shm_group *g, const void *in, void *out, size_t count, enum comm_dtype dtype,
                        enum comm_op op, int divisor, double deadline);
 int shm_broadcast(struct shm_group *g, void *buf, size_t bytes, int root, double deadline);
+/* Operations of this process that took the one-copy path (for tests and benchmarks). */
+uint64_t shm_direct_count(void);
 /* Makes every rank of the group fail its current or next wait with this rank's message (used when a
  * step outside the segment, e.g. TCP between hosts, failed on this rank). */
 void shm_abort(struct shm_group *g, const char *why);

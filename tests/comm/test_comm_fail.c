@@ -10,6 +10,7 @@ struct fail_arg {
     int victim;
     bool stuck; /* sleep instead of dying */
     double max_s;
+    bool reg; /* buffers from comm_mem_alloc: the one-copy shared-memory path */
 };
 
 /* The message must blame the victim itself, not a rank that only gave up because of it (whose closed
@@ -31,7 +32,9 @@ static bool names_cause(const char *msg, int victim)
 static int body_victim(struct rank_ctx *c)
 {
     const struct fail_arg *a = c->arg;
-    float v[4099] = {0};
+    float stackv[4099] = {0}, *v = a->reg ? comm_mem_alloc(c->comm, sizeof(stackv)) : stackv;
+    if (!v)
+        return 1;
     for (int k = 0; k < 2; k++)
         if (comm_all_reduce(c->comm, v, v, 4099, COMM_F32, COMM_SUM) != 0) {
             fprintf(stderr, "rank %d: warm-up all_reduce: %s\n", c->rank, error_message());
@@ -79,7 +82,7 @@ static int body_midkill(struct rank_ctx *c)
 {
     const struct fail_arg *a = c->arg;
     size_t n = (4u << 20) / 4;
-    float *v = calloc(n, sizeof(float));
+    float *v = a->reg ? comm_mem_alloc(c->comm, n * sizeof(float)) : calloc(n, sizeof(float));
     if (!v)
         return 1;
     if (c->rank == a->victim) {
@@ -92,7 +95,10 @@ static int body_midkill(struct rank_ctx *c)
     uint64_t it = 0;
     while (rc == 0 && tu_now() - t0 < a->max_s)
         rc = comm_all_reduce(c->comm, v, v, n, COMM_F32, COMM_SUM), it++;
-    free(v);
+    if (a->reg)
+        comm_mem_free(c->comm, v);
+    else
+        free(v);
     double dt = tu_now() - t0;
     char want[32], seq[48];
     snprintf(want, sizeof(want), "rank %d", a->victim);
@@ -122,12 +128,12 @@ static int shm_leftovers(const char *run_id)
     return n;
 }
 
-static void run_body(rank_body body, int world, int victim, bool stuck, bool force_tcp, int hosts,
-                     double timeout_s, double max_s)
+static void run_body_reg(rank_body body, int world, int victim, bool stuck, bool force_tcp, int hosts,
+                         double timeout_s, double max_s, bool reg)
 {
     char run_id[64];
     snprintf(run_id, sizeof(run_id), "fail%d-%d", (int)getpid(), victim);
-    struct fail_arg a = {.victim = victim, .stuck = stuck, .max_s = max_s};
+    struct fail_arg a = {.victim = victim, .stuck = stuck, .max_s = max_s, .reg = reg};
     struct run_opts o = {.run_id = run_id, .timeout_s = timeout_s, .force_tcp = force_tcp, .hosts = hosts,
                          .limit_s = max_s + 30};
     int st[MAX_RANKS];
@@ -140,6 +146,12 @@ static void run_body(rank_body body, int world, int victim, bool stuck, bool for
                       r, st[r]);
     }
     cr_assert_eq(shm_leftovers(run_id), 0, "/dev/shm still holds a segment of run %s", run_id);
+}
+
+static void run_body(rank_body body, int world, int victim, bool stuck, bool force_tcp, int hosts,
+                     double timeout_s, double max_s)
+{
+    run_body_reg(body, world, victim, stuck, force_tcp, hosts, timeout_s, max_s, false);
 }
 
 static void run_victim(int world, int victim, bool stuck, bool force_tcp, int hosts, double timeout_s,
@@ -169,6 +181,26 @@ Test(comm_fail, killed_mid_collective_hier_2x2, .timeout = 100)
 Test(comm_fail, killed_mid_collective_tcp_world3, .timeout = 100)
 {
     run_body(body_midkill, 3, 0, false, true, 1, 30, 20);
+}
+
+/* The same with registered buffers: the one-copy path reads peers' buffers directly, and a rank dying
+ * while a peer reads its memory must neither crash the reader nor hide who died; registered memory
+ * (memfd) leaves nothing in /dev/shm either. */
+Test(comm_fail, killed_rank_registered_world4, .timeout = 100)
+{
+    run_body_reg(body_victim, 4, 2, false, false, 1, 30, 20, true);
+}
+Test(comm_fail, killed_mid_collective_registered_world4, .timeout = 100)
+{
+    run_body_reg(body_midkill, 4, 3, false, false, 1, 30, 20, true);
+}
+Test(comm_fail, killed_mid_collective_registered_world2, .timeout = 100)
+{
+    run_body_reg(body_midkill, 2, 0, false, false, 1, 30, 20, true);
+}
+Test(comm_fail, stuck_rank_registered_times_out_world3, .timeout = 100)
+{
+    run_body_reg(body_victim, 3, 0, true, false, 1, 3, 20, true);
 }
 
 static int body_bad_args(struct rank_ctx *c)
