@@ -91,10 +91,13 @@ static void combine_block(enum comm_dtype dtype, enum comm_op op, const void *sr
     }
 }
 
-static void store_block(enum comm_dtype dtype, const float *acc, void *dst, size_t off, size_t n)
+static void store_block(enum comm_dtype dtype, const float *acc, void *dst, size_t off, size_t n, bool nt)
 {
     if (dtype == COMM_F32) {
-        memcpy((float *)dst + off, acc, n * 4);
+        if (nt)
+            comm_copy_nt((float *)dst + off, acc, n * 4);
+        else
+            memcpy((float *)dst + off, acc, n * 4);
     } else if (dtype == COMM_BF16) {
         uint16_t *d = (uint16_t *)dst + off;
         for (size_t i = 0; i < n; i++)
@@ -106,8 +109,8 @@ static void store_block(enum comm_dtype dtype, const float *acc, void *dst, size
     }
 }
 
-void comm_reduce_arrays(enum comm_dtype dtype, enum comm_op op, const void *const *srcs, int nsrc, void *dst,
-                        size_t n, int divisor)
+static void reduce_arrays(enum comm_dtype dtype, enum comm_op op, const void *const *srcs, int nsrc, void *dst,
+                          size_t n, int divisor, bool nt)
 {
     float acc[BLOCK];
     for (size_t off = 0; off < n; off += BLOCK) {
@@ -120,6 +123,18 @@ void comm_reduce_arrays(enum comm_dtype dtype, enum comm_op op, const void *cons
             for (size_t i = 0; i < m; i++)
                 acc[i] /= d;
         }
-        store_block(dtype, acc, dst, off, m);
+        store_block(dtype, acc, dst, off, m, nt);
     }
+}
+
+void comm_reduce_arrays(enum comm_dtype dtype, enum comm_op op, const void *const *srcs, int nsrc, void *dst,
+                        size_t n, int divisor)
+{
+    reduce_arrays(dtype, op, srcs, nsrc, dst, n, divisor, false);
+}
+
+void comm_reduce_arrays_stream(enum comm_dtype dtype, enum comm_op op, const void *const *srcs, int nsrc,
+                               void *dst, size_t n, int divisor)
+{
+    reduce_arrays(dtype, op, srcs, nsrc, dst, n, divisor, n * comm_dtype_size(dtype) >= (1u << 20));
 }

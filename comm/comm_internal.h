@@ -57,6 +57,14 @@ const char *comm_kind_name(enum comm_kind kind);
  * MAX (AVG is SUM with a divisor). */
 void comm_reduce_arrays(enum comm_dtype dtype, enum comm_op op, const void *const *srcs, int nsrc, void *dst,
                         size_t n, int divisor);
+/* memcpy (no overlap) with non-temporal stores for large sizes; for copies nobody reads back soon. */
+void comm_copy_stream(void *dst, const void *src, size_t n);
+/* The same at any size (pieces of a large destination written block by block). */
+void comm_copy_nt(void *dst, const void *src, size_t n);
+/* comm_reduce_arrays for a large destination nobody reads back soon: f32 results go out with
+ * non-temporal stores when n is large (same values, same order). */
+void comm_reduce_arrays_stream(enum comm_dtype dtype, enum comm_op op, const void *const *srcs, int nsrc,
+                               void *dst, size_t n, int divisor);
 float comm_bf16_to_f32(uint16_t v);
 uint16_t comm_f32_to_bf16(float f);
 float comm_f16_to_f32(uint16_t v);

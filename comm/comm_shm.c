@@ -419,7 +419,10 @@ static int direct_all_gather(struct shm_group *g, int b, const void *in, void *o
 {
     unsigned char *dst = out;
     unsigned char *own = dst + (size_t)g->me * bpr;
-    if (own != (const unsigned char *)in)
+    const unsigned char *src0 = in;
+    if (src0 + bpr <= own || own + bpr <= src0)
+        comm_copy_stream(own, in, bpr);
+    else if (own != src0)
         memmove(own, in, bpr);
     /* Start with the next rank so that ranks do not all read the same peer at once. */
     for (int k = 1; k < g->n; k++) {
@@ -428,7 +431,7 @@ static int direct_all_gather(struct shm_group *g, int b, const void *in, void *o
         int rc = peer_in(g, b, q, &src);
         if (rc)
             return rc;
-        memcpy(dst + (size_t)q * bpr, src, bpr);
+        comm_copy_stream(dst + (size_t)q * bpr, src, bpr);
     }
     return shm_barrier(g, deadline);
 }
@@ -445,7 +448,7 @@ static int direct_reduce_scatter(struct shm_group *g, int b, const void *in, voi
             return rc;
         srcs[s] = p + blk;
     }
-    comm_reduce_arrays(dtype, op, srcs, g->n, out, count, divisor);
+    comm_reduce_arrays_stream(dtype, op, srcs, g->n, out, count, divisor);
     return shm_barrier(g, deadline);
 }
 
@@ -468,7 +471,7 @@ static int direct_all_reduce(struct shm_group *g, int b, const void *in, void *o
         const void *srcs[SHM_MAX_LOCAL];
         for (int s = 0; s < g->n; s++)
             srcs[s] = pin[s] + lo * es;
-        comm_reduce_arrays(dtype, op, srcs, g->n, dst + lo * es, hi - lo, divisor);
+        comm_reduce_arrays_stream(dtype, op, srcs, g->n, dst + lo * es, hi - lo, divisor);
     }
     int rc = shm_barrier(g, deadline);
     if (rc)
@@ -477,7 +480,7 @@ static int direct_all_reduce(struct shm_group *g, int b, const void *in, void *o
         int q = (g->me + k) % g->n;
         share(count, g->n, q, &lo, &hi);
         if (hi > lo)
-            memcpy(dst + lo * es, pout[q] + lo * es, (hi - lo) * es);
+            comm_copy_stream(dst + lo * es, pout[q] + lo * es, (hi - lo) * es);
     }
     return shm_barrier(g, deadline);
 }
@@ -489,7 +492,7 @@ static int direct_broadcast(struct shm_group *g, int b, void *buf, size_t bytes,
         int rc = peer_in(g, b, root, &src);
         if (rc)
             return rc;
-        memcpy(buf, src, bytes);
+        comm_copy_stream(buf, src, bytes);
     }
     return shm_barrier(g, deadline);
 }

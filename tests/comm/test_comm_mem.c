@@ -14,6 +14,8 @@ static const size_t counts[] = {0, 1, 1009, 40009};
 struct mem_arg {
     unsigned plain_mask; /* ranks whose buffers are plain malloc (bit r) */
     bool expect_direct;  /* every nonzero op must take the one-copy path (else none may) */
+    int hosts;           /* > 1: fake hosts; then only the values are checked (which steps go direct
+                          * depends on the hierarchical algorithm's own buffers) */
 };
 
 #define FAIL(...) do { fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); goto fail; } while (0)
@@ -35,7 +37,7 @@ static void buf_free(struct comm *c, bool plain, void *p)
 
 /* Every op/dtype/count on comm, buffers registered unless plain; checks values bitwise and counts the
  * operations that had data to move (*nops). */
-static int check_all(struct comm *comm, bool plain, int salt0, const int *ranks, uint64_t *nops)
+static int check_all(struct comm *comm, bool plain, int salt0, const int *ranks, int hosts, uint64_t *nops)
 {
     int W = comm_size(comm), r = comm_rank(comm), salt = salt0;
     int gr = ranks ? ranks[r] : r; /* the rank whose values this rank contributes */
@@ -81,10 +83,10 @@ static int check_all(struct comm *comm, bool plain, int salt0, const int *ranks,
                 if (comm_all_reduce(comm, in, out, n, dt, op) != 0)
                     FAIL("rank %d: all_reduce: %s", r, error_message());
                 for (size_t i = 0; i < n; i++)
-                    if (!tu_same(dt, out, i, tu_ref_reduce(dt, op, W, 1, ranks, i, salt)))
+                    if (!tu_same(dt, out, i, tu_ref_reduce(dt, op, W, hosts, ranks, i, salt)))
                         FAIL("rank %d: all_reduce %s op %d n=%zu elem %zu: got %.9g want %.9g", r,
                              comm_dtype_name(dt), op, n, i, (double)tu_get(dt, out, i),
-                             (double)tu_ref_reduce(dt, op, W, 1, ranks, i, salt));
+                             (double)tu_ref_reduce(dt, op, W, hosts, ranks, i, salt));
                 if (comm_all_reduce(comm, in, in, n, dt, op) != 0)
                     FAIL("rank %d: in-place all_reduce: %s", r, error_message());
                 if (memcmp(in, out, n * es) != 0)
@@ -96,10 +98,10 @@ static int check_all(struct comm *comm, bool plain, int salt0, const int *ranks,
                 if (comm_reduce_scatter(comm, in, out, n, dt, op) != 0)
                     FAIL("rank %d: reduce_scatter: %s", r, error_message());
                 for (size_t i = 0; i < n; i++)
-                    if (!tu_same(dt, out, i, tu_ref_reduce(dt, op, W, 1, ranks, (size_t)r * n + i, salt)))
+                    if (!tu_same(dt, out, i, tu_ref_reduce(dt, op, W, hosts, ranks, (size_t)r * n + i, salt)))
                         FAIL("rank %d: reduce_scatter %s op %d n=%zu elem %zu: got %.9g want %.9g", r,
                              comm_dtype_name(dt), op, n, i, (double)tu_get(dt, out, i),
-                             (double)tu_ref_reduce(dt, op, W, 1, ranks, (size_t)r * n + i, salt));
+                             (double)tu_ref_reduce(dt, op, W, hosts, ranks, (size_t)r * n + i, salt));
                 *nops += 3 * moved;
             }
 
@@ -141,9 +143,13 @@ static int body_mem(struct rank_ctx *c)
 {
     const struct mem_arg *a = c->arg;
     uint64_t before = shm_direct_count(), nops = 0;
-    if (check_all(c->comm, (a->plain_mask >> c->rank) & 1, 0, NULL, &nops) != 0)
+    if (check_all(c->comm, (a->plain_mask >> c->rank) & 1, 0, NULL, a->hosts, &nops) != 0)
         return 1;
-    return check_count(c->rank, c->size, before, nops, a->expect_direct);
+    if (a->hosts > 1 && shm_direct_count() == before) {
+        fprintf(stderr, "rank %d: no operation took the one-copy path inside its host\n", c->rank);
+        return 1;
+    }
+    return a->hosts > 1 ? 0 : check_count(c->rank, c->size, before, nops, a->expect_direct);
 }
 
 static void run_mem(int world, unsigned plain_mask, bool expect_direct)
@@ -153,6 +159,17 @@ static void run_mem(int world, unsigned plain_mask, bool expect_direct)
     struct run_opts o = {.limit_s = 100};
     run_ranks(world, body_mem, &a, &o, st);
     assert_all_ok(world, st);
+}
+
+/* Two fake hosts x 2 ranks: shared memory inside each host (direct where the buffers are the caller's
+ * registered ones), TCP between the leaders; results in the documented hierarchical order. */
+Test(comm_mem, registered_hosts2_x_ranks2, .timeout = 120)
+{
+    int st[MAX_RANKS];
+    struct mem_arg a = {.hosts = 2};
+    struct run_opts o = {.limit_s = 100, .hosts = 2};
+    run_ranks(4, body_mem, &a, &o, st);
+    assert_all_ok(4, st);
 }
 
 Test(comm_mem, registered_world1, .timeout = 120) { run_mem(1, 0, true); }
@@ -169,7 +186,7 @@ static int body_mixed(struct rank_ctx *c)
 {
     const struct mem_arg *a = c->arg;
     uint64_t before = shm_direct_count(), nops = 0;
-    if (check_all(c->comm, (a->plain_mask >> c->rank) & 1, 0, NULL, &nops) != 0)
+    if (check_all(c->comm, (a->plain_mask >> c->rank) & 1, 0, NULL, a->hosts, &nops) != 0)
         return 1;
     /* Broadcasts with a registered root are the only direct operations: counts 1, 1009 and 40009 (root
      * ci % W), for three dtypes, when that root is registered. */
@@ -213,7 +230,7 @@ static int body_env_off(struct rank_ctx *c)
         return 1;
     }
     uint64_t before = shm_direct_count(), nops = 0;
-    if (check_all(c->comm, false, 0, NULL, &nops) != 0)
+    if (check_all(c->comm, false, 0, NULL, 1, &nops) != 0)
         return 1;
     return check_count(c->rank, c->size, before, nops, false);
 }
@@ -240,7 +257,7 @@ static int body_split(struct rank_ctx *c)
     for (int i = 0; i < 3; i++)
         members[i] = color + 2 * (2 - i); /* ordered by key = -rank */
     uint64_t before = shm_direct_count(), nops = 0;
-    int rc = check_all(sub, false, 100, members, &nops);
+    int rc = check_all(sub, false, 100, members, 1, &nops);
     rc = rc ? rc : check_count(c->rank, 3, before, nops, true);
     /* The parent still works, with a buffer the parent allocated. */
     float *v = comm_mem_alloc(c->comm, 6 * sizeof(float));
@@ -393,4 +410,32 @@ Test(comm_mem, allocator_contract, .timeout = 60)
     comm_destroy(c);
     store_client_close(sc);
     tu_server_reap(srv);
+}
+
+/* The streaming copy the one-copy path uses: every alignment of source and destination, sizes around
+ * its thresholds; bytes outside the destination range stay untouched. */
+Test(comm_mem, stream_copy_alignments, .timeout = 60)
+{
+    static const size_t sizes[] = {0, 1, 15, 63, 64, 127, 128, 129, 4095, (1u << 20) - 1, (1u << 20) + 77};
+    size_t cap = (1u << 20) + 256;
+    unsigned char *src = malloc(cap), *dst = malloc(cap), *ref = malloc(cap);
+    cr_assert(src && dst && ref);
+    for (size_t i = 0; i < cap; i++)
+        src[i] = (unsigned char)(i * 131 + 7);
+    for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++)
+        for (size_t so = 0; so < 17; so += 3)
+            for (size_t d_o = 0; d_o < 17; d_o++) {
+                size_t n = sizes[si];
+                memset(dst, 0xee, cap);
+                memset(ref, 0xee, cap);
+                memcpy(ref + d_o, src + so, n);
+                if (d_o % 2)
+                    comm_copy_nt(dst + d_o, src + so, n);
+                else
+                    comm_copy_stream(dst + d_o, src + so, n);
+                cr_assert(memcmp(dst, ref, cap) == 0, "size %zu src offset %zu dst offset %zu", n, so, d_o);
+            }
+    free(src);
+    free(dst);
+    free(ref);
 }

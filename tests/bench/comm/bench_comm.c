@@ -2,8 +2,10 @@
  * gloo (torch 1.13) measured in the same run. Sizes are the full (gathered / reduced) buffer, as in
  * ../shared/anchors/torch/gloo_coll.py; bus bandwidth follows nccl-tests:
  *   all_gather, reduce_scatter: busbw = size / t * (W-1)/W;  all_reduce: busbw = size / t * 2(W-1)/W.
- * Lines: bench=<op> backend=cpu world=W size_mib=S time_ms=t busbw_gbs=b, then bench=memcpy, then the
- * gloo anchor lines and bench=ratio lines (ours / peer). */
+ * Every op runs twice: on buffers from comm_mem_alloc (registered: the one-copy path, what the FSDP engine
+ * uses) and on plain malloc buffers (staged through the segment).
+ * Lines: bench=<op> backend=cpu buffers=registered|plain world=W size_mib=S time_ms=t busbw_gbs=b, then
+ * bench=memcpy, then the gloo anchor lines and bench=ratio lines (registered / peer, and / plain). */
 #include "comm/comm.h"
 #include "common/error.h"
 #include "rendezvous/store.h"
@@ -15,8 +17,11 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { NOPS = 3, NSIZES = 3, MAXW = 4 };
-static const char *op_names[NOPS] = {"all_gather", "reduce_scatter", "all_reduce"};
+enum { NOPS = 4, NSIZES = 3, MAXW = 4, NMODES = 2 };
+static const char *mode_names[NMODES] = {"registered", "plain"};
+/* all_gather_inplace: the form the FSDP engine uses (a rank's input is its slot of the output); the
+ * gloo anchor has no such line. */
+static const char *op_names[NOPS] = {"all_gather", "reduce_scatter", "all_reduce", "all_gather_inplace"};
 static const int sizes_mib[NSIZES] = {1, 16, 64};
 
 static double now_s(void)
@@ -45,40 +50,53 @@ static int rank_main(int port, int rank, int world, int iters, int wfd)
         return 1;
     }
     size_t maxb = (size_t)sizes_mib[NSIZES - 1] << 20;
-    float *full = malloc(maxb), *out = malloc(maxb);
-    memset(full, 1, maxb);
-    memset(out, 0, maxb);
-    double res[NOPS][NSIZES];
-    for (int s = 0; s < NSIZES; s++) {
-        size_t n = ((size_t)sizes_mib[s] << 20) / 4, per = n / (size_t)world;
-        for (int op = 0; op < NOPS; op++) {
-            double ts[64];
-            for (int it = 0; it < iters + 2; it++) {
-                comm_barrier(c);
-                double t0 = now_s();
-                int rc = op == 0   ? comm_all_gather(c, full, out, per, COMM_F32)
-                         : op == 1 ? comm_reduce_scatter(c, full, out, per, COMM_F32, COMM_SUM)
-                                   : comm_all_reduce(c, full, full, n, COMM_F32, COMM_SUM);
-                if (rc) {
-                    fprintf(stderr, "bench rank %d: %s\n", rank, error_message());
-                    return 1;
+    double res[NMODES][NOPS][NSIZES];
+    for (int m = 0; m < NMODES; m++) {
+        float *full = m == 0 ? comm_mem_alloc(c, maxb) : malloc(maxb);
+        float *out = m == 0 ? comm_mem_alloc(c, maxb) : malloc(maxb);
+        if (!full || !out) {
+            fprintf(stderr, "bench rank %d: out of memory: %s\n", rank, error_message());
+            return 1;
+        }
+        memset(full, 1, maxb);
+        memset(out, 0, maxb);
+        for (int s = 0; s < NSIZES; s++) {
+            size_t n = ((size_t)sizes_mib[s] << 20) / 4, per = n / (size_t)world;
+            for (int op = 0; op < NOPS; op++) {
+                double ts[64];
+                for (int it = 0; it < iters + 2; it++) {
+                    comm_barrier(c);
+                    double t0 = now_s();
+                    int rc = op == 0   ? comm_all_gather(c, full, out, per, COMM_F32)
+                             : op == 1 ? comm_reduce_scatter(c, full, out, per, COMM_F32, COMM_SUM)
+                             : op == 2 ? comm_all_reduce(c, full, full, n, COMM_F32, COMM_SUM)
+                                       : comm_all_gather(c, out + (size_t)rank * per, out, per, COMM_F32);
+                    if (rc) {
+                        fprintf(stderr, "bench rank %d: %s\n", rank, error_message());
+                        return 1;
+                    }
+                    ts[it] = now_s() - t0;
                 }
-                ts[it] = now_s() - t0;
+                qsort(ts + 2, (size_t)iters, sizeof(double), cmp_double); /* 2 warm-up runs dropped */
+                res[m][op][s] = ts[2 + iters / 2];
             }
-            qsort(ts + 2, (size_t)iters, sizeof(double), cmp_double); /* 2 warm-up runs dropped */
-            res[op][s] = ts[2 + iters / 2];
+        }
+        if (m == 0) {
+            comm_mem_free(c, full);
+            comm_mem_free(c, out);
+        } else {
+            free(full);
+            free(out);
         }
     }
     if (rank == 0 && write(wfd, res, sizeof(res)) != (ssize_t)sizeof(res))
         return 1;
     comm_destroy(c);
     store_client_close(sc);
-    free(full);
-    free(out);
     return 0;
 }
 
-static int run_world(int world, int iters, double res[NOPS][NSIZES])
+static int run_world(int world, int iters, double res[NMODES][NOPS][NSIZES])
 {
     struct store_server_options so = {.port = 0, .run_id = "bench"};
     struct store_server *srv = NULL;
@@ -99,9 +117,9 @@ static int run_world(int world, int iters, double res[NOPS][NSIZES])
         }
     }
     close(pfd[1]);
-    ssize_t got = read(pfd[0], res, sizeof(double) * NOPS * NSIZES);
+    ssize_t got = read(pfd[0], res, sizeof(double) * NMODES * NOPS * NSIZES);
     close(pfd[0]);
-    int bad = got != (ssize_t)(sizeof(double) * NOPS * NSIZES);
+    int bad = got != (ssize_t)(sizeof(double) * NMODES * NOPS * NSIZES);
     for (int r = 0; r < world; r++) {
         int st;
         waitpid(pids[r], &st, 0);
@@ -175,20 +193,21 @@ int main(int argc, char **argv)
     if (iters < 1 || iters > 60)
         iters = 10;
     static const int worlds[] = {2, 4};
-    double res[2][NOPS][NSIZES];
+    double res[2][NMODES][NOPS][NSIZES];
     for (int wi = 0; wi < 2; wi++) {
         int W = worlds[wi];
         if (run_world(W, iters, res[wi]) != 0) {
             fprintf(stderr, "bench: world %d failed\n", W);
             return 1;
         }
-        for (int op = 0; op < NOPS; op++)
-            for (int s = 0; s < NSIZES; s++) {
-                double bytes = (double)((size_t)sizes_mib[s] << 20), t = res[wi][op][s];
-                double f = op == 2 ? 2.0 * (W - 1) / W : (double)(W - 1) / W;
-                printf("bench=%s backend=cpu world=%d size_mib=%d time_ms=%.3f busbw_gbs=%.2f\n", op_names[op], W,
-                       sizes_mib[s], t * 1e3, bytes * f / t / 1e9);
-            }
+        for (int m = 0; m < NMODES; m++)
+            for (int op = 0; op < NOPS; op++)
+                for (int s = 0; s < NSIZES; s++) {
+                    double bytes = (double)((size_t)sizes_mib[s] << 20), t = res[wi][m][op][s];
+                    double f = op == 2 ? 2.0 * (W - 1) / W : (double)(W - 1) / W;
+                    printf("bench=%s backend=cpu buffers=%s world=%d size_mib=%d time_ms=%.3f busbw_gbs=%.2f\n",
+                           op_names[op], mode_names[m], W, sizes_mib[s], t * 1e3, bytes * f / t / 1e9);
+                }
     }
     double mc = memcpy_gbs();
     printf("bench=memcpy threads=1 size_mib=64 gbs=%.2f\n", mc);
@@ -197,9 +216,10 @@ int main(int argc, char **argv)
     run_gloo(gloo);
     for (int op = 0; op < NOPS; op++)
         for (int s = 0; s < NSIZES; s++) {
-            double bytes = (double)((size_t)sizes_mib[s] << 20), t = res[0][op][s];
-            double bw = bytes * (op == 2 ? 1.0 : 0.5) / t / 1e9; /* world 2 busbw */
-            printf("bench=ratio op=%s world=2 size_mib=%d vs_memcpy=%.2f", op_names[op], sizes_mib[s], bw / mc);
+            double bytes = (double)((size_t)sizes_mib[s] << 20), t = res[0][0][op][s];
+            double bw = bytes * (op == 2 ? 1.0 : 0.5) / t / 1e9; /* world 2 busbw, registered buffers */
+            printf("bench=ratio op=%s buffers=registered world=2 size_mib=%d vs_memcpy=%.2f vs_plain=%.2f",
+                   op_names[op], sizes_mib[s], bw / mc, res[0][1][op][s] / t);
             if (gloo[op][s] > 0)
                 printf(" vs_gloo=%.1f", bw / gloo[op][s]);
             printf("\n");
