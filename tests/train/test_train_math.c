@@ -86,8 +86,10 @@ Test(math, micro_batch_accumulation, .timeout = 300)
 }
 
 /* A setting that changes how the work is cut or scheduled, not what is computed: the losses of one rank
- * with the defaults. must_log is a fragment of rank 0's log proving the setting took effect. */
-static void same_math(const char *tag, int world, const char *const *extra, const char *must_log)
+ * with the defaults. must_log is a fragment of rank 0's log proving the setting took effect (and
+ * must_not_log, when set, one that would show it did not). */
+static void same_math_ex(const char *tag, int world, const char *const *extra, const char *must_log,
+                         const char *must_not_log)
 {
     struct tt_ctx c;
     tt_setup(&c);
@@ -96,9 +98,16 @@ static void same_math(const char *tag, int world, const char *const *extra, cons
     struct tt_result r;
     tt_run_ok(&c, world, tag, extra, &r);
     cr_assert(strstr(r.err, must_log), "%s: the log lacks \"%s\":\n%s", tag, must_log, r.err);
+    cr_assert(!must_not_log || !strstr(r.err, must_not_log), "%s: the log says \"%s\":\n%s", tag, must_not_log,
+              r.err);
     tt_assert_losses(&r, ref, FP32_REL, tag);
     tt_result_free(&r);
     tt_teardown(&c);
+}
+
+static void same_math(const char *tag, int world, const char *const *extra, const char *must_log)
+{
+    same_math_ex(tag, world, extra, must_log, NULL);
 }
 
 Test(math, size_based_wrap, .timeout = 300)
@@ -137,6 +146,26 @@ Test(math, shard_grad_op_no_reshard, .timeout = 300)
 {
     const char *extra[] = {"--fsdp.sharding_strategy=SHARD_GRAD_OP", "--fsdp.forward_prefetch=true", NULL};
     same_math("zero2", 2, extra, "fsdp plan: SHARD_GRAD_OP");
+}
+
+Test(math, no_reshard_after_forward, .timeout = 300)
+{
+    const char *extra[] = {"--fsdp.reshard_after_forward=false", NULL};
+    same_math_ex("keep_gathered", 2, extra, "unit h.1 ", "resharded after forward");
+}
+
+Test(math, fsdp_disabled_and_unlimited_gathers, .timeout = 300)
+{
+    /* enable = false replicates like DDP; limit_all_gathers = false leaves reductions unbounded in flight */
+    const char *extra[] = {"--fsdp.enable=false", "--fsdp.limit_all_gathers=false", NULL};
+    same_math("disabled", 3, extra, "fsdp plan: disabled (NO_SHARD), version 2, world 3 = 3 shard group(s) of 1");
+}
+
+Test(math, offload_params_on_cpu, .timeout = 300)
+{
+    /* Accepted on CPU, where the shards already live in host memory: nothing changes. */
+    const char *extra[] = {"--fsdp.offload_params=true", "--fsdp.version=1", NULL};
+    same_math("offload", 2, extra, "fsdp plan: FULL_SHARD, version 1, world 2");
 }
 
 /* Started with no launcher and no torchrun variables, fsdp-worker trains as one rank: the same losses as
