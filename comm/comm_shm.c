@@ -375,6 +375,13 @@ static int peer_ptr(struct shm_group *g, int q, const struct shm_desc *d, const 
         close(fd);
     if (p == MAP_FAILED) {
         char why[300];
+        /* The usual reason is that the owner just died: say so, as every other wait does. */
+        if (pid_dead(g->ctrl->pid[q])) {
+            snprintf(why, sizeof(why), "rank %d (pid %d) died (its process is gone or a zombie)", g->global[q],
+                     (int)g->ctrl->pid[q]);
+            shm_abort(g, why);
+            return error_set(FSDP_ECLOSED, "%s; look at that rank's log and exit status for the cause", why);
+        }
         snprintf(why, sizeof(why), "rank %d cannot map rank %d's registered buffer (%s, %llu bytes): %s",
                  g->global[g->me], g->global[q], path, (unsigned long long)sb->map_bytes, strerror(e));
         shm_abort(g, why);

@@ -114,6 +114,44 @@ static int body_midkill(struct rank_ctx *c)
     return 0;
 }
 
+/* Like body_midkill on the one-copy path, but every all_gather uses a freshly allocated registered buffer
+ * (freed after it), so peers map the victim's buffers right when it may be dying: a mapping that fails
+ * because the owner is gone must still name the dead rank. */
+static int body_freshkill(struct rank_ctx *c)
+{
+    const struct fail_arg *a = c->arg;
+    size_t n = (1u << 20) / 4;
+    float *out = malloc(n * sizeof(float) * (size_t)c->size);
+    if (!out)
+        return 1;
+    if (c->rank == a->victim) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, kill_self_later, NULL) != 0)
+            return 1;
+    }
+    double t0 = tu_now();
+    int rc = 0;
+    uint64_t it = 0;
+    while (rc == 0 && tu_now() - t0 < a->max_s) {
+        float *in = comm_mem_alloc(c->comm, n * sizeof(float));
+        if (!in)
+            return 1;
+        rc = comm_all_gather(c->comm, in, out, n, COMM_F32), it++;
+        comm_mem_free(c->comm, in);
+    }
+    free(out);
+    char seq[48];
+    snprintf(seq, sizeof(seq), "all_gather #%llu in group 'world'", (unsigned long long)it);
+    const char *msg = error_message();
+    if (rc == 0 || !strstr(msg, seq) || !names_cause(msg, a->victim)) {
+        fprintf(stderr, "rank %d: rc %d after %llu all_gathers, message: %s\n", c->rank, rc, (unsigned long long)it,
+                msg);
+        return 1;
+    }
+    fprintf(stderr, "rank %d (expected failure, %llu ops): %s\n", c->rank, (unsigned long long)it, msg);
+    return 0;
+}
+
 static int shm_leftovers(const char *run_id)
 {
     DIR *d = opendir("/dev/shm");
@@ -197,6 +235,10 @@ Test(comm_fail, killed_mid_collective_registered_world4, .timeout = 100)
 Test(comm_fail, killed_mid_collective_registered_world2, .timeout = 100)
 {
     run_body_reg(body_midkill, 2, 0, false, false, 1, 30, 20, true);
+}
+Test(comm_fail, killed_while_peers_map_fresh_buffers_world3, .timeout = 100)
+{
+    run_body_reg(body_freshkill, 3, 1, false, false, 1, 30, 20, true);
 }
 Test(comm_fail, stuck_rank_registered_times_out_world3, .timeout = 100)
 {
