@@ -375,8 +375,15 @@ static int peer_ptr(struct shm_group *g, int q, const struct shm_desc *d, const 
         close(fd);
     if (p == MAP_FAILED) {
         char why[300];
-        /* The usual reason is that the owner just died: say so, as every other wait does. */
-        if (pid_dead(g->ctrl->pid[q])) {
+        /* The usual reason is that the owner is dying: its fds close before it turns into a zombie, so
+         * give it a moment to finish dying, then say so, as every other wait does. */
+        bool dead = pid_dead(g->ctrl->pid[q]);
+        for (int k = 0; k < 200 && !dead && e == ENOENT; k++) {
+            const struct timespec ms10 = {0, 10 * 1000 * 1000};
+            nanosleep(&ms10, NULL);
+            dead = pid_dead(g->ctrl->pid[q]);
+        }
+        if (dead) {
             snprintf(why, sizeof(why), "rank %d (pid %d) died (its process is gone or a zombie)", g->global[q],
                      (int)g->ctrl->pid[q]);
             shm_abort(g, why);
