@@ -50,20 +50,44 @@ static int make_groups(struct fsdp *f)
     return rc;
 }
 
+/* One allocation holds every unit's master, gradient, moments and low-precision shards: registered with
+ * the communicator, the shards are read by peers directly in all-gathers and replicate all-reduces, and
+ * one mapping per rank keeps the peers' mapping caches small. */
 static int alloc_state(struct fsdp *f)
 {
+    size_t es = fsdp_dsize(f->param_dtype), total = 0;
+#define SLICE(n) (((n) + 63) / 64 * 64)
+    for (int i = 0; i < f->n_units; i++) {
+        size_t b = SLICE(f->units[i].shard * sizeof(float));
+        total += 4 * b + (f->param_dtype != KERNELS_F32 ? SLICE(f->units[i].shard * es) : 0);
+    }
+    f->arena = f->offload ? f->sk->mem_alloc(total ? total : 64) : fsdp_raw_alloc(f, total);
+    if (!f->arena)
+        return error_set(FSDP_ENOMEM, "fsdp: cannot allocate the %zu bytes of persistent state: %s", total,
+                         error_message());
+    /* Zero it: the moments start at 0, and touching the pages makes RSS show what sharding saves. */
+    int rc = f->sk->mem_set(f->arena, 0, total ? total : 64);
+    if (rc)
+        return rc;
+    char *at = f->arena;
     for (int i = 0; i < f->n_units; i++) {
         struct fsdp_unit *u = &f->units[i];
-        size_t b = u->shard * sizeof(float);
-        if (!(u->master = fsdp_alloc_persistent(f, b, FSDP_MEM_PARAMS)) ||
-            !(u->grad = fsdp_alloc_persistent(f, b, FSDP_MEM_GRADS)) ||
-            !(u->exp_avg = fsdp_alloc_persistent(f, b, FSDP_MEM_OPTIM)) ||
-            !(u->exp_avg_sq = fsdp_alloc_persistent(f, b, FSDP_MEM_OPTIM)))
-            return FSDP_ENOMEM;
-        if (f->param_dtype != KERNELS_F32 &&
-            !(u->lp = fsdp_alloc_persistent(f, u->shard * fsdp_dsize(f->param_dtype), FSDP_MEM_PARAMS)))
-            return FSDP_ENOMEM;
+        size_t b = SLICE(u->shard * sizeof(float));
+        u->master = (float *)at;
+        u->grad = (float *)(at + b);
+        u->exp_avg = (float *)(at + 2 * b);
+        u->exp_avg_sq = (float *)(at + 3 * b);
+        at += 4 * b;
+        fsdp_mem_add(f, FSDP_MEM_PARAMS, (ptrdiff_t)b);
+        fsdp_mem_add(f, FSDP_MEM_GRADS, (ptrdiff_t)b);
+        fsdp_mem_add(f, FSDP_MEM_OPTIM, (ptrdiff_t)(2 * b));
+        if (f->param_dtype != KERNELS_F32) {
+            u->lp = at;
+            at += SLICE(u->shard * es);
+            fsdp_mem_add(f, FSDP_MEM_PARAMS, (ptrdiff_t)SLICE(u->shard * es));
+        }
     }
+#undef SLICE
     for (size_t i = 0; i < f->n_pieces; i++) {
         struct fsdp_piece *p = &f->pieces[i];
         struct fsdp_unit *u = &f->units[p->unit];
@@ -92,6 +116,9 @@ int fsdp_create(struct fsdp **out, const struct worker_config *wc, struct model 
     const char *test_off = getenv("FSDP_TEST_OFFLOAD");
     f->offload = wc->fsdp.enable && wc->fsdp.offload_params && (on_cuda || (test_off && *test_off == '1'));
     f->sk = f->offload ? kernels_cpu() : k;
+    /* FSDP_REGISTERED_BUFFERS=0 turns registration off (for comparing the two paths). */
+    const char *reg = getenv("FSDP_REGISTERED_BUFFERS");
+    f->reg = g->world && !(reg && *reg == '0') ? g->world : NULL;
     f->model = model;
     f->layout = model_get_layout(model);
     f->g = *g;
@@ -123,15 +150,12 @@ void fsdp_destroy(struct fsdp *f)
     if (!f)
         return;
     fsdp_pending_drain(f, 0);
-    for (int i = 0; f->units && i < f->n_units; i++) {
-        struct fsdp_unit *u = &f->units[i];
+    for (int i = 0; f->units && i < f->n_units; i++)
         fsdp_release(f, i);
-        f->sk->mem_free(u->master);
-        f->sk->mem_free(u->grad);
-        f->sk->mem_free(u->exp_avg);
-        f->sk->mem_free(u->exp_avg_sq);
-        f->sk->mem_free(u->lp);
-    }
+    if (f->offload)
+        f->sk->mem_free(f->arena);
+    else if (f->arena)
+        fsdp_raw_free(f, f->arena);
     fsdp_pool_free(f);
     if (f->own_shard_comm)
         comm_destroy(f->shard_comm);

@@ -65,6 +65,8 @@ struct fsdp {
     const struct model_layout *layout;
     const struct kernels *sk; /* where the persistent state lives: the host's when offloading, else k */
     bool offload;             /* offload_params on a device: shards in host memory, optimizer on the host */
+    struct comm *reg;         /* buffers come from comm_mem_alloc of this communicator (NULL: k->mem_alloc) */
+    void *arena;              /* all persistent state of this rank, one allocation */
     struct fsdp_groups g;
     struct comm *shard_comm, *rep_comm; /* NULL for one-rank groups */
     bool own_shard_comm, own_rep_comm;
@@ -106,7 +108,10 @@ void *fsdp_buf_get(struct fsdp *f, size_t bytes, enum fsdp_mem cat);
 void fsdp_buf_put(struct fsdp *f, void *ptr);
 void fsdp_pool_free(struct fsdp *f);
 void fsdp_mem_add(struct fsdp *f, enum fsdp_mem cat, ptrdiff_t bytes);
-void *fsdp_alloc_persistent(struct fsdp *f, size_t bytes, enum fsdp_mem cat);
+/* Memory for buffers the collectives read from: registered with the communicator (comm_mem_alloc: peers on
+ * the same host read it directly, one copy instead of three), else the backend's. */
+void *fsdp_raw_alloc(struct fsdp *f, size_t bytes);
+void fsdp_raw_free(struct fsdp *f, void *p);
 
 /* Copies between state memory (host memory when offloading) and device memory, and state += device. */
 int fsdp_state_to_dev(struct fsdp *f, void *dev, const void *state, size_t bytes);

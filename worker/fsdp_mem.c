@@ -29,17 +29,20 @@ void fsdp_mem_add(struct fsdp *f, enum fsdp_mem cat, ptrdiff_t bytes)
         f->mem.peak_total = total;
 }
 
-void *fsdp_alloc_persistent(struct fsdp *f, size_t bytes, enum fsdp_mem cat)
+void *fsdp_raw_alloc(struct fsdp *f, size_t bytes)
 {
-    void *p = f->sk->mem_alloc(bytes ? bytes : 64);
-    if (!p) {
-        error_set(FSDP_ENOMEM, "fsdp: cannot allocate %zu bytes for %s", bytes, fsdp_mem_name(cat));
-        return NULL;
-    }
-    /* Zero it: the moments start at 0, and touching the pages makes RSS show what sharding saves. */
-    f->sk->mem_set(p, 0, bytes ? bytes : 64);
-    fsdp_mem_add(f, cat, (ptrdiff_t)bytes);
+    void *p = f->reg ? comm_mem_alloc(f->reg, bytes ? bytes : 64) : f->k->mem_alloc(bytes ? bytes : 64);
+    if (!p)
+        error_set(FSDP_ENOMEM, "fsdp: cannot allocate %zu bytes: %s", bytes, error_message());
     return p;
+}
+
+void fsdp_raw_free(struct fsdp *f, void *p)
+{
+    if (f->reg)
+        comm_mem_free(f->reg, p);
+    else
+        f->k->mem_free(p);
 }
 
 void *fsdp_buf_get(struct fsdp *f, size_t bytes, enum fsdp_mem cat)
@@ -63,11 +66,9 @@ void *fsdp_buf_get(struct fsdp *f, size_t bytes, enum fsdp_mem cat)
             f->pool = np;
             f->cap_pool = cap;
         }
-        void *p = f->k->mem_alloc(bytes);
-        if (!p) {
-            error_set(FSDP_ENOMEM, "fsdp: cannot allocate %zu bytes for %s", bytes, fsdp_mem_name(cat));
+        void *p = fsdp_raw_alloc(f, bytes);
+        if (!p)
             return NULL;
-        }
         best = f->n_pool++;
         f->pool[best] = (struct fsdp_pool_buf){.ptr = p, .bytes = bytes};
     }
@@ -116,7 +117,7 @@ int fsdp_state_accumulate(struct fsdp *f, float *state, const float *dev, size_t
 void fsdp_pool_free(struct fsdp *f)
 {
     for (int i = 0; i < f->n_pool; i++)
-        f->k->mem_free(f->pool[i].ptr);
+        fsdp_raw_free(f, f->pool[i].ptr);
     free(f->pool);
     f->pool = NULL;
     f->n_pool = f->cap_pool = 0;
