@@ -244,9 +244,12 @@ static inline double tt_parity_point(const struct tt_ctx *c, const char *strateg
     snprintf(strat, sizeof strat, "--fsdp.sharding_strategy=%s", strategy);
     snprintf(ver, sizeof ver, "--fsdp.version=%d", version);
     snprintf(hyb, sizeof hyb, "--fsdp.hybrid_shard_size=%d", world % 2 == 0 ? 2 : 1);
-    const char *extra[] = {strat, ver, prefetch ? "--fsdp.backward_prefetch=BACKWARD_PRE" : "--fsdp.backward_prefetch=NO_PREFETCH",
+    const char *extra[] = {strat,
+                           ver,
+                           prefetch ? "--fsdp.backward_prefetch=BACKWARD_PRE" : "--fsdp.backward_prefetch=NO_PREFETCH",
                            prefetch ? "--fsdp.forward_prefetch=true" : "--fsdp.forward_prefetch=false",
-                           strncmp(strategy, "HYBRID", 6) == 0 ? hyb : NULL, NULL};
+                           strncmp(strategy, "HYBRID", 6) == 0 ? hyb : NULL,
+                           NULL};
     struct tt_result r;
     tt_run_ok(c, world, tag, extra, &r);
     double d = tt_assert_losses(&r, ref, rel, tag);

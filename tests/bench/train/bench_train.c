@@ -362,8 +362,8 @@ int main(int argc, char **argv)
                    "wait_frac=%.3f run_s=%.1f rounds=%d%s\n",
                    c->name, name[s], WORLD, x->params, c->batch_per_rank, c->t, x->tokens_per_s, x->mfu, best_torch,
                    torch_mfu, ratio, x->tokens_per_s / best_ns.tokens_per_s, best_one.tokens_per_s,
-                   x->tokens_per_s / (WORLD * best_one.tokens_per_s), x->gather_wait_s, x->reduce_wait_s, wait_frac, x->run_s,
-                   rounds, peer ? "" : " note=peer_skipped");
+                   x->tokens_per_s / (WORLD * best_one.tokens_per_s), x->gather_wait_s, x->reduce_wait_s, wait_frac,
+                   x->run_s, rounds, peer ? "" : " note=peer_skipped");
         }
         if (peer)
             printf("bench=train_one_rank config=%s tokens_per_s=%.0f torch_tokens_per_s=%.0f ratio=%.3f "
