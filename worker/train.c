@@ -160,6 +160,10 @@ static int open_data(struct trainer *t)
     return rc;
 }
 
+/* Resident bytes when training began, before the model, the data and the engine existed: the program and
+ * its libraries (CUDA's alone are ~200 MiB). Peak RSS above it is what the run itself used. */
+static size_t rss_at_start;
+
 static void report_memory(const struct trainer *t)
 {
     const struct fsdp_mem_stats *m = fsdp_get_mem(t->fsdp);
@@ -171,9 +175,13 @@ static void report_memory(const struct trainer *t)
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     const struct fsdp_timing *tm = fsdp_get_timing(t->fsdp);
-    log_info("peak memory: %s; total %.1f MiB; peak RSS %.1f MiB; all-gathers %lld (%lld prefetched), waited %.3f s "
+    double peak = (double)ru.ru_maxrss * 1024.0;
+    log_info("peak memory: %s; total %.1f MiB; peak RSS %.1f MiB (%.1f MiB above the program's own %.1f MiB); "
+             "all-gathers %lld (%lld prefetched), waited %.3f s "
              "for gathers and %.3f s for reductions",
-             line, (double)m->peak_total / (1024.0 * 1024), (double)ru.ru_maxrss / 1024.0, (long long)tm->gathers,
+             line, (double)m->peak_total / (1024.0 * 1024), peak / 1048576.0,
+             peak > (double)rss_at_start ? (peak - (double)rss_at_start) / 1048576.0 : 0.0,
+             (double)rss_at_start / 1048576.0, (long long)tm->gathers,
              (long long)tm->prefetched, tm->gather_wait_s, tm->reduce_wait_s);
 }
 
@@ -316,6 +324,7 @@ static int run_loop(struct trainer *t, int64_t first_step)
 
 int train_run(const struct worker_config *wc, const char *config_text, struct train_env *env)
 {
+    rss_at_start = rss_now();
     struct trainer t = {.wc = wc, .env = env};
     const char *dev = wc->train.device == WORKER_DEVICE_CUDA  ? "cuda"
                       : wc->train.device == WORKER_DEVICE_CPU ? "cpu"
