@@ -103,7 +103,11 @@ static int init_local(struct fsdp *f)
 
 int fsdp_init_params(struct fsdp *f)
 {
-    int rc = f->wc.fsdp.sync_module_states && f->g.world_size > 1 ? init_broadcast(f) : init_local(f);
+    /* cpu_ram_efficient_loading: a weights file is read by rank 0 alone (others would each hold a full copy
+     * in host memory while extracting their shards); the broadcast then carries it unit by unit. */
+    bool bcast = f->wc.fsdp.sync_module_states ||
+                 (f->wc.checkpoint.cpu_ram_efficient_loading && f->layout->config.init_from[0]);
+    int rc = bcast && f->g.world_size > 1 ? init_broadcast(f) : init_local(f);
     if (!rc)
         rc = fsdp_refresh_lp(f);
     return rc;

@@ -168,7 +168,7 @@ static const struct config_key keys[] = {
      .flags = LIST("checkpoints_total_limit"), .help = "Checkpoints kept; older ones are deleted; 0 = keep all"},
     {.section = "checkpoint", .name = "cpu_ram_efficient_loading", .type = CONFIG_BOOL, .def = "false",
      .flags = LIST("fsdp_cpu_ram_efficient_loading"), .bare = "true",
-     .help = "Only rank 0 reads full weights; the others receive their shards"},
+     .help = "model.init_from is read by rank 0 alone and broadcast; checkpoints are always read by byte range"},
     {.section = "checkpoint", .name = "resume_from", .type = CONFIG_PATH, .def = "",
      .flags = LIST("resume_from", "resume_from_checkpoint"),
      .help = "Checkpoint to resume from, or latest (newest in dir); unset = fresh start"},
