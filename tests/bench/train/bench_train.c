@@ -17,6 +17,10 @@
  * gives the same for DDP: with the waits, they say whether a gap to the peer is in the distribution or in
  * the per-rank compute (bench=train_one_rank).
  *
+ * Prefetch: FULL_SHARD also runs with backward_prefetch = NO_PREFETCH and with forward_prefetch on; the
+ * lines bench=train_prefetch give tokens/s and the time blocked waiting for all-gathers of each, so the
+ * overlap prefetching buys is measured, not assumed.
+ *
  * Usage: bench_train [--rounds N] [S] [L]          (default: --rounds 2 S L)
  * Output: bench=train config=S strategy=FULL_SHARD world=2 ... tokens_per_s=... mfu=... torch_ddp_tokens_per_s=...
  *         ratio=... no_shard_ratio=... scaling=... wait_frac=...   the same for NO_SHARD, and
@@ -133,12 +137,14 @@ static void show_tail(const char *what, const char *path)
 }
 
 /* One fsdp-worker run of config c with `strategy` at world 2; fills f, returns 0 or -1. */
-static int run_fsdp(const char *build, const char *dir, const char *data, const struct bench_config *c,
-                    const char *strategy, int world, int round, struct figure *f)
+/* extra: one more worker flag (NULL for none), e.g. a prefetch setting; it names the run's files too. */
+static int run_fsdp_with(const char *build, const char *dir, const char *data, const struct bench_config *c,
+                         const char *strategy, const char *extra, int world, int round, struct figure *f)
 {
     char ini[4200], tag[4300], logdir[4400], out[4400], err[4400];
     snprintf(ini, sizeof ini, "%s/%s.ini", dir, c->name);
-    snprintf(tag, sizeof tag, "%s/%s-%s-w%d-%d", dir, c->name, strategy, world, round);
+    snprintf(tag, sizeof tag, "%s/%s-%s-w%d-%d%s", dir, c->name, strategy, world, round,
+             extra ? strchr(extra, '=') + 1 : "");
     snprintf(logdir, sizeof logdir, "%s/log", tag);
     snprintf(out, sizeof out, "%s.out", tag);
     snprintf(err, sizeof err, "%s.err", tag);
@@ -163,7 +169,7 @@ static int run_fsdp(const char *build, const char *dir, const char *data, const 
     snprintf(ckarg, sizeof ckarg, "--checkpoint.dir=%s/ckpt", tag);
     snprintf(strat, sizeof strat, "--fsdp.sharding_strategy=%s", strategy);
     char *argv[] = {launch, "--nproc_per_node", nproc, "--master_port", port, worker, ini, logarg, ckarg, strat,
-                    NULL};
+                    (char *)extra, NULL};
     double t0 = now_s();
     if (run(argv, out, err) != 0) {
         show_tail(strategy, err);
@@ -214,6 +220,12 @@ static int run_fsdp(const char *build, const char *dir, const char *data, const 
     }
     free(e);
     return isfinite(f->tokens_per_s) ? 0 : -1;
+}
+
+static int run_fsdp(const char *build, const char *dir, const char *data, const struct bench_config *c,
+                    const char *strategy, int world, int round, struct figure *f)
+{
+    return run_fsdp_with(build, dir, data, c, strategy, NULL, world, round, f);
 }
 
 /* torch on the same config: DDP at world 2 under torchrun, or (single) one process with the same per-rank
@@ -316,7 +328,7 @@ int main(int argc, char **argv)
     int status = 0;
     for (int w = 0; w < n_want; w++) {
         const struct bench_config *c = want[w];
-        struct figure best_fs = {0}, best_ns = {0}, best_one = {0}, f;
+        struct figure best_fs = {0}, best_ns = {0}, best_one = {0}, best_nopf = {0}, best_fwpf = {0}, f;
         double best_torch = NAN, best_torch_one = NAN;
         for (int r = 0; r < rounds; r++) {
             if (peer) {
@@ -331,6 +343,13 @@ int main(int argc, char **argv)
                 best_fs = f;
             if (run_fsdp(build, dir, data, c, "NO_SHARD", WORLD, r, &f) == 0 && f.tokens_per_s > best_ns.tokens_per_s)
                 best_ns = f;
+            /* Prefetch off, and forward prefetch on top of the default BACKWARD_PRE: does prefetching overlap? */
+            if (run_fsdp_with(build, dir, data, c, "FULL_SHARD", "--fsdp.backward_prefetch=NO_PREFETCH", WORLD, r, &f) == 0 &&
+                f.tokens_per_s > best_nopf.tokens_per_s)
+                best_nopf = f;
+            if (run_fsdp_with(build, dir, data, c, "FULL_SHARD", "--fsdp.forward_prefetch=true", WORLD, r, &f) == 0 &&
+                f.tokens_per_s > best_fwpf.tokens_per_s)
+                best_fwpf = f;
             /* One rank with the same per-rank batch: what perfect scaling would double. */
             if (run_fsdp(build, dir, data, c, "NO_SHARD", 1, r, &f) == 0 && f.tokens_per_s > best_one.tokens_per_s)
                 best_one = f;
@@ -365,6 +384,15 @@ int main(int argc, char **argv)
                    x->tokens_per_s / (WORLD * best_one.tokens_per_s), x->gather_wait_s, x->reduce_wait_s, wait_frac,
                    x->run_s, rounds, peer ? "" : " note=peer_skipped");
         }
+        /* the slowest rank's time blocked waiting for all-gathers: what prefetch hides */
+        const struct figure *pf[3] = {&best_nopf, &best_fs, &best_fwpf};
+        const char *pfname[3] = {"none", "backward_pre", "backward_pre+forward"};
+        for (int k = 0; k < 3; k++)
+            if (pf[k]->tokens_per_s > 0)
+                printf("bench=train_prefetch config=%s strategy=FULL_SHARD world=%d prefetch=%s tokens_per_s=%.0f "
+                       "gather_wait_s=%.3f vs_no_prefetch=%.3f\n",
+                       c->name, WORLD, pfname[k], pf[k]->tokens_per_s, pf[k]->gather_wait_s,
+                       best_nopf.tokens_per_s > 0 ? pf[k]->tokens_per_s / best_nopf.tokens_per_s : NAN);
         if (peer)
             printf("bench=train_one_rank config=%s tokens_per_s=%.0f torch_tokens_per_s=%.0f ratio=%.3f "
                    "torch_ddp_scaling=%.3f fsdp_full_shard_scaling=%.3f\n",
