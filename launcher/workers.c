@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/fs.h"
 #include "common/log.h"
 
 extern char **environ;
@@ -65,25 +66,6 @@ int workers_find_program(const char *prog, char *out, size_t cap)
     }
     return error_set(FSDP_ENOTFOUND, "program '%s' not found in PATH nor next to fsdp-launch (%s)", prog,
                      self[0] ? self : "?");
-}
-
-static int mkdir_p(const char *dir)
-{
-    char tmp[PATH_MAX];
-    int n = snprintf(tmp, sizeof tmp, "%s", dir);
-    if (n < 0 || (size_t)n >= sizeof tmp)
-        return error_set(FSDP_ERANGE, "log directory path too long: %s", dir);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = 0;
-        if (mkdir(tmp, 0755) && errno != EEXIST)
-            return error_set(FSDP_EIO, "cannot create log directory %s: %s", tmp, strerror(errno));
-        *p = '/';
-    }
-    if (mkdir(tmp, 0755) && errno != EEXIST)
-        return error_set(FSDP_EIO, "cannot create log directory %s: %s", tmp, strerror(errno));
-    return 0;
 }
 
 /* torchrun's variables replace any inherited ones of the same name. */
@@ -197,7 +179,7 @@ static int spawn_one(struct worker *w, const struct launch_args *a, const struct
                          w->local_rank);
         if (n < 0 || (size_t)n >= sizeof dir)
             return error_set(FSDP_ERANGE, "log directory path too long under %s", a->log_dir);
-        rc = mkdir_p(dir);
+        rc = fs_mkdir_p(dir, "log directory");
         if (rc)
             return rc;
         log_out = open_log(dir, "stdout.log");

@@ -137,6 +137,8 @@ int fsdp_n_units(const struct fsdp *f);
 void fsdp_unit_params(const struct fsdp *f, int unit, int *first_param, int *n_params, size_t *offset,
                       size_t *numel);
 const struct kernels *fsdp_kernels(const struct fsdp *f);
+/* "FULL_SHARD", ... (NO_SHARD when fsdp.enable is false). */
+const char *fsdp_strategy_name(const struct fsdp *f);
 /* The table whose memory holds the pieces (the host's with offload_params on a device). */
 const struct kernels *fsdp_state_kernels(const struct fsdp *f);
 const struct model_layout *fsdp_layout(const struct fsdp *f);

@@ -16,6 +16,11 @@ static const char *strategy_name(enum worker_sharding s)
     return names[s];
 }
 
+const char *fsdp_strategy_name(const struct fsdp *f)
+{
+    return strategy_name(f->strategy);
+}
+
 /* Ranks per shard group for a strategy; 0 when the configuration cannot work (message set). */
 int fsdp_shard_group_size(const struct worker_config *wc, int world, int local_world)
 {

@@ -15,6 +15,7 @@
 
 #include "comm/comm.h"
 #include "common/error.h"
+#include "common/fs.h"
 #include "common/log.h"
 #include "worker/data.h"
 #include "worker/fsdp.h"
@@ -33,31 +34,13 @@ static double now_s(void)
 }
 
 /* "./runs/<run_id>" -> "./runs/<the run id>" */
-static void expand_run_id(char *out, size_t cap, const char *pattern, const char *run_id)
+void train_expand_run_id(char *out, size_t cap, const char *pattern, const char *run_id)
 {
     const char *at = strstr(pattern, "<run_id>");
     if (!at)
         snprintf(out, cap, "%s", pattern);
     else
         snprintf(out, cap, "%.*s%s%s", (int)(at - pattern), pattern, run_id, at + strlen("<run_id>"));
-}
-
-static int mkdir_p(const char *path)
-{
-    char buf[4352];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
-        return error_set(FSDP_ERANGE, "directory name too long: %s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = 0;
-        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-            return error_set(FSDP_EIO, "cannot create directory %s: %s", buf, strerror(errno));
-        *p = '/';
-    }
-    if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-        return error_set(FSDP_EIO, "cannot create directory %s: %s", buf, strerror(errno));
-    return 0;
 }
 
 /* Peak FLOP/s of this rank for the MFU: FSDP_PEAK_TFLOPS when set, else on CPU a short SGEMM measured now
@@ -240,9 +223,9 @@ static int run_loop(struct trainer *t, int64_t first_step)
         return rc;
     struct metrics *met = NULL;
     char logdir[4200];
-    expand_run_id(logdir, sizeof logdir, wc->log.dir, env->run_id);
+    train_expand_run_id(logdir, sizeof logdir, wc->log.dir, env->run_id);
     if (lead) {
-        rc = mkdir_p(logdir);
+        rc = fs_mkdir_p(logdir, "log.dir");
         if (!rc)
             rc = first_step > 0 ? metrics_trim(logdir, first_step) : 0;
         if (!rc)

@@ -3,6 +3,7 @@
 #ifndef FSDP_WORKER_TRAIN_H
 #define FSDP_WORKER_TRAIN_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "rendezvous/store.h"
@@ -20,6 +21,9 @@ void train_env_close(struct train_env *e);
 
 /* Trains as the config says; config_text is the effective INI (recorded in checkpoints). Returns 0 or a
  * negative fsdp_error with the message set. */
+/* pattern with "<run_id>" replaced by run_id (config paths such as log.dir and checkpoint.dir). */
+void train_expand_run_id(char *out, size_t cap, const char *pattern, const char *run_id);
+
 int train_run(const struct worker_config *wc, const char *config_text, struct train_env *env);
 
 #endif

@@ -17,39 +17,13 @@
 #include <time.h>
 
 #include "common/error.h"
+#include "common/fs.h"
 #include "common/log.h"
 #include "worker/ckpt.h"
 #include "worker/train_ckpt.h"
 
 static char *saved_config_text;
 static int64_t last_saved_step = -1;
-
-static void expand_root(char *out, size_t cap, const struct worker_config *wc, const struct train_env *env)
-{
-    const char *pat = wc->checkpoint.dir, *at = strstr(pat, "<run_id>");
-    if (!at)
-        snprintf(out, cap, "%s", pat);
-    else
-        snprintf(out, cap, "%.*s%s%s", (int)(at - pat), pat, env->run_id, at + strlen("<run_id>"));
-}
-
-static int mkdir_p(const char *path)
-{
-    char buf[4352];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
-        return error_set(FSDP_ERANGE, "checkpoint.dir too long: %s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = 0;
-        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-            return error_set(FSDP_EIO, "checkpoint.dir: cannot create %s: %s", buf, strerror(errno));
-        *p = '/';
-    }
-    if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-        return error_set(FSDP_EIO, "checkpoint.dir: cannot create %s: %s", buf, strerror(errno));
-    return 0;
-}
 
 /* Resets the kernel's peak-RSS mark (VmHWM) and returns the resident bytes now, so that the peak read after
  * a save is the save's own. */
@@ -81,12 +55,6 @@ static size_t rss_peak(void)
     return status_kib("VmHWM:");
 }
 
-static const char *strategy_name(const struct worker_config *wc)
-{
-    static const char *names[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"};
-    return wc->fsdp.enable ? names[wc->fsdp.sharding_strategy] : "NO_SHARD";
-}
-
 static void fill_state(struct ckpt_state *st, struct fsdp *f, const struct worker_config *wc, int64_t step,
                        int writers)
 {
@@ -95,7 +63,7 @@ static void fill_state(struct ckpt_state *st, struct fsdp *f, const struct worke
     st->loss_scale = fsdp_loss_scale(f);
     st->scaler_good_steps = fsdp_scaler_good_steps(f);
     st->world_size = writers;
-    snprintf(st->strategy, sizeof st->strategy, "%s", strategy_name(wc));
+    snprintf(st->strategy, sizeof st->strategy, "%s", fsdp_strategy_name(f));
     st->fsdp_version = wc->fsdp.version;
     st->config_text = saved_config_text ? saved_config_text : "";
     model_config_default(&st->model);
@@ -232,8 +200,8 @@ int train_ckpt_maybe_save(struct fsdp *f, const struct worker_config *wc, struct
     if (!due)
         return 0;
     char root[4352];
-    expand_root(root, sizeof root, wc, env);
-    int rc = env->rank == 0 ? mkdir_p(root) : 0;
+    train_expand_run_id(root, sizeof root, wc->checkpoint.dir, env->run_id);
+    int rc = env->rank == 0 ? fs_mkdir_p(root, "checkpoint.dir") : 0;
     rc = agree(f, rc, "creating checkpoint.dir");
     if (rc)
         return rc;
@@ -270,7 +238,7 @@ int train_ckpt_maybe_load(struct fsdp *f, const struct worker_config *wc, struct
     if (!which[0])
         return 0;
     char root[4352];
-    expand_root(root, sizeof root, wc, env);
+    train_expand_run_id(root, sizeof root, wc->checkpoint.dir, env->run_id);
     if (strcmp(which, CKPT_LATEST) == 0) {
         char path[4352];
         if (ckpt_resolve(root, which, path, sizeof path) == FSDP_ENOTFOUND) {
