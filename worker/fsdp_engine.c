@@ -239,8 +239,8 @@ static int gather_unpack(struct fsdp *f, struct fsdp_unit *u)
     for (size_t r = 0; r < sg; r++)
         for (int j = 0; j < u->n_params; j++) {
             const struct fsdp_pslot *s = &u->slots[j];
-            size_t rb = r * s->chunk < s->rows ? r * s->chunk : s->rows;
-            size_t re = rb + s->chunk < s->rows ? rb + s->chunk : s->rows;
+            size_t rb, re;
+            fsdp_slot_rows(s, r, &rb, &re);
             if (re == rb)
                 continue;
             const char *from = (const char *)u->gbuf + (r * u->shard + s->shard_off) * es;
@@ -448,8 +448,8 @@ static int grads_reduce(struct fsdp *f, int ui, bool last)
         for (size_t r = 0; !rc && r < sg; r++)
             for (int j = 0; !rc && j < u->n_params; j++) {
                 const struct fsdp_pslot *s = &u->slots[j];
-                size_t rb = r * s->chunk < s->rows ? r * s->chunk : s->rows;
-                size_t re = rb + s->chunk < s->rows ? rb + s->chunk : s->rows;
+                size_t rb, re;
+                fsdp_slot_rows(s, r, &rb, &re);
                 if (re > rb)
                     rc = k->mem_copy(send + r * u->shard + s->shard_off, u->fgrad + s->unit_off + rb * s->row_len,
                                      (re - rb) * s->row_len * sizeof(float), KERNELS_COPY_D2D);

@@ -130,6 +130,13 @@ int fsdp_sum_over(struct fsdp *f, struct comm *c, double x, double *sum);
 /* fsdp_state.c */
 int fsdp_refresh_lp(struct fsdp *f);
 
+/* Rows [*rb, *re) of slot s that rank r of the shard group owns (empty past the parameter's end). */
+static inline void fsdp_slot_rows(const struct fsdp_pslot *s, size_t r, size_t *rb, size_t *re)
+{
+    *rb = r * s->chunk < s->rows ? r * s->chunk : s->rows;
+    *re = *rb + s->chunk < s->rows ? *rb + s->chunk : s->rows;
+}
+
 static inline size_t fsdp_dsize(enum kernels_dtype d)
 {
     return d == KERNELS_F32 ? 4 : 2;

@@ -200,8 +200,8 @@ static int plan_shards(struct fsdp *f)
                 s->unit_off = mp->offset - u->offset;
                 s->shard_off = off;
                 off += s->chunk * s->row_len;
-                size_t rb = r * s->chunk < s->rows ? r * s->chunk : s->rows;
-                size_t re = rb + s->chunk < s->rows ? rb + s->chunk : s->rows;
+                size_t rb, re;
+                fsdp_slot_rows(s, r, &rb, &re);
                 if (re > rb)
                     f->pieces[f->n_pieces++] =
                         (struct fsdp_piece){.param = s->param, .begin = rb * s->row_len, .count = (re - rb) * s->row_len,

@@ -173,8 +173,8 @@ int fsdp_gather_unit_state(struct fsdp *f, int ui, enum fsdp_state_kind kind, fl
     for (size_t r = 0; !rc && f->version != 1 && r < sg; r++)
         for (int j = 0; !rc && j < u->n_params; j++) {
             const struct fsdp_pslot *s = &u->slots[j];
-            size_t rb = r * s->chunk < s->rows ? r * s->chunk : s->rows;
-            size_t re = rb + s->chunk < s->rows ? rb + s->chunk : s->rows;
+            size_t rb, re;
+            fsdp_slot_rows(s, r, &rb, &re);
             if (re > rb)
                 rc = k->mem_copy(dst + s->unit_off + rb * s->row_len, all + r * u->shard + s->shard_off,
                                  (re - rb) * s->row_len * sizeof(float), KERNELS_COPY_D2H);
