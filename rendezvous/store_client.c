@@ -412,7 +412,9 @@ static void what_key(char *buf, size_t n, const char *verb, const char *key)
     snprintf(buf, n, "%s key '%s'", verb, key_shown(key, shown));
 }
 
-int store_client_set(struct store_client *c, const char *key, const void *value, size_t len)
+/* SET and APPEND: a key and a value in, an empty reply out. */
+static int key_value_op(struct store_client *c, int op, const char *verb, const char *key, const void *value,
+                        size_t len)
 {
     int rc = check_key(key);
     if (rc == 0)
@@ -420,8 +422,8 @@ int store_client_set(struct store_client *c, const char *key, const void *value,
     if (rc != 0)
         return rc;
     char what[128];
-    what_key(what, sizeof what, "setting", key);
-    store_buf_begin(&c->out, STORE_OP_SET);
+    what_key(what, sizeof what, verb, key);
+    store_buf_begin(&c->out, op);
     store_buf_put_str(&c->out, key);
     store_buf_put_bytes(&c->out, value, len);
     struct store_reader r;
@@ -429,6 +431,11 @@ int store_client_set(struct store_client *c, const char *key, const void *value,
     if (rc == 0 && !store_reader_done(&r))
         return reply_malformed(c, what);
     return rc;
+}
+
+int store_client_set(struct store_client *c, const char *key, const void *value, size_t len)
+{
+    return key_value_op(c, STORE_OP_SET, "setting", key, value, len);
 }
 
 static int copy_out(const uint8_t *p, size_t n, void **value, size_t *len)
@@ -655,21 +662,7 @@ int store_client_num_keys(struct store_client *c, int64_t *n)
 
 int store_client_append(struct store_client *c, const char *key, const void *value, size_t len)
 {
-    int rc = check_key(key);
-    if (rc == 0)
-        rc = check_value(key, len);
-    if (rc != 0)
-        return rc;
-    char what[128];
-    what_key(what, sizeof what, "appending to", key);
-    store_buf_begin(&c->out, STORE_OP_APPEND);
-    store_buf_put_str(&c->out, key);
-    store_buf_put_bytes(&c->out, value, len);
-    struct store_reader r;
-    rc = simple_roundtrip(c, what, &r);
-    if (rc == 0 && !store_reader_done(&r))
-        return reply_malformed(c, what);
-    return rc;
+    return key_value_op(c, STORE_OP_APPEND, "appending to", key, value, len);
 }
 
 int store_client_ping(struct store_client *c)
