@@ -55,6 +55,7 @@ struct shm_ctrl {
     _Atomic uint32_t aborted;
     _Atomic uint64_t count; /* total arrivals; the last arrival of epoch e makes it e * n */
     int32_t abort_rank;
+    uint32_t abort_epoch; /* the aborting rank's barrier epoch: barriers before it completed for everyone */
     uint32_t n;
     uint64_t slot_bytes;
     char abort_msg[480];
@@ -236,6 +237,7 @@ void shm_abort(struct shm_group *g, const char *why)
     uint32_t zero = 0;
     if (atomic_compare_exchange_strong(&g->ctrl->aborted, &zero, 2)) {
         g->ctrl->abort_rank = g->global[g->me];
+        g->ctrl->abort_epoch = g->epoch;
         snprintf(g->ctrl->abort_msg, sizeof(g->ctrl->abort_msg), "%s", why);
         atomic_store(&g->ctrl->aborted, 1);
     }
@@ -256,14 +258,21 @@ int shm_barrier(struct shm_group *g, double deadline)
     if (total == (uint64_t)e * (uint64_t)g->n) {
         atomic_store(&c->release, e);
         futex(&c->release, FUTEX_WAKE, INT_MAX, NULL);
-        return atomic_load(&c->aborted) == 1 ? fail_aborted(g) : 0;
+        /* Everyone arrived, so this barrier completed; an abort counts only if it was raised in this barrier
+         * or earlier. A peer released here may already have failed in a later one (its next op found the
+         * rank that died right after this barrier), and that must not fail an operation that finished. */
+        return atomic_load(&c->aborted) == 1 && (int32_t)(c->abort_epoch - e) <= 0 ? fail_aborted(g) : 0;
     }
     for (;;) {
         uint32_t v = atomic_load(&c->release);
         if ((int32_t)(v - e) >= 0)
             return 0;
-        if (atomic_load(&c->aborted) == 1)
+        if (atomic_load(&c->aborted) == 1) {
+            /* the release may have landed between the two loads */
+            if ((int32_t)(atomic_load(&c->release) - e) >= 0)
+                return 0;
             return fail_aborted(g);
+        }
         char missing[256] = "";
         size_t mlen = 0;
         int dead = -1, nmissing = 0;
