@@ -4,6 +4,7 @@
  * communicator broken: once one collective failed the ranks are out of step, so later ones fail fast. */
 #include "comm/comm_internal.h"
 #include "common/error.h"
+#include "common/gpu_module.h"
 #include "common/log.h"
 #include "rendezvous/store.h"
 
@@ -144,9 +145,15 @@ int comm_create(struct store_client *store, int rank, int size, const char *grou
     const struct comm_backend *be = NULL;
     if (strcmp(bname, "cpu") == 0)
         be = comm_backend_cpu();
-    else if (strcmp(bname, "nccl") == 0 && !(be = comm_backend_nccl()))
-        return error_set(FSDP_EUNSUPPORTED, "comm_create: this build has no NCCL backend (built without CUDA); "
-                         "use backend \"cpu\"");
+    else if (strcmp(bname, "nccl") == 0) {
+        /* The NCCL backend lives in the GPU module, loaded now (see common/gpu_module.h). */
+        const struct comm_backend *(*get)(void) =
+            (const struct comm_backend *(*)(void))gpu_module_symbol("fsdp_gpu_comm_backend");
+        if (!get)
+            return error_set(FSDP_EUNSUPPORTED, "comm_create: no NCCL backend: %s; use backend \"cpu\"",
+                             error_message());
+        be = get();
+    }
     if (!be)
         return error_set(FSDP_EINVAL, "comm_create: unknown backend '%s' (use \"cpu\" or \"nccl\")", bname);
     if (o.generation < 0) {
@@ -460,10 +467,3 @@ void comm_mem_free(struct comm *c, void *p)
     if (c->be->mem_free(c->state, p) != 0)
         log_error("%s", error_message());
 }
-
-#ifndef FSDP_HAVE_CUDA
-const struct comm_backend *comm_backend_nccl(void)
-{
-    return NULL;
-}
-#endif

@@ -47,7 +47,9 @@ struct comm_backend {
 };
 
 const struct comm_backend *comm_backend_cpu(void);
-const struct comm_backend *comm_backend_nccl(void); /* NULL when built without CUDA */
+/* Defined in comm_nccl.c, which is built into the GPU module only (comm.c reaches it through
+ * common/gpu_module.h). */
+const struct comm_backend *comm_backend_nccl(void);
 
 double comm_now_s(void);
 const char *comm_kind_name(enum comm_kind kind);

@@ -143,8 +143,8 @@ struct kernels {
 
 /* The CPU backend (OpenBLAS sgemm + OpenMP loops); never NULL. */
 const struct kernels *kernels_cpu(void);
-/* The CUDA backend; defined in kernels/cuda/ only when it is built (FSDP_HAVE_CUDA_KERNELS). Returns NULL
- * with error_set when no usable GPU is present. */
+/* The CUDA backend; defined in kernels/cuda/, which is built into the GPU module only (kernels_get("cuda")
+ * loads it through common/gpu_module.h). Returns NULL with error_set when no usable GPU is present. */
 const struct kernels *kernels_cuda(void);
 /* By device name ("cpu", "cuda"); NULL with error_set when unknown or not available in this build/machine. */
 const struct kernels *kernels_get(const char *device);

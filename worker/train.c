@@ -15,6 +15,7 @@
 
 #include "comm/comm.h"
 #include "common/error.h"
+#include "common/gpu_module.h"
 #include "common/fs.h"
 #include "common/log.h"
 #include "worker/data.h"
@@ -312,8 +313,10 @@ int train_run(const struct worker_config *wc, const char *config_text, struct tr
     const char *dev = wc->train.device == WORKER_DEVICE_CUDA  ? "cuda"
                       : wc->train.device == WORKER_DEVICE_CPU ? "cpu"
                                                               : NULL;
+    /* auto: a host without an NVIDIA driver cannot have a usable GPU, so the GPU module is not even loaded
+     * (common/gpu_module.h: it would cost the CPU run ~150 MiB of RSS). */
     if (!dev)
-        dev = kernels_get("cuda") ? "cuda" : "cpu";
+        dev = gpu_module_driver_present() && kernels_get("cuda") ? "cuda" : "cpu";
     error_clear();
     t.k = kernels_get(dev);
     if (!t.k)

@@ -133,7 +133,7 @@ Test(kernels_cuda, unavailable_device_fails_cleanly)
     cr_assert(strstr(msg, "no CUDA device"), "unclear message: %s", msg);
     /* The answer is cached but the message is set again on every call (it is per thread). */
     error_clear();
-    cr_assert_null(kernels_cuda());
+    cr_assert_null(kernels_get("cuda"));
     cr_assert(strstr(error_message(), "no CUDA device"), "second call: %s", error_message());
 #else
     cr_assert(strstr(msg, "CUDA"), "unclear message: %s", msg);

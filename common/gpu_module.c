@@ -1,0 +1,108 @@
+/* Loads libfsdp_gpu.so once (see gpu_module.h for why it is not linked). The programs are linked with
+ * --export-dynamic so that the module's calls to error_set, log_* and the store client bind to the
+ * program's own copies: an error message set inside the module is then the one the caller reads. */
+#include "common/gpu_module.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/error.h"
+
+#ifndef FSDP_GPU_MODULE_BUILD_PATH
+#define FSDP_GPU_MODULE_BUILD_PATH ""
+#endif
+#ifndef FSDP_GPU_MODULE_INSTALL_PATH
+#define FSDP_GPU_MODULE_INSTALL_PATH ""
+#endif
+#ifndef FSDP_GPU_BUILD_ROOT
+#define FSDP_GPU_BUILD_ROOT ""
+#endif
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static void *handle;
+static char loaded_path[4096];
+static char load_error[4096];
+
+bool gpu_module_driver_present(void)
+{
+    return access("/proc/driver/nvidia/version", F_OK) == 0 || access("/dev/nvidiactl", F_OK) == 0 ||
+           access("/dev/nvidia0", F_OK) == 0;
+}
+
+#ifdef FSDP_HAVE_CUDA
+/* A program run from the build tree loads the module built beside it, an installed one the installed
+ * module: a stale installed copy must never shadow the one just built. */
+static bool exe_in_build_tree(void)
+{
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    size_t rl = strlen(FSDP_GPU_BUILD_ROOT);
+    if (n <= 0 || rl == 0)
+        return false;
+    exe[n] = '\0';
+    return strncmp(exe, FSDP_GPU_BUILD_ROOT, rl) == 0 && exe[rl] == '/';
+}
+
+static bool try_load(const char *path, size_t *used)
+{
+    if (!path[0])
+        return false;
+    /* RTLD_NOW: a missing CUDA library or symbol is reported here, with its name, not at the first call. */
+    handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (handle) {
+        snprintf(loaded_path, sizeof(loaded_path), "%s", path);
+        return true;
+    }
+    const char *why = dlerror();
+    int k = snprintf(load_error + *used, sizeof(load_error) - *used, "%s%s", *used ? "; " : "",
+                     why ? why : path);
+    if (k > 0)
+        *used = *used + (size_t)k < sizeof(load_error) ? *used + (size_t)k : sizeof(load_error) - 1;
+    return false;
+}
+
+static void load(void)
+{
+    size_t used = 0;
+    const char *env = getenv("FSDP_GPU_MODULE");
+    if (env && env[0]) {
+        snprintf(loaded_path, sizeof(loaded_path), "%s", env);
+        if (!try_load(env, &used))
+            loaded_path[0] = '\0';
+        return; /* an explicit path is the only one tried */
+    }
+    bool built = exe_in_build_tree();
+    if (!try_load(built ? FSDP_GPU_MODULE_BUILD_PATH : FSDP_GPU_MODULE_INSTALL_PATH, &used))
+        try_load(built ? FSDP_GPU_MODULE_INSTALL_PATH : FSDP_GPU_MODULE_BUILD_PATH, &used);
+}
+#else
+static void load(void)
+{
+    snprintf(load_error, sizeof(load_error), "this build has no GPU support (built without the CUDA toolkit "
+                                             "and NCCL; rebuild with meson -Dcuda=enabled)");
+}
+#endif
+
+void *gpu_module_symbol(const char *name)
+{
+    pthread_once(&load_once, load);
+    if (!handle) {
+        error_set(FSDP_EUNSUPPORTED, "cannot load the GPU module libfsdp_gpu.so: %s", load_error);
+        return NULL;
+    }
+    dlerror();
+    void *p = dlsym(handle, name);
+    if (!p)
+        error_set(FSDP_EUNSUPPORTED, "the GPU module %s has no symbol %s (a module from another build?)",
+                  loaded_path, name);
+    return p;
+}
+
+const char *gpu_module_path(void)
+{
+    return loaded_path;
+}

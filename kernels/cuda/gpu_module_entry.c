@@ -1,0 +1,18 @@
+/* The GPU module's entry points (common/gpu_module.h loads it): the CUDA ops table and the NCCL backend,
+ * under names that exist only in the module, so that a program which also links the CUDA code statically
+ * (the CUDA tests) never confuses the two copies. */
+#include "comm/comm_internal.h"
+#include "kernels/kernels.h"
+
+const struct kernels *fsdp_gpu_kernels(void);
+const struct comm_backend *fsdp_gpu_comm_backend(void);
+
+const struct kernels *fsdp_gpu_kernels(void)
+{
+    return kernels_cuda();
+}
+
+const struct comm_backend *fsdp_gpu_comm_backend(void)
+{
+    return comm_backend_nccl();
+}
