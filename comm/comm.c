@@ -49,7 +49,7 @@ double comm_now_s(void)
 const char *comm_kind_name(enum comm_kind kind)
 {
     static const char *names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",
-                                  "barrier", "send", "recv"};
+                                  "barrier", "send", "recv", "split"};
     return (unsigned)kind < sizeof(names) / sizeof(names[0]) ? names[kind] : "?";
 }
 
@@ -81,7 +81,9 @@ static void *progress_main(void *arg)
         } else {
             w->req.deadline = comm_now_s() + c->info.timeout_s;
             error_clear();
-            rc = c->be->run(c->state, &w->req);
+            rc = w->req.kind == COMM_K_SPLIT
+                     ? c->be->split(c->state, w->req.child, w->req.color, w->req.key, w->req.child_state)
+                     : c->be->run(c->state, &w->req);
             if (rc)
                 snprintf(w->msg, sizeof(w->msg), "comm: %s #%llu in group '%s' failed on rank %d of %d "
                          "(%s backend, timeout %.0f s): %s", comm_kind_name(w->req.kind),
@@ -130,6 +132,43 @@ static bool group_ok(const char *g)
     return true;
 }
 
+/* The communicator object of a group, before its backend state exists. */
+static int comm_new(struct store_client *store, int rank, int size, const char *group,
+                    const struct comm_options *o, const struct comm_backend *be, struct comm **out)
+{
+    struct comm *c = calloc(1, sizeof(*c));
+    if (!c)
+        return error_set(FSDP_ENOMEM, "comm_create: out of memory");
+    c->opts = *o;
+    c->be = be;
+    c->info.store = store;
+    c->info.rank = rank;
+    c->info.size = size;
+    c->info.generation = o->generation;
+    c->info.device = o->device;
+    c->info.timeout_s = o->timeout_s;
+    /* Callers pass names of at most 64 characters (group_ok, or a split's "%.40s.<n>c<color>"). */
+    snprintf(c->info.group, sizeof(c->info.group), "%.64s", group);
+    snprintf(c->info.key_prefix, sizeof(c->info.key_prefix), "comm/%.64s/%d", group, o->generation);
+    *out = c;
+    return 0;
+}
+
+/* Starts the progress thread of c, whose backend state is ready; on failure frees c and its state. */
+static int comm_start(struct comm *c)
+{
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    if (pthread_create(&c->thread, NULL, progress_main, c) != 0) {
+        c->be->fini(c->state);
+        pthread_mutex_destroy(&c->mu);
+        pthread_cond_destroy(&c->cv);
+        free(c);
+        return error_set(FSDP_ENOMEM, "comm_create: cannot start the progress thread");
+    }
+    return 0;
+}
+
 int comm_create(struct store_client *store, int rank, int size, const char *group,
                 const struct comm_options *opts, struct comm **out)
 {
@@ -168,33 +207,19 @@ int comm_create(struct store_client *store, int rank, int size, const char *grou
     }
     o.backend = be->name;
 
-    struct comm *c = calloc(1, sizeof(*c));
-    if (!c)
-        return error_set(FSDP_ENOMEM, "comm_create: out of memory");
-    c->opts = o;
-    c->be = be;
-    c->info.store = store;
-    c->info.rank = rank;
-    c->info.size = size;
-    c->info.generation = o.generation;
-    c->info.device = o.device;
-    c->info.timeout_s = o.timeout_s;
-    snprintf(c->info.group, sizeof(c->info.group), "%s", group);
-    snprintf(c->info.key_prefix, sizeof(c->info.key_prefix), "comm/%s/%d", group, o.generation);
-    int rc = be->init(&c->info, &c->state);
+    struct comm *c = NULL;
+    int rc = comm_new(store, rank, size, group, &o, be, &c);
+    if (rc)
+        return rc;
+    rc = be->init(&c->info, &c->state);
     if (rc) {
         rc = error_set(rc, "comm_create: group '%s' rank %d of %d (%s backend): %s", group, rank, size, be->name,
                        error_message());
         free(c);
         return rc;
     }
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
-    if (pthread_create(&c->thread, NULL, progress_main, c) != 0) {
-        be->fini(c->state);
-        free(c);
-        return error_set(FSDP_ENOMEM, "comm_create: cannot start the progress thread");
-    }
+    if ((rc = comm_start(c)) != 0)
+        return rc;
     *out = c;
     return 0;
 }
@@ -224,6 +249,43 @@ static int split_cmp(const void *a, const void *b)
     if (x->key != y->key)
         return x->key < y->key ? -1 : 1;
     return x->rank < y->rank ? -1 : x->rank > y->rank;
+}
+
+static int enqueue(struct comm *c, const struct comm_req *req, struct comm_work **out);
+
+/* A backend with a split hook (NCCL: ncclCommSplit) derives the child from the parent in a collective over
+ * every rank of the parent, which must not overlap the parent's other operations. It is queued on the
+ * parent as a COMM_K_SPLIT request and waited for, rather than called here after draining the queue:
+ * both are ordered (one thread issues operations), but only the queue keeps the backend's state (its
+ * NCCL communicator, stream, current device) touched by the progress thread alone, refuses the split on a
+ * broken parent with the first error (instead of calling into an aborted communicator), and gives its
+ * failure the same message as any collective (sequence number, group, rank). A rank that could not make
+ * its child object still takes part, with no color, so that its peers' split returns (with a group one
+ * short, which their backend reports) instead of waiting forever. */
+static int split_backend(struct comm *c, int color, int rank, int size, const char *name, struct comm **out)
+{
+    struct comm *child = NULL;
+    int made = 0;
+    char why[512] = "";
+    if (color != COMM_SPLIT_NONE && (made = comm_new(c->info.store, rank, size, name, &c->opts, c->be, &child)))
+        snprintf(why, sizeof(why), "%s", error_message());
+    struct comm_req r = {.kind = COMM_K_SPLIT, .color = child ? color : COMM_SPLIT_NONE, .key = rank,
+                         .child = child ? &child->info : NULL, .child_state = child ? &child->state : NULL};
+    struct comm_work *w = NULL;
+    int rc = enqueue(c, &r, &w);
+    if (!rc)
+        rc = comm_work_wait(w);
+    if (made)
+        return error_set(made, "comm_split of group '%s' into '%s' on rank %d: %s", c->info.group, name,
+                         c->info.rank, why);
+    if (rc) {
+        free(child); /* a failed split leaves no backend state behind */
+        return rc;
+    }
+    if (child && (rc = comm_start(child)) != 0)
+        return rc;
+    *out = child;
+    return 0;
 }
 
 int comm_split(struct comm *c, int color, int key, struct comm **out)
@@ -259,18 +321,18 @@ int comm_split(struct comm *c, int color, int key, struct comm **out)
         if (col == color && color != COMM_SPLIT_NONE)
             e[m++] = (struct split_entry){col, ky, r};
     }
-    if (color == COMM_SPLIT_NONE) {
-        free(e);
-        return 0;
+    if (color != COMM_SPLIT_NONE) {
+        qsort(e, (size_t)m, sizeof(*e), split_cmp);
+        for (int i = 0; i < m; i++)
+            if (e[i].rank == c->info.rank)
+                me = i;
     }
-    qsort(e, (size_t)m, sizeof(*e), split_cmp);
-    for (int i = 0; i < m; i++)
-        if (e[i].rank == c->info.rank)
-            me = i;
     free(e);
     char name[128];
     snprintf(name, sizeof(name), "%.40s.%dc%d", c->info.group, n, color);
-    return comm_create(c->info.store, me, m, name, &c->opts, out);
+    if (c->be->split)
+        return split_backend(c, color, me, m, name, out);
+    return color == COMM_SPLIT_NONE ? 0 : comm_create(c->info.store, me, m, name, &c->opts, out);
 }
 
 static int enqueue(struct comm *c, const struct comm_req *req, struct comm_work **out)

@@ -493,6 +493,8 @@ static int cpu_dispatch(struct cpu_state *st, const struct comm_req *q)
         struct tcp_xfer x = {.peer = q->peer, .rbuf = q->out, .rlen = q->count * es};
         return tcp_exchange(st->tcp, &x, 1, q->deadline);
     }
+    case COMM_K_SPLIT: /* only queued for a backend with a split hook */
+        break;
     }
     return error_set(FSDP_EINVAL, "unknown operation %d", (int)q->kind);
 }
@@ -509,9 +511,11 @@ static int cpu_mem_free(void *state, void *p)
     return comm_mem_shared_free(p);
 }
 
+/* No split hook: a child's shared-memory and TCP links are made by cpu_init like any group's, after the
+ * core agreed the membership through the store. */
 static const struct comm_backend cpu_backend = {
     .name = "cpu", .init = cpu_init, .run = cpu_run, .fini = cpu_fini, .mem_alloc = cpu_mem_alloc,
-    .mem_free = cpu_mem_free};
+    .mem_free = cpu_mem_free, .split = NULL};
 
 const struct comm_backend *comm_backend_cpu(void)
 {

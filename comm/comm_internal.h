@@ -8,8 +8,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* COMM_K_SPLIT is internal: comm_split queues it on the parent for a backend with a split hook, so that
+ * the backend's split (a collective over the parent) runs in issue order with the parent's operations. */
 enum comm_kind { COMM_K_ALL_GATHER, COMM_K_REDUCE_SCATTER, COMM_K_ALL_REDUCE, COMM_K_BROADCAST,
-                 COMM_K_BARRIER, COMM_K_SEND, COMM_K_RECV };
+                 COMM_K_BARRIER, COMM_K_SEND, COMM_K_RECV, COMM_K_SPLIT };
+
+struct comm_info;
 
 struct comm_req {
     enum comm_kind kind;
@@ -21,6 +25,10 @@ struct comm_req {
     int peer; /* root for broadcast */
     uint64_t seq;
     double deadline; /* monotonic seconds (comm_now_s) by which every wait of this request gives up */
+    /* COMM_K_SPLIT only: the arguments of comm_backend.split (child NULL for COMM_SPLIT_NONE). */
+    int color, key;
+    const struct comm_info *child;
+    void **child_state;
 };
 
 /* What a backend sees of its communicator. */
@@ -44,6 +52,12 @@ struct comm_backend {
      * FSDP_EINVAL for a pointer it does not know. Called from any thread. */
     void *(*mem_alloc)(void *state, size_t bytes);
     int (*mem_free)(void *state, void *p);
+    /* Optional: builds the child's state from the parent's, as a collective over every rank of the parent
+     * (color COMM_SPLIT_NONE with child_info NULL for a rank that joins no group). The core has already
+     * agreed the membership through the store and passes key = the child rank it computed, so the
+     * backend's order cannot differ from the core's. Runs on the parent's progress thread, in issue
+     * order (as a COMM_K_SPLIT request). NULL = children are made with init() like any communicator. */
+    int (*split)(void *parent_state, const struct comm_info *child_info, int color, int key, void **child_state);
 };
 
 const struct comm_backend *comm_backend_cpu(void);

@@ -1,6 +1,7 @@
 /* The "nccl" backend: device buffers, one NCCL communicator per group on a dedicated stream. Bootstrap:
  * rank 0 of the group calls ncclGetUniqueId (which also starts NCCL's bootstrap listener in that process)
  * and publishes it under "<key_prefix>/nccl_id"; the others wait for it, then all call ncclCommInitRank.
+ * A comm_split child is made by ncclCommSplit of the parent instead (no new id, no new bootstrap ring).
  * Completion is watched by the progress thread: it polls the stream and ncclCommGetAsyncError in short
  * sleeps until the deadline, then aborts the NCCL communicator so nothing hangs on a dead peer. */
 #include "comm/comm_internal.h"
@@ -68,9 +69,11 @@ static void nccl_fini(void *state)
     free(st);
 }
 
-static int nccl_init(const struct comm_info *info, void **state)
+/* What every communicator of this backend owns besides its ncclComm: the device and its own stream, which
+ * wait_stream watches. Shared by nccl_init and nccl_split so a child is set up exactly like a group. */
+static int nccl_state_new(const struct comm_info *info, struct nccl_state **out)
 {
-    *state = NULL;
+    *out = NULL;
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess)
         ndev = 0; /* no driver = no device */
@@ -90,8 +93,19 @@ static int nccl_init(const struct comm_info *info, void **state)
         free(st);
         return error_set(FSDP_EIO, "nccl backend: device %d: %s", dev, cudaGetErrorString(ce));
     }
+    *out = st;
+    return 0;
+}
+
+static int nccl_init(const struct comm_info *info, void **state)
+{
+    *state = NULL;
+    struct nccl_state *st = NULL;
+    int rc = nccl_state_new(info, &st);
+    if (rc)
+        return rc;
     unsigned char id[COMM_NCCL_ID_BYTES];
-    int rc = comm_nccl_exchange_id(info->store, info->key_prefix, info->rank, info->timeout_s, id);
+    rc = comm_nccl_exchange_id(info->store, info->key_prefix, info->rank, info->timeout_s, id);
     if (rc) {
         nccl_fini(st);
         return rc;
@@ -106,6 +120,61 @@ static int nccl_init(const struct comm_info *info, void **state)
                          ncclGetErrorString(r));
     }
     *state = st;
+    return 0;
+}
+
+/* The split hook, run on the parent's progress thread. ncclCommSplit is a collective over every rank of
+ * the parent, so this rank calls it even when it cannot build its child (NOCOLOR then): its peers' split
+ * returns, one member short, and the rank check below turns that into an error on their side too.
+ * Blocking (as the parent): nccl_run relies on calls that return ncclSuccess, not ncclInProgress. The
+ * store exchange in comm_split already saw every rank arrive, so a peer missing here is one that died in
+ * between, which NCCL's bootstrap sockets report. */
+static int nccl_split(void *parent_state, const struct comm_info *child_info, int color, int key,
+                      void **child_state)
+{
+    struct nccl_state *p = parent_state;
+    const char *group = child_info ? child_info->group : "(none)";
+    if (child_state)
+        *child_state = NULL;
+    if (!p->comm)
+        return error_set(FSDP_EABORTED, "ncclCommSplit into group '%s' not run on rank %d: the parent NCCL "
+                         "communicator was aborted by an earlier failure", group, p->rank);
+    struct nccl_state *st = NULL;
+    int made = child_info ? nccl_state_new(child_info, &st) : 0;
+    char why[512] = "";
+    if (made)
+        snprintf(why, sizeof(why), "%s", error_message());
+    cudaSetDevice(p->device);
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 1;
+    if (child_info)
+        cfg.commName = child_info->group; /* names the child in NCCL_DEBUG output */
+    ncclComm_t nc = NULL;
+    ncclResult_t r = ncclCommSplit(p->comm, st && color >= 0 ? color : NCCL_SPLIT_NOCOLOR, key, &nc, &cfg);
+    if (r != ncclSuccess) {
+        const char *last = ncclGetLastError(p->comm);
+        nccl_fini(st);
+        return error_set(FSDP_EIO, "ncclCommSplit into group '%s' failed on rank %d of the parent (color %d, "
+                         "child rank %d): %s: %s (set NCCL_DEBUG=INFO for details)", group, p->rank, color, key,
+                         ncclGetErrorString(r), last && *last ? last : "NCCL gave no detail");
+    }
+    if (!st) {
+        if (nc)
+            ncclCommDestroy(nc); /* NCCL made a group this rank did not ask for: not ours to keep */
+        return made ? error_set(made, "group '%s' on rank %d: %s", group, p->rank, why) : 0;
+    }
+    int n = -1, rk = -1;
+    if (!nc || ncclCommCount(nc, &n) != ncclSuccess || ncclCommUserRank(nc, &rk) != ncclSuccess ||
+        n != child_info->size || rk != child_info->rank) {
+        if (nc)
+            ncclCommAbort(nc);
+        nccl_fini(st);
+        return error_set(FSDP_EPROTO, "ncclCommSplit into group '%s' on rank %d of the parent made rank %d of %d, "
+                         "but the ranks agreed rank %d of %d through the store (a peer's split failed: see its "
+                         "log)", group, p->rank, rk, n, child_info->rank, child_info->size);
+    }
+    st->comm = nc;
+    *child_state = st;
     return 0;
 }
 
@@ -185,6 +254,8 @@ static int nccl_run(void *state, const struct comm_req *q)
     case COMM_K_RECV:
         r = ncclRecv(q->out, q->count, t, q->peer, st->comm, st->stream);
         break;
+    case COMM_K_SPLIT: /* the core calls nccl_split for these */
+        return error_set(FSDP_EINVAL, "nccl backend: a split request reached run()");
     }
     if (r != ncclSuccess)
         return error_set(FSDP_EIO, "NCCL %s: %s", comm_kind_name(q->kind), ncclGetErrorString(r));
@@ -216,7 +287,7 @@ static int nccl_mem_free(void *state, void *p)
 
 static const struct comm_backend nccl_backend = {
     .name = "nccl", .init = nccl_init, .run = nccl_run, .fini = nccl_fini, .mem_alloc = nccl_mem_alloc,
-    .mem_free = nccl_mem_free};
+    .mem_free = nccl_mem_free, .split = nccl_split};
 
 const struct comm_backend *comm_backend_nccl(void)
 {
