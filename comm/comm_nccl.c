@@ -127,8 +127,9 @@ static int nccl_init(const struct comm_info *info, void **state)
  * the parent, so this rank calls it even when it cannot build its child (NOCOLOR then): its peers' split
  * returns, one member short, and the rank check below turns that into an error on their side too.
  * Blocking (as the parent): nccl_run relies on calls that return ncclSuccess, not ncclInProgress. The
- * store exchange in comm_split already saw every rank arrive, so a peer missing here is one that died in
- * between, which NCCL's bootstrap sockets report. */
+ * store exchange in comm_split already saw every rank arrive, so a peer missing here is one that stopped
+ * in between; a blocking split has no deadline of its own, so that case waits on NCCL's bootstrap (a dead
+ * peer's closed sockets end it; a live but stuck peer does not). */
 static int nccl_split(void *parent_state, const struct comm_info *child_info, int color, int key,
                       void **child_state)
 {
