@@ -12,7 +12,9 @@
  * the operation's first piece. When every rank's buffers are registered, peers map each other's buffers
  * (cached per peer) and the data moves with one copy, straight from a peer's buffer into the reader's
  * (see the direct_* functions); otherwise the slots carry it as before. Ranks that hoped for the direct
- * path stage their first piece only once they know the group is mixed, then all sync once more. */
+ * path stage their first piece only once they know the group is mixed, then all sync once more. A reader
+ * maps a peer's pages only while it reads them (faulted in by the read, dropped right after it), since
+ * every page mapped here counts in this process's RSS as users measure it (peer_span_drop). */
 #include "comm/comm_shm.h"
 #include "comm/comm_internal.h"
 #include "comm/comm_mem.h"
@@ -87,6 +89,8 @@ struct shm_group {
     int bank;
     int seg_fd; /* creator only: kept open so peers can probe /proc/<pid>/fd */
     bool direct;
+    bool keep_peer_pages; /* FSDP_COMM_SHM_KEEP_PEER_PAGES=1: peer_span_drop does nothing */
+    size_t page;
     struct peer_cache *peers; /* [n] */
     int global[SHM_MAX_LOCAL];
 };
@@ -145,6 +149,9 @@ int shm_group_attach(const char *name, bool create, int local_rank, int n, const
     }
     g->seg_fd = fd;
     g->peers = pc;
+    g->page = (size_t)sysconf(_SC_PAGESIZE);
+    const char *keep = getenv("FSDP_COMM_SHM_KEEP_PEER_PAGES");
+    g->keep_peer_pages = keep && strcmp(keep, "1") == 0;
     g->ctrl = p;
     g->data = (unsigned char *)p + ctrl_bytes();
     g->map_bytes = bytes;
@@ -359,6 +366,36 @@ static int count_valid(struct shm_group *g, int b)
     return k;
 }
 
+/* [p, p + len) widened to whole pages: a peer mapping starts on a page and spans whole pages, so the
+ * widened span stays inside it. */
+static void page_span(const struct shm_group *g, const void *p, size_t len, void **start, size_t *bytes)
+{
+    uintptr_t mask = (uintptr_t)g->page - 1, a = (uintptr_t)p & ~mask;
+    *start = (void *)a;
+    *bytes = (((uintptr_t)p + len + mask) & ~mask) - a;
+}
+
+/* After reading a peer range: drop this process's page table entries for it, so that its RSS (VmRSS,
+ * RssShmem, VmHWM, what top and sacct report) holds peers' pages only while an operation reads them. On a
+ * MAP_SHARED mapping of a memfd MADV_DONTNEED only unmaps: the data stays in the owner's memfd, the next
+ * read maps the same pages again, and concurrent readers of the range (another thread, another rank)
+ * are unaffected. The mapping itself stays cached: mmap, and opening /proc/<pid>/fd, cost more. */
+static void peer_span_drop(struct shm_group *g, const void *p, size_t len)
+{
+    if (g->keep_peer_pages || len == 0)
+        return;
+    void *a;
+    size_t b;
+    page_span(g, p, len, &a, &b);
+    if (madvise(a, b, MADV_DONTNEED) != 0) {
+        static _Atomic bool warned;
+        if (!atomic_exchange(&warned, true))
+            log_warn("shm: madvise(MADV_DONTNEED) of a peer's buffer failed (%s): peers' pages stay in this "
+                     "rank's RSS (the data is not copied; only the accounting shows it twice)",
+                     strerror(errno));
+    }
+}
+
 /* Peer q's buffer described by sb, mapped read-only into this process (cached by allocation id). A
  * failure aborts the group so the peers do not wait for this rank until the deadline. */
 static int peer_ptr(struct shm_group *g, int q, const struct shm_desc *d, const struct shm_buf *sb,
@@ -377,8 +414,9 @@ static int peer_ptr(struct shm_group *g, int q, const struct shm_desc *d, const 
     char path[64];
     snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)g->ctrl->pid[q], (int)sb->fd);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    void *p = fd < 0 ? MAP_FAILED
-                     : mmap(NULL, sb->map_bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+    /* No MAP_POPULATE: the allocation is often the peer's whole persistent arena (its params, grads and
+     * optimizer state), and every page mapped here counts in this process's RSS. */
+    void *p = fd < 0 ? MAP_FAILED : mmap(NULL, sb->map_bytes, PROT_READ, MAP_SHARED, fd, 0);
     int e = errno;
     if (fd >= 0)
         close(fd);
@@ -455,6 +493,7 @@ static int direct_all_gather(struct shm_group *g, int b, const void *in, void *o
         if (rc)
             return rc;
         comm_copy_stream(dst + (size_t)q * bpr, src, bpr);
+        peer_span_drop(g, src, bpr);
     }
     return shm_barrier(g, deadline);
 }
@@ -472,6 +511,9 @@ static int direct_reduce_scatter(struct shm_group *g, int b, const void *in, voi
         srcs[s] = p + blk;
     }
     comm_reduce_arrays_stream(dtype, op, srcs, g->n, out, count, divisor);
+    for (int s = 0; s < g->n; s++)
+        if (s != g->me)
+            peer_span_drop(g, srcs[s], count * es);
     return shm_barrier(g, deadline);
 }
 
@@ -495,6 +537,9 @@ static int direct_all_reduce(struct shm_group *g, int b, const void *in, void *o
         for (int s = 0; s < g->n; s++)
             srcs[s] = pin[s] + lo * es;
         comm_reduce_arrays_stream(dtype, op, srcs, g->n, dst + lo * es, hi - lo, divisor);
+        for (int s = 0; s < g->n; s++)
+            if (s != g->me)
+                peer_span_drop(g, srcs[s], (hi - lo) * es);
     }
     int rc = shm_barrier(g, deadline);
     if (rc)
@@ -502,8 +547,10 @@ static int direct_all_reduce(struct shm_group *g, int b, const void *in, void *o
     for (int k = 1; k < g->n; k++) {
         int q = (g->me + k) % g->n;
         share(count, g->n, q, &lo, &hi);
-        if (hi > lo)
+        if (hi > lo) {
             comm_copy_stream(dst + lo * es, pout[q] + lo * es, (hi - lo) * es);
+            peer_span_drop(g, pout[q] + lo * es, (hi - lo) * es);
+        }
     }
     return shm_barrier(g, deadline);
 }
@@ -516,6 +563,7 @@ static int direct_broadcast(struct shm_group *g, int b, void *buf, size_t bytes,
         if (rc)
             return rc;
         comm_copy_stream(buf, src, bytes);
+        peer_span_drop(g, src, bytes);
     }
     return shm_barrier(g, deadline);
 }

@@ -1,0 +1,134 @@
+/* What the one-copy path leaves in a rank's resident set: a rank reading peers' registered buffers must
+ * not keep their pages mapped once the operation is over (top, sacct MaxRSS and VmHWM would otherwise
+ * show every rank holding all the others' memory, which defeats sharding as users measure it). Each rank
+ * allocates and touches large registered buffers, runs direct all_gathers, reduce_scatters, all_reduces
+ * and broadcasts on them, and reads /proc/self/status: RssShmem must come back to what its own buffers
+ * hold, and the peak (VmHWM) may exceed the start by at most what the largest operation reads at once. */
+#include "comm_test_util.h"
+#include "comm/comm_shm.h"
+
+#define MIB ((size_t)1 << 20)
+#define SLACK_MIB 16 /* allocator, stacks, the store client: what a rank's RSS moves by on its own */
+
+struct rss_arg {
+    size_t bytes; /* of each rank's buffer */
+    int rounds;   /* the mappings are cached: later rounds must not accumulate either */
+};
+
+struct status_kib {
+    long rss, hwm, shmem;
+};
+
+static int status_read(struct status_kib *s)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return -1;
+    char line[256];
+    int found = 0;
+    *s = (struct status_kib){-1, -1, -1};
+    while (fgets(line, sizeof(line), f)) {
+        found += sscanf(line, "VmRSS: %ld kB", &s->rss) == 1;
+        found += sscanf(line, "VmHWM: %ld kB", &s->hwm) == 1;
+        found += sscanf(line, "RssShmem: %ld kB", &s->shmem) == 1;
+    }
+    fclose(f);
+    return found == 3 ? 0 : -1;
+}
+
+#define FAIL(...) do { fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); goto out; } while (0)
+
+static float val(int rank, size_t i)
+{
+    return (float)(rank + 1) + (float)(i % 7);
+}
+
+static int body_rss(struct rank_ctx *c)
+{
+    const struct rss_arg *a = c->arg;
+    int W = c->size, r = c->rank, bad = 1;
+    size_t n = a->bytes / sizeof(float), per = n / (size_t)W;
+    float *buf = comm_mem_alloc(c->comm, a->bytes), *out = comm_mem_alloc(c->comm, a->bytes);
+    if (!buf || !out)
+        FAIL("rank %d: comm_mem_alloc: %s", r, error_message());
+    /* Own pages resident before the baseline, so that only what peers' buffers add shows. */
+    memset(out, 0, a->bytes);
+    for (size_t i = 0; i < n; i++)
+        buf[i] = val(r, i);
+    if (comm_barrier(c->comm) != 0)
+        FAIL("rank %d: barrier: %s", r, error_message());
+    struct status_kib s0, s1;
+    if (status_read(&s0) != 0)
+        FAIL("rank %d: cannot read VmRSS/VmHWM/RssShmem from /proc/self/status", r);
+    uint64_t direct0 = shm_direct_count();
+    for (int round = 0; round < a->rounds; round++) {
+        /* reduce_scatter of buf into out's first share: reads every peer's block r of buf at once */
+        if (comm_reduce_scatter(c->comm, buf, out, per, COMM_F32, COMM_SUM) != 0)
+            FAIL("rank %d: reduce_scatter: %s", r, error_message());
+        for (size_t i = 0; i < per; i += 4099) {
+            float want = 0;
+            for (int q = 0; q < W; q++)
+                want += val(q, (size_t)r * per + i);
+            if (out[i] != want)
+                FAIL("rank %d: reduce_scatter elem %zu: got %g want %g", r, i, (double)out[i], (double)want);
+        }
+        /* in-place all_gather (the FSDP engine's form): each peer's share of out */
+        for (size_t i = 0; i < per; i++)
+            out[(size_t)r * per + i] = val(r, i);
+        if (comm_all_gather(c->comm, out + (size_t)r * per, out, per, COMM_F32) != 0)
+            FAIL("rank %d: all_gather: %s", r, error_message());
+        for (int q = 0; q < W; q++)
+            for (size_t i = 0; i < per; i += 4099)
+                if (out[(size_t)q * per + i] != val(q, i))
+                    FAIL("rank %d: all_gather block %d elem %zu wrong", r, q, i);
+        /* out of place all_reduce: peers' ins, then peers' outs */
+        if (comm_all_reduce(c->comm, buf, out, n, COMM_F32, COMM_MAX) != 0)
+            FAIL("rank %d: all_reduce: %s", r, error_message());
+        for (size_t i = 0; i < n; i += 4099)
+            if (out[i] != val(W - 1, i))
+                FAIL("rank %d: all_reduce elem %zu: got %g want %g", r, i, (double)out[i], (double)val(W - 1, i));
+        /* broadcast of one share from a rank that changes with the round */
+        int root = round % W;
+        for (size_t i = 0; i < per; i++)
+            out[i] = val(r, i);
+        if (comm_broadcast(c->comm, out, per, COMM_F32, root) != 0)
+            FAIL("rank %d: broadcast: %s", r, error_message());
+        for (size_t i = 0; i < per; i += 4099)
+            if (out[i] != val(root, i))
+                FAIL("rank %d: broadcast from %d elem %zu wrong", r, root, i);
+    }
+    if (shm_direct_count() - direct0 != (uint64_t)a->rounds * 4)
+        FAIL("rank %d: %llu of %d operations took the one-copy path; this test is about that path", r,
+             (unsigned long long)(shm_direct_count() - direct0), a->rounds * 4);
+    if (status_read(&s1) != 0)
+        FAIL("rank %d: cannot read /proc/self/status", r);
+    /* The largest single read: the reduce_scatter's and the all_reduce's W-1 peer blocks of one share. */
+    long op_kib = (long)((size_t)(W - 1) * per * sizeof(float) / 1024), slack = SLACK_MIB * 1024;
+    fprintf(stderr,
+            "rank %d: RssShmem %ld -> %ld kB, VmRSS %ld -> %ld kB, VmHWM %ld -> %ld kB (own buffers %zu kB, "
+            "one operation reads at most %ld kB)\n",
+            r, s0.shmem, s1.shmem, s0.rss, s1.rss, s0.hwm, s1.hwm, 2 * a->bytes / 1024, op_kib);
+    if (s1.shmem - s0.shmem > slack)
+        FAIL("rank %d: RssShmem grew by %ld kB over the operations: peers' buffer pages stay mapped here", r,
+             s1.shmem - s0.shmem);
+    if (s1.hwm - s0.rss > op_kib + slack)
+        FAIL("rank %d: peak RSS rose %ld kB above the start, more than one operation's %ld kB (+%ld slack)", r,
+             s1.hwm - s0.rss, op_kib, slack);
+    bad = 0;
+out:
+    comm_mem_free(c->comm, buf);
+    comm_mem_free(c->comm, out);
+    return bad;
+}
+
+static void run_rss(int world, size_t bytes)
+{
+    int st[MAX_RANKS];
+    struct rss_arg a = {.bytes = bytes, .rounds = 3};
+    struct run_opts o = {.limit_s = 100};
+    run_ranks(world, body_rss, &a, &o, st);
+    assert_all_ok(world, st);
+}
+
+Test(comm_rss, peer_pages_released_world2, .timeout = 120) { run_rss(2, 64 * MIB); }
+Test(comm_rss, peer_pages_released_world4, .timeout = 120) { run_rss(4, 32 * MIB); }
