@@ -3,7 +3,8 @@
  * show every rank holding all the others' memory, which defeats sharding as users measure it). Each rank
  * allocates and touches large registered buffers, runs direct all_gathers, reduce_scatters, all_reduces
  * and broadcasts on them, and reads /proc/self/status: RssShmem must come back to what its own buffers
- * hold, and the peak (VmHWM) may exceed the start by at most what the largest operation reads at once. */
+ * hold, and the peak (VmHWM) may exceed the start by at most what the largest operation reads at once.
+ * With FSDP_COMM_SHM_KEEP_PEER_PAGES=1 the pages read stay mapped, but pages never read are still not. */
 #include "comm_test_util.h"
 #include "comm/comm_shm.h"
 
@@ -13,6 +14,7 @@
 struct rss_arg {
     size_t bytes; /* of each rank's buffer */
     int rounds;   /* the mappings are cached: later rounds must not accumulate either */
+    bool keep;    /* FSDP_COMM_SHM_KEEP_PEER_PAGES=1: pages read stay mapped, pages never read are not */
 };
 
 struct status_kib {
@@ -108,6 +110,20 @@ static int body_rss(struct rank_ctx *c)
             "rank %d: RssShmem %ld -> %ld kB, VmRSS %ld -> %ld kB, VmHWM %ld -> %ld kB (own buffers %zu kB, "
             "one operation reads at most %ld kB)\n",
             r, s0.shmem, s1.shmem, s0.rss, s1.rss, s0.hwm, s1.hwm, 2 * a->bytes / 1024, op_kib);
+    if (a->keep) {
+        /* Kept: at least the reduce_scatter's peer blocks. Never mapped: the W-1 blocks of every peer's buf
+         * that this rank does not reduce (a whole-allocation MAP_POPULATE would map them). */
+        long kept_min = op_kib, never = (long)((size_t)(W - 1) * (size_t)(W - 1) * per * sizeof(float) / 1024);
+        long peers_all = (long)((size_t)(W - 1) * 2 * a->bytes / 1024);
+        if (s1.shmem - s0.shmem < kept_min - slack)
+            FAIL("rank %d: FSDP_COMM_SHM_KEEP_PEER_PAGES=1, but RssShmem grew by only %ld kB (< %ld kB read)", r,
+                 s1.shmem - s0.shmem, kept_min);
+        if (s1.shmem - s0.shmem > peers_all - never + slack)
+            FAIL("rank %d: RssShmem grew by %ld kB: peer pages no operation read are mapped here", r,
+                 s1.shmem - s0.shmem);
+        bad = 0;
+        goto out;
+    }
     if (s1.shmem - s0.shmem > slack)
         FAIL("rank %d: RssShmem grew by %ld kB over the operations: peers' buffer pages stay mapped here", r,
              s1.shmem - s0.shmem);
@@ -121,14 +137,18 @@ out:
     return bad;
 }
 
-static void run_rss(int world, size_t bytes)
+static void run_rss(int world, size_t bytes, bool keep)
 {
     int st[MAX_RANKS];
-    struct rss_arg a = {.bytes = bytes, .rounds = 3};
+    struct rss_arg a = {.bytes = bytes, .rounds = 3, .keep = keep};
+    if (keep)
+        setenv("FSDP_COMM_SHM_KEEP_PEER_PAGES", "1", 1); /* this test's own process: the ranks inherit it */
     struct run_opts o = {.limit_s = 100};
     run_ranks(world, body_rss, &a, &o, st);
     assert_all_ok(world, st);
 }
 
-Test(comm_rss, peer_pages_released_world2, .timeout = 120) { run_rss(2, 64 * MIB); }
-Test(comm_rss, peer_pages_released_world4, .timeout = 120) { run_rss(4, 32 * MIB); }
+Test(comm_rss, peer_pages_released_world2, .timeout = 120) { run_rss(2, 64 * MIB, false); }
+Test(comm_rss, peer_pages_released_world4, .timeout = 120) { run_rss(4, 32 * MIB, false); }
+/* The opt-out keeps what was read mapped, and still maps nothing that was not read. */
+Test(comm_rss, keep_peer_pages_world2, .timeout = 120) { run_rss(2, 64 * MIB, true); }
