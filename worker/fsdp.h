@@ -56,6 +56,7 @@ enum fsdp_mem {
 struct fsdp_mem_stats {
     size_t now[FSDP_MEM_COUNT], peak[FSDP_MEM_COUNT];
     size_t peak_total; /* peak of the sum over categories */
+    size_t pool_held;  /* bytes of transient buffers allocated, in use or kept for reuse (resident) */
 };
 
 /* Time spent waiting for all-gathers (exposed communication) and in them (issue to completion). */

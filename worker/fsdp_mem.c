@@ -49,12 +49,14 @@ void *fsdp_buf_get(struct fsdp *f, size_t bytes, enum fsdp_mem cat)
 {
     if (bytes == 0)
         bytes = 64;
+    /* The smallest free buffer that fits with at most a quarter to spare: a unit's gathered, packed and
+     * padded buffers differ by a few rows of padding, and an exact-size match kept one of each resident
+     * (a 144-layer model held 29 MiB more in the pool than it ever had in use). */
     int best = -1;
     for (int i = 0; i < f->n_pool; i++)
-        if (!f->pool[i].used && f->pool[i].bytes == bytes) {
+        if (!f->pool[i].used && f->pool[i].bytes >= bytes && f->pool[i].bytes - bytes <= bytes / 4 &&
+            (best < 0 || f->pool[i].bytes < f->pool[best].bytes))
             best = i;
-            break;
-        }
     if (best < 0) {
         if (f->n_pool == f->cap_pool) {
             int cap = f->cap_pool ? 2 * f->cap_pool : 16;
@@ -71,10 +73,11 @@ void *fsdp_buf_get(struct fsdp *f, size_t bytes, enum fsdp_mem cat)
             return NULL;
         best = f->n_pool++;
         f->pool[best] = (struct fsdp_pool_buf){.ptr = p, .bytes = bytes};
+        f->mem.pool_held += bytes;
     }
     f->pool[best].used = true;
     f->pool[best].cat = cat;
-    fsdp_mem_add(f, cat, (ptrdiff_t)bytes);
+    fsdp_mem_add(f, cat, (ptrdiff_t)f->pool[best].bytes);
     return f->pool[best].ptr;
 }
 

@@ -160,10 +160,10 @@ static void report_memory(const struct trainer *t)
     getrusage(RUSAGE_SELF, &ru);
     const struct fsdp_timing *tm = fsdp_get_timing(t->fsdp);
     double peak = (double)ru.ru_maxrss * 1024.0;
-    log_info("peak memory: %s; total %.1f MiB; peak RSS %.1f MiB (%.1f MiB above the program's own %.1f MiB); "
+    log_info("peak memory: %s; total %.1f MiB (buffer pool %.1f MiB); peak RSS %.1f MiB (%.1f MiB above the program's own %.1f MiB); "
              "all-gathers %lld (%lld prefetched), waited %.3f s "
              "for gathers and %.3f s for reductions",
-             line, (double)m->peak_total / (1024.0 * 1024), peak / 1048576.0,
+             line, (double)m->peak_total / (1024.0 * 1024), (double)m->pool_held / (1024.0 * 1024), peak / 1048576.0,
              peak > (double)rss_at_start ? (peak - (double)rss_at_start) / 1048576.0 : 0.0,
              (double)rss_at_start / 1048576.0, (long long)tm->gathers,
              (long long)tm->prefetched, tm->gather_wait_s, tm->reduce_wait_s);
