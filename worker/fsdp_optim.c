@@ -111,6 +111,9 @@ int fsdp_optimizer_step(struct fsdp *f, double lr, int64_t step, struct fsdp_ste
     if (f->param_dtype == KERNELS_F16 && ++f->scaler_good >= SCALER_INTERVAL) {
         f->loss_scale *= SCALER_GROWTH;
         f->scaler_good = 0;
+        /* Said once per growth, like a skip, so a run's log shows every change of the scale. */
+        log_info("step %lld: %d steps without overflow; loss scale now %g", (long long)step, SCALER_INTERVAL,
+                 f->loss_scale);
     }
     res->loss_scale = f->loss_scale;
     f->grads_dirty = false;

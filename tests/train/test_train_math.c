@@ -246,3 +246,54 @@ Test(math, fp16_loss_scale_backoff, .timeout = 300)
     tt_result_free(&r);
     tt_teardown(&c);
 }
+
+/* fp16 loss scaling grows as well as backs off: after 2000 steps in a row without overflow the scale
+ * doubles (ShardedGradScaler's growth_interval and growth_factor), and a skip restarts the count. The
+ * run's own skip lines (if the tiny model overflows at all) say when the count restarted; every growth
+ * line must come exactly 2000 good steps later, with the scale doubled, on both ranks. */
+Test(math, fp16_loss_scale_growth, .timeout = 600)
+{
+    struct tt_ctx c;
+    tt_setup(&c);
+    enum { STEPS = 2100 };
+    const char *extra[] = {"--fsdp.mixed_precision=fp16", "--fsdp.reduce_dtype=fp16", "--train.max_steps=2100",
+                           "--train.micro_batch=6", "--log.interval=500", "--optim.lr=0.0003", NULL};
+    struct tt_result r;
+    tt_run_ok(&c, 2, "fp16-growth", extra, &r);
+    double scale = 65536;
+    int good = 0, grown = 0;
+    for (int s = 1; s <= STEPS; s++) {
+        char skip[128], grow[128];
+        snprintf(skip, sizeof skip, "step %d: non-finite gradients at loss scale %g; step skipped, scale now %g", s,
+                 scale, scale / 2);
+        snprintf(grow, sizeof grow, "step %d: 2000 steps without overflow; loss scale now %g", s, scale * 2);
+        bool skipped = false;
+        for (int rank = 0; rank < 2; rank++) {
+            char *k = tt_rank_line(r.err, rank, skip), *g = tt_rank_line(r.err, rank, grow);
+            if (rank == 0 && k) {
+                skipped = true;
+                scale /= 2;
+                good = -1;
+            }
+            cr_assert_eq(skipped, k != NULL, "ranks disagree on skipping step %d:\n%s", s, r.err);
+            cr_assert(!g || good + 1 == 2000, "rank %d: growth at step %d after %d good steps:\n%s", rank, s,
+                      good + 1, r.err);
+            if (good + 1 == 2000)
+                cr_assert_not_null(g, "rank %d: no growth line at step %d (2000 good steps, scale %g)", rank, s,
+                                   scale);
+            free(k);
+            free(g);
+        }
+        if (++good == 2000) {
+            scale *= 2;
+            good = 0;
+            grown++;
+        }
+    }
+    cr_assert(grown >= 1, "the scale never grew in %d steps", STEPS);
+    cr_assert_eq(tt_count_lines(r.err, "steps without overflow; loss scale now", NULL), 2 * grown,
+                 "growth lines other than the expected ones:\n%s", r.err);
+    fprintf(stderr, "fp16: %d growth(s), scale now %g\n", grown, scale);
+    tt_result_free(&r);
+    tt_teardown(&c);
+}
