@@ -53,6 +53,12 @@ struct kernels {
      * error_set) on failure; mem_free(NULL) is a no-op. */
     void *(*mem_alloc)(size_t bytes);
     void (*mem_free)(void *ptr);
+    /* Host memory that device copies move fastest: page-locked (pinned) on CUDA, where H2D/D2H copies of
+     * pageable memory go through a staging buffer at a fraction of the bus speed and cannot overlap
+     * compute; plain aligned memory on CPU. offload_params keeps the shards, gradients and optimizer
+     * state in it. Same contract as mem_alloc/mem_free. */
+    void *(*host_alloc)(size_t bytes);
+    void (*host_free)(void *ptr);
     int (*mem_copy)(void *dst, const void *src, size_t bytes, enum kernels_copy_kind kind);
     int (*mem_set)(void *dst, int value, size_t bytes);
     /* Waits for all queued work (no-op on CPU). */

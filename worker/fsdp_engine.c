@@ -61,7 +61,9 @@ static int alloc_state(struct fsdp *f)
         size_t b = SLICE(f->units[i].shard * sizeof(float));
         total += 4 * b + (f->param_dtype != KERNELS_F32 ? SLICE(f->units[i].shard * es) : 0);
     }
-    f->arena = f->offload ? f->sk->mem_alloc(total ? total : 64) : fsdp_raw_alloc(f, total);
+    /* Offloaded state lives in the device's pinned host memory: the per-unit H2D/D2H copies of offload then
+     * run at bus speed (plain host memory on the CPU backend). */
+    f->arena = f->offload ? f->k->host_alloc(total ? total : 64) : fsdp_raw_alloc(f, total);
     if (!f->arena)
         return error_set(FSDP_ENOMEM, "fsdp: cannot allocate the %zu bytes of persistent state: %s", total,
                          error_message());
@@ -153,7 +155,7 @@ void fsdp_destroy(struct fsdp *f)
     for (int i = 0; f->units && i < f->n_units; i++)
         fsdp_release(f, i);
     if (f->offload)
-        f->sk->mem_free(f->arena);
+        f->k->host_free(f->arena);
     else if (f->arena)
         fsdp_raw_free(f, f->arena);
     fsdp_pool_free(f);

@@ -18,6 +18,8 @@ static const struct kernels cuda_table = {
     .name = "cuda",
     .mem_alloc = cuda_mem_alloc,
     .mem_free = cuda_mem_free,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
     .mem_copy = cuda_mem_copy,
     .mem_set = cuda_mem_set,
     .synchronize = cuda_synchronize,
@@ -282,6 +284,30 @@ void cuda_mem_free(void *ptr)
         cudaError_t e = cudaFree(ptr);
         if (e != cudaSuccess)
             log_warn("kernels cuda: mem_free: %s", cudaGetErrorString(e));
+    }
+}
+
+void *cuda_host_alloc(size_t bytes)
+{
+    void *p = NULL;
+    /* cudaMallocHost pins the pages (and maps them for the device: portable, page-aligned). */
+    cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 64);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        error_set(e == cudaErrorMemoryAllocation ? FSDP_ENOMEM : FSDP_EIO,
+                  "kernels cuda: cannot allocate %zu bytes of pinned host memory: %s (the locked-memory limit, "
+                  "ulimit -l, may be too low)", bytes, cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+}
+
+void cuda_host_free(void *ptr)
+{
+    if (ptr) {
+        cudaError_t e = cudaFreeHost(ptr);
+        if (e != cudaSuccess)
+            log_warn("kernels cuda: host_free: %s", cudaGetErrorString(e));
     }
 }
 

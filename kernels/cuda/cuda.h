@@ -53,6 +53,8 @@ int cuda_colsum_add(const char *op, float *dst, const float *src, int rows, int 
 
 void *cuda_mem_alloc(size_t bytes);
 void cuda_mem_free(void *ptr);
+void *cuda_host_alloc(size_t bytes);
+void cuda_host_free(void *ptr);
 int cuda_mem_copy(void *dst, const void *src, size_t bytes, enum kernels_copy_kind kind);
 int cuda_mem_set(void *dst, int value, size_t bytes);
 int cuda_synchronize(void);
