@@ -63,6 +63,11 @@ struct kernels {
     int (*mem_set)(void *dst, int value, size_t bytes);
     /* Waits for all queued work (no-op on CPU). */
     int (*synchronize)(void);
+    /* What matmul_* and gemm compute in from now on (process-wide): KERNELS_F32, exact fp32 (the default);
+     * KERNELS_BF16 or KERNELS_F16, the mixed-precision modes: inputs rounded to 16 bits for the tensor cores,
+     * products accumulated in fp32 (cuBLAS CUBLAS_COMPUTE_32F_FAST_16BF / _16F). The CPU backend always
+     * computes in fp32 (no 16-bit GEMM in OpenBLAS is faster there) and accepts every dtype. */
+    int (*set_matmul_dtype)(enum kernels_dtype dtype);
 
     /* ---- matmul ---- */
     /* y(n, out) = x(n, in) W(in, out) + b(out); b may be NULL. y must not alias x. */

@@ -132,6 +132,10 @@ int fsdp_create(struct fsdp **out, const struct worker_config *wc, struct model 
     f->loss_scale = f->param_dtype == KERNELS_F16 ? 65536.0 : 1.0;
     if (g->world_size > 1 && !g->world)
         rc = error_set(FSDP_EINVAL, "fsdp: world size %d without a communicator", g->world_size);
+    /* Mixed precision reaches the matmuls too: on CUDA they take bf16/fp16 inputs on the tensor cores and
+     * accumulate in fp32, as autocast does; the CPU backend computes in fp32 whatever the setting. */
+    if (!rc)
+        rc = k->set_matmul_dtype(f->param_dtype);
     if (!rc)
         rc = make_groups(f);
     if (!rc)

@@ -24,6 +24,7 @@ void cpu_mem_free(void *ptr);
 int cpu_mem_copy(void *dst, const void *src, size_t bytes, enum kernels_copy_kind kind);
 int cpu_mem_set(void *dst, int value, size_t bytes);
 int cpu_synchronize(void);
+int cpu_set_matmul_dtype(enum kernels_dtype dtype);
 
 int cpu_matmul_forward(float *y, const float *x, const float *w, const float *b, int n, int in, int out);
 int cpu_matmul_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,

@@ -15,6 +15,13 @@ static int check_dims(const char *op, int n, int in, int out)
     return 0;
 }
 
+int cpu_set_matmul_dtype(enum kernels_dtype dtype)
+{
+    if (dtype != KERNELS_F32 && dtype != KERNELS_BF16 && dtype != KERNELS_F16)
+        return error_set(FSDP_EINVAL, "kernels cpu: set_matmul_dtype: unknown dtype %d", (int)dtype);
+    return 0; /* always fp32 here: see kernels.h */
+}
+
 int cpu_matmul_forward(float *y, const float *x, const float *w, const float *b, int n, int in, int out)
 {
     int rc = check_dims("matmul_forward", n, in, out);

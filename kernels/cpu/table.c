@@ -14,6 +14,7 @@ static const struct kernels cpu_table = {
     .mem_copy = cpu_mem_copy,
     .mem_set = cpu_mem_set,
     .synchronize = cpu_synchronize,
+    .set_matmul_dtype = cpu_set_matmul_dtype,
     .matmul_forward = cpu_matmul_forward,
     .matmul_backward = cpu_matmul_backward,
     .gemm = cpu_gemm,

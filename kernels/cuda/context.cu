@@ -23,6 +23,7 @@ static const struct kernels cuda_table = {
     .mem_copy = cuda_mem_copy,
     .mem_set = cuda_mem_set,
     .synchronize = cuda_synchronize,
+    .set_matmul_dtype = cuda_set_matmul_dtype,
     .matmul_forward = cuda_matmul_forward,
     .matmul_backward = cuda_matmul_backward,
     .gemm = cuda_gemm,
@@ -239,6 +240,7 @@ static void init_context(void)
      * products, fp32 accumulation) roughly 8x the matmul rate on H100 and are opt-in. */
     const char *tf32 = getenv("FSDP_CUDA_TF32");
     c->gemm_compute = tf32 && strcmp(tf32, "1") == 0 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    c->gemm_f32 = c->gemm_compute;
     cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, c->device) == cudaSuccess)
         log_info("kernels cuda: device %d of %d: %s (sm_%d%d, %d SMs, %.1f GiB), matmul %s", c->device, count,

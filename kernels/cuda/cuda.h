@@ -23,7 +23,8 @@ struct cuda_ctx {
     int smem_optin;                   /* max dynamic shared memory per block after opt-in, bytes */
     cudaStream_t stream;
     cublasHandle_t blas;
-    cublasComputeType_t gemm_compute; /* CUBLAS_COMPUTE_32F (exact fp32) or ..._FAST_TF32 */
+    cublasComputeType_t gemm_compute; /* now: fp32, TF32, or bf16/fp16 inputs (set_matmul_dtype) */
+    cublasComputeType_t gemm_f32;     /* what KERNELS_F32 means: exact, or TF32 with FSDP_CUDA_TF32=1 */
     int *flag;                        /* device int: first bad index found by a range check */
     void *scratch;                    /* grow-only device scratch for reductions (see cuda_scratch) */
     size_t scratch_bytes;
@@ -58,6 +59,7 @@ void cuda_host_free(void *ptr);
 int cuda_mem_copy(void *dst, const void *src, size_t bytes, enum kernels_copy_kind kind);
 int cuda_mem_set(void *dst, int value, size_t bytes);
 int cuda_synchronize(void);
+int cuda_set_matmul_dtype(enum kernels_dtype dtype);
 
 int cuda_matmul_forward(float *y, const float *x, const float *w, const float *b, int n, int in, int out);
 int cuda_matmul_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,

@@ -1,7 +1,12 @@
-/* Linear layers and general GEMM on cuBLAS (cublasGemmEx, fp32 in and out). cuBLAS is column-major:
+/* Linear layers and general GEMM on cuBLAS (cublasGemmEx, fp32 in and out; fp32, TF32 or bf16/fp16
+ * tensor-core compute, see set_matmul_dtype). cuBLAS is column-major:
  * a row-major C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T, so every call swaps the operands
  * and the m/n sizes instead of transposing anything. */
 #include "kernels/cuda/cuda.h"
+
+extern "C" {
+#include "common/log.h"
+}
 
 /* Row-major C(m, n) = alpha op(A) op(B) + beta C. */
 static int gemm_rm(const char *op, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
@@ -13,6 +18,28 @@ static int gemm_rm(const char *op, int ta, int tb, int m, int n, int k, float al
                                             ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, CUDA_R_32F, ldb, a,
                                             CUDA_R_32F, lda, &beta, c, CUDA_R_32F, ldc, cuda_ctx.gemm_compute,
                                             CUBLAS_GEMM_DEFAULT));
+}
+
+int cuda_set_matmul_dtype(enum kernels_dtype dtype)
+{
+    /* fp32 tensors stay fp32 in memory; cuBLAS rounds the inputs to bf16/fp16 on their way into the tensor
+     * cores and accumulates in fp32: the numerics of bf16 autocast, without 16-bit copies of weights. */
+    switch (dtype) {
+    case KERNELS_F32:
+        cuda_ctx.gemm_compute = cuda_ctx.gemm_f32;
+        return 0;
+    case KERNELS_BF16:
+        if (cuda_ctx.gemm_compute != CUBLAS_COMPUTE_32F_FAST_16BF)
+            log_info("kernels cuda: matmuls take bf16 inputs and accumulate in fp32");
+        cuda_ctx.gemm_compute = CUBLAS_COMPUTE_32F_FAST_16BF;
+        return 0;
+    case KERNELS_F16:
+        if (cuda_ctx.gemm_compute != CUBLAS_COMPUTE_32F_FAST_16F)
+            log_info("kernels cuda: matmuls take fp16 inputs and accumulate in fp32");
+        cuda_ctx.gemm_compute = CUBLAS_COMPUTE_32F_FAST_16F;
+        return 0;
+    }
+    return error_set(FSDP_EINVAL, "kernels cuda: set_matmul_dtype: unknown dtype %d", (int)dtype);
 }
 
 static int check_dims(const char *op, int n, int in, int out)

@@ -501,3 +501,38 @@ Test(kernels_cuda, memory_ops)
     cr_assert(ok, "%s", error_message());
     kg->mem_free(ok);
 }
+
+/* Mixed-precision matmuls: with set_matmul_dtype(BF16) the GPU rounds x and W to bf16 and accumulates in
+ * fp32. So it must match the CPU's fp32 matmul of the bf16-rounded inputs (bf16 products are exact in fp32;
+ * only the summation order differs), and differ from the unrounded product. */
+Test(kernels_cuda, matmul_bf16_inputs_accumulate_in_fp32)
+{
+    const struct kernels *kg = gpu(), *kc = cpu();
+    const int n = 300, in = 256, out = 288;
+    float *x = host_rand((size_t)n * in, 51, -1, 1), *w = host_rand((size_t)in * out, 52, -1, 1);
+    float *xr = malloc((size_t)n * in * sizeof *xr), *wr = malloc((size_t)in * out * sizeof *wr);
+    cr_assert(xr && wr);
+    for (size_t i = 0; i < (size_t)n * in; i++)
+        xr[i] = kernels_bf16_to_f32(kernels_f32_to_bf16(x[i]));
+    for (size_t i = 0; i < (size_t)in * out; i++)
+        wr[i] = kernels_bf16_to_f32(kernels_f32_to_bf16(w[i]));
+    struct pair X = pair_new(kc, kg, xr, (size_t)n * in), W = pair_new(kc, kg, wr, (size_t)in * out);
+    float *xg = upf(kg, x, (size_t)n * in), *wg = upf(kg, w, (size_t)in * out);
+    struct pair Y = pair_new(kc, kg, NULL, (size_t)n * out);
+    cr_assert_eq(kc->matmul_forward(Y.c, X.c, W.c, NULL, n, in, out), 0);
+    cr_assert_eq(kg->set_matmul_dtype(KERNELS_BF16), 0, "%s", error_message());
+    cr_assert_eq(kg->matmul_forward(Y.g, xg, wg, NULL, n, in, out), 0, "%s", error_message());
+    compare("bf16 matmul y", kc, kg, &Y, 1e-5 * sqrt(in), 1e-5);
+    /* and it is not the fp32 product */
+    cr_assert_eq(kg->set_matmul_dtype(KERNELS_F32), 0);
+    cr_assert_eq(kg->matmul_forward(Y.g, xg, wg, NULL, n, in, out), 0, "%s", error_message());
+    float *f32 = down(kg, Y.g, Y.n * sizeof(float)), *b16 = down(kc, Y.c, Y.n * sizeof(float));
+    double most = 0;
+    for (size_t i = 0; i < Y.n; i++)
+        most = fmax(most, fabs((double)f32[i] - b16[i]));
+    cr_assert_gt(most, 1e-3, "bf16 and fp32 modes agree to %.3g: bf16 inputs were not used", most);
+    free(f32), free(b16);
+    pair_free(kc, kg, &X), pair_free(kc, kg, &W), pair_free(kc, kg, &Y);
+    kg->mem_free(xg), kg->mem_free(wg);
+    free(x), free(w), free(xr), free(wr);
+}

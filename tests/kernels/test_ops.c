@@ -494,3 +494,34 @@ Test(kernels_ops, same_bits_for_any_thread_count)
     }
     free(x), free(dy), free(w);
 }
+
+/* set_matmul_dtype: every backend takes the three dtypes and refuses others; the CPU backend computes in
+ * fp32 whatever the setting, so its results keep their bits (the CUDA one is checked in test_kernels_cuda). */
+Test(kernels_ops, matmul_dtype_setting)
+{
+    const struct kernels *k = kt_backend();
+    cr_assert_lt(k->set_matmul_dtype((enum kernels_dtype)7), 0, "dtype 7 accepted");
+    cr_assert(strstr(error_message(), "set_matmul_dtype"), "unclear message: %s", error_message());
+    const int n = 33, in = 47, out = 29;
+    float *x = kt_host_rand((size_t)n * in, 41, -1, 1), *w = kt_host_rand((size_t)in * out, 42, -1, 1);
+    float *dx = kt_devf(k, x, (size_t)n * in), *dw = kt_devf(k, w, (size_t)in * out);
+    float *y = kt_devf(k, NULL, (size_t)n * out);
+    float *ref = NULL;
+    const enum kernels_dtype modes[] = {KERNELS_F32, KERNELS_BF16, KERNELS_F16, KERNELS_F32};
+    for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
+        cr_assert_eq(k->set_matmul_dtype(modes[m]), 0, "%s", error_message());
+        cr_assert_eq(k->matmul_forward(y, dx, dw, NULL, n, in, out), 0, "%s", error_message());
+        float *h = kt_down(k, y, (size_t)n * out);
+        if (!ref)
+            ref = h;
+        else {
+            if (strcmp(k->name, "cpu") == 0 || modes[m] == KERNELS_F32)
+                cr_assert_eq(memcmp(h, ref, (size_t)n * out * sizeof *h), 0, "mode %d changed fp32 results",
+                             (int)modes[m]);
+            free(h);
+        }
+    }
+    free(ref);
+    k->mem_free(dx), k->mem_free(dw), k->mem_free(y);
+    free(x), free(w);
+}
