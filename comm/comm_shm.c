@@ -366,15 +366,6 @@ static int count_valid(struct shm_group *g, int b)
     return k;
 }
 
-/* [p, p + len) widened to whole pages: a peer mapping starts on a page and spans whole pages, so the
- * widened span stays inside it. */
-static void page_span(const struct shm_group *g, const void *p, size_t len, void **start, size_t *bytes)
-{
-    uintptr_t mask = (uintptr_t)g->page - 1, a = (uintptr_t)p & ~mask;
-    *start = (void *)a;
-    *bytes = (((uintptr_t)p + len + mask) & ~mask) - a;
-}
-
 /* After reading a peer range: drop this process's page table entries for it, so that its RSS (VmRSS,
  * RssShmem, VmHWM, what top and sacct report) holds peers' pages only while an operation reads them. On a
  * MAP_SHARED mapping of a memfd MADV_DONTNEED only unmaps: the data stays in the owner's memfd, the next
@@ -384,15 +375,12 @@ static void peer_span_drop(struct shm_group *g, const void *p, size_t len)
 {
     if (g->keep_peer_pages || len == 0)
         return;
-    void *a;
-    size_t b;
-    page_span(g, p, len, &a, &b);
     /* A read fault on a shared file mapping also maps the neighbours already in the page cache
-     * (fault-around: the aligned 64 KiB window by default), so each read left up to 15 pages past either
-     * end of its span mapped: 8.4 MiB of each peer's arena after a step of a 144-unit model. Drop that
-     * window too, clamped to the mapping. */
+     * (fault-around: the aligned 64 KiB window by default), so dropping only the pages read left up to 15
+     * pages past either end mapped: 8.4 MiB of each peer's arena after a step of a 144-unit model. So the
+     * span dropped is widened to that window (page-aligned too), clamped to the mapping it lies in. */
     const uintptr_t window = 64 << 10;
-    uintptr_t lo = (uintptr_t)a & ~(window - 1), hi = ((uintptr_t)a + b + window - 1) & ~(window - 1);
+    uintptr_t lo = (uintptr_t)p & ~(window - 1), hi = ((uintptr_t)p + len + window - 1) & ~(window - 1);
     for (int q = 0; q < g->n; q++)
         for (int i = 0; i < g->peers[q].n; i++) {
             const struct peer_map *m = &g->peers[q].m[i];
@@ -400,10 +388,13 @@ static void peer_span_drop(struct shm_group *g, const void *p, size_t len)
             if ((uintptr_t)p >= mb && (uintptr_t)p < me) {
                 lo = lo < mb ? mb : lo;
                 hi = hi > me ? me : hi;
-                a = (void *)lo;
-                b = hi - lo;
+                goto found;
             }
         }
+    return; /* not a peer mapping: nothing of another rank to drop */
+found:;
+    void *a = (void *)lo;
+    size_t b = hi - lo;
     if (madvise(a, b, MADV_DONTNEED) != 0) {
         static _Atomic bool warned;
         if (!atomic_exchange(&warned, true))

@@ -34,18 +34,17 @@ static int shard_from_full(struct fsdp *f, struct fsdp_unit *u, const float *ful
 /* Rank 0's values of unit u into host (u->numel floats): from the weights file read whole (full), or
  * generated from the seed one parameter at a time, so that rank 0 never holds more than one unit of a
  * seeded model (a 28.5M-parameter model made rank 0's peak RSS 114 MB above its peers' before). */
-static int init_unit_values(const struct fsdp *f, const struct fsdp_unit *u, const float *full, float *host)
+static void init_unit_values(const struct fsdp *f, const struct fsdp_unit *u, const float *full, float *host)
 {
     const struct model_layout *l = f->layout;
     if (full) {
         memcpy(host, full + u->offset, u->numel * sizeof(float));
-        return 0;
+        return;
     }
     for (int j = 0; j < u->n_params; j++) {
         const struct model_param *mp = &l->params[u->first_param + j];
         model_init_param_range(l, u->first_param + j, 0, mp->numel, host + (mp->offset - u->offset));
     }
-    return 0;
 }
 
 static int init_broadcast(struct fsdp *f)
@@ -82,9 +81,8 @@ static int init_broadcast(struct fsdp *f)
             break;
         }
         if (host) {
-            rc = init_unit_values(f, u, full, host);
-            if (!rc)
-                rc = f->k->mem_copy(dev, host, u->numel * sizeof(float), KERNELS_COPY_H2D);
+            init_unit_values(f, u, full, host);
+            rc = f->k->mem_copy(dev, host, u->numel * sizeof(float), KERNELS_COPY_H2D);
         }
         if (!rc)
             rc = comm_broadcast(f->g.world, dev, u->numel, COMM_F32, 0);
