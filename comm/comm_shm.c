@@ -13,8 +13,9 @@
  * (cached per peer) and the data moves with one copy, straight from a peer's buffer into the reader's
  * (see the direct_* functions); otherwise the slots carry it as before. Ranks that hoped for the direct
  * path stage their first piece only once they know the group is mixed, then all sync once more. A reader
- * maps a peer's pages only while it reads them (faulted in by the read, dropped right after it), since
- * every page mapped here counts in this process's RSS as users measure it (peer_span_drop). */
+ * maps a peer's pages only while it reads them and the next operation reads the same ranges (faulted in
+ * by the read, dropped by the first operation that does not read them again), since every page mapped
+ * here counts in this process's RSS as users measure it (peer_span_keep, peer_spans_retire). */
 #include "comm/comm_shm.h"
 #include "comm/comm_internal.h"
 #include "comm/comm_mem.h"
@@ -37,6 +38,7 @@
 
 #define SLICE_S 0.1
 #define PEER_MAPS 16 /* cached mappings of one peer's registered buffers */
+#define KEPT_MAX 64  /* peer spans one operation may leave mapped (more are dropped at once) */
 
 /* Where one rank's buffer of the current operation lives (comm_mem_ref, as a peer needs it). */
 struct shm_buf {
@@ -80,6 +82,21 @@ struct peer_cache {
     struct peer_map m[PEER_MAPS];
 };
 
+/* Which peer pages a reader keeps mapped after reading them (FSDP_COMM_SHM_KEEP_PEER_PAGES). */
+enum peer_pages {
+    PEER_PAGES_LAST, /* what the latest operation read: repeated operations on the same buffers fault nothing */
+    PEER_PAGES_NONE, /* nothing: dropped right after each read */
+    PEER_PAGES_ALL,  /* everything ever read */
+};
+
+/* A peer range an operation read, widened to whole fault-around windows; identified by the mapping it
+ * lies in, so that a span whose mapping was replaced since is never dropped (its address may be reused). */
+struct kept_span {
+    int q, slot;
+    const unsigned char *base;
+    uintptr_t lo, hi;
+};
+
 struct shm_group {
     struct shm_ctrl *ctrl;
     unsigned char *data;
@@ -89,7 +106,9 @@ struct shm_group {
     int bank;
     int seg_fd; /* creator only: kept open so peers can probe /proc/<pid>/fd */
     bool direct;
-    bool keep_peer_pages; /* FSDP_COMM_SHM_KEEP_PEER_PAGES=1: peer_span_drop does nothing */
+    enum peer_pages peer_pages;
+    struct kept_span kept_prev[KEPT_MAX], kept_cur[KEPT_MAX]; /* the previous and the current operation's */
+    int nkept_prev, nkept_cur;
     size_t page;
     struct peer_cache *peers; /* [n] */
     int global[SHM_MAX_LOCAL];
@@ -112,6 +131,19 @@ int shm_group_attach(const char *name, bool create, int local_rank, int n, const
     if (n < 1 || n > SHM_MAX_LOCAL || local_rank < 0 || local_rank >= n)
         return error_set(FSDP_EINVAL, "shm: %d ranks on one host (at most %d), local rank %d", n, SHM_MAX_LOCAL,
                          local_rank);
+    const char *keep = getenv("FSDP_COMM_SHM_KEEP_PEER_PAGES");
+    enum peer_pages pages = PEER_PAGES_LAST;
+    if (keep && *keep && strcmp(keep, "last") != 0) {
+        if (strcmp(keep, "0") == 0)
+            pages = PEER_PAGES_NONE;
+        else if (strcmp(keep, "1") == 0)
+            pages = PEER_PAGES_ALL;
+        else
+            return error_set(FSDP_EINVAL,
+                             "FSDP_COMM_SHM_KEEP_PEER_PAGES=%s: allowed are last (the default: the pages the latest "
+                             "operation read), 0 (none) and 1 (all)",
+                             keep);
+    }
     size_t bytes = shm_segment_bytes(n, slot_bytes);
     int fd = shm_open(name, create ? O_RDWR | O_CREAT | O_EXCL : O_RDWR, 0600);
     if (fd < 0)
@@ -150,8 +182,7 @@ int shm_group_attach(const char *name, bool create, int local_rank, int n, const
     g->seg_fd = fd;
     g->peers = pc;
     g->page = (size_t)sysconf(_SC_PAGESIZE);
-    const char *keep = getenv("FSDP_COMM_SHM_KEEP_PEER_PAGES");
-    g->keep_peer_pages = keep && strcmp(keep, "1") == 0;
+    g->peer_pages = pages;
     g->ctrl = p;
     g->data = (unsigned char *)p + ctrl_bytes();
     g->map_bytes = bytes;
@@ -366,42 +397,106 @@ static int count_valid(struct shm_group *g, int b)
     return k;
 }
 
-/* After reading a peer range: drop this process's page table entries for it, so that its RSS (VmRSS,
- * RssShmem, VmHWM, what top and sacct report) holds peers' pages only while an operation reads them. On a
- * MAP_SHARED mapping of a memfd MADV_DONTNEED only unmaps: the data stays in the owner's memfd, the next
- * read maps the same pages again, and concurrent readers of the range (another thread, another rank)
- * are unaffected. The mapping itself stays cached: mmap, and opening /proc/<pid>/fd, cost more. */
-static void peer_span_drop(struct shm_group *g, const void *p, size_t len)
+/* Dropping a range of a peer mapping: this process's page table entries for it go, so that its RSS
+ * (VmRSS, RssShmem, VmHWM, what top and sacct report) stops counting those pages. On a MAP_SHARED mapping
+ * of a memfd MADV_DONTNEED only unmaps: the data stays in the owner's memfd, the next read maps the same
+ * pages again, and concurrent readers of the range (another thread, another rank) are unaffected. The
+ * mapping itself stays cached: mmap, and opening /proc/<pid>/fd, cost more. */
+static void peer_range_drop(uintptr_t lo, uintptr_t hi)
 {
-    if (g->keep_peer_pages || len == 0)
+    if (hi <= lo)
         return;
-    /* A read fault on a shared file mapping also maps the neighbours already in the page cache
-     * (fault-around: the aligned 64 KiB window by default), so dropping only the pages read left up to 15
-     * pages past either end mapped: 8.4 MiB of each peer's arena after a step of a 144-unit model. So the
-     * span dropped is widened to that window (page-aligned too), clamped to the mapping it lies in. */
-    const uintptr_t window = 64 << 10;
-    uintptr_t lo = (uintptr_t)p & ~(window - 1), hi = ((uintptr_t)p + len + window - 1) & ~(window - 1);
-    for (int q = 0; q < g->n; q++)
-        for (int i = 0; i < g->peers[q].n; i++) {
-            const struct peer_map *m = &g->peers[q].m[i];
-            uintptr_t mb = (uintptr_t)m->base, me = mb + ((m->bytes + g->page - 1) & ~(uintptr_t)(g->page - 1));
-            if ((uintptr_t)p >= mb && (uintptr_t)p < me) {
-                lo = lo < mb ? mb : lo;
-                hi = hi > me ? me : hi;
-                goto found;
-            }
-        }
-    return; /* not a peer mapping: nothing of another rank to drop */
-found:;
-    void *a = (void *)lo;
-    size_t b = hi - lo;
-    if (madvise(a, b, MADV_DONTNEED) != 0) {
+    if (madvise((void *)lo, hi - lo, MADV_DONTNEED) != 0) {
         static _Atomic bool warned;
         if (!atomic_exchange(&warned, true))
             log_warn("shm: madvise(MADV_DONTNEED) of a peer's buffer failed (%s): peers' pages stay in this "
                      "rank's RSS (the data is not copied; only the accounting shows it twice)",
                      strerror(errno));
     }
+}
+
+/* After reading a peer range. Faulting pages in and dropping them again costs about half of a copy's
+ * bandwidth, and the usual caller repeats operations on the same buffers (a benchmark, a loop over the
+ * same bucket), so by default the pages read stay mapped until an operation reads other ranges
+ * (peer_spans_retire): a rank's RSS then counts at most two operations' worth of its peers' pages, the
+ * size of the largest collective rather than of the peers' whole arenas. */
+static void peer_span_keep(struct shm_group *g, const void *p, size_t len)
+{
+    if (g->peer_pages == PEER_PAGES_ALL || len == 0)
+        return;
+    /* A read fault on a shared file mapping also maps the neighbours already in the page cache
+     * (fault-around: the aligned 64 KiB window by default), so dropping only the pages read left up to 15
+     * pages past either end mapped: 8.4 MiB of each peer's arena after a step of a 144-unit model. So the
+     * span is widened to that window (page-aligned too), clamped to the mapping it lies in. */
+    const uintptr_t window = 64 << 10;
+    uintptr_t lo = (uintptr_t)p & ~(window - 1), hi = ((uintptr_t)p + len + window - 1) & ~(window - 1);
+    for (int q = 0; q < g->n; q++)
+        for (int i = 0; i < g->peers[q].n; i++) {
+            const struct peer_map *m = &g->peers[q].m[i];
+            uintptr_t mb = (uintptr_t)m->base, me = mb + ((m->bytes + g->page - 1) & ~(uintptr_t)(g->page - 1));
+            if ((uintptr_t)p < mb || (uintptr_t)p >= me)
+                continue;
+            lo = lo < mb ? mb : lo;
+            hi = hi > me ? me : hi;
+            if (g->peer_pages == PEER_PAGES_NONE) {
+                peer_range_drop(lo, hi);
+                return;
+            }
+            for (int j = 0; j < g->nkept_cur; j++) { /* extend an overlapping or touching span */
+                struct kept_span *k = &g->kept_cur[j];
+                if (k->q == q && k->slot == i && k->base == m->base && lo <= k->hi && k->lo <= hi) {
+                    k->lo = lo < k->lo ? lo : k->lo;
+                    k->hi = hi > k->hi ? hi : k->hi;
+                    return;
+                }
+            }
+            if (g->nkept_cur == KEPT_MAX) {
+                peer_range_drop(lo, hi);
+                return;
+            }
+            g->kept_cur[g->nkept_cur++] = (struct kept_span){.q = q, .slot = i, .base = m->base, .lo = lo, .hi = hi};
+            return;
+        }
+    /* not a peer mapping: nothing of another rank to drop */
+}
+
+/* Drops [lo, hi) of the previous operation's span k minus what the current operation's spans (from the
+ * j-th on) still cover. */
+static void kept_drop_minus(const struct shm_group *g, const struct kept_span *k, uintptr_t lo, uintptr_t hi,
+                            int j)
+{
+    for (; j < g->nkept_cur; j++) {
+        const struct kept_span *c = &g->kept_cur[j];
+        if (c->q != k->q || c->slot != k->slot || c->base != k->base || c->hi <= lo || hi <= c->lo)
+            continue;
+        if (c->lo > lo)
+            kept_drop_minus(g, k, lo, c->lo, j + 1);
+        if (c->hi < hi)
+            kept_drop_minus(g, k, c->hi, hi, j + 1);
+        return;
+    }
+    peer_range_drop(lo, hi);
+}
+
+/* At the end of an operation: drop what the previous one read and this one did not; this one's spans
+ * become the previous. A span whose mapping has been unmapped or replaced since is skipped: its pages are
+ * gone with it, and its addresses may now belong to something else. */
+static void peer_spans_retire(struct shm_group *g)
+{
+    if (g->peer_pages != PEER_PAGES_LAST)
+        return;
+    for (int i = 0; i < g->nkept_prev; i++) {
+        const struct kept_span *k = &g->kept_prev[i];
+        const struct peer_cache *pc = &g->peers[k->q];
+        if (k->slot >= pc->n || pc->m[k->slot].base != k->base)
+            continue;
+        /* The slot may hold another mapping at the same address by now: stay inside the current one. */
+        uintptr_t end = (uintptr_t)k->base + ((pc->m[k->slot].bytes + g->page - 1) & ~(uintptr_t)(g->page - 1));
+        kept_drop_minus(g, k, k->lo, k->hi < end ? k->hi : end, 0);
+    }
+    memcpy(g->kept_prev, g->kept_cur, (size_t)g->nkept_cur * sizeof(g->kept_cur[0]));
+    g->nkept_prev = g->nkept_cur;
+    g->nkept_cur = 0;
 }
 
 /* Peer q's buffer described by sb, mapped read-only into this process (cached by allocation id). A
@@ -501,9 +596,11 @@ static int direct_all_gather(struct shm_group *g, int b, const void *in, void *o
         if (rc)
             return rc;
         comm_copy_stream(dst + (size_t)q * bpr, src, bpr);
-        peer_span_drop(g, src, bpr);
+        peer_span_keep(g, src, bpr);
     }
-    return shm_barrier(g, deadline);
+    int rc_end = shm_barrier(g, deadline);
+    peer_spans_retire(g);
+    return rc_end;
 }
 
 static int direct_reduce_scatter(struct shm_group *g, int b, const void *in, void *out, size_t count,
@@ -521,8 +618,10 @@ static int direct_reduce_scatter(struct shm_group *g, int b, const void *in, voi
     comm_reduce_arrays_stream(dtype, op, srcs, g->n, out, count, divisor);
     for (int s = 0; s < g->n; s++)
         if (s != g->me)
-            peer_span_drop(g, srcs[s], count * es);
-    return shm_barrier(g, deadline);
+            peer_span_keep(g, srcs[s], count * es);
+    int rc_end = shm_barrier(g, deadline);
+    peer_spans_retire(g);
+    return rc_end;
 }
 
 /* Reduce-scatter into this rank's share of out, then gather the other shares from the peers' outs. */
@@ -547,7 +646,7 @@ static int direct_all_reduce(struct shm_group *g, int b, const void *in, void *o
         comm_reduce_arrays_stream(dtype, op, srcs, g->n, dst + lo * es, hi - lo, divisor);
         for (int s = 0; s < g->n; s++)
             if (s != g->me)
-                peer_span_drop(g, srcs[s], (hi - lo) * es);
+                peer_span_keep(g, srcs[s], (hi - lo) * es);
     }
     int rc = shm_barrier(g, deadline);
     if (rc)
@@ -557,10 +656,12 @@ static int direct_all_reduce(struct shm_group *g, int b, const void *in, void *o
         share(count, g->n, q, &lo, &hi);
         if (hi > lo) {
             comm_copy_stream(dst + lo * es, pout[q] + lo * es, (hi - lo) * es);
-            peer_span_drop(g, pout[q] + lo * es, (hi - lo) * es);
+            peer_span_keep(g, pout[q] + lo * es, (hi - lo) * es);
         }
     }
-    return shm_barrier(g, deadline);
+    rc = shm_barrier(g, deadline);
+    peer_spans_retire(g);
+    return rc;
 }
 
 static int direct_broadcast(struct shm_group *g, int b, void *buf, size_t bytes, int root, double deadline)
@@ -571,9 +672,11 @@ static int direct_broadcast(struct shm_group *g, int b, void *buf, size_t bytes,
         if (rc)
             return rc;
         comm_copy_stream(buf, src, bytes);
-        peer_span_drop(g, src, bytes);
+        peer_span_keep(g, src, bytes);
     }
-    return shm_barrier(g, deadline);
+    int rc_end = shm_barrier(g, deadline);
+    peer_spans_retire(g);
+    return rc_end;
 }
 
 /* ---- staged through the slots ---- */

@@ -2,8 +2,9 @@
  * buffered slots; data moves with memcpy and in-place reductions, chunked so large buffers pipeline
  * through a fixed-size segment. When every rank's buffers of an operation are registered (comm_mem.h),
  * ranks read each other's buffers directly instead: one copy per block, a peer's pages mapped into the
- * reader only while it reads them (FSDP_COMM_SHM_KEEP_PEER_PAGES=1 keeps them mapped: faster repeated
- * reads, but RSS then counts them). Ranks here are local indices 0..n-1 (the communicator maps them). */
+ * reader from the read until an operation reads other ranges (FSDP_COMM_SHM_KEEP_PEER_PAGES: last, the
+ * default; 0 drops them right after the read; 1 keeps them all, and RSS then counts them). Ranks here
+ * are local indices 0..n-1 (the communicator maps them). */
 #ifndef FSDP_COMM_SHM_H
 #define FSDP_COMM_SHM_H
 

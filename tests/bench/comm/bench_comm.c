@@ -2,14 +2,20 @@
  * gloo (torch 1.13) measured in the same run. Sizes are the full (gathered / reduced) buffer, as in
  * ../shared/anchors/torch/gloo_coll.py; bus bandwidth follows nccl-tests:
  *   all_gather, reduce_scatter: busbw = size / t * (W-1)/W;  all_reduce: busbw = size / t * 2(W-1)/W.
- * Every op runs twice: on buffers from comm_mem_alloc (registered: the one-copy path, what the FSDP engine
- * uses) and on plain malloc buffers (staged through the segment).
- * Lines: bench=<op> backend=cpu buffers=registered|plain world=W size_mib=S time_ms=t busbw_gbs=b, then
- * bench=memcpy, then the gloo anchor lines and bench=ratio lines (registered / peer, and / plain). */
+ * Every op runs three times: on buffers from comm_mem_alloc (registered: the one-copy path, what the FSDP
+ * engine uses), on plain malloc buffers (staged through the segment), and on registered buffers with
+ * FSDP_COMM_SHM_KEEP_PEER_PAGES=0 (registered_cold: every read faults the peer's pages in and drops them,
+ * which is what an operation on a buffer other than the previous one's pays, as FSDP's stream of units
+ * does; repeating an operation on the same buffers, as here and in nccl-tests, does not by default).
+ * Lines: bench=<op> backend=cpu buffers=registered|plain|registered_cold world=W size_mib=S time_ms=t
+ * busbw_gbs=b, then bench=memcpy, then the gloo anchor lines and bench=ratio lines (registered / peer,
+ * and / plain, and / registered_cold). gloo 1.13 has no reduce_scatter (users get an all_reduce and
+ * a slice), so reduce_scatter is compared with gloo's all_reduce time (gloo_as=all_reduce). */
 #include "comm/comm.h"
 #include "common/error.h"
 #include "rendezvous/store.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,8 +23,8 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { NOPS = 4, NSIZES = 3, MAXW = 4, NMODES = 2 };
-static const char *mode_names[NMODES] = {"registered", "plain"};
+enum { NOPS = 4, NSIZES = 3, MAXW = 4, NMODES = 3 };
+static const char *mode_names[NMODES] = {"registered", "plain", "registered_cold"};
 /* all_gather_inplace: the form the FSDP engine uses (a rank's input is its slot of the output); the
  * gloo anchor has no such line. */
 static const char *op_names[NOPS] = {"all_gather", "reduce_scatter", "all_reduce", "all_gather_inplace"};
@@ -42,18 +48,27 @@ static int rank_main(int port, int rank, int world, int iters, int wfd)
 {
     struct store_client_options co = {.host = "127.0.0.1", .port = port, .run_id = "bench"};
     struct store_client *sc = NULL;
-    struct comm *c = NULL;
-    char group[32];
+    struct comm *c = NULL, *cold = NULL;
+    char group[32], group_cold[40];
     snprintf(group, sizeof(group), "bench%d", world);
+    snprintf(group_cold, sizeof(group_cold), "bench%d-cold", world);
     if (store_client_connect(&co, &sc) != 0 || comm_create(sc, rank, world, group, NULL, &c) != 0) {
+        fprintf(stderr, "bench rank %d: %s\n", rank, error_message());
+        return 1;
+    }
+    /* The variable is read when a communicator attaches its segment. */
+    setenv("FSDP_COMM_SHM_KEEP_PEER_PAGES", "0", 1);
+    if (comm_create(sc, rank, world, group_cold, NULL, &cold) != 0) {
         fprintf(stderr, "bench rank %d: %s\n", rank, error_message());
         return 1;
     }
     size_t maxb = (size_t)sizes_mib[NSIZES - 1] << 20;
     double res[NMODES][NOPS][NSIZES];
     for (int m = 0; m < NMODES; m++) {
-        float *full = m == 0 ? comm_mem_alloc(c, maxb) : malloc(maxb);
-        float *out = m == 0 ? comm_mem_alloc(c, maxb) : malloc(maxb);
+        bool reg = m != 1;
+        struct comm *cm = m == 2 ? cold : c;
+        float *full = reg ? comm_mem_alloc(cm, maxb) : malloc(maxb);
+        float *out = reg ? comm_mem_alloc(cm, maxb) : malloc(maxb);
         if (!full || !out) {
             fprintf(stderr, "bench rank %d: out of memory: %s\n", rank, error_message());
             return 1;
@@ -65,12 +80,12 @@ static int rank_main(int port, int rank, int world, int iters, int wfd)
             for (int op = 0; op < NOPS; op++) {
                 double ts[64];
                 for (int it = 0; it < iters + 2; it++) {
-                    comm_barrier(c);
+                    comm_barrier(cm);
                     double t0 = now_s();
-                    int rc = op == 0   ? comm_all_gather(c, full, out, per, COMM_F32)
-                             : op == 1 ? comm_reduce_scatter(c, full, out, per, COMM_F32, COMM_SUM)
-                             : op == 2 ? comm_all_reduce(c, full, full, n, COMM_F32, COMM_SUM)
-                                       : comm_all_gather(c, out + (size_t)rank * per, out, per, COMM_F32);
+                    int rc = op == 0   ? comm_all_gather(cm, full, out, per, COMM_F32)
+                             : op == 1 ? comm_reduce_scatter(cm, full, out, per, COMM_F32, COMM_SUM)
+                             : op == 2 ? comm_all_reduce(cm, full, full, n, COMM_F32, COMM_SUM)
+                                       : comm_all_gather(cm, out + (size_t)rank * per, out, per, COMM_F32);
                     if (rc) {
                         fprintf(stderr, "bench rank %d: %s\n", rank, error_message());
                         return 1;
@@ -81,9 +96,9 @@ static int rank_main(int port, int rank, int world, int iters, int wfd)
                 res[m][op][s] = ts[2 + iters / 2];
             }
         }
-        if (m == 0) {
-            comm_mem_free(c, full);
-            comm_mem_free(c, out);
+        if (reg) {
+            comm_mem_free(cm, full);
+            comm_mem_free(cm, out);
         } else {
             free(full);
             free(out);
@@ -91,6 +106,7 @@ static int rank_main(int port, int rank, int world, int iters, int wfd)
     }
     if (rank == 0 && write(wfd, res, sizeof(res)) != (ssize_t)sizeof(res))
         return 1;
+    comm_destroy(cold);
     comm_destroy(c);
     store_client_close(sc);
     return 0;
@@ -218,10 +234,13 @@ int main(int argc, char **argv)
         for (int s = 0; s < NSIZES; s++) {
             double bytes = (double)((size_t)sizes_mib[s] << 20), t = res[0][0][op][s];
             double bw = bytes * (op == 2 ? 1.0 : 0.5) / t / 1e9; /* world 2 busbw, registered buffers */
-            printf("bench=ratio op=%s buffers=registered world=2 size_mib=%d vs_memcpy=%.2f vs_plain=%.2f",
-                   op_names[op], sizes_mib[s], bw / mc, res[0][1][op][s] / t);
+            printf("bench=ratio op=%s buffers=registered world=2 size_mib=%d vs_memcpy=%.2f vs_plain=%.2f "
+                   "vs_cold=%.2f",
+                   op_names[op], sizes_mib[s], bw / mc, res[0][1][op][s] / t, res[0][2][op][s] / t);
             if (gloo[op][s] > 0)
                 printf(" vs_gloo=%.1f", bw / gloo[op][s]);
+            else if (op == 1 && gloo[2][s] > 0) /* gloo's all_reduce time: busbw factor 1 at world 2 */
+                printf(" vs_gloo=%.1f gloo_as=all_reduce", (bytes / (gloo[2][s] * 1e9)) / t);
             printf("\n");
         }
     return 0;
