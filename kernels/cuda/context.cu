@@ -172,6 +172,7 @@ int cuda_colsum_add(const char *op, float *dst, const float *src, int rows, int 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static int init_rc;
 static char init_msg[512];
+static int ctx_ready; /* set once the context is complete (see fsdp_cuda_compute_stream) */
 
 /* Several ranks share a node: LOCAL_RANK (torchrun's variable, set by fsdp-launch) picks the GPU, so
  * each rank gets its own card without the caller having to call cudaSetDevice first. */
@@ -247,6 +248,20 @@ static void init_context(void)
                  prop.name, prop.major, prop.minor, c->sm_count, (double)prop.totalGlobalMem / (1 << 30),
                  c->gemm_compute == CUBLAS_COMPUTE_32F ? "fp32" : "tf32");
     init_rc = 0;
+    __atomic_store_n(&ctx_ready, 1, __ATOMIC_RELEASE);
+}
+
+/* The NCCL backend (comm/comm_nccl.c, in the same module) orders each collective after the work already
+ * queued here: the engine fills a send buffer with a kernel (cast, copies) and issues the collective right
+ * away, without synchronising, so NCCL's own stream must wait for this one. Read from the communicator's
+ * progress thread, hence the atomic flag rather than the pthread_once the table's users go through. */
+extern "C" int fsdp_cuda_compute_stream(cudaStream_t *stream, int *device)
+{
+    if (!__atomic_load_n(&ctx_ready, __ATOMIC_ACQUIRE))
+        return -1;
+    *stream = cuda_ctx.stream;
+    *device = cuda_ctx.device;
+    return 0;
 }
 
 extern "C" const struct kernels *kernels_cuda(void)
