@@ -88,9 +88,8 @@ int cuda_cast(void *dst, enum kernels_dtype dst_dtype, const void *src, enum ker
         return 0;
     if (!dst || !src)
         return error_set(FSDP_EINVAL, "kernels cuda: cast: NULL buffer");
-    if (dst_dtype == src_dtype)
-        return cuda_check("cast", cudaMemcpyAsync(dst, src, n * kernels_dtype_size(dst_dtype),
-                                                  cudaMemcpyDeviceToDevice, cuda_ctx.stream));
+    if (dst_dtype == src_dtype) /* mem_copy, as the CPU's memmove: cudaMemcpy leaves overlap undefined */
+        return cuda_mem_copy(dst, src, n * kernels_dtype_size(dst_dtype), KERNELS_COPY_D2D);
     unsigned g = cuda_grid(n);
     cudaStream_t s = cuda_ctx.stream;
     switch (src_dtype * 3 + dst_dtype) {
