@@ -4,8 +4,9 @@
  *
  * Cross-host reductions: leaders split the buffer into one chunk per host; every leader sends chunk h to
  * leader h, which reduces the host sums in host order (hosts ordered by their lowest rank) and sends the
- * result back to all. So an f32 sum is (sum of host 0's ranks in rank order) + (host 1's) + ..., the
- * same for every run with the same layout. */
+ * result back to all (a reduce_scatter stops halfway: leader h receives only its own ranks' blocks). So
+ * an f32 sum is (sum of host 0's ranks in rank order) + (host 1's) + ..., the same for every run with the
+ * same layout. */
 #include "comm/comm_internal.h"
 #include "comm/comm_mem.h"
 #include "comm/comm_shm.h"
@@ -389,17 +390,60 @@ static int cpu_reduce_scatter(struct cpu_state *st, const void *in, void *out, s
         return shm_reduce_scatter(st->shm, in, out, count, dt, op == COMM_AVG ? COMM_SUM : op, divisor,
                                   deadline);
     }
-    /* Across hosts: a full all-reduce, then this rank's block (simple; the leaders' step already moves
-     * only 1/H of the buffer per link). */
-    size_t es = comm_dtype_size(dt), n = count * (size_t)st->size;
-    unsigned char *full = malloc(n * es + 1);
-    if (!full)
-        return error_set(FSDP_ENOMEM, "comm cpu: out of memory for %zu bytes", n * es);
-    int rc = cpu_all_reduce(st, in, full, n, dt, op, deadline);
-    if (rc == 0)
-        memcpy(out, full + (size_t)st->rank * count * es, count * es);
-    free(full);
-    return rc;
+    /* Across hosts: each host's sum of the whole buffer meets the other hosts' at the leaders, but leader h
+     * receives only the blocks of its own ranks (and sends each other leader only theirs): every link
+     * carries the receiving host's share of the buffer once, half of what an all-reduce moves, and no
+     * host ever holds the whole result. The host's blocks then go to its ranks through the segment. The
+     * sum is in host order, each host's in rank order: bitwise the block an all-reduce gives. */
+    int divisor = op == COMM_AVG ? st->size : 1;
+    enum comm_op base = op == COMM_AVG ? COMM_SUM : op;
+    size_t es = comm_dtype_size(dt), blk = count * es, n = count * (size_t)st->size;
+    int H = st->nhosts, me = st->host, L = st->nlocal;
+    /* scratch: [host sum of the buffer, only with a segment] [blocks sent, packed per host]
+     *          [blocks received, L per other host] [this host's results, L blocks] */
+    size_t off_send = st->shm ? n * es : 0, off_recv = off_send + (size_t)(st->size - L) * blk;
+    size_t off_mine = off_recv + (size_t)(H - 1) * (size_t)L * blk;
+    unsigned char *tmp = scratch(st, off_mine + (size_t)L * blk + 1);
+    if (!tmp)
+        return error_set(FSDP_ENOMEM, "comm cpu: out of memory for %zu bytes", off_mine + (size_t)L * blk);
+    const unsigned char *hsum = in;
+    int rc = 0;
+    if (st->shm) {
+        if ((rc = shm_all_reduce(st->shm, in, tmp, n, dt, base, 1, deadline)) != 0)
+            return rc;
+        hsum = tmp;
+    }
+    if (st->local_rank == 0) {
+        struct tcp_xfer x[256];
+        int nx = 0;
+        size_t so = 0, ro = 0;
+        for (int g = 0; g < H; g++) {
+            if (g == me)
+                continue;
+            unsigned char *sb = tmp + off_send + so;
+            size_t k = 0;
+            for (int r = 0; r < st->size; r++)
+                if (st->host_of[r] == g)
+                    memcpy(sb + k++ * blk, hsum + (size_t)r * blk, blk);
+            x[nx++] = (struct tcp_xfer){.peer = st->leader[g], .sbuf = sb, .slen = k * blk,
+                                        .rbuf = tmp + off_recv + ro, .rlen = (size_t)L * blk};
+            so += k * blk;
+            ro += (size_t)L * blk;
+        }
+        if ((rc = tcp_exchange(st->tcp, x, nx, deadline)) != 0)
+            return leader_failed(st, rc);
+        const void *srcs[256];
+        for (int i = 0; i < L; i++) {
+            for (int g = 0; g < H; g++)
+                srcs[g] = g == me ? hsum + (size_t)st->locals[i] * blk
+                                  : tmp + off_recv + ((size_t)(g < me ? g : g - 1) * (size_t)L + (size_t)i) * blk;
+            comm_reduce_arrays(dt, base, srcs, H, tmp + off_mine + (size_t)i * blk, count, divisor);
+        }
+    }
+    if (st->shm && (rc = shm_broadcast(st->shm, tmp + off_mine, (size_t)L * blk, 0, deadline)) != 0)
+        return rc;
+    memcpy(out, tmp + off_mine + (size_t)st->local_rank * blk, blk);
+    return 0;
 }
 
 static int cpu_broadcast(struct cpu_state *st, void *buf, size_t bytes, int root, double deadline)

@@ -36,7 +36,8 @@ typedef int (*rank_body)(struct rank_ctx *ctx);
 struct run_opts {
     const char *run_id;       /* FSDP_RUN_ID for the children (shm names); NULL = "t<pid>" */
     double timeout_s;         /* FSDP_COMM_TIMEOUT_S; 0 = 60 */
-    int hosts;                /* > 1: fake this many hosts (FSDP_COMM_HOST_ID), ranks split contiguously */
+    int hosts;                /* > 1: fake this many hosts (FSDP_COMM_HOST_ID), ranks split contiguously;
+                               * < -1: -hosts hosts, rank r on host r % -hosts (interleaved) */
     bool force_tcp;
     bool no_comm;             /* body creates what it needs */
     double limit_s;           /* parent kills children after this; 0 = 100 */
@@ -140,9 +141,9 @@ static inline void run_ranks(int size, rank_body body, const void *arg, const st
         setenv("FSDP_COMM_SHM_SLOT_KIB", o.slot_kib ? o.slot_kib : "64", 1);
         if (o.force_tcp)
             setenv("FSDP_COMM_FORCE_TCP", "1", 1);
-        if (o.hosts > 1) {
+        if (o.hosts > 1 || o.hosts < -1) {
             char h[16];
-            snprintf(h, sizeof(h), "host%d", r / (size / o.hosts));
+            snprintf(h, sizeof(h), "host%d", o.hosts > 0 ? r / (size / o.hosts) : r % -o.hosts);
             setenv("FSDP_COMM_HOST_ID", h, 1);
         }
         if (o.netns[0] && tu_enter_netns(o.netns[r < size / 2 ? 0 : 1]) != 0) {
@@ -237,24 +238,25 @@ static inline float tu_get(enum comm_dtype dt, const void *buf, size_t i)
     return comm_f16_to_f32(((const uint16_t *)buf)[i]);
 }
 
-/* The documented order: per host (ranks split contiguously over `hosts`), f32 sum in rank order, rounded
- * to dtype when the host sum is an intermediate; then hosts in order; AVG divides once; round once.
- * `ranks` lists the members in group order (NULL = 0..size-1). */
+/* The documented order: per host (ranks split contiguously over `hosts`, or with hosts < -1 rank r on
+ * host r % -hosts), f32 sum in rank order, rounded to dtype when the host sum is an intermediate; then
+ * hosts in order (of their lowest rank); AVG divides once; round once. `ranks` lists the members in
+ * group order (NULL = 0..size-1). */
 static inline float tu_ref_reduce(enum comm_dtype dt, enum comm_op op, int size, int hosts, const int *ranks,
                                   size_t idx, int salt)
 {
-    if (hosts < 1)
-        hosts = 1;
-    int per = size / hosts;
+    bool interleaved = hosts < -1;
+    int nh = hosts < -1 ? -hosts : hosts < 1 ? 1 : hosts;
+    int per = size / nh;
     float total = 0;
-    for (int h = 0; h < hosts; h++) {
+    for (int h = 0; h < nh; h++) {
         float p = 0;
         for (int k = 0; k < per; k++) {
-            int q = h * per + k;
+            int q = interleaved ? h + k * nh : h * per + k;
             float v = tu_round(dt, tu_gen(ranks ? ranks[q] : q, idx, salt));
             p = k == 0 ? v : op == COMM_MAX ? (v > p ? v : p) : p + v;
         }
-        if (hosts > 1)
+        if (nh > 1)
             p = tu_round(dt, p);
         total = h == 0 ? p : op == COMM_MAX ? (p > total ? p : total) : total + p;
     }

@@ -130,6 +130,10 @@ Test(comm_tcp, forced_world2, .timeout = 180) { run_collectives(2, 1, true); }
 Test(comm_tcp, forced_world3, .timeout = 180) { run_collectives(3, 1, true); }
 Test(comm_hier, hosts2_x_ranks2, .timeout = 180) { run_collectives(4, 2, false); }
 Test(comm_hier, hosts2_x_ranks3, .timeout = 180) { run_collectives(6, 2, false); }
+/* Hosts whose ranks are not contiguous (rank r on host r % 2 or r % 3): a host's blocks of a
+ * reduce_scatter are then scattered over the buffer. */
+Test(comm_hier, hosts2_interleaved_x_ranks2, .timeout = 180) { run_collectives(4, -2, false); }
+Test(comm_hier, hosts3_interleaved_x_ranks2, .timeout = 180) { run_collectives(6, -3, false); }
 
 /* 64 MiB through the default (1 MiB) slots: all_reduce f32 sum, an all_gather filling 64 MiB, a
  * reduce_scatter of a 64 MiB input (f32 avg) and a bf16 all_reduce (max) of 64 MiB. */
