@@ -46,11 +46,28 @@ Test(comm_nccl, unique_id_relay_world3, .timeout = 100)
     assert_all_ok(3, st);
 }
 
+/* Counted in a child: CUDA does not survive fork(), and the ranks are forked from this process, so this
+ * process must never initialise it itself (the ranks would fail with cudaErrorInitializationError). */
 static int ndevices(void)
 {
+    int p[2];
+    if (pipe(p) != 0)
+        return 0;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int n = 0;
+        if (cudaGetDeviceCount(&n) != cudaSuccess)
+            n = 0; /* no driver: zero devices */
+        _exit(write(p[1], &n, sizeof n) == (ssize_t)sizeof n ? 0 : 1);
+    }
+    close(p[1]);
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess)
-        return 0; /* no driver: zero devices */
+    if (pid < 0 || read(p[0], &n, sizeof n) != (ssize_t)sizeof n)
+        n = 0;
+    close(p[0]);
+    if (pid > 0)
+        waitpid(pid, NULL, 0);
     return n;
 }
 
