@@ -376,6 +376,8 @@ static int check_args(struct comm *c, const struct comm_req *r)
 static int submit(struct comm *c, struct comm_req r, struct comm_work **work)
 {
     int rc = check_args(c, &r);
+    if (!rc && c->be->issue)
+        rc = c->be->issue(c->state, &r);
     if (rc) {
         *work = NULL;
         return rc;

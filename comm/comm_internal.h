@@ -29,6 +29,9 @@ struct comm_req {
     int color, key;
     const struct comm_info *child;
     void **child_state;
+    /* Set by comm_backend.issue on the issuing thread, consumed by run() (NCCL: the compute-stream event
+     * the collective waits for). */
+    void *ready;
 };
 
 /* What a backend sees of its communicator. */
@@ -58,6 +61,11 @@ struct comm_backend {
      * backend's order cannot differ from the core's. Runs on the parent's progress thread, in issue
      * order (as a COMM_K_SPLIT request). NULL = children are made with init() like any communicator. */
     int (*split)(void *parent_state, const struct comm_info *child_info, int color, int key, void **child_state);
+    /* Optional: called on the issuing thread for every operation (not splits), before it is queued, so a
+     * backend can capture what that thread has ordered so far: NCCL records an event on the compute stream
+     * here, and run() makes the collective wait for exactly the kernels queued before the call. Must not
+     * touch what run() owns; may set req->ready. */
+    int (*issue)(void *state, struct comm_req *req);
 };
 
 const struct comm_backend *comm_backend_cpu(void);

@@ -2,8 +2,10 @@
  * rank 0 of the group calls ncclGetUniqueId (which also starts NCCL's bootstrap listener in that process)
  * and publishes it under "<key_prefix>/nccl_id"; the others wait for it, then all call ncclCommInitRank.
  * A comm_split child is made by ncclCommSplit of the parent instead (no new id, no new bootstrap ring).
- * Completion is watched by the progress thread: it polls the stream and ncclCommGetAsyncError in short
- * sleeps until the deadline, then aborts the NCCL communicator so nothing hangs on a dead peer. */
+ * Each collective waits on its own stream for an event recorded on the compute stream when it was issued
+ * (nccl_issue). Completion is watched by the progress thread: it polls the stream and
+ * ncclCommGetAsyncError (yielding, then in sleeps of at most 1 ms) until the deadline, then aborts the
+ * NCCL communicator so nothing hangs on a dead peer. */
 #include "comm/comm_internal.h"
 #include "comm/comm_nccl.h"
 #include "common/error.h"
@@ -12,6 +14,7 @@
 
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -202,6 +205,11 @@ static ncclRedOp_t nccl_op(enum comm_op op)
  * error; at the deadline the communicator is aborted so the kernels of this rank stop. */
 static int wait_stream(struct nccl_state *st, const struct comm_req *q)
 {
+    /* Yield for the first 100 us (most collectives of a training step end within that), then sleep
+     * 20 us, doubling up to 1 ms: a fixed 1 ms sleep added up to 1 ms to every collective, dozens per
+     * step, while the deadline and NCCL's async errors are still checked at least every millisecond. */
+    double t0 = comm_now_s();
+    long nap_ns = 20000;
     for (;;) {
         cudaError_t ce = cudaStreamQuery(st->stream);
         if (ce == cudaSuccess)
@@ -222,16 +230,22 @@ static int wait_stream(struct nccl_state *st, const struct comm_req *q)
             return error_set(FSDP_ETIMEDOUT, "NCCL did not complete in time (some rank did not arrive; NCCL cannot "
                              "say which: look for the rank whose log stops first); communicator aborted");
         }
-        struct timespec ts = {0, 1000000};
+        if (comm_now_s() - t0 < 1e-4) {
+            sched_yield();
+            continue;
+        }
+        struct timespec ts = {0, nap_ns};
         nanosleep(&ts, NULL);
+        nap_ns = nap_ns < 500000 ? 2 * nap_ns : 1000000;
     }
 }
 
 /* Makes this communicator's stream wait for the work queued so far on the kernels' stream. The engine
  * writes a collective's input with kernels (the cast to bf16, the packing copies) and queues the collective
  * at once without k->synchronize(); both streams are non-blocking, so without this NCCL could read the
- * buffer before those kernels ran. Recorded here on the progress thread, the event may also cover compute
- * queued just after the collective was issued: later than needed, never too early. */
+ * buffer before those kernels ran. Normally nccl_issue recorded the event when the collective was issued;
+ * this is the fallback for a request without one: recorded here on the progress thread, the event may
+ * also cover compute queued just after the collective was issued: later than needed, never too early. */
 static int order_after_compute(struct nccl_state *st)
 {
     cudaStream_t cs;
@@ -264,12 +278,58 @@ static int order_after_compute(struct nccl_state *st)
     return 0;
 }
 
+/* On the issuing thread (comm_backend.issue): an event on the compute stream now, so the collective waits
+ * for the kernels queued before it was issued and for nothing queued after. Recording it later, on the
+ * progress thread, would also cover the next unit's forward that the engine queues right after issuing
+ * its prefetch, and the prefetch would no longer overlap anything. */
+static int nccl_issue(void *state, struct comm_req *q)
+{
+    (void)state;
+    q->ready = NULL;
+    cudaStream_t cs;
+    int cdev, cur = -1;
+    if (q->kind == COMM_K_SPLIT || !fsdp_cuda_compute_stream || fsdp_cuda_compute_stream(&cs, &cdev) != 0)
+        return 0;
+    cudaEvent_t ev = NULL;
+    /* an event must live on the device of the stream it is recorded on; the caller's device is kept */
+    cudaError_t ce = cudaGetDevice(&cur);
+    if (ce == cudaSuccess && cur != cdev)
+        ce = cudaSetDevice(cdev);
+    if (ce == cudaSuccess)
+        ce = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (ce == cudaSuccess)
+        ce = cudaEventRecord(ev, cs);
+    if (cur >= 0 && cur != cdev)
+        cudaSetDevice(cur);
+    if (ce != cudaSuccess) {
+        if (ev)
+            cudaEventDestroy(ev);
+        return error_set(FSDP_EIO, "NCCL %s: cannot record the compute stream's progress: %s (an earlier kernel "
+                         "may have failed)", comm_kind_name(q->kind), cudaGetErrorString(ce));
+    }
+    q->ready = ev;
+    return 0;
+}
+
 static int nccl_run(void *state, const struct comm_req *q)
 {
     struct nccl_state *st = state;
-    if (!st->comm)
+    if (!st->comm) {
+        if (q->ready)
+            cudaEventDestroy((cudaEvent_t)q->ready);
         return error_set(FSDP_EABORTED, "the NCCL communicator was aborted by an earlier failure");
-    int rc = order_after_compute(st);
+    }
+    int rc = 0;
+    if (q->ready) {
+        cudaSetDevice(st->device);
+        cudaError_t ce = cudaStreamWaitEvent(st->stream, (cudaEvent_t)q->ready, 0);
+        cudaEventDestroy((cudaEvent_t)q->ready); /* released once it has completed */
+        if (ce != cudaSuccess)
+            rc = error_set(FSDP_EIO, "cannot order the NCCL stream after the compute stream: %s",
+                           cudaGetErrorString(ce));
+    } else {
+        rc = order_after_compute(st);
+    }
     if (rc)
         return rc;
     cudaSetDevice(st->device);
@@ -337,7 +397,7 @@ static int nccl_mem_free(void *state, void *p)
 
 static const struct comm_backend nccl_backend = {
     .name = "nccl", .init = nccl_init, .run = nccl_run, .fini = nccl_fini, .mem_alloc = nccl_mem_alloc,
-    .mem_free = nccl_mem_free, .split = nccl_split};
+    .mem_free = nccl_mem_free, .split = nccl_split, .issue = nccl_issue};
 
 const struct comm_backend *comm_backend_nccl(void)
 {
