@@ -22,6 +22,16 @@
  * running max, running sum (forward) or D = rowsum(dO * O) (backward). */
 #define ATT_SLOT_FLOATS (2 * ATT_BQ * ATT_BK + 2 * ATT_BQ)
 
+/* hs = 64 on a CPU with AVX-512 takes the register-blocked tiles below instead of sgemm; the baseline-only
+ * build (KERNELS_NO_SIMD_CLONES) keeps the sgemm path everywhere, so it can be tested on any machine. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(KERNELS_NO_SIMD_CLONES)
+#define ATT_HAVE_AVX512 1
+#else
+#define ATT_HAVE_AVX512 0
+#endif
+/* the AVX-512 path uses four 64 x 64 tiles of a slot */
+_Static_assert(ATT_SLOT_FLOATS >= 4 * 64 * 64, "attention workspace slot too small for the AVX-512 tiles");
+
 static int check_shape(const char *op, int b, int t, int c, int nh)
 {
     if (b < 0 || t < 0 || c <= 0 || nh <= 0 || c % nh != 0)
@@ -111,6 +121,307 @@ static void att_forward_pair(float *out, float *lse, const float *qkv, int t, in
     }
 }
 
+/* ---- AVX-512 tiles for head size 64 -------------------------------------------------------------------
+ *
+ * The sgemm calls above spend most of their time packing and in OpenBLAS's small-matrix kernels: a
+ * 64x64x64 product is too small to amortise either. With hs = 64 a row of q, k, v or dO is exactly four
+ * zmm registers, so every product of the tile loop is a register-blocked outer-product kernel here.
+ *
+ * Tiles are 64 queries x 64 keys and the score tile is stored transposed, S^T[j][r] (key j, query r, 64
+ * queries = four vectors per row), because then
+ *   - S^T = K (scale Q^T) and dP^T = V dO^T broadcast one element of a k / v row against a row of the
+ *     transposed query (dO) block, which is transposed once per query block and reused for every key block;
+ *   - the softmax runs down the columns, 16 queries per vector, with no horizontal reductions;
+ *   - O += P V and dQ += dS K read the coefficient of (r, j) at S^T + j*64 + r, dV += P^T dO and
+ *     dK += dS^T Q read it at S^T + j*64 + r as well: every product broadcasts one coefficient against a
+ *     64-wide row of v, k, dO or q, which are read in place from the packed rows.
+ * Accumulators stay in registers for R output rows at a time (4 x R zmm). On the diagonal tile the
+ * contraction of O, dQ, dK and dV stops at the causal limit of the row block, so the masked triangle costs
+ * (almost) nothing there. */
+#if ATT_HAVE_AVX512
+#include <immintrin.h>
+
+#define ATT_TARGET __attribute__((target("avx512f,fma")))
+#define ATT_INLINE __attribute__((target("avx512f,fma"), always_inline)) static inline
+#define ATT_R 4 /* output rows per register block: 16 accumulators + 4 row loads + 1 broadcast */
+
+/* fastmath_expf on 16 lanes, the same steps (and so the same results up to FMA contraction). */
+ATT_INLINE __m512 att_exp512(__m512 x)
+{
+    const __m512 lo = _mm512_set1_ps(-87.3f), hi = _mm512_set1_ps(88.3f), magic = _mm512_set1_ps(12582912.0f);
+    __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    __m512 xc = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+    __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), magic), magic);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    y = _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+    return _mm512_maskz_mov_ps((__mmask16)~under, y);
+}
+
+/* Lanes of vector v (queries 16v .. 16v+15) that key row j of a diagonal tile may see: query r sees key
+ * j when r >= j. */
+static inline __mmask16 att_diag_mask(int j, int v)
+{
+    int sh = j - 16 * v;
+    return sh <= 0 ? (__mmask16)0xFFFF : sh >= 16 ? (__mmask16)0 : (__mmask16)(0xFFFFu << sh);
+}
+
+enum att_epi {
+    ATT_EPI_SCORES, /* forward: store the scores, -inf where masked */
+    ATT_EPI_PROBS,  /* backward: P = exp(s - lse[r]), 0 where masked */
+    ATT_EPI_DS,     /* backward: dS = P (dP - D[r]) scale, P read from pt (0 where masked) */
+};
+
+/* Rows j .. j+R-1 of a transposed tile dst (ld 64): dst[j][r] = sum_d x[j][d] yt[d][r], x rows with
+ * leading dimension ldx, yt the transposed 64 x 64 query (or dO) block; then the epilogue. */
+ATT_INLINE void att_rows_xyt(const int R, enum att_epi epi, float *dst, const float *x, size_t ldx,
+                             const float *yt, int j, int diag, const float *colv, const float *pt, float scale)
+{
+    __m512 acc[ATT_R][4];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++)
+            acc[i][v] = _mm512_setzero_ps();
+    const float *xj = x + (size_t)j * ldx;
+    for (int d = 0; d < 64; d++) {
+        __m512 y0 = _mm512_loadu_ps(yt + d * 64), y1 = _mm512_loadu_ps(yt + d * 64 + 16);
+        __m512 y2 = _mm512_loadu_ps(yt + d * 64 + 32), y3 = _mm512_loadu_ps(yt + d * 64 + 48);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m512 b = _mm512_set1_ps(xj[(size_t)i * ldx + d]);
+            acc[i][0] = _mm512_fmadd_ps(b, y0, acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(b, y1, acc[i][1]);
+            acc[i][2] = _mm512_fmadd_ps(b, y2, acc[i][2]);
+            acc[i][3] = _mm512_fmadd_ps(b, y3, acc[i][3]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) {
+            __mmask16 m = diag ? att_diag_mask(j + i, v) : (__mmask16)0xFFFF;
+            float *o = dst + (size_t)(j + i) * 64 + 16 * v;
+            __m512 s = acc[i][v];
+            if (epi == ATT_EPI_SCORES)
+                s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), m, s);
+            else if (epi == ATT_EPI_PROBS)
+                s = _mm512_maskz_mov_ps(m, att_exp512(_mm512_sub_ps(s, _mm512_loadu_ps(colv + 16 * v))));
+            else
+                s = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(pt + (size_t)(j + i) * 64 + 16 * v),
+                                                _mm512_sub_ps(s, _mm512_loadu_ps(colv + 16 * v))),
+                                  _mm512_set1_ps(scale));
+            _mm512_storeu_ps(o, s);
+        }
+}
+
+ATT_TARGET static void att_tile_xyt(enum att_epi epi, float *dst, const float *x, size_t ldx, const float *yt,
+                                    int n, int diag, const float *colv, const float *pt, float scale)
+{
+    int j = 0;
+    for (; j + ATT_R <= n; j += ATT_R)
+        att_rows_xyt(ATT_R, epi, dst, x, ldx, yt, j, diag, colv, pt, scale);
+    switch (n - j) {
+    case 3: att_rows_xyt(3, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
+    case 2: att_rows_xyt(2, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
+    case 1: att_rows_xyt(1, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
+    default: break;
+    }
+}
+
+/* Rows o .. o+R-1 of out (ld ldo, 64 wide): out[o+i] = (zero ? 0 : alpha ? alpha[i] out[o+i] : out[o+i])
+ * + sum_{x0 <= x < x1} coef[i*so + x*sx] z[x], z rows with leading dimension ldz. out, coef, alpha point
+ * at row o's entries. */
+ATT_INLINE void att_rows_acc(const int R, float *out, size_t ldo, const float *coef, size_t so, size_t sx,
+                             const float *z, size_t ldz, int x0, int x1, const float *alpha, int zero)
+{
+    __m512 acc[ATT_R][4];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++)
+            acc[i][v] = zero ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)i * ldo + 16 * v);
+        if (alpha && !zero) {
+            __m512 a = _mm512_set1_ps(alpha[i]);
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++)
+                acc[i][v] = _mm512_mul_ps(acc[i][v], a);
+        }
+    }
+    for (int x = x0; x < x1; x++) {
+        const float *zx = z + (size_t)x * ldz;
+        __m512 z0 = _mm512_loadu_ps(zx), z1 = _mm512_loadu_ps(zx + 16);
+        __m512 z2 = _mm512_loadu_ps(zx + 32), z3 = _mm512_loadu_ps(zx + 48);
+        const float *cx = coef + (size_t)x * sx;
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m512 b = _mm512_set1_ps(cx[(size_t)i * so]);
+            acc[i][0] = _mm512_fmadd_ps(b, z0, acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(b, z1, acc[i][1]);
+            acc[i][2] = _mm512_fmadd_ps(b, z2, acc[i][2]);
+            acc[i][3] = _mm512_fmadd_ps(b, z3, acc[i][3]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++)
+            _mm512_storeu_ps(out + (size_t)i * ldo + 16 * v, acc[i][v]);
+}
+
+/* n output rows in blocks of ATT_R. The contraction of block o runs over x in [lo, hi) where, on a
+ * diagonal tile (causal), lo = o (rows indexed by key: queries before the key see nothing) or
+ * hi = o + R (rows indexed by query: keys after the block are invisible); masked coefficients are 0, so
+ * trimming only skips work. */
+enum att_trim { ATT_TRIM_NONE, ATT_TRIM_LO, ATT_TRIM_HI };
+
+ATT_TARGET static void att_tile_acc(float *out, size_t ldo, int n, const float *coef, size_t so, size_t sx,
+                                    const float *z, size_t ldz, int nx, enum att_trim trim, const float *alpha,
+                                    int zero)
+{
+    int o = 0;
+    for (; o < n; o += ATT_R) {
+        int R = n - o < ATT_R ? n - o : ATT_R;
+        int x0 = trim == ATT_TRIM_LO ? o : 0, x1 = trim == ATT_TRIM_HI ? (o + R < nx ? o + R : nx) : nx;
+        float *ob = out + (size_t)o * ldo;
+        const float *cb = coef + (size_t)o * so, *ab = alpha ? alpha + o : NULL;
+        switch (R) {
+        case ATT_R: att_rows_acc(ATT_R, ob, ldo, cb, so, sx, z, ldz, x0, x1, ab, zero); break;
+        case 3: att_rows_acc(3, ob, ldo, cb, so, sx, z, ldz, x0, x1, ab, zero); break;
+        case 2: att_rows_acc(2, ob, ldo, cb, so, sx, z, ldz, x0, x1, ab, zero); break;
+        default: att_rows_acc(1, ob, ldo, cb, so, sx, z, ldz, x0, x1, ab, zero); break;
+        }
+    }
+}
+
+/* dst[d][r] = s src[r][d] for r < n, 0 for n <= r < 64: the transposed query (or dO) block. */
+ATT_TARGET static void att_transpose64(float *dst, const float *src, size_t lds, int n, float s)
+{
+    for (int r = 0; r < n; r++)
+        for (int d = 0; d < 64; d++)
+            dst[d * 64 + r] = src[(size_t)r * lds + d] * s;
+    for (int d = 0; d < 64; d++)
+        for (int r = n; r < 64; r++)
+            dst[d * 64 + r] = 0.0f;
+}
+
+/* Online softmax down the columns of the score tile (nk key rows): new running max, probabilities
+ * exp(s - m) in place, running sum rescaled, and alpha = exp(m_old - m_new) for the output rows. */
+ATT_TARGET static void att_softmax_cols(float *st, int nk, float *m, float *l, float *alpha)
+{
+    for (int v = 0; v < 4; v++) {
+        __m512 mold = _mm512_loadu_ps(m + 16 * v), mx = mold;
+        for (int j = 0; j < nk; j++)
+            mx = _mm512_max_ps(mx, _mm512_loadu_ps(st + j * 64 + 16 * v));
+        /* a column with nothing visible yet keeps -inf; subtract 0 there so no inf - inf appears */
+        __m512 msub = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(mx, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ),
+                                         _mm512_setzero_ps());
+        __m512 a = att_exp512(_mm512_sub_ps(mold, msub)), sum = _mm512_setzero_ps();
+        for (int j = 0; j < nk; j++) {
+            __m512 p = att_exp512(_mm512_sub_ps(_mm512_loadu_ps(st + j * 64 + 16 * v), msub));
+            _mm512_storeu_ps(st + j * 64 + 16 * v, p);
+            sum = _mm512_add_ps(sum, p);
+        }
+        _mm512_storeu_ps(l + 16 * v, _mm512_fmadd_ps(_mm512_loadu_ps(l + 16 * v), a, sum));
+        _mm512_storeu_ps(m + 16 * v, mx);
+        _mm512_storeu_ps(alpha + 16 * v, a);
+    }
+}
+
+/* Workspace of a pair: forward qt | st | ot, backward qt | dot | pt | dpt (64 x 64 floats each). */
+ATT_TARGET static void att512_forward_pair(float *out, float *lse, const float *qkv, int t, int c, float scale,
+                                           float *ws)
+{
+    const size_t ld = 3 * (size_t)c;
+    float *qt = ws, *st = ws + 4096, *ot = ws + 2 * 4096;
+    _Alignas(64) float m[64], l[64], alpha[64];
+    for (int q0 = 0; q0 < t; q0 += 64) {
+        int nq = t - q0 < 64 ? t - q0 : 64;
+        att_transpose64(qt, qkv + (size_t)q0 * ld, ld, nq, scale);
+        for (int r = 0; r < 64; r++)
+            m[r] = -INFINITY, l[r] = 0.0f;
+        /* rows of ot past nq are computed too (from zero queries) and never written out */
+        for (int k0 = 0; k0 <= q0; k0 += 64) {
+            int diag = k0 == q0, nk = diag ? nq : 64;
+            const float *k = qkv + (size_t)k0 * ld + c, *v = qkv + (size_t)k0 * ld + 2 * c;
+            att_tile_xyt(ATT_EPI_SCORES, st, k, ld, qt, nk, diag, NULL, NULL, 0.0f);
+            att_softmax_cols(st, nk, m, l, alpha);
+            att_tile_acc(ot, 64, nq, st, 1, 64, v, ld, nk, diag ? ATT_TRIM_HI : ATT_TRIM_NONE, alpha, k0 == 0);
+        }
+        for (int r = 0; r < nq; r++) {
+            float inv = 1.0f / l[r], *o = out + (size_t)(q0 + r) * c;
+            for (int d = 0; d < 64; d++)
+                o[d] = ot[r * 64 + d] * inv;
+            lse[q0 + r] = m[r] + logf(l[r]);
+        }
+    }
+}
+
+ATT_TARGET static void att512_backward_pair(float *dqkv, const float *dout, const float *qkv, const float *out,
+                                            const float *lse, int t, int c, float scale, float *ws)
+{
+    const size_t ld = 3 * (size_t)c;
+    float *qt = ws, *dot = ws + 4096, *pt = ws + 2 * 4096, *dpt = ws + 3 * 4096;
+    _Alignas(64) float lsev[64], dsum[64];
+    for (int q0 = 0; q0 < t; q0 += 64) {
+        int nq = t - q0 < 64 ? t - q0 : 64;
+        const float *q = qkv + (size_t)q0 * ld, *dO = dout + (size_t)q0 * c;
+        float *dq = dqkv + (size_t)q0 * ld;
+        att_transpose64(qt, q, ld, nq, scale);
+        att_transpose64(dot, dO, c, nq, 1.0f);
+        for (int r = 0; r < 64; r++) {
+            /* padding queries: lse +inf makes their probabilities exactly 0 */
+            lsev[r] = r < nq ? lse[q0 + r] : INFINITY;
+            float s = 0.0f;
+            if (r < nq) {
+                const float *a = dO + (size_t)r * c, *b = out + (size_t)(q0 + r) * c;
+                for (int d = 0; d < 64; d++)
+                    s += a[d] * b[d];
+            }
+            dsum[r] = s;
+        }
+        for (int k0 = 0; k0 <= q0; k0 += 64) {
+            int diag = k0 == q0, nk = diag ? nq : 64;
+            const float *k = qkv + (size_t)k0 * ld + c, *v = qkv + (size_t)k0 * ld + 2 * c;
+            float *dk = dqkv + (size_t)k0 * ld + c, *dv = dqkv + (size_t)k0 * ld + 2 * c;
+            enum att_trim by_key = diag ? ATT_TRIM_LO : ATT_TRIM_NONE, by_query = diag ? ATT_TRIM_HI : ATT_TRIM_NONE;
+            att_tile_xyt(ATT_EPI_PROBS, pt, k, ld, qt, nk, diag, lsev, NULL, 0.0f);
+            /* dV += P^T dO */
+            att_tile_acc(dv, ld, nk, pt, 64, 1, dO, c, nq, by_key, NULL, 0);
+            /* dS^T = P^T (dP^T - D) scale, dP^T = V dO^T */
+            att_tile_xyt(ATT_EPI_DS, dpt, v, ld, dot, nk, diag, dsum, pt, scale);
+            /* dQ += dS K ; dK += dS^T Q */
+            att_tile_acc(dq, ld, nq, dpt, 1, 64, k, ld, nk, by_query, NULL, 0);
+            att_tile_acc(dk, ld, nk, dpt, 64, 1, q, ld, nq, by_key, NULL, 0);
+        }
+    }
+}
+
+static int att512_usable(int hs)
+{
+    static int have = -1; /* racy first call is harmless: every thread stores the same value */
+    if (have < 0) {
+        __builtin_cpu_init();
+        have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+    }
+    return hs == 64 && have;
+}
+#else
+static int att512_usable(int hs)
+{
+    (void)hs;
+    return 0;
+}
+#endif
+
 int cpu_attention_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh,
                           void *workspace)
 {
@@ -124,10 +435,18 @@ int cpu_attention_forward(float *out, float *lse, const float *qkv, int b, int t
                                       "attention_workspace_bytes)");
     const int hs = c / nh;
     const float scale = 1.0f / sqrtf((float)hs);
-    const int pairs = b * nh;
+    const int pairs = b * nh, fast = att512_usable(hs);
 #pragma omp parallel for schedule(dynamic, 1) if (pairs > 1)
     for (int p = 0; p < pairs; p++) {
         int bi = p / nh, h = p % nh;
+#if ATT_HAVE_AVX512
+        if (fast) {
+            att512_forward_pair(out + (size_t)bi * t * c + (size_t)h * hs, lse + (size_t)p * t,
+                                qkv + (size_t)bi * t * 3 * c + (size_t)h * hs, t, c, scale,
+                                (float *)workspace + (size_t)p * ATT_SLOT_FLOATS);
+            continue;
+        }
+#endif
         att_forward_pair(out + (size_t)bi * t * c + (size_t)h * hs, lse + (size_t)p * t,
                          qkv + (size_t)bi * t * 3 * c + (size_t)h * hs, t, c, hs, scale,
                          (float *)workspace + (size_t)p * ATT_SLOT_FLOATS);
@@ -217,11 +536,18 @@ int cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, con
                                       "attention_workspace_bytes)");
     const int hs = c / nh;
     const float scale = 1.0f / sqrtf((float)hs);
-    const int pairs = b * nh;
+    const int pairs = b * nh, fast = att512_usable(hs);
 #pragma omp parallel for schedule(dynamic, 1) if (pairs > 1)
     for (int p = 0; p < pairs; p++) {
         int bi = p / nh, h = p % nh;
         size_t qoff = (size_t)bi * t * 3 * c + (size_t)h * hs, ooff = (size_t)bi * t * c + (size_t)h * hs;
+#if ATT_HAVE_AVX512
+        if (fast) {
+            att512_backward_pair(dqkv + qoff, dout + ooff, qkv + qoff, out + ooff, lse + (size_t)p * t, t, c,
+                                 scale, (float *)workspace + (size_t)p * ATT_SLOT_FLOATS);
+            continue;
+        }
+#endif
         att_backward_pair(dqkv + qoff, dout + ooff, qkv + qoff, out + ooff, lse + (size_t)p * t, t, c, hs,
                           scale, (float *)workspace + (size_t)p * ATT_SLOT_FLOATS);
     }
