@@ -195,8 +195,10 @@ static int save_full(struct fsdp *f, const struct worker_config *wc, struct trai
 int train_ckpt_maybe_save(struct fsdp *f, const struct worker_config *wc, struct train_env *env, int64_t step,
                           bool final)
 {
-    bool due = final ? step != last_saved_step && step > 0
-                     : wc->checkpoint.interval > 0 && step % wc->checkpoint.interval == 0;
+    /* interval -1: the user asked for no checkpoints at all (benchmarks, throwaway experiments). */
+    bool due = wc->checkpoint.interval < 0 ? false
+               : final                     ? step != last_saved_step && step > 0
+                                           : wc->checkpoint.interval > 0 && step % wc->checkpoint.interval == 0;
     if (!due)
         return 0;
     char root[4352];

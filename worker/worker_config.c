@@ -157,8 +157,9 @@ static const struct config_key keys[] = {
     /* [checkpoint] */
     {.section = "checkpoint", .name = "dir", .type = CONFIG_PATH, .def = "./runs/<run_id>/checkpoints",
      .flags = LIST("output_dir"), .help = "Where checkpoints are written"},
-    {.section = "checkpoint", .name = "interval", .type = CONFIG_INT, .def = "0", .min = 0, .max = 1e12,
-     .flags = LIST("checkpointing_steps"), .help = "Steps between checkpoints; 0 = only at the end"},
+    {.section = "checkpoint", .name = "interval", .type = CONFIG_INT, .def = "0", .min = -1, .max = 1e12,
+     .flags = LIST("checkpointing_steps"),
+     .help = "Steps between checkpoints; 0 = only at the end; -1 = never (no checkpoint at all)"},
     {.section = "checkpoint", .name = "state_dict_type", .type = CONFIG_ENUM, .def = "SHARDED_STATE_DICT",
      .values = LIST("SHARDED_STATE_DICT", "FULL_STATE_DICT"),
      .value_aliases = ALIASES({"sharded", "SHARDED_STATE_DICT"}, {"full", "FULL_STATE_DICT"}, {"1", "FULL_STATE_DICT"},

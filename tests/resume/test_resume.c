@@ -142,6 +142,24 @@ static void resume_and_compare(struct job *j, const char *ref, const char *from,
     free(ck);
 }
 
+/* checkpoint.interval = -1: a run that saves nothing, not even at the end (0 saves at the end, which the
+ * other tests resume from). */
+Test(resume, interval_minus_one_saves_nothing, .timeout = 240)
+{
+    struct job j;
+    job_setup(&j);
+    char *ck = opt("--checkpoint.dir=%s/ck-%s", j.dir, "never");
+    const char *args[] = {ck, "--checkpoint.interval=-1", "--train.max_steps=4", NULL};
+    int rc = job_run(&j, "never", 2, args, NULL);
+    cr_assert_eq(rc, 0, "run failed: %s", lu_slurp_tag(j.dir, "never", "err"));
+    char p[4400];
+    snprintf(p, sizeof p, "%s/ck-never", j.dir);
+    struct stat st;
+    cr_assert(stat(p, &st) != 0, "checkpoint.interval = -1, but %s was created", p);
+    free(ck);
+    lu_rm_rf(j.dir);
+}
+
 Test(resume, sharded_exact_at_same_world_and_resharded_elsewhere, .timeout = 240)
 {
     struct job j;
