@@ -145,6 +145,11 @@ static void att_forward_pair(float *out, float *lse, const float *qkv, int t, in
 #define ATT_INLINE __attribute__((target("avx512f,fma"), always_inline)) static inline
 #define ATT_R 4 /* output rows per register block: 16 accumulators + 4 row loads + 1 broadcast */
 
+/* Left alone, GCC folds the four row loads into every FMA as memory operands, loading each row R times
+ * per step: the load ports, not the FMA units, then bound the kernels. An empty asm that "modifies" the
+ * registers makes the loaded values opaque, so each row is loaded once and reused from registers. */
+#define ATT_IN_REGS(a, b, c, d) __asm__("" : "+v"(a), "+v"(b), "+v"(c), "+v"(d))
+
 /* fastmath_expf on 16 lanes, the same steps (and so the same results up to FMA contraction). */
 ATT_INLINE __m512 att_exp512(__m512 x)
 {
@@ -195,6 +200,7 @@ ATT_INLINE void att_rows_xyt(const int R, enum att_epi epi, float *dst, const fl
     for (int d = 0; d < 64; d++) {
         __m512 y0 = _mm512_loadu_ps(yt + d * 64), y1 = _mm512_loadu_ps(yt + d * 64 + 16);
         __m512 y2 = _mm512_loadu_ps(yt + d * 64 + 32), y3 = _mm512_loadu_ps(yt + d * 64 + 48);
+        ATT_IN_REGS(y0, y1, y2, y3);
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             __m512 b = _mm512_set1_ps(xj[(size_t)i * ldx + d]);
@@ -260,6 +266,7 @@ ATT_INLINE void att_rows_acc(const int R, float *out, size_t ldo, const float *c
         const float *zx = z + (size_t)x * ldz;
         __m512 z0 = _mm512_loadu_ps(zx), z1 = _mm512_loadu_ps(zx + 16);
         __m512 z2 = _mm512_loadu_ps(zx + 32), z3 = _mm512_loadu_ps(zx + 48);
+        ATT_IN_REGS(z0, z1, z2, z3);
         const float *cx = coef + (size_t)x * sx;
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
@@ -302,15 +309,50 @@ ATT_TARGET static void att_tile_acc(float *out, size_t ldo, int n, const float *
     }
 }
 
-/* dst[d][r] = s src[r][d] for r < n, 0 for n <= r < 64: the transposed query (or dO) block. */
+/* In-register transpose of 16 rows of 16: after it, x[k] holds column k. Three rounds of shuffles, each
+ * swapping ever larger blocks: 1 x 1 (unpack), 2 x 2 inside 128-bit lanes, then whole lanes. */
+ATT_INLINE void att_transpose16(__m512 x[16])
+{
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(x[i], x[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(x[i], x[i + 1]);
+    }
+    /* lane L of x[4a + k] = column 4L + k of rows 4a .. 4a+3 */
+    for (int a = 0; a < 16; a += 4) {
+        x[a] = _mm512_shuffle_ps(t[a], t[a + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        x[a + 1] = _mm512_shuffle_ps(t[a], t[a + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        x[a + 2] = _mm512_shuffle_ps(t[a + 1], t[a + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        x[a + 3] = _mm512_shuffle_ps(t[a + 1], t[a + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    /* lanes (0, 2) and (1, 3) of row groups 0/1 and 2/3 */
+    for (int k = 0; k < 4; k++) {
+        t[k] = _mm512_shuffle_f32x4(x[k], x[k + 4], 0x88);
+        t[k + 4] = _mm512_shuffle_f32x4(x[k], x[k + 4], 0xdd);
+        t[k + 8] = _mm512_shuffle_f32x4(x[k + 8], x[k + 12], 0x88);
+        t[k + 12] = _mm512_shuffle_f32x4(x[k + 8], x[k + 12], 0xdd);
+    }
+    for (int k = 0; k < 8; k++) {
+        x[k] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88);
+        x[k + 8] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0xdd);
+    }
+}
+
+/* dst[d][r] = s src[r][d] for r < n, 0 for n <= r < 64: the transposed query (or dO) block, in 16 x 16
+ * blocks (element-wise it is a strided store per float, as slow as a third of a tile product). */
 ATT_TARGET static void att_transpose64(float *dst, const float *src, size_t lds, int n, float s)
 {
-    for (int r = 0; r < n; r++)
-        for (int d = 0; d < 64; d++)
-            dst[d * 64 + r] = src[(size_t)r * lds + d] * s;
-    for (int d = 0; d < 64; d++)
-        for (int r = n; r < 64; r++)
-            dst[d * 64 + r] = 0.0f;
+    const __m512 vs = _mm512_set1_ps(s);
+    for (int rb = 0; rb < 64; rb += 16)
+        for (int db = 0; db < 64; db += 16) {
+            __m512 x[16];
+            for (int i = 0; i < 16; i++)
+                x[i] = rb + i < n ? _mm512_mul_ps(_mm512_loadu_ps(src + (size_t)(rb + i) * lds + db), vs)
+                                  : _mm512_setzero_ps();
+            att_transpose16(x);
+            for (int k = 0; k < 16; k++)
+                _mm512_storeu_ps(dst + (size_t)(db + k) * 64 + rb, x[k]);
+        }
 }
 
 /* Online softmax down the columns of the score tile (nk key rows): new running max, probabilities
@@ -383,8 +425,10 @@ ATT_TARGET static void att512_backward_pair(float *dqkv, const float *dout, cons
             float s = 0.0f;
             if (r < nq) {
                 const float *a = dO + (size_t)r * c, *b = out + (size_t)(q0 + r) * c;
-                for (int d = 0; d < 64; d++)
-                    s += a[d] * b[d];
+                __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(a), _mm512_loadu_ps(b));
+                for (int d = 16; d < 64; d += 16)
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
+                s = _mm512_reduce_add_ps(acc);
             }
             dsum[r] = s;
         }
