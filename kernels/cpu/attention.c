@@ -186,39 +186,48 @@ enum att_epi {
 };
 
 /* Rows j .. j+R-1 of a transposed tile dst (ld 64): dst[j][r] = sum_d x[j][d] yt[d][r], x rows with
- * leading dimension ldx, yt the transposed 64 x 64 query (or dO) block; then the epilogue. */
-ATT_INLINE void att_rows_xyt(const int R, enum att_epi epi, float *dst, const float *x, size_t ldx,
-                             const float *yt, int j, int diag, const float *colv, const float *pt, float scale)
+ * leading dimension ldx, yt the transposed 64 x 64 query (or dO) block; then the epilogue. Vectors below
+ * V0 (queries before 16 V0) are masked for every row of the block on a diagonal tile: they are not
+ * computed, only filled with the masked value. */
+ATT_INLINE void att_rows_xyt(const int R, const int V0, enum att_epi epi, float *dst, const float *x,
+                             size_t ldx, const float *yt, int j, int diag, const float *colv, const float *pt,
+                             float scale)
 {
     __m512 acc[ATT_R][4];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
 #pragma GCC unroll 4
-        for (int v = 0; v < 4; v++)
+        for (int v = V0; v < 4; v++)
             acc[i][v] = _mm512_setzero_ps();
     const float *xj = x + (size_t)j * ldx;
     for (int d = 0; d < 64; d++) {
-        __m512 y0 = _mm512_loadu_ps(yt + d * 64), y1 = _mm512_loadu_ps(yt + d * 64 + 16);
-        __m512 y2 = _mm512_loadu_ps(yt + d * 64 + 32), y3 = _mm512_loadu_ps(yt + d * 64 + 48);
-        ATT_IN_REGS(y0, y1, y2, y3);
+        __m512 y[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++)
+            y[v] = _mm512_loadu_ps(yt + d * 64 + 16 * v);
+        ATT_IN_REGS(y[0], y[1], y[2], y[3]);
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             __m512 b = _mm512_set1_ps(xj[(size_t)i * ldx + d]);
-            acc[i][0] = _mm512_fmadd_ps(b, y0, acc[i][0]);
-            acc[i][1] = _mm512_fmadd_ps(b, y1, acc[i][1]);
-            acc[i][2] = _mm512_fmadd_ps(b, y2, acc[i][2]);
-            acc[i][3] = _mm512_fmadd_ps(b, y3, acc[i][3]);
+#pragma GCC unroll 4
+            for (int v = V0; v < 4; v++)
+                acc[i][v] = _mm512_fmadd_ps(b, y[v], acc[i][v]);
         }
     }
+    const __m512 masked = _mm512_set1_ps(epi == ATT_EPI_SCORES ? -INFINITY : 0.0f);
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
 #pragma GCC unroll 4
         for (int v = 0; v < 4; v++) {
-            __mmask16 m = diag ? att_diag_mask(j + i, v) : (__mmask16)0xFFFF;
             float *o = dst + (size_t)(j + i) * 64 + 16 * v;
+            if (v < V0) {
+                _mm512_storeu_ps(o, masked);
+                continue;
+            }
+            __mmask16 m = diag ? att_diag_mask(j + i, v) : (__mmask16)0xFFFF;
             __m512 s = acc[i][v];
             if (epi == ATT_EPI_SCORES)
-                s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), m, s);
+                s = _mm512_mask_mov_ps(masked, m, s);
             else if (epi == ATT_EPI_PROBS)
                 s = _mm512_maskz_mov_ps(m, att_exp512(_mm512_sub_ps(s, _mm512_loadu_ps(colv + 16 * v))));
             else
@@ -233,12 +242,20 @@ ATT_TARGET static void att_tile_xyt(enum att_epi epi, float *dst, const float *x
                                     int n, int diag, const float *colv, const float *pt, float scale)
 {
     int j = 0;
-    for (; j + ATT_R <= n; j += ATT_R)
-        att_rows_xyt(ATT_R, epi, dst, x, ldx, yt, j, diag, colv, pt, scale);
+    for (; j + ATT_R <= n; j += ATT_R) {
+        /* on the diagonal, key j is invisible to queries r < j: whole vectors below j / 16 for the block */
+        switch (diag ? j / 16 : 0) {
+        case 0: att_rows_xyt(ATT_R, 0, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
+        case 1: att_rows_xyt(ATT_R, 1, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
+        case 2: att_rows_xyt(ATT_R, 2, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
+        default: att_rows_xyt(ATT_R, 3, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
+        }
+    }
+    /* the last few rows (t not a multiple of ATT_R) are computed whole */
     switch (n - j) {
-    case 3: att_rows_xyt(3, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
-    case 2: att_rows_xyt(2, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
-    case 1: att_rows_xyt(1, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
+    case 3: att_rows_xyt(3, 0, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
+    case 2: att_rows_xyt(2, 0, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
+    case 1: att_rows_xyt(1, 0, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
     default: break;
     }
 }
