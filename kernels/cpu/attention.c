@@ -7,7 +7,10 @@
  * contributions from every later query block, so keeping a pair on one thread makes dqkv race-free and
  * deterministic without atomics. Each pair owns a slot of the workspace, so the workspace size does not
  * depend on the thread count at call time. The sgemm calls run inside the parallel region, where the
- * OpenMP build of OpenBLAS runs them single-threaded (no oversubscription). */
+ * OpenMP build of OpenBLAS runs them single-threaded (no oversubscription).
+ *
+ * Head size 64 (every GPT-2) on a CPU with AVX-512 takes hand-written tiles instead of sgemm (further
+ * down, "AVX-512 tiles"): same blocking, same online softmax, same recomputation in backward. */
 #include <cblas.h>
 #include <math.h>
 
@@ -466,14 +469,11 @@ ATT_TARGET static void att512_backward_pair(float *dqkv, const float *dout, cons
     }
 }
 
+/* __builtin_cpu_supports reads the CPU model libgcc filled in at load time (a load and a test); it also
+ * checks that the OS saves the AVX-512 registers. */
 static int att512_usable(int hs)
 {
-    static int have = -1; /* racy first call is harmless: every thread stores the same value */
-    if (have < 0) {
-        __builtin_cpu_init();
-        have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
-    }
-    return hs == 64 && have;
+    return hs == 64 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
 }
 #else
 static int att512_usable(int hs)
@@ -481,6 +481,9 @@ static int att512_usable(int hs)
     (void)hs;
     return 0;
 }
+/* never called (att512_usable is 0), so the callers need no #if */
+#define att512_forward_pair(...) ((void)0)
+#define att512_backward_pair(...) ((void)0)
 #endif
 
 int cpu_attention_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh,
@@ -500,14 +503,12 @@ int cpu_attention_forward(float *out, float *lse, const float *qkv, int b, int t
 #pragma omp parallel for schedule(dynamic, 1) if (pairs > 1)
     for (int p = 0; p < pairs; p++) {
         int bi = p / nh, h = p % nh;
-#if ATT_HAVE_AVX512
         if (fast) {
             att512_forward_pair(out + (size_t)bi * t * c + (size_t)h * hs, lse + (size_t)p * t,
                                 qkv + (size_t)bi * t * 3 * c + (size_t)h * hs, t, c, scale,
                                 (float *)workspace + (size_t)p * ATT_SLOT_FLOATS);
             continue;
         }
-#endif
         att_forward_pair(out + (size_t)bi * t * c + (size_t)h * hs, lse + (size_t)p * t,
                          qkv + (size_t)bi * t * 3 * c + (size_t)h * hs, t, c, hs, scale,
                          (float *)workspace + (size_t)p * ATT_SLOT_FLOATS);
@@ -602,13 +603,11 @@ int cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, con
     for (int p = 0; p < pairs; p++) {
         int bi = p / nh, h = p % nh;
         size_t qoff = (size_t)bi * t * 3 * c + (size_t)h * hs, ooff = (size_t)bi * t * c + (size_t)h * hs;
-#if ATT_HAVE_AVX512
         if (fast) {
             att512_backward_pair(dqkv + qoff, dout + ooff, qkv + qoff, out + ooff, lse + (size_t)p * t, t, c,
                                  scale, (float *)workspace + (size_t)p * ATT_SLOT_FLOATS);
             continue;
         }
-#endif
         att_backward_pair(dqkv + qoff, dout + ooff, qkv + qoff, out + ooff, lse + (size_t)p * t, t, c, hs,
                           scale, (float *)workspace + (size_t)p * ATT_SLOT_FLOATS);
     }
