@@ -124,6 +124,21 @@ Test(kernels_attention, gpt2_head_size)
     check_attention(2, 70, 128, 2, 0.5f, 7);
 }
 
+/* Head size 64 takes the CPU's AVX-512 tiles where the CPU has them (64 queries x 64 keys, 16-wide vectors,
+ * a partly skipped diagonal tile): every length around those boundaries, and long rows. */
+Test(kernels_attention, head_size_64_at_tile_boundaries, .timeout = 120)
+{
+    static const int ts[] = {1, 2, 15, 16, 17, 31, 33, 63, 64, 65, 127, 128, 129, 191, 257};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        check_attention(1, ts[i], 128, 2, 0.5f, 20 + i);
+}
+
+Test(kernels_attention, head_size_64_long_and_large_scores, .timeout = 120)
+{
+    check_attention(2, 320, 64, 1, 1.0f, 40);
+    check_attention(1, 200, 64, 1, 6.0f, 41); /* the online softmax rescales as later keys raise the max */
+}
+
 Test(kernels_attention, finite_differences)
 {
     const struct kernels *k = kt_backend();
