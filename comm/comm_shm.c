@@ -415,11 +415,12 @@ static void peer_range_drop(uintptr_t lo, uintptr_t hi)
     }
 }
 
-/* After reading a peer range. Faulting pages in and dropping them again costs about half of a copy's
- * bandwidth, and the usual caller repeats operations on the same buffers (a benchmark, a loop over the
- * same bucket), so by default the pages read stay mapped until an operation reads other ranges
- * (peer_spans_retire): a rank's RSS then counts at most two operations' worth of its peers' pages, the
- * size of the largest collective rather than of the peers' whole arenas. */
+/* After reading a peer range. Faulting pages in and dropping them again costs up to half of a copy's
+ * bandwidth; an operation repeated on the same buffers (a benchmark, a loop over one bucket) need not pay
+ * it every time, while a stream of operations on different buffers (FSDP's units) pays it anyway. So by
+ * default the pages read stay mapped until an operation reads other ranges (peer_spans_retire): a rank's
+ * RSS then counts at most two operations' worth of its peers' pages, the size of the largest collective
+ * rather than of the peers' whole arenas. */
 static void peer_span_keep(struct shm_group *g, const void *p, size_t len)
 {
     if (g->peer_pages == PEER_PAGES_ALL || len == 0)
