@@ -22,6 +22,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* The leaders' steps keep one transfer and one reduction source per host on the stack. */
+#define CPU_MAX_HOSTS 256
+
 struct cpu_state {
     int rank, size;
     int nhosts, host;       /* this rank's host index */
@@ -174,6 +177,11 @@ static int cpu_init(const struct comm_info *info, void **state)
         st->host_of[r] = h;
         st->local_count[h]++;
     }
+    if (st->nhosts > CPU_MAX_HOSTS) {
+        rc = error_set(FSDP_EUNSUPPORTED, "comm cpu: group '%s' spans %d hosts; the cpu backend supports at most %d",
+                       info->group, st->nhosts, CPU_MAX_HOSTS);
+        goto out;
+    }
     st->host = st->host_of[info->rank];
     for (int r = 0; r < info->size; r++) {
         if (st->host_of[r] != st->host)
@@ -282,7 +290,7 @@ static int leaders_all_reduce(struct cpu_state *st, void *buf, size_t n, enum co
     unsigned char *tmp = scratch(st, mylen * es * (size_t)H + 1);
     if (!tmp)
         return error_set(FSDP_ENOMEM, "comm cpu: out of memory for %zu bytes", mylen * es * (size_t)H);
-    struct tcp_xfer x[256];
+    struct tcp_xfer x[CPU_MAX_HOSTS];
     int nx = 0;
     for (int h = 0; h < H; h++) {
         if (h == me)
@@ -295,7 +303,7 @@ static int leaders_all_reduce(struct cpu_state *st, void *buf, size_t n, enum co
     int rc = tcp_exchange(st->tcp, x, nx, deadline);
     if (rc)
         return rc;
-    const void *srcs[256];
+    const void *srcs[CPU_MAX_HOSTS];
     for (int h = 0; h < H; h++)
         srcs[h] = h == me ? (unsigned char *)buf + mylo * es : tmp + (size_t)h * mylen * es;
     comm_reduce_arrays(dt, op, srcs, H, (unsigned char *)buf + mylo * es, mylen, divisor);
@@ -354,7 +362,7 @@ static int cpu_all_gather(struct cpu_state *st, const void *in, void *out, size_
     else
         rc = (memmove(mine, in, bpr), 0);
     if (rc == 0 && st->local_rank == 0) {
-        struct tcp_xfer x[256];
+        struct tcp_xfer x[CPU_MAX_HOSTS];
         int nx = 0;
         for (int h = 0; h < st->nhosts; h++)
             if (h != st->host)
@@ -414,7 +422,7 @@ static int cpu_reduce_scatter(struct cpu_state *st, const void *in, void *out, s
         hsum = tmp;
     }
     if (st->local_rank == 0) {
-        struct tcp_xfer x[256];
+        struct tcp_xfer x[CPU_MAX_HOSTS];
         int nx = 0;
         size_t so = 0, ro = 0;
         for (int g = 0; g < H; g++) {
@@ -432,7 +440,7 @@ static int cpu_reduce_scatter(struct cpu_state *st, const void *in, void *out, s
         }
         if ((rc = tcp_exchange(st->tcp, x, nx, deadline)) != 0)
             return leader_failed(st, rc);
-        const void *srcs[256];
+        const void *srcs[CPU_MAX_HOSTS];
         for (int i = 0; i < L; i++) {
             for (int g = 0; g < H; g++)
                 srcs[g] = g == me ? hsum + (size_t)st->locals[i] * blk
@@ -459,7 +467,7 @@ static int cpu_broadcast(struct cpu_state *st, void *buf, size_t bytes, int root
             return rc;
     }
     if (st->local_rank == 0) {
-        struct tcp_xfer x[256];
+        struct tcp_xfer x[CPU_MAX_HOSTS];
         int nx = 0;
         if (st->host == rh) {
             for (int h = 0; h < st->nhosts; h++)
@@ -484,8 +492,8 @@ static int cpu_barrier(struct cpu_state *st, double deadline)
     if (st->nhosts == 1)
         return 0;
     if (st->local_rank == 0) {
-        unsigned char one = 1, got[256];
-        struct tcp_xfer x[256];
+        unsigned char one = 1, got[CPU_MAX_HOSTS];
+        struct tcp_xfer x[CPU_MAX_HOSTS];
         int nx = 0;
         for (int h = 0; h < st->nhosts; h++)
             if (h != st->host)
