@@ -138,6 +138,9 @@ static int setup_shm(struct cpu_state *st, const struct comm_info *info, double 
 static int cpu_init(const struct comm_info *info, void **state)
 {
     *state = NULL;
+    int rc = shm_check_env();
+    if (rc)
+        return rc;
     struct cpu_state *st = calloc(1, sizeof(*st));
     if (!st)
         return error_set(FSDP_ENOMEM, "comm cpu: out of memory");
@@ -147,7 +150,6 @@ static int cpu_init(const struct comm_info *info, void **state)
     st->leader = calloc((size_t)info->size, sizeof(int));
     st->local_count = calloc((size_t)info->size, sizeof(int));
     char **ids = calloc((size_t)info->size, sizeof(char *));
-    int rc = 0;
     double deadline = comm_now_s() + info->timeout_s;
     if (!st->host_of || !st->leader || !st->local_count || !ids) {
         rc = error_set(FSDP_ENOMEM, "comm cpu: out of memory");

@@ -124,6 +124,30 @@ size_t shm_segment_bytes(int n, size_t slot_bytes)
     return ctrl_bytes() + 2 * (size_t)n * slot_bytes;
 }
 
+static int peer_pages_from_env(enum peer_pages *out)
+{
+    const char *keep = getenv("FSDP_COMM_SHM_KEEP_PEER_PAGES");
+    *out = PEER_PAGES_LAST;
+    if (!keep || !*keep || strcmp(keep, "last") == 0)
+        return 0;
+    if (strcmp(keep, "0") == 0)
+        *out = PEER_PAGES_NONE;
+    else if (strcmp(keep, "1") == 0)
+        *out = PEER_PAGES_ALL;
+    else
+        return error_set(FSDP_EINVAL,
+                         "FSDP_COMM_SHM_KEEP_PEER_PAGES=%s: allowed are last (the default: the pages the latest "
+                         "operation read), 0 (none) and 1 (all)",
+                         keep);
+    return 0;
+}
+
+int shm_check_env(void)
+{
+    enum peer_pages unused;
+    return peer_pages_from_env(&unused);
+}
+
 int shm_group_attach(const char *name, bool create, int local_rank, int n, const int *global_ranks,
                      size_t slot_bytes, struct shm_group **out)
 {
@@ -131,19 +155,10 @@ int shm_group_attach(const char *name, bool create, int local_rank, int n, const
     if (n < 1 || n > SHM_MAX_LOCAL || local_rank < 0 || local_rank >= n)
         return error_set(FSDP_EINVAL, "shm: %d ranks on one host (at most %d), local rank %d", n, SHM_MAX_LOCAL,
                          local_rank);
-    const char *keep = getenv("FSDP_COMM_SHM_KEEP_PEER_PAGES");
-    enum peer_pages pages = PEER_PAGES_LAST;
-    if (keep && *keep && strcmp(keep, "last") != 0) {
-        if (strcmp(keep, "0") == 0)
-            pages = PEER_PAGES_NONE;
-        else if (strcmp(keep, "1") == 0)
-            pages = PEER_PAGES_ALL;
-        else
-            return error_set(FSDP_EINVAL,
-                             "FSDP_COMM_SHM_KEEP_PEER_PAGES=%s: allowed are last (the default: the pages the latest "
-                             "operation read), 0 (none) and 1 (all)",
-                             keep);
-    }
+    enum peer_pages pages;
+    int rc = peer_pages_from_env(&pages);
+    if (rc)
+        return rc;
     size_t bytes = shm_segment_bytes(n, slot_bytes);
     int fd = shm_open(name, create ? O_RDWR | O_CREAT | O_EXCL : O_RDWR, 0600);
     if (fd < 0)

@@ -17,6 +17,10 @@
 
 struct shm_group;
 
+/* Checks FSDP_COMM_SHM_KEEP_PEER_PAGES (unset, last, 0 or 1); 0, or an error naming the variable. The cpu
+ * backend calls it before any rank talks to the store, so a bad value stops every rank at once instead
+ * of leaving the others waiting for a leader that refused it. */
+int shm_check_env(void);
 /* Bytes of segment a group of n ranks with slots of slot_bytes needs. */
 size_t shm_segment_bytes(int n, size_t slot_bytes);
 /* create: O_CREAT|O_EXCL the named segment (the first rank); otherwise open the existing one. The caller

@@ -245,3 +245,36 @@ Test(comm_rss, stream_does_not_accumulate_world2, .timeout = 120) { run_stream(2
 Test(comm_rss, stream_does_not_accumulate_world4, .timeout = 120) { run_stream(4, KEEP_LAST); }
 /* The same stream with everything kept does accumulate: the test above can tell the two apart. */
 Test(comm_rss, stream_keep_all_accumulates_world2, .timeout = 120) { run_stream(2, KEEP_ALL); }
+
+/* A value the variable does not allow stops every rank at once with a message naming it: not only the
+ * leader that creates the segment while the others wait for it until the deadline. */
+static int body_bad_env(struct rank_ctx *c)
+{
+    struct comm_options o = {.generation = 0};
+    struct comm *comm = NULL;
+    double t0 = tu_now();
+    if (comm_create(c->store, c->rank, c->size, "badenv", &o, &comm) == 0) {
+        fprintf(stderr, "rank %d: comm_create accepted FSDP_COMM_SHM_KEEP_PEER_PAGES=sometimes\n", c->rank);
+        comm_destroy(comm);
+        return 1;
+    }
+    const char *msg = error_message();
+    if (!strstr(msg, "FSDP_COMM_SHM_KEEP_PEER_PAGES=sometimes") || !strstr(msg, "last")) {
+        fprintf(stderr, "rank %d: the error does not name the variable and what it allows: %s\n", c->rank, msg);
+        return 1;
+    }
+    if (tu_now() - t0 > 5) {
+        fprintf(stderr, "rank %d: refused after %.1f s, not at once\n", c->rank, tu_now() - t0);
+        return 1;
+    }
+    return 0;
+}
+
+Test(comm_rss, bad_keep_value_refused_on_every_rank, .timeout = 60)
+{
+    int st[MAX_RANKS];
+    setenv("FSDP_COMM_SHM_KEEP_PEER_PAGES", "sometimes", 1);
+    struct run_opts o = {.no_comm = true, .timeout_s = 30, .limit_s = 50};
+    run_ranks(3, body_bad_env, NULL, &o, st);
+    assert_all_ok(3, st);
+}
