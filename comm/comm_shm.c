@@ -340,9 +340,13 @@ int shm_barrier(struct shm_group *g, double deadline)
                                          g->global[i]);
         }
         if (dead >= 0) {
-            char why[200];
-            snprintf(why, sizeof(why), "rank %d (pid %d) died (its process is gone or a zombie)",
-                     g->global[dead], c->pid[dead]);
+            /* The barrier numbers tell a rank that died before this barrier (it last arrived at the one
+             * before) from ranks that disagree on how many barriers an operation takes (anything else). */
+            char why[240];
+            snprintf(why, sizeof(why),
+                     "rank %d (pid %d) died (its process is gone or a zombie) before shared-memory barrier %u "
+                     "(it last arrived at %u)",
+                     g->global[dead], c->pid[dead], e, (unsigned)atomic_load(&c->arrive[dead]));
             shm_abort(g, why);
             return error_set(FSDP_ECLOSED, "%s; look at that rank's log and exit status for the cause", why);
         }
