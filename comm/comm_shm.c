@@ -302,10 +302,18 @@ static int fail_aborted(struct shm_group *g)
     return error_set(FSDP_EABORTED, "rank %d failed first: %s", g->ctrl->abort_rank, g->ctrl->abort_msg);
 }
 
+static _Atomic uint64_t barriers_entered;
+
+uint64_t shm_barrier_count(void)
+{
+    return atomic_load(&barriers_entered);
+}
+
 int shm_barrier(struct shm_group *g, double deadline)
 {
     struct shm_ctrl *c = g->ctrl;
     uint32_t e = ++g->epoch;
+    atomic_fetch_add_explicit(&barriers_entered, 1, memory_order_relaxed);
     atomic_store(&c->arrive[g->me], e);
     uint64_t total = atomic_fetch_add(&c->count, 1) + 1;
     if (total == (uint64_t)e * (uint64_t)g->n) {

@@ -45,6 +45,9 @@ int shm_reduce_scatter(struct shm_group *g, const void *in, void *out, size_t co
 int shm_broadcast(struct shm_group *g, void *buf, size_t bytes, int root, double deadline);
 /* Operations of this process that took the one-copy path (for tests and benchmarks). */
 uint64_t shm_direct_count(void);
+/* Shared-memory barriers this process has passed or entered, all groups together (tests check that every
+ * rank of a group takes the same number for the same operations). */
+uint64_t shm_barrier_count(void);
 /* Makes every rank of the group fail its current or next wait with this rank's message (used when a
  * step outside the segment, e.g. TCP between hosts, failed on this rank). */
 void shm_abort(struct shm_group *g, const char *why);

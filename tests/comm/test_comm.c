@@ -3,6 +3,7 @@
  * reduction for counts 0, 1, a prime and a chunked size, and 64 MiB, compared bitwise with a reference
  * computed in the documented order. */
 #include "comm_test_util.h"
+#include "comm/comm_shm.h"
 
 #include <fcntl.h>
 #include <math.h>
@@ -491,3 +492,121 @@ Test(comm_hier, waiting_ranks_sleep_in_the_kernel, .timeout = 120)
     run_ranks(4, body_late_rank, NULL, &o, st);
     assert_all_ok(4, st);
 }
+
+/* ---- a random stream of operations: every path and every mix of buffers, ranks out of step ---- */
+
+static uint32_t rnd_next(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(*s >> 33);
+}
+
+#define RND_MAXN 70000 /* elements per rank: several 64 KiB slots */
+
+/* Operations drawn from a seed every rank shares (kind, count, root), each rank choosing its own
+ * buffers (registered or plain) and its own small delays: one-copy, staged and mixed paths, counts of 0,
+ * of one piece and of several, in any order. Every result is checked, and at the end every rank must
+ * have taken as many shared-memory barriers as the other ranks of its host: ranks that disagree about an operation's path
+ * would otherwise drift apart and break much later, somewhere else. */
+struct random_arg {
+    int hosts; /* for the reference's summation order */
+    int ops;
+};
+
+static int body_random_ops(struct rank_ctx *c)
+{
+    const struct random_arg *a = c->arg;
+    int W = c->size, r = c->rank, bad = 1, H = a->hosts;
+    uint64_t shared = 0x5eed, mine = 0x9e3779b97f4a7c15ull * (uint64_t)(r + 1);
+    size_t cap = (size_t)RND_MAXN * (size_t)W;
+    float *reg[2] = {comm_mem_alloc(c->comm, cap * 4), comm_mem_alloc(c->comm, cap * 4)};
+    float *pl[2] = {malloc(cap * 4), malloc(cap * 4)};
+    float *counts = malloc((size_t)W * sizeof(float));
+    if (!reg[0] || !reg[1] || !pl[0] || !pl[1] || !counts)
+        FAIL("rank %d: out of memory: %s", r, error_message());
+    static const size_t ns[] = {0, 1, 7, 1000, 16384, 17000, RND_MAXN};
+    static const char *kinds[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"};
+    uint64_t b0 = shm_barrier_count();
+    for (int it = 0; it < a->ops; it++) {
+        int kind = (int)(rnd_next(&shared) % 5), root = (int)(rnd_next(&shared) % (uint32_t)W), salt = 5000 + it;
+        size_t n = ns[rnd_next(&shared) % (sizeof ns / sizeof ns[0])];
+        bool use_reg = rnd_next(&mine) % 2;
+        float *in = use_reg ? reg[0] : pl[0], *out = use_reg ? reg[1] : pl[1];
+        if (rnd_next(&mine) % 3 == 0) {
+            struct timespec ts = {0, (long)(rnd_next(&mine) % 2000) * 1000};
+            nanosleep(&ts, NULL);
+        }
+        int rc = 0;
+        if (kind == 0) {
+            for (size_t i = 0; i < n; i++)
+                in[i] = tu_gen(r, i, salt);
+            rc = comm_all_gather(c->comm, in, out, n, COMM_F32);
+            for (int q = 0; q < W && !rc; q++)
+                for (size_t i = 0; i < n; i++)
+                    if (out[(size_t)q * n + i] != tu_gen(q, i, salt))
+                        FAIL("rank %d: op %d all_gather n=%zu: block %d elem %zu wrong", r, it, n, q, i);
+        } else if (kind == 1) {
+            for (size_t i = 0; i < n * (size_t)W; i++)
+                in[i] = tu_gen(r, i, salt);
+            rc = comm_reduce_scatter(c->comm, in, out, n, COMM_F32, COMM_SUM);
+            for (size_t i = 0; i < n && !rc; i++)
+                if (out[i] != tu_ref_reduce(COMM_F32, COMM_SUM, W, H, NULL, (size_t)r * n + i, salt))
+                    FAIL("rank %d: op %d reduce_scatter n=%zu: elem %zu wrong", r, it, n, i);
+        } else if (kind == 2) {
+            for (size_t i = 0; i < n; i++)
+                in[i] = tu_gen(r, i, salt);
+            rc = comm_all_reduce(c->comm, in, in, n, COMM_F32, COMM_SUM);
+            for (size_t i = 0; i < n && !rc; i++)
+                if (in[i] != tu_ref_reduce(COMM_F32, COMM_SUM, W, H, NULL, i, salt))
+                    FAIL("rank %d: op %d all_reduce n=%zu: elem %zu wrong", r, it, n, i);
+        } else if (kind == 3) {
+            for (size_t i = 0; i < n; i++)
+                in[i] = r == root ? tu_gen(root, i, salt) : -1.0f;
+            rc = comm_broadcast(c->comm, in, n, COMM_F32, root);
+            for (size_t i = 0; i < n && !rc; i++)
+                if (in[i] != tu_gen(root, i, salt))
+                    FAIL("rank %d: op %d broadcast n=%zu from %d: elem %zu wrong", r, it, n, root, i);
+        } else {
+            rc = comm_barrier(c->comm);
+        }
+        if (rc)
+            FAIL("rank %d: op %d (%s, n=%zu, %s buffers): %s", r, it, kinds[kind], n, use_reg ? "registered" : "plain",
+                 error_message());
+    }
+    float mine_count = (float)(shm_barrier_count() - b0);
+    if (comm_all_gather(c->comm, &mine_count, counts, 1, COMM_F32) != 0)
+        FAIL("rank %d: final all_gather: %s", r, error_message());
+    /* Ranks of one host share a segment and must agree; hosts may differ (a broadcast's root host does
+     * other shared-memory steps than the hosts that receive it). Ranks are split over hosts contiguously. */
+    for (int q = 0; q < W; q++) {
+        int first = q / (W / H) * (W / H);
+        if (counts[q] != counts[first])
+            FAIL("rank %d: rank %d took %.0f shared-memory barriers for the same operations, rank %d of the same "
+                 "host %.0f",
+                 r, q, (double)counts[q], first, (double)counts[first]);
+    }
+    bad = 0;
+fail:
+    comm_mem_free(c->comm, reg[0]);
+    comm_mem_free(c->comm, reg[1]);
+    free(pl[0]);
+    free(pl[1]);
+    free(counts);
+    return bad;
+}
+
+static void run_random(int world, int hosts, const char *keep)
+{
+    int st[MAX_RANKS];
+    struct random_arg a = {.hosts = hosts, .ops = 1500};
+    if (keep)
+        setenv("FSDP_COMM_SHM_KEEP_PEER_PAGES", keep, 1); /* this test's own process: the ranks inherit it */
+    struct run_opts o = {.hosts = hosts, .timeout_s = 20, .limit_s = 100};
+    run_ranks(world, body_random_ops, &a, &o, st);
+    assert_all_ok(world, st);
+}
+
+Test(comm_shm, random_operations_world3, .timeout = 120) { run_random(3, 1, NULL); }
+Test(comm_shm, random_operations_world4, .timeout = 120) { run_random(4, 1, NULL); }
+Test(comm_shm, random_operations_world3_pages_dropped, .timeout = 120) { run_random(3, 1, "0"); }
+Test(comm_hier, random_operations_hosts2_x_ranks2, .timeout = 120) { run_random(4, 2, NULL); }
