@@ -274,8 +274,8 @@ static bool pid_dead(int pid)
     char path[64], buf[512];
     snprintf(path, sizeof(path), "/proc/%d/stat", pid);
     FILE *f = fopen(path, "r");
-    if (!f)
-        return true;
+    if (!f) /* gone; any other failure (no fd left, no memory) proves nothing, and the deadline covers it */
+        return errno == ENOENT || errno == ESRCH;
     size_t len = fread(buf, 1, sizeof(buf) - 1, f);
     fclose(f);
     buf[len] = 0;
