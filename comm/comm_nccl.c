@@ -25,8 +25,6 @@ struct nccl_state {
     cudaStream_t stream;
     int device, rank, size;
     bool aborted;
-    cudaEvent_t compute_done; /* recorded on the kernels' stream, waited for by this one (order_after_compute) */
-    int compute_device;       /* the device compute_done was created on */
 };
 
 /* The CUDA ops table's stream (kernels/cuda/context.cu, linked into the same GPU module). Weak: the tests
@@ -74,8 +72,6 @@ static void nccl_fini(void *state)
         else
             ncclCommDestroy(st->comm);
     }
-    if (st->compute_done)
-        cudaEventDestroy(st->compute_done);
     if (st->stream)
         cudaStreamDestroy(st->stream);
     free(st);
@@ -240,44 +236,6 @@ static int wait_stream(struct nccl_state *st, const struct comm_req *q)
     }
 }
 
-/* Makes this communicator's stream wait for the work queued so far on the kernels' stream. The engine
- * writes a collective's input with kernels (the cast to bf16, the packing copies) and queues the collective
- * at once without k->synchronize(); both streams are non-blocking, so without this NCCL could read the
- * buffer before those kernels ran. Normally nccl_issue recorded the event when the collective was issued;
- * this is the fallback for a request without one: recorded here on the progress thread, the event may
- * also cover compute queued just after the collective was issued: later than needed, never too early. */
-static int order_after_compute(struct nccl_state *st)
-{
-    cudaStream_t cs;
-    int cdev;
-    if (!fsdp_cuda_compute_stream || fsdp_cuda_compute_stream(&cs, &cdev) != 0)
-        return 0;
-    cudaError_t ce = cudaSuccess;
-    if (st->compute_done && st->compute_device != cdev) {
-        cudaEventDestroy(st->compute_done);
-        st->compute_done = NULL;
-    }
-    if (!st->compute_done) {
-        /* an event must live on the device of the stream it is recorded on */
-        ce = cudaSetDevice(cdev);
-        if (ce == cudaSuccess)
-            ce = cudaEventCreateWithFlags(&st->compute_done, cudaEventDisableTiming);
-        if (ce != cudaSuccess)
-            st->compute_done = NULL;
-        st->compute_device = cdev;
-    }
-    if (ce == cudaSuccess)
-        ce = cudaEventRecord(st->compute_done, cs);
-    if (ce == cudaSuccess)
-        ce = cudaSetDevice(st->device);
-    if (ce == cudaSuccess)
-        ce = cudaStreamWaitEvent(st->stream, st->compute_done, 0);
-    if (ce != cudaSuccess)
-        return error_set(FSDP_EIO, "cannot order the NCCL stream after the compute stream: %s (an earlier "
-                         "kernel may have failed)", cudaGetErrorString(ce));
-    return 0;
-}
-
 /* On the issuing thread (comm_backend.issue): an event on the compute stream now, so the collective waits
  * for the kernels queued before it was issued and for nothing queued after. Recording it later, on the
  * progress thread, would also cover the next unit's forward that the engine queues right after issuing
@@ -319,19 +277,15 @@ static int nccl_run(void *state, const struct comm_req *q)
             cudaEventDestroy((cudaEvent_t)q->ready);
         return error_set(FSDP_EABORTED, "the NCCL communicator was aborted by an earlier failure");
     }
-    int rc = 0;
+    /* No event means no compute stream existed when the collective was issued: nothing to wait for. */
     if (q->ready) {
         cudaSetDevice(st->device);
         cudaError_t ce = cudaStreamWaitEvent(st->stream, (cudaEvent_t)q->ready, 0);
         cudaEventDestroy((cudaEvent_t)q->ready); /* released once it has completed */
         if (ce != cudaSuccess)
-            rc = error_set(FSDP_EIO, "cannot order the NCCL stream after the compute stream: %s",
-                           cudaGetErrorString(ce));
-    } else {
-        rc = order_after_compute(st);
+            return error_set(FSDP_EIO, "cannot order the NCCL stream after the compute stream: %s",
+                             cudaGetErrorString(ce));
     }
-    if (rc)
-        return rc;
     cudaSetDevice(st->device);
     ncclDataType_t t = nccl_type(q->dtype);
     ncclResult_t r = ncclSuccess;
