@@ -340,7 +340,10 @@ int shm_barrier(struct shm_group *g, double deadline)
         for (int i = 0; i < g->n; i++) {
             if ((int32_t)(atomic_load(&c->arrive[i]) - e) >= 0)
                 continue;
-            if (pid_dead(c->pid[i]) && dead < 0)
+            /* Read arrive[i] again after seeing the process gone: a peer may arrive, complete this barrier
+             * as its last arriver and exit between the first read and pid_dead (the end of a job does exactly
+             * that); only a peer that is gone and still has not arrived never will. */
+            if (dead < 0 && pid_dead(c->pid[i]) && (int32_t)(atomic_load(&c->arrive[i]) - e) < 0)
                 dead = i;
             nmissing++;
             if (mlen < sizeof(missing) - 16)
@@ -349,7 +352,7 @@ int shm_barrier(struct shm_group *g, double deadline)
         }
         if (dead >= 0) {
             /* The barrier numbers tell a rank that died before this barrier (it last arrived at the one
-             * before) from ranks that disagree on how many barriers an operation takes (anything else). */
+             * before) from ranks that disagree on how many barriers an operation takes (any other gap). */
             char why[240];
             snprintf(why, sizeof(why),
                      "rank %d (pid %d) died (its process is gone or a zombie) before shared-memory barrier %u "
