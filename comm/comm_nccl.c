@@ -2,6 +2,9 @@
  * rank 0 of the group calls ncclGetUniqueId (which also starts NCCL's bootstrap listener in that process)
  * and publishes it under "<key_prefix>/nccl_id"; the others wait for it, then all call ncclCommInitRank.
  * A comm_split child is made by ncclCommSplit of the parent instead (no new id, no new bootstrap ring).
+ * Every communicator is nonblocking (ncclConfig_t.blocking = 0): a blocking ncclCommInitRank or
+ * ncclCommSplit waits with no deadline for a rank that never joins, so each NCCL call that answers
+ * ncclInProgress is settled by nccl_settle against the communicator's timeout, then aborted.
  * Each collective waits on its own stream for an event recorded on the compute stream when it was issued
  * (nccl_issue). Completion is watched by the progress thread: it polls the stream and
  * ncclCommGetAsyncError (yielding, then in sleeps of at most 1 ms) until the deadline, then aborts the
@@ -24,8 +27,46 @@ struct nccl_state {
     ncclComm_t comm;
     cudaStream_t stream;
     int device, rank, size;
-    bool aborted;
+    double timeout_s; /* FSDP_COMM_TIMEOUT_S: bounds init, split and finalize, which have no request */
+    char group[72];
 };
+
+/* A nonblocking communicator's calls may return ncclInProgress: the work (init, split, a collective's
+ * enqueue, finalize) goes on inside NCCL and is finished when ncclCommGetAsyncError stops saying
+ * ncclInProgress. Waits for that until the deadline (yield for 100 us, then naps of 20 us doubling to
+ * 1 ms); returns the final state, or ncclInProgress if the deadline came first (the caller aborts). */
+static ncclResult_t nccl_settle(ncclComm_t comm, double deadline)
+{
+    double t0 = comm_now_s();
+    long nap_ns = 20000;
+    for (;;) {
+        ncclResult_t state = ncclInProgress;
+        ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+        if (r != ncclSuccess)
+            return r;
+        if (state != ncclInProgress)
+            return state;
+        double now = comm_now_s();
+        if (now >= deadline)
+            return ncclInProgress;
+        if (now - t0 < 1e-4) {
+            sched_yield();
+            continue;
+        }
+        struct timespec ts = {0, nap_ns};
+        nanosleep(&ts, NULL);
+        nap_ns = nap_ns < 500000 ? 2 * nap_ns : 1000000;
+    }
+}
+
+/* The config every communicator of this backend is made with; commName names it in NCCL_DEBUG output. */
+static ncclConfig_t nccl_config(const char *group)
+{
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    cfg.commName = group;
+    return cfg;
+}
 
 /* The CUDA ops table's stream (kernels/cuda/context.cu, linked into the same GPU module). Weak: the tests
  * link a static copy of this file without the kernels, and a process that never made the CUDA table has
@@ -67,10 +108,19 @@ static void nccl_fini(void *state)
     if (!st)
         return;
     if (st->comm) {
-        if (st->aborted)
-            ncclCommAbort(st->comm);
+        /* Finalize flushes the communicator's outstanding work with its peers; on a nonblocking one it
+         * answers ncclInProgress and is settled like any call. A peer that never finalizes must not keep
+         * this rank from exiting: past the timeout the communicator is aborted instead. */
+        ncclResult_t r = ncclCommFinalize(st->comm);
+        if (r == ncclInProgress)
+            r = nccl_settle(st->comm, comm_now_s() + st->timeout_s);
+        if (r == ncclSuccess)
+            r = ncclCommDestroy(st->comm);
         else
-            ncclCommDestroy(st->comm);
+            ncclCommAbort(st->comm);
+        if (r != ncclSuccess)
+            log_warn("nccl: group '%s' rank %d: finalizing the communicator failed (%s); aborted it", st->group,
+                     st->rank, ncclGetErrorString(r));
     }
     if (st->stream)
         cudaStreamDestroy(st->stream);
@@ -93,6 +143,8 @@ static int nccl_state_new(const struct comm_info *info, struct nccl_state **out)
     st->device = info->device % ndev;
     st->rank = info->rank;
     st->size = info->size;
+    st->timeout_s = info->timeout_s;
+    snprintf(st->group, sizeof(st->group), "%s", info->group);
     cudaError_t ce = cudaSetDevice(st->device);
     if (ce == cudaSuccess)
         ce = cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking);
@@ -120,12 +172,27 @@ static int nccl_init(const struct comm_info *info, void **state)
     }
     ncclUniqueId uid;
     memcpy(uid.internal, id, COMM_NCCL_ID_BYTES);
-    ncclResult_t r = ncclCommInitRank(&st->comm, info->size, uid, info->rank);
+    ncclConfig_t cfg = nccl_config(st->group);
+    double deadline = comm_now_s() + info->timeout_s;
+    ncclResult_t r = ncclCommInitRankConfig(&st->comm, info->size, uid, info->rank, &cfg);
+    if (r == ncclInProgress && st->comm)
+        r = nccl_settle(st->comm, deadline);
     if (r != ncclSuccess) {
+        const char *last = st->comm ? ncclGetLastError(st->comm) : NULL;
+        char detail[256];
+        snprintf(detail, sizeof(detail), "%s", last && *last ? last : "NCCL gave no detail");
+        if (st->comm)
+            ncclCommAbort(st->comm);
         st->comm = NULL;
         nccl_fini(st);
-        return error_set(FSDP_EIO, "ncclCommInitRank failed: %s (set NCCL_DEBUG=INFO for details)",
-                         ncclGetErrorString(r));
+        if (r == ncclInProgress)
+            return error_set(FSDP_ETIMEDOUT, "ncclCommInitRank for group '%s' (rank %d of %d) did not finish within "
+                             "%.0f s (FSDP_COMM_TIMEOUT_S): a rank of the group never joined or cannot be reached "
+                             "(check NCCL_SOCKET_IFNAME; NCCL_DEBUG=INFO shows which peer it waits for); aborted",
+                             info->group, info->rank, info->size, info->timeout_s);
+        return error_set(FSDP_EIO, "ncclCommInitRank for group '%s' (rank %d of %d) failed: %s: %s (set "
+                         "NCCL_DEBUG=INFO for details)", info->group, info->rank, info->size, ncclGetErrorString(r),
+                         detail);
     }
     *state = st;
     return 0;
@@ -134,10 +201,9 @@ static int nccl_init(const struct comm_info *info, void **state)
 /* The split hook, run on the parent's progress thread. ncclCommSplit is a collective over every rank of
  * the parent, so this rank calls it even when it cannot build its child (NOCOLOR then): its peers' split
  * returns, one member short, and the rank check below turns that into an error on their side too.
- * Blocking (as the parent): nccl_run relies on calls that return ncclSuccess, not ncclInProgress. The
- * store exchange in comm_split already saw every rank arrive, so a peer missing here is one that stopped
- * in between; a blocking split has no deadline of its own, so that case waits on NCCL's bootstrap (a dead
- * peer's closed sockets end it; a live but stuck peer does not). */
+ * The child is nonblocking like every communicator here, and the split is settled against the parent's
+ * timeout: the store exchange in comm_split already saw every rank arrive, so a peer missing here is one
+ * that stopped in between, and past the timeout the half-made child is aborted with an error naming it. */
 static int nccl_split(void *parent_state, const struct comm_info *child_info, int color, int key,
                       void **child_state)
 {
@@ -154,13 +220,25 @@ static int nccl_split(void *parent_state, const struct comm_info *child_info, in
     if (made)
         snprintf(why, sizeof(why), "%s", error_message());
     cudaSetDevice(p->device);
-    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    cfg.blocking = 1;
-    if (child_info)
-        cfg.commName = child_info->group; /* names the child in NCCL_DEBUG output */
+    ncclConfig_t cfg = nccl_config(child_info ? child_info->group : p->group);
     ncclComm_t nc = NULL;
+    double deadline = comm_now_s() + p->timeout_s;
     ncclResult_t r = ncclCommSplit(p->comm, st && color >= 0 ? color : NCCL_SPLIT_NOCOLOR, key, &nc, &cfg);
+    /* In progress: the child reports when it is made; a rank that asked for no child watches the parent,
+     * whose own state carries the split's outcome. */
+    if (r == ncclInProgress)
+        r = nccl_settle(nc ? nc : p->comm, deadline);
+    if (r == ncclInProgress) {
+        if (nc)
+            ncclCommAbort(nc);
+        nccl_fini(st);
+        return error_set(FSDP_ETIMEDOUT, "ncclCommSplit into group '%s' on rank %d of the parent did not finish "
+                         "within %.0f s (FSDP_COMM_TIMEOUT_S): a rank of the parent group '%s' stopped before "
+                         "joining it; aborted", group, p->rank, p->timeout_s, p->group);
+    }
     if (r != ncclSuccess) {
+        if (nc)
+            ncclCommAbort(nc);
         const char *last = ncclGetLastError(p->comm);
         nccl_fini(st);
         return error_set(FSDP_EIO, "ncclCommSplit into group '%s' failed on rank %d of the parent (color %d, "
@@ -309,6 +387,9 @@ static int nccl_run(void *state, const struct comm_req *q)
             return error_set(FSDP_ENOMEM, "nccl barrier: cudaMallocAsync failed");
         cudaMemsetAsync(d, 0, 4, st->stream);
         r = ncclAllReduce(d, d, 1, ncclFloat32, ncclSum, st->comm, st->stream);
+        /* the free must be queued after the all-reduce, so its enqueue is settled first */
+        if (r == ncclInProgress)
+            r = nccl_settle(st->comm, q->deadline);
         cudaFreeAsync(d, st->stream);
         break;
     }
@@ -320,6 +401,17 @@ static int nccl_run(void *state, const struct comm_req *q)
         break;
     case COMM_K_SPLIT: /* the core calls nccl_split for these */
         return error_set(FSDP_EINVAL, "nccl backend: a split request reached run()");
+    }
+    /* On a nonblocking communicator the enqueue itself may still be going on: the stream is empty until it
+     * is done, so wait_stream could see it idle and call the collective complete. */
+    if (r == ncclInProgress)
+        r = nccl_settle(st->comm, q->deadline);
+    if (r == ncclInProgress) {
+        ncclCommAbort(st->comm);
+        st->comm = NULL;
+        return error_set(FSDP_ETIMEDOUT, "NCCL %s could not even be queued in time (some rank did not arrive; "
+                         "NCCL cannot say which: look for the rank whose log stops first); communicator aborted",
+                         comm_kind_name(q->kind));
     }
     if (r != ncclSuccess)
         return error_set(FSDP_EIO, "NCCL %s: %s", comm_kind_name(q->kind), ncclGetErrorString(r));
