@@ -24,7 +24,7 @@ static float xent_max(const float *x, int n)
 }
 
 /* Sum of exp(x - m) over x[0..n); with e != NULL also stores each exp in e (e may equal x). */
-CPU_SIMD_CLONES
+CPU_SIMD_CLONES CPU_FP_CONTRACT
 static float xent_expsum(float *e, const float *x, int n, float m)
 {
     float s = 0.0f;
