@@ -5,14 +5,17 @@
  *
  * Work is split over (batch, head) pairs: within a pair the key/value gradients of one key block receive
  * contributions from every later query block, so keeping a pair on one thread makes dqkv race-free and
- * deterministic without atomics. Each pair owns a slot of the workspace, so the workspace size does not
- * depend on the thread count at call time. The sgemm calls run inside the parallel region, where the
- * OpenMP build of OpenBLAS runs them single-threaded (no oversubscription).
+ * deterministic without atomics. The workspace has a slot per pair, so its size does not depend on the
+ * thread count at call time, but a pair works in the slot of its thread (no more threads than pairs are
+ * started): a slot is 64 KiB of tiles, and a fresh, cold one for every pair cost 2-3% once the slots
+ * outgrew the cache (b * nh = 32 pairs at config S). The sgemm calls run inside the parallel region, where
+ * the OpenMP build of OpenBLAS runs them single-threaded (no oversubscription).
  *
  * Head size 64 (every GPT-2) on a CPU with AVX-512 takes hand-written tiles instead of sgemm (further
  * down, "AVX-512 tiles"): same blocking, same online softmax, same recomputation in backward. */
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
 
 #include "common/error.h"
 #include "kernels/cpu/cpu.h"
@@ -122,6 +125,36 @@ static void att_forward_pair(float *out, float *lse, const float *qkv, int t, in
             lse[q0 + r] = m[r] + logf(l[r]);
         }
     }
+}
+
+/* Software prefetch of the rows the next query block (or, after the last block, the next pair) reads
+ * first: its q, k, v rows, and in backward its dO, out and dq, dk, dv rows. A pair's rows sit 3c floats
+ * apart, beyond what the hardware prefetchers follow, and once the batch outgrows the cache each new
+ * block otherwise waits on a few hundred misses. The tile loops issue a few rows per register block, so
+ * the misses overlap the FMAs instead of queueing all at once. */
+#define ATT_PF_STREAMS 8
+struct att_pf {
+    const float *base[ATT_PF_STREAMS]; /* row 0 of each stream (a head's 64 floats of it) */
+    size_t ld[ATT_PF_STREAMS];
+    unsigned char write[ATT_PF_STREAMS];
+    int nstreams, r0, total, pos, step; /* items are (row, stream), row = r0 + item / nstreams */
+};
+
+/* The prefetch streams of a pair's forward (q, k, v, out) or backward (those and dq, dk, dv, dO). */
+static void att_pf_pair(struct att_pf *pf, const float *qkv, const float *out, float *dqkv, const float *dout,
+                        int c)
+{
+    const size_t ld = 3 * (size_t)c;
+    int n = 0;
+    for (int part = 0; part < 3; part++) {
+        pf->base[n] = qkv + (size_t)part * c, pf->ld[n] = ld, pf->write[n++] = 0;
+        if (dqkv)
+            pf->base[n] = dqkv + (size_t)part * c, pf->ld[n] = ld, pf->write[n++] = 1;
+    }
+    pf->base[n] = out, pf->ld[n] = c, pf->write[n++] = !dqkv; /* forward writes out, backward reads it */
+    if (dout)
+        pf->base[n] = dout, pf->ld[n] = c, pf->write[n++] = 0;
+    pf->nstreams = n;
 }
 
 /* ---- AVX-512 tiles for head size 64 -------------------------------------------------------------------
@@ -241,11 +274,38 @@ ATT_INLINE void att_rows_xyt(const int R, const int V0, enum att_epi epi, float 
         }
 }
 
+static void att_pf_start(struct att_pf *pf, int r0, int r1, int iters)
+{
+    pf->r0 = r0;
+    pf->total = r1 > r0 ? (r1 - r0) * pf->nstreams : 0;
+    pf->pos = 0;
+    pf->step = iters > 0 ? (pf->total + iters - 1) / iters : pf->total;
+}
+
+static inline void att_pf_issue(struct att_pf *pf)
+{
+    if (!pf)
+        return;
+    int end = pf->pos + pf->step < pf->total ? pf->pos + pf->step : pf->total;
+    for (; pf->pos < end; pf->pos++) {
+        int st = pf->pos % pf->nstreams, row = pf->r0 + pf->pos / pf->nstreams;
+        const float *p = pf->base[st] + (size_t)row * pf->ld[st];
+        if (pf->write[st])
+            for (int d = 0; d < 64; d += 16)
+                __builtin_prefetch(p + d, 1, 3);
+        else
+            for (int d = 0; d < 64; d += 16)
+                __builtin_prefetch(p + d, 0, 2); /* to L2: L1 holds the tiles */
+    }
+}
+
 ATT_TARGET static void att_tile_xyt(enum att_epi epi, float *dst, const float *x, size_t ldx, const float *yt,
-                                    int n, int diag, const float *colv, const float *pt, float scale)
+                                    int n, int diag, const float *colv, const float *pt, float scale,
+                                    struct att_pf *pf)
 {
     int j = 0;
     for (; j + ATT_R <= n; j += ATT_R) {
+        att_pf_issue(pf);
         /* on the diagonal, key j is invisible to queries r < j: whole vectors below j / 16 for the block */
         switch (diag ? j / 16 : 0) {
         case 0: att_rows_xyt(ATT_R, 0, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
@@ -312,10 +372,11 @@ enum att_trim { ATT_TRIM_NONE, ATT_TRIM_LO, ATT_TRIM_HI };
 
 ATT_TARGET static void att_tile_acc(float *out, size_t ldo, int n, const float *coef, size_t so, size_t sx,
                                     const float *z, size_t ldz, int nx, enum att_trim trim, const float *alpha,
-                                    int zero)
+                                    int zero, struct att_pf *pf)
 {
     int o = 0;
     for (; o < n; o += ATT_R) {
+        att_pf_issue(pf);
         int R = n - o < ATT_R ? n - o : ATT_R;
         int x0 = trim == ATT_TRIM_LO ? o : 0, x1 = trim == ATT_TRIM_HI ? (o + R < nx ? o + R : nx) : nx;
         float *ob = out + (size_t)o * ldo;
@@ -398,25 +459,44 @@ ATT_TARGET static void att_softmax_cols(float *st, int nk, float *m, float *l, f
     }
 }
 
+/* Points pf at the next query block's rows, or at the first block of the next pair (next != NULL) after
+ * the last block; iters is how many register blocks the tile loops will run until then. */
+static void att_pf_next(struct att_pf *pf, const struct att_pf *next, int q0, int t, int iters)
+{
+    if (q0 + 64 < t) {
+        att_pf_start(pf, q0 + 64, q0 + 128 < t ? q0 + 128 : t, iters);
+    } else if (next) {
+        *pf = *next;
+        att_pf_start(pf, 0, t < 64 ? t : 64, iters);
+    } else {
+        att_pf_start(pf, 0, 0, iters);
+    }
+}
+
 /* Workspace of a pair: forward qt | st | ot, backward qt | dot | pt | dpt (64 x 64 floats each). */
 ATT_TARGET static void att512_forward_pair(float *out, float *lse, const float *qkv, int t, int c, float scale,
-                                           float *ws)
+                                           float *ws, const struct att_pf *next)
 {
     const size_t ld = 3 * (size_t)c;
     float *qt = ws, *st = ws + 4096, *ot = ws + 2 * 4096;
     _Alignas(64) float m[64], l[64], alpha[64];
+    struct att_pf pf;
+    att_pf_pair(&pf, qkv, out, NULL, NULL, c);
     for (int q0 = 0; q0 < t; q0 += 64) {
         int nq = t - q0 < 64 ? t - q0 : 64;
         att_transpose64(qt, qkv + (size_t)q0 * ld, ld, nq, scale);
+        /* two tile calls of 64 / ATT_R register blocks per key block */
+        att_pf_next(&pf, next, q0, t, (q0 / 64 + 1) * 2 * (64 / ATT_R));
         for (int r = 0; r < 64; r++)
             m[r] = -INFINITY, l[r] = 0.0f;
         /* rows of ot past nq are computed too (from zero queries) and never written out */
         for (int k0 = 0; k0 <= q0; k0 += 64) {
             int diag = k0 == q0, nk = diag ? nq : 64;
             const float *k = qkv + (size_t)k0 * ld + c, *v = qkv + (size_t)k0 * ld + 2 * c;
-            att_tile_xyt(ATT_EPI_SCORES, st, k, ld, qt, nk, diag, NULL, NULL, 0.0f);
+            att_tile_xyt(ATT_EPI_SCORES, st, k, ld, qt, nk, diag, NULL, NULL, 0.0f, &pf);
             att_softmax_cols(st, nk, m, l, alpha);
-            att_tile_acc(ot, 64, nq, st, 1, 64, v, ld, nk, diag ? ATT_TRIM_HI : ATT_TRIM_NONE, alpha, k0 == 0);
+            att_tile_acc(ot, 64, nq, st, 1, 64, v, ld, nk, diag ? ATT_TRIM_HI : ATT_TRIM_NONE, alpha, k0 == 0,
+                         &pf);
         }
         for (int r = 0; r < nq; r++) {
             float inv = 1.0f / l[r], *o = out + (size_t)(q0 + r) * c;
@@ -428,17 +508,22 @@ ATT_TARGET static void att512_forward_pair(float *out, float *lse, const float *
 }
 
 ATT_TARGET static void att512_backward_pair(float *dqkv, const float *dout, const float *qkv, const float *out,
-                                            const float *lse, int t, int c, float scale, float *ws)
+                                            const float *lse, int t, int c, float scale, float *ws,
+                                            const struct att_pf *next)
 {
     const size_t ld = 3 * (size_t)c;
     float *qt = ws, *dot = ws + 4096, *pt = ws + 2 * 4096, *dpt = ws + 3 * 4096;
     _Alignas(64) float lsev[64], dsum[64];
+    struct att_pf pf;
+    att_pf_pair(&pf, qkv, out, dqkv, dout, c);
     for (int q0 = 0; q0 < t; q0 += 64) {
         int nq = t - q0 < 64 ? t - q0 : 64;
         const float *q = qkv + (size_t)q0 * ld, *dO = dout + (size_t)q0 * c;
         float *dq = dqkv + (size_t)q0 * ld;
         att_transpose64(qt, q, ld, nq, scale);
         att_transpose64(dot, dO, c, nq, 1.0f);
+        /* five tile calls of 64 / ATT_R register blocks per key block */
+        att_pf_next(&pf, next, q0, t, (q0 / 64 + 1) * 5 * (64 / ATT_R));
         for (int r = 0; r < 64; r++) {
             /* padding queries: lse +inf makes their probabilities exactly 0 */
             lsev[r] = r < nq ? lse[q0 + r] : INFINITY;
@@ -457,14 +542,14 @@ ATT_TARGET static void att512_backward_pair(float *dqkv, const float *dout, cons
             const float *k = qkv + (size_t)k0 * ld + c, *v = qkv + (size_t)k0 * ld + 2 * c;
             float *dk = dqkv + (size_t)k0 * ld + c, *dv = dqkv + (size_t)k0 * ld + 2 * c;
             enum att_trim by_key = diag ? ATT_TRIM_LO : ATT_TRIM_NONE, by_query = diag ? ATT_TRIM_HI : ATT_TRIM_NONE;
-            att_tile_xyt(ATT_EPI_PROBS, pt, k, ld, qt, nk, diag, lsev, NULL, 0.0f);
+            att_tile_xyt(ATT_EPI_PROBS, pt, k, ld, qt, nk, diag, lsev, NULL, 0.0f, &pf);
             /* dV += P^T dO */
-            att_tile_acc(dv, ld, nk, pt, 64, 1, dO, c, nq, by_key, NULL, 0);
+            att_tile_acc(dv, ld, nk, pt, 64, 1, dO, c, nq, by_key, NULL, 0, &pf);
             /* dS^T = P^T (dP^T - D) scale, dP^T = V dO^T */
-            att_tile_xyt(ATT_EPI_DS, dpt, v, ld, dot, nk, diag, dsum, pt, scale);
+            att_tile_xyt(ATT_EPI_DS, dpt, v, ld, dot, nk, diag, dsum, pt, scale, &pf);
             /* dQ += dS K ; dK += dS^T Q */
-            att_tile_acc(dq, ld, nq, dpt, 1, 64, k, ld, nk, by_query, NULL, 0);
-            att_tile_acc(dk, ld, nk, dpt, 64, 1, q, ld, nq, by_key, NULL, 0);
+            att_tile_acc(dq, ld, nq, dpt, 1, 64, k, ld, nk, by_query, NULL, 0, &pf);
+            att_tile_acc(dk, ld, nk, dpt, 64, 1, q, ld, nq, by_key, NULL, 0, &pf);
         }
     }
 }
@@ -482,9 +567,25 @@ static int att512_usable(int hs)
     return 0;
 }
 /* never called (att512_usable is 0), so the callers need no #if */
-#define att512_forward_pair(...) ((void)0)
-#define att512_backward_pair(...) ((void)0)
+static inline void att512_forward_pair(float *out, float *lse, const float *qkv, int t, int c, float scale,
+                                       float *ws, const struct att_pf *next)
+{
+    (void)out, (void)lse, (void)qkv, (void)t, (void)c, (void)scale, (void)ws, (void)next;
+}
+static inline void att512_backward_pair(float *dqkv, const float *dout, const float *qkv, const float *out,
+                                        const float *lse, int t, int c, float scale, float *ws,
+                                        const struct att_pf *next)
+{
+    (void)dqkv, (void)dout, (void)qkv, (void)out, (void)lse, (void)t, (void)c, (void)scale, (void)ws, (void)next;
+}
 #endif
+
+/* Threads for the pairs: never more than there are pairs, so thread number i can own workspace slot i. */
+static int att_threads(int pairs)
+{
+    int n = omp_get_max_threads();
+    return n < pairs ? n : pairs;
+}
 
 int cpu_attention_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh,
                           void *workspace)
@@ -500,18 +601,29 @@ int cpu_attention_forward(float *out, float *lse, const float *qkv, int b, int t
     const int hs = c / nh;
     const float scale = 1.0f / sqrtf((float)hs);
     const int pairs = b * nh, fast = att512_usable(hs);
-#pragma omp parallel for schedule(dynamic, 1) if (pairs > 1)
-    for (int p = 0; p < pairs; p++) {
-        int bi = p / nh, h = p % nh;
-        if (fast) {
-            att512_forward_pair(out + (size_t)bi * t * c + (size_t)h * hs, lse + (size_t)p * t,
-                                qkv + (size_t)bi * t * 3 * c + (size_t)h * hs, t, c, scale,
-                                (float *)workspace + (size_t)p * ATT_SLOT_FLOATS);
-            continue;
+#pragma omp parallel num_threads(att_threads(pairs)) if (pairs > 1)
+    {
+        float *ws = (float *)workspace + (size_t)omp_get_thread_num() * ATT_SLOT_FLOATS;
+#pragma omp for schedule(dynamic, 1)
+        for (int p = 0; p < pairs; p++) {
+            int bi = p / nh, h = p % nh;
+            if (fast) {
+                /* the pair this thread most likely takes next */
+                struct att_pf next, *np = NULL;
+                int pn = p + omp_get_num_threads();
+                if (pn < pairs) {
+                    int bn = pn / nh, hn = pn % nh;
+                    att_pf_pair(&next, qkv + (size_t)bn * t * 3 * c + (size_t)hn * hs,
+                                out + (size_t)bn * t * c + (size_t)hn * hs, NULL, NULL, c);
+                    np = &next;
+                }
+                att512_forward_pair(out + (size_t)bi * t * c + (size_t)h * hs, lse + (size_t)p * t,
+                                    qkv + (size_t)bi * t * 3 * c + (size_t)h * hs, t, c, scale, ws, np);
+                continue;
+            }
+            att_forward_pair(out + (size_t)bi * t * c + (size_t)h * hs, lse + (size_t)p * t,
+                             qkv + (size_t)bi * t * 3 * c + (size_t)h * hs, t, c, hs, scale, ws);
         }
-        att_forward_pair(out + (size_t)bi * t * c + (size_t)h * hs, lse + (size_t)p * t,
-                         qkv + (size_t)bi * t * 3 * c + (size_t)h * hs, t, c, hs, scale,
-                         (float *)workspace + (size_t)p * ATT_SLOT_FLOATS);
     }
     return 0;
 }
@@ -599,17 +711,29 @@ int cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, con
     const int hs = c / nh;
     const float scale = 1.0f / sqrtf((float)hs);
     const int pairs = b * nh, fast = att512_usable(hs);
-#pragma omp parallel for schedule(dynamic, 1) if (pairs > 1)
-    for (int p = 0; p < pairs; p++) {
-        int bi = p / nh, h = p % nh;
-        size_t qoff = (size_t)bi * t * 3 * c + (size_t)h * hs, ooff = (size_t)bi * t * c + (size_t)h * hs;
-        if (fast) {
-            att512_backward_pair(dqkv + qoff, dout + ooff, qkv + qoff, out + ooff, lse + (size_t)p * t, t, c,
-                                 scale, (float *)workspace + (size_t)p * ATT_SLOT_FLOATS);
-            continue;
+#pragma omp parallel num_threads(att_threads(pairs)) if (pairs > 1)
+    {
+        float *ws = (float *)workspace + (size_t)omp_get_thread_num() * ATT_SLOT_FLOATS;
+#pragma omp for schedule(dynamic, 1)
+        for (int p = 0; p < pairs; p++) {
+            int bi = p / nh, h = p % nh;
+            size_t qoff = (size_t)bi * t * 3 * c + (size_t)h * hs, ooff = (size_t)bi * t * c + (size_t)h * hs;
+            if (fast) {
+                struct att_pf next, *np = NULL;
+                int pn = p + omp_get_num_threads();
+                if (pn < pairs) {
+                    size_t qn = (size_t)(pn / nh) * t * 3 * c + (size_t)(pn % nh) * hs;
+                    size_t on = (size_t)(pn / nh) * t * c + (size_t)(pn % nh) * hs;
+                    att_pf_pair(&next, qkv + qn, out + on, dqkv + qn, dout + on, c);
+                    np = &next;
+                }
+                att512_backward_pair(dqkv + qoff, dout + ooff, qkv + qoff, out + ooff, lse + (size_t)p * t, t,
+                                     c, scale, ws, np);
+                continue;
+            }
+            att_backward_pair(dqkv + qoff, dout + ooff, qkv + qoff, out + ooff, lse + (size_t)p * t, t, c, hs,
+                              scale, ws);
         }
-        att_backward_pair(dqkv + qoff, dout + ooff, qkv + qoff, out + ooff, lse + (size_t)p * t, t, c, hs,
-                          scale, (float *)workspace + (size_t)p * ATT_SLOT_FLOATS);
     }
     return 0;
 }
