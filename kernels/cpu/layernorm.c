@@ -1,5 +1,6 @@
 /* LayerNorm over the channel dimension, saving mean and 1/std per row for backward. */
 #include <math.h>
+#include <omp.h>
 
 #include "common/error.h"
 #include "kernels/cpu/cpu.h"
@@ -89,11 +90,46 @@ static void ln_strip_params(float *dw, float *db, const float *dy, const float *
     }
 }
 
+/* One thread: the input gradient and the weight/bias sums in one pass over the rows, while a row of dy
+ * and x is in L1, instead of a second pass reading both again in column strips. Each column is still
+ * summed over rows 0..n-1 with the same expression as ln_strip_params, so the sums have the same bits. */
+#define LN_FUSED_MAX 4096
+
+CPU_SIMD_CLONES
+static void ln_rows_backward_fused(float *dinp, float *dw, float *db, const float *dy, const float *x,
+                                   const float *w, const float *mean, const float *rstd, int n, int c)
+{
+    float aw[LN_FUSED_MAX], ab[LN_FUSED_MAX];
+    for (int j = 0; j < c; j++)
+        aw[j] = 0.0f, ab[j] = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const float *g = dy + (size_t)i * c, *xi = x + (size_t)i * c;
+        float mu = mean[i], rs = rstd[i];
+        ln_row_backward(dinp + (size_t)i * c, g, xi, w, mu, rs, c);
+#pragma omp simd
+        for (int j = 0; j < c; j++) {
+            aw[j] += g[j] * (xi[j] - mu) * rs;
+            ab[j] += g[j];
+        }
+    }
+    for (int j = 0; j < c; j++) {
+        if (dw)
+            dw[j] += aw[j];
+        if (db)
+            db[j] += ab[j];
+    }
+}
+
 int cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                            const float *weight, const float *mean, const float *rstd, int n, int c)
 {
     if (n < 0 || c <= 0)
         return error_set(FSDP_EINVAL, "kernels cpu: layernorm_backward: bad n=%d c=%d", n, c);
+    if (dinp && (dweight || dbias) && c <= LN_FUSED_MAX &&
+        ((long)n * c <= CPU_CHUNK || omp_get_max_threads() == 1)) {
+        ln_rows_backward_fused(dinp, dweight, dbias, dout, inp, weight, mean, rstd, n, c);
+        return 0;
+    }
     if (dinp) {
 #pragma omp parallel for schedule(static) if ((long)n * c > CPU_CHUNK)
         for (int i = 0; i < n; i++)
