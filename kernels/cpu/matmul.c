@@ -1,5 +1,6 @@
 /* Linear layers on OpenBLAS sgemm, weights in the HF Conv1D layout W(in, out). */
 #include <cblas.h>
+#include <omp.h>
 
 #include "common/error.h"
 #include "kernels/cpu/cpu.h"
@@ -59,6 +60,27 @@ static void colsum_strip(float *db, const float *dy, int n, int out, int j0, int
         db[j0 + j] += acc[j];
 }
 
+/* One thread: db summed row after row into an L1-resident accumulator, reading dy once front to back
+ * instead of in column strips whose rows lie out*4 bytes apart. Each column still adds rows 0..n-1 in
+ * order from zero, so db has the same bits as the strip path. */
+#define DB_ROWS_MAX 8192
+
+CPU_SIMD_CLONES
+static void colsum_rows(float *db, const float *dy, int n, int out)
+{
+    float acc[DB_ROWS_MAX];
+    for (int j = 0; j < out; j++)
+        acc[j] = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const float *row = dy + (size_t)i * out;
+#pragma omp simd
+        for (int j = 0; j < out; j++)
+            acc[j] += row[j];
+    }
+    for (int j = 0; j < out; j++)
+        db[j] += acc[j];
+}
+
 int cpu_matmul_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
                         int n, int in, int out)
 {
@@ -73,7 +95,9 @@ int cpu_matmul_backward(float *dx, float *dw, float *db, const float *dy, const 
     if (dw)
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, out, n, 1.0f, x, in, dy, out, 1.0f, dw,
                     out);
-    if (db) {
+    if (db && out <= DB_ROWS_MAX && ((long)n * out <= CPU_CHUNK || omp_get_max_threads() == 1)) {
+        colsum_rows(db, dy, n, out);
+    } else if (db) {
         int strips = (out + DB_STRIP - 1) / DB_STRIP;
 #pragma omp parallel for schedule(static) if ((long)n * out > CPU_CHUNK)
         for (int s = 0; s < strips; s++) {
