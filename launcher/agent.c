@@ -229,6 +229,11 @@ static void teardown(struct agent *ag, struct worker_group *g, bool already_sign
             killed = true;
         }
     }
+    for (int i = 0; i < g->n; i++) {
+        char st[64];
+        workers_describe_status(g->w[i].status, st, sizeof st);
+        log_debug("rank %d (local rank %d, pid %d) ended: %s", g->w[i].rank, g->w[i].local_rank, (int)g->w[i].pid, st);
+    }
     /* Let the pipes give their last lines (writers may be grandchildren: bounded). */
     double drain_until = mono_s() + 1.0;
     for (;;) {
@@ -259,6 +264,37 @@ static char *publish(struct agent *ag, int gen, char *record)
     return root;
 }
 
+/* fsdp-worker's exit code for "stopped because another rank failed" (worker/main.c). */
+#define EXIT_PEER_FAILED 3
+/* How long the root cause is looked for after a rank that failed because of another one. */
+#define ROOT_GRACE_S 0.5
+
+/* The first failure reaped is not always the first that happened: a rank killed by a signal is seen dead
+ * by its peers (its main thread is a zombie) while its other threads still exit, and until they have,
+ * it cannot be reaped, so a peer that reports it and exits (code 3) can be reaped first. When the failure
+ * at hand is such a consequence, wait up to ROOT_GRACE_S (output pumped, nothing signalled) for a
+ * failure that is not, and take the earliest one reaped; without one, the first failure stands. */
+static int root_find(struct agent *ag, struct worker_group *g, int failed)
+{
+    if (workers_exit_code(g->w[failed].status) != EXIT_PEER_FAILED)
+        return failed;
+    double until = mono_s() + ROOT_GRACE_S;
+    for (;;) {
+        int best = -1;
+        for (int i = 0; i < g->n; i++) {
+            const struct worker *w = &g->w[i];
+            int code = w->running ? 0 : workers_exit_code(w->status);
+            if (code != 0 && code != EXIT_PEER_FAILED && (best < 0 || w->exit_wall_s < g->w[best].exit_wall_s))
+                best = i;
+        }
+        if (best >= 0)
+            return best;
+        if (g->running == 0 || ag->pending_signal || mono_s() >= until)
+            return failed;
+        wait_events(ag, g, fmin(until, mono_s() + 0.05), NULL);
+    }
+}
+
 static struct run_result supervise(struct agent *ag, struct worker_group *g, int gen)
 {
     const struct launch_args *a = ag->a;
@@ -269,6 +305,7 @@ static struct run_result supervise(struct agent *ag, struct worker_group *g, int
     for (;;) {
         int failed = wait_events(ag, g, multi ? next_tick : INFINITY, NULL);
         if (failed >= 0) {
+            failed = root_find(ag, g, failed);
             const struct worker *w = &g->w[failed];
             /* Output still in the pipe belongs in the summary's tail. */
             while (output_pump((struct out_stream *)&w->err) == 0 && w->err.fd >= 0) {

@@ -11,7 +11,10 @@
 #include "worker/train.h"
 #include "worker/worker_config.h"
 
-enum { EXIT_CONFIG = 1, EXIT_TRAIN = 2 };
+/* 3 marks a rank that stopped because another one failed (a peer died or closed its connection, or the
+ * job is being torn down): fsdp-launch then looks a moment longer for the rank that failed first, whose
+ * own exit may reach it later (a dead process with threads still exiting cannot be reaped yet). */
+enum { EXIT_CONFIG = 1, EXIT_TRAIN = 2, EXIT_PEER_FAILED = 3 };
 
 static void print_usage(FILE *out)
 {
@@ -109,7 +112,7 @@ int main(int argc, char **argv)
     free(text);
     if (rc) {
         log_error("%s", error_message());
-        status = EXIT_TRAIN;
+        status = rc == FSDP_ECLOSED || rc == FSDP_EABORTED ? EXIT_PEER_FAILED : EXIT_TRAIN;
     } else {
         status = 0;
     }

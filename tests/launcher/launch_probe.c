@@ -97,6 +97,22 @@ int main(int argc, char **argv)
         nap(120);
         return 0;
     }
+    if (strcmp(mode, "peerfirst") == 0) { /* peerfirst DIR RANK CODE DELAY: once every rank runs, the others
+                                              * exit 3 (fsdp-worker's "another rank failed") at once, RANK
+                                              * exits CODE DELAY seconds later: the real failure reaped last */
+        int bad = atoi(argv[3]), code = atoi(argv[4]);
+        double delay = atof(argv[5]);
+        write_pid(dir);
+        for (int i = 0; i < 600 && count_files(dir, "pid", env_int("WORLD_SIZE")) < env_int("WORLD_SIZE"); i++)
+            nap(0.05);
+        if (rank != bad) {
+            fprintf(stderr, "probe: rank %d: another rank failed\n", rank);
+            return 3;
+        }
+        nap(delay);
+        fprintf(stderr, "probe: rank %d failing for real with exit code %d\n", rank, code);
+        return code;
+    }
     if (strcmp(mode, "failfirst") == 0) { /* failfirst DIR: rank 0 fails on attempt 0 only */
         if (env_int("TORCHELASTIC_RESTART_COUNT") == 0 && rank == 0) {
             nap(0.2);

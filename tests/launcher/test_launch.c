@@ -115,6 +115,41 @@ Test(launch, failure_stops_all_ranks_and_reports_root_cause, .timeout = 60)
     free(dir);
 }
 
+/* Ranks that stop because another failed exit 3; the rank that failed first may be reaped after them
+ * (a killed process's threads still exiting). The launcher looks 0.5 s longer for a failure that is not
+ * a consequence and names it. */
+Test(launch, root_cause_is_not_a_rank_that_followed_a_peer, .timeout = 60)
+{
+    char *dir = lu_tmpdir();
+    const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "3", LU_PROBE, "peerfirst", dir, "2", "9",
+                          "0.15", NULL};
+    pid_t p = lu_spawn(argv, dir, "launch", NULL);
+    int st = lu_wait(p, 30);
+    char *err = lu_slurp_tag(dir, "launch", "err");
+    cr_assert_eq(lu_exit_code(st), 9, "launcher exit %d, stderr:\n%s", lu_exit_code(st), err);
+    cr_expect(strstr(err, "Root cause (first failure): rank 2 (local rank 2) on node 0"), "summary:\n%s", err);
+    cr_expect(strstr(err, "failing for real"), "the root cause's stderr tail is missing:\n%s", err);
+    free(err);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
+/* ... but only for a moment: with no other failure within it, the first one stands. */
+Test(launch, root_cause_search_is_bounded, .timeout = 60)
+{
+    char *dir = lu_tmpdir();
+    const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "2", LU_PROBE, "peerfirst", dir, "1", "9",
+                          "20", NULL};
+    pid_t p = lu_spawn(argv, dir, "launch", NULL);
+    int st = lu_wait(p, 30);
+    char *err = lu_slurp_tag(dir, "launch", "err");
+    cr_assert_eq(lu_exit_code(st), 3, "launcher exit %d, stderr:\n%s", lu_exit_code(st), err);
+    cr_expect(strstr(err, "Root cause (first failure): rank 0 (local rank 0) on node 0"), "summary:\n%s", err);
+    free(err);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
 Test(launch, restart_after_first_attempt_fails, .timeout = 60)
 {
     char *dir = lu_tmpdir();
