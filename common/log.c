@@ -1,5 +1,7 @@
 #include "common/log.h"
 
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,6 +74,19 @@ double log_elapsed_s(void)
     return timespec_diff_s(&now, &g_log.start);
 }
 
+/* The text of the latest error line, so that a program about to report the error that stopped it can tell
+ * that a lower layer (a collective's progress thread) already printed the same words. */
+static pthread_mutex_t g_last_error_mu = PTHREAD_MUTEX_INITIALIZER;
+static char g_last_error[4096];
+
+bool log_error_is_last(const char *text)
+{
+    pthread_mutex_lock(&g_last_error_mu);
+    bool same = text && g_last_error[0] && strcmp(g_last_error, text) == 0;
+    pthread_mutex_unlock(&g_last_error_mu);
+    return same;
+}
+
 void log_vmsg(enum log_level level, const char *fmt, va_list ap)
 {
     if (level < g_log.level || level >= LOG_OFF)
@@ -92,6 +107,11 @@ void log_vmsg(enum log_level level, const char *fmt, va_list ap)
     size_t len = (size_t)n + (size_t)m;
     if (len > sizeof line - 2)
         len = sizeof line - 2;
+    if (level == LOG_ERROR) {
+        pthread_mutex_lock(&g_last_error_mu);
+        snprintf(g_last_error, sizeof g_last_error, "%.*s", (int)(len - (size_t)n), line + n);
+        pthread_mutex_unlock(&g_last_error_mu);
+    }
     line[len++] = '\n';
     /* One write per line: concurrent ranks sharing a terminal or file never split each other's lines. */
     ssize_t w = write(STDERR_FILENO, line, len);

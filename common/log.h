@@ -5,6 +5,7 @@
 #define FSDP_COMMON_LOG_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 
 enum log_level { LOG_DEBUG = 0, LOG_INFO = 1, LOG_WARN = 2, LOG_ERROR = 3, LOG_OFF = 4 };
 
@@ -23,6 +24,9 @@ void log_vmsg(enum log_level level, const char *fmt, va_list ap);
 #define log_info(...) log_msg(LOG_INFO, __VA_ARGS__)
 #define log_warn(...) log_msg(LOG_WARN, __VA_ARGS__)
 #define log_error(...) log_msg(LOG_ERROR, __VA_ARGS__)
+
+/* Whether the latest error line printed by this process said exactly `text` (its message part). */
+bool log_error_is_last(const char *text);
 
 /* Seconds on the monotonic clock since log_init (or first use). */
 double log_elapsed_s(void);

@@ -111,7 +111,8 @@ int main(int argc, char **argv)
     train_env_close(&env);
     free(text);
     if (rc) {
-        log_error("%s", error_message());
+        if (!log_error_is_last(error_message())) /* a collective's failure is printed when it happens */
+            log_error("%s", error_message());
         status = rc == FSDP_ECLOSED || rc == FSDP_EABORTED ? EXIT_PEER_FAILED : EXIT_TRAIN;
     } else {
         status = 0;

@@ -59,6 +59,27 @@ Test(log, level_from_environment)
     cr_assert(strstr(out, "[t] E: error-line") != NULL, "got: %s", out);
 }
 
+static void emit_errors(void)
+{
+    log_init("t");
+    log_set_level(LOG_INFO);
+    log_set_rank(1);
+    log_error("comm: all_gather #%d failed", 7);
+    log_warn("a warning after it");
+}
+
+/* fsdp-worker skips its final error line when the latest error printed said the same (a collective's
+ * progress thread printed it when it happened); only the message part counts, and warnings do not. */
+Test(log, latest_error_text_is_remembered)
+{
+    char *out = capture_stderr(emit_errors);
+    cr_assert(strstr(out, "[rank 1] E: comm: all_gather #7 failed\n") != NULL, "got: %s", out);
+    cr_assert(log_error_is_last("comm: all_gather #7 failed"));
+    cr_assert_not(log_error_is_last("comm: all_gather #7 failed "));
+    cr_assert_not(log_error_is_last("a warning after it"));
+    cr_assert_not(log_error_is_last(NULL));
+}
+
 Test(log, parse_level)
 {
     enum log_level l;
