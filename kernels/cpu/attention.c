@@ -138,6 +138,7 @@ struct att_pf {
     size_t ld[ATT_PF_STREAMS];
     unsigned char write[ATT_PF_STREAMS];
     int nstreams, r0, total, pos, step; /* items are (row, stream), row = r0 + item / nstreams */
+    int row, st;                        /* item pos's row and stream, kept as counters: no division */
 };
 
 /* The prefetch streams of a pair's forward (q, k, v, out) or backward (those and dq, dk, dv, dO). */
@@ -186,25 +187,31 @@ static void att_pf_pair(struct att_pf *pf, const float *qkv, const float *out, f
  * registers makes the loaded values opaque, so each row is loaded once and reused from registers. */
 #define ATT_IN_REGS(a, b, c, d) __asm__("" : "+v"(a), "+v"(b), "+v"(c), "+v"(d))
 
-/* fastmath_expf on 16 lanes, the same steps (and so the same results up to FMA contraction). */
+/* fastmath_expf on 16 lanes in half the instructions: with t = x log2 e, n = round(t) (vrndscaleps) and
+ * r = t - n (exact), 2^r by a degree-5 polynomial on [-1/2, 1/2] (relative error 1.7e-7 in float, within
+ * fastmath_expf's 2 ulp) and 2^n by vscalefps: ten instructions, five of them FMAs, against twenty-one
+ * (Cody-Waite reduction, degree-7 form, exponent bits built by hand). The column softmax of the forward
+ * pass (an eighth of it) runs 1.5x faster, the backward's probability tile 1.05x. The argument is a score
+ * minus its column's maximum or its row's log-sum-exp, never far above 0, so there is no upper clamp;
+ * below -87.3 (and -inf, the masked scores) gives exactly 0, as fastmath_expf does. Scaling the query
+ * block by log2(e)/sqrt(hs) instead (one multiply less here) costs accuracy: 1/sqrt(64) is a power of
+ * two and log2(e)/8 is not, and that rounding took the large-score test from 0.52 to 0.76 of its
+ * tolerance. */
 ATT_INLINE __m512 att_exp512(__m512 x)
 {
-    const __m512 lo = _mm512_set1_ps(-87.3f), hi = _mm512_set1_ps(88.3f), magic = _mm512_set1_ps(12582912.0f);
-    __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-    __m512 xc = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
-    __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), magic), magic);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    y = _mm512_mul_ps(y, _mm512_castsi512_ps(e));
-    return _mm512_maskz_mov_ps((__mmask16)~under, y);
+    const __m512 lo = _mm512_set1_ps(-126.0f);
+    __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    __mmask16 keep = _mm512_cmp_ps_mask(t, lo, _CMP_NLT_UQ);
+    t = _mm512_max_ps(t, lo);
+    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(1.3264727313e-03f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.6715129912e-03f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.5507335812e-02f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.4022242427e-01f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.9314700365e-01f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps(keep, p, n);
 }
 
 /* Lanes of vector v (queries 16v .. 16v+15) that key row j of a diagonal tile may see: query r sees key
@@ -279,6 +286,8 @@ static void att_pf_start(struct att_pf *pf, int r0, int r1, int iters)
     pf->r0 = r0;
     pf->total = r1 > r0 ? (r1 - r0) * pf->nstreams : 0;
     pf->pos = 0;
+    pf->row = r0;
+    pf->st = 0;
     pf->step = iters > 0 ? (pf->total + iters - 1) / iters : pf->total;
 }
 
@@ -288,7 +297,9 @@ static inline void att_pf_issue(struct att_pf *pf)
         return;
     int end = pf->pos + pf->step < pf->total ? pf->pos + pf->step : pf->total;
     for (; pf->pos < end; pf->pos++) {
-        int st = pf->pos % pf->nstreams, row = pf->r0 + pf->pos / pf->nstreams;
+        int st = pf->st, row = pf->row;
+        if (++pf->st == pf->nstreams)
+            pf->st = 0, pf->row++;
         const float *p = pf->base[st] + (size_t)row * pf->ld[st];
         if (pf->write[st])
             for (int d = 0; d < 64; d += 16)
@@ -437,18 +448,21 @@ ATT_TARGET static void att_transpose64(float *dst, const float *src, size_t lds,
 }
 
 /* Online softmax down the columns of the score tile (nk key rows): new running max, probabilities
- * exp(s - m) in place, running sum rescaled, and alpha = exp(m_old - m_new) for the output rows. */
-ATT_TARGET static void att_softmax_cols(float *st, int nk, float *m, float *l, float *alpha)
+ * exp(s - m) in place, running sum rescaled, and alpha = exp(m_old - m_new) for the output rows. On a
+ * diagonal tile, key rows from 16 (v + 1) on are masked (-inf) for every query of vector v: they are left
+ * alone, as the product with v never reads them (its contraction for queries r stops at key r). */
+ATT_TARGET static void att_softmax_cols(float *st, int nk, int diag, float *m, float *l, float *alpha)
 {
     for (int v = 0; v < 4; v++) {
         __m512 mold = _mm512_loadu_ps(m + 16 * v), mx = mold;
-        for (int j = 0; j < nk; j++)
+        const int nj = diag && 16 * (v + 1) < nk ? 16 * (v + 1) : nk;
+        for (int j = 0; j < nj; j++)
             mx = _mm512_max_ps(mx, _mm512_loadu_ps(st + j * 64 + 16 * v));
         /* a column with nothing visible yet keeps -inf; subtract 0 there so no inf - inf appears */
         __m512 msub = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(mx, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ),
                                          _mm512_setzero_ps());
         __m512 a = att_exp512(_mm512_sub_ps(mold, msub)), sum = _mm512_setzero_ps();
-        for (int j = 0; j < nk; j++) {
+        for (int j = 0; j < nj; j++) {
             __m512 p = att_exp512(_mm512_sub_ps(_mm512_loadu_ps(st + j * 64 + 16 * v), msub));
             _mm512_storeu_ps(st + j * 64 + 16 * v, p);
             sum = _mm512_add_ps(sum, p);
@@ -494,7 +508,7 @@ ATT_TARGET static void att512_forward_pair(float *out, float *lse, const float *
             int diag = k0 == q0, nk = diag ? nq : 64;
             const float *k = qkv + (size_t)k0 * ld + c, *v = qkv + (size_t)k0 * ld + 2 * c;
             att_tile_xyt(ATT_EPI_SCORES, st, k, ld, qt, nk, diag, NULL, NULL, 0.0f, &pf);
-            att_softmax_cols(st, nk, m, l, alpha);
+            att_softmax_cols(st, nk, diag, m, l, alpha);
             att_tile_acc(ot, 64, nq, st, 1, 64, v, ld, nk, diag ? ATT_TRIM_HI : ATT_TRIM_NONE, alpha, k0 == 0,
                          &pf);
         }
