@@ -158,6 +158,21 @@ static void att_pf_pair(struct att_pf *pf, const float *qkv, const float *out, f
     pf->nstreams = n;
 }
 
+/* The prefetch streams of the pair this thread most likely takes after pair p (the next one its static
+ * stride lands on), or NULL when there is none. Pair q is batch q / nh, head q % nh; dqkv and dout are
+ * NULL in the forward. */
+static struct att_pf *att_pf_following(struct att_pf *pf, int p, int pairs, int nh, int t, int c, int hs,
+                                       const float *qkv, const float *out, float *dqkv, const float *dout)
+{
+    int pn = p + omp_get_num_threads();
+    if (pn >= pairs)
+        return NULL;
+    size_t qn = (size_t)(pn / nh) * t * 3 * c + (size_t)(pn % nh) * hs;
+    size_t on = (size_t)(pn / nh) * t * c + (size_t)(pn % nh) * hs;
+    att_pf_pair(pf, qkv + qn, out + on, dqkv ? dqkv + qn : NULL, dout ? dout + on : NULL, c);
+    return pf;
+}
+
 /* ---- AVX-512 tiles for head size 64 -------------------------------------------------------------------
  *
  * The sgemm calls above spend most of their time packing and in OpenBLAS's small-matrix kernels: a
@@ -622,15 +637,8 @@ int cpu_attention_forward(float *out, float *lse, const float *qkv, int b, int t
         for (int p = 0; p < pairs; p++) {
             int bi = p / nh, h = p % nh;
             if (fast) {
-                /* the pair this thread most likely takes next */
-                struct att_pf next, *np = NULL;
-                int pn = p + omp_get_num_threads();
-                if (pn < pairs) {
-                    int bn = pn / nh, hn = pn % nh;
-                    att_pf_pair(&next, qkv + (size_t)bn * t * 3 * c + (size_t)hn * hs,
-                                out + (size_t)bn * t * c + (size_t)hn * hs, NULL, NULL, c);
-                    np = &next;
-                }
+                struct att_pf next;
+                struct att_pf *np = att_pf_following(&next, p, pairs, nh, t, c, hs, qkv, out, NULL, NULL);
                 att512_forward_pair(out + (size_t)bi * t * c + (size_t)h * hs, lse + (size_t)p * t,
                                     qkv + (size_t)bi * t * 3 * c + (size_t)h * hs, t, c, scale, ws, np);
                 continue;
@@ -733,14 +741,8 @@ int cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, con
             int bi = p / nh, h = p % nh;
             size_t qoff = (size_t)bi * t * 3 * c + (size_t)h * hs, ooff = (size_t)bi * t * c + (size_t)h * hs;
             if (fast) {
-                struct att_pf next, *np = NULL;
-                int pn = p + omp_get_num_threads();
-                if (pn < pairs) {
-                    size_t qn = (size_t)(pn / nh) * t * 3 * c + (size_t)(pn % nh) * hs;
-                    size_t on = (size_t)(pn / nh) * t * c + (size_t)(pn % nh) * hs;
-                    att_pf_pair(&next, qkv + qn, out + on, dqkv + qn, dout + on, c);
-                    np = &next;
-                }
+                struct att_pf next;
+                struct att_pf *np = att_pf_following(&next, p, pairs, nh, t, c, hs, qkv, out, dqkv, dout);
                 att512_backward_pair(dqkv + qoff, dout + ooff, qkv + qoff, out + ooff, lse + (size_t)p * t, t,
                                      c, scale, ws, np);
                 continue;
