@@ -520,7 +520,11 @@ static int forward_blocks(struct fsdp *f, bool eval)
         }
         if (!rc)
             rc = model_forward_block(f->model, mu - 1, mu_params(f, mu));
-        bool release = eval ? !u->is_root && !u->full_alias : u->reshard;
+        /* In training the last unit is not resharded: backward needs it again right after the head, so
+         * freeing it would only buy a second all-gather of the same values (torchtitan sets
+         * reshard_after_forward = False on the last block for the same reason). The memory peak does not
+         * move: backward holds this unit and the next one's prefetch anyway. */
+        bool release = eval ? !u->is_root && !u->full_alias : u->reshard && ui != f->n_units - 1;
         if (!rc && mu == u->first_mu + u->n_mu - 1 && release)
             fsdp_release(f, ui);
     }

@@ -263,7 +263,9 @@ void fsdp_log_plan(const struct fsdp *f)
         char b[32];
         human(b, sizeof b, (double)u->shard * 4);
         log_info("  unit %-12s %10zu parameters, shard %10zu elements (%s fp32) per rank%s", u->name, u->numel,
-                 u->shard, b, u->reshard ? ", resharded after forward" : "");
+                 u->shard, b, !u->reshard                ? ""
+                 : i == f->n_units - 1 ? ", resharded after backward (backward needs it first)"
+                                       : ", resharded after forward");
         if (u->numel > largest) {
             largest = u->numel;
             largest_u = i;

@@ -151,7 +151,7 @@ Test(math, shard_grad_op_no_reshard, .timeout = 300)
 Test(math, no_reshard_after_forward, .timeout = 300)
 {
     const char *extra[] = {"--fsdp.reshard_after_forward=false", NULL};
-    same_math_ex("keep_gathered", 2, extra, "unit h.1 ", "resharded after forward");
+    same_math_ex("keep_gathered", 2, extra, "unit h.1 ", "resharded after");
 }
 
 Test(math, fsdp_disabled_and_unlimited_gathers, .timeout = 300)
