@@ -447,18 +447,21 @@ static int grads_reduce(struct fsdp *f, int ui, bool last)
     struct fsdp_pending p = {.unit = ui, .last = last};
     float *send = u->fgrad;
     if (f->version != 1) {
-        /* pack into rank-major order; the padding of each chunk stays zero */
+        /* pack into rank-major order; only the padding at the end of a chunk is zeroed, not the whole
+         * buffer first (that was one more pass over every gradient per step) */
         if (!(send = fsdp_buf_get(f, sg * u->shard * sizeof(float), FSDP_MEM_COMM)))
             return FSDP_ENOMEM;
-        rc = k->mem_set(send, 0, sg * u->shard * sizeof(float));
         for (size_t r = 0; !rc && r < sg; r++)
             for (int j = 0; !rc && j < u->n_params; j++) {
                 const struct fsdp_pslot *s = &u->slots[j];
                 size_t rb, re;
                 fsdp_slot_rows(s, r, &rb, &re);
+                float *dst = send + r * u->shard + s->shard_off;
                 if (re > rb)
-                    rc = k->mem_copy(send + r * u->shard + s->shard_off, u->fgrad + s->unit_off + rb * s->row_len,
+                    rc = k->mem_copy(dst, u->fgrad + s->unit_off + rb * s->row_len,
                                      (re - rb) * s->row_len * sizeof(float), KERNELS_COPY_D2D);
+                if (!rc && re - rb < s->chunk)
+                    rc = k->mem_set(dst + (re - rb) * s->row_len, 0, (s->chunk - (re - rb)) * s->row_len * sizeof(float));
             }
         fsdp_buf_put(f, u->fgrad);
     }
