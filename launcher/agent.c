@@ -274,25 +274,61 @@ static char *publish(struct agent *ag, int gen, char *record)
  * it cannot be reaped, so a peer that reports it and exits (code 3) can be reaped first. When the failure
  * at hand is such a consequence, wait up to ROOT_GRACE_S (output pumped, nothing signalled) for a
  * failure that is not, and take the earliest one reaped; without one, the first failure stands. */
+/* The earliest reaped local failure that is not a consequence of another's (exit code 3), or -1. */
+static int earliest_own_failure(const struct worker_group *g)
+{
+    int best = -1;
+    for (int i = 0; i < g->n; i++) {
+        const struct worker *w = &g->w[i];
+        int code = w->running ? 0 : workers_exit_code(w->status);
+        if (code != 0 && code != EXIT_PEER_FAILED && (best < 0 || w->exit_wall_s < g->w[best].exit_wall_s))
+            best = i;
+    }
+    return best;
+}
+
 static int root_find(struct agent *ag, struct worker_group *g, int failed)
 {
     if (workers_exit_code(g->w[failed].status) != EXIT_PEER_FAILED)
         return failed;
     double until = mono_s() + ROOT_GRACE_S;
     for (;;) {
-        int best = -1;
-        for (int i = 0; i < g->n; i++) {
-            const struct worker *w = &g->w[i];
-            int code = w->running ? 0 : workers_exit_code(w->status);
-            if (code != 0 && code != EXIT_PEER_FAILED && (best < 0 || w->exit_wall_s < g->w[best].exit_wall_s))
-                best = i;
-        }
+        int best = earliest_own_failure(g);
         if (best >= 0)
             return best;
         if (g->running == 0 || ag->pending_signal || mono_s() >= until)
             return failed;
         wait_events(ag, g, fmin(until, mono_s() + 0.05), NULL);
     }
+}
+
+/* How long a node whose failure is only a consequence (exit 3) waits for another node's root cause. */
+#define ROOT_GRACE_NODES_S 2.0
+
+/* On several nodes a local rank that exits 3 usually followed a rank of another node, which that node's
+ * launcher is about to publish; publishing the consequence first would make it the job's root cause
+ * (first published wins). So wait up to ROOT_GRACE_NODES_S, pumping output and polling the store, for
+ * another node's record (returned, malloc'd) or for a local failure that is not a consequence (put in
+ * *failed; NULL returned). With neither, NULL: the consequence is published after all. */
+static char *root_await_remote(struct agent *ag, struct worker_group *g, int gen, int *failed)
+{
+    double until = mono_s() + ROOT_GRACE_NODES_S;
+    while (!ag->pending_signal) {
+        struct rdzv_status st;
+        if (rdzv_poll(ag->r, gen, &st))
+            return NULL;
+        if (st.failure)
+            return st.failure;
+        int own = earliest_own_failure(g);
+        if (own >= 0) {
+            *failed = own;
+            return NULL;
+        }
+        if (mono_s() >= until)
+            return NULL;
+        wait_events(ag, g, fmin(until, mono_s() + 0.05), NULL);
+    }
+    return NULL;
 }
 
 static struct run_result supervise(struct agent *ag, struct worker_group *g, int gen)
@@ -306,6 +342,17 @@ static struct run_result supervise(struct agent *ag, struct worker_group *g, int
         int failed = wait_events(ag, g, multi ? next_tick : INFINITY, NULL);
         if (failed >= 0) {
             failed = root_find(ag, g, failed);
+            if (multi && workers_exit_code(g->w[failed].status) == EXIT_PEER_FAILED) {
+                char *remote = root_await_remote(ag, g, gen, &failed);
+                if (remote) {
+                    log_error("rank %d (local rank %d) stopped because another rank failed, and another node "
+                              "reported that failure; stopping every local rank",
+                              g->w[failed].rank, g->w[failed].local_rank);
+                    res.outcome = OUT_FAILED;
+                    res.root = remote;
+                    return res;
+                }
+            }
             const struct worker *w = &g->w[failed];
             /* Output still in the pipe belongs in the summary's tail. */
             while (output_pump((struct out_stream *)&w->err) == 0 && w->err.fd >= 0) {

@@ -123,6 +123,58 @@ Test(launch_multinode, failing_rank_stops_both_nodes, .timeout = 60)
     finish(dir);
 }
 
+static void append_args(const char **argv, const char *const *more)
+{
+    int k = 0;
+    while (argv[k])
+        k++;
+    for (int i = 0; more[i]; i++)
+        argv[k++] = more[i];
+    argv[k] = NULL;
+}
+
+/* One rank per node: rank 0 (node 0) exits 3, fsdp-worker's "another rank failed", as soon as both ranks
+ * run; rank 1 (node 1) exits 9 `delay` seconds later, the real failure. Node 0's launcher reaps its
+ * consequence first; both nodes must still name the real failure unless it came after node 0 stopped
+ * waiting for it (2 s). */
+static void peerfirst_nodes(const char *delay, int want_code, int want_rank)
+{
+    char *dir = lu_tmpdir();
+    const char *a0[MAXARGS], *a1[MAXARGS];
+    char b0[32], b1[32];
+    const char *extra[] = {"--rdzv_id", "peerfirst", NULL};
+    const char *more[] = {"1", "9", delay, NULL};
+    node_argv(a0, b0, 0, 1, 0, extra, "peerfirst", dir);
+    append_args(a0, more);
+    pid_t p0 = lu_spawn(a0, dir, "n0", NULL);
+    int port = lu_read_port(dir, "n0", 30);
+    cr_assert_gt(port, 0, "node 0 printed no port");
+    node_argv(a1, b1, 1, 1, port, extra, "peerfirst", dir);
+    append_args(a1, more);
+    pid_t p1 = lu_spawn(a1, dir, "n1", NULL);
+    int s0 = lu_wait(p0, 40), s1 = lu_wait(p1, 40);
+    char *e0 = lu_slurp_tag(dir, "n0", "err"), *e1 = lu_slurp_tag(dir, "n1", "err");
+    char want[128];
+    snprintf(want, sizeof want, "Root cause (first failure): rank %d (local rank 0) on node %d", want_rank, want_rank);
+    cr_expect_eq(lu_exit_code(s0), want_code, "node 0:\n%s", e0);
+    cr_expect_eq(lu_exit_code(s1), want_code, "node 1:\n%s", e1);
+    cr_expect(strstr(e0, want), "node 0 (want rank %d):\n%s", want_rank, e0);
+    cr_expect(strstr(e1, want), "node 1 (want rank %d):\n%s", want_rank, e1);
+    free(e0);
+    free(e1);
+    finish(dir);
+}
+
+Test(launch_multinode, root_cause_is_the_other_nodes_failure_not_the_local_consequence, .timeout = 60)
+{
+    peerfirst_nodes("0.3", 9, 1);
+}
+
+Test(launch_multinode, root_cause_wait_for_other_nodes_is_bounded, .timeout = 60)
+{
+    peerfirst_nodes("20", 3, 0);
+}
+
 Test(launch_multinode, restart_on_both_nodes, .timeout = 60)
 {
     char *dir = lu_tmpdir();
