@@ -82,6 +82,16 @@ Test(launch_multinode, two_nodes_join_and_get_global_ranks, .timeout = 60)
     finish(dir);
 }
 
+static void append_args(const char **argv, const char *const *more)
+{
+    int k = 0;
+    while (argv[k])
+        k++;
+    for (int i = 0; more[i]; i++)
+        argv[k++] = more[i];
+    argv[k] = NULL;
+}
+
 Test(launch_multinode, failing_rank_stops_both_nodes, .timeout = 60)
 {
     char *dir = lu_tmpdir();
@@ -89,23 +99,14 @@ Test(launch_multinode, failing_rank_stops_both_nodes, .timeout = 60)
     const char *a0[MAXARGS], *a1[MAXARGS];
     char b0[32], b1[32];
     const char *extra[] = {"--rdzv_id", "fail", NULL};
+    const char *more[] = {"3", "3", NULL};
     node_argv(a0, b0, 0, 2, 0, extra, "fail", dir);
-    int k = 0;
-    while (a0[k])
-        k++;
-    a0[k++] = "3";
-    a0[k++] = "3";
-    a0[k] = NULL;
+    append_args(a0, more);
     pid_t p0 = lu_spawn(a0, dir, "n0", NULL);
     int port = lu_read_port(dir, "n0", 30);
     cr_assert_gt(port, 0);
     node_argv(a1, b1, 1, 2, port, extra, "fail", dir);
-    k = 0;
-    while (a1[k])
-        k++;
-    a1[k++] = "3";
-    a1[k++] = "3";
-    a1[k] = NULL;
+    append_args(a1, more);
     pid_t p1 = lu_spawn(a1, dir, "n1", NULL);
     int pids[4];
     cr_assert_eq(lu_read_pids(dir, 4, pids, 30), 4, "ranks did not start");
@@ -121,16 +122,6 @@ Test(launch_multinode, failing_rank_stops_both_nodes, .timeout = 60)
     free(e0);
     free(e1);
     finish(dir);
-}
-
-static void append_args(const char **argv, const char *const *more)
-{
-    int k = 0;
-    while (argv[k])
-        k++;
-    for (int i = 0; more[i]; i++)
-        argv[k++] = more[i];
-    argv[k] = NULL;
 }
 
 /* One rank per node: rank 0 (node 0) exits 3, fsdp-worker's "another rank failed", as soon as both ranks
