@@ -8,8 +8,8 @@
 #include "common/config.h"
 #include "common/error.h"
 #include "common/log.h"
-#include "worker/train.h"
-#include "worker/worker_config.h"
+#include "worker/train/train.h"
+#include "worker/config/worker_config.h"
 
 /* 3 marks a rank that stopped because another one failed (a peer died or closed its connection, or the
  * job is being torn down): fsdp-launch then looks a moment longer for the rank that failed first, whose

@@ -12,8 +12,8 @@
 #include <sys/stat.h>
 
 #include "common/error.h"
-#include "worker/ckpt.h"
-#include "worker/model.h"
+#include "worker/ckpt/ckpt.h"
+#include "worker/model/model.h"
 
 static inline void ct_config(struct model_config *c, int vocab)
 {

@@ -9,7 +9,7 @@
 #include "common/safetensors.h"
 #include "kernels/kernels.h"
 #include "tests/ckpt/ctest.h"
-#include "worker/ckpt_internal.h"
+#include "worker/ckpt/ckpt_internal.h"
 
 static char dir[64];
 static void setup(void)

@@ -11,7 +11,7 @@
 
 #include "common/config.h"
 #include "common/error.h"
-#include "worker/worker_config.h"
+#include "worker/config/worker_config.h"
 
 static struct config *make(void)
 {

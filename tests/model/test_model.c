@@ -10,7 +10,7 @@
 #include "common/error.h"
 #include "common/safetensors.h"
 #include "kernels/kernels.h"
-#include "worker/model.h"
+#include "worker/model/model.h"
 
 static void small_config(struct model_config *c)
 {

@@ -11,7 +11,7 @@
 #include "common/error.h"
 #include "common/safetensors.h"
 #include "kernels/kernels.h"
-#include "worker/model.h"
+#include "worker/model/model.h"
 
 #define TOL 1e-5
 

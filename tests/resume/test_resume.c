@@ -11,8 +11,8 @@
 
 #include "common/error.h"
 #include "common/safetensors.h"
-#include "worker/ckpt.h"
-#include "worker/model.h"
+#include "worker/ckpt/ckpt.h"
+#include "worker/model/model.h"
 
 #define TINY                                                                                                   \
     "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nvocab_size = 256\nblock_size = 16\n"                       \

@@ -1,5 +1,5 @@
 #include "common/error.h"
-#include "worker/data.h"
+#include "worker/train/data.h"
 #include "wtest.h"
 
 #include <criterion/criterion.h>

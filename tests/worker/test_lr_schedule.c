@@ -1,5 +1,5 @@
 #include "common/error.h"
-#include "worker/lr_schedule.h"
+#include "worker/train/lr_schedule.h"
 
 #include <criterion/criterion.h>
 #include <math.h>

@@ -1,5 +1,5 @@
 #include "common/error.h"
-#include "worker/metrics.h"
+#include "worker/train/metrics.h"
 #include "wtest.h"
 
 #include <cjson/cJSON.h>

@@ -1,4 +1,4 @@
-#include "worker/progress.h"
+#include "worker/train/progress.h"
 
 #include <criterion/criterion.h>
 #include <stdlib.h>

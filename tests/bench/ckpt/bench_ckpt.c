@@ -21,8 +21,8 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "worker/ckpt.h"
-#include "worker/model.h"
+#include "worker/ckpt/ckpt.h"
+#include "worker/model/model.h"
 
 static double now(void)
 {

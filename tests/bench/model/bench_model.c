@@ -25,7 +25,7 @@
 
 #include "common/error.h"
 #include "kernels/kernels.h"
-#include "worker/model.h"
+#include "worker/model/model.h"
 
 struct bench_config {
     const char *name;

@@ -3,7 +3,7 @@
  * GPT-2-sized batch. Output: one line per result, `bench=<name> ... gbps=... memcpy_gbps=... ratio=...`. */
 #include "common/crc32c.h"
 #include "common/error.h"
-#include "worker/data.h"
+#include "worker/train/data.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,0 +1,336 @@
+/* The file-system half of a checkpoint: durable writes, the atomic rename of a finished directory, the
+ * `latest` pointer, pruning and name resolution. Ordering is the whole point here: nothing that was
+ * complete is removed before its replacement is complete and durable. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/crc32c.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "worker/ckpt/ckpt_internal.h"
+
+static int io_error(const char *path, const char *what, int err)
+{
+    if (err == ENOSPC || err == EDQUOT || err == EFBIG)
+        return error_set(FSDP_EIO,
+                         "%s: %s failed: %s (disk full: free space or point [checkpoint] dir elsewhere; "
+                         "earlier checkpoints are intact)",
+                         path, what, strerror(err));
+    return error_set(FSDP_EIO, "%s: %s failed: %s", path, what, strerror(err));
+}
+
+void ckpt_pathf(char *out, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(out, CKPT_PATH_MAX, fmt, ap);
+    va_end(ap);
+}
+
+int ckpt_write_all(int fd, const void *buf, size_t n, const char *path)
+{
+    const char *p = buf;
+    while (n) {
+        ssize_t w = write(fd, p, n > (1u << 30) ? (1u << 30) : n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return io_error(path, "write", w < 0 ? errno : ENOSPC);
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int ckpt_pwrite_all(int fd, const void *buf, size_t n, uint64_t off, const char *path)
+{
+    const char *p = buf;
+    while (n) {
+        ssize_t w = pwrite(fd, p, n > (1u << 30) ? (1u << 30) : n, (off_t)off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return io_error(path, "write", w < 0 ? errno : ENOSPC);
+        p += w;
+        off += (uint64_t)w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int ckpt_write_crc(int fd, uint64_t off, const float *data, size_t count, uint32_t *crcs, const char *path)
+{
+    enum { CHUNK_BLOCKS = 8 };
+    const char *p = (const char *)data;
+    size_t bytes = count * sizeof(float);
+    for (size_t done = 0, blk = 0; done < bytes; blk += CHUNK_BLOCKS) {
+        size_t n = bytes - done < (size_t)CHUNK_BLOCKS * CKPT_CRC_BLOCK ? bytes - done
+                                                                         : (size_t)CHUNK_BLOCKS * CKPT_CRC_BLOCK;
+        for (size_t b = 0; b * CKPT_CRC_BLOCK < n; b++) {
+            size_t len = n - b * CKPT_CRC_BLOCK < CKPT_CRC_BLOCK ? n - b * CKPT_CRC_BLOCK : CKPT_CRC_BLOCK;
+            crcs[blk + b] = crc32c(p + done + b * CKPT_CRC_BLOCK, len);
+        }
+        int rc = ckpt_pwrite_all(fd, p + done, n, off + done, path);
+        if (rc != 0)
+            return rc;
+        /* Only a hint: where unsupported, the fsync at the end does all the work as before. */
+        sync_file_range(fd, (off_t)(off + done), (off_t)n, SYNC_FILE_RANGE_WRITE);
+        done += n;
+    }
+    return 0;
+}
+
+int ckpt_pread_all(int fd, void *buf, size_t n, uint64_t off, const char *path)
+{
+    char *p = buf;
+    while (n) {
+        ssize_t r = pread(fd, p, n, (off_t)off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return error_set(FSDP_EIO, "%s: read failed: %s", path, strerror(errno));
+        if (r == 0)
+            return error_set(FSDP_EIO, "%s: file ends at byte %llu, before the data the metadata records "
+                                       "(truncated checkpoint file)",
+                             path, (unsigned long long)off);
+        p += r;
+        off += (uint64_t)r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+int ckpt_crc_prefix(int fd, uint64_t bytes, uint32_t *crc, const char *path)
+{
+    char buf[65536];
+    uint32_t c = 0;
+    for (uint64_t off = 0; off < bytes;) {
+        size_t n = bytes - off < sizeof buf ? (size_t)(bytes - off) : sizeof buf;
+        int rc = ckpt_pread_all(fd, buf, n, off, path);
+        if (rc != 0)
+            return rc;
+        c = crc32c_update(c, buf, n);
+        off += n;
+    }
+    *crc = c;
+    return 0;
+}
+
+int ckpt_fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return error_set(FSDP_EIO, "%s: cannot open directory: %s", dir, strerror(errno));
+    int rc = fsync(fd) == 0 ? 0 : io_error(dir, "fsync", errno);
+    close(fd);
+    return rc;
+}
+
+int ckpt_mkdir(const char *dir)
+{
+    if (mkdir(dir, 0755) == 0 || errno == EEXIST)
+        return 0;
+    /* The parent may be missing too (a fresh [checkpoint] dir two levels deep). */
+    char tmp[CKPT_PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s", dir);
+    for (char *s = tmp + 1; *s; s++)
+        if (*s == '/') {
+            *s = '\0';
+            if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+                break;
+            *s = '/';
+        }
+    if (mkdir(dir, 0755) == 0 || errno == EEXIST)
+        return 0;
+    return io_error(dir, "mkdir", errno);
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)ftw;
+    if (flag == FTW_DP)
+        rmdir(path);
+    else
+        unlink(path);
+    return 0;
+}
+
+void ckpt_remove_tree(const char *path)
+{
+    nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+int64_t ckpt_name_step(const char *name)
+{
+    const char *digits = NULL;
+    if (strncmp(name, "fsdp_sharded_cpt", 16) == 0)
+        digits = name + 16;
+    else if (strncmp(name, "fsdp_cpt", 8) == 0)
+        digits = name + 8;
+    if (!digits || !*digits)
+        return -1;
+    int64_t v = 0;
+    for (const char *c = digits; *c; c++) {
+        if (*c < '0' || *c > '9' || v > INT64_MAX / 10 - 10)
+            return -1;
+        v = v * 10 + (*c - '0');
+    }
+    return v;
+}
+
+static int write_latest(const char *root, const char *name)
+{
+    char tmp[CKPT_PATH_MAX], final[CKPT_PATH_MAX];
+    snprintf(final, sizeof final, "%s/%s", root, CKPT_LATEST);
+    snprintf(tmp, sizeof tmp, "%s/.%s.tmp", root, CKPT_LATEST);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return io_error(tmp, "create", errno);
+    char line[CKPT_PATH_MAX];
+    int n = snprintf(line, sizeof line, "%s\n", name);
+    int rc = ckpt_write_all(fd, line, (size_t)n, tmp);
+    if (rc == 0 && fsync(fd) != 0)
+        rc = io_error(tmp, "fsync", errno);
+    close(fd);
+    if (rc == 0 && rename(tmp, final) != 0)
+        rc = io_error(final, "rename", errno);
+    if (rc != 0)
+        unlink(tmp);
+    return rc == 0 ? ckpt_fsync_dir(root) : rc;
+}
+
+struct found {
+    char name[256];
+    int64_t step;
+};
+
+static int cmp_found_desc(const void *a, const void *b)
+{
+    const struct found *x = a, *y = b;
+    return (x->step < y->step) - (x->step > y->step);
+}
+
+/* Keeps the keep_last newest complete checkpoints (by step) and always `keep` (the one just written). */
+static void prune(const char *root, const char *keep, int keep_last)
+{
+    if (keep_last <= 0)
+        return;
+    DIR *d = opendir(root);
+    if (!d)
+        return;
+    struct found *list = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int64_t step = ckpt_name_step(e->d_name);
+        if (step < 0 || strlen(e->d_name) >= sizeof list->name)
+            continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            struct found *nl = realloc(list, cap * sizeof *list);
+            if (!nl)
+                break;
+            list = nl;
+        }
+        snprintf(list[n].name, sizeof list[n].name, "%s", e->d_name);
+        list[n++].step = step;
+    }
+    closedir(d);
+    qsort(list, n, sizeof *list, cmp_found_desc);
+    int kept = 1; /* `keep` itself */
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(list[i].name, keep) == 0)
+            continue;
+        if (kept < keep_last) {
+            kept++;
+            continue;
+        }
+        char path[CKPT_PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s", root, list[i].name);
+        log_info("checkpoint: removing %s (keep_last %d)", path, keep_last);
+        ckpt_remove_tree(path);
+    }
+    free(list);
+    ckpt_fsync_dir(root);
+}
+
+int ckpt_commit_dir(const char *root, const char *tmp, const char *name, int keep_last)
+{
+    char final[CKPT_PATH_MAX], old[CKPT_PATH_MAX];
+    snprintf(final, sizeof final, "%s/%s", root, name);
+    snprintf(old, sizeof old, "%s/%sreplaced_%s", root, CKPT_TMP_PREFIX, name);
+    int rc = ckpt_fsync_dir(tmp);
+    if (rc != 0)
+        return rc;
+    /* A checkpoint of the same step (a re-run after resume) is moved aside, not deleted, until the new
+     * one has its final name. */
+    bool replaced = false;
+    struct stat st;
+    if (stat(final, &st) == 0) {
+        ckpt_remove_tree(old);
+        if (rename(final, old) != 0)
+            return io_error(final, "rename (moving the previous checkpoint of this step aside)", errno);
+        replaced = true;
+    }
+    if (rename(tmp, final) != 0) {
+        rc = io_error(final, "rename", errno);
+        if (replaced)
+            rename(old, final);
+        return rc;
+    }
+    if ((rc = ckpt_fsync_dir(root)) != 0 || (rc = write_latest(root, name)) != 0)
+        return rc;
+    if (replaced)
+        ckpt_remove_tree(old);
+    prune(root, name, keep_last);
+    return 0;
+}
+
+int ckpt_resolve(const char *root, const char *which, char *out, size_t cap)
+{
+    char name[CKPT_PATH_MAX];
+    struct stat st;
+    if (!which || !*which) {
+        snprintf(name, sizeof name, "%s", root);
+    } else if (strcmp(which, CKPT_LATEST) == 0) {
+        char path[CKPT_PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s", root, CKPT_LATEST);
+        FILE *f = fopen(path, "re");
+        if (!f) {
+            /* ROOT may itself be a checkpoint directory or ROOT/latest may not exist yet. */
+            if (errno == ENOENT)
+                return error_set(FSDP_ENOTFOUND, "%s: no checkpoint yet (no '%s' pointer in %s)", path,
+                                 CKPT_LATEST, root);
+            return error_set(FSDP_EIO, "%s: %s", path, strerror(errno));
+        }
+        char line[CKPT_PATH_MAX] = "";
+        if (!fgets(line, sizeof line, f))
+            line[0] = '\0';
+        fclose(f);
+        line[strcspn(line, "\r\n")] = '\0';
+        if (!line[0] || strchr(line, '/'))
+            return error_set(FSDP_EINVAL, "%s: does not hold a checkpoint directory name", path);
+        snprintf(name, sizeof name, "%s/%s", root, line);
+        if (stat(name, &st) != 0)
+            return error_set(FSDP_ENOTFOUND, "%s names %s, which does not exist (removed by hand?)", path,
+                             name);
+    } else if (which[0] == '/' || stat(which, &st) == 0) {
+        snprintf(name, sizeof name, "%s", which);
+    } else {
+        snprintf(name, sizeof name, "%s/%s", root, which);
+    }
+    if (stat(name, &st) != 0 || !S_ISDIR(st.st_mode))
+        return error_set(FSDP_ENOTFOUND, "%s: no such checkpoint directory", name);
+    if (strlen(name) >= cap)
+        return error_set(FSDP_ERANGE, "%s: path too long", name);
+    memcpy(out, name, strlen(name) + 1);
+    return 0;
+}

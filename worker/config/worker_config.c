@@ -1,0 +1,295 @@
+/* fsdp-worker's schema (the single source of its INI keys, command-line flags and docs/config.md) and the
+ * typed, cross-checked view the rest of the worker reads. */
+#include "worker/config/worker_config.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "common/error.h"
+
+#define LIST(...) ((const char *const[]){__VA_ARGS__, NULL})
+#define ALIASES(...) ((const struct config_alias[]){__VA_ARGS__, {NULL, NULL}})
+
+/* accelerate writes mixed_precision "no" for fp32, and torch names the dtypes in full. */
+#define PRECISION_ALIASES                                                                                  \
+    {"no", "fp32"}, {"float32", "fp32"}, {"float", "fp32"}, {"bfloat16", "bf16"}, {"float16", "fp16"},     \
+        {"half", "fp16"}
+
+static const struct config_section sections[] = {
+    {"model", "Model shape and initialisation. The defaults are a small byte-level GPT that trains on a CPU."},
+    {"train", "Batch sizes, step counts and the device."},
+    {"optim", "AdamW and the learning-rate schedule."},
+    {"data", "Token files (nanoGPT uint16 or llm.c .bin)."},
+    {"fsdp", "Sharding: FSDP version, strategy, wrap policy, prefetch, precision."},
+    {"log", "Metrics and logs."},
+    {"checkpoint", "Saving and resuming."},
+};
+
+static const struct config_key keys[] = {
+    /* [model] */
+    {.section = "model", .name = "model_family", .type = CONFIG_ENUM, .def = "gpt2", .values = LIST("gpt2"),
+     .help = "Model architecture from the registry"},
+    {.section = "model", .name = "n_layer", .type = CONFIG_INT, .def = "4", .min = 1, .max = 1024,
+     .help = "Number of decoder blocks"},
+    {.section = "model", .name = "n_head", .type = CONFIG_INT, .def = "4", .min = 1, .max = 1024,
+     .help = "Attention heads per block (must divide n_embd)"},
+    {.section = "model", .name = "n_embd", .type = CONFIG_INT, .def = "128", .min = 1, .max = 65536,
+     .help = "Embedding width"},
+    {.section = "model", .name = "vocab_size", .type = CONFIG_INT, .def = "256", .min = 2, .max = 1048576,
+     .help = "Vocabulary size (256 = bytes; 50257 = GPT-2 BPE)"},
+    {.section = "model", .name = "block_size", .type = CONFIG_INT, .def = "128", .min = 1, .max = 1048576,
+     .help = "Context length in tokens"},
+    {.section = "model", .name = "init_std", .type = CONFIG_FLOAT, .def = "0.02", .min = 0, .max = 1,
+     .help = "Standard deviation of the normal weight initialisation"},
+    {.section = "model", .name = "seed", .type = CONFIG_INT, .def = "1337", .min = 0, .max = 4294967295.0,
+     .help = "Seed of the weight initialisation (the same at any world size)"},
+    {.section = "model", .name = "init_from", .type = CONFIG_PATH, .def = "",
+     .help = "Checkpoint or safetensors file to start from; unset = random init"},
+    {.section = "model", .name = "activation_checkpointing", .type = CONFIG_BOOL, .def = "false",
+     .flags = LIST("fsdp_activation_checkpointing", "gradient_checkpointing"), .bare = "true",
+     .help = "Recompute each block's activations in backward instead of keeping them"},
+
+    /* [train] */
+    {.section = "train", .name = "train_batch", .type = CONFIG_INT, .def = "16", .min = 1, .max = 1e7,
+     .help = "Global batch in sequences per optimizer step, over all ranks"},
+    {.section = "train", .name = "micro_batch", .type = CONFIG_INT, .def = "4", .min = 1, .max = 1e7,
+     .flags = LIST("per_device_train_batch_size", "train_batch_size"),
+     .help = "Sequences per rank per forward/backward (gradient accumulation makes up the rest)"},
+    {.section = "train", .name = "max_steps", .type = CONFIG_INT, .def = "100", .min = 0, .max = 1e12,
+     .flags = LIST("max_train_steps"), .help = "Optimizer steps to run"},
+    {.section = "train", .name = "eval_interval", .type = CONFIG_INT, .def = "50", .min = 0, .max = 1e12,
+     .help = "Steps between evaluations on data.val_file; 0 = never"},
+    {.section = "train", .name = "eval_steps", .type = CONFIG_INT, .def = "10", .min = 1, .max = 1e12,
+     .help = "Batches per evaluation"},
+    {.section = "train", .name = "seed", .type = CONFIG_INT, .def = "1337", .min = 0, .max = 4294967295.0,
+     .flags = LIST("seed"), .help = "Seed of the data order"},
+    {.section = "train", .name = "device", .type = CONFIG_ENUM, .def = "auto", .values = LIST("auto", "cpu", "cuda"),
+     .value_aliases = ALIASES({"gpu", "cuda"}), .help = "auto = cuda when a GPU is visible, else cpu"},
+
+    /* [optim] */
+    {.section = "optim", .name = "lr", .type = CONFIG_FLOAT, .def = "0.0006", .min = 0, .max = 10,
+     .flags = LIST("learning_rate"), .help = "Peak learning rate"},
+    {.section = "optim", .name = "beta1", .type = CONFIG_FLOAT, .def = "0.9", .min = 0, .max = 1,
+     .flags = LIST("adam_beta1"), .help = "AdamW first-moment decay, below 1"},
+    {.section = "optim", .name = "beta2", .type = CONFIG_FLOAT, .def = "0.95", .min = 0, .max = 1,
+     .flags = LIST("adam_beta2"), .help = "AdamW second-moment decay, below 1"},
+    {.section = "optim", .name = "eps", .type = CONFIG_FLOAT, .def = "1e-08", .min = 0, .max = 1,
+     .flags = LIST("adam_epsilon"), .help = "AdamW epsilon, above 0"},
+    {.section = "optim", .name = "weight_decay", .type = CONFIG_FLOAT, .def = "0.1", .min = 0, .max = 10,
+     .flags = LIST("adam_weight_decay"), .help = "Decoupled weight decay (matrices only; not biases, norms)"},
+    {.section = "optim", .name = "grad_clip", .type = CONFIG_FLOAT, .def = "1.0", .min = 0, .max = 1e6,
+     .flags = LIST("max_grad_norm"), .help = "Clip the global gradient norm to this; 0 = no clipping"},
+    {.section = "optim", .name = "warmup_steps", .type = CONFIG_INT, .def = "10", .min = 0, .max = 1e12,
+     .flags = LIST("lr_warmup_steps"), .help = "Linear warmup from 0 to lr (may exceed max_steps in short runs)"},
+    {.section = "optim", .name = "lr_schedule", .type = CONFIG_ENUM, .def = "cosine",
+     .values = LIST("cosine", "linear", "constant"),
+     .value_aliases = ALIASES({"constant_with_warmup", "constant"}, {"cosine_with_warmup", "cosine"}),
+     .flags = LIST("lr_scheduler"), .help = "Decay from lr to min_lr after warmup, over the remaining steps"},
+    {.section = "optim", .name = "min_lr", .type = CONFIG_FLOAT, .def = "6e-05", .min = 0, .max = 10,
+     .help = "Learning rate at the end of the decay (at most lr)"},
+
+    /* [data] */
+    {.section = "data", .name = "train_file", .type = CONFIG_PATH, .def = "",
+     .help = "Training tokens; needed to train"},
+    {.section = "data", .name = "val_file", .type = CONFIG_PATH, .def = "",
+     .help = "Validation tokens; unset = no evaluation"},
+    {.section = "data", .name = "order", .type = CONFIG_ENUM, .def = "shuffled",
+     .values = LIST("shuffled", "sequential"), .value_aliases = ALIASES({"shuffle", "shuffled"}, {"random", "shuffled"}),
+     .help = "Order of the training windows (seeded by train.seed)"},
+
+    /* [fsdp] */
+    {.section = "fsdp", .name = "enable", .type = CONFIG_BOOL, .def = "true", .flags = LIST("use_fsdp"),
+     .bare = "true", .help = "Shard parameters, gradients and optimizer state; false = replicate (DDP)"},
+    {.section = "fsdp", .name = "version", .type = CONFIG_INT, .def = "2", .min = 1, .max = 2,
+     .flags = LIST("fsdp_version"), .help = "1 = one flat buffer per unit; 2 = every parameter sharded on dim 0"},
+    {.section = "fsdp", .name = "sharding_strategy", .type = CONFIG_ENUM, .def = "FULL_SHARD",
+     .values = LIST("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"),
+     .value_aliases = ALIASES({"1", "FULL_SHARD"}, {"2", "SHARD_GRAD_OP"}, {"3", "NO_SHARD"}, {"4", "HYBRID_SHARD"},
+                              {"5", "HYBRID_SHARD_ZERO2"}),
+     .flags = LIST("fsdp_sharding_strategy"), .help = "What is sharded and across which ranks (numbers as accelerate)"},
+    {.section = "fsdp", .name = "hybrid_shard_size", .type = CONFIG_INT, .def = "0", .min = 0, .max = 1048576,
+     .help = "HYBRID_*: ranks per shard group; 0 = the ranks of a node"},
+    {.section = "fsdp", .name = "reshard_after_forward", .type = CONFIG_BOOL, .def = "true",
+     .flags = LIST("fsdp_reshard_after_forward"), .bare = "true",
+     .help = "Free gathered parameters after forward and gather again in backward"},
+    {.section = "fsdp", .name = "auto_wrap_policy", .type = CONFIG_ENUM, .def = "TRANSFORMER_BASED_WRAP",
+     .values = LIST("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"),
+     .value_aliases = ALIASES({"transformer", "TRANSFORMER_BASED_WRAP"}, {"size", "SIZE_BASED_WRAP"},
+                              {"size_based", "SIZE_BASED_WRAP"}, {"none", "NO_WRAP"}, {"1", "TRANSFORMER_BASED_WRAP"},
+                              {"2", "SIZE_BASED_WRAP"}, {"3", "NO_WRAP"}),
+     .flags = LIST("fsdp_auto_wrap_policy"), .help = "How the model is cut into FSDP units"},
+    {.section = "fsdp", .name = "transformer_layer_cls_to_wrap", .type = CONFIG_STRING, .def = "DecoderBlock",
+     .flags = LIST("fsdp_transformer_layer_cls_to_wrap"),
+     .help = "TRANSFORMER_BASED_WRAP: module class that becomes one unit"},
+    {.section = "fsdp", .name = "min_num_params", .type = CONFIG_INT, .def = "100000", .min = 0, .max = 1e15,
+     .flags = LIST("fsdp_min_num_params"), .help = "SIZE_BASED_WRAP: smallest unit, in parameters"},
+    {.section = "fsdp", .name = "backward_prefetch", .type = CONFIG_ENUM, .def = "BACKWARD_PRE",
+     .values = LIST("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"),
+     .value_aliases = ALIASES({"pre", "BACKWARD_PRE"}, {"post", "BACKWARD_POST"}, {"none", "NO_PREFETCH"},
+                              {"1", "BACKWARD_PRE"}, {"2", "BACKWARD_POST"}, {"3", "NO_PREFETCH"}),
+     .flags = LIST("fsdp_backward_prefetch", "fsdp_backward_prefetch_policy"), .bare = "BACKWARD_PRE",
+     .help = "When the next unit's all-gather is issued in backward"},
+    {.section = "fsdp", .name = "forward_prefetch", .type = CONFIG_BOOL, .def = "false",
+     .flags = LIST("fsdp_forward_prefetch"), .bare = "true",
+     .help = "Issue the next unit's all-gather before running the current one in forward"},
+    {.section = "fsdp", .name = "limit_all_gathers", .type = CONFIG_BOOL, .def = "true",
+     .flags = LIST("fsdp_limit_all_gathers"), .bare = "true",
+     .help = "At most two units gathered at a time (bounds memory)"},
+    {.section = "fsdp", .name = "sync_module_states", .type = CONFIG_BOOL, .def = "true",
+     .flags = LIST("fsdp_sync_module_states"), .bare = "true",
+     .help = "Broadcast rank 0's initial weights so every rank starts equal"},
+    {.section = "fsdp", .name = "offload_params", .type = CONFIG_BOOL, .def = "false",
+     .flags = LIST("fsdp_offload_params"), .bare = "true",
+     .help = "Keep parameter shards and optimizer state in host memory (GPU runs)"},
+    {.section = "fsdp", .name = "mixed_precision", .type = CONFIG_ENUM, .def = "auto",
+     .values = LIST("fp32", "bf16", "fp16", "auto"), .value_aliases = ALIASES(PRECISION_ALIASES),
+     .flags = LIST("mixed_precision"), .help = "Dtype of gathered parameters and compute; auto = bf16 on GPU, fp32 on CPU"},
+    {.section = "fsdp", .name = "reduce_dtype", .type = CONFIG_ENUM, .def = "fp32",
+     .values = LIST("fp32", "bf16", "fp16"), .value_aliases = ALIASES(PRECISION_ALIASES),
+     .help = "Dtype of the gradient reduce-scatter"},
+
+    /* [log] */
+    {.section = "log", .name = "interval", .type = CONFIG_INT, .def = "10", .min = 1, .max = 1e12,
+     .flags = LIST("logging_steps"), .help = "Steps between metric lines"},
+    {.section = "log", .name = "dir", .type = CONFIG_PATH, .def = "./runs/<run_id>", .flags = LIST("logging_dir"),
+     .help = "Metrics and TensorBoard events; <run_id> is replaced when the run starts"},
+
+    /* [checkpoint] */
+    {.section = "checkpoint", .name = "dir", .type = CONFIG_PATH, .def = "./runs/<run_id>/checkpoints",
+     .flags = LIST("output_dir"), .help = "Where checkpoints are written"},
+    {.section = "checkpoint", .name = "interval", .type = CONFIG_INT, .def = "0", .min = -1, .max = 1e12,
+     .flags = LIST("checkpointing_steps"),
+     .help = "Steps between checkpoints; 0 = only at the end; -1 = never (no checkpoint at all)"},
+    {.section = "checkpoint", .name = "state_dict_type", .type = CONFIG_ENUM, .def = "SHARDED_STATE_DICT",
+     .values = LIST("SHARDED_STATE_DICT", "FULL_STATE_DICT"),
+     .value_aliases = ALIASES({"sharded", "SHARDED_STATE_DICT"}, {"full", "FULL_STATE_DICT"}, {"1", "FULL_STATE_DICT"},
+                              {"3", "SHARDED_STATE_DICT"}),
+     .flags = LIST("fsdp_state_dict_type"), .help = "Shard files per rank, or one safetensors file (HF GPT-2 names)"},
+    {.section = "checkpoint", .name = "keep_last", .type = CONFIG_INT, .def = "3", .min = 0, .max = 1e9,
+     .flags = LIST("checkpoints_total_limit"), .help = "Checkpoints kept; older ones are deleted; 0 = keep all"},
+    {.section = "checkpoint", .name = "cpu_ram_efficient_loading", .type = CONFIG_BOOL, .def = "false",
+     .flags = LIST("fsdp_cpu_ram_efficient_loading"), .bare = "true",
+     .help = "model.init_from is read by rank 0 alone and broadcast; checkpoints are always read by byte range"},
+    {.section = "checkpoint", .name = "resume_from", .type = CONFIG_PATH, .def = "",
+     .flags = LIST("resume_from", "resume_from_checkpoint"),
+     .help = "Checkpoint to resume from, or latest (newest in dir); unset = fresh start"},
+};
+
+static const struct config_schema schema = {
+    .program = "fsdp-worker",
+    .sections = sections,
+    .n_sections = sizeof sections / sizeof sections[0],
+    .keys = keys,
+    .n_keys = sizeof keys / sizeof keys[0],
+};
+
+const struct config_schema *worker_config_schema(void) { return &schema; }
+
+static void copy_text(char *dst, const struct config *cfg, const char *section, const char *name)
+{
+    snprintf(dst, WORKER_TEXT_MAX, "%s", config_get_string(cfg, section, name));
+}
+
+int worker_config_view(const struct config *cfg, struct worker_config *out)
+{
+    if (cfg->schema != &schema)
+        return error_set(FSDP_EINVAL, "worker_config_view needs a config made from worker_config_schema()");
+    memset(out, 0, sizeof *out);
+#define I(s, k) config_get_int(cfg, #s, #k)
+#define F(s, k) config_get_float(cfg, #s, #k)
+#define B(s, k) config_get_bool(cfg, #s, #k)
+#define E(s, k) config_get_enum(cfg, #s, #k)
+    out->model.family = (enum worker_model_family)E(model, model_family);
+    out->model.n_layer = (int)I(model, n_layer);
+    out->model.n_head = (int)I(model, n_head);
+    out->model.n_embd = (int)I(model, n_embd);
+    out->model.vocab_size = (int)I(model, vocab_size);
+    out->model.block_size = (int)I(model, block_size);
+    out->model.init_std = F(model, init_std);
+    out->model.seed = (uint64_t)I(model, seed);
+    copy_text(out->model.init_from, cfg, "model", "init_from");
+    out->model.activation_checkpointing = B(model, activation_checkpointing);
+
+    out->train.train_batch = (int)I(train, train_batch);
+    out->train.micro_batch = (int)I(train, micro_batch);
+    out->train.max_steps = I(train, max_steps);
+    out->train.eval_interval = I(train, eval_interval);
+    out->train.eval_steps = I(train, eval_steps);
+    out->train.seed = (uint64_t)I(train, seed);
+    out->train.device = (enum worker_device)E(train, device);
+
+    out->optim.lr = F(optim, lr);
+    out->optim.beta1 = F(optim, beta1);
+    out->optim.beta2 = F(optim, beta2);
+    out->optim.eps = F(optim, eps);
+    out->optim.weight_decay = F(optim, weight_decay);
+    out->optim.grad_clip = F(optim, grad_clip);
+    out->optim.warmup_steps = I(optim, warmup_steps);
+    out->optim.lr_schedule = (enum worker_lr_schedule)E(optim, lr_schedule);
+    out->optim.min_lr = F(optim, min_lr);
+
+    copy_text(out->data.train_file, cfg, "data", "train_file");
+    copy_text(out->data.val_file, cfg, "data", "val_file");
+    out->data.order = (enum worker_data_order)E(data, order);
+
+    out->fsdp.enable = B(fsdp, enable);
+    out->fsdp.version = (int)I(fsdp, version);
+    out->fsdp.sharding_strategy = (enum worker_sharding)E(fsdp, sharding_strategy);
+    out->fsdp.hybrid_shard_size = (int)I(fsdp, hybrid_shard_size);
+    out->fsdp.reshard_after_forward = B(fsdp, reshard_after_forward);
+    out->fsdp.auto_wrap_policy = (enum worker_wrap_policy)E(fsdp, auto_wrap_policy);
+    copy_text(out->fsdp.transformer_layer_cls_to_wrap, cfg, "fsdp", "transformer_layer_cls_to_wrap");
+    out->fsdp.min_num_params = I(fsdp, min_num_params);
+    out->fsdp.backward_prefetch = (enum worker_prefetch)E(fsdp, backward_prefetch);
+    out->fsdp.forward_prefetch = B(fsdp, forward_prefetch);
+    out->fsdp.limit_all_gathers = B(fsdp, limit_all_gathers);
+    out->fsdp.sync_module_states = B(fsdp, sync_module_states);
+    out->fsdp.offload_params = B(fsdp, offload_params);
+    out->fsdp.mixed_precision = (enum worker_precision)E(fsdp, mixed_precision);
+    out->fsdp.reduce_dtype = (enum worker_precision)E(fsdp, reduce_dtype);
+
+    out->log.interval = I(log, interval);
+    copy_text(out->log.dir, cfg, "log", "dir");
+
+    copy_text(out->checkpoint.dir, cfg, "checkpoint", "dir");
+    out->checkpoint.interval = I(checkpoint, interval);
+    out->checkpoint.state_dict_type = (enum worker_state_dict)E(checkpoint, state_dict_type);
+    out->checkpoint.keep_last = I(checkpoint, keep_last);
+    out->checkpoint.cpu_ram_efficient_loading = B(checkpoint, cpu_ram_efficient_loading);
+    copy_text(out->checkpoint.resume_from, cfg, "checkpoint", "resume_from");
+#undef I
+#undef F
+#undef B
+#undef E
+    return worker_config_validate(out);
+}
+
+int worker_config_validate(const struct worker_config *wc)
+{
+    if (wc->model.n_embd % wc->model.n_head != 0)
+        return error_set(FSDP_EINVAL, "model.n_embd (%d) must be a multiple of model.n_head (%d)", wc->model.n_embd,
+                         wc->model.n_head);
+    if (wc->train.micro_batch > wc->train.train_batch)
+        return error_set(FSDP_EINVAL, "train.micro_batch (%d) must be at most train.train_batch (%d), the global batch",
+                         wc->train.micro_batch, wc->train.train_batch);
+    if (!(wc->optim.lr > 0))
+        return error_set(FSDP_EINVAL, "optim.lr must be above 0");
+    if (wc->optim.min_lr > wc->optim.lr)
+        return error_set(FSDP_EINVAL, "optim.min_lr (%g) must be at most optim.lr (%g)", wc->optim.min_lr,
+                         wc->optim.lr);
+    if (wc->optim.beta1 >= 1 || wc->optim.beta2 >= 1)
+        return error_set(FSDP_EINVAL, "optim.beta1 (%g) and optim.beta2 (%g) must be below 1", wc->optim.beta1,
+                         wc->optim.beta2);
+    if (!(wc->optim.eps > 0))
+        return error_set(FSDP_EINVAL, "optim.eps must be above 0");
+    if (wc->fsdp.auto_wrap_policy == WORKER_WRAP_TRANSFORMER && !wc->fsdp.transformer_layer_cls_to_wrap[0])
+        return error_set(FSDP_EINVAL,
+                         "fsdp.auto_wrap_policy = TRANSFORMER_BASED_WRAP needs fsdp.transformer_layer_cls_to_wrap");
+    if (wc->fsdp.hybrid_shard_size > 0 && wc->fsdp.sharding_strategy != WORKER_HYBRID_SHARD &&
+        wc->fsdp.sharding_strategy != WORKER_HYBRID_SHARD_ZERO2)
+        return error_set(FSDP_EINVAL,
+                         "fsdp.hybrid_shard_size (%d) applies only to fsdp.sharding_strategy HYBRID_SHARD or "
+                         "HYBRID_SHARD_ZERO2; set it to 0 or change the strategy",
+                         wc->fsdp.hybrid_shard_size);
+    return 0;
+}

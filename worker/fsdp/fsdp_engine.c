@@ -1,0 +1,681 @@
+/* The engine's data path: creating groups and state, gathering units (with prefetch), the per-unit
+ * forward/backward over the model, and the gradient reduce-scatter / replicate all-reduce pipeline. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "worker/fsdp/fsdp_internal.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static enum kernels_dtype precision_dtype(enum worker_precision p, bool on_cuda)
+{
+    switch (p) {
+    case WORKER_BF16: return KERNELS_BF16;
+    case WORKER_FP16: return KERNELS_F16;
+    case WORKER_PRECISION_AUTO: return on_cuda ? KERNELS_BF16 : KERNELS_F32;
+    default: return KERNELS_F32;
+    }
+}
+
+static int make_groups(struct fsdp *f)
+{
+    int world = f->g.world_size, rank = f->g.rank, sg = f->shard_size;
+    f->rep_size = world / sg;
+    f->shard_rank = rank % sg;
+    f->rep_rank = rank / sg;
+    int rc = 0;
+    if (sg == world) {
+        f->shard_comm = sg > 1 ? f->g.world : NULL;
+    } else if (sg > 1) {
+        rc = comm_split(f->g.world, rank / sg, rank, &f->shard_comm);
+        f->own_shard_comm = true;
+    }
+    if (rc)
+        return rc;
+    if (f->rep_size == world) {
+        f->rep_comm = f->rep_size > 1 ? f->g.world : NULL;
+    } else if (f->rep_size > 1) {
+        rc = comm_split(f->g.world, rank % sg, rank, &f->rep_comm);
+        f->own_rep_comm = true;
+    }
+    return rc;
+}
+
+/* One allocation holds every unit's master, gradient, moments and low-precision shards: registered with
+ * the communicator, the shards are read by peers directly in all-gathers and replicate all-reduces, and
+ * one mapping per rank keeps the peers' mapping caches small. */
+static int alloc_state(struct fsdp *f)
+{
+    size_t es = fsdp_dsize(f->param_dtype), total = 0;
+#define SLICE(n) (((n) + 63) / 64 * 64)
+    for (int i = 0; i < f->n_units; i++) {
+        size_t b = SLICE(f->units[i].shard * sizeof(float));
+        total += 4 * b + (f->param_dtype != KERNELS_F32 ? SLICE(f->units[i].shard * es) : 0);
+    }
+    /* Offloaded state lives in the device's pinned host memory: the per-unit H2D/D2H copies of offload then
+     * run at bus speed (plain host memory on the CPU backend). */
+    f->arena = f->offload ? f->k->host_alloc(total ? total : 64) : fsdp_raw_alloc(f, total);
+    if (!f->arena)
+        return error_set(FSDP_ENOMEM, "fsdp: cannot allocate the %zu bytes of persistent state: %s", total,
+                         error_message());
+    /* Zero it: the moments start at 0, and touching the pages makes RSS show what sharding saves. */
+    int rc = f->sk->mem_set(f->arena, 0, total ? total : 64);
+    if (rc)
+        return rc;
+    char *at = f->arena;
+    for (int i = 0; i < f->n_units; i++) {
+        struct fsdp_unit *u = &f->units[i];
+        size_t b = SLICE(u->shard * sizeof(float));
+        u->master = (float *)at;
+        u->grad = (float *)(at + b);
+        u->exp_avg = (float *)(at + 2 * b);
+        u->exp_avg_sq = (float *)(at + 3 * b);
+        at += 4 * b;
+        fsdp_mem_add(f, FSDP_MEM_PARAMS, (ptrdiff_t)b);
+        fsdp_mem_add(f, FSDP_MEM_GRADS, (ptrdiff_t)b);
+        fsdp_mem_add(f, FSDP_MEM_OPTIM, (ptrdiff_t)(2 * b));
+        if (f->param_dtype != KERNELS_F32) {
+            u->lp = at;
+            at += SLICE(u->shard * es);
+            fsdp_mem_add(f, FSDP_MEM_PARAMS, (ptrdiff_t)SLICE(u->shard * es));
+        }
+    }
+#undef SLICE
+    for (size_t i = 0; i < f->n_pieces; i++) {
+        struct fsdp_piece *p = &f->pieces[i];
+        struct fsdp_unit *u = &f->units[p->unit];
+        p->data[FSDP_STATE_PARAM] = u->master + p->shard_off;
+        p->data[FSDP_STATE_EXP_AVG] = u->exp_avg + p->shard_off;
+        p->data[FSDP_STATE_EXP_AVG_SQ] = u->exp_avg_sq + p->shard_off;
+    }
+    return 0;
+}
+
+int fsdp_create(struct fsdp **out, const struct worker_config *wc, struct model *model, const struct kernels *k,
+                const struct fsdp_groups *g)
+{
+    *out = NULL;
+    bool on_cuda = strcmp(k->name, "cuda") == 0;
+    int rc = fsdp_check_config(wc, g->world_size, g->local_world_size, on_cuda);
+    if (rc)
+        return rc;
+    struct fsdp *f = calloc(1, sizeof *f);
+    if (!f)
+        return error_set(FSDP_ENOMEM, "fsdp: out of memory");
+    f->wc = *wc;
+    f->k = k;
+    /* FSDP_TEST_OFFLOAD=1 runs the offload path on the CPU backend too (host "device"), so the staging
+     * copies are tested where no GPU exists; without it offload_params changes nothing on CPU. */
+    const char *test_off = getenv("FSDP_TEST_OFFLOAD");
+    f->offload = wc->fsdp.enable && wc->fsdp.offload_params && (on_cuda || (test_off && *test_off == '1'));
+    f->sk = f->offload ? kernels_cpu() : k;
+    /* FSDP_REGISTERED_BUFFERS=0 turns registration off (for comparing the two paths). */
+    const char *reg = getenv("FSDP_REGISTERED_BUFFERS");
+    f->reg = g->world && !(reg && *reg == '0') ? g->world : NULL;
+    f->model = model;
+    f->layout = model_get_layout(model);
+    f->g = *g;
+    f->version = wc->fsdp.version;
+    f->strategy = wc->fsdp.enable ? wc->fsdp.sharding_strategy : WORKER_NO_SHARD;
+    f->param_dtype = precision_dtype(wc->fsdp.mixed_precision, on_cuda);
+    f->reduce_dtype = precision_dtype(wc->fsdp.reduce_dtype, on_cuda);
+    f->shard_size = fsdp_shard_group_size(wc, g->world_size, g->local_world_size);
+    f->loss_scale = f->param_dtype == KERNELS_F16 ? 65536.0 : 1.0;
+    if (g->world_size > 1 && !g->world)
+        rc = error_set(FSDP_EINVAL, "fsdp: world size %d without a communicator", g->world_size);
+    /* Mixed precision reaches the matmuls too: on CUDA they take bf16/fp16 inputs on the tensor cores and
+     * accumulate in fp32, as autocast does; the CPU backend computes in fp32 whatever the setting. */
+    if (!rc)
+        rc = k->set_matmul_dtype(f->param_dtype);
+    if (!rc)
+        rc = make_groups(f);
+    if (!rc)
+        rc = fsdp_plan_build(f);
+    if (!rc)
+        rc = alloc_state(f);
+    if (rc) {
+        fsdp_destroy(f);
+        return rc;
+    }
+    fsdp_mem_add(f, FSDP_MEM_ACTIVATIONS, (ptrdiff_t)model_get_arena_bytes(model));
+    *out = f;
+    return 0;
+}
+
+void fsdp_destroy(struct fsdp *f)
+{
+    if (!f)
+        return;
+    fsdp_pending_drain(f, 0);
+    for (int i = 0; f->units && i < f->n_units; i++)
+        fsdp_release(f, i);
+    if (f->offload)
+        f->k->host_free(f->arena);
+    else if (f->arena)
+        fsdp_raw_free(f, f->arena);
+    fsdp_pool_free(f);
+    if (f->own_shard_comm)
+        comm_destroy(f->shard_comm);
+    if (f->own_rep_comm)
+        comm_destroy(f->rep_comm);
+    fsdp_plan_free(f);
+    free(f);
+}
+
+/* ---- gathering ---- */
+
+int fsdp_gather_issue(struct fsdp *f, int ui)
+{
+    struct fsdp_unit *u = &f->units[ui];
+    if (u->gstate != 0)
+        return 0;
+    const struct kernels *k = f->k;
+    size_t es = fsdp_dsize(f->param_dtype), sg = (size_t)f->shard_size;
+    if (sg == 1) {
+        if (f->param_dtype == KERNELS_F32 && !f->offload) {
+            u->full = u->master;
+            u->full_alias = true;
+        } else {
+            /* Compute sees the parameters as param_dtype rounds them (and in device memory). */
+            if (!(u->full = fsdp_buf_get(f, u->numel * sizeof(float), FSDP_MEM_GATHERED)))
+                return FSDP_ENOMEM;
+            int rc;
+            if (f->param_dtype == KERNELS_F32) {
+                rc = fsdp_state_to_dev(f, u->full, u->master, u->numel * sizeof(float));
+            } else {
+                void *lp = u->lp;
+                if (f->offload && !(lp = fsdp_buf_get(f, u->numel * es, FSDP_MEM_COMM)))
+                    return FSDP_ENOMEM;
+                rc = lp != u->lp ? fsdp_state_to_dev(f, lp, u->lp, u->numel * es) : 0;
+                if (!rc)
+                    rc = k->cast(u->full, KERNELS_F32, lp, f->param_dtype, u->numel);
+                if (lp != u->lp)
+                    fsdp_buf_put(f, lp);
+            }
+            if (rc)
+                return rc;
+        }
+        u->gstate = 2;
+        return 0;
+    }
+    const void *src = f->param_dtype == KERNELS_F32 ? (const void *)u->master : u->lp;
+    if (f->offload) {
+        /* the shard lives in host memory; the collective needs it on the device */
+        if (!(u->gsrc = fsdp_buf_get(f, u->shard * es, FSDP_MEM_COMM)))
+            return FSDP_ENOMEM;
+        int rc = fsdp_state_to_dev(f, u->gsrc, src, u->shard * es);
+        if (rc)
+            return rc;
+        src = u->gsrc;
+    }
+    size_t cap = f->version == 1 ? sg * u->shard : u->numel;
+    if (!(u->full = fsdp_buf_get(f, cap * sizeof(float), FSDP_MEM_GATHERED)))
+        return FSDP_ENOMEM;
+    void *dst = u->full;
+    u->gbuf = NULL;
+    if (f->version != 1 || f->param_dtype != KERNELS_F32) {
+        if (!(u->gbuf = fsdp_buf_get(f, sg * u->shard * es, FSDP_MEM_COMM)))
+            return FSDP_ENOMEM;
+        dst = u->gbuf;
+    }
+    int rc = comm_all_gather_async(f->shard_comm, src, dst, u->shard, fsdp_comm_dtype(f->param_dtype), &u->gwork);
+    if (rc)
+        return rc;
+    u->gstate = 1;
+    f->timing.gathers++;
+    return 0;
+}
+
+/* Rank-major gathered shards -> the unit's parameters in model order (and to fp32). */
+static int gather_unpack(struct fsdp *f, struct fsdp_unit *u)
+{
+    const struct kernels *k = f->k;
+    size_t es = fsdp_dsize(f->param_dtype), sg = (size_t)f->shard_size;
+    if (f->version == 1)
+        return k->cast(u->full, KERNELS_F32, u->gbuf, f->param_dtype, u->numel);
+    for (size_t r = 0; r < sg; r++)
+        for (int j = 0; j < u->n_params; j++) {
+            const struct fsdp_pslot *s = &u->slots[j];
+            size_t rb, re;
+            fsdp_slot_rows(s, r, &rb, &re);
+            if (re == rb)
+                continue;
+            const char *from = (const char *)u->gbuf + (r * u->shard + s->shard_off) * es;
+            int rc = k->cast(u->full + s->unit_off + rb * s->row_len, KERNELS_F32, from, f->param_dtype,
+                             (re - rb) * s->row_len);
+            if (rc)
+                return rc;
+        }
+    return 0;
+}
+
+int fsdp_gather_wait(struct fsdp *f, int ui)
+{
+    struct fsdp_unit *u = &f->units[ui];
+    int rc = 0;
+    if (u->gstate == 0) {
+        rc = fsdp_gather_issue(f, ui);
+        if (rc)
+            return rc;
+    } else if (u->gstate == 1) {
+        f->timing.prefetched++;
+    }
+    if (u->gstate == 1) {
+        double t0 = now_s();
+        rc = comm_work_wait(u->gwork);
+        f->timing.gather_wait_s += now_s() - t0;
+        u->gwork = NULL;
+        if (!rc && u->gbuf)
+            rc = gather_unpack(f, u);
+        fsdp_buf_put(f, u->gbuf);
+        u->gbuf = NULL;
+        fsdp_buf_put(f, u->gsrc);
+        u->gsrc = NULL;
+        u->gstate = rc ? 0 : 2;
+    }
+    return rc;
+}
+
+void fsdp_release(struct fsdp *f, int ui)
+{
+    struct fsdp_unit *u = &f->units[ui];
+    if (u->gstate == 1) {
+        comm_work_wait(u->gwork);
+        u->gwork = NULL;
+        fsdp_buf_put(f, u->gbuf);
+        u->gbuf = NULL;
+        fsdp_buf_put(f, u->gsrc);
+        u->gsrc = NULL;
+    }
+    if (u->full && !u->full_alias)
+        fsdp_buf_put(f, u->full);
+    u->full = NULL;
+    u->full_alias = false;
+    u->gstate = 0;
+}
+
+/* ---- gradient reduction ---- */
+
+static int pending_push(struct fsdp *f, struct fsdp_pending p)
+{
+    if (f->n_pending == FSDP_MAX_PENDING) {
+        int rc = fsdp_pending_drain(f, FSDP_MAX_PENDING - 1);
+        if (rc)
+            return rc;
+    }
+    f->pending[f->n_pending++] = p;
+    return 0;
+}
+
+/* The replicate all-reduce of a unit's (accumulated) gradient shard, once per step. */
+static int replicate_issue(struct fsdp *f, int ui)
+{
+    struct fsdp_unit *u = &f->units[ui];
+    struct fsdp_pending p = {.unit = ui, .is_replicate = true};
+    int rc;
+    if (f->reduce_dtype == KERNELS_F32 && !f->offload) {
+        rc = comm_all_reduce_async(f->rep_comm, u->grad, u->grad, u->shard, COMM_F32, COMM_SUM, &p.work);
+    } else if (f->reduce_dtype == KERNELS_F32) {
+        /* offload: the all-reduce runs on a device copy, copied back when it completes */
+        if (!(p.recv = fsdp_buf_get(f, u->shard * sizeof(float), FSDP_MEM_COMM)))
+            return FSDP_ENOMEM;
+        rc = fsdp_state_to_dev(f, p.recv, u->grad, u->shard * sizeof(float));
+        if (!rc)
+            rc = comm_all_reduce_async(f->rep_comm, p.recv, p.recv, u->shard, COMM_F32, COMM_SUM, &p.work);
+    } else {
+        if (!(p.recv = fsdp_buf_get(f, u->shard * 2, FSDP_MEM_COMM)))
+            return FSDP_ENOMEM;
+        p.recv_lp = true;
+        float *g32 = u->grad;
+        if (f->offload && !(g32 = fsdp_buf_get(f, u->shard * sizeof(float), FSDP_MEM_COMM)))
+            return FSDP_ENOMEM;
+        rc = g32 != u->grad ? fsdp_state_to_dev(f, g32, u->grad, u->shard * sizeof(float)) : 0;
+        if (!rc)
+            rc = f->k->cast(p.recv, f->reduce_dtype, g32, KERNELS_F32, u->shard);
+        if (g32 != u->grad)
+            fsdp_buf_put(f, g32);
+        if (!rc)
+            rc = comm_all_reduce_async(f->rep_comm, p.recv, p.recv, u->shard, fsdp_comm_dtype(f->reduce_dtype),
+                                       COMM_SUM, &p.work);
+    }
+    if (rc) {
+        fsdp_buf_put(f, p.recv);
+        return rc;
+    }
+    return pending_push(f, p);
+}
+
+static int pending_finish(struct fsdp *f, struct fsdp_pending *p)
+{
+    double t0 = now_s();
+    int rc = comm_work_wait(p->work);
+    f->timing.reduce_wait_s += now_s() - t0;
+    struct fsdp_unit *u = &f->units[p->unit];
+    const struct kernels *k = f->k;
+    if (!rc && p->is_replicate) {
+        if (p->recv_lp && !f->offload) {
+            rc = k->cast(u->grad, KERNELS_F32, p->recv, f->reduce_dtype, u->shard);
+        } else if (p->recv_lp) {
+            float *g32 = fsdp_buf_get(f, u->shard * sizeof(float), FSDP_MEM_COMM);
+            rc = g32 ? k->cast(g32, KERNELS_F32, p->recv, f->reduce_dtype, u->shard) : FSDP_ENOMEM;
+            if (!rc)
+                rc = fsdp_dev_to_state(f, u->grad, g32, u->shard * sizeof(float));
+            fsdp_buf_put(f, g32);
+        } else if (p->recv) {
+            rc = fsdp_dev_to_state(f, u->grad, p->recv, u->shard * sizeof(float));
+        }
+    } else if (!rc) {
+        float *sum = p->recv;
+        float *tmp = NULL;
+        if (p->recv_lp) {
+            if (!(tmp = fsdp_buf_get(f, u->shard * sizeof(float), FSDP_MEM_COMM)))
+                rc = FSDP_ENOMEM;
+            else
+                rc = k->cast(tmp, KERNELS_F32, p->recv, f->reduce_dtype, u->shard);
+            sum = tmp;
+        }
+        if (!rc)
+            rc = fsdp_state_accumulate(f, u->grad, sum, u->shard);
+        fsdp_buf_put(f, tmp);
+    }
+    fsdp_buf_put(f, p->send);
+    fsdp_buf_put(f, p->recv);
+    return rc;
+}
+
+/* Finishes the oldest pending reductions until at most `keep` remain. A reduce-scatter of the last
+ * micro-batch, once added into the shard, starts that unit's replicate all-reduce. */
+int fsdp_pending_drain(struct fsdp *f, int keep)
+{
+    int rc = 0;
+    while (f->n_pending > keep) {
+        struct fsdp_pending p = f->pending[0];
+        memmove(&f->pending[0], &f->pending[1], (size_t)(f->n_pending - 1) * sizeof p);
+        f->n_pending--;
+        int r = pending_finish(f, &p);
+        if (!rc)
+            rc = r;
+        if (!rc && !p.is_replicate && p.last && f->rep_comm)
+            rc = replicate_issue(f, p.unit);
+    }
+    return rc;
+}
+
+/* Unsharded gradients of a unit for this backward: the gradient shard itself when nothing needs to be
+ * reduced in between (one-rank shard group in fp32: micro-batches accumulate in place). */
+static int grads_begin(struct fsdp *f, int ui)
+{
+    struct fsdp_unit *u = &f->units[ui];
+    if (u->fgrad)
+        return 0;
+    if (f->shard_size == 1 && f->reduce_dtype == KERNELS_F32 && !f->offload) {
+        u->fgrad = u->grad;
+        return 0;
+    }
+    size_t cap = f->shard_size > 1 && f->version == 1 ? (size_t)f->shard_size * u->shard : u->numel;
+    if (!(u->fgrad = fsdp_buf_get(f, cap * sizeof(float), FSDP_MEM_UNSHARDED_GRADS)))
+        return FSDP_ENOMEM;
+    return f->k->mem_set(u->fgrad, 0, cap * sizeof(float));
+}
+
+/* After a unit's backward: start reducing its gradients (asynchronously). */
+static int grads_reduce(struct fsdp *f, int ui, bool last)
+{
+    struct fsdp_unit *u = &f->units[ui];
+    const struct kernels *k = f->k;
+    size_t sg = (size_t)f->shard_size;
+    int rc = 0;
+    if (sg == 1) {
+        if (u->fgrad != u->grad) {
+            rc = fsdp_state_accumulate(f, u->grad, u->fgrad, u->numel);
+            fsdp_buf_put(f, u->fgrad);
+        }
+        u->fgrad = NULL;
+        if (!rc && last && f->rep_comm)
+            rc = replicate_issue(f, ui);
+        return rc;
+    }
+    struct fsdp_pending p = {.unit = ui, .last = last};
+    float *send = u->fgrad;
+    if (f->version != 1) {
+        /* pack into rank-major order; only the padding at the end of a chunk is zeroed, not the whole
+         * buffer first (that was one more pass over every gradient per step) */
+        if (!(send = fsdp_buf_get(f, sg * u->shard * sizeof(float), FSDP_MEM_COMM)))
+            return FSDP_ENOMEM;
+        for (size_t r = 0; !rc && r < sg; r++)
+            for (int j = 0; !rc && j < u->n_params; j++) {
+                const struct fsdp_pslot *s = &u->slots[j];
+                size_t rb, re;
+                fsdp_slot_rows(s, r, &rb, &re);
+                float *dst = send + r * u->shard + s->shard_off;
+                if (re > rb)
+                    rc = k->mem_copy(dst, u->fgrad + s->unit_off + rb * s->row_len,
+                                     (re - rb) * s->row_len * sizeof(float), KERNELS_COPY_D2D);
+                if (!rc && re - rb < s->chunk)
+                    rc = k->mem_set(dst + (re - rb) * s->row_len, 0, (s->chunk - (re - rb)) * s->row_len * sizeof(float));
+            }
+        fsdp_buf_put(f, u->fgrad);
+    }
+    u->fgrad = NULL;
+    if (rc)
+        return rc;
+    void *in = send;
+    if (f->reduce_dtype != KERNELS_F32) {
+        if (!(in = fsdp_buf_get(f, sg * u->shard * 2, FSDP_MEM_COMM)))
+            return FSDP_ENOMEM;
+        rc = k->cast(in, f->reduce_dtype, send, KERNELS_F32, sg * u->shard);
+        fsdp_buf_put(f, send);
+        p.recv_lp = true;
+    }
+    p.send = in;
+    if (!rc && !(p.recv = fsdp_buf_get(f, u->shard * fsdp_dsize(f->reduce_dtype), FSDP_MEM_COMM)))
+        rc = FSDP_ENOMEM;
+    if (!rc)
+        rc = comm_reduce_scatter_async(f->shard_comm, in, p.recv, u->shard, fsdp_comm_dtype(f->reduce_dtype),
+                                       COMM_SUM, &p.work);
+    if (rc) {
+        fsdp_buf_put(f, p.send);
+        fsdp_buf_put(f, p.recv);
+        return rc;
+    }
+    rc = pending_push(f, p);
+    /* limit_all_gathers also bounds reductions in flight, and so the memory they hold */
+    if (!rc && f->wc.fsdp.limit_all_gathers)
+        rc = fsdp_pending_drain(f, 2);
+    return rc;
+}
+
+/* ---- forward and backward ---- */
+
+static const float *mu_params(const struct fsdp *f, int mu)
+{
+    const struct fsdp_unit *u = &f->units[f->unit_of_mu[mu]];
+    return u->full + (f->layout->units[mu].offset - u->offset);
+}
+
+static float *mu_grads(const struct fsdp *f, int mu)
+{
+    const struct fsdp_unit *u = &f->units[f->unit_of_mu[mu]];
+    return u->fgrad + (f->layout->units[mu].offset - u->offset);
+}
+
+/* The forward through every block; units are released after forward when `release` says so. */
+static int forward_blocks(struct fsdp *f, bool eval)
+{
+    const struct model_layout *l = f->layout;
+    int rc = 0;
+    for (int mu = 1; rc == 0 && mu < l->n_units; mu++) {
+        int ui = f->unit_of_mu[mu];
+        struct fsdp_unit *u = &f->units[ui];
+        if (mu == u->first_mu) {
+            rc = fsdp_gather_wait(f, ui);
+            if (!rc && f->wc.fsdp.forward_prefetch && ui + 1 < f->n_units)
+                rc = fsdp_gather_issue(f, ui + 1);
+        }
+        if (!rc)
+            rc = model_forward_block(f->model, mu - 1, mu_params(f, mu));
+        /* In training the last unit is not resharded: backward needs it again right after the head, so
+         * freeing it would only buy a second all-gather of the same values (torchtitan sets
+         * reshard_after_forward = False on the last block for the same reason). The memory peak does not
+         * move: backward holds this unit and the next one's prefetch anyway. */
+        bool release = eval ? !u->is_root && !u->full_alias : u->reshard && ui != f->n_units - 1;
+        if (!rc && mu == u->first_mu + u->n_mu - 1 && release)
+            fsdp_release(f, ui);
+    }
+    return rc;
+}
+
+int fsdp_forward_backward(struct fsdp *f, float dloss, bool last, double *loss_sum)
+{
+    const struct model_layout *l = f->layout;
+    bool pre = f->wc.fsdp.backward_prefetch == WORKER_BACKWARD_PRE;
+    bool post = f->wc.fsdp.backward_prefetch == WORKER_BACKWARD_POST;
+    int rc = fsdp_gather_wait(f, 0);
+    if (!rc && f->wc.fsdp.forward_prefetch && f->n_units > 1)
+        rc = fsdp_gather_issue(f, 1);
+    if (!rc)
+        rc = model_forward_embed(f->model, mu_params(f, 0));
+    if (!rc)
+        rc = forward_blocks(f, false);
+    double sum = 0;
+    if (!rc)
+        rc = model_forward_head(f->model, mu_params(f, 0), dloss, &sum);
+    if (!rc)
+        rc = grads_begin(f, 0);
+    if (!rc)
+        rc = model_backward_head(f->model, mu_params(f, 0), mu_grads(f, 0));
+    for (int mu = l->n_units - 1; rc == 0 && mu >= 1; mu--) {
+        int ui = f->unit_of_mu[mu];
+        struct fsdp_unit *u = &f->units[ui];
+        if (mu == u->first_mu + u->n_mu - 1 && ui != 0) {
+            rc = fsdp_gather_wait(f, ui);
+            if (!rc)
+                rc = grads_begin(f, ui);
+            if (!rc && pre && ui - 1 >= 1)
+                rc = fsdp_gather_issue(f, ui - 1);
+        }
+        if (!rc)
+            rc = model_backward_block(f->model, mu - 1, mu_params(f, mu), mu_grads(f, mu));
+        if (!rc && mu == u->first_mu && ui != 0) {
+            if (post && ui - 1 >= 1)
+                rc = fsdp_gather_issue(f, ui - 1);
+            if (!rc)
+                rc = grads_reduce(f, ui, last);
+            /* Parameters are gathered again for the next forward when the strategy reshards; ZeRO-2 keeps
+             * them until the optimizer step changes them. */
+            if (!rc && u->reshard)
+                fsdp_release(f, ui);
+        }
+    }
+    if (!rc)
+        rc = model_backward_embed(f->model, mu_params(f, 0), mu_grads(f, 0));
+    if (!rc)
+        rc = grads_reduce(f, 0, last);
+    if (loss_sum)
+        *loss_sum = sum;
+    f->grads_dirty = true;
+    return rc;
+}
+
+int fsdp_forward_eval(struct fsdp *f, double *loss_sum)
+{
+    int rc = fsdp_gather_wait(f, 0);
+    if (!rc && f->wc.fsdp.forward_prefetch && f->n_units > 1)
+        rc = fsdp_gather_issue(f, 1);
+    if (!rc)
+        rc = model_forward_embed(f->model, mu_params(f, 0));
+    if (!rc)
+        rc = forward_blocks(f, true);
+    double sum = 0;
+    if (!rc)
+        rc = model_forward_head(f->model, mu_params(f, 0), 0.0f, &sum);
+    if (loss_sum)
+        *loss_sum = sum;
+    return rc;
+}
+
+/* ---- accessors ---- */
+
+double fsdp_loss_scale(const struct fsdp *f)
+{
+    return f->loss_scale;
+}
+
+const struct fsdp_mem_stats *fsdp_get_mem(const struct fsdp *f)
+{
+    return &f->mem;
+}
+
+const struct fsdp_timing *fsdp_get_timing(const struct fsdp *f)
+{
+    return &f->timing;
+}
+
+size_t fsdp_persistent_bytes(const struct fsdp *f)
+{
+    return f->mem.now[FSDP_MEM_PARAMS] + f->mem.now[FSDP_MEM_GRADS] + f->mem.now[FSDP_MEM_OPTIM];
+}
+
+const struct fsdp_piece *fsdp_pieces(const struct fsdp *f, size_t *n)
+{
+    *n = f->n_pieces;
+    return f->pieces;
+}
+
+int fsdp_shard_rank(const struct fsdp *f)
+{
+    return f->shard_rank;
+}
+
+int fsdp_replica_index(const struct fsdp *f)
+{
+    return f->rep_rank;
+}
+
+int fsdp_shard_size(const struct fsdp *f)
+{
+    return f->shard_size;
+}
+
+int fsdp_n_units(const struct fsdp *f)
+{
+    return f->n_units;
+}
+
+void fsdp_unit_params(const struct fsdp *f, int ui, int *first_param, int *n_params, size_t *offset, size_t *numel)
+{
+    const struct fsdp_unit *u = &f->units[ui];
+    *first_param = u->first_param;
+    *n_params = u->n_params;
+    *offset = u->offset;
+    *numel = u->numel;
+}
+
+const struct kernels *fsdp_kernels(const struct fsdp *f)
+{
+    return f->k;
+}
+
+const struct kernels *fsdp_state_kernels(const struct fsdp *f)
+{
+    return f->sk;
+}
+
+const struct model_layout *fsdp_layout(const struct fsdp *f)
+{
+    return f->layout;
+}
+
+struct comm *fsdp_world(const struct fsdp *f)
+{
+    return f->g.world;
+}

@@ -1,0 +1,132 @@
+/* The optimizer step on the shards: finish the reductions, the global gradient norm (one small collective
+ * over the shard group: replicas hold equal shards), clipping, fp16 loss scaling (skip the step on
+ * non-finite gradients, back off, grow after a run of good steps, as PyTorch's ShardedGradScaler), AdamW
+ * per parameter piece (weight decay on matrices and embeddings only), then fresh low-precision copies. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "worker/fsdp/fsdp_internal.h"
+
+/* GradScaler's defaults. */
+#define SCALER_BACKOFF 0.5
+#define SCALER_GROWTH 2.0
+#define SCALER_INTERVAL 2000
+
+/* Sum of one double per rank of c, added in rank order so every rank gets the same bits. The values
+ * travel as raw bytes through an all-gather (in device memory, as NCCL needs). */
+int fsdp_sum_over(struct fsdp *f, struct comm *c, double x, double *sum)
+{
+    if (!c) {
+        *sum = x;
+        return 0;
+    }
+    int n = comm_size(c), r = comm_rank(c);
+    double *dev = fsdp_buf_get(f, (size_t)n * sizeof(double), FSDP_MEM_COMM);
+    double host[256];
+    double *all = n <= 256 ? host : malloc((size_t)n * sizeof(double));
+    if (!dev || !all) {
+        fsdp_buf_put(f, dev);
+        return error_set(FSDP_ENOMEM, "fsdp: out of memory");
+    }
+    int rc = f->k->mem_copy(dev + r, &x, sizeof x, KERNELS_COPY_H2D);
+    if (!rc)
+        rc = comm_all_gather(c, dev + r, dev, 2, COMM_F32);
+    if (!rc)
+        rc = f->k->mem_copy(all, dev, (size_t)n * sizeof(double), KERNELS_COPY_D2H);
+    double s = 0;
+    for (int i = 0; !rc && i < n; i++)
+        s += all[i];
+    *sum = s;
+    fsdp_buf_put(f, dev);
+    if (all != host)
+        free(all);
+    return rc;
+}
+
+int fsdp_sum_world(struct fsdp *f, double x, double *sum)
+{
+    return fsdp_sum_over(f, f->g.world, x, sum);
+}
+
+/* The low-precision copies the all-gathers send, from the fp32 masters (after a step or a load). */
+int fsdp_refresh_lp(struct fsdp *f)
+{
+    if (f->param_dtype == KERNELS_F32)
+        return 0;
+    int rc = 0;
+    for (int i = 0; i < f->n_units && !rc; i++)
+        rc = f->sk->cast(f->units[i].lp, f->param_dtype, f->units[i].master, KERNELS_F32, f->units[i].shard);
+    return rc;
+}
+
+int fsdp_optimizer_step(struct fsdp *f, double lr, int64_t step, struct fsdp_step_result *res)
+{
+    int rc = fsdp_pending_drain(f, 0);
+    if (rc)
+        return rc;
+    double local = 0;
+    for (int i = 0; i < f->n_units && !rc; i++) {
+        double s = 0;
+        rc = f->sk->sqnorm(&s, f->units[i].grad, f->units[i].shard);
+        local += s;
+    }
+    double sq = 0;
+    if (!rc)
+        rc = fsdp_sum_over(f, f->shard_comm, local, &sq);
+    if (rc)
+        return rc;
+    double scale = f->loss_scale;
+    double norm = sqrt(sq) / scale;
+    memset(res, 0, sizeof *res);
+    res->grad_norm = norm;
+    if (!isfinite(norm)) {
+        if (f->param_dtype == KERNELS_F16) {
+            /* every rank computed the same norm, so every rank skips together */
+            f->loss_scale *= SCALER_BACKOFF;
+            f->scaler_good = 0;
+            res->skipped = true;
+            res->loss_scale = f->loss_scale;
+            log_warn("step %lld: non-finite gradients at loss scale %g; step skipped, scale now %g", (long long)step,
+                     scale, f->loss_scale);
+            for (int i = 0; i < f->n_units && !rc; i++)
+                rc = f->sk->mem_set(f->units[i].grad, 0, f->units[i].shard * sizeof(float));
+            for (int i = 0; i < f->n_units; i++)
+                fsdp_release(f, i);
+            return rc;
+        }
+        return error_set(FSDP_ERANGE, "step %lld: the gradient norm is %g (the loss diverged); lower optim.lr or "
+                         "set optim.grad_clip", (long long)step, norm);
+    }
+    double clip = f->wc.optim.grad_clip;
+    double coef = clip > 0 && norm > clip ? clip / (norm + 1e-6) : 1.0;
+    struct kernels_adamw_params hp = {.lr = (float)lr, .beta1 = (float)f->wc.optim.beta1,
+                                      .beta2 = (float)f->wc.optim.beta2, .eps = (float)f->wc.optim.eps,
+                                      .grad_scale = (float)(coef / scale), .step = (int)step};
+    for (size_t i = 0; i < f->n_pieces && !rc; i++) {
+        const struct fsdp_piece *p = &f->pieces[i];
+        struct fsdp_unit *u = &f->units[p->unit];
+        hp.weight_decay = f->layout->params[p->param].weight_decay ? (float)f->wc.optim.weight_decay : 0.0f;
+        rc = f->sk->adamw(u->master + p->shard_off, u->grad + p->shard_off, u->exp_avg + p->shard_off,
+                      u->exp_avg_sq + p->shard_off, p->count, &hp);
+    }
+    for (int i = 0; i < f->n_units && !rc; i++)
+        rc = f->sk->mem_set(f->units[i].grad, 0, f->units[i].shard * sizeof(float));
+    /* gathered copies are stale now */
+    for (int i = 0; i < f->n_units; i++)
+        fsdp_release(f, i);
+    if (!rc)
+        rc = fsdp_refresh_lp(f);
+    if (f->param_dtype == KERNELS_F16 && ++f->scaler_good >= SCALER_INTERVAL) {
+        f->loss_scale *= SCALER_GROWTH;
+        f->scaler_good = 0;
+        /* Said once per growth, like a skip, so a run's log shows every change of the scale. */
+        log_info("step %lld: %d steps without overflow; loss scale now %g", (long long)step, SCALER_INTERVAL,
+                 f->loss_scale);
+    }
+    res->loss_scale = f->loss_scale;
+    f->grads_dirty = false;
+    return rc;
+}

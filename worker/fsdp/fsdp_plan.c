@@ -1,0 +1,284 @@
+/* The engine's plan: configuration checks against the world, units from the wrap policy, the shard
+ * geometry of every unit (version 1 flat chunks, version 2 dim-0 chunks per parameter), the pieces this
+ * rank owns, and the plan report. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "worker/fsdp/fsdp_internal.h"
+
+static const char *strategy_name(enum worker_sharding s)
+{
+    static const char *names[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"};
+    return names[s];
+}
+
+const char *fsdp_strategy_name(const struct fsdp *f)
+{
+    return strategy_name(f->strategy);
+}
+
+/* Ranks per shard group for a strategy; 0 when the configuration cannot work (message set). */
+int fsdp_shard_group_size(const struct worker_config *wc, int world, int local_world)
+{
+    if (!wc->fsdp.enable)
+        return 1;
+    switch (wc->fsdp.sharding_strategy) {
+    case WORKER_FULL_SHARD:
+    case WORKER_SHARD_GRAD_OP: return world;
+    case WORKER_NO_SHARD: return 1;
+    case WORKER_HYBRID_SHARD:
+    case WORKER_HYBRID_SHARD_ZERO2: {
+        int hs = wc->fsdp.hybrid_shard_size > 0 ? wc->fsdp.hybrid_shard_size : local_world;
+        if (hs < 1)
+            hs = 1;
+        if (world % hs != 0) {
+            char ok[256] = "";
+            size_t len = 0;
+            for (int d = 1; d <= world && len + 16 < sizeof ok; d++)
+                if (world % d == 0)
+                    len += (size_t)snprintf(ok + len, sizeof ok - len, "%s%d", len ? ", " : "", d);
+            error_set(FSDP_EINVAL,
+                      "fsdp.sharding_strategy = %s: the shard group of %d ranks (fsdp.hybrid_shard_size%s) does not "
+                      "divide the world size %d; use one of %s",
+                      strategy_name(wc->fsdp.sharding_strategy), hs,
+                      wc->fsdp.hybrid_shard_size > 0 ? "" : " = 0: the ranks of a node, LOCAL_WORLD_SIZE", world, ok);
+            return 0;
+        }
+        return hs;
+    }
+    }
+    return world;
+}
+
+int fsdp_check_config(const struct worker_config *wc, int world, int local_world, bool on_cuda)
+{
+    if (world < 1)
+        return error_set(FSDP_EINVAL, "world size %d: must be at least 1", world);
+    if (wc->train.train_batch % world != 0) {
+        int lo = wc->train.train_batch / world * world, hi = lo + world;
+        return error_set(FSDP_EINVAL,
+                         "train.train_batch = %d is not divisible by the %d data-parallel ranks: use a multiple of %d "
+                         "(for example %d or %d)",
+                         wc->train.train_batch, world, world, lo > 0 ? lo : hi, lo > 0 ? hi : 2 * hi);
+    }
+    int per_rank = wc->train.train_batch / world;
+    if (per_rank % wc->train.micro_batch != 0) {
+        char ok[256] = "";
+        size_t len = 0;
+        for (int d = 1; d <= per_rank && len + 16 < sizeof ok; d++)
+            if (per_rank % d == 0)
+                len += (size_t)snprintf(ok + len, sizeof ok - len, "%s%d", len ? ", " : "", d);
+        return error_set(FSDP_EINVAL,
+                         "train.micro_batch = %d does not divide the %d sequences per rank (train.train_batch %d / "
+                         "world size %d); use one of %s",
+                         wc->train.micro_batch, per_rank, wc->train.train_batch, world, ok);
+    }
+    if (fsdp_shard_group_size(wc, world, local_world) == 0)
+        return FSDP_EINVAL;
+    if (wc->fsdp.enable && wc->fsdp.offload_params &&
+        (wc->fsdp.sharding_strategy == WORKER_NO_SHARD))
+        return error_set(FSDP_EINVAL, "fsdp.offload_params = true needs sharded parameters, but "
+                         "fsdp.sharding_strategy = NO_SHARD keeps the whole model on every rank; use FULL_SHARD "
+                         "or turn offload_params off");
+    const char *cls = wc->fsdp.transformer_layer_cls_to_wrap;
+    if (wc->fsdp.auto_wrap_policy == WORKER_WRAP_TRANSFORMER && strcasecmp(cls, "DecoderBlock") != 0 &&
+        strcasecmp(cls, "GPT2Block") != 0 && strcasecmp(cls, "Block") != 0)
+        return error_set(FSDP_EINVAL,
+                         "fsdp.transformer_layer_cls_to_wrap = %s: this model's wrappable layer class is DecoderBlock "
+                         "(also spelled GPT2Block); its classes are GPT2Model, Embedding, DecoderBlock, LayerNorm, "
+                         "CausalSelfAttention, MLP, Conv1D",
+                         cls);
+    if (!on_cuda && wc->fsdp.offload_params)
+        log_debug("fsdp.offload_params on CPU: parameters already live in host memory; nothing changes");
+    return 0;
+}
+
+/* Engine units as runs [first, first + n) of model units. */
+static int plan_units(struct fsdp *f)
+{
+    const struct model_layout *l = f->layout;
+    int nmu = l->n_units;
+    f->units = calloc((size_t)nmu, sizeof *f->units);
+    f->unit_of_mu = calloc((size_t)nmu, sizeof *f->unit_of_mu);
+    if (!f->units || !f->unit_of_mu)
+        return error_set(FSDP_ENOMEM, "fsdp: out of memory for the plan");
+    int n = 0;
+    enum worker_wrap_policy pol = f->wc.fsdp.auto_wrap_policy;
+    if (pol == WORKER_WRAP_NONE) {
+        f->units[n++] = (struct fsdp_unit){.first_mu = 0, .n_mu = nmu};
+    } else {
+        f->units[n++] = (struct fsdp_unit){.first_mu = 0, .n_mu = 1};
+        size_t min = pol == WORKER_WRAP_SIZE ? (size_t)f->wc.fsdp.min_num_params : 0;
+        for (int mu = 1; mu < nmu;) {
+            struct fsdp_unit u = {.first_mu = mu, .n_mu = 0};
+            size_t sum = 0;
+            while (mu < nmu && (u.n_mu == 0 || sum < min)) {
+                sum += l->units[mu].numel;
+                u.n_mu++;
+                mu++;
+            }
+            f->units[n++] = u;
+        }
+    }
+    f->n_units = n;
+    for (int i = 0; i < n; i++) {
+        struct fsdp_unit *u = &f->units[i];
+        const struct model_unit *a = &l->units[u->first_mu], *b = &l->units[u->first_mu + u->n_mu - 1];
+        u->offset = a->offset;
+        u->numel = b->offset + b->numel - a->offset;
+        u->first_param = a->first_param;
+        u->n_params = b->first_param + b->n_params - a->first_param;
+        u->is_root = u->first_mu == 0;
+        if (u->n_mu == 1)
+            snprintf(u->name, sizeof u->name, "%s", a->name);
+        else
+            snprintf(u->name, sizeof u->name, "%.30s..%.30s", a->name, b->name);
+        for (int mu = u->first_mu; mu < u->first_mu + u->n_mu; mu++)
+            f->unit_of_mu[mu] = i;
+        /* Parameters must tile the unit contiguously: the shards and the model's unit pointers rely on it. */
+        size_t at = u->offset;
+        for (int p = u->first_param; p < u->first_param + u->n_params; p++) {
+            if (l->params[p].offset != at)
+                return error_set(FSDP_EINVAL, "fsdp: parameter %s is not contiguous in unit %s",
+                                 l->params[p].name, u->name);
+            at += l->params[p].numel;
+        }
+        if (at != u->offset + u->numel)
+            return error_set(FSDP_EINVAL, "fsdp: unit %s is not tiled by its parameters", u->name);
+    }
+    return 0;
+}
+
+static size_t ceil_div(size_t a, size_t b)
+{
+    return (a + b - 1) / b;
+}
+
+static int plan_shards(struct fsdp *f)
+{
+    const struct model_layout *l = f->layout;
+    size_t sg = (size_t)f->shard_size, r = (size_t)f->shard_rank;
+    size_t npieces = 0;
+    for (int i = 0; i < f->n_units; i++)
+        npieces += (size_t)f->units[i].n_params;
+    f->pieces = calloc(npieces ? npieces : 1, sizeof *f->pieces);
+    if (!f->pieces)
+        return error_set(FSDP_ENOMEM, "fsdp: out of memory for the plan");
+    f->n_pieces = 0;
+    bool reshard_strategy = f->wc.fsdp.enable && (f->strategy == WORKER_FULL_SHARD || f->strategy == WORKER_HYBRID_SHARD) &&
+                            f->wc.fsdp.reshard_after_forward;
+    for (int i = 0; i < f->n_units; i++) {
+        struct fsdp_unit *u = &f->units[i];
+        u->reshard = reshard_strategy && !u->is_root && sg > 1;
+        if (f->version == 1) {
+            u->shard = ceil_div(u->numel, sg);
+            size_t lo = r * u->shard, hi = lo + u->shard < u->numel ? lo + u->shard : u->numel;
+            for (int p = u->first_param; p < u->first_param + u->n_params; p++) {
+                size_t pb = l->params[p].offset - u->offset, pe = pb + l->params[p].numel;
+                size_t b = pb > lo ? pb : lo, e = pe < hi ? pe : hi;
+                if (b >= e)
+                    continue;
+                f->pieces[f->n_pieces++] = (struct fsdp_piece){.param = p, .begin = b - pb, .count = e - b,
+                                                               .unit = i, .shard_off = b - lo};
+            }
+        } else {
+            u->slots = calloc((size_t)u->n_params, sizeof *u->slots);
+            if (!u->slots)
+                return error_set(FSDP_ENOMEM, "fsdp: out of memory for the plan");
+            size_t off = 0;
+            for (int j = 0; j < u->n_params; j++) {
+                const struct model_param *mp = &l->params[u->first_param + j];
+                struct fsdp_pslot *s = &u->slots[j];
+                s->param = u->first_param + j;
+                s->rows = (size_t)mp->shape[0];
+                s->row_len = mp->numel / s->rows;
+                s->chunk = ceil_div(s->rows, sg);
+                s->unit_off = mp->offset - u->offset;
+                s->shard_off = off;
+                off += s->chunk * s->row_len;
+                size_t rb, re;
+                fsdp_slot_rows(s, r, &rb, &re);
+                if (re > rb)
+                    f->pieces[f->n_pieces++] =
+                        (struct fsdp_piece){.param = s->param, .begin = rb * s->row_len, .count = (re - rb) * s->row_len,
+                                            .unit = i, .shard_off = s->shard_off};
+            }
+            u->shard = off;
+        }
+    }
+    return 0;
+}
+
+int fsdp_plan_build(struct fsdp *f)
+{
+    int rc = plan_units(f);
+    return rc ? rc : plan_shards(f);
+}
+
+void fsdp_plan_free(struct fsdp *f)
+{
+    for (int i = 0; f->units && i < f->n_units; i++)
+        free(f->units[i].slots);
+    free(f->units);
+    free(f->unit_of_mu);
+    free(f->pieces);
+    f->units = NULL;
+    f->unit_of_mu = NULL;
+    f->pieces = NULL;
+}
+
+static void human(char *buf, size_t cap, double bytes)
+{
+    if (bytes >= 1024.0 * 1024 * 1024)
+        snprintf(buf, cap, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+    else if (bytes >= 1024.0 * 1024)
+        snprintf(buf, cap, "%.1f MiB", bytes / (1024.0 * 1024));
+    else
+        snprintf(buf, cap, "%.1f KiB", bytes / 1024.0);
+}
+
+static const char *dtype_name(enum kernels_dtype d)
+{
+    return d == KERNELS_F32 ? "fp32" : d == KERNELS_BF16 ? "bf16" : "fp16";
+}
+
+void fsdp_log_plan(const struct fsdp *f)
+{
+    if (f->g.rank != 0)
+        return;
+    static const char *pf[] = {"BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"};
+    log_info("fsdp plan: %s, version %d, world %d = %d shard group(s) of %d, params %s, reduce %s, "
+             "backward_prefetch %s, forward_prefetch %s",
+             f->wc.fsdp.enable ? strategy_name(f->strategy) : "disabled (NO_SHARD)", f->version, f->g.world_size,
+             f->rep_size, f->shard_size, dtype_name(f->param_dtype), dtype_name(f->reduce_dtype),
+             pf[f->wc.fsdp.backward_prefetch], f->wc.fsdp.forward_prefetch ? "on" : "off");
+    size_t largest = 0;
+    int largest_u = 0;
+    for (int i = 0; i < f->n_units; i++) {
+        const struct fsdp_unit *u = &f->units[i];
+        char b[32];
+        human(b, sizeof b, (double)u->shard * 4);
+        log_info("  unit %-12s %10zu parameters, shard %10zu elements (%s fp32) per rank%s", u->name, u->numel,
+                 u->shard, b, !u->reshard                ? ""
+                 : i == f->n_units - 1 ? ", resharded after backward (backward needs it first)"
+                                       : ", resharded after forward");
+        if (u->numel > largest) {
+            largest = u->numel;
+            largest_u = i;
+        }
+    }
+    char p[32], g[32], o[32], lu[32];
+    human(p, sizeof p, (double)f->mem.now[FSDP_MEM_PARAMS]);
+    human(g, sizeof g, (double)f->mem.now[FSDP_MEM_GRADS]);
+    human(o, sizeof o, (double)f->mem.now[FSDP_MEM_OPTIM]);
+    human(lu, sizeof lu, (double)largest * 4);
+    log_info("  per rank: params %s, grads %s, optimizer state %s; largest unsharded unit %s (%zu parameters, %s)",
+             p, g, o, f->units[largest_u].name, largest, lu);
+    if (f->version == 1)
+        log_warn("fsdp.version = 1 (flat parameters) is deprecated, as in PyTorch; version 2 shards each parameter "
+                 "along dim 0");
+}

@@ -1,0 +1,217 @@
+/* The engine's state outside the step: initial parameters (each rank its own shards, or rank 0's
+ * broadcast), low-precision copies, and access for checkpoints (whole units gathered one at a time). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "worker/fsdp/fsdp_internal.h"
+
+/* Copies this rank's shard of unit u out of its full parameters `full` (device, model order). */
+static int shard_from_full(struct fsdp *f, struct fsdp_unit *u, const float *full)
+{
+    int rc = 0;
+    for (size_t i = 0; i < f->n_pieces && !rc; i++) {
+        const struct fsdp_piece *p = &f->pieces[i];
+        if (&f->units[p->unit] != u)
+            continue;
+        size_t src = f->layout->params[p->param].offset - u->offset + p->begin;
+        rc = fsdp_dev_to_state(f, u->master + p->shard_off, full + src, p->count * sizeof(float));
+    }
+    return rc;
+}
+
+/* Rank 0's values of unit u into host (u->numel floats): from the weights file read whole (full), or
+ * generated from the seed one parameter at a time, so that rank 0 never holds more than one unit of a
+ * seeded model (a 28.5M-parameter model made rank 0's peak RSS 114 MB above its peers' before). */
+static void init_unit_values(const struct fsdp *f, const struct fsdp_unit *u, const float *full, float *host)
+{
+    const struct model_layout *l = f->layout;
+    if (full) {
+        memcpy(host, full + u->offset, u->numel * sizeof(float));
+        return;
+    }
+    for (int j = 0; j < u->n_params; j++) {
+        const struct model_param *mp = &l->params[u->first_param + j];
+        model_init_param_range(l, u->first_param + j, 0, mp->numel, host + (mp->offset - u->offset));
+    }
+}
+
+static int init_broadcast(struct fsdp *f)
+{
+    const struct model_layout *l = f->layout;
+    float *full = NULL, *host = NULL;
+    int rc = 0;
+    if (f->g.rank == 0) {
+        size_t most = 0;
+        for (int i = 0; i < f->n_units; i++)
+            most = f->units[i].numel > most ? f->units[i].numel : most;
+        if (l->config.init_from[0] && !(full = malloc(l->numel * sizeof(float))))
+            rc = error_set(FSDP_ENOMEM, "fsdp: no memory for rank 0's initial model (%zu parameters)", l->numel);
+        else if (!(host = malloc((most ? most : 1) * sizeof(float))))
+            rc = error_set(FSDP_ENOMEM, "fsdp: no memory for rank 0's largest unit (%zu parameters)", most);
+        if (!rc && full)
+            rc = model_init_params(l, full);
+    }
+    /* Rank 0's init can fail (a bad init_from file): tell the others instead of leaving them in a broadcast. */
+    double failed = 0;
+    int rc2 = fsdp_sum_world(f, rc ? 1.0 : 0.0, &failed);
+    if (rc || rc2 || failed > 0) {
+        free(full);
+        free(host);
+        if (!rc && !rc2)
+            rc = error_set(FSDP_EABORTED, "fsdp: rank 0 could not initialise the model (its log says why)");
+        return rc ? rc : rc2;
+    }
+    for (int i = 0; i < f->n_units && !rc; i++) {
+        struct fsdp_unit *u = &f->units[i];
+        float *dev = fsdp_buf_get(f, u->numel * sizeof(float), FSDP_MEM_GATHERED);
+        if (!dev) {
+            rc = FSDP_ENOMEM;
+            break;
+        }
+        if (host) {
+            init_unit_values(f, u, full, host);
+            rc = f->k->mem_copy(dev, host, u->numel * sizeof(float), KERNELS_COPY_H2D);
+        }
+        if (!rc)
+            rc = comm_broadcast(f->g.world, dev, u->numel, COMM_F32, 0);
+        if (!rc)
+            rc = shard_from_full(f, u, dev);
+        fsdp_buf_put(f, dev);
+    }
+    free(full);
+    free(host);
+    return rc;
+}
+
+static int init_local(struct fsdp *f)
+{
+    const struct model_layout *l = f->layout;
+    int rc = 0;
+    if (l->config.init_from[0]) {
+        float *host = malloc(l->numel * sizeof(float));
+        if (!host)
+            return error_set(FSDP_ENOMEM, "fsdp: no memory to read %s", l->config.init_from);
+        rc = model_init_params(l, host);
+        for (size_t i = 0; i < f->n_pieces && !rc; i++) {
+            const struct fsdp_piece *p = &f->pieces[i];
+            rc = f->sk->mem_copy(p->data[FSDP_STATE_PARAM], host + l->params[p->param].offset + p->begin,
+                                 p->count * sizeof(float), KERNELS_COPY_H2D);
+        }
+        free(host);
+        return rc;
+    }
+    size_t most = 0;
+    for (size_t i = 0; i < f->n_pieces; i++)
+        most = f->pieces[i].count > most ? f->pieces[i].count : most;
+    float *tmp = malloc((most ? most : 1) * sizeof(float));
+    if (!tmp)
+        return error_set(FSDP_ENOMEM, "fsdp: out of memory");
+    for (size_t i = 0; i < f->n_pieces && !rc; i++) {
+        const struct fsdp_piece *p = &f->pieces[i];
+        model_init_param_range(l, p->param, p->begin, p->count, tmp);
+        rc = f->sk->mem_copy(p->data[FSDP_STATE_PARAM], tmp, p->count * sizeof(float), KERNELS_COPY_H2D);
+    }
+    free(tmp);
+    return rc;
+}
+
+int fsdp_init_params(struct fsdp *f)
+{
+    /* cpu_ram_efficient_loading: a weights file is read by rank 0 alone (others would each hold a full copy
+     * in host memory while extracting their shards); the broadcast then carries it unit by unit. */
+    bool bcast = f->wc.fsdp.sync_module_states ||
+                 (f->wc.checkpoint.cpu_ram_efficient_loading && f->layout->config.init_from[0]);
+    int rc = bcast && f->g.world_size > 1 ? init_broadcast(f) : init_local(f);
+    if (!rc)
+        rc = fsdp_refresh_lp(f);
+    return rc;
+}
+
+size_t fsdp_unit_gather_capacity(const struct fsdp *f, int ui)
+{
+    const struct fsdp_unit *u = &f->units[ui];
+    size_t sg = (size_t)f->shard_size, pad = 0;
+    if (sg == 1)
+        return u->numel;
+    if (f->version == 1)
+        return sg * u->shard;
+    for (int j = 0; j < u->n_params; j++) {
+        const struct fsdp_pslot *s = &u->slots[j];
+        size_t over = (sg * s->chunk - s->rows) * s->row_len;
+        pad = over > pad ? over : pad;
+    }
+    return u->numel + pad;
+}
+
+/* Host memory is device memory on the CPU backend: gather straight into dst, so that a full save holds one
+ * unit, not two. Version 2 gathers parameter by parameter in order: a dim-0 chunk gathered over the ranks
+ * is the parameter's rows in order, and the zero rows padding its end are overwritten by the next
+ * parameter (dst has room for the last one's, see fsdp_unit_gather_capacity). */
+static int gather_unit_direct(struct fsdp *f, struct fsdp_unit *u, const float *src, float *dst)
+{
+    if (f->version == 1)
+        return comm_all_gather(f->shard_comm, src, dst, u->shard, COMM_F32);
+    int rc = 0;
+    for (int j = 0; j < u->n_params && !rc; j++) {
+        const struct fsdp_pslot *s = &u->slots[j];
+        rc = comm_all_gather(f->shard_comm, src + s->shard_off, dst + s->unit_off, s->chunk * s->row_len, COMM_F32);
+    }
+    return rc;
+}
+
+int fsdp_gather_unit_state(struct fsdp *f, int ui, enum fsdp_state_kind kind, float *dst)
+{
+    struct fsdp_unit *u = &f->units[ui];
+    const struct kernels *k = f->k;
+    const float *src = kind == FSDP_STATE_PARAM ? u->master : kind == FSDP_STATE_EXP_AVG ? u->exp_avg : u->exp_avg_sq;
+    size_t sg = (size_t)f->shard_size;
+    if (sg == 1)
+        return f->sk->mem_copy(dst, src, u->numel * sizeof(float), KERNELS_COPY_D2H);
+    if (strcmp(k->name, "cpu") == 0)
+        return gather_unit_direct(f, u, src, dst);
+    float *all = fsdp_buf_get(f, sg * u->shard * sizeof(float), FSDP_MEM_GATHERED);
+    float *staged = NULL;
+    if (!all)
+        return FSDP_ENOMEM;
+    int rc = 0;
+    if (f->offload) {
+        staged = fsdp_buf_get(f, u->shard * sizeof(float), FSDP_MEM_COMM);
+        rc = staged ? fsdp_state_to_dev(f, staged, src, u->shard * sizeof(float)) : FSDP_ENOMEM;
+        src = staged;
+    }
+    if (!rc)
+        rc = comm_all_gather(f->shard_comm, src, all, u->shard, COMM_F32);
+    fsdp_buf_put(f, staged);
+    if (!rc && f->version == 1)
+        rc = k->mem_copy(dst, all, u->numel * sizeof(float), KERNELS_COPY_D2H);
+    for (size_t r = 0; !rc && f->version != 1 && r < sg; r++)
+        for (int j = 0; !rc && j < u->n_params; j++) {
+            const struct fsdp_pslot *s = &u->slots[j];
+            size_t rb, re;
+            fsdp_slot_rows(s, r, &rb, &re);
+            if (re > rb)
+                rc = k->mem_copy(dst + s->unit_off + rb * s->row_len, all + r * u->shard + s->shard_off,
+                                 (re - rb) * s->row_len * sizeof(float), KERNELS_COPY_D2H);
+        }
+    fsdp_buf_put(f, all);
+    return rc;
+}
+
+int fsdp_state_loaded(struct fsdp *f, int64_t optimizer_steps, double loss_scale, int64_t scaler_good)
+{
+    (void)optimizer_steps;
+    if (f->param_dtype == KERNELS_F16 && loss_scale > 0) {
+        f->loss_scale = loss_scale;
+        f->scaler_good = scaler_good;
+    }
+    for (int i = 0; i < f->n_units; i++)
+        fsdp_release(f, i);
+    return fsdp_refresh_lp(f);
+}
+
+int64_t fsdp_scaler_good_steps(const struct fsdp *f)
+{
+    return f->scaler_good;
+}

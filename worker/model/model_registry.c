@@ -1,0 +1,78 @@
+/* The model-family registry: model_config.model_family names one entry; adding a family is adding a
+ * line here plus its layout builder and ops. */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "worker/model/model_internal.h"
+
+static const struct model_family families[] = {
+    {"gpt2", model_gpt2_layout_build, &model_gpt2_ops},
+};
+#define N_FAMILIES (sizeof families / sizeof families[0])
+
+const char *model_family_names(void)
+{
+    static char buf[256];
+    if (!buf[0])
+        for (size_t i = 0; i < N_FAMILIES; i++)
+            snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "%s%s", i ? ", " : "", families[i].name);
+    return buf;
+}
+
+const struct model_family *model_family_find(const char *name)
+{
+    for (size_t i = 0; i < N_FAMILIES; i++)
+        if (strcmp(families[i].name, name) == 0)
+            return &families[i];
+    error_set(FSDP_EINVAL, "unknown model_family \"%s\"; known families: %s", name, model_family_names());
+    return NULL;
+}
+
+void model_config_default(struct model_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    snprintf(cfg->model_family, sizeof cfg->model_family, "gpt2");
+    cfg->init_std = 0.02f;
+    cfg->seed = 1337;
+}
+
+static int check_config(const struct model_config *c)
+{
+    if (c->n_layer < 1 || c->n_head < 1 || c->n_embd < 1 || c->vocab_size < 1 || c->block_size < 1)
+        return error_set(FSDP_EINVAL,
+                         "model: n_layer, n_head, n_embd, vocab_size and block_size must all be >= 1 "
+                         "(got %d, %d, %d, %d, %d)",
+                         c->n_layer, c->n_head, c->n_embd, c->vocab_size, c->block_size);
+    if (c->n_embd % c->n_head != 0)
+        return error_set(FSDP_EINVAL, "model: n_embd (%d) must be a multiple of n_head (%d)", c->n_embd,
+                         c->n_head);
+    if (!(c->init_std >= 0))
+        return error_set(FSDP_EINVAL, "model: init_std must be >= 0 (got %g)", (double)c->init_std);
+    /* Sizes are int in the kernels: keep every tensor's element count and the padded vocab in range. */
+    if ((long long)c->vocab_size + MODEL_VOCAB_ALIGN > 1LL << 30 || (long long)c->n_embd * 4 > 1 << 30 ||
+        (long long)c->block_size > 1 << 24)
+        return error_set(FSDP_EINVAL, "model: vocab_size, n_embd or block_size too large");
+    return 0;
+}
+
+int model_layout_build(struct model_layout *out, const struct model_config *cfg)
+{
+    memset(out, 0, sizeof *out);
+    const struct model_family *f = model_family_find(cfg->model_family);
+    if (!f)
+        return FSDP_EINVAL;
+    int rc = check_config(cfg);
+    if (rc != 0)
+        return rc;
+    out->config = *cfg;
+    rc = f->layout_build(out, cfg);
+    if (rc != 0) {
+        model_layout_free(out);
+        return rc;
+    }
+    out->numel_real = 0;
+    for (int i = 0; i < out->n_params; i++)
+        out->numel_real += (size_t)out->params[i].init_rows * out->params[i].shape[1];
+    return 0;
+}

@@ -1,0 +1,183 @@
+/* The family-independent model object: creation through the registry, the batch, and the whole-model
+ * forward/backward as the sequence of per-unit steps the FSDP engine will interleave with its
+ * all-gathers and reduce-scatters. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "worker/model/model_internal.h"
+
+size_t model_arena_bytes(const struct model_config *cfg, int b, int t, bool checkpointing,
+                         const struct kernels *k)
+{
+    const struct model_family *f = model_family_find(cfg->model_family);
+    return f ? f->ops->arena_bytes(cfg, b, t, checkpointing, k) : 0;
+}
+
+int model_create(struct model **out, const struct model_config *cfg, const struct kernels *k, int b, int t)
+{
+    *out = NULL;
+    if (b < 1 || t < 1 || t > cfg->block_size)
+        return error_set(FSDP_EINVAL, "model: batch %d x %d tokens: need b >= 1 and 1 <= t <= block_size (%d)", b,
+                         t, cfg->block_size);
+    struct model *m = calloc(1, sizeof *m);
+    if (!m)
+        return error_set(FSDP_ENOMEM, "out of memory");
+    int rc = model_layout_build(&m->layout, cfg);
+    if (rc != 0) {
+        free(m);
+        return rc;
+    }
+    m->ops = model_family_find(cfg->model_family)->ops;
+    m->k = k;
+    m->b = b;
+    m->t = t;
+    rc = m->ops->create(m);
+    if (rc != 0) {
+        model_layout_free(&m->layout);
+        free(m);
+        return rc;
+    }
+    log_debug("model %s: %zu parameters, activation arena %zu bytes (batch %d x %d, checkpointing %s)",
+              cfg->model_family, m->layout.numel_real, m->arena_bytes, b, t,
+              cfg->activation_checkpointing ? "on" : "off");
+    *out = m;
+    return 0;
+}
+
+void model_destroy(struct model *m)
+{
+    if (!m)
+        return;
+    m->ops->destroy(m);
+    model_layout_free(&m->layout);
+    free(m);
+}
+
+const struct model_layout *model_get_layout(const struct model *m)
+{
+    return &m->layout;
+}
+
+size_t model_get_arena_bytes(const struct model *m)
+{
+    return m->arena_bytes;
+}
+
+int model_set_batch(struct model *m, const int32_t *tokens, const int32_t *targets)
+{
+    size_t n = (size_t)m->b * m->t;
+    int valid = 0, V = m->layout.config.vocab_size;
+    for (size_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return error_set(FSDP_ERANGE, "model: token %d at position %zu is outside the vocabulary [0, %d)",
+                             tokens[i], i, V);
+        if (targets[i] < -1 || targets[i] >= V)
+            return error_set(FSDP_ERANGE,
+                             "model: target %d at position %zu is outside the vocabulary [0, %d) and not -1",
+                             targets[i], i, V);
+        valid += targets[i] != -1;
+    }
+    int rc = m->k->mem_copy(m->tokens, tokens, n * sizeof *tokens, KERNELS_COPY_H2D);
+    if (rc == 0)
+        rc = m->k->mem_copy(m->targets, targets, n * sizeof *targets, KERNELS_COPY_H2D);
+    m->n_valid = valid;
+    m->batch_set = rc == 0;
+    return rc;
+}
+
+int model_batch_targets(const struct model *m)
+{
+    return m->n_valid;
+}
+
+static int check_batch(const struct model *m)
+{
+    return m->batch_set ? 0 : error_set(FSDP_EINVAL, "model: model_set_batch must come before the forward");
+}
+
+static int check_layer(const struct model *m, int layer)
+{
+    return layer >= 0 && layer < m->layout.config.n_layer
+               ? 0
+               : error_set(FSDP_EINVAL, "model: layer %d out of range [0, %d)", layer, m->layout.config.n_layer);
+}
+
+int model_forward_embed(struct model *m, const float *root)
+{
+    int rc = check_batch(m);
+    return rc ? rc : m->ops->forward_embed(m, root);
+}
+
+int model_forward_block(struct model *m, int layer, const float *block)
+{
+    int rc = check_layer(m, layer);
+    return rc ? rc : m->ops->forward_block(m, layer, block);
+}
+
+int model_forward_head(struct model *m, const float *root, float dloss, double *loss_sum)
+{
+    return m->ops->forward_head(m, root, dloss, loss_sum);
+}
+
+int model_backward_head(struct model *m, const float *root, float *root_grads)
+{
+    return m->ops->backward_head(m, root, root_grads);
+}
+
+int model_backward_block(struct model *m, int layer, const float *block, float *block_grads)
+{
+    int rc = check_layer(m, layer);
+    return rc ? rc : m->ops->backward_block(m, layer, block, block_grads);
+}
+
+int model_backward_embed(struct model *m, const float *root, float *root_grads)
+{
+    return m->ops->backward_embed(m, root, root_grads);
+}
+
+const float *model_logits(const struct model *m)
+{
+    return m->ops->logits(m);
+}
+
+static int forward_all(struct model *m, const float *params, float dloss, float *loss)
+{
+    const struct model_layout *l = &m->layout;
+    int rc = model_forward_embed(m, params + l->units[0].offset);
+    for (int i = 0; rc == 0 && i < l->config.n_layer; i++)
+        rc = model_forward_block(m, i, params + l->units[1 + i].offset);
+    double sum = 0;
+    if (rc == 0)
+        rc = model_forward_head(m, params + l->units[0].offset, dloss, &sum);
+    if (rc == 0 && loss)
+        *loss = m->n_valid ? (float)(sum / m->n_valid) : 0.0f;
+    return rc;
+}
+
+int model_forward(struct model *m, const float *params, float *loss)
+{
+    return forward_all(m, params, 0.0f, loss);
+}
+
+int model_forward_backward(struct model *m, const float *params, float *grads, float *loss)
+{
+    const struct model_layout *l = &m->layout;
+    /* No valid target: the loss is 0 and so is every gradient; skip the work. */
+    if (m->batch_set && m->n_valid == 0) {
+        if (loss)
+            *loss = 0;
+        return 0;
+    }
+    int rc = forward_all(m, params, 1.0f / (float)(m->n_valid ? m->n_valid : 1), loss);
+    const float *root = params + l->units[0].offset;
+    float *groot = grads + l->units[0].offset;
+    if (rc == 0)
+        rc = model_backward_head(m, root, groot);
+    for (int i = l->config.n_layer - 1; rc == 0 && i >= 0; i--)
+        rc = model_backward_block(m, i, params + l->units[1 + i].offset, grads + l->units[1 + i].offset);
+    if (rc == 0)
+        rc = model_backward_embed(m, root, groot);
+    return rc;
+}

@@ -1,0 +1,195 @@
+/* fsdp-ckpt sample: text from a checkpoint, so a user sees what the model learned. Tokens are bytes
+ * (fsdp-prepare-data: token = byte value, vocab_size 256); ids >= 256 of a larger vocabulary are printed
+ * as <id>. Runs on the CPU kernels: a sample of a few hundred tokens needs no GPU. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "kernels/kernels.h"
+#include "worker/tools/ckpt_tool.h"
+
+struct sample_opts {
+    const char *target, *prompt;
+    double temperature;
+    int top_k, length;
+    uint64_t seed;
+};
+
+static int parse_opts(int argc, char **argv, struct sample_opts *o)
+{
+    *o = (struct sample_opts){.prompt = "\n", .temperature = 0.8, .top_k = 200, .length = 200, .seed = 1337};
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        static const char *const keys[] = {"--prompt", "--temperature", "--top_k", "--length", "--seed"};
+        int key = -1;
+        for (int k = 0; k < 5; k++) {
+            size_t n = strlen(keys[k]);
+            if (strncmp(a, keys[k], n) == 0 && (a[n] == '=' || a[n] == '\0')) {
+                key = k;
+                v = a[n] == '=' ? a + n + 1 : (i + 1 < argc ? argv[++i] : NULL);
+            }
+        }
+        if (key < 0 && a[0] != '-' && !o->target) {
+            o->target = a;
+            continue;
+        }
+        if (key < 0 || !v) {
+            fprintf(stderr, "fsdp-ckpt sample: %s \"%s\"\n", key < 0 ? "unknown argument" : "missing value for", a);
+            return -1;
+        }
+        char *end;
+        errno = 0;
+        if (key == 0) {
+            o->prompt = v;
+            continue;
+        }
+        double d = strtod(v, &end);
+        if (*end || errno || !isfinite(d) || d < 0 || (key >= 2 && d != floor(d))) {
+            fprintf(stderr, "fsdp-ckpt sample: %s needs a non-negative %s (got \"%s\")\n", keys[key],
+                    key == 1 ? "number" : "integer", v);
+            return -1;
+        }
+        if (key == 1)
+            o->temperature = d;
+        else if (key == 2)
+            o->top_k = d > 1e9 ? 1000000000 : (int)d;
+        else if (key == 3)
+            o->length = d > 1e9 ? 1000000000 : (int)d;
+        else
+            o->seed = (uint64_t)d;
+    }
+    if (!o->target) {
+        fprintf(stderr, "fsdp-ckpt sample: which checkpoint? (fsdp-ckpt sample CKPT [--prompt TEXT] ...)\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* splitmix64: a seeded, portable stream, so --seed gives the same text on every machine. */
+static double next_uniform(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (double)(z >> 11) / 9007199254740992.0;
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+/* Picks a token from one row of logits: top-k cut, temperature, softmax, inverse CDF. temperature 0 is
+ * greedy (argmax). */
+static int pick(const float *logits, int v, const struct sample_opts *o, float *scratch, uint64_t *rng)
+{
+    int best = 0;
+    for (int i = 1; i < v; i++)
+        if (logits[i] > logits[best])
+            best = i;
+    if (o->temperature == 0)
+        return best;
+    float cut = -INFINITY;
+    if (o->top_k > 0 && o->top_k < v) {
+        memcpy(scratch, logits, (size_t)v * sizeof *scratch);
+        qsort(scratch, (size_t)v, sizeof *scratch, cmp_desc);
+        cut = scratch[o->top_k - 1];
+    }
+    double sum = 0;
+    for (int i = 0; i < v; i++)
+        sum += logits[i] >= cut ? exp((logits[i] - logits[best]) / o->temperature) : 0.0;
+    double u = next_uniform(rng) * sum, acc = 0;
+    for (int i = 0; i < v; i++) {
+        if (logits[i] < cut)
+            continue;
+        acc += exp((logits[i] - logits[best]) / o->temperature);
+        if (u < acc)
+            return i;
+    }
+    return best;
+}
+
+static void print_token(int t)
+{
+    if (t < 256)
+        putchar(t);
+    else
+        printf("<%d>", t);
+}
+
+int ckpt_tool_sample(int argc, char **argv)
+{
+    struct sample_opts o;
+    if (parse_opts(argc, argv, &o) != 0)
+        return 2;
+    struct ckpt_reader *r;
+    if (ckpt_tool_open(o.target, &r) != 0) {
+        fprintf(stderr, "fsdp-ckpt: %s\n", error_message());
+        return 1;
+    }
+    const struct model_layout *l = ckpt_reader_layout(r);
+    const struct kernels *k = kernels_cpu();
+    int T = l->config.block_size, V = l->config.vocab_size, VP = l->vocab_padded;
+    size_t plen = strlen(o.prompt);
+    int rc = 0;
+    for (size_t i = 0; i < plen && rc == 0; i++)
+        if ((unsigned char)o.prompt[i] >= (unsigned)V)
+            rc = error_set(FSDP_EINVAL, "prompt byte %u at %zu is outside the vocabulary (vocab_size %d)",
+                           (unsigned char)o.prompt[i], i, V);
+    float *params = rc == 0 ? k->mem_alloc(l->numel * sizeof *params) : NULL;
+    if (rc == 0 && !params)
+        rc = error_set(FSDP_ENOMEM, "out of memory for %zu parameters", l->numel);
+    for (int p = 0; p < l->n_params && rc == 0; p++)
+        rc = ckpt_read(r, CKPT_PARAM, p, 0, l->params[p].numel, params + l->params[p].offset);
+    struct model *m = NULL;
+    if (rc == 0)
+        rc = model_create(&m, &l->config, k, 1, T);
+    size_t ctx_cap = plen + (size_t)o.length + 1;
+    int32_t *ctx = malloc(ctx_cap * sizeof *ctx), *tok = malloc((size_t)T * sizeof *tok),
+            *tgt = malloc((size_t)T * sizeof *tgt);
+    float *scratch = malloc((size_t)V * sizeof *scratch);
+    if (rc == 0 && (!ctx || !tok || !tgt || !scratch))
+        rc = error_set(FSDP_ENOMEM, "out of memory");
+    size_t n = 0;
+    for (size_t i = 0; rc == 0 && i < plen; i++)
+        ctx[n++] = (unsigned char)o.prompt[i];
+    if (rc == 0 && n == 0)
+        ctx[n++] = '\n' < V ? '\n' : 0; /* an empty prompt starts from a newline, as a document would */
+    if (rc == 0)
+        fwrite(o.prompt, 1, plen, stdout);
+    uint64_t rng = o.seed;
+    for (int g = 0; rc == 0 && g < o.length; g++) {
+        /* The model is causal: positions after the context do not change the logits at its end, so the
+         * window is padded with token 0 rather than rebuilding the model for every length. */
+        size_t w = n < (size_t)T ? n : (size_t)T, start = n - w;
+        for (int i = 0; i < T; i++) {
+            tok[i] = (size_t)i < w ? ctx[start + i] : 0;
+            tgt[i] = -1;
+        }
+        float loss;
+        if ((rc = model_set_batch(m, tok, tgt)) != 0 || (rc = model_forward(m, params, &loss)) != 0)
+            break;
+        const float *logits = model_logits(m) + (w - 1) * (size_t)VP;
+        int t = pick(logits, V, &o, scratch, &rng);
+        ctx[n++] = t;
+        print_token(t);
+    }
+    if (rc == 0)
+        putchar('\n');
+    fflush(stdout);
+    if (rc != 0)
+        fprintf(stderr, "fsdp-ckpt sample: %s\n", error_message());
+    model_destroy(m);
+    k->mem_free(params);
+    free(ctx);
+    free(tok);
+    free(tgt);
+    free(scratch);
+    ckpt_close(r);
+    return rc == 0 ? 0 : 1;
+}

@@ -1,0 +1,213 @@
+#include "worker/train/data.h"
+
+#include "common/error.h"
+#include "common/log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+struct data_file {
+    char *path;
+    struct data_options opt;
+    enum data_format format;
+    void *map;
+    size_t map_len;
+    const uint16_t *tokens;
+    int64_t n_tokens;
+};
+
+const char *data_format_name(enum data_format f) { return f == DATA_FORMAT_LLMC ? "llm.c" : "nanoGPT"; }
+const char *data_path(const struct data_file *d) { return d->path; }
+enum data_format data_format_of(const struct data_file *d) { return d->format; }
+int64_t data_num_tokens(const struct data_file *d) { return d->n_tokens; }
+
+static uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+int64_t data_row_offset(const struct data_file *d, int64_t step, int64_t row)
+{
+    uint64_t range = (uint64_t)(d->n_tokens - d->opt.block_size);
+    if (d->opt.order == DATA_ORDER_SEQUENTIAL) {
+        /* Unsigned 128-bit product: step * batch * block overflows 64 bits only in absurd runs, but the
+         * formula must stay exact wherever it is defined. */
+        unsigned __int128 pos = ((unsigned __int128)(uint64_t)step * (uint64_t)d->opt.batch_rows + (uint64_t)row) *
+                                (uint64_t)d->opt.block_size;
+        return (int64_t)(pos % range);
+    }
+    /* Counter-based: each input word passes through a full splitmix64 round, so neighbouring (step, row)
+     * pairs give unrelated offsets and no state is carried between calls. */
+    uint64_t h = splitmix64(d->opt.seed);
+    h = splitmix64(h ^ (uint64_t)d->opt.stream);
+    h = splitmix64(h ^ (uint64_t)step);
+    h = splitmix64(h ^ (uint64_t)row);
+    /* Lemire's multiply-shift maps 64 random bits to [0, range) with a bias below range / 2^64. */
+    return (int64_t)(((unsigned __int128)h * range) >> 64);
+}
+
+int data_get_rows(const struct data_file *d, int64_t step, int64_t row_begin, int64_t row_count,
+                  int32_t *inputs, int32_t *targets)
+{
+    if (step < 0 || row_begin < 0 || row_count < 0 || row_begin + row_count > d->opt.batch_rows)
+        return error_set(FSDP_ERANGE, "%s: rows [%lld, %lld) of step %lld are outside the batch of %lld rows",
+                         d->path, (long long)row_begin, (long long)(row_begin + row_count), (long long)step,
+                         (long long)d->opt.batch_rows);
+    int64_t T = d->opt.block_size;
+    for (int64_t r = 0; r < row_count; r++) {
+        const uint16_t *src = d->tokens + data_row_offset(d, step, row_begin + r);
+        int32_t *in = inputs + r * T, *tg = targets + r * T;
+        for (int64_t t = 0; t < T; t++) {
+            in[t] = src[t];
+            tg[t] = src[t + 1];
+        }
+    }
+    return 0;
+}
+
+static int data_check_options(const char *path, const struct data_options *opt)
+{
+    if (opt->block_size < 1)
+        return error_set(FSDP_EINVAL, "%s: block_size %lld must be >= 1", path, (long long)opt->block_size);
+    if (opt->vocab_size < 1)
+        return error_set(FSDP_EINVAL, "%s: vocab_size %lld must be >= 1", path, (long long)opt->vocab_size);
+    if (opt->batch_rows < 1)
+        return error_set(FSDP_EINVAL, "%s: batch of %lld rows must be >= 1", path, (long long)opt->batch_rows);
+    if ((unsigned)opt->order > DATA_ORDER_SEQUENTIAL)
+        return error_set(FSDP_EINVAL, "%s: unknown order %d", path, (int)opt->order);
+    return 0;
+}
+
+/* Decides the format from the first bytes: an llm.c header is trusted only if the rest of it agrees
+ * (version and token count), so a nanoGPT file that happens to start with the magic is reported rather
+ * than silently misread. */
+static int data_detect(struct data_file *d, size_t size)
+{
+    const uint8_t *bytes = d->map;
+    int32_t head[3] = {0, 0, 0};
+    if (size >= 12)
+        memcpy(head, bytes, sizeof head);
+    if (size >= 12 && head[0] == DATA_LLMC_MAGIC) {
+        size_t hdr = DATA_LLMC_HEADER_INTS * sizeof(int32_t);
+        if (head[1] != DATA_LLMC_VERSION)
+            return error_set(FSDP_EINVAL, "%s: llm.c header has version %d, expected %d", d->path, head[1],
+                             DATA_LLMC_VERSION);
+        if (size < hdr)
+            return error_set(FSDP_EINVAL, "%s: llm.c magic found but the file (%zu bytes) is shorter than the "
+                                          "%zu-byte header", d->path, size, hdr);
+        if (head[2] < 0 || (size - hdr) != (size_t)head[2] * 2)
+            return error_set(FSDP_EINVAL, "%s: llm.c header says %d tokens but the file holds %zu bytes of "
+                                          "tokens (%zu tokens): truncated or corrupt", d->path, head[2],
+                             size - hdr, (size - hdr) / 2);
+        d->format = DATA_FORMAT_LLMC;
+        d->tokens = (const uint16_t *)(bytes + hdr);
+        d->n_tokens = head[2];
+        return 0;
+    }
+    if (size % 2)
+        return error_set(FSDP_EINVAL, "%s: odd size (%zu bytes) for a file of uint16 tokens: truncated or "
+                                      "not a token file", d->path, size);
+    d->format = DATA_FORMAT_NANOGPT;
+    d->tokens = (const uint16_t *)bytes;
+    d->n_tokens = (int64_t)(size / 2);
+    return 0;
+}
+
+static int data_scan(const struct data_file *d)
+{
+    if (d->opt.vocab_size > UINT16_MAX)
+        return 0; /* every uint16 is a valid token */
+    uint16_t vocab = (uint16_t)d->opt.vocab_size;
+    /* Branch-free max over the file vectorises; the position is searched only on failure. */
+    uint16_t max = 0;
+    for (int64_t i = 0; i < d->n_tokens; i++)
+        max = d->tokens[i] > max ? d->tokens[i] : max;
+    if (max < vocab)
+        return 0;
+    int64_t i = 0;
+    while (d->tokens[i] < vocab)
+        i++;
+    return error_set(FSDP_EINVAL, "%s: token %u at index %lld is >= vocab_size %lld (the file was made for "
+                                  "another tokenizer, or vocab_size is too small)", d->path,
+                     (unsigned)d->tokens[i], (long long)i, (long long)d->opt.vocab_size);
+}
+
+int data_open(const char *path, const struct data_options *opt, struct data_file **out)
+{
+    *out = NULL;
+    int rc = data_check_options(path, opt);
+    if (rc < 0)
+        return rc;
+    struct data_file *d = calloc(1, sizeof *d);
+    if (!d || !(d->path = strdup(path))) {
+        free(d);
+        return error_set(FSDP_ENOMEM, "%s: out of memory", path);
+    }
+    d->opt = *opt;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        rc = error_set(errno == ENOENT ? FSDP_ENOTFOUND : FSDP_EIO, "%s: cannot open token file: %s", path,
+                       strerror(errno));
+        goto fail;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        rc = error_set(FSDP_EINVAL, "%s: not a regular file", path);
+        goto fail_fd;
+    }
+    if (st.st_size == 0) {
+        rc = error_set(FSDP_EINVAL, "%s: empty token file (need at least block_size + 1 = %lld tokens)", path,
+                       (long long)opt->block_size + 1);
+        goto fail_fd;
+    }
+    d->map_len = (size_t)st.st_size;
+    /* MAP_SHARED and read-only: ranks on one node share the page cache instead of each holding a copy. */
+    d->map = mmap(NULL, d->map_len, PROT_READ, MAP_SHARED, fd, 0);
+    if (d->map == MAP_FAILED) {
+        d->map = NULL;
+        rc = error_set(FSDP_EIO, "%s: cannot map %zu bytes: %s", path, d->map_len, strerror(errno));
+        goto fail_fd;
+    }
+    close(fd);
+    fd = -1;
+    madvise(d->map, d->map_len, MADV_SEQUENTIAL);
+    if ((rc = data_detect(d, d->map_len)) < 0)
+        goto fail;
+    if (d->n_tokens < opt->block_size + 1) {
+        rc = error_set(FSDP_EINVAL, "%s: %lld tokens is too few: a row needs block_size + 1 = %lld tokens", path,
+                       (long long)d->n_tokens, (long long)opt->block_size + 1);
+        goto fail;
+    }
+    if ((rc = data_scan(d)) < 0)
+        goto fail;
+    /* Shuffled rows jump around: read-ahead beyond a row would be wasted I/O once the cache is cold. */
+    madvise(d->map, d->map_len, opt->order == DATA_ORDER_SHUFFLED ? MADV_RANDOM : MADV_SEQUENTIAL);
+    log_debug("%s: %s format, %lld tokens, %s order", path, data_format_name(d->format), (long long)d->n_tokens,
+              opt->order == DATA_ORDER_SHUFFLED ? "shuffled" : "sequential");
+    *out = d;
+    return 0;
+fail_fd:
+    if (fd >= 0)
+        close(fd);
+fail:
+    data_close(d);
+    return rc;
+}
+
+void data_close(struct data_file *d)
+{
+    if (!d)
+        return;
+    if (d->map)
+        munmap(d->map, d->map_len);
+    free(d->path);
+    free(d);
+}

@@ -1,0 +1,122 @@
+#include "worker/train/metrics.h"
+
+#include "common/error.h"
+#include "common/tfevents.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+struct metrics {
+    int fd;
+    char *jsonl_path;
+    struct tfevents_writer *events;
+};
+
+/* Appends to buf at *len; sets *len past cap on overflow so the caller checks once. */
+static void metrics_append(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+{
+    if (*len >= cap)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + *len, cap - *len, fmt, ap);
+    va_end(ap);
+    *len = n < 0 ? cap : *len + (size_t)n;
+}
+
+static void metrics_append_float(char *buf, size_t cap, size_t *len, const char *key, double v)
+{
+    if (isfinite(v))
+        metrics_append(buf, cap, len, ",\"%s\":%.9g", key, v);
+    else
+        metrics_append(buf, cap, len, ",\"%s\":null", key);
+}
+
+int metrics_format_line(char *buf, size_t cap, const struct metrics_row *row)
+{
+    size_t len = 0;
+    metrics_append(buf, cap, &len, "{\"step\":%lld", (long long)row->step);
+    metrics_append_float(buf, cap, &len, "loss", row->loss);
+    metrics_append_float(buf, cap, &len, "lr", row->lr);
+    metrics_append_float(buf, cap, &len, "grad_norm", row->grad_norm);
+    metrics_append_float(buf, cap, &len, "tokens_per_s", row->tokens_per_s);
+    if (row->has_val)
+        metrics_append_float(buf, cap, &len, "val_loss", row->val_loss);
+    metrics_append(buf, cap, &len, "}\n");
+    if (len >= cap)
+        return error_set(FSDP_ERANGE, "metrics: line does not fit in %zu bytes", cap);
+    return (int)len;
+}
+
+int metrics_open(const char *dir, int resume, struct metrics **out)
+{
+    *out = NULL;
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return error_set(FSDP_EIO, "metrics: cannot create log directory %s: %s", dir, strerror(errno));
+    struct metrics *m = calloc(1, sizeof *m);
+    if (!m)
+        return error_set(FSDP_ENOMEM, "metrics: out of memory");
+    m->fd = -1;
+    if (asprintf(&m->jsonl_path, "%s/metrics.jsonl", dir) < 0) {
+        free(m);
+        return error_set(FSDP_ENOMEM, "metrics: out of memory");
+    }
+    int flags = O_WRONLY | O_CREAT | O_CLOEXEC | O_APPEND | (resume ? 0 : O_TRUNC);
+    m->fd = open(m->jsonl_path, flags, 0644);
+    if (m->fd < 0) {
+        int rc = error_set(FSDP_EIO, "metrics: cannot open %s: %s", m->jsonl_path, strerror(errno));
+        metrics_close(m);
+        return rc;
+    }
+    int rc = tfevents_open(dir, &m->events);
+    if (rc < 0) {
+        metrics_close(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+const char *metrics_events_path(const struct metrics *m) { return tfevents_path(m->events); }
+
+int metrics_log(struct metrics *m, const struct metrics_row *row)
+{
+    char line[512];
+    int len = metrics_format_line(line, sizeof line, row);
+    if (len < 0)
+        return len;
+    /* O_APPEND + one write: the line lands whole, and reaches the file before this returns. */
+    ssize_t k;
+    do
+        k = write(m->fd, line, (size_t)len);
+    while (k < 0 && errno == EINTR);
+    if (k != len)
+        return error_set(FSDP_EIO, "metrics: cannot write %s: %s", m->jsonl_path,
+                         k < 0 ? strerror(errno) : "short write (disk full?)");
+    const char *tags[5] = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "val/loss"};
+    float values[5] = {(float)row->loss, (float)row->lr, (float)row->grad_norm, (float)row->tokens_per_s,
+                       (float)row->val_loss};
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    return tfevents_write_scalars(m->events, now, row->step, row->has_val ? 5 : 4, tags, values);
+}
+
+void metrics_close(struct metrics *m)
+{
+    if (!m)
+        return;
+    if (m->fd >= 0)
+        close(m->fd);
+    tfevents_close(m->events);
+    free(m->jsonl_path);
+    free(m);
+}

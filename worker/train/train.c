@@ -1,0 +1,430 @@
+/* The training loop. Each step: every rank takes its rows of the step's global batch (the batch does not
+ * depend on the world size), runs its micro-batches through the engine with dloss = 1 / tokens of the
+ * global batch (so the summed gradients are those of the global mean loss), then the sharded AdamW step.
+ * The reported loss is the same global mean, summed over ranks in rank order. */
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm/comm.h"
+#include "common/error.h"
+#include "common/gpu_module.h"
+#include "common/fs.h"
+#include "common/log.h"
+#include "worker/train/data.h"
+#include "worker/fsdp/fsdp.h"
+#include "worker/train/lr_schedule.h"
+#include "worker/train/metrics.h"
+#include "worker/model/model.h"
+#include "worker/train/progress.h"
+#include "worker/train/train.h"
+#include "worker/train/train_ckpt.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Peak FLOP/s of this rank for the MFU: FSDP_PEAK_TFLOPS when set, else on CPU a short SGEMM measured now
+ * (every rank at once, so each sees its share of the cores); unknown (-1) on other devices. */
+static double peak_flops(const struct kernels *k)
+{
+    const char *env = getenv("FSDP_PEAK_TFLOPS");
+    if (env && *env)
+        return atof(env) * 1e12;
+    if (strcmp(k->name, "cpu") != 0)
+        return -1;
+    enum { N = 384 };
+    float *a = k->mem_alloc(3 * N * N * sizeof(float));
+    if (!a)
+        return -1;
+    for (size_t i = 0; i < 3 * N * N; i++)
+        a[i] = (float)(i % 7) * 0.01f;
+    double best = 0, t_end = now_s() + 0.15;
+    while (now_s() < t_end) {
+        double t0 = now_s();
+        k->gemm(0, 0, N, N, N, 1.0f, a, N, a + N * N, N, 0.0f, a + 2 * N * N, N);
+        double dt = now_s() - t0;
+        double fl = 2.0 * N * N * N / dt;
+        best = fl > best ? fl : best;
+    }
+    k->mem_free(a);
+    return best;
+}
+
+/* Resident bytes now (not the peak): the growth across allocating the shards is what sharding saves. */
+static size_t rss_now(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long size = 0, res = 0;
+    if (f) {
+        if (fscanf(f, "%lu %lu", &size, &res) != 2)
+            res = 0;
+        fclose(f);
+    }
+    return (size_t)res * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+struct trainer {
+    const struct worker_config *wc;
+    struct train_env *env;
+    const struct kernels *k;
+    struct comm *world;
+    struct model *model;
+    struct fsdp *fsdp;
+    struct data_file *train, *val;
+    int32_t *inputs, *targets;
+    int rows_per_rank, accum;
+    double tokens_per_step;
+    struct train_ckpt ckpt;
+    /* Resident bytes when training began, before the model, the data and the engine existed: the program
+     * and its libraries (CUDA's alone are ~200 MiB). Peak RSS above it is what the run itself used. */
+    size_t rss_at_start;
+    /* output of rank 0: metrics.jsonl + TensorBoard, the progress line, the MFU's terms */
+    struct metrics *met;
+    struct progress prog;
+    char logdir[4200];
+    double peak_flops, flops_per_token;
+    double last_loss, last_val;
+};
+
+/* This rank's rows of the global batch of `step` in file d, micro-batch a. */
+static int load_micro(struct trainer *t, struct data_file *d, int64_t step, int a)
+{
+    int mb = t->wc->train.micro_batch;
+    int64_t row0 = (int64_t)t->env->rank * t->rows_per_rank + (int64_t)a * mb;
+    int rc = data_get_rows(d, step, row0, mb, t->inputs, t->targets);
+    return rc ? rc : model_set_batch(t->model, t->inputs, t->targets);
+}
+
+static int evaluate(struct trainer *t, double *val_loss)
+{
+    double local = 0;
+    int rc = 0;
+    for (int64_t e = 0; e < t->wc->train.eval_steps && !rc; e++)
+        for (int a = 0; a < t->accum && !rc; a++) {
+            double s = 0;
+            rc = load_micro(t, t->val, e, a);
+            if (!rc)
+                rc = fsdp_forward_eval(t->fsdp, &s);
+            local += s;
+        }
+    double sum = 0;
+    if (!rc)
+        rc = fsdp_sum_world(t->fsdp, local, &sum);
+    *val_loss = sum / (t->tokens_per_step * (double)t->wc->train.eval_steps);
+    return rc;
+}
+
+static int open_data(struct trainer *t)
+{
+    const struct worker_config *wc = t->wc;
+    struct data_options o = {.block_size = wc->model.block_size, .vocab_size = wc->model.vocab_size,
+                             .batch_rows = wc->train.train_batch, .order = (enum data_order)wc->data.order,
+                             .seed = wc->train.seed, .stream = DATA_STREAM_TRAIN};
+    if (!wc->data.train_file[0])
+        return error_set(FSDP_EINVAL, "data.train_file is not set: give a token file (fsdp-prepare-data makes one "
+                         "from text files)");
+    int rc = data_open(wc->data.train_file, &o, &t->train);
+    if (rc)
+        return rc;
+    if (wc->data.val_file[0] && wc->train.eval_interval > 0) {
+        o.stream = DATA_STREAM_VAL;
+        rc = data_open(wc->data.val_file, &o, &t->val);
+    }
+    return rc;
+}
+
+static void report_memory(const struct trainer *t)
+{
+    const struct fsdp_mem_stats *m = fsdp_get_mem(t->fsdp);
+    char line[1024];
+    size_t len = 0;
+    for (int i = 0; i < FSDP_MEM_COUNT; i++)
+        len += (size_t)snprintf(line + len, sizeof line - len, "%s%s %.1f MiB", i ? ", " : "",
+                                fsdp_mem_name((enum fsdp_mem)i), (double)m->peak[i] / (1024.0 * 1024));
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    const struct fsdp_timing *tm = fsdp_get_timing(t->fsdp);
+    double peak = (double)ru.ru_maxrss * 1024.0;
+    log_info("peak memory: %s; total %.1f MiB (buffer pool %.1f MiB); peak RSS %.1f MiB (%.1f MiB above the program's own %.1f MiB); "
+             "all-gathers %lld (%lld prefetched), waited %.3f s "
+             "for gathers and %.3f s for reductions",
+             line, (double)m->peak_total / (1024.0 * 1024), (double)m->pool_held / (1024.0 * 1024), peak / 1048576.0,
+             peak > (double)t->rss_at_start ? (peak - (double)t->rss_at_start) / 1048576.0 : 0.0,
+             (double)t->rss_at_start / 1048576.0, (long long)tm->gathers,
+             (long long)tm->prefetched, tm->gather_wait_s, tm->reduce_wait_s);
+}
+
+/* A resumed run continues metrics.jsonl; lines of steps at or after the resume point (logged by the attempt
+ * that crashed after its last checkpoint) are dropped first, so the file has each step once. Rewritten
+ * through a temporary file and rename, so a crash here loses nothing. */
+static int metrics_trim(const char *dir, int64_t first_step)
+{
+    char path[4400], tmp[4400];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    snprintf(tmp, sizeof tmp, "%s/.metrics.jsonl.tmp", dir);
+    FILE *in = fopen(path, "r");
+    if (!in)
+        return 0;
+    FILE *out = fopen(tmp, "w");
+    if (!out) {
+        fclose(in);
+        return error_set(FSDP_EIO, "cannot write %s: %s", tmp, strerror(errno));
+    }
+    char line[4096];
+    long long step;
+    while (fgets(line, sizeof line, in))
+        if (sscanf(line, "{\"step\":%lld", &step) != 1 || step < first_step)
+            fputs(line, out);
+    fclose(in);
+    int bad = fflush(out) != 0 || fsync(fileno(out)) != 0;
+    bad |= fclose(out) != 0;
+    if (bad || rename(tmp, path) != 0)
+        return error_set(FSDP_EIO, "cannot rewrite %s: %s", path, strerror(errno));
+    return 0;
+}
+
+/* FSDP_FAULT_KILL=STEP:RANK: that rank SIGKILLs itself when it reaches STEP on the first attempt only, so
+ * tests (and users rehearsing recovery) can crash a run at a chosen point and watch it recover. */
+static void fault_maybe_kill(const struct train_env *env, int64_t step)
+{
+    const char *v = getenv("FSDP_FAULT_KILL");
+    long long at;
+    int rank;
+    if (v && env->restart_count == 0 && sscanf(v, "%lld:%d", &at, &rank) == 2 && at == step && rank == env->rank) {
+        log_warn("FSDP_FAULT_KILL: killing myself at step %lld", at);
+        raise(SIGKILL);
+    }
+}
+
+/* One optimizer step: this rank's micro-batches of the step through forward and backward, the sharded
+ * AdamW step, and the step's loss (the mean over every token of the global batch). */
+static int train_step(struct trainer *t, int64_t step, double lr, double *loss, struct fsdp_step_result *res)
+{
+    float dloss = (float)(fsdp_loss_scale(t->fsdp) / t->tokens_per_step);
+    double local = 0;
+    int rc = 0;
+    for (int a = 0; a < t->accum && !rc; a++) {
+        double ls = 0;
+        rc = load_micro(t, t->train, step, a);
+        if (!rc)
+            rc = fsdp_forward_backward(t->fsdp, dloss, a == t->accum - 1, &ls);
+        local += ls;
+    }
+    if (!rc)
+        rc = fsdp_optimizer_step(t->fsdp, lr, step + 1, res);
+    double sum = 0;
+    if (!rc)
+        rc = fsdp_sum_world(t->fsdp, local, &sum);
+    *loss = sum / t->tokens_per_step;
+    return rc;
+}
+
+static bool eval_due(const struct trainer *t, int64_t step)
+{
+    const struct worker_config *wc = t->wc;
+    return t->val && wc->train.eval_interval > 0 &&
+           ((step + 1) % wc->train.eval_interval == 0 || step + 1 == wc->train.max_steps);
+}
+
+/* Rank 0's outputs of the run: the log directory with metrics.jsonl (trimmed to the resume point) and the
+ * TensorBoard file, the progress line, and the terms of the MFU. */
+static int log_open(struct trainer *t, int64_t first_step)
+{
+    const struct worker_config *wc = t->wc;
+    t->last_loss = t->last_val = NAN;
+    train_expand_run_id(t->logdir, sizeof t->logdir, wc->log.dir, t->env->run_id);
+    if (t->env->rank == 0) {
+        int rc = fs_mkdir_p(t->logdir, "log.dir");
+        if (!rc)
+            rc = first_step > 0 ? metrics_trim(t->logdir, first_step) : 0;
+        if (!rc)
+            rc = metrics_open(t->logdir, first_step > 0, &t->met);
+        if (rc)
+            return rc;
+    }
+    t->peak_flops = peak_flops(t->k);
+    const struct model_layout *l = model_get_layout(t->model);
+    t->flops_per_token = 6.0 * (double)l->numel_real +
+                         12.0 * wc->model.n_layer * (double)wc->model.n_embd * wc->model.block_size;
+    progress_init(&t->prog, stdout, -1, first_step, wc->train.max_steps, wc->log.interval);
+    return 0;
+}
+
+static int log_step(struct trainer *t, const struct metrics_row *row)
+{
+    t->last_loss = row->loss;
+    if (row->has_val)
+        t->last_val = row->val_loss;
+    if (t->env->rank != 0)
+        return 0;
+    int rc = metrics_log(t->met, row);
+    double mfu = t->peak_flops > 0
+                     ? row->tokens_per_s * t->flops_per_token / (t->peak_flops * t->env->world_size)
+                     : -1;
+    struct progress_stats ps = {.step = row->step, .loss = row->loss, .lr = row->lr, .grad_norm = row->grad_norm,
+                                .tokens_per_s = row->tokens_per_s, .mfu = mfu,
+                                .mem_bytes = (double)fsdp_get_mem(t->fsdp)->peak_total};
+    progress_update(&t->prog, &ps);
+    if (row->has_val && !t->prog.tty)
+        log_info("step %lld: val loss %.4f", (long long)row->step + 1, row->val_loss);
+    return rc;
+}
+
+static void log_close(struct trainer *t, int64_t first_step, double elapsed, bool ok)
+{
+    const struct worker_config *wc = t->wc;
+    if (t->env->rank == 0)
+        progress_finish(&t->prog);
+    if (ok && t->env->rank == 0 && first_step < wc->train.max_steps) {
+        long long steps = (long long)(wc->train.max_steps - first_step);
+        if (isnan(t->last_val))
+            log_info("done: %lld steps in %.1f s, final loss %.4f", steps, elapsed, t->last_loss);
+        else
+            log_info("done: %lld steps in %.1f s, final loss %.4f, val loss %.4f", steps, elapsed, t->last_loss,
+                     t->last_val);
+        log_info("metrics: %s/metrics.jsonl, TensorBoard: %s", t->logdir, metrics_events_path(t->met));
+    }
+    metrics_close(t->met);
+    t->met = NULL;
+}
+
+/* The loop: for each step, its learning rate, the step, evaluation when due, the step's record, and a
+ * checkpoint when due; a final checkpoint at the end. */
+static int run_loop(struct trainer *t, int64_t first_step)
+{
+    const struct worker_config *wc = t->wc;
+    struct lr_schedule sched = {.kind = (enum lr_schedule_kind)wc->optim.lr_schedule, .lr = wc->optim.lr,
+                                .min_lr = wc->optim.min_lr, .warmup_steps = wc->optim.warmup_steps,
+                                .decay_steps = wc->train.max_steps};
+    int rc = lr_schedule_check(&sched);
+    if (!rc)
+        rc = log_open(t, first_step);
+    if (rc)
+        return rc;
+    double t_start = now_s();
+    for (int64_t s = first_step; s < wc->train.max_steps && !rc; s++) {
+        fault_maybe_kill(t->env, s);
+        double t0 = now_s();
+        struct metrics_row row = {.step = s, .lr = lr_schedule_at(&sched, s)};
+        struct fsdp_step_result res;
+        rc = train_step(t, s, row.lr, &row.loss, &res);
+        if (rc)
+            break;
+        row.grad_norm = res.grad_norm;
+        row.tokens_per_s = t->tokens_per_step / (now_s() - t0);
+        if (eval_due(t, s)) {
+            rc = evaluate(t, &row.val_loss);
+            row.has_val = 1;
+        }
+        if (!rc)
+            rc = log_step(t, &row);
+        if (!rc)
+            rc = train_ckpt_maybe_save(&t->ckpt, t->fsdp, wc, t->env, s + 1, false);
+    }
+    if (!rc)
+        rc = train_ckpt_maybe_save(&t->ckpt, t->fsdp, wc, t->env, wc->train.max_steps, true);
+    log_close(t, first_step, now_s() - t_start, rc == 0);
+    return rc;
+}
+
+int train_run(const struct worker_config *wc, const char *config_text, struct train_env *env)
+{
+    struct trainer t = {.wc = wc, .env = env, .rss_at_start = rss_now()};
+    const char *dev = wc->train.device == WORKER_DEVICE_CUDA  ? "cuda"
+                      : wc->train.device == WORKER_DEVICE_CPU ? "cpu"
+                                                              : NULL;
+    /* auto: a host without an NVIDIA driver cannot have a usable GPU, so the GPU module is not even loaded
+     * (common/gpu_module.h: it would cost the CPU run ~150 MiB of RSS). */
+    if (!dev)
+        dev = gpu_module_driver_present() && kernels_get("cuda") ? "cuda" : "cpu";
+    error_clear();
+    t.k = kernels_get(dev);
+    if (!t.k)
+        return error_set(FSDP_EUNSUPPORTED, "train.device = %s: %s", dev, error_message());
+    int rc = fsdp_check_config(wc, env->world_size, env->local_world_size, strcmp(dev, "cuda") == 0);
+    if (rc)
+        return rc;
+    t.rows_per_rank = wc->train.train_batch / env->world_size;
+    t.accum = t.rows_per_rank / wc->train.micro_batch;
+    t.tokens_per_step = (double)wc->train.train_batch * wc->model.block_size;
+
+    struct model_config mc;
+    model_config_default(&mc);
+    mc.n_layer = wc->model.n_layer;
+    mc.n_head = wc->model.n_head;
+    mc.n_embd = wc->model.n_embd;
+    mc.vocab_size = wc->model.vocab_size;
+    mc.block_size = wc->model.block_size;
+    mc.init_std = (float)wc->model.init_std;
+    mc.seed = wc->model.seed;
+    mc.activation_checkpointing = wc->model.activation_checkpointing;
+    snprintf(mc.init_from, sizeof mc.init_from, "%s", wc->model.init_from);
+
+    size_t ntok = (size_t)wc->train.micro_batch * wc->model.block_size;
+    t.inputs = malloc(ntok * sizeof *t.inputs);
+    t.targets = malloc(ntok * sizeof *t.targets);
+    if (!t.inputs || !t.targets)
+        rc = error_set(FSDP_ENOMEM, "out of memory");
+    if (!rc)
+        rc = open_data(&t);
+    if (!rc)
+        rc = model_create(&t.model, &mc, t.k, wc->train.micro_batch, wc->model.block_size);
+    if (!rc && env->world_size > 1) {
+        struct comm_options co = {.backend = strcmp(dev, "cuda") == 0 ? "nccl" : "cpu",
+                                  .generation = env->restart_count, .device = -1};
+        rc = comm_create(env->store, env->rank, env->world_size, "world", &co, &t.world);
+    }
+    size_t rss0 = rss_now();
+    struct fsdp_groups g = {.world = t.world, .rank = env->rank, .world_size = env->world_size,
+                            .local_world_size = env->local_world_size};
+    if (!rc)
+        rc = fsdp_create(&t.fsdp, wc, t.model, t.k, &g);
+    size_t rss1 = rss_now();
+    if (!rc) {
+        fsdp_log_plan(t.fsdp);
+        if (env->rank == 0)
+            log_info("model gpt2: %d layers, %d heads, n_embd %d, vocab %d, context %d: %zu parameters; "
+                     "activations %.1f MiB per rank (micro_batch %d%s); %d rank(s), %d micro-batch(es) per step",
+                     wc->model.n_layer, wc->model.n_head, wc->model.n_embd, wc->model.vocab_size,
+                     wc->model.block_size, model_get_layout(t.model)->numel_real,
+                     (double)model_get_arena_bytes(t.model) / (1024.0 * 1024), wc->train.micro_batch,
+                     wc->model.activation_checkpointing ? ", activation checkpointing" : "", env->world_size, t.accum);
+    }
+    int64_t first_step = 0;
+    if (!rc)
+        rc = fsdp_init_params(t.fsdp);
+    if (!rc) {
+        log_info("persistent state: %zu bytes per rank (params + grads + optimizer, engine accounting); RSS grew by "
+                 "%zu bytes creating it",
+                 fsdp_persistent_bytes(t.fsdp), rss1 > rss0 ? rss1 - rss0 : 0);
+    }
+    if (!rc)
+        rc = train_ckpt_maybe_load(&t.ckpt, t.fsdp, wc, env, config_text, &first_step);
+    if (!rc)
+        rc = run_loop(&t, first_step);
+    if (!rc)
+        report_memory(&t);
+    /* Everyone is done with the store and the communicators before rank 0 may stop its store. */
+    if (!rc && t.world)
+        rc = comm_barrier(t.world);
+    train_ckpt_close(&t.ckpt);
+    fsdp_destroy(t.fsdp);
+    comm_destroy(t.world);
+    model_destroy(t.model);
+    data_close(t.train);
+    data_close(t.val);
+    free(t.inputs);
+    free(t.targets);
+    return rc;
+}

@@ -1,0 +1,299 @@
+/* Checkpoints from the training loop: when to save, who writes what, and resuming.
+ *
+ * Saving is a collective. SHARDED_STATE_DICT: the ranks of the first replica (every rank unless HYBRID or
+ * NO_SHARD replicate the shards) each write their own pieces; all ranks agree that every write succeeded
+ * before rank 0 commits, so a failed write on any rank (disk full) fails the save everywhere and leaves
+ * the earlier checkpoints as they were. FULL_STATE_DICT: units are gathered one at a time and rank 0
+ * streams each tensor into the files, so it never holds more than one unsharded unit.
+ *
+ * Resuming: every rank reads only the ranges of its own pieces, whatever world size, strategy or version
+ * wrote the checkpoint (the reader reshards). After a restart by the launcher (TORCHELASTIC_RESTART_COUNT
+ * > 0) the default is `latest`. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "common/error.h"
+#include "common/fs.h"
+#include "common/log.h"
+#include "worker/ckpt/ckpt.h"
+#include "worker/train/train_ckpt.h"
+
+/* Resets the kernel's peak-RSS mark (VmHWM) and returns the resident bytes now, so that the peak read after
+ * a save is the save's own. */
+static size_t status_kib(const char *field)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    size_t kib = 0, n = strlen(field);
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, field, n) == 0)
+            kib = strtoull(line + n, NULL, 10);
+    if (f)
+        fclose(f);
+    return kib * 1024;
+}
+
+static size_t rss_peak_reset(void)
+{
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (f) {
+        fputs("5", f);
+        fclose(f);
+    }
+    return status_kib("VmRSS:");
+}
+
+static size_t rss_peak(void)
+{
+    return status_kib("VmHWM:");
+}
+
+static void fill_state(struct ckpt_state *st, const struct train_ckpt *c, struct fsdp *f,
+                       const struct worker_config *wc, int64_t step, int writers)
+{
+    memset(st, 0, sizeof *st);
+    st->step = step;
+    st->loss_scale = fsdp_loss_scale(f);
+    st->scaler_good_steps = fsdp_scaler_good_steps(f);
+    st->world_size = writers;
+    snprintf(st->strategy, sizeof st->strategy, "%s", fsdp_strategy_name(f));
+    st->fsdp_version = wc->fsdp.version;
+    st->config_text = c->config_text ? c->config_text : "";
+    model_config_default(&st->model);
+    st->model.n_layer = wc->model.n_layer;
+    st->model.n_head = wc->model.n_head;
+    st->model.n_embd = wc->model.n_embd;
+    st->model.vocab_size = wc->model.vocab_size;
+    st->model.block_size = wc->model.block_size;
+    st->model.init_std = (float)wc->model.init_std;
+    st->model.seed = wc->model.seed;
+}
+
+/* Every rank's rc -> the same verdict everywhere (a sum over ranks of the failures). */
+static int agree(struct fsdp *f, int rc, const char *what)
+{
+    double bad = 0;
+    int rc2 = fsdp_sum_world(f, rc ? 1.0 : 0.0, &bad);
+    if (rc)
+        return rc;
+    if (rc2)
+        return rc2;
+    if (bad > 0)
+        return error_set(FSDP_EABORTED, "%s failed on %d other rank(s); their logs say why", what, (int)bad);
+    return 0;
+}
+
+static int save_sharded(const struct train_ckpt *c, struct fsdp *f, const struct worker_config *wc, struct train_env *env, const char *root,
+                        int64_t step)
+{
+    const struct model_layout *l = fsdp_layout(f);
+    const struct kernels *k = fsdp_state_kernels(f);
+    size_t n = 0;
+    const struct fsdp_piece *pieces = fsdp_pieces(f, &n);
+    bool writer = fsdp_replica_index(f) == 0;
+    int rc = 0;
+    struct ckpt_piece *cp = NULL;
+    float *host = NULL;
+    if (writer) {
+        size_t total = 0;
+        for (size_t i = 0; i < n; i++)
+            total += pieces[i].count;
+        cp = calloc(3 * n + 1, sizeof *cp);
+        /* Device memory is staged to the host; on the CPU backend the shards are host memory already and are
+         * written from where they are. */
+        bool staged = strcmp(k->name, "cpu") != 0;
+        host = staged ? malloc((3 * total + 1) * sizeof(float)) : NULL;
+        if (!cp || (staged && !host))
+            rc = error_set(FSDP_ENOMEM, "checkpoint: no memory to stage %zu elements", 3 * total);
+        size_t at = 0, m = 0;
+        for (int kind = 0; kind < 3 && !rc; kind++)
+            for (size_t i = 0; i < n && !rc; i++) {
+                const float *data = pieces[i].data[kind];
+                if (staged) {
+                    rc = k->mem_copy(host + at, data, pieces[i].count * sizeof(float), KERNELS_COPY_D2H);
+                    data = host + at;
+                }
+                cp[m++] = (struct ckpt_piece){.kind = kind, .param = pieces[i].param, .begin = pieces[i].begin,
+                                              .count = pieces[i].count, .data = data};
+                at += pieces[i].count;
+            }
+        if (!rc)
+            rc = ckpt_sharded_write_rank(root, step, fsdp_shard_rank(f), l, cp, m);
+    }
+    free(cp);
+    free(host);
+    rc = agree(f, rc, "writing this rank's checkpoint shard");
+    if (rc == 0 && env->rank == 0) {
+        struct ckpt_state st;
+        fill_state(&st, c, f, wc, step, fsdp_shard_size(f));
+        rc = ckpt_sharded_commit(root, step, fsdp_shard_size(f), l, &st, (int)wc->checkpoint.keep_last);
+    }
+    if (rc && env->rank == 0)
+        ckpt_sharded_abort(root, step);
+    return agree(f, rc, "committing the checkpoint");
+}
+
+static int save_full(const struct train_ckpt *c, struct fsdp *f, const struct worker_config *wc, struct train_env *env, const char *root,
+                     int64_t step)
+{
+    const struct model_layout *l = fsdp_layout(f);
+    struct ckpt_full_writer *w = NULL;
+    int rc = 0;
+    if (env->rank == 0)
+        rc = ckpt_full_open(root, step, l, &w);
+    rc = agree(f, rc, "opening the full checkpoint");
+    size_t most = 0, largest = 0;
+    for (int u = 0; u < fsdp_n_units(f); u++) {
+        int fp, np;
+        size_t off, numel;
+        fsdp_unit_params(f, u, &fp, &np, &off, &numel);
+        size_t cap = fsdp_unit_gather_capacity(f, u);
+        most = cap > most ? cap : most;
+        largest = numel > largest ? numel : largest;
+    }
+    size_t rss_before = rss_peak_reset();
+    float *unit = rc ? NULL : malloc((most ? most : 1) * sizeof(float));
+    if (!rc && !unit)
+        rc = error_set(FSDP_ENOMEM, "checkpoint: no memory for one unit (%zu parameters)", most);
+    for (int u = 0; u < fsdp_n_units(f) && !rc; u++)
+        for (int kind = 0; kind < 3 && !rc; kind++) {
+            int fp, np;
+            size_t off, numel;
+            fsdp_unit_params(f, u, &fp, &np, &off, &numel);
+            /* a collective of the shard group: every rank takes part, rank 0 writes */
+            rc = fsdp_gather_unit_state(f, u, (enum fsdp_state_kind)kind, unit);
+            for (int p = fp; p < fp + np && !rc && w; p++)
+                rc = ckpt_full_put(w, kind, p, unit + (l->params[p].offset - off));
+        }
+    free(unit);
+    if (env->rank == 0 && w) {
+        if (rc) {
+            ckpt_full_abort(w);
+        } else {
+            struct ckpt_state st;
+            fill_state(&st, c, f, wc, step, env->world_size);
+            rc = ckpt_full_commit(w, &st, (int)wc->checkpoint.keep_last);
+        }
+    }
+    if (env->rank == 0 && rc == 0) {
+        size_t hwm = rss_peak();
+        log_info("full save: peak RSS %.1f MiB, %.1f MiB above the %.1f MiB resident before the save (largest unit "
+                 "%.1f MiB)",
+                 (double)hwm / 1048576.0, hwm > rss_before ? (double)(hwm - rss_before) / 1048576.0 : 0.0,
+                 (double)rss_before / 1048576.0, (double)largest * 4 / 1048576.0);
+    }
+    return agree(f, rc, "writing the full checkpoint");
+}
+
+int train_ckpt_maybe_save(struct train_ckpt *c, struct fsdp *f, const struct worker_config *wc,
+                          struct train_env *env, int64_t step, bool final)
+{
+    /* interval -1: the user asked for no checkpoints at all (benchmarks, throwaway experiments). */
+    bool due = wc->checkpoint.interval < 0 ? false
+               : final                     ? step != c->last_saved_step && step > 0
+                                           : wc->checkpoint.interval > 0 && step % wc->checkpoint.interval == 0;
+    if (!due)
+        return 0;
+    char root[4352];
+    train_expand_run_id(root, sizeof root, wc->checkpoint.dir, env->run_id);
+    int rc = env->rank == 0 ? fs_mkdir_p(root, "checkpoint.dir") : 0;
+    rc = agree(f, rc, "creating checkpoint.dir");
+    if (rc)
+        return rc;
+    bool sharded = wc->checkpoint.state_dict_type == WORKER_SHARDED_STATE_DICT;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    rc = sharded ? save_sharded(c, f, wc, env, root, step) : save_full(c, f, wc, env, root, step);
+    if (rc)
+        return error_set(rc, "checkpoint at step %lld in %s failed; earlier checkpoints are intact: %s",
+                         (long long)step, root, error_message());
+    c->last_saved_step = step;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    double mb = 3.0 * (double)fsdp_layout(f)->numel_real * 4 / 1e6; /* params + two moments, fp32 */
+    if (env->rank == 0)
+        log_info("checkpoint: step %lld saved (%s) under %s: %.1f MB in %.3f s, %.0f MB/s", (long long)step,
+                 sharded ? "SHARDED_STATE_DICT" : "FULL_STATE_DICT", root, mb, secs, mb / secs);
+    return 0;
+}
+
+void train_ckpt_close(struct train_ckpt *c)
+{
+    free(c->config_text);
+    c->config_text = NULL;
+}
+
+int train_ckpt_maybe_load(struct train_ckpt *c, struct fsdp *f, const struct worker_config *wc,
+                          struct train_env *env, const char *config_text, int64_t *first_step)
+{
+    free(c->config_text);
+    c->config_text = config_text ? strdup(config_text) : NULL;
+    if (config_text && !c->config_text)
+        return error_set(FSDP_ENOMEM, "resume: out of memory");
+    c->last_saved_step = -1;
+    *first_step = 0;
+    const char *which = wc->checkpoint.resume_from;
+    bool implicit = false;
+    if (!which[0] && env->restart_count > 0) {
+        which = CKPT_LATEST;
+        implicit = true;
+    }
+    if (!which[0])
+        return 0;
+    char root[4352];
+    train_expand_run_id(root, sizeof root, wc->checkpoint.dir, env->run_id);
+    if (strcmp(which, CKPT_LATEST) == 0) {
+        char path[4352];
+        if (ckpt_resolve(root, which, path, sizeof path) == FSDP_ENOTFOUND) {
+            if (env->rank == 0)
+                log_warn("%s: no checkpoint under %s yet; starting from step 0",
+                         implicit ? "restart" : "checkpoint.resume_from = latest", root);
+            return 0;
+        }
+    }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    struct ckpt_reader *r = NULL;
+    int rc = ckpt_open(root, which, fsdp_layout(f), &r);
+    size_t n = 0;
+    const struct fsdp_piece *pieces = fsdp_pieces(f, &n);
+    size_t most = 0;
+    for (size_t i = 0; i < n; i++)
+        most = pieces[i].count > most ? pieces[i].count : most;
+    float *tmp = rc ? NULL : malloc((most ? most : 1) * sizeof(float));
+    if (!rc && !tmp)
+        rc = error_set(FSDP_ENOMEM, "resume: out of memory");
+    const struct kernels *k = fsdp_state_kernels(f);
+    for (size_t i = 0; i < n && !rc; i++)
+        for (int kind = 0; kind < 3 && !rc; kind++) {
+            rc = ckpt_read(r, kind, pieces[i].param, pieces[i].begin, pieces[i].count, tmp);
+            if (!rc)
+                rc = k->mem_copy(pieces[i].data[kind], tmp, pieces[i].count * sizeof(float), KERNELS_COPY_H2D);
+        }
+    free(tmp);
+    if (!rc) {
+        const struct ckpt_state *st = ckpt_reader_state(r);
+        *first_step = st->step;
+        c->last_saved_step = st->step;
+        rc = fsdp_state_loaded(f, st->step, st->loss_scale, st->scaler_good_steps);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        double mb = 3.0 * (double)fsdp_layout(f)->numel_real * 4 / 1e6;
+        if (!rc && env->rank == 0)
+            log_info("resumed from %s (%s, step %lld, written by %d rank(s), %s, version %d): %.1f MB read by all "
+                     "ranks in %.3f s, %.0f MB/s",
+                     ckpt_reader_path(r), ckpt_reader_format(r), (long long)st->step, st->world_size, st->strategy,
+                     st->fsdp_version, mb, secs, mb / secs);
+        if (!rc && st->step > wc->train.max_steps)
+            rc = error_set(FSDP_EINVAL, "the checkpoint is at step %lld, beyond train.max_steps = %lld",
+                           (long long)st->step, (long long)wc->train.max_steps);
+    }
+    if (rc)
+        rc = error_set(rc, "resume from %s (%s): %s", which, root, error_message());
+    ckpt_close(r);
+    return agree(f, rc, "resuming");
+}

@@ -1,0 +1,102 @@
+/* Where this rank stands: rank, world and node sizes from the torchrun environment (one rank when none is
+ * set, as `python train.py` runs), and the store that bootstraps the communicators. Under fsdp-launch the
+ * store is the launcher's (FSDP_STORE_PREFIX says so); under another torchrun-compatible launcher,
+ * MASTER_PORT belongs to that launcher's own store, so rank 0 hosts ours next to it (FSDP_STORE_PORT,
+ * default MASTER_PORT + 1). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "rendezvous/rendezvous.h"
+#include "worker/train/train_env.h"
+
+static int env_int(const char *name, int def, int min, int *out)
+{
+    const char *v = getenv(name);
+    if (!v || !*v) {
+        *out = def;
+        return 0;
+    }
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (*end || x < min || x > 1 << 24)
+        return error_set(FSDP_EINVAL, "environment: %s=%s is not an integer >= %d", name, v, min);
+    *out = (int)x;
+    return 0;
+}
+
+int train_env_open(struct train_env *e)
+{
+    memset(e, 0, sizeof *e);
+    int rc = env_int("WORLD_SIZE", 1, 1, &e->world_size);
+    if (!rc)
+        rc = env_int("RANK", 0, 0, &e->rank);
+    if (!rc)
+        rc = env_int("LOCAL_RANK", e->rank, 0, &e->local_rank);
+    if (!rc)
+        rc = env_int("LOCAL_WORLD_SIZE", e->world_size, 1, &e->local_world_size);
+    if (!rc)
+        rc = env_int("TORCHELASTIC_RESTART_COUNT", 0, 0, &e->restart_count);
+    if (rc)
+        return rc;
+    if (e->rank >= e->world_size)
+        return error_set(FSDP_EINVAL, "environment: RANK=%d is not below WORLD_SIZE=%d", e->rank, e->world_size);
+    const char *run_id = getenv("TORCHELASTIC_RUN_ID");
+    snprintf(e->run_id, sizeof e->run_id, "%s", run_id && *run_id ? run_id : "local");
+    if (e->world_size == 1)
+        return 0;
+    if (getenv("FSDP_STORE_PREFIX")) {
+        struct rdzv_worker w;
+        rc = rdzv_worker_connect(&w, 120);
+        if (rc)
+            return rc;
+        e->store = w.client;
+        return 0;
+    }
+    /* A foreign launcher: host our store beside its own. */
+    const char *addr = getenv("MASTER_ADDR");
+    int mport = 0, port = 0;
+    rc = env_int("MASTER_PORT", 29500, 1, &mport);
+    if (!rc)
+        rc = env_int("FSDP_STORE_PORT", mport + 1, 1, &port);
+    if (rc)
+        return rc;
+    if (!addr || !*addr)
+        return error_set(FSDP_EINVAL, "environment: WORLD_SIZE=%d but MASTER_ADDR is not set; start the workers with "
+                         "fsdp-launch or torchrun", e->world_size);
+    const char *secret = getenv("FSDP_RDZV_TOKEN");
+    if (e->rank == 0) {
+        struct store_server_options so = {.port = port, .run_id = e->run_id, .secret = secret};
+        rc = store_server_start(&so, &e->server);
+        if (rc)
+            return error_set(rc, "rank 0 hosts the fsdp store on port %d (FSDP_STORE_PORT, default MASTER_PORT + 1): %s",
+                             port, error_message());
+    }
+    struct store_client_options co = {.host = e->rank == 0 ? "127.0.0.1" : addr, .port = port, .run_id = e->run_id,
+                                      .secret = secret, .connect_timeout_s = 120, .default_timeout_s = 600};
+    rc = store_client_connect(&co, &e->store);
+    if (rc)
+        return error_set(rc, "connecting to rank 0's fsdp store at %s:%d: %s", co.host, port, error_message());
+    log_debug("store: rank 0 hosts it on port %d beside the launcher's", port);
+    return 0;
+}
+
+void train_env_close(struct train_env *e)
+{
+    store_client_close(e->store);
+    e->store = NULL;
+    store_server_stop(e->server);
+    e->server = NULL;
+}
+
+/* "./runs/<run_id>" -> "./runs/<the run id>" */
+void train_expand_run_id(char *out, size_t cap, const char *pattern, const char *run_id)
+{
+    const char *at = strstr(pattern, "<run_id>");
+    if (!at)
+        snprintf(out, cap, "%s", pattern);
+    else
+        snprintf(out, cap, "%.*s%s%s", (int)(at - pattern), pattern, run_id, at + strlen("<run_id>"));
+}

@@ -1,0 +1,23 @@
+/* Where this rank stands in the job: rank and world from the torchrun environment, the run id, and the
+ * store that bootstraps the communicators. */
+#ifndef FSDP_WORKER_TRAIN_ENV_H
+#define FSDP_WORKER_TRAIN_ENV_H
+
+#include <stddef.h>
+
+#include "rendezvous/store.h"
+
+struct train_env {
+    int rank, world_size, local_rank, local_world_size, restart_count;
+    char run_id[128];
+    struct store_client *store;  /* NULL for one rank */
+    struct store_server *server; /* rank 0 under a foreign launcher */
+};
+
+int train_env_open(struct train_env *e);
+void train_env_close(struct train_env *e);
+
+/* pattern with "<run_id>" replaced by run_id (config paths such as log.dir and checkpoint.dir). */
+void train_expand_run_id(char *out, size_t cap, const char *pattern, const char *run_id);
+
+#endif
