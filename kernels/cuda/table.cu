@@ -5,6 +5,11 @@
 
 static const struct kernels cuda_table = {
     .name = "cuda",
+    .host_visible = false,
+    .host = kernels_cpu, /* offloaded state lives in pinned host memory, driven by the CPU table */
+    .comm_backend = "nccl",
+    .auto_dtype = KERNELS_BF16,
+    .peak_flops = NULL,
     .mem_alloc = cuda_mem_alloc,
     .mem_free = cuda_mem_free,
     .host_alloc = cuda_host_alloc,
