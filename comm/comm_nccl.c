@@ -68,9 +68,9 @@ static ncclConfig_t nccl_config(const char *group)
     return cfg;
 }
 
-/* The CUDA ops table's stream (kernels/cuda/context.cu, linked into the same GPU module). Weak: the tests
- * link a static copy of this file without the kernels, and a process that never made the CUDA table has
- * no compute work to wait for. */
+/* The CUDA ops table's stream (kernels/cuda/cuda_common.cu, linked into the same GPU module). Weak: the
+ * tests link a static copy of this file without the kernels, and a process that never made the CUDA table
+ * has no compute work to wait for. */
 extern int fsdp_cuda_compute_stream(cudaStream_t *stream, int *device) __attribute__((weak));
 
 int comm_nccl_exchange_id(struct store_client *store, const char *key_prefix, int rank, double timeout_s,

@@ -19,6 +19,7 @@
 #ifndef FSDP_KERNELS_KERNELS_H
 #define FSDP_KERNELS_KERNELS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -46,7 +47,28 @@ struct kernels_adamw_params {
 };
 
 struct kernels {
-    const char *name; /* "cpu", "cuda" */
+    const char *name; /* "cpu", "cuda": for messages; what a backend can do is asked of the fields below */
+
+    /* ---- what the device is: callers ask these, never the name ---- */
+    /* Device memory is host memory: pointers from mem_alloc are ordinary host pointers that the host may
+     * read and write directly (CPU). Then a checkpoint writes the shards from where they are, a gather of
+     * state needs no device staging, and offload_params has nothing to move. */
+    bool host_visible;
+    /* The table whose memory is plain host memory and whose ops run on the host: where offload_params keeps
+     * the shards, gradients and optimizer state and runs the optimizer. Host-visible tables return
+     * themselves. */
+    const struct kernels *(*host)(void);
+    /* The comm backend (comm_options.backend) whose collectives move this table's memory: "cpu" for host
+     * memory, "nccl" for CUDA device memory. */
+    const char *comm_backend;
+    /* The dtype that mixed precision "auto" gathers and computes in: bf16 where 16-bit matmuls are faster
+     * (CUDA's tensor cores), fp32 where they are not (the CPU backend computes in fp32, see
+     * set_matmul_dtype). */
+    enum kernels_dtype auto_dtype;
+    /* Peak FLOP/s of this rank's share of the device, for the MFU: a short measurement, run by every rank at
+     * once so that each sees its share. NULL where the backend cannot tell (CUDA: the tensor-core peak
+     * depends on the dtype and the clocks; FSDP_PEAK_TFLOPS gives it). */
+    double (*peak_flops)(void);
 
     /* ---- device memory: one path for CPU and CUDA ---- */
     /* Named mem_* because libc may define memcpy/free as macros. 64-byte aligned; NULL (and

@@ -34,6 +34,7 @@ int cpu_mem_copy(void *dst, const void *src, size_t bytes, enum kernels_copy_kin
 int cpu_mem_set(void *dst, int value, size_t bytes);
 int cpu_synchronize(void);
 int cpu_set_matmul_dtype(enum kernels_dtype dtype);
+double cpu_peak_flops(void);
 
 int cpu_matmul_forward(float *y, const float *x, const float *w, const float *b, int n, int in, int out);
 int cpu_matmul_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,

@@ -7,6 +7,11 @@
 
 static const struct kernels cpu_table = {
     .name = "cpu",
+    .host_visible = true,
+    .host = kernels_cpu,
+    .comm_backend = "cpu",
+    .auto_dtype = KERNELS_F32,
+    .peak_flops = cpu_peak_flops,
     .mem_alloc = cpu_mem_alloc,
     .mem_free = cpu_mem_free,
     .host_alloc = cpu_mem_alloc, /* host memory is the device's */

@@ -3,6 +3,7 @@
 #include <math.h>
 
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_common.h"
 
 struct adamw_consts {
     float lr, b1, b2, eps, wd, gs, inv_bc1, inv_bc2;

@@ -15,6 +15,7 @@
 #include <math.h>
 
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_common.h"
 
 #define ATT_TILE 32                         /* keys (or queries) per shared tile = lanes per warp */
 #define ATT_WARPS 8

@@ -3,6 +3,7 @@
  * backends give identical bits; the hardware __float2bfloat16 would also round to nearest but this
  * keeps one definition of the edge cases. */
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_common.h"
 
 __device__ __forceinline__ uint16_t dev_f32_to_bf16(float f)
 {

@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_common.h"
 
 #define XENT_THREADS 512
 

@@ -3,6 +3,7 @@
  * a fixed order and no two threads ever write the same element; consecutive threads take consecutive
  * channels, so every read of dout and every update of a dwte row is coalesced. */
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_common.h"
 
 __global__ void embedding_forward_kernel(float *out, const int32_t *tokens, const float *wte, const float *wpe,
                                          int rows, int t, int c)

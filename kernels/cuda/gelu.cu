@@ -1,5 +1,6 @@
 /* GELU with GPT-2's tanh approximation (gelu_new), forward and backward. */
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_common.h"
 
 #define GELU_K0 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_K1 0.044715f

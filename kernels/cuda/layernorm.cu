@@ -3,6 +3,7 @@
  * __syncthreads is needed. The parameter gradients reduce over rows in fixed chunks (partials, then the
  * chunks in order), so they are deterministic without atomics. */
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_common.h"
 
 #define LN_ROWS_PER_BLOCK (CUDA_THREADS / 32)
 #define LN_CHUNK_ROWS 256

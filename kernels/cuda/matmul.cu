@@ -3,6 +3,7 @@
  * a row-major C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T, so every call swaps the operands
  * and the m/n sizes instead of transposing anything. */
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_common.h"
 
 extern "C" {
 #include "common/log.h"

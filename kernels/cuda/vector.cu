@@ -1,6 +1,7 @@
 /* Whole-buffer vector ops: residual add, scaling, axpy, squared norm. Grid-stride loops over size_t
  * indices so buffers above 2^31 elements (a large model's flat shard) work. */
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_common.h"
 
 #define GRID_STRIDE(i, n)                                                                                     \
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)

@@ -116,6 +116,11 @@ Test(kernels_cuda, unavailable_device_fails_cleanly)
     if (k) {
         /* A GPU is here: the table must be complete and usable. */
         cr_assert_str_eq(k->name, "cuda");
+        /* Device memory, offloaded state on the CPU table, NCCL collectives, bf16 for "auto". */
+        cr_assert_not(k->host_visible);
+        cr_assert_eq(k->host(), kernels_get("cpu"));
+        cr_assert_str_eq(k->comm_backend, "nccl");
+        cr_assert_eq(k->auto_dtype, KERNELS_BF16);
         const void *const *fn = (const void *const *)&k->mem_alloc;
         size_t nfn = (sizeof *k - offsetof(struct kernels, mem_alloc)) / sizeof(void *);
         for (size_t i = 0; i < nfn; i++)

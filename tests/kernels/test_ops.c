@@ -425,6 +425,42 @@ Test(kernels_ops, memory_and_registry)
     cr_assert_eq(k->attention_forward(dummy, dummy, dummy, 1, 1, 3, 2, dummy), FSDP_EINVAL);
 }
 
+/* What a table says it can do (kernels.h: host_visible, host, comm_backend, auto_dtype, peak_flops) is what
+ * its memory and its host table do, so the engine can ask the fields instead of the name. */
+Test(kernels_ops, capabilities_match_the_table)
+{
+    const struct kernels *k = kt_backend();
+    cr_assert(k->host && k->comm_backend && k->comm_backend[0], "%s: host and comm_backend must be set", k->name);
+    cr_assert(k->auto_dtype == KERNELS_F32 || k->auto_dtype == KERNELS_BF16 || k->auto_dtype == KERNELS_F16,
+              "%s: auto_dtype %d", k->name, (int)k->auto_dtype);
+    const struct kernels *h = k->host();
+    cr_assert(h && h->host_visible, "%s: its host table must be host-visible", k->name);
+    cr_assert_eq(h->host(), h, "a host table is its own host table");
+    if (k->host_visible) {
+        cr_assert_eq(h, k, "%s: a host-visible table is its own host table", k->name);
+        /* Host stores into its memory are what mem_copy reads back, and the other way round. */
+        float *d = k->mem_alloc(4 * sizeof(float)), back[4] = {0}, src[4] = {5, 6, 7, 8};
+        cr_assert(d);
+        for (int i = 0; i < 4; i++)
+            d[i] = (float)i + 0.5f;
+        cr_assert_eq(k->mem_copy(back, d, sizeof back, KERNELS_COPY_D2H), 0, "%s", error_message());
+        for (int i = 0; i < 4; i++)
+            cr_assert_eq(back[i], (float)i + 0.5f);
+        cr_assert_eq(k->mem_copy(d, src, sizeof src, KERNELS_COPY_H2D), 0, "%s", error_message());
+        cr_assert_eq(memcmp(d, src, sizeof src), 0);
+        k->mem_free(d);
+    }
+    /* The CPU table as kernels.h documents it. */
+    const struct kernels *c = kernels_cpu();
+    cr_assert(c->host_visible);
+    cr_assert_eq(c->host(), c);
+    cr_assert_str_eq(c->comm_backend, "cpu");
+    cr_assert_eq(c->auto_dtype, KERNELS_F32);
+    cr_assert(c->peak_flops, "the CPU table measures its peak FLOP/s");
+    double peak = c->peak_flops();
+    cr_assert(peak > 1e8 && isfinite(peak), "CPU peak %.3g FLOP/s", peak);
+}
+
 /* The build must load the OpenMP flavour of OpenBLAS, which shares OpenMP's threads (see
  * kernels/meson.build); the pthread flavour would oversubscribe ranks sharing a machine. */
 extern int openblas_get_parallel(void);

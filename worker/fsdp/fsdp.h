@@ -67,7 +67,7 @@ struct fsdp_timing {
 
 /* Checks the fsdp and train sections against the world (shard size, batch divisibility, precision on
  * the device, offload with NO_SHARD, ...); the message names the keys and what would work. */
-int fsdp_check_config(const struct worker_config *wc, int world_size, int local_world_size, bool on_cuda);
+int fsdp_check_config(const struct worker_config *wc, int world_size, int local_world_size, const struct kernels *k);
 
 /* Builds groups (comm_split of g->world, a collective over all ranks), the unit plan and the persistent
  * state (zeroed). The model must have been created with the micro-batch shape. */

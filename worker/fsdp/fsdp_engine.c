@@ -16,12 +16,12 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static enum kernels_dtype precision_dtype(enum worker_precision p, bool on_cuda)
+static enum kernels_dtype precision_dtype(enum worker_precision p, const struct kernels *k)
 {
     switch (p) {
     case WORKER_BF16: return KERNELS_BF16;
     case WORKER_FP16: return KERNELS_F16;
-    case WORKER_PRECISION_AUTO: return on_cuda ? KERNELS_BF16 : KERNELS_F32;
+    case WORKER_PRECISION_AUTO: return k->auto_dtype;
     default: return KERNELS_F32;
     }
 }
@@ -104,8 +104,7 @@ int fsdp_create(struct fsdp **out, const struct worker_config *wc, struct model 
                 const struct fsdp_groups *g)
 {
     *out = NULL;
-    bool on_cuda = strcmp(k->name, "cuda") == 0;
-    int rc = fsdp_check_config(wc, g->world_size, g->local_world_size, on_cuda);
+    int rc = fsdp_check_config(wc, g->world_size, g->local_world_size, k);
     if (rc)
         return rc;
     struct fsdp *f = calloc(1, sizeof *f);
@@ -114,10 +113,10 @@ int fsdp_create(struct fsdp **out, const struct worker_config *wc, struct model 
     f->wc = *wc;
     f->k = k;
     /* FSDP_TEST_OFFLOAD=1 runs the offload path on the CPU backend too (host "device"), so the staging
-     * copies are tested where no GPU exists; without it offload_params changes nothing on CPU. */
+     * copies are tested where no GPU exists; without it offload_params changes nothing on host memory. */
     const char *test_off = getenv("FSDP_TEST_OFFLOAD");
-    f->offload = wc->fsdp.enable && wc->fsdp.offload_params && (on_cuda || (test_off && *test_off == '1'));
-    f->sk = f->offload ? kernels_cpu() : k;
+    f->offload = wc->fsdp.enable && wc->fsdp.offload_params && (!k->host_visible || (test_off && *test_off == '1'));
+    f->sk = f->offload ? k->host() : k;
     /* FSDP_REGISTERED_BUFFERS=0 turns registration off (for comparing the two paths). */
     const char *reg = getenv("FSDP_REGISTERED_BUFFERS");
     f->reg = g->world && !(reg && *reg == '0') ? g->world : NULL;
@@ -126,8 +125,8 @@ int fsdp_create(struct fsdp **out, const struct worker_config *wc, struct model 
     f->g = *g;
     f->version = wc->fsdp.version;
     f->strategy = wc->fsdp.enable ? wc->fsdp.sharding_strategy : WORKER_NO_SHARD;
-    f->param_dtype = precision_dtype(wc->fsdp.mixed_precision, on_cuda);
-    f->reduce_dtype = precision_dtype(wc->fsdp.reduce_dtype, on_cuda);
+    f->param_dtype = precision_dtype(wc->fsdp.mixed_precision, k);
+    f->reduce_dtype = precision_dtype(wc->fsdp.reduce_dtype, k);
     f->shard_size = fsdp_shard_group_size(wc, g->world_size, g->local_world_size);
     f->loss_scale = f->param_dtype == KERNELS_F16 ? 65536.0 : 1.0;
     if (g->world_size > 1 && !g->world)

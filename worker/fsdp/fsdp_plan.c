@@ -54,7 +54,7 @@ int fsdp_shard_group_size(const struct worker_config *wc, int world, int local_w
     return world;
 }
 
-int fsdp_check_config(const struct worker_config *wc, int world, int local_world, bool on_cuda)
+int fsdp_check_config(const struct worker_config *wc, int world, int local_world, const struct kernels *k)
 {
     if (world < 1)
         return error_set(FSDP_EINVAL, "world size %d: must be at least 1", world);
@@ -92,8 +92,8 @@ int fsdp_check_config(const struct worker_config *wc, int world, int local_world
                          "(also spelled GPT2Block); its classes are GPT2Model, Embedding, DecoderBlock, LayerNorm, "
                          "CausalSelfAttention, MLP, Conv1D",
                          cls);
-    if (!on_cuda && wc->fsdp.offload_params)
-        log_debug("fsdp.offload_params on CPU: parameters already live in host memory; nothing changes");
+    if (k->host_visible && wc->fsdp.offload_params)
+        log_debug("fsdp.offload_params on %s: parameters already live in host memory; nothing changes", k->name);
     return 0;
 }
 

@@ -169,7 +169,7 @@ int fsdp_gather_unit_state(struct fsdp *f, int ui, enum fsdp_state_kind kind, fl
     size_t sg = (size_t)f->shard_size;
     if (sg == 1)
         return f->sk->mem_copy(dst, src, u->numel * sizeof(float), KERNELS_COPY_D2H);
-    if (strcmp(k->name, "cpu") == 0)
+    if (k->host_visible)
         return gather_unit_direct(f, u, src, dst);
     float *all = fsdp_buf_get(f, sg * u->shard * sizeof(float), FSDP_MEM_GATHERED);
     float *staged = NULL;

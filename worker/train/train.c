@@ -34,31 +34,14 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Peak FLOP/s of this rank for the MFU: FSDP_PEAK_TFLOPS when set, else on CPU a short SGEMM measured now
- * (every rank at once, so each sees its share of the cores); unknown (-1) on other devices. */
+/* Peak FLOP/s of this rank for the MFU: FSDP_PEAK_TFLOPS when set, else the backend's probe (on CPU a short
+ * SGEMM measured now, every rank at once); unknown (-1) where the backend has none. */
 static double peak_flops(const struct kernels *k)
 {
     const char *env = getenv("FSDP_PEAK_TFLOPS");
     if (env && *env)
         return atof(env) * 1e12;
-    if (strcmp(k->name, "cpu") != 0)
-        return -1;
-    enum { N = 384 };
-    float *a = k->mem_alloc(3 * N * N * sizeof(float));
-    if (!a)
-        return -1;
-    for (size_t i = 0; i < 3 * N * N; i++)
-        a[i] = (float)(i % 7) * 0.01f;
-    double best = 0, t_end = now_s() + 0.15;
-    while (now_s() < t_end) {
-        double t0 = now_s();
-        k->gemm(0, 0, N, N, N, 1.0f, a, N, a + N * N, N, 0.0f, a + 2 * N * N, N);
-        double dt = now_s() - t0;
-        double fl = 2.0 * N * N * N / dt;
-        best = fl > best ? fl : best;
-    }
-    k->mem_free(a);
-    return best;
+    return k->peak_flops ? k->peak_flops() : -1;
 }
 
 /* Resident bytes now (not the peak): the growth across allocating the shards is what sharding saves. */
@@ -352,7 +335,7 @@ int train_run(const struct worker_config *wc, const char *config_text, struct tr
     t.k = kernels_get(dev);
     if (!t.k)
         return error_set(FSDP_EUNSUPPORTED, "train.device = %s: %s", dev, error_message());
-    int rc = fsdp_check_config(wc, env->world_size, env->local_world_size, strcmp(dev, "cuda") == 0);
+    int rc = fsdp_check_config(wc, env->world_size, env->local_world_size, t.k);
     if (rc)
         return rc;
     t.rows_per_rank = wc->train.train_batch / env->world_size;
@@ -381,7 +364,7 @@ int train_run(const struct worker_config *wc, const char *config_text, struct tr
     if (!rc)
         rc = model_create(&t.model, &mc, t.k, wc->train.micro_batch, wc->model.block_size);
     if (!rc && env->world_size > 1) {
-        struct comm_options co = {.backend = strcmp(dev, "cuda") == 0 ? "nccl" : "cpu",
+        struct comm_options co = {.backend = t.k->comm_backend,
                                   .generation = env->restart_count, .device = -1};
         rc = comm_create(env->store, env->rank, env->world_size, "world", &co, &t.world);
     }

@@ -105,7 +105,7 @@ static int save_sharded(const struct train_ckpt *c, struct fsdp *f, const struct
         cp = calloc(3 * n + 1, sizeof *cp);
         /* Device memory is staged to the host; on the CPU backend the shards are host memory already and are
          * written from where they are. */
-        bool staged = strcmp(k->name, "cpu") != 0;
+        bool staged = !k->host_visible;
         host = staged ? malloc((3 * total + 1) * sizeof(float)) : NULL;
         if (!cp || (staged && !host))
             rc = error_set(FSDP_ENOMEM, "checkpoint: no memory to stage %zu elements", 3 * total);

@@ -1,49 +1,19 @@
-/* The CUDA backend's process context (device, stream, cuBLAS handle), its ops table, and the
- * helpers every kernel file shares: error translation, scratch memory, range checks of ids. */
+/* The CUDA backend's process context (device, stream, cuBLAS handle) and the helpers every kernel file
+ * shares: error translation, scratch memory, range checks of ids, column sums. Below both the ops and the
+ * table (table.cu): it calls neither. */
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_common.h"
 
 extern "C" {
 #include "common/log.h"
 }
 
 struct cuda_ctx cuda_ctx;
-
-static const struct kernels cuda_table = {
-    .name = "cuda",
-    .mem_alloc = cuda_mem_alloc,
-    .mem_free = cuda_mem_free,
-    .host_alloc = cuda_host_alloc,
-    .host_free = cuda_host_free,
-    .mem_copy = cuda_mem_copy,
-    .mem_set = cuda_mem_set,
-    .synchronize = cuda_synchronize,
-    .set_matmul_dtype = cuda_set_matmul_dtype,
-    .matmul_forward = cuda_matmul_forward,
-    .matmul_backward = cuda_matmul_backward,
-    .gemm = cuda_gemm,
-    .layernorm_forward = cuda_layernorm_forward,
-    .layernorm_backward = cuda_layernorm_backward,
-    .attention_workspace_bytes = cuda_attention_workspace_bytes,
-    .attention_forward = cuda_attention_forward,
-    .attention_backward = cuda_attention_backward,
-    .gelu_forward = cuda_gelu_forward,
-    .gelu_backward = cuda_gelu_backward,
-    .residual_forward = cuda_residual_forward,
-    .scale = cuda_scale,
-    .sqnorm = cuda_sqnorm,
-    .cast = cuda_cast,
-    .embedding_forward = cuda_embedding_forward,
-    .embedding_backward = cuda_embedding_backward,
-    .crossentropy_forward_backward = cuda_crossentropy_forward_backward,
-    .adamw = cuda_adamw,
-    .axpy = cuda_axpy,
-};
 
 int cuda_check(const char *op, cudaError_t e)
 {
@@ -264,114 +234,15 @@ extern "C" int fsdp_cuda_compute_stream(cudaStream_t *stream, int *device)
     return 0;
 }
 
-extern "C" const struct kernels *kernels_cuda(void)
+int cuda_context_init(void)
 {
     pthread_once(&init_once, init_context);
-    if (init_rc) {
-        error_set(init_rc, "%s", init_msg);
-        return NULL;
-    }
+    if (init_rc)
+        return error_set(init_rc, "%s", init_msg);
     /* The context is per process but the current device is per thread: a new thread must not queue
      * work on device 0 by accident. */
     int cur = -1;
     if (cudaGetDevice(&cur) != cudaSuccess || cur != cuda_ctx.device)
         cudaSetDevice(cuda_ctx.device);
-    return &cuda_table;
-}
-
-/* ---- memory ---- */
-
-void *cuda_mem_alloc(size_t bytes)
-{
-    void *p = NULL;
-    /* cudaMalloc aligns to 256 bytes, more than the table's 64. */
-    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 64);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError(); /* an allocation failure is not sticky: later calls may succeed */
-        error_set(e == cudaErrorMemoryAllocation ? FSDP_ENOMEM : FSDP_EIO,
-                  "kernels cuda: cannot allocate %zu bytes of device memory: %s", bytes, cudaGetErrorString(e));
-        return NULL;
-    }
-    return p;
-}
-
-void cuda_mem_free(void *ptr)
-{
-    if (ptr) {
-        cudaError_t e = cudaFree(ptr);
-        if (e != cudaSuccess)
-            log_warn("kernels cuda: mem_free: %s", cudaGetErrorString(e));
-    }
-}
-
-void *cuda_host_alloc(size_t bytes)
-{
-    void *p = NULL;
-    /* cudaMallocHost pins the pages (and maps them for the device: portable, page-aligned). */
-    cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 64);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        error_set(e == cudaErrorMemoryAllocation ? FSDP_ENOMEM : FSDP_EIO,
-                  "kernels cuda: cannot allocate %zu bytes of pinned host memory: %s (the locked-memory limit, "
-                  "ulimit -l, may be too low)", bytes, cudaGetErrorString(e));
-        return NULL;
-    }
-    return p;
-}
-
-void cuda_host_free(void *ptr)
-{
-    if (ptr) {
-        cudaError_t e = cudaFreeHost(ptr);
-        if (e != cudaSuccess)
-            log_warn("kernels cuda: host_free: %s", cudaGetErrorString(e));
-    }
-}
-
-int cuda_mem_copy(void *dst, const void *src, size_t bytes, enum kernels_copy_kind kind)
-{
-    static const cudaMemcpyKind kinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
-                                           cudaMemcpyDeviceToDevice};
-    if ((unsigned)kind > KERNELS_COPY_D2D)
-        return error_set(FSDP_EINVAL, "kernels cuda: bad copy kind %d", (int)kind);
-    if (bytes == 0)
-        return 0;
-    if (!dst || !src)
-        return error_set(FSDP_EINVAL, "kernels cuda: mem_copy of %zu bytes with a NULL pointer", bytes);
-    int rc;
-    const char *d = (const char *)dst, *s = (const char *)src;
-    if (kind == KERNELS_COPY_D2D && d < s + bytes && s < d + bytes && d != s) {
-        /* cudaMemcpy does not define overlapping copies (the CPU backend's memmove does): bounce through
-         * scratch so both backends mean the same thing. */
-        void *tmp;
-        if ((rc = cuda_scratch("mem_copy", &tmp, bytes)) ||
-            (rc = cuda_check("mem_copy", cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, cuda_ctx.stream))))
-            return rc;
-        src = tmp;
-    }
-    if (d == s)
-        return 0;
-    rc = cuda_check("mem_copy", cudaMemcpyAsync(dst, src, bytes, kinds[kind], cuda_ctx.stream));
-    if (rc)
-        return rc;
-    /* Host buffers are ordinary (pageable) memory the caller reuses as soon as we return, as with the
-     * CPU backend: copies touching the host complete before returning; device-to-device stays queued. */
-    if (kind != KERNELS_COPY_D2D)
-        rc = cuda_check("mem_copy", cudaStreamSynchronize(cuda_ctx.stream));
-    return rc;
-}
-
-int cuda_mem_set(void *dst, int value, size_t bytes)
-{
-    if (bytes == 0)
-        return 0;
-    if (!dst)
-        return error_set(FSDP_EINVAL, "kernels cuda: mem_set of %zu bytes on NULL", bytes);
-    return cuda_check("mem_set", cudaMemsetAsync(dst, value, bytes, cuda_ctx.stream));
-}
-
-int cuda_synchronize(void)
-{
-    return cuda_check("synchronize (an earlier kernel failed asynchronously)",
-                      cudaStreamSynchronize(cuda_ctx.stream));
+    return 0;
 }

@@ -1,0 +1,45 @@
+/* The CUDA ops table: names the functions of the kernel files and makes the device context on first use
+ * (cuda_common.cu). */
+#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_common.h"
+
+static const struct kernels cuda_table = {
+    .name = "cuda",
+    .host_visible = false,
+    .host = kernels_cpu, /* offloaded state lives in pinned host memory, driven by the CPU table */
+    .comm_backend = "nccl",
+    .auto_dtype = KERNELS_BF16,
+    .peak_flops = NULL,
+    .mem_alloc = cuda_mem_alloc,
+    .mem_free = cuda_mem_free,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .mem_copy = cuda_mem_copy,
+    .mem_set = cuda_mem_set,
+    .synchronize = cuda_synchronize,
+    .set_matmul_dtype = cuda_set_matmul_dtype,
+    .matmul_forward = cuda_matmul_forward,
+    .matmul_backward = cuda_matmul_backward,
+    .gemm = cuda_gemm,
+    .layernorm_forward = cuda_layernorm_forward,
+    .layernorm_backward = cuda_layernorm_backward,
+    .attention_workspace_bytes = cuda_attention_workspace_bytes,
+    .attention_forward = cuda_attention_forward,
+    .attention_backward = cuda_attention_backward,
+    .gelu_forward = cuda_gelu_forward,
+    .gelu_backward = cuda_gelu_backward,
+    .residual_forward = cuda_residual_forward,
+    .scale = cuda_scale,
+    .sqnorm = cuda_sqnorm,
+    .cast = cuda_cast,
+    .embedding_forward = cuda_embedding_forward,
+    .embedding_backward = cuda_embedding_backward,
+    .crossentropy_forward_backward = cuda_crossentropy_forward_backward,
+    .adamw = cuda_adamw,
+    .axpy = cuda_axpy,
+};
+
+extern "C" const struct kernels *kernels_cuda(void)
+{
+    return cuda_context_init() ? NULL : &cuda_table;
+}
