@@ -38,7 +38,7 @@ static void job_setup(struct job *j)
     j->dir = lu_tmpdir();
     snprintf(j->data, sizeof j->data, "%s/data", j->dir);
     char docs[4200];
-    snprintf(docs, sizeof docs, "%s/docs", getenv("FSDP_SOURCE_ROOT"));
+    snprintf(docs, sizeof docs, "%s/tests/data/corpus", getenv("FSDP_SOURCE_ROOT"));
     const char *argv[] = {lu_build_path("worker/fsdp-prepare-data"), "-o", j->data, docs, NULL};
     pid_t p = lu_spawn(argv, j->dir, "prep", NULL);
     cr_assert_eq(lu_exit_code(lu_wait(p, 60)), 0, "fsdp-prepare-data: %s", lu_slurp_tag(j->dir, "prep", "err"));

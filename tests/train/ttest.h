@@ -52,7 +52,7 @@ static inline void tt_write_file(const char *path, const char *text)
     fclose(f);
 }
 
-/* Makes the tmpdir, the byte-level token files (fsdp-prepare-data over docs/) and tiny.ini. */
+/* Makes the tmpdir, the byte-level token files (fsdp-prepare-data over tests/data/corpus/) and tiny.ini. */
 static inline void tt_setup(struct tt_ctx *c)
 {
     memset(c, 0, sizeof *c);
@@ -61,7 +61,7 @@ static inline void tt_setup(struct tt_ctx *c)
     const char *src = getenv("FSDP_SOURCE_ROOT");
     cr_assert(src, "FSDP_SOURCE_ROOT not set: run through meson test");
     char docs[2048];
-    snprintf(docs, sizeof docs, "%s/docs", src);
+    snprintf(docs, sizeof docs, "%s/tests/data/corpus", src);
     snprintf(c->data, sizeof c->data, "%s/data", c->dir);
     const char *argv[] = {lu_build_path("worker/fsdp-prepare-data"), "-o", c->data, docs, NULL};
     int code = lu_exit_code(lu_wait(lu_spawn(argv, c->dir, "prepare", NULL), 120));

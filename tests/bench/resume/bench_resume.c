@@ -113,7 +113,7 @@ int main(void)
     if (!mkdtemp(dir))
         return 1;
     char cmd[8600];
-    snprintf(cmd, sizeof cmd, "'%s/worker/fsdp-prepare-data' -o '%s/data' '%s/docs' >/dev/null 2>&1", root, dir, src);
+    snprintf(cmd, sizeof cmd, "'%s/worker/fsdp-prepare-data' -o '%s/data' '%s/tests/data/corpus' >/dev/null 2>&1", root, dir, src);
     if (system(cmd) != 0)
         return 1;
     double disk = disk_mb_per_s(dir);

@@ -309,7 +309,7 @@ int main(int argc, char **argv)
     }
     char data[1024], docs[1024], prep[1024], out[1100], err[1100];
     snprintf(data, sizeof data, "%s/data", dir);
-    snprintf(docs, sizeof docs, "%s/docs", src);
+    snprintf(docs, sizeof docs, "%s/tests/data/corpus", src);
     snprintf(prep, sizeof prep, "%s/worker/fsdp-prepare-data", build);
     snprintf(out, sizeof out, "%s/prepare.out", dir);
     snprintf(err, sizeof err, "%s/prepare.err", dir);
