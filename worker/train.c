@@ -18,6 +18,7 @@
 #include "common/gpu_module.h"
 #include "common/fs.h"
 #include "common/log.h"
+#include "common/settings.h"
 #include "worker/data.h"
 #include "worker/fsdp.h"
 #include "worker/lr_schedule.h"
@@ -48,9 +49,9 @@ void train_expand_run_id(char *out, size_t cap, const char *pattern, const char 
  * (every rank at once, so each sees its share of the cores); unknown (-1) on other devices. */
 static double peak_flops(const struct kernels *k)
 {
-    const char *env = getenv("FSDP_PEAK_TFLOPS");
-    if (env && *env)
-        return atof(env) * 1e12;
+    double tflops = settings_double(SETTING_PEAK_TFLOPS);
+    if (tflops > 0)
+        return tflops * 1e12;
     if (strcmp(k->name, "cpu") != 0)
         return -1;
     enum { N = 384 };
@@ -202,7 +203,7 @@ static int metrics_trim(const char *dir, int64_t first_step)
  * tests (and users rehearsing recovery) can crash a run at a chosen point and watch it recover. */
 static void fault_maybe_kill(const struct train_env *env, int64_t step)
 {
-    const char *v = getenv("FSDP_FAULT_KILL");
+    const char *v = settings_get_string(SETTING_FAULT_KILL);
     long long at;
     int rank;
     if (v && env->restart_count == 0 && sscanf(v, "%lld:%d", &at, &rank) == 2 && at == step && rank == env->rank) {
