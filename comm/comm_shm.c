@@ -125,14 +125,12 @@ size_t shm_segment_bytes(int n, size_t slot_bytes)
     return ctrl_bytes() + 2 * (size_t)n * slot_bytes;
 }
 
-/* The setting's values, in the table's order (common/settings_table.c). */
-static const enum peer_pages peer_pages_by_value[] = {PEER_PAGES_LAST, PEER_PAGES_NONE, PEER_PAGES_ALL};
-
 static int peer_pages_from_env(enum peer_pages *out)
 {
     int v = 0;
     int rc = settings_get_enum(SETTING_COMM_SHM_KEEP_PEER_PAGES, &v);
-    *out = peer_pages_by_value[v];
+    const char *name = settings_entry(SETTING_COMM_SHM_KEEP_PEER_PAGES)->values[v].name;
+    *out = strcmp(name, "0") == 0 ? PEER_PAGES_NONE : strcmp(name, "1") == 0 ? PEER_PAGES_ALL : PEER_PAGES_LAST;
     return rc;
 }
 
