@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "common/gpu_module.h"
 #include "common/log.h"
+#include "common/settings.h"
 #include "rendezvous/store.h"
 
 #include <pthread.h>
@@ -108,16 +109,6 @@ static void *progress_main(void *arg)
     return NULL;
 }
 
-static double env_double(const char *name, double def)
-{
-    const char *s = getenv(name);
-    if (!s || !*s)
-        return def;
-    char *end;
-    double v = strtod(s, &end);
-    return (*end || v <= 0) ? def : v;
-}
-
 static bool group_ok(const char *g)
 {
     size_t n = strlen(g);
@@ -178,9 +169,13 @@ int comm_create(struct store_client *store, int rank, int size, const char *grou
     if (!group_ok(group))
         return error_set(FSDP_EINVAL, "comm_create: group name '%s' must be 1-64 chars of [A-Za-z0-9_.-]", group);
     struct comm_options o = opts ? *opts : (struct comm_options){.generation = -1, .device = -1};
-    const char *bname = o.backend ? o.backend : getenv("FSDP_COMM_BACKEND");
-    if (!bname || !*bname)
-        bname = "cpu";
+    const char *bname = o.backend;
+    if (!bname) {
+        int b = 0;
+        if (settings_get_enum(SETTING_COMM_BACKEND, &b) != 0)
+            return error_set(FSDP_EINVAL, "comm_create: %s", error_message());
+        bname = settings_entry(SETTING_COMM_BACKEND)->values[b].name;
+    }
     const struct comm_backend *be = NULL;
     if (strcmp(bname, "cpu") == 0)
         be = comm_backend_cpu();
@@ -195,12 +190,10 @@ int comm_create(struct store_client *store, int rank, int size, const char *grou
     }
     if (!be)
         return error_set(FSDP_EINVAL, "comm_create: unknown backend '%s' (use \"cpu\" or \"nccl\")", bname);
-    if (o.generation < 0) {
-        const char *g = getenv("FSDP_RDZV_GENERATION");
-        o.generation = g ? atoi(g) : 0;
-    }
+    if (o.generation < 0)
+        o.generation = (int)settings_int(SETTING_RDZV_GENERATION);
     if (o.timeout_s <= 0)
-        o.timeout_s = env_double("FSDP_COMM_TIMEOUT_S", 600);
+        o.timeout_s = settings_double(SETTING_COMM_TIMEOUT_S);
     if (o.device < 0) {
         const char *lr = getenv("LOCAL_RANK");
         o.device = lr ? atoi(lr) : 0;

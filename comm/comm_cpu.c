@@ -13,6 +13,7 @@
 #include "comm/comm_tcp.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/settings.h"
 #include "rendezvous/store.h"
 
 #include <stdio.h>
@@ -47,13 +48,12 @@ struct cpu_state {
  * namespaces (containers, ip netns) are separate hosts for us. Env overrides let tests fake hosts. */
 static void host_id(int rank, char *buf, size_t len)
 {
-    const char *fake = getenv("FSDP_COMM_HOST_ID");
-    const char *force = getenv("FSDP_COMM_FORCE_TCP");
-    if (force && *force && strcmp(force, "0") != 0) {
+    const char *fake = settings_get_string(SETTING_COMM_HOST_ID);
+    if (settings_bool(SETTING_COMM_FORCE_TCP)) {
         snprintf(buf, len, "tcp-only-rank-%d", rank);
         return;
     }
-    if (fake && *fake) {
+    if (fake) {
         snprintf(buf, len, "fake-%s", fake);
         return;
     }
@@ -74,11 +74,7 @@ static void host_id(int rank, char *buf, size_t len)
 
 static size_t slot_bytes(void)
 {
-    const char *s = getenv("FSDP_COMM_SHM_SLOT_KIB");
-    long kib = s ? atol(s) : 0;
-    if (kib < 64)
-        kib = 1024;
-    return (size_t)kib << 10;
+    return (size_t)settings_int(SETTING_COMM_SHM_SLOT_KIB) << 10;
 }
 
 static void cpu_fini(void *state)
@@ -100,8 +96,8 @@ static int setup_shm(struct cpu_state *st, const struct comm_info *info, double 
 {
     char key[256], name[200];
     size_t sb = slot_bytes();
-    const char *run = getenv("FSDP_RUN_ID");
-    if (!run || !*run)
+    const char *run = settings_get_string(SETTING_RUN_ID);
+    if (!run)
         run = getenv("TORCHELASTIC_RUN_ID");
     if (!run || !*run)
         run = "local";

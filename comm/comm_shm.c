@@ -21,6 +21,7 @@
 #include "comm/comm_mem.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/settings.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -126,20 +127,11 @@ size_t shm_segment_bytes(int n, size_t slot_bytes)
 
 static int peer_pages_from_env(enum peer_pages *out)
 {
-    const char *keep = getenv("FSDP_COMM_SHM_KEEP_PEER_PAGES");
-    *out = PEER_PAGES_LAST;
-    if (!keep || !*keep || strcmp(keep, "last") == 0)
-        return 0;
-    if (strcmp(keep, "0") == 0)
-        *out = PEER_PAGES_NONE;
-    else if (strcmp(keep, "1") == 0)
-        *out = PEER_PAGES_ALL;
-    else
-        return error_set(FSDP_EINVAL,
-                         "FSDP_COMM_SHM_KEEP_PEER_PAGES=%s: allowed are last (the default: the pages the latest "
-                         "operation read), 0 (none) and 1 (all)",
-                         keep);
-    return 0;
+    int v = 0;
+    int rc = settings_get_enum(SETTING_COMM_SHM_KEEP_PEER_PAGES, &v);
+    const char *name = settings_entry(SETTING_COMM_SHM_KEEP_PEER_PAGES)->values[v].name;
+    *out = strcmp(name, "0") == 0 ? PEER_PAGES_NONE : strcmp(name, "1") == 0 ? PEER_PAGES_ALL : PEER_PAGES_LAST;
+    return rc;
 }
 
 int shm_check_env(void)
@@ -215,8 +207,7 @@ int shm_group_attach(const char *name, bool create, int local_rank, int n, const
     }
     /* Can this rank map a peer's memfd? The creator's segment fd stands in for one. FSDP_COMM_SHM_DIRECT=0
      * votes no, so every rank agrees on the path even if only some ranks set it. */
-    const char *env = getenv("FSDP_COMM_SHM_DIRECT");
-    bool ok = !(env && strcmp(env, "0") == 0);
+    bool ok = settings_bool(SETTING_COMM_SHM_DIRECT);
     if (ok && !create) {
         char path[64];
         snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)g->ctrl->pid[0], (int)g->ctrl->seg_fd);

@@ -134,6 +134,7 @@ struct config_cli {
     bool help;
     bool print_config;
     const char *help_config; /* --help-config[=markdown|ini]: "markdown" when given bare */
+    const char *help_env;    /* --help-env[=markdown]: the FSDP_* settings (common/settings.h) */
     const char **positional; /* arguments that are not flags, in order */
     int n_positional;
     /* overrides: key index + value text, in command-line order (a later one wins) */
@@ -142,7 +143,7 @@ struct config_cli {
     int n_overrides;
 };
 
-/* Parses argv[1..argc-1]: --help/-h, --print-config, --help-config[=FMT], --log_level=L (applied at once
+/* Parses argv[1..argc-1]: --help/-h, --print-config, --help-config[=FMT], --help-env[=FMT], --log_level=L (applied at once
  * with log_set_level), `--section.key=value`, `--section.key value`, flat flags (`--fsdp_version=2`) and
  * bare flags (`--fsdp_offload_params`). Strings point into argv. Unknown flags fail with a suggestion. */
 int config_cli_parse(const struct config_schema *schema, int argc, char **argv, struct config_cli *cli);

@@ -106,6 +106,10 @@ int config_cli_parse(const struct config_schema *schema, int argc, char **argv, 
             cli->help_config = value ? value : "markdown";
             continue;
         }
+        if (flag_is(arg, "--help-env", &value)) {
+            cli->help_env = value ? value : "markdown";
+            continue;
+        }
         if (flag_is(arg, "--log-level", &value)) {
             if (!value && i + 1 < argc)
                 value = argv[++i];

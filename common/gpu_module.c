@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/settings.h"
 
 #ifndef FSDP_GPU_MODULE_BUILD_PATH
 #define FSDP_GPU_MODULE_BUILD_PATH ""
@@ -68,8 +69,8 @@ static bool try_load(const char *path, size_t *used)
 static void load(void)
 {
     size_t used = 0;
-    const char *env = getenv("FSDP_GPU_MODULE");
-    if (env && env[0]) {
+    const char *env = settings_get_string(SETTING_GPU_MODULE);
+    if (env) {
         snprintf(loaded_path, sizeof(loaded_path), "%s", env);
         if (!try_load(env, &used))
             loaded_path[0] = '\0';

@@ -9,6 +9,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/error.h"
+#include "common/settings.h"
+
 static struct {
     char prog[32];
     int rank;
@@ -52,14 +55,14 @@ void log_init(const char *prog)
     log_ensure_start();
     if (prog)
         snprintf(g_log.prog, sizeof g_log.prog, "%s", prog);
-    const char *env = getenv("FSDP_LOG_LEVEL");
+    /* Unset leaves the level as it is: info, or what log_set_level chose. */
+    int i = 0;
     enum log_level lvl;
-    if (env && *env) {
-        if (log_parse_level(env, &lvl) == 0)
-            g_log.level = lvl;
-        else
-            log_warn("FSDP_LOG_LEVEL=%s is not a level; use debug, info, warn, error or off", env);
-    }
+    if (settings_get_enum(SETTING_LOG_LEVEL, &i) != 0)
+        log_warn("%s", error_message());
+    else if (settings_get_raw(SETTING_LOG_LEVEL) &&
+             log_parse_level(settings_entry(SETTING_LOG_LEVEL)->values[i].name, &lvl) == 0)
+        g_log.level = lvl;
 }
 
 void log_set_rank(int rank) { g_log.rank = rank; }

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/settings.h"
 #include "rendezvous/rendezvous.h"
 
 int main(void)
@@ -22,8 +23,7 @@ int main(void)
     }
     char host[256] = "?";
     gethostname(host, sizeof host - 1);
-    const char *quiet = getenv("FSDP_DEMO_QUIET");
-    if (!quiet || !*quiet)
+    if (!settings_bool(SETTING_DEMO_QUIET))
         printf("rank %d of %d (local rank %d) on %s: joined the store and passed the barrier\n", w.rank,
                w.world_size, w.local_rank, host);
     rdzv_worker_close(&w);

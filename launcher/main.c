@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/settings.h"
 #include "launcher/agent.h"
 #include "launcher/args.h"
 #include "launcher/workers.h"
@@ -29,8 +30,6 @@ static void random_token(char *out, size_t nbytes)
 /* A slow --monitor_interval must not make a live node look lost: allow at least three missed beats. */
 static double heartbeat_timeout(double wanted, double monitor_interval)
 {
-    if (wanted <= 0)
-        wanted = 10;
     return wanted > 3 * monitor_interval ? wanted : 3 * monitor_interval;
 }
 
@@ -76,7 +75,7 @@ int main(int argc, char **argv)
     /* One node: nobody else needs the token, so a random one keeps strangers off the port. Several nodes
      * must share it, so it can only come from the user (the same FSDP_RDZV_TOKEN on every node). */
     char token[65];
-    const char *secret = getenv("FSDP_RDZV_TOKEN");
+    const char *secret = settings_get_raw(SETTING_RDZV_TOKEN);
     if (!secret && a.nnodes == 1) {
         random_token(token, 16);
         secret = token;
@@ -94,14 +93,11 @@ int main(int argc, char **argv)
 
     bool local_only = a.nnodes == 1 && (strcmp(a.master_addr, "127.0.0.1") == 0 ||
                                         strcmp(a.master_addr, "localhost") == 0);
-    char heartbeat_env[32];
-    const char *hb = getenv("FSDP_HEARTBEAT_TIMEOUT");
-    snprintf(heartbeat_env, sizeof heartbeat_env, "%s", hb ? hb : "");
     struct rdzv_options ro = {.master_addr = a.master_addr, .master_port = a.master_port,
                               .bind_addr = local_only ? "127.0.0.1" : NULL, .run_id = a.run_id, .secret = secret,
                               .nnodes = a.nnodes, .node_rank = a.node_rank, .nproc_per_node = a.nproc_per_node,
                               .host = host, .timeout_s = a.rdzv_timeout_s,
-                              .heartbeat_timeout_s = heartbeat_timeout(hb ? atof(heartbeat_env) : 10,
+                              .heartbeat_timeout_s = heartbeat_timeout(settings_double(SETTING_HEARTBEAT_TIMEOUT),
                                                                        a.monitor_interval_s),
                               .node_hosts = a.slurm_nhosts >= a.nnodes ? (const char *const *)a.slurm_hosts : NULL};
     struct rdzv *r = NULL;

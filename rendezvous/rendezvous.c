@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/settings.h"
 
 struct rdzv {
     struct store_server *server;
@@ -458,10 +459,10 @@ int rdzv_worker_connect(struct rdzv_worker *w, double timeout_s)
     if (!addr || !*addr)
         return error_set(FSDP_EINVAL, "MASTER_ADDR is not set: start this program with fsdp-launch");
     const char *run_id = getenv("TORCHELASTIC_RUN_ID");
-    const char *prefix = getenv("FSDP_STORE_PREFIX");
+    const char *prefix = settings_get_raw(SETTING_STORE_PREFIX);
     snprintf(w->prefix, sizeof w->prefix, "%s", prefix ? prefix : "worker/");
     struct store_client_options co = {.host = addr, .port = port, .run_id = run_id ? run_id : "none",
-                                      .secret = getenv("FSDP_RDZV_TOKEN"),
+                                      .secret = settings_get_raw(SETTING_RDZV_TOKEN),
                                       .connect_timeout_s = timeout_s > 0 ? timeout_s : 60,
                                       .default_timeout_s = timeout_s > 0 ? timeout_s : 300};
     return store_client_connect(&co, &w->client);

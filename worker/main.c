@@ -8,6 +8,7 @@
 #include "common/config.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/settings.h"
 #include "worker/train/train.h"
 #include "worker/config/worker_config.h"
 
@@ -21,6 +22,7 @@ static void print_usage(FILE *out)
     fputs("usage: fsdp-worker CONFIG.ini [--section.key=value ...] [--print-config] [--log_level=L]\n"
           "       fsdp-worker --print-config            (the defaults, as a starting CONFIG.ini)\n"
           "       fsdp-worker --help-config[=markdown]  (the reference of every key: docs/config.md)\n"
+          "       fsdp-worker --help-env[=markdown]     (the FSDP_* environment settings: docs/environment.md)\n"
           "\n"
           "Options override the file: --train.micro_batch=8, --train.micro_batch 8, or accelerate-style\n"
           "flags such as --fsdp_version=2 --fsdp_sharding_strategy=1 --fsdp_offload_params.\n"
@@ -62,6 +64,14 @@ int main(int argc, char **argv)
             goto out;
         }
         status = config_print_markdown(schema, stdout) == 0 ? 0 : fail("writing the reference");
+        goto out;
+    }
+    if (cli.help_env) {
+        if (strcasecmp(cli.help_env, "markdown") != 0 && strcasecmp(cli.help_env, "md") != 0) {
+            log_error("--help-env=%s: the only format is markdown", cli.help_env);
+            goto out;
+        }
+        status = settings_print_markdown(stdout) == 0 ? 0 : fail("writing the reference");
         goto out;
     }
     if (cli.n_positional > 1 || (cli.n_positional == 0 && !cli.print_config)) {

@@ -11,6 +11,7 @@
 
 extern "C" {
 #include "common/log.h"
+#include "common/settings.h"
 }
 
 struct cuda_ctx cuda_ctx;
@@ -209,8 +210,7 @@ static void init_context(void)
     }
     /* Exact fp32 by default so results match the CPU backend; TF32 tensor cores (10-bit mantissa
      * products, fp32 accumulation) roughly 8x the matmul rate on H100 and are opt-in. */
-    const char *tf32 = getenv("FSDP_CUDA_TF32");
-    c->gemm_compute = tf32 && strcmp(tf32, "1") == 0 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    c->gemm_compute = settings_bool(SETTING_CUDA_TF32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     c->gemm_f32 = c->gemm_compute;
     cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, c->device) == cudaSuccess)

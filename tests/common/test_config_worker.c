@@ -1,6 +1,7 @@
 /* fsdp-worker's schema and the real fsdp-worker binary: defaults are valid, the accelerate-style flags
  * reach the right keys, cross-key checks name their keys, --print-config round-trips through the
- * binary, training without data.train_file fails before any work (exit 2), and docs/config.md is what the schema generates. */
+ * binary, training without data.train_file fails before any work (exit 2), and docs/config.md is what the schema generates
+ * (docs/environment.md what `--help-env` prints). */
 #include <criterion/criterion.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -310,6 +311,28 @@ Test(worker_binary, docs_config_md_is_generated_from_the_schema, .timeout = 60)
     slurp(path, doc, sizeof doc);
     cr_assert(strlen(r.out) < sizeof r.out - 1, "reference outgrew the test buffer");
     cr_assert_str_eq(doc, r.out, "docs/config.md is stale: regenerate it with `ninja -C BUILD config-docs`");
+    cleanup(dir);
+}
+
+Test(worker_binary, help_env_prints_docs_environment_md, .timeout = 60)
+{
+    const char *src = getenv("FSDP_SOURCE_ROOT");
+    cr_assert_not_null(src);
+    char *dir = make_dir();
+    static struct run r;
+    const char *a[] = {"--help-env=markdown", NULL};
+    run_worker(&r, dir, a);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    char path[512];
+    snprintf(path, sizeof path, "%s/docs/environment.md", src);
+    static char doc[65536];
+    slurp(path, doc, sizeof doc);
+    cr_assert(strlen(r.out) < sizeof r.out - 1, "reference outgrew the test buffer");
+    cr_assert_str_eq(doc, r.out, "docs/environment.md is stale: regenerate it with `ninja -C BUILD env-docs`");
+    const char *bad[] = {"--help-env=html", NULL};
+    run_worker(&r, dir, bad);
+    cr_assert_eq(r.status, 1);
+    cr_assert(strstr(r.err, "--help-env=html: the only format is markdown"), "%s", r.err);
     cleanup(dir);
 }
 

@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/settings.h"
 #include "worker/fsdp/fsdp_internal.h"
 
 static double now_s(void)
@@ -114,12 +115,11 @@ int fsdp_create(struct fsdp **out, const struct worker_config *wc, struct model 
     f->k = k;
     /* FSDP_TEST_OFFLOAD=1 runs the offload path on the CPU backend too (host "device"), so the staging
      * copies are tested where no GPU exists; without it offload_params changes nothing on host memory. */
-    const char *test_off = getenv("FSDP_TEST_OFFLOAD");
-    f->offload = wc->fsdp.enable && wc->fsdp.offload_params && (!k->host_visible || (test_off && *test_off == '1'));
+    f->offload = wc->fsdp.enable && wc->fsdp.offload_params &&
+                 (!k->host_visible || settings_bool(SETTING_TEST_OFFLOAD));
     f->sk = f->offload ? k->host() : k;
     /* FSDP_REGISTERED_BUFFERS=0 turns registration off (for comparing the two paths). */
-    const char *reg = getenv("FSDP_REGISTERED_BUFFERS");
-    f->reg = g->world && !(reg && *reg == '0') ? g->world : NULL;
+    f->reg = g->world && settings_bool(SETTING_REGISTERED_BUFFERS) ? g->world : NULL;
     f->model = model;
     f->layout = model_get_layout(model);
     f->g = *g;

@@ -18,6 +18,7 @@
 #include "common/gpu_module.h"
 #include "common/fs.h"
 #include "common/log.h"
+#include "common/settings.h"
 #include "worker/train/data.h"
 #include "worker/fsdp/fsdp.h"
 #include "worker/train/lr_schedule.h"
@@ -38,9 +39,9 @@ static double now_s(void)
  * SGEMM measured now, every rank at once); unknown (-1) where the backend has none. */
 static double peak_flops(const struct kernels *k)
 {
-    const char *env = getenv("FSDP_PEAK_TFLOPS");
-    if (env && *env)
-        return atof(env) * 1e12;
+    double tflops = settings_double(SETTING_PEAK_TFLOPS);
+    if (tflops > 0)
+        return tflops * 1e12;
     return k->peak_flops ? k->peak_flops() : -1;
 }
 
@@ -181,7 +182,7 @@ static int metrics_trim(const char *dir, int64_t first_step)
  * tests (and users rehearsing recovery) can crash a run at a chosen point and watch it recover. */
 static void fault_maybe_kill(const struct train_env *env, int64_t step)
 {
-    const char *v = getenv("FSDP_FAULT_KILL");
+    const char *v = settings_get_string(SETTING_FAULT_KILL);
     long long at;
     int rank;
     if (v && env->restart_count == 0 && sscanf(v, "%lld:%d", &at, &rank) == 2 && at == step && rank == env->rank) {

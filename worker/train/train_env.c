@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/settings.h"
 #include "rendezvous/rendezvous.h"
 #include "worker/train/train_env.h"
 
@@ -47,7 +48,7 @@ int train_env_open(struct train_env *e)
     snprintf(e->run_id, sizeof e->run_id, "%s", run_id && *run_id ? run_id : "local");
     if (e->world_size == 1)
         return 0;
-    if (getenv("FSDP_STORE_PREFIX")) {
+    if (settings_get_raw(SETTING_STORE_PREFIX)) {
         struct rdzv_worker w;
         rc = rdzv_worker_connect(&w, 120);
         if (rc)
@@ -59,14 +60,16 @@ int train_env_open(struct train_env *e)
     const char *addr = getenv("MASTER_ADDR");
     int mport = 0, port = 0;
     rc = env_int("MASTER_PORT", 29500, 1, &mport);
+    long sport = (long)mport + 1;
     if (!rc)
-        rc = env_int("FSDP_STORE_PORT", mport + 1, 1, &port);
+        rc = settings_get_int(SETTING_STORE_PORT, &sport);
     if (rc)
         return rc;
+    port = (int)sport;
     if (!addr || !*addr)
         return error_set(FSDP_EINVAL, "environment: WORLD_SIZE=%d but MASTER_ADDR is not set; start the workers with "
                          "fsdp-launch or torchrun", e->world_size);
-    const char *secret = getenv("FSDP_RDZV_TOKEN");
+    const char *secret = settings_get_raw(SETTING_RDZV_TOKEN);
     if (e->rank == 0) {
         struct store_server_options so = {.port = port, .run_id = e->run_id, .secret = secret};
         rc = store_server_start(&so, &e->server);

@@ -1,0 +1,144 @@
+/* Every FSDP_* environment variable of the project, one entry each (common/settings.h says what a field
+ * means). docs/environment.md is generated from this table; a test fails when a source reads or names an
+ * FSDP_* variable that is not here. */
+#include "common/settings.h"
+
+#include <string.h>
+
+#define END {NULL, NULL}
+
+static const struct setting_value log_levels[] = {
+    {"debug", NULL}, {"info", NULL}, {"warn", NULL}, {"error", NULL}, {"off", NULL}, END};
+static const struct setting_alias log_level_aliases[] = {{"warning", "warn"}, END};
+static const struct setting_value comm_backends[] = {
+    {"cpu", "shared memory inside a host, TCP across hosts"}, {"nccl", "NCCL, from the GPU module"}, END};
+static const struct setting_value peer_pages[] = {
+    {"last", "the pages the latest operation read"},
+    {"0", "none: every read faults them in"},
+    {"1", "all ever read; RSS counts them"},
+    END};
+static const struct setting_value kernels_backends[] = {{"cpu", NULL}, {"cuda", NULL}, END};
+
+static const struct setting table[SETTING_COUNT] = {
+    /* every program */
+    {.id = SETTING_LOG_LEVEL, .name = "FSDP_LOG_LEVEL", .type = SETTING_ENUM, .def = "info", .values = log_levels,
+     .aliases = log_level_aliases, .readers = SETTING_BY_LAUNCH | SETTING_BY_WORKER | SETTING_BY_PREPARE_DATA,
+     .launcher_sets = true,
+     .doc = "Least severe messages printed; `--log_level` on the command line wins. A value not allowed is a "
+            "warning."},
+
+    /* the launcher and the store */
+    {.id = SETTING_RDZV_TOKEN, .name = "FSDP_RDZV_TOKEN", .type = SETTING_STRING, .format = "text",
+     .def_doc = "one node: a random token made by fsdp-launch; several nodes: none",
+     .readers = SETTING_BY_LAUNCH | SETTING_BY_WORKER | SETTING_BY_DEMO, .launcher_sets = true,
+     .empty_is_value = true,
+     .doc = "Secret every store connection presents (part 2 of the store handshake); several nodes need the "
+            "same value on every node."},
+    {.id = SETTING_STORE_PREFIX, .name = "FSDP_STORE_PREFIX", .type = SETTING_STRING, .format = "a key prefix",
+     .def_doc = "unset: the store is not fsdp-launch's (`rdzv_worker_connect` then uses `worker/`)",
+     .readers = SETTING_BY_WORKER | SETTING_BY_DEMO, .launcher_sets = true, .empty_is_value = true,
+     .doc = "Prefix of every key a worker puts in the store (`worker/g<generation>/`); when set, fsdp-worker "
+            "uses the store at MASTER_ADDR:MASTER_PORT as fsdp-launch's."},
+    {.id = SETTING_STORE_PORT, .name = "FSDP_STORE_PORT", .type = SETTING_INT, .min = 1, .max = 65535,
+     .def_doc = "`MASTER_PORT` + 1", .readers = SETTING_BY_WORKER,
+     .doc = "Port on which rank 0 hosts fsdp's store beside another launcher's (torchrun); it must be free. A "
+            "value not allowed stops the worker."},
+    {.id = SETTING_HEARTBEAT_TIMEOUT, .name = "FSDP_HEARTBEAT_TIMEOUT", .type = SETTING_DOUBLE, .def = "10",
+     .min = 0, .min_exclusive = true, .readers = SETTING_BY_LAUNCH,
+     .doc = "Seconds without a heartbeat before a node is declared lost; at least 3 x `--monitor_interval`."},
+
+    /* the worker */
+    {.id = SETTING_GPU_MODULE, .name = "FSDP_GPU_MODULE", .type = SETTING_STRING, .format = "a path",
+     .def_doc = "`BUILD/libfsdp_gpu.so` for a program in the build tree, else `LIBDIR/fsdp/libfsdp_gpu.so`, "
+                "each falling back to the other",
+     .readers = SETTING_BY_WORKER,
+     .doc = "The GPU module (CUDA kernels, NCCL backend) to load; when set, only this file is tried."},
+    {.id = SETTING_CUDA_TF32, .name = "FSDP_CUDA_TF32", .type = SETTING_BOOL, .def = "0",
+     .readers = SETTING_BY_WORKER,
+     .doc = "fp32 matmuls on TF32 tensor cores (10-bit mantissa products, fp32 accumulation); off: exact fp32, "
+            "as on the CPU."},
+    {.id = SETTING_PEAK_TFLOPS, .name = "FSDP_PEAK_TFLOPS", .type = SETTING_DOUBLE, .min = 0,
+     .min_exclusive = true,
+     .def_doc = "measured on the CPU by a short SGEMM at start; unknown (no MFU) on other devices",
+     .readers = SETTING_BY_WORKER, .doc = "Peak TFLOP/s of one rank: the denominator of the MFU it reports."},
+    {.id = SETTING_REGISTERED_BUFFERS, .name = "FSDP_REGISTERED_BUFFERS", .type = SETTING_BOOL, .def = "1",
+     .readers = SETTING_BY_WORKER,
+     .doc = "0: the engine does not register its buffers with the communicator, so every transfer is staged "
+            "(for comparing the two paths)."},
+
+    /* the collectives (comm/) */
+    {.id = SETTING_COMM_TIMEOUT_S, .name = "FSDP_COMM_TIMEOUT_S", .type = SETTING_DOUBLE, .def = "600", .min = 0,
+     .min_exclusive = true, .readers = SETTING_BY_WORKER | SETTING_BY_COMM,
+     .doc = "Seconds each wait of one collective (and a communicator's creation) may take before it fails "
+            "naming the ranks that did not arrive."},
+    {.id = SETTING_COMM_BACKEND, .name = "FSDP_COMM_BACKEND", .type = SETTING_ENUM, .def = "cpu",
+     .values = comm_backends, .readers = SETTING_BY_COMM,
+     .doc = "Communicator backend when `comm_options.backend` is unset (fsdp-worker picks it from "
+            "`train.device`); a value not allowed fails `comm_create`."},
+    {.id = SETTING_RDZV_GENERATION, .name = "FSDP_RDZV_GENERATION", .type = SETTING_INT, .def = "0", .min = 0,
+     .max = 2147483647, .readers = SETTING_BY_COMM,
+     .doc = "Generation in a communicator's store keys when `comm_options.generation` < 0 (fsdp-worker passes "
+            "its restart count)."},
+    {.id = SETTING_RUN_ID, .name = "FSDP_RUN_ID", .type = SETTING_STRING, .format = "text",
+     .def_doc = "`TORCHELASTIC_RUN_ID`, else `local`", .readers = SETTING_BY_WORKER | SETTING_BY_COMM,
+     .doc = "Part of the shared-memory segment names, so that jobs on one host stay apart."},
+    {.id = SETTING_COMM_SHM_SLOT_KIB, .name = "FSDP_COMM_SHM_SLOT_KIB", .type = SETTING_INT, .def = "1024",
+     .min = 64, .max = 4194304, .readers = SETTING_BY_WORKER | SETTING_BY_COMM,
+     .doc = "Shared-memory slot per rank, in KiB: a staged collective moves its buffers in pieces of one slot "
+            "per rank."},
+    {.id = SETTING_COMM_SHM_DIRECT, .name = "FSDP_COMM_SHM_DIRECT", .type = SETTING_BOOL, .def = "1",
+     .readers = SETTING_BY_WORKER | SETTING_BY_COMM,
+     .doc = "0: registered buffers take the staged path too; one rank with 0 turns direct reads off for its "
+            "whole group."},
+    {.id = SETTING_COMM_SHM_KEEP_PEER_PAGES, .name = "FSDP_COMM_SHM_KEEP_PEER_PAGES", .type = SETTING_ENUM,
+     .def = "last", .values = peer_pages, .readers = SETTING_BY_WORKER | SETTING_BY_COMM,
+     .doc = "Peer pages a rank keeps mapped after a one-copy read; read per rank when a communicator is "
+            "created, which a value not allowed fails."},
+    {.id = SETTING_COMM_FORCE_TCP, .name = "FSDP_COMM_FORCE_TCP", .type = SETTING_BOOL, .def = "0",
+     .readers = SETTING_BY_WORKER | SETTING_BY_COMM,
+     .doc = "Every rank is its own host: TCP only, no shared memory (tests and debugging)."},
+
+    /* examples/ */
+    {.id = SETTING_DEMO_QUIET, .name = "FSDP_DEMO_QUIET", .type = SETTING_BOOL, .def = "0",
+     .readers = SETTING_BY_DEMO,
+     .doc = "The demo prints nothing after the barrier (the launcher benchmark times it so)."},
+
+    /* test hooks: read by the programs, set by tests */
+    {.id = SETTING_FAULT_KILL, .name = "FSDP_FAULT_KILL", .type = SETTING_STRING, .format = "STEP:RANK",
+     .def_doc = "unset: off", .readers = SETTING_BY_WORKER, .test_only = true,
+     .doc = "That rank SIGKILLs itself when it reaches STEP, on the first attempt only: tests crash a run at "
+            "a chosen point (also a way to rehearse recovery)."},
+    {.id = SETTING_TEST_OFFLOAD, .name = "FSDP_TEST_OFFLOAD", .type = SETTING_BOOL, .def = "0",
+     .readers = SETTING_BY_WORKER, .test_only = true,
+     .doc = "`fsdp.offload_params` runs its staging path on the CPU backend too, where offload otherwise "
+            "changes nothing."},
+    {.id = SETTING_COMM_HOST_ID, .name = "FSDP_COMM_HOST_ID", .type = SETTING_STRING, .format = "text",
+     .def_doc = "unset: hostname, boot id and network namespace tell hosts apart",
+     .readers = SETTING_BY_WORKER | SETTING_BY_COMM, .test_only = true,
+     .doc = "Ranks with the same value are one host: fakes several hosts on one machine."},
+
+    /* the test suite's harness */
+    {.id = SETTING_BUILD_ROOT, .name = "FSDP_BUILD_ROOT", .type = SETTING_STRING, .format = "a path",
+     .def_doc = "set by `meson test`", .readers = SETTING_BY_TESTS, .test_only = true,
+     .doc = "The build directory: tests and benchmarks find the programs under test there, never through "
+            "PATH."},
+    {.id = SETTING_SOURCE_ROOT, .name = "FSDP_SOURCE_ROOT", .type = SETTING_STRING, .format = "a path",
+     .def_doc = "set by `meson test`", .readers = SETTING_BY_TESTS, .test_only = true,
+     .doc = "The source tree: tests read docs/, examples/ and the sources there."},
+    {.id = SETTING_KERNELS_BACKEND, .name = "FSDP_KERNELS_BACKEND", .type = SETTING_ENUM, .def = "cpu",
+     .values = kernels_backends, .readers = SETTING_BY_TESTS, .test_only = true,
+     .doc = "The kernels backend the tests/kernels binaries test (their `kernels_*_cuda` runs set cuda)."},
+};
+
+const struct setting *settings_entry(enum setting_id id)
+{
+    return (unsigned)id < SETTING_COUNT ? &table[id] : NULL;
+}
+
+const struct setting *settings_find(const char *name)
+{
+    for (size_t i = 0; name && i < SETTING_COUNT; i++)
+        if (strcmp(table[i].name, name) == 0)
+            return &table[i];
+    return NULL;
+}
