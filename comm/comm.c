@@ -359,7 +359,7 @@ static int enqueue(struct comm *c, const struct comm_req *req, struct comm_work 
 static int check_args(struct comm *c, const struct comm_req *r)
 {
     const char *op = comm_kind_name(r->kind);
-    if ((unsigned)r->dtype > COMM_F16)
+    if (!dtype_valid(r->dtype))
         return error_set(FSDP_EINVAL, "comm_%s: unknown dtype %d", op, (int)r->dtype);
     if ((unsigned)r->op > COMM_MAX)
         return error_set(FSDP_EINVAL, "comm_%s: unknown reduction %d", op, (int)r->op);
@@ -420,69 +420,69 @@ static int run_sync(struct comm *c, struct comm_req r)
     return rc ? rc : comm_work_wait(w);
 }
 
-int comm_all_gather_async(struct comm *c, const void *in, void *out, size_t count, enum comm_dtype dtype,
+int comm_all_gather_async(struct comm *c, const void *in, void *out, size_t count, enum dtype dtype,
                           struct comm_work **work)
 {
     return submit(c, (struct comm_req){.kind = COMM_K_ALL_GATHER, .in = in, .out = out, .count = count,
                                        .dtype = dtype}, work);
 }
 
-int comm_reduce_scatter_async(struct comm *c, const void *in, void *out, size_t count, enum comm_dtype dtype,
+int comm_reduce_scatter_async(struct comm *c, const void *in, void *out, size_t count, enum dtype dtype,
                               enum comm_op op, struct comm_work **work)
 {
     return submit(c, (struct comm_req){.kind = COMM_K_REDUCE_SCATTER, .in = in, .out = out, .count = count,
                                        .dtype = dtype, .op = op}, work);
 }
 
-int comm_all_reduce_async(struct comm *c, const void *in, void *out, size_t count, enum comm_dtype dtype,
+int comm_all_reduce_async(struct comm *c, const void *in, void *out, size_t count, enum dtype dtype,
                           enum comm_op op, struct comm_work **work)
 {
     return submit(c, (struct comm_req){.kind = COMM_K_ALL_REDUCE, .in = in, .out = out, .count = count,
                                        .dtype = dtype, .op = op}, work);
 }
 
-int comm_broadcast_async(struct comm *c, void *buf, size_t count, enum comm_dtype dtype, int root,
+int comm_broadcast_async(struct comm *c, void *buf, size_t count, enum dtype dtype, int root,
                          struct comm_work **work)
 {
     return submit(c, (struct comm_req){.kind = COMM_K_BROADCAST, .in = buf, .out = buf, .count = count,
                                        .dtype = dtype, .peer = root}, work);
 }
 
-int comm_send_async(struct comm *c, const void *buf, size_t count, enum comm_dtype dtype, int peer,
+int comm_send_async(struct comm *c, const void *buf, size_t count, enum dtype dtype, int peer,
                     struct comm_work **work)
 {
     return submit(c, (struct comm_req){.kind = COMM_K_SEND, .in = buf, .count = count, .dtype = dtype,
                                        .peer = peer}, work);
 }
 
-int comm_recv_async(struct comm *c, void *buf, size_t count, enum comm_dtype dtype, int peer,
+int comm_recv_async(struct comm *c, void *buf, size_t count, enum dtype dtype, int peer,
                     struct comm_work **work)
 {
     return submit(c, (struct comm_req){.kind = COMM_K_RECV, .out = buf, .count = count, .dtype = dtype,
                                        .peer = peer}, work);
 }
 
-int comm_all_gather(struct comm *c, const void *in, void *out, size_t count, enum comm_dtype dtype)
+int comm_all_gather(struct comm *c, const void *in, void *out, size_t count, enum dtype dtype)
 {
     return run_sync(c, (struct comm_req){.kind = COMM_K_ALL_GATHER, .in = in, .out = out, .count = count,
                                          .dtype = dtype});
 }
 
-int comm_reduce_scatter(struct comm *c, const void *in, void *out, size_t count, enum comm_dtype dtype,
+int comm_reduce_scatter(struct comm *c, const void *in, void *out, size_t count, enum dtype dtype,
                         enum comm_op op)
 {
     return run_sync(c, (struct comm_req){.kind = COMM_K_REDUCE_SCATTER, .in = in, .out = out, .count = count,
                                          .dtype = dtype, .op = op});
 }
 
-int comm_all_reduce(struct comm *c, const void *in, void *out, size_t count, enum comm_dtype dtype,
+int comm_all_reduce(struct comm *c, const void *in, void *out, size_t count, enum dtype dtype,
                     enum comm_op op)
 {
     return run_sync(c, (struct comm_req){.kind = COMM_K_ALL_REDUCE, .in = in, .out = out, .count = count,
                                          .dtype = dtype, .op = op});
 }
 
-int comm_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype dtype, int root)
+int comm_broadcast(struct comm *c, void *buf, size_t count, enum dtype dtype, int root)
 {
     return run_sync(c, (struct comm_req){.kind = COMM_K_BROADCAST, .in = buf, .out = buf, .count = count,
                                          .dtype = dtype, .peer = root});
@@ -493,13 +493,13 @@ int comm_barrier(struct comm *c)
     return run_sync(c, (struct comm_req){.kind = COMM_K_BARRIER});
 }
 
-int comm_send(struct comm *c, const void *buf, size_t count, enum comm_dtype dtype, int peer)
+int comm_send(struct comm *c, const void *buf, size_t count, enum dtype dtype, int peer)
 {
     return run_sync(c, (struct comm_req){.kind = COMM_K_SEND, .in = buf, .count = count, .dtype = dtype,
                                          .peer = peer});
 }
 
-int comm_recv(struct comm *c, void *buf, size_t count, enum comm_dtype dtype, int peer)
+int comm_recv(struct comm *c, void *buf, size_t count, enum dtype dtype, int peer)
 {
     return run_sync(c, (struct comm_req){.kind = COMM_K_RECV, .out = buf, .count = count, .dtype = dtype,
                                          .peer = peer});

@@ -20,7 +20,7 @@ struct comm_req {
     const void *in;
     void *out;
     size_t count;
-    enum comm_dtype dtype;
+    enum dtype dtype;
     enum comm_op op;
     int peer; /* root for broadcast */
     uint64_t seq;
@@ -79,7 +79,7 @@ const char *comm_kind_name(enum comm_kind kind);
 /* dst[i] = srcs[0][i] (op) srcs[1][i] (op) ... in that order, accumulated in f32, then divided by
  * divisor when divisor > 1 (AVG), then rounded to dtype once. dst may alias any source. op is SUM or
  * MAX (AVG is SUM with a divisor). */
-void comm_reduce_arrays(enum comm_dtype dtype, enum comm_op op, const void *const *srcs, int nsrc, void *dst,
+void comm_reduce_arrays(enum dtype dtype, enum comm_op op, const void *const *srcs, int nsrc, void *dst,
                         size_t n, int divisor);
 /* memcpy (no overlap) with non-temporal stores for large sizes; for copies nobody reads back soon. */
 void comm_copy_stream(void *dst, const void *src, size_t n);
@@ -87,11 +87,12 @@ void comm_copy_stream(void *dst, const void *src, size_t n);
 void comm_copy_nt(void *dst, const void *src, size_t n);
 /* comm_reduce_arrays for a large destination nobody reads back soon: f32 results go out with
  * non-temporal stores when n is large (same values, same order). */
-void comm_reduce_arrays_stream(enum comm_dtype dtype, enum comm_op op, const void *const *srcs, int nsrc,
+void comm_reduce_arrays_stream(enum dtype dtype, enum comm_op op, const void *const *srcs, int nsrc,
                                void *dst, size_t n, int divisor);
-float comm_bf16_to_f32(uint16_t v);
-uint16_t comm_f32_to_bf16(float f);
-float comm_f16_to_f32(uint16_t v);
-uint16_t comm_f32_to_f16(float f);
+/* comm's older names for common/dtype.h's conversions (the same functions), kept for existing callers. */
+#define comm_bf16_to_f32 dtype_bf16_to_f32
+#define comm_f32_to_bf16 dtype_f32_to_bf16
+#define comm_f16_to_f32 dtype_f16_to_f32
+#define comm_f32_to_f16 dtype_f32_to_f16
 
 #endif
