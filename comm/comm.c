@@ -1,10 +1,10 @@
-/* The communicator core: option defaults, the backend choice, comm_split through the store, and the
- * progress thread that runs every operation (blocking forms are async + wait) in issue order. Errors
- * are decorated here with the collective, its sequence number, the group and this rank, and make the
- * communicator broken: once one collective failed the ranks are out of step, so later ones fail fast. */
+/* The communicator core: option defaults, the backend choice (by name, through comm_registry.c),
+ * comm_split through the store, and the progress thread that runs every operation (blocking forms are
+ * async + wait) in issue order. Errors are decorated here with the collective, its sequence number, the
+ * group and this rank, and make the communicator broken: once one collective failed the ranks are out of
+ * step, so later ones fail fast. */
 #include "comm/comm_internal.h"
 #include "common/error.h"
-#include "common/gpu_module.h"
 #include "common/log.h"
 #include "rendezvous/store.h"
 
@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 struct comm_work {
     struct comm_req req;
@@ -38,20 +37,6 @@ struct comm {
     int broken;
     char broken_msg[768];
 };
-
-double comm_now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-const char *comm_kind_name(enum comm_kind kind)
-{
-    static const char *names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",
-                                  "barrier", "send", "recv", "split"};
-    return (unsigned)kind < sizeof(names) / sizeof(names[0]) ? names[kind] : "?";
-}
 
 int comm_rank(const struct comm *c) { return c->info.rank; }
 int comm_size(const struct comm *c) { return c->info.size; }
@@ -182,19 +167,9 @@ int comm_create(struct store_client *store, int rank, int size, const char *grou
     if (!bname || !*bname)
         bname = "cpu";
     const struct comm_backend *be = NULL;
-    if (strcmp(bname, "cpu") == 0)
-        be = comm_backend_cpu();
-    else if (strcmp(bname, "nccl") == 0) {
-        /* The NCCL backend lives in the GPU module, loaded now (see common/gpu_module.h). */
-        const struct comm_backend *(*get)(void) =
-            (const struct comm_backend *(*)(void))gpu_module_symbol("fsdp_gpu_comm_backend");
-        if (!get)
-            return error_set(FSDP_EUNSUPPORTED, "comm_create: no NCCL backend: %s; use backend \"cpu\"",
-                             error_message());
-        be = get();
-    }
-    if (!be)
-        return error_set(FSDP_EINVAL, "comm_create: unknown backend '%s' (use \"cpu\" or \"nccl\")", bname);
+    int found = comm_backend_find(bname, &be);
+    if (found)
+        return error_set(found, "comm_create: %s", error_message());
     if (o.generation < 0) {
         const char *g = getenv("FSDP_RDZV_GENERATION");
         o.generation = g ? atoi(g) : 0;

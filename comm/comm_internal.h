@@ -68,11 +68,15 @@ struct comm_backend {
     int (*issue)(void *state, struct comm_req *req);
 };
 
+/* comm_registry.c: the table of the backend named name ("cpu", "nccl"): 0, or FSDP_EINVAL for a name it
+ * does not know and FSDP_EUNSUPPORTED for one this build or host cannot run, with error_set saying which. */
+int comm_backend_find(const char *name, const struct comm_backend **out);
+/* The backends' tables, for the registry: comm_cpu.c; comm_nccl.c, built into the GPU module only (the
+ * registry reaches it through common/gpu_module.h). */
 const struct comm_backend *comm_backend_cpu(void);
-/* Defined in comm_nccl.c, which is built into the GPU module only (comm.c reaches it through
- * common/gpu_module.h). */
 const struct comm_backend *comm_backend_nccl(void);
 
+/* comm_request.c, used by the core and the backends alike. */
 double comm_now_s(void);
 const char *comm_kind_name(enum comm_kind kind);
 
