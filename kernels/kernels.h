@@ -24,8 +24,8 @@
 
 #include "common/dtype.h"
 
-/* The kernels' names for common/dtype.h's enum and functions, kept for existing callers (the same type
- * and the same functions, not copies); new code uses the dtype_ names. */
+/* The kernels' aliases of common/dtype.h's enum and functions (the same type and the same functions, not
+ * copies), as the worker and the tests spell them; new code uses the dtype_ names. */
 #define kernels_dtype dtype
 #define KERNELS_F32 DTYPE_F32
 #define KERNELS_BF16 DTYPE_BF16

@@ -345,7 +345,7 @@ static void check_random(const struct kernels *k, enum dtype t, bool with_comm, 
     free(v), free(out_k);
 }
 
-Test(dtype, sizes_names_and_the_older_spellings)
+Test(dtype, sizes_names_and_the_aliases)
 {
     cr_assert_eq(dtype_size(DTYPE_F32), 4);
     cr_assert_eq(dtype_size(DTYPE_BF16), 2);
