@@ -1,10 +1,10 @@
-/* The communicator core: option defaults, the backend choice, comm_split through the store, and the
- * progress thread that runs every operation (blocking forms are async + wait) in issue order. Errors
- * are decorated here with the collective, its sequence number, the group and this rank, and make the
- * communicator broken: once one collective failed the ranks are out of step, so later ones fail fast. */
+/* The communicator core: option defaults, the backend choice (by name, through comm_registry.c),
+ * comm_split through the store, and the progress thread that runs every operation (blocking forms are
+ * async + wait) in issue order. Errors are decorated here with the collective, its sequence number, the
+ * group and this rank, and make the communicator broken: once one collective failed the ranks are out of
+ * step, so later ones fail fast. */
 #include "comm/comm_internal.h"
 #include "common/error.h"
-#include "common/gpu_module.h"
 #include "common/log.h"
 #include "common/settings.h"
 #include "rendezvous/store.h"
@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 struct comm_work {
     struct comm_req req;
@@ -39,20 +38,6 @@ struct comm {
     int broken;
     char broken_msg[768];
 };
-
-double comm_now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-const char *comm_kind_name(enum comm_kind kind)
-{
-    static const char *names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",
-                                  "barrier", "send", "recv", "split"};
-    return (unsigned)kind < sizeof(names) / sizeof(names[0]) ? names[kind] : "?";
-}
 
 int comm_rank(const struct comm *c) { return c->info.rank; }
 int comm_size(const struct comm *c) { return c->info.size; }
@@ -177,19 +162,9 @@ int comm_create(struct store_client *store, int rank, int size, const char *grou
         bname = settings_entry(SETTING_COMM_BACKEND)->values[b].name;
     }
     const struct comm_backend *be = NULL;
-    if (strcmp(bname, "cpu") == 0)
-        be = comm_backend_cpu();
-    else if (strcmp(bname, "nccl") == 0) {
-        /* The NCCL backend lives in the GPU module, loaded now (see common/gpu_module.h). */
-        const struct comm_backend *(*get)(void) =
-            (const struct comm_backend *(*)(void))gpu_module_symbol("fsdp_gpu_comm_backend");
-        if (!get)
-            return error_set(FSDP_EUNSUPPORTED, "comm_create: no NCCL backend: %s; use backend \"cpu\"",
-                             error_message());
-        be = get();
-    }
-    if (!be)
-        return error_set(FSDP_EINVAL, "comm_create: unknown backend '%s' (use \"cpu\" or \"nccl\")", bname);
+    int found = comm_backend_find(bname, &be);
+    if (found)
+        return error_set(found, "comm_create: %s", error_message());
     if (o.generation < 0)
         o.generation = (int)settings_int(SETTING_RDZV_GENERATION);
     if (o.timeout_s <= 0)
@@ -352,7 +327,7 @@ static int enqueue(struct comm *c, const struct comm_req *req, struct comm_work 
 static int check_args(struct comm *c, const struct comm_req *r)
 {
     const char *op = comm_kind_name(r->kind);
-    if ((unsigned)r->dtype > COMM_F16)
+    if (!dtype_valid(r->dtype))
         return error_set(FSDP_EINVAL, "comm_%s: unknown dtype %d", op, (int)r->dtype);
     if ((unsigned)r->op > COMM_MAX)
         return error_set(FSDP_EINVAL, "comm_%s: unknown reduction %d", op, (int)r->op);
@@ -413,69 +388,69 @@ static int run_sync(struct comm *c, struct comm_req r)
     return rc ? rc : comm_work_wait(w);
 }
 
-int comm_all_gather_async(struct comm *c, const void *in, void *out, size_t count, enum comm_dtype dtype,
+int comm_all_gather_async(struct comm *c, const void *in, void *out, size_t count, enum dtype dtype,
                           struct comm_work **work)
 {
     return submit(c, (struct comm_req){.kind = COMM_K_ALL_GATHER, .in = in, .out = out, .count = count,
                                        .dtype = dtype}, work);
 }
 
-int comm_reduce_scatter_async(struct comm *c, const void *in, void *out, size_t count, enum comm_dtype dtype,
+int comm_reduce_scatter_async(struct comm *c, const void *in, void *out, size_t count, enum dtype dtype,
                               enum comm_op op, struct comm_work **work)
 {
     return submit(c, (struct comm_req){.kind = COMM_K_REDUCE_SCATTER, .in = in, .out = out, .count = count,
                                        .dtype = dtype, .op = op}, work);
 }
 
-int comm_all_reduce_async(struct comm *c, const void *in, void *out, size_t count, enum comm_dtype dtype,
+int comm_all_reduce_async(struct comm *c, const void *in, void *out, size_t count, enum dtype dtype,
                           enum comm_op op, struct comm_work **work)
 {
     return submit(c, (struct comm_req){.kind = COMM_K_ALL_REDUCE, .in = in, .out = out, .count = count,
                                        .dtype = dtype, .op = op}, work);
 }
 
-int comm_broadcast_async(struct comm *c, void *buf, size_t count, enum comm_dtype dtype, int root,
+int comm_broadcast_async(struct comm *c, void *buf, size_t count, enum dtype dtype, int root,
                          struct comm_work **work)
 {
     return submit(c, (struct comm_req){.kind = COMM_K_BROADCAST, .in = buf, .out = buf, .count = count,
                                        .dtype = dtype, .peer = root}, work);
 }
 
-int comm_send_async(struct comm *c, const void *buf, size_t count, enum comm_dtype dtype, int peer,
+int comm_send_async(struct comm *c, const void *buf, size_t count, enum dtype dtype, int peer,
                     struct comm_work **work)
 {
     return submit(c, (struct comm_req){.kind = COMM_K_SEND, .in = buf, .count = count, .dtype = dtype,
                                        .peer = peer}, work);
 }
 
-int comm_recv_async(struct comm *c, void *buf, size_t count, enum comm_dtype dtype, int peer,
+int comm_recv_async(struct comm *c, void *buf, size_t count, enum dtype dtype, int peer,
                     struct comm_work **work)
 {
     return submit(c, (struct comm_req){.kind = COMM_K_RECV, .out = buf, .count = count, .dtype = dtype,
                                        .peer = peer}, work);
 }
 
-int comm_all_gather(struct comm *c, const void *in, void *out, size_t count, enum comm_dtype dtype)
+int comm_all_gather(struct comm *c, const void *in, void *out, size_t count, enum dtype dtype)
 {
     return run_sync(c, (struct comm_req){.kind = COMM_K_ALL_GATHER, .in = in, .out = out, .count = count,
                                          .dtype = dtype});
 }
 
-int comm_reduce_scatter(struct comm *c, const void *in, void *out, size_t count, enum comm_dtype dtype,
+int comm_reduce_scatter(struct comm *c, const void *in, void *out, size_t count, enum dtype dtype,
                         enum comm_op op)
 {
     return run_sync(c, (struct comm_req){.kind = COMM_K_REDUCE_SCATTER, .in = in, .out = out, .count = count,
                                          .dtype = dtype, .op = op});
 }
 
-int comm_all_reduce(struct comm *c, const void *in, void *out, size_t count, enum comm_dtype dtype,
+int comm_all_reduce(struct comm *c, const void *in, void *out, size_t count, enum dtype dtype,
                     enum comm_op op)
 {
     return run_sync(c, (struct comm_req){.kind = COMM_K_ALL_REDUCE, .in = in, .out = out, .count = count,
                                          .dtype = dtype, .op = op});
 }
 
-int comm_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype dtype, int root)
+int comm_broadcast(struct comm *c, void *buf, size_t count, enum dtype dtype, int root)
 {
     return run_sync(c, (struct comm_req){.kind = COMM_K_BROADCAST, .in = buf, .out = buf, .count = count,
                                          .dtype = dtype, .peer = root});
@@ -486,13 +461,13 @@ int comm_barrier(struct comm *c)
     return run_sync(c, (struct comm_req){.kind = COMM_K_BARRIER});
 }
 
-int comm_send(struct comm *c, const void *buf, size_t count, enum comm_dtype dtype, int peer)
+int comm_send(struct comm *c, const void *buf, size_t count, enum dtype dtype, int peer)
 {
     return run_sync(c, (struct comm_req){.kind = COMM_K_SEND, .in = buf, .count = count, .dtype = dtype,
                                          .peer = peer});
 }
 
-int comm_recv(struct comm *c, void *buf, size_t count, enum comm_dtype dtype, int peer)
+int comm_recv(struct comm *c, void *buf, size_t count, enum dtype dtype, int peer)
 {
     return run_sync(c, (struct comm_req){.kind = COMM_K_RECV, .out = buf, .count = count, .dtype = dtype,
                                          .peer = peer});

@@ -21,11 +21,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/dtype.h"
+
 struct store_client;
 struct comm;
 struct comm_work;
 
-enum comm_dtype { COMM_F32 = 0, COMM_BF16 = 1, COMM_F16 = 2 };
+/* Element types are common/dtype.h's enum dtype. comm's aliases of its values and of its size and name
+ * functions (the same values and functions, not copies), as the tests and benchmarks spell them. */
+#define COMM_F32 DTYPE_F32
+#define COMM_BF16 DTYPE_BF16
+#define COMM_F16 DTYPE_F16
+#define comm_dtype_size dtype_size
+#define comm_dtype_name dtype_name
 
 /* SUM of f32 adds in rank order (bitwise reproducible; see docs/collectives.md for the hierarchical
  * order); bf16/f16 accumulate in f32 and round once. AVG = SUM then one division by the group size. */
@@ -56,8 +64,6 @@ int comm_rank(const struct comm *comm);
 int comm_size(const struct comm *comm);
 const char *comm_group(const struct comm *comm);
 const char *comm_backend_name(const struct comm *comm);
-size_t comm_dtype_size(enum comm_dtype dtype);
-const char *comm_dtype_name(enum comm_dtype dtype);
 
 /* ---- registered memory ----
  * A buffer from comm_mem_alloc may be used by any collective of any communicator of the same backend
@@ -75,32 +81,32 @@ void comm_mem_free(struct comm *comm, void *p);
 
 /* ---- blocking forms ---- */
 /* in: count elements; out: size * count. In-place form: in == out + rank * count. */
-int comm_all_gather(struct comm *comm, const void *in, void *out, size_t count, enum comm_dtype dtype);
+int comm_all_gather(struct comm *comm, const void *in, void *out, size_t count, enum dtype dtype);
 /* in: size * count elements; out: count (the reduction of every rank's block `rank`). op SUM or AVG
  * (MAX also works). out must not overlap in. */
-int comm_reduce_scatter(struct comm *comm, const void *in, void *out, size_t count, enum comm_dtype dtype,
+int comm_reduce_scatter(struct comm *comm, const void *in, void *out, size_t count, enum dtype dtype,
                         enum comm_op op);
 /* in == out allowed. */
-int comm_all_reduce(struct comm *comm, const void *in, void *out, size_t count, enum comm_dtype dtype,
+int comm_all_reduce(struct comm *comm, const void *in, void *out, size_t count, enum dtype dtype,
                     enum comm_op op);
-int comm_broadcast(struct comm *comm, void *buf, size_t count, enum comm_dtype dtype, int root);
+int comm_broadcast(struct comm *comm, void *buf, size_t count, enum dtype dtype, int root);
 int comm_barrier(struct comm *comm);
 /* Point to point; matched in issue order per pair of ranks. */
-int comm_send(struct comm *comm, const void *buf, size_t count, enum comm_dtype dtype, int peer);
-int comm_recv(struct comm *comm, void *buf, size_t count, enum comm_dtype dtype, int peer);
+int comm_send(struct comm *comm, const void *buf, size_t count, enum dtype dtype, int peer);
+int comm_recv(struct comm *comm, void *buf, size_t count, enum dtype dtype, int peer);
 
 /* ---- asynchronous forms: queue the operation and return a handle at once ---- */
-int comm_all_gather_async(struct comm *comm, const void *in, void *out, size_t count, enum comm_dtype dtype,
+int comm_all_gather_async(struct comm *comm, const void *in, void *out, size_t count, enum dtype dtype,
                           struct comm_work **work);
 int comm_reduce_scatter_async(struct comm *comm, const void *in, void *out, size_t count,
-                              enum comm_dtype dtype, enum comm_op op, struct comm_work **work);
-int comm_all_reduce_async(struct comm *comm, const void *in, void *out, size_t count, enum comm_dtype dtype,
+                              enum dtype dtype, enum comm_op op, struct comm_work **work);
+int comm_all_reduce_async(struct comm *comm, const void *in, void *out, size_t count, enum dtype dtype,
                           enum comm_op op, struct comm_work **work);
-int comm_broadcast_async(struct comm *comm, void *buf, size_t count, enum comm_dtype dtype, int root,
+int comm_broadcast_async(struct comm *comm, void *buf, size_t count, enum dtype dtype, int root,
                          struct comm_work **work);
-int comm_send_async(struct comm *comm, const void *buf, size_t count, enum comm_dtype dtype, int peer,
+int comm_send_async(struct comm *comm, const void *buf, size_t count, enum dtype dtype, int peer,
                     struct comm_work **work);
-int comm_recv_async(struct comm *comm, void *buf, size_t count, enum comm_dtype dtype, int peer,
+int comm_recv_async(struct comm *comm, void *buf, size_t count, enum dtype dtype, int peer,
                     struct comm_work **work);
 
 /* Blocks until the operation finished (each operation is bounded by the communicator's timeout), returns

@@ -279,10 +279,10 @@ static void chunk_of(size_t n, int parts, int i, size_t *lo, size_t *len)
 }
 
 /* Leaders only: buf (n elements, already this host's sum) becomes the sum over hosts. */
-static int leaders_all_reduce(struct cpu_state *st, void *buf, size_t n, enum comm_dtype dt, enum comm_op op,
+static int leaders_all_reduce(struct cpu_state *st, void *buf, size_t n, enum dtype dt, enum comm_op op,
                               int divisor, double deadline)
 {
-    size_t es = comm_dtype_size(dt), mylo, mylen;
+    size_t es = dtype_size(dt), mylo, mylen;
     int H = st->nhosts, me = st->host;
     chunk_of(n, H, me, &mylo, &mylen);
     unsigned char *tmp = scratch(st, mylen * es * (size_t)H + 1);
@@ -317,12 +317,12 @@ static int leaders_all_reduce(struct cpu_state *st, void *buf, size_t n, enum co
     return tcp_exchange(st->tcp, x, nx, deadline);
 }
 
-static int cpu_all_reduce(struct cpu_state *st, const void *in, void *out, size_t n, enum comm_dtype dt,
+static int cpu_all_reduce(struct cpu_state *st, const void *in, void *out, size_t n, enum dtype dt,
                           enum comm_op op, double deadline)
 {
     int divisor = op == COMM_AVG ? st->size : 1;
     enum comm_op base = op == COMM_AVG ? COMM_SUM : op;
-    size_t bytes = n * comm_dtype_size(dt);
+    size_t bytes = n * dtype_size(dt);
     if (st->nhosts == 1)
         return shm_all_reduce(st->shm, in, out, n, dt, base, divisor, deadline);
     int rc;
@@ -337,10 +337,10 @@ static int cpu_all_reduce(struct cpu_state *st, const void *in, void *out, size_
     return st->shm ? shm_broadcast(st->shm, out, bytes, 0, deadline) : 0;
 }
 
-static int cpu_all_gather(struct cpu_state *st, const void *in, void *out, size_t count, enum comm_dtype dt,
+static int cpu_all_gather(struct cpu_state *st, const void *in, void *out, size_t count, enum dtype dt,
                           double deadline)
 {
-    size_t bpr = count * comm_dtype_size(dt);
+    size_t bpr = count * dtype_size(dt);
     if (st->nhosts == 1)
         return shm_all_gather(st->shm, in, out, bpr, deadline);
     size_t total = bpr * (size_t)st->size;
@@ -389,7 +389,7 @@ static int cpu_all_gather(struct cpu_state *st, const void *in, void *out, size_
 }
 
 static int cpu_reduce_scatter(struct cpu_state *st, const void *in, void *out, size_t count,
-                              enum comm_dtype dt, enum comm_op op, double deadline)
+                              enum dtype dt, enum comm_op op, double deadline)
 {
     if (st->nhosts == 1) {
         int divisor = op == COMM_AVG ? st->size : 1;
@@ -403,7 +403,7 @@ static int cpu_reduce_scatter(struct cpu_state *st, const void *in, void *out, s
      * sum is in host order, each host's in rank order: bitwise the block an all-reduce gives. */
     int divisor = op == COMM_AVG ? st->size : 1;
     enum comm_op base = op == COMM_AVG ? COMM_SUM : op;
-    size_t es = comm_dtype_size(dt), blk = count * es, n = count * (size_t)st->size;
+    size_t es = dtype_size(dt), blk = count * es, n = count * (size_t)st->size;
     int H = st->nhosts, me = st->host, L = st->nlocal;
     /* scratch: [host sum of the buffer, only with a segment] [blocks sent, packed per host]
      *          [blocks received, L per other host] [this host's results, L blocks] */
@@ -514,7 +514,7 @@ static int cpu_run(void *state, const struct comm_req *q)
 
 static int cpu_dispatch(struct cpu_state *st, const struct comm_req *q)
 {
-    size_t es = comm_dtype_size(q->dtype);
+    size_t es = dtype_size(q->dtype);
     if (st->size == 1) {
         /* Alone: collectives are copies (or, for AVG over one rank, exact copies too). */
         if (q->kind == COMM_K_SEND || q->kind == COMM_K_RECV)

@@ -20,7 +20,7 @@ struct comm_req {
     const void *in;
     void *out;
     size_t count;
-    enum comm_dtype dtype;
+    enum dtype dtype;
     enum comm_op op;
     int peer; /* root for broadcast */
     uint64_t seq;
@@ -68,18 +68,22 @@ struct comm_backend {
     int (*issue)(void *state, struct comm_req *req);
 };
 
+/* comm_registry.c: the table of the backend named name ("cpu", "nccl"): 0, or FSDP_EINVAL for a name it
+ * does not know and FSDP_EUNSUPPORTED for one this build or host cannot run, with error_set saying which. */
+int comm_backend_find(const char *name, const struct comm_backend **out);
+/* The backends' tables, for the registry: comm_cpu.c; comm_nccl.c, built into the GPU module only (the
+ * registry reaches it through common/gpu_module.h). */
 const struct comm_backend *comm_backend_cpu(void);
-/* Defined in comm_nccl.c, which is built into the GPU module only (comm.c reaches it through
- * common/gpu_module.h). */
 const struct comm_backend *comm_backend_nccl(void);
 
+/* comm_request.c, used by the core and the backends alike. */
 double comm_now_s(void);
 const char *comm_kind_name(enum comm_kind kind);
 
 /* dst[i] = srcs[0][i] (op) srcs[1][i] (op) ... in that order, accumulated in f32, then divided by
  * divisor when divisor > 1 (AVG), then rounded to dtype once. dst may alias any source. op is SUM or
  * MAX (AVG is SUM with a divisor). */
-void comm_reduce_arrays(enum comm_dtype dtype, enum comm_op op, const void *const *srcs, int nsrc, void *dst,
+void comm_reduce_arrays(enum dtype dtype, enum comm_op op, const void *const *srcs, int nsrc, void *dst,
                         size_t n, int divisor);
 /* memcpy (no overlap) with non-temporal stores for large sizes; for copies nobody reads back soon. */
 void comm_copy_stream(void *dst, const void *src, size_t n);
@@ -87,11 +91,12 @@ void comm_copy_stream(void *dst, const void *src, size_t n);
 void comm_copy_nt(void *dst, const void *src, size_t n);
 /* comm_reduce_arrays for a large destination nobody reads back soon: f32 results go out with
  * non-temporal stores when n is large (same values, same order). */
-void comm_reduce_arrays_stream(enum comm_dtype dtype, enum comm_op op, const void *const *srcs, int nsrc,
+void comm_reduce_arrays_stream(enum dtype dtype, enum comm_op op, const void *const *srcs, int nsrc,
                                void *dst, size_t n, int divisor);
-float comm_bf16_to_f32(uint16_t v);
-uint16_t comm_f32_to_bf16(float f);
-float comm_f16_to_f32(uint16_t v);
-uint16_t comm_f32_to_f16(float f);
+/* comm's aliases of common/dtype.h's conversions (the same functions, not copies). */
+#define comm_bf16_to_f32 dtype_bf16_to_f32
+#define comm_f32_to_bf16 dtype_f32_to_bf16
+#define comm_f16_to_f32 dtype_f16_to_f32
+#define comm_f32_to_f16 dtype_f32_to_f16
 
 #endif

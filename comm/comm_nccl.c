@@ -265,7 +265,7 @@ static int nccl_split(void *parent_state, const struct comm_info *child_info, in
     return 0;
 }
 
-static ncclDataType_t nccl_type(enum comm_dtype d)
+static ncclDataType_t nccl_type(enum dtype d)
 {
     return d == COMM_F32 ? ncclFloat32 : d == COMM_BF16 ? ncclBfloat16 : ncclFloat16;
 }

@@ -626,9 +626,9 @@ static int direct_all_gather(struct shm_group *g, int b, const void *in, void *o
 }
 
 static int direct_reduce_scatter(struct shm_group *g, int b, const void *in, void *out, size_t count,
-                                 enum comm_dtype dtype, enum comm_op op, int divisor, double deadline)
+                                 enum dtype dtype, enum comm_op op, int divisor, double deadline)
 {
-    size_t es = comm_dtype_size(dtype), blk = (size_t)g->me * count * es;
+    size_t es = dtype_size(dtype), blk = (size_t)g->me * count * es;
     const void *srcs[SHM_MAX_LOCAL];
     for (int s = 0; s < g->n; s++) {
         const unsigned char *p = in;
@@ -648,9 +648,9 @@ static int direct_reduce_scatter(struct shm_group *g, int b, const void *in, voi
 
 /* Reduce-scatter into this rank's share of out, then gather the other shares from the peers' outs. */
 static int direct_all_reduce(struct shm_group *g, int b, const void *in, void *out, size_t count,
-                             enum comm_dtype dtype, enum comm_op op, int divisor, double deadline)
+                             enum dtype dtype, enum comm_op op, int divisor, double deadline)
 {
-    size_t es = comm_dtype_size(dtype), lo, hi;
+    size_t es = dtype_size(dtype), lo, hi;
     const unsigned char *pin[SHM_MAX_LOCAL], *pout[SHM_MAX_LOCAL];
     for (int s = 0; s < g->n; s++) {
         int rc = 0;
@@ -798,10 +798,10 @@ static void ar_stage0(void *a)
 
 /* After piece [off, off + p) is staged on bank b: each rank reduces its share into slot 0 (every rank has
  * read slot 0's copy of that share by then), sync, everyone copies the reduced piece out. */
-static int ar_finish(struct shm_group *g, int b, unsigned char *dst, size_t off, size_t p, enum comm_dtype dtype,
+static int ar_finish(struct shm_group *g, int b, unsigned char *dst, size_t off, size_t p, enum dtype dtype,
                      enum comm_op op, int divisor, double deadline)
 {
-    size_t es = comm_dtype_size(dtype), lo, hi;
+    size_t es = dtype_size(dtype), lo, hi;
     share(p, g->n, g->me, &lo, &hi);
     if (hi > lo) {
         const void *srcs[SHM_MAX_LOCAL];
@@ -816,12 +816,12 @@ static int ar_finish(struct shm_group *g, int b, unsigned char *dst, size_t off,
     return 0;
 }
 
-int shm_all_reduce(struct shm_group *g, const void *in, void *out, size_t count, enum comm_dtype dtype,
+int shm_all_reduce(struct shm_group *g, const void *in, void *out, size_t count, enum dtype dtype,
                    enum comm_op op, int divisor, double deadline)
 {
     if (count == 0)
         return 0;
-    size_t es = comm_dtype_size(dtype), per = g->slot / es;
+    size_t es = dtype_size(dtype), per = g->slot / es;
     const unsigned char *src = in;
     unsigned char *dst = out;
     int b = next_bank(g);
@@ -868,7 +868,7 @@ static void rs_stage(void *a)
             memcpy(mine + (size_t)q * x->p * x->es, x->src + ((size_t)q * x->count + x->off) * x->es, x->p * x->es);
 }
 
-static void rs_finish(const struct rs_args *x, unsigned char *dst, enum comm_dtype dtype, enum comm_op op,
+static void rs_finish(const struct rs_args *x, unsigned char *dst, enum dtype dtype, enum comm_op op,
                       int divisor)
 {
     struct shm_group *g = x->g;
@@ -879,12 +879,12 @@ static void rs_finish(const struct rs_args *x, unsigned char *dst, enum comm_dty
     comm_reduce_arrays(dtype, op, srcs, g->n, dst + x->off * x->es, x->p, divisor);
 }
 
-int shm_reduce_scatter(struct shm_group *g, const void *in, void *out, size_t count, enum comm_dtype dtype,
+int shm_reduce_scatter(struct shm_group *g, const void *in, void *out, size_t count, enum dtype dtype,
                        enum comm_op op, int divisor, double deadline)
 {
     if (count == 0)
         return 0;
-    size_t es = comm_dtype_size(dtype), per = g->slot / (es * (size_t)g->n);
+    size_t es = dtype_size(dtype), per = g->slot / (es * (size_t)g->n);
     unsigned char *dst = out;
     struct rs_args a = {g, next_bank(g), in, count, 0, count < per ? count : per, es};
     bool mine = publish(g, a.b, in, count * es * (size_t)g->n, NULL, 0);

@@ -38,9 +38,9 @@ void shm_group_detach(struct shm_group *g);
  * makes every rank fail with a message naming it. */
 int shm_barrier(struct shm_group *g, double deadline);
 int shm_all_gather(struct shm_group *g, const void *in, void *out, size_t bytes_per_rank, double deadline);
-int shm_all_reduce(struct shm_group *g, const void *in, void *out, size_t count, enum comm_dtype dtype,
+int shm_all_reduce(struct shm_group *g, const void *in, void *out, size_t count, enum dtype dtype,
                    enum comm_op op, int divisor, double deadline);
-int shm_reduce_scatter(struct shm_group *g, const void *in, void *out, size_t count, enum comm_dtype dtype,
+int shm_reduce_scatter(struct shm_group *g, const void *in, void *out, size_t count, enum dtype dtype,
                        enum comm_op op, int divisor, double deadline);
 int shm_broadcast(struct shm_group *g, void *buf, size_t bytes, int root, double deadline);
 /* Operations of this process that took the one-copy path (for tests and benchmarks). */

@@ -23,11 +23,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum kernels_dtype {
-    KERNELS_F32 = 0,
-    KERNELS_BF16 = 1, /* bfloat16 bits in uint16_t */
-    KERNELS_F16 = 2,  /* IEEE binary16 bits in uint16_t */
-};
+#include "common/dtype.h"
+
+/* The kernels' aliases of common/dtype.h's enum and functions (the same type and the same functions, not
+ * copies), as the worker and the tests spell them; new code uses the dtype_ names. */
+#define kernels_dtype dtype
+#define KERNELS_F32 DTYPE_F32
+#define KERNELS_BF16 DTYPE_BF16
+#define KERNELS_F16 DTYPE_F16
+#define kernels_dtype_size dtype_size
+#define kernels_f32_to_bf16 dtype_f32_to_bf16
+#define kernels_bf16_to_f32 dtype_bf16_to_f32
+#define kernels_f32_to_f16 dtype_f32_to_f16
+#define kernels_f16_to_f32 dtype_f16_to_f32
 
 enum kernels_copy_kind {
     KERNELS_COPY_H2D = 0, /* host -> device */
@@ -89,7 +97,7 @@ struct kernels {
      * KERNELS_BF16 or KERNELS_F16, the mixed-precision modes: inputs rounded to 16 bits for the tensor cores,
      * products accumulated in fp32 (cuBLAS CUBLAS_COMPUTE_32F_FAST_16BF / _16F). The CPU backend always
      * computes in fp32 (no 16-bit GEMM in OpenBLAS is faster there) and accepts every dtype. */
-    int (*set_matmul_dtype)(enum kernels_dtype dtype);
+    int (*set_matmul_dtype)(enum dtype dtype);
 
     /* ---- matmul ---- */
     /* y(n, out) = x(n, in) W(in, out) + b(out); b may be NULL. y must not alias x. */
@@ -139,7 +147,7 @@ struct kernels {
     int (*sqnorm)(double *result, const float *x, size_t n);
     /* dst[i] = src[i] converted; float -> bf16/f16 rounds to nearest even, keeps inf/nan (quiet),
      * f16 overflow gives inf, subnormals are produced and read exactly. Same dtype = copy. */
-    int (*cast)(void *dst, enum kernels_dtype dst_dtype, const void *src, enum kernels_dtype src_dtype,
+    int (*cast)(void *dst, enum dtype dst_dtype, const void *src, enum dtype src_dtype,
                 size_t n);
 
     /* ---- embeddings ---- */
@@ -181,14 +189,5 @@ const struct kernels *kernels_cpu(void);
 const struct kernels *kernels_cuda(void);
 /* By device name ("cpu", "cuda"); NULL with error_set when unknown or not available in this build/machine. */
 const struct kernels *kernels_get(const char *device);
-
-/* Host-side scalar conversions (round to nearest even), for checkpoints and tests. */
-uint16_t kernels_f32_to_bf16(float x);
-float kernels_bf16_to_f32(uint16_t x);
-uint16_t kernels_f32_to_f16(float x);
-float kernels_f16_to_f32(uint16_t x);
-
-/* Bytes of one element of dtype (4 or 2). */
-size_t kernels_dtype_size(enum kernels_dtype dtype);
 
 #endif

@@ -33,7 +33,7 @@ void cpu_mem_free(void *ptr);
 int cpu_mem_copy(void *dst, const void *src, size_t bytes, enum kernels_copy_kind kind);
 int cpu_mem_set(void *dst, int value, size_t bytes);
 int cpu_synchronize(void);
-int cpu_set_matmul_dtype(enum kernels_dtype dtype);
+int cpu_set_matmul_dtype(enum dtype dtype);
 double cpu_peak_flops(void);
 
 int cpu_matmul_forward(float *y, const float *x, const float *w, const float *b, int n, int in, int out);
@@ -59,7 +59,7 @@ int cpu_residual_forward(float *out, const float *a, const float *b, size_t n);
 int cpu_scale(float *x, float s, size_t n);
 int cpu_axpy(float *y, float a, const float *x, size_t n);
 int cpu_sqnorm(double *result, const float *x, size_t n);
-int cpu_cast(void *dst, enum kernels_dtype dst_dtype, const void *src, enum kernels_dtype src_dtype,
+int cpu_cast(void *dst, enum dtype dst_dtype, const void *src, enum dtype src_dtype,
              size_t n);
 
 int cpu_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe, int b,

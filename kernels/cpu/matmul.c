@@ -16,9 +16,9 @@ static int check_dims(const char *op, int n, int in, int out)
     return 0;
 }
 
-int cpu_set_matmul_dtype(enum kernels_dtype dtype)
+int cpu_set_matmul_dtype(enum dtype dtype)
 {
-    if (dtype != KERNELS_F32 && dtype != KERNELS_BF16 && dtype != KERNELS_F16)
+    if (dtype != DTYPE_F32 && dtype != DTYPE_BF16 && dtype != DTYPE_F16)
         return error_set(FSDP_EINVAL, "kernels cpu: set_matmul_dtype: unknown dtype %d", (int)dtype);
     return 0; /* always fp32 here: see kernels.h */
 }

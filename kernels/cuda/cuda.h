@@ -18,7 +18,7 @@ void cuda_host_free(void *ptr);
 int cuda_mem_copy(void *dst, const void *src, size_t bytes, enum kernels_copy_kind kind);
 int cuda_mem_set(void *dst, int value, size_t bytes);
 int cuda_synchronize(void);
-int cuda_set_matmul_dtype(enum kernels_dtype dtype);
+int cuda_set_matmul_dtype(enum dtype dtype);
 
 int cuda_matmul_forward(float *y, const float *x, const float *w, const float *b, int n, int in, int out);
 int cuda_matmul_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
@@ -43,7 +43,7 @@ int cuda_residual_forward(float *out, const float *a, const float *b, size_t n);
 int cuda_scale(float *x, float s, size_t n);
 int cuda_axpy(float *y, float a, const float *x, size_t n);
 int cuda_sqnorm(double *result, const float *x, size_t n);
-int cuda_cast(void *dst, enum kernels_dtype dst_dtype, const void *src, enum kernels_dtype src_dtype,
+int cuda_cast(void *dst, enum dtype dst_dtype, const void *src, enum dtype src_dtype,
               size_t n);
 
 int cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe, int b,

@@ -26,7 +26,7 @@ struct cuda_ctx {
     cudaStream_t stream;
     cublasHandle_t blas;
     cublasComputeType_t gemm_compute; /* now: fp32, TF32, or bf16/fp16 inputs (set_matmul_dtype) */
-    cublasComputeType_t gemm_f32;     /* what KERNELS_F32 means: exact, or TF32 with FSDP_CUDA_TF32=1 */
+    cublasComputeType_t gemm_f32;     /* what DTYPE_F32 means: exact, or TF32 with FSDP_CUDA_TF32=1 */
     int *flag;                        /* device int: first bad index found by a range check */
     void *scratch;                    /* grow-only device scratch for reductions (see cuda_scratch) */
     size_t scratch_bytes;

@@ -21,20 +21,20 @@ static int gemm_rm(const char *op, int ta, int tb, int m, int n, int k, float al
                                             CUBLAS_GEMM_DEFAULT));
 }
 
-int cuda_set_matmul_dtype(enum kernels_dtype dtype)
+int cuda_set_matmul_dtype(enum dtype dtype)
 {
     /* fp32 tensors stay fp32 in memory; cuBLAS rounds the inputs to bf16/fp16 on their way into the tensor
      * cores and accumulates in fp32: the numerics of bf16 autocast, without 16-bit copies of weights. */
     switch (dtype) {
-    case KERNELS_F32:
+    case DTYPE_F32:
         cuda_ctx.gemm_compute = cuda_ctx.gemm_f32;
         return 0;
-    case KERNELS_BF16:
+    case DTYPE_BF16:
         if (cuda_ctx.gemm_compute != CUBLAS_COMPUTE_32F_FAST_16BF)
             log_info("kernels cuda: matmuls take bf16 inputs and accumulate in fp32");
         cuda_ctx.gemm_compute = CUBLAS_COMPUTE_32F_FAST_16BF;
         return 0;
-    case KERNELS_F16:
+    case DTYPE_F16:
         if (cuda_ctx.gemm_compute != CUBLAS_COMPUTE_32F_FAST_16F)
             log_info("kernels cuda: matmuls take fp16 inputs and accumulate in fp32");
         cuda_ctx.gemm_compute = CUBLAS_COMPUTE_32F_FAST_16F;

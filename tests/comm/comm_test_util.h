@@ -210,7 +210,7 @@ static inline float tu_gen(int rank, size_t i, int salt)
     return (float)((int)(h % 2001u) - 1000) / 37.0f;
 }
 
-static inline float tu_round(enum comm_dtype dt, float f)
+static inline float tu_round(enum dtype dt, float f)
 {
     if (dt == COMM_BF16)
         return comm_bf16_to_f32(comm_f32_to_bf16(f));
@@ -219,7 +219,7 @@ static inline float tu_round(enum comm_dtype dt, float f)
     return f;
 }
 
-static inline void tu_put(enum comm_dtype dt, void *buf, size_t i, float f)
+static inline void tu_put(enum dtype dt, void *buf, size_t i, float f)
 {
     if (dt == COMM_F32)
         ((float *)buf)[i] = f;
@@ -229,7 +229,7 @@ static inline void tu_put(enum comm_dtype dt, void *buf, size_t i, float f)
         ((uint16_t *)buf)[i] = comm_f32_to_f16(f);
 }
 
-static inline float tu_get(enum comm_dtype dt, const void *buf, size_t i)
+static inline float tu_get(enum dtype dt, const void *buf, size_t i)
 {
     if (dt == COMM_F32)
         return ((const float *)buf)[i];
@@ -242,7 +242,7 @@ static inline float tu_get(enum comm_dtype dt, const void *buf, size_t i)
  * host r % -hosts), f32 sum in rank order, rounded to dtype when the host sum is an intermediate; then
  * hosts in order (of their lowest rank); AVG divides once; round once. `ranks` lists the members in
  * group order (NULL = 0..size-1). */
-static inline float tu_ref_reduce(enum comm_dtype dt, enum comm_op op, int size, int hosts, const int *ranks,
+static inline float tu_ref_reduce(enum dtype dt, enum comm_op op, int size, int hosts, const int *ranks,
                                   size_t idx, int salt)
 {
     bool interleaved = hosts < -1;
@@ -266,7 +266,7 @@ static inline float tu_ref_reduce(enum comm_dtype dt, enum comm_op op, int size,
 }
 
 /* Bitwise comparison of element i against a reference value already rounded to dt. */
-static inline bool tu_same(enum comm_dtype dt, const void *buf, size_t i, float ref)
+static inline bool tu_same(enum dtype dt, const void *buf, size_t i, float ref)
 {
     float got = tu_get(dt, buf, i);
     return memcmp(&got, &ref, sizeof(float)) == 0;

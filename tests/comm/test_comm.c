@@ -8,7 +8,7 @@
 #include <fcntl.h>
 #include <math.h>
 
-static const enum comm_dtype dtypes[] = {COMM_F32, COMM_BF16, COMM_F16};
+static const enum dtype dtypes[] = {COMM_F32, COMM_BF16, COMM_F16};
 static const size_t counts[] = {0, 1, 1009, 40009};
 
 struct coll_arg {
@@ -23,7 +23,7 @@ static int body_collectives(struct rank_ctx *c)
     int W = c->size, r = c->rank, hosts = a ? a->hosts : 1, salt = 0;
     void *in = NULL, *out = NULL;
     for (size_t di = 0; di < 3; di++) {
-        enum comm_dtype dt = dtypes[di];
+        enum dtype dt = dtypes[di];
         size_t es = comm_dtype_size(dt);
         for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
             size_t n = counts[ci], total = n * (size_t)W;

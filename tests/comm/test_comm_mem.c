@@ -7,7 +7,7 @@
 #include "comm_test_util.h"
 #include "comm/comm_shm.h"
 
-static const enum comm_dtype dtypes[] = {COMM_F32, COMM_BF16, COMM_F16};
+static const enum dtype dtypes[] = {COMM_F32, COMM_BF16, COMM_F16};
 static const size_t counts[] = {0, 1, 1009, 40009};
 
 /* Per-op direct-path accounting of one rank's run. */
@@ -43,7 +43,7 @@ static int check_all(struct comm *comm, bool plain, int salt0, const int *ranks,
     int gr = ranks ? ranks[r] : r; /* the rank whose values this rank contributes */
     void *in = NULL, *out = NULL;
     for (size_t di = 0; di < 3; di++) {
-        enum comm_dtype dt = dtypes[di];
+        enum dtype dt = dtypes[di];
         size_t es = comm_dtype_size(dt);
         for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
             size_t n = counts[ci], total = n * (size_t)W;

@@ -56,7 +56,7 @@ static int make_groups(struct fsdp *f)
  * one mapping per rank keeps the peers' mapping caches small. */
 static int alloc_state(struct fsdp *f)
 {
-    size_t es = fsdp_dsize(f->param_dtype), total = 0;
+    size_t es = dtype_size(f->param_dtype), total = 0;
 #define SLICE(n) (((n) + 63) / 64 * 64)
     for (int i = 0; i < f->n_units; i++) {
         size_t b = SLICE(f->units[i].shard * sizeof(float));
@@ -178,7 +178,7 @@ int fsdp_gather_issue(struct fsdp *f, int ui)
     if (u->gstate != 0)
         return 0;
     const struct kernels *k = f->k;
-    size_t es = fsdp_dsize(f->param_dtype), sg = (size_t)f->shard_size;
+    size_t es = dtype_size(f->param_dtype), sg = (size_t)f->shard_size;
     if (sg == 1) {
         if (f->param_dtype == KERNELS_F32 && !f->offload) {
             u->full = u->master;
@@ -226,7 +226,7 @@ int fsdp_gather_issue(struct fsdp *f, int ui)
             return FSDP_ENOMEM;
         dst = u->gbuf;
     }
-    int rc = comm_all_gather_async(f->shard_comm, src, dst, u->shard, fsdp_comm_dtype(f->param_dtype), &u->gwork);
+    int rc = comm_all_gather_async(f->shard_comm, src, dst, u->shard, f->param_dtype, &u->gwork);
     if (rc)
         return rc;
     u->gstate = 1;
@@ -238,7 +238,7 @@ int fsdp_gather_issue(struct fsdp *f, int ui)
 static int gather_unpack(struct fsdp *f, struct fsdp_unit *u)
 {
     const struct kernels *k = f->k;
-    size_t es = fsdp_dsize(f->param_dtype), sg = (size_t)f->shard_size;
+    size_t es = dtype_size(f->param_dtype), sg = (size_t)f->shard_size;
     if (f->version == 1)
         return k->cast(u->full, KERNELS_F32, u->gbuf, f->param_dtype, u->numel);
     for (size_t r = 0; r < sg; r++)
@@ -343,7 +343,7 @@ static int replicate_issue(struct fsdp *f, int ui)
         if (g32 != u->grad)
             fsdp_buf_put(f, g32);
         if (!rc)
-            rc = comm_all_reduce_async(f->rep_comm, p.recv, p.recv, u->shard, fsdp_comm_dtype(f->reduce_dtype),
+            rc = comm_all_reduce_async(f->rep_comm, p.recv, p.recv, u->shard, f->reduce_dtype,
                                        COMM_SUM, &p.work);
     }
     if (rc) {
@@ -476,10 +476,10 @@ static int grads_reduce(struct fsdp *f, int ui, bool last)
         p.recv_lp = true;
     }
     p.send = in;
-    if (!rc && !(p.recv = fsdp_buf_get(f, u->shard * fsdp_dsize(f->reduce_dtype), FSDP_MEM_COMM)))
+    if (!rc && !(p.recv = fsdp_buf_get(f, u->shard * dtype_size(f->reduce_dtype), FSDP_MEM_COMM)))
         rc = FSDP_ENOMEM;
     if (!rc)
-        rc = comm_reduce_scatter_async(f->shard_comm, in, p.recv, u->shard, fsdp_comm_dtype(f->reduce_dtype),
+        rc = comm_reduce_scatter_async(f->shard_comm, in, p.recv, u->shard, f->reduce_dtype,
                                        COMM_SUM, &p.work);
     if (rc) {
         fsdp_buf_put(f, p.send);

@@ -137,14 +137,4 @@ static inline void fsdp_slot_rows(const struct fsdp_pslot *s, size_t r, size_t *
     *re = *rb + s->chunk < s->rows ? *rb + s->chunk : s->rows;
 }
 
-static inline size_t fsdp_dsize(enum kernels_dtype d)
-{
-    return d == KERNELS_F32 ? 4 : 2;
-}
-
-static inline enum comm_dtype fsdp_comm_dtype(enum kernels_dtype d)
-{
-    return d == KERNELS_F32 ? COMM_F32 : d == KERNELS_BF16 ? COMM_BF16 : COMM_F16;
-}
-
 #endif

@@ -241,7 +241,7 @@ static void human(char *buf, size_t cap, double bytes)
         snprintf(buf, cap, "%.1f KiB", bytes / 1024.0);
 }
 
-static const char *dtype_name(enum kernels_dtype d)
+static const char *precision_name(enum kernels_dtype d)
 {
     return d == KERNELS_F32 ? "fp32" : d == KERNELS_BF16 ? "bf16" : "fp16";
 }
@@ -254,7 +254,7 @@ void fsdp_log_plan(const struct fsdp *f)
     log_info("fsdp plan: %s, version %d, world %d = %d shard group(s) of %d, params %s, reduce %s, "
              "backward_prefetch %s, forward_prefetch %s",
              f->wc.fsdp.enable ? strategy_name(f->strategy) : "disabled (NO_SHARD)", f->version, f->g.world_size,
-             f->rep_size, f->shard_size, dtype_name(f->param_dtype), dtype_name(f->reduce_dtype),
+             f->rep_size, f->shard_size, precision_name(f->param_dtype), precision_name(f->reduce_dtype),
              pf[f->wc.fsdp.backward_prefetch], f->wc.fsdp.forward_prefetch ? "on" : "off");
     size_t largest = 0;
     int largest_u = 0;
