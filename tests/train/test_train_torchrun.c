@@ -2,22 +2,8 @@
  * torchrun environment, rank 0 hosts fsdp's store beside torchrun's own (FSDP_STORE_PORT), and the run
  * gives the losses of one rank under fsdp-launch. Skipped where ../shared/anchors/torch or Debian's
  * python3-torch is missing. */
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 
 #include "ttest.h"
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof sa;
-    cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
-              getsockname(fd, (struct sockaddr *)&sa, &len) == 0);
-    close(fd);
-    return ntohs(sa.sin_port);
-}
 
 Test(torchrun, two_ranks_match_one, .timeout = 300)
 {
@@ -37,8 +23,8 @@ Test(torchrun, two_ranks_match_one, .timeout = 300)
     snprintf(logarg, sizeof logarg, "--log.dir=%s/log", rundir);
     snprintf(ckarg, sizeof ckarg, "--checkpoint.dir=%s/ckpt", rundir);
     /* Both ports free now; torchrun would otherwise default to 29500 and fsdp's store to 29501. */
-    snprintf(mport, sizeof mport, "%d", free_port());
-    snprintf(sport, sizeof sport, "FSDP_STORE_PORT=%d", free_port());
+    snprintf(mport, sizeof mport, "%d", tu_free_port());
+    snprintf(sport, sizeof sport, "FSDP_STORE_PORT=%d", tu_free_port());
     const char *argv[] = {"/usr/bin/python3", torchrun, "--nproc_per_node", "2", "--master_port", mport, "--no_python",
                           lu_build_path("worker/fsdp-worker"), c.ini, logarg, ckarg, NULL};
     const char *env[] = {"OMP_NUM_THREADS=1", sport, "RANK=", "WORLD_SIZE=", "FSDP_STORE_PREFIX=", NULL};
