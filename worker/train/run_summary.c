@@ -184,19 +184,28 @@ static void add_loss_scale(struct builder *b, cJSON *root, const struct run_summ
     }
 }
 
+/* A save or a load: its step, size and time; null under key when there was none. */
+static void add_transfer(struct builder *b, cJSON *parent, const char *key, bool happened, const char *path,
+                         int64_t step, double mb, double secs)
+{
+    if (!happened) {
+        b->bad |= !cJSON_AddNullToObject(parent, key);
+        return;
+    }
+    cJSON *s = obj(b, parent, key);
+    if (path)
+        str(b, s, "path", path);
+    num(b, s, "step", (double)step);
+    num(b, s, "mb", mb);
+    num(b, s, "seconds", secs);
+    num(b, s, "mb_per_s", secs > 0 ? mb / secs : NAN);
+}
+
 static void add_checkpoint(struct builder *b, cJSON *root, const struct train_ckpt_stats *st)
 {
     cJSON *c = obj(b, root, "checkpoint");
     num(b, c, "saves", st->saves);
-    if (st->saves > 0) {
-        cJSON *s = obj(b, c, "last_save");
-        num(b, s, "step", (double)st->save_step);
-        num(b, s, "mb", st->save_mb);
-        num(b, s, "seconds", st->save_s);
-        num(b, s, "mb_per_s", st->save_s > 0 ? st->save_mb / st->save_s : NAN);
-    } else {
-        b->bad |= !cJSON_AddNullToObject(c, "last_save");
-    }
+    add_transfer(b, c, "last_save", st->saves > 0, NULL, st->save_step, st->save_mb, st->save_s);
     if (st->full_peak_rss > 0) {
         cJSON *s = obj(b, c, "full_save");
         num(b, s, "peak_rss_bytes", st->full_peak_rss);
@@ -205,16 +214,8 @@ static void add_checkpoint(struct builder *b, cJSON *root, const struct train_ck
     } else {
         b->bad |= !cJSON_AddNullToObject(c, "full_save");
     }
-    if (st->resumed_from[0]) {
-        cJSON *s = obj(b, c, "resumed");
-        str(b, s, "path", st->resumed_from);
-        num(b, s, "step", (double)st->resumed_step);
-        num(b, s, "mb", st->load_mb);
-        num(b, s, "seconds", st->load_s);
-        num(b, s, "mb_per_s", st->load_s > 0 ? st->load_mb / st->load_s : NAN);
-    } else {
-        b->bad |= !cJSON_AddNullToObject(c, "resumed");
-    }
+    add_transfer(b, c, "resumed", st->resumed_from[0] != 0, st->resumed_from, st->resumed_step, st->load_mb,
+                 st->load_s);
 }
 
 static cJSON *build(const struct run_summary *s, const struct run_summary_facts *f, struct builder *b)
