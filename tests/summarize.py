@@ -29,7 +29,7 @@ def main(dirs):
                 text = (rec.get("stdout") or "") + (rec.get("stderr") or "")
                 m = SYN.findall(text)
                 for name, why in SKIP.findall(text):
-                    skipped.append((f"{d}: {rec['name']}: {name}", why))
+                    skipped.append((f"{d}: {name}", f"{rec['name']}: {why}" if why else rec["name"]))
                 if rec["result"] == "SKIP" and not m:
                     skipped.append((f"{d}: {rec['name']}", "meson: exit code 77"))
                 ok = rec["result"] in ("OK", "EXPECTEDFAIL", "SKIP")
@@ -50,7 +50,7 @@ def main(dirs):
     for b in bad:
         print(f"FAILED {b}")
     for name, why in skipped:
-        print(f"SKIPPED {name}" + (f" ({why})" if why else ""))
+        print(f"SKIPPED {name} ({why})")
     print(f"Skipped: {len(skipped)}" + (": " + ", ".join(n for n, _ in skipped) if skipped else ""))
     print(f"Synthesis: Tested: {tested} | Passing: {passing} | Failing: {failing} | Crashing: {crashing}")
     return 1 if (failing or crashing or bad) else 0
