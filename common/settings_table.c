@@ -128,6 +128,9 @@ static const struct setting table[SETTING_COUNT] = {
     {.id = SETTING_KERNELS_BACKEND, .name = "FSDP_KERNELS_BACKEND", .type = SETTING_ENUM, .def = "cpu",
      .values = kernels_backends, .readers = SETTING_BY_TESTS, .test_only = true,
      .doc = "The kernels backend the tests/kernels binaries test (their `kernels_*_cuda` runs set cuda)."},
+    {.id = SETTING_TORCHRUN, .name = "FSDP_TORCHRUN", .type = SETTING_STRING, .format = "a path",
+     .def_doc = "unset: `torchrun` on PATH, then ~/.cache/fsdpc-venv/bin/torchrun", .readers = SETTING_BY_TESTS,
+     .test_only = true, .doc = "The torchrun the torchrun test launches fsdp-worker with; without one it skips."},
 };
 
 const struct setting *settings_entry(enum setting_id id)

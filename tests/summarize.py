@@ -5,6 +5,9 @@ CI recognises Criterion's `Synthesis: Tested: N | Passing: N | Failing: N | Cras
 summary is not such a line, and each test binary prints its own synthesis. A meson test that printed no
 synthesis (a crash before Criterion's report, a timeout, a non-Criterion test) counts as one test,
 passing or failing by meson's verdict, so nothing can vanish from the total.
+A skipped test is neither passing nor failing, and Criterion leaves it out of its synthesis: the skips
+(Criterion's `[SKIP] suite::test: why` lines, which tests/meson.build's verbosity makes it print, and meson
+tests that exited 77) are listed before the synthesis, one `SKIPPED` line each and a `Skipped: N` line.
 Usage: summarize.py BUILD_DIR [BUILD_DIR ...]; exits 1 if anything failed.
 """
 import json
@@ -12,18 +15,26 @@ import re
 import sys
 
 SYN = re.compile(r"Synthesis: Tested: (\d+) \| Passing: (\d+) \| Failing: (\d+) \| Crashing: (\d+)")
+SKIP = re.compile(r"^\[SKIP\] (\S+?)(?:: (.*))?$", re.M)
 
 
 def main(dirs):
     tested = passing = failing = crashing = 0
     bad = []
+    skipped = []
     for d in dirs:
         with open(f"{d}/meson-logs/testlog.json") as f:
             for line in f:
                 rec = json.loads(line)
                 text = (rec.get("stdout") or "") + (rec.get("stderr") or "")
                 m = SYN.findall(text)
+                for name, why in SKIP.findall(text):
+                    skipped.append((f"{d}: {name}", f"{rec['name']}: {why}" if why else rec["name"]))
+                if rec["result"] == "SKIP" and not m:
+                    skipped.append((f"{d}: {rec['name']}", "meson: exit code 77"))
                 ok = rec["result"] in ("OK", "EXPECTEDFAIL", "SKIP")
+                if rec["result"] == "SKIP" and not m:
+                    continue  # listed as skipped, neither passing nor failing
                 if m and ok:
                     t, p, fl, c = map(int, m[-1])
                 elif m:
@@ -38,6 +49,9 @@ def main(dirs):
                     bad.append(f"{d}: {rec['name']} ({rec['result']})")
     for b in bad:
         print(f"FAILED {b}")
+    for name, why in skipped:
+        print(f"SKIPPED {name} ({why})")
+    print(f"Skipped: {len(skipped)}" + (": " + ", ".join(n for n, _ in skipped) if skipped else ""))
     print(f"Synthesis: Tested: {tested} | Passing: {passing} | Failing: {failing} | Crashing: {crashing}")
     return 1 if (failing or crashing or bad) else 0
 

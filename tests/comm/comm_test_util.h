@@ -1,7 +1,7 @@
-/* Multi-rank harness for the comm tests: a store server in the test process, one forked child per rank
- * that connects its own store client, builds a communicator and runs a body; the child _exit()s with 0
- * (pass) or 1 (its stderr says why). Children never call cr_*. Also the data generator and the
- * straightforward reference reduction the results are compared with. */
+/* Multi-rank harness for the comm tests: a store server in a child process (tests/util/tu_store.h), one
+ * forked child per rank that connects its own store client, builds a communicator and runs a body; the
+ * child _exit()s with 0 (pass) or 1 (its stderr says why). Children never call cr_*. Also the data
+ * generator and the straightforward reference reduction the results are compared with. */
 #ifndef FSDP_TESTS_COMM_UTIL_H
 #define FSDP_TESTS_COMM_UTIL_H
 
@@ -9,10 +9,11 @@
 #include "comm/comm_internal.h"
 #include "common/error.h"
 #include "rendezvous/store.h"
+#include "tests/util/tu_netns.h"
+#include "tests/util/tu_proc.h"
+#include "tests/util/tu_store.h"
 
 #include <criterion/criterion.h>
-#include <fcntl.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,73 +49,11 @@ struct run_opts {
     const char *store_addr;
 };
 
-/* Moves the calling (single-threaded, freshly forked) process into the named network namespace. */
-static inline int tu_enter_netns(const char *name)
-{
-    char path[256];
-    snprintf(path, sizeof(path), "/run/netns/%s", name);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    int rc = setns(fd, CLONE_NEWNET);
-    close(fd);
-    return rc;
-}
-
-static inline double tu_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static inline int tu_connect(const char *host, int port, struct store_client **out)
 {
     struct store_client_options co = {.host = host ? host : "127.0.0.1", .port = port, .run_id = "commtest",
                                       .connect_timeout_s = 30, .default_timeout_s = 60};
     return store_client_connect(&co, out);
-}
-
-/* The store server runs in its own process, not as a thread of this one: the ranks are fork()ed from here,
- * and a fork taken while a server thread holds an allocator lock (ASan's allocator has no fork handlers)
- * leaves that lock held forever in the child. Returns the port; the server exits when the parent kills it. */
-static inline int tu_server_spawn(pid_t *pid_out, const char *netns)
-{
-    int pfd[2];
-    cr_assert_eq(pipe(pfd), 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        close(pfd[0]);
-        struct store_server_options so = {.port = 0, .run_id = "commtest"};
-        struct store_server *srv = NULL;
-        int port = -1;
-        if (netns && tu_enter_netns(netns) != 0)
-            fprintf(stderr, "store: cannot enter netns %s\n", netns);
-        else
-            port = store_server_start(&so, &srv) == 0 ? store_server_port(srv) : -1;
-        if (port < 0)
-            fprintf(stderr, "store: %s\n", error_message());
-        if (write(pfd[1], &port, sizeof port) != (ssize_t)sizeof port)
-            _exit(1);
-        close(pfd[1]);
-        for (;;)
-            pause();
-    }
-    close(pfd[1]);
-    int port = -1;
-    ssize_t got = read(pfd[0], &port, sizeof port);
-    close(pfd[0]);
-    cr_assert(got == (ssize_t)sizeof port && port > 0, "the store server process did not start");
-    *pid_out = pid;
-    return port;
-}
-
-static inline void tu_server_reap(pid_t pid)
-{
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
 }
 
 /* Runs body on `size` ranks; fills status[] with each child's wait status. */
@@ -123,7 +62,8 @@ static inline void run_ranks(int size, rank_body body, const void *arg, const st
 {
     struct run_opts o = o_in ? *o_in : (struct run_opts){0};
     pid_t srv_pid;
-    int port = tu_server_spawn(&srv_pid, o.netns[0]);
+    int port = tu_store_spawn(NULL, "commtest", o.netns[0], &srv_pid);
+    cr_assert(port > 0, "the store server process did not start");
     char run_id[64], tmo[32];
     snprintf(run_id, sizeof(run_id), "%s", o.run_id ? o.run_id : "");
     if (!o.run_id)
@@ -146,7 +86,7 @@ static inline void run_ranks(int size, rank_body body, const void *arg, const st
             snprintf(h, sizeof(h), "host%d", o.hosts > 0 ? r / (size / o.hosts) : r % -o.hosts);
             setenv("FSDP_COMM_HOST_ID", h, 1);
         }
-        if (o.netns[0] && tu_enter_netns(o.netns[r < size / 2 ? 0 : 1]) != 0) {
+        if (o.netns[0] && tu_netns_enter(o.netns[r < size / 2 ? 0 : 1]) != 0) {
             fprintf(stderr, "rank %d: cannot enter its network namespace\n", r);
             _exit(1);
         }
@@ -188,7 +128,7 @@ static inline void run_ranks(int size, rank_body body, const void *arg, const st
         if (left > 0)
             usleep(20000);
     }
-    tu_server_reap(srv_pid);
+    tu_store_reap(srv_pid);
 }
 
 static inline void assert_all_ok(int size, const int status[MAX_RANKS])

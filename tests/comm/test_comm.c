@@ -5,7 +5,6 @@
 #include "comm_test_util.h"
 #include "comm/comm_shm.h"
 
-#include <fcntl.h>
 #include <math.h>
 
 static const enum dtype dtypes[] = {COMM_F32, COMM_BF16, COMM_F16};
@@ -225,49 +224,18 @@ Test(comm_tcp, large_64mib_forced_world2, .timeout = 180)
 
 /* ---- two real hosts: two network namespaces joined by a veth pair ---- */
 
-static int sh(const char *cmd)
-{
-    fflush(NULL);
-    pid_t p = fork();
-    if (p == 0) {
-        int null = open("/dev/null", O_WRONLY);
-        dup2(null, 1);
-        dup2(null, 2);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    int st;
-    waitpid(p, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* Without FSDP_COMM_HOST_ID the backend tells hosts apart by hostname, boot id and network namespace:
  * 2 ranks in each namespace are 2 hosts of 2 ranks (shared memory inside, TCP over the veth between). */
 static void run_in_two_netns(rank_body body, int world, int hosts_in_ref)
 {
-    char ns0[32], ns1[32], cmd[1024], addr[32];
-    int id = getpid() % 100000, oct = 1 + id % 250;
-    snprintf(ns0, sizeof ns0, "fc%da", id);
-    snprintf(ns1, sizeof ns1, "fc%db", id);
-    snprintf(cmd, sizeof cmd,
-             "ip netns add %s && ip netns add %s && ip link add c%da type veth peer name c%db && "
-             "ip link set c%da netns %s && ip link set c%db netns %s && "
-             "ip -n %s addr add 10.214.%d.1/24 dev c%da && ip -n %s addr add 10.214.%d.2/24 dev c%db && "
-             "ip -n %s link set c%da up && ip -n %s link set c%db up && "
-             "ip -n %s link set lo up && ip -n %s link set lo up",
-             ns0, ns1, id, id, id, ns0, id, ns1, ns0, oct, id, ns1, oct, id, ns0, id, ns1, id, ns0, ns1);
-    if (sh(cmd) != 0) {
-        snprintf(cmd, sizeof cmd, "ip netns del %s; ip netns del %s", ns0, ns1);
-        sh(cmd);
+    struct tu_netns_pair np;
+    if (tu_netns_pair_make(&np, 'c', 214) != 0)
         cr_skip_test("cannot create network namespaces and a veth pair here (needs root and iproute2)");
-    }
-    snprintf(addr, sizeof addr, "10.214.%d.1", oct);
     struct coll_arg a = {.hosts = hosts_in_ref};
-    struct run_opts o = {.netns = {ns0, ns1}, .store_addr = addr, .limit_s = 150, .slot_kib = "1024"};
+    struct run_opts o = {.netns = {np.ns[0], np.ns[1]}, .store_addr = np.addr[0], .limit_s = 150, .slot_kib = "1024"};
     int st[MAX_RANKS];
     run_ranks(world, body, &a, &o, st);
-    snprintf(cmd, sizeof cmd, "ip netns del %s; ip netns del %s", ns0, ns1);
-    sh(cmd);
+    tu_netns_pair_remove(&np);
     assert_all_ok(world, st);
 }
 

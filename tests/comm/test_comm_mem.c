@@ -388,7 +388,8 @@ Test(comm_mem, free_and_realloc_world3, .timeout = 120)
 Test(comm_mem, allocator_contract, .timeout = 60)
 {
     pid_t srv;
-    int port = tu_server_spawn(&srv, NULL);
+    int port = tu_store_spawn(NULL, "commtest", NULL, &srv);
+    cr_assert(port > 0, "the store server process did not start");
     struct store_client *sc = NULL;
     struct comm *c = NULL;
     cr_assert_eq(tu_connect(NULL, port, &sc), 0, "%s", error_message());
@@ -409,7 +410,7 @@ Test(comm_mem, allocator_contract, .timeout = 60)
     comm_mem_free(c, z);
     comm_destroy(c);
     store_client_close(sc);
-    tu_server_reap(srv);
+    tu_store_reap(srv);
 }
 
 /* The streaming copy the one-copy path uses: every alignment of source and destination, sizes around

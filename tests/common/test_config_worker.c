@@ -12,6 +12,7 @@
 
 #include "common/config.h"
 #include "common/error.h"
+#include "tests/util/tu_file.h"
 #include "worker/config/worker_config.h"
 
 static struct config *make(void)
@@ -193,10 +194,7 @@ static char *make_dir(void)
 
 static void write_file(const char *path, const char *text)
 {
-    FILE *f = fopen(path, "w");
-    cr_assert_not_null(f, "%s", path);
-    fputs(text, f);
-    fclose(f);
+    cr_assert_eq(tu_write_text(path, text), 0, "%s", path);
 }
 
 static void cleanup(const char *dir)

@@ -1,5 +1,5 @@
 /* fsdp-launch on one node, run for real: the worker environment, restarts, signals, logs. */
-#include "launch_util.h"
+#include "tests/util/launch_util.h"
 
 #include <sys/socket.h>
 #include <netinet/in.h>
@@ -43,7 +43,7 @@ Test(launch, env_contract_four_ranks, .timeout = 60)
     for (int r = 0; r < 4; r++) {
         char path[4200], want[32];
         snprintf(path, sizeof path, "%s/env.%d", dir, r);
-        char *t = lu_slurp(path);
+        char *t = tu_slurp(path);
         cr_assert(t[0], "rank %d wrote no environment", r);
         snprintf(want, sizeof want, "%d", r);
         cr_expect_str_eq(env_value(t, "RANK"), want);
@@ -87,7 +87,7 @@ Test(launch, user_omp_and_token_kept, .timeout = 60)
     cr_expect_null(strstr(err, "OMP_NUM_THREADS not set"), "notice printed although the user set it");
     char path[4200];
     snprintf(path, sizeof path, "%s/env.1", dir);
-    char *t = lu_slurp(path);
+    char *t = tu_slurp(path);
     cr_expect_str_eq(env_value(t, "OMP_NUM_THREADS"), "3");
     cr_expect_str_eq(env_value(t, "FSDP_RDZV_TOKEN"), "sekrit");
     free(t);
@@ -164,7 +164,7 @@ Test(launch, restart_after_first_attempt_fails, .timeout = 60)
     for (int r = 0; r < 2; r++) {
         char path[4200];
         snprintf(path, sizeof path, "%s/ok.%d", dir, r);
-        char *t = lu_slurp(path);
+        char *t = tu_slurp(path);
         cr_expect_str_eq(t, "1\n", "rank %d did not see TORCHELASTIC_RESTART_COUNT=1", r);
         free(t);
     }
@@ -207,10 +207,10 @@ static void signal_exits_cleanly(int sig)
     pid_t p = lu_spawn(argv, dir, "launch", NULL);
     int pids[2];
     cr_assert_eq(lu_read_pids(dir, 2, pids, 30), 2, "workers did not start");
-    double t0 = lu_now();
+    double t0 = tu_now();
     kill(p, sig);
     int st = lu_wait(p, 20);
-    double took = lu_now() - t0;
+    double took = tu_now() - t0;
     char *err = lu_slurp_tag(dir, "launch", "err");
     cr_expect_eq(lu_exit_code(st), 128 + sig, "exit %d, stderr:\n%s", lu_exit_code(st), err);
     cr_expect_lt(took, 10, "launcher took %.1f s to stop", took);
@@ -235,10 +235,10 @@ Test(launch, shutdown_timeout_escalates_to_sigkill, .timeout = 60)
     pid_t p = lu_spawn(argv, dir, "launch", NULL);
     int pids[2];
     cr_assert_eq(lu_read_pids(dir, 2, pids, 30), 2, "workers did not start");
-    double t0 = lu_now();
+    double t0 = tu_now();
     kill(p, SIGTERM);
     int st = lu_wait(p, 30);
-    double took = lu_now() - t0;
+    double took = tu_now() - t0;
     char *err = lu_slurp_tag(dir, "launch", "err");
     cr_expect_eq(lu_exit_code(st), 128 + SIGTERM, "exit %d, stderr:\n%s", lu_exit_code(st), err);
     cr_expect_geq(took, 0.9, "SIGKILL came before --shutdown_timeout (%.2f s)", took);
@@ -266,12 +266,12 @@ Test(launch, log_dir_layout_and_tee, .timeout = 60)
     for (int r = 0; r < 2; r++) {
         char path[4200], want[128];
         snprintf(path, sizeof path, "%s/logrun/attempt_0/%d/stdout.log", dir, r);
-        char *t = lu_slurp(path);
+        char *t = tu_slurp(path);
         snprintf(want, sizeof want, "out line 1 of rank %d\nout line 2 of rank %d\n", r, r);
         cr_expect_str_eq(t, want, "%s", path);
         free(t);
         snprintf(path, sizeof path, "%s/logrun/attempt_0/%d/stderr.log", dir, r);
-        t = lu_slurp(path);
+        t = tu_slurp(path);
         snprintf(want, sizeof want, "err line of rank %d\n", r);
         cr_expect_str_eq(t, want, "%s", path);
         free(t);
@@ -332,7 +332,7 @@ Test(launch, redirects_keep_stream_off_console, .timeout = 60)
     cr_expect(strstr(err, "err line of rank 0\n"), "stderr (not redirected) missing:\n%s", err);
     char path[4200];
     snprintf(path, sizeof path, "%s/r/attempt_0/0/stdout.log", dir);
-    char *t = lu_slurp(path);
+    char *t = tu_slurp(path);
     cr_expect(strstr(t, "out line 2 of rank 0"), "%s: %s", path, t);
     free(t);
     free(out);
@@ -377,7 +377,7 @@ Test(launch, log_level_flag_reaches_workers, .timeout = 60)
     for (int r = 0; r < 2; r++) {
         char path[4200];
         snprintf(path, sizeof path, "%s/env.%d", dir, r);
-        char *t = lu_slurp(path);
+        char *t = tu_slurp(path);
         cr_expect_str_eq(env_value(t, "FSDP_LOG_LEVEL"), "debug", "rank %d", r);
         free(t);
     }
@@ -399,7 +399,7 @@ Test(launch, log_level_environment_reaches_workers, .timeout = 60)
     for (int r = 0; r < 2; r++) {
         char path[4200];
         snprintf(path, sizeof path, "%s/env.%d", dir, r);
-        char *t = lu_slurp(path);
+        char *t = tu_slurp(path);
         cr_expect_str_eq(env_value(t, "FSDP_LOG_LEVEL"), "warn", "rank %d", r);
         free(t);
     }

@@ -1,5 +1,5 @@
 /* The errors a user meets first: each must come before any work, say what is wrong, and exit non-zero. */
-#include "launch_util.h"
+#include "tests/util/launch_util.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -114,9 +114,9 @@ Test(launch_errors, master_unreachable_names_address_and_time)
     const char *a[] = {LU_LAUNCH, "--nnodes", "2", "--node_rank", "1", "--master_addr", "127.0.0.1", "--master_port",
                        ports, "--rdzv_timeout", "1", "/bin/true", NULL};
     char *err;
-    double t0 = lu_now();
+    double t0 = tu_now();
     int rc = run_launch(a, NULL, 30, &err);
-    double took = lu_now() - t0;
+    double took = tu_now() - t0;
     char want[128];
     snprintf(want, sizeof want, "cannot reach the rendezvous store at 127.0.0.1:%d (tried for 1 s)", port);
     cr_expect_eq(rc, 1, "stderr:\n%s", err);

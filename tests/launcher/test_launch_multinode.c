@@ -1,6 +1,7 @@
 /* Two launchers as two nodes over loopback (and over a veth pair between network namespaces): joining,
  * global ranks, failure propagation, restarts, lost nodes, a lost store host, duplicate node ranks. */
-#include "launch_util.h"
+#include "tests/util/launch_util.h"
+#include "tests/util/tu_netns.h"
 
 #include <sched.h>
 
@@ -68,7 +69,7 @@ Test(launch_multinode, two_nodes_join_and_get_global_ranks, .timeout = 60)
     for (int r = 0; r < 4; r++) {
         char path[4200], want[64];
         snprintf(path, sizeof path, "%s/env.%d", dir, r);
-        char *t = lu_slurp(path);
+        char *t = tu_slurp(path);
         snprintf(want, sizeof want, "\nLOCAL_RANK=%d\n", r % 2);
         cr_expect(strstr(t, want), "rank %d: %s", r, t);
         snprintf(want, sizeof want, "\nGROUP_RANK=%d\n", r / 2);
@@ -110,13 +111,13 @@ Test(launch_multinode, failing_rank_stops_both_nodes, .timeout = 60)
     pid_t p1 = lu_spawn(a1, dir, "n1", NULL);
     int pids[4];
     cr_assert_eq(lu_read_pids(dir, 4, pids, 30), 4, "ranks did not start");
-    double t0 = lu_now();
+    double t0 = tu_now();
     int s1 = lu_wait(p1, 30), s0 = lu_wait(p0, 30);
     double all_dead = lu_wait_pids_dead(pids, 4, 10);
     char *e0 = lu_slurp_tag(dir, "n0", "err"), *e1 = lu_slurp_tag(dir, "n1", "err");
     cr_expect_eq(lu_exit_code(s0), 3, "node 0:\n%s", e0);
     cr_expect_eq(lu_exit_code(s1), 3, "node 1:\n%s", e1);
-    cr_expect(all_dead >= 0 && lu_now() - t0 < 5 + 1, "ranks still alive %.1f s after the failure", lu_now() - t0);
+    cr_expect(all_dead >= 0 && tu_now() - t0 < 5 + 1, "ranks still alive %.1f s after the failure", tu_now() - t0);
     cr_expect(strstr(e0, "Root cause (first failure): rank 3 (local rank 1) on node 1"), "node 0:\n%s", e0);
     cr_expect(strstr(e0, "rank 3 giving up with exit code 3"), "node 0 lacks the remote stderr tail:\n%s", e0);
     free(e0);
@@ -178,7 +179,7 @@ Test(launch_multinode, restart_on_both_nodes, .timeout = 60)
     for (int r = 0; r < 4; r++) {
         char path[4200];
         snprintf(path, sizeof path, "%s/ok.%d", dir, r);
-        char *t = lu_slurp(path);
+        char *t = tu_slurp(path);
         cr_expect_str_eq(t, "1\n", "rank %d", r);
         free(t);
     }
@@ -236,7 +237,7 @@ Test(launch_multinode, lost_node_is_noticed_and_rejoins, .timeout = 60)
     for (int r = 0; r < 2; r++) {
         char path[4200];
         snprintf(path, sizeof path, "%s/ok.%d", dir, r);
-        char *t = lu_slurp(path);
+        char *t = tu_slurp(path);
         cr_expect_str_eq(t, "1\n", "rank %d", r);
         free(t);
     }
@@ -282,44 +283,13 @@ Test(launch_multinode, store_host_gone_ends_other_nodes, .timeout = 60)
 
 /* ---- two network namespaces joined by a veth pair ---- */
 
-static int sh(const char *cmd)
-{
-    pid_t p = fork();
-    if (p == 0) {
-        int null = open("/dev/null", O_WRONLY);
-        dup2(null, 1);
-        dup2(null, 2);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    int st;
-    waitpid(p, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 Test(launch_multinode, two_network_namespaces_over_veth, .timeout = 90)
 {
-    /* Names from our pid: tests run in parallel and a leftover of a crashed run must not collide. */
-    char ns0[32], ns1[32], cmd[1024];
-    int id = getpid() % 100000;
-    snprintf(ns0, sizeof ns0, "fl%da", id);
-    snprintf(ns1, sizeof ns1, "fl%db", id);
-    int oct = 1 + id % 250;
-    snprintf(cmd, sizeof cmd,
-             "ip netns add %s && ip netns add %s && ip link add v%da type veth peer name v%db && "
-             "ip link set v%da netns %s && ip link set v%db netns %s && "
-             "ip -n %s addr add 10.213.%d.1/24 dev v%da && ip -n %s addr add 10.213.%d.2/24 dev v%db && "
-             "ip -n %s link set v%da up && ip -n %s link set v%db up && "
-             "ip -n %s link set lo up && ip -n %s link set lo up",
-             ns0, ns1, id, id, id, ns0, id, ns1, ns0, oct, id, ns1, oct, id, ns0, id, ns1, id, ns0, ns1);
-    if (sh(cmd) != 0) {
-        snprintf(cmd, sizeof cmd, "ip netns del %s; ip netns del %s", ns0, ns1);
-        sh(cmd);
+    struct tu_netns_pair np;
+    if (tu_netns_pair_make(&np, 'l', 213) != 0)
         cr_skip_test("cannot create network namespaces and a veth pair here (needs root and iproute2)");
-    }
+    const char *ns0 = np.ns[0], *ns1 = np.ns[1], *addr = np.addr[0];
     char *dir = lu_tmpdir();
-    char addr[32];
-    snprintf(addr, sizeof addr, "10.213.%d.1", oct);
     const char *a0[] = {"/usr/bin/ip", "netns", "exec", ns0, LU_LAUNCH, "--nnodes", "2", "--node_rank", "0",
                         "--nproc_per_node", "2", "--master_addr", addr, "--master_port", "0", "--rdzv_timeout", "30",
                         LU_PROBE, "env", dir, NULL};
@@ -336,14 +306,13 @@ Test(launch_multinode, two_network_namespaces_over_veth, .timeout = 90)
     }
     int s0 = lu_wait(p0, 40), s1 = p1 > 0 ? lu_wait(p1, 40) : -1;
     char *e0 = lu_slurp_tag(dir, "n0", "err"), *e1 = lu_slurp_tag(dir, "n1", "err");
-    snprintf(cmd, sizeof cmd, "ip netns del %s; ip netns del %s", ns0, ns1);
-    sh(cmd);
+    tu_netns_pair_remove(&np);
     cr_assert_gt(port, 0, "node 0 printed no port:\n%s", e0);
     cr_expect_eq(lu_exit_code(s0), 0, "node 0:\n%s", e0);
     cr_expect_eq(lu_exit_code(s1), 0, "node 1:\n%s", e1);
     char path[4200];
     snprintf(path, sizeof path, "%s/env.3", dir);
-    char *t = lu_slurp(path);
+    char *t = tu_slurp(path);
     char want[64];
     snprintf(want, sizeof want, "\nMASTER_ADDR=%s\n", addr);
     cr_expect(strstr(t, want) && strstr(t, "\nGROUP_RANK=1\n"), "rank 3 env:\n%s", t);

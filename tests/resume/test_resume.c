@@ -2,7 +2,8 @@
  * size, resharded resume at other world sizes/strategies/versions and from either format, automatic
  * recovery from a SIGKILLed rank with --max_restarts, a disk that fills up during a save, and the exported
  * model evaluated by PyTorch against fsdp's evaluation of the same checkpoint. */
-#include "../launcher/launch_util.h"
+#include "tests/util/launch_util.h"
+#include "tests/util/tu_summary.h"
 
 #include <math.h>
 #include <sched.h>
@@ -24,15 +25,7 @@ struct job {
     char ini[4200], data[4200];
 };
 
-static void write_text(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    cr_assert(f, "cannot write %s", path);
-    fputs(text, f);
-    fclose(f);
-}
-
-/* A temp dir with byte-level tokens of the project's docs and the tiny config. */
+/* A temp dir with byte-level tokens of the frozen text corpus (tests/data/corpus) and the tiny config. */
 static void job_setup(struct job *j)
 {
     j->dir = lu_tmpdir();
@@ -45,7 +38,7 @@ static void job_setup(struct job *j)
     char text[8192];
     snprintf(text, sizeof text, TINY "[data]\ntrain_file = %s/train.bin\n", j->data);
     snprintf(j->ini, sizeof j->ini, "%s/tiny.ini", j->dir);
-    write_text(j->ini, text);
+    lu_write_text(j->ini, text);
 }
 
 /* Runs fsdp-launch --standalone --nproc_per_node world fsdp-worker tiny.ini args...; returns the exit code. */
@@ -82,7 +75,7 @@ static int losses(struct job *j, const char *tag, char text[][32], double *val, 
 {
     char p[4300];
     snprintf(p, sizeof p, "%s/%s/metrics.jsonl", j->dir, tag);
-    char *s = lu_slurp(p);
+    char *s = tu_slurp(p);
     int n = 0;
     for (char *at = strstr(s, "\"loss\":"); at && n < cap; at = strstr(at + 1, "\"loss\":")) {
         at += strlen("\"loss\":");
@@ -204,9 +197,14 @@ Test(resume, sigkill_of_a_random_rank_recovers_from_latest, .timeout = 240)
     char *err = lu_slurp_tag(j.dir, "crash", "err");
     cr_assert_eq(rc, 0, "%s: the job did not recover: %s", fault, err);
     cr_assert(strstr(err, "SIGKILL") && strstr(err, "restarting"), "%s: no restart seen: %s", fault, err);
-    char want[64];
+    char want[64], logdir[4300];
     snprintf(want, sizeof want, "fsdp_sharded_cpt%d", (step / 5) * 5);
-    cr_assert(step < 5 || strstr(err, want), "%s: did not resume from %s: %s", fault, want, err);
+    snprintf(logdir, sizeof logdir, "%s/crash", j.dir);
+    cJSON *sum = tu_summary_load(logdir, 0);
+    const char *from = tu_json_str(sum, "checkpoint.resumed.path");
+    cr_assert(step < 5 || (from && strstr(from, want)), "%s: did not resume from %s (the run summary says %s): %s",
+              fault, want, from ? from : "none", err);
+    cJSON_Delete(sum);
     char t_ref[32][32], t_c[64][32];
     double v_ref[32], v_c[64];
     int nr = losses(&j, "ref", t_ref, v_ref, 32), nc = losses(&j, "crash", t_c, v_c, 64);
@@ -290,7 +288,7 @@ Test(resume, disk_full_stops_training_and_keeps_the_earlier_checkpoint, .timeout
     const char *how = mode == 't' ? "tmpfs" : "RLIMIT_FSIZE";
     char vf[4400];
     snprintf(vf, sizeof vf, "%s/disk.verdict", j.dir);
-    char *verdict = lu_slurp(vf);
+    char *verdict = tu_slurp(vf);
     char *err = lu_slurp_tag(j.dir, "full", "err");
     cr_assert_str_eq(verdict, "ok", "(%s) %s; job stderr: %s", how, verdict, err);
     const char *want = mode == 't' ? "checkpoint at step 10" : "checkpoint at step 5";

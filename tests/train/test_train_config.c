@@ -2,45 +2,8 @@
  * naming the keys, by every rank on its own: the ranks are started here by hand around a store of this
  * test, so none is stopped by a launcher before it speaks. Then once under fsdp-launch, whose job must
  * fail with the same message as its root cause. */
-#include <signal.h>
-#include <sys/prctl.h>
-
-#include "common/error.h"
-#include "rendezvous/store.h"
+#include "tests/util/tu_store.h"
 #include "ttest.h"
-
-/* The store lives in its own process: the ranks are forked from here, and a fork taken while a server
- * thread holds an allocator lock would leave that lock held in the child. */
-static int store_spawn(pid_t *pid_out)
-{
-    int pfd[2];
-    cr_assert_eq(pipe(pfd), 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        /* A failed assertion ends the test without reaching the kill below: the store must not outlive it. */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        close(pfd[0]);
-        struct store_server_options so = {.bind_addr = "127.0.0.1", .port = 0, .run_id = "cfgtest"};
-        struct store_server *srv = NULL;
-        int port = store_server_start(&so, &srv) == 0 ? store_server_port(srv) : -1;
-        if (port < 0)
-            fprintf(stderr, "store: %s\n", error_message());
-        if (write(pfd[1], &port, sizeof port) != (ssize_t)sizeof port)
-            _exit(1);
-        close(pfd[1]);
-        for (;;)
-            pause();
-    }
-    close(pfd[1]);
-    int port = -1;
-    ssize_t got = read(pfd[0], &port, sizeof port);
-    close(pfd[0]);
-    cr_assert(got == (ssize_t)sizeof port && port > 0, "the store server process did not start");
-    *pid_out = pid;
-    return port;
-}
 
 /* Starts `world` fsdp-worker ranks with the torchrun environment fsdp-launch would give them and checks
  * that each exits 2 having said every fragment of want[] itself, and that none started working. */
@@ -48,7 +11,8 @@ static void every_rank_refuses(const struct tt_ctx *c, int world, const char *ta
                                const char *const *want)
 {
     pid_t srv;
-    int port = store_spawn(&srv);
+    int port = tu_store_spawn("127.0.0.1", "cfgtest", NULL, &srv);
+    cr_assert(port > 0, "the store server process did not start");
     char rundir[2048], logarg[2300], ckarg[2300];
     snprintf(rundir, sizeof rundir, "%s/%s", c->dir, tag);
     cr_assert_eq(mkdir(rundir, 0755), 0);
@@ -92,8 +56,7 @@ static void every_rank_refuses(const struct tt_ctx *c, int world, const char *ta
         free(line);
         free(err);
     }
-    kill(srv, SIGKILL);
-    waitpid(srv, NULL, 0);
+    tu_store_reap(srv);
     char metrics[2400];
     snprintf(metrics, sizeof metrics, "%s/log/metrics.jsonl", rundir);
     cr_assert_neq(access(metrics, F_OK), 0, "%s: metrics were written by a refused run", tag);

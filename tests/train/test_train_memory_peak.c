@@ -9,17 +9,14 @@
  * quarantine and shadow memory would measure ASan, not the engine. */
 #include "ttest.h"
 
-/* "peak RSS X MiB" of each rank's end-of-run "peak memory:" line, and its engine total. */
+/* Each rank's peak RSS and its engine's peak total, in MiB, from its run summary. */
 static void read_peak(const struct tt_result *r, int world, double *rss, double *total)
 {
     for (int rank = 0; rank < world; rank++) {
-        char *line = tt_rank_line(r->err, rank, "peak memory: ");
-        cr_assert_not_null(line, "rank %d did not log its peak memory:\n%s", rank, r->err);
-        const char *a = strstr(line, "peak RSS "), *b = strstr(line, "; total ");
-        cr_assert(a && b && sscanf(a, "peak RSS %lf MiB", &rss[rank]) == 1 &&
-                      sscanf(b, "; total %lf MiB", &total[rank]) == 1,
-                  "unexpected line: %s", line);
-        free(line);
+        cJSON *s = tt_summary(r, rank);
+        rss[rank] = tt_num(s, "memory.peak_rss_bytes") / 1048576.0;
+        total[rank] = tt_num(s, "memory.peak_total_bytes") / 1048576.0;
+        cJSON_Delete(s);
     }
 }
 

@@ -1,7 +1,8 @@
 /* What a run leaves for its user: metrics.jsonl (one row per step: step, loss with 9 significant digits,
  * lr, grad_norm, tokens_per_s, and val_loss when evaluated), a TensorBoard event file that an independent
  * reader (tests/worker/read_tfevents.py) parses with the same values, rank 0's progress line, the plan,
- * and every rank's end-of-run "peak memory" line. And on a learnable corpus the val loss falls. */
+ * every rank's end-of-run "peak memory" line, and every rank's run summary with the same run's figures.
+ * And on a learnable corpus the val loss falls. */
 #include "ttest.h"
 
 #include <dirent.h>
@@ -9,13 +10,10 @@
 /* The text of the number after "key": in a metrics row. */
 static void raw_number(const char *row, const char *key, char *out, size_t cap)
 {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    const char *p = strstr(row, pat);
+    size_t n = 0;
+    const char *p = tu_json_raw(row, key, &n);
     cr_assert_not_null(p, "no %s in %s", key, row);
-    p += strlen(pat);
-    size_t n = strspn(p, "0123456789.eE+-");
-    cr_assert(n > 0 && n < cap, "bad number for %s in %s", key, row);
+    cr_assert(n > 0 && n < cap && strspn(p, "0123456789.eE+-") == n, "bad number for %s in %s", key, row);
     memcpy(out, p, n);
     out[n] = 0;
 }
@@ -65,7 +63,7 @@ Test(outputs, metrics_events_progress_memory, .timeout = 300)
     cr_assert_float_eq(lr[2], 0.003, 1e-9, "warmup_steps 2 reaches lr at step 2: %g", lr[2]);
     char path[2400];
     snprintf(path, sizeof path, "%s/metrics.jsonl", r.logdir);
-    char *text = lu_slurp(path);
+    char *text = tu_slurp(path);
     int rows = 0;
     for (char *row = strtok(text, "\n"); row; row = strtok(NULL, "\n"), rows++) {
         char num[64], again[64];
@@ -141,6 +139,40 @@ Test(outputs, metrics_events_progress_memory, .timeout = 300)
         free(line);
     }
     cr_assert(strstr(r.err, "val loss "), "no val loss in the log:\n%s", r.err);
+
+    /* Every rank's run summary: who wrote it, the plan, the batch, the final losses of metrics.jsonl, each
+     * memory category, and counters that a FULL_SHARD run must have moved. */
+    for (int rank = 0; rank < 2; rank++) {
+        cJSON *s = tt_summary(&r, rank);
+        cr_assert(tu_json_matches(s, "{\"version\":1,\"world_size\":2,\"device\":\"cpu\","
+                                     "\"plan\":{\"strategy\":\"FULL_SHARD\",\"version\":2,\"world_size\":2,"
+                                     "\"units\":[{\"name\":\"root\"},{\"name\":\"h.0\"},{\"name\":\"h.1\"}]},"
+                                     "\"batch\":{\"micro_batches_per_step\":6},"
+                                     "\"steps\":{\"first\":0,\"run\":20}}"),
+                  "rank %d's run summary does not describe this run", rank);
+        cr_assert_eq(tt_num(s, "rank"), rank);
+        double fl = tt_num(s, "final_loss"), fv = tt_num(s, "final_val_loss");
+        cr_assert(fabs(fl - loss[TT_STEPS - 1]) <= 1e-6 * loss[TT_STEPS - 1], "rank %d: final_loss %.9g, metrics %.9g",
+                  rank, fl, loss[TT_STEPS - 1]);
+        cr_assert(fabs(fv - val[TT_STEPS - 1]) <= 1e-6 * val[TT_STEPS - 1],
+                  "rank %d: final_val_loss %.9g, metrics %.9g", rank, fv, val[TT_STEPS - 1]);
+        const char *cats[] = {"params", "grads", "optimizer", "gathered_params", "unsharded_grads", "comm_buffers",
+                              "activations", NULL};
+        double sum = 0;
+        for (int i = 0; cats[i]; i++) {
+            char path[64];
+            snprintf(path, sizeof path, "memory.peak_bytes.%s", cats[i]);
+            double v = tt_num(s, path);
+            cr_assert(v >= 0, "rank %d: %s = %g", rank, path, v);
+            sum += v;
+        }
+        double total = tt_num(s, "memory.peak_total_bytes");
+        cr_assert(total > 0 && total <= sum, "rank %d: peak total %.0f, the categories' peaks add to %.0f", rank,
+                  total, sum);
+        cr_assert(tt_num(s, "memory.peak_rss_bytes") > tt_num(s, "memory.rss_at_start_bytes"), "rank %d", rank);
+        cr_assert(tt_num(s, "persistent.bytes") > 0 && tt_num(s, "collectives.all_gathers") > 0, "rank %d", rank);
+        cJSON_Delete(s);
+    }
     tt_result_free(&r);
     tt_teardown(&c);
 }

@@ -1,14 +1,15 @@
-/* Helpers of the training tests: a tiny GPT config over byte tokens of the project's own docs, runs of
+/* Helpers of the training tests: a tiny GPT config over byte tokens of a frozen text corpus, runs of
  * the real fsdp-worker (alone, or under the real fsdp-launch) in a mkdtemp directory, and readers of what
- * a run leaves behind: metrics.jsonl rows and the log lines of every rank. Header-only so each test
- * binary stays one file. */
+ * a run leaves behind: metrics.jsonl rows, every rank's run summary (the values of the run) and the log
+ * lines of every rank (for what a user reads). Header-only so each test binary stays one file. */
 #ifndef FSDP_TESTS_TRAIN_TTEST_H
 #define FSDP_TESTS_TRAIN_TTEST_H
 
 #include <cjson/cJSON.h>
 #include <math.h>
 
-#include "../launcher/launch_util.h"
+#include "tests/util/launch_util.h"
+#include "tests/util/tu_summary.h"
 
 /* Generous: a loaded 2-core machine runs several of these at once, under ASan in CI. */
 #define TT_RUN_TIMEOUT_S 240.0
@@ -44,14 +45,6 @@ struct tt_result {
     char logdir[2200];
 };
 
-static inline void tt_write_file(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    cr_assert_not_null(f, "cannot write %s", path);
-    fputs(text, f);
-    fclose(f);
-}
-
 /* Makes the tmpdir, the byte-level token files (fsdp-prepare-data over tests/data/corpus/) and tiny.ini. */
 static inline void tt_setup(struct tt_ctx *c)
 {
@@ -72,7 +65,7 @@ static inline void tt_setup(struct tt_ctx *c)
     snprintf(text, sizeof text, "%s[data]\ntrain_file = %s/train.bin\nval_file = %s/val.bin\n", tt_tiny_ini, c->data,
              c->data);
     snprintf(c->ini, sizeof c->ini, "%s/tiny.ini", c->dir);
-    tt_write_file(c->ini, text);
+    lu_write_text(c->ini, text);
 }
 
 static inline void tt_teardown(struct tt_ctx *c)
@@ -198,6 +191,34 @@ static inline double tt_assert_losses(const struct tt_result *r, const double *r
     cr_assert(d <= rel, "%s: losses differ from the reference by %.3g relative (bound %.3g); step 19: %.9g vs %.9g",
               what, d, rel, loss[TT_STEPS - 1], ref[TT_STEPS - 1]);
     return d;
+}
+
+/* Rank `rank`'s run summary (log.dir/run_summary.rank<R>.json; rank -1, a lone worker, is rank 0),
+ * asserted present; the caller cJSON_Delete()s it. */
+static inline cJSON *tt_summary(const struct tt_result *r, int rank)
+{
+    cJSON *s = tu_summary_load(r->logdir, rank < 0 ? 0 : rank);
+    size_t len = r->err ? strlen(r->err) : 0;
+    cr_assert_not_null(s, "rank %d left no run summary in %s:\n%s", rank, r->logdir,
+                       r->err ? r->err + (len > 3000 ? len - 3000 : 0) : "");
+    return s;
+}
+
+/* The number at a dotted path of a run summary ("memory.peak_rss_bytes"), asserted present. */
+static inline double tt_num(const cJSON *summary, const char *path)
+{
+    double v = tu_json_num(summary, path);
+    cr_assert(!isnan(v), "the run summary has no number at %s", path);
+    return v;
+}
+
+/* Whether rank `rank`'s run summary matches pattern (tu_json_matches). */
+static inline bool tt_summary_matches(const struct tt_result *r, int rank, const char *pattern)
+{
+    cJSON *s = tt_summary(r, rank);
+    bool ok = tu_json_matches(s, pattern);
+    cJSON_Delete(s);
+    return ok;
 }
 
 /* How many lines of s contain both a and b (b may be NULL). */

@@ -1,4 +1,5 @@
 #include "common/error.h"
+#include "tests/util/tu_summary.h"
 #include "worker/train/metrics.h"
 #include "wtest.h"
 
@@ -31,15 +32,12 @@ static int significant_digits(const char *s, size_t n)
     return count;
 }
 
-/* The raw text of "key": in a line, for checking how the number was printed. */
+/* The significant digits of "key": in a line, for checking how the number was printed. */
 static int raw_digits(const char *line, const char *key)
 {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    const char *p = strstr(line, pat);
+    size_t n = 0;
+    const char *p = tu_json_raw(line, key, &n);
     cr_assert(p, "%s missing in %s", key, line);
-    p += strlen(pat);
-    size_t n = strcspn(p, ",}");
     return significant_digits(p, n);
 }
 

@@ -152,7 +152,7 @@ static const struct config_key keys[] = {
     {.section = "log", .name = "interval", .type = CONFIG_INT, .def = "10", .min = 1, .max = 1e12,
      .flags = LIST("logging_steps"), .help = "Steps between metric lines"},
     {.section = "log", .name = "dir", .type = CONFIG_PATH, .def = "./runs/<run_id>", .flags = LIST("logging_dir"),
-     .help = "Metrics and TensorBoard events; <run_id> is replaced when the run starts"},
+     .help = "Metrics, TensorBoard events and each rank's run summary; <run_id> is replaced when the run starts"},
 
     /* [checkpoint] */
     {.section = "checkpoint", .name = "dir", .type = CONFIG_PATH, .def = "./runs/<run_id>/checkpoints",

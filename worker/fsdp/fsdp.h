@@ -78,6 +78,27 @@ void fsdp_destroy(struct fsdp *f);
 /* Logs the plan (rank 0): units, parameters per unit, bytes per rank by category, largest unsharded unit. */
 void fsdp_log_plan(const struct fsdp *f);
 
+/* The plan as values, for machine-readable reports (the run summary); the same facts fsdp_log_plan says. */
+struct fsdp_plan_info {
+    const char *strategy; /* "FULL_SHARD", ...; "NO_SHARD" when fsdp.enable is false */
+    bool enabled;         /* fsdp.enable */
+    int version, world_size;
+    int shard_groups, shard_group_size;
+    const char *param_dtype, *reduce_dtype; /* "fp32", "bf16", "fp16": what the collectives and compute use */
+    const char *backward_prefetch;          /* "BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH" */
+    bool forward_prefetch, offload;
+    int n_units;
+};
+void fsdp_plan_info(const struct fsdp *f, struct fsdp_plan_info *out);
+/* Engine unit u: its name ("h.0..h.1"), parameters, shard elements per rank, and when it is resharded
+ * (NULL: kept gathered; "forward": after its forward; "backward": after its backward, the last unit). */
+struct fsdp_unit_info {
+    const char *name;
+    size_t numel, shard;
+    const char *resharded_after;
+};
+void fsdp_unit_info(const struct fsdp *f, int u, struct fsdp_unit_info *out);
+
 /* Initial parameters: from model.init_from or the seed; with sync_module_states rank 0 initialises the
  * whole model and broadcasts it, else each rank initialises only its own shards (same values). */
 int fsdp_init_params(struct fsdp *f);

@@ -282,3 +282,25 @@ void fsdp_log_plan(const struct fsdp *f)
         log_warn("fsdp.version = 1 (flat parameters) is deprecated, as in PyTorch; version 2 shards each parameter "
                  "along dim 0");
 }
+
+void fsdp_plan_info(const struct fsdp *f, struct fsdp_plan_info *out)
+{
+    static const char *pf[] = {"BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"};
+    *out = (struct fsdp_plan_info){.strategy = strategy_name(f->strategy), .enabled = f->wc.fsdp.enable,
+                                   .version = f->version, .world_size = f->g.world_size,
+                                   .shard_groups = f->rep_size, .shard_group_size = f->shard_size,
+                                   .param_dtype = precision_name(f->param_dtype),
+                                   .reduce_dtype = precision_name(f->reduce_dtype),
+                                   .backward_prefetch = pf[f->wc.fsdp.backward_prefetch],
+                                   .forward_prefetch = f->wc.fsdp.forward_prefetch, .offload = f->offload,
+                                   .n_units = f->n_units};
+}
+
+void fsdp_unit_info(const struct fsdp *f, int u, struct fsdp_unit_info *out)
+{
+    const struct fsdp_unit *x = &f->units[u];
+    *out = (struct fsdp_unit_info){.name = x->name, .numel = x->numel, .shard = x->shard,
+                                   .resharded_after = !x->reshard             ? NULL
+                                                      : u == f->n_units - 1 ? "backward"
+                                                                            : "forward"};
+}

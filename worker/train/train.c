@@ -25,6 +25,7 @@
 #include "worker/train/metrics.h"
 #include "worker/model/model.h"
 #include "worker/train/progress.h"
+#include "worker/train/run_summary.h"
 #include "worker/train/train.h"
 #include "worker/train/train_ckpt.h"
 
@@ -79,6 +80,7 @@ struct trainer {
     char logdir[4200];
     double peak_flops, flops_per_token;
     double last_loss, last_val;
+    struct run_summary summary; /* every rank's end-of-run record */
 };
 
 /* This rank's rows of the global batch of `step` in file d, micro-batch a. */
@@ -147,6 +149,17 @@ static void report_memory(const struct trainer *t)
              peak > (double)t->rss_at_start ? (peak - (double)t->rss_at_start) / 1048576.0 : 0.0,
              (double)t->rss_at_start / 1048576.0, (long long)tm->gathers,
              (long long)tm->prefetched, tm->gather_wait_s, tm->reduce_wait_s);
+}
+
+static int write_summary(const struct trainer *t, int64_t first_step, size_t persistent_rss_growth)
+{
+    struct run_summary_facts f = {.logdir = t->logdir, .wc = t->wc, .env = t->env, .device = t->k->name,
+                                  .model = t->model, .fsdp = t->fsdp, .ckpt = &t->ckpt.stats,
+                                  .micro_batches = t->accum, .first_step = first_step,
+                                  .final_loss = t->last_loss, .final_val_loss = t->last_val,
+                                  .rss_at_start = t->rss_at_start, .persistent_rss_growth = persistent_rss_growth,
+                                  .peak_flops = t->peak_flops, .flops_per_token = t->flops_per_token};
+    return run_summary_write(&t->summary, &f);
 }
 
 /* A resumed run continues metrics.jsonl; lines of steps at or after the resume point (logged by the attempt
@@ -302,9 +315,11 @@ static int run_loop(struct trainer *t, int64_t first_step)
         double t0 = now_s();
         struct metrics_row row = {.step = s, .lr = lr_schedule_at(&sched, s)};
         struct fsdp_step_result res;
+        double scale = fsdp_loss_scale(t->fsdp);
         rc = train_step(t, s, row.lr, &row.loss, &res);
         if (rc)
             break;
+        run_summary_note_step(&t->summary, s + 1, scale, &res);
         row.grad_norm = res.grad_norm;
         row.tokens_per_s = t->tokens_per_step / (now_s() - t0);
         if (eval_due(t, s)) {
@@ -397,12 +412,15 @@ int train_run(const struct worker_config *wc, const char *config_text, struct tr
         rc = train_ckpt_maybe_load(&t.ckpt, t.fsdp, wc, env, config_text, &first_step);
     if (!rc)
         rc = run_loop(&t, first_step);
-    if (!rc)
+    if (!rc) {
         report_memory(&t);
+        rc = write_summary(&t, first_step, rss1 > rss0 ? rss1 - rss0 : 0);
+    }
     /* Everyone is done with the store and the communicators before rank 0 may stop its store. */
     if (!rc && t.world)
         rc = comm_barrier(t.world);
     train_ckpt_close(&t.ckpt);
+    run_summary_free(&t.summary);
     fsdp_destroy(t.fsdp);
     comm_destroy(t.world);
     model_destroy(t.model);

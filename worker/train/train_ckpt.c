@@ -137,7 +137,7 @@ static int save_sharded(const struct train_ckpt *c, struct fsdp *f, const struct
     return agree(f, rc, "committing the checkpoint");
 }
 
-static int save_full(const struct train_ckpt *c, struct fsdp *f, const struct worker_config *wc, struct train_env *env, const char *root,
+static int save_full(struct train_ckpt *c, struct fsdp *f, const struct worker_config *wc, struct train_env *env, const char *root,
                      int64_t step)
 {
     const struct model_layout *l = fsdp_layout(f);
@@ -185,6 +185,9 @@ static int save_full(const struct train_ckpt *c, struct fsdp *f, const struct wo
                  "%.1f MiB)",
                  (double)hwm / 1048576.0, hwm > rss_before ? (double)(hwm - rss_before) / 1048576.0 : 0.0,
                  (double)rss_before / 1048576.0, (double)largest * 4 / 1048576.0);
+        c->stats.full_peak_rss = (double)hwm;
+        c->stats.full_rss_before = (double)rss_before;
+        c->stats.full_largest_unit = (double)largest * 4;
     }
     return agree(f, rc, "writing the full checkpoint");
 }
@@ -215,6 +218,10 @@ int train_ckpt_maybe_save(struct train_ckpt *c, struct fsdp *f, const struct wor
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
     double mb = 3.0 * (double)fsdp_layout(f)->numel_real * 4 / 1e6; /* params + two moments, fp32 */
+    c->stats.saves++;
+    c->stats.save_step = step;
+    c->stats.save_mb = mb;
+    c->stats.save_s = secs;
     if (env->rank == 0)
         log_info("checkpoint: step %lld saved (%s) under %s: %.1f MB in %.3f s, %.0f MB/s", (long long)step,
                  sharded ? "SHARDED_STATE_DICT" : "FULL_STATE_DICT", root, mb, secs, mb / secs);
@@ -283,6 +290,10 @@ int train_ckpt_maybe_load(struct train_ckpt *c, struct fsdp *f, const struct wor
         clock_gettime(CLOCK_MONOTONIC, &t1);
         double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
         double mb = 3.0 * (double)fsdp_layout(f)->numel_real * 4 / 1e6;
+        snprintf(c->stats.resumed_from, sizeof c->stats.resumed_from, "%s", ckpt_reader_path(r));
+        c->stats.resumed_step = st->step;
+        c->stats.load_mb = mb;
+        c->stats.load_s = secs;
         if (!rc && env->rank == 0)
             log_info("resumed from %s (%s, step %lld, written by %d rank(s), %s, version %d): %.1f MB read by all "
                      "ranks in %.3f s, %.0f MB/s",

@@ -9,10 +9,23 @@
 #include "worker/fsdp/fsdp.h"
 #include "worker/train/train_env.h"
 
+/* What this run's saves and load measured (the run summary reports it; rank 0's figures where only rank 0
+ * measures). Sizes are params + two AdamW moments in fp32, the bytes every save writes and a load reads. */
+struct train_ckpt_stats {
+    int saves;                       /* checkpoints written by this run */
+    int64_t save_step;               /* the newest of them: step, size, seconds */
+    double save_mb, save_s;
+    double full_peak_rss, full_rss_before, full_largest_unit; /* bytes, of the newest full save (rank 0) */
+    char resumed_from[4352];         /* the checkpoint loaded, "" for a fresh start */
+    int64_t resumed_step;
+    double load_mb, load_s;
+};
+
 /* What the loop's checkpointing keeps across the steps of one run. Zero-initialised before the load. */
 struct train_ckpt {
     char *config_text;       /* the effective INI, recorded in the metadata of every save */
     int64_t last_saved_step; /* the step of the newest checkpoint of this run or the one resumed, else -1 */
+    struct train_ckpt_stats stats;
 };
 
 /* Loads the checkpoint the config or the restart asks for into the engine; *first_step = its step (0 for

@@ -16,20 +16,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/error.h"
 #include "common/log.h"
+#include "tests/util/tu_proc.h"
 #include "worker/ckpt/ckpt.h"
 #include "worker/model/model.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -56,12 +49,12 @@ static double dd_mb_s(const char *dir)
     char file[1100], cmd[1300];
     snprintf(file, sizeof file, "%.1000s/dd.bin", dir);
     snprintf(cmd, sizeof cmd, "dd if=/dev/zero of='%s' bs=1M count=256 conv=fsync status=none", file);
-    double t0 = now();
+    double t0 = tu_now();
     if (system(cmd) != 0) {
         fprintf(stderr, "bench_ckpt: dd failed\n");
         exit(1);
     }
-    double s = now() - t0;
+    double s = tu_now() - t0;
     unlink(file);
     return 256.0 * 1048576 / 1e6 / s;
 }
@@ -75,7 +68,7 @@ static double raw_mb_s(const char *dir, double mb)
     size_t chunk = 1 << 20, total = (size_t)(mb * 1e6);
     char *buf = malloc(chunk);
     memset(buf, 0x5a, chunk);
-    double t0 = now();
+    double t0 = tu_now();
     int fd = open(file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0)
         exit(1);
@@ -87,7 +80,7 @@ static double raw_mb_s(const char *dir, double mb)
     if (fsync(fd) != 0)
         exit(1);
     close(fd);
-    double s = now() - t0;
+    double s = tu_now() - t0;
     unlink(file);
     free(buf);
     return mb / s;
@@ -172,7 +165,7 @@ static double sharded_save(const char *dir, const struct model_layout *l, int64_
     for (int r = 0; r < w; r++)
         if (read(ready[0], &c, 1) != 1)
             exit(1);
-    double t0 = now();
+    double t0 = tu_now();
     for (int r = 0; r < w; r++)
         if (write(go[1], "g", 1) != 1)
             exit(1);
@@ -188,7 +181,7 @@ static double sharded_save(const char *dir, const struct model_layout *l, int64_
     state_for(&s, l, step, w);
     if (ckpt_sharded_commit(dir, step, w, l, &s, 1) != 0)
         die("commit");
-    double t = now() - t0;
+    double t = tu_now() - t0;
     close(go[0]), close(go[1]), close(ready[0]), close(ready[1]);
     return t;
 }
@@ -201,7 +194,7 @@ static double full_save(const char *dir, const struct model_layout *l, int64_t s
     float *t = malloc(maxn * sizeof *t);
     for (size_t i = 0; i < maxn; i++)
         t[i] = (float)(i % 977) * 0.001f;
-    double t0 = now();
+    double t0 = tu_now();
     struct ckpt_full_writer *w;
     if (ckpt_full_open(dir, step, l, &w) != 0)
         die("full open");
@@ -213,7 +206,7 @@ static double full_save(const char *dir, const struct model_layout *l, int64_t s
     state_for(&s, l, step, 1);
     if (ckpt_full_commit(w, &s, 1) != 0)
         die("full commit");
-    double dt = now() - t0;
+    double dt = tu_now() - t0;
     free(t);
     return dt;
 }
@@ -225,7 +218,7 @@ static double load(const char *dir, const struct model_layout *l, int as_world, 
     for (int p = 0; p < l->n_params; p++)
         maxn = l->params[p].numel > maxn ? l->params[p].numel : maxn;
     float *t = malloc(maxn * sizeof *t);
-    double t0 = now();
+    double t0 = tu_now();
     struct ckpt_reader *r;
     if (ckpt_open(dir, "latest", l, &r) != 0)
         die("open");
@@ -240,7 +233,7 @@ static double load(const char *dir, const struct model_layout *l, int as_world, 
                 *bytes += (e - b) * sizeof(float);
             }
     ckpt_close(r);
-    double dt = now() - t0;
+    double dt = tu_now() - t0;
     free(t);
     return dt;
 }

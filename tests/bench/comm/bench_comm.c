@@ -26,8 +26,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "tests/util/tu_proc.h"
 
 enum { NOPS = 4, NSIZES = 3, MAXW = 4, NMODES = 3 };
 static const char *mode_names[NMODES] = {"registered", "plain", "registered_cold"};
@@ -35,13 +36,6 @@ static const char *mode_names[NMODES] = {"registered", "plain", "registered_cold
  * gloo anchor has no such line. */
 static const char *op_names[NOPS] = {"all_gather", "reduce_scatter", "all_reduce", "all_gather_inplace"};
 static const int sizes_mib[NSIZES] = {1, 16, 64};
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -87,7 +81,7 @@ static int rank_main(int port, int rank, int world, int iters, int wfd)
                 double ts[64];
                 for (int it = 0; it < iters + 2; it++) {
                     comm_barrier(cm);
-                    double t0 = now_s();
+                    double t0 = tu_now();
                     int rc = op == 0   ? comm_all_gather(cm, full, out, per, COMM_F32)
                              : op == 1 ? comm_reduce_scatter(cm, full, out, per, COMM_F32, COMM_SUM)
                              : op == 2 ? comm_all_reduce(cm, full, full, n, COMM_F32, COMM_SUM)
@@ -96,7 +90,7 @@ static int rank_main(int port, int rank, int world, int iters, int wfd)
                         fprintf(stderr, "bench rank %d: %s\n", rank, error_message());
                         return 1;
                     }
-                    ts[it] = now_s() - t0;
+                    ts[it] = tu_now() - t0;
                 }
                 qsort(ts + 2, (size_t)iters, sizeof(double), cmp_double); /* 2 warm-up runs dropped */
                 res[m][op][s] = ts[2 + iters / 2];
@@ -160,9 +154,9 @@ static double memcpy_gbs(void)
     memset(d, 2, b);
     double best = 1e30;
     for (int i = 0; i < 7; i++) {
-        double t0 = now_s();
+        double t0 = tu_now();
         memcpy(d, s, b);
-        double t = now_s() - t0;
+        double t = tu_now() - t0;
         best = t < best ? t : best;
         s[i] = d[b - 1 - (size_t)i]; /* keep the copies observable */
     }
@@ -201,9 +195,9 @@ static double copy_pair_gbs(size_t bytes)
             double best = 1e30;
             for (int i = 0; i < 7; i++) {
                 pthread_barrier_wait(&sh->bar);
-                double t0 = now_s();
+                double t0 = tu_now();
                 comm_copy_stream(dst, src, bytes);
-                double t = now_s() - t0;
+                double t = tu_now() - t0;
                 best = t < best ? t : best;
                 src[i] = dst[bytes - 1 - (size_t)i]; /* keep the copies observable */
             }

@@ -8,17 +8,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/error.h"
 #include "kernels/kernels.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "tests/util/tu_proc.h"
 
 static float *buf(size_t n, float v)
 {
@@ -39,9 +32,9 @@ static float *buf(size_t n, float v)
         stmt;                                                                                                \
         best = 1e30;                                                                                         \
         for (int r_ = 0; r_ < (reps); r_++) {                                                                \
-            double t0_ = now_s();                                                                            \
+            double t0_ = tu_now();                                                                            \
             stmt;                                                                                            \
-            double dt_ = now_s() - t0_;                                                                      \
+            double dt_ = tu_now() - t0_;                                                                      \
             best = dt_ < best ? dt_ : best;                                                                  \
         }                                                                                                    \
     } while (0)

@@ -2,43 +2,23 @@
  * the store, joins a barrier and exits, beside torchrun running the same no-op job (noop.py: gloo
  * init_process_group + barrier) in the same run. Both get a free --master_port found here, so the
  * benchmark never collides with a job or test on the default port. */
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "tests/util/tu_proc.h"
 
 #define FSDP_RUNS 21
 #define TORCHRUN_RUNS 2
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof sa;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) || getsockname(fd, (struct sockaddr *)&sa, &len))
-        return -1;
-    close(fd);
-    return ntohs(sa.sin_port);
-}
 
 /* Runs argv with output discarded (stderr kept in errfile for a failure message); returns seconds or
  * -1 when the command failed. */
 static double time_run(char *const argv[], const char *cwd)
 {
-    double t0 = now_s();
+    double t0 = tu_now();
     pid_t p = fork();
     if (p == 0) {
         if (cwd && chdir(cwd))
@@ -53,7 +33,7 @@ static double time_run(char *const argv[], const char *cwd)
     }
     int st;
     waitpid(p, &st, 0);
-    double dt = now_s() - t0;
+    double dt = tu_now() - t0;
     return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? dt : -1;
 }
 
@@ -77,7 +57,7 @@ int main(void)
 
     double t[FSDP_RUNS];
     for (int i = 0; i < FSDP_RUNS; i++) {
-        snprintf(port, sizeof port, "%d", free_port());
+        snprintf(port, sizeof port, "%d", tu_free_port());
         char *argv[] = {launch, "--nproc_per_node", "4", "--master_port", port, "--log_level", "warn", demo, NULL};
         t[i] = time_run(argv, NULL);
         if (t[i] < 0) {
@@ -103,7 +83,7 @@ int main(void)
     double tt[TORCHRUN_RUNS];
     int ok = 0;
     for (int i = 0; i < TORCHRUN_RUNS; i++) {
-        snprintf(port, sizeof port, "%d", free_port());
+        snprintf(port, sizeof port, "%d", tu_free_port());
         char *argv[] = {"/usr/bin/python3", torchrun, "--nproc_per_node", "4", "--master_port", port, noop, NULL};
         double d = time_run(argv, anchors);
         if (d > 0)

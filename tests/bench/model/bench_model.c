@@ -20,11 +20,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/error.h"
 #include "kernels/kernels.h"
+#include "tests/util/tu_proc.h"
 #include "worker/model/model.h"
 
 struct bench_config {
@@ -37,13 +37,6 @@ static const struct bench_config configs[] = {
     {"S", 4, 256, 4, 4096, 256, 8, 2, 10},
     {"M", 12, 768, 12, 50304, 256, 4, 1, 3},
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void die(const char *what)
 {
@@ -97,9 +90,9 @@ static int prof_vocab; /* the model's padded vocabulary: tells the LM head's GEM
 
 #define PROF(op, fl, call)                                                                                   \
     do {                                                                                                     \
-        double t0_ = now_s();                                                                                \
+        double t0_ = tu_now();                                                                                \
         int rc_ = (call);                                                                                    \
-        prof_time[op] += now_s() - t0_;                                                                      \
+        prof_time[op] += tu_now() - t0_;                                                                      \
         prof_flops[op] += (fl);                                                                              \
         return rc_;                                                                                          \
     } while (0)
@@ -228,9 +221,9 @@ static double sgemm_gflops(void)
         b[i] = (float)(i % 13) * 0.01f;
     double best = 1e30;
     for (int r = 0; r < 6; r++) {
-        double t0 = now_s();
+        double t0 = tu_now();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
-        double dt = now_s() - t0;
+        double dt = tu_now() - t0;
         if (r > 0 && dt < best)
             best = dt;
     }
@@ -283,7 +276,7 @@ static int run_child(const struct bench_config *bc, bool profile)
                 targets[bi * bc->t + ti] = tokens[bi * bc->t + (ti + 1) % bc->t];
         if (step == bc->warmup && profile)
             memset(prof_time, 0, sizeof prof_time), memset(prof_flops, 0, sizeof prof_flops);
-        double t0 = now_s();
+        double t0 = tu_now();
         float loss;
         if (k->mem_set(grads, 0, n * sizeof(float)) != 0 || model_set_batch(m, tokens, targets) != 0 ||
             model_forward_backward(m, params, grads, &loss) != 0)
@@ -303,7 +296,7 @@ static int run_child(const struct bench_config *bc, bool profile)
                          &hp) != 0)
                 die("adamw");
         }
-        double dt = now_s() - t0;
+        double dt = tu_now() - t0;
         if (!isfinite(loss))
             die("non-finite loss");
         if (step >= bc->warmup) {

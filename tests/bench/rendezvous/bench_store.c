@@ -12,16 +12,10 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "rendezvous/store.h"
+#include "tests/util/tu_proc.h"
 
 enum { SETGET_CLIENTS = 64, BARRIER_CLIENTS = 1024, BARRIER_ROUNDS = 3 };
 static const double SETGET_SECONDS = 3.0;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static struct store_client *connect_or_die(int port)
 {
@@ -81,7 +75,7 @@ static double bench_setget(int port)
         pthread_create(&t[i], NULL, setget_thread, &args[i]);
     }
     pthread_barrier_wait(&start);
-    double t0 = now_s();
+    double t0 = tu_now();
     struct timespec d = {.tv_sec = (time_t)SETGET_SECONDS,
                          .tv_nsec = (long)((SETGET_SECONDS - (double)(time_t)SETGET_SECONDS) * 1e9)};
     nanosleep(&d, NULL);
@@ -93,7 +87,7 @@ static double bench_setget(int port)
         pairs += args[i].pairs;
         failed |= args[i].rc != 0;
     }
-    double dt = now_s() - t0;
+    double dt = tu_now() - t0;
     pthread_barrier_destroy(&start);
     if (failed)
         exit(1);
@@ -115,7 +109,7 @@ static void *barrier_thread(void *p)
         pthread_barrier_wait(a->start);
         if (a->rc == 0)
             a->rc = store_client_barrier(c, "bench", BARRIER_CLIENTS, 120);
-        a->end[r] = now_s();
+        a->end[r] = tu_now();
         if (a->rc != 0)
             fprintf(stderr, "bench_store: barrier: %s\n", error_message());
     }
@@ -149,7 +143,7 @@ static double bench_barrier(int port)
     double t0[BARRIER_ROUNDS];
     for (int r = 0; r < BARRIER_ROUNDS; r++) {
         pthread_barrier_wait(&start);
-        t0[r] = now_s();
+        t0[r] = tu_now();
         /* wait for the round to end before releasing the next: the next pthread barrier does that */
     }
     int failed = 0;

@@ -1,24 +1,20 @@
 /* Checkpoint throughput of the real training job and rank 0's memory during a full save. For world 2 and
  * 4 and both formats, a 51M-parameter GPT-2 (n_layer 8, n_embd 512, vocab 50304) takes one step and saves
- * (the worker logs MB/s and, for a full save, rank 0's peak RSS above its resident size), then a second job
- * resumes from it (the worker logs the load MB/s). Beside them, this disk's sequential write speed with
+ * (rank 0's run summary has the MB/s and, for a full save, its peak RSS above its resident size), then a
+ * second job resumes from it (the run summary has the load MB/s). Beside them, this disk's sequential write speed with
  * fsync measured in the same run with dd (bs=1M count=256 conv=fsync).
  * Lines: bench=ckpt_disk ..., bench=ckpt_save world=W format=F mb_per_s=... disk_mb_per_s=... ratio=...,
  * bench=ckpt_load ..., bench=ckpt_full_save_rss world=W extra_mib=... largest_unit_mib=... goal_mib=... */
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "tests/util/tu_proc.h"
+#include "tests/util/tu_summary.h"
 
 /* The disk's sequential write speed as the issue defines it: `dd if=/dev/zero of=F bs=1M count=256
  * conv=fsync`, timed around the whole process. */
@@ -26,7 +22,7 @@ static double disk_mb_per_s(const char *dir)
 {
     char of[4200];
     snprintf(of, sizeof of, "of=%s/dd.bin", dir);
-    double t0 = now_s();
+    double t0 = tu_now();
     pid_t pid = fork();
     if (pid == 0) {
         int fd = open("/dev/null", O_WRONLY);
@@ -36,7 +32,7 @@ static double disk_mb_per_s(const char *dir)
     }
     int st;
     waitpid(pid, &st, 0);
-    double dt = now_s() - t0;
+    double dt = tu_now() - t0;
     unlink(of + 3);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
         return -1;
@@ -67,39 +63,25 @@ static int run_job(const char *root, const char *dir, int world, const char *con
     for (int i = 0; extra[i]; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        setenv("OMP_NUM_THREADS", "1", 1);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    int st;
-    waitpid(pid, &st, 0);
+    static const char *const env[] = {"OMP_NUM_THREADS=1", NULL};
+    int code = tu_run(argv, log, log, env);
     f = fopen(log, "r");
     size_t got = f ? fread(out, 1, cap - 1, f) : 0;
     out[got] = 0;
     if (f)
         fclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    return code;
 }
 
-static double field_before(const char *text, const char *anchor, const char *unit)
+/* The number at path in rank 0's run summary of the job just run (log.dir is dir/logs), -1 if absent. */
+static double summary_num(const char *dir, const char *path)
 {
-    const char *a = strstr(text, anchor);
-    if (!a)
-        return -1;
-    const char *u = strstr(a, unit);
-    if (!u)
-        return -1;
-    const char *p = u;
-    while (p > a && (p[-1] == ' '))
-        p--;
-    while (p > a && (strchr("0123456789.", p[-1])))
-        p--;
-    return atof(p);
+    char logdir[4200];
+    snprintf(logdir, sizeof logdir, "%s/logs", dir);
+    cJSON *s = tu_summary_load(logdir, 0);
+    double v = tu_json_num(s, path);
+    cJSON_Delete(s);
+    return isnan(v) ? -1 : v;
 }
 
 int main(void)
@@ -133,13 +115,16 @@ int main(void)
                 status = 1;
                 continue;
             }
-            double mbs = field_before(out, "saved (", "MB/s");
+            double mbs = summary_num(dir, "checkpoint.last_save.mb_per_s");
             const char *fmt = fi ? "full" : "sharded";
             printf("bench=ckpt_save world=%d format=%s mb_per_s=%.0f disk_mb_per_s=%.0f ratio=%.2f\n", w, fmt, mbs,
                    disk, mbs / disk);
             if (fi) {
-                double extra = field_before(out, "full save:", "MiB above");
-                double unit = field_before(out, "largest unit", "MiB)");
+                double peak = summary_num(dir, "checkpoint.full_save.peak_rss_bytes");
+                double before = summary_num(dir, "checkpoint.full_save.rss_before_bytes");
+                double extra = peak < 0 || before < 0 ? -1 : fmax(peak - before, 0) / 1048576.0;
+                double lu = summary_num(dir, "checkpoint.full_save.largest_unit_bytes");
+                double unit = lu < 0 ? -1 : lu / 1048576.0;
                 printf("bench=ckpt_full_save_rss world=%d extra_mib=%.1f largest_unit_mib=%.1f goal_mib=%.1f met=%d\n",
                        w, extra, unit, unit + 64, extra >= 0 && extra <= unit + 64);
             }
@@ -149,7 +134,7 @@ int main(void)
                 fprintf(stderr, "resume job failed:\n%s\n", out);
                 status = 1;
             } else {
-                printf("bench=ckpt_load world=%d format=%s mb_per_s=%.0f\n", w, fmt, field_before(out, "resumed from", "MB/s"));
+                printf("bench=ckpt_load world=%d format=%s mb_per_s=%.0f\n", w, fmt, summary_num(dir, "checkpoint.resumed.mb_per_s"));
             }
             snprintf(cmd, sizeof cmd, "rm -rf '%s/ck' '%s/logs'", dir, dir);
             if (system(cmd) != 0)

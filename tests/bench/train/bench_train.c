@@ -10,9 +10,9 @@
  * Each round runs torch, FULL_SHARD and NO_SHARD one after the other; a system's figure is the median
  * step of a run after its warm-up steps (torch prints the same), and the best round counts, since on a
  * shared machine the least disturbed round is the closest to the truth. The worker's tokens/s come from
- * metrics.jsonl, its MFU from rank 0's progress line (its own peak: an SGEMM measured at start), and the
- * time the ranks waited for all-gathers and reductions from their end-of-run lines (wait_frac: that time
- * over the run's step time). One rank with the same per-rank batch (NO_SHARD, world 1) gives `scaling`,
+ * metrics.jsonl, its MFU from them and rank 0's run summary (its own peak: an SGEMM measured at start),
+ * and the time the ranks waited for all-gathers and reductions from their run summaries (wait_frac: that
+ * time over the run's step time). One rank with the same per-rank batch (NO_SHARD, world 1) gives `scaling`,
  * world-2 tokens/s over twice one rank's, and torch's single process (--mode single, same per-rank batch)
  * gives the same for DDP: with the waits, they say whether a gap to the peer is in the distribution or in
  * the per-rank compute (bench=train_one_rank).
@@ -25,19 +25,19 @@
  * Output: bench=train config=S strategy=FULL_SHARD world=2 ... tokens_per_s=... mfu=... torch_ddp_tokens_per_s=...
  *         ratio=... no_shard_ratio=... scaling=... wait_frac=...   the same for NO_SHARD, and
  *         bench=train_goals config=S full_shard_vs_ddp=... goal_ddp=met|missed ... goal_no_shard=met|missed */
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <math.h>
-#include <netinet/in.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "tests/util/tu_file.h"
+#include "tests/util/tu_proc.h"
+#include "tests/util/tu_summary.h"
 
 struct bench_config {
     const char *name;
@@ -58,61 +58,12 @@ struct figure {
     long long params;
 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof sa;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) || getsockname(fd, (struct sockaddr *)&sa, &len))
-        return -1;
-    close(fd);
-    return ntohs(sa.sin_port);
-}
-
-/* Runs argv with stdout and stderr to out/err; returns its exit code (or 128 + signal). */
+/* Runs argv with stdout and stderr to out/err, one OpenMP thread and no torchrun variables of the caller;
+ * returns its exit code (or 128 + signal). */
 static int run(char *const argv[], const char *out, const char *err)
 {
-    fflush(NULL);
-    pid_t p = fork();
-    if (p < 0)
-        return -1;
-    if (p == 0) {
-        int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fo < 0 || fe < 0)
-            _exit(126);
-        dup2(fo, 1);
-        dup2(fe, 2);
-        setenv("OMP_NUM_THREADS", "1", 1);
-        unsetenv("RANK");
-        unsetenv("WORLD_SIZE");
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    int st;
-    waitpid(p, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return strdup("");
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    size_t got = fread(s, 1, (size_t)n, f);
-    s[got] = 0;
-    fclose(f);
-    return s;
+    static const char *const env[] = {"OMP_NUM_THREADS=1", "RANK=", "WORLD_SIZE=", NULL};
+    return tu_run((const char *const *)argv, out, err, env);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -131,7 +82,7 @@ static double median(double *v, int n)
 
 static void show_tail(const char *what, const char *path)
 {
-    char *s = slurp(path);
+    char *s = tu_slurp(path);
     size_t n = strlen(s);
     fprintf(stderr, "bench_train: %s failed; end of %s:\n%s\n", what, path, s + (n > 2000 ? n - 2000 : 0));
     free(s);
@@ -165,24 +116,24 @@ static int run_fsdp_with(const char *build, const char *dir, const char *data, c
     snprintf(launch, sizeof launch, "%s/launcher/fsdp-launch", build);
     snprintf(worker, sizeof worker, "%s/worker/fsdp-worker", build);
     snprintf(nproc, sizeof nproc, "%d", world);
-    snprintf(port, sizeof port, "%d", free_port());
+    snprintf(port, sizeof port, "%d", tu_free_port());
     snprintf(logarg, sizeof logarg, "--log.dir=%s", logdir);
     snprintf(ckarg, sizeof ckarg, "--checkpoint.dir=%s/ckpt", tag);
     snprintf(strat, sizeof strat, "--fsdp.sharding_strategy=%s", strategy);
     char *argv[] = {launch, "--nproc_per_node", nproc, "--master_port", port, worker, ini, logarg, ckarg, strat,
                     (char *)extra, NULL};
-    double t0 = now_s();
+    double t0 = tu_now();
     if (run(argv, out, err) != 0) {
         show_tail(strategy, err);
         return -1;
     }
     memset(f, 0, sizeof *f);
-    f->run_s = now_s() - t0;
+    f->run_s = tu_now() - t0;
 
     /* tokens/s of the timed steps, from metrics.jsonl */
     char path[4500];
     snprintf(path, sizeof path, "%s/metrics.jsonl", logdir);
-    char *m = slurp(path);
+    char *m = tu_slurp(path);
     double tps[256];
     int n = 0, step = 0;
     for (char *line = strtok(m, "\n"); line && n < 256; line = strtok(NULL, "\n"), step++) {
@@ -193,33 +144,24 @@ static int run_fsdp_with(const char *build, const char *dir, const char *data, c
     free(m);
     f->tokens_per_s = median(tps, n);
 
-    /* MFU of the same steps from rank 0's progress lines: "step S/N | ... | mfu X% | ..." */
-    char *o = slurp(out);
-    double mfu[256];
-    int nm = 0;
-    for (char *line = strtok(o, "\n"); line && nm < 256; line = strtok(NULL, "\n")) {
-        int s = 0;
-        const char *p = strstr(line, "| mfu ");
-        if (sscanf(line, "step %d/", &s) == 1 && p && s > c->warmup)
-            mfu[nm++] = atof(p + strlen("| mfu ")) / 100.0;
-    }
-    free(o);
-    f->mfu = median(mfu, nm);
-
-    /* Parameters and the slowest rank's waits from the log. */
-    char *e = slurp(err);
-    const char *pp = strstr(e, "context ");
-    if (pp)
-        pp = strchr(pp, ':');
-    f->params = pp ? atoll(pp + 1) : 0;
-    for (const char *p = e; (p = strstr(p, "waited ")); p++) {
-        double g = 0, r = 0;
-        if (sscanf(p, "waited %lf s for gathers and %lf s for reductions", &g, &r) == 2) {
-            f->gather_wait_s = g > f->gather_wait_s ? g : f->gather_wait_s;
-            f->reduce_wait_s = r > f->reduce_wait_s ? r : f->reduce_wait_s;
+    /* From the ranks' run summaries: the MFU of the same steps with rank 0's terms, as its progress line
+     * computes it (the median of tokens/s x FLOPs per token / (peak x world) is that of tokens/s scaled),
+     * the parameters, and the slowest rank's waits. */
+    for (int rank = 0; rank < world; rank++) {
+        cJSON *s = tu_summary_load(logdir, rank);
+        if (!s) {
+            fprintf(stderr, "bench_train: %s: no run summary of rank %d\n", tag, rank);
+            return -1;
         }
+        if (rank == 0) {
+            f->mfu = f->tokens_per_s * tu_json_num(s, "mfu_terms.flops_per_token") /
+                     (tu_json_num(s, "mfu_terms.peak_flops") * world);
+            f->params = (long long)tu_json_num(s, "model.parameters");
+        }
+        f->gather_wait_s = fmax(f->gather_wait_s, tu_json_num(s, "collectives.gather_wait_s"));
+        f->reduce_wait_s = fmax(f->reduce_wait_s, tu_json_num(s, "collectives.reduce_wait_s"));
+        cJSON_Delete(s);
     }
-    free(e);
     return isfinite(f->tokens_per_s) ? 0 : -1;
 }
 
@@ -240,7 +182,7 @@ static double run_torch(const char *anchors, const char *dir, const struct bench
     snprintf(err, sizeof err, "%s/torch-%s-%s-%d.err", dir, single ? "single" : "ddp", c->name, round);
     char nproc[16], port[16], layers[16], dim[16], heads[16], vocab[16], seq[16], batch[16], steps[16], warm[16];
     snprintf(nproc, sizeof nproc, "%d", WORLD);
-    snprintf(port, sizeof port, "%d", free_port());
+    snprintf(port, sizeof port, "%d", tu_free_port());
     snprintf(layers, sizeof layers, "%d", c->n_layer);
     snprintf(dim, sizeof dim, "%d", c->n_embd);
     snprintf(heads, sizeof heads, "%d", c->n_head);
@@ -259,7 +201,7 @@ static double run_torch(const char *anchors, const char *dir, const struct bench
         show_tail(single ? "torch single" : "torch DDP", err);
         return NAN;
     }
-    char *o = slurp(out);
+    char *o = tu_slurp(out);
     const char *p = strstr(o, "tokens_per_s=");
     double v = p ? atof(p + strlen("tokens_per_s=")) : NAN;
     free(o);

@@ -8,24 +8,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "tests/util/tu_proc.h"
 
 /* Best of `reps` runs: on a shared machine the minimum is the least disturbed measurement. */
 #define BEST_OF(reps, secs, body)                                                                          \
     do {                                                                                                   \
         secs = 1e30;                                                                                       \
         for (int rep_ = 0; rep_ < (reps); rep_++) {                                                        \
-            double t0_ = now_s();                                                                          \
+            double t0_ = tu_now();                                                                          \
             body;                                                                                          \
-            double dt_ = now_s() - t0_;                                                                    \
+            double dt_ = tu_now() - t0_;                                                                    \
             secs = dt_ < secs ? dt_ : secs;                                                                \
         }                                                                                                  \
     } while (0)

@@ -1,7 +1,8 @@
-/* Helpers of the launcher tests: run the real fsdp-launch with files for its output, wait with
- * deadlines, find the port node 0 printed, and check which worker pids are still alive. */
-#ifndef FSDP_TESTS_LAUNCH_UTIL_H
-#define FSDP_TESTS_LAUNCH_UTIL_H
+/* Helpers of the integration tests (launcher, train, resume): run the project's programs with files for
+ * their output, wait with deadlines, find the port node 0 printed, and check which worker pids are still
+ * alive. Criterion asserts inside; header-only, each test binary is one file. */
+#ifndef FSDP_TESTS_UTIL_LAUNCH_UTIL_H
+#define FSDP_TESTS_UTIL_LAUNCH_UTIL_H
 
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -16,18 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
-static inline double lu_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static inline void lu_nap(double s)
-{
-    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-    nanosleep(&ts, NULL);
-}
+#include "tests/util/tu_file.h"
+#include "tests/util/tu_proc.h"
 
 static inline const char *lu_build_path(const char *rel)
 {
@@ -57,41 +48,29 @@ static inline pid_t lu_spawn(const char *const *argv, const char *dir, const cha
     char out[4200], err[4200];
     snprintf(out, sizeof out, "%s/%s.out", dir, tag);
     snprintf(err, sizeof err, "%s/%s.err", dir, tag);
-    pid_t pid = fork();
-    cr_assert(pid >= 0, "fork failed");
-    if (pid == 0) {
-        unsetenv("OMP_NUM_THREADS");
-        for (int i = 0; env_set && env_set[i]; i++) {
-            const char *eq = strchr(env_set[i], '=');
-            char name[256];
-            snprintf(name, sizeof name, "%.*s", (int)(eq - env_set[i]), env_set[i]);
-            if (eq[1])
-                setenv(name, eq + 1, 1);
-            else
-                unsetenv(name);
-        }
-        int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fo < 0 || fe < 0)
-            _exit(126);
-        dup2(fo, 1);
-        dup2(fe, 2);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
+    /* the test runner's own thread count is not the program's: unset unless env_set gives one */
+    const char *env[64] = {"OMP_NUM_THREADS="};
+    int n = 1;
+    for (int i = 0; env_set && env_set[i]; i++) {
+        cr_assert(n < 63, "too many environment settings");
+        env[n++] = env_set[i];
     }
+    env[n] = NULL;
+    pid_t pid = tu_spawn(argv, out, err, env);
+    cr_assert(pid >= 0, "fork failed");
     return pid;
 }
 
 /* Waits up to timeout_s; returns the wait status, or -1 after killing a process that overran. */
 static inline int lu_wait(pid_t pid, double timeout_s)
 {
-    double end = lu_now() + timeout_s;
+    double end = tu_now() + timeout_s;
     int st;
-    while (lu_now() < end) {
+    while (tu_now() < end) {
         pid_t r = waitpid(pid, &st, WNOHANG);
         if (r == pid)
             return st;
-        lu_nap(0.01);
+        tu_nap(0.01);
     }
     kill(pid, SIGKILL);
     waitpid(pid, &st, 0);
@@ -105,38 +84,24 @@ static inline int lu_exit_code(int st)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-static inline char *lu_slurp(const char *path)
+/* Writes text to path, asserting it could. */
+static inline void lu_write_text(const char *path, const char *text)
 {
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return strdup("");
-    size_t cap = 1 << 16, n = 0;
-    char *s = malloc(cap);
-    for (;;) {
-        if (n + 4096 > cap)
-            s = realloc(s, cap *= 2);
-        size_t r = fread(s + n, 1, 4096, f);
-        n += r;
-        if (r == 0)
-            break;
-    }
-    fclose(f);
-    s[n] = 0;
-    return s;
+    cr_assert_eq(tu_write_text(path, text), 0, "cannot write %s: %s", path, strerror(errno));
 }
 
 static inline char *lu_slurp_tag(const char *dir, const char *tag, const char *ext)
 {
     char p[4200];
     snprintf(p, sizeof p, "%s/%s.%s", dir, tag, ext);
-    return lu_slurp(p);
+    return tu_slurp(p);
 }
 
 /* The port node 0 printed ("store listening on ADDR:PORT"), or -1 after timeout_s. */
 static inline int lu_read_port(const char *dir, const char *tag, double timeout_s)
 {
-    double end = lu_now() + timeout_s;
-    while (lu_now() < end) {
+    double end = tu_now() + timeout_s;
+    while (tu_now() < end) {
         char *s = lu_slurp_tag(dir, tag, "err");
         char *p = strstr(s, "fsdp-launch: store listening on ");
         char *nl = p ? strchr(p, '\n') : NULL;
@@ -147,7 +112,7 @@ static inline int lu_read_port(const char *dir, const char *tag, double timeout_
             return port;
         }
         free(s);
-        lu_nap(0.02);
+        tu_nap(0.02);
     }
     return -1;
 }
@@ -170,9 +135,9 @@ static inline bool lu_pid_alive(int pid)
 /* Waits until dir/pid.<r> exists for r in [0, n) and reads them. Returns how many were found. */
 static inline int lu_read_pids(const char *dir, int n, int *pids, double timeout_s)
 {
-    double end = lu_now() + timeout_s;
+    double end = tu_now() + timeout_s;
     int found = 0;
-    while (lu_now() < end) {
+    while (tu_now() < end) {
         found = 0;
         for (int r = 0; r < n; r++) {
             char p[4200];
@@ -185,7 +150,7 @@ static inline int lu_read_pids(const char *dir, int n, int *pids, double timeout
         }
         if (found == n)
             break;
-        lu_nap(0.02);
+        tu_nap(0.02);
     }
     return found;
 }
@@ -193,14 +158,14 @@ static inline int lu_read_pids(const char *dir, int n, int *pids, double timeout
 /* Seconds until none of the pids lives, or -1 if some still live after timeout_s. */
 static inline double lu_wait_pids_dead(const int *pids, int n, double timeout_s)
 {
-    double t0 = lu_now();
-    while (lu_now() - t0 < timeout_s) {
+    double t0 = tu_now();
+    while (tu_now() - t0 < timeout_s) {
         bool any = false;
         for (int i = 0; i < n; i++)
             any = any || lu_pid_alive(pids[i]);
         if (!any)
-            return lu_now() - t0;
-        lu_nap(0.02);
+            return tu_now() - t0;
+        tu_nap(0.02);
     }
     return -1;
 }
