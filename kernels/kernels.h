@@ -122,17 +122,20 @@ struct kernels {
                               const float *inp, const float *weight, const float *mean,
                               const float *rstd, int n, int c);
 
-    /* ---- causal multi-head self-attention ---- */
-    /* qkv: (b*t, 3c), each row [q | k | v] as GPT-2's c_attn writes it; head h uses columns
-     * h*hs .. h*hs+hs-1 of each of q, k, v (hs = c/nh). out: (b*t, c), head h at the same columns.
-     * lse: (b, nh, t) log-sum-exp of each row of scaled scores (scale 1/sqrt(hs)), saved for backward.
+    /* ---- causal self-attention, multi-head or grouped-query ---- */
+    /* nh query heads and nkv key/value heads (nkv divides nh; nkv = nh is multi-head attention), head size
+     * hs = c/nh. qkv: (b*t, c + 2*nkv*hs), each row [q (nh heads) | k (nkv heads) | v (nkv heads)], as GPT-2's
+     * c_attn (nkv = nh) or Llama's q/k/v_proj, whose weights are adjacent, write it; query head h uses q
+     * columns h*hs .. h*hs+hs-1 and the k and v columns of key/value head h / (nh/nkv).
+     * out: (b*t, c), head h at columns h*hs ... lse: (b, nh, t) log-sum-exp of each row of scaled scores
+     * (scale 1/sqrt(hs)), saved for backward.
      * Memory is O(t) per head: no t x t matrix is stored; backward recomputes scores from q, k, v. */
-    size_t (*attention_workspace_bytes)(int b, int t, int c, int nh);
-    int (*attention_forward)(float *out, float *lse, const float *qkv, int b, int t, int c, int nh,
+    size_t (*attention_workspace_bytes)(int b, int t, int c, int nh, int nkv);
+    int (*attention_forward)(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv,
                              void *workspace);
-    /* dqkv: (b*t, 3c) += gradient w.r.t. qkv. out and lse are forward's outputs. */
+    /* dqkv: (b*t, c + 2*nkv*hs) += gradient w.r.t. qkv. out and lse are forward's outputs. */
     int (*attention_backward)(float *dqkv, const float *dout, const float *qkv, const float *out,
-                              const float *lse, int b, int t, int c, int nh, void *workspace);
+                              const float *lse, int b, int t, int c, int nh, int nkv, void *workspace);
 
     /* ---- elementwise ---- */
     /* GELU, tanh approximation (GPT-2's gelu_new). out may alias inp. */

@@ -1,11 +1,16 @@
 /* Causal multi-head attention, flash-attention style: queries in blocks of ATT_BQ rows, keys in blocks of
  * ATT_BK with an online (running max / running sum) softmax, scores and products on sgemm tiles that read
- * q, k, v straight out of the packed (b*t, 3c) qkv rows. Nothing of size t x t is ever stored; backward
- * recomputes each score tile from q, k and the saved log-sum-exp.
+ * q, k, v straight out of the packed qkv rows. Nothing of size t x t is ever stored; backward recomputes
+ * each score tile from q, k and the saved log-sum-exp.
  *
- * Work is split over (batch, head) pairs: within a pair the key/value gradients of one key block receive
- * contributions from every later query block, so keeping a pair on one thread makes dqkv race-free and
- * deterministic without atomics. The workspace has a slot per pair, so its size does not depend on the
+ * Grouped-query attention: the qkv rows are [q (nh heads) | k (nkv heads) | v (nkv heads)], and query head
+ * h reads key/value head h / (nh / nkv); nkv = nh is ordinary multi-head attention (GPT-2).
+ *
+ * Forward work is split over (batch, query head) pairs. Backward work is split over (batch, key/value
+ * head) groups, the group's query heads one after another on one thread: the key/value gradients of one
+ * key block receive contributions from every later query block of every query head of the group, so
+ * keeping a group on one thread makes dqkv race-free and deterministic without atomics (and the bits do
+ * not depend on the thread count). The workspace has a slot per pair, so its size does not depend on the
  * thread count at call time, but a pair works in the slot of its thread (no more threads than pairs are
  * started): a slot is 64 KiB of tiles, and a fresh, cold one for every pair cost 2-3% once the slots
  * outgrew the cache (b * nh = 32 pairs at config S). The sgemm calls run inside the parallel region, where
@@ -38,18 +43,20 @@
 /* the AVX-512 path uses four 64 x 64 tiles of a slot */
 _Static_assert(ATT_SLOT_FLOATS >= 4 * 64 * 64, "attention workspace slot too small for the AVX-512 tiles");
 
-static int check_shape(const char *op, int b, int t, int c, int nh)
+static int check_shape(const char *op, int b, int t, int c, int nh, int nkv)
 {
-    if (b < 0 || t < 0 || c <= 0 || nh <= 0 || c % nh != 0)
-        return error_set(FSDP_EINVAL, "kernels cpu: %s: bad shape b=%d t=%d c=%d nh=%d (c %% nh must be 0)",
-                         op, b, t, c, nh);
+    if (b < 0 || t < 0 || c <= 0 || nh <= 0 || c % nh != 0 || nkv <= 0 || nh % nkv != 0)
+        return error_set(FSDP_EINVAL,
+                         "kernels cpu: %s: bad shape b=%d t=%d c=%d nh=%d nkv=%d (c %% nh and nh %% nkv must be 0)",
+                         op, b, t, c, nh, nkv);
     return 0;
 }
 
-size_t cpu_attention_workspace_bytes(int b, int t, int c, int nh)
+size_t cpu_attention_workspace_bytes(int b, int t, int c, int nh, int nkv)
 {
     (void)t;
     (void)c;
+    (void)nkv;
     if (b <= 0 || nh <= 0)
         return 64;
     return (size_t)b * (size_t)nh * ATT_SLOT_FLOATS * sizeof(float);
@@ -90,45 +97,87 @@ static void att_row_online(float *s, int nk, int jmax, float *m, float *l, float
     *m = m_new;
 }
 
-static void att_forward_pair(float *out, float *lse, const float *qkv, int t, int c, int hs, float scale,
-                             float *ws)
+/* One query head of one sequence: where its q, k, v columns (k and v of its key/value head) and its
+ * output, log-sum-exp and gradient columns start (row 0), and the row strides: ld for the qkv rows and
+ * their gradient, ldo for out and dout. Forward leaves dq, dk, dv, dout NULL. */
+struct att_head {
+    const float *q, *k, *v, *o, *dout, *lse_in;
+    float *out, *lse, *dq, *dk, *dv;
+    size_t ld, ldo;
+};
+
+/* The call's tensors and shape, from which att_head_at finds any head. */
+struct att_call {
+    const float *qkv, *dout, *o, *lse_in;
+    float *out, *lse, *dqkv;
+    int b, t, nh, nkv, hs;
+};
+
+static struct att_head att_head_at(const struct att_call *a, int bi, int h)
 {
-    const int ld_qkv = 3 * c;
+    const size_t ld = (size_t)(a->nh + 2 * a->nkv) * a->hs, ldo = (size_t)a->nh * a->hs;
+    const size_t hs = (size_t)a->hs, row0 = (size_t)bi * a->t * ld, orow0 = (size_t)bi * a->t * ldo;
+    const size_t qc = (size_t)h * hs, kvh = (size_t)(h / (a->nh / a->nkv));
+    const size_t kc = (size_t)a->nh * hs + kvh * hs, vc = (size_t)(a->nh + a->nkv) * hs + kvh * hs;
+    const size_t oc = orow0 + qc, lc = ((size_t)bi * a->nh + (size_t)h) * a->t;
+    struct att_head r = {.q = a->qkv + row0 + qc, .k = a->qkv + row0 + kc, .v = a->qkv + row0 + vc, .ld = ld,
+                         .ldo = ldo};
+    if (a->out)
+        r.out = a->out + oc;
+    if (a->lse)
+        r.lse = a->lse + lc;
+    if (a->o)
+        r.o = a->o + oc;
+    if (a->lse_in)
+        r.lse_in = a->lse_in + lc;
+    if (a->dout)
+        r.dout = a->dout + oc;
+    if (a->dqkv) {
+        r.dq = a->dqkv + row0 + qc;
+        r.dk = a->dqkv + row0 + kc;
+        r.dv = a->dqkv + row0 + vc;
+    }
+    return r;
+}
+
+static void att_forward_pair(const struct att_head *a, int t, int hs, float scale, float *ws)
+{
+    const size_t ld = a->ld, ldo = a->ldo;
     float *s = ws, *m = ws + 2 * ATT_BQ * ATT_BK, *l = m + ATT_BQ;
     for (int q0 = 0; q0 < t; q0 += ATT_BQ) {
         int q1 = q0 + ATT_BQ < t ? q0 + ATT_BQ : t, nq = q1 - q0;
-        const float *q = qkv + (size_t)q0 * ld_qkv;
-        float *o = out + (size_t)q0 * c;
+        const float *q = a->q + (size_t)q0 * ld;
+        float *o = a->out + (size_t)q0 * ldo;
         for (int r = 0; r < nq; r++) {
             m[r] = -INFINITY;
             l[r] = 0.0f;
             for (int d = 0; d < hs; d++)
-                o[(size_t)r * c + d] = 0.0f;
+                o[(size_t)r * ldo + d] = 0.0f;
         }
         for (int k0 = 0; k0 < q1; k0 += ATT_BK) {
             int k1 = k0 + ATT_BK < q1 ? k0 + ATT_BK : q1, nk = k1 - k0;
-            const float *k = qkv + (size_t)k0 * ld_qkv + c, *v = qkv + (size_t)k0 * ld_qkv + 2 * c;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, scale, q, ld_qkv, k, ld_qkv, 0.0f,
+            const float *k = a->k + (size_t)k0 * ld, *v = a->v + (size_t)k0 * ld;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, scale, q, (int)ld, k, (int)ld, 0.0f,
                         s, ATT_BK);
             for (int r = 0; r < nq; r++) {
                 int jmax = q0 + r - k0 + 1; /* keys k0 .. q0+r are visible to query q0+r */
                 jmax = jmax < nk ? jmax : nk;
-                att_row_online(s + (size_t)r * ATT_BK, nk, jmax, m + r, l + r, o + (size_t)r * c, hs);
+                att_row_online(s + (size_t)r * ATT_BK, nk, jmax, m + r, l + r, o + (size_t)r * ldo, hs);
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nk, 1.0f, s, ATT_BK, v, ld_qkv, 1.0f,
-                        o, c);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nk, 1.0f, s, ATT_BK, v, (int)ld, 1.0f,
+                        o, (int)ldo);
         }
         for (int r = 0; r < nq; r++) {
             float inv = 1.0f / l[r];
             for (int d = 0; d < hs; d++)
-                o[(size_t)r * c + d] *= inv;
-            lse[q0 + r] = m[r] + logf(l[r]);
+                o[(size_t)r * ldo + d] *= inv;
+            a->lse[q0 + r] = m[r] + logf(l[r]);
         }
     }
 }
 
 /* Software prefetch of the rows the next query block (or, after the last block, the next pair) reads
- * first: its q, k, v rows, and in backward its dO, out and dq, dk, dv rows. A pair's rows sit 3c floats
+ * first: its q, k, v rows, and in backward its dO, out and dq, dk, dv rows. A pair's rows sit a qkv row
  * apart, beyond what the hardware prefetchers follow, and once the batch outgrows the cache each new
  * block otherwise waits on a few hundred misses. The tile loops issue a few rows per register block, so
  * the misses overlap the FMAs instead of queueing all at once. */
@@ -141,35 +190,31 @@ struct att_pf {
     int row, st;                        /* item pos's row and stream, kept as counters: no division */
 };
 
-/* The prefetch streams of a pair's forward (q, k, v, out) or backward (those and dq, dk, dv, dO). */
-static void att_pf_pair(struct att_pf *pf, const float *qkv, const float *out, float *dqkv, const float *dout,
-                        int c)
+/* The prefetch streams of a head's forward (q, k, v, out) or backward (those and dq, dk, dv, dO). */
+static void att_pf_pair(struct att_pf *pf, const struct att_head *a)
 {
-    const size_t ld = 3 * (size_t)c;
+    const float *in[3] = {a->q, a->k, a->v};
+    float *grad[3] = {a->dq, a->dk, a->dv};
     int n = 0;
     for (int part = 0; part < 3; part++) {
-        pf->base[n] = qkv + (size_t)part * c, pf->ld[n] = ld, pf->write[n++] = 0;
-        if (dqkv)
-            pf->base[n] = dqkv + (size_t)part * c, pf->ld[n] = ld, pf->write[n++] = 1;
+        pf->base[n] = in[part], pf->ld[n] = a->ld, pf->write[n++] = 0;
+        if (a->dq)
+            pf->base[n] = grad[part], pf->ld[n] = a->ld, pf->write[n++] = 1;
     }
-    pf->base[n] = out, pf->ld[n] = c, pf->write[n++] = !dqkv; /* forward writes out, backward reads it */
-    if (dout)
-        pf->base[n] = dout, pf->ld[n] = c, pf->write[n++] = 0;
+    /* forward writes out, backward reads it */
+    pf->base[n] = a->dq ? a->o : a->out, pf->ld[n] = a->ldo, pf->write[n++] = !a->dq;
+    if (a->dout)
+        pf->base[n] = a->dout, pf->ld[n] = a->ldo, pf->write[n++] = 0;
     pf->nstreams = n;
 }
 
-/* The prefetch streams of the pair this thread most likely takes after pair p (the next one its static
- * stride lands on), or NULL when there is none. Pair q is batch q / nh, head q % nh; dqkv and dout are
- * NULL in the forward. */
-static struct att_pf *att_pf_following(struct att_pf *pf, int p, int pairs, int nh, int t, int c, int hs,
-                                       const float *qkv, const float *out, float *dqkv, const float *dout)
+/* The prefetch streams of head (bi, h), or NULL when bi is past the batch (nothing follows). */
+static struct att_pf *att_pf_head(struct att_pf *pf, const struct att_call *a, int bi, int h)
 {
-    int pn = p + omp_get_num_threads();
-    if (pn >= pairs)
+    if (bi >= a->b)
         return NULL;
-    size_t qn = (size_t)(pn / nh) * t * 3 * c + (size_t)(pn % nh) * hs;
-    size_t on = (size_t)(pn / nh) * t * c + (size_t)(pn % nh) * hs;
-    att_pf_pair(pf, qkv + qn, out + on, dqkv ? dqkv + qn : NULL, dout ? dout + on : NULL, c);
+    struct att_head n = att_head_at(a, bi, h);
+    att_pf_pair(pf, &n);
     return pf;
 }
 
@@ -503,17 +548,17 @@ static void att_pf_next(struct att_pf *pf, const struct att_pf *next, int q0, in
 }
 
 /* Workspace of a pair: forward qt | st | ot, backward qt | dot | pt | dpt (64 x 64 floats each). */
-ATT_TARGET static void att512_forward_pair(float *out, float *lse, const float *qkv, int t, int c, float scale,
-                                           float *ws, const struct att_pf *next)
+ATT_TARGET static void att512_forward_pair(const struct att_head *a, int t, float scale, float *ws,
+                                           const struct att_pf *next)
 {
-    const size_t ld = 3 * (size_t)c;
+    const size_t ld = a->ld;
     float *qt = ws, *st = ws + 4096, *ot = ws + 2 * 4096;
     _Alignas(64) float m[64], l[64], alpha[64];
     struct att_pf pf;
-    att_pf_pair(&pf, qkv, out, NULL, NULL, c);
+    att_pf_pair(&pf, a);
     for (int q0 = 0; q0 < t; q0 += 64) {
         int nq = t - q0 < 64 ? t - q0 : 64;
-        att_transpose64(qt, qkv + (size_t)q0 * ld, ld, nq, scale);
+        att_transpose64(qt, a->q + (size_t)q0 * ld, ld, nq, scale);
         /* two tile calls of 64 / ATT_R register blocks per key block */
         att_pf_next(&pf, next, q0, t, (q0 / 64 + 1) * 2 * (64 / ATT_R));
         for (int r = 0; r < 64; r++)
@@ -521,59 +566,58 @@ ATT_TARGET static void att512_forward_pair(float *out, float *lse, const float *
         /* rows of ot past nq are computed too (from zero queries) and never written out */
         for (int k0 = 0; k0 <= q0; k0 += 64) {
             int diag = k0 == q0, nk = diag ? nq : 64;
-            const float *k = qkv + (size_t)k0 * ld + c, *v = qkv + (size_t)k0 * ld + 2 * c;
+            const float *k = a->k + (size_t)k0 * ld, *v = a->v + (size_t)k0 * ld;
             att_tile_xyt(ATT_EPI_SCORES, st, k, ld, qt, nk, diag, NULL, NULL, 0.0f, &pf);
             att_softmax_cols(st, nk, diag, m, l, alpha);
             att_tile_acc(ot, 64, nq, st, 1, 64, v, ld, nk, diag ? ATT_TRIM_HI : ATT_TRIM_NONE, alpha, k0 == 0,
                          &pf);
         }
         for (int r = 0; r < nq; r++) {
-            float inv = 1.0f / l[r], *o = out + (size_t)(q0 + r) * c;
+            float inv = 1.0f / l[r], *o = a->out + (size_t)(q0 + r) * a->ldo;
             for (int d = 0; d < 64; d++)
                 o[d] = ot[r * 64 + d] * inv;
-            lse[q0 + r] = m[r] + logf(l[r]);
+            a->lse[q0 + r] = m[r] + logf(l[r]);
         }
     }
 }
 
-ATT_TARGET static void att512_backward_pair(float *dqkv, const float *dout, const float *qkv, const float *out,
-                                            const float *lse, int t, int c, float scale, float *ws,
+ATT_TARGET static void att512_backward_pair(const struct att_head *a, int t, float scale, float *ws,
                                             const struct att_pf *next)
 {
-    const size_t ld = 3 * (size_t)c;
+    const size_t ld = a->ld, ldo = a->ldo;
     float *qt = ws, *dot = ws + 4096, *pt = ws + 2 * 4096, *dpt = ws + 3 * 4096;
     _Alignas(64) float lsev[64], dsum[64];
     struct att_pf pf;
-    att_pf_pair(&pf, qkv, out, dqkv, dout, c);
+    att_pf_pair(&pf, a);
     for (int q0 = 0; q0 < t; q0 += 64) {
         int nq = t - q0 < 64 ? t - q0 : 64;
-        const float *q = qkv + (size_t)q0 * ld, *dO = dout + (size_t)q0 * c;
-        float *dq = dqkv + (size_t)q0 * ld;
+        const float *q = a->q + (size_t)q0 * ld, *dO = a->dout + (size_t)q0 * ldo;
+        float *dq = a->dq + (size_t)q0 * ld;
         att_transpose64(qt, q, ld, nq, scale);
-        att_transpose64(dot, dO, c, nq, 1.0f);
+        att_transpose64(dot, dO, ldo, nq, 1.0f);
         /* five tile calls of 64 / ATT_R register blocks per key block */
         att_pf_next(&pf, next, q0, t, (q0 / 64 + 1) * 5 * (64 / ATT_R));
         for (int r = 0; r < 64; r++) {
             /* padding queries: lse +inf makes their probabilities exactly 0 */
-            lsev[r] = r < nq ? lse[q0 + r] : INFINITY;
+            lsev[r] = r < nq ? a->lse_in[q0 + r] : INFINITY;
             float s = 0.0f;
             if (r < nq) {
-                const float *a = dO + (size_t)r * c, *b = out + (size_t)(q0 + r) * c;
-                __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(a), _mm512_loadu_ps(b));
+                const float *x = dO + (size_t)r * ldo, *y = a->o + (size_t)(q0 + r) * ldo;
+                __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(x), _mm512_loadu_ps(y));
                 for (int d = 16; d < 64; d += 16)
-                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + d), _mm512_loadu_ps(y + d), acc);
                 s = _mm512_reduce_add_ps(acc);
             }
             dsum[r] = s;
         }
         for (int k0 = 0; k0 <= q0; k0 += 64) {
             int diag = k0 == q0, nk = diag ? nq : 64;
-            const float *k = qkv + (size_t)k0 * ld + c, *v = qkv + (size_t)k0 * ld + 2 * c;
-            float *dk = dqkv + (size_t)k0 * ld + c, *dv = dqkv + (size_t)k0 * ld + 2 * c;
+            const float *k = a->k + (size_t)k0 * ld, *v = a->v + (size_t)k0 * ld;
+            float *dk = a->dk + (size_t)k0 * ld, *dv = a->dv + (size_t)k0 * ld;
             enum att_trim by_key = diag ? ATT_TRIM_LO : ATT_TRIM_NONE, by_query = diag ? ATT_TRIM_HI : ATT_TRIM_NONE;
             att_tile_xyt(ATT_EPI_PROBS, pt, k, ld, qt, nk, diag, lsev, NULL, 0.0f, &pf);
             /* dV += P^T dO */
-            att_tile_acc(dv, ld, nk, pt, 64, 1, dO, c, nq, by_key, NULL, 0, &pf);
+            att_tile_acc(dv, ld, nk, pt, 64, 1, dO, ldo, nq, by_key, NULL, 0, &pf);
             /* dS^T = P^T (dP^T - D) scale, dP^T = V dO^T */
             att_tile_xyt(ATT_EPI_DS, dpt, v, ld, dot, nk, diag, dsum, pt, scale, &pf);
             /* dQ += dS K ; dK += dS^T Q */
@@ -596,16 +640,15 @@ static int att512_usable(int hs)
     return 0;
 }
 /* never called (att512_usable is 0), so the callers need no #if */
-static inline void att512_forward_pair(float *out, float *lse, const float *qkv, int t, int c, float scale,
-                                       float *ws, const struct att_pf *next)
+static inline void att512_forward_pair(const struct att_head *a, int t, float scale, float *ws,
+                                       const struct att_pf *next)
 {
-    (void)out, (void)lse, (void)qkv, (void)t, (void)c, (void)scale, (void)ws, (void)next;
+    (void)a, (void)t, (void)scale, (void)ws, (void)next;
 }
-static inline void att512_backward_pair(float *dqkv, const float *dout, const float *qkv, const float *out,
-                                        const float *lse, int t, int c, float scale, float *ws,
+static inline void att512_backward_pair(const struct att_head *a, int t, float scale, float *ws,
                                         const struct att_pf *next)
 {
-    (void)dqkv, (void)dout, (void)qkv, (void)out, (void)lse, (void)t, (void)c, (void)scale, (void)ws, (void)next;
+    (void)a, (void)t, (void)scale, (void)ws, (void)next;
 }
 #endif
 
@@ -616,10 +659,10 @@ static int att_threads(int pairs)
     return n < pairs ? n : pairs;
 }
 
-int cpu_attention_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh,
+int cpu_attention_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv,
                           void *workspace)
 {
-    int rc = check_shape("attention_forward", b, t, c, nh);
+    int rc = check_shape("attention_forward", b, t, c, nh, nkv);
     if (rc)
         return rc;
     if (b == 0 || t == 0)
@@ -630,21 +673,21 @@ int cpu_attention_forward(float *out, float *lse, const float *qkv, int b, int t
     const int hs = c / nh;
     const float scale = 1.0f / sqrtf((float)hs);
     const int pairs = b * nh, fast = att512_usable(hs);
+    const struct att_call call = {.qkv = qkv, .out = out, .lse = lse, .b = b, .t = t, .nh = nh, .nkv = nkv, .hs = hs};
 #pragma omp parallel num_threads(att_threads(pairs)) if (pairs > 1)
     {
         float *ws = (float *)workspace + (size_t)omp_get_thread_num() * ATT_SLOT_FLOATS;
 #pragma omp for schedule(dynamic, 1)
         for (int p = 0; p < pairs; p++) {
-            int bi = p / nh, h = p % nh;
+            struct att_head a = att_head_at(&call, p / nh, p % nh);
             if (fast) {
+                /* the pair this thread most likely takes next (the one its stride lands on) */
+                int pn = p + omp_get_num_threads();
                 struct att_pf next;
-                struct att_pf *np = att_pf_following(&next, p, pairs, nh, t, c, hs, qkv, out, NULL, NULL);
-                att512_forward_pair(out + (size_t)bi * t * c + (size_t)h * hs, lse + (size_t)p * t,
-                                    qkv + (size_t)bi * t * 3 * c + (size_t)h * hs, t, c, scale, ws, np);
+                att512_forward_pair(&a, t, scale, ws, att_pf_head(&next, &call, pn / nh, pn % nh));
                 continue;
             }
-            att_forward_pair(out + (size_t)bi * t * c + (size_t)h * hs, lse + (size_t)p * t,
-                             qkv + (size_t)bi * t * 3 * c + (size_t)h * hs, t, c, hs, scale, ws);
+            att_forward_pair(&a, t, hs, scale, ws);
         }
     }
     return 0;
@@ -681,48 +724,47 @@ static float att_row_dot(const float *a, const float *b, int n)
     return s;
 }
 
-static void att_backward_pair(float *dqkv, const float *dout, const float *qkv, const float *out,
-                              const float *lse, int t, int c, int hs, float scale, float *ws)
+static void att_backward_pair(const struct att_head *a, int t, int hs, float scale, float *ws)
 {
-    const int ld_qkv = 3 * c;
+    const size_t ld = a->ld, ldo = a->ldo;
     float *p = ws, *dp = ws + ATT_BQ * ATT_BK, *dsum = ws + 2 * ATT_BQ * ATT_BK;
     for (int q0 = 0; q0 < t; q0 += ATT_BQ) {
         int q1 = q0 + ATT_BQ < t ? q0 + ATT_BQ : t, nq = q1 - q0;
-        const float *q = qkv + (size_t)q0 * ld_qkv, *dO = dout + (size_t)q0 * c;
-        float *dq = dqkv + (size_t)q0 * ld_qkv;
+        const float *q = a->q + (size_t)q0 * ld, *dO = a->dout + (size_t)q0 * ldo;
+        float *dq = a->dq + (size_t)q0 * ld;
         for (int r = 0; r < nq; r++)
-            dsum[r] = att_row_dot(dO + (size_t)r * c, out + (size_t)(q0 + r) * c, hs);
+            dsum[r] = att_row_dot(dO + (size_t)r * ldo, a->o + (size_t)(q0 + r) * ldo, hs);
         for (int k0 = 0; k0 < q1; k0 += ATT_BK) {
             int k1 = k0 + ATT_BK < q1 ? k0 + ATT_BK : q1, nk = k1 - k0;
-            const float *k = qkv + (size_t)k0 * ld_qkv + c, *v = qkv + (size_t)k0 * ld_qkv + 2 * c;
-            float *dk = dqkv + (size_t)k0 * ld_qkv + c, *dv = dqkv + (size_t)k0 * ld_qkv + 2 * c;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, scale, q, ld_qkv, k, ld_qkv, 0.0f,
+            const float *k = a->k + (size_t)k0 * ld, *v = a->v + (size_t)k0 * ld;
+            float *dk = a->dk + (size_t)k0 * ld, *dv = a->dv + (size_t)k0 * ld;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, scale, q, (int)ld, k, (int)ld, 0.0f,
                         p, ATT_BK);
             for (int r = 0; r < nq; r++) {
                 int jmax = q0 + r - k0 + 1;
-                att_row_probs(p + (size_t)r * ATT_BK, nk, jmax < nk ? jmax : nk, lse[q0 + r]);
+                att_row_probs(p + (size_t)r * ATT_BK, nk, jmax < nk ? jmax : nk, a->lse_in[q0 + r]);
             }
             /* dV += P^T dO */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, 1.0f, p, ATT_BK, dO, c, 1.0f, dv,
-                        ld_qkv);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, 1.0f, p, ATT_BK, dO, (int)ldo, 1.0f, dv,
+                        (int)ld);
             /* dP = dO V^T */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, 1.0f, dO, c, v, ld_qkv, 0.0f, dp,
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, 1.0f, dO, (int)ldo, v, (int)ld, 0.0f, dp,
                         ATT_BK);
             for (int r = 0; r < nq; r++)
                 att_row_dscores(dp + (size_t)r * ATT_BK, p + (size_t)r * ATT_BK, nk, dsum[r], scale);
             /* dQ += dS K ; dK += dS^T Q */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nk, 1.0f, dp, ATT_BK, k, ld_qkv, 1.0f,
-                        dq, ld_qkv);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, 1.0f, dp, ATT_BK, q, ld_qkv, 1.0f,
-                        dk, ld_qkv);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nk, 1.0f, dp, ATT_BK, k, (int)ld, 1.0f,
+                        dq, (int)ld);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, 1.0f, dp, ATT_BK, q, (int)ld, 1.0f,
+                        dk, (int)ld);
         }
     }
 }
 
 int cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                           const float *lse, int b, int t, int c, int nh, void *workspace)
+                           const float *lse, int b, int t, int c, int nh, int nkv, void *workspace)
 {
-    int rc = check_shape("attention_backward", b, t, c, nh);
+    int rc = check_shape("attention_backward", b, t, c, nh, nkv);
     if (rc)
         return rc;
     if (b == 0 || t == 0)
@@ -730,25 +772,30 @@ int cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, con
     if (!workspace)
         return error_set(FSDP_EINVAL, "kernels cpu: attention_backward: NULL workspace (size it with "
                                       "attention_workspace_bytes)");
-    const int hs = c / nh;
+    const int hs = c / nh, group = nh / nkv;
     const float scale = 1.0f / sqrtf((float)hs);
-    const int pairs = b * nh, fast = att512_usable(hs);
-#pragma omp parallel num_threads(att_threads(pairs)) if (pairs > 1)
+    const int groups = b * nkv, fast = att512_usable(hs);
+    const struct att_call call = {.qkv = qkv, .dout = dout, .o = out, .lse_in = lse, .dqkv = dqkv, .b = b, .t = t,
+                                  .nh = nh, .nkv = nkv, .hs = hs};
+#pragma omp parallel num_threads(att_threads(groups)) if (groups > 1)
     {
         float *ws = (float *)workspace + (size_t)omp_get_thread_num() * ATT_SLOT_FLOATS;
 #pragma omp for schedule(dynamic, 1)
-        for (int p = 0; p < pairs; p++) {
-            int bi = p / nh, h = p % nh;
-            size_t qoff = (size_t)bi * t * 3 * c + (size_t)h * hs, ooff = (size_t)bi * t * c + (size_t)h * hs;
-            if (fast) {
-                struct att_pf next;
-                struct att_pf *np = att_pf_following(&next, p, pairs, nh, t, c, hs, qkv, out, dqkv, dout);
-                att512_backward_pair(dqkv + qoff, dout + ooff, qkv + qoff, out + ooff, lse + (size_t)p * t, t,
-                                     c, scale, ws, np);
-                continue;
+        for (int p = 0; p < groups; p++) {
+            int bi = p / nkv, h0 = p % nkv * group;
+            for (int h = h0; h < h0 + group; h++) {
+                struct att_head a = att_head_at(&call, bi, h);
+                if (fast) {
+                    /* next: the group's next query head, else the first of the group this thread's stride
+                     * lands on */
+                    int pn = p + omp_get_num_threads();
+                    struct att_pf next, *np = h + 1 < h0 + group ? att_pf_head(&next, &call, bi, h + 1)
+                                                                 : att_pf_head(&next, &call, pn / nkv, pn % nkv * group);
+                    att512_backward_pair(&a, t, scale, ws, np);
+                    continue;
+                }
+                att_backward_pair(&a, t, hs, scale, ws);
             }
-            att_backward_pair(dqkv + qoff, dout + ooff, qkv + qoff, out + ooff, lse + (size_t)p * t, t, c, hs,
-                              scale, ws);
         }
     }
     return 0;

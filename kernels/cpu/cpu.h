@@ -47,11 +47,11 @@ int cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp
 int cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                            const float *weight, const float *mean, const float *rstd, int n, int c);
 
-size_t cpu_attention_workspace_bytes(int b, int t, int c, int nh);
-int cpu_attention_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh,
-                          void *workspace);
+size_t cpu_attention_workspace_bytes(int b, int t, int c, int nh, int nkv);
+int cpu_attention_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv,
+                            void *workspace);
 int cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                           const float *lse, int b, int t, int c, int nh, void *workspace);
+                             const float *lse, int b, int t, int c, int nh, int nkv, void *workspace);
 
 int cpu_gelu_forward(float *out, const float *inp, size_t n);
 int cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);

@@ -9,9 +9,12 @@
  * dimensions d, d+32, ... (DPL = ceil(hs/32) of them). hs up to 256 is supported.
  *
  * Backward is two kernels, both deterministic without atomics: dQ (blocks over query rows, looping over
- * key tiles, like forward) and dK/dV (blocks over key rows, looping over query tiles). Each recomputes the
- * probabilities from q, k and lse, which costs a second QK^T but writes every gradient element from
- * exactly one thread. */
+ * key tiles, like forward) and dK/dV (blocks over key rows, looping over query tiles, and with grouped-query
+ * attention over the query heads of the key/value head's group). Each recomputes the probabilities from
+ * q, k and lse, which costs a second QK^T but writes every gradient element from exactly one thread.
+ *
+ * Grouped-query attention: qkv rows are [q (nh heads) | k (nkv heads) | v (nkv heads)], query head h reads
+ * key/value head h / (nh / nkv) (kernels.h). */
 #include <math.h>
 
 #include "kernels/cuda/cuda.h"
@@ -23,23 +26,41 @@
 #define ATT_THREADS (ATT_WARPS * 32)
 #define ATT_MAX_HS 256
 
+/* Column offsets of query head h's q, k and v in a qkv row of ld = c + 2 nkv hs floats. */
+struct att_cols {
+    int ld, q, k, v;
+};
+
+__device__ __forceinline__ att_cols att_cols_of(int c, int nh, int nkv, int h)
+{
+    const int hs = c / nh, kvh = h / (nh / nkv);
+    att_cols r;
+    r.ld = c + 2 * nkv * hs;
+    r.q = h * hs;
+    r.k = c + kvh * hs;
+    r.v = c + nkv * hs + kvh * hs;
+    return r;
+}
+
 /* Forward. grid (query tiles, b*nh); heaviest (last) query tiles are launched first so the causal
  * triangle's long blocks do not trail at the end. */
 template <int DPL>
 __global__ void __launch_bounds__(ATT_THREADS)
-    att_forward_kernel(float *out, float *lse, const float *qkv, int t, int c, int nh, float scale)
+    att_forward_kernel(float *out, float *lse, const float *qkv, int t, int c, int nh, int nkv, float scale)
 {
     extern __shared__ float sm[];
-    const int hs = c / nh, hp = hs + 1, ld = 3 * c;
+    const int hs = c / nh, hp = hs + 1;
     float *qs = sm, *ks = qs + ATT_TILE * hs, *vs = ks + ATT_TILE * hp;
     const int pair = blockIdx.y, bi = pair / nh, h = pair % nh;
+    const att_cols col = att_cols_of(c, nh, nkv, h);
+    const int ld = col.ld;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * ATT_TILE;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const float *base = qkv + (size_t)bi * t * ld + (size_t)h * hs;
+    const float *base = qkv + (size_t)bi * t * ld;
 
     for (int idx = threadIdx.x; idx < ATT_TILE * hs; idx += ATT_THREADS) {
         int r = idx / hs, d = idx % hs;
-        qs[idx] = q0 + r < t ? base[(size_t)(q0 + r) * ld + d] : 0.0f;
+        qs[idx] = q0 + r < t ? base[(size_t)(q0 + r) * ld + col.q + d] : 0.0f;
     }
     float m[ATT_ROWS_PER_WARP], l[ATT_ROWS_PER_WARP], o[ATT_ROWS_PER_WARP][DPL];
 #pragma unroll
@@ -57,8 +78,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
             int r = idx / hs, d = idx % hs;
             bool in = k0 + r < t;
             const float *row = base + (size_t)(k0 + r) * ld;
-            ks[r * hp + d] = in ? row[c + d] : 0.0f;
-            vs[r * hs + d] = in ? row[2 * c + d] : 0.0f;
+            ks[r * hp + d] = in ? row[col.k + d] : 0.0f;
+            vs[r * hs + d] = in ? row[col.v + d] : 0.0f;
         }
         __syncthreads();
 #pragma unroll
@@ -132,21 +153,23 @@ __global__ void att_rowdot_kernel(float *dsum, const float *dout, const float *o
 template <int DPL>
 __global__ void __launch_bounds__(ATT_THREADS)
     att_backward_dq_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *dsum,
-                           int t, int c, int nh, float scale)
+                           int t, int c, int nh, int nkv, float scale)
 {
     extern __shared__ float sm[];
-    const int hs = c / nh, hp = hs + 1, ld = 3 * c;
+    const int hs = c / nh, hp = hs + 1;
     float *qs = sm, *dos = qs + ATT_TILE * hs, *ks = dos + ATT_TILE * hs, *vs = ks + ATT_TILE * hp;
     const int pair = blockIdx.y, bi = pair / nh, h = pair % nh;
+    const att_cols col = att_cols_of(c, nh, nkv, h);
+    const int ld = col.ld;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * ATT_TILE;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const float *base = qkv + (size_t)bi * t * ld + (size_t)h * hs;
+    const float *base = qkv + (size_t)bi * t * ld;
     const float *dobase = dout + (size_t)bi * t * c + (size_t)h * hs;
 
     for (int idx = threadIdx.x; idx < ATT_TILE * hs; idx += ATT_THREADS) {
         int r = idx / hs, d = idx % hs;
         bool in = q0 + r < t;
-        qs[idx] = in ? base[(size_t)(q0 + r) * ld + d] : 0.0f;
+        qs[idx] = in ? base[(size_t)(q0 + r) * ld + col.q + d] : 0.0f;
         dos[idx] = in ? dobase[(size_t)(q0 + r) * c + d] : 0.0f;
     }
     float dq[ATT_ROWS_PER_WARP][DPL], row_lse[ATT_ROWS_PER_WARP], row_d[ATT_ROWS_PER_WARP];
@@ -166,8 +189,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
             int r = idx / hs, d = idx % hs;
             bool in = k0 + r < t;
             const float *row = base + (size_t)(k0 + r) * ld;
-            ks[r * hp + d] = in ? row[c + d] : 0.0f;
-            vs[r * hp + d] = in ? row[2 * c + d] : 0.0f;
+            ks[r * hp + d] = in ? row[col.k + d] : 0.0f;
+            vs[r * hp + d] = in ? row[col.v + d] : 0.0f;
         }
         __syncthreads();
 #pragma unroll
@@ -201,7 +224,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
         const int qi = q0 + warp * ATT_ROWS_PER_WARP + rr;
         if (qi >= t)
             continue;
-        float *g = dqkv + ((size_t)bi * t + qi) * ld + (size_t)h * hs;
+        float *g = dqkv + ((size_t)bi * t + qi) * ld + col.q;
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
             const int d = lane + 32 * i;
@@ -211,29 +234,31 @@ __global__ void __launch_bounds__(ATT_THREADS)
     }
 }
 
-/* dK and dV: blocks over key tiles (the first keys see the most queries, so they launch first), looping
- * over the query tiles at or after the key tile. */
+/* dK and dV: blocks over key tiles of one key/value head (the first keys see the most queries, so they
+ * launch first), looping over the query heads of its group and, for each, the query tiles at or after the
+ * key tile. grid (key tiles, b*nkv). */
 template <int DPL>
 __global__ void __launch_bounds__(ATT_THREADS)
     att_backward_dkv_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *dsum,
-                            int t, int c, int nh, float scale)
+                            int t, int c, int nh, int nkv, float scale)
 {
     extern __shared__ float sm[];
-    const int hs = c / nh, hp = hs + 1, ld = 3 * c;
+    const int hs = c / nh, hp = hs + 1, group = nh / nkv;
     float *kb = sm, *vb = kb + ATT_TILE * hs, *qt = vb + ATT_TILE * hs, *dot = qt + ATT_TILE * hp;
     float *lse_t = dot + ATT_TILE * hp, *d_t = lse_t + ATT_TILE;
-    const int pair = blockIdx.y, bi = pair / nh, h = pair % nh;
+    const int bi = blockIdx.y / nkv, h0 = blockIdx.y % nkv * group;
+    const att_cols col = att_cols_of(c, nh, nkv, h0);
+    const int ld = col.ld;
     const int k0 = blockIdx.x * ATT_TILE;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const float *base = qkv + (size_t)bi * t * ld + (size_t)h * hs;
-    const float *dobase = dout + (size_t)bi * t * c + (size_t)h * hs;
+    const float *base = qkv + (size_t)bi * t * ld;
 
     for (int idx = threadIdx.x; idx < ATT_TILE * hs; idx += ATT_THREADS) {
         int r = idx / hs, d = idx % hs;
         bool in = k0 + r < t;
         const float *row = base + (size_t)(k0 + r) * ld;
-        kb[idx] = in ? row[c + d] : 0.0f;
-        vb[idx] = in ? row[2 * c + d] : 0.0f;
+        kb[idx] = in ? row[col.k + d] : 0.0f;
+        vb[idx] = in ? row[col.v + d] : 0.0f;
     }
     float dk[ATT_ROWS_PER_WARP][DPL], dv[ATT_ROWS_PER_WARP][DPL];
 #pragma unroll
@@ -241,12 +266,16 @@ __global__ void __launch_bounds__(ATT_THREADS)
 #pragma unroll
         for (int i = 0; i < DPL; i++)
             dk[rr][i] = dv[rr][i] = 0.0f;
-    for (int q0 = k0; q0 < t; q0 += ATT_TILE) {
+    /* (query head, query tile) steps: the tiles at or after the key tile, for each head of the group */
+    const int tiles = (t - k0 + ATT_TILE - 1) / ATT_TILE;
+    for (int step = 0; step < group * tiles; step++) {
+        const int h = h0 + step / tiles, q0 = k0 + step % tiles * ATT_TILE, pair = bi * nh + h;
+        const float *dobase = dout + (size_t)bi * t * c + (size_t)h * hs;
         __syncthreads();
         for (int idx = threadIdx.x; idx < ATT_TILE * hs; idx += ATT_THREADS) {
             int r = idx / hs, d = idx % hs;
             bool in = q0 + r < t;
-            qt[r * hp + d] = in ? base[(size_t)(q0 + r) * ld + d] : 0.0f;
+            qt[r * hp + d] = in ? base[(size_t)(q0 + r) * ld + (size_t)h * hs + d] : 0.0f;
             dot[r * hp + d] = in ? dobase[(size_t)(q0 + r) * c + d] : 0.0f;
         }
         if (threadIdx.x < ATT_TILE) {
@@ -289,23 +318,24 @@ __global__ void __launch_bounds__(ATT_THREADS)
         const int kj = k0 + warp * ATT_ROWS_PER_WARP + rr;
         if (kj >= t)
             continue;
-        float *g = dqkv + ((size_t)bi * t + kj) * ld + (size_t)h * hs;
+        float *g = dqkv + ((size_t)bi * t + kj) * ld;
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
             const int d = lane + 32 * i;
             if (d < hs) {
-                g[c + d] += dk[rr][i];
-                g[2 * c + d] += dv[rr][i];
+                g[col.k + d] += dk[rr][i];
+                g[col.v + d] += dv[rr][i];
             }
         }
     }
 }
 
-static int check_shape(const char *op, int b, int t, int c, int nh)
+static int check_shape(const char *op, int b, int t, int c, int nh, int nkv)
 {
-    if (b < 0 || t < 0 || c <= 0 || nh <= 0 || c % nh != 0)
-        return error_set(FSDP_EINVAL, "kernels cuda: %s: bad shape b=%d t=%d c=%d nh=%d (c %% nh must be 0)", op,
-                         b, t, c, nh);
+    if (b < 0 || t < 0 || c <= 0 || nh <= 0 || c % nh != 0 || nkv <= 0 || nh % nkv != 0)
+        return error_set(FSDP_EINVAL,
+                         "kernels cuda: %s: bad shape b=%d t=%d c=%d nh=%d nkv=%d (c %% nh and nh %% nkv must be 0)",
+                         op, b, t, c, nh, nkv);
     if (c / nh > ATT_MAX_HS)
         return error_set(FSDP_EUNSUPPORTED, "kernels cuda: %s: head size %d is above the supported %d", op, c / nh,
                          ATT_MAX_HS);
@@ -326,7 +356,8 @@ template <typename K> static int att_prepare(const char *op, K kern, size_t smem
     return 0;
 }
 
-template <int DPL> static int att_forward_launch(float *out, float *lse, const float *qkv, int b, int t, int c, int nh)
+template <int DPL>
+static int att_forward_launch(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv)
 {
     const int hs = c / nh;
     size_t smem = (size_t)ATT_TILE * (2 * hs + hs + 1) * sizeof(float);
@@ -334,14 +365,14 @@ template <int DPL> static int att_forward_launch(float *out, float *lse, const f
     if (rc)
         return rc;
     dim3 grid((t + ATT_TILE - 1) / ATT_TILE, b * nh);
-    att_forward_kernel<DPL><<<grid, ATT_THREADS, smem, cuda_ctx.stream>>>(out, lse, qkv, t, c, nh,
+    att_forward_kernel<DPL><<<grid, ATT_THREADS, smem, cuda_ctx.stream>>>(out, lse, qkv, t, c, nh, nkv,
                                                                           1.0f / sqrtf((float)hs));
     return cuda_check_launch("attention_forward");
 }
 
 template <int DPL>
 static int att_backward_launch(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *dsum,
-                               int b, int t, int c, int nh)
+                               int b, int t, int c, int nh, int nkv)
 {
     const int hs = c / nh;
     const float scale = 1.0f / sqrtf((float)hs);
@@ -351,45 +382,47 @@ static int att_backward_launch(float *dqkv, const float *dout, const float *qkv,
     if ((rc = att_prepare("attention_backward dq", att_backward_dq_kernel<DPL>, smem_dq)) ||
         (rc = att_prepare("attention_backward dk/dv", att_backward_dkv_kernel<DPL>, smem_dkv)))
         return rc;
-    dim3 grid((t + ATT_TILE - 1) / ATT_TILE, b * nh);
+    dim3 grid((t + ATT_TILE - 1) / ATT_TILE, b * nh), grid_kv((t + ATT_TILE - 1) / ATT_TILE, b * nkv);
     att_backward_dq_kernel<DPL><<<grid, ATT_THREADS, smem_dq, cuda_ctx.stream>>>(dqkv, dout, qkv, lse, dsum, t, c,
-                                                                                 nh, scale);
+                                                                                 nh, nkv, scale);
     if ((rc = cuda_check_launch("attention_backward dq")))
         return rc;
-    att_backward_dkv_kernel<DPL><<<grid, ATT_THREADS, smem_dkv, cuda_ctx.stream>>>(dqkv, dout, qkv, lse, dsum, t,
-                                                                                   c, nh, scale);
+    att_backward_dkv_kernel<DPL><<<grid_kv, ATT_THREADS, smem_dkv, cuda_ctx.stream>>>(dqkv, dout, qkv, lse, dsum,
+                                                                                      t, c, nh, nkv, scale);
     return cuda_check_launch("attention_backward dk/dv");
 }
 
-size_t cuda_attention_workspace_bytes(int b, int t, int c, int nh)
+size_t cuda_attention_workspace_bytes(int b, int t, int c, int nh, int nkv)
 {
     (void)c;
+    (void)nkv;
     if (b <= 0 || t <= 0 || nh <= 0)
         return 64;
     /* Backward's D = rowsum(dO * O), one float per (batch, head, position); forward needs none. */
     return (size_t)b * nh * t * sizeof(float);
 }
 
-int cuda_attention_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, void *workspace)
+int cuda_attention_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv,
+                           void *workspace)
 {
     (void)workspace;
-    int rc = check_shape("attention_forward", b, t, c, nh);
+    int rc = check_shape("attention_forward", b, t, c, nh, nkv);
     if (rc || b == 0 || t == 0)
         return rc;
     const int hs = c / nh;
     if (hs <= 32)
-        return att_forward_launch<1>(out, lse, qkv, b, t, c, nh);
+        return att_forward_launch<1>(out, lse, qkv, b, t, c, nh, nkv);
     if (hs <= 64)
-        return att_forward_launch<2>(out, lse, qkv, b, t, c, nh);
+        return att_forward_launch<2>(out, lse, qkv, b, t, c, nh, nkv);
     if (hs <= 128)
-        return att_forward_launch<4>(out, lse, qkv, b, t, c, nh);
-    return att_forward_launch<8>(out, lse, qkv, b, t, c, nh);
+        return att_forward_launch<4>(out, lse, qkv, b, t, c, nh, nkv);
+    return att_forward_launch<8>(out, lse, qkv, b, t, c, nh, nkv);
 }
 
 int cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                            int b, int t, int c, int nh, void *workspace)
+                            int b, int t, int c, int nh, int nkv, void *workspace)
 {
-    int rc = check_shape("attention_backward", b, t, c, nh);
+    int rc = check_shape("attention_backward", b, t, c, nh, nkv);
     if (rc || b == 0 || t == 0)
         return rc;
     if (!workspace)
@@ -403,10 +436,10 @@ int cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, co
         return rc;
     const int hs = c / nh;
     if (hs <= 32)
-        return att_backward_launch<1>(dqkv, dout, qkv, lse, dsum, b, t, c, nh);
+        return att_backward_launch<1>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv);
     if (hs <= 64)
-        return att_backward_launch<2>(dqkv, dout, qkv, lse, dsum, b, t, c, nh);
+        return att_backward_launch<2>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv);
     if (hs <= 128)
-        return att_backward_launch<4>(dqkv, dout, qkv, lse, dsum, b, t, c, nh);
-    return att_backward_launch<8>(dqkv, dout, qkv, lse, dsum, b, t, c, nh);
+        return att_backward_launch<4>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv);
+    return att_backward_launch<8>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv);
 }

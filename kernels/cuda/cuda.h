@@ -31,11 +31,11 @@ int cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *in
 int cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                             const float *weight, const float *mean, const float *rstd, int n, int c);
 
-size_t cuda_attention_workspace_bytes(int b, int t, int c, int nh);
-int cuda_attention_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh,
-                           void *workspace);
+size_t cuda_attention_workspace_bytes(int b, int t, int c, int nh, int nkv);
+int cuda_attention_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv,
+                             void *workspace);
 int cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                            const float *lse, int b, int t, int c, int nh, void *workspace);
+                              const float *lse, int b, int t, int c, int nh, int nkv, void *workspace);
 
 int cuda_gelu_forward(float *out, const float *inp, size_t n);
 int cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);

@@ -1,29 +1,31 @@
 /* Causal attention against a naive double-precision softmax(QK^T/sqrt(hs)) V with a full score row, on
- * shapes that are not multiples of the backend's tiles, plus finite differences of the backend's own
- * forward for backward. */
+ * shapes that are not multiples of the backend's tiles, multi-head and grouped-query (several query heads
+ * per key/value head), plus finite differences of the backend's own forward for backward. */
 #include "tests/kernels/ktest.h"
 
 struct att_ref {
     double *out, *lse, *dqkv;
 };
 
-/* qkv (B*T, 3C) packed [q | k | v]; dout (B*T, C). Fills out, lse (B, NH, T) and dqkv (added to dqkv0). */
+/* qkv (B*T, C + 2*NKV*hs) packed [q (NH heads) | k (NKV heads) | v (NKV heads)], query head h reading
+ * key/value head h / (NH/NKV); dout (B*T, C). Fills out, lse (B, NH, T) and dqkv (added to dqkv0). */
 static struct att_ref ref_attention(const float *qkv, const float *dout, const float *dqkv0, int B, int T,
-                                    int C, int NH)
+                                    int C, int NH, int NKV)
 {
-    int hs = C / NH;
+    int hs = C / NH, W = C + 2 * NKV * hs, G = NH / NKV;
     double scale = 1.0 / sqrt((double)hs);
-    struct att_ref r = {kt_dzeros((size_t)B * T * C), kt_dzeros((size_t)B * NH * T), kt_dzeros((size_t)B * T * 3 * C)};
-    for (size_t i = 0; i < (size_t)B * T * 3 * C; i++)
+    struct att_ref r = {kt_dzeros((size_t)B * T * C), kt_dzeros((size_t)B * NH * T), kt_dzeros((size_t)B * T * W)};
+    for (size_t i = 0; i < (size_t)B * T * W; i++)
         r.dqkv[i] = dqkv0 ? dqkv0[i] : 0.0;
     double *s = kt_dzeros(T), *p = kt_dzeros(T), *dp = kt_dzeros(T);
     for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++)
+        for (int h = 0; h < NH; h++) {
+            const int kc = C + h / G * hs, vc = C + NKV * hs + h / G * hs;
             for (int i = 0; i < T; i++) {
-                const float *q = qkv + ((size_t)(b * T + i) * 3 * C) + h * hs;
+                const float *q = qkv + ((size_t)(b * T + i) * W) + h * hs;
                 double mx = -INFINITY;
                 for (int j = 0; j <= i; j++) {
-                    const float *kk = qkv + ((size_t)(b * T + j) * 3 * C) + C + h * hs;
+                    const float *kk = qkv + ((size_t)(b * T + j) * W) + kc;
                     double d = 0;
                     for (int e = 0; e < hs; e++)
                         d += (double)q[e] * kk[e];
@@ -38,7 +40,7 @@ static struct att_ref ref_attention(const float *qkv, const float *dout, const f
                 r.lse[(size_t)(b * NH + h) * T + i] = mx + log(sum);
                 double *o = r.out + (size_t)(b * T + i) * C + h * hs;
                 for (int j = 0; j <= i; j++) {
-                    const float *v = qkv + ((size_t)(b * T + j) * 3 * C) + 2 * C + h * hs;
+                    const float *v = qkv + ((size_t)(b * T + j) * W) + vc;
                     for (int e = 0; e < hs; e++)
                         o[e] += p[j] * v[e];
                 }
@@ -47,8 +49,8 @@ static struct att_ref ref_attention(const float *qkv, const float *dout, const f
                 const float *g = dout + (size_t)(b * T + i) * C + h * hs;
                 double pdp = 0;
                 for (int j = 0; j <= i; j++) {
-                    const float *v = qkv + ((size_t)(b * T + j) * 3 * C) + 2 * C + h * hs;
-                    double *dv = r.dqkv + ((size_t)(b * T + j) * 3 * C) + 2 * C + h * hs;
+                    const float *v = qkv + ((size_t)(b * T + j) * W) + vc;
+                    double *dv = r.dqkv + ((size_t)(b * T + j) * W) + vc;
                     dp[j] = 0;
                     for (int e = 0; e < hs; e++) {
                         dp[j] += (double)g[e] * v[e];
@@ -56,44 +58,53 @@ static struct att_ref ref_attention(const float *qkv, const float *dout, const f
                     }
                     pdp += p[j] * dp[j];
                 }
-                double *dq = r.dqkv + ((size_t)(b * T + i) * 3 * C) + h * hs;
+                double *dq = r.dqkv + ((size_t)(b * T + i) * W) + h * hs;
                 for (int j = 0; j <= i; j++) {
                     double ds = p[j] * (dp[j] - pdp) * scale;
-                    const float *kk = qkv + ((size_t)(b * T + j) * 3 * C) + C + h * hs;
-                    double *dk = r.dqkv + ((size_t)(b * T + j) * 3 * C) + C + h * hs;
+                    const float *kk = qkv + ((size_t)(b * T + j) * W) + kc;
+                    double *dk = r.dqkv + ((size_t)(b * T + j) * W) + kc;
                     for (int e = 0; e < hs; e++) {
                         dq[e] += ds * kk[e];
                         dk[e] += ds * q[e];
                     }
                 }
             }
+        }
     free(s), free(p), free(dp);
     return r;
 }
 
-static void check_attention(int B, int T, int C, int NH, float spread, uint64_t seed)
+static void check_gqa(int B, int T, int C, int NH, int NKV, float spread, uint64_t seed)
 {
     const struct kernels *k = kt_backend();
-    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    const int W = C + 2 * NKV * (C / NH);
+    size_t nq = (size_t)B * T * W, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
     float *qkv = kt_host_rand(nq, seed, -spread, spread), *dout = kt_host_rand(no, seed + 1, -1, 1);
     float *g0 = kt_host_rand(nq, seed + 2, -1, 1);
     float *dqkv_ = kt_devf(k, qkv, nq), *ddout = kt_devf(k, dout, no), *dg = kt_devf(k, g0, nq);
     float *dout_ = kt_devf(k, NULL, no), *dlse = kt_devf(k, NULL, nl);
-    size_t wsb = k->attention_workspace_bytes(B, T, C, NH);
+    size_t wsb = k->attention_workspace_bytes(B, T, C, NH, NKV);
     void *ws = k->mem_alloc(wsb);
     cr_assert(ws);
     /* workspace memory must not grow like T^2 (tiled, O(T) per head at most) */
     cr_assert(wsb <= (size_t)B * NH * (64u * 1024u + 16u * (size_t)T * sizeof(float)) + 4096,
               "workspace %zu bytes for B=%d T=%d NH=%d", wsb, B, T, NH);
-    cr_assert_eq(k->attention_forward(dout_, dlse, dqkv_, B, T, C, NH, ws), 0, "%s", error_message());
-    cr_assert_eq(k->attention_backward(dg, ddout, dqkv_, dout_, dlse, B, T, C, NH, ws), 0, "%s", error_message());
-    struct att_ref r = ref_attention(qkv, dout, g0, B, T, C, NH);
+    cr_assert_eq(k->attention_forward(dout_, dlse, dqkv_, B, T, C, NH, NKV, ws), 0, "%s", error_message());
+    cr_assert_eq(k->attention_backward(dg, ddout, dqkv_, dout_, dlse, B, T, C, NH, NKV, ws), 0, "%s",
+                 error_message());
+    struct att_ref r = ref_attention(qkv, dout, g0, B, T, C, NH, NKV);
     float *o = kt_down(k, dout_, no), *l = kt_down(k, dlse, nl), *g = kt_down(k, dg, nq);
     kt_check("att out", o, r.out, no, 2e-5, 1e-4);
     kt_check("att lse", l, r.lse, nl, 2e-5, 2e-5);
     kt_check("att dqkv", g, r.dqkv, nq, 1e-4, 2e-4);
     free(qkv), free(dout), free(g0), free(o), free(l), free(g), free(r.out), free(r.lse), free(r.dqkv);
     k->mem_free(dqkv_), k->mem_free(ddout), k->mem_free(dg), k->mem_free(dout_), k->mem_free(dlse), k->mem_free(ws);
+}
+
+/* Multi-head attention: as many key/value heads as query heads. */
+static void check_attention(int B, int T, int C, int NH, float spread, uint64_t seed)
+{
+    check_gqa(B, T, C, NH, NH, spread, seed);
 }
 
 Test(kernels_attention, single_token_and_tiny)
@@ -147,10 +158,10 @@ Test(kernels_attention, finite_differences)
     float *qkv = kt_host_rand(nq, 8, -1, 1), *r = kt_host_rand(no, 9, -1, 1);
     float *dq = kt_devf(k, qkv, nq), *dr = kt_devf(k, r, no), *dg = kt_devf(k, NULL, nq);
     float *dout = kt_devf(k, NULL, no), *dlse = kt_devf(k, NULL, (size_t)B * NH * T);
-    void *ws = k->mem_alloc(k->attention_workspace_bytes(B, T, C, NH));
+    void *ws = k->mem_alloc(k->attention_workspace_bytes(B, T, C, NH, NH));
     cr_assert(ws);
-    cr_assert_eq(k->attention_forward(dout, dlse, dq, B, T, C, NH, ws), 0);
-    cr_assert_eq(k->attention_backward(dg, dr, dq, dout, dlse, B, T, C, NH, ws), 0);
+    cr_assert_eq(k->attention_forward(dout, dlse, dq, B, T, C, NH, NH, ws), 0);
+    cr_assert_eq(k->attention_backward(dg, dr, dq, dout, dlse, B, T, C, NH, NH, ws), 0);
     float *g = kt_down(k, dg, nq);
     const float h = 1e-2f;
     for (size_t e = 0; e < nq; e++) {
@@ -159,7 +170,7 @@ Test(kernels_attention, finite_differences)
             float saved = qkv[e];
             qkv[e] = saved + (sgn ? -h : h);
             k->mem_copy(dq, qkv, nq * sizeof(float), KERNELS_COPY_H2D);
-            cr_assert_eq(k->attention_forward(dout, dlse, dq, B, T, C, NH, ws), 0);
+            cr_assert_eq(k->attention_forward(dout, dlse, dq, B, T, C, NH, NH, ws), 0);
             float *y = kt_down(k, dout, no);
             lv[sgn] = 0;
             for (size_t i = 0; i < no; i++)
@@ -172,4 +183,61 @@ Test(kernels_attention, finite_differences)
     }
     free(qkv), free(r), free(g);
     k->mem_free(dq), k->mem_free(dr), k->mem_free(dg), k->mem_free(dout), k->mem_free(dlse), k->mem_free(ws);
+}
+
+/* Grouped-query attention: query heads share key/value heads (groups of 2, 3 and 4, and one key/value head
+ * for all), on both the sgemm path and head size 64's AVX-512 tiles, with key/value gradients summed over
+ * the group. */
+Test(kernels_attention, grouped_query_heads, .timeout = 120)
+{
+    check_gqa(2, 37, 24, 4, 2, 1.0f, 60);   /* hs 6, groups of 2 */
+    check_gqa(1, 130, 48, 6, 2, 1.0f, 61);  /* hs 8, groups of 3, t past the sgemm tiles */
+    check_gqa(2, 70, 256, 4, 1, 0.5f, 62);  /* hs 64, one key/value head (multi-query) */
+    check_gqa(1, 129, 512, 8, 2, 0.5f, 63); /* hs 64, groups of 4 across the AVX-512 tile boundary */
+    check_gqa(1, 65, 512, 8, 4, 3.0f, 64);  /* hs 64, large scores */
+}
+
+/* Finite differences through the grouped layout: every q, k and v element's gradient. */
+Test(kernels_attention, grouped_query_finite_differences)
+{
+    const struct kernels *k = kt_backend();
+    const int B = 1, T = 5, C = 8, NH = 4, NKV = 2, W = C + 2 * NKV * (C / NH);
+    size_t nq = (size_t)B * T * W, no = (size_t)B * T * C;
+    float *qkv = kt_host_rand(nq, 70, -1, 1), *r = kt_host_rand(no, 71, -1, 1);
+    float *dq = kt_devf(k, qkv, nq), *dr = kt_devf(k, r, no), *dg = kt_devf(k, NULL, nq);
+    float *dout = kt_devf(k, NULL, no), *dlse = kt_devf(k, NULL, (size_t)B * NH * T);
+    void *ws = k->mem_alloc(k->attention_workspace_bytes(B, T, C, NH, NKV));
+    cr_assert(ws);
+    cr_assert_eq(k->attention_forward(dout, dlse, dq, B, T, C, NH, NKV, ws), 0);
+    cr_assert_eq(k->attention_backward(dg, dr, dq, dout, dlse, B, T, C, NH, NKV, ws), 0);
+    float *g = kt_down(k, dg, nq);
+    const float h = 1e-2f;
+    for (size_t e = 0; e < nq; e++) {
+        double lv[2];
+        for (int sgn = 0; sgn < 2; sgn++) {
+            float saved = qkv[e];
+            qkv[e] = saved + (sgn ? -h : h);
+            k->mem_copy(dq, qkv, nq * sizeof(float), KERNELS_COPY_H2D);
+            cr_assert_eq(k->attention_forward(dout, dlse, dq, B, T, C, NH, NKV, ws), 0);
+            float *y = kt_down(k, dout, no);
+            lv[sgn] = 0;
+            for (size_t i = 0; i < no; i++)
+                lv[sgn] += (double)y[i] * r[i];
+            free(y);
+            qkv[e] = saved;
+        }
+        double fd = (lv[0] - lv[1]) / (2 * h);
+        cr_assert(fabs(fd - g[e]) <= 2e-3 + 1e-2 * fabs(fd), "dqkv[%zu]: backward %g, fd %g", e, (double)g[e], fd);
+    }
+    free(qkv), free(r), free(g);
+    k->mem_free(dq), k->mem_free(dr), k->mem_free(dg), k->mem_free(dout), k->mem_free(dlse), k->mem_free(ws);
+}
+
+Test(kernels_attention, rejects_heads_not_dividing)
+{
+    const struct kernels *k = kt_backend();
+    float dummy[64] = {0};
+    cr_assert_eq(k->attention_forward(dummy, dummy, dummy, 1, 1, 6, 3, 2, dummy), FSDP_EINVAL);
+    cr_assert(strstr(error_message(), "nkv=2"), "%s", error_message());
+    cr_assert_eq(k->attention_backward(dummy, dummy, dummy, dummy, dummy, 1, 1, 6, 3, 0, dummy), FSDP_EINVAL);
 }

@@ -87,7 +87,7 @@ static size_t plan(const struct model_config *cfg, int b, int t, bool ckpt, cons
     s->dln = carve(&c, N * C * F);
     s->dbig1 = carve(&c, 4 * N * C * F);
     s->dbig2 = carve(&c, 4 * N * C * F);
-    s->attn_ws = carve(&c, k->attention_workspace_bytes(b, t, cfg->n_embd, cfg->n_head));
+    s->attn_ws = carve(&c, k->attention_workspace_bytes(b, t, cfg->n_embd, cfg->n_head, cfg->n_head));
     return c.off;
 }
 
@@ -176,7 +176,7 @@ static int gpt2_forward_block(struct model *m, int layer, const float *w)
     TRY(k->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, up(m, u, w, LN1_W), up(m, u, w, LN1_B), N, C,
                              LN_EPS));
     TRY(k->matmul_forward(a->qkv, a->ln1, up(m, u, w, ATTN_W), up(m, u, w, ATTN_B), N, C, 3 * C));
-    TRY(k->attention_forward(a->atty, a->lse, a->qkv, m->b, m->t, C, c->n_head, s->attn_ws));
+    TRY(k->attention_forward(a->atty, a->lse, a->qkv, m->b, m->t, C, c->n_head, c->n_head, s->attn_ws));
     TRY(k->matmul_forward(s->tmp, a->atty, up(m, u, w, APROJ_W), up(m, u, w, APROJ_B), N, C, C));
     TRY(k->residual_forward(a->xmid, x, s->tmp, NC));
     TRY(k->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->xmid, up(m, u, w, LN2_W), up(m, u, w, LN2_B),
@@ -262,7 +262,8 @@ static int gpt2_backward_block(struct model *m, int layer, const float *w, float
     TRY(linear_backward(k, s->tmp, upg(m, u, g, APROJ_W), upg(m, u, g, APROJ_B), s->dres, a->atty,
                         up(m, u, w, APROJ_W), N, C, C));
     TRY(k->mem_set(s->dbig1, 0, 3 * NC * F));
-    TRY(k->attention_backward(s->dbig1, s->tmp, a->qkv, a->atty, a->lse, m->b, m->t, C, c->n_head, s->attn_ws));
+    TRY(k->attention_backward(s->dbig1, s->tmp, a->qkv, a->atty, a->lse, m->b, m->t, C, c->n_head, c->n_head,
+                                  s->attn_ws));
     TRY(linear_backward(k, s->dln, upg(m, u, g, ATTN_W), upg(m, u, g, ATTN_B), s->dbig1, a->ln1,
                         up(m, u, w, ATTN_W), N, C, 3 * C));
     return k->layernorm_backward(s->dres, upg(m, u, g, LN1_W), upg(m, u, g, LN1_B), s->dln, x,
