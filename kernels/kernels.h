@@ -155,7 +155,8 @@ struct kernels {
 
     /* ---- embeddings ---- */
     /* out(b*t, c) = wte[tokens[i]] + wpe[i mod t]; tokens: (b*t) device int32 in [0, vocab) (checked:
-     * FSDP_ERANGE otherwise); wte: (vocab, c) (rows may be padded beyond the real vocab); wpe: (>= t, c). */
+     * FSDP_ERANGE otherwise); wte: (vocab, c) (rows may be padded beyond the real vocab); wpe: (>= t, c), or
+     * NULL for no position embedding (Llama: positions enter through rope). */
     int (*embedding_forward)(float *out, const int32_t *tokens, const float *wte, const float *wpe,
                              int b, int t, int c, int vocab);
     /* dwte[tokens[i]] += dout[i]; dwpe[i mod t] += dout[i]; either may be NULL. */
@@ -183,6 +184,30 @@ struct kernels {
     /* ---- additions (after the first release of this table) ---- */
     /* y += a * x (gradient accumulation, averaging over ranks/micro-batches). */
     int (*axpy)(float *y, float a, const float *x, size_t n);
+
+    /* ---- Llama: RMSNorm, rotary position embeddings, SwiGLU ---- */
+    /* RMSNorm over the last dimension: out = (inp * rstd) * weight, rstd = 1 / sqrt(mean(inp^2) + eps) per
+     * row, saved for backward. out, inp: (n, c); weight: (c); rstd: (n). out must not alias inp. */
+    int (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *weight, int n, int c,
+                           float eps);
+    /* dinp += ..., dweight += ...; either may be NULL. inp and rstd are forward's. */
+    int (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const float *inp,
+                            const float *weight, const float *rstd, int n, int c);
+    /* Rotary position embeddings, IN PLACE (not accumulated) on the first nheads*hs columns of n rows of x
+     * (row stride ld): each head of hs (even) values is split in halves x1, x2 and becomes
+     * [x1 cos - x2 sin | x2 cos + x1 sin] (Hugging Face's rotate_half convention), with the angles of the
+     * row's position: pos (n device int32, in [0, npos); the CPU backend checks) picks row pos[i] of
+     * freqs (npos, hs) = [cos(p f_0) .. cos(p f_{hs/2-1}) | sin(p f_0) .. sin(p f_{hs/2-1})]. Positions are
+     * a tensor, not 0..t-1, so a caller can place rows anywhere in a sequence. */
+    int (*rope_forward)(float *x, int n, int ld, int nheads, int hs, const int32_t *pos, const float *freqs,
+                        int npos);
+    /* The transpose, in place on a gradient of the same layout: rotation by the negative angle. */
+    int (*rope_backward)(float *dx, int n, int ld, int nheads, int hs, const int32_t *pos, const float *freqs,
+                         int npos);
+    /* SwiGLU: gu (n, 2m), rows [gate | up]; out (n, m) = silu(gate) * up, silu(g) = g / (1 + exp(-g)). */
+    int (*swiglu_forward)(float *out, const float *gu, int n, int m);
+    /* dgu (n, 2m) += [dout * up * silu'(gate) | dout * silu(gate)]. */
+    int (*swiglu_backward)(float *dgu, const float *gu, const float *dout, int n, int m);
 };
 
 /* The CPU backend (OpenBLAS sgemm + OpenMP loops); never NULL. */

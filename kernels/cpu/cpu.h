@@ -71,6 +71,15 @@ int cpu_crossentropy_forward_backward(float *losses, double *loss_sum, float *dl
                                       const float *logits, const int32_t *targets, int n, int v, int vp,
                                       float dloss);
 
+int cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int n, int c, float eps);
+int cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                         const float *rstd, int n, int c);
+int cpu_rope_forward(float *x, int n, int ld, int nheads, int hs, const int32_t *pos, const float *freqs, int npos);
+int cpu_rope_backward(float *dx, int n, int ld, int nheads, int hs, const int32_t *pos, const float *freqs,
+                      int npos);
+int cpu_swiglu_forward(float *out, const float *gu, int n, int m);
+int cpu_swiglu_backward(float *dgu, const float *gu, const float *dout, int n, int m);
+
 int cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n,
               const struct kernels_adamw_params *hp);
 

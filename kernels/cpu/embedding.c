@@ -1,4 +1,6 @@
-/* Token + position embeddings. */
+/* Token + position embeddings (the position table is optional). */
+#include <string.h>
+
 #include "common/error.h"
 #include "kernels/cpu/cpu.h"
 
@@ -27,8 +29,13 @@ int cpu_embedding_forward(float *out, const int32_t *tokens, const float *wte, c
         return rc;
 #pragma omp parallel for schedule(static) if (rows * c > CPU_CHUNK)
     for (long i = 0; i < rows; i++) {
-        const float *te = wte + (size_t)tokens[i] * c, *pe = wpe + (size_t)(i % t) * c;
+        const float *te = wte + (size_t)tokens[i] * c;
         float *o = out + (size_t)i * c;
+        if (!wpe) {
+            memcpy(o, te, (size_t)c * sizeof *o);
+            continue;
+        }
+        const float *pe = wpe + (size_t)(i % t) * c;
 #pragma omp simd
         for (int j = 0; j < c; j++)
             o[j] = te[j] + pe[j];

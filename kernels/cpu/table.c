@@ -39,6 +39,12 @@ static const struct kernels cpu_table = {
     .crossentropy_forward_backward = cpu_crossentropy_forward_backward,
     .adamw = cpu_adamw,
     .axpy = cpu_axpy,
+    .rmsnorm_forward = cpu_rmsnorm_forward,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+    .rope_forward = cpu_rope_forward,
+    .rope_backward = cpu_rope_backward,
+    .swiglu_forward = cpu_swiglu_forward,
+    .swiglu_backward = cpu_swiglu_backward,
 };
 
 static pthread_once_t blas_check_once = PTHREAD_ONCE_INIT;

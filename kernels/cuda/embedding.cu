@@ -1,4 +1,4 @@
-/* Token + position embeddings. Backward is deterministic without sorting or atomics: a thread owns one
+/* Token + position embeddings (the position table is optional). Backward is deterministic without sorting or atomics: a thread owns one
  * channel j of every row of dwte (and of dwpe) and walks the tokens in order, so repeated tokens add in
  * a fixed order and no two threads ever write the same element; consecutive threads take consecutive
  * channels, so every read of dout and every update of a dwte row is coalesced. */
@@ -12,7 +12,8 @@ __global__ void embedding_forward_kernel(float *out, const int32_t *tokens, cons
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x) {
         int r = (int)(i / c), j = (int)(i % c);
-        out[i] = wte[(size_t)tokens[r] * c + j] + wpe[(size_t)(r % t) * c + j];
+        const float te = wte[(size_t)tokens[r] * c + j];
+        out[i] = wpe ? te + wpe[(size_t)(r % t) * c + j] : te;
     }
 }
 

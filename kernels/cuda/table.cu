@@ -37,6 +37,12 @@ static const struct kernels cuda_table = {
     .crossentropy_forward_backward = cuda_crossentropy_forward_backward,
     .adamw = cuda_adamw,
     .axpy = cuda_axpy,
+    .rmsnorm_forward = cuda_rmsnorm_forward,
+    .rmsnorm_backward = cuda_rmsnorm_backward,
+    .rope_forward = cuda_rope_forward,
+    .rope_backward = cuda_rope_backward,
+    .swiglu_forward = cuda_swiglu_forward,
+    .swiglu_backward = cuda_swiglu_backward,
 };
 
 extern "C" const struct kernels *kernels_cuda(void)

@@ -1,0 +1,110 @@
+/* RMSNorm over the channel dimension (Llama's LlamaRMSNorm), laid out like layernorm.cu: one warp per row
+ * (8 rows per 256-thread block), reductions in shuffles; the weight gradient reduces over rows in fixed
+ * chunks (partials, then the chunks in order), so it is deterministic without atomics. */
+#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_common.h"
+
+#define RMS_ROWS_PER_BLOCK (CUDA_THREADS / 32)
+#define RMS_CHUNK_ROWS 256
+
+__global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *inp, const float *w, int n, int c,
+                                       float eps)
+{
+    int row = blockIdx.x * RMS_ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= n)
+        return;
+    const float *x = inp + (size_t)row * c;
+    float ss = 0.0f;
+    for (int j = lane; j < c; j += 32)
+        ss += x[j] * x[j];
+    float rs = rsqrtf(cuda_warp_sum(ss) / (float)c + eps);
+    float *o = out + (size_t)row * c;
+    for (int j = lane; j < c; j += 32)
+        o[j] = (x[j] * rs) * w[j];
+    if (lane == 0)
+        rstd[row] = rs;
+}
+
+/* With nrm = x rstd: dx += rstd (dy w - nrm mean(dy w nrm)). */
+__global__ void rmsnorm_backward_dinp_kernel(float *dinp, const float *dout, const float *inp, const float *w,
+                                             const float *rstd, int n, int c)
+{
+    int row = blockIdx.x * RMS_ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= n)
+        return;
+    const float *x = inp + (size_t)row * c, *dy = dout + (size_t)row * c;
+    float rs = rstd[row], s = 0.0f;
+    for (int j = lane; j < c; j += 32)
+        s += dy[j] * w[j] * (x[j] * rs);
+    float mean = cuda_warp_sum(s) / (float)c;
+    float *dx = dinp + (size_t)row * c;
+    for (int j = lane; j < c; j += 32)
+        dx[j] += (dy[j] * w[j] - (x[j] * rs) * mean) * rs;
+}
+
+/* part: [chunks][c], the dweight partial of each row chunk. */
+__global__ void rmsnorm_backward_weight_partial_kernel(float *part, const float *dout, const float *inp,
+                                                       const float *rstd, int n, int c)
+{
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= c)
+        return;
+    int r0 = blockIdx.y * RMS_CHUNK_ROWS, r1 = min(r0 + RMS_CHUNK_ROWS, n);
+    float aw = 0.0f;
+    for (int i = r0; i < r1; i++)
+        aw += dout[(size_t)i * c + j] * (inp[(size_t)i * c + j] * rstd[i]);
+    part[(size_t)blockIdx.y * c + j] = aw;
+}
+
+__global__ void rmsnorm_backward_weight_finish_kernel(float *dweight, const float *part, int c, int chunks)
+{
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= c)
+        return;
+    float aw = 0.0f;
+    for (int k = 0; k < chunks; k++)
+        aw += part[(size_t)k * c + j];
+    dweight[j] += aw;
+}
+
+int cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int n, int c, float eps)
+{
+    if (n < 0 || c <= 0 || !(eps >= 0.0f))
+        return error_set(FSDP_EINVAL, "kernels cuda: rmsnorm_forward: bad n=%d c=%d eps=%g", n, c, (double)eps);
+    if (n == 0)
+        return 0;
+    unsigned blocks = (unsigned)((n + RMS_ROWS_PER_BLOCK - 1) / RMS_ROWS_PER_BLOCK);
+    rmsnorm_forward_kernel<<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>(out, rstd, inp, weight, n, c, eps);
+    return cuda_check_launch("rmsnorm_forward");
+}
+
+int cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                          const float *rstd, int n, int c)
+{
+    if (n < 0 || c <= 0)
+        return error_set(FSDP_EINVAL, "kernels cuda: rmsnorm_backward: bad n=%d c=%d", n, c);
+    if (n == 0)
+        return 0;
+    int rc;
+    if (dinp) {
+        unsigned blocks = (unsigned)((n + RMS_ROWS_PER_BLOCK - 1) / RMS_ROWS_PER_BLOCK);
+        rmsnorm_backward_dinp_kernel<<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>(dinp, dout, inp, weight, rstd, n,
+                                                                                   c);
+        if ((rc = cuda_check_launch("rmsnorm_backward dinp")))
+            return rc;
+    }
+    if (dweight) {
+        int chunks = (n + RMS_CHUNK_ROWS - 1) / RMS_CHUNK_ROWS;
+        void *part;
+        if ((rc = cuda_scratch("rmsnorm_backward", &part, (size_t)chunks * c * sizeof(float))))
+            return rc;
+        dim3 grid((c + CUDA_THREADS - 1) / CUDA_THREADS, chunks);
+        rmsnorm_backward_weight_partial_kernel<<<grid, CUDA_THREADS, 0, cuda_ctx.stream>>>((float *)part, dout, inp,
+                                                                                           rstd, n, c);
+        rmsnorm_backward_weight_finish_kernel<<<grid.x, CUDA_THREADS, 0, cuda_ctx.stream>>>(
+            dweight, (const float *)part, c, chunks);
+        if ((rc = cuda_check_launch("rmsnorm_backward dweight")))
+            return rc;
+    }
+    return 0;
+}
