@@ -34,7 +34,7 @@ struct config_key {
     const char *section;
     const char *name;
     enum config_type type;
-    const char *def;                          /* default in value syntax; NULL or "" = unset */
+    const char *def;                          /* default in value syntax; NULL or "" = unset (optional) */
     double min, max;                          /* INT/FLOAT range, used only when min < max */
     const char *const *values;                /* ENUM: canonical values, NULL-terminated */
     const struct config_alias *value_aliases; /* ENUM: other spellings, {NULL, NULL}-terminated */
@@ -105,6 +105,8 @@ bool config_is_set(const struct config *cfg, const char *section, const char *na
 void config_normalize_name(char *dst, const char *src, size_t cap);
 /* Parses text against key into *out (text included); on failure sets an error naming the allowed values. */
 int config_value_parse(const struct config_key *key, const char *text, struct config_value *out);
+/* Whether the key has no default: it may be left unset (empty text), whatever its type. */
+bool config_key_optional(const struct config_key *key);
 /* Writes what the key accepts ("an integer in [1, 64]", "one of: a, b (also: 1 = a)") into buf. */
 void config_describe_allowed(const struct config_key *key, char *buf, size_t cap);
 const char *config_type_name(enum config_type type);

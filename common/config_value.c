@@ -84,6 +84,13 @@ void config_describe_allowed(const struct config_key *key, char *buf, size_t cap
         }
         break;
     }
+    if (config_key_optional(key) && (key->type == CONFIG_INT || key->type == CONFIG_FLOAT || key->type == CONFIG_BOOL))
+        append(buf, cap, &len, " (empty = unset)");
+}
+
+bool config_key_optional(const struct config_key *key)
+{
+    return !key->def || !*key->def;
 }
 
 static int fail(const struct config_key *key, const char *text)
@@ -213,6 +220,13 @@ int config_value_parse(const struct config_key *key, const char *text, struct co
         return error_set(FSDP_ENOMEM, "out of memory");
     struct config_value v = {0};
     int rc;
+    /* A number or boolean without a default is optional: empty text leaves it unset (text NULL), as for
+     * strings, so --print-config's "key =" loads back. Keys with a default keep refusing empty text. */
+    if (n == 0 && config_key_optional(key)) {
+        free(s);
+        *out = v;
+        return 0;
+    }
     switch (key->type) {
     case CONFIG_INT:
     case CONFIG_FLOAT: rc = parse_number(key, s, &v); break;

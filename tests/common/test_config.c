@@ -485,3 +485,46 @@ Test(config, schema_with_bad_default_is_refused)
     assert_msg_has("schema bug: default of train.n");
     cr_assert_null(cfg);
 }
+
+/* A number or boolean without a default is optional: unset until given, empty text unsets it again,
+ * --print-config writes "key =" for it and that loads back; keys with a default refuse empty text. */
+Test(config, optional_numbers_and_booleans)
+{
+    static const struct config_section sec[] = {{"model", "m"}};
+    static const struct config_key keys[] = {
+        {.section = "model", .name = "heads", .type = CONFIG_INT, .min = 1, .max = 8, .help = "optional int"},
+        {.section = "model", .name = "theta", .type = CONFIG_FLOAT, .def = "", .help = "optional float"},
+        {.section = "model", .name = "tie", .type = CONFIG_BOOL, .bare = "true", .help = "optional bool"},
+        {.section = "model", .name = "layers", .type = CONFIG_INT, .def = "2", .help = "has a default"},
+    };
+    static const struct config_schema schema = {.program = "opt", .sections = sec, .n_sections = 1, .keys = keys,
+                                                .n_keys = 4};
+    struct config *cfg = NULL;
+    cr_assert_eq(config_create(&schema, &cfg), 0, "%s", error_message());
+    cr_assert(!config_is_set(cfg, "model", "heads") && !config_is_set(cfg, "model", "theta") &&
+              !config_is_set(cfg, "model", "tie"));
+    cr_assert_eq(config_get_int(cfg, "model", "heads"), 0);
+    cr_assert_eq(config_load_string(cfg, "[model]\nheads = 4\ntheta = 2.5\ntie = yes\n", "o.ini"), 0, "%s",
+                 error_message());
+    cr_assert_eq(config_get_int(cfg, "model", "heads"), 4);
+    cr_assert(config_get_bool(cfg, "model", "tie"));
+    cr_assert_eq(config_set(cfg, "model.heads", "9"), FSDP_EINVAL); /* the range still holds */
+    cr_assert(strstr(error_message(), "(empty = unset)"), "%s", error_message());
+    cr_assert_eq(config_set(cfg, "model.theta", "  "), 0, "%s", error_message());
+    cr_assert(!config_is_set(cfg, "model", "theta"));
+    cr_assert_eq(config_set(cfg, "model.layers", ""), FSDP_EINVAL);
+    char *out = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&out, &len);
+    cr_assert_eq(config_print_ini(cfg, f), 0);
+    fclose(f);
+    cr_assert(strstr(out, "\ntheta =\n") && strstr(out, "\nheads = 4\n"), "%s", out);
+    struct config *back = NULL;
+    cr_assert_eq(config_create(&schema, &back), 0);
+    cr_assert_eq(config_load_string(back, out, "printed.ini"), 0, "%s", error_message());
+    cr_assert(!config_is_set(back, "model", "theta"));
+    cr_assert_eq(config_get_int(back, "model", "heads"), 4);
+    free(out);
+    config_destroy(cfg);
+    config_destroy(back);
+}

@@ -129,10 +129,101 @@ Test(worker_config, cross_key_checks_name_the_keys)
 Test(worker_config, model_family_unknown_lists_known)
 {
     struct config *cfg = make();
-    cr_assert_eq(config_set(cfg, "model.model_family", "llama"), FSDP_EINVAL);
-    cr_assert(strstr(error_message(), "model.model_family: 'llama' is not valid; expected one of: gpt2"), "%s",
+    cr_assert_eq(config_set(cfg, "model.model_family", "mamba"), FSDP_EINVAL);
+    cr_assert(strstr(error_message(), "model.model_family: 'mamba' is not valid; expected one of: gpt2, llama"), "%s",
               error_message());
+    /* Hugging Face's architecture names are aliases */
+    cr_assert_eq(config_set(cfg, "model.model_family", "LlamaForCausalLM"), 0, "%s", error_message());
+    cr_assert_str_eq(config_get_string(cfg, "model", "model_family"), "llama");
     config_destroy(cfg);
+}
+
+/* The Llama keys: unset they take the family's defaults (0 = derived by the model); each bad combination
+ * has its own message naming the keys; set for gpt2 they are refused, naming the key and where it was set. */
+static void set_all(struct config *cfg, const char *const *kv)
+{
+    for (; kv[0]; kv += 2)
+        cr_assert_eq(config_set(cfg, kv[0], kv[1]), 0, "%s=%s: %s", kv[0], kv[1], error_message());
+}
+
+static void expect_llama_invalid(const char *const *kv, const char *needle)
+{
+    struct config *cfg = make();
+    set_all(cfg, kv);
+    struct worker_config wc;
+    cr_assert_eq(worker_config_view(cfg, &wc), FSDP_EINVAL, "%s=%s accepted", kv[0], kv[1]);
+    cr_assert(strstr(error_message(), needle), "message lacks \"%s\": %s", needle, error_message());
+    config_destroy(cfg);
+}
+
+Test(worker_config, llama_keys_defaults_and_values)
+{
+    struct config *cfg = make();
+    struct worker_config wc;
+    cr_assert_eq(config_set(cfg, "model.model_family", "llama"), 0);
+    cr_assert_eq(worker_config_view(cfg, &wc), 0, "%s", error_message());
+    cr_assert_eq(wc.model.family, WORKER_MODEL_LLAMA);
+    cr_assert_str_eq(worker_model_family_name(wc.model.family), "llama");
+    cr_assert_eq(wc.model.n_kv_head, 0);
+    cr_assert_eq(wc.model.intermediate_size, 0);
+    cr_assert_float_eq(wc.model.rope_theta, 10000.0, 1e-9);
+    cr_assert_float_eq(wc.model.rms_norm_eps, 1e-6, 1e-18);
+    cr_assert(!wc.model.tie_word_embeddings);
+    set_all(cfg, (const char *const[]){"model.n_kv_head", "2", "model.intermediate_size", "344", "model.rope_theta",
+                                       "500000", "model.rms_norm_eps", "1e-5", "model.tie_word_embeddings", "true",
+                                       NULL});
+    cr_assert_eq(worker_config_view(cfg, &wc), 0, "%s", error_message());
+    cr_assert_eq(wc.model.n_kv_head, 2);
+    cr_assert_eq(wc.model.intermediate_size, 344);
+    cr_assert_float_eq(wc.model.rope_theta, 500000.0, 1e-9);
+    cr_assert_float_eq(wc.model.rms_norm_eps, 1e-5, 1e-18);
+    cr_assert(wc.model.tie_word_embeddings);
+    /* an empty value unsets an optional key again (what --print-config writes for it) */
+    cr_assert_eq(config_set(cfg, "model.n_kv_head", ""), 0, "%s", error_message());
+    cr_assert(!config_is_set(cfg, "model", "n_kv_head"));
+    /* keys with a default still refuse empty text */
+    cr_assert_eq(config_set(cfg, "model.n_head", ""), FSDP_EINVAL);
+    config_destroy(cfg);
+    /* gpt2 is the default family: no Llama key is set */
+    cfg = make();
+    cr_assert_eq(worker_config_view(cfg, &wc), 0, "%s", error_message());
+    cr_assert_eq(wc.model.family, WORKER_MODEL_GPT2);
+    cr_assert_str_eq(worker_model_family_name(wc.model.family), "gpt2");
+    config_destroy(cfg);
+}
+
+Test(worker_config, llama_cross_key_checks_name_the_keys)
+{
+    expect_llama_invalid((const char *const[]){"model.model_family", "llama", "model.n_kv_head", "3", NULL},
+                         "model.n_kv_head (3) must divide model.n_head (4)");
+    expect_llama_invalid((const char *const[]){"model.model_family", "llama", "model.n_head", "8", "model.n_embd",
+                                               "120", NULL},
+                         "the head size model.n_embd / model.n_head = 120 / 8 = 15 must be even");
+    expect_llama_invalid((const char *const[]){"model.model_family", "llama", "model.n_head", "3", NULL},
+                         "model.n_embd (128) must be a multiple of model.n_head (3)");
+    static const char *const llama_only[] = {"n_kv_head", "2", "intermediate_size", "300", "rope_theta", "1e6",
+                                             "rms_norm_eps", "1e-5", "tie_word_embeddings", "false", NULL};
+    for (const char *const *k = llama_only; k[0]; k += 2) {
+        char key[64], want[128];
+        snprintf(key, sizeof key, "model.%s", k[0]);
+        snprintf(want, sizeof want, "%s applies only to model_family = llama, but model_family is gpt2", key);
+        expect_llama_invalid((const char *const[]){key, k[1], NULL}, want);
+    }
+    /* from a file, the message names the file and line */
+    char dir[] = "/tmp/fsdp-cfg-XXXXXX", path[64];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/gpt.ini", dir);
+    cr_assert_eq(tu_write_text(path, "[model]\nn_layer = 2\nrope_theta = 500000\n"), 0);
+    struct config *cfg = make();
+    cr_assert_eq(config_load_file(cfg, path), 0, "%s", error_message());
+    struct worker_config wc;
+    cr_assert_eq(worker_config_view(cfg, &wc), FSDP_EINVAL);
+    char want[160];
+    snprintf(want, sizeof want, "model.rope_theta (%s line 3) applies only to model_family = llama", path);
+    cr_assert(strstr(error_message(), want), "%s", error_message());
+    config_destroy(cfg);
+    unlink(path);
+    rmdir(dir);
 }
 
 /* ---- the real binary ------------------------------------------------------------------------------- */
@@ -338,8 +429,9 @@ Test(worker_binary, help_env_prints_docs_environment_md, .timeout = 60)
 Test(worker_config, schema_has_every_section_and_key)
 {
     static const char *const want[] = {
-        "model.model_family", "model.n_layer", "model.n_head", "model.n_embd", "model.vocab_size",
-        "model.block_size", "model.init_std", "model.seed", "model.init_from", "model.activation_checkpointing",
+        "model.model_family", "model.n_layer", "model.n_head", "model.n_kv_head", "model.n_embd",
+        "model.intermediate_size", "model.rope_theta", "model.rms_norm_eps", "model.tie_word_embeddings",
+        "model.vocab_size", "model.block_size", "model.init_std", "model.seed", "model.init_from", "model.activation_checkpointing",
         "train.train_batch", "train.micro_batch", "train.max_steps", "train.eval_interval", "train.eval_steps",
         "train.seed", "train.device", "optim.lr", "optim.beta1", "optim.beta2", "optim.eps", "optim.weight_decay",
         "optim.grad_clip", "optim.warmup_steps", "optim.lr_schedule", "optim.min_lr", "data.train_file",

@@ -40,10 +40,10 @@ Test(model, unknown_family_lists_known_ones)
 {
     struct model_config c;
     small_config(&c);
-    strcpy(c.model_family, "llama");
+    strcpy(c.model_family, "mamba");
     struct model_layout l;
     cr_assert_eq(model_layout_build(&l, &c), FSDP_EINVAL);
-    cr_assert(strstr(error_message(), "llama") && strstr(error_message(), "gpt2"), "%s", error_message());
+    cr_assert(strstr(error_message(), "\"mamba\"; known families: gpt2, llama"), "%s", error_message());
     struct model *m;
     cr_assert_neq(model_create(&m, &c, kernels_cpu(), 1, 4), 0);
 }
@@ -388,4 +388,317 @@ Test(model, per_unit_steps_match_whole_model)
     k->mem_free(p);
     k->mem_free(g);
     model_destroy(m);
+}
+
+/* ---------------- the Llama family ---------------- */
+
+static void llama_config(struct model_config *c, int n_kv_head, bool tie)
+{
+    model_config_default(c);
+    strcpy(c->model_family, "llama");
+    c->n_layer = 2;
+    c->n_head = 4;
+    c->n_kv_head = n_kv_head;
+    c->n_embd = 32;
+    c->intermediate_size = 56;
+    c->vocab_size = 77;
+    c->block_size = 16;
+    c->tie_word_embeddings = tie;
+}
+
+Test(model, llama_layout_names_shapes_units)
+{
+    for (int tie = 0; tie < 2; tie++) {
+        struct model_config c;
+        llama_config(&c, 2, tie);
+        struct model_layout l;
+        cr_assert_eq(model_layout_build(&l, &c), 0, "%s", error_message());
+        size_t C = 32, L = 2, V = 77, I = 56, hs = 8, q = 4 * hs, kv = 2 * hs;
+        size_t block = q * C + 2 * kv * C + C * q + 3 * I * C + 2 * C;
+        cr_assert_eq(l.vocab_padded, 128);
+        cr_assert_eq(l.n_params, (tie ? 2 : 3) + 9 * 2);
+        cr_assert_eq(l.n_units, 3);
+        cr_assert_eq(l.numel_real, (tie ? 1 : 2) * V * C + C + L * block);
+        cr_assert_eq(l.numel, (tie ? 1 : 2) * 128 * C + C + L * block);
+        cr_assert_eq(model_layout_class_numel(&l, "LlamaDecoderLayer"), L * block);
+        cr_assert_eq(model_layout_class_numel(&l, "LlamaForCausalLM"), l.numel_real);
+        cr_assert_str_eq(l.units[0].name, "root");
+        cr_assert_str_eq(l.units[2].name, "model.layers.1");
+        cr_assert_str_eq(l.modules[l.units[2].module].class_name, "LlamaDecoderLayer");
+        /* LlamaForCausalLM's names and nn.Linear's (out, in) shapes */
+        static const struct {
+            const char *name;
+            int d0, d1, ndim;
+            bool decay;
+            const char *cls;
+        } want[] = {
+            {"model.embed_tokens.weight", 128, 32, 2, true, "Embedding"},
+            {"model.norm.weight", 32, 1, 1, false, "LlamaRMSNorm"},
+            {"model.layers.1.self_attn.q_proj.weight", 32, 32, 2, true, "Linear"},
+            {"model.layers.1.self_attn.k_proj.weight", 16, 32, 2, true, "Linear"},
+            {"model.layers.1.self_attn.v_proj.weight", 16, 32, 2, true, "Linear"},
+            {"model.layers.1.self_attn.o_proj.weight", 32, 32, 2, true, "Linear"},
+            {"model.layers.0.mlp.gate_proj.weight", 56, 32, 2, true, "Linear"},
+            {"model.layers.0.mlp.up_proj.weight", 56, 32, 2, true, "Linear"},
+            {"model.layers.0.mlp.down_proj.weight", 32, 56, 2, true, "Linear"},
+            {"model.layers.0.input_layernorm.weight", 32, 1, 1, false, "LlamaRMSNorm"},
+            {"model.layers.0.post_attention_layernorm.weight", 32, 1, 1, false, "LlamaRMSNorm"},
+        };
+        for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+            int pi = model_layout_find(&l, want[i].name);
+            cr_assert_geq(pi, 0, "no %s", want[i].name);
+            const struct model_param *p = &l.params[pi];
+            cr_assert(p->shape[0] == want[i].d0 && p->shape[1] == want[i].d1 && p->ndim == want[i].ndim,
+                      "%s: (%d, %d)", want[i].name, p->shape[0], p->shape[1]);
+            cr_assert_eq(p->weight_decay, want[i].decay, "%s", want[i].name);
+            cr_assert_str_eq(l.modules[p->module].class_name, want[i].cls, "%s", want[i].name);
+        }
+        const struct model_param *emb = &l.params[model_layout_find(&l, "model.embed_tokens.weight")];
+        cr_assert_eq(emb->init_rows, 77);
+        cr_assert_eq(emb->lookup_only, !tie, "an untied embedding is only looked up");
+        int head = model_layout_find(&l, "lm_head.weight");
+        if (tie) {
+            cr_assert_eq(head, -1, "a tied model has no lm_head.weight");
+        } else {
+            cr_assert_geq(head, 0);
+            cr_assert_eq(l.params[head].unit, 0);
+            cr_assert_eq(l.params[head].shape[0], 128);
+            cr_assert_eq(l.params[head].init_rows, 77);
+            cr_assert(!l.params[head].lookup_only);
+        }
+        /* q, k, v adjacent (one GEMM gives [q | k | v]); gate and up adjacent ([gate | up]) */
+        const char *adj[][2] = {{"model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight"},
+                                {"model.layers.1.self_attn.k_proj.weight", "model.layers.1.self_attn.v_proj.weight"},
+                                {"model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"}};
+        for (int i = 0; i < 3; i++) {
+            const struct model_param *a = &l.params[model_layout_find(&l, adj[i][0])];
+            cr_assert_eq(a->offset + a->numel, l.params[model_layout_find(&l, adj[i][1])].offset, "%s", adj[i][0]);
+        }
+        /* the module tree in LlamaForCausalLM's order, its state dict order */
+        for (int i = 0; i < l.n_modules; i++)
+            cr_assert(l.modules[i].parent < i, "module %s listed before its parent", l.modules[i].name);
+        cr_assert_str_eq(l.modules[0].class_name, "LlamaForCausalLM");
+        cr_assert_str_eq(l.modules[1].name, "model");
+        cr_assert_str_eq(l.modules[2].name, "model.embed_tokens");
+        /* model FLOPs: 6 x the parameters but lookup-only tables (an untied embedding) + causal attention */
+        double mm = (double)L * block + C + V * C;
+        cr_assert_float_eq(model_flops_per_token(&l), 6 * mm + 12.0 * L * C * 16, 1e-6);
+        model_layout_free(&l);
+    }
+}
+
+Test(model, llama_family_defaults_resolved)
+{
+    struct model_config c;
+    llama_config(&c, 0, false);
+    c.intermediate_size = 0;
+    c.n_embd = 96;
+    struct model_layout l;
+    cr_assert_eq(model_layout_build(&l, &c), 0, "%s", error_message());
+    cr_assert_eq(l.config.n_kv_head, 4, "n_kv_head 0 means n_head");
+    cr_assert_eq(l.config.intermediate_size, 256, "8 * 96 / 3 = 256");
+    cr_assert_float_eq(l.config.rope_theta, 10000.0f, 0);
+    cr_assert_float_eq(l.config.rms_norm_eps, 1e-6f, 0);
+    model_layout_free(&l);
+    c.n_embd = 4096;
+    c.n_head = 32;
+    cr_assert_eq(model_layout_build(&l, &c), 0, "%s", error_message());
+    cr_assert_eq(l.config.intermediate_size, 11008, "LlamaConfig's default for 4096");
+    model_layout_free(&l);
+}
+
+static void expect_llama_reject(void (*change)(struct model_config *), const char *frag)
+{
+    struct model_config c;
+    llama_config(&c, 2, false);
+    change(&c);
+    struct model_layout l;
+    cr_assert_eq(model_layout_build(&l, &c), FSDP_EINVAL, "accepted (expected: %s)", frag);
+    cr_assert(strstr(error_message(), frag), "'%s' not in: %s", frag, error_message());
+}
+static void kv_3(struct model_config *c) { c->n_kv_head = 3; }
+static void head_odd(struct model_config *c) { c->n_embd = 36, c->n_head = 4; } /* hs 9 */
+static void theta_0(struct model_config *c) { c->rope_theta = 0; }
+static void eps_neg(struct model_config *c) { c->rms_norm_eps = -1; }
+static void inter_neg(struct model_config *c) { c->intermediate_size = -3; }
+
+Test(model, llama_rejects_bad_config)
+{
+    expect_llama_reject(kv_3, "n_kv_head (3) must divide n_head (4)");
+    expect_llama_reject(head_odd, "head size n_embd / n_head = 36 / 4 = 9 must be even");
+    expect_llama_reject(theta_0, "rope_theta must be above 0");
+    expect_llama_reject(eps_neg, "rms_norm_eps must be >= 0");
+    expect_llama_reject(inter_neg, "intermediate_size must be in");
+}
+
+Test(model, wrap_class_per_family)
+{
+    cr_assert_eq(model_wrap_class_check("gpt2", "DecoderBlock"), 0);
+    cr_assert_eq(model_wrap_class_check("gpt2", "gpt2block"), 0);
+    cr_assert_eq(model_wrap_class_check("gpt2", "Block"), 0);
+    cr_assert_eq(model_wrap_class_check("llama", "LlamaDecoderLayer"), 0);
+    cr_assert_eq(model_wrap_class_check("llama", "DecoderBlock"), 0);
+    cr_assert_eq(model_wrap_class_check("llama", "GPT2Block"), FSDP_EINVAL);
+    cr_assert(strstr(error_message(), "the decoder block of model_family llama is LlamaDecoderLayer (use "
+                                      "LlamaDecoderLayer or DecoderBlock)"),
+              "%s", error_message());
+    cr_assert(strstr(error_message(), "LlamaRMSNorm"), "%s", error_message());
+    cr_assert_eq(model_wrap_class_check("gpt2", "LlamaDecoderLayer"), FSDP_EINVAL);
+    cr_assert(strstr(error_message(), "use DecoderBlock, GPT2Block or Block"), "%s", error_message());
+}
+
+/* fsdpc's file round trip, and a file as transformers writes it: a tied model without lm_head.weight
+ * (or with it: it is the embedding), the rotary inv_freq buffers older files carry, BF16 tensors; an
+ * untied model needs its lm_head.weight. */
+Test(model, llama_weights_round_trip_and_hf_files, .init = setup_dir, .fini = teardown_dir)
+{
+    for (int tie = 0; tie < 2; tie++) {
+        struct model_config c;
+        llama_config(&c, 2, tie);
+        struct model_layout l;
+        cr_assert_eq(model_layout_build(&l, &c), 0);
+        float *a = malloc(l.numel * 4), *b = malloc(l.numel * 4);
+        cr_assert_eq(model_init_params(&l, a), 0);
+        char path[128];
+        snprintf(path, sizeof path, "%s/llama%d.safetensors", dir, tie);
+        cr_assert_eq(model_weights_save(&l, path, a), 0, "%s", error_message());
+        memset(b, 0x7f, l.numel * 4);
+        cr_assert_eq(model_weights_load(&l, path, b), 0, "%s", error_message());
+        cr_assert_arr_eq(a, b, l.numel * 4);
+        struct safetensors_file *f;
+        cr_assert_eq(safetensors_open(&f, path), 0);
+        cr_assert_eq(f->n_tensors, (size_t)l.n_params);
+        cr_assert_eq(safetensors_find(f, "model.embed_tokens.weight")->shape[0], 77);
+        cr_assert_eq(safetensors_find(f, "lm_head.weight") != NULL, !tie);
+        /* the state dict's order: embeddings, layers, final norm, head */
+        cr_assert_str_eq(f->tensors[0].name, "model.embed_tokens.weight");
+        cr_assert_str_eq(f->tensors[1].name, "model.layers.0.self_attn.q_proj.weight");
+        cr_assert_str_eq(f->tensors[f->n_tensors - (tie ? 1 : 2)].name, "model.norm.weight");
+        safetensors_close(f);
+
+        /* as transformers writes it */
+        struct safetensors_entry e[40];
+        static float one[1] = {1};
+        static float inv_freq[4] = {1, 0.1f, 0.01f, 0.001f};
+        uint16_t *q16 = NULL;
+        int n = 0;
+        for (int i = 0; i < l.n_params; i++) {
+            const struct model_param *p = &l.params[i];
+            e[n] = (struct safetensors_entry){.name = p->name, .dtype = SAFETENSORS_F32, .ndim = p->ndim,
+                                              .shape = {p->init_rows, p->shape[1]}, .data = a + p->offset};
+            if (strcmp(p->name, "model.layers.0.self_attn.q_proj.weight") == 0) {
+                q16 = malloc(p->numel * 2);
+                for (size_t j = 0; j < p->numel; j++)
+                    q16[j] = kernels_f32_to_bf16(a[p->offset + j]);
+                e[n].dtype = SAFETENSORS_BF16;
+                e[n].data = q16;
+            }
+            n++;
+        }
+        e[n++] = (struct safetensors_entry){.name = "model.layers.1.self_attn.rotary_emb.inv_freq",
+                                            .dtype = SAFETENSORS_F32, .ndim = 1, .shape = {4}, .data = inv_freq};
+        if (tie)
+            e[n++] = (struct safetensors_entry){.name = "lm_head.weight", .dtype = SAFETENSORS_F32, .ndim = 1,
+                                                .shape = {1}, .data = one};
+        snprintf(path, sizeof path, "%s/hf%d.safetensors", dir, tie);
+        cr_assert_eq(safetensors_write(path, e, (size_t)n, NULL, 0, NULL, NULL), 0, "%s", error_message());
+        cr_assert_eq(model_weights_load(&l, path, b), 0, "%s", error_message());
+        const struct model_param *qp = &l.params[model_layout_find(&l, "model.layers.0.self_attn.q_proj.weight")];
+        for (size_t j = 0; j < qp->numel; j++)
+            cr_assert_eq(b[qp->offset + j], kernels_bf16_to_f32(q16[j]));
+        cr_assert_eq(memcmp(a, b, qp->offset * 4), 0);
+        free(q16);
+        if (!tie) {
+            /* untied without its head: missing */
+            int kept = 0;
+            for (int i = 0; i < n; i++)
+                if (strcmp(e[i].name, "lm_head.weight") != 0)
+                    e[kept++] = e[i];
+            cr_assert_eq(kept, n - 1);
+            cr_assert_eq(safetensors_write(path, e, (size_t)kept, NULL, 0, NULL, NULL), 0, "%s", error_message());
+            cr_assert_eq(model_weights_load(&l, path, b), FSDP_EINVAL);
+            cr_assert(strstr(error_message(), "'lm_head.weight' is missing"), "%s", error_message());
+        }
+        free(a);
+        free(b);
+        model_layout_free(&l);
+    }
+}
+
+/* Per-unit steps from separate buffers equal the whole-model call; activation checkpointing gives the
+ * same gradients bit for bit from a smaller arena; padded vocabulary rows get no gradient. */
+Test(model, llama_units_checkpointing_and_padding)
+{
+    const struct kernels *k = kernels_cpu();
+    for (int tie = 0; tie < 2; tie++) {
+        struct model_config c;
+        llama_config(&c, 2, tie);
+        cr_assert_gt(model_arena_bytes(&c, 2, 16, false, k), model_arena_bytes(&c, 2, 16, true, k));
+        float *grads[2], loss[2];
+        size_t numel = 0;
+        int32_t tok[32], tgt[32];
+        for (int i = 0; i < 32; i++) {
+            tok[i] = (i * 7) % 77;
+            tgt[i] = i % 9 == 4 ? -1 : (i * 13 + 1) % 77;
+        }
+        for (int ck = 0; ck < 2; ck++) {
+            c.activation_checkpointing = ck;
+            struct model *m;
+            cr_assert_eq(model_create(&m, &c, k, 2, 16), 0, "%s", error_message());
+            const struct model_layout *l = model_get_layout(m);
+            cr_assert_eq(model_get_arena_bytes(m), model_arena_bytes(&c, 2, 16, ck, k));
+            numel = l->numel;
+            float *p = k->mem_alloc(numel * 4), *g = k->mem_alloc(numel * 4);
+            cr_assert_eq(model_init_params(l, p), 0);
+            memset(g, 0, numel * 4);
+            cr_assert_eq(model_set_batch(m, tok, tgt), 0);
+            cr_assert_eq(model_forward_backward(m, p, g, &loss[ck]), 0, "%s", error_message());
+            cr_assert(loss[ck] > 3.5f && loss[ck] < 5.2f, "loss %g far from ln(77) = 4.34", loss[ck]);
+            grads[ck] = malloc(numel * 4);
+            memcpy(grads[ck], g, numel * 4);
+            for (int h = 0; h < 2; h++) {
+                int pi = model_layout_find(l, h ? "lm_head.weight" : "model.embed_tokens.weight");
+                if (pi < 0)
+                    continue;
+                const struct model_param *pp = &l->params[pi];
+                for (size_t i = (size_t)77 * 32; i < pp->numel; i++)
+                    cr_assert_eq(g[pp->offset + i], 0.0f, "gradient in a padding row of %s", pp->name);
+            }
+            if (!ck) {
+                /* separate unit buffers, as after an all-gather */
+                int nu = l->n_units;
+                float *up[3], *ug[3];
+                for (int u = 0; u < nu; u++) {
+                    up[u] = k->mem_alloc(l->units[u].numel * 4);
+                    ug[u] = k->mem_alloc(l->units[u].numel * 4);
+                    memcpy(up[u], p + l->units[u].offset, l->units[u].numel * 4);
+                    memset(ug[u], 0, l->units[u].numel * 4);
+                }
+                double sum;
+                cr_assert_eq(model_forward_embed(m, up[0]), 0);
+                for (int i = 0; i < c.n_layer; i++)
+                    cr_assert_eq(model_forward_block(m, i, up[1 + i]), 0);
+                int valid = model_batch_targets(m);
+                cr_assert_eq(valid, 28);
+                cr_assert_eq(model_forward_head(m, up[0], 1.0f / valid, &sum), 0);
+                cr_assert_eq((float)(sum / valid), loss[0]);
+                cr_assert_eq(model_backward_head(m, up[0], ug[0]), 0);
+                for (int i = c.n_layer - 1; i >= 0; i--)
+                    cr_assert_eq(model_backward_block(m, i, up[1 + i], ug[1 + i]), 0);
+                cr_assert_eq(model_backward_embed(m, up[0], ug[0]), 0);
+                for (int u = 0; u < nu; u++) {
+                    cr_assert_arr_eq(ug[u], g + l->units[u].offset, l->units[u].numel * 4, "unit %d", u);
+                    k->mem_free(up[u]);
+                    k->mem_free(ug[u]);
+                }
+            }
+            k->mem_free(p);
+            k->mem_free(g);
+            model_destroy(m);
+        }
+        cr_assert_eq(loss[0], loss[1]);
+        cr_assert_arr_eq(grads[0], grads[1], numel * 4, "activation checkpointing changed the gradients");
+        free(grads[0]);
+        free(grads[1]);
+    }
 }

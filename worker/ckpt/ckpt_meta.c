@@ -123,6 +123,12 @@ static cJSON *build(const struct ckpt_meta *m, const struct model_layout *l)
     cJSON_AddNumberToObject(model, "vocab_size", s->model.vocab_size);
     cJSON_AddNumberToObject(model, "vocab_padded", l->vocab_padded);
     cJSON_AddNumberToObject(model, "block_size", s->model.block_size);
+    /* the Llama keys (0 / defaults for a family that does not read them) */
+    cJSON_AddNumberToObject(model, "n_kv_head", s->model.n_kv_head);
+    cJSON_AddNumberToObject(model, "intermediate_size", s->model.intermediate_size);
+    cJSON_AddNumberToObject(model, "rope_theta", s->model.rope_theta);
+    cJSON_AddNumberToObject(model, "rms_norm_eps", s->model.rms_norm_eps);
+    cJSON_AddBoolToObject(model, "tie_word_embeddings", s->model.tie_word_embeddings);
     char seed[32];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)s->model.seed);
     cJSON_AddStringToObject(model, "seed", seed);
@@ -329,6 +335,19 @@ static int parse(const char *path, const cJSON *root, struct ckpt_meta *m, char 
     snprintf(s->model.model_family, sizeof s->model.model_family, "%s", fam->valuestring);
     if (cJSON_IsString(seed))
         s->model.seed = strtoull(seed->valuestring, NULL, 10);
+    /* optional: absent from checkpoints of families without them */
+    double theta, eps;
+    const cJSON *tie = cJSON_GetObjectItemCaseSensitive(model, "tie_word_embeddings");
+    if ((cJSON_GetObjectItemCaseSensitive(model, "n_kv_head") && get_int(model, "n_kv_head", &s->model.n_kv_head)) ||
+        (cJSON_GetObjectItemCaseSensitive(model, "intermediate_size") &&
+         get_int(model, "intermediate_size", &s->model.intermediate_size)) ||
+        (tie && !cJSON_IsBool(tie)))
+        return error_set(FSDP_EINVAL, "%s: malformed n_kv_head, intermediate_size or tie_word_embeddings", path);
+    if (get_num(model, "rope_theta", &theta) == 0)
+        s->model.rope_theta = (float)theta;
+    if (get_num(model, "rms_norm_eps", &eps) == 0)
+        s->model.rms_norm_eps = (float)eps;
+    s->model.tie_word_embeddings = cJSON_IsTrue(tie);
     if (!(m->config_text = strdup(config->valuestring)))
         return error_set(FSDP_ENOMEM, "out of memory");
     s->config_text = m->config_text;

@@ -16,7 +16,8 @@
         {"half", "fp16"}
 
 static const struct config_section sections[] = {
-    {"model", "Model shape and initialisation. The defaults are a small byte-level GPT that trains on a CPU."},
+    {"model", "Model family, shape and initialisation. The defaults are a small byte-level GPT-2 that trains on a CPU; "
+              "model_family = llama adds the Llama keys (n_kv_head ... tie_word_embeddings)."},
     {"train", "Batch sizes, step counts and the device."},
     {"optim", "AdamW and the learning-rate schedule."},
     {"data", "Token files (nanoGPT uint16 or llm.c .bin)."},
@@ -27,14 +28,26 @@ static const struct config_section sections[] = {
 
 static const struct config_key keys[] = {
     /* [model] */
-    {.section = "model", .name = "model_family", .type = CONFIG_ENUM, .def = "gpt2", .values = LIST("gpt2"),
-     .help = "Model architecture from the registry"},
+    {.section = "model", .name = "model_family", .type = CONFIG_ENUM, .def = "gpt2", .values = LIST("gpt2", "llama"),
+     .value_aliases = ALIASES({"GPT2LMHeadModel", "gpt2"}, {"LlamaForCausalLM", "llama"}),
+     .help = "Model architecture: gpt2 (LayerNorm, GELU, learned positions, tied head) or llama (RMSNorm, "
+             "SwiGLU, rotary positions, grouped-query attention)"},
     {.section = "model", .name = "n_layer", .type = CONFIG_INT, .def = "4", .min = 1, .max = 1024,
      .help = "Number of decoder blocks"},
     {.section = "model", .name = "n_head", .type = CONFIG_INT, .def = "4", .min = 1, .max = 1024,
-     .help = "Attention heads per block (must divide n_embd)"},
+     .help = "Attention (query) heads per block (must divide n_embd)"},
+    {.section = "model", .name = "n_kv_head", .type = CONFIG_INT, .def = "", .min = 1, .max = 1024,
+     .help = "llama: key/value heads (grouped-query attention; must divide n_head); unset = n_head"},
     {.section = "model", .name = "n_embd", .type = CONFIG_INT, .def = "128", .min = 1, .max = 65536,
      .help = "Embedding width"},
+    {.section = "model", .name = "intermediate_size", .type = CONFIG_INT, .def = "", .min = 1, .max = 536870912,
+     .help = "llama: SwiGLU width of the MLP; unset = 8 n_embd / 3 rounded up to a multiple of 256"},
+    {.section = "model", .name = "rope_theta", .type = CONFIG_FLOAT, .def = "", .min = 1e-3, .max = 1e12,
+     .help = "llama: base of the rotary position frequencies; unset = 10000 (Llama 3: 500000)"},
+    {.section = "model", .name = "rms_norm_eps", .type = CONFIG_FLOAT, .def = "", .min = 0, .max = 1,
+     .help = "llama: epsilon of RMSNorm; unset = 1e-6"},
+    {.section = "model", .name = "tie_word_embeddings", .type = CONFIG_BOOL, .def = "", .bare = "true",
+     .help = "llama: the LM head reuses embed_tokens (no lm_head.weight); unset = false (gpt2 is always tied)"},
     {.section = "model", .name = "vocab_size", .type = CONFIG_INT, .def = "256", .min = 2, .max = 1048576,
      .help = "Vocabulary size (256 = bytes; 50257 = GPT-2 BPE)"},
     {.section = "model", .name = "block_size", .type = CONFIG_INT, .def = "128", .min = 1, .max = 1048576,
@@ -185,6 +198,41 @@ static const struct config_schema schema = {
 
 const struct config_schema *worker_config_schema(void) { return &schema; }
 
+const char *worker_model_family_name(enum worker_model_family family)
+{
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (strcmp(keys[i].section, "model") == 0 && strcmp(keys[i].name, "model_family") == 0)
+            return keys[i].values[family];
+    return "?";
+}
+
+/* The [model] keys that only the llama family reads: setting one for gpt2 is a mistake worth stopping for
+ * (a GPT-2 has no grouped heads, rotary positions or untied head). */
+static const char *const llama_only_keys[] = {"n_kv_head", "intermediate_size", "rope_theta", "rms_norm_eps",
+                                              "tie_word_embeddings", NULL};
+
+static int check_family_keys(const struct config *cfg, enum worker_model_family family)
+{
+    if (family == WORKER_MODEL_LLAMA)
+        return 0;
+    for (const char *const *k = llama_only_keys; *k; k++) {
+        char name[64], where[CONFIG_MAX_VALUE + 64] = "";
+        snprintf(name, sizeof name, "model.%s", *k);
+        const struct config_value *v = &cfg->values[config_find_key(cfg->schema, name)];
+        if (!v->text)
+            continue;
+        if (v->source == CONFIG_SRC_FILE && cfg->file)
+            snprintf(where, sizeof where, " (%s line %d)", cfg->file, v->line);
+        else if (v->source == CONFIG_SRC_CLI)
+            snprintf(where, sizeof where, " (command line)");
+        return error_set(FSDP_EINVAL,
+                         "%s%s applies only to model_family = llama, but model_family is %s; remove it or set "
+                         "model.model_family = llama",
+                         name, where, worker_model_family_name(family));
+    }
+    return 0;
+}
+
 static void copy_text(char *dst, const struct config *cfg, const char *section, const char *name)
 {
     snprintf(dst, WORKER_TEXT_MAX, "%s", config_get_string(cfg, section, name));
@@ -205,6 +253,12 @@ int worker_config_view(const struct config *cfg, struct worker_config *out)
     out->model.n_embd = (int)I(model, n_embd);
     out->model.vocab_size = (int)I(model, vocab_size);
     out->model.block_size = (int)I(model, block_size);
+    /* unset: 0 (the model derives them) and Llama's defaults */
+    out->model.n_kv_head = (int)I(model, n_kv_head);
+    out->model.intermediate_size = (int)I(model, intermediate_size);
+    out->model.rope_theta = config_is_set(cfg, "model", "rope_theta") ? F(model, rope_theta) : 10000.0;
+    out->model.rms_norm_eps = config_is_set(cfg, "model", "rms_norm_eps") ? F(model, rms_norm_eps) : 1e-6;
+    out->model.tie_word_embeddings = B(model, tie_word_embeddings);
     out->model.init_std = F(model, init_std);
     out->model.seed = (uint64_t)I(model, seed);
     copy_text(out->model.init_from, cfg, "model", "init_from");
@@ -261,7 +315,8 @@ int worker_config_view(const struct config *cfg, struct worker_config *out)
 #undef F
 #undef B
 #undef E
-    return worker_config_validate(out);
+    int rc = check_family_keys(cfg, out->model.family);
+    return rc ? rc : worker_config_validate(out);
 }
 
 int worker_config_validate(const struct worker_config *wc)
@@ -269,6 +324,25 @@ int worker_config_validate(const struct worker_config *wc)
     if (wc->model.n_embd % wc->model.n_head != 0)
         return error_set(FSDP_EINVAL, "model.n_embd (%d) must be a multiple of model.n_head (%d)", wc->model.n_embd,
                          wc->model.n_head);
+    if (wc->model.family == WORKER_MODEL_LLAMA) {
+        int hs = wc->model.n_embd / wc->model.n_head;
+        if (wc->model.n_kv_head > 0 && wc->model.n_head % wc->model.n_kv_head != 0)
+            return error_set(FSDP_EINVAL,
+                             "model.n_kv_head (%d) must divide model.n_head (%d): each key/value head serves the same "
+                             "number of query heads",
+                             wc->model.n_kv_head, wc->model.n_head);
+        if (hs % 2 != 0)
+            return error_set(FSDP_EINVAL,
+                             "model_family = llama: the head size model.n_embd / model.n_head = %d / %d = %d must be "
+                             "even for rotary position embeddings",
+                             wc->model.n_embd, wc->model.n_head, hs);
+        if (!(wc->model.rope_theta > 0))
+            return error_set(FSDP_EINVAL, "model.rope_theta must be above 0 (got %g)", wc->model.rope_theta);
+    } else if (wc->model.n_kv_head || wc->model.intermediate_size || wc->model.tie_word_embeddings) {
+        return error_set(FSDP_EINVAL,
+                         "model.n_kv_head, model.intermediate_size and model.tie_word_embeddings apply only to "
+                         "model_family = llama");
+    }
     if (wc->train.micro_batch > wc->train.train_batch)
         return error_set(FSDP_EINVAL, "train.micro_batch (%d) must be at most train.train_batch (%d), the global batch",
                          wc->train.micro_batch, wc->train.train_batch);

@@ -9,7 +9,7 @@
 #include "common/config.h"
 
 /* Enum orders match the value lists of the schema (a config_get_enum index converts directly). */
-enum worker_model_family { WORKER_MODEL_GPT2 = 0 };
+enum worker_model_family { WORKER_MODEL_GPT2 = 0, WORKER_MODEL_LLAMA };
 enum worker_device { WORKER_DEVICE_AUTO = 0, WORKER_DEVICE_CPU, WORKER_DEVICE_CUDA };
 enum worker_lr_schedule { WORKER_LR_COSINE = 0, WORKER_LR_LINEAR, WORKER_LR_CONSTANT };
 enum worker_data_order { WORKER_ORDER_SHUFFLED = 0, WORKER_ORDER_SEQUENTIAL };
@@ -31,6 +31,12 @@ struct worker_config {
     struct {
         enum worker_model_family family;
         int n_layer, n_head, n_embd, vocab_size, block_size;
+        /* Llama only (an error when set for gpt2); unset: n_kv_head and intermediate_size 0 (the model
+         * derives them: n_head, 8 n_embd / 3 rounded up to 256), rope_theta 10000, rms_norm_eps 1e-6,
+         * tie_word_embeddings false. */
+        int n_kv_head, intermediate_size;
+        double rope_theta, rms_norm_eps;
+        bool tie_word_embeddings;
         double init_std;
         uint64_t seed;
         char init_from[WORKER_TEXT_MAX]; /* "" = random init */
@@ -80,10 +86,12 @@ struct worker_config {
 };
 
 const struct config_schema *worker_config_schema(void);
+/* The schema's name of a model family ("gpt2", "llama"): the model registry's name of it. */
+const char *worker_model_family_name(enum worker_model_family family);
 /* Fills out from cfg (which must use worker_config_schema) and runs worker_config_validate. */
 int worker_config_view(const struct config *cfg, struct worker_config *out);
-/* Checks that need only the config (n_embd % n_head, micro_batch <= train_batch, min_lr <= lr, ...);
- * the error names the keys involved. */
+/* Checks that need only the config (n_embd % n_head, n_kv_head | n_head, micro_batch <= train_batch,
+ * min_lr <= lr, ...); the error names the keys involved. */
 int worker_config_validate(const struct worker_config *wc);
 
 #endif

@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -84,14 +83,9 @@ int fsdp_check_config(const struct worker_config *wc, int world, int local_world
         return error_set(FSDP_EINVAL, "fsdp.offload_params = true needs sharded parameters, but "
                          "fsdp.sharding_strategy = NO_SHARD keeps the whole model on every rank; use FULL_SHARD "
                          "or turn offload_params off");
-    const char *cls = wc->fsdp.transformer_layer_cls_to_wrap;
-    if (wc->fsdp.auto_wrap_policy == WORKER_WRAP_TRANSFORMER && strcasecmp(cls, "DecoderBlock") != 0 &&
-        strcasecmp(cls, "GPT2Block") != 0 && strcasecmp(cls, "Block") != 0)
-        return error_set(FSDP_EINVAL,
-                         "fsdp.transformer_layer_cls_to_wrap = %s: this model's wrappable layer class is DecoderBlock "
-                         "(also spelled GPT2Block); its classes are GPT2Model, Embedding, DecoderBlock, LayerNorm, "
-                         "CausalSelfAttention, MLP, Conv1D",
-                         cls);
+    if (wc->fsdp.auto_wrap_policy == WORKER_WRAP_TRANSFORMER &&
+        model_wrap_class_check(worker_model_family_name(wc->model.family), wc->fsdp.transformer_layer_cls_to_wrap))
+        return FSDP_EINVAL;
     if (k->host_visible && wc->fsdp.offload_params)
         log_debug("fsdp.offload_params on %s: parameters already live in host memory; nothing changes", k->name);
     return 0;

@@ -1,9 +1,11 @@
 /* The model: a tree of named modules whose parameters live in one flat fp32 buffer, grouped into FSDP
- * units (unit 0 = the root: wte, wpe, ln_f; unit 1 + i = decoder block h.i), and forward/backward entry
- * points per unit so the FSDP engine can all-gather unit i, compute it, and free it again.
+ * units (unit 0 = the root: embeddings, final norm, LM head; unit 1 + i = decoder block i), and
+ * forward/backward entry points per unit so the FSDP engine can all-gather unit i, compute it, and free it
+ * again.
  *
- * Families come from a registry (model_config.model_family: "gpt2"); each family provides its layout
- * (modules, parameters, units) and its compute (struct model_ops) over the kernels table.
+ * Families come from a registry (model_config.model_family: "gpt2", "llama"); each family provides its
+ * layout (modules, parameters with Hugging Face names, units) and its compute (struct model_ops) over the
+ * kernels table.
  *
  * Buffers: parameters and gradients are device buffers laid out as model_layout says (a unit's slice is
  * params + unit->offset). Activations live in one arena allocated by model_create, sized from the config
@@ -23,10 +25,17 @@
 #define MODEL_VOCAB_ALIGN 64
 
 struct model_config {
-    char model_family[32]; /* registry name, "gpt2" */
+    char model_family[32]; /* registry name: "gpt2" or "llama" */
     int n_layer, n_head, n_embd;
+    /* Llama only (GPT-2 ignores them); model_layout_build puts the family's effective values in
+     * layout.config. */
+    int n_kv_head;            /* key/value heads, dividing n_head; 0 = n_head */
+    int intermediate_size;    /* SwiGLU width; 0 = 8 n_embd / 3 rounded up to a multiple of 256 */
+    float rope_theta;         /* base of the rotary frequencies */
+    float rms_norm_eps;
+    bool tie_word_embeddings; /* the LM head is embed_tokens (no lm_head.weight) */
     int vocab_size; /* real vocabulary; the model pads it to MODEL_VOCAB_ALIGN internally */
-    int block_size; /* maximum sequence length (rows of wpe) */
+    int block_size; /* maximum sequence length (rows of wpe; rotary positions) */
     float init_std;
     uint64_t seed;
     char init_from[MODEL_PATH_MAX]; /* "" = random init from seed, else a safetensors file (HF names) */
@@ -35,7 +44,7 @@ struct model_config {
 
 /* One parameter tensor. Shapes are the model's (wte has vocab_padded rows); HF files hold real rows. */
 struct model_param {
-    char name[MODEL_NAME_MAX]; /* Hugging Face GPT-2 name, e.g. "h.3.attn.c_attn.weight" */
+    char name[MODEL_NAME_MAX]; /* Hugging Face name: "h.3.attn.c_attn.weight", "model.layers.3.mlp.up_proj.weight" */
     int ndim;
     int shape[2];
     size_t numel;
@@ -43,6 +52,7 @@ struct model_param {
     size_t unit_offset; /* elements from the start of its unit's slice */
     int unit, module;
     bool weight_decay; /* matrices and embeddings decay; biases and norm gains do not */
+    bool lookup_only;  /* only rows are read (wpe, an untied input embedding): no matmul, no model FLOPs */
     float init_std;    /* > 0: normal(0, init_std); 0: constant init_value */
     float init_value;
     int init_rows; /* rows given random values; rows beyond (vocab padding) are zero */
@@ -50,14 +60,15 @@ struct model_param {
 
 struct model_module {
     char name[MODEL_NAME_MAX]; /* "" (root), "wte", "h", "h.0", "h.0.attn", "h.0.attn.c_attn", ... */
-    const char *class_name;    /* "GPT2Model", "Embedding", "ModuleList", "DecoderBlock", "LayerNorm",
-                                  "CausalSelfAttention", "MLP", "Conv1D" */
+    const char *class_name;    /* GPT-2: "GPT2Model", "Embedding", "ModuleList", "DecoderBlock", "LayerNorm",
+                                  "CausalSelfAttention", "MLP", "Conv1D"; Llama: "LlamaForCausalLM",
+                                  "LlamaModel", "LlamaDecoderLayer", "LlamaRMSNorm", "Linear", ... */
     int parent;                /* -1 for the root */
     int first_param, n_params; /* parameters this module owns directly (consecutive) */
 };
 
 struct model_unit {
-    char name[MODEL_NAME_MAX]; /* "root", "h.0", ... */
+    char name[MODEL_NAME_MAX]; /* "root", "h.0" or "model.layers.0", ... */
     int module;                /* the module the unit wraps */
     size_t offset, numel;      /* slice of the flat buffer */
     int first_param, n_params;
@@ -80,13 +91,21 @@ struct model_layout {
 /* Checks cfg and builds the layout of its family; unknown family: FSDP_EINVAL listing the known ones. */
 int model_layout_build(struct model_layout *out, const struct model_config *cfg);
 void model_layout_free(struct model_layout *layout);
-/* Comma-separated registry names ("gpt2"). */
+/* Comma-separated registry names ("gpt2, llama"). */
 const char *model_family_names(void);
+/* 0 when cls names the decoder block of family (the FSDP wrap unit of TRANSFORMER_BASED_WRAP, matched
+ * without case: GPT-2 DecoderBlock, GPT2Block, Block; Llama LlamaDecoderLayer, DecoderBlock), else
+ * FSDP_EINVAL with a message naming what the family accepts and its classes. */
+int model_wrap_class_check(const char *family, const char *cls);
+/* Model FLOPs per token of a training step (the PaLM count): 6 x the parameters that enter matmuls (not the
+ * lookup-only tables) + 12 x n_layer x n_embd x block_size (causal attention, forward and backward). */
+double model_flops_per_token(const struct model_layout *layout);
 /* Index of the parameter with this name, or -1. */
 int model_layout_find(const struct model_layout *layout, const char *name);
 /* Parameters of modules of class class_name (e.g. "DecoderBlock", subtrees included); for reports. */
 size_t model_layout_class_numel(const struct model_layout *layout, const char *class_name);
-/* The config with GPT-2 defaults (gpt2 family, init_std 0.02, seed 1337); sizes left 0. */
+/* The config with GPT-2 defaults (gpt2 family, init_std 0.02, seed 1337) and Llama's (rope_theta 10000,
+ * rms_norm_eps 1e-6, untied head, n_kv_head and intermediate_size 0 = derived); sizes left 0. */
 void model_config_default(struct model_config *cfg);
 
 /* ---- initialisation (host memory) ---- */
@@ -98,10 +117,11 @@ void model_init_param_range(const struct model_layout *layout, int p, size_t beg
 /* Whole flat buffer (host): from config.init_from when set, else random from config.seed. */
 int model_init_params(const struct model_layout *layout, float *host_params);
 
-/* ---- weights as safetensors with Hugging Face GPT-2 names (host buffers) ---- */
-/* Reads every parameter (F32/F16/BF16; optional "transformer." prefix; mask buffers h.N.attn.bias and
- * h.N.attn.masked_bias and the tied lm_head.weight ignored by exact name). wte rows in the file are the
- * real vocabulary; padding rows are set to 0. wpe may have more rows than block_size (the first are used). */
+/* ---- weights as safetensors with Hugging Face names (host buffers) ---- */
+/* Reads every parameter (F32/F16/BF16; optional "transformer." prefix; buffers that are not parameters
+ * ignored by exact name: GPT-2's mask buffers h.N.attn.bias and h.N.attn.masked_bias, a tied
+ * lm_head.weight, Llama's rotary inv_freq). Embedding and head rows in the file are the real vocabulary;
+ * padding rows are set to 0. wpe may have more rows than block_size (the first are used). */
 int model_weights_load(const struct model_layout *layout, const char *path, float *host_params);
 /* Writes every parameter as F32 with HF names (wte without padding rows); atomic. */
 int model_weights_save(const struct model_layout *layout, const char *path, const float *host_params);

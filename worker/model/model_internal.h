@@ -19,9 +19,17 @@ struct model {
 
 struct model_family {
     const char *name;
+    /* Fills the family's derived defaults into cfg (NULL: none). */
+    void (*resolve)(struct model_config *cfg);
+    /* The family's own checks on a resolved config, after the generic ones (NULL: none). */
+    int (*check)(const struct model_config *cfg);
     /* Fills params/modules/units for a config already checked by the generic code. */
     int (*layout_build)(struct model_layout *out, const struct model_config *cfg);
     const struct model_ops *ops;
+    /* Spellings of the decoder block class (the wrap unit), the layout's own first; NULL-terminated. */
+    const char *const *block_classes;
+    /* Every module class of the family, for messages. */
+    const char *classes;
 };
 
 /* Registry lookup; NULL with error_set listing the known families. */
@@ -37,5 +45,11 @@ int model_layout_add_unit(struct model_layout *l, const char *name, int module);
 /* The GPT-2 family (model_gpt2_layout.c, model_gpt2.c). */
 int model_gpt2_layout_build(struct model_layout *out, const struct model_config *cfg);
 extern const struct model_ops model_gpt2_ops;
+
+/* The Llama family (model_llama_layout.c, model_llama.c). */
+void model_llama_resolve(struct model_config *cfg);
+int model_llama_check(const struct model_config *cfg);
+int model_llama_layout_build(struct model_layout *out, const struct model_config *cfg);
+extern const struct model_ops model_llama_ops;
 
 #endif

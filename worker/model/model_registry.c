@@ -2,12 +2,21 @@
  * line here plus its layout builder and ops. */
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "common/error.h"
 #include "worker/model/model_internal.h"
 
+static const char *const gpt2_blocks[] = {"DecoderBlock", "GPT2Block", "Block", NULL};
+static const char *const llama_blocks[] = {"LlamaDecoderLayer", "DecoderBlock", NULL};
+
 static const struct model_family families[] = {
-    {"gpt2", model_gpt2_layout_build, &model_gpt2_ops},
+    {.name = "gpt2", .layout_build = model_gpt2_layout_build, .ops = &model_gpt2_ops, .block_classes = gpt2_blocks,
+     .classes = "GPT2Model, Embedding, ModuleList, DecoderBlock, LayerNorm, CausalSelfAttention, MLP, Conv1D"},
+    {.name = "llama", .resolve = model_llama_resolve, .check = model_llama_check,
+     .layout_build = model_llama_layout_build, .ops = &model_llama_ops, .block_classes = llama_blocks,
+     .classes = "LlamaForCausalLM, LlamaModel, Embedding, ModuleList, LlamaDecoderLayer, LlamaAttention, "
+                "LlamaMLP, LlamaRMSNorm, Linear"},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 
@@ -29,12 +38,42 @@ const struct model_family *model_family_find(const char *name)
     return NULL;
 }
 
+int model_wrap_class_check(const char *family, const char *cls)
+{
+    const struct model_family *f = model_family_find(family);
+    if (!f)
+        return FSDP_EINVAL;
+    char spellings[160] = "";
+    for (const char *const *b = f->block_classes; *b; b++) {
+        if (strcasecmp(cls, *b) == 0)
+            return 0;
+        snprintf(spellings + strlen(spellings), sizeof spellings - strlen(spellings), "%s%s",
+                 b == f->block_classes ? "" : b[1] ? ", " : " or ", *b);
+    }
+    return error_set(FSDP_EINVAL,
+                     "fsdp.transformer_layer_cls_to_wrap = %s: the decoder block of model_family %s is %s (use %s); "
+                     "its classes are %s",
+                     cls, f->name, f->block_classes[0], spellings, f->classes);
+}
+
+double model_flops_per_token(const struct model_layout *l)
+{
+    double matmul = 0;
+    for (int i = 0; i < l->n_params; i++)
+        if (!l->params[i].lookup_only)
+            matmul += (double)l->params[i].init_rows * l->params[i].shape[1];
+    const struct model_config *c = &l->config;
+    return 6.0 * matmul + 12.0 * c->n_layer * (double)c->n_embd * c->block_size;
+}
+
 void model_config_default(struct model_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     snprintf(cfg->model_family, sizeof cfg->model_family, "gpt2");
     cfg->init_std = 0.02f;
     cfg->seed = 1337;
+    cfg->rope_theta = 10000.0f;
+    cfg->rms_norm_eps = 1e-6f;
 }
 
 static int check_config(const struct model_config *c)
@@ -62,11 +101,17 @@ int model_layout_build(struct model_layout *out, const struct model_config *cfg)
     const struct model_family *f = model_family_find(cfg->model_family);
     if (!f)
         return FSDP_EINVAL;
-    int rc = check_config(cfg);
-    if (rc != 0)
-        return rc;
     out->config = *cfg;
-    rc = f->layout_build(out, cfg);
+    if (f->resolve)
+        f->resolve(&out->config);
+    int rc = check_config(&out->config);
+    if (rc == 0 && f->check)
+        rc = f->check(&out->config);
+    if (rc != 0) {
+        memset(&out->config, 0, sizeof out->config);
+        return rc;
+    }
+    rc = f->layout_build(out, &out->config);
     if (rc != 0) {
         model_layout_free(out);
         return rc;

@@ -1,5 +1,5 @@
-/* Whole-model weights as safetensors with Hugging Face GPT-2 names, so files from HF (GPT2Model or
- * GPT2LMHeadModel, prefix "transformer.") load directly and our files load in HF. */
+/* Whole-model weights as safetensors with Hugging Face names (GPT2Model / GPT2LMHeadModel with its prefix
+ * "transformer.", LlamaForCausalLM), so files from HF load directly and our files load in HF. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,14 +10,19 @@
 
 static const char prefix[] = "transformer.";
 
-/* Buffers HF stores beside the weights: the causal masks and the LM head tied to wte. Matched by exact
- * name, since a suffix test for "attn.bias" would also hit "c_attn.bias". */
+/* Buffers HF stores beside the weights, for names that are not parameters of the layout: GPT-2's causal
+ * masks, an LM head tied to the input embedding, and the rotary inv_freq older Llama files carry. Matched
+ * by exact name, since a suffix test for "attn.bias" would also hit "c_attn.bias". */
 static bool ignored_name(const char *name, int n_layer)
 {
     if (strcmp(name, "lm_head.weight") == 0)
         return true;
     int i;
     char buf[MODEL_NAME_MAX];
+    if (sscanf(name, "model.layers.%d.", &i) == 1 && i >= 0 && i < n_layer) {
+        snprintf(buf, sizeof buf, "model.layers.%d.self_attn.rotary_emb.inv_freq", i);
+        return strcmp(name, buf) == 0;
+    }
     if (sscanf(name, "h.%d.", &i) != 1 || i < 0 || i >= n_layer)
         return false;
     snprintf(buf, sizeof buf, "h.%d.attn.bias", i);
@@ -89,9 +94,9 @@ int model_weights_load(const struct model_layout *l, const char *path, float *ho
         const struct safetensors_tensor *t = &f->tensors[i];
         const char *name = strncmp(t->name, prefix, sizeof prefix - 1) == 0 ? t->name + sizeof prefix - 1
                                                                             : t->name;
-        if (ignored_name(name, l->config.n_layer))
-            continue;
         int p = model_layout_find(l, name);
+        if (p < 0 && ignored_name(name, l->config.n_layer))
+            continue;
         if (p < 0)
             rc = error_set(FSDP_EINVAL,
                            "%s: tensor '%s' is not a parameter of %s with n_layer %d; check the file and the "
@@ -122,7 +127,7 @@ int model_weights_save(const struct model_layout *l, const char *path, const flo
     struct safetensors_entry *e = calloc((size_t)l->n_params, sizeof *e);
     if (!e)
         return error_set(FSDP_ENOMEM, "out of memory");
-    /* Module order (wte, wpe, h.0 ... h.L-1, ln_f) as HF writes it, not flat-buffer order. */
+    /* Module order (GPT-2: wte, wpe, h.0 ... h.L-1, ln_f) as HF writes it, not flat-buffer order. */
     int n = 0;
     for (int m = 0; m < l->n_modules; m++) {
         const struct model_module *mod = &l->modules[m];

@@ -251,9 +251,7 @@ static int log_open(struct trainer *t, int64_t first_step)
             return rc;
     }
     t->peak_flops = peak_flops(t->k);
-    const struct model_layout *l = model_get_layout(t->model);
-    t->flops_per_token = 6.0 * (double)l->numel_real +
-                         12.0 * wc->model.n_layer * (double)wc->model.n_embd * wc->model.block_size;
+    t->flops_per_token = model_flops_per_token(model_get_layout(t->model));
     progress_init(&t->prog, stdout, -1, first_step, wc->train.max_steps, wc->log.interval);
     return 0;
 }
@@ -360,6 +358,12 @@ int train_run(const struct worker_config *wc, const char *config_text, struct tr
 
     struct model_config mc;
     model_config_default(&mc);
+    snprintf(mc.model_family, sizeof mc.model_family, "%s", worker_model_family_name(wc->model.family));
+    mc.n_kv_head = wc->model.n_kv_head;
+    mc.intermediate_size = wc->model.intermediate_size;
+    mc.rope_theta = (float)wc->model.rope_theta;
+    mc.rms_norm_eps = (float)wc->model.rms_norm_eps;
+    mc.tie_word_embeddings = wc->model.tie_word_embeddings;
     mc.n_layer = wc->model.n_layer;
     mc.n_head = wc->model.n_head;
     mc.n_embd = wc->model.n_embd;
@@ -392,13 +396,19 @@ int train_run(const struct worker_config *wc, const char *config_text, struct tr
     size_t rss1 = rss_now();
     if (!rc) {
         fsdp_log_plan(t.fsdp);
+        const struct model_config *m = &model_get_layout(t.model)->config;
+        char llama[160] = "";
+        if (wc->model.family == WORKER_MODEL_LLAMA)
+            snprintf(llama, sizeof llama, ", %d key/value heads, intermediate %d, rope_theta %g, rms_norm_eps %g, %s head",
+                     m->n_kv_head, m->intermediate_size, (double)m->rope_theta, (double)m->rms_norm_eps,
+                     m->tie_word_embeddings ? "tied" : "untied");
         if (env->rank == 0)
-            log_info("model gpt2: %d layers, %d heads, n_embd %d, vocab %d, context %d: %zu parameters; "
+            log_info("model %s: %d layers, %d heads, n_embd %d, vocab %d, context %d%s: %zu parameters; "
                      "activations %.1f MiB per rank (micro_batch %d%s); %d rank(s), %d micro-batch(es) per step",
-                     wc->model.n_layer, wc->model.n_head, wc->model.n_embd, wc->model.vocab_size,
-                     wc->model.block_size, model_get_layout(t.model)->numel_real,
-                     (double)model_get_arena_bytes(t.model) / (1024.0 * 1024), wc->train.micro_batch,
-                     wc->model.activation_checkpointing ? ", activation checkpointing" : "", env->world_size, t.accum);
+                     m->model_family, m->n_layer, m->n_head, m->n_embd, m->vocab_size, m->block_size, llama,
+                     model_get_layout(t.model)->numel_real, (double)model_get_arena_bytes(t.model) / (1024.0 * 1024),
+                     wc->train.micro_batch, wc->model.activation_checkpointing ? ", activation checkpointing" : "",
+                     env->world_size, t.accum);
     }
     int64_t first_step = 0;
     if (!rc)

@@ -63,14 +63,10 @@ static void fill_state(struct ckpt_state *st, const struct train_ckpt *c, struct
     snprintf(st->strategy, sizeof st->strategy, "%s", fsdp_strategy_name(f));
     st->fsdp_version = wc->fsdp.version;
     st->config_text = c->config_text ? c->config_text : "";
-    model_config_default(&st->model);
-    st->model.n_layer = wc->model.n_layer;
-    st->model.n_head = wc->model.n_head;
-    st->model.n_embd = wc->model.n_embd;
-    st->model.vocab_size = wc->model.vocab_size;
-    st->model.block_size = wc->model.block_size;
-    st->model.init_std = (float)wc->model.init_std;
-    st->model.seed = wc->model.seed;
+    /* the model's own (family defaults resolved) config; where it started from is not its shape */
+    st->model = fsdp_layout(f)->config;
+    st->model.init_from[0] = '\0';
+    st->model.activation_checkpointing = false;
 }
 
 /* Every rank's rc -> the same verdict everywhere (a sum over ranks of the failures). */

@@ -1,0 +1,120 @@
+/* Llama's config rules, module tree and parameter layout, with Hugging Face LlamaForCausalLM names
+ * (nn.Linear weights stored (out, in)). Flat buffer order: the root unit (model.embed_tokens, model.norm,
+ * lm_head when untied) first, then one unit per decoder layer, so every FSDP unit is one contiguous slice
+ * and every layer's slice has the same internal layout. Inside a layer q_proj, k_proj and v_proj are
+ * adjacent, and so are gate_proj and up_proj: each group is one (rows, C) matrix that one GEMM applies,
+ * giving the packed [q | k | v] rows attention reads and the [gate | up] rows SwiGLU reads. */
+#include <stdio.h>
+
+#include "common/error.h"
+#include "worker/model/model_internal.h"
+
+void model_llama_resolve(struct model_config *c)
+{
+    if (c->n_kv_head == 0)
+        c->n_kv_head = c->n_head;
+    /* 2/3 of GPT's 4 n_embd (SwiGLU has three matrices instead of two), rounded up to a multiple of 256:
+     * Meta's rule, which gives LlamaConfig's 11008 for 4096. */
+    if (c->intermediate_size == 0 && c->n_embd > 0)
+        c->intermediate_size = (int)(((long long)8 * c->n_embd / 3 + 255) / 256 * 256);
+}
+
+int model_llama_check(const struct model_config *c)
+{
+    if (c->n_kv_head < 1 || c->n_head % c->n_kv_head != 0)
+        return error_set(FSDP_EINVAL, "model: n_kv_head (%d) must divide n_head (%d)", c->n_kv_head, c->n_head);
+    if ((c->n_embd / c->n_head) % 2 != 0)
+        return error_set(FSDP_EINVAL,
+                         "model: the head size n_embd / n_head = %d / %d = %d must be even for rotary position "
+                         "embeddings",
+                         c->n_embd, c->n_head, c->n_embd / c->n_head);
+    if (c->intermediate_size < 1 || (long long)c->intermediate_size * 2 > 1 << 30)
+        return error_set(FSDP_EINVAL, "model: intermediate_size must be in [1, %d] (got %d)", 1 << 29,
+                         c->intermediate_size);
+    if (!(c->rope_theta > 0))
+        return error_set(FSDP_EINVAL, "model: rope_theta must be above 0 (got %g)", (double)c->rope_theta);
+    if (!(c->rms_norm_eps >= 0))
+        return error_set(FSDP_EINVAL, "model: rms_norm_eps must be >= 0 (got %g)", (double)c->rms_norm_eps);
+    return 0;
+}
+
+int model_llama_layout_build(struct model_layout *l, const struct model_config *c)
+{
+    int C = c->n_embd, L = c->n_layer, hs = c->n_embd / c->n_head, I = c->intermediate_size;
+    int q_rows = c->n_head * hs, kv_rows = c->n_kv_head * hs;
+    float std = c->init_std;
+    l->vocab_padded = (c->vocab_size + MODEL_VOCAB_ALIGN - 1) / MODEL_VOCAB_ALIGN * MODEL_VOCAB_ALIGN;
+
+    int rc = 0;
+#define CHECK(expr)                                                                                       \
+    do {                                                                                                  \
+        if ((rc = (expr)) < 0)                                                                            \
+            return rc;                                                                                    \
+    } while (0)
+    /* Modules in the order LlamaForCausalLM registers them, which is the order of its state dict. */
+    int root, model, emb, layers, norm, head = -1;
+    CHECK(root = model_layout_add_module(l, -1, "", "LlamaForCausalLM"));
+    CHECK(model = model_layout_add_module(l, root, "model", "LlamaModel"));
+    CHECK(emb = model_layout_add_module(l, model, "model.embed_tokens", "Embedding"));
+    CHECK(layers = model_layout_add_module(l, model, "model.layers", "ModuleList"));
+    int first = l->n_modules;
+    char n[MODEL_NAME_MAX];
+    static const char *const proj[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                       "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                       "mlp.down_proj"};
+    for (int i = 0; i < L; i++) {
+        int b, a, m;
+        snprintf(n, sizeof n, "model.layers.%d", i);
+        CHECK(b = model_layout_add_module(l, layers, n, "LlamaDecoderLayer"));
+        snprintf(n, sizeof n, "model.layers.%d.self_attn", i);
+        CHECK(a = model_layout_add_module(l, b, n, "LlamaAttention"));
+        for (int j = 0; j < 4; j++) {
+            snprintf(n, sizeof n, "model.layers.%d.%s", i, proj[j]);
+            CHECK(model_layout_add_module(l, a, n, "Linear"));
+        }
+        snprintf(n, sizeof n, "model.layers.%d.mlp", i);
+        CHECK(m = model_layout_add_module(l, b, n, "LlamaMLP"));
+        for (int j = 4; j < 7; j++) {
+            snprintf(n, sizeof n, "model.layers.%d.%s", i, proj[j]);
+            CHECK(model_layout_add_module(l, m, n, "Linear"));
+        }
+        snprintf(n, sizeof n, "model.layers.%d.input_layernorm", i);
+        CHECK(model_layout_add_module(l, b, n, "LlamaRMSNorm"));
+        snprintf(n, sizeof n, "model.layers.%d.post_attention_layernorm", i);
+        CHECK(model_layout_add_module(l, b, n, "LlamaRMSNorm"));
+    }
+    int per_layer = (l->n_modules - first) / L;
+    CHECK(norm = model_layout_add_module(l, model, "model.norm", "LlamaRMSNorm"));
+    if (!c->tie_word_embeddings)
+        CHECK(head = model_layout_add_module(l, root, "lm_head", "Linear"));
+
+    int u, p;
+    CHECK(u = model_layout_add_unit(l, "root", root));
+    CHECK(p = model_layout_add_param(l, emb, u, "weight", 2, l->vocab_padded, C, true, std, 0));
+    l->params[p].init_rows = c->vocab_size;
+    /* An untied input embedding is only looked up; tied, it is also the LM head's matmul. */
+    l->params[p].lookup_only = !c->tie_word_embeddings;
+    CHECK(model_layout_add_param(l, norm, u, "weight", 1, C, 0, false, 0, 1));
+    if (head >= 0) {
+        CHECK(p = model_layout_add_param(l, head, u, "weight", 2, l->vocab_padded, C, true, std, 0));
+        l->params[p].init_rows = c->vocab_size;
+    }
+    /* Module offsets inside a layer: +0 layer, +1 self_attn, +2..+5 q/k/v/o, +6 mlp, +7..+9 gate/up/down,
+     * +10 input_layernorm, +11 post_attention_layernorm. transformers initialises every Linear and
+     * Embedding with normal(0, initializer_range) (no depth scaling) and the norms with 1. */
+    for (int i = 0; i < L; i++) {
+        int b = first + per_layer * i;
+        CHECK(u = model_layout_add_unit(l, l->modules[b].name, b));
+        CHECK(model_layout_add_param(l, b + 2, u, "weight", 2, q_rows, C, true, std, 0));
+        CHECK(model_layout_add_param(l, b + 3, u, "weight", 2, kv_rows, C, true, std, 0));
+        CHECK(model_layout_add_param(l, b + 4, u, "weight", 2, kv_rows, C, true, std, 0));
+        CHECK(model_layout_add_param(l, b + 5, u, "weight", 2, C, q_rows, true, std, 0));
+        CHECK(model_layout_add_param(l, b + 7, u, "weight", 2, I, C, true, std, 0));
+        CHECK(model_layout_add_param(l, b + 8, u, "weight", 2, I, C, true, std, 0));
+        CHECK(model_layout_add_param(l, b + 9, u, "weight", 2, C, I, true, std, 0));
+        CHECK(model_layout_add_param(l, b + 10, u, "weight", 1, C, 0, false, 0, 1));
+        CHECK(model_layout_add_param(l, b + 11, u, "weight", 1, C, 0, false, 0, 1));
+    }
+#undef CHECK
+    return 0;
+}
