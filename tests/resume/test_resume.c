@@ -20,13 +20,21 @@
     "[train]\ntrain_batch = 12\nmicro_batch = 1\nmax_steps = 20\neval_interval = 0\n"                          \
     "[optim]\nlr = 0.003\nwarmup_steps = 2\n"
 
+/* The tiny Llama: grouped-query attention, untied head; the tiny GPT's batch and schedule. */
+#define TINY_LLAMA                                                                                             \
+    "[model]\nmodel_family = llama\nn_layer = 2\nn_head = 4\nn_kv_head = 2\nn_embd = 32\n"                      \
+    "intermediate_size = 64\nvocab_size = 256\nblock_size = 16\n"                                                \
+    "[train]\ntrain_batch = 12\nmicro_batch = 1\nmax_steps = 20\neval_interval = 0\n"                          \
+    "[optim]\nlr = 0.003\nwarmup_steps = 2\n"
+
 struct job {
     char *dir;
     char ini[4200], data[4200];
 };
 
-/* A temp dir with byte-level tokens of the frozen text corpus (tests/data/corpus) and the tiny config. */
-static void job_setup(struct job *j)
+/* A temp dir with byte-level tokens of the frozen text corpus (tests/data/corpus) and the config model
+ * (TINY or TINY_LLAMA). */
+static void job_setup_model(struct job *j, const char *model)
 {
     j->dir = lu_tmpdir();
     snprintf(j->data, sizeof j->data, "%s/data", j->dir);
@@ -36,9 +44,14 @@ static void job_setup(struct job *j)
     pid_t p = lu_spawn(argv, j->dir, "prep", NULL);
     cr_assert_eq(lu_exit_code(lu_wait(p, 60)), 0, "fsdp-prepare-data: %s", lu_slurp_tag(j->dir, "prep", "err"));
     char text[8192];
-    snprintf(text, sizeof text, TINY "[data]\ntrain_file = %s/train.bin\n", j->data);
+    snprintf(text, sizeof text, "%s[data]\ntrain_file = %s/train.bin\n", model, j->data);
     snprintf(j->ini, sizeof j->ini, "%s/tiny.ini", j->dir);
     lu_write_text(j->ini, text);
+}
+
+static void job_setup(struct job *j)
+{
+    job_setup_model(j, TINY);
 }
 
 /* Runs fsdp-launch --standalone --nproc_per_node world fsdp-worker tiny.ini args...; returns the exit code. */
@@ -391,4 +404,68 @@ Test(resume, offload_staging_path_matches_and_resumes, .timeout = 240)
     resume_and_compare(&j, "ref", "ck-off/fsdp_sharded_cpt10", "offres", 2, more, false);
     free(ck);
     lu_rm_rf(j.dir);
+}
+
+/* The Llama's checkpoints: sharded, resumed exactly at the same world size and resharded at others (versions,
+ * strategies); full, holding LlamaForCausalLM's names, resumed elsewhere; and the offload staging path. */
+Test(resume, llama_sharded_and_full_resharded, .timeout = 240)
+{
+    struct job j;
+    job_setup_model(&j, TINY_LLAMA);
+    straight(&j, "ref", "SHARDED_STATE_DICT");
+    resume_and_compare(&j, "ref", "ck-ref/fsdp_sharded_cpt10", "same", 2, NULL, true);
+    const char *v1sgo[] = {"--fsdp.version=1", "--fsdp.sharding_strategy=SHARD_GRAD_OP", NULL};
+    resume_and_compare(&j, "ref", "ck-ref/fsdp_sharded_cpt10", "w3v1", 3, v1sgo, false);
+    const char *hybrid[] = {"--fsdp.sharding_strategy=HYBRID_SHARD", "--fsdp.hybrid_shard_size=2", NULL};
+    resume_and_compare(&j, "ref", "ck-ref/fsdp_sharded_cpt10", "w4hy", 4, hybrid, false);
+    resume_and_compare(&j, "ref", "ck-ref/fsdp_sharded_cpt10", "w1", 1, NULL, false);
+    /* the checkpoint records the Llama config, and the reader refuses another shape naming both */
+    const char *tied[] = {"--model.tie_word_embeddings=true", NULL};
+    char *res = opt("--checkpoint.resume_from=%s/%s", j.dir, "ck-ref/fsdp_sharded_cpt10");
+    char *ck = opt("--checkpoint.dir=%s/ck-%s", j.dir, "tied");
+    const char *args[] = {res, ck, tied[0], NULL};
+    cr_assert_neq(job_run(&j, "tied", 2, args, NULL), 0, "a tied Llama resumed from an untied checkpoint");
+    char *err = lu_slurp_tag(j.dir, "tied", "err");
+    cr_assert(strstr(err, "wrong model shape: the checkpoint holds llama n_layer 2, n_head 4, n_embd 32, vocab_size 256, "
+                          "block_size 16, n_kv_head 2, intermediate_size 64, untied head but the configured model is "
+                          "llama n_layer 2, n_head 4, n_embd 32, vocab_size 256, block_size 16, n_kv_head 2, "
+                          "intermediate_size 64, tied head"),
+              "%s", err);
+    free(err);
+    free(res);
+    free(ck);
+
+    struct job f;
+    job_setup_model(&f, TINY_LLAMA);
+    straight(&f, "ref", "FULL_STATE_DICT");
+    char p[4300];
+    snprintf(p, sizeof p, "%s/ck-ref/fsdp_cpt10/fsdp_cpt10.safetensors", f.dir);
+    struct safetensors_file *sf = NULL;
+    cr_assert_eq(safetensors_open(&sf, p), 0, "%s", error_message());
+    const struct safetensors_tensor *t = safetensors_find(sf, "model.layers.1.self_attn.k_proj.weight");
+    cr_assert(t && t->shape[0] == 16 && t->shape[1] == 32, "no (16, 32) k_proj in %s", p);
+    cr_assert_not_null(safetensors_find(sf, "lm_head.weight"));
+    cr_assert_eq(safetensors_find(sf, "model.embed_tokens.weight")->shape[0], 256);
+    safetensors_close(sf);
+    const char *ns[] = {"--fsdp.sharding_strategy=NO_SHARD", NULL};
+    resume_and_compare(&f, "ref", "ck-ref/fsdp_cpt10", "w3ns", 3, ns, false);
+    const char *v1[] = {"--fsdp.version=1", NULL};
+    resume_and_compare(&f, "ref", "ck-ref/fsdp_cpt10", "w4v1", 4, v1, false);
+
+    /* offload staging: the same losses as the reference */
+    char *ckoff = opt("--checkpoint.dir=%s/ck-%s", f.dir, "off");
+    const char *off[] = {ckoff, "--fsdp.offload_params=true", "--fsdp.sharding_strategy=HYBRID_SHARD",
+                         "--fsdp.hybrid_shard_size=2", NULL};
+    const char *env[] = {"FSDP_TEST_OFFLOAD=1", NULL};
+    cr_assert_eq(job_run(&f, "off", 4, off, env), 0, "offload run failed: %s", lu_slurp_tag(f.dir, "off", "err"));
+    char t_ref[32][32], t_off[32][32];
+    double v_ref[32], v_off[32];
+    int nr = losses(&f, "ref", t_ref, v_ref, 32), no = losses(&f, "off", t_off, v_off, 32);
+    cr_assert_eq(no, nr);
+    for (int i = 0; i < nr; i++)
+        cr_assert_leq(fabs(v_off[i] - v_ref[i]) / fabs(v_ref[i]), 1e-5, "step %d: offload %s vs %s", i, t_off[i],
+                      t_ref[i]);
+    free(ckoff);
+    lu_rm_rf(j.dir);
+    lu_rm_rf(f.dir);
 }

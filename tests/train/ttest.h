@@ -32,6 +32,28 @@ static const char tt_tiny_ini[] = "[model]\n"
                                   "[log]\n"
                                   "interval = 10\n";
 
+/* The tiny Llama: grouped-query attention (2 query heads per key/value head), untied head, and the tiny
+ * GPT's batch and schedule. */
+static const char tt_llama_ini[] = "[model]\n"
+                                   "model_family = llama\n"
+                                   "n_layer = 2\n"
+                                   "n_head = 4\n"
+                                   "n_kv_head = 2\n"
+                                   "n_embd = 32\n"
+                                   "intermediate_size = 64\n"
+                                   "vocab_size = 256\n"
+                                   "block_size = 16\n"
+                                   "[train]\n"
+                                   "train_batch = 12\n"
+                                   "micro_batch = 1\n"
+                                   "max_steps = 20\n"
+                                   "eval_interval = 0\n"
+                                   "[optim]\n"
+                                   "lr = 0.003\n"
+                                   "warmup_steps = 2\n"
+                                   "[log]\n"
+                                   "interval = 10\n";
+
 struct tt_ctx {
     char *dir;       /* mkdtemp; everything a test writes lives here */
     char ini[1024];   /* dir/tiny.ini, data paths filled in */
@@ -45,8 +67,9 @@ struct tt_result {
     char logdir[2200];
 };
 
-/* Makes the tmpdir, the byte-level token files (fsdp-prepare-data over tests/data/corpus/) and tiny.ini. */
-static inline void tt_setup(struct tt_ctx *c)
+/* Makes the tmpdir, the byte-level token files (fsdp-prepare-data over tests/data/corpus/) and tiny.ini
+ * from base (tt_tiny_ini, tt_llama_ini) with the data paths. */
+static inline void tt_setup_ini(struct tt_ctx *c, const char *base)
 {
     memset(c, 0, sizeof *c);
     c->dir = strdup("/tmp/fsdp-train-test-XXXXXX");
@@ -62,10 +85,22 @@ static inline void tt_setup(struct tt_ctx *c)
     cr_assert_eq(code, 0, "fsdp-prepare-data failed (%d): %s", code, err);
     free(err);
     char text[8192];
-    snprintf(text, sizeof text, "%s[data]\ntrain_file = %s/train.bin\nval_file = %s/val.bin\n", tt_tiny_ini, c->data,
+    snprintf(text, sizeof text, "%s[data]\ntrain_file = %s/train.bin\nval_file = %s/val.bin\n", base, c->data,
              c->data);
     snprintf(c->ini, sizeof c->ini, "%s/tiny.ini", c->dir);
     lu_write_text(c->ini, text);
+}
+
+/* The tiny GPT-2. */
+static inline void tt_setup(struct tt_ctx *c)
+{
+    tt_setup_ini(c, tt_tiny_ini);
+}
+
+/* The tiny Llama. */
+static inline void tt_setup_llama(struct tt_ctx *c)
+{
+    tt_setup_ini(c, tt_llama_ini);
 }
 
 static inline void tt_teardown(struct tt_ctx *c)

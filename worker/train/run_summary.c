@@ -97,6 +97,13 @@ static void add_model(struct builder *b, cJSON *root, const struct run_summary_f
     num(b, m, "n_embd", wc->model.n_embd);
     num(b, m, "vocab_size", wc->model.vocab_size);
     num(b, m, "block_size", wc->model.block_size);
+    if (wc->model.family == WORKER_MODEL_LLAMA) { /* the family's effective values, defaults resolved */
+        num(b, m, "n_kv_head", l->config.n_kv_head);
+        num(b, m, "intermediate_size", l->config.intermediate_size);
+        num(b, m, "rope_theta", l->config.rope_theta);
+        num(b, m, "rms_norm_eps", l->config.rms_norm_eps);
+        flag(b, m, "tie_word_embeddings", l->config.tie_word_embeddings);
+    }
     num(b, m, "parameters", (double)l->numel_real);
     flag(b, m, "activation_checkpointing", wc->model.activation_checkpointing);
     num(b, m, "activation_bytes", (double)model_get_arena_bytes(f->model));
