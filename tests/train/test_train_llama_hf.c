@@ -1,0 +1,127 @@
+/* Training parity with Hugging Face transformers: 20 steps of the real fsdp-worker (under the real
+ * fsdp-launch at world 1, 2, 3 and 4, FULL_SHARD and HYBRID_SHARD) against transformers' own
+ * LlamaForCausalLM trained by torch.optim.AdamW (tests/model/llama_hf_ref.py train: betas 0.9/0.95, eps 1e-8,
+ * weight decay 0.1 on 2-D tensors only, clip_grad_norm_ 1.0, constant lr, fp32) from the same init
+ * (transformers' own, written by the reference and read by fsdpc through model.init_from) on the same rows
+ * (data.order = sequential). Per-step losses within 1e-4 relative, with grouped-query attention (n_kv_head
+ * < n_head) and a tied and an untied head. Skipped with a message without the venv of PyPI's torch and
+ * transformers (FSDP_TORCH_VENV). */
+#include "ttest.h"
+
+#include "tests/util/tu_proc.h"
+
+#define HF_REL 1e-4
+
+/* The tiny Llama with grouped-query attention (6 query heads, 2 key/value heads) and the optimizer and
+ * schedule of the reference. */
+static const char hf_ini[] = "[model]\n"
+                             "model_family = llama\n"
+                             "n_layer = 2\n"
+                             "n_head = 6\n"
+                             "n_kv_head = 2\n"
+                             "n_embd = 48\n"
+                             "intermediate_size = 96\n"
+                             "vocab_size = 256\n"
+                             "block_size = 16\n"
+                             "rope_theta = 10000\n"
+                             "rms_norm_eps = 1e-6\n"
+                             "[train]\n"
+                             "train_batch = 12\n"
+                             "micro_batch = 1\n"
+                             "max_steps = 20\n"
+                             "eval_interval = 0\n"
+                             "[optim]\n"
+                             "lr = 0.003\n"
+                             "beta1 = 0.9\n"
+                             "beta2 = 0.95\n"
+                             "eps = 1e-8\n"
+                             "weight_decay = 0.1\n"
+                             "grad_clip = 1.0\n"
+                             "warmup_steps = 0\n"
+                             "lr_schedule = constant\n"
+                             "[data]\n"
+                             "order = sequential\n"
+                             "[checkpoint]\n"
+                             "interval = -1\n"
+                             "[log]\n"
+                             "interval = 10\n";
+
+/* transformers' losses of the 20 steps, and its init written to init (both for the tied or untied model). */
+static void reference(const struct tt_ctx *c, const char *py, bool tie, const char *init, double *loss)
+{
+    char cmd[16384], out[2300];
+    snprintf(out, sizeof out, "%s/hf-%s.jsonl", c->dir, tie ? "tied" : "untied");
+    snprintf(cmd, sizeof cmd,
+             "OMP_NUM_THREADS=1 '%s' %s/tests/model/llama_hf_ref.py train --n_layer 2 --n_head 6 --n_kv_head 2 "
+             "--n_embd 48 --intermediate_size 96 --vocab 256 --block_size 16 --rope_theta 10000 --rms_norm_eps 1e-6 "
+             "%s --init_out %s --data %s/train.bin --steps %d --global_batch 12 --lr 0.003 --beta1 0.9 --beta2 0.95 "
+             "--eps 1e-8 --weight_decay 0.1 --grad_clip 1.0 --seed %d > %s 2> %s.err",
+             py, getenv("FSDP_SOURCE_ROOT"), tie ? "--tie" : "", init, c->data, TT_STEPS, tie ? 11 : 12, out, out);
+    int rc = tu_sh(cmd);
+    if (rc != 0) {
+        char err[2400];
+        snprintf(err, sizeof err, "%s.err", out);
+        char *text = tu_slurp(err);
+        cr_assert_fail("llama_hf_ref.py train failed (%d): %s\n%s", rc, cmd, text ? text : "");
+    }
+    FILE *f = fopen(out, "r");
+    cr_assert_not_null(f);
+    char line[512];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        cJSON *o = cJSON_Parse(line);
+        cr_assert_not_null(o, "not JSON: %s", line);
+        const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "step"), *l = cJSON_GetObjectItemCaseSensitive(o, "loss");
+        cr_assert(cJSON_IsNumber(s) && cJSON_IsNumber(l) && s->valueint == n + 1 && n < TT_STEPS, "%s", line);
+        loss[n++] = l->valuedouble;
+        cJSON_Delete(o);
+    }
+    fclose(f);
+    cr_assert_eq(n, TT_STEPS, "the reference printed %d steps", n);
+}
+
+static void hf_parity(bool tie)
+{
+    char py[1200];
+    if (tu_torch_python(py, sizeof py) != 0)
+        cr_skip_test("%s", py);
+    struct tt_ctx c;
+    tt_setup_ini(&c, hf_ini);
+    char init[2300], initarg[2400];
+    snprintf(init, sizeof init, "%s/init-%s.safetensors", c.dir, tie ? "tied" : "untied");
+    double ref[TT_STEPS];
+    reference(&c, py, tie, init, ref);
+    snprintf(initarg, sizeof initarg, "--model.init_from=%s", init);
+    const char *strategies[] = {"FULL_SHARD", "HYBRID_SHARD"};
+    double worst = 0;
+    for (int s = 0; s < 2; s++)
+        for (int world = 1; world <= 4; world++) {
+            char tag[64], strat[64], hyb[64];
+            snprintf(tag, sizeof tag, "%s-w%d", strategies[s], world);
+            snprintf(strat, sizeof strat, "--fsdp.sharding_strategy=%s", strategies[s]);
+            snprintf(hyb, sizeof hyb, "--fsdp.hybrid_shard_size=%d", world % 2 == 0 ? 2 : 1);
+            const char *extra[6] = {initarg, strat};
+            int n = 2;
+            if (tie)
+                extra[n++] = "--model.tie_word_embeddings=true";
+            if (s == 1)
+                extra[n++] = hyb;
+            extra[n] = NULL;
+            struct tt_result r;
+            tt_run_ok(&c, world, tag, extra, &r);
+            cr_assert(tt_summary_matches(&r, 0, tie ? "{\"model\":{\"family\":\"llama\",\"tie_word_embeddings\":true}}"
+                                                    : "{\"model\":{\"family\":\"llama\",\"tie_word_embeddings\":false}}"),
+                      "%s", r.err);
+            double d = tt_assert_losses(&r, ref, HF_REL, tag);
+            worst = d > worst ? d : worst;
+            tt_result_free(&r);
+        }
+    fprintf(stderr, "llama %s head vs transformers' LlamaForCausalLM: 8 runs x 20 steps, losses %.4f -> %.4f, largest "
+                    "relative difference %.3g (bound %.0e)\n",
+            tie ? "tied" : "untied", ref[0], ref[TT_STEPS - 1], worst, HF_REL);
+    cr_assert(ref[TT_STEPS - 1] < ref[0] - 0.5, "the reference did not learn: %g -> %g", ref[0], ref[TT_STEPS - 1]);
+    tt_teardown(&c);
+}
+
+Test(llama_hf, untied_head_gqa, .timeout = 600) { hf_parity(false); }
+Test(llama_hf, tied_head_gqa, .timeout = 600) { hf_parity(true); }
