@@ -1,0 +1,63 @@
+"""PyTorch peer of bench_llama: transformers' LlamaForCausalLM trained a step at a time on one CPU process,
+the step bench_llama times in fsdpc: forward, cross-entropy over every position, backward,
+clip_grad_norm_(1.0), torch.optim.AdamW (weight decay on 2-D tensors only), in fp32, on random tokens.
+
+Prints `peer=torch-VER transformers=VER threads=T params=P steps_timed=N step_ms_median=M tokens_per_s=X`
+(median over the steps after --warmup). Threads: OMP_NUM_THREADS, as for fsdpc."""
+import argparse
+import os
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM
+
+p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+p.add_argument("--n_layer", type=int, required=True)
+p.add_argument("--n_head", type=int, required=True)
+p.add_argument("--n_kv_head", type=int, required=True)
+p.add_argument("--n_embd", type=int, required=True)
+p.add_argument("--intermediate_size", type=int, required=True)
+p.add_argument("--vocab", type=int, required=True)
+p.add_argument("--seq", type=int, required=True)
+p.add_argument("--batch", type=int, required=True)
+p.add_argument("--tie", action="store_true")
+p.add_argument("--warmup", type=int, default=2)
+p.add_argument("--steps", type=int, default=10)
+a = p.parse_args()
+
+threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
+torch.set_num_threads(threads)
+torch.manual_seed(1234)
+cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=a.n_embd, intermediate_size=a.intermediate_size,
+                  num_hidden_layers=a.n_layer, num_attention_heads=a.n_head, num_key_value_heads=a.n_kv_head,
+                  max_position_embeddings=a.seq, tie_word_embeddings=a.tie, use_cache=False)
+model = LlamaForCausalLM(cfg)
+model.train()
+decay = [q for q in model.parameters() if q.dim() == 2]
+no_decay = [q for q in model.parameters() if q.dim() < 2]
+opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                        lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
+gen = torch.Generator().manual_seed(1)
+times = []
+for step in range(a.warmup + a.steps):
+    x = torch.randint(0, a.vocab, (a.batch, a.seq), generator=gen)
+    y = torch.roll(x, -1, dims=1)
+    t0 = time.perf_counter()
+    logits = model(input_ids=x).logits
+    loss = F.cross_entropy(logits.reshape(-1, a.vocab), y.reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    dt = time.perf_counter() - t0
+    if step >= a.warmup:
+        times.append(dt)
+    if not torch.isfinite(loss):
+        raise SystemExit("non-finite loss")
+med = statistics.median(times)
+params = sum(q.numel() for q in model.parameters())
+print(f"peer=torch-{torch.__version__} transformers={transformers.__version__} threads={threads} params={params} "
+      f"steps_timed={len(times)} step_ms_median={med * 1e3:.1f} tokens_per_s={a.batch * a.seq / med:.1f}", flush=True)
