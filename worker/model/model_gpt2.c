@@ -101,27 +101,28 @@ static int gpt2_create(struct model *m)
     const struct model_config *cfg = &m->layout.config;
     struct gpt2_state *s = calloc(1, sizeof *s);
     bool ckpt = cfg->activation_checkpointing;
-    if (s)
-        s->acts = calloc(ckpt ? 1 : (size_t)cfg->n_layer, sizeof *s->acts);
-    if (!s || !s->acts) {
-        if (s)
-            free(s->acts);
-        free(s);
+    if (!s)
         return error_set(FSDP_ENOMEM, "out of memory");
+    int rc = 0;
+    if (!(s->acts = calloc(ckpt ? 1 : (size_t)cfg->n_layer, sizeof *s->acts))) {
+        rc = error_set(FSDP_ENOMEM, "out of memory");
+        goto fail;
     }
     s->ckpt = ckpt;
     m->arena_bytes = gpt2_arena_bytes(cfg, m->b, m->t, ckpt, m->k);
     s->arena = m->k->mem_alloc(m->arena_bytes);
     if (!s->arena) {
-        free(s->acts);
-        free(s);
-        return error_set(FSDP_ENOMEM, "model: cannot allocate the %zu-byte activation arena (batch %d x %d)%s",
-                         m->arena_bytes, m->b, m->t,
-                         ckpt ? "" : "; activation_checkpointing = true needs less");
+        rc = error_set(FSDP_ENOMEM, "model: cannot allocate the %zu-byte activation arena (batch %d x %d)%s",
+                       m->arena_bytes, m->b, m->t, ckpt ? "" : "; activation_checkpointing = true needs less");
+        goto fail;
     }
     plan(cfg, m->b, m->t, ckpt, m->k, s->arena, s, &m->tokens, &m->targets);
     m->family = s;
     return 0;
+fail:
+    free(s->acts);
+    free(s);
+    return rc;
 }
 
 static void gpt2_destroy(struct model *m)
