@@ -142,16 +142,14 @@ int tcp_mesh_create(struct store_client *store, const char *key_prefix, int rank
     }
     snprintf(key, sizeof(key), "%s/tcp/%d", key_prefix, rank);
     snprintf(val, sizeof(val), "%s %s", host, port);
-    if ((rc = store_client_set(store, key, val, strlen(val))) != 0)
-        goto fail;
+    FSDP_TRY_GOTO(store_client_set(store, key, val, strlen(val)), rc, fail);
 
     for (int peer = 0; peer < rank; peer++) {
         snprintf(key, sizeof(key), "%s/tcp/%d", key_prefix, peer);
         void *v = NULL;
         size_t vl = 0;
         double left = deadline - comm_now_s();
-        if ((rc = store_client_get(store, key, &v, &vl, left > 0.01 ? left : 0.01)) != 0)
-            goto fail;
+        FSDP_TRY_GOTO(store_client_get(store, key, &v, &vl, left > 0.01 ? left : 0.01), rc, fail);
         char ph[128] = "", pp[16] = "";
         sscanf((char *)v, "%127s %15s", ph, pp);
         free(v);
