@@ -619,9 +619,7 @@ static int att_threads(int pairs)
 int cpu_attention_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh,
                           void *workspace)
 {
-    int rc = check_shape("attention_forward", b, t, c, nh);
-    if (rc)
-        return rc;
+    FSDP_TRY(check_shape("attention_forward", b, t, c, nh));
     if (b == 0 || t == 0)
         return 0;
     if (!workspace)
@@ -722,9 +720,7 @@ static void att_backward_pair(float *dqkv, const float *dout, const float *qkv, 
 int cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
                            const float *lse, int b, int t, int c, int nh, void *workspace)
 {
-    int rc = check_shape("attention_backward", b, t, c, nh);
-    if (rc)
-        return rc;
+    FSDP_TRY(check_shape("attention_backward", b, t, c, nh));
     if (b == 0 || t == 0)
         return 0;
     if (!workspace)

@@ -84,9 +84,7 @@ int cuda_scratch(const char *op, void **ptr, size_t bytes)
         cuda_ctx.scratch = NULL;
         cuda_ctx.scratch_bytes = 0;
         size_t want = bytes < (1u << 20) ? (1u << 20) : bytes;
-        int rc = cuda_check(op, cudaMalloc(&cuda_ctx.scratch, want));
-        if (rc)
-            return rc;
+        FSDP_TRY(cuda_check(op, cudaMalloc(&cuda_ctx.scratch, want)));
         cuda_ctx.scratch_bytes = want;
     }
     *ptr = cuda_ctx.scratch;
@@ -104,23 +102,19 @@ int cuda_check_ids(const char *op, const char *what, const int32_t *ids, int n, 
 {
     if (n <= 0)
         return 0;
-    int first = INT_MAX, rc;
-    if ((rc = cuda_check(op, cudaMemcpyAsync(cuda_ctx.flag, &first, sizeof first, cudaMemcpyHostToDevice,
-                                             cuda_ctx.stream))))
-        return rc;
+    int first = INT_MAX;
+    FSDP_TRY(cuda_check(op, cudaMemcpyAsync(cuda_ctx.flag, &first, sizeof first, cudaMemcpyHostToDevice,
+                                            cuda_ctx.stream)));
     check_ids_kernel<<<cuda_grid((size_t)n), CUDA_THREADS, 0, cuda_ctx.stream>>>(cuda_ctx.flag, ids, n, lo, hi);
-    if ((rc = cuda_check_launch(op)))
-        return rc;
+    FSDP_TRY(cuda_check_launch(op));
     /* The caller needs an answer now, as the CPU backend gives: one small synchronous read. */
-    if ((rc = cuda_check(op, cudaMemcpyAsync(&first, cuda_ctx.flag, sizeof first, cudaMemcpyDeviceToHost,
-                                             cuda_ctx.stream))) ||
-        (rc = cuda_check(op, cudaStreamSynchronize(cuda_ctx.stream))))
-        return rc;
+    FSDP_TRY(cuda_check(op, cudaMemcpyAsync(&first, cuda_ctx.flag, sizeof first, cudaMemcpyDeviceToHost,
+                                            cuda_ctx.stream)));
+    FSDP_TRY(cuda_check(op, cudaStreamSynchronize(cuda_ctx.stream)));
     if (first == INT_MAX)
         return 0;
     int32_t bad = 0;
-    if ((rc = cuda_check(op, cudaMemcpy(&bad, ids + first, sizeof bad, cudaMemcpyDeviceToHost))))
-        return rc;
+    FSDP_TRY(cuda_check(op, cudaMemcpy(&bad, ids + first, sizeof bad, cudaMemcpyDeviceToHost)));
     return error_set(FSDP_ERANGE, "kernels cuda: %s: %s %d at position %d is outside [%d, %d)", op, what,
                      (int)bad, first, lo, hi);
 }
@@ -156,10 +150,9 @@ int cuda_colsum_add(const char *op, float *dst, const float *src, int rows, int 
 {
     if (rows <= 0 || cols <= 0)
         return 0;
-    int chunks = (rows + COLSUM_ROWS - 1) / COLSUM_ROWS, rc;
+    int chunks = (rows + COLSUM_ROWS - 1) / COLSUM_ROWS;
     void *part;
-    if ((rc = cuda_scratch(op, &part, (size_t)chunks * cols * sizeof(float))))
-        return rc;
+    FSDP_TRY(cuda_scratch(op, &part, (size_t)chunks * cols * sizeof(float)));
     dim3 grid((cols + CUDA_THREADS - 1) / CUDA_THREADS, chunks);
     colsum_partial_kernel<<<grid, CUDA_THREADS, 0, cuda_ctx.stream>>>((float *)part, src, rows, cols);
     colsum_finish_kernel<<<(cols + CUDA_THREADS - 1) / CUDA_THREADS, CUDA_THREADS, 0, cuda_ctx.stream>>>(
@@ -338,27 +331,24 @@ int cuda_mem_copy(void *dst, const void *src, size_t bytes, enum kernels_copy_ki
         return 0;
     if (!dst || !src)
         return error_set(FSDP_EINVAL, "kernels cuda: mem_copy of %zu bytes with a NULL pointer", bytes);
-    int rc;
     const char *d = (const char *)dst, *s = (const char *)src;
     if (kind == KERNELS_COPY_D2D && d < s + bytes && s < d + bytes && d != s) {
         /* cudaMemcpy does not define overlapping copies (the CPU backend's memmove does): bounce through
          * scratch so both backends mean the same thing. */
         void *tmp;
-        if ((rc = cuda_scratch("mem_copy", &tmp, bytes)) ||
-            (rc = cuda_check("mem_copy", cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, cuda_ctx.stream))))
-            return rc;
+        FSDP_TRY(cuda_scratch("mem_copy", &tmp, bytes));
+        FSDP_TRY(
+            cuda_check("mem_copy", cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, cuda_ctx.stream)));
         src = tmp;
     }
     if (d == s)
         return 0;
-    rc = cuda_check("mem_copy", cudaMemcpyAsync(dst, src, bytes, kinds[kind], cuda_ctx.stream));
-    if (rc)
-        return rc;
+    FSDP_TRY(cuda_check("mem_copy", cudaMemcpyAsync(dst, src, bytes, kinds[kind], cuda_ctx.stream)));
     /* Host buffers are ordinary (pageable) memory the caller reuses as soon as we return, as with the
      * CPU backend: copies touching the host complete before returning; device-to-device stays queued. */
     if (kind != KERNELS_COPY_D2D)
-        rc = cuda_check("mem_copy", cudaStreamSynchronize(cuda_ctx.stream));
-    return rc;
+        return cuda_check("mem_copy", cudaStreamSynchronize(cuda_ctx.stream));
+    return 0;
 }
 
 int cuda_mem_set(void *dst, int value, size_t bytes)
