@@ -126,6 +126,9 @@ out:
 
 static int open_data(struct trainer *t)
 {
+    _Static_assert((int)DATA_ORDER_SHUFFLED == (int)WORKER_ORDER_SHUFFLED &&
+                       (int)DATA_ORDER_SEQUENTIAL == (int)WORKER_ORDER_SEQUENTIAL,
+                   "data.order converts to enum data_order by a cast");
     const struct worker_config *wc = t->wc;
     struct data_options o = {.block_size = wc->model.block_size, .vocab_size = wc->model.vocab_size,
                              .batch_rows = wc->train.train_batch, .order = (enum data_order)wc->data.order,
@@ -295,6 +298,10 @@ static void log_close(struct trainer *t, int64_t first_step, double elapsed, boo
  * checkpoint when due; a final checkpoint at the end. */
 static int run_loop(struct trainer *t, int64_t first_step)
 {
+    _Static_assert((int)LR_SCHEDULE_COSINE == (int)WORKER_LR_COSINE &&
+                       (int)LR_SCHEDULE_LINEAR == (int)WORKER_LR_LINEAR &&
+                       (int)LR_SCHEDULE_CONSTANT == (int)WORKER_LR_CONSTANT,
+                   "optim.lr_schedule converts to enum lr_schedule_kind by a cast");
     const struct worker_config *wc = t->wc;
     struct lr_schedule sched = {.kind = (enum lr_schedule_kind)wc->optim.lr_schedule, .lr = wc->optim.lr,
                                 .min_lr = wc->optim.min_lr, .warmup_steps = wc->optim.warmup_steps,

@@ -22,6 +22,12 @@
 #include "worker/ckpt/ckpt.h"
 #include "worker/train/train_ckpt.h"
 
+/* A checkpoint kind is used as the engine's state kind: it indexes fsdp_piece.data[] and is cast to
+ * enum fsdp_state_kind for fsdp_gather_unit_state. */
+_Static_assert((int)CKPT_PARAM == (int)FSDP_STATE_PARAM && (int)CKPT_EXP_AVG == (int)FSDP_STATE_EXP_AVG &&
+                   (int)CKPT_EXP_AVG_SQ == (int)FSDP_STATE_EXP_AVG_SQ && CKPT_KINDS == 3,
+               "enum ckpt_kind and enum fsdp_state_kind list the same kinds in the same order");
+
 /* Resets the kernel's peak-RSS mark (VmHWM) and returns the resident bytes now, so that the peak read after
  * a save is the save's own. */
 static size_t status_kib(const char *field)
