@@ -283,7 +283,7 @@ static ncclRedOp_t nccl_op(enum comm_op op)
 static int wait_stream(struct nccl_state *st, const struct comm_req *q)
 {
     /* Yield for the first 100 us (most collectives of a training step end within that), then sleep
-     * 20 us, doubling up to 1 ms: a fixed 1 ms sleep added up to 1 ms to every collective, dozens per
+     * 20 us, doubling up to 1 ms: a fixed 1 ms sleep would add up to 1 ms to every collective, dozens per
      * step, while the deadline and NCCL's async errors are still checked at least every millisecond. */
     double t0 = comm_now_s();
     long nap_ns = 20000;

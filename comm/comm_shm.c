@@ -11,7 +11,7 @@
  * published where its buffers live (memfd, allocation id, offset) in the control page, for the bank of
  * the operation's first piece. When every rank's buffers are registered, peers map each other's buffers
  * (cached per peer) and the data moves with one copy, straight from a peer's buffer into the reader's
- * (see the direct_* functions); otherwise the slots carry it as before. Ranks that hoped for the direct
+ * (see the direct_* functions); otherwise it moves through the slots in pieces. Ranks that hoped for the direct
  * path stage their first piece only once they know the group is mixed, then all sync once more. A reader
  * maps a peer's pages only while it reads them and the next operation reads the same ranges (faulted in
  * by the read, dropped by the first operation that does not read them again), since every page mapped

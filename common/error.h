@@ -35,7 +35,9 @@ void error_clear(void);
  * - FSDP_TRY_GOTO(call, rc, label): when something does (memory, a handle, a buffer back to its pool) or
  *   a step must run whatever happened (a collective every rank enters, sharing the error with the other
  *   ranks), store the code in rc and jump to the function's one cleanup label, which ends in `return rc`.
- *   rc is written only on failure, so it keeps the first error. */
+ *   rc is written only on failure, so it keeps the first error. An error found in the function itself
+ *   takes the same path: `rc = error_set(...); goto label;`.
+ * In .cu files (C++) a goto must not jump over an initialised declaration: use FSDP_TRY there. */
 #define FSDP_TRY(call)                                                                                    \
     do {                                                                                                  \
         int fsdp_try_rc_ = (call);                                                                        \
