@@ -162,35 +162,36 @@ int shm_group_attach(const char *name, bool create, int local_rank, int n, const
     if (fd < 0)
         return error_set(errno == EEXIST ? FSDP_EEXIST : FSDP_EIO, "shm: shm_open(%s) failed: %s", name,
                          strerror(errno));
+    void *p = MAP_FAILED;
+    struct shm_group *g = NULL;
+    struct peer_cache *pc = NULL;
+    int rc = 0;
     if (create && ftruncate(fd, (off_t)bytes) != 0) {
-        int e = errno;
-        close(fd);
+        rc = error_set(FSDP_EIO, "shm: cannot size %s to %zu bytes: %s (is /dev/shm full?)", name, bytes,
+                       strerror(errno));
         shm_unlink(name);
-        return error_set(FSDP_EIO, "shm: cannot size %s to %zu bytes: %s (is /dev/shm full?)", name, bytes,
-                         strerror(e));
+        goto fail;
     }
     struct stat st;
     if (fstat(fd, &st) != 0 || (size_t)st.st_size < bytes) {
-        close(fd);
-        return error_set(FSDP_EPROTO, "shm: segment %s is smaller than the %zu bytes expected", name, bytes);
+        rc = error_set(FSDP_EPROTO, "shm: segment %s is smaller than the %zu bytes expected", name, bytes);
+        goto fail;
     }
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     int e = errno;
     if (!create || p == MAP_FAILED) {
         close(fd);
         fd = -1;
     }
-    if (p == MAP_FAILED)
-        return error_set(FSDP_ENOMEM, "shm: mmap of %zu bytes failed: %s", bytes, strerror(e));
-    struct shm_group *g = calloc(1, sizeof(*g));
-    struct peer_cache *pc = calloc((size_t)n, sizeof(*pc));
+    if (p == MAP_FAILED) {
+        rc = error_set(FSDP_ENOMEM, "shm: mmap of %zu bytes failed: %s", bytes, strerror(e));
+        goto fail;
+    }
+    g = calloc(1, sizeof(*g));
+    pc = calloc((size_t)n, sizeof(*pc));
     if (!g || !pc) {
-        free(g);
-        free(pc);
-        munmap(p, bytes);
-        if (fd >= 0)
-            close(fd);
-        return error_set(FSDP_ENOMEM, "shm: out of memory");
+        rc = error_set(FSDP_ENOMEM, "shm: out of memory");
+        goto fail;
     }
     g->seg_fd = fd;
     g->peers = pc;
@@ -229,6 +230,14 @@ int shm_group_attach(const char *name, bool create, int local_rank, int n, const
     g->ctrl->probe[local_rank] = ok ? 1 : 2;
     *out = g;
     return 0;
+fail:
+    free(g);
+    free(pc);
+    if (p != MAP_FAILED)
+        munmap(p, bytes);
+    if (fd >= 0)
+        close(fd);
+    return rc;
 }
 
 void shm_group_ready(struct shm_group *g)

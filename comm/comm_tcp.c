@@ -80,9 +80,8 @@ static int connect_to(const char *host, const char *port, double deadline, int *
     rc = connect(fd, res->ai_addr, res->ai_addrlen);
     freeaddrinfo(res);
     if (rc != 0 && errno != EINPROGRESS) {
-        int e = errno;
-        close(fd);
-        return error_set(FSDP_EIO, "connect to %s:%s failed: %s", host, port, strerror(e));
+        rc = error_set(FSDP_EIO, "connect to %s:%s failed: %s", host, port, strerror(errno));
+        goto fail;
     }
     struct pollfd pf = {.fd = fd, .events = POLLOUT};
     while (comm_now_s() < deadline && poll(&pf, 1, poll_ms(deadline)) == 0) {
@@ -91,11 +90,14 @@ static int connect_to(const char *host, const char *port, double deadline, int *
     socklen_t el = sizeof(err);
     if (!(pf.revents & (POLLOUT | POLLERR | POLLHUP)) || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 ||
         err != 0) {
-        close(fd);
-        return error_set(FSDP_EIO, "connect to %s:%s failed: %s", host, port, err ? strerror(err) : "timed out");
+        rc = error_set(FSDP_EIO, "connect to %s:%s failed: %s", host, port, err ? strerror(err) : "timed out");
+        goto fail;
     }
     *out = fd;
     return 0;
+fail:
+    close(fd);
+    return rc;
 }
 
 int tcp_mesh_create(struct store_client *store, const char *key_prefix, int rank, int size, double deadline,
