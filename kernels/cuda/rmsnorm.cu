@@ -85,26 +85,22 @@ int cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const 
         return error_set(FSDP_EINVAL, "kernels cuda: rmsnorm_backward: bad n=%d c=%d", n, c);
     if (n == 0)
         return 0;
-    int rc;
     if (dinp) {
         unsigned blocks = (unsigned)((n + RMS_ROWS_PER_BLOCK - 1) / RMS_ROWS_PER_BLOCK);
         rmsnorm_backward_dinp_kernel<<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>(dinp, dout, inp, weight, rstd, n,
                                                                                    c);
-        if ((rc = cuda_check_launch("rmsnorm_backward dinp")))
-            return rc;
+        FSDP_TRY(cuda_check_launch("rmsnorm_backward dinp"));
     }
     if (dweight) {
         int chunks = (n + RMS_CHUNK_ROWS - 1) / RMS_CHUNK_ROWS;
         void *part;
-        if ((rc = cuda_scratch("rmsnorm_backward", &part, (size_t)chunks * c * sizeof(float))))
-            return rc;
+        FSDP_TRY(cuda_scratch("rmsnorm_backward", &part, (size_t)chunks * c * sizeof(float)));
         dim3 grid((c + CUDA_THREADS - 1) / CUDA_THREADS, chunks);
         rmsnorm_backward_weight_partial_kernel<<<grid, CUDA_THREADS, 0, cuda_ctx.stream>>>((float *)part, dout, inp,
                                                                                            rstd, n, c);
         rmsnorm_backward_weight_finish_kernel<<<grid.x, CUDA_THREADS, 0, cuda_ctx.stream>>>(
             dweight, (const float *)part, c, chunks);
-        if ((rc = cuda_check_launch("rmsnorm_backward dweight")))
-            return rc;
+        FSDP_TRY(cuda_check_launch("rmsnorm_backward dweight"));
     }
     return 0;
 }

@@ -15,6 +15,7 @@
 #include "common/safetensors.h"
 #include "kernels/kernels.h"
 #include "tests/util/tu_proc.h"
+#include "tests/util/tu_venv.h"
 #include "worker/model/model.h"
 
 #define TOL 1e-5

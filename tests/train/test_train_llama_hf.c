@@ -9,6 +9,7 @@
 #include "ttest.h"
 
 #include "tests/util/tu_proc.h"
+#include "tests/util/tu_venv.h"
 
 #define HF_REL 1e-4
 

@@ -90,29 +90,3 @@ int tu_free_port(void)
     close(fd);
     return ok ? ntohs(sa.sin_port) : -1;
 }
-
-int tu_torch_python(char *out, size_t cap)
-{
-    const char *venv = getenv("FSDP_TORCH_VENV"), *home = getenv("HOME");
-    char dir[1024], cmd[2200];
-    if (venv && *venv)
-        snprintf(dir, sizeof dir, "%s", venv);
-    else
-        snprintf(dir, sizeof dir, "%s/.cache/fsdpc-venv", home ? home : "");
-    snprintf(out, cap, "%s/bin/python", dir);
-    if (access(out, X_OK) != 0) {
-        snprintf(out, cap,
-                 "no Python venv at %s (FSDP_TORCH_VENV, else ~/.cache/fsdpc-venv): python3 -m venv %s && %s/bin/pip "
-                 "install torch transformers safetensors",
-                 dir, dir, dir);
-        return -1;
-    }
-    snprintf(cmd, sizeof cmd, "'%s' -c 'import torch, transformers, safetensors'", out);
-    if (tu_sh(cmd) != 0) {
-        snprintf(out, cap, "%s/bin/python cannot import torch, transformers and safetensors: %s/bin/pip install "
-                           "torch transformers safetensors",
-                 dir, dir);
-        return -1;
-    }
-    return 0;
-}

@@ -3,7 +3,6 @@
 #ifndef FSDP_TESTS_UTIL_TU_PROC_H
 #define FSDP_TESTS_UTIL_TU_PROC_H
 
-#include <stddef.h>
 #include <sys/types.h>
 
 /* Seconds on the monotonic clock. */
@@ -16,10 +15,6 @@ void tu_nap(double seconds);
 pid_t tu_spawn(const char *const *argv, const char *out, const char *err, const char *const *env_set);
 /* tu_spawn, then waits: the exit code, 128 + the signal that ended it, or -1 when it did not start. */
 int tu_run(const char *const *argv, const char *out, const char *err, const char *const *env_set);
-
-/* The python of the venv with PyPI's torch, transformers and safetensors (FSDP_TORCH_VENV, else
- * ~/.cache/fsdpc-venv) into out: 0, or -1 with why (what is missing and how to make it) in out. */
-int tu_torch_python(char *out, size_t cap);
 
 /* Runs `/bin/sh -c cmd` with its output discarded; its exit code, or -1 when it did not exit. */
 int tu_sh(const char *cmd);

@@ -315,8 +315,8 @@ int worker_config_view(const struct config *cfg, struct worker_config *out)
 #undef F
 #undef B
 #undef E
-    int rc = check_family_keys(cfg, out->model.family);
-    return rc ? rc : worker_config_validate(out);
+    FSDP_TRY(check_family_keys(cfg, out->model.family));
+    return worker_config_validate(out);
 }
 
 int worker_config_validate(const struct worker_config *wc)

@@ -144,16 +144,16 @@ static int fill_positions(struct model *m, struct llama_state *s)
     float *host = malloc(tab * sizeof *host);
     int32_t *pos = malloc((size_t)N * sizeof *pos);
     int rc = 0;
-    if (!host || !pos)
+    if (!host || !pos) {
         rc = error_set(FSDP_ENOMEM, "out of memory");
-    if (!rc) {
-        rope_table(host, cfg->block_size, hs, cfg->rope_theta);
-        for (int i = 0; i < N; i++)
-            pos[i] = i % m->t;
-        rc = m->k->mem_copy(s->freqs, host, tab * sizeof *host, KERNELS_COPY_H2D);
+        goto out;
     }
-    if (!rc)
-        rc = m->k->mem_copy(s->pos, pos, (size_t)N * sizeof *pos, KERNELS_COPY_H2D);
+    rope_table(host, cfg->block_size, hs, cfg->rope_theta);
+    for (int i = 0; i < N; i++)
+        pos[i] = i % m->t;
+    FSDP_TRY_GOTO(m->k->mem_copy(s->freqs, host, tab * sizeof *host, KERNELS_COPY_H2D), rc, out);
+    FSDP_TRY_GOTO(m->k->mem_copy(s->pos, pos, (size_t)N * sizeof *pos, KERNELS_COPY_H2D), rc, out);
+out:
     free(host);
     free(pos);
     return rc;
@@ -222,13 +222,6 @@ static int head_index(const struct model *m)
     return m->layout.config.tie_word_embeddings ? EMB_W : HEAD_W;
 }
 
-#define TRY(expr)                                                                                         \
-    do {                                                                                                  \
-        int rc_ = (expr);                                                                                 \
-        if (rc_ != 0)                                                                                     \
-            return rc_;                                                                                   \
-    } while (0)
-
 /* y(n, out) = x(n, in) W(out, in)^T */
 static int linear_forward(const struct kernels *k, float *y, const float *x, const float *w, int n, int in, int out)
 {
@@ -239,7 +232,7 @@ static int linear_forward(const struct kernels *k, float *y, const float *x, con
 static int linear_backward(const struct kernels *k, float *dx, float *dw, const float *dy, const float *x,
                            const float *w, int n, int in, int out)
 {
-    TRY(k->gemm(0, 0, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in));
+    FSDP_TRY(k->gemm(0, 0, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in));
     return dw ? k->gemm(1, 0, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in) : 0;
 }
 
@@ -263,18 +256,18 @@ static int llama_forward_block(struct model *m, int layer, const float *w)
     struct llama_acts *a = &s->acts[s->ckpt ? 0 : layer];
     const float *x = s->resid + (size_t)layer * NC;
     float *y = s->resid + (size_t)(layer + 1) * NC;
-    TRY(k->rmsnorm_forward(a->h1, a->rstd1, x, up(m, u, w, IN_NORM_W), N, C, c->rms_norm_eps));
+    FSDP_TRY(k->rmsnorm_forward(a->h1, a->rstd1, x, up(m, u, w, IN_NORM_W), N, C, c->rms_norm_eps));
     /* q_proj, k_proj and v_proj are adjacent: one (qkv, C) matrix */
-    TRY(linear_forward(k, a->qkv, a->h1, up(m, u, w, Q_W), N, C, d.qkv));
-    TRY(k->rope_forward(a->qkv, N, d.qkv, d.nh + d.nkv, d.hs, s->pos, s->freqs, c->block_size));
-    TRY(k->attention_forward(a->att, a->lse, a->qkv, m->b, m->t, C, d.nh, d.nkv, s->attn_ws));
-    TRY(linear_forward(k, s->tmp, a->att, up(m, u, w, O_W), N, C, C));
-    TRY(k->residual_forward(a->xmid, x, s->tmp, NC));
-    TRY(k->rmsnorm_forward(a->h2, a->rstd2, a->xmid, up(m, u, w, POST_NORM_W), N, C, c->rms_norm_eps));
+    FSDP_TRY(linear_forward(k, a->qkv, a->h1, up(m, u, w, Q_W), N, C, d.qkv));
+    FSDP_TRY(k->rope_forward(a->qkv, N, d.qkv, d.nh + d.nkv, d.hs, s->pos, s->freqs, c->block_size));
+    FSDP_TRY(k->attention_forward(a->att, a->lse, a->qkv, m->b, m->t, C, d.nh, d.nkv, s->attn_ws));
+    FSDP_TRY(linear_forward(k, s->tmp, a->att, up(m, u, w, O_W), N, C, C));
+    FSDP_TRY(k->residual_forward(a->xmid, x, s->tmp, NC));
+    FSDP_TRY(k->rmsnorm_forward(a->h2, a->rstd2, a->xmid, up(m, u, w, POST_NORM_W), N, C, c->rms_norm_eps));
     /* gate_proj and up_proj are adjacent: one (2I, C) matrix giving [gate | up] rows */
-    TRY(linear_forward(k, a->gu, a->h2, up(m, u, w, GATE_W), N, C, 2 * d.I));
-    TRY(k->swiglu_forward(a->act, a->gu, N, d.I));
-    TRY(linear_forward(k, s->tmp, a->act, up(m, u, w, DOWN_W), N, d.I, C));
+    FSDP_TRY(linear_forward(k, a->gu, a->h2, up(m, u, w, GATE_W), N, C, 2 * d.I));
+    FSDP_TRY(k->swiglu_forward(a->act, a->gu, N, d.I));
+    FSDP_TRY(linear_forward(k, s->tmp, a->act, up(m, u, w, DOWN_W), N, d.I, C));
     return k->residual_forward(y, a->xmid, s->tmp, NC);
 }
 
@@ -285,12 +278,12 @@ static int llama_forward_head(struct model *m, const float *root, float dloss, d
     const struct model_config *c = &m->layout.config;
     int N = m->b * m->t, C = c->n_embd, vp = m->layout.vocab_padded;
     const float *x = s->resid + (size_t)c->n_layer * N * C;
-    TRY(k->rmsnorm_forward(s->hf, s->rstdf, x, up(m, 0, root, NORM_W), N, C, c->rms_norm_eps));
-    TRY(linear_forward(k, s->logits, s->hf, up(m, 0, root, head_index(m)), N, C, vp));
+    FSDP_TRY(k->rmsnorm_forward(s->hf, s->rstdf, x, up(m, 0, root, NORM_W), N, C, c->rms_norm_eps));
+    FSDP_TRY(linear_forward(k, s->logits, s->hf, up(m, 0, root, head_index(m)), N, C, vp));
     double sum = 0;
     /* With dloss the logits are overwritten in place by their gradient: the (N, Vp) matrix is the largest
      * activation and a second copy would double it. */
-    TRY(k->crossentropy_forward_backward(NULL, &sum, dloss != 0 ? s->logits : NULL, s->logits, m->targets, N,
+    FSDP_TRY(k->crossentropy_forward_backward(NULL, &sum, dloss != 0 ? s->logits : NULL, s->logits, m->targets, N,
                                          c->vocab_size, vp, dloss));
     s->head_grad_ready = dloss != 0;
     if (loss_sum)
@@ -310,8 +303,8 @@ static int llama_backward_head(struct model *m, const float *root, float *g)
     s->head_grad_ready = false;
     const float *x = s->resid + (size_t)c->n_layer * NC;
     int h = head_index(m);
-    TRY(linear_backward(k, s->dln, upg(m, 0, g, h), s->logits, s->hf, up(m, 0, root, h), N, C, vp));
-    TRY(k->mem_set(s->dres, 0, NC * sizeof(float)));
+    FSDP_TRY(linear_backward(k, s->dln, upg(m, 0, g, h), s->logits, s->hf, up(m, 0, root, h), N, C, vp));
+    FSDP_TRY(k->mem_set(s->dres, 0, NC * sizeof(float)));
     return k->rmsnorm_backward(s->dres, upg(m, 0, g, NORM_W), s->dln, x, up(m, 0, root, NORM_W), s->rstdf, N, C);
 }
 
@@ -324,23 +317,23 @@ static int llama_backward_block(struct model *m, int layer, const float *w, floa
     int N = d.N, C = d.C, u = 1 + layer;
     size_t NC = (size_t)N * C, F = sizeof(float);
     if (s->ckpt)
-        TRY(llama_forward_block(m, layer, w));
+        FSDP_TRY(llama_forward_block(m, layer, w));
     struct llama_acts *a = &s->acts[s->ckpt ? 0 : layer];
     const float *x = s->resid + (size_t)layer * NC;
     /* s->dres holds dL/dy on entry and dL/dx on return: the residual adds make it flow straight through,
      * and each norm's backward adds its branch into it. */
-    TRY(linear_backward(k, s->dact, upg(m, u, g, DOWN_W), s->dres, a->act, up(m, u, w, DOWN_W), N, d.I, C));
-    TRY(k->mem_set(s->dwide, 0, (size_t)N * 2 * d.I * F));
-    TRY(k->swiglu_backward(s->dwide, a->gu, s->dact, N, d.I));
-    TRY(linear_backward(k, s->dln, upg(m, u, g, GATE_W), s->dwide, a->h2, up(m, u, w, GATE_W), N, C, 2 * d.I));
-    TRY(k->rmsnorm_backward(s->dres, upg(m, u, g, POST_NORM_W), s->dln, a->xmid, up(m, u, w, POST_NORM_W), a->rstd2,
+    FSDP_TRY(linear_backward(k, s->dact, upg(m, u, g, DOWN_W), s->dres, a->act, up(m, u, w, DOWN_W), N, d.I, C));
+    FSDP_TRY(k->mem_set(s->dwide, 0, (size_t)N * 2 * d.I * F));
+    FSDP_TRY(k->swiglu_backward(s->dwide, a->gu, s->dact, N, d.I));
+    FSDP_TRY(linear_backward(k, s->dln, upg(m, u, g, GATE_W), s->dwide, a->h2, up(m, u, w, GATE_W), N, C, 2 * d.I));
+    FSDP_TRY(k->rmsnorm_backward(s->dres, upg(m, u, g, POST_NORM_W), s->dln, a->xmid, up(m, u, w, POST_NORM_W), a->rstd2,
                             N, C));
-    TRY(linear_backward(k, s->tmp, upg(m, u, g, O_W), s->dres, a->att, up(m, u, w, O_W), N, C, C));
-    TRY(k->mem_set(s->dwide, 0, (size_t)N * d.qkv * F));
-    TRY(k->attention_backward(s->dwide, s->tmp, a->qkv, a->att, a->lse, m->b, m->t, C, d.nh, d.nkv, s->attn_ws));
+    FSDP_TRY(linear_backward(k, s->tmp, upg(m, u, g, O_W), s->dres, a->att, up(m, u, w, O_W), N, C, C));
+    FSDP_TRY(k->mem_set(s->dwide, 0, (size_t)N * d.qkv * F));
+    FSDP_TRY(k->attention_backward(s->dwide, s->tmp, a->qkv, a->att, a->lse, m->b, m->t, C, d.nh, d.nkv, s->attn_ws));
     /* the gradient of q and k before rope: the transposed rotation */
-    TRY(k->rope_backward(s->dwide, N, d.qkv, d.nh + d.nkv, d.hs, s->pos, s->freqs, c->block_size));
-    TRY(linear_backward(k, s->dln, upg(m, u, g, Q_W), s->dwide, a->h1, up(m, u, w, Q_W), N, C, d.qkv));
+    FSDP_TRY(k->rope_backward(s->dwide, N, d.qkv, d.nh + d.nkv, d.hs, s->pos, s->freqs, c->block_size));
+    FSDP_TRY(linear_backward(k, s->dln, upg(m, u, g, Q_W), s->dwide, a->h1, up(m, u, w, Q_W), N, C, d.qkv));
     return k->rmsnorm_backward(s->dres, upg(m, u, g, IN_NORM_W), s->dln, x, up(m, u, w, IN_NORM_W), a->rstd1, N, C);
 }
 

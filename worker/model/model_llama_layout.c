@@ -45,18 +45,12 @@ int model_llama_layout_build(struct model_layout *l, const struct model_config *
     float std = c->init_std;
     l->vocab_padded = (c->vocab_size + MODEL_VOCAB_ALIGN - 1) / MODEL_VOCAB_ALIGN * MODEL_VOCAB_ALIGN;
 
-    int rc = 0;
-#define CHECK(expr)                                                                                       \
-    do {                                                                                                  \
-        if ((rc = (expr)) < 0)                                                                            \
-            return rc;                                                                                    \
-    } while (0)
     /* Modules in the order LlamaForCausalLM registers them, which is the order of its state dict. */
     int root, model, emb, layers, norm, head = -1;
-    CHECK(root = model_layout_add_module(l, -1, "", "LlamaForCausalLM"));
-    CHECK(model = model_layout_add_module(l, root, "model", "LlamaModel"));
-    CHECK(emb = model_layout_add_module(l, model, "model.embed_tokens", "Embedding"));
-    CHECK(layers = model_layout_add_module(l, model, "model.layers", "ModuleList"));
+    FSDP_TRY(root = model_layout_add_module(l, -1, "", "LlamaForCausalLM"));
+    FSDP_TRY(model = model_layout_add_module(l, root, "model", "LlamaModel"));
+    FSDP_TRY(emb = model_layout_add_module(l, model, "model.embed_tokens", "Embedding"));
+    FSDP_TRY(layers = model_layout_add_module(l, model, "model.layers", "ModuleList"));
     int first = l->n_modules;
     char n[MODEL_NAME_MAX];
     static const char *const proj[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
@@ -65,38 +59,38 @@ int model_llama_layout_build(struct model_layout *l, const struct model_config *
     for (int i = 0; i < L; i++) {
         int b, a, m;
         snprintf(n, sizeof n, "model.layers.%d", i);
-        CHECK(b = model_layout_add_module(l, layers, n, "LlamaDecoderLayer"));
+        FSDP_TRY(b = model_layout_add_module(l, layers, n, "LlamaDecoderLayer"));
         snprintf(n, sizeof n, "model.layers.%d.self_attn", i);
-        CHECK(a = model_layout_add_module(l, b, n, "LlamaAttention"));
+        FSDP_TRY(a = model_layout_add_module(l, b, n, "LlamaAttention"));
         for (int j = 0; j < 4; j++) {
             snprintf(n, sizeof n, "model.layers.%d.%s", i, proj[j]);
-            CHECK(model_layout_add_module(l, a, n, "Linear"));
+            FSDP_TRY(model_layout_add_module(l, a, n, "Linear"));
         }
         snprintf(n, sizeof n, "model.layers.%d.mlp", i);
-        CHECK(m = model_layout_add_module(l, b, n, "LlamaMLP"));
+        FSDP_TRY(m = model_layout_add_module(l, b, n, "LlamaMLP"));
         for (int j = 4; j < 7; j++) {
             snprintf(n, sizeof n, "model.layers.%d.%s", i, proj[j]);
-            CHECK(model_layout_add_module(l, m, n, "Linear"));
+            FSDP_TRY(model_layout_add_module(l, m, n, "Linear"));
         }
         snprintf(n, sizeof n, "model.layers.%d.input_layernorm", i);
-        CHECK(model_layout_add_module(l, b, n, "LlamaRMSNorm"));
+        FSDP_TRY(model_layout_add_module(l, b, n, "LlamaRMSNorm"));
         snprintf(n, sizeof n, "model.layers.%d.post_attention_layernorm", i);
-        CHECK(model_layout_add_module(l, b, n, "LlamaRMSNorm"));
+        FSDP_TRY(model_layout_add_module(l, b, n, "LlamaRMSNorm"));
     }
     int per_layer = (l->n_modules - first) / L;
-    CHECK(norm = model_layout_add_module(l, model, "model.norm", "LlamaRMSNorm"));
+    FSDP_TRY(norm = model_layout_add_module(l, model, "model.norm", "LlamaRMSNorm"));
     if (!c->tie_word_embeddings)
-        CHECK(head = model_layout_add_module(l, root, "lm_head", "Linear"));
+        FSDP_TRY(head = model_layout_add_module(l, root, "lm_head", "Linear"));
 
     int u, p;
-    CHECK(u = model_layout_add_unit(l, "root", root));
-    CHECK(p = model_layout_add_param(l, emb, u, "weight", 2, l->vocab_padded, C, true, std, 0));
+    FSDP_TRY(u = model_layout_add_unit(l, "root", root));
+    FSDP_TRY(p = model_layout_add_param(l, emb, u, "weight", 2, l->vocab_padded, C, true, std, 0));
     l->params[p].init_rows = c->vocab_size;
     /* An untied input embedding is only looked up; tied, it is also the LM head's matmul. */
     l->params[p].lookup_only = !c->tie_word_embeddings;
-    CHECK(model_layout_add_param(l, norm, u, "weight", 1, C, 0, false, 0, 1));
+    FSDP_TRY(model_layout_add_param(l, norm, u, "weight", 1, C, 0, false, 0, 1));
     if (head >= 0) {
-        CHECK(p = model_layout_add_param(l, head, u, "weight", 2, l->vocab_padded, C, true, std, 0));
+        FSDP_TRY(p = model_layout_add_param(l, head, u, "weight", 2, l->vocab_padded, C, true, std, 0));
         l->params[p].init_rows = c->vocab_size;
     }
     /* Module offsets inside a layer: +0 layer, +1 self_attn, +2..+5 q/k/v/o, +6 mlp, +7..+9 gate/up/down,
@@ -104,17 +98,16 @@ int model_llama_layout_build(struct model_layout *l, const struct model_config *
      * Embedding with normal(0, initializer_range) (no depth scaling) and the norms with 1. */
     for (int i = 0; i < L; i++) {
         int b = first + per_layer * i;
-        CHECK(u = model_layout_add_unit(l, l->modules[b].name, b));
-        CHECK(model_layout_add_param(l, b + 2, u, "weight", 2, q_rows, C, true, std, 0));
-        CHECK(model_layout_add_param(l, b + 3, u, "weight", 2, kv_rows, C, true, std, 0));
-        CHECK(model_layout_add_param(l, b + 4, u, "weight", 2, kv_rows, C, true, std, 0));
-        CHECK(model_layout_add_param(l, b + 5, u, "weight", 2, C, q_rows, true, std, 0));
-        CHECK(model_layout_add_param(l, b + 7, u, "weight", 2, I, C, true, std, 0));
-        CHECK(model_layout_add_param(l, b + 8, u, "weight", 2, I, C, true, std, 0));
-        CHECK(model_layout_add_param(l, b + 9, u, "weight", 2, C, I, true, std, 0));
-        CHECK(model_layout_add_param(l, b + 10, u, "weight", 1, C, 0, false, 0, 1));
-        CHECK(model_layout_add_param(l, b + 11, u, "weight", 1, C, 0, false, 0, 1));
+        FSDP_TRY(u = model_layout_add_unit(l, l->modules[b].name, b));
+        FSDP_TRY(model_layout_add_param(l, b + 2, u, "weight", 2, q_rows, C, true, std, 0));
+        FSDP_TRY(model_layout_add_param(l, b + 3, u, "weight", 2, kv_rows, C, true, std, 0));
+        FSDP_TRY(model_layout_add_param(l, b + 4, u, "weight", 2, kv_rows, C, true, std, 0));
+        FSDP_TRY(model_layout_add_param(l, b + 5, u, "weight", 2, C, q_rows, true, std, 0));
+        FSDP_TRY(model_layout_add_param(l, b + 7, u, "weight", 2, I, C, true, std, 0));
+        FSDP_TRY(model_layout_add_param(l, b + 8, u, "weight", 2, I, C, true, std, 0));
+        FSDP_TRY(model_layout_add_param(l, b + 9, u, "weight", 2, C, I, true, std, 0));
+        FSDP_TRY(model_layout_add_param(l, b + 10, u, "weight", 1, C, 0, false, 0, 1));
+        FSDP_TRY(model_layout_add_param(l, b + 11, u, "weight", 1, C, 0, false, 0, 1));
     }
-#undef CHECK
     return 0;
 }

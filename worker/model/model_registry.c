@@ -104,20 +104,16 @@ int model_layout_build(struct model_layout *out, const struct model_config *cfg)
     out->config = *cfg;
     if (f->resolve)
         f->resolve(&out->config);
-    int rc = check_config(&out->config);
-    if (rc == 0 && f->check)
-        rc = f->check(&out->config);
-    if (rc != 0) {
-        memset(&out->config, 0, sizeof out->config);
-        return rc;
-    }
-    rc = f->layout_build(out, &out->config);
-    if (rc != 0) {
-        model_layout_free(out);
-        return rc;
-    }
+    int rc = 0;
+    FSDP_TRY_GOTO(check_config(&out->config), rc, fail);
+    if (f->check)
+        FSDP_TRY_GOTO(f->check(&out->config), rc, fail);
+    FSDP_TRY_GOTO(f->layout_build(out, &out->config), rc, fail);
     out->numel_real = 0;
     for (int i = 0; i < out->n_params; i++)
         out->numel_real += (size_t)out->params[i].init_rows * out->params[i].shape[1];
     return 0;
+fail:
+    model_layout_free(out);
+    return rc;
 }

@@ -22,6 +22,7 @@
 #include "common/error.h"
 #include "kernels/kernels.h"
 #include "tests/util/tu_proc.h"
+#include "tests/util/tu_venv.h"
 #include "worker/model/model.h"
 
 struct bench_config {

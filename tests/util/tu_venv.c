@@ -1,0 +1,38 @@
+#include "tests/util/tu_venv.h"
+
+#include "tests/util/tu_proc.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+bool tu_venv_bin(const char *prog, char *out, size_t cap)
+{
+    const char *venv = getenv("FSDP_TORCH_VENV"), *home = getenv("HOME");
+    if (venv && *venv)
+        snprintf(out, cap, "%s/bin/%s", venv, prog);
+    else
+        snprintf(out, cap, "%s/.cache/fsdpc-venv/bin/%s", home ? home : "", prog);
+    return access(out, X_OK) == 0;
+}
+
+int tu_torch_python(char *out, size_t cap)
+{
+    char py[1024], cmd[1200];
+    if (!tu_venv_bin("python", py, sizeof py)) {
+        snprintf(out, cap,
+                 "no PyPI venv: %s is missing (FSDP_TORCH_VENV, else ~/.cache/fsdpc-venv; .ci/run makes it: python3 "
+                 "-m venv DIR && DIR/bin/pip install torch transformers safetensors)",
+                 py);
+        return -1;
+    }
+    snprintf(cmd, sizeof cmd, "'%s' -c 'import torch, transformers, safetensors'", py);
+    if (tu_sh(cmd) != 0) {
+        snprintf(out, cap, "%s cannot import torch, transformers and safetensors (pip install torch transformers "
+                           "safetensors into that venv)",
+                 py);
+        return -1;
+    }
+    snprintf(out, cap, "%s", py);
+    return 0;
+}
