@@ -16,64 +16,16 @@
 #include "common/error.h"
 #include "common/fs.h"
 #include "common/log.h"
+#include "launcher/devices.h"
 
 extern char **environ;
-
-static bool is_exec_file(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
-}
-
-int workers_find_program(const char *prog, char *out, size_t cap)
-{
-    if (strchr(prog, '/')) {
-        if (!is_exec_file(prog))
-            return error_set(FSDP_ENOTFOUND, "program '%s' %s", prog,
-                             access(prog, F_OK) == 0 ? "is not an executable file" : "does not exist");
-        snprintf(out, cap, "%s", prog);
-        return 0;
-    }
-    const char *path = getenv("PATH");
-    if (!path)
-        path = "/usr/local/bin:/usr/bin:/bin";
-    for (const char *p = path;;) {
-        const char *c = strchr(p, ':');
-        size_t len = c ? (size_t)(c - p) : strlen(p);
-        int n = snprintf(out, cap, "%.*s%s%s", (int)len, p, len ? "/" : "", prog);
-        if (n > 0 && (size_t)n < cap && is_exec_file(out))
-            return 0;
-        if (!c)
-            break;
-        p = c + 1;
-    }
-    /* Next to fsdp-launch, so `fsdp-launch fsdp-worker cfg.ini` works from a build tree. */
-    char self[PATH_MAX];
-    ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (sl > 0) {
-        self[sl] = 0;
-        char *slash = strrchr(self, '/');
-        if (slash) {
-            *slash = 0;
-            int n = snprintf(out, cap, "%s/%s", self, prog);
-            if (n > 0 && (size_t)n < cap && is_exec_file(out))
-                return 0;
-        } else {
-            self[0] = 0;
-        }
-    } else {
-        self[0] = 0;
-    }
-    return error_set(FSDP_ENOTFOUND, "program '%s' not found in PATH nor next to fsdp-launch (%s)", prog,
-                     self[0] ? self : "?");
-}
 
 /* torchrun's variables replace any inherited ones of the same name. */
 static const char *const overridden[] = {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_NAME",
     "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "FSDP_RDZV_TOKEN", "FSDP_STORE_PREFIX",
-    "OMP_NUM_THREADS", "FSDP_LOG_LEVEL", NULL};
+    "OMP_NUM_THREADS", "FSDP_LOG_LEVEL", "FSDP_LAUNCH_CONFIG", NULL};
 
 static bool is_overridden(const char *entry)
 {
@@ -85,6 +37,14 @@ static bool is_overridden(const char *entry)
     return false;
 }
 
+static char *strdup_prefixed(const char *prefix, const char *value)
+{
+    char *s = malloc(strlen(prefix) + strlen(value) + 1);
+    if (s)
+        sprintf(s, "%s%s", prefix, value);
+    return s;
+}
+
 /* Built in the parent: after fork only async-signal-safe calls are allowed (the store server thread
  * may hold malloc's lock at the moment of fork), so the child only calls execve. */
 static char **build_env(const struct launch_args *a, const struct rdzv_assignment *as, const struct spawn_env *e,
@@ -93,12 +53,13 @@ static char **build_env(const struct launch_args *a, const struct rdzv_assignmen
     size_t n = 0;
     for (char **p = environ; *p; p++)
         n++;
-    char **env = calloc(n + 24, sizeof *env);
+    char **env = calloc(n + 32, sizeof *env);
     if (!env)
         return NULL;
     size_t k = 0;
+    bool set_gpus = a->gpu_ids[0] || a->virtual_local_rank;
     for (char **p = environ; *p; p++)
-        if (!is_overridden(*p))
+        if (!is_overridden(*p) && !(set_gpus && strncmp(*p, "CUDA_VISIBLE_DEVICES=", 21) == 0))
             env[k++] = strdup(*p);
     int rank = as->rank_base + local_rank;
     char v[1024];
@@ -108,7 +69,8 @@ static char **build_env(const struct launch_args *a, const struct rdzv_assignmen
         env[k++] = strdup(v);                      \
     } while (0)
     ADD("RANK=%d", rank);
-    ADD("LOCAL_RANK=%d", local_rank);
+    /* --virtual_local_rank: every worker is local rank 0 of a node that shows it one GPU. */
+    ADD("LOCAL_RANK=%d", a->virtual_local_rank ? 0 : local_rank);
     ADD("WORLD_SIZE=%d", as->world_size);
     ADD("LOCAL_WORLD_SIZE=%d", a->nproc_per_node);
     ADD("GROUP_RANK=%d", a->node_rank);
@@ -128,11 +90,29 @@ static char **build_env(const struct launch_args *a, const struct rdzv_assignmen
                                                                                               : LOG_INFO]);
     if (e->secret)
         ADD("FSDP_RDZV_TOKEN=%s", e->secret);
+    if (set_gpus) {
+        char gpu[64] = "";
+        if (a->virtual_local_rank) {
+            /* The worker's GPU among those --gpu_ids (else CUDA_VISIBLE_DEVICES) shows. */
+            const char *p = a->gpu_ids;
+            for (int i = 0; *p && i < local_rank; i++)
+                p = strchr(p, ',') ? strchr(p, ',') + 1 : p + strlen(p);
+            if (a->gpu_ids[0])
+                snprintf(gpu, sizeof gpu, "%.*s", (int)strcspn(p, ","), p);
+            else if (devices_gpu_id(local_rank, gpu, sizeof gpu) != 0)
+                snprintf(gpu, sizeof gpu, "-1");
+            ADD("CUDA_VISIBLE_DEVICES=%s", gpu);
+        } else {
+            ADD("CUDA_VISIBLE_DEVICES=%s", a->gpu_ids);
+        }
+    }
     if (e->omp_threads)
         ADD("OMP_NUM_THREADS=%s", e->omp_threads);
     else if (getenv("OMP_NUM_THREADS"))
         ADD("OMP_NUM_THREADS=%s", getenv("OMP_NUM_THREADS"));
 #undef ADD
+    if (e->launch_config)
+        env[k++] = strdup_prefixed("FSDP_LAUNCH_CONFIG=", e->launch_config);
     for (size_t i = 0; i < k; i++)
         if (!env[i]) {
             for (size_t j = 0; j < k; j++)
@@ -216,7 +196,7 @@ static int spawn_one(struct worker *w, const struct launch_args *a, const struct
         sigprocmask(SIG_SETMASK, &none, NULL);
         dup2(outp[1], 1);
         dup2(errp[1], 2);
-        execve(e->program, a->prog_argv, env);
+        execve(e->program, e->argv, env);
         static const char msg[] = "fsdp-launch: execve of the program failed\n";
         ssize_t ignored = write(2, msg, sizeof msg - 1);
         (void)ignored;

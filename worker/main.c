@@ -26,7 +26,8 @@ static void print_usage(FILE *out)
           "\n"
           "Options override the file: --train.micro_batch=8, --train.micro_batch 8, or accelerate-style\n"
           "flags such as --fsdp_version=2 --fsdp_sharding_strategy=1 --fsdp_offload_params.\n"
-          "  --print-config     print the effective configuration (INI; loads back unchanged) and exit\n"
+          "  --print-config     print the effective configuration (INI; loads back unchanged), each value\n"
+          "                     not at its default under a '; from ...' line saying where it came from\n"
           "  --log_level=L      debug, info, warn or error (also FSDP_LOG_LEVEL)\n"
           "  -h, --help         this text\n",
           out);
@@ -83,8 +84,19 @@ int main(int argc, char **argv)
         status = fail("config schema");
         goto out;
     }
+    /* YAML < INI < command line: fsdp-launch's accelerate YAML goes under the file, its own flags over it,
+     * and this program's flags last. */
+    const char *launch = settings_get_raw(SETTING_LAUNCH_CONFIG);
+    if (config_apply_launch(cfg, launch, CONFIG_LAUNCH_UNDER_FILE) != 0) {
+        status = fail("settings from fsdp-launch");
+        goto out;
+    }
     if (cli.n_positional == 1 && config_load_file(cfg, cli.positional[0]) != 0) {
         status = fail("config file");
+        goto out;
+    }
+    if (config_apply_launch(cfg, launch, CONFIG_LAUNCH_OVER_FILE) != 0) {
+        status = fail("settings from fsdp-launch");
         goto out;
     }
     if (config_cli_apply(&cli, cfg) != 0) {
@@ -99,7 +111,7 @@ int main(int argc, char **argv)
     log_debug("config ok: %d layers, n_embd %d, fsdp version %d", wc.model.n_layer, wc.model.n_embd,
               wc.fsdp.version);
     if (cli.print_config) {
-        status = config_print_ini(cfg, stdout) == 0 ? 0 : fail("--print-config");
+        status = config_print_ini_origins(cfg, stdout) == 0 ? 0 : fail("--print-config");
         goto out;
     }
     char *text = NULL;
