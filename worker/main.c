@@ -11,6 +11,7 @@
 #include "common/settings.h"
 #include "worker/train/train.h"
 #include "worker/config/worker_config.h"
+#include "worker/tools/detect_blocks.h"
 
 /* 3 marks a rank that stopped because another one failed (a peer died or closed its connection, or the
  * job is being torn down): fsdp-launch then looks a moment longer for the rank that failed first, whose
@@ -23,6 +24,8 @@ static void print_usage(FILE *out)
           "       fsdp-worker --print-config            (the defaults, as a starting CONFIG.ini)\n"
           "       fsdp-worker --help-config[=markdown]  (the reference of every key: docs/config.md)\n"
           "       fsdp-worker --help-env[=markdown]     (the FSDP_* environment settings: docs/environment.md)\n"
+          "       fsdp-worker --detect-blocks CONFIG.ini [--json] [--refresh] [--clear-cache]\n"
+          "                                             (module classes, parameters, FSDP units, wrap suggestion)\n"
           "\n"
           "Options override the file: --train.micro_batch=8, --train.micro_batch 8, or accelerate-style\n"
           "flags such as --fsdp_version=2 --fsdp_sharding_strategy=1 --fsdp_offload_params.\n"
@@ -46,6 +49,8 @@ int main(int argc, char **argv)
     if (rank && *rank)
         log_set_rank(atoi(rank));
 
+    if (detect_blocks_wanted(argc, argv))
+        return detect_blocks_main(argc, argv);
     const struct config_schema *schema = worker_config_schema();
     struct config_cli cli;
     struct config *cfg = NULL;

@@ -409,6 +409,7 @@ Test(worker_config, schema_has_every_section_and_key)
         "fsdp.hybrid_shard_size", "fsdp.reshard_after_forward", "fsdp.auto_wrap_policy",
         "fsdp.transformer_layer_cls_to_wrap", "fsdp.min_num_params", "fsdp.backward_prefetch",
         "fsdp.forward_prefetch", "fsdp.limit_all_gathers", "fsdp.sync_module_states", "fsdp.offload_params",
+        "fsdp.use_orig_params",
         "fsdp.mixed_precision", "fsdp.reduce_dtype", "log.interval", "log.dir", "checkpoint.dir",
         "checkpoint.interval", "checkpoint.state_dict_type", "checkpoint.keep_last",
         "checkpoint.cpu_ram_efficient_loading", "checkpoint.resume_from",
