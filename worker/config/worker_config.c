@@ -155,7 +155,9 @@ static const struct config_key keys[] = {
 
     /* [log] */
     {.section = "log", .name = "interval", .type = CONFIG_INT, .def = "10", .min = 1, .max = 1e12,
-     .flags = LIST("logging_steps"), .help = "Steps between metric lines"},
+     .flags = LIST("logging_steps"),
+     .help = "Steps between progress lines when output is not a terminal (a log, fsdp-launch's pipe; on a terminal "
+             "the line is redrawn every step); metrics.jsonl and TensorBoard get every step"},
     {.section = "log", .name = "dir", .type = CONFIG_PATH, .def = "./runs/<run_id>", .flags = LIST("logging_dir"),
      .help = "Metrics, TensorBoard events and each rank's run summary; <run_id> is replaced when the run starts"},
 

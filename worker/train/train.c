@@ -246,7 +246,7 @@ static int log_open(struct trainer *t, int64_t first_step)
         if (!rc)
             rc = first_step > 0 ? metrics_trim(t->logdir, first_step) : 0;
         if (!rc)
-            rc = metrics_open(t->logdir, first_step > 0, &t->met);
+            rc = metrics_open(t->logdir, first_step, &t->met);
         if (rc)
             return rc;
     }
