@@ -68,9 +68,7 @@ int config_set_index_origin(struct config *cfg, int k, const char *text, enum co
 {
     const struct config_key *key = &cfg->schema->keys[k];
     struct config_value v;
-    int rc = config_value_parse(key, text, &v);
-    if (rc)
-        return rc;
+    FSDP_TRY(config_value_parse(key, text, &v));
     v.source = source;
     v.line = line;
     v.origin = NULL;

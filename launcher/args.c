@@ -587,9 +587,7 @@ static void note(struct launch_args *a, int id, const char *value, const char *o
 static int apply_noted(struct launch_args *a, struct parse_state *ps, int id, const char *v, const char *src,
                        const char *origin)
 {
-    int rc = apply(a, id, v, src, &ps->port_set, &ps->num_processes);
-    if (rc)
-        return rc;
+    FSDP_TRY(apply(a, id, v, src, &ps->port_set, &ps->num_processes));
     ps->set[id] = true;
     note(a, id, v, origin);
     return 0;
@@ -730,35 +728,24 @@ static int apply_slurm(struct launch_args *a, struct parse_state *ps)
     if (nl) {
         char **hosts;
         size_t n;
-        int rc = slurm_expand_nodelist(nl, &hosts, &n);
-        if (rc)
-            return rc;
+        FSDP_TRY(slurm_expand_nodelist(nl, &hosts, &n));
         a->slurm_hosts = hosts;
         a->slurm_nhosts = (int)n;
-        if (!ps->set[O_MASTER_ADDR] && !ps->set[O_RDZV_ENDPOINT] && !a->standalone) {
-            rc = apply_noted(a, ps, O_MASTER_ADDR, hosts[0], "SLURM_JOB_NODELIST", "SLURM_JOB_NODELIST (first host)");
-            if (rc)
-                return rc;
-        }
+        if (!ps->set[O_MASTER_ADDR] && !ps->set[O_RDZV_ENDPOINT] && !a->standalone)
+            FSDP_TRY(apply_noted(a, ps, O_MASTER_ADDR, hosts[0], "SLURM_JOB_NODELIST", "SLURM_JOB_NODELIST (first host)"));
     }
     const char *nn = getenv("SLURM_JOB_NUM_NODES");
     if (!nn)
         nn = getenv("SLURM_NNODES");
     if (nn && !ps->set[O_NNODES] && !a->standalone) {
-        int rc = apply_noted(a, ps, O_NNODES, nn, "SLURM_JOB_NUM_NODES", "SLURM_JOB_NUM_NODES");
-        if (rc)
-            return rc;
+        FSDP_TRY(apply_noted(a, ps, O_NNODES, nn, "SLURM_JOB_NUM_NODES", "SLURM_JOB_NUM_NODES"));
     }
     const char *nid = getenv("SLURM_NODEID");
     if (nid && !ps->set[O_NODE_RANK] && !a->standalone) {
-        int rc = apply_noted(a, ps, O_NODE_RANK, nid, "SLURM_NODEID", "SLURM_NODEID");
-        if (rc)
-            return rc;
+        FSDP_TRY(apply_noted(a, ps, O_NODE_RANK, nid, "SLURM_NODEID", "SLURM_NODEID"));
     }
     if (!ps->set[O_RDZV_ID] && !ps->set[O_RUN_ID]) {
-        int rc = apply_noted(a, ps, O_RDZV_ID, getenv("SLURM_JOB_ID"), "SLURM_JOB_ID", "SLURM_JOB_ID");
-        if (rc)
-            return rc;
+        FSDP_TRY(apply_noted(a, ps, O_RDZV_ID, getenv("SLURM_JOB_ID"), "SLURM_JOB_ID", "SLURM_JOB_ID"));
     }
     return 0;
 }
@@ -862,9 +849,7 @@ static int parse_command_line(int argc, char **argv, struct launch_args *a, stru
             val = argv[++i];
         else
             return error_set(FSDP_EINVAL, "%s needs a value (%s)", src, opts[id].help);
-        int rc = apply_noted(a, ps, id, val, src, src);
-        if (rc)
-            return rc;
+        FSDP_TRY(apply_noted(a, ps, id, val, src, src));
     }
     *first_prog = i;
     return 0;
@@ -884,9 +869,7 @@ static int parse_pet(struct launch_args *a, struct parse_state *ps)
             continue;
         if (opts[id].kind == K_BOOL && !*v)
             continue;
-        int rc = apply_noted(a, ps, id, v, env, env);
-        if (rc)
-            return rc;
+        FSDP_TRY(apply_noted(a, ps, id, v, env, env));
     }
     return 0;
 }
@@ -902,9 +885,7 @@ static int finish(struct launch_args *a, struct parse_state *ps)
         /* torchrun reads this when --shutdown_timeout is not given. */
         const char *st = getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
         if (st && *st) {
-            int rc = apply_noted(a, ps, O_SHUTDOWN, st, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
-            if (rc)
-                return rc;
+            FSDP_TRY(apply_noted(a, ps, O_SHUTDOWN, st, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"));
         }
     }
     if (a->standalone) {
@@ -916,9 +897,7 @@ static int finish(struct launch_args *a, struct parse_state *ps)
         a->master_port = 0;
         note(a, O_MASTER_PORT, "0", "--standalone (a free port)");
     }
-    int rc = reconcile_num_processes(a, ps);
-    if (rc)
-        return rc;
+    FSDP_TRY(reconcile_num_processes(a, ps));
     if (!ps->port_set && !ps->set[O_RDZV_ENDPOINT] && !a->standalone && a->nnodes == 1) {
         /* torchrun: one node and no port given means a store on a free port, so two jobs on one machine never
          * collide. */

@@ -100,9 +100,7 @@ int command_build(const struct launch_args *a, struct launch_command *out)
         }
     }
     if (!python) {
-        int rc = command_find_program(prog, out->program, sizeof out->program);
-        if (rc)
-            return rc;
+        FSDP_TRY(command_find_program(prog, out->program, sizeof out->program));
         out->argv = calloc((size_t)a->prog_argc + 1, sizeof *out->argv);
         if (!out->argv)
             return error_set(FSDP_ENOMEM, "out of memory");
@@ -118,9 +116,7 @@ int command_build(const struct launch_args *a, struct launch_command *out)
                              "program in PATH, -m for a module)",
                              prog, stat(prog, &st) != 0 ? "does not exist" : "is not a file", a->python, prog);
     }
-    int rc = find_python(a, out->program, sizeof out->program);
-    if (rc)
-        return rc;
+    FSDP_TRY(find_python(a, out->program, sizeof out->program));
     out->python = true;
     out->argv = calloc((size_t)a->prog_argc + 6, sizeof *out->argv);
     if (!out->argv)

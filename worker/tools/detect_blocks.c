@@ -199,9 +199,7 @@ static int resolve_model(const struct worker_config *wc, struct model_config *mc
         return 0;
     }
     if (is_dir(from) && file_in(from, "config.json", file, sizeof file)) {
-        int rc = hf_config(file, mc);
-        if (rc)
-            return rc;
+        FSDP_TRY(hf_config(file, mc));
         identity_add(id, idcap, file);
         if (file_in(from, "model.safetensors", file, sizeof file))
             identity_add(id, idcap, file);
@@ -214,9 +212,7 @@ static int resolve_model(const struct worker_config *wc, struct model_config *mc
     if (is_dir(from))
         return error_set(FSDP_EINVAL, "model.init_from = %s is a directory with neither metadata.json (an fsdpc "
                          "checkpoint) nor config.json (a Hugging Face model)", from);
-    int rc = check_safetensors(from, mc);
-    if (rc)
-        return rc;
+    FSDP_TRY(check_safetensors(from, mc));
     identity_add(id, idcap, from);
     snprintf(source, srccap, "safetensors file %s (shape from the config, checked against the file)", from);
     return 0;
