@@ -53,9 +53,13 @@ int command_find_program(const char *prog, char *out, size_t cap)
     char *slash = strrchr(self, '/');
     if (slash) {
         *slash = 0;
-        int n = snprintf(out, cap, "%s/%s", self, prog);
-        if (n > 0 && (size_t)n < cap && is_exec_file(out))
-            return 0;
+        /* installed: the same bin directory; a build tree: BUILD/launcher/ beside BUILD/worker/ */
+        static const char *const places[] = {"%s/%s", "%s/../worker/%s"};
+        for (size_t i = 0; i < sizeof places / sizeof places[0]; i++) {
+            int n = snprintf(out, cap, places[i], self, prog);
+            if (n > 0 && (size_t)n < cap && is_exec_file(out))
+                return 0;
+        }
     }
     return error_set(FSDP_ENOTFOUND, "program '%s' not found in PATH nor next to fsdp-launch (%s)", prog,
                      self[0] ? self : "?");

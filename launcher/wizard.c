@@ -269,7 +269,7 @@ static int questions(struct wizard *w)
     if (fsdp) {
         static const char *const versions[] = {"1", "2"};
         int v;
-        if ((rc = ask_options(w, "What should be your FSDP version? [2]: ", versions, 2, 1, &v)))
+        if ((rc = ask_options(w, "What should be your FSDP version?", versions, 2, 1, &v)))
             return rc;
         put(w, true, "fsdp_version", versions[v], false);
         if (v == 0) {
