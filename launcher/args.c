@@ -431,7 +431,9 @@ static int apply(struct launch_args *a, int id, const char *v, const char *src, 
     case O_LOG_DIR: return copy_str(a->log_dir, sizeof a->log_dir, v, src);
     case O_REDIRECTS: return check_std(v, src) ? FSDP_EINVAL : copy_str(a->redirects, sizeof a->redirects, v, src);
     case O_TEE: return check_std(v, src) ? FSDP_EINVAL : copy_str(a->tee, sizeof a->tee, v, src);
-    case O_PREFIX_TEMPLATE: return check_template(v, src);
+    case O_PREFIX_TEMPLATE:
+        FSDP_TRY(check_template(v, src));
+        return copy_str(a->prefix_template, sizeof a->prefix_template, v, src);
     case O_DUP_STDOUT:
     case O_DUP_STDERR:
         if (!*v)
@@ -881,6 +883,13 @@ static int finish(struct launch_args *a, struct parse_state *ps)
         set_text(a->python, sizeof a->python, pe && *pe ? pe : "python3");
         note(a, O_PYTHON, a->python, pe && *pe ? "PYTHON_EXEC" : "");
     }
+    if (!ps->set[O_PREFIX_TEMPLATE]) {
+        /* torchrun reads this when --log_line_prefix_template is not given. */
+        const char *t = getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+        if (t && *t)
+            FSDP_TRY(apply_noted(a, ps, O_PREFIX_TEMPLATE, t, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
+                                 "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"));
+    }
     if (!ps->set[O_SHUTDOWN]) {
         /* torchrun reads this when --shutdown_timeout is not given. */
         const char *st = getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
@@ -1018,6 +1027,7 @@ static bool effective(const struct launch_args *a, int id, char *buf, size_t cap
     case O_REDIRECTS: snprintf(buf, cap, "%s", a->redirects[0] ? a->redirects : "0"); return true;
     case O_TEE: snprintf(buf, cap, "%s", a->tee[0] ? a->tee : "0"); return true;
     case O_FILTER: snprintf(buf, cap, "%s", a->local_ranks_filter); return true;
+    case O_PREFIX_TEMPLATE: snprintf(buf, cap, "%s", a->prefix_template); return true;
     case O_ROLE: snprintf(buf, cap, "%s", a->role); return true;
     case O_SHUTDOWN: snprintf(buf, cap, "%g", a->shutdown_timeout_s); return true;
     case O_LOG_LEVEL: {

@@ -53,6 +53,7 @@ struct launch_args {
     char redirects[256]; /* torchrun Std spec: "0".."3" or "LOCAL:MASK,..." */
     char tee[256];
     char local_ranks_filter[256]; /* "" = every local rank on the console */
+    char prefix_template[256];    /* --log_line_prefix_template ("" = "[rank N]:") */
     char role[64];
     double shutdown_timeout_s;
     enum log_level log_level;

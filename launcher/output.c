@@ -16,6 +16,11 @@ void output_init(struct out_stream *s, int fd, int console_fd, int log_fd, bool 
     s->keep_tail = keep_tail;
 }
 
+void output_set_prefix(struct out_stream *s, const char *text)
+{
+    snprintf(s->prefix_text, sizeof s->prefix_text, "%s", text);
+}
+
 static void write_all(int fd, const char *p, size_t n)
 {
     while (n > 0) {
@@ -50,14 +55,15 @@ static void keep_tail(struct out_stream *s, const char *line, size_t n)
 
 static void emit(struct out_stream *s, const char *line, size_t n)
 {
-    char out[OUTPUT_LINE_MAX + 32];
+    char out[OUTPUT_LINE_MAX + 160];
     memcpy(out, line, n);
     out[n] = '\n';
     if (s->log_fd >= 0)
         write_all(s->log_fd, out, n + 1);
     if (s->console_fd >= 0) {
         if (s->prefix) {
-            int p = snprintf(out, 32, "[rank %d]:", s->rank);
+            int p = s->prefix_text[0] ? snprintf(out, 160, "%s", s->prefix_text)
+                                      : snprintf(out, 32, "[rank %d]:", s->rank);
             memcpy(out + p, line, n);
             out[p + n] = '\n';
             write_all(s->console_fd, out, (size_t)p + n + 1);

@@ -132,6 +132,36 @@ static void free_env(char **env)
     free(env);
 }
 
+/* torchrun's --log_line_prefix_template: ${role_name}, ${local_rank}, ${rank}, ${hostname}. */
+static void render_prefix(const char *tmpl, const char *role, int local_rank, int rank, const char *host, char *out,
+                          size_t cap)
+{
+    size_t n = 0;
+    out[0] = 0;
+    for (const char *p = tmpl; *p && n + 1 < cap;) {
+        char num[16];
+        const char *sub = NULL;
+        size_t skip = 0;
+        if (!strncmp(p, "${role_name}", 12))
+            sub = role, skip = 12;
+        else if (!strncmp(p, "${local_rank}", 13))
+            snprintf(num, sizeof num, "%d", local_rank), sub = num, skip = 13;
+        else if (!strncmp(p, "${rank}", 7))
+            snprintf(num, sizeof num, "%d", rank), sub = num, skip = 7;
+        else if (!strncmp(p, "${hostname}", 11))
+            sub = host, skip = 11;
+        if (sub) {
+            n += (size_t)snprintf(out + n, cap - n, "%s", sub);
+            p += skip;
+        } else {
+            out[n++] = *p++;
+            out[n] = 0;
+        }
+        if (n >= cap)
+            n = cap - 1;
+    }
+}
+
 static int open_log(const char *dir, const char *name)
 {
     char path[PATH_MAX + 32];
@@ -214,6 +244,12 @@ static int spawn_one(struct worker *w, const struct launch_args *a, const struct
     bool err_console = shown && ((tee & 2) || !(red & 2));
     output_init(&w->out, outp[0], out_console ? 1 : -1, log_out, (tee & 1) != 0, rank, false);
     output_init(&w->err, errp[0], err_console ? 2 : -1, log_err, (tee & 2) != 0, rank, true);
+    if (a->prefix_template[0]) {
+        char prefix[128];
+        render_prefix(a->prefix_template, a->role, w->local_rank, rank, e->host, prefix, sizeof prefix);
+        output_set_prefix(&w->out, prefix);
+        output_set_prefix(&w->err, prefix);
+    }
     w->pid = pid;
     w->running = true;
     return 0;

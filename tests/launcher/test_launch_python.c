@@ -296,3 +296,29 @@ Test(python, configs_written_by_accelerate_itself, .timeout = 120)
     lu_rm_rf(dir);
     free(dir);
 }
+
+/* torchrun's --log_line_prefix_template (and TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE) prefix --tee lines. */
+Test(python, tee_prefix_template, .timeout = 60)
+{
+    char *dir = lu_tmpdir();
+    const char *argv[] = {NULL, "--nproc_per_node", "2", "--tee", "1", "--role", "trainer",
+                          "--log_line_prefix_template", "<${role_name}${local_rank}|${rank}> ", "--no_python",
+                          "/bin/echo", "hi", NULL};
+    cr_assert_eq(launch(dir, "tee", argv, NULL), 0, "%s", lu_slurp_tag(dir, "tee", "err"));
+    char *out = lu_slurp_tag(dir, "tee", "out");
+    cr_expect(strstr(out, "<trainer0|0> hi\n") && strstr(out, "<trainer1|1> hi\n"), "%s", out);
+    free(out);
+    const char *env[] = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=[${rank}] ", NULL};
+    const char *argv2[] = {NULL, "--nproc_per_node", "1", "--tee", "1", "--no_python", "/bin/echo", "hi", NULL};
+    cr_assert_eq(launch(dir, "tee2", argv2, env), 0, "%s", lu_slurp_tag(dir, "tee2", "err"));
+    out = lu_slurp_tag(dir, "tee2", "out");
+    cr_expect(strstr(out, "[0] hi\n"), "%s", out);
+    free(out);
+    const char *bad[] = {NULL, "--log_line_prefix_template", "${node}:", "--no_python", "/bin/echo", NULL};
+    cr_expect_eq(launch(dir, "bad", bad, NULL), 2);
+    char *err = lu_slurp_tag(dir, "bad", "err");
+    cr_expect(strstr(err, "only ${role_name}, ${local_rank}, ${rank} and ${hostname} are replaced"), "%s", err);
+    free(err);
+    lu_rm_rf(dir);
+    free(dir);
+}
