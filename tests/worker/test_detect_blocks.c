@@ -187,7 +187,9 @@ Test(detect_blocks, cache_refresh_keys_clear_and_corruption, .timeout = 120)
     cJSON_Delete(j);
     cr_expect(strstr(lu_slurp_tag(d.dir, "db", "err"), "not a cache of this version (corrupt or old): replacing it"));
     text = wtest_read_file(d.cache_file, NULL);
-    cr_expect_not_null(cJSON_Parse(text), "replaced by a valid cache: %s", text);
+    cache = cJSON_Parse(text);
+    cr_expect_not_null(cache, "replaced by a valid cache: %s", text);
+    cJSON_Delete(cache);
     free(text);
 
     /* --clear-cache removes the file */
