@@ -148,11 +148,6 @@ static int classify_one(struct accel_setting *s, const char *path, bool fsdp)
     const char *key = it->key;
     if (strncmp(key, "fsdp_config.", 12) == 0)
         return classify_fsdp(s, path, fsdp);
-    if (strcmp(key, "fsdp_config") == 0 && it->is_mapping) {
-        s->use = ACCEL_IGNORED;
-        s->why = "empty";
-        return 0;
-    }
     if (strcmp(key, "compute_environment") == 0 && strcmp(it->value, "LOCAL_MACHINE") != 0)
         return refuse(path, it, "fsdp-launch runs on the machines it is started on (LOCAL_MACHINE)");
     if (strcmp(key, "distributed_type") == 0) {
@@ -209,7 +204,7 @@ int accel_config_classify(const struct yaml_flat *y, const char *path, struct ac
         return error_set(FSDP_ENOMEM, "out of memory reading %s", path);
     int k = 0;
     for (int i = 0; i < y->n; i++) {
-        if (y->items[i].is_null)
+        if (y->items[i].is_null || y->items[i].is_mapping) /* key: null, or an empty mapping: nothing set */
             continue;
         s[k].item = &y->items[i];
         int rc = classify_one(&s[k], path, fsdp);

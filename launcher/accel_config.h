@@ -21,7 +21,7 @@ struct accel_setting {
 
 /* Sorts the items of y (read from path) by use. Worker values are checked against fsdp-worker's schema
  * here, so a bad value stops the launch before anything starts, with path:line and the key. Null values
- * (key: null) are left out. *out is malloc'd (n entries); free it, then y. */
+ * (key: null) and empty mappings (dynamo_config: {}) are left out. *out is malloc'd (n entries); free it, then y. */
 int accel_config_classify(const struct yaml_flat *y, const char *path, struct accel_setting **out, int *n);
 
 #endif
