@@ -388,6 +388,11 @@ static int finish(struct launch_args *a, struct parse_state *ps)
     if (a->node_rank >= a->nnodes)
         return error_set(FSDP_ERANGE, "--node_rank %d is out of range: --nnodes is %d, so node ranks are 0..%d",
                          a->node_rank, a->nnodes, a->nnodes - 1);
+    for (int k = 0; k < 2; k++)
+        if (a->dup_filters[k][0] && !a->log_dir[0])
+            return error_set(FSDP_EINVAL, "--duplicate_%s_filters needs --log_dir: the matching lines go to "
+                             "<log_dir>/<run_id>/attempt_<n>/filtered_%s.log", k ? "stderr" : "stdout",
+                             k ? "stderr" : "stdout");
     if (a->rdzv_is_host >= 0 && a->rdzv_is_host != (a->node_rank == 0))
         return error_set(FSDP_EINVAL, "--rdzv_conf is_host=%s: the store is hosted by node 0, and this is node %d",
                          a->rdzv_is_host ? "true" : "false", a->node_rank);

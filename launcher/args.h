@@ -54,6 +54,7 @@ struct launch_args {
     char tee[256];
     char local_ranks_filter[256]; /* "" = every local rank on the console */
     char prefix_template[256];    /* --log_line_prefix_template ("" = "[rank N]:") */
+    char dup_filters[2][512];     /* --duplicate_{stdout,stderr}_filters: comma lists (",," is a comma) */
     char role[64];
     double shutdown_timeout_s;
     enum log_level log_level;

@@ -39,8 +39,8 @@ const struct launch_opt launch_opts[O_COUNT] = {
                            "prefix of --tee lines: ${role_name} ${local_rank} ${rank} ${hostname}"},
     [O_FILTER] = {"local_ranks_filter", {0}, K_VALUE, "comma list of local ranks whose output reaches the console"},
     [O_DUP_STDOUT] = {"duplicate_stdout_filters", {0}, K_VALUE,
-                      "with --log_dir: --tee stdout lines containing any of these (comma list) also go to "
-                      "filtered_stdout.log"},
+                      "with --log_dir: --tee stdout lines containing any of these (comma list; ',,' is a comma) "
+                      "also go to <log_dir>/<run_id>/attempt_<n>/filtered_stdout.log"},
     [O_DUP_STDERR] = {"duplicate_stderr_filters", {0}, K_VALUE, "the same for stderr (filtered_stderr.log)"},
     [O_NODE_RANK] = {"node_rank", {"machine_rank"}, K_VALUE, "this node's rank, 0..nnodes-1 (node 0 hosts the store)"},
     [O_MASTER_ADDR] = {"master_addr", {"main_process_ip"}, K_VALUE, "address of node 0 (default 127.0.0.1)"},
@@ -388,11 +388,10 @@ int launch_opt_apply(struct launch_args *a, int id, const char *v, const char *s
         FSDP_TRY(check_template(v, src));
         return copy_str(a->prefix_template, sizeof a->prefix_template, v, src);
     case O_DUP_STDOUT:
-    case O_DUP_STDERR:
-        if (!*v)
-            return 0; /* torchrun's default: no filter */
-        return error_set(FSDP_EUNSUPPORTED, "%s: duplicating filtered lines into filtered_std*.log is not supported; "
-                         "filter the per-rank logs of --log_dir instead (grep)", src);
+    case O_DUP_STDERR: {
+        char *dst = a->dup_filters[id == O_DUP_STDERR];
+        return copy_str(dst, sizeof a->dup_filters[0], v, src);
+    }
     case O_FILTER: return check_filter(v, src) ? FSDP_EINVAL
                                                : copy_str(a->local_ranks_filter, sizeof a->local_ranks_filter, v, src);
     case O_ROLE:

@@ -268,13 +268,82 @@ fail:
     return rc;
 }
 
+/* torchrun's comma_separated_list: items split at ',', with ",," standing for a comma inside one. */
+static char **split_needles(const char *text)
+{
+    size_t n = 2;
+    for (const char *p = text; *p; p++)
+        n += *p == ',';
+    char **v = calloc(n, sizeof *v);
+    char *buf = malloc(strlen(text) + 1);
+    if (!v || !buf) {
+        free(v);
+        free(buf);
+        return NULL;
+    }
+    size_t k = 0, len = 0;
+    for (const char *p = text;; p++) {
+        if (*p == ',' && p[1] == ',') {
+            buf[len++] = ',';
+            p++;
+            continue;
+        }
+        if (*p == ',' || !*p) {
+            buf[len] = 0;
+            if (len && !(v[k++] = strdup(buf)))
+                break;
+            len = 0;
+            if (!*p)
+                break;
+            continue;
+        }
+        buf[len++] = *p;
+    }
+    free(buf);
+    return v;
+}
+
+static void free_needles(char **v)
+{
+    for (char **p = v; p && *p; p++)
+        free(*p);
+    free(v);
+}
+
+/* <log_dir>/<run_id>/attempt_<n>/filtered_{stdout,stderr}.log, shared by every rank of this node. */
+static int open_filtered(struct worker_group *g, const struct launch_args *a, const struct spawn_env *e)
+{
+    for (int k = 0; k < 2; k++) {
+        if (!a->dup_filters[k][0])
+            continue;
+        char dir[PATH_MAX];
+        int n = snprintf(dir, sizeof dir, "%s/%s/attempt_%d", a->log_dir, a->run_id, e->restart_count);
+        if (n < 0 || (size_t)n >= sizeof dir)
+            return error_set(FSDP_ERANGE, "log directory path too long under %s", a->log_dir);
+        FSDP_TRY(fs_mkdir_p(dir, "log directory"));
+        g->filters[k] = split_needles(a->dup_filters[k]);
+        if (!g->filters[k])
+            return error_set(FSDP_ENOMEM, "out of memory");
+        g->filtered_fd[k] = open_log(dir, k ? "filtered_stderr.log" : "filtered_stdout.log");
+        if (g->filtered_fd[k] < 0)
+            return FSDP_EIO;
+    }
+    return 0;
+}
+
 int workers_spawn(struct worker_group *g, const struct launch_args *a, const struct rdzv_assignment *as,
                   const struct spawn_env *e)
 {
     memset(g, 0, sizeof *g);
+    g->filtered_fd[0] = g->filtered_fd[1] = -1;
     g->w = calloc((size_t)a->nproc_per_node, sizeof *g->w);
     if (!g->w)
         return error_set(FSDP_ENOMEM, "out of memory");
+    int frc = open_filtered(g, a, e);
+    if (frc) {
+        workers_release(g);
+        return frc;
+    }
     for (int i = 0; i < a->nproc_per_node; i++) {
         struct worker *w = &g->w[i];
         w->local_rank = i;
@@ -289,6 +358,8 @@ int workers_spawn(struct worker_group *g, const struct launch_args *a, const str
             workers_release(g);
             return rc;
         }
+        output_set_filter(&w->out, g->filtered_fd[0], g->filters[0]);
+        output_set_filter(&w->err, g->filtered_fd[1], g->filters[1]);
         g->n = i + 1;
         g->running++;
     }
@@ -338,8 +409,14 @@ void workers_release(struct worker_group *g)
         output_close(&w->out);
         output_close(&w->err);
     }
+    for (int k = 0; k < 2; k++) {
+        if (g->filtered_fd[k] >= 0)
+            close(g->filtered_fd[k]);
+        free_needles(g->filters[k]);
+    }
     free(g->w);
     memset(g, 0, sizeof *g);
+    g->filtered_fd[0] = g->filtered_fd[1] = -1;
 }
 
 void workers_describe_status(int status, char *buf, size_t cap)

@@ -24,6 +24,8 @@ struct worker_group {
     struct worker *w;
     int n;
     int running;
+    int filtered_fd[2];  /* --duplicate_{stdout,stderr}_filters' files of this attempt, -1 = none */
+    char **filters[2];   /* their needles, NULL-terminated */
 };
 
 struct spawn_env {

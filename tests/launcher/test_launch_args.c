@@ -385,7 +385,7 @@ Test(args, rdzv_conf_signals_and_accepted_flags)
         {"--numa_binding", "node", "does not bind workers to NUMA nodes"},
         {"--signals_to_handle", "SIGKILL", "cannot be forwarded"},
         {"--signals_to_handle", "SIGNOPE", "not a signal name"},
-        {"--duplicate_stdout_filters", "loss", "filtered_std*.log is not supported"},
+        {"--duplicate_stdout_filters", "loss", "--duplicate_stdout_filters needs --log_dir"},
         {"--print_completion", "bash", "no completion scripts"},
         {"--nproc_per_node", "xpu", "no Intel XPU backend"},
         {"--rdzv_backend", "etcd-v2", "'etcd-v2' is not supported"},

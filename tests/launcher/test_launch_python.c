@@ -297,7 +297,8 @@ Test(python, configs_written_by_accelerate_itself, .timeout = 120)
     free(dir);
 }
 
-/* torchrun's --log_line_prefix_template (and TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE) prefix --tee lines. */
+/* torchrun's --log_line_prefix_template (and TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE) prefix --tee lines;
+ * --duplicate_stdout_filters copies matching ones into filtered_stdout.log. */
 Test(python, tee_prefix_template, .timeout = 60)
 {
     char *dir = lu_tmpdir();
@@ -314,6 +315,21 @@ Test(python, tee_prefix_template, .timeout = 60)
     out = lu_slurp_tag(dir, "tee2", "out");
     cr_expect(strstr(out, "[0] hi\n"), "%s", out);
     free(out);
+    /* torchrun's --duplicate_stdout_filters: tee'd lines with a needle also go to filtered_stdout.log */
+    char logs[4200], filtered[4400];
+    snprintf(logs, sizeof logs, "%s/logs", dir);
+    const char *dup[] = {NULL, "--nproc_per_node", "2", "--tee", "3", "--log_dir", logs, "--rdzv_id", "dup",
+                         "--duplicate_stdout_filters", "loss,a,,b", "--no_python", "/bin/sh", "-c",
+                         "echo \"step $RANK loss 1\"; echo quiet; echo \"a,b $RANK\"; echo \"to stderr loss\" >&2",
+                         NULL};
+    cr_assert_eq(launch(dir, "dup", dup, NULL), 0, "%s", lu_slurp_tag(dir, "dup", "err"));
+    snprintf(filtered, sizeof filtered, "%s/dup/attempt_0/filtered_stdout.log", logs);
+    char *f = tu_slurp(filtered);
+    cr_assert_not_null(f, "no %s", filtered);
+    cr_expect(strstr(f, "[rank 0]:step 0 loss 1\n") && strstr(f, "[rank 1]:step 1 loss 1\n"), "%s", f);
+    cr_expect(strstr(f, "[rank 1]:a,b 1\n"), "',,' is a comma in a needle: %s", f);
+    cr_expect(!strstr(f, "quiet") && !strstr(f, "stderr"), "only matching stdout lines: %s", f);
+    free(f);
     const char *bad[] = {NULL, "--log_line_prefix_template", "${node}:", "--no_python", "/bin/echo", NULL};
     cr_expect_eq(launch(dir, "bad", bad, NULL), 2);
     char *err = lu_slurp_tag(dir, "bad", "err");
