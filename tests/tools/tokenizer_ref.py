@@ -16,9 +16,13 @@ Subcommands (all paths are files; nothing is downloaded):
       Writes tokenizer.json variants that exercise the rest of the format (Split behaviours, invert,
       String patterns, add_prefix_space, added tokens with lstrip/rstrip/single_word/normalized,
       "a b" merges, unk/byte_fallback); prints their names.
-  encode TOKENIZER.json TEXT OUT.ids [--check-decode]
-      Ids of TEXT (read as bytes, decoded as strict UTF-8; add_special_tokens=False) as uint32
-      little-endian; --check-decode also asserts decode(ids, skip_special_tokens=False) == TEXT.
+  encode --out-dir DIR --text TEXT [--text TEXT ...] TOKENIZER.json...
+      For every tokenizer T and text X: DIR/T__X.ids, the ids of X (read as bytes, decoded as strict
+      UTF-8; add_special_tokens=False) as uint32 little-endian, and DIR/T__X.roundtrip, "1" when
+      decode(ids, skip_special_tokens=False) gives X's bytes back, else "0" (T and X without their folder
+      and extension).
+  autotokenizer DIR TEXT IDS
+      transformers' AutoTokenizer.from_pretrained(DIR) encodes TEXT to exactly the uint32 ids in IDS.
   bench TOKENIZER.json TEXT [--repeat R]
       One thread: prints `mb_s=X` for the fastest of encode() per document and encode_batch_fast().
 """
@@ -246,19 +250,42 @@ def cmd_variants(a):
     print(' '.join(names))
 
 
+def _stem(path):
+    return os.path.splitext(os.path.basename(path))[0]
+
+
 def cmd_encode(a):
     from tokenizers import Tokenizer
-    tok = Tokenizer.from_file(a.tokenizer)
+    texts = []
+    for path in a.text:
+        with open(path, 'rb') as f:
+            raw = f.read()
+        texts.append((_stem(path), raw, raw.decode('utf-8')))
+    for tpath in a.tokenizers:
+        tok = Tokenizer.from_file(tpath)
+        for name, raw, text in texts:
+            ids = tok.encode(text, add_special_tokens=False).ids
+            base = os.path.join(a.out_dir, _stem(tpath) + '__' + name)
+            with open(base + '.ids', 'wb') as f:
+                f.write(struct.pack('<%dI' % len(ids), *ids))
+            back = tok.decode(ids, skip_special_tokens=False)
+            with open(base + '.roundtrip', 'w') as f:
+                f.write('1' if back.encode() == raw else '0')
+
+
+def cmd_autotokenizer(a):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(a.dir)
     with open(a.text, 'rb') as f:
-        raw = f.read()
-    text = raw.decode('utf-8')
-    ids = tok.encode(text, add_special_tokens=False).ids
-    with open(a.out, 'wb') as f:
-        f.write(struct.pack('<%dI' % len(ids), *ids))
-    if a.check_decode:
-        back = tok.decode(ids, skip_special_tokens=False)
-        if back.encode() != raw:
-            sys.exit('decode(encode(text)) != text for %s' % a.text)
+        text = f.read().decode('utf-8')
+    with open(a.ids, 'rb') as f:
+        data = f.read()
+    want = list(struct.unpack('<%dI' % (len(data) // 4), data))
+    got = tok.encode(text, add_special_tokens=False)
+    if got != want:
+        first = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), min(len(got), len(want)))
+        sys.exit('AutoTokenizer(%s) differs at id %d of %d/%d' % (a.dir, first, len(got), len(want)))
+    print('ok %d ids' % len(got))
 
 
 def cmd_bench(a):
@@ -304,10 +331,13 @@ def main():
     c.add_argument('tokenizer')
     c.add_argument('outdir')
     c = sub.add_parser('encode')
-    c.add_argument('tokenizer')
+    c.add_argument('--out-dir', required=True)
+    c.add_argument('--text', action='append', required=True)
+    c.add_argument('tokenizers', nargs='+')
+    c = sub.add_parser('autotokenizer')
+    c.add_argument('dir')
     c.add_argument('text')
-    c.add_argument('out')
-    c.add_argument('--check-decode', action='store_true')
+    c.add_argument('ids')
     c = sub.add_parser('bench')
     c.add_argument('tokenizer')
     c.add_argument('text')
