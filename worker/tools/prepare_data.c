@@ -243,9 +243,12 @@ static int setup_tokenizer(const struct prep_options *opt, struct tok_setup *s)
     } else {
         char *cfg_eos = NULL;
         rc = prepare_meta_config_eos(s->path, &cfg_eos);
+        uint32_t v;
+        if (rc == 0 && cfg_eos && tokenizer_token_id(s->tok, cfg_eos, &v) != 0)
+            rc = error_set(FSDP_EINVAL, "the tokenizer_config.json beside %s names eos_token \"%s\", which is not one "
+                           "of its tokens: name the end-of-text token with --eot TOKEN", s->path, cfg_eos);
         const char *cands[] = {cfg_eos, "<|endoftext|>", "<|end_of_text|>"};
         for (int i = 0; rc == 0 && i < 3 && s->eot < 0; i++) {
-            uint32_t v;
             if (cands[i] && tokenizer_token_id(s->tok, cands[i], &v) == 0) {
                 s->eot = v;
                 s->eot_text = strdup(cands[i]);

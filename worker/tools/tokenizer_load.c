@@ -304,6 +304,9 @@ static int parse_pretok_one(struct tokenizer *t, const cJSON *p, const char *whe
     int rc = 0;
     if (strcmp(type->valuestring, "ByteLevel") == 0) {
         bool use_regex = true, prefix = true;
+        if (!cJSON_IsBool(key(p, "add_prefix_space")))
+            return error_set(FSDP_EINVAL, "%s: %s.add_prefix_space must be true or false (tokenizers requires it)",
+                             t->name, where);
         if ((rc = get_bool(t, p, "use_regex", where, true, &use_regex)) < 0 ||
             (rc = get_bool(t, p, "add_prefix_space", where, true, &prefix)) < 0 || (rc = add_step(t, where)) < 0)
             return rc;
