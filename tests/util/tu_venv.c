@@ -4,18 +4,21 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-int tu_venv_python(const char *modules, char *python, size_t cap, char *why, size_t why_cap)
+bool tu_venv_bin(const char *prog, char *out, size_t cap)
 {
     const char *venv = getenv("FSDP_TORCH_VENV"), *home = getenv("HOME");
-    char dir[1024];
     if (venv && *venv)
-        snprintf(dir, sizeof dir, "%s", venv);
+        snprintf(out, cap, "%s/bin/%s", venv, prog);
     else
-        snprintf(dir, sizeof dir, "%s/.cache/fsdpc-venv", home ? home : "");
-    snprintf(python, cap, "%s/bin/python", dir);
-    if (access(python, X_OK) != 0) {
-        snprintf(why, why_cap, "no Python venv at %s (FSDP_TORCH_VENV; make it with python3 -m venv %s && %s/bin/pip "
-                 "install %s)", dir, dir, dir, modules);
+        snprintf(out, cap, "%s/.cache/fsdpc-venv/bin/%s", home ? home : "", prog);
+    return access(out, X_OK) == 0;
+}
+
+int tu_venv_python(const char *modules, char *python, size_t cap, char *why, size_t why_cap)
+{
+    if (!tu_venv_bin("python", python, cap)) {
+        snprintf(why, why_cap, "no PyPI venv python at %s (FSDP_TORCH_VENV; .ci/run makes it: python3 -m venv DIR "
+                 "&& DIR/bin/pip install %s)", python, modules);
         return -1;
     }
     char cmd[2048];

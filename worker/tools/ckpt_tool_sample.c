@@ -179,46 +179,54 @@ int ckpt_tool_sample(int argc, char **argv)
     const struct kernels *k = kernels_cpu();
     int T = l->config.block_size, V = l->config.vocab_size, VP = l->vocab_padded;
     size_t plen = strlen(o.prompt);
+    float *params = NULL, *scratch = NULL;
+    int32_t *ctx = NULL, *tok = NULL, *tgt = NULL;
+    struct model *m = NULL;
     struct tokenizer *tz = NULL;
     struct tokenizer_ids pids = {0};
-    int rc = open_tokenizer(&o, r, V, &tz);
-    if (rc == 0 && tz) {
-        if (tokenizer_utf8_check(o.prompt, plen) != plen)
+    int rc = 0;
+    FSDP_TRY_GOTO(open_tokenizer(&o, r, V, &tz), rc, out);
+    if (tz) {
+        if (tokenizer_utf8_check(o.prompt, plen) != plen) {
             rc = error_set(FSDP_EINVAL, "--prompt is not UTF-8");
-        else
-            rc = tokenizer_encode(tz, o.prompt, plen, &pids);
-        if (rc == 0 && pids.n == 0) /* an empty prompt starts where a document would: after a newline */
-            rc = tokenizer_encode(tz, "\n", 1, &pids);
+            goto out;
+        }
+        FSDP_TRY_GOTO(tokenizer_encode(tz, o.prompt, plen, &pids), rc, out);
+        if (pids.n == 0) /* an empty prompt starts where a document would: after a newline */
+            FSDP_TRY_GOTO(tokenizer_encode(tz, "\n", 1, &pids), rc, out);
     }
-    for (size_t i = 0; !tz && i < plen && rc == 0; i++)
-        if ((unsigned char)o.prompt[i] >= (unsigned)V)
+    for (size_t i = 0; !tz && i < plen; i++)
+        if ((unsigned char)o.prompt[i] >= (unsigned)V) {
             rc = error_set(FSDP_EINVAL, "prompt byte %u at %zu is outside the vocabulary (vocab_size %d)",
                            (unsigned char)o.prompt[i], i, V);
-    float *params = rc == 0 ? k->mem_alloc(l->numel * sizeof *params) : NULL;
-    if (rc == 0 && !params)
+            goto out;
+        }
+    if (!(params = k->mem_alloc(l->numel * sizeof *params))) {
         rc = error_set(FSDP_ENOMEM, "out of memory for %zu parameters", l->numel);
-    for (int p = 0; p < l->n_params && rc == 0; p++)
-        rc = ckpt_read(r, CKPT_PARAM, p, 0, l->params[p].numel, params + l->params[p].offset);
-    struct model *m = NULL;
-    if (rc == 0)
-        rc = model_create(&m, &l->config, k, 1, T);
+        goto out;
+    }
+    for (int p = 0; p < l->n_params; p++)
+        FSDP_TRY_GOTO(ckpt_read(r, CKPT_PARAM, p, 0, l->params[p].numel, params + l->params[p].offset), rc, out);
+    FSDP_TRY_GOTO(model_create(&m, &l->config, k, 1, T), rc, out);
     size_t ctx_cap = (tz ? pids.n : plen) + (size_t)o.length + 1;
-    int32_t *ctx = malloc(ctx_cap * sizeof *ctx), *tok = malloc((size_t)T * sizeof *tok),
-            *tgt = malloc((size_t)T * sizeof *tgt);
-    float *scratch = malloc((size_t)V * sizeof *scratch);
-    if (rc == 0 && (!ctx || !tok || !tgt || !scratch))
+    ctx = malloc(ctx_cap * sizeof *ctx);
+    tok = malloc((size_t)T * sizeof *tok);
+    tgt = malloc((size_t)T * sizeof *tgt);
+    scratch = malloc((size_t)V * sizeof *scratch);
+    if (!ctx || !tok || !tgt || !scratch) {
         rc = error_set(FSDP_ENOMEM, "out of memory");
+        goto out;
+    }
     size_t n = 0;
-    for (size_t i = 0; rc == 0 && tz && i < pids.n; i++)
+    for (size_t i = 0; tz && i < pids.n; i++)
         ctx[n++] = (int32_t)pids.v[i];
-    for (size_t i = 0; rc == 0 && !tz && i < plen; i++)
+    for (size_t i = 0; !tz && i < plen; i++)
         ctx[n++] = (unsigned char)o.prompt[i];
-    if (rc == 0 && n == 0)
+    if (n == 0)
         ctx[n++] = '\n' < V ? '\n' : 0; /* an empty prompt starts from a newline, as a document would */
-    if (rc == 0)
-        fwrite(o.prompt, 1, plen, stdout);
+    fwrite(o.prompt, 1, plen, stdout);
     uint64_t rng = o.seed;
-    for (int g = 0; rc == 0 && g < o.length; g++) {
+    for (int g = 0; g < o.length; g++) {
         /* The model is causal: positions after the context do not change the logits at its end, so the
          * window is padded with token 0 rather than rebuilding the model for every length. */
         size_t w = n < (size_t)T ? n : (size_t)T, start = n - w;
@@ -227,15 +235,15 @@ int ckpt_tool_sample(int argc, char **argv)
             tgt[i] = -1;
         }
         float loss;
-        if ((rc = model_set_batch(m, tok, tgt)) != 0 || (rc = model_forward(m, params, &loss)) != 0)
-            break;
+        FSDP_TRY_GOTO(model_set_batch(m, tok, tgt), rc, out);
+        FSDP_TRY_GOTO(model_forward(m, params, &loss), rc, out);
         const float *logits = model_logits(m) + (w - 1) * (size_t)VP;
         int t = pick(logits, V, &o, scratch, &rng);
         ctx[n++] = t;
         print_token(tz, t);
     }
-    if (rc == 0)
-        putchar('\n');
+    putchar('\n');
+out:
     fflush(stdout);
     if (rc != 0)
         fprintf(stderr, "fsdp-ckpt sample: %s\n", error_message());
