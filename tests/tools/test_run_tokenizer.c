@@ -9,8 +9,8 @@ TestSuite(run_tokenizer, .init = tt_setup, .fini = tt_teardown);
 
 Test(run_tokenizer, config_values)
 {
-    const char *ini = "# effective config\n[model]\ntrain_file = wrong\n\n[data]\n  train_file = \"runs/d/train.bin\"  \n"
-                      "val_file =\n; comment = x\n[log]\ndir = r\n";
+    const char *ini = "# effective config\n[model]\ntrain_file = wrong\n\n[data]\n"
+                      "  train_file = \"runs/d/train.bin\"  \nval_file =\n; comment = x\n[log]\ndir = r\n";
     char v[256];
     cr_assert_eq(run_config_value(ini, "data", "train_file", v, sizeof v), 0);
     cr_assert_str_eq(v, "runs/d/train.bin");

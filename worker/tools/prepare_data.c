@@ -67,17 +67,20 @@ static int collect(const char *path, int top, struct path_list *l)
         return error_set(FSDP_EIO, "%s: cannot read directory: %s", path, strerror(errno));
     struct dirent *e;
     int rc = 0;
-    while (rc == 0 && (e = readdir(dir))) {
+    while ((e = readdir(dir))) {
         if (e->d_name[0] == '.')
             continue;
         char *child;
         if (asprintf(&child, "%s/%s", path, e->d_name) < 0) {
             rc = error_set(FSDP_ENOMEM, "out of memory");
-            break;
+            goto out;
         }
         rc = collect(child, 0, l);
         free(child);
+        if (rc < 0)
+            goto out;
     }
+out:
     closedir(dir);
     return rc;
 }
@@ -97,13 +100,14 @@ static int read_file(const char *path, unsigned char **data, size_t *len)
     if (!f)
         return error_set(FSDP_EIO, "%s: cannot open: %s", path, strerror(errno));
     size_t cap = 0;
+    int rc = 0;
     for (;;) {
         if (*len == cap) {
             cap = cap ? 2 * cap : 65536;
             unsigned char *p = realloc(*data, cap);
             if (!p) {
-                fclose(f);
-                return error_set(FSDP_ENOMEM, "%s: out of memory", path);
+                rc = error_set(FSDP_ENOMEM, "%s: out of memory", path);
+                goto out;
             }
             *data = p;
         }
@@ -112,9 +116,11 @@ static int read_file(const char *path, unsigned char **data, size_t *len)
         if (k == 0)
             break;
     }
-    int bad = ferror(f);
+    if (ferror(f))
+        rc = error_set(FSDP_EIO, "%s: read error", path);
+out:
     fclose(f);
-    return bad ? error_set(FSDP_EIO, "%s: read error", path) : 0;
+    return rc;
 }
 
 enum invalid_utf8 { UTF8_ERROR = 0, UTF8_REPLACE, UTF8_SKIP };
@@ -190,18 +196,16 @@ static int doc_run(void *ctx, const uint32_t *ids, size_t n, size_t text_bytes)
 {
     struct doc *d = ctx;
     struct token_file *f = split_side(d->split, text_bytes);
-    int rc = 0;
     if (d->first && d->bos >= 0) {
         uint32_t b = (uint32_t)d->bos;
-        rc = token_file_put(f, &b, 1);
+        FSDP_TRY(token_file_put(f, &b, 1));
     }
     d->first = false;
-    if (rc == 0)
-        rc = token_file_put(f, ids, n);
+    FSDP_TRY(token_file_put(f, ids, n));
     d->last = f;
     d->done += text_bytes;
     byte_progress_update(d->progress, d->done);
-    return rc;
+    return 0;
 }
 
 struct tok_setup {
@@ -227,43 +231,46 @@ static int setup_tokenizer(const struct prep_options *opt, struct tok_setup *s)
     s->eot = s->bos = -1;
     struct stat st;
     if (stat(opt->tokenizer, &st) == 0 && S_ISDIR(st.st_mode)) {
-        if (asprintf(&s->path, "%s/tokenizer.json", opt->tokenizer) < 0)
+        if (asprintf(&s->path, "%s/tokenizer.json", opt->tokenizer) < 0) {
+            s->path = NULL;
             return error_set(FSDP_ENOMEM, "out of memory");
+        }
     } else if (!(s->path = strdup(opt->tokenizer))) {
         return error_set(FSDP_ENOMEM, "out of memory");
     }
-    int rc = tokenizer_load(s->path, &s->tok);
-    if (rc < 0)
-        return rc;
-    if (opt->eot && strcmp(opt->eot, "none") == 0) {
-        /* no separator */
-    } else if (opt->eot) {
-        rc = resolve_token(s->tok, s->path, "--eot", opt->eot, &s->eot);
-        s->eot_text = strdup(opt->eot);
-    } else {
-        char *cfg_eos = NULL;
-        rc = prepare_meta_config_eos(s->path, &cfg_eos);
-        uint32_t v;
-        if (rc == 0 && cfg_eos && tokenizer_token_id(s->tok, cfg_eos, &v) != 0)
-            rc = error_set(FSDP_EINVAL, "the tokenizer_config.json beside %s names eos_token \"%s\", which is not one "
-                           "of its tokens: name the end-of-text token with --eot TOKEN", s->path, cfg_eos);
-        const char *cands[] = {cfg_eos, "<|endoftext|>", "<|end_of_text|>"};
-        for (int i = 0; rc == 0 && i < 3 && s->eot < 0; i++) {
-            if (cands[i] && tokenizer_token_id(s->tok, cands[i], &v) == 0) {
-                s->eot = v;
-                s->eot_text = strdup(cands[i]);
-            }
-        }
-        free(cfg_eos);
-        if (rc == 0 && s->eot < 0)
-            rc = error_set(FSDP_EINVAL, "%s has no end-of-text token (no eos_token in a tokenizer_config.json beside "
-                           "it, no <|endoftext|>, no <|end_of_text|>): name one with --eot TOKEN, or --eot none",
-                           s->path);
-    }
-    if (rc == 0 && opt->bos) {
-        rc = resolve_token(s->tok, s->path, "--bos", opt->bos, &s->bos);
+    FSDP_TRY(tokenizer_load(s->path, &s->tok));
+    if (opt->bos) {
+        FSDP_TRY(resolve_token(s->tok, s->path, "--bos", opt->bos, &s->bos));
         s->bos_text = strdup(opt->bos);
     }
+    if (opt->eot && strcmp(opt->eot, "none") == 0)
+        return 0; /* no separator */
+    if (opt->eot) {
+        FSDP_TRY(resolve_token(s->tok, s->path, "--eot", opt->eot, &s->eot));
+        s->eot_text = strdup(opt->eot);
+        return 0;
+    }
+    char *cfg_eos = NULL;
+    FSDP_TRY(prepare_meta_config_eos(s->path, &cfg_eos));
+    uint32_t v;
+    int rc = 0;
+    if (cfg_eos && tokenizer_token_id(s->tok, cfg_eos, &v) != 0) {
+        rc = error_set(FSDP_EINVAL, "the tokenizer_config.json beside %s names eos_token \"%s\", which is not one "
+                       "of its tokens: name the end-of-text token with --eot TOKEN", s->path, cfg_eos);
+        goto out;
+    }
+    const char *cands[] = {cfg_eos, "<|endoftext|>", "<|end_of_text|>"};
+    for (int i = 0; i < 3 && s->eot < 0; i++) {
+        if (cands[i] && tokenizer_token_id(s->tok, cands[i], &v) == 0) {
+            s->eot = v;
+            s->eot_text = strdup(cands[i]);
+        }
+    }
+    if (s->eot < 0)
+        rc = error_set(FSDP_EINVAL, "%s has no end-of-text token (no eos_token in a tokenizer_config.json beside it, "
+                       "no <|endoftext|>, no <|end_of_text|>): name one with --eot TOKEN, or --eot none", s->path);
+out:
+    free(cfg_eos);
     return rc;
 }
 
@@ -276,12 +283,11 @@ static void free_setup(struct tok_setup *s)
 }
 
 /* One text file with a tokenizer: its UTF-8 checked (or repaired), encoded in runs, then the EOT. */
-static int encode_file(const struct prep_options *opt, struct tok_setup *ts, struct doc *d, const char *path,
+static int encode_file(const struct prep_options *opt, const struct tok_setup *ts, struct doc *d, const char *path,
                        unsigned char *data, size_t len, struct prepare_stats *stats)
 {
-    char *text = (char *)data;
+    char *text = (char *)data, *repaired = NULL;
     size_t n = len, bad_at = tokenizer_utf8_check(text, len);
-    char *repaired = NULL;
     if (bad_at < len) {
         if (opt->invalid_utf8 == UTF8_SKIP) {
             stats->utf8_skipped++;
@@ -292,24 +298,82 @@ static int encode_file(const struct prep_options *opt, struct tok_setup *ts, str
                              "pass --invalid-utf8 replace (U+FFFD, as Python's errors=\"replace\") or --invalid-utf8 "
                              "skip", path, data[bad_at], bad_at);
         size_t replaced;
-        int rc = tokenizer_utf8_repair(text, len, &repaired, &n, &replaced);
-        if (rc < 0)
-            return rc;
+        FSDP_TRY(tokenizer_utf8_repair(text, len, &repaired, &n, &replaced));
         stats->utf8_replaced += replaced;
         text = repaired;
     }
     d->first = true;
     d->last = NULL;
     uint64_t done0 = d->done;
-    int rc = tokenizer_encode_runs(ts->tok, text, n, opt->chunk_size, doc_run, d);
-    /* a repaired text is longer than the file: the bar counts the file's bytes */
-    d->done = done0 + len;
-    if (rc == 0 && ts->eot >= 0) {
+    int rc = 0;
+    FSDP_TRY_GOTO(tokenizer_encode_runs(ts->tok, text, n, opt->chunk_size, doc_run, d), rc, out);
+    if (ts->eot >= 0) {
         uint32_t e = (uint32_t)ts->eot;
-        rc = token_file_put(d->last ? d->last : d->split->train, &e, 1);
+        FSDP_TRY_GOTO(token_file_put(d->last ? d->last : d->split->train, &e, 1), rc, out);
     }
+out:
+    d->done = done0 + len; /* a repaired text is longer than the file: the bar counts the file's bytes */
     free(repaired);
     return rc;
+}
+
+/* Every input file into the split, with the bar. */
+static int fill(const struct prep_options *opt, const struct tok_setup *ts, const struct path_list *files,
+                struct split *split, struct prepare_stats *stats)
+{
+    struct byte_progress bar;
+    byte_progress_init(&bar, stderr, opt->progress, "encoding", files->bytes);
+    struct doc doc = {.split = split, .progress = &bar, .bos = ts->bos};
+    unsigned char *data = NULL;
+    int rc = 0;
+    double t0 = log_elapsed_s();
+    for (size_t i = 0; i < files->n; i++) {
+        size_t len;
+        FSDP_TRY_GOTO(read_file(files->v[i], &data, &len), rc, out);
+        if (len == 0 || !is_text(data, len)) {
+            stats->binary_skipped += len != 0;
+            doc.done += len;
+        } else if (!ts->tok) {
+            stats->input_bytes += len;
+            stats->text_files++;
+            for (size_t off = 0; off < len; off += opt->chunk_size) {
+                size_t n = len - off < opt->chunk_size ? len - off : opt->chunk_size;
+                FSDP_TRY_GOTO(token_file_put_bytes(split_side(split, n), data + off, n), rc, out);
+                doc.done += n;
+                byte_progress_update(&bar, doc.done);
+            }
+        } else {
+            stats->input_bytes += len;
+            int done = encode_file(opt, ts, &doc, files->v[i], data, len, stats);
+            FSDP_TRY_GOTO(done, rc, out);
+            stats->text_files += done == 0; /* 1: skipped, not UTF-8 */
+        }
+        free(data);
+        data = NULL;
+    }
+out:
+    free(data);
+    stats->seconds = log_elapsed_s() - t0;
+    byte_progress_finish(&bar, doc.done);
+    return rc;
+}
+
+static void report(const struct prepare_meta *m, const struct tok_setup *ts, const struct token_file *train,
+                   const struct token_file *val)
+{
+    const struct prepare_stats *s = m->stats;
+    printf("%zu text files (%zu binary skipped), vocab_size %u, format %s\n", s->text_files, s->binary_skipped,
+           m->vocab_size, m->format == DATA_FORMAT_NANOGPT ? "nanogpt" : m->format == DATA_FORMAT_LLMC ? "llmc"
+                                                                                       : "llmc uint32");
+    if (ts->tok)
+        printf("tokenizer %s: %s, %zu merges, %zu added tokens; each document ends with %s%s%s\n", ts->path,
+               tokenizer_style(ts->tok), tokenizer_merge_count(ts->tok), tokenizer_added_count(ts->tok),
+               ts->eot_text ? ts->eot_text : "nothing", ts->bos_text ? ", starts with " : "",
+               ts->bos_text ? ts->bos_text : "");
+    printf("%s: %lld tokens\n", train->final_path, (long long)train->tokens);
+    printf("%s: %lld tokens\n", val->final_path, (long long)val->tokens);
+    printf("%.1f MB of text in %.2f s (%.1f MB/s)\n", (double)s->input_bytes / 1e6, s->seconds,
+           s->seconds > 0 ? (double)s->input_bytes / 1e6 / s->seconds : 0.0);
 }
 
 static int prepare(const struct prep_options *opt, char **inputs, int n_inputs)
@@ -318,10 +382,8 @@ static int prepare(const struct prep_options *opt, char **inputs, int n_inputs)
     struct tok_setup ts = {.eot = -1, .bos = -1};
     struct token_file *train = NULL, *val = NULL;
     int rc = 0;
-    for (int i = 0; i < n_inputs && rc == 0; i++)
-        rc = collect(inputs[i], 1, &files);
-    if (rc < 0)
-        goto done;
+    for (int i = 0; i < n_inputs; i++)
+        FSDP_TRY_GOTO(collect(inputs[i], 1, &files), rc, done);
     if (files.n == 0) {
         rc = error_set(FSDP_EINVAL, "no input files found in the %d input(s) given", n_inputs);
         goto done;
@@ -330,20 +392,17 @@ static int prepare(const struct prep_options *opt, char **inputs, int n_inputs)
     enum data_format format = opt->format;
     uint32_t vocab = 256;
     if (opt->tokenizer) {
-        if ((rc = setup_tokenizer(opt, &ts)) < 0)
-            goto done;
+        FSDP_TRY_GOTO(setup_tokenizer(opt, &ts), rc, done);
         vocab = tokenizer_vocab_size(ts.tok);
-        if (vocab > 65536) {
-            if (opt->format_set && format == DATA_FORMAT_NANOGPT) {
-                rc = error_set(FSDP_EINVAL, "--format nanogpt holds uint16 tokens, but %s has %u ids: use --format "
-                               "llmc (uint32 tokens with llm.c's Llama 3 header)", ts.path, vocab);
-                goto done;
-            }
-            format = DATA_FORMAT_LLMC_U32;
+        if (vocab > 65536 && opt->format_set && format == DATA_FORMAT_NANOGPT) {
+            rc = error_set(FSDP_EINVAL, "--format nanogpt holds uint16 tokens, but %s has %u ids: use --format llmc "
+                           "(uint32 tokens with llm.c's Llama 3 header)", ts.path, vocab);
+            goto done;
         }
+        if (vocab > 65536)
+            format = DATA_FORMAT_LLMC_U32;
     }
-    if ((rc = fs_mkdir_p(opt->out_dir, "output directory")) < 0)
-        goto done;
+    FSDP_TRY_GOTO(fs_mkdir_p(opt->out_dir, "output directory"), rc, done);
     train = calloc(1, sizeof *train);
     val = calloc(1, sizeof *val);
     if (!train || !val) {
@@ -351,48 +410,11 @@ static int prepare(const struct prep_options *opt, char **inputs, int n_inputs)
         goto done;
     }
     train->fd = val->fd = -1;
-    if ((rc = token_file_open(train, opt->out_dir, "train.bin", format)) < 0 ||
-        (rc = token_file_open(val, opt->out_dir, "val.bin", format)) < 0)
-        goto done;
+    FSDP_TRY_GOTO(token_file_open(train, opt->out_dir, "train.bin", format), rc, done);
+    FSDP_TRY_GOTO(token_file_open(val, opt->out_dir, "val.bin", format), rc, done);
     struct split split = {.train = train, .val = val, .val_fraction = opt->val_fraction};
-    struct byte_progress bar;
-    byte_progress_init(&bar, stderr, opt->progress, "encoding", files.bytes);
-    struct doc doc = {.split = &split, .progress = &bar, .bos = ts.bos};
     struct prepare_stats stats = {0};
-    double t0 = log_elapsed_s();
-    for (size_t i = 0; i < files.n && rc == 0; i++) {
-        unsigned char *data;
-        size_t len;
-        if ((rc = read_file(files.v[i], &data, &len)) < 0)
-            break;
-        if (len == 0 || !is_text(data, len)) {
-            stats.binary_skipped += len != 0;
-            doc.done += len;
-            free(data);
-            continue;
-        }
-        stats.input_bytes += len;
-        if (!ts.tok) {
-            for (size_t off = 0; off < len && rc == 0; off += opt->chunk_size) {
-                size_t n = len - off < opt->chunk_size ? len - off : opt->chunk_size;
-                rc = token_file_put_bytes(split_side(&split, n), data + off, n);
-                doc.done += n;
-                byte_progress_update(&bar, doc.done);
-            }
-            stats.text_files++;
-        } else {
-            rc = encode_file(opt, &ts, &doc, files.v[i], data, len, &stats);
-            if (rc == 1) /* skipped: not UTF-8 */
-                rc = 0;
-            else if (rc == 0)
-                stats.text_files++;
-        }
-        free(data);
-    }
-    stats.seconds = log_elapsed_s() - t0;
-    byte_progress_finish(&bar, doc.done);
-    if (rc < 0)
-        goto done;
+    FSDP_TRY_GOTO(fill(opt, &ts, &files, &split, &stats), rc, done);
     if (stats.text_files == 0) {
         rc = error_set(FSDP_EINVAL, "no text files among the %zu input files (%zu binary skipped, %zu not UTF-8)",
                        files.n, stats.binary_skipped, stats.utf8_skipped);
@@ -407,30 +429,18 @@ static int prepare(const struct prep_options *opt, char **inputs, int n_inputs)
     stats.val_tokens = val->tokens;
     stats.train_bytes = split.train_bytes;
     stats.val_bytes = split.val_bytes;
-    if ((rc = token_file_commit(train)) < 0 || (rc = token_file_commit(val)) < 0)
-        goto done;
+    FSDP_TRY_GOTO(token_file_commit(train), rc, done);
+    FSDP_TRY_GOTO(token_file_commit(val), rc, done);
     struct prepare_meta meta = {.out_dir = opt->out_dir, .tokenizer_path = ts.path, .tok = ts.tok,
                                 .vocab_size = vocab, .format = format, .eot = ts.eot, .eot_text = ts.eot_text,
                                 .bos = ts.bos, .bos_text = ts.bos_text, .stats = &stats};
-    if ((rc = prepare_meta_write(&meta)) < 0)
-        goto done;
+    FSDP_TRY_GOTO(prepare_meta_write(&meta), rc, done);
     int dfd = open(opt->out_dir, O_RDONLY | O_DIRECTORY);
     if (dfd >= 0) {
         fsync(dfd); /* makes the renames durable */
         close(dfd);
     }
-    printf("%zu text files (%zu binary skipped), vocab_size %u, format %s\n", stats.text_files,
-           stats.binary_skipped, vocab, format == DATA_FORMAT_NANOGPT ? "nanogpt" : format == DATA_FORMAT_LLMC ? "llmc"
-                                                                                  : "llmc uint32");
-    if (ts.tok)
-        printf("tokenizer %s: %s, %zu merges, %zu added tokens; each document ends with %s%s%s\n", ts.path,
-               tokenizer_style(ts.tok), tokenizer_merge_count(ts.tok), tokenizer_added_count(ts.tok),
-               ts.eot_text ? ts.eot_text : "nothing", ts.bos_text ? ", starts with " : "",
-               ts.bos_text ? ts.bos_text : "");
-    printf("%s: %lld tokens\n", train->final_path, (long long)train->tokens);
-    printf("%s: %lld tokens\n", val->final_path, (long long)val->tokens);
-    printf("%.1f MB of text in %.2f s (%.1f MB/s)\n", (double)stats.input_bytes / 1e6, stats.seconds,
-           stats.seconds > 0 ? (double)stats.input_bytes / 1e6 / stats.seconds : 0.0);
+    report(&meta, &ts, train, val);
 done:
     if (train)
         token_file_cleanup(train);

@@ -26,7 +26,7 @@ static int slurp(const char *path, char **data, size_t *len)
             char *p = realloc(*data, cap + 1);
             if (!p) {
                 rc = error_set(FSDP_ENOMEM, "%s: out of memory", path);
-                break;
+                goto out;
             }
             *data = p;
         }
@@ -35,11 +35,13 @@ static int slurp(const char *path, char **data, size_t *len)
         if (k == 0)
             break;
     }
-    if (rc == 0 && ferror(f))
+    if (ferror(f)) {
         rc = error_set(FSDP_EIO, "%s: read error", path);
+        goto out;
+    }
+    (*data)[*len] = '\0';
+out:
     fclose(f);
-    if (rc == 0)
-        (*data)[*len] = '\0';
     return rc;
 }
 
@@ -60,19 +62,25 @@ int prepare_meta_config_eos(const char *tokenizer_json, char **eos)
     size_t len;
     if (!path)
         return error_set(FSDP_ENOMEM, "out of memory");
+    cJSON *root = NULL;
     int rc = slurp(path, &data, &len);
     if (rc == FSDP_ENOTFOUND) {
-        free(path);
-        return 0;
+        rc = 0;
+        goto out;
     }
-    cJSON *root = rc == 0 ? cJSON_ParseWithLength(data, len) : NULL;
-    if (rc == 0 && !cJSON_IsObject(root))
+    if (rc < 0)
+        goto out;
+    root = cJSON_ParseWithLength(data, len);
+    if (!cJSON_IsObject(root)) {
         rc = error_set(FSDP_EINVAL, "%s: not a JSON object", path);
-    const cJSON *e = root ? cJSON_GetObjectItemCaseSensitive(root, "eos_token") : NULL;
+        goto out;
+    }
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, "eos_token");
     if (cJSON_IsObject(e))
         e = cJSON_GetObjectItemCaseSensitive(e, "content");
-    if (rc == 0 && cJSON_IsString(e) && !(*eos = strdup(e->valuestring)))
+    if (cJSON_IsString(e) && !(*eos = strdup(e->valuestring)))
         rc = error_set(FSDP_ENOMEM, "out of memory");
+out:
     cJSON_Delete(root);
     free(data);
     free(path);
@@ -89,12 +97,10 @@ static int copy_beside(const char *tokenizer_json, const char *src_name, const c
         return error_set(FSDP_ENOMEM, "out of memory");
     int rc = slurp(path, &data, &len);
     free(path);
-    if (rc == FSDP_ENOTFOUND)
-        return 1;
     if (rc == 0)
         rc = token_file_write_small(out_dir, dst_name, data, len);
     free(data);
-    return rc;
+    return rc == FSDP_ENOTFOUND ? 1 : rc;
 }
 
 static int write_json(const char *dir, const char *name, cJSON *obj)
@@ -150,9 +156,8 @@ static int write_tokenizer_files(const struct prepare_meta *m)
 
 int prepare_meta_write(const struct prepare_meta *m)
 {
-    int rc = 0;
-    if (m->tokenizer_path && (rc = write_tokenizer_files(m)) < 0)
-        return rc;
+    if (m->tokenizer_path)
+        FSDP_TRY(write_tokenizer_files(m));
     const struct prepare_stats *s = m->stats;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "version", PREPARE_META_VERSION);
@@ -184,7 +189,7 @@ int prepare_meta_write(const struct prepare_meta *m)
     cJSON_AddNumberToObject(in, "utf8_replaced", (double)s->utf8_replaced);
     cJSON_AddNumberToObject(in, "bytes", (double)s->input_bytes);
     cJSON_AddNumberToObject(in, "seconds", s->seconds);
-    rc = write_json(m->out_dir, PREPARE_META_FILE, o);
+    int rc = write_json(m->out_dir, PREPARE_META_FILE, o);
     cJSON_Delete(o);
     return rc;
 }

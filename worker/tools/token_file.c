@@ -65,11 +65,8 @@ int token_file_put(struct token_file *f, const uint32_t *ids, size_t n)
         if (tb == 2 && ids[i] > UINT16_MAX)
             return error_set(FSDP_ERANGE, "%s: token id %u does not fit the uint16 tokens of the %s format",
                              f->final_path, ids[i], data_format_name(f->format));
-        if (sizeof f->buf - f->buffered < (size_t)tb) {
-            int rc = flush(f);
-            if (rc < 0)
-                return rc;
-        }
+        if (sizeof f->buf - f->buffered < (size_t)tb)
+            FSDP_TRY(flush(f));
         if (tb == 2) {
             uint16_t v = (uint16_t)ids[i];
             memcpy(f->buf + f->buffered, &v, 2);
@@ -89,17 +86,15 @@ int token_file_put_bytes(struct token_file *f, const unsigned char *bytes, size_
         size_t k = n - off < 1024 ? n - off : 1024;
         for (size_t i = 0; i < k; i++)
             ids[i] = bytes[off + i];
-        int rc = token_file_put(f, ids, k);
-        if (rc < 0)
-            return rc;
+        FSDP_TRY(token_file_put(f, ids, k));
     }
     return 0;
 }
 
 int token_file_commit(struct token_file *f)
 {
-    int rc = flush(f);
-    if (rc == 0 && f->format != DATA_FORMAT_NANOGPT) {
+    FSDP_TRY(flush(f));
+    if (f->format != DATA_FORMAT_NANOGPT) {
         if (f->tokens > INT32_MAX)
             return error_set(FSDP_ERANGE, "%s: %lld tokens do not fit llm.c's int32 count; use the nanoGPT "
                              "format", f->final_path, (long long)f->tokens);
@@ -107,19 +102,17 @@ int token_file_commit(struct token_file *f)
         int32_t head[3] = {u32 ? DATA_LLMC_U32_MAGIC : DATA_LLMC_MAGIC,
                            u32 ? DATA_LLMC_U32_VERSION : DATA_LLMC_VERSION, (int32_t)f->tokens};
         if (pwrite(f->fd, head, sizeof head, 0) != (ssize_t)sizeof head)
-            rc = error_set(FSDP_EIO, "%s: cannot write the header: %s", f->tmp_path, strerror(errno));
+            return error_set(FSDP_EIO, "%s: cannot write the header: %s", f->tmp_path, strerror(errno));
     }
-    if (rc == 0 && fsync(f->fd) != 0)
-        rc = error_set(FSDP_EIO, "%s: fsync failed: %s", f->tmp_path, strerror(errno));
-    if (rc == 0 && fchmod(f->fd, 0644) != 0)
-        rc = error_set(FSDP_EIO, "%s: chmod failed: %s", f->tmp_path, strerror(errno));
-    if (rc == 0 && rename(f->tmp_path, f->final_path) != 0)
-        rc = error_set(FSDP_EIO, "%s: cannot rename into place: %s", f->final_path, strerror(errno));
-    if (rc == 0) {
-        free(f->tmp_path);
-        f->tmp_path = NULL;
-    }
-    return rc;
+    if (fsync(f->fd) != 0)
+        return error_set(FSDP_EIO, "%s: fsync failed: %s", f->tmp_path, strerror(errno));
+    if (fchmod(f->fd, 0644) != 0)
+        return error_set(FSDP_EIO, "%s: chmod failed: %s", f->tmp_path, strerror(errno));
+    if (rename(f->tmp_path, f->final_path) != 0)
+        return error_set(FSDP_EIO, "%s: cannot rename into place: %s", f->final_path, strerror(errno));
+    free(f->tmp_path);
+    f->tmp_path = NULL;
+    return 0;
 }
 
 void token_file_cleanup(struct token_file *f)
@@ -139,11 +132,11 @@ int token_file_write_small(const char *dir, const char *name, const void *data, 
     struct token_file *f = malloc(sizeof *f);
     if (!f)
         return error_set(FSDP_ENOMEM, "out of memory");
-    int rc = token_file_open(f, dir, name, DATA_FORMAT_NANOGPT);
-    if (rc == 0)
-        rc = write_all(f->fd, data, len, f->tmp_path);
-    if (rc == 0)
-        rc = token_file_commit(f);
+    int rc = 0;
+    FSDP_TRY_GOTO(token_file_open(f, dir, name, DATA_FORMAT_NANOGPT), rc, out);
+    FSDP_TRY_GOTO(write_all(f->fd, data, len, f->tmp_path), rc, out);
+    FSDP_TRY_GOTO(token_file_commit(f), rc, out);
+out:
     token_file_cleanup(f);
     free(f);
     return rc;

@@ -45,8 +45,8 @@ int tokenizer_encode(struct tokenizer *t, const char *text, size_t len, struct t
 /* Encodes text and hands the ids over in runs that end on pre-token boundaries: fn is called whenever at
  * least chunk_bytes of text were consumed since the last call (and once at the end), with the ids of
  * that run and the number of text bytes it covers. The runs, concatenated, are exactly
- * tokenizer_encode's ids, so cutting a file between runs never cuts text inside a pre-token. A non-zero
- * return of fn stops the encoding and is returned. */
+ * tokenizer_encode's ids, so cutting a file between runs never cuts text inside a pre-token. A negative
+ * return of fn (an enum fsdp_error, its message set) stops the encoding and is returned. */
 typedef int (*tokenizer_run_fn)(void *ctx, const uint32_t *ids, size_t n, size_t text_bytes);
 int tokenizer_encode_runs(struct tokenizer *t, const char *text, size_t len, size_t chunk_bytes,
                           tokenizer_run_fn fn, void *ctx);

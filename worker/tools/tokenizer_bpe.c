@@ -46,10 +46,8 @@ int tok_bpe_init(struct tok_bpe *b)
     b->unk_id = -1;
     b->cache_on = true;
     b->heap_threshold = 64;
-    int rc = tok_map_init(&b->cache, 1024);
-    if (rc == 0)
-        rc = tok_map_init(&b->vocab_bytes, 1024);
-    return rc;
+    FSDP_TRY(tok_map_init(&b->cache, 1024));
+    return tok_map_init(&b->vocab_bytes, 1024);
 }
 
 void tok_bpe_free(struct tok_bpe *b)
@@ -288,9 +286,9 @@ static int cache_put(struct tok_bpe *b, const unsigned char *p, size_t n, uint64
         b->cache_ids_cap = cap;
     }
     memcpy(b->cache_ids + b->cache_ids_n, ids, k * sizeof *ids);
-    int rc = tok_map_put(&b->cache, p, n, h, (uint32_t)b->cache_ids_n, (uint32_t)k);
+    FSDP_TRY(tok_map_put(&b->cache, p, n, h, (uint32_t)b->cache_ids_n, (uint32_t)k));
     b->cache_ids_n += k;
-    return rc;
+    return 0;
 }
 
 int tok_bpe_piece(struct tok_bpe *b, const unsigned char *p, size_t n, struct tokenizer_ids *out)
@@ -311,27 +309,20 @@ int tok_bpe_piece(struct tok_bpe *b, const unsigned char *p, size_t n, struct to
         const struct tok_map_entry *e = tok_map_get(&b->cache, p, n, h);
         if (e) {
             b->hits++;
-            int rc = tokenizer_ids_reserve(out, e->b);
-            if (rc < 0)
-                return rc;
+            FSDP_TRY(tokenizer_ids_reserve(out, e->b));
             memcpy(out->v + out->n, b->cache_ids + e->a, e->b * sizeof *out->v);
             out->n += e->b;
             return 0;
         }
     }
     b->misses++;
-    int rc = scratch_reserve(b, 3 * n + 1);
-    if (rc < 0)
-        return rc;
+    FSDP_TRY(scratch_reserve(b, 3 * n + 1));
     size_t m = initial_symbols(b, p, n, b->sym);
     if (m > b->heap_threshold)
-        rc = merge_heap(b, b->sym, &m);
+        FSDP_TRY(merge_heap(b, b->sym, &m));
     else
         m = merge_scan(b, b->sym, m, b->rank, b->rank_new);
-    if (rc == 0)
-        rc = tokenizer_ids_reserve(out, m);
-    if (rc < 0)
-        return rc;
+    FSDP_TRY(tokenizer_ids_reserve(out, m));
     memcpy(out->v + out->n, b->sym, m * sizeof *out->v);
     out->n += m;
     return cacheable ? cache_put(b, p, n, h, b->sym, m) : 0;

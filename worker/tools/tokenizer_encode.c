@@ -16,10 +16,10 @@ struct enc {
 static int enc_emit(void *ctx, const unsigned char *p, size_t n, bool is_added, uint32_t id, size_t end)
 {
     struct enc *e = ctx;
-    int rc = is_added ? tokenizer_ids_push(e->out, id) : tok_bpe_piece(&e->t->bpe, p, n, e->out);
-    if (rc < 0 || !e->fn || end - e->run_start < e->chunk)
-        return rc;
-    rc = e->fn(e->ctx, e->out->v, e->out->n, end - e->run_start);
+    FSDP_TRY(is_added ? tokenizer_ids_push(e->out, id) : tok_bpe_piece(&e->t->bpe, p, n, e->out));
+    if (!e->fn || end - e->run_start < e->chunk)
+        return 0;
+    int rc = e->fn(e->ctx, e->out->v, e->out->n, end - e->run_start);
     e->out->n = 0;
     e->run_start = end;
     return rc;
@@ -36,10 +36,12 @@ int tokenizer_encode_runs(struct tokenizer *t, const char *text, size_t len, siz
 {
     struct tokenizer_ids ids = {0};
     struct enc e = {.t = t, .out = &ids, .chunk = chunk_bytes ? chunk_bytes : 1, .fn = fn, .ctx = ctx};
-    int rc = tok_pretok_run(t, (const unsigned char *)text, len, enc_emit, &e);
+    int rc = 0;
+    FSDP_TRY_GOTO(tok_pretok_run(t, (const unsigned char *)text, len, enc_emit, &e), rc, done);
     /* the text after the last piece that closed a run (or all of it) */
-    if (rc == 0 && (ids.n || e.run_start < len))
+    if (ids.n || e.run_start < len)
         rc = fn(ctx, ids.v, ids.n, len - e.run_start);
+done:
     tokenizer_ids_free(&ids);
     return rc;
 }

@@ -58,11 +58,8 @@ int tok_map_put(struct tok_map *m, const void *key, size_t n, uint64_t hash, uin
 {
     if (n > UINT32_MAX)
         return error_set(FSDP_ERANGE, "a token of %zu bytes is too long", n);
-    if (2 * (m->n + 1) > m->cap) {
-        int rc = map_grow(m);
-        if (rc < 0)
-            return rc;
-    }
+    if (2 * (m->n + 1) > m->cap)
+        FSDP_TRY(map_grow(m));
     size_t mask = m->cap - 1, i = hash & mask;
     for (; m->e[i].hash; i = (i + 1) & mask) {
         struct tok_map_entry *e = &m->e[i];

@@ -92,26 +92,20 @@ static int parse_model(struct tokenizer *t, const cJSON *model, uint32_t *max_id
             return error_set(FSDP_EUNSUPPORTED, "%s: model.%s is set: not a byte-level BPE (only null is supported)",
                              t->name, affixes[i]);
     }
-    int rc = 0;
     struct tok_bpe *b = &t->bpe;
-    if ((rc = get_bool(t, model, "fuse_unk", "model", false, &b->fuse_unk)) < 0 ||
-        (rc = get_bool(t, model, "byte_fallback", "model", false, &b->byte_fallback)) < 0 ||
-        (rc = get_bool(t, model, "ignore_merges", "model", false, &b->ignore_merges)) < 0)
-        return rc;
-    size_t nv = (size_t)cJSON_GetArraySize(vocab);
-    if ((rc = tok_map_init(&t->vocab_text, nv)) < 0)
-        return rc;
+    FSDP_TRY(get_bool(t, model, "fuse_unk", "model", false, &b->fuse_unk));
+    FSDP_TRY(get_bool(t, model, "byte_fallback", "model", false, &b->byte_fallback));
+    FSDP_TRY(get_bool(t, model, "ignore_merges", "model", false, &b->ignore_merges));
+    FSDP_TRY(tok_map_init(&t->vocab_text, (size_t)cJSON_GetArraySize(vocab)));
     /* which token owns each id, to refuse two tokens with one id (their decode would be ambiguous) */
     const cJSON *e;
     *max_id = 0;
     cJSON_ArrayForEach(e, vocab)
     {
         uint32_t id = 0;
-        if ((rc = get_id(t, e, "model.vocab", e->string, &id)) < 0)
-            return rc;
+        FSDP_TRY(get_id(t, e, "model.vocab", e->string, &id));
         size_t n = strlen(e->string);
-        if ((rc = tok_map_put(&t->vocab_text, e->string, n, tok_hash(e->string, n), id, 0)) < 0)
-            return rc;
+        FSDP_TRY(tok_map_put(&t->vocab_text, e->string, n, tok_hash(e->string, n), id, 0));
         *max_id = id > *max_id ? id : *max_id;
     }
     const cJSON *unk = key(model, "unk_token");
@@ -121,10 +115,8 @@ static int parse_model(struct tokenizer *t, const cJSON *model, uint32_t *max_id
             return error_set(FSDP_EINVAL, "%s: model.unk_token must be null or a token of model.vocab", t->name);
         b->unk_id = id;
     }
-    size_t nm = merges ? (size_t)cJSON_GetArraySize(merges) : 0;
-    if ((rc = tok_pairs_init(&b->merges, nm)) < 0)
-        return rc;
-    int form = 0; /* 1: "a b" strings, 2: ["a", "b"] pairs */
+    FSDP_TRY(tok_pairs_init(&b->merges, merges ? (size_t)cJSON_GetArraySize(merges) : 0));
+    int rc = 0, form = 0; /* 1: "a b" strings, 2: ["a", "b"] pairs */
     size_t rank = 0;
     char *joined = NULL;
     size_t joined_cap = 0;
@@ -138,7 +130,7 @@ static int parse_model(struct tokenizer *t, const cJSON *model, uint32_t *max_id
             if (!sp || strchr(sp + 1, ' ')) {
                 rc = error_set(FSDP_EINVAL, "%s: model.merges[%zu] \"%s\" must be two tokens separated by one space",
                                t->name, rank, e->valuestring);
-                break;
+                goto out;
             }
             l = e->valuestring;
             ln = (size_t)(sp - l);
@@ -152,12 +144,12 @@ static int parse_model(struct tokenizer *t, const cJSON *model, uint32_t *max_id
             rn = strlen(r);
         } else {
             rc = error_set(FSDP_EINVAL, "%s: model.merges[%zu] must be \"a b\" or [\"a\", \"b\"]", t->name, rank);
-            break;
+            goto out;
         }
         if (form && f != form) {
             rc = error_set(FSDP_EINVAL, "%s: model.merges mixes \"a b\" strings and [\"a\", \"b\"] pairs (at %zu), "
                            "which tokenizers refuses too", t->name, rank);
-            break;
+            goto out;
         }
         form = f;
         if (joined_cap < ln + rn + 1) {
@@ -165,7 +157,7 @@ static int parse_model(struct tokenizer *t, const cJSON *model, uint32_t *max_id
             char *j = realloc(joined, joined_cap);
             if (!j) {
                 rc = error_set(FSDP_ENOMEM, "out of memory");
-                break;
+                goto out;
             }
             joined = j;
         }
@@ -177,12 +169,12 @@ static int parse_model(struct tokenizer *t, const cJSON *model, uint32_t *max_id
         if (missing) {
             rc = error_set(FSDP_EINVAL, "%s: model.merges[%zu] (\"%.*s\" + \"%.*s\"): its %s token is not in "
                            "model.vocab", t->name, rank, (int)ln, l, (int)rn, r, missing);
-            break;
+            goto out;
         }
-        if ((rc = tok_pairs_put(&b->merges, li, ri, (uint32_t)rank, mi)) < 0)
-            break;
+        FSDP_TRY_GOTO(tok_pairs_put(&b->merges, li, ri, (uint32_t)rank, mi), rc, out);
         rank++;
     }
+out:
     free(joined);
     b->n_merges = rank;
     return rc;
@@ -190,9 +182,9 @@ static int parse_model(struct tokenizer *t, const cJSON *model, uint32_t *max_id
 
 static int parse_added(struct tokenizer *t, const cJSON *list, uint32_t *max_id)
 {
-    int rc = tok_map_init(&t->added_text, 64);
-    if (rc < 0 || !list || cJSON_IsNull(list))
-        return rc;
+    FSDP_TRY(tok_map_init(&t->added_text, 64));
+    if (!list || cJSON_IsNull(list))
+        return 0;
     if (!cJSON_IsArray(list))
         return error_set(FSDP_EINVAL, "%s: added_tokens must be a list", t->name);
     size_t n = (size_t)cJSON_GetArraySize(list);
@@ -211,12 +203,11 @@ static int parse_added(struct tokenizer *t, const cJSON *list, uint32_t *max_id)
         a.len = strlen(content->valuestring);
         char where[48];
         snprintf(where, sizeof where, "added_tokens[%zu]", i++);
-        if ((rc = get_bool(t, e, "special", where, false, &a.special)) < 0 ||
-            (rc = get_bool(t, e, "single_word", where, false, &a.single_word)) < 0 ||
-            (rc = get_bool(t, e, "lstrip", where, false, &a.lstrip)) < 0 ||
-            (rc = get_bool(t, e, "rstrip", where, false, &a.rstrip)) < 0 ||
-            (rc = get_bool(t, e, "normalized", where, !a.special, &a.normalized)) < 0)
-            return rc;
+        FSDP_TRY(get_bool(t, e, "special", where, false, &a.special));
+        FSDP_TRY(get_bool(t, e, "single_word", where, false, &a.single_word));
+        FSDP_TRY(get_bool(t, e, "lstrip", where, false, &a.lstrip));
+        FSDP_TRY(get_bool(t, e, "rstrip", where, false, &a.rstrip));
+        FSDP_TRY(get_bool(t, e, "normalized", where, !a.special, &a.normalized));
         if (a.len == 0)
             continue; /* tokenizers ignores an empty token */
         /* tokenizers' AddedVocabulary::add_tokens: the id of a known content, else the next free one */
@@ -240,8 +231,7 @@ static int parse_added(struct tokenizer *t, const cJSON *list, uint32_t *max_id)
         if (cJSON_IsNumber(jid) && jid->valuedouble != (double)id)
             log_warn("%s: %s \"%s\" says id %.0f but gets id %u, as in tokenizers", t->name, where,
                      content->valuestring, jid->valuedouble, id);
-        if ((rc = tok_map_put(&t->added_text, content->valuestring, a.len, h, id, 0)) < 0)
-            return rc;
+        FSDP_TRY(tok_map_put(&t->added_text, content->valuestring, a.len, h, id, 0));
         a.id = id;
         size_t k = 0;
         while (k < t->n_added && t->added[k].id != id)
@@ -301,21 +291,19 @@ static int parse_pretok_one(struct tokenizer *t, const cJSON *p, const char *whe
     if (*byte_level)
         return error_set(FSDP_EUNSUPPORTED, "%s: %s (%s) comes after ByteLevel: a byte-level BPE ends its "
                          "pre-tokenizer with ByteLevel", t->name, where, type->valuestring);
-    int rc = 0;
     if (strcmp(type->valuestring, "ByteLevel") == 0) {
         bool use_regex = true, prefix = true;
         if (!cJSON_IsBool(key(p, "add_prefix_space")))
             return error_set(FSDP_EINVAL, "%s: %s.add_prefix_space must be true or false (tokenizers requires it)",
                              t->name, where);
-        if ((rc = get_bool(t, p, "use_regex", where, true, &use_regex)) < 0 ||
-            (rc = get_bool(t, p, "add_prefix_space", where, true, &prefix)) < 0 || (rc = add_step(t, where)) < 0)
-            return rc;
+        FSDP_TRY(get_bool(t, p, "use_regex", where, true, &use_regex));
+        FSDP_TRY(get_bool(t, p, "add_prefix_space", where, true, &prefix));
+        FSDP_TRY(add_step(t, where));
         struct tok_step *st = &t->steps[t->n_steps - 1];
         st->behavior = TOK_ISOLATED;
         st->add_prefix_space = prefix;
-        if (use_regex && (rc = tok_regex_compile(&st->re, gpt2_pattern, strlen(gpt2_pattern), false, t->name,
-                                                 where)) < 0)
-            return rc;
+        if (use_regex)
+            FSDP_TRY(tok_regex_compile(&st->re, gpt2_pattern, strlen(gpt2_pattern), false, t->name, where));
         *byte_level = true;
         return 0;
     }
@@ -335,8 +323,8 @@ static int parse_pretok_one(struct tokenizer *t, const cJSON *p, const char *whe
             return error_set(FSDP_EINVAL, "%s: %s.behavior must be one of Removed, Isolated, MergedWithPrevious, "
                              "MergedWithNext, Contiguous", t->name, where);
         bool invert = false;
-        if ((rc = get_bool(t, p, "invert", where, false, &invert)) < 0 || (rc = add_step(t, where)) < 0)
-            return rc;
+        FSDP_TRY(get_bool(t, p, "invert", where, false, &invert));
+        FSDP_TRY(add_step(t, where));
         struct tok_step *st = &t->steps[t->n_steps - 1];
         st->behavior = (enum tok_behavior)bi;
         st->invert = invert;
@@ -355,7 +343,6 @@ static int parse_pretok(struct tokenizer *t, const cJSON *p)
         return error_set(FSDP_EUNSUPPORTED, "%s: pre_tokenizer is null: not a byte-level BPE (its pre_tokenizer is "
                          "ByteLevel, or a Sequence ending with ByteLevel)", t->name);
     bool byte_level = false;
-    int rc = 0;
     const cJSON *type = key(p, "type");
     if (cJSON_IsString(type) && strcmp(type->valuestring, "Sequence") == 0) {
         const cJSON *list = key(p, "pretokenizers"), *e;
@@ -364,11 +351,10 @@ static int parse_pretok(struct tokenizer *t, const cJSON *p)
         {
             char where[64];
             snprintf(where, sizeof where, "pre_tokenizer.pretokenizers[%zu]", i++);
-            if ((rc = parse_pretok_one(t, e, where, &byte_level)) < 0)
-                return rc;
+            FSDP_TRY(parse_pretok_one(t, e, where, &byte_level));
         }
-    } else if ((rc = parse_pretok_one(t, p, "pre_tokenizer", &byte_level)) < 0) {
-        return rc;
+    } else {
+        FSDP_TRY(parse_pretok_one(t, p, "pre_tokenizer", &byte_level));
     }
     if (!byte_level)
         return error_set(FSDP_EUNSUPPORTED, "%s: pre_tokenizer has no ByteLevel step: not a byte-level BPE", t->name);
@@ -435,7 +421,7 @@ static int build_ids(struct tokenizer *t, uint32_t max_id)
     if (!buf)
         return error_set(FSDP_ENOMEM, "out of memory");
     int rc = 0;
-    for (uint32_t id = 0; id < t->n_ids && rc == 0; id++) {
+    for (uint32_t id = 0; id < t->n_ids; id++) {
         const char *s = t->id_text[id];
         if (!s)
             continue;
@@ -446,7 +432,7 @@ static int build_ids(struct tokenizer *t, uint32_t max_id)
             unsigned char *nb = realloc(buf, cap);
             if (!nb) {
                 rc = error_set(FSDP_ENOMEM, "out of memory");
-                break;
+                goto out;
             }
             buf = nb;
         }
@@ -463,16 +449,17 @@ static int build_ids(struct tokenizer *t, uint32_t max_id)
         /* raw bytes of a vocabulary token, for ignore_merges (an added token is not a model token) */
         uint32_t vid;
         if (bytes && vocab_lookup(t, s, n, &vid) == 0 && vid == id)
-            rc = tok_map_put(&t->bpe.vocab_bytes, buf, k, tok_hash(buf, k), id, 0);
+            FSDP_TRY_GOTO(tok_map_put(&t->bpe.vocab_bytes, buf, k, tok_hash(buf, k), id, 0), rc, out);
         const void *src = bytes && t->decoder_bytelevel ? (const void *)buf : (const void *)s;
         size_t len = bytes && t->decoder_bytelevel ? k : n;
-        if (rc == 0 && !(t->id_bytes[id] = malloc(len + 1)))
+        if (!(t->id_bytes[id] = malloc(len + 1))) {
             rc = error_set(FSDP_ENOMEM, "out of memory");
-        if (rc == 0) {
-            memcpy(t->id_bytes[id], src, len);
-            t->id_bytes_len[id] = len;
+            goto out;
         }
+        memcpy(t->id_bytes[id], src, len);
+        t->id_bytes_len[id] = len;
     }
+out:
     free(buf);
     return rc;
 }
@@ -506,37 +493,33 @@ int tokenizer_load_string(const char *json, size_t len, const char *name, struct
         free(t);
         return error_set(FSDP_ENOMEM, "out of memory");
     }
-    int rc = tok_bpe_init(&t->bpe);
-    cJSON *root = rc == 0 ? cJSON_ParseWithLength(json, len) : NULL;
-    if (rc == 0 && !root) {
+    int rc = 0;
+    cJSON *root = NULL;
+    FSDP_TRY_GOTO(tok_bpe_init(&t->bpe), rc, done);
+    if (!(root = cJSON_ParseWithLength(json, len))) {
         const char *at = cJSON_GetErrorPtr();
         rc = error_set(FSDP_EINVAL, "%s: not valid JSON (near byte %td)", name, at ? at - json : (ptrdiff_t)-1);
+        goto done;
     }
-    if (rc == 0 && !cJSON_IsObject(root))
-        rc = error_set(FSDP_EINVAL, "%s: not a tokenizer.json (the top level is not an object)", name);
-    const cJSON *model = root ? key(root, "model") : NULL;
-    if (rc == 0 && !cJSON_IsObject(model))
-        rc = error_set(FSDP_EINVAL, "%s: no \"model\" object: not a tokenizer.json", name);
+    const cJSON *model = key(root, "model");
+    if (!cJSON_IsObject(root) || !cJSON_IsObject(model)) {
+        rc = error_set(FSDP_EINVAL, "%s: not a tokenizer.json (%s)", name,
+                       cJSON_IsObject(root) ? "no \"model\" object" : "the top level is not an object");
+        goto done;
+    }
     uint32_t max_id = 0;
-    if (rc == 0)
-        rc = parse_model(t, model, &max_id);
-    if (rc == 0)
-        rc = parse_added(t, key(root, "added_tokens"), &max_id);
-    if (rc == 0)
-        rc = build_sets(t);
-    if (rc == 0)
-        rc = parse_normalizer(t, key(root, "normalizer"));
-    if (rc == 0)
-        rc = parse_pretok(t, key(root, "pre_tokenizer"));
-    if (rc == 0) {
-        parse_decoder(t, key(root, "decoder"));
-        rc = build_ids(t, max_id);
-    }
-    if (rc == 0)
-        build_bytes(t);
+    FSDP_TRY_GOTO(parse_model(t, model, &max_id), rc, done);
+    FSDP_TRY_GOTO(parse_added(t, key(root, "added_tokens"), &max_id), rc, done);
+    FSDP_TRY_GOTO(build_sets(t), rc, done);
+    FSDP_TRY_GOTO(parse_normalizer(t, key(root, "normalizer")), rc, done);
+    FSDP_TRY_GOTO(parse_pretok(t, key(root, "pre_tokenizer")), rc, done);
+    parse_decoder(t, key(root, "decoder"));
+    FSDP_TRY_GOTO(build_ids(t, max_id), rc, done);
+    build_bytes(t);
+    /* Rust's \w, which tokenizers' single_word test uses */
     static const char word[] = "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}]";
-    if (rc == 0) /* Rust's \w, which tokenizers' single_word test uses */
-        rc = tok_regex_compile(&t->word_re, word, strlen(word), false, name, "single_word");
+    FSDP_TRY_GOTO(tok_regex_compile(&t->word_re, word, strlen(word), false, name, "single_word"), rc, done);
+done:
     cJSON_Delete(root);
     if (rc < 0) {
         tokenizer_free(t);
@@ -555,14 +538,14 @@ int tokenizer_load(const char *path, struct tokenizer **out)
                          strerror(errno));
     char *buf = NULL;
     size_t n = 0, cap = 0;
+    int rc = 0;
     for (;;) {
         if (n == cap) {
             cap = cap ? 2 * cap : 1 << 20;
             char *b = realloc(buf, cap);
             if (!b) {
-                free(buf);
-                fclose(f);
-                return error_set(FSDP_ENOMEM, "%s: out of memory", path);
+                rc = error_set(FSDP_ENOMEM, "%s: out of memory", path);
+                goto done;
             }
             buf = b;
         }
@@ -571,13 +554,13 @@ int tokenizer_load(const char *path, struct tokenizer **out)
         if (k == 0)
             break;
     }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return error_set(FSDP_EIO, "%s: read error", path);
+    if (ferror(f)) {
+        rc = error_set(FSDP_EIO, "%s: read error", path);
+        goto done;
     }
-    int rc = tokenizer_load_string(buf, n, path, out);
+    rc = tokenizer_load_string(buf, n, path, out);
+done:
+    fclose(f);
     free(buf);
     return rc;
 }

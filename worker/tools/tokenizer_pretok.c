@@ -149,14 +149,12 @@ int tok_regex_compile(struct tok_regex *re, const char *pattern, size_t len, boo
         }
         if (!b.s)
             sb_add(&b, "", 0);
-        if (b.oom)
+        if (b.oom) {
             rc = error_set(FSDP_ENOMEM, "out of memory compiling a pattern");
+            goto done;
+        }
     } else {
-        rc = rewrite(pattern, len, &b, name, what);
-    }
-    if (rc < 0) {
-        free(b.s);
-        return rc;
+        FSDP_TRY_GOTO(rewrite(pattern, len, &b, name, what), rc, done);
     }
     int err;
     PCRE2_SIZE off;
@@ -166,16 +164,14 @@ int tok_regex_compile(struct tok_regex *re, const char *pattern, size_t len, boo
         pcre2_get_error_message(err, msg, sizeof msg);
         rc = error_set(FSDP_EINVAL, "%s: %s: the pattern does not compile (%s, near offset %zu of \"%.*s\")", name,
                        what, (char *)msg, (size_t)off, (int)(len > 200 ? 200 : len), pattern);
-        free(b.s);
-        return rc;
+        goto done;
     }
-    free(b.s);
     re->jit = pcre2_jit_compile(re->code, PCRE2_JIT_COMPLETE) == 0;
     re->md = pcre2_match_data_create(1, NULL);
     re->mctx = pcre2_match_context_create(NULL);
     if (!re->md || !re->mctx) {
-        tok_regex_free(re);
-        return error_set(FSDP_ENOMEM, "out of memory compiling a pattern");
+        rc = error_set(FSDP_ENOMEM, "out of memory compiling a pattern");
+        goto done;
     }
     if (re->jit) {
         /* Patterns like \s+(?!\S) backtrack over whole runs: a long run of spaces needs more than
@@ -184,7 +180,11 @@ int tok_regex_compile(struct tok_regex *re, const char *pattern, size_t len, boo
         if (re->jit_stack)
             pcre2_jit_stack_assign(re->mctx, NULL, re->jit_stack);
     }
-    return 0;
+done:
+    free(b.s);
+    if (rc < 0)
+        tok_regex_free(re);
+    return rc;
 }
 
 void tok_regex_free(struct tok_regex *re)
@@ -257,7 +257,6 @@ static int flush(struct fold *f)
 
 static int element(struct fold *f, size_t a, size_t b, bool is_match)
 {
-    int rc = 0;
     switch (f->behavior) {
     case TOK_ISOLATED:
         return out(f, a, b);
@@ -271,11 +270,11 @@ static int element(struct fold *f, size_t a, size_t b, bool is_match)
             f->b = b;
             return 0;
         }
-        rc = flush(f);
+        FSDP_TRY(flush(f));
         f->has = true;
         f->a = a;
         f->b = b;
-        return rc;
+        return 0;
     }
     case TOK_MERGED_WITH_NEXT:
         /* a match joins the piece after it when that piece is not a match */
@@ -284,15 +283,15 @@ static int element(struct fold *f, size_t a, size_t b, bool is_match)
                 f->has = false;
                 return out(f, f->a, b);
             }
-            rc = flush(f);
+            FSDP_TRY(flush(f));
         }
         if (is_match) {
             f->has = true;
             f->a = a;
             f->b = b;
-            return rc;
+            return 0;
         }
-        return rc < 0 ? rc : out(f, a, b);
+        return out(f, a, b);
     }
     return 0;
 }
@@ -323,12 +322,10 @@ static int run_step(struct pt *c, int k, const unsigned char *p, size_t n, size_
     /* Oniguruma's iteration (tokenizers' SysRegex::find_iter): an empty match right where the previous
      * match ended is skipped by moving the search on one character. */
     size_t from = 0, prev = 0, last_match_end = SIZE_MAX;
-    int rc = 0;
-    while (rc == 0 && from <= n) {
+    while (from <= n) {
         size_t ms = 0, me = 0;
         int found = rx_search(&st->re, p, n, from, &ms, &me);
-        if (found < 0)
-            return found;
+        FSDP_TRY(found);
         if (!found)
             break;
         if (ms == me && me == last_match_end) {
@@ -341,16 +338,13 @@ static int run_step(struct pt *c, int k, const unsigned char *p, size_t n, size_
         from = me;
         last_match_end = me;
         if (prev != ms)
-            rc = element(&f, prev, ms, st->invert);
-        if (rc == 0)
-            rc = element(&f, ms, me, !st->invert);
+            FSDP_TRY(element(&f, prev, ms, st->invert));
+        FSDP_TRY(element(&f, ms, me, !st->invert));
         prev = me;
     }
-    if (rc == 0 && prev != n)
-        rc = element(&f, prev, n, st->invert);
-    if (rc == 0)
-        rc = flush(&f);
-    return rc;
+    if (prev != n)
+        FSDP_TRY(element(&f, prev, n, st->invert));
+    return flush(&f);
 }
 
 /* The added token with the longest content that starts at s, or NULL. tokens[] is sorted by content, so
@@ -412,8 +406,7 @@ static int segment(struct pt *c, int pass, const unsigned char *s, size_t n, siz
     if (set->n == 0)
         return gap(c, pass, s, n, base);
     size_t done = 0, i = 0;
-    int rc = 0;
-    while (rc == 0 && i < n) {
+    while (i < n) {
         while (i < n && !set->first[s[i]])
             i++;
         if (i == n)
@@ -449,14 +442,11 @@ static int segment(struct pt *c, int pass, const unsigned char *s, size_t n, siz
             i = stop;
         }
         if (done < start)
-            rc = gap(c, pass, s + done, start - done, base + done);
-        if (rc == 0)
-            rc = c->emit(c->ctx, s + start, stop - start, true, tok->id, base + stop);
+            FSDP_TRY(gap(c, pass, s + done, start - done, base + done));
+        FSDP_TRY(c->emit(c->ctx, s + start, stop - start, true, tok->id, base + stop));
         done = stop;
     }
-    if (rc == 0 && done < n)
-        rc = gap(c, pass, s + done, n - done, base + done);
-    return rc;
+    return done < n ? gap(c, pass, s + done, n - done, base + done) : 0;
 }
 
 int tok_pretok_run(struct tokenizer *t, const unsigned char *text, size_t len, tok_emit_fn emit, void *ctx)
