@@ -531,20 +531,42 @@ Test(model, llama_rejects_bad_config)
     expect_llama_reject(inter_neg, "intermediate_size must be in");
 }
 
-Test(model, wrap_class_per_family)
+/* The wrap class is the family's decoder block, in its names (ours are transformers' for the Llama) or the
+ * GPT-2 spelling DecoderBlock; the other family's class is refused naming this model's classes. */
+Test(model, llama_wrap_classes_and_class_table)
 {
-    cr_assert_eq(model_wrap_class_check("gpt2", "DecoderBlock"), 0);
-    cr_assert_eq(model_wrap_class_check("gpt2", "gpt2block"), 0);
-    cr_assert_eq(model_wrap_class_check("gpt2", "Block"), 0);
-    cr_assert_eq(model_wrap_class_check("llama", "LlamaDecoderLayer"), 0);
-    cr_assert_eq(model_wrap_class_check("llama", "DecoderBlock"), 0);
-    cr_assert_eq(model_wrap_class_check("llama", "GPT2Block"), FSDP_EINVAL);
-    cr_assert(strstr(error_message(), "the decoder block of model_family llama is LlamaDecoderLayer (use "
-                                      "LlamaDecoderLayer or DecoderBlock)"),
+    struct model_config c;
+    llama_config(&c, 2, false);
+    struct model_layout l;
+    cr_assert_eq(model_layout_build(&l, &c), 0, "%s", error_message());
+    cr_assert_eq(model_wrap_classes_check(&l, "LlamaDecoderLayer"), 0, "%s", error_message());
+    cr_assert_eq(model_wrap_classes_check(&l, "decoderblock"), 0, "%s", error_message());
+    cr_assert_eq(model_wrap_classes_check(&l, "LlamaDecoderLayer, DecoderBlock"), 0, "%s", error_message());
+    cr_assert_str_eq(model_class_resolve(&l, "DecoderBlock"), "LlamaDecoderLayer");
+    cr_assert_str_eq(model_class_hf_name(&l, "LlamaRMSNorm"), "LlamaRMSNorm");
+    cr_assert(model_class_can_be_unit(&l, "LlamaDecoderLayer"));
+    cr_assert(!model_class_can_be_unit(&l, "LlamaMLP"));
+    cr_assert_eq(model_wrap_classes_check(&l, "GPT2Block"), FSDP_EINVAL);
+    cr_assert(strstr(error_message(), "this llama model has no class 'GPT2Block'") &&
+                  strstr(error_message(), "LlamaRMSNorm") &&
+                  strstr(error_message(), "the one that becomes a unit is LlamaDecoderLayer"),
               "%s", error_message());
-    cr_assert(strstr(error_message(), "LlamaRMSNorm"), "%s", error_message());
-    cr_assert_eq(model_wrap_class_check("gpt2", "LlamaDecoderLayer"), FSDP_EINVAL);
-    cr_assert(strstr(error_message(), "use DecoderBlock, GPT2Block or Block"), "%s", error_message());
+    cr_assert_eq(model_wrap_classes_check(&l, "LlamaRMSNorm"), FSDP_EINVAL);
+    cr_assert(strstr(error_message(), "LlamaRMSNorm cannot be an FSDP unit here"), "%s", error_message());
+    struct model_class_row *rows;
+    int n;
+    cr_assert_eq(model_class_table(&l, &rows, &n), 0, "%s", error_message());
+    bool layer = false;
+    for (int i = 0; i < n; i++)
+        if (strcmp(rows[i].class_name, "LlamaDecoderLayer") == 0) {
+            layer = true;
+            cr_assert_eq(rows[i].count, 2);
+            cr_assert(rows[i].can_be_unit);
+            cr_assert_str_eq(rows[i].example, "model.layers.0");
+        }
+    cr_assert(layer, "no LlamaDecoderLayer row");
+    free(rows);
+    model_layout_free(&l);
 }
 
 /* fsdpc's file round trip, and a file as transformers writes it: a tied model without lm_head.weight

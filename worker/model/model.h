@@ -93,10 +93,6 @@ int model_layout_build(struct model_layout *out, const struct model_config *cfg)
 void model_layout_free(struct model_layout *layout);
 /* Comma-separated registry names ("gpt2, llama"). */
 const char *model_family_names(void);
-/* 0 when cls names the decoder block of family (the FSDP wrap unit of TRANSFORMER_BASED_WRAP, matched
- * without case: GPT-2 DecoderBlock, GPT2Block, Block; Llama LlamaDecoderLayer, DecoderBlock), else
- * FSDP_EINVAL with a message naming what the family accepts and its classes. */
-int model_wrap_class_check(const char *family, const char *cls);
 /* Model FLOPs per token of a training step (the PaLM count): 6 x the parameters that enter matmuls (not the
  * lookup-only tables) + 12 x n_layer x n_embd x block_size (causal attention, forward and backward). */
 double model_flops_per_token(const struct model_layout *layout);
@@ -104,6 +100,31 @@ double model_flops_per_token(const struct model_layout *layout);
 int model_layout_find(const struct model_layout *layout, const char *name);
 /* Parameters of modules of class class_name (e.g. "DecoderBlock", subtrees included); for reports. */
 size_t model_layout_class_numel(const struct model_layout *layout, const char *class_name);
+/* ---- module classes: names, which can be FSDP units, the table of --detect-blocks ---- */
+/* Hugging Face's name of one of the family's classes ("GPT2Block" for "DecoderBlock"); the class itself
+ * when the family gives none. */
+const char *model_class_hf_name(const struct model_layout *layout, const char *class_name);
+/* The layout's class a user's name means (ours, Hugging Face's or another spelling such as "Block", any
+ * case); NULL when the model has no such class. */
+const char *model_class_resolve(const struct model_layout *layout, const char *name);
+/* Every module of the class is the module of an FSDP unit other than the root (the family's blocks). */
+bool model_class_can_be_unit(const struct model_layout *layout, const char *class_name);
+/* Checks a transformer_layer_cls_to_wrap value: a comma list whose every name is a class of this model that
+ * can be a unit. The error names the value, the classes the model has and the one(s) that can be units. */
+int model_wrap_classes_check(const struct model_layout *layout, const char *list);
+
+struct model_class_row {
+    const char *class_name, *hf_name;
+    int count;                     /* modules of the class */
+    size_t params_min, params_max; /* parameters of one module (its subtree; vocabulary padding excluded) */
+    size_t params_total;           /* over the modules not nested in another of the same class */
+    bool is_root;                  /* the root unit's class (the whole model) */
+    bool can_be_unit;
+    char example[MODEL_NAME_MAX];  /* the first module of the class, "h.0" */
+};
+/* One row per class with parameters, largest total first (ties by name); *rows is malloc'd. */
+int model_class_table(const struct model_layout *layout, struct model_class_row **rows, int *n);
+
 /* The config with GPT-2 defaults (gpt2 family, init_std 0.02, seed 1337) and Llama's (rope_theta 10000,
  * rms_norm_eps 1e-6, untied head, n_kv_head and intermediate_size 0 = derived); sizes left 0. */
 void model_config_default(struct model_config *cfg);

@@ -17,6 +17,12 @@ struct model {
     void *family; /* the family's state (activation pointers into its arena) */
 };
 
+/* Other spellings of one of a family's module classes: Hugging Face's name, and any other name users write
+ * for it (nanoGPT's "Block"). */
+struct model_class_names {
+    const char *ours, *hf, *other;
+};
+
 struct model_family {
     const char *name;
     /* Fills the family's derived defaults into cfg (NULL: none). */
@@ -26,10 +32,7 @@ struct model_family {
     /* Fills params/modules/units for a config already checked by the generic code. */
     int (*layout_build)(struct model_layout *out, const struct model_config *cfg);
     const struct model_ops *ops;
-    /* Spellings of the decoder block class (the wrap unit), the layout's own first; NULL-terminated. */
-    const char *const *block_classes;
-    /* Every module class of the family, for messages. */
-    const char *classes;
+    const struct model_class_names *class_names; /* {NULL}-terminated; NULL = our names only */
 };
 
 /* Registry lookup; NULL with error_set listing the known families. */

@@ -2,21 +2,31 @@
  * line here plus its layout builder and ops. */
 #include <stdio.h>
 #include <string.h>
-#include <strings.h>
 
 #include "common/error.h"
 #include "worker/model/model_internal.h"
 
-static const char *const gpt2_blocks[] = {"DecoderBlock", "GPT2Block", "Block", NULL};
-static const char *const llama_blocks[] = {"LlamaDecoderLayer", "DecoderBlock", NULL};
+/* transformers' GPT2Model module classes (modeling_gpt2.py) for ours. */
+static const struct model_class_names gpt2_names[] = {
+    {"GPT2Model", "GPT2Model", NULL}, {"DecoderBlock", "GPT2Block", "Block"},
+    {"CausalSelfAttention", "GPT2Attention", NULL}, {"MLP", "GPT2MLP", NULL},
+    {"Embedding", "Embedding", NULL}, {"LayerNorm", "LayerNorm", NULL}, {"Conv1D", "Conv1D", NULL},
+    {"ModuleList", "ModuleList", NULL}, {NULL, NULL, NULL},
+};
+
+/* transformers' LlamaForCausalLM module classes (modeling_llama.py), which ours are; "DecoderBlock", the
+ * GPT-2 name of the block, also names Llama's. */
+static const struct model_class_names llama_names[] = {
+    {"LlamaForCausalLM", "LlamaForCausalLM", NULL}, {"LlamaModel", "LlamaModel", NULL},
+    {"LlamaDecoderLayer", "LlamaDecoderLayer", "DecoderBlock"}, {"LlamaAttention", "LlamaAttention", NULL},
+    {"LlamaMLP", "LlamaMLP", NULL}, {"LlamaRMSNorm", "LlamaRMSNorm", NULL}, {"Linear", "Linear", NULL},
+    {"Embedding", "Embedding", NULL}, {"ModuleList", "ModuleList", NULL}, {NULL, NULL, NULL},
+};
 
 static const struct model_family families[] = {
-    {.name = "gpt2", .layout_build = model_gpt2_layout_build, .ops = &model_gpt2_ops, .block_classes = gpt2_blocks,
-     .classes = "GPT2Model, Embedding, ModuleList, DecoderBlock, LayerNorm, CausalSelfAttention, MLP, Conv1D"},
+    {.name = "gpt2", .layout_build = model_gpt2_layout_build, .ops = &model_gpt2_ops, .class_names = gpt2_names},
     {.name = "llama", .resolve = model_llama_resolve, .check = model_llama_check,
-     .layout_build = model_llama_layout_build, .ops = &model_llama_ops, .block_classes = llama_blocks,
-     .classes = "LlamaForCausalLM, LlamaModel, Embedding, ModuleList, LlamaDecoderLayer, LlamaAttention, "
-                "LlamaMLP, LlamaRMSNorm, Linear"},
+     .layout_build = model_llama_layout_build, .ops = &model_llama_ops, .class_names = llama_names},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 
@@ -36,24 +46,6 @@ const struct model_family *model_family_find(const char *name)
             return &families[i];
     error_set(FSDP_EINVAL, "unknown model_family \"%s\"; known families: %s", name, model_family_names());
     return NULL;
-}
-
-int model_wrap_class_check(const char *family, const char *cls)
-{
-    const struct model_family *f = model_family_find(family);
-    if (!f)
-        return FSDP_EINVAL;
-    char spellings[160] = "";
-    for (const char *const *b = f->block_classes; *b; b++) {
-        if (strcasecmp(cls, *b) == 0)
-            return 0;
-        snprintf(spellings + strlen(spellings), sizeof spellings - strlen(spellings), "%s%s",
-                 b == f->block_classes ? "" : b[1] ? ", " : " or ", *b);
-    }
-    return error_set(FSDP_EINVAL,
-                     "fsdp.transformer_layer_cls_to_wrap = %s: the decoder block of model_family %s is %s (use %s); "
-                     "its classes are %s",
-                     cls, f->name, f->block_classes[0], spellings, f->classes);
 }
 
 double model_flops_per_token(const struct model_layout *l)
