@@ -8,7 +8,7 @@
  * this binary re-executed as `bench_llama --child CONFIG` with the variable set.
  *
  * Usage: bench_llama [--rounds N] [S|M ...]   (default: 1 round, S)
- *        bench_llama --child S|M               one point in this process
+ *        bench_llama --child S|M [--profile]   one point in this process (--profile: time per op)
  * With N rounds each point runs ours and PyTorch alternately N times and keeps each side's best round.
  * Output: `bench=llama_step config=S threads=1 tokens_per_s=... gflops=... torch_tokens_per_s=... ratio=...
  *          rounds=N` per point and `bench=llama_arena ...` per config. */
@@ -65,21 +65,143 @@ static void config_to_model(const struct bench_config *bc, struct model_config *
     mc->block_size = bc->t;
 }
 
+/* ---- per-op profile: a copy of the CPU table whose entries time the real ones ---- */
+enum prof_op { P_GEMM_FWD, P_GEMM_DX, P_GEMM_DW, P_GEMM_HEAD, P_RMS_F, P_RMS_B, P_ROPE, P_ATT_F, P_ATT_B, P_SWIGLU_F,
+               P_SWIGLU_B, P_RESID, P_EMB, P_XENT, P_ADAMW, P_SQNORM, P_MEMSET, P_N };
+static const char *prof_names[P_N] = {"gemm_fwd", "gemm_dx", "gemm_dw", "gemm_lm_head", "rmsnorm_fwd", "rmsnorm_bwd",
+                                      "rope", "attention_fwd", "attention_bwd", "swiglu_fwd", "swiglu_bwd",
+                                      "residual", "embedding", "crossentropy", "adamw", "sqnorm", "mem_set"};
+static double prof_time[P_N], prof_flops[P_N];
+static const struct kernels *real;
+static int prof_vocab; /* the padded vocabulary: tells the LM head's GEMMs from the others */
+
+#define PROF(op, fl, call)                                                                                   \
+    do {                                                                                                     \
+        double t0_ = tu_now();                                                                               \
+        int rc_ = (call);                                                                                    \
+        prof_time[op] += tu_now() - t0_;                                                                     \
+        prof_flops[op] += (fl);                                                                              \
+        return rc_;                                                                                          \
+    } while (0)
+
+/* The model's GEMMs: y = x W^T (0, 1), dx = dy W (0, 0), dW += dy^T x (1, 0); the LM head's have the
+ * padded vocabulary as a dimension. */
+static int p_gemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
+                  float beta, float *c, int ldc)
+{
+    enum prof_op op = m == prof_vocab || n == prof_vocab || k == prof_vocab ? P_GEMM_HEAD
+                      : ta                                                 ? P_GEMM_DW
+                      : tb                                                 ? P_GEMM_FWD
+                                                                           : P_GEMM_DX;
+    PROF(op, 2.0 * m * n * k, real->gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
+}
+static int p_rms_f(float *out, float *rstd, const float *inp, const float *w, int n, int c, float eps)
+{
+    PROF(P_RMS_F, 0, real->rmsnorm_forward(out, rstd, inp, w, n, c, eps));
+}
+static int p_rms_b(float *dinp, float *dw, const float *dout, const float *inp, const float *w, const float *rstd,
+                   int n, int c)
+{
+    PROF(P_RMS_B, 0, real->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, n, c));
+}
+static int p_rope_f(float *x, int n, int ld, int nh, int hs, const int32_t *pos, const float *f, int np)
+{
+    PROF(P_ROPE, 0, real->rope_forward(x, n, ld, nh, hs, pos, f, np));
+}
+static int p_rope_b(float *x, int n, int ld, int nh, int hs, const int32_t *pos, const float *f, int np)
+{
+    PROF(P_ROPE, 0, real->rope_backward(x, n, ld, nh, hs, pos, f, np));
+}
+static int p_att_f(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv, void *ws)
+{
+    PROF(P_ATT_F, 2.0 * b * (double)t * t * c, real->attention_forward(out, lse, qkv, b, t, c, nh, nkv, ws));
+}
+static int p_att_b(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse, int b, int t,
+                   int c, int nh, int nkv, void *ws)
+{
+    PROF(P_ATT_B, 4.0 * b * (double)t * t * c, real->attention_backward(dqkv, dout, qkv, out, lse, b, t, c, nh, nkv, ws));
+}
+static int p_swiglu_f(float *out, const float *gu, int n, int m)
+{
+    PROF(P_SWIGLU_F, 0, real->swiglu_forward(out, gu, n, m));
+}
+static int p_swiglu_b(float *dgu, const float *gu, const float *dout, int n, int m)
+{
+    PROF(P_SWIGLU_B, 0, real->swiglu_backward(dgu, gu, dout, n, m));
+}
+static int p_resid(float *out, const float *a, const float *b, size_t n)
+{
+    PROF(P_RESID, 0, real->residual_forward(out, a, b, n));
+}
+static int p_emb_f(float *out, const int32_t *tok, const float *wte, const float *wpe, int b, int t, int c, int v)
+{
+    PROF(P_EMB, 0, real->embedding_forward(out, tok, wte, wpe, b, t, c, v));
+}
+static int p_emb_b(float *dwte, float *dwpe, const float *dout, const int32_t *tok, int b, int t, int c, int v)
+{
+    PROF(P_EMB, 0, real->embedding_backward(dwte, dwpe, dout, tok, b, t, c, v));
+}
+static int p_xent(float *losses, double *sum, float *dlogits, const float *logits, const int32_t *tg, int n, int v,
+                  int vp, float dloss)
+{
+    PROF(P_XENT, 0, real->crossentropy_forward_backward(losses, sum, dlogits, logits, tg, n, v, vp, dloss));
+}
+static int p_adamw(float *p, const float *g, float *m, float *v, size_t n, const struct kernels_adamw_params *hp)
+{
+    PROF(P_ADAMW, 0, real->adamw(p, g, m, v, n, hp));
+}
+static int p_sqnorm(double *r, const float *x, size_t n)
+{
+    PROF(P_SQNORM, 0, real->sqnorm(r, x, n));
+}
+static int p_mem_set(void *dst, int value, size_t bytes)
+{
+    PROF(P_MEMSET, 0, real->mem_set(dst, value, bytes));
+}
+
+static struct kernels profiled;
+
+static const struct kernels *profile_table(const struct kernels *k)
+{
+    real = k;
+    profiled = *k;
+    profiled.gemm = p_gemm;
+    profiled.rmsnorm_forward = p_rms_f;
+    profiled.rmsnorm_backward = p_rms_b;
+    profiled.rope_forward = p_rope_f;
+    profiled.rope_backward = p_rope_b;
+    profiled.attention_forward = p_att_f;
+    profiled.attention_backward = p_att_b;
+    profiled.swiglu_forward = p_swiglu_f;
+    profiled.swiglu_backward = p_swiglu_b;
+    profiled.residual_forward = p_resid;
+    profiled.embedding_forward = p_emb_f;
+    profiled.embedding_backward = p_emb_b;
+    profiled.crossentropy_forward_backward = p_xent;
+    profiled.adamw = p_adamw;
+    profiled.sqnorm = p_sqnorm;
+    profiled.mem_set = p_mem_set;
+    return &profiled;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
-static int run_child(const struct bench_config *bc)
+static int run_child(const struct bench_config *bc, bool profile)
 {
     const struct kernels *k = kernels_cpu();
+    if (profile)
+        k = profile_table(k);
     struct model_config mc;
     config_to_model(bc, &mc);
     struct model *m;
     if (model_create(&m, &mc, k, bc->b, bc->t) != 0)
         die("model_create");
     const struct model_layout *l = model_get_layout(m);
+    prof_vocab = l->vocab_padded;
     size_t n = l->numel;
     float *params = k->mem_alloc(n * sizeof(float)), *grads = k->mem_alloc(n * sizeof(float));
     float *mom1 = k->mem_alloc(n * sizeof(float)), *mom2 = k->mem_alloc(n * sizeof(float));
@@ -105,6 +227,8 @@ static int run_child(const struct bench_config *bc)
         for (int bi = 0; bi < bc->b; bi++)
             for (int ti = 0; ti < bc->t; ti++)
                 targets[bi * bc->t + ti] = tokens[bi * bc->t + (ti + 1) % bc->t];
+        if (step == bc->warmup && profile)
+            memset(prof_time, 0, sizeof prof_time), memset(prof_flops, 0, sizeof prof_flops);
         double t0 = tu_now();
         float loss;
         if (k->mem_set(grads, 0, n * sizeof(float)) != 0 || model_set_batch(m, tokens, targets) != 0 ||
@@ -137,6 +261,17 @@ static int run_child(const struct bench_config *bc)
     double fl = model_flops_per_token(l) * (double)ntok;
     printf("child tokens_per_s=%.1f best_tokens_per_s=%.1f gflops=%.2f params=%zu\n", (double)ntok / med,
            (double)ntok / times[0], fl / med / 1e9, l->numel_real);
+    if (profile) {
+        double tot = 0;
+        for (int i = 0; i < P_N; i++)
+            tot += prof_time[i];
+        for (int i = 0; i < P_N; i++)
+            if (prof_time[i] > 0)
+                printf("profile op=%s ms_per_step=%.2f share=%.3f gflops=%.1f\n", prof_names[i],
+                       1e3 * prof_time[i] / timed, prof_time[i] / tot,
+                       prof_flops[i] > 0 ? prof_flops[i] / prof_time[i] / 1e9 : 0.0);
+        printf("profile op=total ms_per_step=%.2f step_ms=%.2f\n", 1e3 * tot / timed, 1e3 * med);
+    }
     free(tokens), free(targets);
     k->mem_free(params), k->mem_free(grads), k->mem_free(mom1), k->mem_free(mom2);
     model_destroy(m);
@@ -183,7 +318,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_llama: unknown config '%s' (S or M)\n", argv[2]);
             return 2;
         }
-        return run_child(bc);
+        return run_child(bc, argc >= 4 && strcmp(argv[3], "--profile") == 0);
     }
     char self[PATH_MAX];
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
