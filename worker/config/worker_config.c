@@ -110,7 +110,7 @@ static const struct config_key keys[] = {
     {.section = "fsdp", .name = "hybrid_shard_size", .type = CONFIG_INT, .def = "0", .min = 0, .max = 1048576,
      .help = "HYBRID_*: ranks per shard group; 0 = the ranks of a node"},
     {.section = "fsdp", .name = "context_parallel_size", .type = CONFIG_INT, .def = "1", .min = 1, .max = 65536,
-     .flags = LIST("context_parallel_size"),
+     .flags = LIST("context_parallel_size", "fsdp_context_parallel_size"),
      .help = "Ranks that split each sequence (C); the world is data-parallel degree x C; needs FSDP2, "
              "model.block_size divisible by 2C. C > 1 is checked, then refused: the engine does not split "
              "sequences yet"},
@@ -118,7 +118,7 @@ static const struct config_key keys[] = {
      .values = LIST("allgather", "alltoall"),
      .value_aliases = ALIASES({"all_gather", "allgather"}, {"all-gather", "allgather"}, {"all_to_all", "alltoall"},
                               {"all-to-all", "alltoall"}, {"ulysses", "alltoall"}),
-     .flags = LIST("context_parallel_comm_strategy"),
+     .flags = LIST("context_parallel_comm_strategy", "fsdp_context_parallel_comm_strategy"),
      .help = "allgather = keys/values gathered per layer; alltoall (Ulysses) = heads split across the group "
              "(n_head divisible by C)"},
     {.section = "fsdp", .name = "reshard_after_forward", .type = CONFIG_BOOL, .def = "true",
