@@ -4,11 +4,14 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ini.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/error.h"
 
@@ -188,33 +191,49 @@ int config_load_string(struct config *cfg, const char *text, const char *name)
 
 int config_load_file(struct config *cfg, const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below as not a regular file. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
         return error_set(errno == ENOENT ? FSDP_ENOTFOUND : FSDP_EIO, "cannot open config file '%s': %s", path,
                          strerror(errno));
-    char *text = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len + 4096 + 1 > cap) {
-            cap = cap ? 2 * cap : 8192;
-            char *t = realloc(text, cap);
-            if (!t) {
-                free(text);
-                fclose(f);
-                return error_set(FSDP_ENOMEM, "out of memory reading '%s'", path);
-            }
-            text = t;
-        }
-        size_t n = fread(text + len, 1, 4096, f);
-        len += n;
-        if (n < 4096)
-            break;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return error_set(FSDP_EINVAL, "config file '%s' is not a regular file (a device, FIFO or directory); give "
+                         "the path of an INI file", path);
     }
-    int err = ferror(f);
-    fclose(f);
+    if (st.st_size > CONFIG_MAX_FILE_BYTES) {
+        close(fd);
+        return error_set(FSDP_EINVAL, "config file '%s' is %lld bytes; the limit is %d: is it really an INI file?",
+                         path, (long long)st.st_size, CONFIG_MAX_FILE_BYTES);
+    }
+    /* One byte more than the limit: a file that grew since fstat is caught as well. */
+    char *text = malloc(CONFIG_MAX_FILE_BYTES + 2);
+    if (!text) {
+        close(fd);
+        return error_set(FSDP_ENOMEM, "out of memory reading '%s'", path);
+    }
+    size_t len = 0;
+    int err = 0;
+    while (len <= CONFIG_MAX_FILE_BYTES) {
+        ssize_t n = read(fd, text + len, CONFIG_MAX_FILE_BYTES + 1 - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            err = errno;
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+    }
+    close(fd);
     if (err) {
         free(text);
-        return error_set(FSDP_EIO, "cannot read config file '%s'", path);
+        return error_set(FSDP_EIO, "cannot read config file '%s': %s", path, strerror(err));
+    }
+    if (len > CONFIG_MAX_FILE_BYTES) {
+        free(text);
+        return error_set(FSDP_EINVAL, "config file '%s' grew beyond %d bytes while it was read", path,
+                         CONFIG_MAX_FILE_BYTES);
     }
     text[len] = '\0';
     int rc;
