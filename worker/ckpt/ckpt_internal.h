@@ -74,8 +74,8 @@ int ckpt_write_crc(int fd, uint64_t off, const float *data, size_t count, uint32
 /* CRC32C of the first `bytes` bytes of fd. */
 int ckpt_crc_prefix(int fd, uint64_t bytes, uint32_t *crc, const char *path);
 int ckpt_pread_all(int fd, void *buf, size_t n, uint64_t off, const char *path);
-/* tmp (a directory under root) becomes root/name: fsync, rename (an existing root/name is replaced only
- * after the new one is in place), `latest` := name (temp + fsync + rename), then prune to keep_last. */
+/* tmp (a directory under root) becomes root/name: fsync, rename, `latest` := name (temp + fsync + rename),
+ * then prune to keep_last. An existing root/name is FSDP_EEXIST: a committed checkpoint is never replaced. */
 int ckpt_commit_dir(const char *root, const char *tmp, const char *name, int keep_last);
 /* "fsdp_sharded_cpt12" / "fsdp_cpt12" -> 12; -1 when name is not a checkpoint name. */
 int64_t ckpt_name_step(const char *name);
