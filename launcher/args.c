@@ -19,7 +19,7 @@
 enum opt_id {
     O_NNODES, O_NODE_RANK, O_NPROC, O_MASTER_ADDR, O_MASTER_PORT, O_STANDALONE, O_MAX_RESTARTS,
     O_MONITOR, O_RDZV_ID, O_RUN_ID, O_RDZV_TIMEOUT, O_LOG_DIR, O_REDIRECTS, O_TEE, O_FILTER, O_ROLE,
-    O_SHUTDOWN, O_LOG_LEVEL, O_RDZV_ENDPOINT, O_RDZV_BACKEND, O_HELP, O_COUNT
+    O_SHUTDOWN, O_LOG_LEVEL, O_RDZV_ENDPOINT, O_RDZV_BACKEND, O_LOG_MAX_BYTES, O_HELP, O_COUNT
 };
 
 struct opt {
@@ -49,6 +49,8 @@ static const struct opt opts[O_COUNT] = {
     [O_LOG_LEVEL] = {"log_level", true, "debug, info, warn or error (default info)"},
     [O_RDZV_ENDPOINT] = {"rdzv_endpoint", true, "HOST[:PORT] of node 0: the same as --master_addr/--master_port"},
     [O_RDZV_BACKEND] = {"rdzv_backend", true, "accepted for torchrun command lines (static, c10d); the store is always ours"},
+    [O_LOG_MAX_BYTES] = {"log_max_bytes", true, "with --log_dir: rotate a log file at this size (N, Nk, NM, NG; "
+                         "FILE.1 keeps the previous part; default 0 = unbounded)"},
     [O_HELP] = {"help", false, "this text"},
 };
 
@@ -300,9 +302,13 @@ static int apply(struct launch_args *a, int id, const char *v, const char *src)
             return error_set(FSDP_EINVAL, "%s: '%s' is not debug, info, warn or error", src, v);
         return 0;
     case O_RDZV_ENDPOINT: {
-        /* HOST:PORT, HOST, or [V6]:PORT; a bare IPv6 address has several colons and no port. */
+        /* HOST:PORT, HOST, or [V6]:PORT; a bare IPv6 address has several colons and no port. A bracket
+         * must close, and nothing but :PORT may follow it. */
         const char *colon = strrchr(v, ':');
         const char *rb = strrchr(v, ']');
+        if ((v[0] == '[') != (rb != NULL) || (rb && rb[1] && rb[1] != ':') || (rb && rb == v + 1))
+            return error_set(FSDP_EINVAL, "%s: '%s' is not HOST[:PORT] or [IPV6][:PORT] (a '[' must be closed by "
+                             "']', followed by nothing or :PORT)", src, v);
         bool has_port = colon && (v[0] == '[' ? rb && colon == rb + 1 : strchr(v, ':') == colon);
         char host[256];
         size_t hlen = has_port ? (size_t)(colon - v) : strlen(v);
@@ -318,6 +324,21 @@ static int apply(struct launch_args *a, int id, const char *v, const char *src)
         if (!rc && has_port)
             rc = parse_int(colon + 1, src, 0, 65535, &a->master_port);
         return rc;
+    }
+    case O_LOG_MAX_BYTES: {
+        char *end;
+        errno = 0;
+        unsigned long long n = strtoull(v, &end, 10);
+        unsigned long long mult = !*end ? 1 : !strcmp(end, "k") || !strcmp(end, "K") ? 1ull << 10
+                                  : !strcmp(end, "M")                             ? 1ull << 20
+                                  : !strcmp(end, "G")                             ? 1ull << 30
+                                                                                  : 0;
+        if (!isdigit((unsigned char)v[0]) || errno || mult == 0 || n > (1ull << 50) / mult ||
+            (n && n * mult < LAUNCH_LOG_MIN_BYTES))
+            return error_set(FSDP_EINVAL, "%s: '%s' is not a size of at least %d bytes (N, Nk, NM or NG), or 0 for "
+                             "unbounded log files", src, v, LAUNCH_LOG_MIN_BYTES);
+        a->log_max_bytes = (long long)(n * mult);
+        return 0;
     }
     case O_RDZV_BACKEND:
         if (strcmp(v, "static") && strcmp(v, "c10d"))

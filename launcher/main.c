@@ -13,6 +13,8 @@
 #include "common/settings.h"
 #include "launcher/agent.h"
 #include "launcher/args.h"
+#include "launcher/console.h"
+#include "launcher/guard.h"
 #include "launcher/workers.h"
 #include "rendezvous/rendezvous.h"
 
@@ -33,6 +35,33 @@ static double heartbeat_timeout(double wanted, double monitor_interval)
     return wanted > 3 * monitor_interval ? wanted : 3 * monitor_interval;
 }
 
+/* What the launcher answers: SIGCHLD (reap) and the stopping signals (forwarded to the workers). */
+static void handled_signals(sigset_t *set)
+{
+    sigemptyset(set);
+    int sigs[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+        sigaddset(set, sigs[i]);
+}
+
+/* Before any worker exists, a stopping signal ends the launcher at once (the rendezvous waits poll this). */
+struct early_stop {
+    int sigfd;
+    int signo;
+};
+
+static bool stop_requested(void *arg)
+{
+    struct early_stop *es = arg;
+    struct signalfd_siginfo si;
+    while (read(es->sigfd, &si, sizeof si) == (ssize_t)sizeof si)
+        if ((int)si.ssi_signo != SIGCHLD && !es->signo)
+            es->signo = (int)si.ssi_signo;
+    return es->signo != 0;
+}
+
+static int run(struct launch_args *pa);
+
 int main(int argc, char **argv)
 {
     log_init("fsdp-launch");
@@ -46,6 +75,26 @@ int main(int argc, char **argv)
         return 2;
     }
     log_set_level(a.log_level);
+    /* Blocked before any thread exists (the console's, the store server's), so that every signal lands in
+     * the signalfd that run() reads. */
+    sigset_t set;
+    handled_signals(&set);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    /* Before any thread exists: the guard is a plain fork. */
+    if (guard_start())
+        log_warn("%s: grandchildren of a worker may outlive a SIGKILLed launcher", error_message());
+    if (console_start())
+        log_warn("%s: console output is written directly", error_message());
+    int code = run(&a);
+    console_stop(2.0);
+    return code;
+}
+
+static int run(struct launch_args *pa)
+{
+    struct launch_args a = *pa;
+    int rc;
     char program[PATH_MAX];
     if (workers_find_program(a.prog_argv[0], program, sizeof program)) {
         log_error("%s", error_message());
@@ -54,15 +103,11 @@ int main(int argc, char **argv)
     }
     if (a.redirects[0] && !a.log_dir[0])
         log_warn("--redirects has no effect without --log_dir (output would be lost): ignoring it");
+    if (a.log_max_bytes && !a.log_dir[0])
+        log_warn("--log_max_bytes has no effect without --log_dir: ignoring it");
 
-    /* Blocked before any thread exists (the store server's), so every signal lands in the signalfd. */
     sigset_t set;
-    sigemptyset(&set);
-    int sigs[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT};
-    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
-        sigaddset(&set, sigs[i]);
-    sigprocmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    handled_signals(&set);
     int sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
     if (sigfd < 0) {
         log_error("signalfd failed");
@@ -100,8 +145,18 @@ int main(int argc, char **argv)
                               .heartbeat_timeout_s = heartbeat_timeout(settings_double(SETTING_HEARTBEAT_TIMEOUT),
                                                                        a.monitor_interval_s),
                               .node_hosts = a.slurm_nhosts >= a.nnodes ? (const char *const *)a.slurm_hosts : NULL};
+    struct early_stop es = {.sigfd = sigfd};
+    ro.should_stop = stop_requested;
+    ro.stop_arg = &es;
     struct rdzv *r = NULL;
     rc = rdzv_open(&ro, &r);
+    if (rc == FSDP_EABORTED && es.signo) {
+        log_warn("received SIG%s while connecting to the rendezvous store at %s:%d; exiting",
+                 sigabbrev_np(es.signo), a.master_addr, a.master_port);
+        close(sigfd);
+        launch_args_free(&a);
+        return 128 + es.signo;
+    }
     if (rc) {
         log_error("%s", error_message());
         launch_args_free(&a);
@@ -109,13 +164,15 @@ int main(int argc, char **argv)
     }
     if (a.node_rank == 0 && (a.master_port == 0 || a.standalone)) {
         /* Printed whatever the log level: other nodes and scripts need this port. */
-        dprintf(2, "fsdp-launch: store listening on %s:%d\n", a.master_addr, rdzv_port(r));
+        char line[400];
+        int n = snprintf(line, sizeof line, "fsdp-launch: store listening on %s:%d\n", a.master_addr, rdzv_port(r));
+        console_write(2, line, (size_t)n);
     }
     log_debug("node %d of %d (%s), run id %s, store %s:%d, program %s", a.node_rank, a.nnodes, host, a.run_id,
               a.master_addr, rdzv_port(r), program);
 
     struct agent ag = {.a = &a, .r = r, .sigfd = sigfd, .host = host, .program = program, .secret = secret,
-                       .omp_threads = omp_threads};
+                       .omp_threads = omp_threads, .pending_signal = es.signo};
     int code = agent_run(&ag);
     rdzv_close(r);
     close(sigfd);
