@@ -196,55 +196,53 @@ int config_load_file(struct config *cfg, const char *path)
     if (fd < 0)
         return error_set(errno == ENOENT ? FSDP_ENOTFOUND : FSDP_EIO, "cannot open config file '%s': %s", path,
                          strerror(errno));
+    char *text = NULL;
+    int rc = 0;
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return error_set(FSDP_EINVAL, "config file '%s' is not a regular file (a device, FIFO or directory); give "
-                         "the path of an INI file", path);
+        rc = error_set(FSDP_EINVAL, "config file '%s' is not a regular file (a device, FIFO or directory); give "
+                       "the path of an INI file", path);
+        goto out;
     }
     if (st.st_size > CONFIG_MAX_FILE_BYTES) {
-        close(fd);
-        return error_set(FSDP_EINVAL, "config file '%s' is %lld bytes; the limit is %d: is it really an INI file?",
-                         path, (long long)st.st_size, CONFIG_MAX_FILE_BYTES);
+        rc = error_set(FSDP_EINVAL, "config file '%s' is %lld bytes; the limit is %d: is it really an INI file?",
+                       path, (long long)st.st_size, CONFIG_MAX_FILE_BYTES);
+        goto out;
     }
     /* One byte more than the limit: a file that grew since fstat is caught as well. */
-    char *text = malloc(CONFIG_MAX_FILE_BYTES + 2);
+    text = malloc(CONFIG_MAX_FILE_BYTES + 2);
     if (!text) {
-        close(fd);
-        return error_set(FSDP_ENOMEM, "out of memory reading '%s'", path);
+        rc = error_set(FSDP_ENOMEM, "out of memory reading '%s'", path);
+        goto out;
     }
     size_t len = 0;
-    int err = 0;
     while (len <= CONFIG_MAX_FILE_BYTES) {
         ssize_t n = read(fd, text + len, CONFIG_MAX_FILE_BYTES + 1 - len);
         if (n < 0 && errno == EINTR)
             continue;
-        if (n < 0)
-            err = errno;
-        if (n <= 0)
+        if (n < 0) {
+            rc = error_set(FSDP_EIO, "cannot read config file '%s': %s", path, strerror(errno));
+            goto out;
+        }
+        if (n == 0)
             break;
         len += (size_t)n;
     }
-    close(fd);
-    if (err) {
-        free(text);
-        return error_set(FSDP_EIO, "cannot read config file '%s': %s", path, strerror(err));
-    }
     if (len > CONFIG_MAX_FILE_BYTES) {
-        free(text);
-        return error_set(FSDP_EINVAL, "config file '%s' grew beyond %d bytes while it was read", path,
-                         CONFIG_MAX_FILE_BYTES);
+        rc = error_set(FSDP_EINVAL, "config file '%s' grew beyond %d bytes while it was read", path,
+                       CONFIG_MAX_FILE_BYTES);
+        goto out;
     }
     text[len] = '\0';
-    int rc;
-    if (strlen(text) != len)
+    if (strlen(text) != len) {
         rc = error_set(FSDP_EINVAL, "%s: contains a NUL byte; a config file is text", path);
-    else
-        rc = config_load_string(cfg, text, path);
-    free(text);
-    if (rc == 0) {
-        free(cfg->file);
-        cfg->file = strdup(path);
+        goto out;
     }
+    FSDP_TRY_GOTO(config_load_string(cfg, text, path), rc, out);
+    free(cfg->file);
+    cfg->file = strdup(path);
+out:
+    close(fd);
+    free(text);
     return rc;
 }

@@ -199,9 +199,7 @@ static int spawn_one(struct worker *w, const struct launch_args *a, const struct
                          w->local_rank);
         if (n < 0 || (size_t)n >= sizeof logdir)
             return error_set(FSDP_ERANGE, "log directory path too long under %s", a->log_dir);
-        rc = fs_mkdir_p(logdir, "log directory");
-        if (rc)
-            return rc;
+        FSDP_TRY(fs_mkdir_p(logdir, "log directory"));
         log_out = open_log(logdir, "stdout.log");
         log_err = log_out >= 0 ? open_log(logdir, "stderr.log") : -1;
         if (log_err < 0) {

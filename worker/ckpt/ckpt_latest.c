@@ -119,23 +119,23 @@ static int scan(const char *root, struct entry **out, size_t *n)
             struct entry *nl = realloc(list, cap * sizeof *list);
             if (!nl) {
                 rc = error_set(FSDP_ENOMEM, "out of memory listing %s", root);
-                break;
+                goto out;
             }
             list = nl;
         }
         snprintf(list[*n].name, sizeof list[*n].name, "%s", e->d_name);
         list[(*n)++].step = step;
     }
-    closedir(d);
-    if (rc) {
-        free(list);
-        *n = 0;
-        return rc;
-    }
     if (*n)
         qsort(list, *n, sizeof *list, cmp_desc);
     *out = list;
-    return 0;
+    list = NULL;
+out:
+    closedir(d);
+    free(list);
+    if (rc)
+        *n = 0;
+    return rc;
 }
 
 int ckpt_find_latest(const char *root, struct ckpt_latest *out)
@@ -144,9 +144,7 @@ int ckpt_find_latest(const char *root, struct ckpt_latest *out)
     out->step = -1;
     struct entry *list;
     size_t n;
-    int rc = scan(root, &list, &n);
-    if (rc)
-        return rc;
+    FSDP_TRY(scan(root, &list, &n));
     char pointer[256] = "", why[sizeof out->note] = "";
     bool have_pointer = read_pointer(root, pointer, sizeof pointer, why, sizeof why);
     if (n == 0) {
@@ -215,9 +213,7 @@ int ckpt_resolve(const char *root, const char *which, char *out, size_t cap)
         snprintf(name, sizeof name, "%s", root);
     } else if (strcmp(which, CKPT_LATEST) == 0) {
         struct ckpt_latest l;
-        int rc = ckpt_find_latest(root, &l);
-        if (rc)
-            return rc;
+        FSDP_TRY(ckpt_find_latest(root, &l));
         if (l.note[0])
             log_warn("%s", l.note);
         if (!l.path[0])

@@ -126,9 +126,7 @@ int data_get_rows(const struct data_file *d, int64_t step, int64_t row_begin, in
         return error_set(FSDP_ERANGE, "%s: rows [%lld, %lld) of step %lld are outside the batch of %lld rows",
                          d->path, (long long)row_begin, (long long)(row_begin + row_count), (long long)step,
                          (long long)d->opt.batch_rows);
-    int rc = data_check_size(d, "during training");
-    if (rc)
-        return rc;
+    FSDP_TRY(data_check_size(d, "during training"));
     int64_t T = d->opt.block_size;
     g_guard.lo = d->map;
     g_guard.hi = (const char *)d->map + d->map_len;
@@ -215,20 +213,30 @@ static int data_scan(const struct data_file *d)
                      (unsigned)d->tokens[i], (long long)i, (long long)d->opt.vocab_size);
 }
 
+/* The format, the length and every token of a freshly mapped file (under the SIGBUS guard). */
+static int check_mapped(struct data_file *d, const struct data_options *opt)
+{
+    FSDP_TRY(data_detect(d, d->map_len));
+    if (d->n_tokens < opt->block_size + 1)
+        return error_set(FSDP_EINVAL, "%s: %lld tokens is too few: a row needs block_size + 1 = %lld tokens",
+                         d->path, (long long)d->n_tokens, (long long)opt->block_size + 1);
+    return data_scan(d);
+}
+
 int data_open(const char *path, const struct data_options *opt, struct data_file **out)
 {
     *out = NULL;
-    int rc = data_check_options(path, opt);
-    if (rc < 0)
-        return rc;
+    FSDP_TRY(data_check_options(path, opt));
+    int rc = 0, fd = -1;
     struct data_file *d = calloc(1, sizeof *d);
+    if (d)
+        d->fd = -1;
     if (!d || !(d->path = strdup(path))) {
-        free(d);
-        return error_set(FSDP_ENOMEM, "%s: out of memory", path);
+        rc = error_set(FSDP_ENOMEM, "%s: out of memory", path);
+        goto fail;
     }
     d->opt = *opt;
-    d->fd = -1;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         rc = error_set(errno == ENOENT ? FSDP_ENOTFOUND : FSDP_EIO, "%s: cannot open token file: %s", path,
                        strerror(errno));
@@ -237,12 +245,12 @@ int data_open(const char *path, const struct data_options *opt, struct data_file
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         rc = error_set(FSDP_EINVAL, "%s: not a regular file", path);
-        goto fail_fd;
+        goto fail;
     }
     if (st.st_size == 0) {
         rc = error_set(FSDP_EINVAL, "%s: empty token file (need at least block_size + 1 = %lld tokens)", path,
                        (long long)opt->block_size + 1);
-        goto fail_fd;
+        goto fail;
     }
     d->map_len = (size_t)st.st_size;
     /* MAP_SHARED and read-only: ranks on one node share the page cache instead of each holding a copy. */
@@ -250,7 +258,7 @@ int data_open(const char *path, const struct data_options *opt, struct data_file
     if (d->map == MAP_FAILED) {
         d->map = NULL;
         rc = error_set(FSDP_EIO, "%s: cannot map %zu bytes: %s", path, d->map_len, strerror(errno));
-        goto fail_fd;
+        goto fail;
     }
     d->fd = fd;
     fd = -1;
@@ -263,25 +271,18 @@ int data_open(const char *path, const struct data_options *opt, struct data_file
         rc = truncated_error(d, "while it was being checked");
         goto fail;
     }
-    rc = data_detect(d, d->map_len);
-    if (rc == 0 && d->n_tokens < opt->block_size + 1)
-        rc = error_set(FSDP_EINVAL, "%s: %lld tokens is too few: a row needs block_size + 1 = %lld tokens", path,
-                       (long long)d->n_tokens, (long long)opt->block_size + 1);
-    if (rc == 0)
-        rc = data_scan(d);
+    int checked = check_mapped(d, opt);
     g_guard.lo = NULL;
-    if (rc < 0)
-        goto fail;
+    FSDP_TRY_GOTO(checked, rc, fail);
     /* Shuffled rows jump around: read-ahead beyond a row would be wasted I/O once the cache is cold. */
     madvise(d->map, d->map_len, opt->order == DATA_ORDER_SHUFFLED ? MADV_RANDOM : MADV_SEQUENTIAL);
     log_debug("%s: %s format, %lld tokens, %s order", path, data_format_name(d->format), (long long)d->n_tokens,
               opt->order == DATA_ORDER_SHUFFLED ? "shuffled" : "sequential");
     *out = d;
     return 0;
-fail_fd:
+fail:
     if (fd >= 0)
         close(fd);
-fail:
     data_close(d);
     return rc;
 }
