@@ -49,6 +49,11 @@ int ckpt_meta_write(const char *dir, const struct ckpt_meta *m, const struct mod
 /* Parses dir/metadata.json, checking its CRC and structure (names are matched against layout later). The
  * pieces' param fields hold indices into the returned tensor-name list. */
 int ckpt_meta_read(const char *dir, struct ckpt_meta *m, char ***tensor_names, int *n_tensors);
+/* The same from the file's text (len bytes; path names it in messages). The text is changed while its CRC is
+ * computed and restored before the call returns. On failure m and *tensor_names (*n_tensors of them) hold
+ * what was parsed so far: free them as after a success. */
+int ckpt_meta_parse(const char *path, char *text, size_t len, struct ckpt_meta *m, char ***tensor_names,
+                    int *n_tensors);
 
 /* Number of elements of parameter p that a full checkpoint stores (wte without padding rows). */
 size_t ckpt_param_real_numel(const struct model_param *p);

@@ -396,6 +396,37 @@ static int parse(const char *path, const cJSON *root, struct ckpt_meta *m, char 
     return 0;
 }
 
+int ckpt_meta_parse(const char *path, char *text, size_t len, struct ckpt_meta *m, char ***tensor_names,
+                    int *n_tensors)
+{
+    memset(m, 0, sizeof *m);
+    *tensor_names = NULL;
+    *n_tensors = 0;
+    char *at = memmem(text, len, crc_key, sizeof crc_key - 1);
+    char *q = at ? memchr(at + sizeof crc_key - 1, '"', len - (size_t)(at + sizeof crc_key - 1 - text)) : NULL;
+    if (!q || (size_t)(q - text) + 9 > len)
+        return error_set(FSDP_EINVAL, "%s: no metadata_crc32c field (not an fsdpc checkpoint, or damaged)", path);
+    char stored[9];
+    memcpy(stored, q + 1, 8);
+    stored[8] = '\0';
+    memset(q + 1, '0', 8);
+    /* The file ends with a newline that the CRC does not cover. */
+    size_t body = len && text[len - 1] == '\n' ? len - 1 : len;
+    char want[9];
+    snprintf(want, sizeof want, "%08x", crc32c(text, body));
+    memcpy(q + 1, stored, 8);
+    if (strcmp(stored, want) != 0)
+        return error_set(FSDP_EINVAL, "%s: CRC32C mismatch (stored %s, computed %s): the metadata file is "
+                                      "corrupted or was edited",
+                         path, stored, want);
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    if (!root)
+        return error_set(FSDP_EINVAL, "%s: not valid JSON", path);
+    int rc = parse(path, root, m, tensor_names, n_tensors);
+    cJSON_Delete(root);
+    return rc;
+}
+
 int ckpt_meta_read(const char *dir, struct ckpt_meta *m, char ***tensor_names, int *n_tensors)
 {
     memset(m, 0, sizeof *m);
@@ -406,36 +437,7 @@ int ckpt_meta_read(const char *dir, struct ckpt_meta *m, char ***tensor_names, i
     char *text = NULL;
     size_t len = 0;
     FSDP_TRY(read_text(path, &text, &len));
-    int rc = 0;
-    char *at = strstr(text, crc_key);
-    char *q = at ? strchr(at + sizeof crc_key - 1, '"') : NULL;
-    if (!q || (size_t)(q - text) + 9 > len) {
-        rc = error_set(FSDP_EINVAL, "%s: no metadata_crc32c field (not an fsdpc checkpoint, or damaged)", path);
-        goto fail;
-    }
-    char stored[9];
-    memcpy(stored, q + 1, 8);
-    stored[8] = '\0';
-    memset(q + 1, '0', 8);
-    /* The file ends with a newline that the CRC does not cover. */
-    size_t body = len && text[len - 1] == '\n' ? len - 1 : len;
-    char want[9];
-    snprintf(want, sizeof want, "%08x", crc32c(text, body));
-    if (strcmp(stored, want) != 0) {
-        rc = error_set(FSDP_EINVAL, "%s: CRC32C mismatch (stored %s, computed %s): the metadata file is "
-                                    "corrupted or was edited",
-                       path, stored, want);
-        goto fail;
-    }
-    memcpy(q + 1, stored, 8);
-    cJSON *root = cJSON_ParseWithLength(text, len);
-    free(text);
-    if (!root)
-        return error_set(FSDP_EINVAL, "%s: not valid JSON", path);
-    rc = parse(path, root, m, tensor_names, n_tensors);
-    cJSON_Delete(root);
-    return rc;
-fail:
+    int rc = ckpt_meta_parse(path, text, len, m, tensor_names, n_tensors);
     free(text);
     return rc;
 }
