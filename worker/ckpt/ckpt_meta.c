@@ -5,6 +5,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -312,12 +313,14 @@ static int parse(const char *path, const cJSON *root, struct ckpt_meta *m, char 
     if (!m->sharded && strcmp(type->valuestring, "FULL_STATE_DICT") != 0)
         return error_set(FSDP_EINVAL, "%s: unknown state_dict_type \"%s\"", path, type->valuestring);
     struct ckpt_state *s = &m->state;
-    double step, ls, good;
+    uint64_t step, good;
+    double ls;
     const cJSON *fam = cJSON_GetObjectItemCaseSensitive(model, "model_family");
     const cJSON *seed = cJSON_GetObjectItemCaseSensitive(model, "seed");
     model_config_default(&s->model);
-    if (get_num(root, "step", &step) || get_num(root, "loss_scale", &ls) ||
-        get_num(root, "scaler_good_steps", &good) || get_int(root, "world_size", &s->world_size) ||
+    /* Counts are whole numbers a double holds exactly (get_u64); a loss scale is a positive finite number. */
+    if (get_u64(root, "step", &step) || get_num(root, "loss_scale", &ls) || !isfinite(ls) || !(ls > 0) ||
+        get_u64(root, "scaler_good_steps", &good) || get_int(root, "world_size", &s->world_size) ||
         get_int(root, "fsdp_version", &s->fsdp_version) || !cJSON_IsString(fam) ||
         get_int(model, "n_layer", &s->model.n_layer) || get_int(model, "n_head", &s->model.n_head) ||
         get_int(model, "n_embd", &s->model.n_embd) || get_int(model, "vocab_size", &s->model.vocab_size) ||
