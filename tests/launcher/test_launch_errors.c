@@ -213,6 +213,28 @@ static void signal_while_connecting(int sig)
 Test(launch_errors, sigterm_while_connecting_to_the_store, .timeout = 30) { signal_while_connecting(SIGTERM); }
 Test(launch_errors, sigint_while_connecting_to_the_store, .timeout = 30) { signal_while_connecting(SIGINT); }
 
+/* Node 0 waiting for node 1 to join: SIGTERM ends it at once as well. */
+Test(launch_errors, sigterm_while_waiting_for_the_other_nodes, .timeout = 30)
+{
+    const char *a[] = {LU_LAUNCH, "--nnodes", "2", "--node_rank", "0", "--master_addr", "127.0.0.1", "--master_port",
+                       "0", "/bin/true", NULL};
+    char *dir = lu_tmpdir();
+    pid_t p = lu_spawn(a, dir, "launch", NULL);
+    cr_assert_gt(lu_read_port(dir, "launch", 20), 0, "node 0 did not start its store");
+    tu_nap(0.3);
+    double t0 = tu_now();
+    kill(p, SIGTERM);
+    int st = lu_wait(p, 10);
+    double took = tu_now() - t0;
+    char *err = lu_slurp_tag(dir, "launch", "err");
+    cr_expect_eq(lu_exit_code(st), 128 + SIGTERM, "exit %d after %.1f s, stderr:\n%s", lu_exit_code(st), took, err);
+    cr_expect_lt(took, 2.0, "answered the signal after %.1f s", took);
+    cr_expect(strstr(err, "received SIGTERM while waiting for the other nodes"), "stderr:\n%s", err);
+    free(err);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
 static int count(const char *text, const char *needle)
 {
     int n = 0;
