@@ -51,7 +51,7 @@ static const char *node_name(const struct rdzv *r, int node)
 /* store_client_connect in short slices until timeout_s: between slices should_stop may end the wait, and
  * the wait is reported (once at info: what is waited for and how long at most; then at debug every
  * WAIT_REPORT_S with the last error). who says who waits ("node 1", "rank 3"). */
-static int connect_patiently(struct store_client_options co, double timeout_s, const char *who,
+static int connect_patiently(struct store_client_options co, double timeout_s, const char *who, const char *whose,
                              bool (*should_stop)(void *), void *arg, struct store_client **out)
 {
     double start = now_s(), deadline = start + timeout_s, next_report = 0;
@@ -73,8 +73,8 @@ static int connect_patiently(struct store_client_options co, double timeout_s, c
                              "and --master_addr/--master_port right?", co.host, co.port, timeout_s, last);
         }
         if (!told) {
-            log_info("%s: waiting for the rendezvous store at %s:%d (node 0's fsdp-launch), for up to %.0f s", who,
-                     co.host, co.port, timeout_s);
+            log_info("%s: waiting for the rendezvous store at %s:%d (%s), for up to %.0f s", who, co.host, co.port,
+                     whose, timeout_s);
             told = true;
             next_report = now + WAIT_REPORT_S;
         } else if (now >= next_report) {
@@ -86,6 +86,12 @@ static int connect_patiently(struct store_client_options co, double timeout_s, c
             return error_set(FSDP_EABORTED, "%s: stopped while waiting for the rendezvous store at %s:%d", who,
                              co.host, co.port);
     }
+}
+
+int rdzv_store_connect(const struct store_client_options *co, double timeout_s, const char *who, const char *whose,
+                       struct store_client **out)
+{
+    return connect_patiently(*co, timeout_s, who, whose, NULL, NULL, out);
 }
 
 /* Keeps a value on the store equal across nodes: the first writer sets it, later ones must match. */
@@ -157,7 +163,7 @@ int rdzv_open(const struct rdzv_options *o, struct rdzv **out)
                                       .secret = o->secret, .default_timeout_s = 60};
     char who[32];
     snprintf(who, sizeof who, "node %d", r->node_rank);
-    rc = connect_patiently(co, r->timeout_s, who, o->should_stop, o->stop_arg, &r->client);
+    rc = connect_patiently(co, r->timeout_s, who, "node 0's fsdp-launch", o->should_stop, o->stop_arg, &r->client);
     if (rc == FSDP_EABORTED)
         goto fail;
     if (rc == FSDP_EREFUSED) {
@@ -480,7 +486,7 @@ int rdzv_worker_connect(struct rdzv_worker *w, double timeout_s)
                                       .default_timeout_s = timeout_s > 0 ? timeout_s : 300};
     char who[32];
     snprintf(who, sizeof who, "rank %d", w->rank);
-    return connect_patiently(co, timeout_s > 0 ? timeout_s : 60, who, NULL, NULL, &w->client);
+    return connect_patiently(co, timeout_s > 0 ? timeout_s : 60, who, "node 0's fsdp-launch", NULL, NULL, &w->client);
 }
 
 int rdzv_worker_key(const struct rdzv_worker *w, const char *name, char *buf, size_t cap)

@@ -80,6 +80,13 @@ int rdzv_mark_done(struct rdzv *r, int generation);
 int rdzv_finish(struct rdzv *r, int generation, double timeout_s);
 void rdzv_close(struct rdzv *r);
 
+/* store_client_connect for up to timeout_s, saying once at info level, then every few seconds at debug, that
+ * `who` ("rank 3") waits for the store of `whose` ("rank 0's fsdp store") while it cannot be reached (what
+ * rdzv_open and rdzv_worker_connect do); co's connect_timeout_s is ignored. For a worker that reaches a store
+ * of its own choosing. */
+int rdzv_store_connect(const struct store_client_options *co, double timeout_s, const char *who, const char *whose,
+                       struct store_client **out);
+
 /* ---- worker side ---- */
 struct rdzv_worker {
     struct store_client *client;
