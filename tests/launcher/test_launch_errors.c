@@ -245,7 +245,7 @@ static int count(const char *text, const char *needle)
 
 /* A worker whose store is unreachable says what it waits for: once at info level, then every few seconds
  * at debug level. */
-Test(launch_errors, worker_waiting_for_the_store_says_so, .timeout = 30)
+Test(launch_errors, worker_waiting_for_the_store_says_so, .timeout = 40)
 {
     int port = closed_port();
     char mport[32], want[128];
@@ -255,10 +255,18 @@ Test(launch_errors, worker_waiting_for_the_store_says_so, .timeout = 30)
     const char *a[] = {LU_PROBE, "barrier", NULL};
     char *dir = lu_tmpdir();
     pid_t p = lu_spawn(a, dir, "probe", env);
-    tu_nap(4.0);
+    char *err = NULL;
+    snprintf(want, sizeof want, "D: rank 1: still waiting for the rendezvous store at 127.0.0.1:%d", port);
+    for (double end = tu_now() + 20; tu_now() < end; tu_nap(0.1)) { /* the first debug line comes after 3 s */
+        free(err);
+        err = lu_slurp_tag(dir, "probe", "err");
+        if (strstr(err, want))
+            break;
+    }
     kill(p, SIGKILL);
     lu_wait(p, 5);
-    char *err = lu_slurp_tag(dir, "probe", "err");
+    free(err);
+    err = lu_slurp_tag(dir, "probe", "err");
     snprintf(want, sizeof want, "I: rank 1: waiting for the rendezvous store at 127.0.0.1:%d", port);
     cr_expect_eq(count(err, want), 1, "want one '%s':\n%s", want, err);
     snprintf(want, sizeof want, "D: rank 1: still waiting for the rendezvous store at 127.0.0.1:%d", port);

@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Token i of a test file is (i * 7 + 3) % mod, so a row's tokens reveal its offset. */
@@ -309,7 +310,13 @@ Test(data, racing_truncation_never_crashes)
     cr_assert_eq(pthread_create(&th, NULL, truncate_loop, &t), 0);
     int32_t in[8 * 64], tg[8 * 64];
     int ok = 0, failed = 0;
-    for (int64_t s = 0; s < 20000; s++) {
+    /* At least 20000 reads, and on a busy machine on until the truncating thread has had its turn. */
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int64_t s = 0;; s++) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (s >= 20000 && (failed > 0 || now.tv_sec - t0.tv_sec > 20))
+            break;
         int rc = data_get_rows(d, s, 0, B, in, tg);
         cr_assert(rc == 0 || rc == FSDP_EIO, "rc %d: %s", rc, error_message());
         if (rc)
@@ -319,7 +326,6 @@ Test(data, racing_truncation_never_crashes)
     t.stop = 1;
     pthread_join(th, NULL);
     cr_log_info("racing truncation: %d reads ok, %d refused", ok, failed);
-    cr_assert_eq(ok + failed, 20000);
     cr_assert_gt(failed, 0, "no read saw the truncation");
     data_close(d);
 }
