@@ -104,6 +104,8 @@ static int setup_shm(struct cpu_state *st, const struct comm_info *info, double 
     int rc = 0;
     snprintf(key, sizeof(key), "%s/shm/%d", info->key_prefix, st->host);
     if (st->local_rank == 0) {
+        /* A leader killed before the unlink below left its segment; its pid (the name's end) is gone. */
+        shm_sweep_stale("fsdp-");
         /* The leader's pid keeps two jobs with the same run id apart. */
         snprintf(name, sizeof(name), "/fsdp-%.40s-%.64s-%d-h%d-%d", run, info->group, info->generation,
                  st->host, (int)getpid());
