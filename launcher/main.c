@@ -147,9 +147,28 @@ int main(int argc, char **argv)
     log_debug("node %d of %d (%s), run id %s, store %s:%d, program %s", a.node_rank, a.nnodes, host, a.run_id,
               a.master_addr, rdzv_port(r), cmd.program);
 
+    struct status_server *status = NULL;
+    if (a.node_rank == 0 && a.status_port >= 0) {
+        struct status_server_options so = {.bind_addr = a.status_addr, .port = a.status_port, .store_host = "127.0.0.1",
+                                           .store_port = rdzv_port(r), .run_id = a.run_id, .secret = secret,
+                                           .nnodes = a.nnodes, .world_size = a.nnodes * a.nproc_per_node,
+                                           .stale_s = a.status_stale_s};
+        if (status_server_start(&so, &status)) {
+            log_error("%s", error_message());
+            rdzv_close(r);
+            command_free(&cmd);
+            free(launch_config);
+            launch_args_free(&a);
+            return 1;
+        }
+        /* Printed whatever the log level, like the store's port: scripts and users need it. */
+        dprintf(2, "fsdp-launch: status page on http://%s:%d/\n", a.status_addr, status_server_port(status));
+    }
     struct agent ag = {.a = &a, .r = r, .sigfd = sigfd, .host = host, .program = cmd.program, .argv = cmd.argv,
-                       .launch_config = launch_config, .secret = secret, .omp_threads = omp_threads};
+                       .launch_config = launch_config, .secret = secret, .omp_threads = omp_threads,
+                       .status = status};
     int code = agent_run(&ag);
+    status_server_stop(status);
     rdzv_close(r);
     close(sigfd);
     command_free(&cmd);
