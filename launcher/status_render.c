@@ -314,8 +314,15 @@ static void content(struct sbuf *b, const cJSON *snap)
               num(snap, "nnodes"), num(snap, "world_size"), num(snap, "restarts"), t1, t2);
     sb_str(b, "</p>\n");
     const cJSON *fail = cJSON_GetObjectItemCaseSensitive(snap, "failure");
+    bool previous = false;
+    if (!cJSON_IsObject(fail)) {
+        fail = cJSON_GetObjectItemCaseSensitive(snap, "previous_failure");
+        previous = true;
+    }
     if (cJSON_IsObject(fail)) {
-        sb_str(b, "<section class=\"rootcause\" id=\"rootcause\"><h2>Root cause</h2><p>");
+        sb_str(b, "<section class=\"rootcause\" id=\"rootcause\"><h2>");
+        sb_str(b, previous ? "Root cause of the previous attempt (the job restarted)" : "Root cause");
+        sb_str(b, "</h2><p>");
         double rank = num(fail, "rank");
         if (!isnan(rank))
             sb_printf(b, "rank %.0f ", rank);
@@ -348,6 +355,11 @@ static void content(struct sbuf *b, const cJSON *snap)
         if (*str(r, "exit")) {
             sb_str(b, ": ");
             sb_html(b, str(r, "exit"));
+        }
+        if (*str(r, "previous_exit")) {
+            sb_str(b, " (previous attempt: ");
+            sb_html(b, str(r, "previous_exit"));
+            sb_str(b, ")");
         }
         fmt_num(t1, sizeof t1, "%.0f", num(r, "step"));
         fmt_num(t2, sizeof t2, "%.0f", num(r, "max_steps"));

@@ -38,6 +38,7 @@ struct rank_state {
     double changed_mono;  /* when the record last changed */
     char exit_state[128]; /* "" while running */
     bool exit_ok;
+    char previous_exit[128]; /* how the rank ended in the previous attempt, "" if none */
 };
 
 struct status_server {
@@ -55,6 +56,7 @@ struct status_server {
     int generation, restarts;
     double start_wall, start_mono;
     char *failure;               /* root-cause record (JSON text) */
+    char *previous_failure;      /* the previous attempt's, kept across a restart */
     struct curve loss, val, tps;
     int64_t last_step, last_val_step;
     double eta_mono0;            /* first step seen of this attempt: when and which */
@@ -243,6 +245,7 @@ static cJSON *snapshot(struct status_server *s)
             state = now - rs->changed_mono > s->o.stale_s ? "stale" : "running";
         cJSON_AddStringToObject(x, "state", state);
         cJSON_AddStringToObject(x, "exit", rs->exit_state);
+        cJSON_AddStringToObject(x, "previous_exit", rs->previous_exit);
         if (rs->record)
             cJSON_AddNumberToObject(x, "age_s", now - rs->changed_mono);
         else
@@ -254,6 +257,11 @@ static cJSON *snapshot(struct status_server *s)
         cJSON_AddItemToObject(o, "failure", fail);
     else
         cJSON_AddNullToObject(o, "failure");
+    cJSON *pfail = s->previous_failure ? cJSON_Parse(s->previous_failure) : NULL;
+    if (pfail)
+        cJSON_AddItemToObject(o, "previous_failure", pfail);
+    else
+        cJSON_AddNullToObject(o, "previous_failure");
     cJSON *h = cJSON_AddObjectToObject(o, "history");
     const struct curve *cs[3] = {&s->loss, &s->val, &s->tps};
     const char *names[3] = {"loss", "val_loss", "tokens_per_s"};
@@ -477,9 +485,15 @@ void status_server_note_attempt(struct status_server *s, int generation, int res
     if (generation != s->generation) {
         s->generation = generation;
         s->restarts = restarts;
-        for (int r = 0; r < s->o.world_size; r++)
+        for (int r = 0; r < s->o.world_size; r++) {
+            if (s->ranks[r].exit_state[0])
+                memcpy(s->ranks[r].previous_exit, s->ranks[r].exit_state, sizeof s->ranks[r].previous_exit);
             s->ranks[r].exit_state[0] = 0;
-        free(s->failure);
+        }
+        if (s->failure) {
+            free(s->previous_failure);
+            s->previous_failure = s->failure;
+        }
         s->failure = NULL;
         s->eta_step0 = -1;
     }
@@ -536,6 +550,7 @@ void status_server_stop(struct status_server *s)
     }
     free(s->ranks);
     free(s->failure);
+    free(s->previous_failure);
     free(s->run_id);
     free(s->store_host);
     free(s->secret);
