@@ -14,6 +14,7 @@
 #include "launcher/agent.h"
 #include "launcher/args.h"
 #include "launcher/command.h"
+#include "launcher/status_files.h"
 #include "launcher/wizard.h"
 #include "launcher/workers.h"
 #include "rendezvous/rendezvous.h"
@@ -40,6 +41,8 @@ int main(int argc, char **argv)
     log_init("fsdp-launch");
     if (argc > 1 && strcmp(argv[1], "config") == 0)
         return wizard_main(argc - 1, argv + 1);
+    if (argc > 1 && strcmp(argv[1], "status") == 0)
+        return status_files_main(argc - 1, argv + 1);
     struct launch_args a;
     int rc = launch_args_parse(argc, argv, &a);
     if (rc == 1)

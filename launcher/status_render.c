@@ -309,9 +309,10 @@ static void content(struct sbuf *b, const cJSON *snap)
     sb_str(b, "</span></h1>\n<p class=\"job\">");
     fmt_dur(t1, sizeof t1, num(snap, "elapsed_s"));
     fmt_dur(t2, sizeof t2, num(snap, "eta_s"));
-    sb_printf(b, "%s &middot; nodes %.0f &middot; ranks %.0f &middot; restarts %.0f &middot; elapsed %s &middot; ETA %s",
+    fmt_num(t3, sizeof t3, "%.0f", num(snap, "nnodes"));
+    sb_printf(b, "%s &middot; nodes %s &middot; ranks %.0f &middot; restarts %.0f &middot; elapsed %s &middot; ETA %s",
               cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(snap, "live")) ? "live" : "finished run (from its files)",
-              num(snap, "nnodes"), num(snap, "world_size"), num(snap, "restarts"), t1, t2);
+              t3, num(snap, "world_size"), num(snap, "restarts"), t1, t2);
     sb_str(b, "</p>\n");
     const cJSON *fail = cJSON_GetObjectItemCaseSensitive(snap, "failure");
     bool previous = false;
