@@ -241,6 +241,8 @@ static cJSON *snapshot(struct status_server *s)
         const char *state = "starting";
         if (rs->exit_state[0])
             state = rs->exit_ok ? "succeeded" : "failed";
+        else if (rs->record && num(rs->record, "restart", 0) < s->generation)
+            state = "starting"; /* its record is of an earlier attempt */
         else if (rs->record)
             state = now - rs->changed_mono > s->o.stale_s ? "stale" : "running";
         cJSON_AddStringToObject(x, "state", state);

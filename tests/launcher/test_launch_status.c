@@ -22,7 +22,7 @@ struct job {
     int port;
 };
 
-static void job_start(struct job *j, int max_steps, const char *run_id, const char *const *env)
+static void job_start(struct job *j, int max_steps, const char *run_id, const char *const *env, const char *stale)
 {
     j->dir = lu_tmpdir();
     char data[4200], docs[4200];
@@ -39,7 +39,7 @@ static void job_start(struct job *j, int max_steps, const char *run_id, const ch
     char logdir[4300];
     snprintf(logdir, sizeof logdir, "--log.dir=%s/logs", j->dir);
     const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "2", "--max_restarts", "1",
-                          "--status_port", "0", "--run_id", run_id, lu_build_path("worker/fsdp-worker"), j->ini,
+                          "--status_port", "0", "--status_stale_timeout", stale, "--run_id", run_id, lu_build_path("worker/fsdp-worker"), j->ini,
                           logdir, NULL};
     const char *envs[8] = {"OMP_NUM_THREADS=1"};
     int m = 1;
@@ -147,7 +147,8 @@ static cJSON *wait_running(struct job *j, int min_step, int want_restarts, doubl
         bool ok = cJSON_GetArraySize(ranks) == 2 && (want_restarts < 0 || jnum(o, "restarts") == want_restarts);
         for (int r = 0; ok && r < 2; r++) {
             const cJSON *x = cJSON_GetArrayItem(ranks, r);
-            ok = jnum(x, "step") >= min_step && strcmp(jstr(x, "state"), "running") == 0;
+            ok = jnum(x, "step") >= min_step && strcmp(jstr(x, "state"), "running") == 0 &&
+                 (want_restarts < 0 || jnum(x, "restart") == want_restarts);
         }
         if (ok)
             return o;
@@ -170,7 +171,7 @@ static void job_finish(struct job *j, int want)
 Test(launch_status, json_metrics_and_page_during_a_two_rank_job, .timeout = 240)
 {
     struct job j;
-    job_start(&j, 100000, "run<script>alert(1)<img onerror=x>", NULL);
+    job_start(&j, 100000, "run<script>alert(1)<img onerror=x>", NULL, "30");
     cJSON *o = wait_running(&j, 25, 0, 120);
     cr_assert_str_eq(jstr(o, "run_id"), "run<script>alert(1)<img onerror=x>");
     cr_assert_eq(jnum(o, "world_size"), 2);
@@ -231,7 +232,7 @@ Test(launch_status, killed_rank_shows_its_root_cause_after_the_restart, .timeout
 {
     struct job j;
     const char *env[] = {"FSDP_FAULT_KILL=15:1", NULL};
-    job_start(&j, 100000, "killed", env);
+    job_start(&j, 100000, "killed", env, "30");
     cJSON *o = wait_running(&j, 3, 1, 180);
     cr_assert_eq(jnum(o, "generation"), 1);
     const cJSON *pf = cJSON_GetObjectItemCaseSensitive(o, "previous_failure");
@@ -257,7 +258,7 @@ Test(launch_status, killed_rank_shows_its_root_cause_after_the_restart, .timeout
 Test(launch_status, bad_requests_many_clients_and_a_slow_client, .timeout = 240)
 {
     struct job j;
-    job_start(&j, 400, "abuse", NULL);
+    job_start(&j, 400, "abuse", NULL, "30");
     cJSON_Delete(wait_running(&j, 1, 0, 120));
     /* A client that sends half a request and never reads: held open for the whole job. */
     int slow = connect_to(j.port);
@@ -317,8 +318,73 @@ Test(launch_status, bad_requests_many_clients_and_a_slow_client, .timeout = 240)
     cr_assert_eq(code, 0, "the job did not finish with a slow client connected: %s", lu_slurp_tag(j.dir, "job", "err"));
     close(slow);
     close(slow2);
+
+    /* The finished run's page from its files: fsdp-launch status LOG_DIR. */
+    char logs[4300], out[4400], html[4400];
+    snprintf(logs, sizeof logs, "%s/logs", j.dir);
+    snprintf(out, sizeof out, "%s/status.json", j.dir);
+    snprintf(html, sizeof html, "%s/status.html", j.dir);
+    const char *sj[] = {LU_LAUNCH, "status", logs, "--json", "-o", out, NULL};
+    cr_assert_eq(lu_exit_code(lu_wait(lu_spawn(sj, j.dir, "sj", NULL), 30)), 0, "%s", lu_slurp_tag(j.dir, "sj", "err"));
+    char *text = tu_slurp(out);
+    cJSON *o = cJSON_Parse(text);
+    cr_assert(o, "fsdp-launch status --json: %s", text);
+    cr_assert_str_eq(jstr(o, "run_id"), "abuse");
+    cr_assert(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(o, "live")));
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(o, "ranks")), 2);
+    for (int r = 0; r < 2; r++) {
+        const cJSON *x = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "ranks"), r);
+        cr_assert_str_eq(jstr(x, "state"), "succeeded");
+        cr_assert_eq(jnum(x, "step"), 400);
+        cr_assert_gt(jnum(cJSON_GetObjectItemCaseSensitive(x, "memory"), "params"), 0);
+    }
+    const cJSON *hist = cJSON_GetObjectItemCaseSensitive(o, "history");
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(hist, "loss")), 400);
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(hist, "val_loss")), 20);
+    cJSON_Delete(o);
+    free(text);
+    const char *sh[] = {LU_LAUNCH, "status", logs, "-o", html, NULL};
+    cr_assert_eq(lu_exit_code(lu_wait(lu_spawn(sh, j.dir, "sh", NULL), 30)), 0, "%s", lu_slurp_tag(j.dir, "sh", "err"));
+    text = tu_slurp(html);
+    cr_assert(strstr(text, "<table id=\"ranks\">") && strstr(text, "<svg id=\"plot-loss\"") && !strstr(text, "<script>"),
+              "%s", text);
+    free(text);
+    const char *bad[] = {LU_LAUNCH, "status", j.dir, NULL}; /* not a log.dir */
+    cr_assert_eq(lu_exit_code(lu_wait(lu_spawn(bad, j.dir, "bad", NULL), 30)), 1);
+    char *err = lu_slurp_tag(j.dir, "bad", "err");
+    cr_assert(strstr(err, "neither metrics.jsonl nor run_summary.rank<R>.json found"), "%s", err);
+    free(err);
     lu_rm_rf(j.dir);
     free(j.dir);
+}
+
+Test(launch_status, a_stopped_rank_is_shown_stale, .timeout = 240)
+{
+    struct job j;
+    job_start(&j, 100000, "stale", NULL, "1");
+    cJSON *o = wait_running(&j, 2, 0, 120);
+    int pid1 = (int)jnum(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "ranks"), 1), "pid");
+    cJSON_Delete(o);
+    cr_assert_gt(pid1, 0);
+    kill(pid1, SIGSTOP);
+    bool stale = false;
+    double end = tu_now() + 20;
+    while (!stale && tu_now() < end) {
+        o = get_status(j.port);
+        const cJSON *x = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "ranks"), 1);
+        stale = strcmp(jstr(x, "state"), "stale") == 0 && jnum(x, "age_s") >= 1;
+        cJSON_Delete(o);
+        tu_nap(0.1);
+    }
+    int code;
+    char *m = http_get(j.port, "/metrics", &code);
+    kill(pid1, SIGCONT);
+    cr_assert(stale, "rank 1 stopped but never shown stale");
+    cr_assert(strstr(m, "fsdp_rank_state{run_id=\"stale\",rank=\"1\",state=\"stale\"} 1\n"), "%s", m);
+    free(m);
+    cJSON_Delete(wait_running(&j, 2, 0, 60)); /* running again once it moves */
+    kill(j.pid, SIGTERM);
+    job_finish(&j, 128 + SIGTERM);
 }
 
 Test(launch_status, non_loopback_address_needs_a_token, .timeout = 60)
