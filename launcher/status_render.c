@@ -227,7 +227,7 @@ static void fmt_dur(char *out, size_t cap, double s)
 
 #define PLOT_W 420
 #define PLOT_H 200
-#define PAD_L 56
+#define PAD_L 70
 #define PAD_B 26
 #define PAD_T 10
 #define PAD_R 10

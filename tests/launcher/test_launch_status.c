@@ -387,6 +387,70 @@ Test(launch_status, a_stopped_rank_is_shown_stale, .timeout = 240)
     job_finish(&j, 128 + SIGTERM);
 }
 
+/* chromium from PATH, or NULL. */
+static char *find_chromium(void)
+{
+    const char *path = getenv("PATH");
+    char *dup = strdup(path ? path : "/usr/bin:/bin");
+    char *save = NULL;
+    for (char *d = strtok_r(dup, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/chromium", d);
+        if (access(p, X_OK) == 0) {
+            free(dup);
+            return strdup(p);
+        }
+    }
+    free(dup);
+    return NULL;
+}
+
+/* A real browser loads the page during a run: its DOM after the page's own refreshes holds the rank table
+ * and the loss plot, and a screenshot is taken (kept as $FSDP_STATUS_SCREENSHOT when that is set). */
+Test(launch_status, headless_chromium_renders_the_page, .timeout = 240)
+{
+    char *chromium = find_chromium();
+    if (!chromium)
+        cr_skip_test("chromium not installed (apt-get install chromium): the browser test is skipped");
+    struct job j;
+    job_start(&j, 100000, "browser<b>", NULL, "30");
+    cJSON_Delete(wait_running(&j, 25, 0, 120));
+    char url[64], shot[4400], prof[4400];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/", j.port);
+    snprintf(shot, sizeof shot, "%s/shot.png", j.dir);
+    snprintf(prof, sizeof prof, "--user-data-dir=%s/profile", j.dir);
+    const char *dom[] = {chromium, "--headless", "--no-sandbox", "--disable-gpu", prof, "--virtual-time-budget=5000",
+                         "--dump-dom", url, NULL};
+    int code = lu_exit_code(lu_wait(lu_spawn(dom, j.dir, "dom", NULL), 90));
+    char *html = lu_slurp_tag(j.dir, "dom", "out");
+    cr_assert_eq(code, 0, "chromium --dump-dom: %s", lu_slurp_tag(j.dir, "dom", "err"));
+    cr_assert(strstr(html, "<table id=\"ranks\">") && strstr(html, "id=\"plot-loss\"") && strstr(html, "<polyline"),
+              "the browser's DOM has no rank table or loss plot: %s", html);
+    cr_assert(strstr(html, "browser&lt;b&gt;") && !strstr(html, "browser<b>"), "run id not shown as text: %s", html);
+    free(html);
+    const char *ss[] = {chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", prof,
+                        "--window-size=1300,820", "--virtual-time-budget=3000", NULL, url, NULL};
+    char shot_opt[4500];
+    snprintf(shot_opt, sizeof shot_opt, "--screenshot=%s", shot);
+    ss[8] = shot_opt;
+    code = lu_exit_code(lu_wait(lu_spawn(ss, j.dir, "shot", NULL), 90));
+    cr_assert_eq(code, 0, "chromium --screenshot: %s", lu_slurp_tag(j.dir, "shot", "err"));
+    char *png = tu_slurp(shot);
+    cr_assert(png && memcmp(png, "\x89PNG", 4) == 0, "no PNG screenshot at %s", shot);
+    free(png);
+    struct stat st;
+    cr_assert(stat(shot, &st) == 0 && st.st_size > 10000, "screenshot too small to show the page");
+    const char *keep = getenv("FSDP_STATUS_SCREENSHOT");
+    if (keep && *keep) {
+        char cmd[9000];
+        snprintf(cmd, sizeof cmd, "cp '%s' '%s'", shot, keep);
+        cr_assert_eq(tu_sh(cmd), 0);
+    }
+    free(chromium);
+    kill(j.pid, SIGTERM);
+    job_finish(&j, 128 + SIGTERM);
+}
+
 Test(launch_status, non_loopback_address_needs_a_token, .timeout = 60)
 {
     char *dir = lu_tmpdir();
