@@ -19,7 +19,7 @@
 enum opt_id {
     O_NNODES, O_NODE_RANK, O_NPROC, O_MASTER_ADDR, O_MASTER_PORT, O_STANDALONE, O_MAX_RESTARTS,
     O_MONITOR, O_RDZV_ID, O_RUN_ID, O_RDZV_TIMEOUT, O_LOG_DIR, O_REDIRECTS, O_TEE, O_FILTER, O_ROLE,
-    O_SHUTDOWN, O_LOG_LEVEL, O_RDZV_ENDPOINT, O_RDZV_BACKEND, O_HELP, O_COUNT
+    O_SHUTDOWN, O_LOG_LEVEL, O_RDZV_ENDPOINT, O_RDZV_BACKEND, O_LOCAL_ADDR, O_NO_TORCH_STORE, O_HELP, O_COUNT
 };
 
 struct opt {
@@ -49,6 +49,8 @@ static const struct opt opts[O_COUNT] = {
     [O_LOG_LEVEL] = {"log_level", true, "debug, info, warn or error (default info)"},
     [O_RDZV_ENDPOINT] = {"rdzv_endpoint", true, "HOST[:PORT] of node 0: the same as --master_addr/--master_port"},
     [O_RDZV_BACKEND] = {"rdzv_backend", true, "accepted for torchrun command lines (static, c10d); the store is always ours"},
+    [O_LOCAL_ADDR] = {"local_addr", true, "this node's address: node 0's store listens on it (default --master_addr; 0.0.0.0 = all)"},
+    [O_NO_TORCH_STORE] = {"no_torch_store", false, "the store refuses PyTorch TCPStore clients (jobs that run only fsdp-worker)"},
     [O_HELP] = {"help", false, "this text"},
 };
 
@@ -319,6 +321,11 @@ static int apply(struct launch_args *a, int id, const char *v, const char *src)
             rc = parse_int(colon + 1, src, 0, 65535, &a->master_port);
         return rc;
     }
+    case O_LOCAL_ADDR:
+        if (!*v)
+            return error_set(FSDP_EINVAL, "%s: empty address", src);
+        return copy_str(a->local_addr, sizeof a->local_addr, v, src);
+    case O_NO_TORCH_STORE: return parse_bool(v, src, &a->no_torch_store);
     case O_RDZV_BACKEND:
         if (strcmp(v, "static") && strcmp(v, "c10d"))
             return error_set(FSDP_EUNSUPPORTED, "%s: '%s' is not supported; fsdp-launch has one rendezvous (c10d-like, "

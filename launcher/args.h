@@ -15,6 +15,8 @@ struct launch_args {
     int node_rank;
     int nproc_per_node;
     char master_addr[256];
+    char local_addr[256]; /* "" = --master_addr: where node 0's store listens */
+    bool no_torch_store;  /* the store refuses PyTorch TCPStore clients */
     int master_port; /* 0 on node 0: pick a free port and print it */
     bool standalone;
     int max_restarts;

@@ -15,6 +15,7 @@
 #include "launcher/args.h"
 #include "launcher/workers.h"
 #include "rendezvous/rendezvous.h"
+#include "rendezvous/store_auth.h"
 
 static void random_token(char *out, size_t nbytes)
 {
@@ -25,6 +26,32 @@ static void random_token(char *out, size_t nbytes)
         close(fd);
     for (size_t i = 0; i < nbytes; i++)
         sprintf(out + 2 * i, "%02x", got == (ssize_t)nbytes ? buf[i] : (unsigned)(rand() & 0xff));
+}
+
+/* Several nodes and no secret: anyone who reaches the port can read the rendezvous and end the job. */
+static void warn_open_store(const struct launch_args *a)
+{
+    if (a->nnodes == 1)
+        return;
+    log_warn("************************************************************************************");
+    log_warn("SECURITY: the store of this %d-node job has no secret: any host that can reach %s:%d can",
+             a->nnodes, a->master_addr, a->master_port);
+    log_warn("read the rendezvous (NCCL unique ids), inject a failure record that ends the job, or join it.");
+    log_warn("Set the same FSDP_RDZV_TOKEN on every node, or create ~/.config/fsdpc/rdzv_token (mode 600)%s",
+             strcmp(a->run_id, "none") == 0 ? "," : "");
+    if (strcmp(a->run_id, "none") == 0)
+        log_warn("and give every node the same --rdzv_id (the run id is 'none').");
+    log_warn("See docs/launcher.md, \"Security\".");
+    log_warn("************************************************************************************");
+}
+
+/* A store on a name that is loopback here is out of the other nodes' reach. */
+static void warn_loopback_bind(const char *addr)
+{
+    char shown[64];
+    if (rdzv_loopback_name(addr, shown, sizeof shown))
+        log_warn("the store listens on %s, which is %s (loopback) on this host: the other nodes cannot reach it; "
+                 "pass --local_addr with this node's address (or 0.0.0.0)", addr, shown);
 }
 
 /* A slow --monitor_interval must not make a live node look lost: allow at least three missed beats. */
@@ -72,14 +99,29 @@ int main(int argc, char **argv)
 
     char host[256] = "?";
     gethostname(host, sizeof host - 1);
-    /* One node: nobody else needs the token, so a random one keeps strangers off the port. Several nodes
-     * must share it, so it can only come from the user (the same FSDP_RDZV_TOKEN on every node). */
-    char token[65];
-    const char *secret = settings_get_raw(SETTING_RDZV_TOKEN);
+    /* The job's secret (docs/launcher.md, "Security"): FSDP_RDZV_TOKEN, else the user's secret file. One
+     * node needs nobody else to know it, so a random one keeps strangers off the port; several nodes must
+     * share it, so without one the store is open, which is said loudly. */
+    char token[65], secret_file[4096];
+    char *loaded = NULL;
+    enum store_secret_source secret_source;
+    if (store_secret_load(&loaded, &secret_source, secret_file, sizeof secret_file)) {
+        log_error("%s", error_message());
+        launch_args_free(&a);
+        return 2;
+    }
+    const char *secret = loaded;
     if (!secret && a.nnodes == 1) {
         random_token(token, 16);
         secret = token;
     }
+    if (secret_source == STORE_SECRET_FILE)
+        log_debug("store secret read from %s", secret_file);
+    const char *bind_addr = a.local_addr[0] ? a.local_addr : a.master_addr;
+    if (!secret)
+        warn_open_store(&a);
+    if (a.nnodes > 1 && a.node_rank == 0)
+        warn_loopback_bind(bind_addr);
     char omp[24];
     const char *omp_threads = NULL;
     if (!getenv("OMP_NUM_THREADS")) {
@@ -91,10 +133,11 @@ int main(int argc, char **argv)
                  cores, a.nproc_per_node);
     }
 
-    bool local_only = a.nnodes == 1 && (strcmp(a.master_addr, "127.0.0.1") == 0 ||
-                                        strcmp(a.master_addr, "localhost") == 0);
+    /* The store listens on --local_addr, else on --master_addr (the address the other nodes use), never on
+     * every interface unless asked to (0.0.0.0). */
     struct rdzv_options ro = {.master_addr = a.master_addr, .master_port = a.master_port,
-                              .bind_addr = local_only ? "127.0.0.1" : NULL, .run_id = a.run_id, .secret = secret,
+                              .bind_addr = bind_addr, .torch_off = a.no_torch_store, .run_id = a.run_id,
+                              .secret = secret,
                               .nnodes = a.nnodes, .node_rank = a.node_rank, .nproc_per_node = a.nproc_per_node,
                               .host = host, .timeout_s = a.rdzv_timeout_s,
                               .heartbeat_timeout_s = heartbeat_timeout(settings_double(SETTING_HEARTBEAT_TIMEOUT),
@@ -105,6 +148,7 @@ int main(int argc, char **argv)
     if (rc) {
         log_error("%s", error_message());
         launch_args_free(&a);
+        free(loaded);
         return 1;
     }
     if (a.node_rank == 0 && (a.master_port == 0 || a.standalone)) {
@@ -118,6 +162,7 @@ int main(int argc, char **argv)
                        .omp_threads = omp_threads};
     int code = agent_run(&ag);
     rdzv_close(r);
+    free(loaded);
     close(sigfd);
     launch_args_free(&a);
     return code;
