@@ -1,7 +1,7 @@
 /* The store server: one thread running its own event_base, so the launcher that hosts it keeps its main
  * loop; the listener, the connections, reading and parsing their requests and the limits on what a peer
- * can make the server hold live here, the handshakes in store_server_auth.c and the ops in
- * store_server_ops.c. Requests of a connection are answered in order: while one waits (WAIT, BARRIER)
+ * can make the server hold live here, the handshakes in store_server_auth.c, the ops in
+ * store_server_ops.c, what all of them share about a connection in store_server_conn.c. Requests of a connection are answered in order: while one waits (WAIT, BARRIER)
  * the ones behind it stay unread, except a CANCEL_WAIT right behind it. */
 #include "rendezvous/store.h"
 
@@ -35,37 +35,6 @@
 /* What a connection may have buffered of a request before it counts against the shared budget of
  * unauthenticated connections (fsdpc clients are trusted up to STORE_MAX_REQUEST_BYTES). */
 #define SMALL_REQUEST_BYTES (64u * 1024u)
-#define HANDSHAKE_KEY_BYTES 1024u
-
-static const struct store_parse_limits handshake_limits = {
-    .max_key = HANDSHAKE_KEY_BYTES, .max_value = STORE_NONCE_MAX_BYTES, .max_keys = 0,
-    .max_request = STORE_HANDSHAKE_MAX_BYTES};
-static const struct store_parse_limits torch_limits = {
-    .max_key = STORE_MAX_KEY_BYTES, .max_value = STORE_TORCH_MAX_VALUE_BYTES, .max_keys = STORE_MAX_KEYS,
-    .max_request = STORE_TORCH_MAX_REQUEST_BYTES};
-static const struct store_parse_limits fsdp_limits = {
-    .max_key = STORE_MAX_KEY_BYTES, .max_value = STORE_MAX_VALUE_BYTES, .max_keys = STORE_MAX_KEYS,
-    .max_request = STORE_MAX_REQUEST_BYTES};
-
-bool store_server_greeted(const struct store_conn *c)
-{
-    return c->state == CONN_TORCH || c->state == CONN_FSDP || (c->state == CONN_VALIDATED && !c->srv->torch_off);
-}
-
-const struct store_parse_limits *store_server_limits(const struct store_conn *c)
-{
-    switch (c->state) {
-    case CONN_FSDP: return &fsdp_limits;
-    case CONN_TORCH: return &torch_limits;
-    case CONN_VALIDATED: return c->srv->torch_off ? &handshake_limits : &torch_limits;
-    default: return &handshake_limits;
-    }
-}
-
-static size_t default_watermark(const struct store_conn *c)
-{
-    return store_server_limits(c) == &handshake_limits ? STORE_HANDSHAKE_MAX_BYTES : SMALL_REQUEST_BYTES;
-}
 
 static void set_watermark(struct store_conn *c, size_t high)
 {
@@ -75,25 +44,10 @@ static void set_watermark(struct store_conn *c, size_t high)
     }
 }
 
-void store_server_write(struct store_conn *c, const void *p, size_t n) { bufferevent_write(c->bev, p, n); }
-
-bool store_server_refuse(struct store_conn *c, uint8_t status, const char *fmt, ...)
+static size_t default_watermark(const struct store_conn *c)
 {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    log_warn("store: closing %s: %s", c->peer, msg);
-    if (c->fsdp_client) {
-        struct store_buf *b = &c->srv->out;
-        store_buf_reset(b);
-        store_buf_put_u8(b, status);
-        store_buf_put_str(b, msg);
-        if (!b->failed)
-            store_server_write(c, b->data, b->len);
-    }
-    return false;
+    return store_server_limits(c)->max_request == STORE_HANDSHAKE_MAX_BYTES ? STORE_HANDSHAKE_MAX_BYTES
+                                                                            : SMALL_REQUEST_BYTES;
 }
 
 /* ---- connection lifetime ---- */
@@ -279,14 +233,6 @@ static void conn_write_cb(struct bufferevent *bev, void *arg)
     }
 }
 
-void store_server_resume(struct store_conn *c)
-{
-    /* On the next loop turn, never from inside the write that woke the wait, so table walks are not
-     * re-entered. */
-    if (evbuffer_get_length(bufferevent_get_input(c->bev)) > 0)
-        bufferevent_trigger(c->bev, EV_READ, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
-}
-
 static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
 {
     (void)l;
@@ -468,9 +414,11 @@ int store_server_start(const struct store_server_options *opts, struct store_ser
             s->stop_ev = event_new(s->base, -1, 0, stop_cb, s);
             s->accept_resume = evtimer_new(s->base, accept_resume_cb, s);
         }
+        /* backlog 0: the socket already listens with 4096; -1 would make libevent listen again with 128,
+         * too few for 1024 clients connecting at once */
         if (s->stop_ev && s->accept_resume)
             s->listener = evconnlistener_new(s->base, accept_cb, s,
-                                             LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1, fd);
+                                             LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, 0, fd);
         if (!s->listener) {
             close(fd);
             rc = error_set(FSDP_EIO, "libevent could not set up the store listener");

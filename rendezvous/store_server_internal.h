@@ -1,6 +1,7 @@
 /* Internals shared by the parts of the store server: store_server.c (thread, listener, connections, reading
- * requests, limits on memory), store_server_auth.c (the handshakes) and store_server_ops.c (c10d's ops and
- * their waiters). Not part of the public API. */
+ * requests, limits on memory) calls store_server_auth.c (the handshakes) and store_server_ops.c (c10d's ops
+ * and their waiters); all of them call store_server_conn.c (a connection's limits, writes, refusals). Not
+ * part of the public API. */
 #ifndef FSDP_RENDEZVOUS_STORE_SERVER_INTERNAL_H
 #define FSDP_RENDEZVOUS_STORE_SERVER_INTERNAL_H
 
@@ -82,7 +83,7 @@ struct store_server {
     struct store_buf out; /* reply scratch: the loop is single-threaded */
 };
 
-/* ---- store_server.c ---- */
+/* ---- store_server_conn.c ---- */
 
 /* Limits of the requests a connection may send in its state. */
 const struct store_parse_limits *store_server_limits(const struct store_conn *c);
