@@ -48,11 +48,13 @@ static int read_secret_file(const char *path, char **secret)
         rc = error_set(FSDP_EINVAL, "the store secret file %s has %lld bytes, more than %d", path,
                        (long long)st.st_size, SECRET_FILE_MAX);
     char buf[SECRET_FILE_MAX + 1];
-    ssize_t n = 0;
+    size_t n = 0;
     if (!rc) {
-        n = read(fd, buf, SECRET_FILE_MAX);
-        if (n < 0)
+        ssize_t got = read(fd, buf, SECRET_FILE_MAX);
+        if (got < 0)
             rc = error_set(FSDP_EIO, "cannot read the store secret file %s: %s", path, strerror(errno));
+        else
+            n = (size_t)got < SECRET_FILE_MAX ? (size_t)got : SECRET_FILE_MAX;
     }
     close(fd);
     if (rc)
@@ -62,7 +64,7 @@ static int read_secret_file(const char *path, char **secret)
     buf[n] = 0;
     if (n == 0)
         return error_set(FSDP_EINVAL, "the store secret file %s is empty", path);
-    if (strlen(buf) != (size_t)n)
+    if (strlen(buf) != n)
         return error_set(FSDP_EINVAL, "the store secret file %s holds a NUL byte: write the secret as text", path);
     *secret = strdup(buf);
     return *secret ? 0 : error_set(FSDP_ENOMEM, "out of memory");

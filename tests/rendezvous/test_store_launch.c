@@ -66,6 +66,10 @@ static bool listen_addr(int port, char *out, size_t cap)
 }
 
 static const char *const secret_env[] = {"FSDP_RDZV_TOKEN=s3cret", NULL};
+/* For the memory tests: a sanitizer build's quarantine of freed blocks (256 MiB by default) would count as
+ * the launcher's RSS; without a sanitizer the variable is ignored. */
+static const char *const memory_env[] = {"FSDP_RDZV_TOKEN=s3cret",
+                                         "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:quarantine_size_mb=8", NULL};
 
 Test(store_launch, listens_on_master_addr_not_every_interface, .timeout = 120)
 {
@@ -276,7 +280,7 @@ static void close_all(int *fds, int n)
 Test(store_launch, memory_before_the_handshake, .timeout = 180)
 {
     const char *flags[] = {"--master_port", "0", "--no_torch_store", NULL};
-    struct job j = start(flags, secret_env);
+    struct job j = start(flags, memory_env);
     tu_nap(0.3);
     long base = rss_kb(j.pid);
     struct store_buf b;
@@ -305,7 +309,7 @@ Test(store_launch, memory_before_the_handshake, .timeout = 180)
 Test(store_launch, memory_of_unauthenticated_pytorch_clients, .timeout = 180)
 {
     const char *flags[] = {"--master_port", "0", NULL};
-    struct job j = start(flags, secret_env);
+    struct job j = start(flags, memory_env);
     tu_nap(0.3);
     long base = rss_kb(j.pid);
     struct store_buf b;
@@ -333,7 +337,7 @@ Test(store_launch, memory_of_unauthenticated_pytorch_clients, .timeout = 180)
 Test(store_launch, memory_of_a_client_that_never_reads, .timeout = 180)
 {
     const char *flags[] = {"--master_port", "0", "--rdzv_id", "job8", NULL};
-    struct job j = start(flags, secret_env);
+    struct job j = start(flags, memory_env);
     struct store_client_options o = {.host = "127.0.0.1", .port = j.port, .run_id = "job8", .secret = "s3cret",
                                      .connect_timeout_s = 10};
     struct store_client *c = NULL;
@@ -366,4 +370,24 @@ Test(store_launch, memory_of_a_client_that_never_reads, .timeout = 180)
     store_buf_free(&b);
     store_client_close(c);
     stop(&j);
+}
+
+/* As torchrun: PyTorch workers are told the launcher's store is theirs, unless it refuses them. */
+Test(store_launch, workers_get_the_agent_store_variables, .timeout = 60)
+{
+    char *dir = lu_tmpdir();
+    const char *argv[] = {LU_LAUNCH, "--master_port", "0", "--", "/usr/bin/env", NULL};
+    const char *env[] = {"TORCH_NCCL_ASYNC_ERROR_HANDLING=", "TORCHELASTIC_USE_AGENT_STORE=False", NULL};
+    cr_assert_eq(lu_exit_code(lu_wait(lu_spawn(argv, dir, "on", env), 30)), 0);
+    char *out = lu_slurp_tag(dir, "on", "out");
+    cr_assert(strstr(out, "\nTORCHELASTIC_USE_AGENT_STORE=True\n"), "%s", out);
+    cr_assert_null(strstr(out, "TORCHELASTIC_USE_AGENT_STORE=False"), "%s", out);
+    cr_assert(strstr(out, "\nTORCH_NCCL_ASYNC_ERROR_HANDLING=1\n"), "%s", out);
+    free(out);
+    const char *argv2[] = {LU_LAUNCH, "--master_port", "0", "--no_torch_store", "--", "/usr/bin/env", NULL};
+    cr_assert_eq(lu_exit_code(lu_wait(lu_spawn(argv2, dir, "off", env), 30)), 0);
+    out = lu_slurp_tag(dir, "off", "out");
+    cr_assert_null(strstr(out, "TORCHELASTIC_USE_AGENT_STORE"), "%s", out);
+    free(out);
+    lu_rm_rf(dir);
 }
