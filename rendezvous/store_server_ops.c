@@ -119,7 +119,7 @@ void store_server_forget_owner(struct store_server *s, struct store_conn *c)
 /* Bytes e would hold with a value of value_len (queue unchanged). */
 static size_t bytes_with_value(const struct store_entry *e, size_t value_len)
 {
-    return 64 + e->key_len + value_len + e->qbytes;
+    return STORE_ENTRY_OVERHEAD + e->key_len + value_len + e->qbytes;
 }
 
 /* ---- waiters ---- */
@@ -483,7 +483,7 @@ static bool op_queue_push(struct store_conn *c, const struct store_request *r)
     if (!e)
         return reply_oom(c);
     size_t now = store_table_entry_bytes(e);
-    size_t after = (now ? now : 64 + e->key_len) + r->value_len + 32;
+    size_t after = (now ? now : STORE_ENTRY_OVERHEAD + e->key_len) + r->value_len + STORE_QITEM_OVERHEAD;
     if (!torch_room(c, e, after)) {
         store_table_release_if_unused(&s->table, e);
         return false;

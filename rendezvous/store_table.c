@@ -6,10 +6,6 @@
 #include "common/error.h"
 #include "rendezvous/store_auth.h"
 
-/* Bookkeeping an entry costs beyond its bytes, counted so that many tiny keys are not free. */
-#define ENTRY_OVERHEAD 64u
-#define QITEM_OVERHEAD 32u
-
 static uint64_t hash_key(const struct store_table *t, int ns, const void *key, size_t n)
 {
     const uint8_t *b = key;
@@ -169,7 +165,7 @@ int store_table_queue_push(struct store_entry *e, const void *value, size_t len)
         e->qhead = q;
     e->qtail = q;
     e->qlen++;
-    e->qbytes += len + QITEM_OVERHEAD;
+    e->qbytes += len + STORE_QITEM_OVERHEAD;
     return 0;
 }
 
@@ -182,7 +178,7 @@ struct store_qitem *store_table_queue_pop(struct store_entry *e)
     if (!e->qhead)
         e->qtail = NULL;
     e->qlen--;
-    e->qbytes -= q->len + QITEM_OVERHEAD;
+    e->qbytes -= q->len + STORE_QITEM_OVERHEAD;
     return q;
 }
 
@@ -192,7 +188,7 @@ size_t store_table_entry_bytes(const struct store_entry *e)
 {
     if (!e->has_value && e->qlen == 0)
         return 0;
-    return ENTRY_OVERHEAD + e->key_len + (e->has_value ? e->value_len : 0) + e->qbytes;
+    return STORE_ENTRY_OVERHEAD + e->key_len + (e->has_value ? e->value_len : 0) + e->qbytes;
 }
 
 static void unlink_entry(struct store_table *t, struct store_entry *e)

@@ -12,6 +12,11 @@
 
 enum store_ns { STORE_NS_TORCH = 0, STORE_NS_FSDP = 1, STORE_NS_COUNT };
 
+/* Bookkeeping an entry and a queued item cost beyond their bytes, counted so that many tiny keys are not
+ * free (store_table_entry_bytes). */
+#define STORE_ENTRY_OVERHEAD 64u
+#define STORE_QITEM_OVERHEAD 32u
+
 struct store_wait_link; /* owned by the server: one per (waiting request, key) */
 
 struct store_qitem {
