@@ -130,9 +130,7 @@ int config_cli_parse(const struct config_schema *schema, int argc, char **argv, 
         int k = config_find_key(schema, key_name);
         if (k < 0)
             return unknown_flag(schema, name);
-        int rc = take_key_flag(schema, cli, k, name[len] == '=' ? name + len + 1 : NULL, argc, argv, &i);
-        if (rc)
-            return rc;
+        FSDP_TRY(take_key_flag(schema, cli, k, name[len] == '=' ? name + len + 1 : NULL, argc, argv, &i));
     }
     return 0;
 }
@@ -141,7 +139,7 @@ int config_cli_apply(const struct config_cli *cli, struct config *cfg)
 {
     for (int i = 0; i < cli->n_overrides; i++) {
         int k = cli->override_key[i];
-        int rc = config_set_index(cfg, k, cli->override_text[i], CONFIG_SRC_CLI, 0);
+        int rc = config_set_index_origin(cfg, k, cli->override_text[i], CONFIG_SRC_CLI, 0, "command line");
         if (rc) {
             char why[1024];
             snprintf(why, sizeof why, "%s", error_message());

@@ -212,9 +212,7 @@ static int rd_bytes(struct rd *r, uint64_t max, void **out, size_t *len)
 {
     uint64_t n;
     *out = NULL;
-    int rc = rd_u64(r, &n);
-    if (rc)
-        return rc;
+    FSDP_TRY(rd_u64(r, &n));
     if (n > max) {
         r->c->broken = true;
         return error_set(FSDP_EPROTO, "store at %s sent a field of %llu bytes while %s: is it an fsdpc store?",
@@ -225,7 +223,7 @@ static int rd_bytes(struct rd *r, uint64_t max, void **out, size_t *len)
         r->c->broken = true;
         return error_set(FSDP_ENOMEM, "out of memory for a %llu-byte store reply", (unsigned long long)n);
     }
-    rc = recv_exact(r->c, v, (size_t)n, r->deadline, r->waited_s, r->what);
+    int rc = recv_exact(r->c, v, (size_t)n, r->deadline, r->waited_s, r->what);
     if (rc) {
         free(v);
         return rc;
@@ -245,9 +243,9 @@ static int rd_status(struct rd *r)
     if (c->plain)
         return 0;
     uint8_t st;
-    int rc = rd_u8(r, &st);
-    if (rc || st == STORE_ST_OK)
-        return rc;
+    FSDP_TRY(rd_u8(r, &st));
+    if (st == STORE_ST_OK)
+        return 0;
     void *msg = NULL;
     size_t n = 0;
     if (st > STORE_ST_PROTO) {
@@ -255,10 +253,9 @@ static int rd_status(struct rd *r)
         return error_set(FSDP_EPROTO, "store at %s answered with unknown status %u while %s: is it an fsdpc store?",
                          c->addr, st, r->what);
     }
-    rc = rd_bytes(r, 4096, &msg, &n);
-    if (rc)
-        return rc;
+    FSDP_TRY(rd_bytes(r, 4096, &msg, &n));
     int len = n > 400 ? 400 : (int)n;
+    int rc;
     switch (st) {
     case STORE_ST_NOT_FOUND: rc = FSDP_ENOTFOUND; break;
     case STORE_ST_REFUSED:
@@ -288,8 +285,8 @@ static int roundtrip(struct store_client *c, struct rd *r, const char *what)
 {
     *r = (struct rd){.c = c, .deadline = now_s() + c->default_timeout_s, .waited_s = c->default_timeout_s,
                      .what = what};
-    int rc = client_send(c, r->deadline, what);
-    return rc ? rc : rd_status(r);
+    FSDP_TRY(client_send(c, r->deadline, what));
+    return rd_status(r);
 }
 
 static int check_key(const char *key)
@@ -384,9 +381,7 @@ static int client_handshake(struct store_client *c, double wait_s, bool *answere
     struct rd r = {.c = c, .deadline = now_s() + wait_s, .waited_s = wait_s, .what = what};
     uint8_t cnonce[STORE_NONCE_BYTES];
     uint32_t ping = (uint32_t)getpid();
-    int rc = store_auth_random(cnonce, sizeof cnonce);
-    if (rc)
-        return rc;
+    FSDP_TRY(store_auth_random(cnonce, sizeof cnonce));
     begin(c, STORE_OP_VALIDATE);
     store_buf_put_u32(&c->out, STORE_VALIDATE_MAGIC);
     store_buf_put_u8(&c->out, STORE_OP_PING);
@@ -399,11 +394,8 @@ static int client_handshake(struct store_client *c, double wait_s, bool *answere
         store_buf_put_bytes(&c->out, cnonce, sizeof cnonce);
     }
     uint32_t echo = 0;
-    rc = client_send(c, r.deadline, what);
-    if (!rc)
-        rc = rd_u32(&r, &echo);
-    if (rc)
-        return rc;
+    FSDP_TRY(client_send(c, r.deadline, what));
+    FSDP_TRY(rd_u32(&r, &echo));
     if (echo != ping) {
         c->broken = true;
         return error_set(FSDP_EPROTO, "store at %s answered the handshake with bytes of another protocol: is it an "
@@ -412,19 +404,16 @@ static int client_handshake(struct store_client *c, double wait_s, bool *answere
     *answered = true;
     if (c->plain)
         return 0;
-    rc = rd_status(&r);
+    int rc = rd_status(&r);
     if (rc == FSDP_ECLOSED)
         return error_set(FSDP_EPROTO, "store at %s speaks c10d's TCPStore protocol but not fsdpc's handshake: is it "
                          "a PyTorch TCPStore instead of fsdp-launch's store?", c->addr);
-    uint16_t version = 0;
+    FSDP_TRY(rc);
+    uint8_t version[2]; /* the server's; a server of another version refused HELLO already */
     void *snonce = NULL;
     size_t snl = 0;
-    if (!rc)
-        rc = recv_exact(c, &version, 2, r.deadline, r.waited_s, what);
-    if (!rc)
-        rc = rd_bytes(&r, STORE_NONCE_MAX_BYTES, &snonce, &snl);
-    if (rc)
-        return rc;
+    FSDP_TRY(recv_exact(c, version, sizeof version, r.deadline, r.waited_s, what));
+    FSDP_TRY(rd_bytes(&r, STORE_NONCE_MAX_BYTES, &snonce, &snl));
     uint8_t key[STORE_KEY_BYTES], mac[STORE_MAC_BYTES], want[STORE_MAC_BYTES];
     store_auth_key(c->run_id, c->secret, key);
     store_auth_mac(key, 'c', c->run_id, strlen(c->run_id), cnonce, sizeof cnonce, snonce, snl, mac);
@@ -434,13 +423,9 @@ static int client_handshake(struct store_client *c, double wait_s, bool *answere
     store_buf_put_bytes(&c->out, mac, sizeof mac);
     void *smac = NULL;
     size_t sml = 0;
-    rc = client_send(c, r.deadline, what);
-    if (!rc)
-        rc = rd_status(&r);
-    if (!rc)
-        rc = rd_bytes(&r, STORE_NONCE_MAX_BYTES, &smac, &sml);
-    if (rc)
-        return rc;
+    FSDP_TRY(client_send(c, r.deadline, what));
+    FSDP_TRY(rd_status(&r));
+    FSDP_TRY(rd_bytes(&r, STORE_NONCE_MAX_BYTES, &smac, &sml));
     bool ok = sml == STORE_MAC_BYTES && store_auth_equal(smac, want, STORE_MAC_BYTES);
     free(smac);
     if (!ok) {
@@ -472,14 +457,15 @@ int store_client_connect(const struct store_client_options *opts, struct store_c
     c->host = strdup(opts->host);
     c->run_id = strdup(opts->run_id ? opts->run_id : "");
     c->secret = opts->secret ? strdup(opts->secret) : NULL;
+    int rc = 0;
     if (!c->host || !c->run_id || (opts->secret && !c->secret)) {
-        store_client_close(c);
-        return error_set(FSDP_ENOMEM, "out of memory creating a store client");
+        rc = error_set(FSDP_ENOMEM, "out of memory creating a store client");
+        goto fail;
     }
     double connect_s = opts->connect_timeout_s > 0 ? opts->connect_timeout_s : 30.0;
     double start = now_s(), deadline = start + connect_s;
     double backoff = 0.02;
-    int err = 0, rc = 0;
+    int err = 0;
     for (;;) {
         int fd;
         if (connect_once(opts->host, opts->port, &fd, deadline, &err) == 0) {
@@ -512,12 +498,13 @@ int store_client_connect(const struct store_client_options *opts, struct store_c
         nanosleep(&ts, NULL);
         backoff = backoff * 2 > 0.5 ? 0.5 : backoff * 2;
     }
-    if (rc != 0) {
-        store_client_close(c);
-        return rc;
-    }
+    if (rc != 0)
+        goto fail;
     *out = c;
     return 0;
+fail:
+    store_client_close(c);
+    return rc;
 }
 
 void store_client_close(struct store_client *c)
@@ -558,11 +545,8 @@ static void what_key(char *buf, size_t n, const char *verb, const char *key)
 static int key_value_op(struct store_client *c, int op, const char *verb, const char *key, const void *value,
                         size_t len)
 {
-    int rc = check_key(key);
-    if (rc == 0)
-        rc = check_value(c, key, len);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(check_key(key));
+    FSDP_TRY(check_value(c, key, len));
     char what[128];
     what_key(what, sizeof what, verb, key);
     begin(c, (uint8_t)op);
@@ -593,42 +577,35 @@ static int wait_keys(struct store_client *c, const char *const *keys, size_t nke
     for (size_t i = 0; i < nkeys; i++)
         store_buf_put_str(&c->out, keys[i]);
     double deadline = now_s() + t;
-    int rc = client_send(c, deadline + CANCEL_REPLY_S, what);
-    if (rc)
-        return rc;
+    FSDP_TRY(client_send(c, deadline + CANCEL_REPLY_S, what));
     struct rd r = {.c = c, .deadline = deadline + CANCEL_REPLY_S, .waited_s = t, .what = what};
     uint8_t resp = 0;
     if (readable(c, deadline)) {
-        rc = rd_status(&r);
-        if (!rc)
-            rc = rd_u8(&r, &resp);
-        if (!rc && resp != STORE_WAIT_STOP) {
+        FSDP_TRY(rd_status(&r));
+        FSDP_TRY(rd_u8(&r, &resp));
+        if (resp != STORE_WAIT_STOP) {
             c->broken = true;
-            rc = error_set(FSDP_EPROTO, "store at %s answered WAIT with %u while %s", c->addr, resp, what);
+            return error_set(FSDP_EPROTO, "store at %s answered WAIT with %u while %s", c->addr, resp, what);
         }
-        return rc;
+        return 0;
     }
     begin(c, STORE_OP_CANCEL_WAIT);
-    rc = client_send(c, now_s() + CANCEL_REPLY_S, what);
+    FSDP_TRY(client_send(c, now_s() + CANCEL_REPLY_S, what));
     r.deadline = now_s() + CANCEL_REPLY_S;
-    if (!rc)
-        rc = rd_status(&r);
-    if (!rc)
-        rc = rd_u8(&r, &resp);
-    if (!rc && resp == STORE_WAIT_STOP) { /* arrived just now: the cancel's own answer follows */
-        rc = rd_status(&r);
-        if (!rc)
-            rc = rd_u8(&r, &resp);
-        if (!rc && resp == STORE_WAIT_CANCELED)
+    FSDP_TRY(rd_status(&r));
+    FSDP_TRY(rd_u8(&r, &resp));
+    if (resp == STORE_WAIT_STOP) { /* arrived just now: the cancel's own answer follows */
+        FSDP_TRY(rd_status(&r));
+        FSDP_TRY(rd_u8(&r, &resp));
+        if (resp == STORE_WAIT_CANCELED)
             return 0;
     }
-    if (!rc && resp != STORE_WAIT_CANCELED) {
+    if (resp != STORE_WAIT_CANCELED) {
         c->broken = true;
-        rc = error_set(FSDP_EPROTO, "store at %s answered CANCEL_WAIT with %u while %s", c->addr, resp, what);
+        return error_set(FSDP_EPROTO, "store at %s answered CANCEL_WAIT with %u while %s", c->addr, resp, what);
     }
-    if (!rc)
-        *timed_out = true;
-    return rc;
+    *timed_out = true;
+    return 0;
 }
 
 static int get_once(struct store_client *c, const char *key, const char *what, void **value, size_t *len)
@@ -636,8 +613,8 @@ static int get_once(struct store_client *c, const char *key, const char *what, v
     begin(c, STORE_OP_GET);
     store_buf_put_str(&c->out, key);
     struct rd r;
-    int rc = roundtrip(c, &r, what);
-    return rc ? rc : rd_bytes(&r, value_limit(c), value, len);
+    FSDP_TRY(roundtrip(c, &r, what));
+    return rd_bytes(&r, value_limit(c), value, len);
 }
 
 int store_client_get(struct store_client *c, const char *key, void **value, size_t *len, double timeout_s)
@@ -645,9 +622,7 @@ int store_client_get(struct store_client *c, const char *key, void **value, size
     *value = NULL;
     if (len)
         *len = 0;
-    int rc = check_key(key);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(check_key(key));
     double t = wait_seconds(c, timeout_s);
     double deadline = now_s() + t;
     char what[128], shown[80];
@@ -655,20 +630,18 @@ int store_client_get(struct store_client *c, const char *key, void **value, size
     /* fsdpc's server says NOT_FOUND, so a key that is there costs one round trip; c10d's GET of a
      * missing key answers an empty value, so plain mode waits first, as PyTorch's client does. */
     if (!c->plain) {
-        rc = get_once(c, key, what, value, len);
+        int rc = get_once(c, key, what, value, len);
         if (rc != FSDP_ENOTFOUND)
             return rc;
     }
     for (;;) {
         bool timed_out;
         double left = deadline - now_s();
-        rc = wait_keys(c, &key, 1, left > 0 ? left : 0, what, &timed_out);
-        if (rc)
-            return rc;
+        FSDP_TRY(wait_keys(c, &key, 1, left > 0 ? left : 0, what, &timed_out));
         if (timed_out)
             return error_set(FSDP_ETIMEDOUT, "timed out after %.1f s waiting for key '%s' at store %s", t,
                              key_shown(key, shown), c->addr);
-        rc = get_once(c, key, what, value, len);
+        int rc = get_once(c, key, what, value, len);
         if (rc != FSDP_ENOTFOUND) /* deleted between the wait and the read: wait again */
             return rc;
     }
@@ -676,9 +649,7 @@ int store_client_get(struct store_client *c, const char *key, void **value, size
 
 int store_client_add(struct store_client *c, const char *key, int64_t delta, int64_t *result)
 {
-    int rc = check_key(key);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(check_key(key));
     char what[128];
     what_key(what, sizeof what, "adding to", key);
     begin(c, STORE_OP_ADD);
@@ -686,12 +657,11 @@ int store_client_add(struct store_client *c, const char *key, int64_t delta, int
     store_buf_put_u64(&c->out, (uint64_t)delta);
     struct rd r;
     uint64_t v = 0;
-    rc = roundtrip(c, &r, what);
-    if (!rc)
-        rc = rd_u64(&r, &v);
-    if (!rc && result)
+    FSDP_TRY(roundtrip(c, &r, what));
+    FSDP_TRY(rd_u64(&r, &v));
+    if (result)
         *result = (int64_t)v;
-    return rc;
+    return 0;
 }
 
 int store_client_compare_set(struct store_client *c, const char *key, const void *expected, size_t expected_len,
@@ -701,13 +671,9 @@ int store_client_compare_set(struct store_client *c, const char *key, const void
         *actual = NULL;
     if (actual_len)
         *actual_len = 0;
-    int rc = check_key(key);
-    if (rc == 0)
-        rc = check_value(c, key, expected_len);
-    if (rc == 0)
-        rc = check_value(c, key, desired_len);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(check_key(key));
+    FSDP_TRY(check_value(c, key, expected_len));
+    FSDP_TRY(check_value(c, key, desired_len));
     char what[128];
     what_key(what, sizeof what, "compare-and-setting", key);
     begin(c, STORE_OP_COMPARE_SET);
@@ -715,20 +681,18 @@ int store_client_compare_set(struct store_client *c, const char *key, const void
     store_buf_put_bytes(&c->out, expected, expected_len);
     store_buf_put_bytes(&c->out, desired, desired_len);
     struct rd r;
-    rc = roundtrip(c, &r, what);
+    int rc = roundtrip(c, &r, what);
     void *v = NULL;
     size_t n = 0;
     if (rc == FSDP_ENOTFOUND) { /* the key is still missing */
         error_clear();
-        rc = 0;
         v = calloc(1, 1);
         if (!v)
-            rc = error_set(FSDP_ENOMEM, "out of memory");
-    } else if (!rc) {
-        rc = rd_bytes(&r, value_limit(c), &v, &n);
+            return error_set(FSDP_ENOMEM, "out of memory");
+    } else {
+        FSDP_TRY(rc);
+        FSDP_TRY(rd_bytes(&r, value_limit(c), &v, &n));
     }
-    if (rc)
-        return rc;
     if (actual) {
         *actual = v;
         if (actual_len)
@@ -743,11 +707,8 @@ static int put_keys(struct store_client *c, const char *const *keys, size_t nkey
 {
     if (nkeys > STORE_MAX_KEYS)
         return error_set(FSDP_ERANGE, "%zu keys in one request exceed the limit of %u", nkeys, STORE_MAX_KEYS);
-    for (size_t i = 0; i < nkeys; i++) {
-        int rc = check_key(keys[i]);
-        if (rc != 0)
-            return rc;
-    }
+    for (size_t i = 0; i < nkeys; i++)
+        FSDP_TRY(check_key(keys[i]));
     store_buf_put_u64(&c->out, nkeys);
     for (size_t i = 0; i < nkeys; i++)
         store_buf_put_str(&c->out, keys[i]);
@@ -757,17 +718,13 @@ static int put_keys(struct store_client *c, const char *const *keys, size_t nkey
 int store_client_check(struct store_client *c, const char *const *keys, size_t nkeys, bool *all_exist)
 {
     begin(c, STORE_OP_CHECK);
-    int rc = put_keys(c, keys, nkeys);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(put_keys(c, keys, nkeys));
     struct rd r;
     uint8_t v = 0;
-    rc = roundtrip(c, &r, "checking keys");
-    if (!rc)
-        rc = rd_u8(&r, &v);
-    if (!rc)
-        *all_exist = v == STORE_CHECK_READY;
-    return rc;
+    FSDP_TRY(roundtrip(c, &r, "checking keys"));
+    FSDP_TRY(rd_u8(&r, &v));
+    *all_exist = v == STORE_CHECK_READY;
+    return 0;
 }
 
 /* "'a', 'b', 'c' and 2 more" */
@@ -788,24 +745,22 @@ static void keys_shown(char *buf, size_t n, const char *const *keys, size_t nkey
 int store_client_wait(struct store_client *c, const char *const *keys, size_t nkeys, double timeout_s)
 {
     store_buf_reset(&c->out);
-    int rc = put_keys(c, keys, nkeys);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(put_keys(c, keys, nkeys)); /* checks the keys; wait_keys builds the request */
     double t = wait_seconds(c, timeout_s);
     char list[300], what[400];
     keys_shown(list, sizeof list, keys, nkeys);
     snprintf(what, sizeof what, "waiting for keys %s", list);
     bool timed_out;
-    rc = wait_keys(c, keys, nkeys, t, what, &timed_out);
-    if (rc || !timed_out)
-        return rc;
+    FSDP_TRY(wait_keys(c, keys, nkeys, t, what, &timed_out));
+    if (!timed_out)
+        return 0;
     /* Name the keys that are still missing, which is what the user has to chase. */
     const char **missing = malloc((nkeys ? nkeys : 1) * sizeof *missing);
     size_t nmissing = 0, checked = nkeys < NAME_MISSING_MAX ? nkeys : NAME_MISSING_MAX;
     for (size_t i = 0; missing && i < checked; i++) {
         bool here = false;
         const char *one[1] = {keys[i]};
-        rc = store_client_check(c, one, 1, &here);
+        int rc = store_client_check(c, one, 1, &here);
         if (rc) {
             free(missing);
             return rc;
@@ -823,21 +778,18 @@ int store_client_wait(struct store_client *c, const char *const *keys, size_t nk
 
 int store_client_delete(struct store_client *c, const char *key, bool *existed)
 {
-    int rc = check_key(key);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(check_key(key));
     char what[128];
     what_key(what, sizeof what, "deleting", key);
     begin(c, STORE_OP_DELETE_KEY);
     store_buf_put_str(&c->out, key);
     struct rd r;
     uint64_t v = 0;
-    rc = roundtrip(c, &r, what);
-    if (!rc)
-        rc = rd_u64(&r, &v);
-    if (!rc && existed)
+    FSDP_TRY(roundtrip(c, &r, what));
+    FSDP_TRY(rd_u64(&r, &v));
+    if (existed)
         *existed = v != 0;
-    return rc;
+    return 0;
 }
 
 int store_client_num_keys(struct store_client *c, int64_t *n)
@@ -845,12 +797,10 @@ int store_client_num_keys(struct store_client *c, int64_t *n)
     begin(c, STORE_OP_GETNUMKEYS);
     struct rd r;
     uint64_t v = 0;
-    int rc = roundtrip(c, &r, "counting keys");
-    if (!rc)
-        rc = rd_u64(&r, &v);
-    if (!rc)
-        *n = (int64_t)v;
-    return rc;
+    FSDP_TRY(roundtrip(c, &r, "counting keys"));
+    FSDP_TRY(rd_u64(&r, &v));
+    *n = (int64_t)v;
+    return 0;
 }
 
 int store_client_ping(struct store_client *c)
@@ -859,14 +809,13 @@ int store_client_ping(struct store_client *c)
     begin(c, STORE_OP_PING);
     store_buf_put_u32(&c->out, nonce);
     struct rd r;
-    int rc = roundtrip(c, &r, "pinging");
-    if (!rc)
-        rc = rd_u32(&r, &echo);
-    if (!rc && echo != nonce) {
+    FSDP_TRY(roundtrip(c, &r, "pinging"));
+    FSDP_TRY(rd_u32(&r, &echo));
+    if (echo != nonce) {
         c->broken = true;
-        rc = error_set(FSDP_EPROTO, "store at %s answered PING %u with %u", c->addr, nonce, echo);
+        return error_set(FSDP_EPROTO, "store at %s answered PING %u with %u", c->addr, nonce, echo);
     }
-    return rc;
+    return 0;
 }
 
 int store_client_reset_torch_keys(struct store_client *c, int64_t *removed)
@@ -876,10 +825,9 @@ int store_client_reset_torch_keys(struct store_client *c, int64_t *removed)
     begin(c, STORE_OP_RESET_TORCH);
     struct rd r;
     uint64_t v = 0;
-    int rc = roundtrip(c, &r, "emptying PyTorch clients' keys");
-    if (!rc)
-        rc = rd_u64(&r, &v);
-    if (!rc && removed)
+    FSDP_TRY(roundtrip(c, &r, "emptying PyTorch clients' keys"));
+    FSDP_TRY(rd_u64(&r, &v));
+    if (removed)
         *removed = (int64_t)v;
-    return rc;
+    return 0;
 }

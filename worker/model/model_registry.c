@@ -6,8 +6,16 @@
 #include "common/error.h"
 #include "worker/model/model_internal.h"
 
+/* transformers' GPT2Model module classes (modeling_gpt2.py) for ours. */
+static const struct model_class_names gpt2_names[] = {
+    {"GPT2Model", "GPT2Model", NULL}, {"DecoderBlock", "GPT2Block", "Block"},
+    {"CausalSelfAttention", "GPT2Attention", NULL}, {"MLP", "GPT2MLP", NULL},
+    {"Embedding", "Embedding", NULL}, {"LayerNorm", "LayerNorm", NULL}, {"Conv1D", "Conv1D", NULL},
+    {"ModuleList", "ModuleList", NULL}, {NULL, NULL, NULL},
+};
+
 static const struct model_family families[] = {
-    {"gpt2", model_gpt2_layout_build, &model_gpt2_ops},
+    {.name = "gpt2", .layout_build = model_gpt2_layout_build, .ops = &model_gpt2_ops, .class_names = gpt2_names},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 
@@ -62,17 +70,15 @@ int model_layout_build(struct model_layout *out, const struct model_config *cfg)
     const struct model_family *f = model_family_find(cfg->model_family);
     if (!f)
         return FSDP_EINVAL;
-    int rc = check_config(cfg);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(check_config(cfg));
     out->config = *cfg;
-    rc = f->layout_build(out, cfg);
-    if (rc != 0) {
-        model_layout_free(out);
-        return rc;
-    }
+    int rc = 0;
+    FSDP_TRY_GOTO(f->layout_build(out, cfg), rc, fail);
     out->numel_real = 0;
     for (int i = 0; i < out->n_params; i++)
         out->numel_real += (size_t)out->params[i].init_rows * out->params[i].shape[1];
     return 0;
+fail:
+    model_layout_free(out);
+    return rc;
 }

@@ -34,17 +34,11 @@ static int env_int(const char *name, int def, int min, int *out)
 int train_env_open(struct train_env *e)
 {
     memset(e, 0, sizeof *e);
-    int rc = env_int("WORLD_SIZE", 1, 1, &e->world_size);
-    if (!rc)
-        rc = env_int("RANK", 0, 0, &e->rank);
-    if (!rc)
-        rc = env_int("LOCAL_RANK", e->rank, 0, &e->local_rank);
-    if (!rc)
-        rc = env_int("LOCAL_WORLD_SIZE", e->world_size, 1, &e->local_world_size);
-    if (!rc)
-        rc = env_int("TORCHELASTIC_RESTART_COUNT", 0, 0, &e->restart_count);
-    if (rc)
-        return rc;
+    FSDP_TRY(env_int("WORLD_SIZE", 1, 1, &e->world_size));
+    FSDP_TRY(env_int("RANK", 0, 0, &e->rank));
+    FSDP_TRY(env_int("LOCAL_RANK", e->rank, 0, &e->local_rank));
+    FSDP_TRY(env_int("LOCAL_WORLD_SIZE", e->world_size, 1, &e->local_world_size));
+    FSDP_TRY(env_int("TORCHELASTIC_RESTART_COUNT", 0, 0, &e->restart_count));
     if (e->rank >= e->world_size)
         return error_set(FSDP_EINVAL, "environment: RANK=%d is not below WORLD_SIZE=%d", e->rank, e->world_size);
     const char *run_id = getenv("TORCHELASTIC_RUN_ID");
@@ -53,36 +47,30 @@ int train_env_open(struct train_env *e)
         return 0;
     if (settings_get_raw(SETTING_STORE_PREFIX)) {
         struct rdzv_worker w;
-        rc = rdzv_worker_connect(&w, 120);
-        if (rc)
-            return rc;
+        FSDP_TRY(rdzv_worker_connect(&w, 120));
         e->store = w.client;
         return 0;
     }
     /* A foreign launcher: host our store beside its own. */
     const char *addr = getenv("MASTER_ADDR");
     int mport = 0, port = 0;
-    rc = env_int("MASTER_PORT", 29500, 1, &mport);
+    FSDP_TRY(env_int("MASTER_PORT", 29500, 1, &mport));
     long sport = (long)mport + 1;
-    if (!rc)
-        rc = settings_get_int(SETTING_STORE_PORT, &sport);
-    if (rc)
-        return rc;
+    FSDP_TRY(settings_get_int(SETTING_STORE_PORT, &sport));
     port = (int)sport;
     if (!addr || !*addr)
         return error_set(FSDP_EINVAL, "environment: WORLD_SIZE=%d but MASTER_ADDR is not set; start the workers with "
                          "fsdp-launch or torchrun", e->world_size);
     char *secret = NULL, file[4096];
     enum store_secret_source source;
-    rc = store_secret_load(&secret, &source, file, sizeof file);
-    if (rc)
-        return rc;
+    FSDP_TRY(store_secret_load(&secret, &source, file, sizeof file));
     bool multi_node = e->world_size > e->local_world_size;
     if (!secret && multi_node && e->rank == 0)
         log_warn("SECURITY: fsdp's store for this multi-node job (rank 0, port %d) has no secret: any host that can "
                  "reach it can read the rendezvous and end the job; set the same FSDP_RDZV_TOKEN for every rank, "
                  "or create ~/.config/fsdpc/rdzv_token (mode 600) on every node (docs/launcher.md, \"Security\")",
                  port);
+    int rc;
     if (e->rank == 0) {
         /* On MASTER_ADDR, where the other ranks look for it; a name that is loopback here (Debian maps the
          * host's own name to 127.0.1.1) would hide it from other nodes, so those get every interface. */
