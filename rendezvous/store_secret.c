@@ -33,41 +33,50 @@ static int read_secret_file(const char *path, char **secret)
     if (fd < 0)
         return error_set(FSDP_EIO, "cannot read the store secret file %s: %s", path, strerror(errno));
     struct stat st;
-    int rc = 0;
-    if (fstat(fd, &st) != 0)
-        rc = error_set(FSDP_EIO, "cannot read the store secret file %s: %s", path, strerror(errno));
-    else if (!S_ISREG(st.st_mode))
-        rc = error_set(FSDP_EINVAL, "the store secret file %s is not a regular file", path);
-    else if (st.st_uid != getuid())
-        rc = error_set(FSDP_EINVAL, "the store secret file %s belongs to uid %u, not to you (uid %u): use a file "
-                       "of your own", path, (unsigned)st.st_uid, (unsigned)getuid());
-    else if (st.st_mode & (S_IRWXG | S_IRWXO))
-        rc = error_set(FSDP_EINVAL, "the store secret file %s is accessible by others (mode %03o): run chmod 600 "
-                       "%s", path, (unsigned)(st.st_mode & 0777), path);
-    else if (st.st_size > SECRET_FILE_MAX)
-        rc = error_set(FSDP_EINVAL, "the store secret file %s has %lld bytes, more than %d", path,
-                       (long long)st.st_size, SECRET_FILE_MAX);
     char buf[SECRET_FILE_MAX + 1];
     size_t n = 0;
-    if (!rc) {
-        ssize_t got = read(fd, buf, SECRET_FILE_MAX);
-        if (got < 0)
-            rc = error_set(FSDP_EIO, "cannot read the store secret file %s: %s", path, strerror(errno));
-        else
-            n = (size_t)got < SECRET_FILE_MAX ? (size_t)got : SECRET_FILE_MAX;
+    ssize_t got;
+    int rc = 0;
+    if (fstat(fd, &st) != 0) {
+        rc = error_set(FSDP_EIO, "cannot read the store secret file %s: %s", path, strerror(errno));
+        goto done;
     }
-    close(fd);
-    if (rc)
-        return rc;
+    if (!S_ISREG(st.st_mode)) {
+        rc = error_set(FSDP_EINVAL, "the store secret file %s is not a regular file", path);
+        goto done;
+    }
+    if (st.st_uid != getuid()) {
+        rc = error_set(FSDP_EINVAL, "the store secret file %s belongs to uid %u, not to you (uid %u): use a file of "
+                       "your own", path, (unsigned)st.st_uid, (unsigned)getuid());
+        goto done;
+    }
+    if (st.st_mode & (S_IRWXG | S_IRWXO)) {
+        rc = error_set(FSDP_EINVAL, "the store secret file %s is accessible by others (mode %03o): run chmod 600 %s",
+                       path, (unsigned)(st.st_mode & 0777), path);
+        goto done;
+    }
+    if (st.st_size > SECRET_FILE_MAX) {
+        rc = error_set(FSDP_EINVAL, "the store secret file %s has %lld bytes, more than %d", path,
+                       (long long)st.st_size, SECRET_FILE_MAX);
+        goto done;
+    }
+    if ((got = read(fd, buf, SECRET_FILE_MAX)) < 0) {
+        rc = error_set(FSDP_EIO, "cannot read the store secret file %s: %s", path, strerror(errno));
+        goto done;
+    }
+    n = (size_t)got < SECRET_FILE_MAX ? (size_t)got : SECRET_FILE_MAX;
     while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' || buf[n - 1] == '\t'))
         n--;
     buf[n] = 0;
     if (n == 0)
-        return error_set(FSDP_EINVAL, "the store secret file %s is empty", path);
-    if (strlen(buf) != n)
-        return error_set(FSDP_EINVAL, "the store secret file %s holds a NUL byte: write the secret as text", path);
-    *secret = strdup(buf);
-    return *secret ? 0 : error_set(FSDP_ENOMEM, "out of memory");
+        rc = error_set(FSDP_EINVAL, "the store secret file %s is empty", path);
+    else if (strlen(buf) != n)
+        rc = error_set(FSDP_EINVAL, "the store secret file %s holds a NUL byte: write the secret as text", path);
+    else if (!(*secret = strdup(buf)))
+        rc = error_set(FSDP_ENOMEM, "out of memory");
+done:
+    close(fd);
+    return rc;
 }
 
 int store_secret_load(char **secret, enum store_secret_source *source, char *path, size_t cap)
