@@ -391,3 +391,49 @@ Test(store_launch, workers_get_the_agent_store_variables, .timeout = 60)
     free(out);
     lu_rm_rf(dir);
 }
+
+/* Under another launcher (torchrun), fsdp-worker's rank 0 hosts its store at MASTER_PORT + 1: on
+ * MASTER_ADDR, not every interface, and with a loud warning when the job spans nodes without a secret. */
+Test(store_launch, worker_store_under_torchrun_listens_on_master_addr, .timeout = 120)
+{
+    char *dir = lu_tmpdir(), ini[4200], data[4200];
+    snprintf(data, sizeof data, "%s/train.bin", dir);
+    char zeros[4096] = {0};
+    FILE *f = fopen(data, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(zeros, 1, sizeof zeros, f), sizeof zeros);
+    fclose(f);
+    snprintf(ini, sizeof ini, "%s/tiny.ini", dir);
+    char text[8192];
+    snprintf(text, sizeof text, "[model]\nn_layer = 1\nn_head = 2\nn_embd = 16\nvocab_size = 256\nblock_size = 8\n"
+             "[train]\ntrain_batch = 2\nmicro_batch = 1\nmax_steps = 1\n[data]\ntrain_file = %s\n", data);
+    lu_write_text(ini, text);
+    for (int with_secret = 0; with_secret < 2; with_secret++) {
+        int port = tu_free_port();
+        cr_assert_gt(port, 0);
+        char penv[64], home[4300];
+        snprintf(penv, sizeof penv, "MASTER_PORT=%d", port);
+        snprintf(home, sizeof home, "HOME=%s", dir); /* no secret file there */
+        const char *env[] = {"WORLD_SIZE=2", "LOCAL_WORLD_SIZE=1", "RANK=0", "LOCAL_RANK=0", "MASTER_ADDR=127.0.0.1",
+                             penv, "FSDP_STORE_PREFIX=", "FSDP_RDZV_TOKEN_FILE=", "XDG_CONFIG_HOME=", home,
+                             with_secret ? "FSDP_RDZV_TOKEN=s3cret" : "FSDP_RDZV_TOKEN=", "FSDP_COMM_TIMEOUT_S=30",
+                             NULL};
+        const char *argv[] = {lu_build_path("worker/fsdp-worker"), ini, NULL};
+        const char *tag = with_secret ? "secret" : "open";
+        pid_t pid = lu_spawn(argv, dir, tag, env);
+        char addr[64] = "";
+        double t0 = tu_now();
+        while (!listen_addr(port + 1, addr, sizeof addr) && tu_now() - t0 < 30)
+            tu_nap(0.05);
+        kill(pid, SIGKILL);
+        lu_wait(pid, 10);
+        char *err = lu_slurp_tag(dir, tag, "err");
+        cr_assert_str_eq(addr, "127.0.0.1", "rank 0's store listens on '%s'; stderr:\n%s", addr, err);
+        if (with_secret)
+            cr_assert_null(strstr(err, "SECURITY"), "%s", err);
+        else
+            cr_assert(strstr(err, "SECURITY: fsdp's store for this multi-node job"), "%s", err);
+        free(err);
+    }
+    lu_rm_rf(dir);
+}
