@@ -85,8 +85,10 @@ int train_env_open(struct train_env *e)
         }
     }
     struct store_client_options co = {.host = addr, .port = port, .run_id = e->run_id, .secret = secret,
-                                      .connect_timeout_s = 120, .default_timeout_s = 600};
-    rc = store_client_connect(&co, &e->store);
+                                      .default_timeout_s = 600};
+    char who[32];
+    snprintf(who, sizeof who, "rank %d", e->rank);
+    rc = rdzv_store_connect(&co, 120, who, "rank 0's fsdp store, beside the launcher's", &e->store);
     free(secret);
     if (rc)
         return error_set(rc, "connecting to rank 0's fsdp store at %s:%d: %s", co.host, port, error_message());
