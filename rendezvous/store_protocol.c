@@ -134,6 +134,15 @@ uint64_t store_le64(const uint8_t *p)
 
 /* ---- the request parser ---- */
 
+const struct store_parse_limits store_limits_handshake = {
+    .max_key = 1024, .max_value = STORE_NONCE_MAX_BYTES, .max_keys = 0, .max_request = STORE_HANDSHAKE_MAX_BYTES};
+const struct store_parse_limits store_limits_torch = {
+    .max_key = STORE_MAX_KEY_BYTES, .max_value = STORE_TORCH_MAX_VALUE_BYTES, .max_keys = STORE_MAX_KEYS,
+    .max_request = STORE_TORCH_MAX_REQUEST_BYTES};
+const struct store_parse_limits store_limits_fsdp = {
+    .max_key = STORE_MAX_KEY_BYTES, .max_value = STORE_MAX_VALUE_BYTES, .max_keys = STORE_MAX_KEYS,
+    .max_request = STORE_MAX_REQUEST_BYTES};
+
 /* A cursor over the bytes received so far. Every length is checked against its limit and against the
  * request limit before anything is taken, so no arithmetic below can overflow. */
 struct parse {

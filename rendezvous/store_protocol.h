@@ -109,6 +109,10 @@ struct store_parse_limits {
     uint64_t max_request; /* bytes of the whole request */
 };
 
+/* The server's limits in each state of a connection: before a handshake (and during fsdpc's), for a
+ * PyTorch client, for an authenticated fsdpc client. */
+extern const struct store_parse_limits store_limits_handshake, store_limits_torch, store_limits_fsdp;
+
 enum store_parse_status {
     STORE_PARSE_OK,        /* one whole request at the start of the buffer */
     STORE_PARSE_NEED_MORE, /* a prefix of a legal request: read more */

@@ -10,18 +10,6 @@
 #include "common/log.h"
 #include "rendezvous/store_server_internal.h"
 
-#define HANDSHAKE_KEY_BYTES 1024u
-
-static const struct store_parse_limits handshake_limits = {
-    .max_key = HANDSHAKE_KEY_BYTES, .max_value = STORE_NONCE_MAX_BYTES, .max_keys = 0,
-    .max_request = STORE_HANDSHAKE_MAX_BYTES};
-static const struct store_parse_limits torch_limits = {
-    .max_key = STORE_MAX_KEY_BYTES, .max_value = STORE_TORCH_MAX_VALUE_BYTES, .max_keys = STORE_MAX_KEYS,
-    .max_request = STORE_TORCH_MAX_REQUEST_BYTES};
-static const struct store_parse_limits fsdp_limits = {
-    .max_key = STORE_MAX_KEY_BYTES, .max_value = STORE_MAX_VALUE_BYTES, .max_keys = STORE_MAX_KEYS,
-    .max_request = STORE_MAX_REQUEST_BYTES};
-
 bool store_server_greeted(const struct store_conn *c)
 {
     return c->state == CONN_TORCH || c->state == CONN_FSDP || (c->state == CONN_VALIDATED && !c->srv->torch_off);
@@ -30,10 +18,10 @@ bool store_server_greeted(const struct store_conn *c)
 const struct store_parse_limits *store_server_limits(const struct store_conn *c)
 {
     switch (c->state) {
-    case CONN_FSDP: return &fsdp_limits;
-    case CONN_TORCH: return &torch_limits;
-    case CONN_VALIDATED: return c->srv->torch_off ? &handshake_limits : &torch_limits;
-    default: return &handshake_limits;
+    case CONN_FSDP: return &store_limits_fsdp;
+    case CONN_TORCH: return &store_limits_torch;
+    case CONN_VALIDATED: return c->srv->torch_off ? &store_limits_handshake : &store_limits_torch;
+    default: return &store_limits_handshake;
     }
 }
 
