@@ -29,11 +29,17 @@ static const struct setting table[SETTING_COUNT] = {
 
     /* the launcher and the store */
     {.id = SETTING_RDZV_TOKEN, .name = "FSDP_RDZV_TOKEN", .type = SETTING_STRING, .format = "text",
-     .def_doc = "one node: a random token made by fsdp-launch; several nodes: none",
+     .def_doc = "the secret file (FSDP_RDZV_TOKEN_FILE); without one, one node: a random secret made by "
+                "fsdp-launch, several nodes: none (a loud warning)",
      .readers = SETTING_BY_LAUNCH | SETTING_BY_WORKER | SETTING_BY_DEMO, .launcher_sets = true,
      .empty_is_value = true,
-     .doc = "Secret every store connection presents (part 2 of the store handshake); several nodes need the "
-            "same value on every node."},
+     .doc = "The job's store secret: with the run id it derives the key every fsdpc store connection proves "
+            "it holds (never sent); several nodes need the same value on every node."},
+    {.id = SETTING_RDZV_TOKEN_FILE, .name = "FSDP_RDZV_TOKEN_FILE", .type = SETTING_STRING, .format = "a path",
+     .def_doc = "`$XDG_CONFIG_HOME/fsdpc/rdzv_token` (else `~/.config/fsdpc/rdzv_token`), used when it exists",
+     .readers = SETTING_BY_LAUNCH | SETTING_BY_WORKER,
+     .doc = "A file holding the store secret when FSDP_RDZV_TOKEN is unset: owned by the user and readable by "
+            "nobody else (mode 600), else the program stops naming it."},
     {.id = SETTING_STORE_PREFIX, .name = "FSDP_STORE_PREFIX", .type = SETTING_STRING, .format = "a key prefix",
      .def_doc = "unset: the store is not fsdp-launch's (`rdzv_worker_connect` then uses `worker/`)",
      .readers = SETTING_BY_WORKER | SETTING_BY_DEMO, .launcher_sets = true, .empty_is_value = true,
