@@ -6,7 +6,6 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/fs.h"
 
 static const struct {
     const char *name;
@@ -492,19 +492,17 @@ int safetensors_write(const char *path, const struct safetensors_entry *entries,
     if (!json)
         return rc;
     size_t jlen = strlen(json), hlen = (jlen + 7) & ~(size_t)7;
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 16);
+    size_t cap = strlen(path) + 32;
+    char *tmp = malloc(cap);
     if (!tmp) {
         free(json);
         return error_set(FSDP_ENOMEM, "out of memory");
     }
-    snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(tmp);
+    int fd = fs_create_temp(path, tmp, cap);
     if (fd < 0) {
-        rc = error_set(FSDP_EIO, "%s: cannot create a temporary file beside it: %s", path, strerror(errno));
         free(json);
         free(tmp);
-        return rc;
+        return fd;
     }
     uint8_t lenbuf[8];
     for (int i = 0; i < 8; i++)
@@ -515,23 +513,11 @@ int safetensors_write(const char *path, const struct safetensors_entry *entries,
         rc = error_set(FSDP_EIO, "%s: writing the header: %s", path, strerror(errno));
     for (size_t i = 0; i < n_entries && rc == 0; i++)
         rc = write_entry_data(fd, path, &entries[i], i, fill, fill_ctx);
-    if (rc == 0 && fsync(fd) != 0)
-        rc = error_set(FSDP_EIO, "%s: fsync: %s", path, strerror(errno));
-    if (close(fd) != 0 && rc == 0)
-        rc = error_set(FSDP_EIO, "%s: close: %s", path, strerror(errno));
-    if (rc == 0 && rename(tmp, path) != 0)
-        rc = error_set(FSDP_EIO, "%s: rename from %s: %s", path, tmp, strerror(errno));
-    if (rc != 0) {
-        unlink(tmp);
+    if (rc == 0) {
+        rc = fs_commit_temp(fd, tmp, path);
     } else {
-        /* The rename is durable only once the directory entry itself is synced. */
-        char *dcopy = strdup(path);
-        int dfd = dcopy ? open(dirname(dcopy), O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
-        if (dfd >= 0) {
-            fsync(dfd);
-            close(dfd);
-        }
-        free(dcopy);
+        close(fd);
+        unlink(tmp);
     }
     free(json);
     free(tmp);
