@@ -109,7 +109,14 @@ int ckpt_read(struct ckpt_reader *r, int kind, int param, size_t begin, size_t c
 int ckpt_verify(struct ckpt_reader *r, uint64_t *bytes_checked);
 void ckpt_close(struct ckpt_reader *r);
 
-/* "latest" or a name/path -> the checkpoint directory's path; FSDP_ENOTFOUND when there is none. */
+/* A resume_from value that names a file where a checkpoint directory belongs (fsdp_cpt4000.pth, a
+ * .safetensors file, a file inside a checkpoint) or a Hugging Face model directory: FSDP_EINVAL with what
+ * to pass instead (the directory beside or above it, or model.init_from); 0 for anything else, including
+ * paths that do not exist (ckpt_resolve reports those). which is looked up under root (may be NULL) when
+ * it does not exist as given. */
+int ckpt_check_resume_target(const char *root, const char *which);
+/* "latest" or a name/path -> the checkpoint directory's path; FSDP_ENOTFOUND when there is none. Runs
+ * ckpt_check_resume_target first. */
 int ckpt_resolve(const char *ckpt_root, const char *which, char *out, size_t cap);
 
 #endif

@@ -298,6 +298,9 @@ int ckpt_resolve(const char *root, const char *which, char *out, size_t cap)
 {
     char name[CKPT_PATH_MAX];
     struct stat st;
+    int rc = ckpt_check_resume_target(root, which);
+    if (rc)
+        return rc;
     if (!which || !*which) {
         snprintf(name, sizeof name, "%s", root);
     } else if (strcmp(which, CKPT_LATEST) == 0) {

@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "worker/fsdp/fsdp_internal.h"
+#include "worker/model/model_hf.h"
 
 /* Copies this rank's shard of unit u out of its full parameters `full` (device, model order). */
 static int shard_from_full(struct fsdp *f, struct fsdp_unit *u, const float *full)
@@ -21,43 +22,56 @@ static int shard_from_full(struct fsdp *f, struct fsdp_unit *u, const float *ful
     return rc;
 }
 
-/* Rank 0's values of unit u into host (u->numel floats): from the weights file read whole (full), or
- * generated from the seed one parameter at a time, so that rank 0 never holds more than one unit of a
- * seeded model (a 28.5M-parameter model made rank 0's peak RSS 114 MB above its peers' before). */
-static void init_unit_values(const struct fsdp *f, const struct fsdp_unit *u, const float *full, float *host)
+/* Rank 0's values of unit u into host (u->numel floats): read parameter by parameter from the weights
+ * (w), or generated from the seed, so that rank 0 never holds more than one unit of the model (a
+ * 28.5M-parameter model made rank 0's peak RSS 114 MB above its peers' when it held all of it). */
+static int init_unit_values(const struct fsdp *f, const struct fsdp_unit *u, struct model_weights *w, float *host)
 {
     const struct model_layout *l = f->layout;
-    if (full) {
-        memcpy(host, full + u->offset, u->numel * sizeof(float));
-        return;
+    int rc = 0;
+    for (int j = 0; j < u->n_params && !rc; j++) {
+        int p = u->first_param + j;
+        float *dst = host + (l->params[p].offset - u->offset);
+        if (w)
+            rc = model_weights_read(w, p, 0, l->params[p].numel, dst);
+        else
+            model_init_param_range(l, p, 0, l->params[p].numel, dst);
     }
-    for (int j = 0; j < u->n_params; j++) {
-        const struct model_param *mp = &l->params[u->first_param + j];
-        model_init_param_range(l, u->first_param + j, 0, mp->numel, host + (mp->offset - u->offset));
-    }
+    return rc;
+}
+
+static int open_weights(struct fsdp *f, struct model_weights **w)
+{
+    *w = NULL;
+    const char *from = f->layout->config.init_from;
+    return from[0] ? model_weights_open(f->layout, from, "model.init_from", w) : 0;
+}
+
+static void close_weights(struct fsdp *f, struct model_weights *w)
+{
+    if (w)
+        f->init_bytes_read += model_weights_bytes_read(w);
+    model_weights_close(w);
 }
 
 static int init_broadcast(struct fsdp *f)
 {
-    const struct model_layout *l = f->layout;
-    float *full = NULL, *host = NULL;
+    struct model_weights *w = NULL;
+    float *host = NULL;
     int rc = 0;
     if (f->g.rank == 0) {
         size_t most = 0;
         for (int i = 0; i < f->n_units; i++)
             most = f->units[i].numel > most ? f->units[i].numel : most;
-        if (l->config.init_from[0] && !(full = malloc(l->numel * sizeof(float))))
-            rc = error_set(FSDP_ENOMEM, "fsdp: no memory for rank 0's initial model (%zu parameters)", l->numel);
-        else if (!(host = malloc((most ? most : 1) * sizeof(float))))
+        rc = open_weights(f, &w);
+        if (!rc && !(host = malloc((most ? most : 1) * sizeof(float))))
             rc = error_set(FSDP_ENOMEM, "fsdp: no memory for rank 0's largest unit (%zu parameters)", most);
-        if (!rc && full)
-            rc = model_init_params(l, full);
     }
     /* Rank 0's init can fail (a bad init_from file): tell the others instead of leaving them in a broadcast. */
     double failed = 0;
     int rc2 = fsdp_sum_world(f, rc ? 1.0 : 0.0, &failed);
     if (rc || rc2 || failed > 0) {
-        free(full);
+        close_weights(f, w);
         free(host);
         if (!rc && !rc2)
             rc = error_set(FSDP_EABORTED, "fsdp: rank 0 could not initialise the model (its log says why)");
@@ -70,57 +84,64 @@ static int init_broadcast(struct fsdp *f)
             rc = FSDP_ENOMEM;
             break;
         }
-        if (host) {
-            init_unit_values(f, u, full, host);
-            rc = f->k->mem_copy(dev, host, u->numel * sizeof(float), KERNELS_COPY_H2D);
-        }
-        if (!rc)
-            rc = comm_broadcast(f->g.world, dev, u->numel, COMM_F32, 0);
+        /* A read failure on rank 0 mid-way still joins this unit's broadcast (with whatever it holds) so no
+         * rank waits forever; the error ends the loop on rank 0 and the agreement below on the others. */
+        int rrc = host ? init_unit_values(f, u, w, host) : 0;
+        if (host && !rrc)
+            rrc = f->k->mem_copy(dev, host, u->numel * sizeof(float), KERNELS_COPY_H2D);
+        rc = comm_broadcast(f->g.world, dev, u->numel, COMM_F32, 0);
         if (!rc)
             rc = shard_from_full(f, u, dev);
         fsdp_buf_put(f, dev);
+        double bad = 0;
+        if (!rc)
+            rc = fsdp_sum_world(f, rrc ? 1.0 : 0.0, &bad);
+        if (!rc && rrc)
+            rc = rrc;
+        else if (!rc && bad > 0)
+            rc = error_set(FSDP_EABORTED, "fsdp: rank 0 could not read model.init_from (its log says why)");
     }
-    free(full);
+    close_weights(f, w);
     free(host);
     return rc;
 }
 
+/* Every rank reads or generates exactly its own pieces: from a weights file, one pread of each piece's
+ * bytes, so a rank reads about 1/world of the file. */
 static int init_local(struct fsdp *f)
 {
     const struct model_layout *l = f->layout;
-    int rc = 0;
-    if (l->config.init_from[0]) {
-        float *host = malloc(l->numel * sizeof(float));
-        if (!host)
-            return error_set(FSDP_ENOMEM, "fsdp: no memory to read %s", l->config.init_from);
-        rc = model_init_params(l, host);
-        for (size_t i = 0; i < f->n_pieces && !rc; i++) {
-            const struct fsdp_piece *p = &f->pieces[i];
-            rc = f->sk->mem_copy(p->data[FSDP_STATE_PARAM], host + l->params[p->param].offset + p->begin,
-                                 p->count * sizeof(float), KERNELS_COPY_H2D);
-        }
-        free(host);
-        return rc;
-    }
+    struct model_weights *w = NULL;
+    int rc = open_weights(f, &w);
     size_t most = 0;
     for (size_t i = 0; i < f->n_pieces; i++)
         most = f->pieces[i].count > most ? f->pieces[i].count : most;
-    float *tmp = malloc((most ? most : 1) * sizeof(float));
-    if (!tmp)
-        return error_set(FSDP_ENOMEM, "fsdp: out of memory");
+    float *tmp = rc ? NULL : malloc((most ? most : 1) * sizeof(float));
+    if (!rc && !tmp)
+        rc = error_set(FSDP_ENOMEM, "fsdp: out of memory");
     for (size_t i = 0; i < f->n_pieces && !rc; i++) {
         const struct fsdp_piece *p = &f->pieces[i];
-        model_init_param_range(l, p->param, p->begin, p->count, tmp);
-        rc = f->sk->mem_copy(p->data[FSDP_STATE_PARAM], tmp, p->count * sizeof(float), KERNELS_COPY_H2D);
+        if (w)
+            rc = model_weights_read(w, p->param, p->begin, p->count, tmp);
+        else
+            model_init_param_range(l, p->param, p->begin, p->count, tmp);
+        if (!rc)
+            rc = f->sk->mem_copy(p->data[FSDP_STATE_PARAM], tmp, p->count * sizeof(float), KERNELS_COPY_H2D);
     }
+    close_weights(f, w);
     free(tmp);
     return rc;
 }
 
+uint64_t fsdp_init_bytes_read(const struct fsdp *f)
+{
+    return f->init_bytes_read;
+}
+
 int fsdp_init_params(struct fsdp *f)
 {
-    /* cpu_ram_efficient_loading: a weights file is read by rank 0 alone (others would each hold a full copy
-     * in host memory while extracting their shards); the broadcast then carries it unit by unit. */
+    /* cpu_ram_efficient_loading: a weights file is read by rank 0 alone, unit by unit, and broadcast; else
+     * every rank reads the byte ranges of its own shards. */
     bool bcast = f->wc.fsdp.sync_module_states ||
                  (f->wc.checkpoint.cpu_ram_efficient_loading && f->layout->config.init_from[0]);
     int rc = bcast && f->g.world_size > 1 ? init_broadcast(f) : init_local(f);

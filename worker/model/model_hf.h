@@ -78,6 +78,9 @@ struct model_weights;
  * setting in messages ("model.init_from"). */
 int model_weights_open(const struct model_layout *layout, const char *path, const char *what,
                        struct model_weights **out);
+/* The checks of model_weights_open that need no layout (the path exists; no pickle; a directory holds
+ * weights), so a bad model.init_from fails before any work starts. */
+int model_weights_check_path(const char *path, const char *what);
 /* Elements [begin, begin + count) of parameter p's row-major tensor in the layout's shape: one pread of
  * exactly those bytes (converted to fp32 from BF16/F16); vocabulary padding rows read as 0. */
 int model_weights_read(struct model_weights *w, int p, size_t begin, size_t count, float *dst);

@@ -196,36 +196,52 @@ static int map_tensors(struct model_weights *w)
     return rc;
 }
 
-/* What a directory holds -> the files to open, or the message that says what to pass instead. */
-static int open_dir(struct model_weights *w, const char *dir, const char *what)
+enum source { SRC_WEIGHTS, SRC_INDEX, SRC_FILE, SRC_INDEX_FILE };
+
+/* What path is -> which files to open, or the message that says what to pass instead. */
+static int classify(const char *path, const char *what, enum source *src)
 {
-    char p[MODEL_PATH_MAX + 64];
-    if (exists(dir, MODEL_HF_WEIGHTS, false)) {
-        snprintf(p, sizeof p, "%s/%s", dir, MODEL_HF_WEIGHTS);
-        int fi = add_file(w, p);
-        return fi < 0 ? fi : 0;
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return error_set(errno == ENOENT ? FSDP_ENOTFOUND : FSDP_EIO, "%s = %s: %s", what, path, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) {
+        if (looks_like_pickle(path))
+            return pickle_error(what, path, path);
+        *src = has_suffix(path, ".json") ? SRC_INDEX_FILE : SRC_FILE;
+        return 0;
     }
-    if (exists(dir, MODEL_HF_INDEX, false)) {
-        snprintf(p, sizeof p, "%s/%s", dir, MODEL_HF_INDEX);
-        return open_index(w, p, dir);
+    if (exists(path, MODEL_HF_WEIGHTS, false)) {
+        *src = SRC_WEIGHTS;
+        return 0;
+    }
+    if (exists(path, MODEL_HF_INDEX, false)) {
+        *src = SRC_INDEX;
+        return 0;
     }
     static const char *const pickles[] = {"pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt",
                                           "model.pth", NULL};
+    char p[MODEL_PATH_MAX + 64];
     for (int i = 0; pickles[i]; i++)
-        if (exists(dir, pickles[i], false)) {
-            snprintf(p, sizeof p, "%s/%s", dir, pickles[i]);
-            return pickle_error(what, dir, p);
+        if (exists(path, pickles[i], false)) {
+            snprintf(p, sizeof p, "%s/%s", path, pickles[i]);
+            return pickle_error(what, path, p);
         }
-    if (exists(dir, "metadata.json", false))
+    if (exists(path, "metadata.json", false))
         return error_set(FSDP_EINVAL,
                          "%s = %s: this is an fsdpc training checkpoint without config.json (sharded); to continue "
                          "that run set checkpoint.resume_from = %s; to start a new run from its weights, write a "
                          "Hugging Face directory first: fsdp-ckpt export %s OUT_DIR, then %s = OUT_DIR",
-                         what, dir, dir, dir, what);
+                         what, path, path, path, what);
     return error_set(FSDP_ENOTFOUND,
                      "%s = %s: the directory holds neither %s nor %s; pass a directory written by save_pretrained or "
                      "fsdp-ckpt export, or a .safetensors file",
-                     what, dir, MODEL_HF_WEIGHTS, MODEL_HF_INDEX);
+                     what, path, MODEL_HF_WEIGHTS, MODEL_HF_INDEX);
+}
+
+int model_weights_check_path(const char *path, const char *what)
+{
+    enum source src;
+    return classify(path, what ? what : "weights", &src);
 }
 
 int model_weights_open(const struct model_layout *l, const char *path, const char *what, struct model_weights **out)
@@ -242,26 +258,24 @@ int model_weights_open(const struct model_layout *l, const char *path, const cha
     w->file_of = calloc((size_t)l->n_params + 1, sizeof *w->file_of);
     w->tensor_of = calloc((size_t)l->n_params + 1, sizeof *w->tensor_of);
     int rc = !w->fam ? FSDP_EINVAL : w->file_of && w->tensor_of ? 0 : error_set(FSDP_ENOMEM, "out of memory");
-    struct stat st;
-    if (!rc && stat(path, &st) != 0)
-        rc = error_set(errno == ENOENT ? FSDP_ENOTFOUND : FSDP_EIO, "%s = %s: %s", what, path, strerror(errno));
-    else if (!rc && S_ISDIR(st.st_mode))
-        rc = open_dir(w, path, what);
-    else if (!rc && looks_like_pickle(path))
-        rc = pickle_error(what, path, path);
-    else if (!rc && has_suffix(path, ".json")) {
-        char *dir = strdup(path);
-        char *slash = dir ? strrchr(dir, '/') : NULL;
-        if (!dir)
-            rc = error_set(FSDP_ENOMEM, "out of memory");
-        else if (slash)
-            *slash = '\0';
-        if (!rc)
-            rc = open_index(w, path, slash ? dir : ".");
-        free(dir);
-    } else if (!rc) {
-        int fi = add_file(w, path);
+    enum source src = SRC_FILE;
+    if (!rc)
+        rc = classify(path, what, &src);
+    char p[MODEL_PATH_MAX + 64];
+    if (!rc && (src == SRC_WEIGHTS || src == SRC_FILE)) {
+        snprintf(p, sizeof p, src == SRC_WEIGHTS ? "%s/" MODEL_HF_WEIGHTS : "%s", path);
+        int fi = add_file(w, p);
         rc = fi < 0 ? fi : 0;
+    } else if (!rc && src == SRC_INDEX) {
+        snprintf(p, sizeof p, "%s/%s", path, MODEL_HF_INDEX);
+        rc = open_index(w, p, path);
+    } else if (!rc) {
+        const char *slash = strrchr(path, '/');
+        if (!slash)
+            snprintf(p, sizeof p, ".");
+        else
+            snprintf(p, sizeof p, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+        rc = open_index(w, path, p);
     }
     if (!rc)
         rc = map_tensors(w);
