@@ -121,9 +121,9 @@ Test(ckpt, full_round_trip_any_put_order_and_reshard)
     ct_layout(&l, 77);
     ct_save_full(dir, &l, 5, 3, 0);
     char path[256];
-    snprintf(path, sizeof path, "%s/fsdp_cpt5/fsdp_cpt5.safetensors", dir);
+    snprintf(path, sizeof path, "%s/fsdp_cpt5/model.safetensors", dir);
     cr_assert(ct_exists(path));
-    snprintf(path, sizeof path, "%s/fsdp_cpt5/fsdp_cpt5_optim.safetensors", dir);
+    snprintf(path, sizeof path, "%s/fsdp_cpt5/optimizer.safetensors", dir);
     cr_assert(ct_exists(path));
     struct ckpt_reader *r;
     cr_assert_eq(ckpt_open(dir, "latest", &l, &r), 0, "%s", error_message());
@@ -140,7 +140,7 @@ Test(ckpt, full_model_file_loads_with_model_weights_load)
     ct_layout(&l, 77);
     ct_save_full(dir, &l, 8, 4, 0);
     char path[256];
-    snprintf(path, sizeof path, "%s/fsdp_cpt8/fsdp_cpt8.safetensors", dir);
+    snprintf(path, sizeof path, "%s/fsdp_cpt8/model.safetensors", dir);
     float *got = malloc(l.numel * sizeof *got);
     memset(got, 0xff, l.numel * sizeof *got);
     cr_assert_eq(model_weights_load(&l, path, got), 0, "%s", error_message());
@@ -151,7 +151,7 @@ Test(ckpt, full_model_file_loads_with_model_weights_load)
         }
     /* The optimizer file: the same names behind "exp_avg." / "exp_avg_sq.", real rows only. */
     struct safetensors_file *f;
-    snprintf(path, sizeof path, "%s/fsdp_cpt8/fsdp_cpt8_optim.safetensors", dir);
+    snprintf(path, sizeof path, "%s/fsdp_cpt8/optimizer.safetensors", dir);
     cr_assert_eq(safetensors_open(&f, path), 0, "%s", error_message());
     cr_assert_eq(f->n_tensors, 2 * (size_t)l.n_params);
     const struct safetensors_tensor *t = safetensors_find(f, "exp_avg_sq.wte.weight");

@@ -166,7 +166,7 @@ Test(ckpt_tool, full_checkpoint_model_file_opens_in_python)
     ct_layout(&l, 77);
     ct_save_full(dir, &l, 4, 8, 0);
     char model[128];
-    snprintf(model, sizeof model, "%s/fsdp_cpt4/fsdp_cpt4.safetensors", dir);
+    snprintf(model, sizeof model, "%s/fsdp_cpt4/model.safetensors", dir);
     python_check(model, &l, 8);
     model_layout_free(&l);
 }

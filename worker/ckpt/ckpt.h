@@ -3,9 +3,11 @@
  * Two formats, one reader:
  * - SHARDED_STATE_DICT: directory fsdp_sharded_cpt{step}/ with one file per rank,
  *   fsdp_sharded_cpt{step}_rank{r} (a safetensors file of that rank's pieces), and metadata.json (rank 0).
- * - FULL_STATE_DICT: directory fsdp_cpt{step}/ with fsdp_cpt{step}.safetensors (the model, Hugging Face
- *   GPT-2 names, F32, wte without vocabulary padding rows), fsdp_cpt{step}_optim.safetensors
- *   ("exp_avg.<name>", "exp_avg_sq.<name>") and metadata.json.
+ * - FULL_STATE_DICT: directory fsdp_cpt{step}/, a Hugging Face model directory that from_pretrained opens
+ *   (config.json; model.safetensors: the model under the family's Hugging Face names, F32, wte without
+ *   vocabulary padding rows) plus optimizer.safetensors ("exp_avg.<name>", "exp_avg_sq.<name>") and
+ *   metadata.json.
+ * Both copy the run's tokenizer.json (state->tokenizer) into the directory when there is one.
  * metadata.json holds the scalar state and, for every tensor and kind, where each piece lives and a
  * CRC32C per block of CKPT_CRC_BLOCK bytes, so a reader checks exactly the bytes it reads.
  *
@@ -41,6 +43,7 @@ struct ckpt_state {
     int fsdp_version;
     const char *config_text; /* effective INI (--print-config); owned by the caller on save, by the reader on load */
     struct model_config model;
+    const char *tokenizer; /* save: the run's tokenizer.json, copied into the checkpoint (NULL: none) */
 };
 
 /* Elements [begin, begin + count) of the row-major tensor (layout shape, vocabulary padding included) of

@@ -309,6 +309,8 @@ int ckpt_sharded_commit(const char *root, int64_t step, int world, const struct 
     if (rc == 0) {
         remove_extra_ranks(tmp, name, world);
         rc = ckpt_meta_write(tmp, &m, l);
+        if (rc == 0)
+            rc = ckpt_copy_tokenizer(tmp, state->tokenizer);
     }
     if (rc == 0)
         rc = ckpt_commit_dir(root, tmp, name, keep_last);

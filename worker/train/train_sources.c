@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/error.h"
 #include "worker/ckpt/ckpt.h"
@@ -86,4 +87,15 @@ int train_sources_apply(struct config *cfg)
     if (!rc)
         rc = ckpt_check_resume_target(NULL, config_get_string(cfg, "checkpoint", "resume_from"));
     return rc;
+}
+
+bool train_tokenizer_find(const char *train_file, char *out, size_t cap)
+{
+    if (!train_file || !train_file[0])
+        return false;
+    const char *slash = strrchr(train_file, '/');
+    int n = slash ? snprintf(out, cap, "%.*s/%s", (int)(slash - train_file), train_file, MODEL_HF_TOKENIZER)
+                  : snprintf(out, cap, "%s", MODEL_HF_TOKENIZER);
+    struct stat st;
+    return n > 0 && (size_t)n < cap && stat(out, &st) == 0 && S_ISREG(st.st_mode);
 }

@@ -4,6 +4,9 @@
 #ifndef FSDP_WORKER_TRAIN_SOURCES_H
 #define FSDP_WORKER_TRAIN_SOURCES_H
 
+#include <stdbool.h>
+#include <stddef.h>
+
 #include "common/config.h"
 
 /* cfg uses worker_config_schema and holds the file and command line. When model.init_from is a Hugging
@@ -12,5 +15,10 @@
  * values (a context length, block_size, may be smaller than the directory's). Call before
  * worker_config_view. */
 int train_sources_apply(struct config *cfg);
+
+/* The tokenizer of a run whose training tokens are train_file: tokenizer.json beside it (where
+ * fsdp-prepare-data leaves the tokenizer it encoded with). out receives its path; false when there is none
+ * (byte-level tokens need no tokenizer). */
+bool train_tokenizer_find(const char *train_file, char *out, size_t cap);
 
 #endif
