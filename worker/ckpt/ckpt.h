@@ -112,6 +112,10 @@ int ckpt_read(struct ckpt_reader *r, int kind, int param, size_t begin, size_t c
 int ckpt_verify(struct ckpt_reader *r, uint64_t *bytes_checked);
 void ckpt_close(struct ckpt_reader *r);
 
+/* Copies the tokenizer file src (may be NULL: nothing to do) into dir as tokenizer.json, with
+ * tokenizer_config.json and special_tokens_map.json when they lie beside it, each fsynced. */
+int ckpt_copy_tokenizer(const char *dir, const char *src);
+
 /* A resume_from value that names a file where a checkpoint directory belongs (fsdp_cpt4000.pth, a
  * .safetensors file, a file inside a checkpoint) or a Hugging Face model directory: FSDP_EINVAL with what
  * to pass instead (the directory beside or above it, or model.init_from); 0 for anything else, including

@@ -74,9 +74,6 @@ int ckpt_write_crc(int fd, uint64_t off, const float *data, size_t count, uint32
 /* CRC32C of the first `bytes` bytes of fd. */
 int ckpt_crc_prefix(int fd, uint64_t bytes, uint32_t *crc, const char *path);
 int ckpt_pread_all(int fd, void *buf, size_t n, uint64_t off, const char *path);
-/* Copies the tokenizer file src (may be NULL: nothing to do) into dir as tokenizer.json, with
- * tokenizer_config.json and special_tokens_map.json when they lie beside it, each fsynced. */
-int ckpt_copy_tokenizer(const char *dir, const char *src);
 /* tmp (a directory under root) becomes root/name: fsync, rename (an existing root/name is replaced only
  * after the new one is in place), `latest` := name (temp + fsync + rename), then prune to keep_last. */
 int ckpt_commit_dir(const char *root, const char *tmp, const char *name, int keep_last);

@@ -1,11 +1,16 @@
 /* fsdp-ckpt's CKPT argument: a checkpoint directory, a root holding `latest`, or ROOT:latest, resolved the
- * way every subcommand needs it. */
+ * way every subcommand needs it; and the model source that also takes a Hugging Face directory. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/config.h"
+#include "common/error.h"
 #include "worker/ckpt/ckpt.h"
+#include "worker/config/worker_config.h"
 #include "worker/tools/ckpt_tool.h"
+#include "worker/train/train_sources.h"
 
 int ckpt_tool_open(const char *target, struct ckpt_reader **out)
 {
@@ -25,4 +30,77 @@ int ckpt_tool_open(const char *target, struct ckpt_reader **out)
             return ckpt_open(root, CKPT_LATEST, NULL, out);
     }
     return ckpt_open(root, NULL, NULL, out);
+}
+
+static bool is_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* The tokenizer beside the training data of the run that saved (its effective INI names data.train_file). */
+static void tokenizer_from_config(const char *config_text, char *out, size_t cap)
+{
+    struct config *cfg = NULL;
+    if (!config_text || !*config_text || config_create(worker_config_schema(), &cfg) != 0)
+        return;
+    if (config_load_string(cfg, config_text, "checkpoint config") == 0 &&
+        !train_tokenizer_find(config_get_string(cfg, "data", "train_file"), out, cap))
+        out[0] = '\0';
+    config_destroy(cfg);
+    error_clear();
+}
+
+int ckpt_tool_model_open(const char *target, struct ckpt_tool_model *m)
+{
+    memset(m, 0, sizeof *m);
+    m->step = -1;
+    char meta[4200];
+    snprintf(meta, sizeof meta, "%s/metadata.json", target);
+    int rc;
+    if (model_hf_is_dir(target) && !is_file(meta)) {
+        snprintf(m->path, sizeof m->path, "%s", target);
+        struct model_hf_config *hc = malloc(sizeof *hc);
+        rc = hc ? model_hf_config_read(target, hc) : error_set(FSDP_ENOMEM, "out of memory");
+        if (!rc)
+            rc = model_layout_build(&m->own, &hc->config);
+        free(hc);
+        if (!rc) {
+            m->l = &m->own;
+            rc = model_weights_open(m->l, target, "model", &m->hf);
+        }
+    } else {
+        rc = ckpt_tool_open(target, &m->ckpt);
+        if (!rc) {
+            m->l = ckpt_reader_layout(m->ckpt);
+            m->step = ckpt_reader_state(m->ckpt)->step;
+            snprintf(m->path, sizeof m->path, "%s", ckpt_reader_path(m->ckpt));
+        }
+    }
+    if (rc) {
+        ckpt_tool_model_close(m);
+        return rc;
+    }
+    snprintf(m->tokenizer, sizeof m->tokenizer, "%s/%s", m->path, MODEL_HF_TOKENIZER);
+    if (!is_file(m->tokenizer)) {
+        m->tokenizer[0] = '\0';
+        if (m->ckpt)
+            tokenizer_from_config(ckpt_reader_state(m->ckpt)->config_text, m->tokenizer, sizeof m->tokenizer);
+    }
+    return 0;
+}
+
+int ckpt_tool_model_read(struct ckpt_tool_model *m, int p, size_t begin, size_t count, float *dst)
+{
+    return m->ckpt ? ckpt_read(m->ckpt, CKPT_PARAM, p, begin, count, dst)
+                   : model_weights_read(m->hf, p, begin, count, dst);
+}
+
+void ckpt_tool_model_close(struct ckpt_tool_model *m)
+{
+    ckpt_close(m->ckpt);
+    model_weights_close(m->hf);
+    if (m->l == &m->own)
+        model_layout_free(&m->own);
+    memset(m, 0, sizeof *m);
 }

@@ -127,12 +127,12 @@ int ckpt_tool_sample(int argc, char **argv)
     struct sample_opts o;
     if (parse_opts(argc, argv, &o) != 0)
         return 2;
-    struct ckpt_reader *r;
-    if (ckpt_tool_open(o.target, &r) != 0) {
+    struct ckpt_tool_model src;
+    if (ckpt_tool_model_open(o.target, &src) != 0) {
         fprintf(stderr, "fsdp-ckpt: %s\n", error_message());
         return 1;
     }
-    const struct model_layout *l = ckpt_reader_layout(r);
+    const struct model_layout *l = src.l;
     const struct kernels *k = kernels_cpu();
     int T = l->config.block_size, V = l->config.vocab_size, VP = l->vocab_padded;
     size_t plen = strlen(o.prompt);
@@ -145,7 +145,7 @@ int ckpt_tool_sample(int argc, char **argv)
     if (rc == 0 && !params)
         rc = error_set(FSDP_ENOMEM, "out of memory for %zu parameters", l->numel);
     for (int p = 0; p < l->n_params && rc == 0; p++)
-        rc = ckpt_read(r, CKPT_PARAM, p, 0, l->params[p].numel, params + l->params[p].offset);
+        rc = ckpt_tool_model_read(&src, p, 0, l->params[p].numel, params + l->params[p].offset);
     struct model *m = NULL;
     if (rc == 0)
         rc = model_create(&m, &l->config, k, 1, T);
@@ -190,6 +190,6 @@ int ckpt_tool_sample(int argc, char **argv)
     free(tok);
     free(tgt);
     free(scratch);
-    ckpt_close(r);
+    ckpt_tool_model_close(&src);
     return rc == 0 ? 0 : 1;
 }
