@@ -140,10 +140,11 @@ uint64_t fsdp_init_bytes_read(const struct fsdp *f)
 
 int fsdp_init_params(struct fsdp *f)
 {
-    /* cpu_ram_efficient_loading: a weights file is read by rank 0 alone, unit by unit, and broadcast; else
-     * every rank reads the byte ranges of its own shards. */
-    bool bcast = f->wc.fsdp.sync_module_states ||
-                 (f->wc.checkpoint.cpu_ram_efficient_loading && f->layout->config.init_from[0]);
+    /* A weights file: every rank reads the byte ranges of its own shards, or with cpu_ram_efficient_loading
+     * rank 0 alone reads it, unit by unit, and broadcasts (the file need exist only on rank 0's node).
+     * A seeded init: sync_module_states broadcasts rank 0's values. */
+    bool bcast = f->layout->config.init_from[0] ? f->wc.checkpoint.cpu_ram_efficient_loading
+                                                 : f->wc.fsdp.sync_module_states;
     int rc = bcast && f->g.world_size > 1 ? init_broadcast(f) : init_local(f);
     if (!rc)
         rc = fsdp_refresh_lp(f);
