@@ -25,9 +25,7 @@ int cpu_set_matmul_dtype(enum dtype dtype)
 
 int cpu_matmul_forward(float *y, const float *x, const float *w, const float *b, int n, int in, int out)
 {
-    int rc = check_dims("matmul_forward", n, in, out);
-    if (rc)
-        return rc;
+    FSDP_TRY(check_dims("matmul_forward", n, in, out));
     if (n == 0)
         return 0;
     float beta = 0.0f;
@@ -84,9 +82,7 @@ static void colsum_rows(float *db, const float *dy, int n, int out)
 int cpu_matmul_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
                         int n, int in, int out)
 {
-    int rc = check_dims("matmul_backward", n, in, out);
-    if (rc)
-        return rc;
+    FSDP_TRY(check_dims("matmul_backward", n, in, out));
     if (n == 0)
         return 0;
     if (dx)

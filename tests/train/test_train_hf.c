@@ -13,6 +13,7 @@
 #include "common/safetensors.h"
 #include "kernels/kernels.h"
 #include "tests/train/ttest.h"
+#include "tests/util/tu_venv.h"
 #include "worker/ckpt/ckpt.h"
 
 static char venv_python[4200];
@@ -20,16 +21,11 @@ static char venv_python[4200];
 /* The venv's python with torch and transformers, or a skip naming what is missing. */
 static void need_venv(void)
 {
-    const char *v = getenv("FSDP_TORCH_VENV");
-    const char *home = getenv("HOME");
-    if (v && *v)
-        snprintf(venv_python, sizeof venv_python, "%s/bin/python", v);
-    else
-        snprintf(venv_python, sizeof venv_python, "%s/.cache/fsdpc-venv/bin/python", home ? home : "");
+    bool found = tu_venv_bin("python", venv_python, sizeof venv_python);
     char cmd[4400];
     snprintf(cmd, sizeof cmd, "'%s' -c 'import torch, transformers, safetensors, tokenizers' >/dev/null 2>&1",
              venv_python);
-    if (access(venv_python, X_OK) != 0 || system(cmd) != 0)
+    if (!found || system(cmd) != 0)
         cr_skip_test("no PyPI venv with torch, transformers, safetensors and tokenizers at %s (.ci/run makes it: "
                      "python3 -m venv ~/.cache/fsdpc-venv && ~/.cache/fsdpc-venv/bin/pip install torch transformers "
                      "safetensors tokenizers numpy; FSDP_TORCH_VENV names another)",

@@ -16,6 +16,13 @@ struct fsdp_pslot {
     size_t shard_off;     /* its chunk's offset inside each rank's shard */
 };
 
+/* Where a unit's gathered parameters are. */
+enum fsdp_gather_state {
+    FSDP_GATHER_NONE,     /* not gathered */
+    FSDP_GATHER_INFLIGHT, /* all-gather issued, not waited for */
+    FSDP_GATHER_READY,    /* `full` holds the parameters */
+};
+
 struct fsdp_unit {
     char name[MODEL_NAME_MAX];
     int first_mu, n_mu; /* model units */
@@ -33,7 +40,7 @@ struct fsdp_unit {
     /* transient */
     float *full;       /* gathered parameters, numel (+ padding up to size * shard for version 1) */
     bool full_alias;   /* full == master (one-rank shard group in fp32): never freed */
-    int gstate;        /* 0 = not gathered, 1 = all-gather in flight, 2 = ready */
+    enum fsdp_gather_state gstate;
     struct comm_work *gwork;
     void *gbuf;        /* rank-major receive buffer when it is not `full` */
     void *gsrc;        /* offload: the shard staged in device memory for the all-gather */

@@ -11,36 +11,35 @@
 /* Copies this rank's shard of unit u out of its full parameters `full` (device, model order). */
 static int shard_from_full(struct fsdp *f, struct fsdp_unit *u, const float *full)
 {
-    int rc = 0;
-    for (size_t i = 0; i < f->n_pieces && !rc; i++) {
+    for (size_t i = 0; i < f->n_pieces; i++) {
         const struct fsdp_piece *p = &f->pieces[i];
         if (&f->units[p->unit] != u)
             continue;
         size_t src = f->layout->params[p->param].offset - u->offset + p->begin;
-        rc = fsdp_dev_to_state(f, u->master + p->shard_off, full + src, p->count * sizeof(float));
+        FSDP_TRY(fsdp_dev_to_state(f, u->master + p->shard_off, full + src, p->count * sizeof(float)));
     }
-    return rc;
+    return 0;
 }
 
 /* Rank 0's values of unit u into host (u->numel floats): read parameter by parameter from the weights
- * (w), or generated from the seed, so that rank 0 never holds more than one unit of the model (a
- * 28.5M-parameter model made rank 0's peak RSS 114 MB above its peers' when it held all of it). */
+ * (w), or generated from the seed, so that rank 0 never holds more than one unit of the model (holding a
+ * whole 28.5M-parameter model puts rank 0's peak RSS 114 MB above its peers'). */
 static int init_unit_values(const struct fsdp *f, const struct fsdp_unit *u, struct model_weights *w, float *host)
 {
     const struct model_layout *l = f->layout;
-    int rc = 0;
-    for (int j = 0; j < u->n_params && !rc; j++) {
+    for (int j = 0; j < u->n_params; j++) {
         int p = u->first_param + j;
         float *dst = host + (l->params[p].offset - u->offset);
         if (w)
-            rc = model_weights_read(w, p, 0, l->params[p].numel, dst);
+            FSDP_TRY(model_weights_read(w, p, 0, l->params[p].numel, dst));
         else
             model_init_param_range(l, p, 0, l->params[p].numel, dst);
     }
-    return rc;
+    return 0;
 }
 
-static int open_weights(struct fsdp *f, struct model_weights **w)
+/* model.init_from's weights (NULL without one), checked against the layout; no tensor data read yet. */
+static int open_weights(const struct fsdp *f, struct model_weights **w)
 {
     *w = NULL;
     const char *from = f->layout->config.init_from;
@@ -54,53 +53,67 @@ static void close_weights(struct fsdp *f, struct model_weights *w)
     model_weights_close(w);
 }
 
+/* Rank 0's weights (when there are) and one unit's room in *host. The caller frees both, also on failure. */
+static int init_rank0_values(const struct fsdp *f, struct model_weights **w, float **host)
+{
+    size_t most = 0;
+    for (int i = 0; i < f->n_units; i++)
+        most = f->units[i].numel > most ? f->units[i].numel : most;
+    if (!(*host = malloc((most ? most : 1) * sizeof(float))))
+        return error_set(FSDP_ENOMEM, "fsdp: no memory for rank 0's largest unit (%zu parameters)", most);
+    return open_weights(f, w);
+}
+
+/* Unit u from rank 0 (its values from the weights or the seed, staged in host) into every rank's shard.
+ * A read failure on rank 0 still joins the broadcast (with whatever host holds) so no rank waits forever;
+ * then every rank learns of it from one sum. */
+static int broadcast_unit(struct fsdp *f, struct fsdp_unit *u, struct model_weights *w, float *host)
+{
+    float *dev = fsdp_buf_get(f, u->numel * sizeof(float), FSDP_MEM_GATHERED);
+    if (!dev)
+        return FSDP_ENOMEM;
+    int rc = 0, read = 0;
+    if (host) {
+        read = init_unit_values(f, u, w, host);
+        if (!read)
+            read = f->k->mem_copy(dev, host, u->numel * sizeof(float), KERNELS_COPY_H2D);
+    }
+    FSDP_TRY_GOTO(comm_broadcast(f->g.world, dev, u->numel, COMM_F32, 0), rc, out);
+    FSDP_TRY_GOTO(shard_from_full(f, u, dev), rc, out);
+    if (w || f->g.rank != 0) {
+        double bad = 0;
+        FSDP_TRY_GOTO(fsdp_sum_world(f, read ? 1.0 : 0.0, &bad), rc, out);
+        if (read)
+            rc = read;
+        else if (bad > 0)
+            rc = error_set(FSDP_EABORTED, "fsdp: rank 0 could not read model.init_from (its log says why)");
+    } else {
+        rc = read;
+    }
+out:
+    fsdp_buf_put(f, dev);
+    return rc;
+}
+
 static int init_broadcast(struct fsdp *f)
 {
     struct model_weights *w = NULL;
     float *host = NULL;
-    int rc = 0;
-    if (f->g.rank == 0) {
-        size_t most = 0;
-        for (int i = 0; i < f->n_units; i++)
-            most = f->units[i].numel > most ? f->units[i].numel : most;
-        rc = open_weights(f, &w);
-        if (!rc && !(host = malloc((most ? most : 1) * sizeof(float))))
-            rc = error_set(FSDP_ENOMEM, "fsdp: no memory for rank 0's largest unit (%zu parameters)", most);
-    }
-    /* Rank 0's init can fail (a bad init_from file): tell the others instead of leaving them in a broadcast. */
+    int rc = f->g.rank == 0 ? init_rank0_values(f, &w, &host) : 0;
+    /* Rank 0's init can fail (a bad init_from file): tell the others instead of leaving them in a broadcast.
+     * Every rank enters the sum, rank 0 also after its own failure. */
     double failed = 0;
-    int rc2 = fsdp_sum_world(f, rc ? 1.0 : 0.0, &failed);
-    if (rc || rc2 || failed > 0) {
-        close_weights(f, w);
-        free(host);
-        if (!rc && !rc2)
-            rc = error_set(FSDP_EABORTED, "fsdp: rank 0 could not initialise the model (its log says why)");
-        return rc ? rc : rc2;
+    int shared = fsdp_sum_world(f, rc ? 1.0 : 0.0, &failed);
+    if (rc)
+        goto out;
+    FSDP_TRY_GOTO(shared, rc, out);
+    if (failed > 0) {
+        rc = error_set(FSDP_EABORTED, "fsdp: rank 0 could not initialise the model (its log says why)");
+        goto out;
     }
-    for (int i = 0; i < f->n_units && !rc; i++) {
-        struct fsdp_unit *u = &f->units[i];
-        float *dev = fsdp_buf_get(f, u->numel * sizeof(float), FSDP_MEM_GATHERED);
-        if (!dev) {
-            rc = FSDP_ENOMEM;
-            break;
-        }
-        /* A read failure on rank 0 mid-way still joins this unit's broadcast (with whatever it holds) so no
-         * rank waits forever; the error ends the loop on rank 0 and the agreement below on the others. */
-        int rrc = host ? init_unit_values(f, u, w, host) : 0;
-        if (host && !rrc)
-            rrc = f->k->mem_copy(dev, host, u->numel * sizeof(float), KERNELS_COPY_H2D);
-        rc = comm_broadcast(f->g.world, dev, u->numel, COMM_F32, 0);
-        if (!rc)
-            rc = shard_from_full(f, u, dev);
-        fsdp_buf_put(f, dev);
-        double bad = 0;
-        if (!rc)
-            rc = fsdp_sum_world(f, rrc ? 1.0 : 0.0, &bad);
-        if (!rc && rrc)
-            rc = rrc;
-        else if (!rc && bad > 0)
-            rc = error_set(FSDP_EABORTED, "fsdp: rank 0 could not read model.init_from (its log says why)");
-    }
+    for (int i = 0; i < f->n_units; i++)
+        FSDP_TRY_GOTO(broadcast_unit(f, &f->units[i], w, host), rc, out);
+out:
     close_weights(f, w);
     free(host);
     return rc;
@@ -112,30 +125,29 @@ static int init_local(struct fsdp *f)
 {
     const struct model_layout *l = f->layout;
     struct model_weights *w = NULL;
-    int rc = open_weights(f, &w);
+    FSDP_TRY(open_weights(f, &w));
     size_t most = 0;
     for (size_t i = 0; i < f->n_pieces; i++)
         most = f->pieces[i].count > most ? f->pieces[i].count : most;
-    float *tmp = rc ? NULL : malloc((most ? most : 1) * sizeof(float));
-    if (!rc && !tmp)
+    int rc = 0;
+    float *tmp = malloc((most ? most : 1) * sizeof(float));
+    if (!tmp) {
         rc = error_set(FSDP_ENOMEM, "fsdp: out of memory");
-    for (size_t i = 0; i < f->n_pieces && !rc; i++) {
+        goto out;
+    }
+    for (size_t i = 0; i < f->n_pieces; i++) {
         const struct fsdp_piece *p = &f->pieces[i];
         if (w)
-            rc = model_weights_read(w, p->param, p->begin, p->count, tmp);
+            FSDP_TRY_GOTO(model_weights_read(w, p->param, p->begin, p->count, tmp), rc, out);
         else
             model_init_param_range(l, p->param, p->begin, p->count, tmp);
-        if (!rc)
-            rc = f->sk->mem_copy(p->data[FSDP_STATE_PARAM], tmp, p->count * sizeof(float), KERNELS_COPY_H2D);
+        FSDP_TRY_GOTO(f->sk->mem_copy(p->data[FSDP_STATE_PARAM], tmp, p->count * sizeof(float), KERNELS_COPY_H2D),
+                      rc, out);
     }
+out:
     close_weights(f, w);
     free(tmp);
     return rc;
-}
-
-uint64_t fsdp_init_bytes_read(const struct fsdp *f)
-{
-    return f->init_bytes_read;
 }
 
 int fsdp_init_params(struct fsdp *f)
@@ -145,10 +157,13 @@ int fsdp_init_params(struct fsdp *f)
      * A seeded init: sync_module_states broadcasts rank 0's values. */
     bool bcast = f->layout->config.init_from[0] ? f->wc.checkpoint.cpu_ram_efficient_loading
                                                  : f->wc.fsdp.sync_module_states;
-    int rc = bcast && f->g.world_size > 1 ? init_broadcast(f) : init_local(f);
-    if (!rc)
-        rc = fsdp_refresh_lp(f);
-    return rc;
+    FSDP_TRY(bcast && f->g.world_size > 1 ? init_broadcast(f) : init_local(f));
+    return fsdp_refresh_lp(f);
+}
+
+uint64_t fsdp_init_bytes_read(const struct fsdp *f)
+{
+    return f->init_bytes_read;
 }
 
 size_t fsdp_unit_gather_capacity(const struct fsdp *f, int ui)
@@ -175,11 +190,29 @@ static int gather_unit_direct(struct fsdp *f, struct fsdp_unit *u, const float *
 {
     if (f->version == 1)
         return comm_all_gather(f->shard_comm, src, dst, u->shard, COMM_F32);
-    int rc = 0;
-    for (int j = 0; j < u->n_params && !rc; j++) {
+    for (int j = 0; j < u->n_params; j++) {
         const struct fsdp_pslot *s = &u->slots[j];
-        rc = comm_all_gather(f->shard_comm, src + s->shard_off, dst + s->unit_off, s->chunk * s->row_len, COMM_F32);
+        FSDP_TRY(comm_all_gather(f->shard_comm, src + s->shard_off, dst + s->unit_off, s->chunk * s->row_len,
+                                 COMM_F32));
     }
+    return 0;
+}
+
+/* Every rank's shard of u into all (rank-major), through a device copy of this rank's shard when the state
+ * is offloaded. */
+static int gather_shards(struct fsdp *f, struct fsdp_unit *u, const float *src, float *all)
+{
+    float *staged = NULL;
+    int rc = 0;
+    if (f->offload) {
+        if (!(staged = fsdp_buf_get(f, u->shard * sizeof(float), FSDP_MEM_COMM)))
+            return FSDP_ENOMEM;
+        FSDP_TRY_GOTO(fsdp_state_to_dev(f, staged, src, u->shard * sizeof(float)), rc, out);
+        src = staged;
+    }
+    FSDP_TRY_GOTO(comm_all_gather(f->shard_comm, src, all, u->shard, COMM_F32), rc, out);
+out:
+    fsdp_buf_put(f, staged);
     return rc;
 }
 
@@ -194,29 +227,23 @@ int fsdp_gather_unit_state(struct fsdp *f, int ui, enum fsdp_state_kind kind, fl
     if (k->host_visible)
         return gather_unit_direct(f, u, src, dst);
     float *all = fsdp_buf_get(f, sg * u->shard * sizeof(float), FSDP_MEM_GATHERED);
-    float *staged = NULL;
     if (!all)
         return FSDP_ENOMEM;
     int rc = 0;
-    if (f->offload) {
-        staged = fsdp_buf_get(f, u->shard * sizeof(float), FSDP_MEM_COMM);
-        rc = staged ? fsdp_state_to_dev(f, staged, src, u->shard * sizeof(float)) : FSDP_ENOMEM;
-        src = staged;
-    }
-    if (!rc)
-        rc = comm_all_gather(f->shard_comm, src, all, u->shard, COMM_F32);
-    fsdp_buf_put(f, staged);
-    if (!rc && f->version == 1)
-        rc = k->mem_copy(dst, all, u->numel * sizeof(float), KERNELS_COPY_D2H);
-    for (size_t r = 0; !rc && f->version != 1 && r < sg; r++)
-        for (int j = 0; !rc && j < u->n_params; j++) {
+    FSDP_TRY_GOTO(gather_shards(f, u, src, all), rc, out);
+    if (f->version == 1)
+        FSDP_TRY_GOTO(k->mem_copy(dst, all, u->numel * sizeof(float), KERNELS_COPY_D2H), rc, out);
+    for (size_t r = 0; f->version != 1 && r < sg; r++)
+        for (int j = 0; j < u->n_params; j++) {
             const struct fsdp_pslot *s = &u->slots[j];
             size_t rb, re;
             fsdp_slot_rows(s, r, &rb, &re);
             if (re > rb)
-                rc = k->mem_copy(dst + s->unit_off + rb * s->row_len, all + r * u->shard + s->shard_off,
-                                 (re - rb) * s->row_len * sizeof(float), KERNELS_COPY_D2H);
+                FSDP_TRY_GOTO(k->mem_copy(dst + s->unit_off + rb * s->row_len, all + r * u->shard + s->shard_off,
+                                          (re - rb) * s->row_len * sizeof(float), KERNELS_COPY_D2H),
+                              rc, out);
         }
+out:
     fsdp_buf_put(f, all);
     return rc;
 }
