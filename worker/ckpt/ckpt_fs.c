@@ -346,24 +346,28 @@ static int copy_file(const char *src, const char *dst)
     int in = open(src, O_RDONLY | O_CLOEXEC);
     if (in < 0)
         return io_error(src, "open", errno);
+    int rc = 0;
     int out = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (out < 0) {
-        int rc = io_error(dst, "create", errno);
-        close(in);
-        return rc;
+        rc = io_error(dst, "create", errno);
+        goto done;
     }
     char buf[1 << 16];
     ssize_t n;
-    int rc = 0;
-    while (rc == 0 && (n = read(in, buf, sizeof buf)) != 0) {
+    while ((n = read(in, buf, sizeof buf)) != 0) {
         if (n < 0 && errno == EINTR)
             continue;
-        rc = n < 0 ? io_error(src, "read", errno) : ckpt_write_all(out, buf, (size_t)n, dst);
+        if (n < 0) {
+            rc = io_error(src, "read", errno);
+            goto done;
+        }
+        FSDP_TRY_GOTO(ckpt_write_all(out, buf, (size_t)n, dst), rc, done);
     }
-    if (rc == 0 && fsync(out) != 0)
+    if (fsync(out) != 0)
         rc = io_error(dst, "fsync", errno);
+done:
     close(in);
-    if (close(out) != 0 && rc == 0)
+    if (out >= 0 && close(out) != 0 && rc == 0)
         rc = io_error(dst, "close", errno);
     return rc;
 }
@@ -374,17 +378,17 @@ int ckpt_copy_tokenizer(const char *dir, const char *src)
         return 0;
     char dst[CKPT_PATH_MAX], side[CKPT_PATH_MAX], parent[CKPT_PATH_MAX];
     ckpt_pathf(dst, "%s/tokenizer.json", dir);
-    int rc = copy_file(src, dst);
+    FSDP_TRY(copy_file(src, dst));
     const char *slash = strrchr(src, '/');
     snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - src) : 1, slash ? src : ".");
     static const char *const extra[] = {"tokenizer_config.json", "special_tokens_map.json", NULL};
     struct stat st;
-    for (int i = 0; extra[i] && rc == 0; i++) {
+    for (int i = 0; extra[i]; i++) {
         ckpt_pathf(side, "%s/%s", parent, extra[i]);
         if (stat(side, &st) != 0)
             continue;
         ckpt_pathf(dst, "%s/%s", dir, extra[i]);
-        rc = copy_file(side, dst);
+        FSDP_TRY(copy_file(side, dst));
     }
-    return rc;
+    return 0;
 }

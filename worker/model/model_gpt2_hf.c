@@ -15,51 +15,34 @@
 
 static int gpt2_config_read(struct model_hf_json *j, struct model_config *c)
 {
-    int rc = 0, n_inner = 0;
+    int n_inner = 0;
     bool tied = true;
     static const char *const gelu[] = {"gelu_new", "gelu_pytorch_tanh", NULL};
     /* Defaults are transformers' GPT2Config defaults, which from_pretrained would use for absent keys. */
-    if (!rc)
-        rc = model_hf_json_setting(j, "model_family", "gpt2", "architectures");
-    if (!rc)
-        rc = model_hf_json_int(j, "n_layer", "n_layer", 12, 0, &c->n_layer);
-    if (!rc)
-        rc = model_hf_json_int(j, "n_head", "n_head", 12, 0, &c->n_head);
-    if (!rc)
-        rc = model_hf_json_int(j, "n_embd", "n_embd", 768, 0, &c->n_embd);
-    if (!rc)
-        rc = model_hf_json_int(j, "vocab_size", "vocab_size", 50257, 0, &c->vocab_size);
-    if (!rc)
-        rc = model_hf_json_int(j, "n_positions", "block_size", 1024, MODEL_HF_AT_MOST, &c->block_size);
-    if (!rc)
-        rc = model_hf_json_float(j, "initializer_range", NULL, 0.02, 0, &c->init_std);
-    if (!rc)
-        rc = model_hf_json_int(j, "n_inner", NULL, 4 * c->n_embd, 0, &n_inner);
-    if (!rc && n_inner != 4 * c->n_embd) {
-        char what[96];
-        snprintf(what, sizeof what, "fsdpc's GPT-2 MLP is 4 x n_embd = %d wide", 4 * c->n_embd);
-        rc = error_set(FSDP_EUNSUPPORTED, "%s: \"n_inner\" is %d, but %s", j->path, n_inner, what);
-    }
-    if (!rc)
-        rc = model_hf_json_expect_str(j, "activation_function", gelu,
-                                      "fsdpc's GPT-2 computes the tanh GELU only (\"gelu_new\")");
-    if (!rc)
-        rc = model_hf_json_expect_num(j, "layer_norm_epsilon", GPT2_LN_EPS, "fsdpc's GPT-2 LayerNorm uses 1e-05");
-    if (!rc)
-        rc = model_hf_json_expect_bool(j, "scale_attn_weights", true,
-                                       "fsdpc's GPT-2 scales attention scores by 1/sqrt(head size)");
-    if (!rc)
-        rc = model_hf_json_expect_bool(j, "scale_attn_by_inverse_layer_idx", false,
-                                       "fsdpc's GPT-2 does not scale attention by layer");
-    if (!rc)
-        rc = model_hf_json_expect_bool(j, "add_cross_attention", false, "fsdpc's GPT-2 is a decoder only");
-    if (!rc)
-        rc = model_hf_json_bool(j, "tie_word_embeddings", NULL, true, 0, &tied);
-    if (!rc && !tied)
-        rc = error_set(FSDP_EUNSUPPORTED, "%s: \"tie_word_embeddings\" is false, but fsdpc's GPT-2 ties its output "
-                                          "head to wte",
-                       j->path);
-    return rc;
+    FSDP_TRY(model_hf_json_setting(j, "model_family", "gpt2", "architectures"));
+    FSDP_TRY(model_hf_json_int(j, "n_layer", "n_layer", 12, 0, &c->n_layer));
+    FSDP_TRY(model_hf_json_int(j, "n_head", "n_head", 12, 0, &c->n_head));
+    FSDP_TRY(model_hf_json_int(j, "n_embd", "n_embd", 768, 0, &c->n_embd));
+    FSDP_TRY(model_hf_json_int(j, "vocab_size", "vocab_size", 50257, 0, &c->vocab_size));
+    FSDP_TRY(model_hf_json_int(j, "n_positions", "block_size", 1024, MODEL_HF_AT_MOST, &c->block_size));
+    FSDP_TRY(model_hf_json_float(j, "initializer_range", NULL, 0.02, 0, &c->init_std));
+    FSDP_TRY(model_hf_json_int(j, "n_inner", NULL, 4 * c->n_embd, 0, &n_inner));
+    if (n_inner != 4 * c->n_embd)
+        return error_set(FSDP_EUNSUPPORTED, "%s: \"n_inner\" is %d, but fsdpc's GPT-2 MLP is 4 x n_embd = %d wide",
+                         j->path, n_inner, 4 * c->n_embd);
+    FSDP_TRY(model_hf_json_expect_str(j, "activation_function", gelu,
+                                      "fsdpc's GPT-2 computes the tanh GELU only (\"gelu_new\")"));
+    FSDP_TRY(model_hf_json_expect_num(j, "layer_norm_epsilon", GPT2_LN_EPS, "fsdpc's GPT-2 LayerNorm uses 1e-05"));
+    FSDP_TRY(model_hf_json_expect_bool(j, "scale_attn_weights", true,
+                                       "fsdpc's GPT-2 scales attention scores by 1/sqrt(head size)"));
+    FSDP_TRY(model_hf_json_expect_bool(j, "scale_attn_by_inverse_layer_idx", false,
+                                       "fsdpc's GPT-2 does not scale attention by layer"));
+    FSDP_TRY(model_hf_json_expect_bool(j, "add_cross_attention", false, "fsdpc's GPT-2 is a decoder only"));
+    FSDP_TRY(model_hf_json_bool(j, "tie_word_embeddings", NULL, true, 0, &tied));
+    if (!tied)
+        return error_set(FSDP_EUNSUPPORTED,
+                         "%s: \"tie_word_embeddings\" is false, but fsdpc's GPT-2 ties its output head to wte", j->path);
+    return 0;
 }
 
 static int gpt2_config_write(const struct model_config *c, const struct model_hf_tokens *t, cJSON *o)

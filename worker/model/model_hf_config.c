@@ -31,30 +31,33 @@ static int slurp(const char *path, char **out)
     if (!f)
         return error_set(errno == ENOENT ? FSDP_ENOTFOUND : FSDP_EIO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
+    char *buf = NULL;
     int rc = 0;
-    if (fstat(fileno(f), &st) != 0 || st.st_size < 0 || (uint64_t)st.st_size > JSON_MAX_BYTES)
+    if (fstat(fileno(f), &st) != 0 || st.st_size < 0 || (uint64_t)st.st_size > JSON_MAX_BYTES) {
         rc = error_set(FSDP_EINVAL, "%s: not a JSON file of at most %u MiB", path, JSON_MAX_BYTES >> 20);
-    char *buf = rc ? NULL : malloc((size_t)st.st_size + 1);
-    if (!rc && !buf)
+        goto out;
+    }
+    if (!(buf = malloc((size_t)st.st_size + 1))) {
         rc = error_set(FSDP_ENOMEM, "out of memory reading %s", path);
-    if (!rc && fread(buf, 1, (size_t)st.st_size, f) != (size_t)st.st_size)
+        goto out;
+    }
+    if (fread(buf, 1, (size_t)st.st_size, f) != (size_t)st.st_size) {
         rc = error_set(FSDP_EIO, "%s: read failed", path);
-    fclose(f);
-    if (rc) {
-        free(buf);
-        return rc;
+        goto out;
     }
     buf[st.st_size] = '\0';
     *out = buf;
-    return 0;
+    buf = NULL;
+out:
+    fclose(f);
+    free(buf);
+    return rc;
 }
 
 static int parse_json(const char *path, cJSON **out)
 {
     char *text;
-    int rc = slurp(path, &text);
-    if (rc)
-        return rc;
+    FSDP_TRY(slurp(path, &text));
     *out = cJSON_Parse(text);
     free(text);
     if (!*out || !cJSON_IsObject(*out)) {
@@ -72,9 +75,7 @@ int model_hf_config_read(const char *dir, struct model_hf_config *out)
     if (n < 0 || (size_t)n >= sizeof out->path)
         return error_set(FSDP_ERANGE, "%s: path too long", dir);
     cJSON *root;
-    int rc = parse_json(out->path, &root);
-    if (rc)
-        return rc;
+    FSDP_TRY(parse_json(out->path, &root));
     const cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     const char *a = cJSON_IsArray(arch) && cJSON_IsString(cJSON_GetArrayItem(arch, 0))
@@ -82,14 +83,16 @@ int model_hf_config_read(const char *dir, struct model_hf_config *out)
                         : NULL;
     const char *t = cJSON_IsString(type) ? type->valuestring : NULL;
     const struct model_family *f = model_family_find_hf(a, t, out->path);
+    int rc = 0;
     if (!f) {
-        cJSON_Delete(root);
-        return FSDP_EUNSUPPORTED;
+        rc = FSDP_EUNSUPPORTED;
+        goto out;
     }
     model_config_default(&out->config);
     snprintf(out->config.model_family, sizeof out->config.model_family, "%s", f->name);
     struct model_hf_json j = {.root = root, .path = out->path, .out = out};
-    rc = f->hf->config_read(&j, &out->config);
+    FSDP_TRY_GOTO(f->hf->config_read(&j, &out->config), rc, out);
+out:
     cJSON_Delete(root);
     return rc;
 }
@@ -104,29 +107,31 @@ int model_hf_config_write(const struct model_layout *l, const char *dir, const s
         return error_set(FSDP_EUNSUPPORTED, "model_family %s has no Hugging Face config.json", f->name);
     struct model_hf_tokens none = {-1, -1};
     cJSON *o = cJSON_CreateObject(), *arch = cJSON_CreateArray();
-    int rc = o && arch ? 0 : error_set(FSDP_ENOMEM, "out of memory");
-    if (!rc) {
-        cJSON_AddItemToArray(arch, cJSON_CreateString(f->hf->architecture));
-        cJSON_AddItemToObject(o, "architectures", arch);
-        arch = NULL;
-        if (!cJSON_AddStringToObject(o, "model_type", f->hf->model_type) ||
-            !cJSON_AddStringToObject(o, "dtype", torch_dtype))
-            rc = error_set(FSDP_ENOMEM, "out of memory");
-    }
-    if (!rc)
-        rc = f->hf->config_write(&l->config, tokens ? tokens : &none, o);
-    char *text = rc ? NULL : cJSON_Print(o);
-    if (!rc && !text)
+    char *text = NULL;
+    int rc = 0;
+    if (!o || !arch || !cJSON_AddItemToArray(arch, cJSON_CreateString(f->hf->architecture)) ||
+        !cJSON_AddItemToObject(o, "architectures", arch)) {
+        cJSON_Delete(arch);
         rc = error_set(FSDP_ENOMEM, "out of memory");
-    if (!rc) {
-        char path[MODEL_PATH_MAX + 32];
-        snprintf(path, sizeof path, "%s/%s", dir, MODEL_HF_CONFIG);
-        size_t len = strlen(text);
-        text[len] = '\n'; /* replaces the NUL: the file ends with a newline, the buffer is written by length */
-        rc = fs_write_atomic(path, text, len + 1);
+        goto out;
     }
+    if (!cJSON_AddStringToObject(o, "model_type", f->hf->model_type) ||
+        !cJSON_AddStringToObject(o, "dtype", torch_dtype)) {
+        rc = error_set(FSDP_ENOMEM, "out of memory");
+        goto out;
+    }
+    FSDP_TRY_GOTO(f->hf->config_write(&l->config, tokens ? tokens : &none, o), rc, out);
+    if (!(text = cJSON_Print(o))) {
+        rc = error_set(FSDP_ENOMEM, "out of memory");
+        goto out;
+    }
+    char path[MODEL_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/%s", dir, MODEL_HF_CONFIG);
+    size_t len = strlen(text);
+    text[len] = '\n'; /* replaces the NUL: the file ends with a newline, the buffer is written by length */
+    FSDP_TRY_GOTO(fs_write_atomic(path, text, len + 1), rc, out);
+out:
     free(text);
-    cJSON_Delete(arch);
     cJSON_Delete(o);
     return rc;
 }
@@ -152,9 +157,7 @@ int model_hf_tokenizer_tokens(const char *path, struct model_hf_tokens *out)
     static const char *const bos_names[] = {"<|begin_of_text|>", "<s>", "<bos>", "<|bos|>", "<|startoftext|>", NULL};
     out->bos = out->eos = -1;
     cJSON *root;
-    int rc = parse_json(path, &root);
-    if (rc)
-        return rc;
+    FSDP_TRY(parse_json(path, &root));
     const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens"), *t;
     cJSON_ArrayForEach(t, added)
     {

@@ -31,10 +31,9 @@ static int record(struct model_hf_json *j, const char *ini_key, const char *hf_k
 {
     if (!ini_key)
         return 0;
-    int rc = model_hf_json_setting(j, ini_key, value, hf_key);
-    if (rc == 0)
-        j->out->settings[j->out->n_settings - 1].at_most = (flags & MODEL_HF_AT_MOST) != 0;
-    return rc;
+    FSDP_TRY(model_hf_json_setting(j, ini_key, value, hf_key));
+    j->out->settings[j->out->n_settings - 1].at_most = (flags & MODEL_HF_AT_MOST) != 0;
+    return 0;
 }
 
 static int missing(const struct model_hf_json *j, const char *hf_key, const char *type)

@@ -79,8 +79,8 @@ static int add_file(struct model_weights *w, const char *path)
     if (!v)
         return error_set(FSDP_ENOMEM, "out of memory");
     w->files = v;
-    int rc = safetensors_open(&w->files[w->n_files], path);
-    return rc ? rc : w->n_files++;
+    FSDP_TRY(safetensors_open(&w->files[w->n_files], path));
+    return w->n_files++;
 }
 
 /* model.safetensors.index.json: {"metadata": {...}, "weight_map": {"name": "shard file", ...}}. Every
@@ -104,29 +104,31 @@ static int open_index(struct model_weights *w, const char *index_path, const cha
     cJSON *root = cJSON_Parse(text);
     free(text);
     const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map"), *e;
-    int rc = cJSON_IsObject(map) ? 0
-                                 : error_set(FSDP_EINVAL, "%s: no \"weight_map\" object (not a safetensors index)",
-                                             index_path);
+    int rc = 0;
+    if (!cJSON_IsObject(map)) {
+        rc = error_set(FSDP_EINVAL, "%s: no \"weight_map\" object (not a safetensors index)", index_path);
+        goto out;
+    }
     cJSON_ArrayForEach(e, map)
     {
-        if (rc)
-            break;
         if (!cJSON_IsString(e) || strchr(e->valuestring, '/')) {
             rc = error_set(FSDP_EINVAL, "%s: weight_map entry \"%s\" must name a shard file in the directory",
                            index_path, e->string);
-            break;
+            goto out;
         }
         char p[MODEL_PATH_MAX + 256];
         snprintf(p, sizeof p, "%s/%s", dir, e->valuestring);
         int fi = add_file(w, p);
-        if (fi < 0)
-            rc = fi;
-        else if (!safetensors_find(w->files[fi], e->string))
+        FSDP_TRY_GOTO(fi, rc, out);
+        if (!safetensors_find(w->files[fi], e->string)) {
             rc = error_set(FSDP_EINVAL, "%s: \"%s\" is mapped to %s, which does not hold it", index_path, e->string,
                            e->valuestring);
+            goto out;
+        }
     }
-    if (!rc && w->n_files == 0)
+    if (w->n_files == 0)
         rc = error_set(FSDP_EINVAL, "%s: the weight_map is empty", index_path);
+out:
     cJSON_Delete(root);
     return rc;
 }
@@ -163,37 +165,35 @@ static int map_tensors(struct model_weights *w)
     const struct model_layout *l = w->l;
     const char *prefix = w->fam->hf ? w->fam->hf->prefix : "";
     size_t plen = strlen(prefix);
-    int rc = 0;
-    for (int fi = 0; fi < w->n_files && !rc; fi++) {
+    for (int fi = 0; fi < w->n_files; fi++) {
         const struct safetensors_file *f = w->files[fi];
-        for (size_t i = 0; i < f->n_tensors && !rc; i++) {
+        for (size_t i = 0; i < f->n_tensors; i++) {
             const struct safetensors_tensor *t = &f->tensors[i];
             const char *name = plen && strncmp(t->name, prefix, plen) == 0 ? t->name + plen : t->name;
             int p = model_layout_find(l, name);
-            if (p < 0) {
-                if (w->fam->hf && w->fam->hf->ignored(&l->config, name))
-                    continue;
-                rc = error_set(FSDP_EINVAL,
-                               "%s: tensor '%s' is not a parameter of %s with n_layer %d; check the file and the "
-                               "model config",
-                               f->path, t->name, l->config.model_family, l->config.n_layer);
-            } else if (w->tensor_of[p]) {
-                rc = error_set(FSDP_EINVAL, "%s: tensor '%s' appears twice (as '%s' and '%s')", f->path, name,
-                               w->tensor_of[p]->name, t->name);
-            } else if (t->dtype != SAFETENSORS_F32 && t->dtype != SAFETENSORS_F16 && t->dtype != SAFETENSORS_BF16) {
-                rc = error_set(FSDP_EINVAL, "%s: tensor '%s' has dtype %s; weights must be F32, F16 or BF16", f->path,
-                               t->name, safetensors_dtype_name(t->dtype));
-            } else if ((rc = check_shape(w, &l->params[p], t, f->path)) == 0) {
-                w->tensor_of[p] = t;
-                w->file_of[p] = fi;
-            }
+            if (p < 0 && w->fam->hf && w->fam->hf->ignored(&l->config, name))
+                continue;
+            if (p < 0)
+                return error_set(FSDP_EINVAL,
+                                 "%s: tensor '%s' is not a parameter of %s with n_layer %d; check the file and the "
+                                 "model config",
+                                 f->path, t->name, l->config.model_family, l->config.n_layer);
+            if (w->tensor_of[p])
+                return error_set(FSDP_EINVAL, "%s: tensor '%s' appears twice (as '%s' and '%s')", f->path, name,
+                                 w->tensor_of[p]->name, t->name);
+            if (t->dtype != SAFETENSORS_F32 && t->dtype != SAFETENSORS_F16 && t->dtype != SAFETENSORS_BF16)
+                return error_set(FSDP_EINVAL, "%s: tensor '%s' has dtype %s; weights must be F32, F16 or BF16",
+                                 f->path, t->name, safetensors_dtype_name(t->dtype));
+            FSDP_TRY(check_shape(w, &l->params[p], t, f->path));
+            w->tensor_of[p] = t;
+            w->file_of[p] = fi;
         }
     }
-    for (int p = 0; p < l->n_params && !rc; p++)
+    for (int p = 0; p < l->n_params; p++)
         if (!w->tensor_of[p])
-            rc = error_set(FSDP_EINVAL, "%s: tensor '%s' is missing (model %s, n_layer %d)", w->path,
-                           l->params[p].name, l->config.model_family, l->config.n_layer);
-    return rc;
+            return error_set(FSDP_EINVAL, "%s: tensor '%s' is missing (model %s, n_layer %d)", w->path,
+                             l->params[p].name, l->config.model_family, l->config.n_layer);
+    return 0;
 }
 
 enum source { SRC_WEIGHTS, SRC_INDEX, SRC_FILE, SRC_INDEX_FILE };
@@ -252,39 +252,43 @@ int model_weights_open(const struct model_layout *l, const char *path, const cha
     struct model_weights *w = calloc(1, sizeof *w);
     if (!w)
         return error_set(FSDP_ENOMEM, "out of memory");
+    int rc = 0;
     w->l = l;
     snprintf(w->path, sizeof w->path, "%s", path);
-    w->fam = model_family_find(l->config.model_family);
+    if (!(w->fam = model_family_find(l->config.model_family))) {
+        rc = FSDP_EINVAL;
+        goto fail;
+    }
     w->file_of = calloc((size_t)l->n_params + 1, sizeof *w->file_of);
     w->tensor_of = calloc((size_t)l->n_params + 1, sizeof *w->tensor_of);
-    int rc = !w->fam ? FSDP_EINVAL : w->file_of && w->tensor_of ? 0 : error_set(FSDP_ENOMEM, "out of memory");
-    enum source src = SRC_FILE;
-    if (!rc)
-        rc = classify(path, what, &src);
+    if (!w->file_of || !w->tensor_of) {
+        rc = error_set(FSDP_ENOMEM, "out of memory");
+        goto fail;
+    }
+    enum source src;
+    FSDP_TRY_GOTO(classify(path, what, &src), rc, fail);
     char p[MODEL_PATH_MAX + 64];
-    if (!rc && (src == SRC_WEIGHTS || src == SRC_FILE)) {
+    if (src == SRC_WEIGHTS || src == SRC_FILE) {
         snprintf(p, sizeof p, src == SRC_WEIGHTS ? "%s/" MODEL_HF_WEIGHTS : "%s", path);
-        int fi = add_file(w, p);
-        rc = fi < 0 ? fi : 0;
-    } else if (!rc && src == SRC_INDEX) {
+        FSDP_TRY_GOTO(add_file(w, p), rc, fail);
+    } else if (src == SRC_INDEX) {
         snprintf(p, sizeof p, "%s/%s", path, MODEL_HF_INDEX);
-        rc = open_index(w, p, path);
-    } else if (!rc) {
+        FSDP_TRY_GOTO(open_index(w, p, path), rc, fail);
+    } else {
+        /* an index file named directly: its shards lie beside it */
         const char *slash = strrchr(path, '/');
         if (!slash)
             snprintf(p, sizeof p, ".");
         else
             snprintf(p, sizeof p, "%.*s", slash == path ? 1 : (int)(slash - path), path);
-        rc = open_index(w, path, p);
+        FSDP_TRY_GOTO(open_index(w, path, p), rc, fail);
     }
-    if (!rc)
-        rc = map_tensors(w);
-    if (rc) {
-        model_weights_close(w);
-        return rc;
-    }
+    FSDP_TRY_GOTO(map_tensors(w), rc, fail);
     *out = w;
     return 0;
+fail:
+    model_weights_close(w);
+    return rc;
 }
 
 int model_weights_read(struct model_weights *w, int p, size_t begin, size_t count, float *dst)
@@ -303,21 +307,18 @@ int model_weights_read(struct model_weights *w, int p, size_t begin, size_t coun
     size_t real = (size_t)mp->init_rows * (size_t)mp->shape[1];
     size_t n = begin < real ? (count < real - begin ? count : real - begin) : 0;
     size_t es = safetensors_dtype_size(t->dtype);
-    int rc = 0;
     if (t->dtype == SAFETENSORS_F32) {
-        rc = safetensors_read(f, t, (uint64_t)begin * es, dst, n * es);
+        FSDP_TRY(safetensors_read(f, t, (uint64_t)begin * es, dst, n * es));
     } else {
         if (!w->buf && n > 0 && !(w->buf = malloc((size_t)CONVERT_CHUNK * sizeof *w->buf)))
             return error_set(FSDP_ENOMEM, "out of memory");
-        for (size_t done = 0; done < n && !rc; done += CONVERT_CHUNK) {
+        for (size_t done = 0; done < n; done += CONVERT_CHUNK) {
             size_t m = n - done < CONVERT_CHUNK ? n - done : CONVERT_CHUNK;
-            rc = safetensors_read(f, t, (uint64_t)(begin + done) * es, w->buf, m * es);
-            for (size_t i = 0; i < m && !rc; i++)
+            FSDP_TRY(safetensors_read(f, t, (uint64_t)(begin + done) * es, w->buf, m * es));
+            for (size_t i = 0; i < m; i++)
                 dst[done + i] = t->dtype == SAFETENSORS_BF16 ? dtype_bf16_to_f32(w->buf[i]) : dtype_f16_to_f32(w->buf[i]);
         }
     }
-    if (rc)
-        return rc;
     w->bytes_read += (uint64_t)n * es;
     if (n < count)
         memset(dst + n, 0, (count - n) * sizeof *dst);
@@ -350,9 +351,11 @@ void model_weights_close(struct model_weights *w)
 int model_weights_load(const struct model_layout *l, const char *path, float *host)
 {
     struct model_weights *w;
-    int rc = model_weights_open(l, path, "model.init_from", &w);
-    for (int p = 0; p < l->n_params && !rc; p++)
-        rc = model_weights_read(w, p, 0, l->params[p].numel, host + l->params[p].offset);
+    FSDP_TRY(model_weights_open(l, path, "model.init_from", &w));
+    int rc = 0;
+    for (int p = 0; p < l->n_params; p++)
+        FSDP_TRY_GOTO(model_weights_read(w, p, 0, l->params[p].numel, host + l->params[p].offset), rc, out);
+out:
     model_weights_close(w);
     return rc;
 }

@@ -80,16 +80,61 @@ static int write_json(const char *path, const struct eval_opts *o, const struct 
               cJSON_AddNumberToObject(r, "batch", (double)o->batch) &&
               cJSON_AddNumberToObject(r, "block_size", (double)block);
     char *text = ok ? cJSON_PrintUnformatted(r) : NULL;
-    int rc = text ? 0 : error_set(FSDP_ENOMEM, "out of memory");
-    if (!rc && strcmp(path, "-") == 0) {
-        printf("%s\n", text);
-    } else if (!rc) {
-        size_t len = strlen(text);
-        text[len] = '\n';
-        rc = fs_write_atomic(path, text, len + 1);
-    }
-    free(text);
     cJSON_Delete(r);
+    if (!text)
+        return error_set(FSDP_ENOMEM, "out of memory");
+    int rc = 0;
+    size_t len = strlen(text);
+    text[len] = '\n';
+    if (strcmp(path, "-") == 0)
+        fwrite(text, 1, len + 1, stdout);
+    else
+        rc = fs_write_atomic(path, text, len + 1);
+    free(text);
+    return rc;
+}
+
+/* Mean loss of the model over `steps` batches of d: sum of per-token losses over all targets. */
+static int mean_loss(struct ckpt_tool_model *m, struct data_file *d, long long steps, long long B, long long T,
+                     double *mean, long long *tokens)
+{
+    const struct model_layout *l = m->l;
+    const struct kernels *k = kernels_cpu();
+    struct model *model = NULL;
+    int32_t *tok = NULL, *tgt = NULL;
+    int rc = 0;
+    float *params = k->mem_alloc(l->numel * sizeof *params);
+    if (!params) {
+        rc = error_set(FSDP_ENOMEM, "out of memory for %zu parameters", l->numel);
+        goto out;
+    }
+    for (int p = 0; p < l->n_params; p++)
+        FSDP_TRY_GOTO(ckpt_tool_model_read(m, p, 0, l->params[p].numel, params + l->params[p].offset), rc, out);
+    FSDP_TRY_GOTO(model_create(&model, &l->config, k, (int)B, (int)T), rc, out);
+    tok = malloc((size_t)(B * T) * sizeof *tok);
+    tgt = malloc((size_t)(B * T) * sizeof *tgt);
+    if (!tok || !tgt) {
+        rc = error_set(FSDP_ENOMEM, "out of memory");
+        goto out;
+    }
+    double sum = 0;
+    *tokens = 0;
+    for (long long s = 0; s < steps; s++) {
+        float loss;
+        FSDP_TRY_GOTO(data_get_rows(d, s, 0, B, tok, tgt), rc, out);
+        FSDP_TRY_GOTO(model_set_batch(model, tok, tgt), rc, out);
+        FSDP_TRY_GOTO(model_forward(model, params, &loss), rc, out);
+        int n = model_batch_targets(model);
+        sum += (double)loss * n;
+        *tokens += n;
+    }
+    *mean = *tokens ? sum / (double)*tokens : NAN;
+out:
+    free(tok);
+    free(tgt);
+    model_destroy(model);
+    if (params)
+        k->mem_free(params);
     return rc;
 }
 
@@ -104,66 +149,37 @@ int ckpt_tool_eval(int argc, char **argv)
         fprintf(stderr, "fsdp-ckpt eval: %s\n", error_message());
         return 1;
     }
-    const struct model_layout *l = m.l;
-    struct model_config cfg = l->config;
-    int rc = 0;
-    if (o.block > cfg.block_size)
-        rc = error_set(FSDP_EINVAL, "--block_size %lld is longer than the model's context (block_size %d)", o.block,
-                       cfg.block_size);
-    long long T = o.block ? o.block : cfg.block_size, B = o.batch;
-    struct data_options dopt = {.block_size = T, .vocab_size = cfg.vocab_size, .batch_rows = B,
-                                .order = DATA_ORDER_SEQUENTIAL, .seed = 0, .stream = DATA_STREAM_VAL};
+    const struct model_config *cfg = &m.l->config;
     struct data_file *d = NULL;
-    if (!rc)
-        rc = data_open(o.data, &dopt, &d);
+    int rc = 0;
+    if (o.block > cfg->block_size) {
+        rc = error_set(FSDP_EINVAL, "--block_size %lld is longer than the model's context (block_size %d)", o.block,
+                       cfg->block_size);
+        goto out;
+    }
+    long long T = o.block ? o.block : cfg->block_size, B = o.batch;
+    struct data_options dopt = {.block_size = T, .vocab_size = cfg->vocab_size, .batch_rows = B,
+                                .order = DATA_ORDER_SEQUENTIAL, .seed = 0, .stream = DATA_STREAM_VAL};
+    FSDP_TRY_GOTO(data_open(o.data, &dopt, &d), rc, out);
     /* Windows that fit without wrapping; --steps asks for fewer (or, past the end, wraps as training does). */
-    long long fit = d ? (data_num_tokens(d) - 1) / (T * B) : 0;
+    long long fit = (data_num_tokens(d) - 1) / (T * B);
     long long steps = o.steps ? o.steps : fit;
-    if (!rc && steps < 1)
+    if (steps < 1) {
         rc = error_set(FSDP_EINVAL, "%s: %lld tokens hold no batch of %lld x %lld tokens; lower --batch or --block_size",
                        o.data, (long long)data_num_tokens(d), B, T);
-    const struct kernels *k = kernels_cpu();
-    float *params = rc ? NULL : k->mem_alloc(l->numel * sizeof *params);
-    if (!rc && !params)
-        rc = error_set(FSDP_ENOMEM, "out of memory for %zu parameters", l->numel);
-    for (int p = 0; p < l->n_params && !rc; p++)
-        rc = ckpt_tool_model_read(&m, p, 0, l->params[p].numel, params + l->params[p].offset);
-    struct model *model = NULL;
-    if (!rc)
-        rc = model_create(&model, &cfg, k, (int)B, (int)T);
-    int32_t *tok = malloc((size_t)(B * T) * sizeof *tok), *tgt = malloc((size_t)(B * T) * sizeof *tgt);
-    if (!rc && (!tok || !tgt))
-        rc = error_set(FSDP_ENOMEM, "out of memory");
-    double sum = 0;
+        goto out;
+    }
+    double mean = NAN;
     long long tokens = 0;
-    for (long long s = 0; s < steps && !rc; s++) {
-        float loss;
-        rc = data_get_rows(d, s, 0, B, tok, tgt);
-        if (!rc)
-            rc = model_set_batch(model, tok, tgt);
-        if (!rc)
-            rc = model_forward(model, params, &loss);
-        if (!rc) {
-            int n = model_batch_targets(model);
-            sum += (double)loss * n;
-            tokens += n;
-        }
-    }
-    double mean = tokens ? sum / (double)tokens : NAN;
-    if (!rc) {
-        printf("loss %.6f (perplexity %.3f) of %s on %s: %lld tokens, %lld batch(es) of %lld x %lld\n", mean,
-               exp(mean), m.path, o.data, tokens, steps, B, T);
-        if (o.json)
-            rc = write_json(o.json, &o, &m, mean, tokens, steps, T);
-    }
+    FSDP_TRY_GOTO(mean_loss(&m, d, steps, B, T, &mean, &tokens), rc, out);
+    printf("loss %.6f (perplexity %.3f) of %s on %s: %lld tokens, %lld batch(es) of %lld x %lld\n", mean, exp(mean),
+           m.path, o.data, tokens, steps, B, T);
+    if (o.json)
+        FSDP_TRY_GOTO(write_json(o.json, &o, &m, mean, tokens, steps, T), rc, out);
+out:
     if (rc)
         fprintf(stderr, "fsdp-ckpt eval: %s\n", error_message());
     fflush(stdout);
-    free(tok);
-    free(tgt);
-    model_destroy(model);
-    if (params)
-        k->mem_free(params);
     data_close(d);
     ckpt_tool_model_close(&m);
     return rc ? 1 : 0;

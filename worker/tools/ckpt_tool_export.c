@@ -164,10 +164,11 @@ static int export_file(struct ckpt_tool_model *m, const struct export_opts *o)
     const struct model_layout *l = m->l;
     struct safetensors_entry *e = calloc((size_t)l->n_params, sizeof *e);
     int *param_of = calloc((size_t)l->n_params, sizeof *param_of);
+    struct export_ctx c = {.m = m, .dtype = o->dtype, .param_of = param_of};
+    int rc = 0;
     if (!e || !param_of) {
-        free(e);
-        free(param_of);
-        return error_set(FSDP_ENOMEM, "out of memory");
+        rc = error_set(FSDP_ENOMEM, "out of memory");
+        goto out;
     }
     for (int p = 0; p < l->n_params; p++) {
         const struct model_param *mp = &l->params[p];
@@ -178,8 +179,9 @@ static int export_file(struct ckpt_tool_model *m, const struct export_opts *o)
     char step[32];
     snprintf(step, sizeof step, "%" PRId64, m->step);
     struct safetensors_meta meta[2] = {{.key = "format", .value = "pt"}, {.key = "fsdpc_step", .value = step}};
-    struct export_ctx c = {.m = m, .dtype = o->dtype, .param_of = param_of};
-    int rc = safetensors_write(o->out, e, (size_t)l->n_params, meta, m->step >= 0 ? 2 : 1, export_fill, &c);
+    FSDP_TRY_GOTO(safetensors_write(o->out, e, (size_t)l->n_params, meta, m->step >= 0 ? 2 : 1, export_fill, &c),
+                  rc, out);
+out:
     free(c.tmp);
     free(e);
     free(param_of);
@@ -213,28 +215,33 @@ static void remove_stale(const char *dir, int n_shards)
 static int write_index(const char *dir, const struct model_layout *l, char (*names)[MODEL_NAME_MAX + 32],
                        const int *shard_of, int n_shards, uint64_t total_bytes)
 {
-    cJSON *root = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(root, "metadata");
-    cJSON *map = cJSON_AddObjectToObject(root, "weight_map");
-    int rc = root && meta && map ? 0 : error_set(FSDP_ENOMEM, "out of memory");
-    if (!rc && (!cJSON_AddNumberToObject(meta, "total_parameters", (double)l->numel_real) ||
-                !cJSON_AddNumberToObject(meta, "total_size", (double)total_bytes)))
+    cJSON *root = cJSON_CreateObject();
+    cJSON *meta = cJSON_AddObjectToObject(root, "metadata"), *map = cJSON_AddObjectToObject(root, "weight_map");
+    char *text = NULL;
+    int rc = 0;
+    if (!meta || !map || !cJSON_AddNumberToObject(meta, "total_parameters", (double)l->numel_real) ||
+        !cJSON_AddNumberToObject(meta, "total_size", (double)total_bytes)) {
         rc = error_set(FSDP_ENOMEM, "out of memory");
-    for (int p = 0; p < l->n_params && !rc; p++) {
+        goto out;
+    }
+    for (int p = 0; p < l->n_params; p++) {
         char file[64];
         snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", shard_of[p] + 1, n_shards);
-        if (!cJSON_AddStringToObject(map, names[p], file))
+        if (!cJSON_AddStringToObject(map, names[p], file)) {
             rc = error_set(FSDP_ENOMEM, "out of memory");
+            goto out;
+        }
     }
-    char *text = rc ? NULL : cJSON_Print(root);
-    if (!rc && !text)
+    if (!(text = cJSON_Print(root))) {
         rc = error_set(FSDP_ENOMEM, "out of memory");
-    if (!rc) {
-        char path[4400];
-        snprintf(path, sizeof path, "%s/%s", dir, MODEL_HF_INDEX);
-        size_t len = strlen(text);
-        text[len] = '\n';
-        rc = fs_write_atomic(path, text, len + 1);
+        goto out;
     }
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", dir, MODEL_HF_INDEX);
+    size_t len = strlen(text);
+    text[len] = '\n';
+    FSDP_TRY_GOTO(fs_write_atomic(path, text, len + 1), rc, out);
+out:
     free(text);
     cJSON_Delete(root);
     return rc;
@@ -244,20 +251,22 @@ static int write_index(const char *dir, const struct model_layout *l, char (*nam
 static int export_dir(struct ckpt_tool_model *m, const struct export_opts *o, int *shards_out)
 {
     const struct model_layout *l = m->l;
-    int rc = fs_mkdir_p(o->out, "export directory");
-    if (rc)
-        return rc;
+    FSDP_TRY(fs_mkdir_p(o->out, "export directory"));
     size_t n = (size_t)l->n_params, es = safetensors_dtype_size(o->dtype);
     char(*names)[MODEL_NAME_MAX + 32] = calloc(n, sizeof *names);
     int *shard_of = calloc(n, sizeof *shard_of), *param_of = calloc(n, sizeof *param_of);
     struct safetensors_entry *e = calloc(n, sizeof *e);
-    if (!names || !shard_of || !param_of || !e)
+    struct export_ctx c = {.m = m, .dtype = o->dtype, .param_of = param_of};
+    int rc = 0;
+    if (!names || !shard_of || !param_of || !e) {
         rc = error_set(FSDP_ENOMEM, "out of memory");
+        goto out;
+    }
     /* Shards filled in layout order, a new one when the next tensor would pass the limit (a tensor larger
      * than the limit gets a shard of its own), as save_pretrained cuts them. */
     int n_shards = 1;
     uint64_t in_shard = 0, total = 0;
-    for (int p = 0; p < (int)n && !rc; p++) {
+    for (int p = 0; p < (int)n; p++) {
         model_hf_param_name(l, p, names[p], sizeof names[p]);
         uint64_t bytes = real_numel(&l->params[p]) * es;
         if (in_shard > 0 && in_shard + bytes > o->max_shard) {
@@ -268,11 +277,11 @@ static int export_dir(struct ckpt_tool_model *m, const struct export_opts *o, in
         in_shard += bytes;
         total += bytes;
     }
+    *shards_out = n_shards;
     char step[32];
     snprintf(step, sizeof step, "%" PRId64, m->step);
     struct safetensors_meta meta[2] = {{.key = "format", .value = "pt"}, {.key = "fsdpc_step", .value = step}};
-    struct export_ctx c = {.m = m, .dtype = o->dtype, .param_of = param_of};
-    for (int s = 0; s < n_shards && !rc; s++) {
+    for (int s = 0; s < n_shards; s++) {
         size_t k = 0;
         for (int p = 0; p < (int)n; p++) {
             if (shard_of[p] != s)
@@ -287,31 +296,29 @@ static int export_dir(struct ckpt_tool_model *m, const struct export_opts *o, in
             snprintf(path, sizeof path, "%s/%s", o->out, MODEL_HF_WEIGHTS);
         else
             snprintf(path, sizeof path, "%s/model-%05d-of-%05d.safetensors", o->out, s + 1, n_shards);
-        rc = safetensors_write(path, e, k, meta, m->step >= 0 ? 2 : 1, export_fill, &c);
+        FSDP_TRY_GOTO(safetensors_write(path, e, k, meta, m->step >= 0 ? 2 : 1, export_fill, &c), rc, out);
     }
-    if (!rc && n_shards > 1)
-        rc = write_index(o->out, l, names, shard_of, n_shards, total);
-    if (!rc)
-        remove_stale(o->out, n_shards);
+    if (n_shards > 1)
+        FSDP_TRY_GOTO(write_index(o->out, l, names, shard_of, n_shards, total), rc, out);
+    remove_stale(o->out, n_shards);
     const char *tok = o->tokenizer ? o->tokenizer : (m->tokenizer[0] ? m->tokenizer : NULL);
     struct model_hf_tokens tokens = {-1, -1};
-    if (!rc && tok)
-        rc = model_hf_tokenizer_tokens(tok, &tokens);
+    if (tok)
+        FSDP_TRY_GOTO(model_hf_tokenizer_tokens(tok, &tokens), rc, out);
     static const char *const torch_names[] = {[SAFETENSORS_F32] = "float32", [SAFETENSORS_BF16] = "bfloat16",
                                               [SAFETENSORS_F16] = "float16"};
-    if (!rc)
-        rc = model_hf_config_write(l, o->out, &tokens, torch_names[o->dtype]);
+    FSDP_TRY_GOTO(model_hf_config_write(l, o->out, &tokens, torch_names[o->dtype]), rc, out);
     /* A directory exported from itself already holds its tokenizer. */
     char here[4400];
     snprintf(here, sizeof here, "%s/%s", o->out, MODEL_HF_TOKENIZER);
-    if (!rc && tok && strcmp(tok, here) != 0)
-        rc = ckpt_copy_tokenizer(o->out, tok);
+    if (tok && strcmp(tok, here) != 0)
+        FSDP_TRY_GOTO(ckpt_copy_tokenizer(o->out, tok), rc, out);
+out:
     free(c.tmp);
     free(names);
     free(shard_of);
     free(param_of);
     free(e);
-    *shards_out = n_shards;
     return rc;
 }
 

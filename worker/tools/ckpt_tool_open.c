@@ -51,35 +51,37 @@ static void tokenizer_from_config(const char *config_text, char *out, size_t cap
     error_clear();
 }
 
+/* A Hugging Face directory: the layout from its config.json, the weights checked against it. */
+static int open_hf(const char *dir, struct ckpt_tool_model *m)
+{
+    struct model_hf_config *hc = malloc(sizeof *hc);
+    if (!hc)
+        return error_set(FSDP_ENOMEM, "out of memory");
+    int rc = 0;
+    FSDP_TRY_GOTO(model_hf_config_read(dir, hc), rc, out);
+    FSDP_TRY_GOTO(model_layout_build(&m->own, &hc->config), rc, out);
+    m->l = &m->own;
+    FSDP_TRY_GOTO(model_weights_open(m->l, dir, "model", &m->hf), rc, out);
+out:
+    free(hc);
+    return rc;
+}
+
 int ckpt_tool_model_open(const char *target, struct ckpt_tool_model *m)
 {
     memset(m, 0, sizeof *m);
     m->step = -1;
     char meta[4200];
     snprintf(meta, sizeof meta, "%s/metadata.json", target);
-    int rc;
+    int rc = 0;
     if (model_hf_is_dir(target) && !is_file(meta)) {
         snprintf(m->path, sizeof m->path, "%s", target);
-        struct model_hf_config *hc = malloc(sizeof *hc);
-        rc = hc ? model_hf_config_read(target, hc) : error_set(FSDP_ENOMEM, "out of memory");
-        if (!rc)
-            rc = model_layout_build(&m->own, &hc->config);
-        free(hc);
-        if (!rc) {
-            m->l = &m->own;
-            rc = model_weights_open(m->l, target, "model", &m->hf);
-        }
+        FSDP_TRY_GOTO(open_hf(target, m), rc, fail);
     } else {
-        rc = ckpt_tool_open(target, &m->ckpt);
-        if (!rc) {
-            m->l = ckpt_reader_layout(m->ckpt);
-            m->step = ckpt_reader_state(m->ckpt)->step;
-            snprintf(m->path, sizeof m->path, "%s", ckpt_reader_path(m->ckpt));
-        }
-    }
-    if (rc) {
-        ckpt_tool_model_close(m);
-        return rc;
+        FSDP_TRY_GOTO(ckpt_tool_open(target, &m->ckpt), rc, fail);
+        m->l = ckpt_reader_layout(m->ckpt);
+        m->step = ckpt_reader_state(m->ckpt)->step;
+        snprintf(m->path, sizeof m->path, "%s", ckpt_reader_path(m->ckpt));
     }
     snprintf(m->tokenizer, sizeof m->tokenizer, "%s/%s", m->path, MODEL_HF_TOKENIZER);
     if (!is_file(m->tokenizer)) {
@@ -88,6 +90,9 @@ int ckpt_tool_model_open(const char *target, struct ckpt_tool_model *m)
             tokenizer_from_config(ckpt_reader_state(m->ckpt)->config_text, m->tokenizer, sizeof m->tokenizer);
     }
     return 0;
+fail:
+    ckpt_tool_model_close(m);
+    return rc;
 }
 
 int ckpt_tool_model_read(struct ckpt_tool_model *m, int p, size_t begin, size_t count, float *dst)

@@ -70,23 +70,30 @@ static int apply_setting(struct config *cfg, const struct model_hf_setting *s, c
     return rc;
 }
 
+/* config.json's settings over cfg's [model] keys. */
+static int apply_hf_config(struct config *cfg, const char *dir)
+{
+    struct model_hf_config *hc = malloc(sizeof *hc);
+    if (!hc)
+        return error_set(FSDP_ENOMEM, "out of memory");
+    int rc = 0;
+    FSDP_TRY_GOTO(model_hf_config_read(dir, hc), rc, out);
+    for (int i = 0; i < hc->n_settings; i++)
+        FSDP_TRY_GOTO(apply_setting(cfg, &hc->settings[i], hc->path), rc, out);
+out:
+    free(hc);
+    return rc;
+}
+
 int train_sources_apply(struct config *cfg)
 {
     const char *from = config_get_string(cfg, "model", "init_from");
-    int rc = 0;
     if (from[0]) {
-        rc = model_weights_check_path(from, "model.init_from");
-        if (!rc && model_hf_is_dir(from)) {
-            struct model_hf_config *hc = malloc(sizeof *hc);
-            rc = hc ? model_hf_config_read(from, hc) : error_set(FSDP_ENOMEM, "out of memory");
-            for (int i = 0; hc && !rc && i < hc->n_settings; i++)
-                rc = apply_setting(cfg, &hc->settings[i], hc->path);
-            free(hc);
-        }
+        FSDP_TRY(model_weights_check_path(from, "model.init_from"));
+        if (model_hf_is_dir(from))
+            FSDP_TRY(apply_hf_config(cfg, from));
     }
-    if (!rc)
-        rc = ckpt_check_resume_target(NULL, config_get_string(cfg, "checkpoint", "resume_from"));
-    return rc;
+    return ckpt_check_resume_target(NULL, config_get_string(cfg, "checkpoint", "resume_from"));
 }
 
 bool train_tokenizer_find(const char *train_file, char *out, size_t cap)
