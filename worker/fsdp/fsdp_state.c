@@ -66,7 +66,7 @@ static int init_rank0_values(const struct fsdp *f, struct model_weights **w, flo
 
 /* Unit u from rank 0 (its values from the weights or the seed, staged in host) into every rank's shard.
  * A read failure on rank 0 still joins the broadcast (with whatever host holds) so no rank waits forever;
- * then every rank learns of it from one sum. */
+ * then every rank learns of it from one sum (only when there is a file: a seeded init cannot fail). */
 static int broadcast_unit(struct fsdp *f, struct fsdp_unit *u, struct model_weights *w, float *host)
 {
     float *dev = fsdp_buf_get(f, u->numel * sizeof(float), FSDP_MEM_GATHERED);
@@ -80,7 +80,7 @@ static int broadcast_unit(struct fsdp *f, struct fsdp_unit *u, struct model_weig
     }
     FSDP_TRY_GOTO(comm_broadcast(f->g.world, dev, u->numel, COMM_F32, 0), rc, out);
     FSDP_TRY_GOTO(shard_from_full(f, u, dev), rc, out);
-    if (w || f->g.rank != 0) {
+    if (f->layout->config.init_from[0]) { /* every rank knows whether rank 0 reads a file */
         double bad = 0;
         FSDP_TRY_GOTO(fsdp_sum_world(f, read ? 1.0 : 0.0, &bad), rc, out);
         if (read)
