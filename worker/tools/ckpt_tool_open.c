@@ -74,6 +74,19 @@ int ckpt_tool_model_open(const char *target, struct ckpt_tool_model *m)
     char meta[4200];
     snprintf(meta, sizeof meta, "%s/metadata.json", target);
     int rc = 0;
+    struct stat st;
+    size_t n = strlen(target);
+    bool latest = n > 7 && strcmp(target + n - 7, ":latest") == 0;
+    if (!latest && stat(target, &st) != 0) {
+        rc = error_set(FSDP_ENOTFOUND, "%s: no such directory (pass a checkpoint directory, a checkpoint root, "
+                                       "ROOT:latest or a Hugging Face model directory)", target);
+        goto fail;
+    }
+    if (!latest && !S_ISDIR(st.st_mode)) {
+        rc = error_set(FSDP_EINVAL, "%s: a file; pass the directory that holds it (a checkpoint or a Hugging Face "
+                                    "model directory with config.json)", target);
+        goto fail;
+    }
     if (model_hf_is_dir(target) && !is_file(meta)) {
         snprintf(m->path, sizeof m->path, "%s", target);
         FSDP_TRY_GOTO(open_hf(target, m), rc, fail);
