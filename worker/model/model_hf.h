@@ -52,8 +52,8 @@ bool model_hf_is_dir(const char *path);
  * the family's model cannot compute (e.g. another activation function). */
 int model_hf_config_read(const char *dir, struct model_hf_config *out);
 
-/* Writes DIR/config.json for layout atomically: the family's architecture and keys, "dtype" (the name
- * transformers uses: "float32", "bfloat16" or "float16"), the special token ids. */
+/* Writes DIR/config.json for layout atomically: the family's architecture and keys, "dtype" and
+ * "torch_dtype" (transformers 5's and 4's key; "float32", "bfloat16" or "float16"), the special ids. */
 int model_hf_config_write(const struct model_layout *layout, const char *dir, const struct model_hf_tokens *tokens,
                           const char *torch_dtype);
 

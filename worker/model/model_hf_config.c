@@ -115,8 +115,9 @@ int model_hf_config_write(const struct model_layout *l, const char *dir, const s
         rc = error_set(FSDP_ENOMEM, "out of memory");
         goto out;
     }
+    /* "dtype" is transformers 5's key, "torch_dtype" the one 4.x reads */
     if (!cJSON_AddStringToObject(o, "model_type", f->hf->model_type) ||
-        !cJSON_AddStringToObject(o, "dtype", torch_dtype)) {
+        !cJSON_AddStringToObject(o, "dtype", torch_dtype) || !cJSON_AddStringToObject(o, "torch_dtype", torch_dtype)) {
         rc = error_set(FSDP_ENOMEM, "out of memory");
         goto out;
     }
