@@ -6,7 +6,8 @@
  *   key that disagrees, a pickle and a .pth resume_from fail before work with their messages.
  * - out: a run at world 2 with FULL_STATE_DICT; its checkpoint directory and `fsdp-ckpt export`'s sharded
  *   directory open with from_pretrained unchanged and give fsdpc's own logits (computed here with the model
- *   library from the checkpoint) within 1e-5, the run's tokenizer with them. */
+ *   library from the checkpoint) within 1e-5, the run's tokenizer with them.
+ * And without transformers: a full checkpoint as init_from sets [model] and reports a disagreeing key. */
 #include <sys/stat.h>
 
 #include "common/error.h"
@@ -259,6 +260,56 @@ Test(train_hf, export_opens_in_transformers_with_our_logits, .timeout = 600)
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", out_dir);
     cr_assert_eq(access(path, R_OK), 0, "no index: the export is not sharded");
     check_logits(&c, out_dir, batch, "export_sharded");
+    tt_result_free(&r);
+    tt_teardown(&c);
+}
+
+/* Without transformers: a FULL_STATE_DICT checkpoint is a Hugging Face directory, and as init_from its
+ * config.json gives the [model] shape (--print-config shows it), a [model] key of the config file that
+ * disagrees names both values and the file's line, and a lone worker reads every byte once. */
+Test(train_hf, init_from_directory_sets_the_model_shape, .timeout = 300)
+{
+    struct tt_ctx c;
+    tt_setup(&c);
+    struct tt_result r;
+    tt_run_ok(&c, 0, "src",
+              (const char *const[]){"--checkpoint.state_dict_type=FULL_STATE_DICT", "--checkpoint.interval=0",
+                                    "--train.max_steps=2", NULL},
+              &r);
+    tt_result_free(&r);
+    char ck[2200], ini[2200], text[8192];
+    snprintf(ck, sizeof ck, "%s/src/ckpt/fsdp_cpt2", c.dir);
+    /* no [model] keys at all: the directory gives every one */
+    snprintf(ini, sizeof ini, "%s/from_hf.ini", c.dir);
+    snprintf(text, sizeof text,
+             "[model]\ninit_from = %s\n[train]\ntrain_batch = 4\nmicro_batch = 2\nmax_steps = 1\neval_interval = 0\n"
+             "[data]\ntrain_file = %s/train.bin\nval_file = %s/val.bin\n",
+             ck, c.data, c.data);
+    lu_write_text(ini, text);
+    tt_run_ini(&c, ini, 0, "print", (const char *const[]){"--print-config", NULL}, &r);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "n_layer = 2\n") && strstr(r.out, "n_head = 2\n") && strstr(r.out, "n_embd = 32\n") &&
+                  strstr(r.out, "vocab_size = 256\n") && strstr(r.out, "block_size = 16\n"),
+              "%s", r.out);
+    tt_result_free(&r);
+    tt_run_ini(&c, ini, 0, "run", NULL, &r);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cJSON *s = tt_summary(&r, -1);
+    cr_assert_eq(tt_num(s, "model.init_bytes_read"), tt_num(s, "model.parameters") * 4);
+    cJSON_Delete(s);
+    tt_result_free(&r);
+    /* a disagreeing key on line 2 of the file */
+    snprintf(text, sizeof text,
+             "[model]\nn_embd = 48\ninit_from = %s\n[train]\ntrain_batch = 4\nmicro_batch = 2\n"
+             "[data]\ntrain_file = %s/train.bin\n",
+             ck, c.data);
+    lu_write_text(ini, text);
+    tt_run_ini(&c, ini, 0, "disagree", NULL, &r);
+    cr_assert_eq(r.code, 1, "%s", r.err);
+    char want[4800];
+    snprintf(want, sizeof want, "[model] n_embd = 48 (%s line 2) disagrees with \"n_embd\": 32 in %s/config.json", ini,
+             ck);
+    cr_assert(strstr(r.err, want) && strstr(r.err, "drop n_embd in the config file"), "want %s in:\n%s", want, r.err);
     tt_result_free(&r);
     tt_teardown(&c);
 }
