@@ -232,14 +232,25 @@ Test(train_hf, export_opens_in_transformers_with_our_logits, .timeout = 600)
     need_venv();
     struct tt_ctx c;
     tt_setup(&c);
-    char tok[2100], val[2100];
-    snprintf(tok, sizeof tok, "%s/tokenizer.json", c.data);
-    snprintf(val, sizeof val, "%s/val.bin", c.data);
+    /* the run's data made with a tokenizer, as a BPE run's is: fsdp-prepare-data --tokenizer leaves it and
+     * its meta.json beside the token files (a byte-level tokenizer, so the ids are the corpus bytes) */
+    char tok[2100], data[2100], val[2200], corpus[2100];
+    snprintf(tok, sizeof tok, "%s/bytes_tokenizer.json", c.dir);
     hf_check(c.dir, "tokenizer", (const char *const[]){"tokenizer", tok, NULL});
+    snprintf(data, sizeof data, "%s/tokdata", c.dir);
+    snprintf(corpus, sizeof corpus, "%s/tests/data/corpus", getenv("FSDP_SOURCE_ROOT"));
+    const char *prep[] = {lu_build_path("worker/fsdp-prepare-data"), "--tokenizer", tok, "--eot", "none", "-o", data,
+                          corpus, NULL};
+    int pcode = lu_exit_code(lu_wait(lu_spawn(prep, c.dir, "prepare_tok", NULL), 120));
+    cr_assert_eq(pcode, 0, "fsdp-prepare-data --tokenizer: %s", lu_slurp_tag(c.dir, "prepare_tok", "err"));
+    snprintf(val, sizeof val, "%s/val.bin", data);
+    char train_arg[2300], val_arg[2300];
+    snprintf(train_arg, sizeof train_arg, "--data.train_file=%s/train.bin", data);
+    snprintf(val_arg, sizeof val_arg, "--data.val_file=%s", val);
     struct tt_result r;
     tt_run_ok(&c, 2, "full",
               (const char *const[]){"--checkpoint.state_dict_type=FULL_STATE_DICT", "--checkpoint.interval=0",
-                                    "--train.max_steps=6", NULL},
+                                    "--train.max_steps=6", train_arg, val_arg, NULL},
               &r);
     char root[2300], ck[2400], batch[2300], out_dir[2300], path[2500];
     snprintf(root, sizeof root, "%s/full/ckpt", c.dir);
@@ -279,6 +290,9 @@ Test(train_hf, init_from_directory_sets_the_model_shape, .timeout = 300)
     tt_result_free(&r);
     char ck[2200], ini[2200], text[8192];
     snprintf(ck, sizeof ck, "%s/src/ckpt/fsdp_cpt2", c.dir);
+    char tokpath[2300];
+    snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", ck);
+    cr_assert_neq(access(tokpath, F_OK), 0, "a byte-token run (meta.json: no tokenizer) copied a tokenizer");
     /* no [model] keys at all: the directory gives every one */
     snprintf(ini, sizeof ini, "%s/from_hf.ini", c.dir);
     snprintf(text, sizeof text,

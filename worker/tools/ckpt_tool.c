@@ -22,6 +22,7 @@ static void usage(FILE *out)
             "  eval MODEL --data TOKENS.bin [--steps N] [--batch B] [--block_size T] [--json OUT.json]\n"
             "                                mean loss on a token file\n"
             "  sample MODEL [--prompt TEXT] [--temperature T] [--top_k K] [--length N] [--seed S]\n"
+            "         [--tokenizer FILE]     decodes with the run's tokenizer (docs/data.md) when it has one\n"
             "CKPT is a checkpoint directory, a checkpoint root (its `latest` is used) or ROOT:latest; MODEL is\n"
             "a CKPT or a Hugging Face model directory (config.json + model.safetensors).\n");
 }

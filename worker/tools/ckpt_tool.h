@@ -24,8 +24,8 @@ struct ckpt_tool_model {
     char tokenizer[4200];         /* its tokenizer.json, "" when none was found */
 };
 /* A checkpoint directory that is also a Hugging Face directory (FULL_STATE_DICT) is read as a checkpoint,
- * so its CRCs are checked. The tokenizer is the one in the directory, else the one beside the training
- * data its config names. */
+ * so its CRCs are checked. The tokenizer is the run's (run_tokenizer.h): the one in the directory, else the
+ * one beside the training data its config names. */
 int ckpt_tool_model_open(const char *target, struct ckpt_tool_model *out);
 /* Elements [begin, begin + count) of parameter p (layout shape; padding rows are 0). */
 int ckpt_tool_model_read(struct ckpt_tool_model *m, int p, size_t begin, size_t count, float *dst);

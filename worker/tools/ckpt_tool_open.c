@@ -5,12 +5,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "common/config.h"
 #include "common/error.h"
 #include "worker/ckpt/ckpt.h"
-#include "worker/config/worker_config.h"
 #include "worker/tools/ckpt_tool.h"
-#include "worker/train/train_sources.h"
+#include "worker/tools/run_tokenizer.h"
 
 int ckpt_tool_open(const char *target, struct ckpt_reader **out)
 {
@@ -38,18 +36,6 @@ static bool is_file(const char *path)
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* The tokenizer beside the training data of the run that saved (its effective INI names data.train_file). */
-static void tokenizer_from_config(const char *config_text, char *out, size_t cap)
-{
-    struct config *cfg = NULL;
-    if (!config_text || !*config_text || config_create(worker_config_schema(), &cfg) != 0)
-        return;
-    if (config_load_string(cfg, config_text, "checkpoint config") == 0 &&
-        !train_tokenizer_find(config_get_string(cfg, "data", "train_file"), out, cap))
-        out[0] = '\0';
-    config_destroy(cfg);
-    error_clear();
-}
 
 /* A Hugging Face directory: the layout from its config.json, the weights checked against it. */
 static int open_hf(const char *dir, struct ckpt_tool_model *m)
@@ -96,11 +82,11 @@ int ckpt_tool_model_open(const char *target, struct ckpt_tool_model *m)
         m->step = ckpt_reader_state(m->ckpt)->step;
         snprintf(m->path, sizeof m->path, "%s", ckpt_reader_path(m->ckpt));
     }
-    snprintf(m->tokenizer, sizeof m->tokenizer, "%s/%s", m->path, MODEL_HF_TOKENIZER);
-    if (!is_file(m->tokenizer)) {
+    /* the run's tokenizer: in the directory, else beside the training data (none for byte tokens) */
+    if (run_tokenizer_find(m->path, m->ckpt ? ckpt_reader_state(m->ckpt)->config_text : NULL, m->tokenizer,
+                           sizeof m->tokenizer) != 0) {
         m->tokenizer[0] = '\0';
-        if (m->ckpt)
-            tokenizer_from_config(ckpt_reader_state(m->ckpt)->config_text, m->tokenizer, sizeof m->tokenizer);
+        error_clear();
     }
     return 0;
 fail:

@@ -1,6 +1,7 @@
 /* model.init_from and checkpoint.resume_from, checked and applied before any work (train_sources.h). */
 #include "worker/train/train_sources.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,13 +97,40 @@ int train_sources_apply(struct config *cfg)
     return ckpt_check_resume_target(NULL, config_get_string(cfg, "checkpoint", "resume_from"));
 }
 
+/* What DATA_DIR/meta.json (fsdp-prepare-data's record) says: 1 with the tokenizer's path, 0 for byte tokens,
+ * -1 without a usable meta.json. The rule is run_tokenizer.c's, which tools use to find the same file. */
+static int tokenizer_from_meta(const char *data_dir, char *out, size_t cap)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/meta.json", data_dir);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return -1;
+    char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    cJSON *root = cJSON_Parse(buf);
+    const cJSON *tok = root ? cJSON_GetObjectItemCaseSensitive(root, "tokenizer") : NULL;
+    int rc = cJSON_IsNull(tok) ? 0 : cJSON_IsString(tok) ? 1 : -1;
+    if (rc == 1)
+        snprintf(out, cap, "%s/%s", data_dir, tok->valuestring);
+    cJSON_Delete(root);
+    return rc;
+}
+
 bool train_tokenizer_find(const char *train_file, char *out, size_t cap)
 {
     if (!train_file || !train_file[0])
         return false;
+    char dir[4200];
     const char *slash = strrchr(train_file, '/');
-    int n = slash ? snprintf(out, cap, "%.*s/%s", (int)(slash - train_file), train_file, MODEL_HF_TOKENIZER)
-                  : snprintf(out, cap, "%s", MODEL_HF_TOKENIZER);
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - train_file) : 1, slash ? train_file : ".");
+    int m = tokenizer_from_meta(dir, out, cap);
+    if (m == 0)
+        return false;
+    if (m < 0)
+        snprintf(out, cap, "%s/%s", dir, MODEL_HF_TOKENIZER);
     struct stat st;
-    return n > 0 && (size_t)n < cap && stat(out, &st) == 0 && S_ISREG(st.st_mode);
+    return stat(out, &st) == 0 && S_ISREG(st.st_mode);
 }

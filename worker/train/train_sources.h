@@ -16,9 +16,9 @@
  * worker_config_view. */
 int train_sources_apply(struct config *cfg);
 
-/* The tokenizer of a run whose training tokens are train_file: tokenizer.json beside it (where
- * fsdp-prepare-data leaves the tokenizer it encoded with). out receives its path; false when there is none
- * (byte-level tokens need no tokenizer). */
+/* The tokenizer of a run whose training tokens are train_file, where fsdp-prepare-data leaves it: the
+ * file meta.json beside train_file names (its "tokenizer": null means byte tokens), or tokenizer.json there
+ * without a meta.json. out receives its path; false when there is none. */
 bool train_tokenizer_find(const char *train_file, char *out, size_t cap);
 
 #endif
