@@ -8,6 +8,16 @@
 #include "common/error.h"
 #include "worker/model/model_hf_internal.h"
 
+/* The shortest decimal that reads back as v (1e-05, not 9.99999975e-06). */
+static void shortest(float v, char *out, size_t cap)
+{
+    for (int prec = 1; prec <= 9; prec++) {
+        snprintf(out, cap, "%.*g", prec, (double)v);
+        if (strtof(out, NULL) == v)
+            return;
+    }
+}
+
 static const cJSON *item(const struct model_hf_json *j, const char *hf_key)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(j->root, hf_key);
@@ -64,7 +74,7 @@ int model_hf_json_float(struct model_hf_json *j, const char *hf_key, const char 
         return error_set(FSDP_EINVAL, "%s: \"%s\" must be a number", j->path, hf_key);
     *dst = (float)(v ? v->valuedouble : def);
     char text[32];
-    snprintf(text, sizeof text, "%.9g", (double)*dst);
+    shortest(*dst, text, sizeof text);
     return record(j, ini_key, hf_key, text, flags);
 }
 
@@ -119,11 +129,6 @@ int model_hf_json_expect_bool(struct model_hf_json *j, const char *hf_key, bool 
 int model_hf_json_add_float(cJSON *obj, const char *key, float v)
 {
     char text[32];
-    snprintf(text, sizeof text, "%.9g", (double)v);
-    for (int prec = 1; prec <= 9; prec++) {
-        snprintf(text, sizeof text, "%.*g", prec, (double)v);
-        if (strtof(text, NULL) == v)
-            break;
-    }
+    shortest(v, text, sizeof text);
     return cJSON_AddNumberToObject(obj, key, strtod(text, NULL)) ? 0 : error_set(FSDP_ENOMEM, "out of memory");
 }
