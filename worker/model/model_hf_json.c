@@ -8,9 +8,13 @@
 #include "common/error.h"
 #include "worker/model/model_hf_internal.h"
 
-/* The shortest decimal that reads back as v (1e-05, not 9.99999975e-06). */
+/* The shortest decimal that reads back as v (1e-05, not 9.99999975e-06; 500000, not 5e+05). */
 static void shortest(float v, char *out, size_t cap)
 {
+    if (v == floorf(v) && fabsf(v) < 1e9f) {
+        snprintf(out, cap, "%.0f", (double)v);
+        return;
+    }
     for (int prec = 1; prec <= 9; prec++) {
         snprintf(out, cap, "%.*g", prec, (double)v);
         if (strtof(out, NULL) == v)
