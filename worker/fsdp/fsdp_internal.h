@@ -101,6 +101,7 @@ struct fsdp {
     double loss_scale;
     int64_t scaler_good;
     bool grads_dirty;
+    uint64_t init_bytes_read; /* tensor bytes this rank read from model.init_from */
 };
 
 /* fsdp_plan.c */
