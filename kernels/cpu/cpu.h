@@ -36,6 +36,47 @@ int cpu_synchronize(void);
 int cpu_set_matmul_dtype(enum dtype dtype);
 double cpu_peak_flops(void);
 
+/* ---- onednn.c: what oneDNN runs on this CPU, and its matmuls cached per shape ---- */
+struct cpu_isa {
+    bool usable;  /* oneDNN's CPU engine exists */
+    bool avx512;  /* oneDNN runs AVX-512 kernels (avx512_core or better) */
+    bool bf16;    /* native bf16 dot products (AVX512_BF16, or AMX): bf16 matmuls at twice the fp32 rate */
+    bool capped;  /* FSDP_TEST_CPU_NO_BF16 capped oneDNN below bf16 */
+    char name[32]; /* oneDNN's effective ISA, e.g. "avx512_core_bf16" */
+};
+/* Asked of oneDNN once per process (FSDP_TEST_CPU_NO_BF16 caps it first); never NULL. */
+const struct cpu_isa *cpu_isa_get(void);
+/* c(m, n) = alpha op(a) op(b) + beta c (+ bias(n) on every row when bias != NULL), row-major with leading
+ * dimensions, op = transpose when t* != 0; a and b in dt (f32 or bf16), c and bias f32. The primitive of
+ * each distinct problem is made once and cached. */
+int cpu_onednn_matmul(enum dtype dt, int ta, int tb, int m, int n, int k, float alpha, const void *a, int lda,
+                      const void *b, int ldb, float beta, float *c, int ldc, const float *bias);
+struct cpu_onednn_stats {
+    unsigned long long created, hits, evicted, executed; /* primitives made, cache hits, dropped, calls */
+};
+struct cpu_onednn_stats cpu_onednn_stats_get(void);
+/* Drops every cached primitive (tests of the cache). */
+void cpu_onednn_cache_clear(void);
+
+/* ---- lowp.c: the bf16 operands of the bf16 matmuls ---- */
+/* The ranges bound with the table's lowp_bind: [f32, f32 + n) has a bf16 copy at lp, same indices. */
+int cpu_lowp_bind(const float *f32, const void *lp, size_t n);
+int cpu_lowp_unbind(const float *f32);
+/* The bf16 copy of the elements [p, p + span) when one bound range holds all of them, else NULL. */
+const uint16_t *cpu_lowp_find(const float *p, size_t span);
+/* dst (rows x cols, leading dimension cols) = src (rows x cols, leading dimension ld) rounded to bf16 as
+ * common/dtype.h rounds (nearest even, NaN kept quiet), in parallel over rows when large. */
+void cpu_round_bf16(uint16_t *dst, const float *src, size_t rows, size_t cols, size_t ld);
+/* Scratch slot `slot` (0..CPU_SCRATCH_SLOTS-1) of the calling thread, at least `bytes` long: grown when a
+ * larger operand comes, kept for the thread's life; NULL (error set) when memory runs out. */
+#define CPU_SCRATCH_SLOTS 4
+void *cpu_scratch(int slot, size_t bytes);
+/* Bytes the calling thread's scratch holds now (reports and tests). */
+size_t cpu_scratch_bytes(void);
+
+/* ---- matmul.c: the dtype the matmuls compute in now (set_matmul_dtype, what this CPU supports) ---- */
+enum dtype cpu_matmul_compute_dtype(void);
+
 int cpu_matmul_forward(float *y, const float *x, const float *w, const float *b, int n, int in, int out);
 int cpu_matmul_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
                         int n, int in, int out);

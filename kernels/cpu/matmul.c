@@ -1,13 +1,37 @@
-/* Linear layers on OpenBLAS sgemm, weights in the HF Conv1D layout W(in, out). */
+/* Linear layers and GEMMs: fp32 on OpenBLAS sgemm or oneDNN (per shape, see f32_onednn), bf16 on oneDNN's
+ * bf16 matmul where the CPU has bf16 instructions (products of bf16 operands accumulated in fp32); weights
+ * in the HF Conv1D layout W(in, out). */
 #include <cblas.h>
 #include <omp.h>
+#include <pthread.h>
 
 #include "common/error.h"
+#include "common/log.h"
+#include "common/settings.h"
 #include "kernels/cpu/cpu.h"
 
 /* Columns per task when summing dy over rows for db: one cache line of floats times a few, so threads
  * never share a line of db and each streams its own column strip. */
 #define DB_STRIP 64
+
+/* auto picks oneDNN's fp32 matmul for problems of at least this many multiply-adds (m n k) on an AVX-512
+ * CPU. Below it both libraries spend most of a call outside the product, and OpenBLAS's small-matrix
+ * path is the shorter one (bench_kernels: bench=gemm_f32 lines). */
+#define F32_ONEDNN_MIN_MNK (1L << 18)
+
+enum f32_lib { F32_AUTO, F32_OPENBLAS, F32_ONEDNN }; /* FSDP_CPU_MATMUL's values, in table order */
+
+static struct {
+    pthread_once_t once;
+    enum f32_lib f32;
+    enum dtype requested; /* set_matmul_dtype's */
+    bool warned;
+} mm = {.once = PTHREAD_ONCE_INIT, .requested = DTYPE_F32};
+
+static void mm_init(void)
+{
+    mm.f32 = (enum f32_lib)settings_enum(SETTING_CPU_MATMUL);
+}
 
 static int check_dims(const char *op, int n, int in, int out)
 {
@@ -20,7 +44,108 @@ int cpu_set_matmul_dtype(enum dtype dtype)
 {
     if (dtype != DTYPE_F32 && dtype != DTYPE_BF16 && dtype != DTYPE_F16)
         return error_set(FSDP_EINVAL, "kernels cpu: set_matmul_dtype: unknown dtype %d", (int)dtype);
-    return 0; /* always fp32 here: see kernels.h */
+    const struct cpu_isa *isa = cpu_isa_get();
+    if (dtype != DTYPE_F32 && !(dtype == DTYPE_BF16 && isa->bf16) && !mm.warned) {
+        mm.warned = true;
+        if (dtype == DTYPE_BF16)
+            log_info("kernels cpu: %s no bf16 matmul instructions (AVX512_BF16 or AMX; oneDNN runs %s here): "
+                     "bf16 matmuls compute in fp32 on bf16-rounded parameters",
+                     isa->capped ? "FSDP_TEST_CPU_NO_BF16 set: acting as a CPU with" : "this CPU has", isa->name);
+        else
+            log_info("kernels cpu: no fp16 matmul on CPUs (oneDNN 2.6 has no fp16 kernels): fp16 matmuls compute "
+                     "in fp32 on fp16-rounded parameters");
+    }
+    mm.requested = dtype;
+    return 0;
+}
+
+enum dtype cpu_matmul_compute_dtype(void)
+{
+    return mm.requested == DTYPE_BF16 && cpu_isa_get()->bf16 ? DTYPE_BF16 : DTYPE_F32;
+}
+
+/* Whether an fp32 product of m n k multiply-adds runs on oneDNN (else OpenBLAS). */
+static bool f32_onednn(int m, int n, int k)
+{
+    pthread_once(&mm.once, mm_init);
+    if (mm.f32 == F32_OPENBLAS || k == 0)
+        return false;
+    const struct cpu_isa *isa = cpu_isa_get();
+    if (!isa->usable)
+        return false;
+    if (mm.f32 == F32_ONEDNN)
+        return true;
+    return isa->avx512 && (long)m * n * k >= F32_ONEDNN_MIN_MNK;
+}
+
+/* A bf16 operand stored as rows x cols with leading dimension ld: the bound bf16 copy when x lies in a
+ * bound range (gathered parameters), else x rounded into the thread's scratch slot. */
+struct opnd {
+    const void *p;
+    int ld;
+};
+
+static int bf16_operand(int slot, const float *x, int rows, int cols, int ld, struct opnd *o)
+{
+    const uint16_t *lp = cpu_lowp_find(x, (size_t)(rows - 1) * (size_t)ld + (size_t)cols);
+    if (lp) {
+        o->p = lp;
+        o->ld = ld;
+        return 0;
+    }
+    uint16_t *s = cpu_scratch(slot, (size_t)rows * (size_t)cols * sizeof(uint16_t));
+    if (!s)
+        return FSDP_ENOMEM;
+    cpu_round_bf16(s, x, (size_t)rows, (size_t)cols, (size_t)ld);
+    o->p = s;
+    o->ld = cols;
+    return 0;
+}
+
+/* c = alpha op(a) op(b) + beta c (+ bias) in fp32, on the library f32_onednn picks; m, n > 0. */
+static int f32_gemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
+                    int ldb, float beta, float *c, int ldc, const float *bias)
+{
+    if (f32_onednn(m, n, k))
+        return cpu_onednn_matmul(DTYPE_F32, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias);
+    if (bias) {
+        /* Seed c with the bias and let sgemm accumulate: one pass over c instead of two. */
+#pragma omp parallel for schedule(static) if ((long)m * n > CPU_CHUNK)
+        for (int i = 0; i < m; i++) {
+            float *row = c + (size_t)i * ldc;
+            for (int j = 0; j < n; j++)
+                row[j] = beta != 0.0f ? beta * row[j] + bias[j] : bias[j];
+        }
+        beta = 1.0f;
+    }
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
+                lda, b, ldb, beta, c, ldc);
+    return 0;
+}
+
+/* The same product in the compute dtype: bf16 operands (bound or rounded into scratch slots sa and sb),
+ * fp32 accumulation and output; fp32 otherwise. a16/b16, when given, are operands prepared already. */
+static int gemm_any(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const struct opnd *a16,
+                    int sa, const float *b, int ldb, const struct opnd *b16, int sb, float beta, float *c, int ldc,
+                    const float *bias)
+{
+    if (m == 0 || n == 0)
+        return 0;
+    if (cpu_matmul_compute_dtype() != DTYPE_BF16 || k == 0)
+        return f32_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias);
+    struct opnd A, B;
+    int rc = 0;
+    if (a16)
+        A = *a16;
+    else
+        rc = bf16_operand(sa, a, ta ? k : m, ta ? m : k, lda, &A);
+    if (!rc && b16)
+        B = *b16;
+    else if (!rc)
+        rc = bf16_operand(sb, b, tb ? n : k, tb ? k : n, ldb, &B);
+    if (rc)
+        return rc;
+    return cpu_onednn_matmul(DTYPE_BF16, ta, tb, m, n, k, alpha, A.p, A.ld, B.p, B.ld, beta, c, ldc, bias);
 }
 
 int cpu_matmul_forward(float *y, const float *x, const float *w, const float *b, int n, int in, int out)
@@ -30,19 +155,7 @@ int cpu_matmul_forward(float *y, const float *x, const float *w, const float *b,
         return rc;
     if (n == 0)
         return 0;
-    float beta = 0.0f;
-    if (b) {
-        /* Seed y with the bias and let sgemm accumulate: one pass over y instead of two. */
-#pragma omp parallel for schedule(static) if ((long)n * out > CPU_CHUNK)
-        for (int i = 0; i < n; i++) {
-            float *row = y + (size_t)i * out;
-            for (int j = 0; j < out; j++)
-                row[j] = b[j];
-        }
-        beta = 1.0f;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, out, in, 1.0f, x, in, w, out, beta, y, out);
-    return 0;
+    return gemm_any(0, 0, n, out, in, 1.0f, x, in, NULL, 0, w, out, NULL, 1, 0.0f, y, out, b);
 }
 
 CPU_SIMD_CLONES
@@ -89,12 +202,20 @@ int cpu_matmul_backward(float *dx, float *dw, float *db, const float *dy, const 
         return rc;
     if (n == 0)
         return 0;
+    /* dy is an operand of both products: in bf16 it is rounded once for the two */
+    struct opnd dy16, *pdy = NULL;
+    if ((dx || dw) && cpu_matmul_compute_dtype() == DTYPE_BF16) {
+        rc = bf16_operand(2, dy, n, out, out, &dy16);
+        if (rc)
+            return rc;
+        pdy = &dy16;
+    }
     if (dx)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, in, out, 1.0f, dy, out, w, out, 1.0f, dx,
-                    in);
-    if (dw)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, out, n, 1.0f, x, in, dy, out, 1.0f, dw,
-                    out);
+        rc = gemm_any(0, 1, n, in, out, 1.0f, dy, out, pdy, 2, w, out, NULL, 1, 1.0f, dx, in, NULL);
+    if (!rc && dw)
+        rc = gemm_any(1, 0, in, out, n, 1.0f, x, in, NULL, 0, dy, out, pdy, 2, 1.0f, dw, out, NULL);
+    if (rc)
+        return rc;
     if (db && out <= DB_ROWS_MAX && ((long)n * out <= CPU_CHUNK || omp_get_max_threads() == 1)) {
         colsum_rows(db, dy, n, out);
     } else if (db) {
@@ -117,9 +238,5 @@ int cpu_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const f
         ldc < (n > 1 ? n : 1))
         return error_set(FSDP_EINVAL, "kernels cpu: gemm: bad shape m=%d n=%d k=%d lda=%d ldb=%d ldc=%d", m,
                          n, k, lda, ldb, ldc);
-    if (m == 0 || n == 0)
-        return 0;
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m,
-                n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    return 0;
+    return gemm_any(trans_a, trans_b, m, n, k, alpha, a, lda, NULL, 0, b, ldb, NULL, 1, beta, c, ldc, NULL);
 }
