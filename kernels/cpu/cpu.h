@@ -74,6 +74,16 @@ void *cpu_scratch(int slot, size_t bytes);
 /* Bytes the calling thread's scratch holds now (reports and tests). */
 size_t cpu_scratch_bytes(void);
 
+/* ---- attention_bf16.c: one (batch, head) pair of attention on AVX512_BF16 dot products (head size 64) ---- */
+int cpu_att16_usable(int hs);
+/* Workspace bytes one pair's slot needs for a sequence of t tokens. */
+size_t cpu_att16_slot_bytes(int t);
+/* As attention.c's AVX-512 pair functions: q, k, v rows of the pair at qkv (leading dimension 3c), out and
+ * dout rows at leading dimension c, lse of the pair; ws = the pair's slot. */
+void cpu_att16_forward_pair(float *out, float *lse, const float *qkv, int t, int c, float scale, void *ws);
+void cpu_att16_backward_pair(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                             int t, int c, float scale, void *ws);
+
 /* ---- matmul.c: the dtype the matmuls compute in now (set_matmul_dtype, what this CPU supports) ---- */
 enum dtype cpu_matmul_compute_dtype(void);
 
