@@ -176,18 +176,15 @@ int comm_create(struct store_client *store, int rank, int size, const char *grou
     o.backend = be->name;
 
     struct comm *c = NULL;
-    int rc = comm_new(store, rank, size, group, &o, be, &c);
-    if (rc)
-        return rc;
-    rc = be->init(&c->info, &c->state);
+    FSDP_TRY(comm_new(store, rank, size, group, &o, be, &c));
+    int rc = be->init(&c->info, &c->state);
     if (rc) {
         rc = error_set(rc, "comm_create: group '%s' rank %d of %d (%s backend): %s", group, rank, size, be->name,
                        error_message());
         free(c);
         return rc;
     }
-    if ((rc = comm_start(c)) != 0)
-        return rc;
+    FSDP_TRY(comm_start(c));
     *out = c;
     return 0;
 }
@@ -221,6 +218,14 @@ static int split_cmp(const void *a, const void *b)
 
 static int enqueue(struct comm *c, const struct comm_req *req, struct comm_work **out);
 
+/* Queues one request and waits for it to finish. */
+static int enqueue_wait(struct comm *c, const struct comm_req *req)
+{
+    struct comm_work *w = NULL;
+    FSDP_TRY(enqueue(c, req, &w));
+    return comm_work_wait(w);
+}
+
 /* A backend with a split hook (NCCL: ncclCommSplit) derives the child from the parent in a collective over
  * every rank of the parent, which must not overlap the parent's other operations. It is queued on the
  * parent as a COMM_K_SPLIT request and waited for, rather than called here after draining the queue:
@@ -239,10 +244,7 @@ static int split_backend(struct comm *c, int color, int rank, int size, const ch
         snprintf(why, sizeof(why), "%s", error_message());
     struct comm_req r = {.kind = COMM_K_SPLIT, .color = child ? color : COMM_SPLIT_NONE, .key = rank,
                          .child = child ? &child->info : NULL, .child_state = child ? &child->state : NULL};
-    struct comm_work *w = NULL;
-    int rc = enqueue(c, &r, &w);
-    if (!rc)
-        rc = comm_work_wait(w);
+    int rc = enqueue_wait(c, &r);
     if (made)
         return error_set(made, "comm_split of group '%s' into '%s' on rank %d: %s", c->info.group, name,
                          c->info.rank, why);
@@ -250,8 +252,8 @@ static int split_backend(struct comm *c, int color, int rank, int size, const ch
         free(child); /* a failed split leaves no backend state behind */
         return rc;
     }
-    if (child && (rc = comm_start(child)) != 0)
-        return rc;
+    if (child)
+        FSDP_TRY(comm_start(child));
     *out = child;
     return 0;
 }
@@ -265,8 +267,7 @@ int comm_split(struct comm *c, int color, int key, struct comm **out)
     char k[256], v[64];
     snprintf(k, sizeof(k), "%s/split%d/%d", c->info.key_prefix, n, c->info.rank);
     snprintf(v, sizeof(v), "%d %d", color, key);
-    if ((rc = store_client_set(c->info.store, k, v, strlen(v))) != 0)
-        return rc;
+    FSDP_TRY(store_client_set(c->info.store, k, v, strlen(v)));
     struct split_entry *e = calloc((size_t)size, sizeof(*e));
     if (!e)
         return error_set(FSDP_ENOMEM, "comm_split: out of memory");
@@ -343,13 +344,10 @@ static int check_args(struct comm *c, const struct comm_req *r)
 
 static int submit(struct comm *c, struct comm_req r, struct comm_work **work)
 {
-    int rc = check_args(c, &r);
-    if (!rc && c->be->issue)
-        rc = c->be->issue(c->state, &r);
-    if (rc) {
-        *work = NULL;
-        return rc;
-    }
+    *work = NULL;
+    FSDP_TRY(check_args(c, &r));
+    if (c->be->issue)
+        FSDP_TRY(c->be->issue(c->state, &r));
     return enqueue(c, &r, work);
 }
 
@@ -384,8 +382,8 @@ int comm_work_test(struct comm_work *w, bool *done)
 static int run_sync(struct comm *c, struct comm_req r)
 {
     struct comm_work *w;
-    int rc = submit(c, r, &w);
-    return rc ? rc : comm_work_wait(w);
+    FSDP_TRY(submit(c, r, &w));
+    return comm_work_wait(w);
 }
 
 int comm_all_gather_async(struct comm *c, const void *in, void *out, size_t count, enum dtype dtype,

@@ -101,45 +101,44 @@ static int setup_shm(struct cpu_state *st, const struct comm_info *info, double 
         run = getenv("TORCHELASTIC_RUN_ID");
     if (!run || !*run)
         run = "local";
-    int rc;
+    int rc = 0;
     snprintf(key, sizeof(key), "%s/shm/%d", info->key_prefix, st->host);
     if (st->local_rank == 0) {
         /* The leader's pid keeps two jobs with the same run id apart. */
         snprintf(name, sizeof(name), "/fsdp-%.40s-%.64s-%d-h%d-%d", run, info->group, info->generation,
                  st->host, (int)getpid());
-        if ((rc = shm_group_attach(name, true, 0, st->nlocal, st->locals, sb, &st->shm)) != 0)
-            return rc;
-        rc = store_client_set(info->store, key, name, strlen(name));
+        FSDP_TRY(shm_group_attach(name, true, 0, st->nlocal, st->locals, sb, &st->shm));
+        FSDP_TRY_GOTO(store_client_set(info->store, key, name, strlen(name)), rc, mapped);
     } else {
         void *v = NULL;
         size_t vl = 0;
         double left = deadline - comm_now_s();
-        if ((rc = store_client_get(info->store, key, &v, &vl, left > 0.01 ? left : 0.01)) != 0)
-            return rc;
+        FSDP_TRY(store_client_get(info->store, key, &v, &vl, left > 0.01 ? left : 0.01));
         snprintf(name, sizeof(name), "%s", (char *)v);
         free(v);
-        rc = shm_group_attach(name, false, st->local_rank, st->nlocal, st->locals, sb, &st->shm);
+        FSDP_TRY_GOTO(shm_group_attach(name, false, st->local_rank, st->nlocal, st->locals, sb, &st->shm), rc, mapped);
     }
     /* Unlink once everyone has mapped it: from then on a crash cannot leave anything in /dev/shm. */
     snprintf(key, sizeof(key), "%s/shm_mapped/%d", info->key_prefix, st->host);
     double left = deadline - comm_now_s();
-    int brc = rc ? rc : store_client_barrier(info->store, key, st->nlocal, left > 0.01 ? left : 0.01);
+    FSDP_TRY_GOTO(store_client_barrier(info->store, key, st->nlocal, left > 0.01 ? left : 0.01), rc, mapped);
+mapped:
     if (st->local_rank == 0)
         shm_unlink(name);
-    if (!rc && !brc)
-        shm_group_ready(st->shm);
-    return rc ? rc : brc;
+    if (rc)
+        return rc;
+    shm_group_ready(st->shm);
+    return 0;
 }
 
 static int cpu_init(const struct comm_info *info, void **state)
 {
     *state = NULL;
-    int rc = shm_check_env();
-    if (rc)
-        return rc;
+    FSDP_TRY(shm_check_env());
     struct cpu_state *st = calloc(1, sizeof(*st));
     if (!st)
         return error_set(FSDP_ENOMEM, "comm cpu: out of memory");
+    int rc = 0;
     st->rank = info->rank;
     st->size = info->size;
     st->host_of = calloc((size_t)info->size, sizeof(int));
@@ -154,8 +153,7 @@ static int cpu_init(const struct comm_info *info, void **state)
     char id[512], key[256];
     host_id(info->rank, id, sizeof(id));
     snprintf(key, sizeof(key), "%s/host/%d", info->key_prefix, info->rank);
-    if ((rc = store_client_set(info->store, key, id, strlen(id))) != 0)
-        goto out;
+    FSDP_TRY_GOTO(store_client_set(info->store, key, id, strlen(id)), rc, out);
     for (int r = 0; r < info->size; r++) {
         snprintf(key, sizeof(key), "%s/host/%d", info->key_prefix, r);
         size_t len = 0;
@@ -194,17 +192,16 @@ static int cpu_init(const struct comm_info *info, void **state)
     }
     log_debug("comm %s: rank %d on host %d of %d (local %d of %d)", info->group, info->rank, st->host,
               st->nhosts, st->local_rank, st->nlocal);
-    if (st->nlocal > 1 && (rc = setup_shm(st, info, deadline)) != 0)
-        goto out;
+    if (st->nlocal > 1)
+        FSDP_TRY_GOTO(setup_shm(st, info, deadline), rc, out);
     if (info->size > 1) {
         snprintf(st->failed_key, sizeof(st->failed_key), "%s/failed", info->key_prefix);
-        if ((rc = store_client_clone(info->store, 10, &st->oob)) != 0)
-            goto out;
+        FSDP_TRY_GOTO(store_client_clone(info->store, 10, &st->oob), rc, out);
     }
     /* The mesh serves send/recv everywhere and the leaders' cross-host steps. */
-    if (info->size > 1 && (rc = tcp_mesh_create(info->store, info->key_prefix, info->rank, info->size, deadline,
-                                                &st->tcp)) != 0)
-        goto out;
+    if (info->size > 1)
+        FSDP_TRY_GOTO(tcp_mesh_create(info->store, info->key_prefix, info->rank, info->size, deadline, &st->tcp), rc,
+                      out);
 out:
     if (ids)
         for (int r = 0; r < info->size; r++)
@@ -298,9 +295,7 @@ static int leaders_all_reduce(struct cpu_state *st, void *buf, size_t n, enum dt
         x[nx++] = (struct tcp_xfer){.peer = st->leader[h], .sbuf = (unsigned char *)buf + lo * es,
                                     .slen = len * es, .rbuf = tmp + (size_t)h * mylen * es, .rlen = mylen * es};
     }
-    int rc = tcp_exchange(st->tcp, x, nx, deadline);
-    if (rc)
-        return rc;
+    FSDP_TRY(tcp_exchange(st->tcp, x, nx, deadline));
     const void *srcs[CPU_MAX_HOSTS];
     for (int h = 0; h < H; h++)
         srcs[h] = h == me ? (unsigned char *)buf + mylo * es : tmp + (size_t)h * mylen * es;
@@ -325,13 +320,11 @@ static int cpu_all_reduce(struct cpu_state *st, const void *in, void *out, size_
     size_t bytes = n * dtype_size(dt);
     if (st->nhosts == 1)
         return shm_all_reduce(st->shm, in, out, n, dt, base, divisor, deadline);
-    int rc;
-    if (st->shm) {
-        if ((rc = shm_all_reduce(st->shm, in, out, n, dt, base, 1, deadline)) != 0)
-            return rc;
-    } else if (in != out && bytes) {
+    if (st->shm)
+        FSDP_TRY(shm_all_reduce(st->shm, in, out, n, dt, base, 1, deadline));
+    else if (in != out && bytes)
         memcpy(out, in, bytes);
-    }
+    int rc;
     if (st->local_rank == 0 && (rc = leaders_all_reduce(st, out, n, dt, base, divisor, deadline)) != 0)
         return leader_failed(st, rc);
     return st->shm ? shm_broadcast(st->shm, out, bytes, 0, deadline) : 0;
@@ -347,7 +340,7 @@ static int cpu_all_gather(struct cpu_state *st, const void *in, void *out, size_
     unsigned char *tmp = scratch(st, total + 1);
     if (!tmp)
         return error_set(FSDP_ENOMEM, "comm cpu: out of memory for %zu bytes", total);
-    int rc;
+    int rc = 0;
     /* tmp holds the blocks host by host (each host's ranks in rank order); then they go to their ranks. */
     size_t *host_off = calloc((size_t)st->nhosts, sizeof(size_t));
     if (!host_off)
@@ -356,10 +349,10 @@ static int cpu_all_gather(struct cpu_state *st, const void *in, void *out, size_
         host_off[h] = host_off[h - 1] + (size_t)st->local_count[h - 1] * bpr;
     unsigned char *mine = tmp + host_off[st->host];
     if (st->shm)
-        rc = shm_all_gather(st->shm, in, mine, bpr, deadline);
+        FSDP_TRY_GOTO(shm_all_gather(st->shm, in, mine, bpr, deadline), rc, out);
     else
-        rc = (memmove(mine, in, bpr), 0);
-    if (rc == 0 && st->local_rank == 0) {
+        memmove(mine, in, bpr);
+    if (st->local_rank == 0) {
         struct tcp_xfer x[CPU_MAX_HOSTS];
         int nx = 0;
         for (int h = 0; h < st->nhosts; h++)
@@ -367,21 +360,22 @@ static int cpu_all_gather(struct cpu_state *st, const void *in, void *out, size_
                 x[nx++] = (struct tcp_xfer){.peer = st->leader[h], .sbuf = mine,
                                             .slen = (size_t)st->nlocal * bpr, .rbuf = tmp + host_off[h],
                                             .rlen = (size_t)st->local_count[h] * bpr};
-        if ((rc = tcp_exchange(st->tcp, x, nx, deadline)) != 0)
+        if ((rc = tcp_exchange(st->tcp, x, nx, deadline)) != 0) {
             rc = leader_failed(st, rc);
-        if (rc == 0) {
-            size_t *seen = calloc((size_t)st->nhosts, sizeof(size_t));
-            if (!seen) {
-                rc = error_set(FSDP_ENOMEM, "comm cpu: out of memory");
-            } else {
-                for (int r = 0; r < st->size; r++) {
-                    int h = st->host_of[r];
-                    memcpy((unsigned char *)out + (size_t)r * bpr, tmp + host_off[h] + seen[h]++ * bpr, bpr);
-                }
-                free(seen);
-            }
+            goto out;
         }
+        size_t *seen = calloc((size_t)st->nhosts, sizeof(size_t));
+        if (!seen) {
+            rc = error_set(FSDP_ENOMEM, "comm cpu: out of memory");
+            goto out;
+        }
+        for (int r = 0; r < st->size; r++) {
+            int h = st->host_of[r];
+            memcpy((unsigned char *)out + (size_t)r * bpr, tmp + host_off[h] + seen[h]++ * bpr, bpr);
+        }
+        free(seen);
     }
+out:
     free(host_off);
     if (rc)
         return rc;
@@ -415,8 +409,7 @@ static int cpu_reduce_scatter(struct cpu_state *st, const void *in, void *out, s
     const unsigned char *hsum = in;
     int rc = 0;
     if (st->shm) {
-        if ((rc = shm_all_reduce(st->shm, in, tmp, n, dt, base, 1, deadline)) != 0)
-            return rc;
+        FSDP_TRY(shm_all_reduce(st->shm, in, tmp, n, dt, base, 1, deadline));
         hsum = tmp;
     }
     if (st->local_rank == 0) {
@@ -446,8 +439,8 @@ static int cpu_reduce_scatter(struct cpu_state *st, const void *in, void *out, s
             comm_reduce_arrays(dt, base, srcs, H, tmp + off_mine + (size_t)i * blk, count, divisor);
         }
     }
-    if (st->shm && (rc = shm_broadcast(st->shm, tmp + off_mine, (size_t)L * blk, 0, deadline)) != 0)
-        return rc;
+    if (st->shm)
+        FSDP_TRY(shm_broadcast(st->shm, tmp + off_mine, (size_t)L * blk, 0, deadline));
     memcpy(out, tmp + off_mine + (size_t)st->local_rank * blk, blk);
     return 0;
 }
@@ -461,8 +454,7 @@ static int cpu_broadcast(struct cpu_state *st, void *buf, size_t bytes, int root
         int lr = 0;
         while (st->locals[lr] != root)
             lr++;
-        if ((rc = shm_broadcast(st->shm, buf, bytes, lr, deadline)) != 0)
-            return rc;
+        FSDP_TRY(shm_broadcast(st->shm, buf, bytes, lr, deadline));
     }
     if (st->local_rank == 0) {
         struct tcp_xfer x[CPU_MAX_HOSTS];
@@ -484,9 +476,8 @@ static int cpu_broadcast(struct cpu_state *st, void *buf, size_t bytes, int root
 
 static int cpu_barrier(struct cpu_state *st, double deadline)
 {
-    int rc;
-    if (st->shm && (rc = shm_barrier(st->shm, deadline)) != 0)
-        return rc;
+    if (st->shm)
+        FSDP_TRY(shm_barrier(st->shm, deadline));
     if (st->nhosts == 1)
         return 0;
     if (st->local_rank == 0) {
@@ -497,6 +488,7 @@ static int cpu_barrier(struct cpu_state *st, double deadline)
             if (h != st->host)
                 x[nx] = (struct tcp_xfer){.peer = st->leader[h], .sbuf = &one, .slen = 1, .rbuf = &got[nx],
                                           .rlen = 1}, nx++;
+        int rc;
         if ((rc = tcp_exchange(st->tcp, x, nx, deadline)) != 0)
             return leader_failed(st, rc);
     }

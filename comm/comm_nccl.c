@@ -161,15 +161,10 @@ static int nccl_init(const struct comm_info *info, void **state)
 {
     *state = NULL;
     struct nccl_state *st = NULL;
-    int rc = nccl_state_new(info, &st);
-    if (rc)
-        return rc;
+    FSDP_TRY(nccl_state_new(info, &st));
     unsigned char id[COMM_NCCL_ID_BYTES];
-    rc = comm_nccl_exchange_id(info->store, info->key_prefix, info->rank, info->timeout_s, id);
-    if (rc) {
-        nccl_fini(st);
-        return rc;
-    }
+    int rc = 0;
+    FSDP_TRY_GOTO(comm_nccl_exchange_id(info->store, info->key_prefix, info->rank, info->timeout_s, id), rc, fail);
     ncclUniqueId uid;
     memcpy(uid.internal, id, COMM_NCCL_ID_BYTES);
     ncclConfig_t cfg = nccl_config(st->group);
@@ -184,18 +179,22 @@ static int nccl_init(const struct comm_info *info, void **state)
         if (st->comm)
             ncclCommAbort(st->comm);
         st->comm = NULL;
-        nccl_fini(st);
         if (r == ncclInProgress)
-            return error_set(FSDP_ETIMEDOUT, "ncclCommInitRank for group '%s' (rank %d of %d) did not finish within "
-                             "%.0f s (FSDP_COMM_TIMEOUT_S): a rank of the group never joined or cannot be reached "
-                             "(check NCCL_SOCKET_IFNAME; NCCL_DEBUG=INFO shows which peer it waits for); aborted",
-                             info->group, info->rank, info->size, info->timeout_s);
-        return error_set(FSDP_EIO, "ncclCommInitRank for group '%s' (rank %d of %d) failed: %s: %s (set "
-                         "NCCL_DEBUG=INFO for details)", info->group, info->rank, info->size, ncclGetErrorString(r),
-                         detail);
+            rc = error_set(FSDP_ETIMEDOUT, "ncclCommInitRank for group '%s' (rank %d of %d) did not finish within "
+                           "%.0f s (FSDP_COMM_TIMEOUT_S): a rank of the group never joined or cannot be reached "
+                           "(check NCCL_SOCKET_IFNAME; NCCL_DEBUG=INFO shows which peer it waits for); aborted",
+                           info->group, info->rank, info->size, info->timeout_s);
+        else
+            rc = error_set(FSDP_EIO, "ncclCommInitRank for group '%s' (rank %d of %d) failed: %s: %s (set "
+                           "NCCL_DEBUG=INFO for details)", info->group, info->rank, info->size, ncclGetErrorString(r),
+                           detail);
+        goto fail;
     }
     *state = st;
     return 0;
+fail:
+    nccl_fini(st);
+    return rc;
 }
 
 /* The split hook, run on the parent's progress thread. ncclCommSplit is a collective over every rank of
@@ -228,22 +227,23 @@ static int nccl_split(void *parent_state, const struct comm_info *child_info, in
      * whose own state carries the split's outcome. */
     if (r == ncclInProgress)
         r = nccl_settle(nc ? nc : p->comm, deadline);
+    int rc = 0;
     if (r == ncclInProgress) {
-        if (nc)
-            ncclCommAbort(nc);
-        nccl_fini(st);
-        return error_set(FSDP_ETIMEDOUT, "ncclCommSplit into group '%s' on rank %d of the parent did not finish "
-                         "within %.0f s (FSDP_COMM_TIMEOUT_S): a rank of the parent group '%s' stopped before "
-                         "joining it; aborted", group, p->rank, p->timeout_s, p->group);
+        rc = error_set(FSDP_ETIMEDOUT, "ncclCommSplit into group '%s' on rank %d of the parent did not finish "
+                       "within %.0f s (FSDP_COMM_TIMEOUT_S): a rank of the parent group '%s' stopped before "
+                       "joining it; aborted", group, p->rank, p->timeout_s, p->group);
+        goto fail;
     }
     if (r != ncclSuccess) {
+        /* the parent's last error is read after the child is gone */
         if (nc)
             ncclCommAbort(nc);
+        nc = NULL;
         const char *last = ncclGetLastError(p->comm);
-        nccl_fini(st);
-        return error_set(FSDP_EIO, "ncclCommSplit into group '%s' failed on rank %d of the parent (color %d, "
-                         "child rank %d): %s: %s (set NCCL_DEBUG=INFO for details)", group, p->rank, color, key,
-                         ncclGetErrorString(r), last && *last ? last : "NCCL gave no detail");
+        rc = error_set(FSDP_EIO, "ncclCommSplit into group '%s' failed on rank %d of the parent (color %d, "
+                       "child rank %d): %s: %s (set NCCL_DEBUG=INFO for details)", group, p->rank, color, key,
+                       ncclGetErrorString(r), last && *last ? last : "NCCL gave no detail");
+        goto fail;
     }
     if (!st) {
         if (nc)
@@ -253,16 +253,19 @@ static int nccl_split(void *parent_state, const struct comm_info *child_info, in
     int n = -1, rk = -1;
     if (!nc || ncclCommCount(nc, &n) != ncclSuccess || ncclCommUserRank(nc, &rk) != ncclSuccess ||
         n != child_info->size || rk != child_info->rank) {
-        if (nc)
-            ncclCommAbort(nc);
-        nccl_fini(st);
-        return error_set(FSDP_EPROTO, "ncclCommSplit into group '%s' on rank %d of the parent made rank %d of %d, "
-                         "but the ranks agreed rank %d of %d through the store (a peer's split failed: see its "
-                         "log)", group, p->rank, rk, n, child_info->rank, child_info->size);
+        rc = error_set(FSDP_EPROTO, "ncclCommSplit into group '%s' on rank %d of the parent made rank %d of %d, "
+                       "but the ranks agreed rank %d of %d through the store (a peer's split failed: see its "
+                       "log)", group, p->rank, rk, n, child_info->rank, child_info->size);
+        goto fail;
     }
     st->comm = nc;
     *child_state = st;
     return 0;
+fail:
+    if (nc)
+        ncclCommAbort(nc);
+    nccl_fini(st);
+    return rc;
 }
 
 static ncclDataType_t nccl_type(enum dtype d)
@@ -280,7 +283,7 @@ static ncclRedOp_t nccl_op(enum comm_op op)
 static int wait_stream(struct nccl_state *st, const struct comm_req *q)
 {
     /* Yield for the first 100 us (most collectives of a training step end within that), then sleep
-     * 20 us, doubling up to 1 ms: a fixed 1 ms sleep added up to 1 ms to every collective, dozens per
+     * 20 us, doubling up to 1 ms: a fixed 1 ms sleep would add up to 1 ms to every collective, dozens per
      * step, while the deadline and NCCL's async errors are still checked at least every millisecond. */
     double t0 = comm_now_s();
     long nap_ns = 20000;

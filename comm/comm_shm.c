@@ -11,7 +11,7 @@
  * published where its buffers live (memfd, allocation id, offset) in the control page, for the bank of
  * the operation's first piece. When every rank's buffers are registered, peers map each other's buffers
  * (cached per peer) and the data moves with one copy, straight from a peer's buffer into the reader's
- * (see the direct_* functions); otherwise the slots carry it as before. Ranks that hoped for the direct
+ * (see the direct_* functions); otherwise it moves through the slots in pieces. Ranks that hoped for the direct
  * path stage their first piece only once they know the group is mixed, then all sync once more. A reader
  * maps a peer's pages only while it reads them and the next operation reads the same ranges (faulted in
  * by the read, dropped by the first operation that does not read them again), since every page mapped
@@ -148,43 +148,42 @@ int shm_group_attach(const char *name, bool create, int local_rank, int n, const
         return error_set(FSDP_EINVAL, "shm: %d ranks on one host (at most %d), local rank %d", n, SHM_MAX_LOCAL,
                          local_rank);
     enum peer_pages pages;
-    int rc = peer_pages_from_env(&pages);
-    if (rc)
-        return rc;
+    FSDP_TRY(peer_pages_from_env(&pages));
     size_t bytes = shm_segment_bytes(n, slot_bytes);
     int fd = shm_open(name, create ? O_RDWR | O_CREAT | O_EXCL : O_RDWR, 0600);
     if (fd < 0)
         return error_set(errno == EEXIST ? FSDP_EEXIST : FSDP_EIO, "shm: shm_open(%s) failed: %s", name,
                          strerror(errno));
+    void *p = MAP_FAILED;
+    struct shm_group *g = NULL;
+    struct peer_cache *pc = NULL;
+    int rc = 0;
     if (create && ftruncate(fd, (off_t)bytes) != 0) {
-        int e = errno;
-        close(fd);
+        rc = error_set(FSDP_EIO, "shm: cannot size %s to %zu bytes: %s (is /dev/shm full?)", name, bytes,
+                       strerror(errno));
         shm_unlink(name);
-        return error_set(FSDP_EIO, "shm: cannot size %s to %zu bytes: %s (is /dev/shm full?)", name, bytes,
-                         strerror(e));
+        goto fail;
     }
     struct stat st;
     if (fstat(fd, &st) != 0 || (size_t)st.st_size < bytes) {
-        close(fd);
-        return error_set(FSDP_EPROTO, "shm: segment %s is smaller than the %zu bytes expected", name, bytes);
+        rc = error_set(FSDP_EPROTO, "shm: segment %s is smaller than the %zu bytes expected", name, bytes);
+        goto fail;
     }
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     int e = errno;
     if (!create || p == MAP_FAILED) {
         close(fd);
         fd = -1;
     }
-    if (p == MAP_FAILED)
-        return error_set(FSDP_ENOMEM, "shm: mmap of %zu bytes failed: %s", bytes, strerror(e));
-    struct shm_group *g = calloc(1, sizeof(*g));
-    struct peer_cache *pc = calloc((size_t)n, sizeof(*pc));
+    if (p == MAP_FAILED) {
+        rc = error_set(FSDP_ENOMEM, "shm: mmap of %zu bytes failed: %s", bytes, strerror(e));
+        goto fail;
+    }
+    g = calloc(1, sizeof(*g));
+    pc = calloc((size_t)n, sizeof(*pc));
     if (!g || !pc) {
-        free(g);
-        free(pc);
-        munmap(p, bytes);
-        if (fd >= 0)
-            close(fd);
-        return error_set(FSDP_ENOMEM, "shm: out of memory");
+        rc = error_set(FSDP_ENOMEM, "shm: out of memory");
+        goto fail;
     }
     g->seg_fd = fd;
     g->peers = pc;
@@ -222,6 +221,14 @@ int shm_group_attach(const char *name, bool create, int local_rank, int n, const
     g->ctrl->probe[local_rank] = ok ? 1 : 2;
     *out = g;
     return 0;
+fail:
+    free(g);
+    free(pc);
+    if (p != MAP_FAILED)
+        munmap(p, bytes);
+    if (fd >= 0)
+        close(fd);
+    return rc;
 }
 
 void shm_group_ready(struct shm_group *g)
@@ -614,9 +621,7 @@ static int direct_all_gather(struct shm_group *g, int b, const void *in, void *o
     for (int k = 1; k < g->n; k++) {
         int q = (g->me + k) % g->n;
         const unsigned char *src;
-        int rc = peer_in(g, b, q, &src);
-        if (rc)
-            return rc;
+        FSDP_TRY(peer_in(g, b, q, &src));
         comm_copy_stream(dst + (size_t)q * bpr, src, bpr);
         peer_span_keep(g, src, bpr);
     }
@@ -632,9 +637,8 @@ static int direct_reduce_scatter(struct shm_group *g, int b, const void *in, voi
     const void *srcs[SHM_MAX_LOCAL];
     for (int s = 0; s < g->n; s++) {
         const unsigned char *p = in;
-        int rc = s == g->me ? 0 : peer_in(g, b, s, &p);
-        if (rc)
-            return rc;
+        if (s != g->me)
+            FSDP_TRY(peer_in(g, b, s, &p));
         srcs[s] = p + blk;
     }
     comm_reduce_arrays_stream(dtype, op, srcs, g->n, out, count, divisor);
@@ -653,11 +657,12 @@ static int direct_all_reduce(struct shm_group *g, int b, const void *in, void *o
     size_t es = dtype_size(dtype), lo, hi;
     const unsigned char *pin[SHM_MAX_LOCAL], *pout[SHM_MAX_LOCAL];
     for (int s = 0; s < g->n; s++) {
-        int rc = 0;
         pin[s] = in;
         pout[s] = out;
-        if (s != g->me && ((rc = peer_in(g, b, s, &pin[s])) != 0 || (rc = peer_out(g, b, s, &pout[s])) != 0))
-            return rc;
+        if (s != g->me) {
+            FSDP_TRY(peer_in(g, b, s, &pin[s]));
+            FSDP_TRY(peer_out(g, b, s, &pout[s]));
+        }
     }
     unsigned char *dst = out;
     share(count, g->n, g->me, &lo, &hi);
@@ -670,9 +675,7 @@ static int direct_all_reduce(struct shm_group *g, int b, const void *in, void *o
             if (s != g->me)
                 peer_span_keep(g, srcs[s], (hi - lo) * es);
     }
-    int rc = shm_barrier(g, deadline);
-    if (rc)
-        return rc;
+    FSDP_TRY(shm_barrier(g, deadline));
     for (int k = 1; k < g->n; k++) {
         int q = (g->me + k) % g->n;
         share(count, g->n, q, &lo, &hi);
@@ -681,7 +684,7 @@ static int direct_all_reduce(struct shm_group *g, int b, const void *in, void *o
             peer_span_keep(g, pout[q] + lo * es, (hi - lo) * es);
         }
     }
-    rc = shm_barrier(g, deadline);
+    int rc = shm_barrier(g, deadline);
     peer_spans_retire(g);
     return rc;
 }
@@ -690,9 +693,7 @@ static int direct_broadcast(struct shm_group *g, int b, void *buf, size_t bytes,
 {
     if (g->me != root) {
         const unsigned char *src;
-        int rc = peer_in(g, b, root, &src);
-        if (rc)
-            return rc;
+        FSDP_TRY(peer_in(g, b, root, &src));
         comm_copy_stream(buf, src, bytes);
         peer_span_keep(g, src, bytes);
     }
@@ -726,16 +727,14 @@ static void ag_finish(struct shm_group *g, int b, unsigned char *dst, size_t bpr
  * skipped staging (mine) stage it now and, in a mixed group, all sync once more. */
 static int first_sync(struct shm_group *g, int b, bool mine, void (*stage)(void *), void *arg, double deadline)
 {
-    int rc = shm_barrier(g, deadline);
-    if (rc)
-        return rc;
+    FSDP_TRY(shm_barrier(g, deadline));
     int nreg = count_valid(g, b);
     if (nreg == g->n)
         return 1;
     if (mine)
         stage(arg);
-    if (nreg > 0 && (rc = shm_barrier(g, deadline)) != 0)
-        return rc;
+    if (nreg > 0)
+        FSDP_TRY(shm_barrier(g, deadline));
     return 0;
 }
 
@@ -776,8 +775,7 @@ int shm_all_gather(struct shm_group *g, const void *in, void *out, size_t bpr, d
         size_t len = bpr - off < g->slot ? bpr - off : g->slot;
         b = next_bank(g);
         ag_stage(g, b, src, dst, bpr, off, len);
-        if ((rc = shm_barrier(g, deadline)) != 0)
-            return rc;
+        FSDP_TRY(shm_barrier(g, deadline));
         ag_finish(g, b, dst, bpr, off, len);
     }
     return 0;
@@ -809,9 +807,7 @@ static int ar_finish(struct shm_group *g, int b, unsigned char *dst, size_t off,
             srcs[s] = slot(g, b, s) + lo * es;
         comm_reduce_arrays(dtype, op, srcs, g->n, slot(g, b, 0) + lo * es, hi - lo, divisor);
     }
-    int rc = shm_barrier(g, deadline);
-    if (rc)
-        return rc;
+    FSDP_TRY(shm_barrier(g, deadline));
     memcpy(dst + off * es, slot(g, b, 0), p * es);
     return 0;
 }
@@ -837,15 +833,13 @@ int shm_all_reduce(struct shm_group *g, const void *in, void *out, size_t count,
         atomic_fetch_add(&direct_ops, 1);
         return direct_all_reduce(g, b, in, out, count, dtype, op, divisor, deadline);
     }
-    if ((rc = ar_finish(g, b, dst, 0, p, dtype, op, divisor, deadline)) != 0)
-        return rc;
+    FSDP_TRY(ar_finish(g, b, dst, 0, p, dtype, op, divisor, deadline));
     for (size_t off = p; off < count; off += per) {
         p = count - off < per ? count - off : per;
         b = next_bank(g);
         memcpy(slot(g, b, g->me), src + off * es, p * es);
-        if ((rc = shm_barrier(g, deadline)) != 0 ||
-            (rc = ar_finish(g, b, dst, off, p, dtype, op, divisor, deadline)) != 0)
-            return rc;
+        FSDP_TRY(shm_barrier(g, deadline));
+        FSDP_TRY(ar_finish(g, b, dst, off, p, dtype, op, divisor, deadline));
     }
     return 0;
 }
@@ -902,8 +896,7 @@ int shm_reduce_scatter(struct shm_group *g, const void *in, void *out, size_t co
         a.p = count - a.off < per ? count - a.off : per;
         a.b = next_bank(g);
         rs_stage(&a);
-        if ((rc = shm_barrier(g, deadline)) != 0)
-            return rc;
+        FSDP_TRY(shm_barrier(g, deadline));
         rs_finish(&a, dst, dtype, op, divisor);
     }
     return 0;
@@ -922,9 +915,7 @@ int shm_broadcast(struct shm_group *g, void *buf, size_t bytes, int root, double
         g->ctrl->desc[b][g->me].valid = 0;
     if (g->me == root && !mine)
         memcpy(slot(g, b, 0), p, len);
-    int rc = shm_barrier(g, deadline);
-    if (rc)
-        return rc;
+    FSDP_TRY(shm_barrier(g, deadline));
     if (g->ctrl->desc[b][root].valid == 1) {
         atomic_fetch_add(&direct_ops, 1);
         return direct_broadcast(g, b, buf, bytes, root, deadline);
@@ -939,7 +930,6 @@ int shm_broadcast(struct shm_group *g, void *buf, size_t bytes, int root, double
         b = next_bank(g);
         if (g->me == root)
             memcpy(slot(g, b, 0), p + off, len);
-        if ((rc = shm_barrier(g, deadline)) != 0)
-            return rc;
+        FSDP_TRY(shm_barrier(g, deadline));
     }
 }

@@ -80,9 +80,8 @@ static int connect_to(const char *host, const char *port, double deadline, int *
     rc = connect(fd, res->ai_addr, res->ai_addrlen);
     freeaddrinfo(res);
     if (rc != 0 && errno != EINPROGRESS) {
-        int e = errno;
-        close(fd);
-        return error_set(FSDP_EIO, "connect to %s:%s failed: %s", host, port, strerror(e));
+        rc = error_set(FSDP_EIO, "connect to %s:%s failed: %s", host, port, strerror(errno));
+        goto fail;
     }
     struct pollfd pf = {.fd = fd, .events = POLLOUT};
     while (comm_now_s() < deadline && poll(&pf, 1, poll_ms(deadline)) == 0) {
@@ -91,11 +90,14 @@ static int connect_to(const char *host, const char *port, double deadline, int *
     socklen_t el = sizeof(err);
     if (!(pf.revents & (POLLOUT | POLLERR | POLLHUP)) || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 ||
         err != 0) {
-        close(fd);
-        return error_set(FSDP_EIO, "connect to %s:%s failed: %s", host, port, err ? strerror(err) : "timed out");
+        rc = error_set(FSDP_EIO, "connect to %s:%s failed: %s", host, port, err ? strerror(err) : "timed out");
+        goto fail;
     }
     *out = fd;
     return 0;
+fail:
+    close(fd);
+    return rc;
 }
 
 int tcp_mesh_create(struct store_client *store, const char *key_prefix, int rank, int size, double deadline,
@@ -142,16 +144,14 @@ int tcp_mesh_create(struct store_client *store, const char *key_prefix, int rank
     }
     snprintf(key, sizeof(key), "%s/tcp/%d", key_prefix, rank);
     snprintf(val, sizeof(val), "%s %s", host, port);
-    if ((rc = store_client_set(store, key, val, strlen(val))) != 0)
-        goto fail;
+    FSDP_TRY_GOTO(store_client_set(store, key, val, strlen(val)), rc, fail);
 
     for (int peer = 0; peer < rank; peer++) {
         snprintf(key, sizeof(key), "%s/tcp/%d", key_prefix, peer);
         void *v = NULL;
         size_t vl = 0;
         double left = deadline - comm_now_s();
-        if ((rc = store_client_get(store, key, &v, &vl, left > 0.01 ? left : 0.01)) != 0)
-            goto fail;
+        FSDP_TRY_GOTO(store_client_get(store, key, &v, &vl, left > 0.01 ? left : 0.01), rc, fail);
         char ph[128] = "", pp[16] = "";
         sscanf((char *)v, "%127s %15s", ph, pp);
         free(v);

@@ -67,9 +67,7 @@ int config_set_index(struct config *cfg, int k, const char *text, enum config_so
 {
     const struct config_key *key = &cfg->schema->keys[k];
     struct config_value v;
-    int rc = config_value_parse(key, text, &v);
-    if (rc)
-        return rc;
+    FSDP_TRY(config_value_parse(key, text, &v));
     v.source = source;
     v.line = line;
     free(cfg->values[k].text);

@@ -194,14 +194,15 @@ int config_load_file(struct config *cfg, const char *path)
                          strerror(errno));
     char *text = NULL;
     size_t len = 0, cap = 0;
+    int rc = 0;
     for (;;) {
         if (len + 4096 + 1 > cap) {
             cap = cap ? 2 * cap : 8192;
             char *t = realloc(text, cap);
             if (!t) {
-                free(text);
                 fclose(f);
-                return error_set(FSDP_ENOMEM, "out of memory reading '%s'", path);
+                rc = error_set(FSDP_ENOMEM, "out of memory reading '%s'", path);
+                goto out;
             }
             text = t;
         }
@@ -213,19 +214,18 @@ int config_load_file(struct config *cfg, const char *path)
     int err = ferror(f);
     fclose(f);
     if (err) {
-        free(text);
-        return error_set(FSDP_EIO, "cannot read config file '%s'", path);
+        rc = error_set(FSDP_EIO, "cannot read config file '%s'", path);
+        goto out;
     }
     text[len] = '\0';
-    int rc;
-    if (strlen(text) != len)
+    if (strlen(text) != len) {
         rc = error_set(FSDP_EINVAL, "%s: contains a NUL byte; a config file is text", path);
-    else
-        rc = config_load_string(cfg, text, path);
-    free(text);
-    if (rc == 0) {
-        free(cfg->file);
-        cfg->file = strdup(path);
+        goto out;
     }
+    FSDP_TRY_GOTO(config_load_string(cfg, text, path), rc, out);
+    free(cfg->file);
+    cfg->file = strdup(path);
+out:
+    free(text);
     return rc;
 }

@@ -130,9 +130,7 @@ int config_cli_parse(const struct config_schema *schema, int argc, char **argv, 
         int k = config_find_key(schema, key_name);
         if (k < 0)
             return unknown_flag(schema, name);
-        int rc = take_key_flag(schema, cli, k, name[len] == '=' ? name + len + 1 : NULL, argc, argv, &i);
-        if (rc)
-            return rc;
+        FSDP_TRY(take_key_flag(schema, cli, k, name[len] == '=' ? name + len + 1 : NULL, argc, argv, &i));
     }
     return 0;
 }

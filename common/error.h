@@ -29,4 +29,28 @@ int error_set(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3
 const char *error_message(void);
 void error_clear(void);
 
+/* The one way to pass an error up. A call succeeds with 0 (a few return a non-negative result, such as
+ * an index) and fails with a negative enum fsdp_error whose message it has already set.
+ * - FSDP_TRY(call): when nothing needs undoing, return the call's code on failure.
+ * - FSDP_TRY_GOTO(call, rc, label): when something does (memory, a handle, a buffer back to its pool) or
+ *   a step must run whatever happened (a collective every rank enters, sharing the error with the other
+ *   ranks), store the code in rc and jump to the function's one cleanup label, which ends in `return rc`.
+ *   rc is written only on failure, so it keeps the first error. An error found in the function itself
+ *   takes the same path: `rc = error_set(...); goto label;`.
+ * In .cu files (C++) a goto must not jump over an initialised declaration: use FSDP_TRY there. */
+#define FSDP_TRY(call)                                                                                    \
+    do {                                                                                                  \
+        int fsdp_try_rc_ = (call);                                                                        \
+        if (fsdp_try_rc_ < 0)                                                                             \
+            return fsdp_try_rc_;                                                                          \
+    } while (0)
+#define FSDP_TRY_GOTO(call, rc, label)                                                                    \
+    do {                                                                                                  \
+        int fsdp_try_rc_ = (call);                                                                        \
+        if (fsdp_try_rc_ < 0) {                                                                           \
+            (rc) = fsdp_try_rc_;                                                                          \
+            goto label;                                                                                   \
+        }                                                                                                 \
+    } while (0)
+
 #endif

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -176,12 +177,14 @@ static int check_layout(struct safetensors_file *f)
         s[i] = &f->tensors[i];
     int rc = 0;
     qsort(s, n, sizeof *s, cmp_by_name);
-    for (size_t i = 1; i < n && rc == 0; i++)
-        if (strcmp(s[i - 1]->name, s[i]->name) == 0)
+    for (size_t i = 1; i < n; i++)
+        if (strcmp(s[i - 1]->name, s[i]->name) == 0) {
             rc = error_set(FSDP_EINVAL, "%s: tensor '%s' appears twice in the header", f->path, s[i]->name);
+            goto out;
+        }
     qsort(s, n, sizeof *s, cmp_by_offset);
     uint64_t pos = 0;
-    for (size_t i = 0; i < n && rc == 0; i++) {
+    for (size_t i = 0; i < n; i++) {
         if (s[i]->begin > pos)
             rc = error_set(FSDP_EINVAL, "%s: tensor '%s': hole before its data (begins at %llu, expected %llu)",
                            f->path, s[i]->name, (unsigned long long)s[i]->begin, (unsigned long long)pos);
@@ -192,8 +195,10 @@ static int check_layout(struct safetensors_file *f)
                            (unsigned long long)s[i]->end, (unsigned long long)pos);
         else
             pos = s[i]->end;
+        if (rc)
+            goto out;
     }
-    if (rc == 0 && f->data_start + pos != f->file_size) {
+    if (f->data_start + pos != f->file_size) {
         if (f->data_start + pos > f->file_size) {
             const struct safetensors_tensor *t = s[n - 1];
             rc = error_set(FSDP_EINVAL,
@@ -207,6 +212,7 @@ static int check_layout(struct safetensors_file *f)
                            (unsigned long long)f->file_size);
         }
     }
+out:
     free(s);
     return rc;
 }
@@ -226,30 +232,32 @@ static int parse_header(struct safetensors_file *f, const char *text, size_t len
     for (const char *c = end; c < text + len; c++)
         if (*c != ' ' && *c != '\0') {
             rc = error_set(FSDP_EINVAL, "%s: unexpected bytes after the header's JSON object", f->path);
-            break;
+            goto out;
         }
-    if (rc == 0 && !cJSON_IsObject(root))
+    if (!cJSON_IsObject(root)) {
         rc = error_set(FSDP_EINVAL, "%s: header is not a JSON object", f->path);
-    int n = rc == 0 ? cJSON_GetArraySize(root) : 0;
-    if (rc == 0 && !(f->tensors = calloc(n ? n : 1, sizeof *f->tensors)))
+        goto out;
+    }
+    int n = cJSON_GetArraySize(root);
+    if (!(f->tensors = calloc(n ? n : 1, sizeof *f->tensors))) {
         rc = error_set(FSDP_ENOMEM, "out of memory");
+        goto out;
+    }
     const cJSON *e;
-    if (rc == 0)
-        cJSON_ArrayForEach(e, root)
-        {
-            if (strcmp(e->string, "__metadata__") == 0) {
-                if (f->meta)
-                    rc = error_set(FSDP_EINVAL, "%s: __metadata__ appears twice", f->path);
-                else
-                    rc = parse_meta(f, e);
-            } else {
-                rc = parse_tensor(f, e, &f->tensors[f->n_tensors]);
-                if (rc == 0)
-                    f->n_tensors++;
+    cJSON_ArrayForEach(e, root)
+    {
+        if (strcmp(e->string, "__metadata__") == 0) {
+            if (f->meta) {
+                rc = error_set(FSDP_EINVAL, "%s: __metadata__ appears twice", f->path);
+                goto out;
             }
-            if (rc != 0)
-                break;
+            FSDP_TRY_GOTO(parse_meta(f, e), rc, out);
+        } else {
+            FSDP_TRY_GOTO(parse_tensor(f, e, &f->tensors[f->n_tensors]), rc, out);
+            f->n_tensors++;
         }
+    }
+out:
     cJSON_Delete(root);
     return rc == 0 ? check_layout(f) : rc;
 }
@@ -262,17 +270,15 @@ int safetensors_open(struct safetensors_file **out, const char *path)
         free(f);
         return error_set(FSDP_ENOMEM, "out of memory");
     }
+    int rc = 0;
+    char *text = NULL;
     f->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (f->fd < 0) {
-        int code = errno == ENOENT ? FSDP_ENOTFOUND : FSDP_EIO;
-        error_set(code, "%s: cannot open: %s", path, strerror(errno));
-        safetensors_close(f);
-        return code;
+        rc = error_set(errno == ENOENT ? FSDP_ENOTFOUND : FSDP_EIO, "%s: cannot open: %s", path, strerror(errno));
+        goto out;
     }
     struct stat st;
     uint8_t lenbuf[8];
-    int rc = 0;
-    char *text = NULL;
     if (fstat(f->fd, &st) != 0) {
         rc = error_set(FSDP_EIO, "%s: cannot stat: %s", path, strerror(errno));
         goto out;
@@ -387,6 +393,7 @@ static char *build_header(const char *path, const struct safetensors_entry *entr
                           const struct safetensors_meta *meta, size_t n_meta, int *rc)
 {
     cJSON *root = cJSON_CreateObject();
+    char *s = NULL;
     *rc = 0;
     if (!root) {
         *rc = error_set(FSDP_ENOMEM, "out of memory");
@@ -397,15 +404,17 @@ static char *build_header(const char *path, const struct safetensors_entry *entr
         for (size_t i = 0; m && i < n_meta; i++)
             if (!cJSON_AddStringToObject(m, meta[i].key, meta[i].value))
                 m = NULL;
-        if (!m)
+        if (!m) {
             *rc = error_set(FSDP_ENOMEM, "out of memory");
+            goto out;
+        }
     }
     uint64_t pos = 0;
-    for (size_t i = 0; i < n && *rc == 0; i++) {
+    for (size_t i = 0; i < n; i++) {
         const struct safetensors_entry *e = &entries[i];
         if (!safetensors_dtype_name(e->dtype) || e->ndim < 0 || e->ndim > SAFETENSORS_MAX_DIMS) {
             *rc = error_set(FSDP_EINVAL, "%s: tensor '%s': bad dtype or rank", path, e->name);
-            break;
+            goto out;
         }
         cJSON *t = cJSON_AddObjectToObject(root, e->name);
         cJSON *shape = t ? cJSON_CreateArray() : NULL;
@@ -414,7 +423,7 @@ static char *build_header(const char *path, const struct safetensors_entry *entr
             cJSON_Delete(shape);
             cJSON_Delete(off);
             *rc = error_set(FSDP_ENOMEM, "out of memory");
-            break;
+            goto out;
         }
         cJSON_AddItemToObject(t, "shape", shape);
         cJSON_AddItemToObject(t, "data_offsets", off);
@@ -425,9 +434,9 @@ static char *build_header(const char *path, const struct safetensors_entry *entr
         cJSON_AddItemToArray(off, cJSON_CreateNumber((double)(pos + b)));
         pos += b;
     }
-    char *s = *rc == 0 ? cJSON_PrintUnformatted(root) : NULL;
-    if (*rc == 0 && !s)
+    if (!(s = cJSON_PrintUnformatted(root)))
         *rc = error_set(FSDP_ENOMEM, "out of memory");
+out:
     cJSON_Delete(root);
     return s;
 }
@@ -448,12 +457,15 @@ static int write_entry_data(int fd, const char *path, const struct safetensors_e
     if (!buf)
         return error_set(FSDP_ENOMEM, "out of memory");
     int rc = 0;
-    for (uint64_t off = 0; off < bytes && rc == 0; off += chunk) {
+    for (uint64_t off = 0; off < bytes; off += chunk) {
         size_t n = bytes - off < chunk ? (size_t)(bytes - off) : chunk;
-        rc = fill(ctx, index, off, buf, n);
-        if (rc == 0 && write_all(fd, buf, n) != 0)
+        FSDP_TRY_GOTO(fill(ctx, index, off, buf, n), rc, out);
+        if (write_all(fd, buf, n) != 0) {
             rc = error_set(FSDP_EIO, "%s: tensor '%s': write failed: %s", path, e->name, strerror(errno));
+            goto out;
+        }
     }
+out:
     free(buf);
     return rc;
 }
@@ -470,17 +482,18 @@ int safetensors_header(const char *path, const struct safetensors_entry *entries
     size_t jlen = strlen(json), hlen = (jlen + 7) & ~(size_t)7;
     uint8_t *buf = malloc(8 + hlen);
     if (!buf) {
-        free(json);
-        return error_set(FSDP_ENOMEM, "out of memory");
+        rc = error_set(FSDP_ENOMEM, "out of memory");
+        goto out;
     }
     for (int i = 0; i < 8; i++)
         buf[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
     memcpy(buf + 8, json, jlen);
     memset(buf + 8 + jlen, ' ', hlen - jlen);
-    free(json);
     *out = buf;
     *out_bytes = 8 + hlen;
-    return 0;
+out:
+    free(json);
+    return rc;
 }
 
 int safetensors_write(const char *path, const struct safetensors_entry *entries, size_t n_entries,
@@ -494,45 +507,57 @@ int safetensors_write(const char *path, const struct safetensors_entry *entries,
     size_t jlen = strlen(json), hlen = (jlen + 7) & ~(size_t)7;
     size_t plen = strlen(path);
     char *tmp = malloc(plen + 16);
+    int fd = -1;
+    bool created = false; /* tmp names a file to remove on failure */
     if (!tmp) {
-        free(json);
-        return error_set(FSDP_ENOMEM, "out of memory");
+        rc = error_set(FSDP_ENOMEM, "out of memory");
+        goto out;
     }
     snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(tmp);
+    fd = mkstemp(tmp);
     if (fd < 0) {
         rc = error_set(FSDP_EIO, "%s: cannot create a temporary file beside it: %s", path, strerror(errno));
-        free(json);
-        free(tmp);
-        return rc;
+        goto out;
     }
+    created = true;
     uint8_t lenbuf[8];
     for (int i = 0; i < 8; i++)
         lenbuf[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
     static const char spaces[8] = "        ";
     if (write_all(fd, lenbuf, 8) != 0 || write_all(fd, json, jlen) != 0 ||
-        write_all(fd, spaces, hlen - jlen) != 0)
+        write_all(fd, spaces, hlen - jlen) != 0) {
         rc = error_set(FSDP_EIO, "%s: writing the header: %s", path, strerror(errno));
-    for (size_t i = 0; i < n_entries && rc == 0; i++)
-        rc = write_entry_data(fd, path, &entries[i], i, fill, fill_ctx);
-    if (rc == 0 && fsync(fd) != 0)
-        rc = error_set(FSDP_EIO, "%s: fsync: %s", path, strerror(errno));
-    if (close(fd) != 0 && rc == 0)
-        rc = error_set(FSDP_EIO, "%s: close: %s", path, strerror(errno));
-    if (rc == 0 && rename(tmp, path) != 0)
-        rc = error_set(FSDP_EIO, "%s: rename from %s: %s", path, tmp, strerror(errno));
-    if (rc != 0) {
-        unlink(tmp);
-    } else {
-        /* The rename is durable only once the directory entry itself is synced. */
-        char *dcopy = strdup(path);
-        int dfd = dcopy ? open(dirname(dcopy), O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
-        if (dfd >= 0) {
-            fsync(dfd);
-            close(dfd);
-        }
-        free(dcopy);
+        goto out;
     }
+    for (size_t i = 0; i < n_entries; i++)
+        FSDP_TRY_GOTO(write_entry_data(fd, path, &entries[i], i, fill, fill_ctx), rc, out);
+    if (fsync(fd) != 0) {
+        rc = error_set(FSDP_EIO, "%s: fsync: %s", path, strerror(errno));
+        goto out;
+    }
+    int closed = close(fd);
+    fd = -1;
+    if (closed != 0) {
+        rc = error_set(FSDP_EIO, "%s: close: %s", path, strerror(errno));
+        goto out;
+    }
+    if (rename(tmp, path) != 0) {
+        rc = error_set(FSDP_EIO, "%s: rename from %s: %s", path, tmp, strerror(errno));
+        goto out;
+    }
+    /* The rename is durable only once the directory entry itself is synced. */
+    char *dcopy = strdup(path);
+    int dfd = dcopy ? open(dirname(dcopy), O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    free(dcopy);
+out:
+    if (fd >= 0)
+        close(fd);
+    if (rc != 0 && created)
+        unlink(tmp);
     free(json);
     free(tmp);
     return rc;

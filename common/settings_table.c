@@ -142,8 +142,12 @@ static const struct setting table[SETTING_COUNT] = {
      .values = kernels_backends, .readers = SETTING_BY_TESTS, .test_only = true,
      .doc = "The kernels backend the tests/kernels binaries test (their `kernels_*_cuda` runs set cuda)."},
     {.id = SETTING_TORCHRUN, .name = "FSDP_TORCHRUN", .type = SETTING_STRING, .format = "a path",
-     .def_doc = "unset: `torchrun` on PATH, then ~/.cache/fsdpc-venv/bin/torchrun", .readers = SETTING_BY_TESTS,
+     .def_doc = "unset: `torchrun` on PATH, then the PyPI venv's (FSDP_TORCH_VENV)", .readers = SETTING_BY_TESTS,
      .test_only = true, .doc = "The torchrun the torchrun test launches fsdp-worker with; without one it skips."},
+    {.id = SETTING_TORCH_VENV, .name = "FSDP_TORCH_VENV", .type = SETTING_STRING, .format = "a path",
+     .def_doc = "unset: ~/.cache/fsdpc-venv", .readers = SETTING_BY_TESTS, .test_only = true,
+     .doc = "The venv with the PyPI peers (PyTorch 2.x, transformers, tokenizers, ...) that tests and benchmarks "
+            "compare with; .ci/run makes it when missing. Tests that need it skip without it."},
 };
 
 const struct setting *settings_entry(enum setting_id id)

@@ -153,19 +153,21 @@ static int tfevents_write_record(struct tfevents_writer *w, const uint8_t *data,
     uint8_t *rec = cap <= sizeof stack ? stack : malloc(cap);
     if (!rec)
         return error_set(FSDP_ENOMEM, "tfevents: out of memory for a %zu-byte record", cap);
-    int n = tfevents_frame_record(rec, cap, data, len);
-    int rc = n < 0 ? n : 0;
+    int n, rc = 0;
+    FSDP_TRY_GOTO(n = tfevents_frame_record(rec, cap, data, len), rc, out);
     /* One write per record: a reader (or a crash) never sees half a record unless the disk fills up. */
     size_t done = 0;
-    while (rc == 0 && done < (size_t)n) {
+    while (done < (size_t)n) {
         ssize_t k = write(w->fd, rec + done, (size_t)n - done);
         if (k < 0 && errno == EINTR)
             continue;
-        if (k <= 0)
+        if (k <= 0) {
             rc = error_set(FSDP_EIO, "tfevents: cannot write %s: %s", w->path, strerror(errno));
-        else
-            done += (size_t)k;
+            goto out;
+        }
+        done += (size_t)k;
     }
+out:
     if (rec != stack)
         free(rec);
     return rc;
@@ -181,8 +183,10 @@ int tfevents_write_scalars(struct tfevents_writer *w, double wall_time, int64_t 
     uint8_t *buf = cap <= sizeof stack ? stack : malloc(cap);
     if (!buf)
         return error_set(FSDP_ENOMEM, "tfevents: out of memory for %zu scalars", n);
-    int len = tfevents_encode_scalars(buf, cap, wall_time, step, n, tags, values);
-    int rc = len < 0 ? len : tfevents_write_record(w, buf, (size_t)len);
+    int len, rc = 0;
+    FSDP_TRY_GOTO(len = tfevents_encode_scalars(buf, cap, wall_time, step, n, tags, values), rc, out);
+    FSDP_TRY_GOTO(tfevents_write_record(w, buf, (size_t)len), rc, out);
+out:
     if (buf != stack)
         free(buf);
     return rc;
@@ -207,6 +211,7 @@ int tfevents_open(const char *dir, struct tfevents_writer **out)
     if (!w)
         return error_set(FSDP_ENOMEM, "tfevents: out of memory");
     w->fd = -1;
+    int rc = 0;
     /* A restarted job can start within the same second as the run it replaces; O_EXCL and a .<pid>.<n>
      * suffix keep the earlier file intact rather than interleaving two runs in one file. */
     for (int attempt = 0; attempt < 100 && w->fd < 0; attempt++) {
@@ -216,29 +221,27 @@ int tfevents_open(const char *dir, struct tfevents_writer **out)
                                         host, (long)getpid(), attempt);
         if (n < 0) {
             w->path = NULL;
-            free(w);
-            return error_set(FSDP_ENOMEM, "tfevents: out of memory");
+            rc = error_set(FSDP_ENOMEM, "tfevents: out of memory");
+            goto fail;
         }
         w->fd = open(w->path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
         if (w->fd < 0 && errno != EEXIST)
             break;
     }
     if (w->fd < 0) {
-        int rc = error_set(FSDP_EIO, "tfevents: cannot create %s: %s (check that the log directory exists "
-                                     "and is writable)", w->path, strerror(errno));
-        free(w->path);
-        free(w);
-        return rc;
+        rc = error_set(FSDP_EIO, "tfevents: cannot create %s: %s (check that the log directory exists "
+                                 "and is writable)", w->path, strerror(errno));
+        goto fail;
     }
     uint8_t buf[64];
-    int len = tfevents_encode_version(buf, sizeof buf, now);
-    int rc = len < 0 ? len : tfevents_write_record(w, buf, (size_t)len);
-    if (rc < 0) {
-        tfevents_close(w);
-        return rc;
-    }
+    int len;
+    FSDP_TRY_GOTO(len = tfevents_encode_version(buf, sizeof buf, now), rc, fail);
+    FSDP_TRY_GOTO(tfevents_write_record(w, buf, (size_t)len), rc, fail);
     *out = w;
     return 0;
+fail:
+    tfevents_close(w);
+    return rc;
 }
 
 const char *tfevents_path(const struct tfevents_writer *w) { return w->path; }

@@ -194,7 +194,7 @@ struct kernels {
     int (*adamw)(float *param, const float *grad, float *m, float *v, size_t n,
                  const struct kernels_adamw_params *hp);
 
-    /* ---- additions (after the first release of this table) ---- */
+    /* ---- accumulation ---- */
     /* y += a * x (gradient accumulation, averaging over ranks/micro-batches). */
     int (*axpy)(float *y, float a, const float *x, size_t n);
 };

@@ -245,11 +245,8 @@ static int apply(struct launch_args *a, int id, const char *v, const char *src)
                 return error_set(FSDP_EINVAL, "%s: '%s' is not N or N:N", src, v);
             snprintf(lo, sizeof lo, "%.*s", (int)(colon - v), v);
             int a1 = 0, a2 = 0;
-            int rc = parse_int(lo, src, 1, 1 << 20, &a1);
-            if (!rc)
-                rc = parse_int(colon + 1, src, 1, 1 << 20, &a2);
-            if (rc)
-                return rc;
+            FSDP_TRY(parse_int(lo, src, 1, 1 << 20, &a1));
+            FSDP_TRY(parse_int(colon + 1, src, 1, 1 << 20, &a2));
             if (a1 != a2)
                 return error_set(FSDP_EUNSUPPORTED, "%s: elastic '%s' (MIN != MAX) is not supported; give one node count",
                                  src, v);
@@ -278,18 +275,15 @@ static int apply(struct launch_args *a, int id, const char *v, const char *src)
         return copy_str(a->run_id, sizeof a->run_id, v, src);
     case O_RDZV_TIMEOUT: return parse_double(v, src, 0.001, &a->rdzv_timeout_s);
     case O_LOG_DIR: return copy_str(a->log_dir, sizeof a->log_dir, v, src);
-    case O_REDIRECTS: {
-        int rc = check_std(v, src);
-        return rc ? rc : copy_str(a->redirects, sizeof a->redirects, v, src);
-    }
-    case O_TEE: {
-        int rc = check_std(v, src);
-        return rc ? rc : copy_str(a->tee, sizeof a->tee, v, src);
-    }
-    case O_FILTER: {
-        int rc = check_filter(v, src);
-        return rc ? rc : copy_str(a->local_ranks_filter, sizeof a->local_ranks_filter, v, src);
-    }
+    case O_REDIRECTS:
+        FSDP_TRY(check_std(v, src));
+        return copy_str(a->redirects, sizeof a->redirects, v, src);
+    case O_TEE:
+        FSDP_TRY(check_std(v, src));
+        return copy_str(a->tee, sizeof a->tee, v, src);
+    case O_FILTER:
+        FSDP_TRY(check_filter(v, src));
+        return copy_str(a->local_ranks_filter, sizeof a->local_ranks_filter, v, src);
     case O_ROLE:
         if (!*v)
             return error_set(FSDP_EINVAL, "%s: empty role", src);
@@ -314,10 +308,8 @@ static int apply(struct launch_args *a, int id, const char *v, const char *src)
         if (hlen == 0 || hlen >= sizeof host)
             return error_set(FSDP_EINVAL, "%s: '%s' is not HOST[:PORT]", src, v);
         snprintf(host, sizeof host, "%.*s", (int)hlen, h);
-        int rc = copy_str(a->master_addr, sizeof a->master_addr, host, src);
-        if (!rc && has_port)
-            rc = parse_int(colon + 1, src, 0, 65535, &a->master_port);
-        return rc;
+        FSDP_TRY(copy_str(a->master_addr, sizeof a->master_addr, host, src));
+        return has_port ? parse_int(colon + 1, src, 0, 65535, &a->master_port) : 0;
     }
     case O_RDZV_BACKEND:
         if (strcmp(v, "static") && strcmp(v, "c10d"))
@@ -367,15 +359,11 @@ static int apply_slurm(struct launch_args *a, bool set[O_COUNT])
     if (nl) {
         char **hosts;
         size_t n;
-        int rc = slurm_expand_nodelist(nl, &hosts, &n);
-        if (rc)
-            return rc;
+        FSDP_TRY(slurm_expand_nodelist(nl, &hosts, &n));
         a->slurm_hosts = hosts;
         a->slurm_nhosts = (int)n;
         if (!set[O_MASTER_ADDR] && !set[O_RDZV_ENDPOINT] && !a->standalone) {
-            rc = copy_str(a->master_addr, sizeof a->master_addr, hosts[0], "SLURM_JOB_NODELIST");
-            if (rc)
-                return rc;
+            FSDP_TRY(copy_str(a->master_addr, sizeof a->master_addr, hosts[0], "SLURM_JOB_NODELIST"));
             set[O_MASTER_ADDR] = true;
         }
     }
@@ -383,22 +371,16 @@ static int apply_slurm(struct launch_args *a, bool set[O_COUNT])
     if (!nn)
         nn = getenv("SLURM_NNODES");
     if (nn && !set[O_NNODES] && !a->standalone) {
-        int rc = parse_int(nn, "SLURM_JOB_NUM_NODES", 1, 1 << 20, &a->nnodes);
-        if (rc)
-            return rc;
+        FSDP_TRY(parse_int(nn, "SLURM_JOB_NUM_NODES", 1, 1 << 20, &a->nnodes));
         set[O_NNODES] = true;
     }
     const char *nid = getenv("SLURM_NODEID");
     if (nid && !set[O_NODE_RANK] && !a->standalone) {
-        int rc = parse_int(nid, "SLURM_NODEID", 0, 1 << 20, &a->node_rank);
-        if (rc)
-            return rc;
+        FSDP_TRY(parse_int(nid, "SLURM_NODEID", 0, 1 << 20, &a->node_rank));
         set[O_NODE_RANK] = true;
     }
     if (!set[O_RDZV_ID] && !set[O_RUN_ID]) {
-        int rc = copy_str(a->run_id, sizeof a->run_id, getenv("SLURM_JOB_ID"), "SLURM_JOB_ID");
-        if (rc)
-            return rc;
+        FSDP_TRY(copy_str(a->run_id, sizeof a->run_id, getenv("SLURM_JOB_ID"), "SLURM_JOB_ID"));
         set[O_RDZV_ID] = true;
     }
     return 0;
@@ -450,9 +432,7 @@ int launch_args_parse(int argc, char **argv, struct launch_args *a)
             val = argv[++i];
         else
             return error_set(FSDP_EINVAL, "%s needs a value (%s)", src, opts[id].help);
-        int rc = apply(a, id, val, src);
-        if (rc)
-            return rc;
+        FSDP_TRY(apply(a, id, val, src));
         set[id] = true;
     }
     a->prog_argv = argv + i;
@@ -468,15 +448,11 @@ int launch_args_parse(int argc, char **argv, struct launch_args *a)
         const char *v = getenv(env);
         if (!v)
             continue;
-        int rc = apply(a, id, v, env);
-        if (rc)
-            return rc;
+        FSDP_TRY(apply(a, id, v, env));
         set[id] = true;
     }
 
-    int rc = apply_slurm(a, set);
-    if (rc)
-        return rc;
+    FSDP_TRY(apply_slurm(a, set));
 
     if (a->standalone) {
         if (set[O_NNODES] && a->nnodes != 1)

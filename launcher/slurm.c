@@ -93,6 +93,7 @@ int slurm_expand_nodelist(const char *list, char ***hosts, size_t *nhosts)
     const char *p = list;
     *hosts = NULL;
     *nhosts = 0;
+    int rc = 0;
     while (*p) {
         /* Names are separated by commas outside brackets only. */
         const char *q = p;
@@ -104,22 +105,20 @@ int slurm_expand_nodelist(const char *list, char ***hosts, size_t *nhosts)
                 depth--;
             q++;
         }
-        if (q > p) {
-            int rc = expand_name(&hv, "", p, (size_t)(q - p));
-            if (rc) {
-                slurm_free_hosts(hv.v, hv.n);
-                return rc;
-            }
-        }
+        if (q > p)
+            FSDP_TRY_GOTO(expand_name(&hv, "", p, (size_t)(q - p)), rc, fail);
         p = *q ? q + 1 : q;
     }
     if (hv.n == 0) {
-        free(hv.v);
-        return error_set(FSDP_EINVAL, "SLURM nodelist '%s' names no host", list);
+        rc = error_set(FSDP_EINVAL, "SLURM nodelist '%s' names no host", list);
+        goto fail;
     }
     *hosts = hv.v;
     *nhosts = hv.n;
     return 0;
+fail:
+    slurm_free_hosts(hv.v, hv.n);
+    return rc;
 }
 
 void slurm_free_hosts(char **hosts, size_t nhosts)

@@ -179,9 +179,7 @@ static int spawn_one(struct worker *w, const struct launch_args *a, const struct
                          w->local_rank);
         if (n < 0 || (size_t)n >= sizeof dir)
             return error_set(FSDP_ERANGE, "log directory path too long under %s", a->log_dir);
-        rc = fs_mkdir_p(dir, "log directory");
-        if (rc)
-            return rc;
+        FSDP_TRY(fs_mkdir_p(dir, "log directory"));
         log_out = open_log(dir, "stdout.log");
         log_err = log_out >= 0 ? open_log(dir, "stderr.log") : -1;
         if (log_err < 0) {

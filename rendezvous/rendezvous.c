@@ -50,9 +50,8 @@ static int agree(struct rdzv *r, const char *key, const char *what, int value)
     snprintf(mine, sizeof mine, "%d", value);
     void *actual = NULL;
     size_t alen = 0;
-    int rc = store_client_compare_set(r->client, key, NULL, 0, mine, strlen(mine), &actual, &alen);
-    if (rc)
-        return rc;
+    FSDP_TRY(store_client_compare_set(r->client, key, NULL, 0, mine, strlen(mine), &actual, &alen));
+    int rc = 0;
     if (alen != strlen(mine) || memcmp(actual, mine, alen) != 0) {
         rc = error_set(FSDP_EINVAL, "node %d was started with %s %s but the job has %s %.*s: give every node the "
                        "same %s", r->node_rank, what, mine, what, (int)alen, (char *)actual, what);
@@ -124,11 +123,8 @@ int rdzv_open(const struct rdzv_options *o, struct rdzv **out)
                        r->timeout_s, error_message());
         goto fail;
     }
-    rc = agree(r, "rdzv/nnodes", "--nnodes", r->nnodes);
-    if (!rc)
-        rc = agree(r, "rdzv/nproc_per_node", "--nproc_per_node", r->nproc);
-    if (rc)
-        goto fail;
+    FSDP_TRY_GOTO(agree(r, "rdzv/nnodes", "--nnodes", r->nnodes), rc, fail);
+    FSDP_TRY_GOTO(agree(r, "rdzv/nproc_per_node", "--nproc_per_node", r->nproc), rc, fail);
     *out = r;
     return 0;
 fail:
@@ -180,9 +176,7 @@ static int current_generation(struct rdzv *r, int *g)
     }
     void *v = NULL;
     size_t len = 0;
-    rc = store_client_get(r->client, "rdzv/gen", &v, &len, 5);
-    if (rc)
-        return rc;
+    FSDP_TRY(store_client_get(r->client, "rdzv/gen", &v, &len, 5));
     *g = atoi(v);
     free(v);
     return 0;
@@ -198,9 +192,7 @@ static int claim_slot(struct rdzv *r, int g, char **taken_by)
     void *actual = NULL;
     size_t alen = 0;
     *taken_by = NULL;
-    int rc = store_client_compare_set(r->client, key, NULL, 0, mine, strlen(mine), &actual, &alen);
-    if (rc)
-        return rc;
+    FSDP_TRY(store_client_compare_set(r->client, key, NULL, 0, mine, strlen(mine), &actual, &alen));
     if (alen == strlen(mine) && memcmp(actual, mine, alen) == 0)
         free(actual);
     else
@@ -208,85 +200,78 @@ static int claim_slot(struct rdzv *r, int g, char **taken_by)
     return 0;
 }
 
+/* The slot of generation g is held by `holder`. If that generation already failed, its holder was our dead
+ * predecessor and the others move on to g+1 (returns 0); otherwise wait one heartbeat timeout for them to
+ * notice it is gone. */
+static int wait_holder_failed(struct rdzv *r, int g, const char *holder, bool (*should_stop)(void *), void *arg)
+{
+    char fkey[64];
+    snprintf(fkey, sizeof fkey, "rdzv/g%d/failed", g);
+    double wait_until = now_s() + r->hb_timeout_s + 2;
+    bool failed = false;
+    while (!failed && now_s() < wait_until) {
+        FSDP_TRY(key_exists(r, fkey, &failed));
+        if (!failed) {
+            if (should_stop && should_stop(arg))
+                return error_set(FSDP_EABORTED, "rendezvous abandoned");
+            sleep_s(0.1);
+        }
+    }
+    if (!failed)
+        return error_set(FSDP_EREFUSED, "node rank %d already joined the job (generation %d) from %s: is another "
+                         "fsdp-launch running with the same --node_rank?", r->node_rank, g, holder);
+    return 0;
+}
+
 int rdzv_join(struct rdzv *r, int min_generation, bool (*should_stop)(void *), void *arg,
               struct rdzv_assignment *out)
 {
     int g = 0;
-    int rc = current_generation(r, &g);
-    if (rc)
-        return rc;
+    FSDP_TRY(current_generation(r, &g));
     if (g < min_generation)
         g = min_generation;
     double t0 = now_s();
     for (;;) {
         char *holder = NULL;
-        rc = claim_slot(r, g, &holder);
-        if (rc)
-            return rc;
+        FSDP_TRY(claim_slot(r, g, &holder));
         if (!holder)
             break;
-        /* The slot is held. If that generation already failed, its holder was our dead predecessor and
-         * the others move on to g+1; otherwise wait one heartbeat timeout for them to notice it is gone. */
-        char fkey[64];
-        snprintf(fkey, sizeof fkey, "rdzv/g%d/failed", g);
-        double wait_until = now_s() + r->hb_timeout_s + 2;
-        bool failed = false;
-        while (!failed && now_s() < wait_until) {
-            rc = key_exists(r, fkey, &failed);
-            if (rc) {
-                free(holder);
-                return rc;
-            }
-            if (!failed) {
-                if (should_stop && should_stop(arg)) {
-                    free(holder);
-                    return error_set(FSDP_EABORTED, "rendezvous abandoned");
-                }
-                sleep_s(0.1);
-            }
-        }
-        if (!failed) {
-            rc = error_set(FSDP_EREFUSED, "node rank %d already joined the job (generation %d) from %s: is another "
-                           "fsdp-launch running with the same --node_rank?", r->node_rank, g, holder);
-            free(holder);
-            return rc;
-        }
+        int rc = wait_holder_failed(r, g, holder, should_stop, arg);
         free(holder);
+        if (rc)
+            return rc;
         g++;
     }
     char key[64];
     snprintf(key, sizeof key, "rdzv/g%d/hb/%d", g, r->node_rank);
     int64_t dummy;
-    rc = store_client_add(r->client, key, 1, &dummy);
-    if (rc)
-        return rc;
+    FSDP_TRY(store_client_add(r->client, key, 1, &dummy));
     char gv[32];
     snprintf(gv, sizeof gv, "%d", g);
-    rc = store_client_set(r->client, "rdzv/gen", gv, strlen(gv));
-    if (rc)
-        return rc;
+    FSDP_TRY(store_client_set(r->client, "rdzv/gen", gv, strlen(gv)));
 
     char **keys = calloc((size_t)r->nnodes, sizeof *keys);
     if (!keys)
         return error_set(FSDP_ENOMEM, "out of memory");
-    for (int n = 0; n < r->nnodes && !rc; n++) {
-        keys[n] = malloc(48);
-        if (!keys[n])
+    int rc = 0;
+    for (int n = 0; n < r->nnodes; n++) {
+        if (!(keys[n] = malloc(48))) {
             rc = error_set(FSDP_ENOMEM, "out of memory");
-        else
-            snprintf(keys[n], 48, "rdzv/g%d/node/%d", g, n);
+            goto done;
+        }
+        snprintf(keys[n], 48, "rdzv/g%d/node/%d", g, n);
     }
     /* Polled with short sleeps rather than one long store wait, so a signal to the launcher (should_stop)
      * is honoured within ~100 ms while nodes are still missing. */
     double pause = 0.0005;
-    while (!rc) {
+    for (;;) {
         bool all = false;
-        rc = store_client_check(r->client, (const char *const *)keys, (size_t)r->nnodes, &all);
-        if (rc || all)
+        FSDP_TRY_GOTO(store_client_check(r->client, (const char *const *)keys, (size_t)r->nnodes, &all), rc, done);
+        if (all)
             break;
         if (should_stop && should_stop(arg)) {
             rc = error_set(FSDP_EABORTED, "rendezvous abandoned");
-            break;
+            goto done;
         }
         if (now_s() - t0 > r->timeout_s) {
             char missing[1024];
@@ -295,17 +280,12 @@ int rdzv_join(struct rdzv *r, int min_generation, bool (*should_stop)(void *), v
             rc = error_set(FSDP_ETIMEDOUT, "rendezvous timed out after %.0f s (--rdzv_timeout): %d of %d nodes "
                            "joined generation %d; missing node ranks: %s", r->timeout_s, joined, r->nnodes, g,
                            missing);
-            break;
+            goto done;
         }
         sleep_s(pause);
         if (pause < 0.1)
             pause *= 2;
     }
-    for (int n = 0; n < r->nnodes; n++)
-        free(keys[n]);
-    free(keys);
-    if (rc)
-        return rc;
     out->generation = g;
     out->rank_base = r->node_rank * r->nproc;
     out->world_size = r->nnodes * r->nproc;
@@ -317,7 +297,11 @@ int rdzv_join(struct rdzv *r, int min_generation, bool (*should_stop)(void *), v
         r->hb_last[n] = -1;
         r->hb_moved[n] = t;
     }
-    return 0;
+done:
+    for (int n = 0; n < r->nnodes; n++)
+        free(keys[n]);
+    free(keys);
+    return rc;
 }
 
 int rdzv_publish_failure(struct rdzv *r, int generation, const char *record, char **root)
@@ -326,9 +310,7 @@ int rdzv_publish_failure(struct rdzv *r, int generation, const char *record, cha
     snprintf(key, sizeof key, "rdzv/g%d/failed", generation);
     void *actual = NULL;
     size_t alen = 0;
-    int rc = store_client_compare_set(r->client, key, NULL, 0, record, strlen(record), &actual, &alen);
-    if (rc)
-        return rc;
+    FSDP_TRY(store_client_compare_set(r->client, key, NULL, 0, record, strlen(record), &actual, &alen));
     *root = actual;
     return 0;
 }
@@ -341,33 +323,23 @@ int rdzv_poll(struct rdzv *r, int g, struct rdzv_status *st)
     char key[64];
     int64_t v;
     snprintf(key, sizeof key, "rdzv/g%d/hb/%d", g, r->node_rank);
-    int rc = store_client_add(r->client, key, 1, &v);
-    if (rc)
-        return rc;
+    FSDP_TRY(store_client_add(r->client, key, 1, &v));
     snprintf(key, sizeof key, "rdzv/g%d/failed", g);
     bool failed = false;
-    rc = key_exists(r, key, &failed);
-    if (rc)
-        return rc;
+    FSDP_TRY(key_exists(r, key, &failed));
     if (failed) {
         size_t len;
-        rc = store_client_get(r->client, key, (void **)&st->failure, &len, 5);
-        if (rc)
-            return rc;
+        FSDP_TRY(store_client_get(r->client, key, (void **)&st->failure, &len, 5));
     }
     snprintf(key, sizeof key, "rdzv/g%d/done", g);
-    rc = store_client_add(r->client, key, 0, &v);
-    if (rc)
-        return rc;
+    FSDP_TRY(store_client_add(r->client, key, 0, &v));
     st->done_nodes = (int)v;
     double t = now_s();
     for (int n = 0; n < r->nnodes; n++) {
         if (n == r->node_rank)
             continue;
         snprintf(key, sizeof key, "rdzv/g%d/hb/%d", g, n);
-        rc = store_client_add(r->client, key, 0, &v);
-        if (rc)
-            return rc;
+        FSDP_TRY(store_client_add(r->client, key, 0, &v));
         if (r->hb_gen == g && v != r->hb_last[n]) {
             r->hb_last[n] = v;
             r->hb_moved[n] = t;
@@ -396,9 +368,7 @@ int rdzv_finish(struct rdzv *r, int g, double timeout_s)
     double t0 = now_s();
     double pause = 0.0005;
     for (;;) {
-        int rc = store_client_add(r->client, key, 0, &v);
-        if (rc)
-            return rc;
+        FSDP_TRY(store_client_add(r->client, key, 0, &v));
         if (v >= r->nnodes - 1)
             return 0;
         if (now_s() - t0 > timeout_s)
@@ -445,13 +415,9 @@ int rdzv_worker_connect(struct rdzv_worker *w, double timeout_s)
 {
     memset(w, 0, sizeof *w);
     int port = 0;
-    int rc = env_int("MASTER_PORT", &port);
-    if (!rc)
-        rc = env_int("RANK", &w->rank);
-    if (!rc)
-        rc = env_int("WORLD_SIZE", &w->world_size);
-    if (rc)
-        return rc;
+    FSDP_TRY(env_int("MASTER_PORT", &port));
+    FSDP_TRY(env_int("RANK", &w->rank));
+    FSDP_TRY(env_int("WORLD_SIZE", &w->world_size));
     if (env_int("LOCAL_RANK", &w->local_rank))
         w->local_rank = 0;
     error_clear();
@@ -479,9 +445,7 @@ int rdzv_worker_key(const struct rdzv_worker *w, const char *name, char *buf, si
 int rdzv_worker_barrier(struct rdzv_worker *w, const char *name, double timeout_s)
 {
     char key[STORE_MAX_KEY_BYTES];
-    int rc = rdzv_worker_key(w, name, key, sizeof key);
-    if (rc)
-        return rc;
+    FSDP_TRY(rdzv_worker_key(w, name, key, sizeof key));
     return store_client_barrier(w->client, key, w->world_size, timeout_s);
 }
 

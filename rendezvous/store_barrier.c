@@ -19,18 +19,14 @@ int store_client_barrier(struct store_client *c, const char *name, int world, do
     char count_key[STORE_MAX_KEY_BYTES + 1], done_key[STORE_MAX_KEY_BYTES + 1];
     snprintf(count_key, sizeof count_key, "__barrier/%s/count", name);
     int64_t n;
-    int rc = store_client_add(c, count_key, 1, &n);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(store_client_add(c, count_key, 1, &n));
     int64_t round = (n - 1) / world;
     snprintf(done_key, sizeof done_key, "__barrier/%s/done/%" PRId64, name, round);
     if (n % world == 0) {
-        rc = store_client_set(c, done_key, "1", 1);
-        if (rc != 0)
-            return rc;
+        FSDP_TRY(store_client_set(c, done_key, "1", 1));
     }
     const char *keys[] = {done_key};
-    rc = store_client_wait(c, keys, 1, timeout_s);
+    int rc = store_client_wait(c, keys, 1, timeout_s);
     if (rc != FSDP_ETIMEDOUT)
         return rc;
     char first[512];

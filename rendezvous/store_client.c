@@ -140,22 +140,16 @@ static int client_roundtrip(struct store_client *c, double wait_s, const char *w
 {
     if (c->broken)
         return error_set(FSDP_ECLOSED, "the connection to store at %s is unusable after an earlier error", c->addr);
-    int rc = store_buf_end(&c->out);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(store_buf_end(&c->out));
     double deadline = now_s() + wait_s;
-    rc = send_all(c, c->out.data, c->out.len, deadline, what);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(send_all(c, c->out.data, c->out.len, deadline, what));
     /* Poll before the first recv: the reply is rarely there yet, and this saves a recv that would
      * only say EAGAIN. */
     struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
     while (poll(&pfd, 1, poll_ms(deadline)) < 0 && errno == EINTR)
         ;
     uint8_t hdr[STORE_FRAME_HEADER_BYTES];
-    rc = recv_exact(c, hdr, sizeof hdr, deadline, wait_s, what);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(recv_exact(c, hdr, sizeof hdr, deadline, wait_s, what));
     uint32_t n = store_le32(hdr);
     if (n == 0 || n > STORE_MAX_FRAME_BYTES) {
         c->broken = true;
@@ -171,9 +165,7 @@ static int client_roundtrip(struct store_client *c, double wait_s, const char *w
         c->in = p;
         c->in_cap = n;
     }
-    rc = recv_exact(c, c->in, n, deadline, wait_s, what);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(recv_exact(c, c->in, n, deadline, wait_s, what));
     c->in_len = n;
     store_reader_init(r, c->in, n);
     *status = store_reader_u8(r);
@@ -295,9 +287,7 @@ static int client_hello(struct store_client *c, const struct store_client_option
     store_buf_put_str(&c->out, o->secret);
     uint8_t st;
     struct store_reader r;
-    int rc = client_roundtrip(c, wait_s, "joining (handshake)", &st, &r);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(client_roundtrip(c, wait_s, "joining (handshake)", &st, &r));
     if (st != STORE_ST_OK)
         return status_error(c, st, &r, "joining (handshake)");
     store_reader_u16(&r);
@@ -322,14 +312,15 @@ int store_client_connect(const struct store_client_options *opts, struct store_c
     c->host = strdup(opts->host);
     c->run_id = strdup(opts->run_id);
     c->secret = opts->secret ? strdup(opts->secret) : NULL;
+    int rc = 0;
     if (!c->host || !c->run_id || (opts->secret && !c->secret)) {
-        store_client_close(c);
-        return error_set(FSDP_ENOMEM, "out of memory creating a store client");
+        rc = error_set(FSDP_ENOMEM, "out of memory creating a store client");
+        goto fail;
     }
     double connect_s = opts->connect_timeout_s > 0 ? opts->connect_timeout_s : 30.0;
     double start = now_s(), deadline = start + connect_s;
     double backoff = 0.02;
-    int err = 0, rc = 0;
+    int err = 0;
     for (;;) {
         int fd;
         if (connect_once(opts->host, opts->port, &fd, deadline, &err) == 0) {
@@ -360,12 +351,13 @@ int store_client_connect(const struct store_client_options *opts, struct store_c
         nanosleep(&ts, NULL);
         backoff = backoff * 2 > 0.5 ? 0.5 : backoff * 2;
     }
-    if (rc != 0) {
-        store_client_close(c);
-        return rc;
-    }
+    if (rc != 0)
+        goto fail;
     *out = c;
     return 0;
+fail:
+    store_client_close(c);
+    return rc;
 }
 
 void store_client_close(struct store_client *c)
@@ -400,9 +392,7 @@ int store_client_fd(const struct store_client *c) { return c ? c->fd : -1; }
 static int simple_roundtrip(struct store_client *c, const char *what, struct store_reader *r)
 {
     uint8_t st;
-    int rc = client_roundtrip(c, c->default_timeout_s, what, &st, r);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(client_roundtrip(c, c->default_timeout_s, what, &st, r));
     return st == STORE_ST_OK ? 0 : status_error(c, st, r, what);
 }
 
@@ -416,21 +406,18 @@ static void what_key(char *buf, size_t n, const char *verb, const char *key)
 static int key_value_op(struct store_client *c, int op, const char *verb, const char *key, const void *value,
                         size_t len)
 {
-    int rc = check_key(key);
-    if (rc == 0)
-        rc = check_value(key, len);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(check_key(key));
+    FSDP_TRY(check_value(key, len));
     char what[128];
     what_key(what, sizeof what, verb, key);
     store_buf_begin(&c->out, op);
     store_buf_put_str(&c->out, key);
     store_buf_put_bytes(&c->out, value, len);
     struct store_reader r;
-    rc = simple_roundtrip(c, what, &r);
-    if (rc == 0 && !store_reader_done(&r))
+    FSDP_TRY(simple_roundtrip(c, what, &r));
+    if (!store_reader_done(&r))
         return reply_malformed(c, what);
-    return rc;
+    return 0;
 }
 
 int store_client_set(struct store_client *c, const char *key, const void *value, size_t len)
@@ -457,9 +444,7 @@ int store_client_get(struct store_client *c, const char *key, void **value, size
     *value = NULL;
     if (len)
         *len = 0;
-    int rc = check_key(key);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(check_key(key));
     double t = wait_seconds(c, timeout_s);
     char what[128], shown[80];
     what_key(what, sizeof what, "waiting for", key);
@@ -468,9 +453,7 @@ int store_client_get(struct store_client *c, const char *key, void **value, size
     store_buf_put_str(&c->out, key);
     uint8_t st;
     struct store_reader r;
-    rc = client_roundtrip(c, t + CLIENT_REPLY_MARGIN_S, what, &st, &r);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(client_roundtrip(c, t + CLIENT_REPLY_MARGIN_S, what, &st, &r));
     if (st == STORE_ST_TIMEOUT)
         return error_set(FSDP_ETIMEDOUT, "timed out after %.1f s waiting for key '%s' at store %s", t,
                          key_shown(key, shown), c->addr);
@@ -485,18 +468,14 @@ int store_client_get(struct store_client *c, const char *key, void **value, size
 
 int store_client_add(struct store_client *c, const char *key, int64_t delta, int64_t *result)
 {
-    int rc = check_key(key);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(check_key(key));
     char what[128];
     what_key(what, sizeof what, "adding to", key);
     store_buf_begin(&c->out, STORE_OP_ADD);
     store_buf_put_str(&c->out, key);
     store_buf_put_u64(&c->out, (uint64_t)delta);
     struct store_reader r;
-    rc = simple_roundtrip(c, what, &r);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(simple_roundtrip(c, what, &r));
     int64_t v = (int64_t)store_reader_u64(&r);
     if (!store_reader_done(&r))
         return reply_malformed(c, what);
@@ -512,13 +491,9 @@ int store_client_compare_set(struct store_client *c, const char *key, const void
         *actual = NULL;
     if (actual_len)
         *actual_len = 0;
-    int rc = check_key(key);
-    if (rc == 0)
-        rc = check_value(key, expected_len);
-    if (rc == 0)
-        rc = check_value(key, desired_len);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(check_key(key));
+    FSDP_TRY(check_value(key, expected_len));
+    FSDP_TRY(check_value(key, desired_len));
     char what[128];
     what_key(what, sizeof what, "compare-and-setting", key);
     store_buf_begin(&c->out, STORE_OP_COMPARE_SET);
@@ -527,9 +502,7 @@ int store_client_compare_set(struct store_client *c, const char *key, const void
     store_buf_put_bytes(&c->out, expected, expected_len);
     store_buf_put_bytes(&c->out, desired, desired_len);
     struct store_reader r;
-    rc = simple_roundtrip(c, what, &r);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(simple_roundtrip(c, what, &r));
     store_reader_u8(&r); /* exists: an empty value and a missing key both read as length 0 */
     size_t n;
     const uint8_t *p = store_reader_bytes(&r, &n);
@@ -544,9 +517,7 @@ static int put_keys(struct store_client *c, const char *const *keys, size_t nkey
         return error_set(FSDP_ERANGE, "%zu keys in one request exceed the limit of %u", nkeys,
                          STORE_MAX_WAIT_KEYS);
     for (size_t i = 0; i < nkeys; i++) {
-        int rc = check_key(keys[i]);
-        if (rc != 0)
-            return rc;
+        FSDP_TRY(check_key(keys[i]));
     }
     store_buf_put_u32(&c->out, (uint32_t)nkeys);
     for (size_t i = 0; i < nkeys; i++)
@@ -557,13 +528,9 @@ static int put_keys(struct store_client *c, const char *const *keys, size_t nkey
 int store_client_check(struct store_client *c, const char *const *keys, size_t nkeys, bool *all_exist)
 {
     store_buf_begin(&c->out, STORE_OP_CHECK);
-    int rc = put_keys(c, keys, nkeys);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(put_keys(c, keys, nkeys));
     struct store_reader r;
-    rc = simple_roundtrip(c, "checking keys", &r);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(simple_roundtrip(c, "checking keys", &r));
     uint8_t all = store_reader_u8(&r);
     if (!store_reader_done(&r))
         return reply_malformed(c, "checking keys");
@@ -591,17 +558,13 @@ int store_client_wait(struct store_client *c, const char *const *keys, size_t nk
     double t = wait_seconds(c, timeout_s);
     store_buf_begin(&c->out, STORE_OP_WAIT);
     store_buf_put_u32(&c->out, (uint32_t)(t * 1000.0));
-    int rc = put_keys(c, keys, nkeys);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(put_keys(c, keys, nkeys));
     char list[300], what[400];
     keys_shown(list, sizeof list, keys, nkeys);
     snprintf(what, sizeof what, "waiting for keys %s", list);
     uint8_t st;
     struct store_reader r;
-    rc = client_roundtrip(c, t + CLIENT_REPLY_MARGIN_S, what, &st, &r);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(client_roundtrip(c, t + CLIENT_REPLY_MARGIN_S, what, &st, &r));
     if (st == STORE_ST_OK)
         return store_reader_done(&r) ? 0 : reply_malformed(c, what);
     if (st != STORE_ST_TIMEOUT)
@@ -627,17 +590,13 @@ int store_client_wait(struct store_client *c, const char *const *keys, size_t nk
 
 int store_client_delete(struct store_client *c, const char *key, bool *existed)
 {
-    int rc = check_key(key);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(check_key(key));
     char what[128];
     what_key(what, sizeof what, "deleting", key);
     store_buf_begin(&c->out, STORE_OP_DELETE);
     store_buf_put_str(&c->out, key);
     struct store_reader r;
-    rc = simple_roundtrip(c, what, &r);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(simple_roundtrip(c, what, &r));
     uint8_t e = store_reader_u8(&r);
     if (!store_reader_done(&r))
         return reply_malformed(c, what);
@@ -650,9 +609,7 @@ int store_client_num_keys(struct store_client *c, int64_t *n)
 {
     store_buf_begin(&c->out, STORE_OP_NUM_KEYS);
     struct store_reader r;
-    int rc = simple_roundtrip(c, "counting keys", &r);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(simple_roundtrip(c, "counting keys", &r));
     int64_t v = (int64_t)store_reader_u64(&r);
     if (!store_reader_done(&r))
         return reply_malformed(c, "counting keys");
@@ -669,8 +626,8 @@ int store_client_ping(struct store_client *c)
 {
     store_buf_begin(&c->out, STORE_OP_PING);
     struct store_reader r;
-    int rc = simple_roundtrip(c, "pinging", &r);
-    if (rc == 0 && !store_reader_done(&r))
+    FSDP_TRY(simple_roundtrip(c, "pinging", &r));
+    if (!store_reader_done(&r))
         return reply_malformed(c, "pinging");
-    return rc;
+    return 0;
 }

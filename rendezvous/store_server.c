@@ -297,52 +297,50 @@ int store_server_start(const struct store_server_options *opts, struct store_ser
     s->secret = strdup(opts->secret ? opts->secret : "");
     int fd = -1;
     int rc = 0;
-    if (!s->run_id || !s->secret || store_table_init(&s->table) != 0)
+    if (!s->run_id || !s->secret || store_table_init(&s->table) != 0) {
         rc = error_set(FSDP_ENOMEM, "out of memory starting the store");
-    if (rc == 0)
-        rc = bind_listener(opts->bind_addr, opts->port, &fd);
-    if (rc == 0) {
-        s->base = event_base_new();
-        if (s->base) {
-            s->stop_ev = event_new(s->base, -1, 0, stop_cb, s);
-            s->accept_resume = evtimer_new(s->base, accept_resume_cb, s);
-        }
-        if (s->stop_ev && s->accept_resume)
-            s->listener = evconnlistener_new(s->base, accept_cb, s,
-                                             LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1, fd);
-        if (!s->listener) {
-            close(fd);
-            rc = error_set(FSDP_EIO, "libevent could not set up the store listener");
-        }
+        goto fail;
     }
-    if (rc == 0) {
-        evconnlistener_set_error_cb(s->listener, accept_error_cb);
-        struct sockaddr_storage ss;
-        socklen_t sl = sizeof ss;
-        getsockname(fd, (struct sockaddr *)&ss, &sl);
-        s->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                                  : ((struct sockaddr_in *)&ss)->sin_port);
-        snprintf(s->addr, sizeof s->addr, "%s:%d", opts->bind_addr && *opts->bind_addr ? opts->bind_addr : "0.0.0.0",
-                 s->port);
-        /* The hosting launcher handles signals on its main thread; the server thread must never take one
-         * (and a write to a dead peer must give EPIPE, not kill the launcher with SIGPIPE). */
-        sigset_t all, old;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
-        int prc = pthread_create(&s->thread, NULL, server_thread, s);
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-        if (prc != 0)
-            rc = error_set(FSDP_EIO, "cannot start the store thread: %s", strerror(prc));
-        else
-            s->thread_started = true;
+    FSDP_TRY_GOTO(bind_listener(opts->bind_addr, opts->port, &fd), rc, fail);
+    s->base = event_base_new();
+    if (s->base) {
+        s->stop_ev = event_new(s->base, -1, 0, stop_cb, s);
+        s->accept_resume = evtimer_new(s->base, accept_resume_cb, s);
     }
-    if (rc != 0) {
-        store_server_stop(s);
-        return rc;
+    if (s->stop_ev && s->accept_resume)
+        s->listener = evconnlistener_new(s->base, accept_cb, s, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1,
+                                         fd);
+    if (!s->listener) {
+        close(fd);
+        rc = error_set(FSDP_EIO, "libevent could not set up the store listener");
+        goto fail;
     }
+    evconnlistener_set_error_cb(s->listener, accept_error_cb);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    getsockname(fd, (struct sockaddr *)&ss, &sl);
+    s->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                              : ((struct sockaddr_in *)&ss)->sin_port);
+    snprintf(s->addr, sizeof s->addr, "%s:%d", opts->bind_addr && *opts->bind_addr ? opts->bind_addr : "0.0.0.0",
+             s->port);
+    /* The hosting launcher handles signals on its main thread; the server thread must never take one
+     * (and a write to a dead peer must give EPIPE, not kill the launcher with SIGPIPE). */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int prc = pthread_create(&s->thread, NULL, server_thread, s);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (prc != 0) {
+        rc = error_set(FSDP_EIO, "cannot start the store thread: %s", strerror(prc));
+        goto fail;
+    }
+    s->thread_started = true;
     log_info("store: listening on %s", s->addr);
     *out = s;
     return 0;
+fail:
+    store_server_stop(s);
+    return rc;
 }
 
 int store_server_port(const struct store_server *s) { return s ? s->port : -1; }

@@ -38,6 +38,18 @@ static int fail(const char *what)
     return EXIT_CONFIG;
 }
 
+/* Training in this rank's environment (torchrun's variables and the store). */
+static int run(const struct worker_config *wc, const char *config_text)
+{
+    struct train_env env;
+    int rc = 0;
+    FSDP_TRY_GOTO(train_env_open(&env), rc, out);
+    FSDP_TRY_GOTO(train_run(wc, config_text, &env), rc, out);
+out:
+    train_env_close(&env);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     log_init("fsdp-worker");
@@ -48,6 +60,7 @@ int main(int argc, char **argv)
     const struct config_schema *schema = worker_config_schema();
     struct config_cli cli;
     struct config *cfg = NULL;
+    char *text = NULL;
     int status = EXIT_CONFIG;
     if (config_cli_parse(schema, argc, argv, &cli) != 0) {
         status = fail("bad command line");
@@ -102,24 +115,16 @@ int main(int argc, char **argv)
         status = config_print_ini(cfg, stdout) == 0 ? 0 : fail("--print-config");
         goto out;
     }
-    char *text = NULL;
     size_t text_len = 0;
     FILE *mem = open_memstream(&text, &text_len);
     if (!mem || config_print_ini(cfg, mem) != 0) {
         if (mem)
             fclose(mem);
-        free(text);
         status = fail("config text");
         goto out;
     }
     fclose(mem);
-    struct train_env env;
-    int rc = train_env_open(&env);
-    if (rc == 0) {
-        rc = train_run(&wc, text, &env);
-    }
-    train_env_close(&env);
-    free(text);
+    int rc = run(&wc, text);
     if (rc) {
         if (!log_error_is_last(error_message())) /* a collective's failure is printed when it happens */
             log_error("%s", error_message());
@@ -128,6 +133,7 @@ int main(int argc, char **argv)
         status = 0;
     }
 out:
+    free(text);
     config_destroy(cfg);
     config_cli_free(&cli);
     return status;

@@ -7,8 +7,8 @@
  * contributions from every later query block, so keeping a pair on one thread makes dqkv race-free and
  * deterministic without atomics. The workspace has a slot per pair, so its size does not depend on the
  * thread count at call time, but a pair works in the slot of its thread (no more threads than pairs are
- * started): a slot is 64 KiB of tiles, and a fresh, cold one for every pair cost 2-3% once the slots
- * outgrew the cache (b * nh = 32 pairs at config S). The sgemm calls run inside the parallel region, where
+ * started): a slot is 64 KiB of tiles, and a fresh, cold one for every pair would cost 2-3% once the
+ * slots outgrow the cache (b * nh = 32 pairs at config S). The sgemm calls run inside the parallel region, where
  * the OpenMP build of OpenBLAS runs them single-threaded (no oversubscription).
  *
  * Head size 64 (every GPT-2) on a CPU with AVX-512 takes hand-written tiles instead of sgemm (further
@@ -524,9 +524,7 @@ static int att_threads(int pairs)
 int cpu_attention_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh,
                           void *workspace)
 {
-    int rc = check_shape("attention_forward", b, t, c, nh);
-    if (rc)
-        return rc;
+    FSDP_TRY(check_shape("attention_forward", b, t, c, nh));
     if (b == 0 || t == 0)
         return 0;
     if (!workspace)
@@ -647,9 +645,7 @@ static void att_backward_pair(float *dq_all, float *dk_all, float *dv_all, size_
 int cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
                            const float *lse, int b, int t, int c, int nh, void *workspace)
 {
-    int rc = check_shape("attention_backward", b, t, c, nh);
-    if (rc)
-        return rc;
+    FSDP_TRY(check_shape("attention_backward", b, t, c, nh));
     if (b == 0 || t == 0)
         return 0;
     if (!workspace)

@@ -22,9 +22,7 @@ int cpu_embedding_forward(float *out, const int32_t *tokens, const float *wte, c
         return error_set(FSDP_EINVAL, "kernels cpu: embedding_forward: bad shape b=%d t=%d c=%d vocab=%d", b,
                          t, c, vocab);
     long rows = (long)b * t;
-    int rc = check_tokens("embedding_forward", tokens, rows, vocab);
-    if (rc)
-        return rc;
+    FSDP_TRY(check_tokens("embedding_forward", tokens, rows, vocab));
 #pragma omp parallel for schedule(static) if (rows * c > CPU_CHUNK)
     for (long i = 0; i < rows; i++) {
         const float *te = wte + (size_t)tokens[i] * c, *pe = wpe + (size_t)(i % t) * c;
@@ -44,9 +42,7 @@ int cpu_embedding_backward(float *dwte, float *dwpe, const float *dout, const in
                          b, t, c, vocab);
     long rows = (long)b * t;
     if (dwte) {
-        int rc = check_tokens("embedding_backward", tokens, rows, vocab);
-        if (rc)
-            return rc;
+        FSDP_TRY(check_tokens("embedding_backward", tokens, rows, vocab));
     }
     int strips = (c + EMB_STRIP - 1) / EMB_STRIP;
 #pragma omp parallel for schedule(static) if (rows * c > CPU_CHUNK)

@@ -32,19 +32,22 @@ int cpu_lowp_bind(const float *f32, const void *lp, size_t n)
         return error_set(FSDP_EINVAL, "kernels cpu: lowp_bind: NULL buffer or empty range");
     pthread_mutex_lock(&bound.lock);
     int rc = 0;
-    for (int i = 0; i < bound.n && !rc; i++)
-        if (f32 < bound.r[i].f32 + bound.r[i].n && bound.r[i].f32 < f32 + n)
+    for (int i = 0; i < bound.n; i++)
+        if (f32 < bound.r[i].f32 + bound.r[i].n && bound.r[i].f32 < f32 + n) {
             rc = error_set(FSDP_EEXIST, "kernels cpu: lowp_bind: [%p, +%zu) overlaps the bound range [%p, +%zu)",
                            (const void *)f32, n, (const void *)bound.r[i].f32, bound.r[i].n);
-    if (!rc && bound.n == CPU_LOWP_RANGES)
+            goto out;
+        }
+    if (bound.n == CPU_LOWP_RANGES) {
         rc = error_set(FSDP_ERANGE, "kernels cpu: lowp_bind: %d ranges bound already; unbind released ones",
                        CPU_LOWP_RANGES);
-    if (!rc) {
-        bound.r[bound.n].f32 = f32;
-        bound.r[bound.n].lp = lp;
-        bound.r[bound.n].n = n;
-        bound.n++;
+        goto out;
     }
+    bound.r[bound.n].f32 = f32;
+    bound.r[bound.n].lp = lp;
+    bound.r[bound.n].n = n;
+    bound.n++;
+out:
     pthread_mutex_unlock(&bound.lock);
     return rc;
 }

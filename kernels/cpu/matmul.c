@@ -134,25 +134,20 @@ static int gemm_any(int ta, int tb, int m, int n, int k, float alpha, const floa
     if (cpu_matmul_compute_dtype() != DTYPE_BF16 || k == 0)
         return f32_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias);
     struct opnd A, B;
-    int rc = 0;
     if (a16)
         A = *a16;
     else
-        rc = bf16_operand(sa, a, ta ? k : m, ta ? m : k, lda, &A);
-    if (!rc && b16)
+        FSDP_TRY(bf16_operand(sa, a, ta ? k : m, ta ? m : k, lda, &A));
+    if (b16)
         B = *b16;
-    else if (!rc)
-        rc = bf16_operand(sb, b, tb ? n : k, tb ? k : n, ldb, &B);
-    if (rc)
-        return rc;
+    else
+        FSDP_TRY(bf16_operand(sb, b, tb ? n : k, tb ? k : n, ldb, &B));
     return cpu_onednn_matmul(DTYPE_BF16, ta, tb, m, n, k, alpha, A.p, A.ld, B.p, B.ld, beta, c, ldc, bias);
 }
 
 int cpu_matmul_forward(float *y, const float *x, const float *w, const float *b, int n, int in, int out)
 {
-    int rc = check_dims("matmul_forward", n, in, out);
-    if (rc)
-        return rc;
+    FSDP_TRY(check_dims("matmul_forward", n, in, out));
     if (n == 0)
         return 0;
     return gemm_any(0, 0, n, out, in, 1.0f, x, in, NULL, 0, w, out, NULL, 1, 0.0f, y, out, b);
@@ -197,25 +192,19 @@ static void colsum_rows(float *db, const float *dy, int n, int out)
 int cpu_matmul_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
                         int n, int in, int out)
 {
-    int rc = check_dims("matmul_backward", n, in, out);
-    if (rc)
-        return rc;
+    FSDP_TRY(check_dims("matmul_backward", n, in, out));
     if (n == 0)
         return 0;
     /* dy is an operand of both products: in bf16 it is rounded once for the two */
     struct opnd dy16, *pdy = NULL;
     if ((dx || dw) && cpu_matmul_compute_dtype() == DTYPE_BF16) {
-        rc = bf16_operand(2, dy, n, out, out, &dy16);
-        if (rc)
-            return rc;
+        FSDP_TRY(bf16_operand(2, dy, n, out, out, &dy16));
         pdy = &dy16;
     }
     if (dx)
-        rc = gemm_any(0, 1, n, in, out, 1.0f, dy, out, pdy, 2, w, out, NULL, 1, 1.0f, dx, in, NULL);
-    if (!rc && dw)
-        rc = gemm_any(1, 0, in, out, n, 1.0f, x, in, NULL, 0, dy, out, pdy, 2, 1.0f, dw, out, NULL);
-    if (rc)
-        return rc;
+        FSDP_TRY(gemm_any(0, 1, n, in, out, 1.0f, dy, out, pdy, 2, w, out, NULL, 1, 1.0f, dx, in, NULL));
+    if (dw)
+        FSDP_TRY(gemm_any(1, 0, in, out, n, 1.0f, x, in, NULL, 0, dy, out, pdy, 2, 1.0f, dw, out, NULL));
     if (db && out <= DB_ROWS_MAX && ((long)n * out <= CPU_CHUNK || omp_get_max_threads() == 1)) {
         colsum_rows(db, dy, n, out);
     } else if (db) {

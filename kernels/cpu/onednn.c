@@ -214,9 +214,7 @@ static int entry_find(const struct mm_key *key, float alpha, float beta, struct 
         entry_drop(e);
         g.stats.evicted++;
     }
-    int rc = entry_make(e, key, alpha, beta);
-    if (rc)
-        return rc;
+    FSDP_TRY(entry_make(e, key, alpha, beta));
     e->last_use = ++g.clock;
     g.stats.created++;
     *out = e;
@@ -240,32 +238,29 @@ int cpu_onednn_matmul(enum dtype dt, int ta, int tb, int m, int n, int k, float 
     memcpy(&key.beta_bits, &beta, sizeof beta);
     pthread_mutex_lock(&g.lock);
     struct mm_entry *e;
-    int rc = entry_find(&key, alpha, beta, &e);
-    dnnl_status_t st = dnnl_success;
-    if (!rc) {
-        /* The memory objects of an entry are re-pointed at this call's buffers, so executions of one entry
-         * are serialised by the lock (a training step calls from one thread anyway). */
-        dnnl_memory_set_data_handle(e->a, (void *)a);
-        dnnl_memory_set_data_handle(e->b, (void *)b);
-        dnnl_memory_set_data_handle(e->c, c);
-        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, e->a}, {DNNL_ARG_WEIGHTS, e->b}, {DNNL_ARG_DST, e->c}};
-        int nargs = 3;
-        if (bias) {
-            dnnl_memory_set_data_handle(e->bias, (void *)bias);
-            args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, e->bias};
-        }
-        st = dnnl_primitive_execute(e->prim, g.stream, nargs, args);
-        if (st == dnnl_success)
-            st = dnnl_stream_wait(g.stream);
-        g.stats.executed++;
+    int rc = 0;
+    FSDP_TRY_GOTO(entry_find(&key, alpha, beta, &e), rc, out);
+    /* The memory objects of an entry are re-pointed at this call's buffers, so executions of one entry are
+     * serialised by the lock (a training step calls from one thread anyway). */
+    dnnl_memory_set_data_handle(e->a, (void *)a);
+    dnnl_memory_set_data_handle(e->b, (void *)b);
+    dnnl_memory_set_data_handle(e->c, c);
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, e->a}, {DNNL_ARG_WEIGHTS, e->b}, {DNNL_ARG_DST, e->c}};
+    int nargs = 3;
+    if (bias) {
+        dnnl_memory_set_data_handle(e->bias, (void *)bias);
+        args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, e->bias};
     }
-    pthread_mutex_unlock(&g.lock);
-    if (rc)
-        return rc;
+    dnnl_status_t st = dnnl_primitive_execute(e->prim, g.stream, nargs, args);
+    if (st == dnnl_success)
+        st = dnnl_stream_wait(g.stream);
+    g.stats.executed++;
     if (st != dnnl_success)
-        return error_set(FSDP_EIO, "kernels cpu: oneDNN %s matmul m=%d n=%d k=%d failed: status %d",
-                         dtype_name(dt), m, n, k, (int)st);
-    return 0;
+        rc = error_set(FSDP_EIO, "kernels cpu: oneDNN %s matmul m=%d n=%d k=%d failed: status %d", dtype_name(dt), m,
+                       n, k, (int)st);
+out:
+    pthread_mutex_unlock(&g.lock);
+    return rc;
 }
 
 void cpu_onednn_cache_clear(void)

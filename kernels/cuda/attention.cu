@@ -330,9 +330,7 @@ template <int DPL> static int att_forward_launch(float *out, float *lse, const f
 {
     const int hs = c / nh;
     size_t smem = (size_t)ATT_TILE * (2 * hs + hs + 1) * sizeof(float);
-    int rc = att_prepare("attention_forward", att_forward_kernel<DPL>, smem);
-    if (rc)
-        return rc;
+    FSDP_TRY(att_prepare("attention_forward", att_forward_kernel<DPL>, smem));
     dim3 grid((t + ATT_TILE - 1) / ATT_TILE, b * nh);
     att_forward_kernel<DPL><<<grid, ATT_THREADS, smem, cuda_ctx.stream>>>(out, lse, qkv, t, c, nh,
                                                                           1.0f / sqrtf((float)hs));
@@ -347,15 +345,12 @@ static int att_backward_launch(float *dqkv, const float *dout, const float *qkv,
     const float scale = 1.0f / sqrtf((float)hs);
     size_t smem_dq = (size_t)ATT_TILE * (2 * hs + 2 * (hs + 1)) * sizeof(float);
     size_t smem_dkv = (size_t)ATT_TILE * (2 * hs + 2 * (hs + 1) + 2) * sizeof(float);
-    int rc;
-    if ((rc = att_prepare("attention_backward dq", att_backward_dq_kernel<DPL>, smem_dq)) ||
-        (rc = att_prepare("attention_backward dk/dv", att_backward_dkv_kernel<DPL>, smem_dkv)))
-        return rc;
+    FSDP_TRY(att_prepare("attention_backward dq", att_backward_dq_kernel<DPL>, smem_dq));
+    FSDP_TRY(att_prepare("attention_backward dk/dv", att_backward_dkv_kernel<DPL>, smem_dkv));
     dim3 grid((t + ATT_TILE - 1) / ATT_TILE, b * nh);
     att_backward_dq_kernel<DPL><<<grid, ATT_THREADS, smem_dq, cuda_ctx.stream>>>(dqkv, dout, qkv, lse, dsum, t, c,
                                                                                  nh, scale);
-    if ((rc = cuda_check_launch("attention_backward dq")))
-        return rc;
+    FSDP_TRY(cuda_check_launch("attention_backward dq"));
     att_backward_dkv_kernel<DPL><<<grid, ATT_THREADS, smem_dkv, cuda_ctx.stream>>>(dqkv, dout, qkv, lse, dsum, t,
                                                                                    c, nh, scale);
     return cuda_check_launch("attention_backward dk/dv");
@@ -373,9 +368,9 @@ size_t cuda_attention_workspace_bytes(int b, int t, int c, int nh)
 int cuda_attention_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, void *workspace)
 {
     (void)workspace;
-    int rc = check_shape("attention_forward", b, t, c, nh);
-    if (rc || b == 0 || t == 0)
-        return rc;
+    FSDP_TRY(check_shape("attention_forward", b, t, c, nh));
+    if (b == 0 || t == 0)
+        return 0;
     const int hs = c / nh;
     if (hs <= 32)
         return att_forward_launch<1>(out, lse, qkv, b, t, c, nh);
@@ -389,9 +384,9 @@ int cuda_attention_forward(float *out, float *lse, const float *qkv, int b, int 
 int cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
                             int b, int t, int c, int nh, void *workspace)
 {
-    int rc = check_shape("attention_backward", b, t, c, nh);
-    if (rc || b == 0 || t == 0)
-        return rc;
+    FSDP_TRY(check_shape("attention_backward", b, t, c, nh));
+    if (b == 0 || t == 0)
+        return 0;
     if (!workspace)
         return error_set(FSDP_EINVAL, "kernels cuda: attention_backward: NULL workspace (size it with "
                                       "attention_workspace_bytes)");
@@ -399,8 +394,7 @@ int cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, co
     size_t warps = (size_t)b * nh * t;
     att_rowdot_kernel<<<(unsigned)((warps * 32 + CUDA_THREADS - 1) / CUDA_THREADS), CUDA_THREADS, 0,
                         cuda_ctx.stream>>>(dsum, dout, out, b, t, c, nh);
-    if ((rc = cuda_check_launch("attention_backward (rowdot)")))
-        return rc;
+    FSDP_TRY(cuda_check_launch("attention_backward (rowdot)"));
     const int hs = c / nh;
     if (hs <= 32)
         return att_backward_launch<1>(dqkv, dout, qkv, lse, dsum, b, t, c, nh);

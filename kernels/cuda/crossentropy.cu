@@ -89,23 +89,20 @@ int cuda_crossentropy_forward_backward(float *losses, double *loss_sum, float *d
                          v, vp);
     if (loss_sum)
         *loss_sum = 0.0;
-    int rc = cuda_check_ids("crossentropy", "target (or -1 to ignore)", targets, n, -1, v);
-    if (rc || n == 0)
-        return rc;
+    FSDP_TRY(cuda_check_ids("crossentropy", "target (or -1 to ignore)", targets, n, -1, v));
+    if (n == 0)
+        return 0;
     void *row_loss = NULL;
-    if (loss_sum && (rc = cuda_scratch("crossentropy", &row_loss, (size_t)n * sizeof(double))))
-        return rc;
+    if (loss_sum)
+        FSDP_TRY(cuda_scratch("crossentropy", &row_loss, (size_t)n * sizeof(double)));
     xent_kernel<<<n, XENT_THREADS, 0, cuda_ctx.stream>>>(losses, (double *)row_loss, dlogits, logits, targets, v,
                                                          vp, dloss);
-    if ((rc = cuda_check_launch("crossentropy")))
-        return rc;
+    FSDP_TRY(cuda_check_launch("crossentropy"));
     if (!loss_sum)
         return 0;
     xent_sum_kernel<<<1, 1024, 0, cuda_ctx.stream>>>((double *)row_loss, n);
-    if ((rc = cuda_check_launch("crossentropy (loss sum)")))
-        return rc;
-    if ((rc = cuda_check("crossentropy", cudaMemcpyAsync(loss_sum, row_loss, sizeof *loss_sum,
-                                                         cudaMemcpyDeviceToHost, cuda_ctx.stream))))
-        return rc;
+    FSDP_TRY(cuda_check_launch("crossentropy (loss sum)"));
+    FSDP_TRY(cuda_check("crossentropy", cudaMemcpyAsync(loss_sum, row_loss, sizeof *loss_sum,
+                                                        cudaMemcpyDeviceToHost, cuda_ctx.stream)));
     return cuda_check("crossentropy", cudaStreamSynchronize(cuda_ctx.stream));
 }

@@ -55,9 +55,7 @@ int cuda_scratch(const char *op, void **ptr, size_t bytes)
         cuda_ctx.scratch = NULL;
         cuda_ctx.scratch_bytes = 0;
         size_t want = bytes < (1u << 20) ? (1u << 20) : bytes;
-        int rc = cuda_check(op, cudaMalloc(&cuda_ctx.scratch, want));
-        if (rc)
-            return rc;
+        FSDP_TRY(cuda_check(op, cudaMalloc(&cuda_ctx.scratch, want)));
         cuda_ctx.scratch_bytes = want;
     }
     *ptr = cuda_ctx.scratch;
@@ -75,23 +73,19 @@ int cuda_check_ids(const char *op, const char *what, const int32_t *ids, int n, 
 {
     if (n <= 0)
         return 0;
-    int first = INT_MAX, rc;
-    if ((rc = cuda_check(op, cudaMemcpyAsync(cuda_ctx.flag, &first, sizeof first, cudaMemcpyHostToDevice,
-                                             cuda_ctx.stream))))
-        return rc;
+    int first = INT_MAX;
+    FSDP_TRY(cuda_check(op, cudaMemcpyAsync(cuda_ctx.flag, &first, sizeof first, cudaMemcpyHostToDevice,
+                                            cuda_ctx.stream)));
     check_ids_kernel<<<cuda_grid((size_t)n), CUDA_THREADS, 0, cuda_ctx.stream>>>(cuda_ctx.flag, ids, n, lo, hi);
-    if ((rc = cuda_check_launch(op)))
-        return rc;
+    FSDP_TRY(cuda_check_launch(op));
     /* The caller needs an answer now, as the CPU backend gives: one small synchronous read. */
-    if ((rc = cuda_check(op, cudaMemcpyAsync(&first, cuda_ctx.flag, sizeof first, cudaMemcpyDeviceToHost,
-                                             cuda_ctx.stream))) ||
-        (rc = cuda_check(op, cudaStreamSynchronize(cuda_ctx.stream))))
-        return rc;
+    FSDP_TRY(cuda_check(op, cudaMemcpyAsync(&first, cuda_ctx.flag, sizeof first, cudaMemcpyDeviceToHost,
+                                            cuda_ctx.stream)));
+    FSDP_TRY(cuda_check(op, cudaStreamSynchronize(cuda_ctx.stream)));
     if (first == INT_MAX)
         return 0;
     int32_t bad = 0;
-    if ((rc = cuda_check(op, cudaMemcpy(&bad, ids + first, sizeof bad, cudaMemcpyDeviceToHost))))
-        return rc;
+    FSDP_TRY(cuda_check(op, cudaMemcpy(&bad, ids + first, sizeof bad, cudaMemcpyDeviceToHost)));
     return error_set(FSDP_ERANGE, "kernels cuda: %s: %s %d at position %d is outside [%d, %d)", op, what,
                      (int)bad, first, lo, hi);
 }
@@ -127,10 +121,9 @@ int cuda_colsum_add(const char *op, float *dst, const float *src, int rows, int 
 {
     if (rows <= 0 || cols <= 0)
         return 0;
-    int chunks = (rows + COLSUM_ROWS - 1) / COLSUM_ROWS, rc;
+    int chunks = (rows + COLSUM_ROWS - 1) / COLSUM_ROWS;
     void *part;
-    if ((rc = cuda_scratch(op, &part, (size_t)chunks * cols * sizeof(float))))
-        return rc;
+    FSDP_TRY(cuda_scratch(op, &part, (size_t)chunks * cols * sizeof(float)));
     dim3 grid((cols + CUDA_THREADS - 1) / CUDA_THREADS, chunks);
     colsum_partial_kernel<<<grid, CUDA_THREADS, 0, cuda_ctx.stream>>>((float *)part, src, rows, cols);
     colsum_finish_kernel<<<(cols + CUDA_THREADS - 1) / CUDA_THREADS, CUDA_THREADS, 0, cuda_ctx.stream>>>(

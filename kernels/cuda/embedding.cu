@@ -49,9 +49,9 @@ int cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte, 
         return error_set(FSDP_EINVAL, "kernels cuda: embedding_forward: bad shape b=%d t=%d c=%d vocab=%d", b, t,
                          c, vocab);
     int rows = b * t;
-    int rc = cuda_check_ids("embedding_forward", "token", tokens, rows, 0, vocab);
-    if (rc || rows == 0)
-        return rc;
+    FSDP_TRY(cuda_check_ids("embedding_forward", "token", tokens, rows, 0, vocab));
+    if (rows == 0)
+        return 0;
     embedding_forward_kernel<<<cuda_grid((size_t)rows * c), CUDA_THREADS, 0, cuda_ctx.stream>>>(out, tokens, wte,
                                                                                                wpe, rows, t, c);
     return cuda_check_launch("embedding_forward");
@@ -63,9 +63,9 @@ int cuda_embedding_backward(float *dwte, float *dwpe, const float *dout, const i
     if (b < 0 || t < 0 || c <= 0 || vocab <= 0)
         return error_set(FSDP_EINVAL, "kernels cuda: embedding_backward: bad shape b=%d t=%d c=%d vocab=%d", b,
                          t, c, vocab);
-    int rows = b * t, rc;
-    if (dwte && (rc = cuda_check_ids("embedding_backward", "token", tokens, rows, 0, vocab)))
-        return rc;
+    int rows = b * t;
+    if (dwte)
+        FSDP_TRY(cuda_check_ids("embedding_backward", "token", tokens, rows, 0, vocab));
     if (rows == 0 || (!dwte && !dwpe))
         return 0;
     dim3 grid((c + 127) / 128, 2);

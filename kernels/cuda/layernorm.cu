@@ -114,26 +114,22 @@ int cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const flo
         return error_set(FSDP_EINVAL, "kernels cuda: layernorm_backward: bad n=%d c=%d", n, c);
     if (n == 0)
         return 0;
-    int rc;
     if (dinp) {
         unsigned blocks = (unsigned)((n + LN_ROWS_PER_BLOCK - 1) / LN_ROWS_PER_BLOCK);
         layernorm_backward_dinp_kernel<<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>(dinp, dout, inp, weight, mean,
                                                                                      rstd, n, c);
-        if ((rc = cuda_check_launch("layernorm_backward dinp")))
-            return rc;
+        FSDP_TRY(cuda_check_launch("layernorm_backward dinp"));
     }
     if (dweight || dbias) {
         int chunks = (n + LN_CHUNK_ROWS - 1) / LN_CHUNK_ROWS;
         void *part;
-        if ((rc = cuda_scratch("layernorm_backward", &part, 2 * (size_t)chunks * c * sizeof(float))))
-            return rc;
+        FSDP_TRY(cuda_scratch("layernorm_backward", &part, 2 * (size_t)chunks * c * sizeof(float)));
         dim3 grid((c + CUDA_THREADS - 1) / CUDA_THREADS, chunks);
         layernorm_backward_params_partial_kernel<<<grid, CUDA_THREADS, 0, cuda_ctx.stream>>>(
             (float *)part, dout, inp, mean, rstd, n, c, chunks);
         layernorm_backward_params_finish_kernel<<<grid.x, CUDA_THREADS, 0, cuda_ctx.stream>>>(
             dweight, dbias, (const float *)part, c, chunks);
-        if ((rc = cuda_check_launch("layernorm_backward dweight/dbias")))
-            return rc;
+        FSDP_TRY(cuda_check_launch("layernorm_backward dweight/dbias"));
     }
     return 0;
 }

@@ -59,16 +59,15 @@ __global__ void bias_fill_kernel(float *y, const float *b, size_t n, int out)
 
 int cuda_matmul_forward(float *y, const float *x, const float *w, const float *b, int n, int in, int out)
 {
-    int rc = check_dims("matmul_forward", n, in, out);
-    if (rc || n == 0)
-        return rc;
+    FSDP_TRY(check_dims("matmul_forward", n, in, out));
+    if (n == 0)
+        return 0;
     float beta = 0.0f;
     if (b) {
         /* Seed y with the bias and let the GEMM accumulate (beta = 1): the epilogue costs one write. */
         size_t total = (size_t)n * out;
         bias_fill_kernel<<<cuda_grid(total), CUDA_THREADS, 0, cuda_ctx.stream>>>(y, b, (size_t)n, out);
-        if ((rc = cuda_check_launch("matmul_forward (bias)")))
-            return rc;
+        FSDP_TRY(cuda_check_launch("matmul_forward (bias)"));
         beta = 1.0f;
     }
     return gemm_rm("matmul_forward", 0, 0, n, out, in, 1.0f, x, in, w, out, beta, y, out);
@@ -77,16 +76,16 @@ int cuda_matmul_forward(float *y, const float *x, const float *w, const float *b
 int cuda_matmul_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
                          int n, int in, int out)
 {
-    int rc = check_dims("matmul_backward", n, in, out);
-    if (rc || n == 0)
-        return rc;
-    if (dx && (rc = gemm_rm("matmul_backward dx", 0, 1, n, in, out, 1.0f, dy, out, w, out, 1.0f, dx, in)))
-        return rc;
-    if (dw && (rc = gemm_rm("matmul_backward dw", 1, 0, in, out, n, 1.0f, x, in, dy, out, 1.0f, dw, out)))
-        return rc;
+    FSDP_TRY(check_dims("matmul_backward", n, in, out));
+    if (n == 0)
+        return 0;
+    if (dx)
+        FSDP_TRY(gemm_rm("matmul_backward dx", 0, 1, n, in, out, 1.0f, dy, out, w, out, 1.0f, dx, in));
+    if (dw)
+        FSDP_TRY(gemm_rm("matmul_backward dw", 1, 0, in, out, n, 1.0f, x, in, dy, out, 1.0f, dw, out));
     if (db)
-        rc = cuda_colsum_add("matmul_backward db", db, dy, n, out);
-    return rc;
+        return cuda_colsum_add("matmul_backward db", db, dy, n, out);
+    return 0;
 }
 
 int cuda_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,

@@ -63,27 +63,24 @@ int cuda_mem_copy(void *dst, const void *src, size_t bytes, enum kernels_copy_ki
         return 0;
     if (!dst || !src)
         return error_set(FSDP_EINVAL, "kernels cuda: mem_copy of %zu bytes with a NULL pointer", bytes);
-    int rc;
     const char *d = (const char *)dst, *s = (const char *)src;
     if (kind == KERNELS_COPY_D2D && d < s + bytes && s < d + bytes && d != s) {
         /* cudaMemcpy does not define overlapping copies (the CPU backend's memmove does): bounce through
          * scratch so both backends mean the same thing. */
         void *tmp;
-        if ((rc = cuda_scratch("mem_copy", &tmp, bytes)) ||
-            (rc = cuda_check("mem_copy", cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, cuda_ctx.stream))))
-            return rc;
+        FSDP_TRY(cuda_scratch("mem_copy", &tmp, bytes));
+        FSDP_TRY(
+            cuda_check("mem_copy", cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, cuda_ctx.stream)));
         src = tmp;
     }
     if (d == s)
         return 0;
-    rc = cuda_check("mem_copy", cudaMemcpyAsync(dst, src, bytes, kinds[kind], cuda_ctx.stream));
-    if (rc)
-        return rc;
+    FSDP_TRY(cuda_check("mem_copy", cudaMemcpyAsync(dst, src, bytes, kinds[kind], cuda_ctx.stream)));
     /* Host buffers are ordinary (pageable) memory the caller reuses as soon as we return, as with the
      * CPU backend: copies touching the host complete before returning; device-to-device stays queued. */
     if (kind != KERNELS_COPY_D2D)
-        rc = cuda_check("mem_copy", cudaStreamSynchronize(cuda_ctx.stream));
-    return rc;
+        return cuda_check("mem_copy", cudaStreamSynchronize(cuda_ctx.stream));
+    return 0;
 }
 
 int cuda_mem_set(void *dst, int value, size_t bytes)

@@ -90,15 +90,11 @@ int cuda_sqnorm(double *result, const float *x, size_t n)
     if (blocks > SQNORM_MAX_BLOCKS)
         blocks = SQNORM_MAX_BLOCKS;
     void *part;
-    int rc = cuda_scratch("sqnorm", &part, SQNORM_MAX_BLOCKS * sizeof(double));
-    if (rc)
-        return rc;
+    FSDP_TRY(cuda_scratch("sqnorm", &part, SQNORM_MAX_BLOCKS * sizeof(double)));
     sqnorm_partial_kernel<<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>((double *)part, x, n);
     sqnorm_finish_kernel<<<1, CUDA_THREADS, 0, cuda_ctx.stream>>>((double *)part, (int)blocks);
-    if ((rc = cuda_check_launch("sqnorm")))
-        return rc;
-    if ((rc = cuda_check("sqnorm", cudaMemcpyAsync(result, part, sizeof *result, cudaMemcpyDeviceToHost,
-                                                   cuda_ctx.stream))))
-        return rc;
+    FSDP_TRY(cuda_check_launch("sqnorm"));
+    FSDP_TRY(cuda_check("sqnorm", cudaMemcpyAsync(result, part, sizeof *result, cudaMemcpyDeviceToHost,
+                                                  cuda_ctx.stream)));
     return cuda_check("sqnorm", cudaStreamSynchronize(cuda_ctx.stream));
 }

@@ -1,8 +1,9 @@
 /* Under a foreign torchrun-compatible launcher (PyTorch's torchrun, --no_python) fsdp-worker reads the
  * torchrun environment, rank 0 hosts fsdp's store beside torchrun's own (FSDP_STORE_PORT), and the run
  * gives the losses of one rank under fsdp-launch. The torchrun is FSDP_TORCHRUN when set, else `torchrun`
- * on PATH, else the one of the venv docs/fsdp.md describes (~/.cache/fsdpc-venv, PyTorch from PyPI);
- * without any the test says it skipped. */
+ * on PATH, else the one of the venv docs/fsdp.md describes (FSDP_TORCH_VENV, default ~/.cache/fsdpc-venv,
+ * PyTorch from PyPI); without any the test says it skipped. */
+#include "tests/util/tu_venv.h"
 #include "ttest.h"
 
 /* A torchrun found: the path, and how to start it (argv prefix). */
@@ -68,14 +69,12 @@ static void torchrun_argv(struct torchrun *t)
 static bool find_torchrun(struct torchrun *t)
 {
     memset(t, 0, sizeof *t);
-    const char *env = getenv("FSDP_TORCHRUN"), *home = getenv("HOME");
+    const char *env = getenv("FSDP_TORCHRUN");
     if (env && *env) {
         cr_assert(access(env, X_OK) == 0, "FSDP_TORCHRUN=%s is not an executable", env);
         snprintf(t->path, sizeof t->path, "%s", env);
-    } else if (!find_on_path("torchrun", t->path, sizeof t->path)) {
-        snprintf(t->path, sizeof t->path, "%s/.cache/fsdpc-venv/bin/torchrun", home ? home : "");
-        if (!home || access(t->path, X_OK) != 0)
-            return false;
+    } else if (!find_on_path("torchrun", t->path, sizeof t->path) && !tu_venv_bin("torchrun", t->path, sizeof t->path)) {
+        return false;
     }
     torchrun_argv(t);
     return true;
@@ -85,8 +84,9 @@ Test(torchrun, two_ranks_match_one, .timeout = 300)
 {
     struct torchrun tr;
     if (!find_torchrun(&tr))
-        cr_skip_test("no torchrun: none in FSDP_TORCHRUN, on PATH or in ~/.cache/fsdpc-venv (python3 -m venv "
-                     "~/.cache/fsdpc-venv && ~/.cache/fsdpc-venv/bin/pip install torch)");
+        cr_skip_test("no torchrun: none in FSDP_TORCHRUN, on PATH or in the PyPI venv (FSDP_TORCH_VENV, default "
+                     "~/.cache/fsdpc-venv: python3 -m venv ~/.cache/fsdpc-venv && ~/.cache/fsdpc-venv/bin/pip "
+                     "install torch)");
     struct tt_ctx c;
     tt_setup(&c);
     double ref[TT_STEPS];

@@ -78,10 +78,8 @@ int ckpt_write_crc(int fd, uint64_t off, const float *data, size_t count, uint32
             size_t len = n - b * CKPT_CRC_BLOCK < CKPT_CRC_BLOCK ? n - b * CKPT_CRC_BLOCK : CKPT_CRC_BLOCK;
             crcs[blk + b] = crc32c(p + done + b * CKPT_CRC_BLOCK, len);
         }
-        int rc = ckpt_pwrite_all(fd, p + done, n, off + done, path);
-        if (rc != 0)
-            return rc;
-        /* Only a hint: where unsupported, the fsync at the end does all the work as before. */
+        FSDP_TRY(ckpt_pwrite_all(fd, p + done, n, off + done, path));
+        /* Only a hint: where unsupported, the fsync at the end does all the work. */
         sync_file_range(fd, (off_t)(off + done), (off_t)n, SYNC_FILE_RANGE_WRITE);
         done += n;
     }
@@ -114,9 +112,7 @@ int ckpt_crc_prefix(int fd, uint64_t bytes, uint32_t *crc, const char *path)
     uint32_t c = 0;
     for (uint64_t off = 0; off < bytes;) {
         size_t n = bytes - off < sizeof buf ? (size_t)(bytes - off) : sizeof buf;
-        int rc = ckpt_pread_all(fd, buf, n, off, path);
-        if (rc != 0)
-            return rc;
+        FSDP_TRY(ckpt_pread_all(fd, buf, n, off, path));
         c = crc32c_update(c, buf, n);
         off += n;
     }
@@ -196,15 +192,24 @@ static int write_latest(const char *root, const char *name)
         return io_error(tmp, "create", errno);
     char line[CKPT_PATH_MAX];
     int n = snprintf(line, sizeof line, "%s\n", name);
-    int rc = ckpt_write_all(fd, line, (size_t)n, tmp);
-    if (rc == 0 && fsync(fd) != 0)
+    int rc = 0;
+    FSDP_TRY_GOTO(ckpt_write_all(fd, line, (size_t)n, tmp), rc, fail);
+    if (fsync(fd) != 0) {
         rc = io_error(tmp, "fsync", errno);
+        goto fail;
+    }
     close(fd);
-    if (rc == 0 && rename(tmp, final) != 0)
+    fd = -1;
+    if (rename(tmp, final) != 0) {
         rc = io_error(final, "rename", errno);
-    if (rc != 0)
-        unlink(tmp);
-    return rc == 0 ? ckpt_fsync_dir(root) : rc;
+        goto fail;
+    }
+    return ckpt_fsync_dir(root);
+fail:
+    if (fd >= 0)
+        close(fd);
+    unlink(tmp);
+    return rc;
 }
 
 struct found {
@@ -267,9 +272,7 @@ int ckpt_commit_dir(const char *root, const char *tmp, const char *name, int kee
     char final[CKPT_PATH_MAX], old[CKPT_PATH_MAX];
     snprintf(final, sizeof final, "%s/%s", root, name);
     snprintf(old, sizeof old, "%s/%sreplaced_%s", root, CKPT_TMP_PREFIX, name);
-    int rc = ckpt_fsync_dir(tmp);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(ckpt_fsync_dir(tmp));
     /* A checkpoint of the same step (a re-run after resume) is moved aside, not deleted, until the new
      * one has its final name. */
     bool replaced = false;
@@ -281,13 +284,13 @@ int ckpt_commit_dir(const char *root, const char *tmp, const char *name, int kee
         replaced = true;
     }
     if (rename(tmp, final) != 0) {
-        rc = io_error(final, "rename", errno);
+        int rc = io_error(final, "rename", errno);
         if (replaced)
             rename(old, final);
         return rc;
     }
-    if ((rc = ckpt_fsync_dir(root)) != 0 || (rc = write_latest(root, name)) != 0)
-        return rc;
+    FSDP_TRY(ckpt_fsync_dir(root));
+    FSDP_TRY(write_latest(root, name));
     if (replaced)
         ckpt_remove_tree(old);
     prune(root, name, keep_last);

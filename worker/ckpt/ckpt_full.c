@@ -74,8 +74,13 @@ static int write_header(struct ckpt_full_writer *w, int file)
     size_t n = (size_t)l->n_params * per;
     struct safetensors_entry *e = calloc(n, sizeof *e);
     char(*names)[MODEL_NAME_MAX + 16] = calloc(n, sizeof *names);
-    int rc = e && names ? 0 : error_set(FSDP_ENOMEM, "out of memory");
-    for (int p = 0; p < l->n_params && rc == 0; p++)
+    void *hdr = NULL;
+    int rc = 0;
+    if (!e || !names) {
+        rc = error_set(FSDP_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int p = 0; p < l->n_params; p++)
         for (int j = 0; j < per; j++) {
             const struct model_param *mp = &l->params[p];
             size_t i = (size_t)p * per + j;
@@ -90,30 +95,26 @@ static int write_header(struct ckpt_full_writer *w, int file)
     snprintf(step, sizeof step, "%" PRId64, w->step);
     /* "format": "pt" is what Hugging Face's loaders look for in a PyTorch-origin file. */
     struct safetensors_meta meta[2] = {{.key = "format", .value = "pt"}, {.key = "fsdpc_step", .value = step}};
-    void *hdr = NULL;
     size_t hbytes = 0;
-    if (rc == 0)
-        rc = safetensors_header(w->path[file], e, n, meta, 2, &hdr, &hbytes);
-    if (rc == 0)
-        rc = ckpt_write_all(w->fd[file], hdr, hbytes, w->path[file]);
+    FSDP_TRY_GOTO(safetensors_header(w->path[file], e, n, meta, 2, &hdr, &hbytes), rc, out);
+    FSDP_TRY_GOTO(ckpt_write_all(w->fd[file], hdr, hbytes, w->path[file]), rc, out);
     uint64_t pos = hbytes;
     w->header_bytes[file] = hbytes;
-    for (int p = 0; p < l->n_params && rc == 0; p++)
+    for (int p = 0; p < l->n_params; p++)
         for (int j = 0; j < per; j++) {
             int kind = file == FILE_MODEL ? CKPT_PARAM : CKPT_EXP_AVG + j;
             w->offset[slot(w, kind, p)] = pos;
             pos += ckpt_param_real_numel(&l->params[p]) * sizeof(float);
         }
     /* Sized up front: a disk that cannot hold the file fails here, before any tensor is gathered. */
-    if (rc == 0) {
-        int err = posix_fallocate(w->fd[file], 0, (off_t)pos);
-        if (err == ENOSPC || err == EDQUOT || err == EFBIG) {
-            rc = error_set(FSDP_EIO,
-                           "%s: cannot reserve %llu bytes: %s (disk full: free space or point [checkpoint] dir "
-                           "elsewhere; earlier checkpoints are intact)",
-                           w->path[file], (unsigned long long)pos, strerror(err));
-        }
+    int err = posix_fallocate(w->fd[file], 0, (off_t)pos);
+    if (err == ENOSPC || err == EDQUOT || err == EFBIG) {
+        rc = error_set(FSDP_EIO,
+                       "%s: cannot reserve %llu bytes: %s (disk full: free space or point [checkpoint] dir "
+                       "elsewhere; earlier checkpoints are intact)",
+                       w->path[file], (unsigned long long)pos, strerror(err));
     }
+out:
     free(hdr);
     free(e);
     free(names);
@@ -142,25 +143,24 @@ int ckpt_full_open(const char *root, int64_t step, const struct model_layout *l,
     snprintf(w->tmp, sizeof w->tmp, "%s/%s%s", root, CKPT_TMP_PREFIX, w->name);
     snprintf(w->file_name[FILE_MODEL], sizeof w->file_name[0], "%s.safetensors", w->name);
     snprintf(w->file_name[FILE_OPTIM], sizeof w->file_name[1], "%s_optim.safetensors", w->name);
-    int rc = ckpt_mkdir(root);
-    if (rc == 0) {
-        ckpt_remove_tree(w->tmp); /* leftovers of a save of this step that crashed */
-        rc = ckpt_mkdir(w->tmp);
-    }
-    for (int f = 0; f < N_FILES && rc == 0; f++) {
+    int rc = 0;
+    FSDP_TRY_GOTO(ckpt_mkdir(root), rc, fail);
+    ckpt_remove_tree(w->tmp); /* leftovers of a save of this step that crashed */
+    FSDP_TRY_GOTO(ckpt_mkdir(w->tmp), rc, fail);
+    for (int f = 0; f < N_FILES; f++) {
         ckpt_pathf(w->path[f], "%s/%s", w->tmp, w->file_name[f]);
         w->fd[f] = open(w->path[f], O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (w->fd[f] < 0)
+        if (w->fd[f] < 0) {
             rc = error_set(FSDP_EIO, "%s: cannot create: %s", w->path[f], strerror(errno));
-        else
-            rc = write_header(w, f);
-    }
-    if (rc != 0) {
-        ckpt_full_abort(w);
-        return rc;
+            goto fail;
+        }
+        FSDP_TRY_GOTO(write_header(w, f), rc, fail);
     }
     *out = w;
     return 0;
+fail:
+    ckpt_full_abort(w);
+    return rc;
 }
 
 int ckpt_full_put(struct ckpt_full_writer *w, int kind, int param, const float *t)
@@ -177,14 +177,14 @@ int ckpt_full_put(struct ckpt_full_writer *w, int kind, int param, const float *
     uint32_t *crcs = malloc((nc ? nc : 1) * sizeof *crcs);
     if (!crcs)
         return error_set(FSDP_ENOMEM, "out of memory");
-    int rc = ckpt_write_crc(w->fd[f], w->offset[s], t, n, crcs, w->path[f]);
-    if (rc != 0) {
-        free(crcs);
-        return rc;
-    }
+    int rc = 0;
+    FSDP_TRY_GOTO(ckpt_write_crc(w->fd[f], w->offset[s], t, n, crcs, w->path[f]), rc, fail);
     w->crcs[s] = crcs;
     w->n_crcs[s] = nc;
     return 0;
+fail:
+    free(crcs);
+    return rc;
 }
 
 static int finish(struct ckpt_full_writer *w, const struct ckpt_state *state, int keep_last)
@@ -195,26 +195,30 @@ static int finish(struct ckpt_full_writer *w, const struct ckpt_state *state, in
     m.files = files;
     m.n_files = N_FILES;
     int rc = 0;
-    for (int k = 0; k < CKPT_KINDS && rc == 0; k++)
-        for (int p = 0; p < l->n_params && rc == 0; p++)
-            if (!w->crcs[slot(w, k, p)])
+    for (int k = 0; k < CKPT_KINDS; k++)
+        for (int p = 0; p < l->n_params; p++)
+            if (!w->crcs[slot(w, k, p)]) {
                 rc = error_set(FSDP_EINVAL, "checkpoint: %s of '%s' was never put; the full checkpoint is incomplete",
                                ckpt_kind_name(k), l->params[p].name);
-    for (int f = 0; f < N_FILES && rc == 0; f++) {
+                goto out;
+            }
+    for (int f = 0; f < N_FILES; f++) {
         struct stat st;
-        if (fsync(w->fd[f]) != 0 || fstat(w->fd[f], &st) != 0)
+        if (fsync(w->fd[f]) != 0 || fstat(w->fd[f], &st) != 0) {
             rc = error_set(FSDP_EIO, "%s: fsync: %s", w->path[f], strerror(errno));
+            goto out;
+        }
         files[f].name = w->file_name[f];
         files[f].bytes = (uint64_t)st.st_size;
         files[f].header_bytes = w->header_bytes[f];
-        if (rc == 0)
-            rc = ckpt_crc_prefix(w->fd[f], w->header_bytes[f], &files[f].header_crc, w->path[f]);
+        FSDP_TRY_GOTO(ckpt_crc_prefix(w->fd[f], w->header_bytes[f], &files[f].header_crc, w->path[f]), rc, out);
     }
     size_t n = (size_t)CKPT_KINDS * l->n_params;
-    m.pieces = rc == 0 ? calloc(n, sizeof *m.pieces) : NULL;
-    if (rc == 0 && !m.pieces)
+    if (!(m.pieces = calloc(n, sizeof *m.pieces))) {
         rc = error_set(FSDP_ENOMEM, "out of memory");
-    for (int k = 0; k < CKPT_KINDS && rc == 0; k++)
+        goto out;
+    }
+    for (int k = 0; k < CKPT_KINDS; k++)
         for (int p = 0; p < l->n_params; p++) {
             size_t s = slot(w, k, p);
             m.pieces[m.n_pieces++] = (struct ckpt_meta_piece){
@@ -222,10 +226,9 @@ static int finish(struct ckpt_full_writer *w, const struct ckpt_state *state, in
                 .count = ckpt_param_real_numel(&l->params[p]), .offset = w->offset[s], .crcs = w->crcs[s],
                 .n_crcs = w->n_crcs[s]};
         }
-    if (rc == 0)
-        rc = ckpt_check_coverage(m.pieces, m.n_pieces, l, true, w->tmp);
-    if (rc == 0)
-        rc = ckpt_meta_write(w->tmp, &m, l);
+    FSDP_TRY_GOTO(ckpt_check_coverage(m.pieces, m.n_pieces, l, true, w->tmp), rc, out);
+    FSDP_TRY_GOTO(ckpt_meta_write(w->tmp, &m, l), rc, out);
+out:
     free(m.pieces); /* the CRC arrays stay owned by w */
     for (int f = 0; f < N_FILES; f++)
         if (w->fd[f] >= 0) {
@@ -233,9 +236,9 @@ static int finish(struct ckpt_full_writer *w, const struct ckpt_state *state, in
                 rc = error_set(FSDP_EIO, "%s: close: %s", w->path[f], strerror(errno));
             w->fd[f] = -1;
         }
-    if (rc == 0)
-        rc = ckpt_commit_dir(w->root, w->tmp, w->name, keep_last);
-    return rc;
+    if (rc)
+        return rc;
+    return ckpt_commit_dir(w->root, w->tmp, w->name, keep_last);
 }
 
 int ckpt_full_commit(struct ckpt_full_writer *w, const struct ckpt_state *state, int keep_last)

@@ -184,28 +184,28 @@ int ckpt_meta_write(const char *dir, const struct ckpt_meta *m, const struct mod
     char *at = strstr(text, crc_key);
     char *q = at ? strchr(at + sizeof crc_key - 1, '"') : NULL;
     size_t len = strlen(text);
+    char path[CKPT_PATH_MAX];
+    int rc = 0, fd = -1;
     if (!q) {
-        free(text);
-        return error_set(FSDP_EINVAL, "internal: metadata CRC field missing");
+        rc = error_set(FSDP_EINVAL, "internal: metadata CRC field missing");
+        goto out;
     }
     char hex[9];
     snprintf(hex, sizeof hex, "%08x", crc32c(text, len));
     memcpy(q + 1, hex, 8);
-    char path[CKPT_PATH_MAX];
     snprintf(path, sizeof path, "%s/%s", dir, CKPT_META_FILE);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    int rc;
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
         rc = error_set(FSDP_EIO, "%s: cannot create: %s", path, strerror(errno));
-    } else {
-        rc = ckpt_write_all(fd, text, len, path);
-        if (rc == 0)
-            rc = ckpt_write_all(fd, "\n", 1, path);
-        if (rc == 0 && fsync(fd) != 0)
-            rc = error_set(FSDP_EIO, "%s: fsync: %s", path, strerror(errno));
-        if (close(fd) != 0 && rc == 0)
-            rc = error_set(FSDP_EIO, "%s: close: %s", path, strerror(errno));
+        goto out;
     }
+    FSDP_TRY_GOTO(ckpt_write_all(fd, text, len, path), rc, out);
+    FSDP_TRY_GOTO(ckpt_write_all(fd, "\n", 1, path), rc, out);
+    if (fsync(fd) != 0)
+        rc = error_set(FSDP_EIO, "%s: fsync: %s", path, strerror(errno));
+out:
+    if (fd >= 0 && close(fd) != 0 && rc == 0)
+        rc = error_set(FSDP_EIO, "%s: close: %s", path, strerror(errno));
     free(text);
     return rc;
 }
@@ -251,19 +251,20 @@ static int read_text(const char *path, char **out, size_t *len)
     struct stat st;
     int rc = 0;
     char *text = NULL;
-    if (fstat(fd, &st) != 0 || st.st_size > (1ll << 31) || !(text = malloc((size_t)st.st_size + 1)))
+    if (fstat(fd, &st) != 0 || st.st_size > (1ll << 31) || !(text = malloc((size_t)st.st_size + 1))) {
         rc = error_set(FSDP_EIO, "%s: cannot read (size %lld)", path, (long long)st.st_size);
-    else
-        rc = ckpt_pread_all(fd, text, (size_t)st.st_size, 0, path);
-    close(fd);
-    if (rc != 0) {
-        free(text);
-        return rc;
+        goto fail;
     }
+    FSDP_TRY_GOTO(ckpt_pread_all(fd, text, (size_t)st.st_size, 0, path), rc, fail);
+    close(fd);
     text[st.st_size] = '\0';
     *out = text;
     *len = (size_t)st.st_size;
     return 0;
+fail:
+    close(fd);
+    free(text);
+    return rc;
 }
 
 static int parse_piece(const char *path, const cJSON *o, int kind, int tensor, int n_files,
@@ -388,9 +389,7 @@ static int parse(const char *path, const cJSON *root, struct ckpt_meta *m, char 
                 struct ckpt_meta_piece *q = &m->pieces[m->n_pieces];
                 memset(q, 0, sizeof *q);
                 m->n_pieces++;
-                int rc = parse_piece(path, o, kind, ti, m->n_files, q);
-                if (rc != 0)
-                    return rc;
+                FSDP_TRY(parse_piece(path, o, kind, ti, m->n_files, q));
             }
         }
     }
@@ -406,14 +405,13 @@ int ckpt_meta_read(const char *dir, struct ckpt_meta *m, char ***tensor_names, i
     snprintf(path, sizeof path, "%s/%s", dir, CKPT_META_FILE);
     char *text = NULL;
     size_t len = 0;
-    int rc = read_text(path, &text, &len);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(read_text(path, &text, &len));
+    int rc = 0;
     char *at = strstr(text, crc_key);
     char *q = at ? strchr(at + sizeof crc_key - 1, '"') : NULL;
     if (!q || (size_t)(q - text) + 9 > len) {
-        free(text);
-        return error_set(FSDP_EINVAL, "%s: no metadata_crc32c field (not an fsdpc checkpoint, or damaged)", path);
+        rc = error_set(FSDP_EINVAL, "%s: no metadata_crc32c field (not an fsdpc checkpoint, or damaged)", path);
+        goto fail;
     }
     char stored[9];
     memcpy(stored, q + 1, 8);
@@ -424,10 +422,10 @@ int ckpt_meta_read(const char *dir, struct ckpt_meta *m, char ***tensor_names, i
     char want[9];
     snprintf(want, sizeof want, "%08x", crc32c(text, body));
     if (strcmp(stored, want) != 0) {
-        free(text);
-        return error_set(FSDP_EINVAL, "%s: CRC32C mismatch (stored %s, computed %s): the metadata file is "
-                                      "corrupted or was edited",
-                         path, stored, want);
+        rc = error_set(FSDP_EINVAL, "%s: CRC32C mismatch (stored %s, computed %s): the metadata file is "
+                                    "corrupted or was edited",
+                       path, stored, want);
+        goto fail;
     }
     memcpy(q + 1, stored, 8);
     cJSON *root = cJSON_ParseWithLength(text, len);
@@ -436,5 +434,8 @@ int ckpt_meta_read(const char *dir, struct ckpt_meta *m, char ***tensor_names, i
         return error_set(FSDP_EINVAL, "%s: not valid JSON", path);
     rc = parse(path, root, m, tensor_names, n_tensors);
     cJSON_Delete(root);
+    return rc;
+fail:
+    free(text);
     return rc;
 }

@@ -81,20 +81,28 @@ static int map_tensors(struct ckpt_reader *r, char **names, int n)
     const struct model_layout *l = r->l;
     int *map = malloc((n ? (size_t)n : 1) * sizeof *map);
     char *seen = calloc((size_t)l->n_params, 1);
-    int rc = map && seen ? 0 : error_set(FSDP_ENOMEM, "out of memory");
-    for (int i = 0; i < n && rc == 0; i++) {
+    int rc = 0;
+    if (!map || !seen) {
+        rc = error_set(FSDP_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
         map[i] = model_layout_find(l, names[i]);
-        if (map[i] < 0 || seen[map[i]])
+        if (map[i] < 0 || seen[map[i]]) {
             rc = error_set(FSDP_EINVAL, "%s/%s: tensor '%s' is %s", r->dir, CKPT_META_FILE, names[i],
                            map[i] < 0 ? "not a parameter of this model" : "listed twice");
-        else
-            seen[map[i]] = 1;
+            goto out;
+        }
+        seen[map[i]] = 1;
     }
-    for (int p = 0; p < l->n_params && rc == 0; p++)
-        if (!seen[p])
+    for (int p = 0; p < l->n_params; p++)
+        if (!seen[p]) {
             rc = error_set(FSDP_EINVAL, "%s/%s: parameter '%s' is missing", r->dir, CKPT_META_FILE, l->params[p].name);
-    for (size_t i = 0; i < r->meta.n_pieces && rc == 0; i++)
+            goto out;
+        }
+    for (size_t i = 0; i < r->meta.n_pieces; i++)
         r->meta.pieces[i].param = map[r->meta.pieces[i].param];
+out:
     free(map);
     free(seen);
     return rc;
@@ -130,9 +138,7 @@ static int open_files(struct ckpt_reader *r)
                              (uint64_t)st.st_size < m->files[i].bytes ? "truncated" : "wrong size",
                              (unsigned long long)st.st_size, CKPT_META_FILE, (unsigned long long)m->files[i].bytes);
         uint32_t hc;
-        int rc = ckpt_crc_prefix(r->fds[i], m->files[i].header_bytes, &hc, p);
-        if (rc != 0)
-            return rc;
+        FSDP_TRY(ckpt_crc_prefix(r->fds[i], m->files[i].header_bytes, &hc, p));
         if (hc != m->files[i].header_crc)
             return error_set(FSDP_EINVAL, "%s: CRC32C mismatch in the safetensors header (first %llu bytes): the file is "
                                           "corrupted; resume from an earlier checkpoint",
@@ -147,57 +153,59 @@ static int open_files(struct ckpt_reader *r)
     return 0;
 }
 
+/* The checkpoint's metadata, checked against the configured layout (or building the layout it records when
+ * none is given), its tensor names mapped onto the layout's parameters. */
+static int open_meta(struct ckpt_reader *r, const char *root, const char *which, const struct model_layout *layout)
+{
+    char **names = NULL;
+    int n_names = 0, rc = 0;
+    FSDP_TRY_GOTO(ckpt_resolve(root, which, r->dir, sizeof r->dir), rc, out);
+    FSDP_TRY_GOTO(ckpt_meta_read(r->dir, &r->meta, &names, &n_names), rc, out);
+    if (layout) {
+        r->l = layout;
+        FSDP_TRY_GOTO(check_model(r, layout), rc, out);
+    } else {
+        FSDP_TRY_GOTO(model_layout_build(&r->own_layout, &r->meta.state.model), rc, out);
+        r->own = true;
+        r->l = &r->own_layout;
+    }
+    FSDP_TRY_GOTO(map_tensors(r, names, n_names), rc, out);
+out:
+    for (int i = 0; i < n_names; i++)
+        free(names[i]);
+    free(names);
+    return rc;
+}
+
 int ckpt_open(const char *root, const char *which, const struct model_layout *layout, struct ckpt_reader **out)
 {
     *out = NULL;
     struct ckpt_reader *r = calloc(1, sizeof *r);
     if (!r)
         return error_set(FSDP_ENOMEM, "out of memory");
-    int rc = ckpt_resolve(root, which, r->dir, sizeof r->dir);
-    char **names = NULL;
-    int n_names = 0;
-    if (rc == 0)
-        rc = ckpt_meta_read(r->dir, &r->meta, &names, &n_names);
-    if (rc == 0 && layout) {
-        r->l = layout;
-        rc = check_model(r, layout);
-    } else if (rc == 0) {
-        rc = model_layout_build(&r->own_layout, &r->meta.state.model);
-        r->own = rc == 0;
-        r->l = &r->own_layout;
-    }
-    if (rc == 0)
-        rc = map_tensors(r, names, n_names);
-    for (int i = 0; i < n_names; i++)
-        free(names[i]);
-    free(names);
-    if (rc == 0) {
-        char what[CKPT_PATH_MAX + 32];
-        snprintf(what, sizeof what, "%s/%s", r->dir, CKPT_META_FILE);
-        rc = ckpt_check_coverage(r->meta.pieces, r->meta.n_pieces, r->l, !r->meta.sharded, what);
-    }
-    if (rc == 0)
-        rc = open_files(r);
-    size_t slots = (size_t)CKPT_KINDS * (r->l ? r->l->n_params : 0);
-    if (rc == 0 && !(r->first = calloc(slots + 1, sizeof *r->first)))
+    int rc = 0;
+    FSDP_TRY_GOTO(open_meta(r, root, which, layout), rc, fail);
+    char what[CKPT_PATH_MAX + 32];
+    snprintf(what, sizeof what, "%s/%s", r->dir, CKPT_META_FILE);
+    FSDP_TRY_GOTO(ckpt_check_coverage(r->meta.pieces, r->meta.n_pieces, r->l, !r->meta.sharded, what), rc, fail);
+    FSDP_TRY_GOTO(open_files(r), rc, fail);
+    size_t slots = (size_t)CKPT_KINDS * (size_t)r->l->n_params;
+    if (!(r->first = calloc(slots + 1, sizeof *r->first)) || !(r->buf = malloc((size_t)READ_BLOCKS * CKPT_CRC_BLOCK))) {
         rc = error_set(FSDP_ENOMEM, "out of memory");
-    if (rc == 0 && !(r->buf = malloc((size_t)READ_BLOCKS * CKPT_CRC_BLOCK)))
-        rc = error_set(FSDP_ENOMEM, "out of memory");
-    if (rc == 0) {
-        /* Pieces are sorted by (kind, param, begin) after the coverage check. */
-        size_t i = 0;
-        for (size_t s = 0; s <= slots; s++) {
-            r->first[s] = i;
-            while (i < r->meta.n_pieces && slot(r, r->meta.pieces[i].kind, r->meta.pieces[i].param) == s)
-                i++;
-        }
+        goto fail;
     }
-    if (rc != 0) {
-        ckpt_close(r);
-        return rc;
+    /* Pieces are sorted by (kind, param, begin) after the coverage check. */
+    size_t i = 0;
+    for (size_t s = 0; s <= slots; s++) {
+        r->first[s] = i;
+        while (i < r->meta.n_pieces && slot(r, r->meta.pieces[i].kind, r->meta.pieces[i].param) == s)
+            i++;
     }
     *out = r;
     return 0;
+fail:
+    ckpt_close(r);
+    return rc;
 }
 
 const struct ckpt_state *ckpt_reader_state(const struct ckpt_reader *r)
@@ -230,9 +238,7 @@ static int read_piece(struct ckpt_reader *r, const struct ckpt_meta_piece *q, ui
     while (j < jend) {
         uint64_t nb = jend - j < READ_BLOCKS ? jend - j : READ_BLOCKS;
         uint64_t b0 = j * CKPT_CRC_BLOCK, b1 = (j + nb) * CKPT_CRC_BLOCK < total ? (j + nb) * CKPT_CRC_BLOCK : total;
-        int rc = ckpt_pread_all(r->fds[q->file], r->buf, b1 - b0, q->offset + b0, path);
-        if (rc != 0)
-            return rc;
+        FSDP_TRY(ckpt_pread_all(r->fds[q->file], r->buf, b1 - b0, q->offset + b0, path));
         for (uint64_t k = 0; k < nb; k++) {
             uint64_t s = k * CKPT_CRC_BLOCK, e = s + CKPT_CRC_BLOCK < b1 - b0 ? s + CKPT_CRC_BLOCK : b1 - b0;
             uint32_t c = crc32c(r->buf + s, e - s);
@@ -269,10 +275,8 @@ int ckpt_read(struct ckpt_reader *r, int kind, int param, size_t begin, size_t c
         size_t b = end < q->begin + q->count ? end : (size_t)(q->begin + q->count);
         if (a >= b)
             continue;
-        int rc = read_piece(r, q, (a - q->begin) * sizeof(float), (b - q->begin) * sizeof(float),
-                            (char *)(dst + (a - begin)));
-        if (rc != 0)
-            return rc;
+        FSDP_TRY(read_piece(r, q, (a - q->begin) * sizeof(float), (b - q->begin) * sizeof(float),
+                            (char *)(dst + (a - begin))));
         if (b > covered)
             covered = b;
     }
@@ -287,16 +291,12 @@ int ckpt_verify(struct ckpt_reader *r, uint64_t *bytes_checked)
     uint64_t total = 0;
     for (int f = 0; f < r->meta.n_files; f++) {
         struct safetensors_file *sf;
-        int rc = safetensors_open(&sf, r->paths[f]);
-        if (rc != 0)
-            return rc;
+        FSDP_TRY(safetensors_open(&sf, r->paths[f]));
         safetensors_close(sf);
     }
     for (size_t i = 0; i < r->meta.n_pieces; i++) {
         const struct ckpt_meta_piece *q = &r->meta.pieces[i];
-        int rc = read_piece(r, q, 0, q->count * sizeof(float), NULL);
-        if (rc != 0)
-            return rc;
+        FSDP_TRY(read_piece(r, q, 0, q->count * sizeof(float), NULL));
         total += q->count * sizeof(float);
     }
     if (bytes_checked)

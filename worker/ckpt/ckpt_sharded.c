@@ -70,27 +70,32 @@ static int check_pieces(const struct model_layout *l, const struct ckpt_piece *p
     if (!s)
         return error_set(FSDP_ENOMEM, "out of memory");
     int rc = 0;
-    for (size_t i = 0; i < n && rc == 0; i++) {
+    for (size_t i = 0; i < n; i++) {
         const struct ckpt_piece *p = &pieces[i];
         s[i] = p;
-        if (p->kind < 0 || p->kind >= CKPT_KINDS || p->param < 0 || p->param >= l->n_params)
+        if (p->kind < 0 || p->kind >= CKPT_KINDS || p->param < 0 || p->param >= l->n_params) {
             rc = error_set(FSDP_EINVAL, "checkpoint rank %d: piece %zu has kind %d / param %d out of range", rank,
                            i, p->kind, p->param);
-        else if (p->begin > l->params[p->param].numel || p->count > l->params[p->param].numel - p->begin ||
-                 (p->count && !p->data))
+            goto out;
+        }
+        if (p->begin > l->params[p->param].numel || p->count > l->params[p->param].numel - p->begin ||
+            (p->count && !p->data)) {
             rc = error_set(FSDP_EINVAL, "checkpoint rank %d: piece [%zu, +%zu) of %s '%s' (%zu elements) is out "
                                         "of range or has no data",
                            rank, p->begin, p->count, ckpt_kind_name(p->kind), l->params[p->param].name,
                            l->params[p->param].numel);
+            goto out;
+        }
     }
-    if (rc == 0) {
-        qsort(s, n, sizeof *s, cmp_ptr_piece);
-        for (size_t i = 1; i < n && rc == 0; i++)
-            if (s[i]->kind == s[i - 1]->kind && s[i]->param == s[i - 1]->param &&
-                s[i]->begin < s[i - 1]->begin + s[i - 1]->count)
-                rc = error_set(FSDP_EINVAL, "checkpoint rank %d: pieces of %s '%s' overlap at element %zu", rank,
-                               ckpt_kind_name(s[i]->kind), l->params[s[i]->param].name, s[i]->begin);
-    }
+    qsort(s, n, sizeof *s, cmp_ptr_piece);
+    for (size_t i = 1; i < n; i++)
+        if (s[i]->kind == s[i - 1]->kind && s[i]->param == s[i - 1]->param &&
+            s[i]->begin < s[i - 1]->begin + s[i - 1]->count) {
+            rc = error_set(FSDP_EINVAL, "checkpoint rank %d: pieces of %s '%s' overlap at element %zu", rank,
+                           ckpt_kind_name(s[i]->kind), l->params[s[i]->param].name, s[i]->begin);
+            goto out;
+        }
+out:
     free(s);
     return rc;
 }
@@ -111,14 +116,12 @@ static char *crc_text(const uint32_t *c, size_t n)
 int ckpt_sharded_write_rank(const char *root, int64_t step, int rank, const struct model_layout *l,
                             const struct ckpt_piece *pieces, size_t n)
 {
-    int rc = check_pieces(l, pieces, n, rank);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(check_pieces(l, pieces, n, rank));
     char tmp[CKPT_PATH_MAX], name[256], path[CKPT_PATH_MAX];
     sharded_names(root, step, tmp, name, sizeof name);
     ckpt_pathf(path, "%s/%s_rank%d", tmp, name, rank);
-    if ((rc = ckpt_mkdir(root)) != 0 || (rc = ckpt_mkdir(tmp)) != 0)
-        return rc;
+    FSDP_TRY(ckpt_mkdir(root));
+    FSDP_TRY(ckpt_mkdir(tmp));
 
     /* n entries + n CRC lists + 3 fixed metadata keys. The CRC lists are fixed-width hex, so the header
      * is sized with zeros first, the data written (and checksummed) behind it in one pass, and the real
@@ -130,7 +133,7 @@ int ckpt_sharded_write_rank(const char *root, int64_t step, int rank, const stru
     char fixed[3][32];
     void *header = NULL;
     size_t hbytes = 0;
-    int fd = -1;
+    int rc = 0, fd = -1;
     if (!ent || !meta || !names || !crcs) {
         rc = error_set(FSDP_ENOMEM, "out of memory");
         goto out;
@@ -140,7 +143,7 @@ int ckpt_sharded_write_rank(const char *root, int64_t step, int rank, const stru
     meta[0] = (struct safetensors_meta){.key = "format", .value = "fsdpc-shard"};
     meta[1] = (struct safetensors_meta){.key = "step", .value = fixed[0]};
     meta[2] = (struct safetensors_meta){.key = "rank", .value = fixed[1]};
-    for (size_t i = 0; i < n && rc == 0; i++) {
+    for (size_t i = 0; i < n; i++) {
         const struct ckpt_piece *p = &pieces[i];
         char *en = names + i * 2 * (MODEL_NAME_MAX + 48), *ck = en + MODEL_NAME_MAX + 48;
         entry_name(en, MODEL_NAME_MAX + 48, p->kind, l->params[p->param].name, p->begin);
@@ -151,41 +154,43 @@ int ckpt_sharded_write_rank(const char *root, int64_t step, int rank, const stru
         crcs[i] = calloc(nc ? nc : 1, sizeof *crcs[i]);
         meta[3 + i].key = ck;
         meta[3 + i].value = crcs[i] ? crc_text(crcs[i], nc) : NULL;
-        if (!meta[3 + i].value)
+        if (!meta[3 + i].value) {
             rc = error_set(FSDP_ENOMEM, "out of memory");
+            goto out;
+        }
     }
-    if (rc == 0)
-        rc = safetensors_header(path, ent, n, meta, n + 3, &header, &hbytes);
-    if (rc == 0 && (fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0)
+    FSDP_TRY_GOTO(safetensors_header(path, ent, n, meta, n + 3, &header, &hbytes), rc, out);
+    if ((fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
         rc = error_set(FSDP_EIO, "%s: cannot create: %s", path, strerror(errno));
+        goto out;
+    }
     uint64_t pos = hbytes;
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        rc = ckpt_write_crc(fd, pos, pieces[i].data, pieces[i].count, crcs[i], path);
+    for (size_t i = 0; i < n; i++) {
+        FSDP_TRY_GOTO(ckpt_write_crc(fd, pos, pieces[i].data, pieces[i].count, crcs[i], path), rc, out);
         pos += pieces[i].count * sizeof(float);
         size_t nc = (pieces[i].count * sizeof(float) + CKPT_CRC_BLOCK - 1) / CKPT_CRC_BLOCK;
-        if (rc != 0)
-            break;
         free(meta[3 + i].value);
-        if (!(meta[3 + i].value = crc_text(crcs[i], nc)))
+        if (!(meta[3 + i].value = crc_text(crcs[i], nc))) {
             rc = error_set(FSDP_ENOMEM, "out of memory");
+            goto out;
+        }
     }
-    if (rc == 0) {
-        size_t again = 0;
-        free(header);
-        header = NULL;
-        rc = safetensors_header(path, ent, n, meta, n + 3, &header, &again);
-        if (rc == 0 && again != hbytes)
-            rc = error_set(FSDP_EINVAL, "internal: shard header changed length (%zu -> %zu)", hbytes, again);
+    size_t again = 0;
+    free(header);
+    header = NULL;
+    FSDP_TRY_GOTO(safetensors_header(path, ent, n, meta, n + 3, &header, &again), rc, out);
+    if (again != hbytes) {
+        rc = error_set(FSDP_EINVAL, "internal: shard header changed length (%zu -> %zu)", hbytes, again);
+        goto out;
     }
-    if (rc == 0)
-        rc = ckpt_pwrite_all(fd, header, hbytes, 0, path);
-    if (rc == 0 && fsync(fd) != 0)
+    FSDP_TRY_GOTO(ckpt_pwrite_all(fd, header, hbytes, 0, path), rc, out);
+    if (fsync(fd) != 0)
         rc = error_set(FSDP_EIO, "%s: fsync: %s", path, strerror(errno));
+out:
     if (fd >= 0 && close(fd) != 0 && rc == 0)
         rc = error_set(FSDP_EIO, "%s: close: %s", path, strerror(errno));
     if (fd >= 0 && rc != 0)
         unlink(path); /* a partial shard must not be mistaken for a finished one by the commit */
-out:
     free(header);
     for (size_t i = 0; meta && i < n; i++)
         free(meta[3 + i].value);
@@ -232,17 +237,19 @@ static int gather_rank(struct ckpt_meta *m, size_t *cap, const char *path, int r
     char want_step[32], want_rank[32];
     snprintf(want_step, sizeof want_step, "%" PRId64, step);
     snprintf(want_rank, sizeof want_rank, "%d", rank);
-    if (!fs || !fr || strcmp(fs, want_step) != 0 || strcmp(fr, want_rank) != 0)
+    if (!fs || !fr || strcmp(fs, want_step) != 0 || strcmp(fr, want_rank) != 0) {
         rc = error_set(FSDP_EINVAL, "%s: header says step %s rank %s, expected step %s rank %s", path,
                        fs ? fs : "?", fr ? fr : "?", want_step, want_rank);
-    for (size_t i = 0; i < f->n_tensors && rc == 0; i++) {
+        goto out;
+    }
+    for (size_t i = 0; i < f->n_tensors; i++) {
         const struct safetensors_tensor *t = &f->tensors[i];
         if (m->n_pieces == *cap) {
             *cap = *cap ? 2 * *cap : 64;
             struct ckpt_meta_piece *np = realloc(m->pieces, *cap * sizeof *np);
             if (!np) {
                 rc = error_set(FSDP_ENOMEM, "out of memory");
-                break;
+                goto out;
             }
             m->pieces = np;
         }
@@ -255,22 +262,25 @@ static int gather_rank(struct ckpt_meta *m, size_t *cap, const char *path, int r
         char key[MODEL_NAME_MAX + 64];
         snprintf(key, sizeof key, "crc32c.%s", t->name);
         const char *crc = safetensors_meta_get(f, key);
-        if (t->dtype != SAFETENSORS_F32 || t->ndim != 1 || entry_parse(t->name, l, &q->kind, &q->param, &q->begin))
+        if (t->dtype != SAFETENSORS_F32 || t->ndim != 1 || entry_parse(t->name, l, &q->kind, &q->param, &q->begin)) {
             rc = error_set(FSDP_EINVAL, "%s: tensor '%s' is not a shard of this model (F32 1-D "
                                         "\"<kind>.<parameter>@<begin>\")",
                            path, t->name);
-        else if (!crc || parse_crcs(crc, q) != 0)
+            goto out;
+        }
+        if (!crc || parse_crcs(crc, q) != 0) {
             rc = error_set(FSDP_EINVAL, "%s: tensor '%s' has no valid block CRC list", path, t->name);
+            goto out;
+        }
     }
-    if (rc == 0) {
-        struct ckpt_meta_file *mf = &m->files[rank];
-        mf->bytes = f->file_size;
-        mf->header_bytes = f->data_start;
-        rc = ckpt_crc_prefix(f->fd, f->data_start, &mf->header_crc, path);
-        mf->name = strdup(strrchr(path, '/') + 1);
-        if (rc == 0 && !mf->name)
-            rc = error_set(FSDP_ENOMEM, "out of memory");
-    }
+    struct ckpt_meta_file *mf = &m->files[rank];
+    mf->bytes = f->file_size;
+    mf->header_bytes = f->data_start;
+    FSDP_TRY_GOTO(ckpt_crc_prefix(f->fd, f->data_start, &mf->header_crc, path), rc, out);
+    mf->name = strdup(strrchr(path, '/') + 1);
+    if (!mf->name)
+        rc = error_set(FSDP_ENOMEM, "out of memory");
+out:
     safetensors_close(f);
     return rc;
 }
@@ -297,21 +307,22 @@ int ckpt_sharded_commit(const char *root, int64_t step, int world, const struct 
     struct ckpt_meta m = {.sharded = true, .state = *state, .vocab_padded = l->vocab_padded};
     m.files = calloc((size_t)world, sizeof *m.files);
     m.n_files = world;
-    int rc = m.files ? 0 : error_set(FSDP_ENOMEM, "out of memory");
+    int rc = 0;
+    if (!m.files) {
+        rc = error_set(FSDP_ENOMEM, "out of memory");
+        goto out;
+    }
     size_t cap = 0;
-    for (int r = 0; r < world && rc == 0; r++) {
+    for (int r = 0; r < world; r++) {
         char path[CKPT_PATH_MAX];
         ckpt_pathf(path, "%s/%s_rank%d", tmp, name, r);
-        rc = gather_rank(&m, &cap, path, r, step, l);
+        FSDP_TRY_GOTO(gather_rank(&m, &cap, path, r, step, l), rc, out);
     }
-    if (rc == 0)
-        rc = ckpt_check_coverage(m.pieces, m.n_pieces, l, false, tmp);
-    if (rc == 0) {
-        remove_extra_ranks(tmp, name, world);
-        rc = ckpt_meta_write(tmp, &m, l);
-    }
-    if (rc == 0)
-        rc = ckpt_commit_dir(root, tmp, name, keep_last);
+    FSDP_TRY_GOTO(ckpt_check_coverage(m.pieces, m.n_pieces, l, false, tmp), rc, out);
+    remove_extra_ranks(tmp, name, world);
+    FSDP_TRY_GOTO(ckpt_meta_write(tmp, &m, l), rc, out);
+    FSDP_TRY_GOTO(ckpt_commit_dir(root, tmp, name, keep_last), rc, out);
+out:
     m.state.config_text = NULL;
     ckpt_meta_free(&m);
     if (rc != 0) {

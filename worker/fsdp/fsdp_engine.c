@@ -33,22 +33,19 @@ static int make_groups(struct fsdp *f)
     f->rep_size = world / sg;
     f->shard_rank = rank % sg;
     f->rep_rank = rank / sg;
-    int rc = 0;
     if (sg == world) {
         f->shard_comm = sg > 1 ? f->g.world : NULL;
     } else if (sg > 1) {
-        rc = comm_split(f->g.world, rank / sg, rank, &f->shard_comm);
         f->own_shard_comm = true;
+        FSDP_TRY(comm_split(f->g.world, rank / sg, rank, &f->shard_comm));
     }
-    if (rc)
-        return rc;
     if (f->rep_size == world) {
         f->rep_comm = f->rep_size > 1 ? f->g.world : NULL;
     } else if (f->rep_size > 1) {
-        rc = comm_split(f->g.world, rank % sg, rank, &f->rep_comm);
         f->own_rep_comm = true;
+        FSDP_TRY(comm_split(f->g.world, rank % sg, rank, &f->rep_comm));
     }
-    return rc;
+    return 0;
 }
 
 /* One allocation holds every unit's master, gradient, moments and low-precision shards: registered with
@@ -69,9 +66,7 @@ static int alloc_state(struct fsdp *f)
         return error_set(FSDP_ENOMEM, "fsdp: cannot allocate the %zu bytes of persistent state: %s", total,
                          error_message());
     /* Zero it: the moments start at 0, and touching the pages makes RSS show what sharding saves. */
-    int rc = f->sk->mem_set(f->arena, 0, total ? total : 64);
-    if (rc)
-        return rc;
+    FSDP_TRY(f->sk->mem_set(f->arena, 0, total ? total : 64));
     char *at = f->arena;
     for (int i = 0; i < f->n_units; i++) {
         struct fsdp_unit *u = &f->units[i];
@@ -105,9 +100,7 @@ int fsdp_create(struct fsdp **out, const struct worker_config *wc, struct model 
                 const struct fsdp_groups *g)
 {
     *out = NULL;
-    int rc = fsdp_check_config(wc, g->world_size, g->local_world_size, k);
-    if (rc)
-        return rc;
+    FSDP_TRY(fsdp_check_config(wc, g->world_size, g->local_world_size, k));
     struct fsdp *f = calloc(1, sizeof *f);
     if (!f)
         return error_set(FSDP_ENOMEM, "fsdp: out of memory");
@@ -129,29 +122,27 @@ int fsdp_create(struct fsdp **out, const struct worker_config *wc, struct model 
     f->reduce_dtype = precision_dtype(wc->fsdp.reduce_dtype, k);
     f->shard_size = fsdp_shard_group_size(wc, g->world_size, g->local_world_size);
     f->loss_scale = f->param_dtype == KERNELS_F16 ? 65536.0 : 1.0;
-    if (g->world_size > 1 && !g->world)
+    int rc = 0;
+    if (g->world_size > 1 && !g->world) {
         rc = error_set(FSDP_EINVAL, "fsdp: world size %d without a communicator", g->world_size);
+        goto fail;
+    }
     /* Mixed precision reaches the matmuls too: they take bf16/fp16 operands and accumulate in fp32, as
      * autocast does, where the table runs that dtype natively (CUDA's tensor cores; oneDNN on a CPU with
      * bf16 instructions); elsewhere they compute in fp32 on the rounded parameters. A table that takes
      * bound copies reads the gathered 16-bit parameters as they arrived, without rounding them again. */
     f->compute_dtype = k->matmul_dtypes & KERNELS_DTYPE_BIT(f->param_dtype) ? f->param_dtype : KERNELS_F32;
     f->bind_lp = f->compute_dtype != KERNELS_F32 && k->lowp_bind && k->lowp_unbind;
-    if (!rc)
-        rc = k->set_matmul_dtype(f->param_dtype);
-    if (!rc)
-        rc = make_groups(f);
-    if (!rc)
-        rc = fsdp_plan_build(f);
-    if (!rc)
-        rc = alloc_state(f);
-    if (rc) {
-        fsdp_destroy(f);
-        return rc;
-    }
+    FSDP_TRY_GOTO(k->set_matmul_dtype(f->param_dtype), rc, fail);
+    FSDP_TRY_GOTO(make_groups(f), rc, fail);
+    FSDP_TRY_GOTO(fsdp_plan_build(f), rc, fail);
+    FSDP_TRY_GOTO(alloc_state(f), rc, fail);
     fsdp_mem_add(f, FSDP_MEM_ACTIVATIONS, (ptrdiff_t)model_get_arena_bytes(model));
     *out = f;
     return 0;
+fail:
+    fsdp_destroy(f);
+    return rc;
 }
 
 void fsdp_destroy(struct fsdp *f)
@@ -182,12 +173,34 @@ static int bind_lp(struct fsdp *f, struct fsdp_unit *u)
     return u->full_lp ? f->k->lowp_bind(u->full, u->full_lp, u->numel) : 0;
 }
 
+/* A one-rank shard group in low precision: the unit's low-precision copy cast into `full` (through a
+ * device copy of it when the state is offloaded). With bind_lp that copy (the shard of a one-rank group is
+ * the unit in model order) stays as the unit's full_lp. */
+static int lp_to_full(struct fsdp *f, struct fsdp_unit *u)
+{
+    void *lp = u->lp;
+    if (f->offload &&
+        !(lp = fsdp_buf_get(f, u->numel * dtype_size(f->param_dtype), f->bind_lp ? FSDP_MEM_GATHERED : FSDP_MEM_COMM)))
+        return FSDP_ENOMEM;
+    int rc = 0;
+    if (lp != u->lp)
+        FSDP_TRY_GOTO(fsdp_state_to_dev(f, lp, u->lp, u->numel * dtype_size(f->param_dtype)), rc, out);
+    FSDP_TRY_GOTO(f->k->cast(u->full, KERNELS_F32, lp, f->param_dtype, u->numel), rc, out);
+out:
+    if (f->bind_lp) {
+        u->full_lp = lp;
+        u->full_lp_alias = lp == u->lp;
+    } else if (lp != u->lp) {
+        fsdp_buf_put(f, lp);
+    }
+    return rc;
+}
+
 int fsdp_gather_issue(struct fsdp *f, int ui)
 {
     struct fsdp_unit *u = &f->units[ui];
-    if (u->gstate != 0)
+    if (u->gstate != FSDP_GATHER_NONE)
         return 0;
-    const struct kernels *k = f->k;
     size_t es = dtype_size(f->param_dtype), sg = (size_t)f->shard_size;
     if (sg == 1) {
         if (f->param_dtype == KERNELS_F32 && !f->offload) {
@@ -197,30 +210,13 @@ int fsdp_gather_issue(struct fsdp *f, int ui)
             /* Compute sees the parameters as param_dtype rounds them (and in device memory). */
             if (!(u->full = fsdp_buf_get(f, u->numel * sizeof(float), FSDP_MEM_GATHERED)))
                 return FSDP_ENOMEM;
-            int rc;
-            if (f->param_dtype == KERNELS_F32) {
-                rc = fsdp_state_to_dev(f, u->full, u->master, u->numel * sizeof(float));
-            } else {
-                void *lp = u->lp;
-                if (f->offload && !(lp = fsdp_buf_get(f, u->numel * es, f->bind_lp ? FSDP_MEM_GATHERED : FSDP_MEM_COMM)))
-                    return FSDP_ENOMEM;
-                rc = lp != u->lp ? fsdp_state_to_dev(f, lp, u->lp, u->numel * es) : 0;
-                if (!rc)
-                    rc = k->cast(u->full, KERNELS_F32, lp, f->param_dtype, u->numel);
-                if (f->bind_lp) {
-                    /* the shard of a one-rank group is the unit in model order: it is the copy to bind */
-                    u->full_lp = lp;
-                    u->full_lp_alias = lp == u->lp;
-                } else if (lp != u->lp) {
-                    fsdp_buf_put(f, lp);
-                }
-            }
-            if (!rc)
-                rc = bind_lp(f, u);
-            if (rc)
-                return rc;
+            if (f->param_dtype == KERNELS_F32)
+                FSDP_TRY(fsdp_state_to_dev(f, u->full, u->master, u->numel * sizeof(float)));
+            else
+                FSDP_TRY(lp_to_full(f, u));
+            FSDP_TRY(bind_lp(f, u));
         }
-        u->gstate = 2;
+        u->gstate = FSDP_GATHER_READY;
         return 0;
     }
     const void *src = f->param_dtype == KERNELS_F32 ? (const void *)u->master : u->lp;
@@ -228,9 +224,7 @@ int fsdp_gather_issue(struct fsdp *f, int ui)
         /* the shard lives in host memory; the collective needs it on the device */
         if (!(u->gsrc = fsdp_buf_get(f, u->shard * es, FSDP_MEM_COMM)))
             return FSDP_ENOMEM;
-        int rc = fsdp_state_to_dev(f, u->gsrc, src, u->shard * es);
-        if (rc)
-            return rc;
+        FSDP_TRY(fsdp_state_to_dev(f, u->gsrc, src, u->shard * es));
         src = u->gsrc;
     }
     size_t cap = f->version == 1 ? sg * u->shard : u->numel;
@@ -243,10 +237,8 @@ int fsdp_gather_issue(struct fsdp *f, int ui)
             return FSDP_ENOMEM;
         dst = u->gbuf;
     }
-    int rc = comm_all_gather_async(f->shard_comm, src, dst, u->shard, f->param_dtype, &u->gwork);
-    if (rc)
-        return rc;
-    u->gstate = 1;
+    FSDP_TRY(comm_all_gather_async(f->shard_comm, src, dst, u->shard, f->param_dtype, &u->gwork));
+    u->gstate = FSDP_GATHER_INFLIGHT;
     f->timing.gathers++;
     return 0;
 }
@@ -275,11 +267,9 @@ static int gather_unpack(struct fsdp *f, struct fsdp_unit *u)
                 fsdp_slot_rows(s, r, &rb, &re);
                 if (re == rb)
                     continue;
-                int rc = k->mem_copy((char *)u->full_lp + (s->unit_off + rb * s->row_len) * es,
+                FSDP_TRY(k->mem_copy((char *)u->full_lp + (s->unit_off + rb * s->row_len) * es,
                                      (const char *)u->gbuf + (r * u->shard + s->shard_off) * es,
-                                     (re - rb) * s->row_len * es, KERNELS_COPY_D2D);
-                if (rc)
-                    return rc;
+                                     (re - rb) * s->row_len * es, KERNELS_COPY_D2D));
             }
         return k->cast(u->full, KERNELS_F32, u->full_lp, f->param_dtype, u->numel);
     }
@@ -291,10 +281,8 @@ static int gather_unpack(struct fsdp *f, struct fsdp_unit *u)
             if (re == rb)
                 continue;
             const char *from = (const char *)u->gbuf + (r * u->shard + s->shard_off) * es;
-            int rc = k->cast(u->full + s->unit_off + rb * s->row_len, KERNELS_F32, from, f->param_dtype,
-                             (re - rb) * s->row_len);
-            if (rc)
-                return rc;
+            FSDP_TRY(k->cast(u->full + s->unit_off + rb * s->row_len, KERNELS_F32, from, f->param_dtype,
+                             (re - rb) * s->row_len));
         }
     return 0;
 }
@@ -302,36 +290,34 @@ static int gather_unpack(struct fsdp *f, struct fsdp_unit *u)
 int fsdp_gather_wait(struct fsdp *f, int ui)
 {
     struct fsdp_unit *u = &f->units[ui];
-    int rc = 0;
-    if (u->gstate == 0) {
-        rc = fsdp_gather_issue(f, ui);
-        if (rc)
-            return rc;
-    } else if (u->gstate == 1) {
+    if (u->gstate == FSDP_GATHER_NONE) {
+        FSDP_TRY(fsdp_gather_issue(f, ui));
+    } else if (u->gstate == FSDP_GATHER_INFLIGHT) {
         f->timing.prefetched++;
     }
-    if (u->gstate == 1) {
-        double t0 = now_s();
-        rc = comm_work_wait(u->gwork);
-        f->timing.gather_wait_s += now_s() - t0;
-        u->gwork = NULL;
-        if (!rc && u->gbuf)
-            rc = gather_unpack(f, u);
-        if (!rc)
-            rc = bind_lp(f, u);
-        fsdp_buf_put(f, u->gbuf);
-        u->gbuf = NULL;
-        fsdp_buf_put(f, u->gsrc);
-        u->gsrc = NULL;
-        u->gstate = rc ? 0 : 2;
-    }
+    if (u->gstate != FSDP_GATHER_INFLIGHT)
+        return 0;
+    double t0 = now_s();
+    int rc = 0, waited = comm_work_wait(u->gwork);
+    f->timing.gather_wait_s += now_s() - t0;
+    u->gwork = NULL;
+    FSDP_TRY_GOTO(waited, rc, out);
+    if (u->gbuf)
+        FSDP_TRY_GOTO(gather_unpack(f, u), rc, out);
+    FSDP_TRY_GOTO(bind_lp(f, u), rc, out);
+out:
+    fsdp_buf_put(f, u->gbuf);
+    u->gbuf = NULL;
+    fsdp_buf_put(f, u->gsrc);
+    u->gsrc = NULL;
+    u->gstate = rc ? FSDP_GATHER_NONE : FSDP_GATHER_READY;
     return rc;
 }
 
 void fsdp_release(struct fsdp *f, int ui)
 {
     struct fsdp_unit *u = &f->units[ui];
-    if (u->gstate == 1) {
+    if (u->gstate == FSDP_GATHER_INFLIGHT) {
         comm_work_wait(u->gwork);
         u->gwork = NULL;
         fsdp_buf_put(f, u->gbuf);
@@ -350,20 +336,34 @@ void fsdp_release(struct fsdp *f, int ui)
         fsdp_buf_put(f, u->full);
     u->full = NULL;
     u->full_alias = false;
-    u->gstate = 0;
+    u->gstate = FSDP_GATHER_NONE;
 }
 
 /* ---- gradient reduction ---- */
 
 static int pending_push(struct fsdp *f, struct fsdp_pending p)
 {
-    if (f->n_pending == FSDP_MAX_PENDING) {
-        int rc = fsdp_pending_drain(f, FSDP_MAX_PENDING - 1);
-        if (rc)
-            return rc;
-    }
+    if (f->n_pending == FSDP_MAX_PENDING)
+        FSDP_TRY(fsdp_pending_drain(f, FSDP_MAX_PENDING - 1));
     f->pending[f->n_pending++] = p;
     return 0;
+}
+
+/* The unit's fp32 gradient shard cast to reduce_dtype into dst (through a device copy of the shard when
+ * the state is offloaded). */
+static int grad_to_lp(struct fsdp *f, struct fsdp_unit *u, void *dst)
+{
+    float *g32 = u->grad;
+    if (f->offload && !(g32 = fsdp_buf_get(f, u->shard * sizeof(float), FSDP_MEM_COMM)))
+        return FSDP_ENOMEM;
+    int rc = 0;
+    if (g32 != u->grad)
+        FSDP_TRY_GOTO(fsdp_state_to_dev(f, g32, u->grad, u->shard * sizeof(float)), rc, out);
+    FSDP_TRY_GOTO(f->k->cast(dst, f->reduce_dtype, g32, KERNELS_F32, u->shard), rc, out);
+out:
+    if (g32 != u->grad)
+        fsdp_buf_put(f, g32);
+    return rc;
 }
 
 /* The replicate all-reduce of a unit's (accumulated) gradient shard, once per step. */
@@ -371,75 +371,79 @@ static int replicate_issue(struct fsdp *f, int ui)
 {
     struct fsdp_unit *u = &f->units[ui];
     struct fsdp_pending p = {.unit = ui, .is_replicate = true};
-    int rc;
+    int rc = 0;
     if (f->reduce_dtype == KERNELS_F32 && !f->offload) {
-        rc = comm_all_reduce_async(f->rep_comm, u->grad, u->grad, u->shard, COMM_F32, COMM_SUM, &p.work);
+        FSDP_TRY_GOTO(comm_all_reduce_async(f->rep_comm, u->grad, u->grad, u->shard, COMM_F32, COMM_SUM, &p.work),
+                      rc, fail);
     } else if (f->reduce_dtype == KERNELS_F32) {
         /* offload: the all-reduce runs on a device copy, copied back when it completes */
         if (!(p.recv = fsdp_buf_get(f, u->shard * sizeof(float), FSDP_MEM_COMM)))
             return FSDP_ENOMEM;
-        rc = fsdp_state_to_dev(f, p.recv, u->grad, u->shard * sizeof(float));
-        if (!rc)
-            rc = comm_all_reduce_async(f->rep_comm, p.recv, p.recv, u->shard, COMM_F32, COMM_SUM, &p.work);
+        FSDP_TRY_GOTO(fsdp_state_to_dev(f, p.recv, u->grad, u->shard * sizeof(float)), rc, fail);
+        FSDP_TRY_GOTO(comm_all_reduce_async(f->rep_comm, p.recv, p.recv, u->shard, COMM_F32, COMM_SUM, &p.work),
+                      rc, fail);
     } else {
         if (!(p.recv = fsdp_buf_get(f, u->shard * 2, FSDP_MEM_COMM)))
             return FSDP_ENOMEM;
         p.recv_lp = true;
-        float *g32 = u->grad;
-        if (f->offload && !(g32 = fsdp_buf_get(f, u->shard * sizeof(float), FSDP_MEM_COMM)))
-            return FSDP_ENOMEM;
-        rc = g32 != u->grad ? fsdp_state_to_dev(f, g32, u->grad, u->shard * sizeof(float)) : 0;
-        if (!rc)
-            rc = f->k->cast(p.recv, f->reduce_dtype, g32, KERNELS_F32, u->shard);
-        if (g32 != u->grad)
-            fsdp_buf_put(f, g32);
-        if (!rc)
-            rc = comm_all_reduce_async(f->rep_comm, p.recv, p.recv, u->shard, f->reduce_dtype,
-                                       COMM_SUM, &p.work);
-    }
-    if (rc) {
-        fsdp_buf_put(f, p.recv);
-        return rc;
+        FSDP_TRY_GOTO(grad_to_lp(f, u, p.recv), rc, fail);
+        FSDP_TRY_GOTO(comm_all_reduce_async(f->rep_comm, p.recv, p.recv, u->shard, f->reduce_dtype,
+                                            COMM_SUM, &p.work),
+                      rc, fail);
     }
     return pending_push(f, p);
+fail:
+    fsdp_buf_put(f, p.recv);
+    return rc;
 }
 
 static int pending_finish(struct fsdp *f, struct fsdp_pending *p)
 {
     double t0 = now_s();
-    int rc = comm_work_wait(p->work);
+    int rc = 0, waited = comm_work_wait(p->work);
     f->timing.reduce_wait_s += now_s() - t0;
     struct fsdp_unit *u = &f->units[p->unit];
     const struct kernels *k = f->k;
-    if (!rc && p->is_replicate) {
+    float *tmp = NULL; /* the received low-precision sum in fp32 */
+    FSDP_TRY_GOTO(waited, rc, out);
+    if (p->is_replicate) {
         if (p->recv_lp && !f->offload) {
-            rc = k->cast(u->grad, KERNELS_F32, p->recv, f->reduce_dtype, u->shard);
+            FSDP_TRY_GOTO(k->cast(u->grad, KERNELS_F32, p->recv, f->reduce_dtype, u->shard), rc, out);
         } else if (p->recv_lp) {
-            float *g32 = fsdp_buf_get(f, u->shard * sizeof(float), FSDP_MEM_COMM);
-            rc = g32 ? k->cast(g32, KERNELS_F32, p->recv, f->reduce_dtype, u->shard) : FSDP_ENOMEM;
-            if (!rc)
-                rc = fsdp_dev_to_state(f, u->grad, g32, u->shard * sizeof(float));
-            fsdp_buf_put(f, g32);
-        } else if (p->recv) {
-            rc = fsdp_dev_to_state(f, u->grad, p->recv, u->shard * sizeof(float));
-        }
-    } else if (!rc) {
-        float *sum = p->recv;
-        float *tmp = NULL;
-        if (p->recv_lp) {
-            if (!(tmp = fsdp_buf_get(f, u->shard * sizeof(float), FSDP_MEM_COMM)))
+            if (!(tmp = fsdp_buf_get(f, u->shard * sizeof(float), FSDP_MEM_COMM))) {
                 rc = FSDP_ENOMEM;
-            else
-                rc = k->cast(tmp, KERNELS_F32, p->recv, f->reduce_dtype, u->shard);
+                goto out;
+            }
+            FSDP_TRY_GOTO(k->cast(tmp, KERNELS_F32, p->recv, f->reduce_dtype, u->shard), rc, out);
+            FSDP_TRY_GOTO(fsdp_dev_to_state(f, u->grad, tmp, u->shard * sizeof(float)), rc, out);
+        } else if (p->recv) {
+            FSDP_TRY_GOTO(fsdp_dev_to_state(f, u->grad, p->recv, u->shard * sizeof(float)), rc, out);
+        }
+    } else {
+        float *sum = p->recv;
+        if (p->recv_lp) {
+            if (!(tmp = fsdp_buf_get(f, u->shard * sizeof(float), FSDP_MEM_COMM))) {
+                rc = FSDP_ENOMEM;
+                goto out;
+            }
+            FSDP_TRY_GOTO(k->cast(tmp, KERNELS_F32, p->recv, f->reduce_dtype, u->shard), rc, out);
             sum = tmp;
         }
-        if (!rc)
-            rc = fsdp_state_accumulate(f, u->grad, sum, u->shard);
-        fsdp_buf_put(f, tmp);
+        FSDP_TRY_GOTO(fsdp_state_accumulate(f, u->grad, sum, u->shard), rc, out);
     }
+out:
+    fsdp_buf_put(f, tmp);
     fsdp_buf_put(f, p->send);
     fsdp_buf_put(f, p->recv);
     return rc;
+}
+
+static struct fsdp_pending pending_pop(struct fsdp *f)
+{
+    struct fsdp_pending p = f->pending[0];
+    memmove(&f->pending[0], &f->pending[1], (size_t)(f->n_pending - 1) * sizeof p);
+    f->n_pending--;
+    return p;
 }
 
 /* Finishes the oldest pending reductions until at most `keep` remain. A reduce-scatter of the last
@@ -448,14 +452,18 @@ int fsdp_pending_drain(struct fsdp *f, int keep)
 {
     int rc = 0;
     while (f->n_pending > keep) {
-        struct fsdp_pending p = f->pending[0];
-        memmove(&f->pending[0], &f->pending[1], (size_t)(f->n_pending - 1) * sizeof p);
-        f->n_pending--;
-        int r = pending_finish(f, &p);
-        if (!rc)
-            rc = r;
-        if (!rc && !p.is_replicate && p.last && f->rep_comm)
-            rc = replicate_issue(f, p.unit);
+        struct fsdp_pending p = pending_pop(f);
+        FSDP_TRY_GOTO(pending_finish(f, &p), rc, fail);
+        if (!p.is_replicate && p.last && f->rep_comm)
+            FSDP_TRY_GOTO(replicate_issue(f, p.unit), rc, fail);
+    }
+    return 0;
+fail:
+    /* After a failure the rest are still waited for and their buffers returned; the first error is the
+     * one passed up. */
+    while (f->n_pending > keep) {
+        struct fsdp_pending p = pending_pop(f);
+        pending_finish(f, &p);
     }
     return rc;
 }
@@ -477,6 +485,27 @@ static int grads_begin(struct fsdp *f, int ui)
     return f->k->mem_set(u->fgrad, 0, cap * sizeof(float));
 }
 
+/* Version 2: the unit's unsharded gradients packed into rank-major order in send. Only the padding at the
+ * end of a chunk is zeroed, so the pack is the one pass over every gradient. */
+static int grads_pack(struct fsdp *f, const struct fsdp_unit *u, float *send)
+{
+    const struct kernels *k = f->k;
+    for (size_t r = 0; r < (size_t)f->shard_size; r++)
+        for (int j = 0; j < u->n_params; j++) {
+            const struct fsdp_pslot *s = &u->slots[j];
+            size_t rb, re;
+            fsdp_slot_rows(s, r, &rb, &re);
+            float *dst = send + r * u->shard + s->shard_off;
+            if (re > rb)
+                FSDP_TRY(k->mem_copy(dst, u->fgrad + s->unit_off + rb * s->row_len,
+                                     (re - rb) * s->row_len * sizeof(float), KERNELS_COPY_D2D));
+            if (re - rb < s->chunk)
+                FSDP_TRY(k->mem_set(dst + (re - rb) * s->row_len, 0,
+                                    (s->chunk - (re - rb)) * s->row_len * sizeof(float)));
+        }
+    return 0;
+}
+
 /* After a unit's backward: start reducing its gradients (asynchronously). */
 static int grads_reduce(struct fsdp *f, int ui, bool last)
 {
@@ -490,29 +519,16 @@ static int grads_reduce(struct fsdp *f, int ui, bool last)
             fsdp_buf_put(f, u->fgrad);
         }
         u->fgrad = NULL;
-        if (!rc && last && f->rep_comm)
-            rc = replicate_issue(f, ui);
-        return rc;
+        if (rc)
+            return rc;
+        return last && f->rep_comm ? replicate_issue(f, ui) : 0;
     }
     struct fsdp_pending p = {.unit = ui, .last = last};
     float *send = u->fgrad;
     if (f->version != 1) {
-        /* pack into rank-major order; only the padding at the end of a chunk is zeroed, not the whole
-         * buffer first (that was one more pass over every gradient per step) */
         if (!(send = fsdp_buf_get(f, sg * u->shard * sizeof(float), FSDP_MEM_COMM)))
             return FSDP_ENOMEM;
-        for (size_t r = 0; !rc && r < sg; r++)
-            for (int j = 0; !rc && j < u->n_params; j++) {
-                const struct fsdp_pslot *s = &u->slots[j];
-                size_t rb, re;
-                fsdp_slot_rows(s, r, &rb, &re);
-                float *dst = send + r * u->shard + s->shard_off;
-                if (re > rb)
-                    rc = k->mem_copy(dst, u->fgrad + s->unit_off + rb * s->row_len,
-                                     (re - rb) * s->row_len * sizeof(float), KERNELS_COPY_D2D);
-                if (!rc && re - rb < s->chunk)
-                    rc = k->mem_set(dst + (re - rb) * s->row_len, 0, (s->chunk - (re - rb)) * s->row_len * sizeof(float));
-            }
+        rc = grads_pack(f, u, send);
         fsdp_buf_put(f, u->fgrad);
     }
     u->fgrad = NULL;
@@ -527,20 +543,23 @@ static int grads_reduce(struct fsdp *f, int ui, bool last)
         p.recv_lp = true;
     }
     p.send = in;
-    if (!rc && !(p.recv = fsdp_buf_get(f, u->shard * dtype_size(f->reduce_dtype), FSDP_MEM_COMM)))
+    if (rc)
+        goto fail;
+    if (!(p.recv = fsdp_buf_get(f, u->shard * dtype_size(f->reduce_dtype), FSDP_MEM_COMM))) {
         rc = FSDP_ENOMEM;
-    if (!rc)
-        rc = comm_reduce_scatter_async(f->shard_comm, in, p.recv, u->shard, f->reduce_dtype,
-                                       COMM_SUM, &p.work);
-    if (rc) {
-        fsdp_buf_put(f, p.send);
-        fsdp_buf_put(f, p.recv);
-        return rc;
+        goto fail;
     }
-    rc = pending_push(f, p);
+    FSDP_TRY_GOTO(comm_reduce_scatter_async(f->shard_comm, in, p.recv, u->shard, f->reduce_dtype,
+                                            COMM_SUM, &p.work),
+                  rc, fail);
+    FSDP_TRY(pending_push(f, p));
     /* limit_all_gathers also bounds reductions in flight, and so the memory they hold */
-    if (!rc && f->wc.fsdp.limit_all_gathers)
-        rc = fsdp_pending_drain(f, 2);
+    if (f->wc.fsdp.limit_all_gathers)
+        FSDP_TRY(fsdp_pending_drain(f, 2));
+    return 0;
+fail:
+    fsdp_buf_put(f, p.send);
+    fsdp_buf_put(f, p.recv);
     return rc;
 }
 
@@ -562,26 +581,24 @@ static float *mu_grads(const struct fsdp *f, int mu)
 static int forward_blocks(struct fsdp *f, bool eval)
 {
     const struct model_layout *l = f->layout;
-    int rc = 0;
-    for (int mu = 1; rc == 0 && mu < l->n_units; mu++) {
+    for (int mu = 1; mu < l->n_units; mu++) {
         int ui = f->unit_of_mu[mu];
         struct fsdp_unit *u = &f->units[ui];
         if (mu == u->first_mu) {
-            rc = fsdp_gather_wait(f, ui);
-            if (!rc && f->wc.fsdp.forward_prefetch && ui + 1 < f->n_units)
-                rc = fsdp_gather_issue(f, ui + 1);
+            FSDP_TRY(fsdp_gather_wait(f, ui));
+            if (f->wc.fsdp.forward_prefetch && ui + 1 < f->n_units)
+                FSDP_TRY(fsdp_gather_issue(f, ui + 1));
         }
-        if (!rc)
-            rc = model_forward_block(f->model, mu - 1, mu_params(f, mu));
+        FSDP_TRY(model_forward_block(f->model, mu - 1, mu_params(f, mu)));
         /* In training the last unit is not resharded: backward needs it again right after the head, so
          * freeing it would only buy a second all-gather of the same values (torchtitan sets
          * reshard_after_forward = False on the last block for the same reason). The memory peak does not
          * move: backward holds this unit and the next one's prefetch anyway. */
         bool release = eval ? !u->is_root && !u->full_alias : u->reshard && ui != f->n_units - 1;
-        if (!rc && mu == u->first_mu + u->n_mu - 1 && release)
+        if (mu == u->first_mu + u->n_mu - 1 && release)
             fsdp_release(f, ui);
     }
-    return rc;
+    return 0;
 }
 
 int fsdp_forward_backward(struct fsdp *f, float dloss, bool last, double *loss_sum)
@@ -589,47 +606,39 @@ int fsdp_forward_backward(struct fsdp *f, float dloss, bool last, double *loss_s
     const struct model_layout *l = f->layout;
     bool pre = f->wc.fsdp.backward_prefetch == WORKER_BACKWARD_PRE;
     bool post = f->wc.fsdp.backward_prefetch == WORKER_BACKWARD_POST;
-    int rc = fsdp_gather_wait(f, 0);
-    if (!rc && f->wc.fsdp.forward_prefetch && f->n_units > 1)
-        rc = fsdp_gather_issue(f, 1);
-    if (!rc)
-        rc = model_forward_embed(f->model, mu_params(f, 0));
-    if (!rc)
-        rc = forward_blocks(f, false);
     double sum = 0;
-    if (!rc)
-        rc = model_forward_head(f->model, mu_params(f, 0), dloss, &sum);
-    if (!rc)
-        rc = grads_begin(f, 0);
-    if (!rc)
-        rc = model_backward_head(f->model, mu_params(f, 0), mu_grads(f, 0));
-    for (int mu = l->n_units - 1; rc == 0 && mu >= 1; mu--) {
+    int rc = 0;
+    FSDP_TRY_GOTO(fsdp_gather_wait(f, 0), rc, out);
+    if (f->wc.fsdp.forward_prefetch && f->n_units > 1)
+        FSDP_TRY_GOTO(fsdp_gather_issue(f, 1), rc, out);
+    FSDP_TRY_GOTO(model_forward_embed(f->model, mu_params(f, 0)), rc, out);
+    FSDP_TRY_GOTO(forward_blocks(f, false), rc, out);
+    FSDP_TRY_GOTO(model_forward_head(f->model, mu_params(f, 0), dloss, &sum), rc, out);
+    FSDP_TRY_GOTO(grads_begin(f, 0), rc, out);
+    FSDP_TRY_GOTO(model_backward_head(f->model, mu_params(f, 0), mu_grads(f, 0)), rc, out);
+    for (int mu = l->n_units - 1; mu >= 1; mu--) {
         int ui = f->unit_of_mu[mu];
         struct fsdp_unit *u = &f->units[ui];
         if (mu == u->first_mu + u->n_mu - 1 && ui != 0) {
-            rc = fsdp_gather_wait(f, ui);
-            if (!rc)
-                rc = grads_begin(f, ui);
-            if (!rc && pre && ui - 1 >= 1)
-                rc = fsdp_gather_issue(f, ui - 1);
+            FSDP_TRY_GOTO(fsdp_gather_wait(f, ui), rc, out);
+            FSDP_TRY_GOTO(grads_begin(f, ui), rc, out);
+            if (pre && ui - 1 >= 1)
+                FSDP_TRY_GOTO(fsdp_gather_issue(f, ui - 1), rc, out);
         }
-        if (!rc)
-            rc = model_backward_block(f->model, mu - 1, mu_params(f, mu), mu_grads(f, mu));
-        if (!rc && mu == u->first_mu && ui != 0) {
+        FSDP_TRY_GOTO(model_backward_block(f->model, mu - 1, mu_params(f, mu), mu_grads(f, mu)), rc, out);
+        if (mu == u->first_mu && ui != 0) {
             if (post && ui - 1 >= 1)
-                rc = fsdp_gather_issue(f, ui - 1);
-            if (!rc)
-                rc = grads_reduce(f, ui, last);
+                FSDP_TRY_GOTO(fsdp_gather_issue(f, ui - 1), rc, out);
+            FSDP_TRY_GOTO(grads_reduce(f, ui, last), rc, out);
             /* Parameters are gathered again for the next forward when the strategy reshards; ZeRO-2 keeps
              * them until the optimizer step changes them. */
-            if (!rc && u->reshard)
+            if (u->reshard)
                 fsdp_release(f, ui);
         }
     }
-    if (!rc)
-        rc = model_backward_embed(f->model, mu_params(f, 0), mu_grads(f, 0));
-    if (!rc)
-        rc = grads_reduce(f, 0, last);
+    FSDP_TRY_GOTO(model_backward_embed(f->model, mu_params(f, 0), mu_grads(f, 0)), rc, out);
+    FSDP_TRY_GOTO(grads_reduce(f, 0, last), rc, out);
+out:
     if (loss_sum)
         *loss_sum = sum;
     f->grads_dirty = true;
@@ -638,16 +647,15 @@ int fsdp_forward_backward(struct fsdp *f, float dloss, bool last, double *loss_s
 
 int fsdp_forward_eval(struct fsdp *f, double *loss_sum)
 {
-    int rc = fsdp_gather_wait(f, 0);
-    if (!rc && f->wc.fsdp.forward_prefetch && f->n_units > 1)
-        rc = fsdp_gather_issue(f, 1);
-    if (!rc)
-        rc = model_forward_embed(f->model, mu_params(f, 0));
-    if (!rc)
-        rc = forward_blocks(f, true);
     double sum = 0;
-    if (!rc)
-        rc = model_forward_head(f->model, mu_params(f, 0), 0.0f, &sum);
+    int rc = 0;
+    FSDP_TRY_GOTO(fsdp_gather_wait(f, 0), rc, out);
+    if (f->wc.fsdp.forward_prefetch && f->n_units > 1)
+        FSDP_TRY_GOTO(fsdp_gather_issue(f, 1), rc, out);
+    FSDP_TRY_GOTO(model_forward_embed(f->model, mu_params(f, 0)), rc, out);
+    FSDP_TRY_GOTO(forward_blocks(f, true), rc, out);
+    FSDP_TRY_GOTO(model_forward_head(f->model, mu_params(f, 0), 0.0f, &sum), rc, out);
+out:
     if (loss_sum)
         *loss_sum = sum;
     return rc;

@@ -16,6 +16,13 @@ struct fsdp_pslot {
     size_t shard_off;     /* its chunk's offset inside each rank's shard */
 };
 
+/* Where a unit's gathered parameters are. */
+enum fsdp_gather_state {
+    FSDP_GATHER_NONE,     /* not gathered */
+    FSDP_GATHER_INFLIGHT, /* all-gather issued, not waited for */
+    FSDP_GATHER_READY,    /* `full` holds the parameters */
+};
+
 struct fsdp_unit {
     char name[MODEL_NAME_MAX];
     int first_mu, n_mu; /* model units */
@@ -36,7 +43,7 @@ struct fsdp_unit {
     void *full_lp;     /* the same in param_dtype, model order, bound to full (k->lowp_bind) for the matmuls;
                           NULL when the table computes in fp32 */
     bool full_lp_alias; /* full_lp == lp (one-rank shard group): never freed */
-    int gstate;        /* 0 = not gathered, 1 = all-gather in flight, 2 = ready */
+    enum fsdp_gather_state gstate;
     struct comm_work *gwork;
     void *gbuf;        /* rank-major receive buffer when it is not `full` */
     void *gsrc;        /* offload: the shard staged in device memory for the all-gather */

@@ -110,9 +110,10 @@ int fsdp_state_accumulate(struct fsdp *f, float *state, const float *dev, size_t
     float *tmp = malloc((n ? n : 1) * sizeof(float));
     if (!tmp)
         return error_set(FSDP_ENOMEM, "fsdp: out of host memory");
-    int rc = f->k->mem_copy(tmp, dev, n * sizeof(float), KERNELS_COPY_D2H);
-    if (!rc)
-        rc = f->sk->axpy(state, 1.0f, tmp, n);
+    int rc = 0;
+    FSDP_TRY_GOTO(f->k->mem_copy(tmp, dev, n * sizeof(float), KERNELS_COPY_D2H), rc, out);
+    FSDP_TRY_GOTO(f->sk->axpy(state, 1.0f, tmp, n), rc, out);
+out:
     free(tmp);
     return rc;
 }

@@ -27,18 +27,18 @@ int fsdp_sum_over(struct fsdp *f, struct comm *c, double x, double *sum)
     double *dev = fsdp_buf_get(f, (size_t)n * sizeof(double), FSDP_MEM_COMM);
     double host[256];
     double *all = n <= 256 ? host : malloc((size_t)n * sizeof(double));
-    if (!dev || !all) {
-        fsdp_buf_put(f, dev);
-        return error_set(FSDP_ENOMEM, "fsdp: out of memory");
-    }
-    int rc = f->k->mem_copy(dev + r, &x, sizeof x, KERNELS_COPY_H2D);
-    if (!rc)
-        rc = comm_all_gather(c, dev + r, dev, 2, COMM_F32);
-    if (!rc)
-        rc = f->k->mem_copy(all, dev, (size_t)n * sizeof(double), KERNELS_COPY_D2H);
     double s = 0;
-    for (int i = 0; !rc && i < n; i++)
+    int rc = 0;
+    if (!dev || !all) {
+        rc = error_set(FSDP_ENOMEM, "fsdp: out of memory");
+        goto out;
+    }
+    FSDP_TRY_GOTO(f->k->mem_copy(dev + r, &x, sizeof x, KERNELS_COPY_H2D), rc, out);
+    FSDP_TRY_GOTO(comm_all_gather(c, dev + r, dev, 2, COMM_F32), rc, out);
+    FSDP_TRY_GOTO(f->k->mem_copy(all, dev, (size_t)n * sizeof(double), KERNELS_COPY_D2H), rc, out);
+    for (int i = 0; i < n; i++)
         s += all[i];
+out:
     *sum = s;
     fsdp_buf_put(f, dev);
     if (all != host)
@@ -56,28 +56,30 @@ int fsdp_refresh_lp(struct fsdp *f)
 {
     if (f->param_dtype == KERNELS_F32)
         return 0;
-    int rc = 0;
-    for (int i = 0; i < f->n_units && !rc; i++)
-        rc = f->sk->cast(f->units[i].lp, f->param_dtype, f->units[i].master, KERNELS_F32, f->units[i].shard);
-    return rc;
+    for (int i = 0; i < f->n_units; i++)
+        FSDP_TRY(f->sk->cast(f->units[i].lp, f->param_dtype, f->units[i].master, KERNELS_F32, f->units[i].shard));
+    return 0;
+}
+
+/* The gradient shards zeroed for the next step. */
+static int zero_grads(struct fsdp *f)
+{
+    for (int i = 0; i < f->n_units; i++)
+        FSDP_TRY(f->sk->mem_set(f->units[i].grad, 0, f->units[i].shard * sizeof(float)));
+    return 0;
 }
 
 int fsdp_optimizer_step(struct fsdp *f, double lr, int64_t step, struct fsdp_step_result *res)
 {
-    int rc = fsdp_pending_drain(f, 0);
-    if (rc)
-        return rc;
+    FSDP_TRY(fsdp_pending_drain(f, 0));
     double local = 0;
-    for (int i = 0; i < f->n_units && !rc; i++) {
+    for (int i = 0; i < f->n_units; i++) {
         double s = 0;
-        rc = f->sk->sqnorm(&s, f->units[i].grad, f->units[i].shard);
+        FSDP_TRY(f->sk->sqnorm(&s, f->units[i].grad, f->units[i].shard));
         local += s;
     }
     double sq = 0;
-    if (!rc)
-        rc = fsdp_sum_over(f, f->shard_comm, local, &sq);
-    if (rc)
-        return rc;
+    FSDP_TRY(fsdp_sum_over(f, f->shard_comm, local, &sq));
     double scale = f->loss_scale;
     double norm = sqrt(sq) / scale;
     memset(res, 0, sizeof *res);
@@ -91,8 +93,7 @@ int fsdp_optimizer_step(struct fsdp *f, double lr, int64_t step, struct fsdp_ste
             res->loss_scale = f->loss_scale;
             log_warn("step %lld: non-finite gradients at loss scale %g; step skipped, scale now %g", (long long)step,
                      scale, f->loss_scale);
-            for (int i = 0; i < f->n_units && !rc; i++)
-                rc = f->sk->mem_set(f->units[i].grad, 0, f->units[i].shard * sizeof(float));
+            int rc = zero_grads(f);
             for (int i = 0; i < f->n_units; i++)
                 fsdp_release(f, i);
             return rc;
@@ -105,20 +106,23 @@ int fsdp_optimizer_step(struct fsdp *f, double lr, int64_t step, struct fsdp_ste
     struct kernels_adamw_params hp = {.lr = (float)lr, .beta1 = (float)f->wc.optim.beta1,
                                       .beta2 = (float)f->wc.optim.beta2, .eps = (float)f->wc.optim.eps,
                                       .grad_scale = (float)(coef / scale), .step = (int)step};
-    for (size_t i = 0; i < f->n_pieces && !rc; i++) {
+    int rc = 0;
+    for (size_t i = 0; i < f->n_pieces; i++) {
         const struct fsdp_piece *p = &f->pieces[i];
         struct fsdp_unit *u = &f->units[p->unit];
         hp.weight_decay = f->layout->params[p->param].weight_decay ? (float)f->wc.optim.weight_decay : 0.0f;
-        rc = f->sk->adamw(u->master + p->shard_off, u->grad + p->shard_off, u->exp_avg + p->shard_off,
-                      u->exp_avg_sq + p->shard_off, p->count, &hp);
+        FSDP_TRY_GOTO(f->sk->adamw(u->master + p->shard_off, u->grad + p->shard_off, u->exp_avg + p->shard_off,
+                                   u->exp_avg_sq + p->shard_off, p->count, &hp),
+                      rc, out);
     }
-    for (int i = 0; i < f->n_units && !rc; i++)
-        rc = f->sk->mem_set(f->units[i].grad, 0, f->units[i].shard * sizeof(float));
-    /* gathered copies are stale now */
+    FSDP_TRY_GOTO(zero_grads(f), rc, out);
+    /* No all-gather is in flight after a backward: the low-precision copies they read can be refreshed
+     * before the gathered copies are dropped. */
+    FSDP_TRY_GOTO(fsdp_refresh_lp(f), rc, out);
+out:
+    /* the update made the gathered copies stale (a failed update too) */
     for (int i = 0; i < f->n_units; i++)
         fsdp_release(f, i);
-    if (!rc)
-        rc = fsdp_refresh_lp(f);
     if (f->param_dtype == KERNELS_F16 && ++f->scaler_good >= SCALER_INTERVAL) {
         f->loss_scale *= SCALER_GROWTH;
         f->scaler_good = 0;

@@ -10,20 +10,19 @@
 /* Copies this rank's shard of unit u out of its full parameters `full` (device, model order). */
 static int shard_from_full(struct fsdp *f, struct fsdp_unit *u, const float *full)
 {
-    int rc = 0;
-    for (size_t i = 0; i < f->n_pieces && !rc; i++) {
+    for (size_t i = 0; i < f->n_pieces; i++) {
         const struct fsdp_piece *p = &f->pieces[i];
         if (&f->units[p->unit] != u)
             continue;
         size_t src = f->layout->params[p->param].offset - u->offset + p->begin;
-        rc = fsdp_dev_to_state(f, u->master + p->shard_off, full + src, p->count * sizeof(float));
+        FSDP_TRY(fsdp_dev_to_state(f, u->master + p->shard_off, full + src, p->count * sizeof(float)));
     }
-    return rc;
+    return 0;
 }
 
 /* Rank 0's values of unit u into host (u->numel floats): from the weights file read whole (full), or
  * generated from the seed one parameter at a time, so that rank 0 never holds more than one unit of a
- * seeded model (a 28.5M-parameter model made rank 0's peak RSS 114 MB above its peers' before). */
+ * seeded model (holding a whole 28.5M-parameter model puts rank 0's peak RSS 114 MB above its peers'). */
 static void init_unit_values(const struct fsdp *f, const struct fsdp_unit *u, const float *full, float *host)
 {
     const struct model_layout *l = f->layout;
@@ -37,50 +36,78 @@ static void init_unit_values(const struct fsdp *f, const struct fsdp_unit *u, co
     }
 }
 
-static int init_broadcast(struct fsdp *f)
+/* Rank 0's buffers for the broadcast: the weights file read whole into *full (when there is one) and one
+ * unit's room in *host. The caller frees both, also on failure. */
+static int init_rank0_values(const struct fsdp *f, float **full, float **host)
 {
     const struct model_layout *l = f->layout;
-    float *full = NULL, *host = NULL;
+    size_t most = 0;
+    for (int i = 0; i < f->n_units; i++)
+        most = f->units[i].numel > most ? f->units[i].numel : most;
+    if (l->config.init_from[0] && !(*full = malloc(l->numel * sizeof(float))))
+        return error_set(FSDP_ENOMEM, "fsdp: no memory for rank 0's initial model (%zu parameters)", l->numel);
+    if (!(*host = malloc((most ? most : 1) * sizeof(float))))
+        return error_set(FSDP_ENOMEM, "fsdp: no memory for rank 0's largest unit (%zu parameters)", most);
+    return *full ? model_init_params(l, *full) : 0;
+}
+
+/* Unit u from rank 0 (its values from full or the seed, staged in host) into every rank's shard. */
+static int broadcast_unit(struct fsdp *f, struct fsdp_unit *u, const float *full, float *host)
+{
+    float *dev = fsdp_buf_get(f, u->numel * sizeof(float), FSDP_MEM_GATHERED);
+    if (!dev)
+        return FSDP_ENOMEM;
     int rc = 0;
-    if (f->g.rank == 0) {
-        size_t most = 0;
-        for (int i = 0; i < f->n_units; i++)
-            most = f->units[i].numel > most ? f->units[i].numel : most;
-        if (l->config.init_from[0] && !(full = malloc(l->numel * sizeof(float))))
-            rc = error_set(FSDP_ENOMEM, "fsdp: no memory for rank 0's initial model (%zu parameters)", l->numel);
-        else if (!(host = malloc((most ? most : 1) * sizeof(float))))
-            rc = error_set(FSDP_ENOMEM, "fsdp: no memory for rank 0's largest unit (%zu parameters)", most);
-        if (!rc && full)
-            rc = model_init_params(l, full);
+    if (host) {
+        init_unit_values(f, u, full, host);
+        FSDP_TRY_GOTO(f->k->mem_copy(dev, host, u->numel * sizeof(float), KERNELS_COPY_H2D), rc, out);
     }
-    /* Rank 0's init can fail (a bad init_from file): tell the others instead of leaving them in a broadcast. */
+    FSDP_TRY_GOTO(comm_broadcast(f->g.world, dev, u->numel, COMM_F32, 0), rc, out);
+    FSDP_TRY_GOTO(shard_from_full(f, u, dev), rc, out);
+out:
+    fsdp_buf_put(f, dev);
+    return rc;
+}
+
+static int init_broadcast(struct fsdp *f)
+{
+    float *full = NULL, *host = NULL;
+    int rc = f->g.rank == 0 ? init_rank0_values(f, &full, &host) : 0;
+    /* Rank 0's init can fail (a bad init_from file): tell the others instead of leaving them in a broadcast.
+     * Every rank enters the sum, rank 0 also after its own failure. */
     double failed = 0;
-    int rc2 = fsdp_sum_world(f, rc ? 1.0 : 0.0, &failed);
-    if (rc || rc2 || failed > 0) {
-        free(full);
-        free(host);
-        if (!rc && !rc2)
-            rc = error_set(FSDP_EABORTED, "fsdp: rank 0 could not initialise the model (its log says why)");
-        return rc ? rc : rc2;
+    int shared = fsdp_sum_world(f, rc ? 1.0 : 0.0, &failed);
+    if (rc)
+        goto out;
+    FSDP_TRY_GOTO(shared, rc, out);
+    if (failed > 0) {
+        rc = error_set(FSDP_EABORTED, "fsdp: rank 0 could not initialise the model (its log says why)");
+        goto out;
     }
-    for (int i = 0; i < f->n_units && !rc; i++) {
-        struct fsdp_unit *u = &f->units[i];
-        float *dev = fsdp_buf_get(f, u->numel * sizeof(float), FSDP_MEM_GATHERED);
-        if (!dev) {
-            rc = FSDP_ENOMEM;
-            break;
-        }
-        if (host) {
-            init_unit_values(f, u, full, host);
-            rc = f->k->mem_copy(dev, host, u->numel * sizeof(float), KERNELS_COPY_H2D);
-        }
-        if (!rc)
-            rc = comm_broadcast(f->g.world, dev, u->numel, COMM_F32, 0);
-        if (!rc)
-            rc = shard_from_full(f, u, dev);
-        fsdp_buf_put(f, dev);
-    }
+    for (int i = 0; i < f->n_units; i++)
+        FSDP_TRY_GOTO(broadcast_unit(f, &f->units[i], full, host), rc, out);
+out:
     free(full);
+    free(host);
+    return rc;
+}
+
+/* Every rank reads the weights file whole and keeps its shards of it. */
+static int init_local_file(struct fsdp *f)
+{
+    const struct model_layout *l = f->layout;
+    float *host = malloc(l->numel * sizeof(float));
+    if (!host)
+        return error_set(FSDP_ENOMEM, "fsdp: no memory to read %s", l->config.init_from);
+    int rc = 0;
+    FSDP_TRY_GOTO(model_init_params(l, host), rc, out);
+    for (size_t i = 0; i < f->n_pieces; i++) {
+        const struct fsdp_piece *p = &f->pieces[i];
+        FSDP_TRY_GOTO(f->sk->mem_copy(p->data[FSDP_STATE_PARAM], host + l->params[p->param].offset + p->begin,
+                                      p->count * sizeof(float), KERNELS_COPY_H2D),
+                      rc, out);
+    }
+out:
     free(host);
     return rc;
 }
@@ -88,31 +115,22 @@ static int init_broadcast(struct fsdp *f)
 static int init_local(struct fsdp *f)
 {
     const struct model_layout *l = f->layout;
-    int rc = 0;
-    if (l->config.init_from[0]) {
-        float *host = malloc(l->numel * sizeof(float));
-        if (!host)
-            return error_set(FSDP_ENOMEM, "fsdp: no memory to read %s", l->config.init_from);
-        rc = model_init_params(l, host);
-        for (size_t i = 0; i < f->n_pieces && !rc; i++) {
-            const struct fsdp_piece *p = &f->pieces[i];
-            rc = f->sk->mem_copy(p->data[FSDP_STATE_PARAM], host + l->params[p->param].offset + p->begin,
-                                 p->count * sizeof(float), KERNELS_COPY_H2D);
-        }
-        free(host);
-        return rc;
-    }
+    if (l->config.init_from[0])
+        return init_local_file(f);
     size_t most = 0;
     for (size_t i = 0; i < f->n_pieces; i++)
         most = f->pieces[i].count > most ? f->pieces[i].count : most;
     float *tmp = malloc((most ? most : 1) * sizeof(float));
     if (!tmp)
         return error_set(FSDP_ENOMEM, "fsdp: out of memory");
-    for (size_t i = 0; i < f->n_pieces && !rc; i++) {
+    int rc = 0;
+    for (size_t i = 0; i < f->n_pieces; i++) {
         const struct fsdp_piece *p = &f->pieces[i];
         model_init_param_range(l, p->param, p->begin, p->count, tmp);
-        rc = f->sk->mem_copy(p->data[FSDP_STATE_PARAM], tmp, p->count * sizeof(float), KERNELS_COPY_H2D);
+        FSDP_TRY_GOTO(f->sk->mem_copy(p->data[FSDP_STATE_PARAM], tmp, p->count * sizeof(float), KERNELS_COPY_H2D),
+                      rc, out);
     }
+out:
     free(tmp);
     return rc;
 }
@@ -123,10 +141,8 @@ int fsdp_init_params(struct fsdp *f)
      * in host memory while extracting their shards); the broadcast then carries it unit by unit. */
     bool bcast = f->wc.fsdp.sync_module_states ||
                  (f->wc.checkpoint.cpu_ram_efficient_loading && f->layout->config.init_from[0]);
-    int rc = bcast && f->g.world_size > 1 ? init_broadcast(f) : init_local(f);
-    if (!rc)
-        rc = fsdp_refresh_lp(f);
-    return rc;
+    FSDP_TRY(bcast && f->g.world_size > 1 ? init_broadcast(f) : init_local(f));
+    return fsdp_refresh_lp(f);
 }
 
 size_t fsdp_unit_gather_capacity(const struct fsdp *f, int ui)
@@ -153,11 +169,29 @@ static int gather_unit_direct(struct fsdp *f, struct fsdp_unit *u, const float *
 {
     if (f->version == 1)
         return comm_all_gather(f->shard_comm, src, dst, u->shard, COMM_F32);
-    int rc = 0;
-    for (int j = 0; j < u->n_params && !rc; j++) {
+    for (int j = 0; j < u->n_params; j++) {
         const struct fsdp_pslot *s = &u->slots[j];
-        rc = comm_all_gather(f->shard_comm, src + s->shard_off, dst + s->unit_off, s->chunk * s->row_len, COMM_F32);
+        FSDP_TRY(comm_all_gather(f->shard_comm, src + s->shard_off, dst + s->unit_off, s->chunk * s->row_len,
+                                 COMM_F32));
     }
+    return 0;
+}
+
+/* Every rank's shard of u into all (rank-major), through a device copy of this rank's shard when the state
+ * is offloaded. */
+static int gather_shards(struct fsdp *f, struct fsdp_unit *u, const float *src, float *all)
+{
+    float *staged = NULL;
+    int rc = 0;
+    if (f->offload) {
+        if (!(staged = fsdp_buf_get(f, u->shard * sizeof(float), FSDP_MEM_COMM)))
+            return FSDP_ENOMEM;
+        FSDP_TRY_GOTO(fsdp_state_to_dev(f, staged, src, u->shard * sizeof(float)), rc, out);
+        src = staged;
+    }
+    FSDP_TRY_GOTO(comm_all_gather(f->shard_comm, src, all, u->shard, COMM_F32), rc, out);
+out:
+    fsdp_buf_put(f, staged);
     return rc;
 }
 
@@ -172,29 +206,23 @@ int fsdp_gather_unit_state(struct fsdp *f, int ui, enum fsdp_state_kind kind, fl
     if (k->host_visible)
         return gather_unit_direct(f, u, src, dst);
     float *all = fsdp_buf_get(f, sg * u->shard * sizeof(float), FSDP_MEM_GATHERED);
-    float *staged = NULL;
     if (!all)
         return FSDP_ENOMEM;
     int rc = 0;
-    if (f->offload) {
-        staged = fsdp_buf_get(f, u->shard * sizeof(float), FSDP_MEM_COMM);
-        rc = staged ? fsdp_state_to_dev(f, staged, src, u->shard * sizeof(float)) : FSDP_ENOMEM;
-        src = staged;
-    }
-    if (!rc)
-        rc = comm_all_gather(f->shard_comm, src, all, u->shard, COMM_F32);
-    fsdp_buf_put(f, staged);
-    if (!rc && f->version == 1)
-        rc = k->mem_copy(dst, all, u->numel * sizeof(float), KERNELS_COPY_D2H);
-    for (size_t r = 0; !rc && f->version != 1 && r < sg; r++)
-        for (int j = 0; !rc && j < u->n_params; j++) {
+    FSDP_TRY_GOTO(gather_shards(f, u, src, all), rc, out);
+    if (f->version == 1)
+        FSDP_TRY_GOTO(k->mem_copy(dst, all, u->numel * sizeof(float), KERNELS_COPY_D2H), rc, out);
+    for (size_t r = 0; f->version != 1 && r < sg; r++)
+        for (int j = 0; j < u->n_params; j++) {
             const struct fsdp_pslot *s = &u->slots[j];
             size_t rb, re;
             fsdp_slot_rows(s, r, &rb, &re);
             if (re > rb)
-                rc = k->mem_copy(dst + s->unit_off + rb * s->row_len, all + r * u->shard + s->shard_off,
-                                 (re - rb) * s->row_len * sizeof(float), KERNELS_COPY_D2H);
+                FSDP_TRY_GOTO(k->mem_copy(dst + s->unit_off + rb * s->row_len, all + r * u->shard + s->shard_off,
+                                          (re - rb) * s->row_len * sizeof(float), KERNELS_COPY_D2H),
+                              rc, out);
         }
+out:
     fsdp_buf_put(f, all);
     return rc;
 }

@@ -101,27 +101,28 @@ static int gpt2_create(struct model *m)
     const struct model_config *cfg = &m->layout.config;
     struct gpt2_state *s = calloc(1, sizeof *s);
     bool ckpt = cfg->activation_checkpointing;
-    if (s)
-        s->acts = calloc(ckpt ? 1 : (size_t)cfg->n_layer, sizeof *s->acts);
-    if (!s || !s->acts) {
-        if (s)
-            free(s->acts);
-        free(s);
+    if (!s)
         return error_set(FSDP_ENOMEM, "out of memory");
+    int rc = 0;
+    if (!(s->acts = calloc(ckpt ? 1 : (size_t)cfg->n_layer, sizeof *s->acts))) {
+        rc = error_set(FSDP_ENOMEM, "out of memory");
+        goto fail;
     }
     s->ckpt = ckpt;
     m->arena_bytes = gpt2_arena_bytes(cfg, m->b, m->t, ckpt, m->k);
     s->arena = m->k->mem_alloc(m->arena_bytes);
     if (!s->arena) {
-        free(s->acts);
-        free(s);
-        return error_set(FSDP_ENOMEM, "model: cannot allocate the %zu-byte activation arena (batch %d x %d)%s",
-                         m->arena_bytes, m->b, m->t,
-                         ckpt ? "" : "; activation_checkpointing = true needs less");
+        rc = error_set(FSDP_ENOMEM, "model: cannot allocate the %zu-byte activation arena (batch %d x %d)%s",
+                       m->arena_bytes, m->b, m->t, ckpt ? "" : "; activation_checkpointing = true needs less");
+        goto fail;
     }
     plan(cfg, m->b, m->t, ckpt, m->k, s->arena, s, &m->tokens, &m->targets);
     m->family = s;
     return 0;
+fail:
+    free(s->acts);
+    free(s);
+    return rc;
 }
 
 static void gpt2_destroy(struct model *m)
@@ -147,13 +148,6 @@ static float *upg(const struct model *m, int unit, float *buf, int idx)
     return buf ? buf + m->layout.params[m->layout.units[unit].first_param + idx].unit_offset : NULL;
 }
 
-#define TRY(expr)                                                                                         \
-    do {                                                                                                  \
-        int rc_ = (expr);                                                                                 \
-        if (rc_ != 0)                                                                                     \
-            return rc_;                                                                                   \
-    } while (0)
-
 static int gpt2_forward_embed(struct model *m, const float *root)
 {
     struct gpt2_state *s = m->family;
@@ -173,17 +167,17 @@ static int gpt2_forward_block(struct model *m, int layer, const float *w)
     struct gpt2_acts *a = &s->acts[s->ckpt ? 0 : layer];
     const float *x = s->resid + (size_t)layer * NC;
     float *y = s->resid + (size_t)(layer + 1) * NC;
-    TRY(k->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, up(m, u, w, LN1_W), up(m, u, w, LN1_B), N, C,
+    FSDP_TRY(k->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, up(m, u, w, LN1_W), up(m, u, w, LN1_B), N, C,
                              LN_EPS));
-    TRY(k->matmul_forward(a->qkv, a->ln1, up(m, u, w, ATTN_W), up(m, u, w, ATTN_B), N, C, 3 * C));
-    TRY(k->attention_forward(a->atty, a->lse, a->qkv, m->b, m->t, C, c->n_head, s->attn_ws));
-    TRY(k->matmul_forward(s->tmp, a->atty, up(m, u, w, APROJ_W), up(m, u, w, APROJ_B), N, C, C));
-    TRY(k->residual_forward(a->xmid, x, s->tmp, NC));
-    TRY(k->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->xmid, up(m, u, w, LN2_W), up(m, u, w, LN2_B),
+    FSDP_TRY(k->matmul_forward(a->qkv, a->ln1, up(m, u, w, ATTN_W), up(m, u, w, ATTN_B), N, C, 3 * C));
+    FSDP_TRY(k->attention_forward(a->atty, a->lse, a->qkv, m->b, m->t, C, c->n_head, s->attn_ws));
+    FSDP_TRY(k->matmul_forward(s->tmp, a->atty, up(m, u, w, APROJ_W), up(m, u, w, APROJ_B), N, C, C));
+    FSDP_TRY(k->residual_forward(a->xmid, x, s->tmp, NC));
+    FSDP_TRY(k->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->xmid, up(m, u, w, LN2_W), up(m, u, w, LN2_B),
                              N, C, LN_EPS));
-    TRY(k->matmul_forward(a->fc, a->ln2, up(m, u, w, FC_W), up(m, u, w, FC_B), N, C, 4 * C));
-    TRY(k->gelu_forward(a->fcg, a->fc, 4 * NC));
-    TRY(k->matmul_forward(s->tmp, a->fcg, up(m, u, w, MPROJ_W), up(m, u, w, MPROJ_B), N, 4 * C, C));
+    FSDP_TRY(k->matmul_forward(a->fc, a->ln2, up(m, u, w, FC_W), up(m, u, w, FC_B), N, C, 4 * C));
+    FSDP_TRY(k->gelu_forward(a->fcg, a->fc, 4 * NC));
+    FSDP_TRY(k->matmul_forward(s->tmp, a->fcg, up(m, u, w, MPROJ_W), up(m, u, w, MPROJ_B), N, 4 * C, C));
     return k->residual_forward(y, a->xmid, s->tmp, NC);
 }
 
@@ -194,13 +188,13 @@ static int gpt2_forward_head(struct model *m, const float *root, float dloss, do
     const struct model_config *c = &m->layout.config;
     int N = m->b * m->t, C = c->n_embd, vp = m->layout.vocab_padded;
     const float *x = s->resid + (size_t)c->n_layer * N * C;
-    TRY(k->layernorm_forward(s->lnf, s->lnf_mean, s->lnf_rstd, x, up(m, 0, root, LNF_W), up(m, 0, root, LNF_B),
+    FSDP_TRY(k->layernorm_forward(s->lnf, s->lnf_mean, s->lnf_rstd, x, up(m, 0, root, LNF_W), up(m, 0, root, LNF_B),
                              N, C, LN_EPS));
-    TRY(k->gemm(0, 1, N, vp, C, 1.0f, s->lnf, C, up(m, 0, root, WTE), C, 0.0f, s->logits, vp));
+    FSDP_TRY(k->gemm(0, 1, N, vp, C, 1.0f, s->lnf, C, up(m, 0, root, WTE), C, 0.0f, s->logits, vp));
     double sum = 0;
     /* With dloss the logits are overwritten in place by their gradient: the (N, Vp) matrix is the
      * largest activation and a second copy would double it. */
-    TRY(k->crossentropy_forward_backward(NULL, &sum, dloss != 0 ? s->logits : NULL, s->logits, m->targets, N,
+    FSDP_TRY(k->crossentropy_forward_backward(NULL, &sum, dloss != 0 ? s->logits : NULL, s->logits, m->targets, N,
                                          c->vocab_size, vp, dloss));
     s->head_grad_ready = dloss != 0;
     if (loss_sum)
@@ -220,10 +214,10 @@ static int gpt2_backward_head(struct model *m, const float *root, float *g)
     s->head_grad_ready = false;
     const float *x = s->resid + (size_t)c->n_layer * NC;
     /* dlnf = dlogits wte; dwte += dlogits^T lnf (the tied LM head's share of wte's gradient). */
-    TRY(k->gemm(0, 0, N, C, vp, 1.0f, s->logits, vp, up(m, 0, root, WTE), C, 0.0f, s->dln, C));
+    FSDP_TRY(k->gemm(0, 0, N, C, vp, 1.0f, s->logits, vp, up(m, 0, root, WTE), C, 0.0f, s->dln, C));
     if (g)
-        TRY(k->gemm(1, 0, vp, C, N, 1.0f, s->logits, vp, s->lnf, C, 1.0f, upg(m, 0, g, WTE), C));
-    TRY(k->mem_set(s->dres, 0, NC * sizeof(float)));
+        FSDP_TRY(k->gemm(1, 0, vp, C, N, 1.0f, s->logits, vp, s->lnf, C, 1.0f, upg(m, 0, g, WTE), C));
+    FSDP_TRY(k->mem_set(s->dres, 0, NC * sizeof(float)));
     return k->layernorm_backward(s->dres, upg(m, 0, g, LNF_W), upg(m, 0, g, LNF_B), s->dln, x,
                                  up(m, 0, root, LNF_W), s->lnf_mean, s->lnf_rstd, N, C);
 }
@@ -234,7 +228,7 @@ static int gpt2_backward_head(struct model *m, const float *root, float *g)
 static int linear_backward(const struct kernels *k, float *dx, float *dw, float *db, const float *dy,
                            const float *x, const float *w, int n, int in, int out)
 {
-    TRY(k->gemm(0, 1, n, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in));
+    FSDP_TRY(k->gemm(0, 1, n, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in));
     return k->matmul_backward(NULL, dw, db, dy, x, w, n, in, out);
 }
 
@@ -246,24 +240,24 @@ static int gpt2_backward_block(struct model *m, int layer, const float *w, float
     int N = m->b * m->t, C = c->n_embd, u = 1 + layer;
     size_t NC = (size_t)N * C, F = sizeof(float);
     if (s->ckpt)
-        TRY(gpt2_forward_block(m, layer, w));
+        FSDP_TRY(gpt2_forward_block(m, layer, w));
     struct gpt2_acts *a = &s->acts[s->ckpt ? 0 : layer];
     const float *x = s->resid + (size_t)layer * NC;
     /* s->dres holds dL/dy on entry and dL/dx on return: the residual adds make it flow straight through,
      * and each layernorm backward adds its branch into it. */
-    TRY(linear_backward(k, s->dbig1, upg(m, u, g, MPROJ_W), upg(m, u, g, MPROJ_B), s->dres, a->fcg,
+    FSDP_TRY(linear_backward(k, s->dbig1, upg(m, u, g, MPROJ_W), upg(m, u, g, MPROJ_B), s->dres, a->fcg,
                         up(m, u, w, MPROJ_W), N, 4 * C, C));
-    TRY(k->mem_set(s->dbig2, 0, 4 * NC * F));
-    TRY(k->gelu_backward(s->dbig2, a->fc, s->dbig1, 4 * NC));
-    TRY(linear_backward(k, s->dln, upg(m, u, g, FC_W), upg(m, u, g, FC_B), s->dbig2, a->ln2, up(m, u, w, FC_W), N,
+    FSDP_TRY(k->mem_set(s->dbig2, 0, 4 * NC * F));
+    FSDP_TRY(k->gelu_backward(s->dbig2, a->fc, s->dbig1, 4 * NC));
+    FSDP_TRY(linear_backward(k, s->dln, upg(m, u, g, FC_W), upg(m, u, g, FC_B), s->dbig2, a->ln2, up(m, u, w, FC_W), N,
                         C, 4 * C));
-    TRY(k->layernorm_backward(s->dres, upg(m, u, g, LN2_W), upg(m, u, g, LN2_B), s->dln, a->xmid,
+    FSDP_TRY(k->layernorm_backward(s->dres, upg(m, u, g, LN2_W), upg(m, u, g, LN2_B), s->dln, a->xmid,
                               up(m, u, w, LN2_W), a->ln2_mean, a->ln2_rstd, N, C));
-    TRY(linear_backward(k, s->tmp, upg(m, u, g, APROJ_W), upg(m, u, g, APROJ_B), s->dres, a->atty,
+    FSDP_TRY(linear_backward(k, s->tmp, upg(m, u, g, APROJ_W), upg(m, u, g, APROJ_B), s->dres, a->atty,
                         up(m, u, w, APROJ_W), N, C, C));
-    TRY(k->mem_set(s->dbig1, 0, 3 * NC * F));
-    TRY(k->attention_backward(s->dbig1, s->tmp, a->qkv, a->atty, a->lse, m->b, m->t, C, c->n_head, s->attn_ws));
-    TRY(linear_backward(k, s->dln, upg(m, u, g, ATTN_W), upg(m, u, g, ATTN_B), s->dbig1, a->ln1,
+    FSDP_TRY(k->mem_set(s->dbig1, 0, 3 * NC * F));
+    FSDP_TRY(k->attention_backward(s->dbig1, s->tmp, a->qkv, a->atty, a->lse, m->b, m->t, C, c->n_head, s->attn_ws));
+    FSDP_TRY(linear_backward(k, s->dln, upg(m, u, g, ATTN_W), upg(m, u, g, ATTN_B), s->dbig1, a->ln1,
                         up(m, u, w, ATTN_W), N, C, 3 * C));
     return k->layernorm_backward(s->dres, upg(m, u, g, LN1_W), upg(m, u, g, LN1_B), s->dln, x,
                                  up(m, u, w, LN1_W), a->ln1_mean, a->ln1_rstd, N, C);

@@ -16,67 +16,60 @@ int model_gpt2_layout_build(struct model_layout *l, const struct model_config *c
     float proj_std = std / sqrtf(2.0f * (float)L);
     l->vocab_padded = (c->vocab_size + MODEL_VOCAB_ALIGN - 1) / MODEL_VOCAB_ALIGN * MODEL_VOCAB_ALIGN;
 
-    int rc = 0;
-#define CHECK(expr)                                                                                       \
-    do {                                                                                                  \
-        if ((rc = (expr)) < 0)                                                                            \
-            return rc;                                                                                    \
-    } while (0)
     int root, wte, wpe, h, lnf;
-    CHECK(root = model_layout_add_module(l, -1, "", "GPT2Model"));
-    CHECK(wte = model_layout_add_module(l, root, "wte", "Embedding"));
-    CHECK(wpe = model_layout_add_module(l, root, "wpe", "Embedding"));
-    CHECK(h = model_layout_add_module(l, root, "h", "ModuleList"));
+    FSDP_TRY(root = model_layout_add_module(l, -1, "", "GPT2Model"));
+    FSDP_TRY(wte = model_layout_add_module(l, root, "wte", "Embedding"));
+    FSDP_TRY(wpe = model_layout_add_module(l, root, "wpe", "Embedding"));
+    FSDP_TRY(h = model_layout_add_module(l, root, "h", "ModuleList"));
     int blk_first = l->n_modules;
     char n[MODEL_NAME_MAX];
     for (int i = 0; i < L; i++) {
         int b, a, m;
         snprintf(n, sizeof n, "h.%d", i);
-        CHECK(b = model_layout_add_module(l, h, n, "DecoderBlock"));
+        FSDP_TRY(b = model_layout_add_module(l, h, n, "DecoderBlock"));
         snprintf(n, sizeof n, "h.%d.ln_1", i);
-        CHECK(model_layout_add_module(l, b, n, "LayerNorm"));
+        FSDP_TRY(model_layout_add_module(l, b, n, "LayerNorm"));
         snprintf(n, sizeof n, "h.%d.attn", i);
-        CHECK(a = model_layout_add_module(l, b, n, "CausalSelfAttention"));
+        FSDP_TRY(a = model_layout_add_module(l, b, n, "CausalSelfAttention"));
         snprintf(n, sizeof n, "h.%d.attn.c_attn", i);
-        CHECK(model_layout_add_module(l, a, n, "Conv1D"));
+        FSDP_TRY(model_layout_add_module(l, a, n, "Conv1D"));
         snprintf(n, sizeof n, "h.%d.attn.c_proj", i);
-        CHECK(model_layout_add_module(l, a, n, "Conv1D"));
+        FSDP_TRY(model_layout_add_module(l, a, n, "Conv1D"));
         snprintf(n, sizeof n, "h.%d.ln_2", i);
-        CHECK(model_layout_add_module(l, b, n, "LayerNorm"));
+        FSDP_TRY(model_layout_add_module(l, b, n, "LayerNorm"));
         snprintf(n, sizeof n, "h.%d.mlp", i);
-        CHECK(m = model_layout_add_module(l, b, n, "MLP"));
+        FSDP_TRY(m = model_layout_add_module(l, b, n, "MLP"));
         snprintf(n, sizeof n, "h.%d.mlp.c_fc", i);
-        CHECK(model_layout_add_module(l, m, n, "Conv1D"));
+        FSDP_TRY(model_layout_add_module(l, m, n, "Conv1D"));
         snprintf(n, sizeof n, "h.%d.mlp.c_proj", i);
-        CHECK(model_layout_add_module(l, m, n, "Conv1D"));
+        FSDP_TRY(model_layout_add_module(l, m, n, "Conv1D"));
     }
-    CHECK(lnf = model_layout_add_module(l, root, "ln_f", "LayerNorm"));
+    FSDP_TRY(lnf = model_layout_add_module(l, root, "ln_f", "LayerNorm"));
 
     int u;
-    CHECK(u = model_layout_add_unit(l, "root", root));
+    FSDP_TRY(u = model_layout_add_unit(l, "root", root));
     int p;
-    CHECK(p = model_layout_add_param(l, wte, u, "weight", 2, l->vocab_padded, C, true, std, 0));
+    FSDP_TRY(p = model_layout_add_param(l, wte, u, "weight", 2, l->vocab_padded, C, true, std, 0));
     l->params[p].init_rows = c->vocab_size;
-    CHECK(model_layout_add_param(l, wpe, u, "weight", 2, c->block_size, C, true, std, 0));
-    CHECK(model_layout_add_param(l, lnf, u, "weight", 1, C, 0, false, 0, 1));
-    CHECK(model_layout_add_param(l, lnf, u, "bias", 1, C, 0, false, 0, 0));
+    FSDP_TRY(model_layout_add_param(l, wpe, u, "weight", 2, c->block_size, C, true, std, 0));
+    FSDP_TRY(model_layout_add_param(l, lnf, u, "weight", 1, C, 0, false, 0, 1));
+    FSDP_TRY(model_layout_add_param(l, lnf, u, "bias", 1, C, 0, false, 0, 0));
     for (int i = 0; i < L; i++) {
         int b = blk_first + 9 * i; /* module indices in the order added above */
         snprintf(n, sizeof n, "h.%d", i);
-        CHECK(u = model_layout_add_unit(l, n, b));
-        CHECK(model_layout_add_param(l, b + 1, u, "weight", 1, C, 0, false, 0, 1));
-        CHECK(model_layout_add_param(l, b + 1, u, "bias", 1, C, 0, false, 0, 0));
-        CHECK(model_layout_add_param(l, b + 3, u, "weight", 2, C, 3 * C, true, std, 0));
-        CHECK(model_layout_add_param(l, b + 3, u, "bias", 1, 3 * C, 0, false, 0, 0));
-        CHECK(model_layout_add_param(l, b + 4, u, "weight", 2, C, C, true, proj_std, 0));
-        CHECK(model_layout_add_param(l, b + 4, u, "bias", 1, C, 0, false, 0, 0));
-        CHECK(model_layout_add_param(l, b + 5, u, "weight", 1, C, 0, false, 0, 1));
-        CHECK(model_layout_add_param(l, b + 5, u, "bias", 1, C, 0, false, 0, 0));
-        CHECK(model_layout_add_param(l, b + 7, u, "weight", 2, C, 4 * C, true, std, 0));
-        CHECK(model_layout_add_param(l, b + 7, u, "bias", 1, 4 * C, 0, false, 0, 0));
-        CHECK(model_layout_add_param(l, b + 8, u, "weight", 2, 4 * C, C, true, proj_std, 0));
-        CHECK(model_layout_add_param(l, b + 8, u, "bias", 1, C, 0, false, 0, 0));
+        FSDP_TRY(u = model_layout_add_unit(l, n, b));
+        FSDP_TRY(model_layout_add_param(l, b + 1, u, "weight", 1, C, 0, false, 0, 1));
+        FSDP_TRY(model_layout_add_param(l, b + 1, u, "bias", 1, C, 0, false, 0, 0));
+        FSDP_TRY(model_layout_add_param(l, b + 3, u, "weight", 2, C, 3 * C, true, std, 0));
+        FSDP_TRY(model_layout_add_param(l, b + 3, u, "bias", 1, 3 * C, 0, false, 0, 0));
+        FSDP_TRY(model_layout_add_param(l, b + 4, u, "weight", 2, C, C, true, proj_std, 0));
+        FSDP_TRY(model_layout_add_param(l, b + 4, u, "bias", 1, C, 0, false, 0, 0));
+        FSDP_TRY(model_layout_add_param(l, b + 5, u, "weight", 1, C, 0, false, 0, 1));
+        FSDP_TRY(model_layout_add_param(l, b + 5, u, "bias", 1, C, 0, false, 0, 0));
+        FSDP_TRY(model_layout_add_param(l, b + 7, u, "weight", 2, C, 4 * C, true, std, 0));
+        FSDP_TRY(model_layout_add_param(l, b + 7, u, "bias", 1, 4 * C, 0, false, 0, 0));
+        FSDP_TRY(model_layout_add_param(l, b + 8, u, "weight", 2, 4 * C, C, true, proj_std, 0));
+        FSDP_TRY(model_layout_add_param(l, b + 8, u, "bias", 1, C, 0, false, 0, 0));
     }
-#undef CHECK
     return 0;
 }

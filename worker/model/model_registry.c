@@ -62,17 +62,15 @@ int model_layout_build(struct model_layout *out, const struct model_config *cfg)
     const struct model_family *f = model_family_find(cfg->model_family);
     if (!f)
         return FSDP_EINVAL;
-    int rc = check_config(cfg);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(check_config(cfg));
     out->config = *cfg;
-    rc = f->layout_build(out, cfg);
-    if (rc != 0) {
-        model_layout_free(out);
-        return rc;
-    }
+    int rc = 0;
+    FSDP_TRY_GOTO(f->layout_build(out, cfg), rc, fail);
     out->numel_real = 0;
     for (int i = 0; i < out->n_params; i++)
         out->numel_real += (size_t)out->params[i].init_rows * out->params[i].shape[1];
     return 0;
+fail:
+    model_layout_free(out);
+    return rc;
 }

@@ -24,26 +24,22 @@ int model_create(struct model **out, const struct model_config *cfg, const struc
     struct model *m = calloc(1, sizeof *m);
     if (!m)
         return error_set(FSDP_ENOMEM, "out of memory");
-    int rc = model_layout_build(&m->layout, cfg);
-    if (rc != 0) {
-        free(m);
-        return rc;
-    }
+    int rc = 0;
+    FSDP_TRY_GOTO(model_layout_build(&m->layout, cfg), rc, fail);
     m->ops = model_family_find(cfg->model_family)->ops;
     m->k = k;
     m->b = b;
     m->t = t;
-    rc = m->ops->create(m);
-    if (rc != 0) {
-        model_layout_free(&m->layout);
-        free(m);
-        return rc;
-    }
+    FSDP_TRY_GOTO(m->ops->create(m), rc, fail);
     log_debug("model %s: %zu parameters, activation arena %zu bytes (batch %d x %d, checkpointing %s)",
               cfg->model_family, m->layout.numel_real, m->arena_bytes, b, t,
               cfg->activation_checkpointing ? "on" : "off");
     *out = m;
     return 0;
+fail:
+    model_layout_free(&m->layout);
+    free(m);
+    return rc;
 }
 
 void model_destroy(struct model *m)
@@ -79,9 +75,10 @@ int model_set_batch(struct model *m, const int32_t *tokens, const int32_t *targe
                              targets[i], i, V);
         valid += targets[i] != -1;
     }
-    int rc = m->k->mem_copy(m->tokens, tokens, n * sizeof *tokens, KERNELS_COPY_H2D);
-    if (rc == 0)
-        rc = m->k->mem_copy(m->targets, targets, n * sizeof *targets, KERNELS_COPY_H2D);
+    int rc = 0;
+    FSDP_TRY_GOTO(m->k->mem_copy(m->tokens, tokens, n * sizeof *tokens, KERNELS_COPY_H2D), rc, out);
+    FSDP_TRY_GOTO(m->k->mem_copy(m->targets, targets, n * sizeof *targets, KERNELS_COPY_H2D), rc, out);
+out:
     m->n_valid = valid;
     m->batch_set = rc == 0;
     return rc;
@@ -106,14 +103,14 @@ static int check_layer(const struct model *m, int layer)
 
 int model_forward_embed(struct model *m, const float *root)
 {
-    int rc = check_batch(m);
-    return rc ? rc : m->ops->forward_embed(m, root);
+    FSDP_TRY(check_batch(m));
+    return m->ops->forward_embed(m, root);
 }
 
 int model_forward_block(struct model *m, int layer, const float *block)
 {
-    int rc = check_layer(m, layer);
-    return rc ? rc : m->ops->forward_block(m, layer, block);
+    FSDP_TRY(check_layer(m, layer));
+    return m->ops->forward_block(m, layer, block);
 }
 
 int model_forward_head(struct model *m, const float *root, float dloss, double *loss_sum)
@@ -128,8 +125,8 @@ int model_backward_head(struct model *m, const float *root, float *root_grads)
 
 int model_backward_block(struct model *m, int layer, const float *block, float *block_grads)
 {
-    int rc = check_layer(m, layer);
-    return rc ? rc : m->ops->backward_block(m, layer, block, block_grads);
+    FSDP_TRY(check_layer(m, layer));
+    return m->ops->backward_block(m, layer, block, block_grads);
 }
 
 int model_backward_embed(struct model *m, const float *root, float *root_grads)
@@ -145,15 +142,14 @@ const float *model_logits(const struct model *m)
 static int forward_all(struct model *m, const float *params, float dloss, float *loss)
 {
     const struct model_layout *l = &m->layout;
-    int rc = model_forward_embed(m, params + l->units[0].offset);
-    for (int i = 0; rc == 0 && i < l->config.n_layer; i++)
-        rc = model_forward_block(m, i, params + l->units[1 + i].offset);
+    FSDP_TRY(model_forward_embed(m, params + l->units[0].offset));
+    for (int i = 0; i < l->config.n_layer; i++)
+        FSDP_TRY(model_forward_block(m, i, params + l->units[1 + i].offset));
     double sum = 0;
-    if (rc == 0)
-        rc = model_forward_head(m, params + l->units[0].offset, dloss, &sum);
-    if (rc == 0 && loss)
+    FSDP_TRY(model_forward_head(m, params + l->units[0].offset, dloss, &sum));
+    if (loss)
         *loss = m->n_valid ? (float)(sum / m->n_valid) : 0.0f;
-    return rc;
+    return 0;
 }
 
 int model_forward(struct model *m, const float *params, float *loss)
@@ -170,14 +166,11 @@ int model_forward_backward(struct model *m, const float *params, float *grads, f
             *loss = 0;
         return 0;
     }
-    int rc = forward_all(m, params, 1.0f / (float)(m->n_valid ? m->n_valid : 1), loss);
+    FSDP_TRY(forward_all(m, params, 1.0f / (float)(m->n_valid ? m->n_valid : 1), loss));
     const float *root = params + l->units[0].offset;
     float *groot = grads + l->units[0].offset;
-    if (rc == 0)
-        rc = model_backward_head(m, root, groot);
-    for (int i = l->config.n_layer - 1; rc == 0 && i >= 0; i--)
-        rc = model_backward_block(m, i, params + l->units[1 + i].offset, grads + l->units[1 + i].offset);
-    if (rc == 0)
-        rc = model_backward_embed(m, root, groot);
-    return rc;
+    FSDP_TRY(model_backward_head(m, root, groot));
+    for (int i = l->config.n_layer - 1; i >= 0; i--)
+        FSDP_TRY(model_backward_block(m, i, params + l->units[1 + i].offset, grads + l->units[1 + i].offset));
+    return model_backward_embed(m, root, groot);
 }

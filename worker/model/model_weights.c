@@ -57,35 +57,34 @@ static int read_param(struct safetensors_file *f, const struct safetensors_tenso
 {
     size_t real = (size_t)p->init_rows * p->shape[1];
     size_t es = safetensors_dtype_size(t->dtype);
-    int rc;
+    uint16_t *tmp = NULL;
+    int rc = 0;
     if (t->dtype == SAFETENSORS_F32) {
-        rc = safetensors_read(f, t, 0, dst, real * es);
+        FSDP_TRY(safetensors_read(f, t, 0, dst, real * es));
     } else {
-        uint16_t *tmp = malloc(real * es + 1);
-        if (!tmp)
+        if (!(tmp = malloc(real * es + 1)))
             return error_set(FSDP_ENOMEM, "out of memory reading %s", t->name);
-        rc = safetensors_read(f, t, 0, tmp, real * es);
-        for (size_t i = 0; rc == 0 && i < real; i++)
+        FSDP_TRY_GOTO(safetensors_read(f, t, 0, tmp, real * es), rc, out);
+        for (size_t i = 0; i < real; i++)
             dst[i] = t->dtype == SAFETENSORS_BF16 ? kernels_bf16_to_f32(tmp[i]) : kernels_f16_to_f32(tmp[i]);
-        free(tmp);
     }
-    if (rc == 0)
-        memset(dst + real, 0, (p->numel - real) * sizeof *dst); /* vocabulary padding */
+    memset(dst + real, 0, (p->numel - real) * sizeof *dst); /* vocabulary padding */
+out:
+    free(tmp);
     return rc;
 }
 
 int model_weights_load(const struct model_layout *l, const char *path, float *host)
 {
     struct safetensors_file *f;
-    int rc = safetensors_open(&f, path);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(safetensors_open(&f, path));
+    int rc = 0;
     const struct safetensors_tensor **src = calloc((size_t)l->n_params, sizeof *src);
     if (!src) {
-        safetensors_close(f);
-        return error_set(FSDP_ENOMEM, "out of memory");
+        rc = error_set(FSDP_ENOMEM, "out of memory");
+        goto out;
     }
-    for (size_t i = 0; i < f->n_tensors && rc == 0; i++) {
+    for (size_t i = 0; i < f->n_tensors; i++) {
         const struct safetensors_tensor *t = &f->tensors[i];
         const char *name = strncmp(t->name, prefix, sizeof prefix - 1) == 0 ? t->name + sizeof prefix - 1
                                                                             : t->name;
@@ -103,15 +102,21 @@ int model_weights_load(const struct model_layout *l, const char *path, float *ho
         else if (t->dtype != SAFETENSORS_F32 && t->dtype != SAFETENSORS_F16 && t->dtype != SAFETENSORS_BF16)
             rc = error_set(FSDP_EINVAL, "%s: tensor '%s' has dtype %s; weights must be F32, F16 or BF16", path,
                            t->name, safetensors_dtype_name(t->dtype));
-        else if ((rc = check_shape(path, l, &l->params[p], t)) == 0)
-            src[p] = t;
+        else
+            rc = check_shape(path, l, &l->params[p], t);
+        if (rc)
+            goto out;
+        src[p] = t;
     }
-    for (int p = 0; p < l->n_params && rc == 0; p++)
-        if (!src[p])
+    for (int p = 0; p < l->n_params; p++)
+        if (!src[p]) {
             rc = error_set(FSDP_EINVAL, "%s: tensor '%s' is missing (model %s, n_layer %d)", path,
                            l->params[p].name, l->config.model_family, l->config.n_layer);
-    for (int p = 0; p < l->n_params && rc == 0; p++)
-        rc = read_param(f, src[p], &l->params[p], host + l->params[p].offset);
+            goto out;
+        }
+    for (int p = 0; p < l->n_params; p++)
+        FSDP_TRY_GOTO(read_param(f, src[p], &l->params[p], host + l->params[p].offset), rc, out);
+out:
     free(src);
     safetensors_close(f);
     return rc;

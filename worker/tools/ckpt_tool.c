@@ -92,9 +92,7 @@ static int export_fill(void *vctx, size_t index, uint64_t offset, void *buf, siz
         }
         dst = c->tmp;
     }
-    int rc = ckpt_read(c->r, CKPT_PARAM, (int)index, begin, count, dst);
-    if (rc != 0)
-        return rc;
+    FSDP_TRY(ckpt_read(c->r, CKPT_PARAM, (int)index, begin, count, dst));
     uint16_t *h = buf;
     if (c->dtype == SAFETENSORS_BF16)
         for (size_t i = 0; i < count; i++)

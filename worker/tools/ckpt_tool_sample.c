@@ -136,34 +136,40 @@ int ckpt_tool_sample(int argc, char **argv)
     const struct kernels *k = kernels_cpu();
     int T = l->config.block_size, V = l->config.vocab_size, VP = l->vocab_padded;
     size_t plen = strlen(o.prompt);
+    float *params = NULL, *scratch = NULL;
+    int32_t *ctx = NULL, *tok = NULL, *tgt = NULL;
+    struct model *m = NULL;
     int rc = 0;
-    for (size_t i = 0; i < plen && rc == 0; i++)
-        if ((unsigned char)o.prompt[i] >= (unsigned)V)
+    for (size_t i = 0; i < plen; i++)
+        if ((unsigned char)o.prompt[i] >= (unsigned)V) {
             rc = error_set(FSDP_EINVAL, "prompt byte %u at %zu is outside the vocabulary (vocab_size %d)",
                            (unsigned char)o.prompt[i], i, V);
-    float *params = rc == 0 ? k->mem_alloc(l->numel * sizeof *params) : NULL;
-    if (rc == 0 && !params)
+            goto out;
+        }
+    if (!(params = k->mem_alloc(l->numel * sizeof *params))) {
         rc = error_set(FSDP_ENOMEM, "out of memory for %zu parameters", l->numel);
-    for (int p = 0; p < l->n_params && rc == 0; p++)
-        rc = ckpt_read(r, CKPT_PARAM, p, 0, l->params[p].numel, params + l->params[p].offset);
-    struct model *m = NULL;
-    if (rc == 0)
-        rc = model_create(&m, &l->config, k, 1, T);
+        goto out;
+    }
+    for (int p = 0; p < l->n_params; p++)
+        FSDP_TRY_GOTO(ckpt_read(r, CKPT_PARAM, p, 0, l->params[p].numel, params + l->params[p].offset), rc, out);
+    FSDP_TRY_GOTO(model_create(&m, &l->config, k, 1, T), rc, out);
     size_t ctx_cap = plen + (size_t)o.length + 1;
-    int32_t *ctx = malloc(ctx_cap * sizeof *ctx), *tok = malloc((size_t)T * sizeof *tok),
-            *tgt = malloc((size_t)T * sizeof *tgt);
-    float *scratch = malloc((size_t)V * sizeof *scratch);
-    if (rc == 0 && (!ctx || !tok || !tgt || !scratch))
+    ctx = malloc(ctx_cap * sizeof *ctx);
+    tok = malloc((size_t)T * sizeof *tok);
+    tgt = malloc((size_t)T * sizeof *tgt);
+    scratch = malloc((size_t)V * sizeof *scratch);
+    if (!ctx || !tok || !tgt || !scratch) {
         rc = error_set(FSDP_ENOMEM, "out of memory");
+        goto out;
+    }
     size_t n = 0;
-    for (size_t i = 0; rc == 0 && i < plen; i++)
+    for (size_t i = 0; i < plen; i++)
         ctx[n++] = (unsigned char)o.prompt[i];
-    if (rc == 0 && n == 0)
+    if (n == 0)
         ctx[n++] = '\n' < V ? '\n' : 0; /* an empty prompt starts from a newline, as a document would */
-    if (rc == 0)
-        fwrite(o.prompt, 1, plen, stdout);
+    fwrite(o.prompt, 1, plen, stdout);
     uint64_t rng = o.seed;
-    for (int g = 0; rc == 0 && g < o.length; g++) {
+    for (int g = 0; g < o.length; g++) {
         /* The model is causal: positions after the context do not change the logits at its end, so the
          * window is padded with token 0 rather than rebuilding the model for every length. */
         size_t w = n < (size_t)T ? n : (size_t)T, start = n - w;
@@ -172,15 +178,15 @@ int ckpt_tool_sample(int argc, char **argv)
             tgt[i] = -1;
         }
         float loss;
-        if ((rc = model_set_batch(m, tok, tgt)) != 0 || (rc = model_forward(m, params, &loss)) != 0)
-            break;
+        FSDP_TRY_GOTO(model_set_batch(m, tok, tgt), rc, out);
+        FSDP_TRY_GOTO(model_forward(m, params, &loss), rc, out);
         const float *logits = model_logits(m) + (w - 1) * (size_t)VP;
         int t = pick(logits, V, &o, scratch, &rng);
         ctx[n++] = t;
         print_token(t);
     }
-    if (rc == 0)
-        putchar('\n');
+    putchar('\n');
+out:
     fflush(stdout);
     if (rc != 0)
         fprintf(stderr, "fsdp-ckpt sample: %s\n", error_message());

@@ -64,17 +64,20 @@ static int collect(const char *path, int top, struct path_list *l)
         return error_set(FSDP_EIO, "%s: cannot read directory: %s", path, strerror(errno));
     struct dirent *e;
     int rc = 0;
-    while (rc == 0 && (e = readdir(dir))) {
+    while ((e = readdir(dir))) {
         if (e->d_name[0] == '.')
             continue;
         char *child;
         if (asprintf(&child, "%s/%s", path, e->d_name) < 0) {
             rc = error_set(FSDP_ENOMEM, "out of memory");
-            break;
+            goto out;
         }
         rc = collect(child, 0, l);
         free(child);
+        if (rc < 0)
+            goto out;
     }
+out:
     closedir(dir);
     return rc;
 }
@@ -94,13 +97,14 @@ static int read_file(const char *path, unsigned char **data, size_t *len)
     if (!f)
         return error_set(FSDP_EIO, "%s: cannot open: %s", path, strerror(errno));
     size_t cap = 0;
+    int rc = 0;
     for (;;) {
         if (*len == cap) {
             cap = cap ? 2 * cap : 65536;
             unsigned char *p = realloc(*data, cap);
             if (!p) {
-                fclose(f);
-                return error_set(FSDP_ENOMEM, "%s: out of memory", path);
+                rc = error_set(FSDP_ENOMEM, "%s: out of memory", path);
+                goto out;
             }
             *data = p;
         }
@@ -109,9 +113,11 @@ static int read_file(const char *path, unsigned char **data, size_t *len)
         if (k == 0)
             break;
     }
-    int bad = ferror(f);
+    if (ferror(f))
+        rc = error_set(FSDP_EIO, "%s: read error", path);
+out:
     fclose(f);
-    return bad ? error_set(FSDP_EIO, "%s: read error", path) : 0;
+    return rc;
 }
 
 static int write_all(int fd, const void *buf, size_t len, const char *path)
@@ -155,11 +161,8 @@ static int out_flush(struct out_file *o)
 static int out_put(struct out_file *o, const unsigned char *bytes, size_t len)
 {
     for (size_t i = 0; i < len; i++) {
-        if (o->buffered == sizeof o->buf / sizeof o->buf[0]) {
-            int rc = out_flush(o);
-            if (rc < 0)
-                return rc;
-        }
+        if (o->buffered == sizeof o->buf / sizeof o->buf[0])
+            FSDP_TRY(out_flush(o));
         o->buf[o->buffered++] = bytes[i]; /* little-endian host: uint16 in memory is the file format */
     }
     o->tokens += (int64_t)len;
@@ -169,26 +172,24 @@ static int out_put(struct out_file *o, const unsigned char *bytes, size_t len)
 /* temp + fsync + rename: a reader sees the old file or the complete new one, never a partial one. */
 static int out_commit(struct out_file *o, enum data_format fmt)
 {
-    int rc = out_flush(o);
-    if (rc == 0 && fmt == DATA_FORMAT_LLMC) {
+    FSDP_TRY(out_flush(o));
+    if (fmt == DATA_FORMAT_LLMC) {
         if (o->tokens > INT32_MAX)
             return error_set(FSDP_ERANGE, "%s: %lld tokens do not fit llm.c's int32 count; use the nanoGPT "
                                           "format", o->final_path, (long long)o->tokens);
         int32_t head[3] = {DATA_LLMC_MAGIC, DATA_LLMC_VERSION, (int32_t)o->tokens};
         if (pwrite(o->fd, head, sizeof head, 0) != (ssize_t)sizeof head)
-            rc = error_set(FSDP_EIO, "%s: cannot write the header: %s", o->tmp_path, strerror(errno));
+            return error_set(FSDP_EIO, "%s: cannot write the header: %s", o->tmp_path, strerror(errno));
     }
-    if (rc == 0 && fsync(o->fd) != 0)
-        rc = error_set(FSDP_EIO, "%s: fsync failed: %s", o->tmp_path, strerror(errno));
-    if (rc == 0 && fchmod(o->fd, 0644) != 0)
-        rc = error_set(FSDP_EIO, "%s: chmod failed: %s", o->tmp_path, strerror(errno));
-    if (rc == 0 && rename(o->tmp_path, o->final_path) != 0)
-        rc = error_set(FSDP_EIO, "%s: cannot rename into place: %s", o->final_path, strerror(errno));
-    if (rc == 0) {
-        free(o->tmp_path);
-        o->tmp_path = NULL;
-    }
-    return rc;
+    if (fsync(o->fd) != 0)
+        return error_set(FSDP_EIO, "%s: fsync failed: %s", o->tmp_path, strerror(errno));
+    if (fchmod(o->fd, 0644) != 0)
+        return error_set(FSDP_EIO, "%s: chmod failed: %s", o->tmp_path, strerror(errno));
+    if (rename(o->tmp_path, o->final_path) != 0)
+        return error_set(FSDP_EIO, "%s: cannot rename into place: %s", o->final_path, strerror(errno));
+    free(o->tmp_path);
+    o->tmp_path = NULL;
+    return 0;
 }
 
 static void out_cleanup(struct out_file *o)
@@ -225,54 +226,50 @@ struct prep_options {
 static int prepare(const struct prep_options *opt, char **inputs, int n_inputs)
 {
     struct path_list files = {0};
+    struct out_file *train = NULL, *val = NULL;
+    unsigned char *data = NULL; /* the input file being split */
     int rc = 0;
-    for (int i = 0; i < n_inputs && rc == 0; i++)
-        rc = collect(inputs[i], 1, &files);
-    if (rc < 0)
-        goto done;
+    for (int i = 0; i < n_inputs; i++)
+        FSDP_TRY_GOTO(collect(inputs[i], 1, &files), rc, out);
     if (files.n == 0) {
         rc = error_set(FSDP_EINVAL, "no input files found in the %d input(s) given", n_inputs);
-        goto done;
+        goto out;
     }
     qsort(files.v, files.n, sizeof *files.v, cmp_str);
     if (mkdir(opt->out_dir, 0755) != 0 && errno != EEXIST) {
         rc = error_set(FSDP_EIO, "%s: cannot create the output directory: %s", opt->out_dir, strerror(errno));
-        goto done;
-    }
-    struct out_file *train = calloc(1, sizeof *train), *val = calloc(1, sizeof *val);
-    if (!train || !val) {
-        free(train);
-        free(val);
-        rc = error_set(FSDP_ENOMEM, "out of memory");
-        goto done;
-    }
-    if ((rc = out_open(train, opt->out_dir, "train.bin", opt->format)) < 0 ||
-        (rc = out_open(val, opt->out_dir, "val.bin", opt->format)) < 0)
         goto out;
+    }
+    train = calloc(1, sizeof *train);
+    val = calloc(1, sizeof *val);
+    if (!train || !val) {
+        rc = error_set(FSDP_ENOMEM, "out of memory");
+        goto out;
+    }
+    FSDP_TRY_GOTO(out_open(train, opt->out_dir, "train.bin", opt->format), rc, out);
+    FSDP_TRY_GOTO(out_open(val, opt->out_dir, "val.bin", opt->format), rc, out);
     size_t n_text = 0, n_skipped = 0;
-    for (size_t i = 0; i < files.n && rc == 0; i++) {
-        unsigned char *data;
+    for (size_t i = 0; i < files.n; i++) {
         size_t len;
-        if ((rc = read_file(files.v[i], &data, &len)) < 0)
-            break;
+        FSDP_TRY_GOTO(read_file(files.v[i], &data, &len), rc, out);
         if (len == 0 || !is_text(data, len)) {
             n_skipped += len != 0;
             free(data);
+            data = NULL;
             continue;
         }
         n_text++;
-        for (size_t off = 0; off < len && rc == 0; off += opt->chunk_size) {
+        for (size_t off = 0; off < len; off += opt->chunk_size) {
             size_t n = len - off < opt->chunk_size ? len - off : opt->chunk_size;
             /* Send a chunk to val while val is behind its share of all bytes seen so far (counting half
              * this chunk), which keeps the split within one chunk of the requested fraction. */
             double seen = (double)(train->tokens + val->tokens) + (double)n / 2;
             int to_val = opt->val_fraction > 0 && (double)val->tokens < opt->val_fraction * seen;
-            rc = out_put(to_val ? val : train, data + off, n);
+            FSDP_TRY_GOTO(out_put(to_val ? val : train, data + off, n), rc, out);
         }
         free(data);
+        data = NULL;
     }
-    if (rc < 0)
-        goto out;
     if (n_text == 0) {
         rc = error_set(FSDP_EINVAL, "no text files among the %zu input files (%zu binary files skipped)",
                        files.n, n_skipped);
@@ -283,8 +280,8 @@ static int prepare(const struct prep_options *opt, char **inputs, int n_inputs)
                        (long long)train->tokens, (long long)val->tokens);
         goto out;
     }
-    if ((rc = out_commit(train, opt->format)) < 0 || (rc = out_commit(val, opt->format)) < 0)
-        goto out;
+    FSDP_TRY_GOTO(out_commit(train, opt->format), rc, out);
+    FSDP_TRY_GOTO(out_commit(val, opt->format), rc, out);
     int dfd = open(opt->out_dir, O_RDONLY | O_DIRECTORY);
     if (dfd >= 0) {
         fsync(dfd); /* makes the renames durable */
@@ -295,11 +292,13 @@ static int prepare(const struct prep_options *opt, char **inputs, int n_inputs)
     printf("%s: %lld tokens\n", train->final_path, (long long)train->tokens);
     printf("%s: %lld tokens\n", val->final_path, (long long)val->tokens);
 out:
-    out_cleanup(train);
-    out_cleanup(val);
+    free(data);
+    if (train && val) { /* both allocated: the files may exist */
+        out_cleanup(train);
+        out_cleanup(val);
+    }
     free(train);
     free(val);
-done:
     for (size_t i = 0; i < files.n; i++)
         free(files.v[i]);
     free(files.v);

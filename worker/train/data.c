@@ -143,16 +143,15 @@ static int data_scan(const struct data_file *d)
 int data_open(const char *path, const struct data_options *opt, struct data_file **out)
 {
     *out = NULL;
-    int rc = data_check_options(path, opt);
-    if (rc < 0)
-        return rc;
+    FSDP_TRY(data_check_options(path, opt));
+    int rc = 0, fd = -1;
     struct data_file *d = calloc(1, sizeof *d);
     if (!d || !(d->path = strdup(path))) {
-        free(d);
-        return error_set(FSDP_ENOMEM, "%s: out of memory", path);
+        rc = error_set(FSDP_ENOMEM, "%s: out of memory", path);
+        goto fail;
     }
     d->opt = *opt;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         rc = error_set(errno == ENOENT ? FSDP_ENOTFOUND : FSDP_EIO, "%s: cannot open token file: %s", path,
                        strerror(errno));
@@ -161,12 +160,12 @@ int data_open(const char *path, const struct data_options *opt, struct data_file
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         rc = error_set(FSDP_EINVAL, "%s: not a regular file", path);
-        goto fail_fd;
+        goto fail;
     }
     if (st.st_size == 0) {
         rc = error_set(FSDP_EINVAL, "%s: empty token file (need at least block_size + 1 = %lld tokens)", path,
                        (long long)opt->block_size + 1);
-        goto fail_fd;
+        goto fail;
     }
     d->map_len = (size_t)st.st_size;
     /* MAP_SHARED and read-only: ranks on one node share the page cache instead of each holding a copy. */
@@ -174,30 +173,27 @@ int data_open(const char *path, const struct data_options *opt, struct data_file
     if (d->map == MAP_FAILED) {
         d->map = NULL;
         rc = error_set(FSDP_EIO, "%s: cannot map %zu bytes: %s", path, d->map_len, strerror(errno));
-        goto fail_fd;
+        goto fail;
     }
     close(fd);
     fd = -1;
     madvise(d->map, d->map_len, MADV_SEQUENTIAL);
-    if ((rc = data_detect(d, d->map_len)) < 0)
-        goto fail;
+    FSDP_TRY_GOTO(data_detect(d, d->map_len), rc, fail);
     if (d->n_tokens < opt->block_size + 1) {
         rc = error_set(FSDP_EINVAL, "%s: %lld tokens is too few: a row needs block_size + 1 = %lld tokens", path,
                        (long long)d->n_tokens, (long long)opt->block_size + 1);
         goto fail;
     }
-    if ((rc = data_scan(d)) < 0)
-        goto fail;
+    FSDP_TRY_GOTO(data_scan(d), rc, fail);
     /* Shuffled rows jump around: read-ahead beyond a row would be wasted I/O once the cache is cold. */
     madvise(d->map, d->map_len, opt->order == DATA_ORDER_SHUFFLED ? MADV_RANDOM : MADV_SEQUENTIAL);
     log_debug("%s: %s format, %lld tokens, %s order", path, data_format_name(d->format), (long long)d->n_tokens,
               opt->order == DATA_ORDER_SHUFFLED ? "shuffled" : "sequential");
     *out = d;
     return 0;
-fail_fd:
+fail:
     if (fd >= 0)
         close(fd);
-fail:
     data_close(d);
     return rc;
 }

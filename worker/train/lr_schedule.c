@@ -6,6 +6,8 @@
 #include <string.h>
 
 static const char *const kind_names[] = {"cosine", "linear", "constant"};
+_Static_assert(sizeof kind_names / sizeof kind_names[0] == LR_SCHEDULE_CONSTANT + 1,
+               "kind_names is indexed by enum lr_schedule_kind");
 
 int lr_schedule_parse_kind(const char *name, enum lr_schedule_kind *out)
 {

@@ -14,7 +14,8 @@
 
 #include <stdint.h>
 
-/* Same order as the worker config's lr_schedule values, so a config index converts by a cast. */
+/* Same order as the worker config's lr_schedule values, so a config value converts by a cast (asserted in
+ * train.c). */
 enum lr_schedule_kind { LR_SCHEDULE_COSINE = 0, LR_SCHEDULE_LINEAR, LR_SCHEDULE_CONSTANT };
 
 struct lr_schedule {

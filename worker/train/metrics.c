@@ -65,24 +65,24 @@ int metrics_open(const char *dir, int resume, struct metrics **out)
     if (!m)
         return error_set(FSDP_ENOMEM, "metrics: out of memory");
     m->fd = -1;
+    int rc = 0;
     if (asprintf(&m->jsonl_path, "%s/metrics.jsonl", dir) < 0) {
-        free(m);
-        return error_set(FSDP_ENOMEM, "metrics: out of memory");
+        m->jsonl_path = NULL;
+        rc = error_set(FSDP_ENOMEM, "metrics: out of memory");
+        goto fail;
     }
     int flags = O_WRONLY | O_CREAT | O_CLOEXEC | O_APPEND | (resume ? 0 : O_TRUNC);
     m->fd = open(m->jsonl_path, flags, 0644);
     if (m->fd < 0) {
-        int rc = error_set(FSDP_EIO, "metrics: cannot open %s: %s", m->jsonl_path, strerror(errno));
-        metrics_close(m);
-        return rc;
+        rc = error_set(FSDP_EIO, "metrics: cannot open %s: %s", m->jsonl_path, strerror(errno));
+        goto fail;
     }
-    int rc = tfevents_open(dir, &m->events);
-    if (rc < 0) {
-        metrics_close(m);
-        return rc;
-    }
+    FSDP_TRY_GOTO(tfevents_open(dir, &m->events), rc, fail);
     *out = m;
     return 0;
+fail:
+    metrics_close(m);
+    return rc;
 }
 
 const char *metrics_events_path(const struct metrics *m) { return tfevents_path(m->events); }
@@ -90,9 +90,8 @@ const char *metrics_events_path(const struct metrics *m) { return tfevents_path(
 int metrics_log(struct metrics *m, const struct metrics_row *row)
 {
     char line[512];
-    int len = metrics_format_line(line, sizeof line, row);
-    if (len < 0)
-        return len;
+    int len;
+    FSDP_TRY(len = metrics_format_line(line, sizeof line, row));
     /* O_APPEND + one write: the line lands whole, and reaches the file before this returns. */
     ssize_t k;
     do

@@ -88,31 +88,33 @@ static int load_micro(struct trainer *t, struct data_file *d, int64_t step, int 
 {
     int mb = t->wc->train.micro_batch;
     int64_t row0 = (int64_t)t->env->rank * t->rows_per_rank + (int64_t)a * mb;
-    int rc = data_get_rows(d, step, row0, mb, t->inputs, t->targets);
-    return rc ? rc : model_set_batch(t->model, t->inputs, t->targets);
+    FSDP_TRY(data_get_rows(d, step, row0, mb, t->inputs, t->targets));
+    return model_set_batch(t->model, t->inputs, t->targets);
 }
 
 static int evaluate(struct trainer *t, double *val_loss)
 {
     double local = 0;
+    double sum = 0;
     int rc = 0;
-    for (int64_t e = 0; e < t->wc->train.eval_steps && !rc; e++)
-        for (int a = 0; a < t->accum && !rc; a++) {
+    for (int64_t e = 0; e < t->wc->train.eval_steps; e++)
+        for (int a = 0; a < t->accum; a++) {
             double s = 0;
-            rc = load_micro(t, t->val, e, a);
-            if (!rc)
-                rc = fsdp_forward_eval(t->fsdp, &s);
+            FSDP_TRY_GOTO(load_micro(t, t->val, e, a), rc, out);
+            FSDP_TRY_GOTO(fsdp_forward_eval(t->fsdp, &s), rc, out);
             local += s;
         }
-    double sum = 0;
-    if (!rc)
-        rc = fsdp_sum_world(t->fsdp, local, &sum);
+    FSDP_TRY_GOTO(fsdp_sum_world(t->fsdp, local, &sum), rc, out);
+out:
     *val_loss = sum / (t->tokens_per_step * (double)t->wc->train.eval_steps);
     return rc;
 }
 
 static int open_data(struct trainer *t)
 {
+    _Static_assert((int)DATA_ORDER_SHUFFLED == (int)WORKER_ORDER_SHUFFLED &&
+                       (int)DATA_ORDER_SEQUENTIAL == (int)WORKER_ORDER_SEQUENTIAL,
+                   "data.order converts to enum data_order by a cast");
     const struct worker_config *wc = t->wc;
     struct data_options o = {.block_size = wc->model.block_size, .vocab_size = wc->model.vocab_size,
                              .batch_rows = wc->train.train_batch, .order = (enum data_order)wc->data.order,
@@ -120,14 +122,12 @@ static int open_data(struct trainer *t)
     if (!wc->data.train_file[0])
         return error_set(FSDP_EINVAL, "data.train_file is not set: give a token file (fsdp-prepare-data makes one "
                          "from text files)");
-    int rc = data_open(wc->data.train_file, &o, &t->train);
-    if (rc)
-        return rc;
+    FSDP_TRY(data_open(wc->data.train_file, &o, &t->train));
     if (wc->data.val_file[0] && wc->train.eval_interval > 0) {
         o.stream = DATA_STREAM_VAL;
-        rc = data_open(wc->data.val_file, &o, &t->val);
+        FSDP_TRY(data_open(wc->data.val_file, &o, &t->val));
     }
-    return rc;
+    return 0;
 }
 
 static void report_memory(const struct trainer *t)
@@ -210,19 +210,17 @@ static int train_step(struct trainer *t, int64_t step, double lr, double *loss, 
 {
     float dloss = (float)(fsdp_loss_scale(t->fsdp) / t->tokens_per_step);
     double local = 0;
+    double sum = 0;
     int rc = 0;
-    for (int a = 0; a < t->accum && !rc; a++) {
+    for (int a = 0; a < t->accum; a++) {
         double ls = 0;
-        rc = load_micro(t, t->train, step, a);
-        if (!rc)
-            rc = fsdp_forward_backward(t->fsdp, dloss, a == t->accum - 1, &ls);
+        FSDP_TRY_GOTO(load_micro(t, t->train, step, a), rc, out);
+        FSDP_TRY_GOTO(fsdp_forward_backward(t->fsdp, dloss, a == t->accum - 1, &ls), rc, out);
         local += ls;
     }
-    if (!rc)
-        rc = fsdp_optimizer_step(t->fsdp, lr, step + 1, res);
-    double sum = 0;
-    if (!rc)
-        rc = fsdp_sum_world(t->fsdp, local, &sum);
+    FSDP_TRY_GOTO(fsdp_optimizer_step(t->fsdp, lr, step + 1, res), rc, out);
+    FSDP_TRY_GOTO(fsdp_sum_world(t->fsdp, local, &sum), rc, out);
+out:
     *loss = sum / t->tokens_per_step;
     return rc;
 }
@@ -242,13 +240,10 @@ static int log_open(struct trainer *t, int64_t first_step)
     t->last_loss = t->last_val = NAN;
     train_expand_run_id(t->logdir, sizeof t->logdir, wc->log.dir, t->env->run_id);
     if (t->env->rank == 0) {
-        int rc = fs_mkdir_p(t->logdir, "log.dir");
-        if (!rc)
-            rc = first_step > 0 ? metrics_trim(t->logdir, first_step) : 0;
-        if (!rc)
-            rc = metrics_open(t->logdir, first_step > 0, &t->met);
-        if (rc)
-            return rc;
+        FSDP_TRY(fs_mkdir_p(t->logdir, "log.dir"));
+        if (first_step > 0)
+            FSDP_TRY(metrics_trim(t->logdir, first_step));
+        FSDP_TRY(metrics_open(t->logdir, first_step > 0, &t->met));
     }
     t->peak_flops = peak_flops(t->k);
     const struct model_layout *l = model_get_layout(t->model);
@@ -300,39 +295,37 @@ static void log_close(struct trainer *t, int64_t first_step, double elapsed, boo
  * checkpoint when due; a final checkpoint at the end. */
 static int run_loop(struct trainer *t, int64_t first_step)
 {
+    _Static_assert((int)LR_SCHEDULE_COSINE == (int)WORKER_LR_COSINE &&
+                       (int)LR_SCHEDULE_LINEAR == (int)WORKER_LR_LINEAR &&
+                       (int)LR_SCHEDULE_CONSTANT == (int)WORKER_LR_CONSTANT,
+                   "optim.lr_schedule converts to enum lr_schedule_kind by a cast");
     const struct worker_config *wc = t->wc;
     struct lr_schedule sched = {.kind = (enum lr_schedule_kind)wc->optim.lr_schedule, .lr = wc->optim.lr,
                                 .min_lr = wc->optim.min_lr, .warmup_steps = wc->optim.warmup_steps,
                                 .decay_steps = wc->train.max_steps};
-    int rc = lr_schedule_check(&sched);
-    if (!rc)
-        rc = log_open(t, first_step);
-    if (rc)
-        return rc;
+    FSDP_TRY(lr_schedule_check(&sched));
+    FSDP_TRY(log_open(t, first_step));
     double t_start = now_s();
-    for (int64_t s = first_step; s < wc->train.max_steps && !rc; s++) {
+    int rc = 0;
+    for (int64_t s = first_step; s < wc->train.max_steps; s++) {
         fault_maybe_kill(t->env, s);
         double t0 = now_s();
         struct metrics_row row = {.step = s, .lr = lr_schedule_at(&sched, s)};
         struct fsdp_step_result res;
         double scale = fsdp_loss_scale(t->fsdp);
-        rc = train_step(t, s, row.lr, &row.loss, &res);
-        if (rc)
-            break;
+        FSDP_TRY_GOTO(train_step(t, s, row.lr, &row.loss, &res), rc, out);
         run_summary_note_step(&t->summary, s + 1, scale, &res);
         row.grad_norm = res.grad_norm;
         row.tokens_per_s = t->tokens_per_step / (now_s() - t0);
         if (eval_due(t, s)) {
-            rc = evaluate(t, &row.val_loss);
+            FSDP_TRY_GOTO(evaluate(t, &row.val_loss), rc, out);
             row.has_val = 1;
         }
-        if (!rc)
-            rc = log_step(t, &row);
-        if (!rc)
-            rc = train_ckpt_maybe_save(&t->ckpt, t->fsdp, wc, t->env, s + 1, false);
+        FSDP_TRY_GOTO(log_step(t, &row), rc, out);
+        FSDP_TRY_GOTO(train_ckpt_maybe_save(&t->ckpt, t->fsdp, wc, t->env, s + 1, false), rc, out);
     }
-    if (!rc)
-        rc = train_ckpt_maybe_save(&t->ckpt, t->fsdp, wc, t->env, wc->train.max_steps, true);
+    FSDP_TRY_GOTO(train_ckpt_maybe_save(&t->ckpt, t->fsdp, wc, t->env, wc->train.max_steps, true), rc, out);
+out:
     log_close(t, first_step, now_s() - t_start, rc == 0);
     return rc;
 }
@@ -351,9 +344,7 @@ int train_run(const struct worker_config *wc, const char *config_text, struct tr
     t.k = kernels_get(dev);
     if (!t.k)
         return error_set(FSDP_EUNSUPPORTED, "train.device = %s: %s", dev, error_message());
-    int rc = fsdp_check_config(wc, env->world_size, env->local_world_size, t.k);
-    if (rc)
-        return rc;
+    FSDP_TRY(fsdp_check_config(wc, env->world_size, env->local_world_size, t.k));
     t.rows_per_rank = wc->train.train_batch / env->world_size;
     t.accum = t.rows_per_rank / wc->train.micro_batch;
     t.tokens_per_step = (double)wc->train.train_batch * wc->model.block_size;
@@ -373,52 +364,44 @@ int train_run(const struct worker_config *wc, const char *config_text, struct tr
     size_t ntok = (size_t)wc->train.micro_batch * wc->model.block_size;
     t.inputs = malloc(ntok * sizeof *t.inputs);
     t.targets = malloc(ntok * sizeof *t.targets);
-    if (!t.inputs || !t.targets)
+    int rc = 0;
+    if (!t.inputs || !t.targets) {
         rc = error_set(FSDP_ENOMEM, "out of memory");
-    if (!rc)
-        rc = open_data(&t);
-    if (!rc)
-        rc = model_create(&t.model, &mc, t.k, wc->train.micro_batch, wc->model.block_size);
-    if (!rc && env->world_size > 1) {
+        goto out;
+    }
+    FSDP_TRY_GOTO(open_data(&t), rc, out);
+    FSDP_TRY_GOTO(model_create(&t.model, &mc, t.k, wc->train.micro_batch, wc->model.block_size), rc, out);
+    if (env->world_size > 1) {
         struct comm_options co = {.backend = t.k->comm_backend,
                                   .generation = env->restart_count, .device = -1};
-        rc = comm_create(env->store, env->rank, env->world_size, "world", &co, &t.world);
+        FSDP_TRY_GOTO(comm_create(env->store, env->rank, env->world_size, "world", &co, &t.world), rc, out);
     }
     size_t rss0 = rss_now();
     struct fsdp_groups g = {.world = t.world, .rank = env->rank, .world_size = env->world_size,
                             .local_world_size = env->local_world_size};
-    if (!rc)
-        rc = fsdp_create(&t.fsdp, wc, t.model, t.k, &g);
+    FSDP_TRY_GOTO(fsdp_create(&t.fsdp, wc, t.model, t.k, &g), rc, out);
     size_t rss1 = rss_now();
-    if (!rc) {
-        fsdp_log_plan(t.fsdp);
-        if (env->rank == 0)
-            log_info("model gpt2: %d layers, %d heads, n_embd %d, vocab %d, context %d: %zu parameters; "
-                     "activations %.1f MiB per rank (micro_batch %d%s); %d rank(s), %d micro-batch(es) per step",
-                     wc->model.n_layer, wc->model.n_head, wc->model.n_embd, wc->model.vocab_size,
-                     wc->model.block_size, model_get_layout(t.model)->numel_real,
-                     (double)model_get_arena_bytes(t.model) / (1024.0 * 1024), wc->train.micro_batch,
-                     wc->model.activation_checkpointing ? ", activation checkpointing" : "", env->world_size, t.accum);
-    }
+    fsdp_log_plan(t.fsdp);
+    if (env->rank == 0)
+        log_info("model gpt2: %d layers, %d heads, n_embd %d, vocab %d, context %d: %zu parameters; "
+                 "activations %.1f MiB per rank (micro_batch %d%s); %d rank(s), %d micro-batch(es) per step",
+                 wc->model.n_layer, wc->model.n_head, wc->model.n_embd, wc->model.vocab_size,
+                 wc->model.block_size, model_get_layout(t.model)->numel_real,
+                 (double)model_get_arena_bytes(t.model) / (1024.0 * 1024), wc->train.micro_batch,
+                 wc->model.activation_checkpointing ? ", activation checkpointing" : "", env->world_size, t.accum);
     int64_t first_step = 0;
-    if (!rc)
-        rc = fsdp_init_params(t.fsdp);
-    if (!rc) {
-        log_info("persistent state: %zu bytes per rank (params + grads + optimizer, engine accounting); RSS grew by "
-                 "%zu bytes creating it",
-                 fsdp_persistent_bytes(t.fsdp), rss1 > rss0 ? rss1 - rss0 : 0);
-    }
-    if (!rc)
-        rc = train_ckpt_maybe_load(&t.ckpt, t.fsdp, wc, env, config_text, &first_step);
-    if (!rc)
-        rc = run_loop(&t, first_step);
-    if (!rc) {
-        report_memory(&t);
-        rc = write_summary(&t, first_step, rss1 > rss0 ? rss1 - rss0 : 0);
-    }
+    FSDP_TRY_GOTO(fsdp_init_params(t.fsdp), rc, out);
+    log_info("persistent state: %zu bytes per rank (params + grads + optimizer, engine accounting); RSS grew by "
+             "%zu bytes creating it",
+             fsdp_persistent_bytes(t.fsdp), rss1 > rss0 ? rss1 - rss0 : 0);
+    FSDP_TRY_GOTO(train_ckpt_maybe_load(&t.ckpt, t.fsdp, wc, env, config_text, &first_step), rc, out);
+    FSDP_TRY_GOTO(run_loop(&t, first_step), rc, out);
+    report_memory(&t);
+    FSDP_TRY_GOTO(write_summary(&t, first_step, rss1 > rss0 ? rss1 - rss0 : 0), rc, out);
     /* Everyone is done with the store and the communicators before rank 0 may stop its store. */
-    if (!rc && t.world)
-        rc = comm_barrier(t.world);
+    if (t.world)
+        FSDP_TRY_GOTO(comm_barrier(t.world), rc, out);
+out:
     train_ckpt_close(&t.ckpt);
     run_summary_free(&t.summary);
     fsdp_destroy(t.fsdp);

@@ -22,6 +22,12 @@
 #include "worker/ckpt/ckpt.h"
 #include "worker/train/train_ckpt.h"
 
+/* A checkpoint kind is used as the engine's state kind: it indexes fsdp_piece.data[] and is cast to
+ * enum fsdp_state_kind for fsdp_gather_unit_state. */
+_Static_assert((int)CKPT_PARAM == (int)FSDP_STATE_PARAM && (int)CKPT_EXP_AVG == (int)FSDP_STATE_EXP_AVG &&
+                   (int)CKPT_EXP_AVG_SQ == (int)FSDP_STATE_EXP_AVG_SQ && CKPT_KINDS == 3,
+               "enum ckpt_kind and enum fsdp_state_kind list the same kinds in the same order");
+
 /* Resets the kernel's peak-RSS mark (VmHWM) and returns the resident bytes now, so that the peak read after
  * a save is the save's own. */
 static size_t status_kib(const char *field)
@@ -107,23 +113,27 @@ static int save_sharded(const struct train_ckpt *c, struct fsdp *f, const struct
          * written from where they are. */
         bool staged = !k->host_visible;
         host = staged ? malloc((3 * total + 1) * sizeof(float)) : NULL;
-        if (!cp || (staged && !host))
+        if (!cp || (staged && !host)) {
             rc = error_set(FSDP_ENOMEM, "checkpoint: no memory to stage %zu elements", 3 * total);
+            goto written;
+        }
         size_t at = 0, m = 0;
-        for (int kind = 0; kind < 3 && !rc; kind++)
-            for (size_t i = 0; i < n && !rc; i++) {
+        for (int kind = 0; kind < 3; kind++)
+            for (size_t i = 0; i < n; i++) {
                 const float *data = pieces[i].data[kind];
                 if (staged) {
-                    rc = k->mem_copy(host + at, data, pieces[i].count * sizeof(float), KERNELS_COPY_D2H);
+                    FSDP_TRY_GOTO(k->mem_copy(host + at, data, pieces[i].count * sizeof(float), KERNELS_COPY_D2H),
+                                  rc, written);
                     data = host + at;
                 }
                 cp[m++] = (struct ckpt_piece){.kind = kind, .param = pieces[i].param, .begin = pieces[i].begin,
                                               .count = pieces[i].count, .data = data};
                 at += pieces[i].count;
             }
-        if (!rc)
-            rc = ckpt_sharded_write_rank(root, step, fsdp_shard_rank(f), l, cp, m);
+        FSDP_TRY_GOTO(ckpt_sharded_write_rank(root, step, fsdp_shard_rank(f), l, cp, m), rc, written);
     }
+    /* every rank enters the agreement, a writer also after its own failure */
+written:
     free(cp);
     free(host);
     rc = agree(f, rc, "writing this rank's checkpoint shard");
@@ -156,19 +166,25 @@ static int save_full(struct train_ckpt *c, struct fsdp *f, const struct worker_c
         largest = numel > largest ? numel : largest;
     }
     size_t rss_before = rss_peak_reset();
-    float *unit = rc ? NULL : malloc((most ? most : 1) * sizeof(float));
-    if (!rc && !unit)
+    float *unit = NULL;
+    if (rc)
+        goto out;
+    if (!(unit = malloc((most ? most : 1) * sizeof(float)))) {
         rc = error_set(FSDP_ENOMEM, "checkpoint: no memory for one unit (%zu parameters)", most);
-    for (int u = 0; u < fsdp_n_units(f) && !rc; u++)
-        for (int kind = 0; kind < 3 && !rc; kind++) {
+        goto out;
+    }
+    for (int u = 0; u < fsdp_n_units(f); u++)
+        for (int kind = 0; kind < 3; kind++) {
             int fp, np;
             size_t off, numel;
             fsdp_unit_params(f, u, &fp, &np, &off, &numel);
             /* a collective of the shard group: every rank takes part, rank 0 writes */
-            rc = fsdp_gather_unit_state(f, u, (enum fsdp_state_kind)kind, unit);
-            for (int p = fp; p < fp + np && !rc && w; p++)
-                rc = ckpt_full_put(w, kind, p, unit + (l->params[p].offset - off));
+            FSDP_TRY_GOTO(fsdp_gather_unit_state(f, u, (enum fsdp_state_kind)kind, unit), rc, out);
+            for (int p = fp; p < fp + np && w; p++)
+                FSDP_TRY_GOTO(ckpt_full_put(w, kind, p, unit + (l->params[p].offset - off)), rc, out);
         }
+    /* rank 0 commits or aborts, and every rank enters the agreement, also after its own failure */
+out:
     free(unit);
     if (env->rank == 0 && w) {
         if (rc) {
@@ -204,9 +220,7 @@ int train_ckpt_maybe_save(struct train_ckpt *c, struct fsdp *f, const struct wor
     char root[4352];
     train_expand_run_id(root, sizeof root, wc->checkpoint.dir, env->run_id);
     int rc = env->rank == 0 ? fs_mkdir_p(root, "checkpoint.dir") : 0;
-    rc = agree(f, rc, "creating checkpoint.dir");
-    if (rc)
-        return rc;
+    FSDP_TRY(agree(f, rc, "creating checkpoint.dir"));
     bool sharded = wc->checkpoint.state_dict_type == WORKER_SHARDED_STATE_DICT;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -265,44 +279,47 @@ int train_ckpt_maybe_load(struct train_ckpt *c, struct fsdp *f, const struct wor
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     struct ckpt_reader *r = NULL;
-    int rc = ckpt_open(root, which, fsdp_layout(f), &r);
+    float *tmp = NULL;
+    int rc = 0;
+    FSDP_TRY_GOTO(ckpt_open(root, which, fsdp_layout(f), &r), rc, out);
     size_t n = 0;
     const struct fsdp_piece *pieces = fsdp_pieces(f, &n);
     size_t most = 0;
     for (size_t i = 0; i < n; i++)
         most = pieces[i].count > most ? pieces[i].count : most;
-    float *tmp = rc ? NULL : malloc((most ? most : 1) * sizeof(float));
-    if (!rc && !tmp)
+    if (!(tmp = malloc((most ? most : 1) * sizeof(float)))) {
         rc = error_set(FSDP_ENOMEM, "resume: out of memory");
-    const struct kernels *k = fsdp_state_kernels(f);
-    for (size_t i = 0; i < n && !rc; i++)
-        for (int kind = 0; kind < 3 && !rc; kind++) {
-            rc = ckpt_read(r, kind, pieces[i].param, pieces[i].begin, pieces[i].count, tmp);
-            if (!rc)
-                rc = k->mem_copy(pieces[i].data[kind], tmp, pieces[i].count * sizeof(float), KERNELS_COPY_H2D);
-        }
-    free(tmp);
-    if (!rc) {
-        const struct ckpt_state *st = ckpt_reader_state(r);
-        *first_step = st->step;
-        c->last_saved_step = st->step;
-        rc = fsdp_state_loaded(f, st->step, st->loss_scale, st->scaler_good_steps);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
-        double mb = 3.0 * (double)fsdp_layout(f)->numel_real * 4 / 1e6;
-        snprintf(c->stats.resumed_from, sizeof c->stats.resumed_from, "%s", ckpt_reader_path(r));
-        c->stats.resumed_step = st->step;
-        c->stats.load_mb = mb;
-        c->stats.load_s = secs;
-        if (!rc && env->rank == 0)
-            log_info("resumed from %s (%s, step %lld, written by %d rank(s), %s, version %d): %.1f MB read by all "
-                     "ranks in %.3f s, %.0f MB/s",
-                     ckpt_reader_path(r), ckpt_reader_format(r), (long long)st->step, st->world_size, st->strategy,
-                     st->fsdp_version, mb, secs, mb / secs);
-        if (!rc && st->step > wc->train.max_steps)
-            rc = error_set(FSDP_EINVAL, "the checkpoint is at step %lld, beyond train.max_steps = %lld",
-                           (long long)st->step, (long long)wc->train.max_steps);
+        goto out;
     }
+    const struct kernels *k = fsdp_state_kernels(f);
+    for (size_t i = 0; i < n; i++)
+        for (int kind = 0; kind < 3; kind++) {
+            FSDP_TRY_GOTO(ckpt_read(r, kind, pieces[i].param, pieces[i].begin, pieces[i].count, tmp), rc, out);
+            FSDP_TRY_GOTO(k->mem_copy(pieces[i].data[kind], tmp, pieces[i].count * sizeof(float), KERNELS_COPY_H2D),
+                          rc, out);
+        }
+    const struct ckpt_state *st = ckpt_reader_state(r);
+    *first_step = st->step;
+    c->last_saved_step = st->step;
+    FSDP_TRY_GOTO(fsdp_state_loaded(f, st->step, st->loss_scale, st->scaler_good_steps), rc, out);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    double mb = 3.0 * (double)fsdp_layout(f)->numel_real * 4 / 1e6;
+    snprintf(c->stats.resumed_from, sizeof c->stats.resumed_from, "%s", ckpt_reader_path(r));
+    c->stats.resumed_step = st->step;
+    c->stats.load_mb = mb;
+    c->stats.load_s = secs;
+    if (env->rank == 0)
+        log_info("resumed from %s (%s, step %lld, written by %d rank(s), %s, version %d): %.1f MB read by all "
+                 "ranks in %.3f s, %.0f MB/s",
+                 ckpt_reader_path(r), ckpt_reader_format(r), (long long)st->step, st->world_size, st->strategy,
+                 st->fsdp_version, mb, secs, mb / secs);
+    if (st->step > wc->train.max_steps)
+        rc = error_set(FSDP_EINVAL, "the checkpoint is at step %lld, beyond train.max_steps = %lld",
+                       (long long)st->step, (long long)wc->train.max_steps);
+    /* every rank enters the agreement, also after its own failure */
+out:
+    free(tmp);
     if (rc)
         rc = error_set(rc, "resume from %s (%s): %s", which, root, error_message());
     ckpt_close(r);

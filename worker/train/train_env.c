@@ -31,17 +31,11 @@ static int env_int(const char *name, int def, int min, int *out)
 int train_env_open(struct train_env *e)
 {
     memset(e, 0, sizeof *e);
-    int rc = env_int("WORLD_SIZE", 1, 1, &e->world_size);
-    if (!rc)
-        rc = env_int("RANK", 0, 0, &e->rank);
-    if (!rc)
-        rc = env_int("LOCAL_RANK", e->rank, 0, &e->local_rank);
-    if (!rc)
-        rc = env_int("LOCAL_WORLD_SIZE", e->world_size, 1, &e->local_world_size);
-    if (!rc)
-        rc = env_int("TORCHELASTIC_RESTART_COUNT", 0, 0, &e->restart_count);
-    if (rc)
-        return rc;
+    FSDP_TRY(env_int("WORLD_SIZE", 1, 1, &e->world_size));
+    FSDP_TRY(env_int("RANK", 0, 0, &e->rank));
+    FSDP_TRY(env_int("LOCAL_RANK", e->rank, 0, &e->local_rank));
+    FSDP_TRY(env_int("LOCAL_WORLD_SIZE", e->world_size, 1, &e->local_world_size));
+    FSDP_TRY(env_int("TORCHELASTIC_RESTART_COUNT", 0, 0, &e->restart_count));
     if (e->rank >= e->world_size)
         return error_set(FSDP_EINVAL, "environment: RANK=%d is not below WORLD_SIZE=%d", e->rank, e->world_size);
     const char *run_id = getenv("TORCHELASTIC_RUN_ID");
@@ -50,26 +44,22 @@ int train_env_open(struct train_env *e)
         return 0;
     if (settings_get_raw(SETTING_STORE_PREFIX)) {
         struct rdzv_worker w;
-        rc = rdzv_worker_connect(&w, 120);
-        if (rc)
-            return rc;
+        FSDP_TRY(rdzv_worker_connect(&w, 120));
         e->store = w.client;
         return 0;
     }
     /* A foreign launcher: host our store beside its own. */
     const char *addr = getenv("MASTER_ADDR");
     int mport = 0, port = 0;
-    rc = env_int("MASTER_PORT", 29500, 1, &mport);
+    FSDP_TRY(env_int("MASTER_PORT", 29500, 1, &mport));
     long sport = (long)mport + 1;
-    if (!rc)
-        rc = settings_get_int(SETTING_STORE_PORT, &sport);
-    if (rc)
-        return rc;
+    FSDP_TRY(settings_get_int(SETTING_STORE_PORT, &sport));
     port = (int)sport;
     if (!addr || !*addr)
         return error_set(FSDP_EINVAL, "environment: WORLD_SIZE=%d but MASTER_ADDR is not set; start the workers with "
                          "fsdp-launch or torchrun", e->world_size);
     const char *secret = settings_get_raw(SETTING_RDZV_TOKEN);
+    int rc;
     if (e->rank == 0) {
         struct store_server_options so = {.port = port, .run_id = e->run_id, .secret = secret};
         rc = store_server_start(&so, &e->server);
