@@ -86,6 +86,9 @@ void cpu_att16_backward_pair(float *dqkv, const float *dout, const float *qkv, c
 
 /* ---- matmul.c: the dtype the matmuls compute in now (set_matmul_dtype, what this CPU supports) ---- */
 enum dtype cpu_matmul_compute_dtype(void);
+/* Whether an fp32 product of m x n x k runs on oneDNN (else OpenBLAS): FSDP_CPU_MATMUL, and for auto the
+ * rule matmul.c documents. */
+bool cpu_matmul_f32_onednn(int m, int n, int k);
 
 int cpu_matmul_forward(float *y, const float *x, const float *w, const float *b, int n, int in, int out);
 int cpu_matmul_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,

@@ -1,4 +1,4 @@
-/* Linear layers and GEMMs: fp32 on OpenBLAS sgemm or oneDNN (per shape, see f32_onednn), bf16 on oneDNN's
+/* Linear layers and GEMMs: fp32 on OpenBLAS sgemm or oneDNN (per shape, see cpu_matmul_f32_onednn), bf16 on oneDNN's
  * bf16 matmul where the CPU has bf16 instructions (products of bf16 operands accumulated in fp32); weights
  * in the HF Conv1D layout W(in, out). */
 #include <cblas.h>
@@ -64,8 +64,7 @@ enum dtype cpu_matmul_compute_dtype(void)
     return mm.requested == DTYPE_BF16 && cpu_isa_get()->bf16 ? DTYPE_BF16 : DTYPE_F32;
 }
 
-/* Whether an fp32 product of m n k multiply-adds runs on oneDNN (else OpenBLAS). */
-static bool f32_onednn(int m, int n, int k)
+bool cpu_matmul_f32_onednn(int m, int n, int k)
 {
     pthread_once(&mm.once, mm_init);
     if (mm.f32 == F32_OPENBLAS || k == 0)
@@ -102,11 +101,11 @@ static int bf16_operand(int slot, const float *x, int rows, int cols, int ld, st
     return 0;
 }
 
-/* c = alpha op(a) op(b) + beta c (+ bias) in fp32, on the library f32_onednn picks; m, n > 0. */
+/* c = alpha op(a) op(b) + beta c (+ bias) in fp32, on the library cpu_matmul_f32_onednn picks; m, n > 0. */
 static int f32_gemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
                     int ldb, float beta, float *c, int ldc, const float *bias)
 {
-    if (f32_onednn(m, n, k))
+    if (cpu_matmul_f32_onednn(m, n, k))
         return cpu_onednn_matmul(DTYPE_F32, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias);
     if (bias) {
         /* Seed c with the bias and let sgemm accumulate: one pass over c instead of two. */
