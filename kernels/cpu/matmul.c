@@ -15,9 +15,10 @@
 #define DB_STRIP 64
 
 /* auto picks oneDNN's fp32 matmul for problems of at least this many multiply-adds (m n k) on an AVX-512
- * CPU. Below it both libraries spend most of a call outside the product, and OpenBLAS's small-matrix
- * path is the shorter one (bench_kernels: bench=gemm_f32 lines). */
-#define F32_ONEDNN_MIN_MNK (1L << 18)
+ * CPU. Below it both libraries spend most of a call outside the product, and OpenBLAS's small-matrix path
+ * is the shorter one: 24^3 and 16 x 32 x 32 ran at 0.68-0.94x of OpenBLAS on oneDNN, 32^3 at 1.14x, every
+ * model shape above at 1.25-4x (bench_kernels, bench=gemm_shape lines, AMD EPYC Zen 5, one thread). */
+#define F32_ONEDNN_MIN_MNK (1L << 15)
 
 enum f32_lib { F32_AUTO, F32_OPENBLAS, F32_ONEDNN }; /* FSDP_CPU_MATMUL's values, in table order */
 
