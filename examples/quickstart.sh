@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS="meson ninja-build pkg-config gcc libevent-dev libinih-dev libcriterion-dev libopenblas-dev
-      libopenblas0-openmp libcjson-dev"
+      libopenblas0-openmp libcjson-dev libdnnl-dev"
 if ! dpkg-query -W $PKGS >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq
