@@ -677,7 +677,8 @@ int cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, con
                 for (int part = 0; part < 3; part++)
                     att_round_copy(r + (size_t)part * t * hs, qkv + qoff + (size_t)part * c, ld, t, hs);
                 att_round_copy(rdo, dout + ooff, c, t, hs);
-                att_backward_pair(dqkv + qoff, dqkv + qoff + c, dqkv + qoff + 2 * c, ld, rdo, hs, out + ooff, c, r, r + (size_t)t * hs, r + 2 * (size_t)t * hs, hs, lse + (size_t)p * t,
+                att_backward_pair(dqkv + qoff, dqkv + qoff + c, dqkv + qoff + 2 * c, ld, rdo, hs, out + ooff, c, r,
+                                  r + (size_t)t * hs, r + 2 * (size_t)t * hs, hs, lse + (size_t)p * t,
                                   t, hs, scale, ws, 1);
             } else {
                 att_backward_pair(dqkv + qoff, dqkv + qoff + c, dqkv + qoff + 2 * c, ld, dout + ooff, c,

@@ -62,7 +62,8 @@ int cpu_lowp_unbind(const float *f32)
     if (found)
         bound.r[i] = bound.r[--bound.n];
     pthread_mutex_unlock(&bound.lock);
-    return found ? 0 : error_set(FSDP_ENOTFOUND, "kernels cpu: lowp_unbind: %p is not a bound range", (const void *)f32);
+    return found ? 0
+                 : error_set(FSDP_ENOTFOUND, "kernels cpu: lowp_unbind: %p is not a bound range", (const void *)f32);
 }
 
 const uint16_t *cpu_lowp_find(const float *p, size_t span)

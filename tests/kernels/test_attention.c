@@ -245,7 +245,8 @@ static void check_attention_bf16(int B, int T, int C, int NH, float spread, uint
     cr_assert_gt(off, 1e-6, "bf16 attention equals fp32 attention on unrounded inputs: bf16 was not applied");
     cr_assert_eq(k->set_matmul_dtype(KERNELS_F32), 0);
     free(qkv), free(dout), free(g0), free(rq), free(rd), free(o), free(l), free(g);
-    free(r.out), free(r.lse), free(r.dqkv), free(m.out), free(m.lse), free(m.dqkv), free(x.out), free(x.lse), free(x.dqkv);
+    free(r.out), free(r.lse), free(r.dqkv), free(m.out), free(m.lse), free(m.dqkv);
+    free(x.out), free(x.lse), free(x.dqkv);
     k->mem_free(dqkv_), k->mem_free(ddout), k->mem_free(dg), k->mem_free(dout_), k->mem_free(dlse), k->mem_free(ws);
 }
 

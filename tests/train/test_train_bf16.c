@@ -6,8 +6,9 @@
  * Bounds, relative per step, from measurements on this machine (AMD EPYC, Zen 5, AVX512_BF16) with margin:
  * - bf16 against fp32, 20 steps: 1e-3, the bound mixed precision had when only the parameters were rounded
  *   (tests/train/test_train_math.c); bf16 compute needs no wider one: measured 2.7e-4 here and 2.0e-4 on
- *   the tiny model there (5.5e-4 over the 50 steps below). Each step's loss moves by the rounding of every matmul operand (2^-8 relative)
- *   averaged over thousands of products and tokens, so it stays far below 2^-8 itself.
+ *   the tiny model there (5.5e-4 over the 50 steps below). Each step's loss moves by the rounding of every
+ *   matmul operand (2^-8 relative) averaged over thousands of products and tokens, so it stays far below
+ *   2^-8 itself.
  * - bf16 at worlds 2-4 against bf16 at world 1: 5e-5 (measured 1.2e-5, against 6.8e-9 in fp32). The math
  *   is world-size invariant but for the order of the gradient reductions; fp32 masters that differ in their
  *   last bit can round to neighbouring bf16 values, which is why bf16 parity is looser than fp32's 1e-5 /
@@ -60,7 +61,8 @@ static void run_losses(const struct tt_ctx *c, const char *ini, int world, const
     struct tt_result r;
     tt_run_ini_env(c, ini, world, tag, extra, env, &r);
     size_t len = strlen(r.err);
-    cr_assert_eq(r.code, 0, "run %s (world %d) exited with %d:\n%s", tag, world, r.code, r.err + (len > 3000 ? len - 3000 : 0));
+    cr_assert_eq(r.code, 0, "run %s (world %d) exited with %d:\n%s", tag, world, r.code,
+                 r.err + (len > 3000 ? len - 3000 : 0));
     int n = tt_metric(&r, "loss", loss, steps + 1);
     cr_assert_eq(n, steps, "%s: %d metric rows, expected %d", tag, n, steps);
     tt_result_free(&r);
@@ -109,7 +111,9 @@ Test(bf16, world_parity, .timeout = 300)
         {3, {"--fsdp.mixed_precision=bf16", NULL}},
         {4, {"--fsdp.mixed_precision=bf16", NULL}},
         {3, {"--fsdp.mixed_precision=bf16", "--fsdp.version=1", NULL}},
-        {4, {"--fsdp.mixed_precision=bf16", "--fsdp.sharding_strategy=HYBRID_SHARD", "--fsdp.hybrid_shard_size=2", NULL}},
+        {4,
+         {"--fsdp.mixed_precision=bf16", "--fsdp.sharding_strategy=HYBRID_SHARD", "--fsdp.hybrid_shard_size=2",
+          NULL}},
     };
     for (size_t i = 0; i < sizeof pts / sizeof pts[0]; i++) {
         char tag[32];
@@ -169,8 +173,8 @@ static void torch_ref(const struct tt_ctx *c, const char *python, const char *ar
     cr_assert(src, "FSDP_SOURCE_ROOT not set: run through meson test");
     snprintf(out_json, cap, "%s/%s.json", c->dir, tag);
     char cmd[8192];
-    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 '%s' '%s/tests/train/torch_gpt_ref.py' %s > '%s' 2> '%s/%s.err'", python,
-             src, args, out_json, c->dir, tag);
+    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 '%s' '%s/tests/train/torch_gpt_ref.py' %s > '%s' 2> '%s/%s.err'",
+             python, src, args, out_json, c->dir, tag);
     int rc = tu_sh(cmd);
     if (rc != 0) {
         char errp[1200];
@@ -205,7 +209,8 @@ Test(bf16, tracks_torch_autocast, .timeout = 600)
     bool native = native_bf16(&c, ini);
     char init[1200], args[4096], jf32[1200], jb16[1200];
     snprintf(init, sizeof init, "%s/init.safetensors", c.dir);
-    snprintf(args, sizeof args, "init --out '%s' --n_layer 2 --n_head 2 --n_embd 128 --vocab 256 --block_size 64", init);
+    snprintf(args, sizeof args, "init --out '%s' --n_layer 2 --n_head 2 --n_embd 128 --vocab 256 --block_size 64",
+             init);
     torch_ref(&c, python, args, "init", jf32, sizeof jf32);
     const char *common = "--steps 50 --batch 8 --lr 0.0006 --min_lr 0.00006 --warmup_steps 10 --weight_decay 0.1 "
                          "--grad_clip 1.0 --n_head 2";
@@ -229,8 +234,8 @@ Test(bf16, tracks_torch_autocast, .timeout = 600)
     double d32 = tt_max_rel(f32, t32, TORCH_STEPS), d16 = tt_max_rel(b16, t16, TORCH_STEPS);
     double own = tt_max_rel(b16, f32, TORCH_STEPS), theirs = tt_max_rel(t16, t32, TORCH_STEPS);
     fprintf(stderr,
-            "against PyTorch over %d steps: fp32 %.3g (bound %.3g), bf16 %.3g (bound %.3g); bf16 from fp32: fsdpc %.3g, "
-            "torch %.3g\n",
+            "against PyTorch over %d steps: fp32 %.3g (bound %.3g), bf16 %.3g (bound %.3g); bf16 from fp32: "
+            "fsdpc %.3g, torch %.3g\n",
             TORCH_STEPS, d32, TORCH_FP32_REL, d16, TORCH_BF16_REL, own, theirs);
     cr_assert(d32 <= TORCH_FP32_REL, "fp32 losses differ from PyTorch's by %.3g: the runs do not train the same thing",
               d32);

@@ -240,8 +240,9 @@ static double gemm_rate(const struct kernels *k, enum peak_kind kind, int m, int
     for (size_t i = 0; i < (size_t)kk * n; i++)
         b[i] = (float)(i % 13) * 0.01f;
     if (kind == PEAK_BF16) {
-        if (k->cast(ah, KERNELS_BF16, a, KERNELS_F32, (size_t)m * kk) || k->cast(bh, KERNELS_BF16, b, KERNELS_F32, (size_t)kk * n) ||
-            k->lowp_bind(a, ah, (size_t)m * kk) || k->lowp_bind(b, bh, (size_t)kk * n))
+        if (k->cast(ah, KERNELS_BF16, a, KERNELS_F32, (size_t)m * kk) ||
+            k->cast(bh, KERNELS_BF16, b, KERNELS_F32, (size_t)kk * n) || k->lowp_bind(a, ah, (size_t)m * kk) ||
+            k->lowp_bind(b, bh, (size_t)kk * n))
             die("binding the peak's bf16 operands");
     }
     if (k->set_matmul_dtype(kind == PEAK_BF16 ? KERNELS_BF16 : KERNELS_F32))
@@ -508,8 +509,8 @@ static int run_point(const char *self, const struct bench_config *bc, int thread
     for (int p = 0; p < NPREC; p++) {
         gf[p] = grab(best_line[p], "gflops");
         double peer = p == PREC_BF16 ? ttps[1] : ttps[0];
-        printf("bench=model_step config=%s threads=%d precision=%s tokens_per_s=%.1f gflops=%.2f torch_tokens_per_s=%.1f "
-               "torch_precision=%s ratio=%.3f rounds=%d%s\n",
+        printf("bench=model_step config=%s threads=%d precision=%s tokens_per_s=%.1f gflops=%.2f "
+               "torch_tokens_per_s=%.1f torch_precision=%s ratio=%.3f rounds=%d%s\n",
                bc->name, threads, prec_names[p], tps[p], gf[p], peer, p == PREC_BF16 ? "bf16_autocast" : "fp32",
                tps[p] / peer, rounds, have_torch ? "" : " note=peer_skipped");
     }
@@ -526,7 +527,8 @@ static int run_point(const char *self, const struct bench_config *bc, int thread
     for (int p = 0; p < NPREC; p++) {
         char cmd[3 * PATH_MAX], prof[16384];
         snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d FSDP_CPU_MATMUL=%s '%s' --child %s --precision %s --profile",
-                 threads, p == PREC_FP32_OPENBLAS ? "openblas" : "auto", self, bc->name, p == PREC_BF16 ? "bf16" : "fp32");
+                 threads, p == PREC_FP32_OPENBLAS ? "openblas" : "auto", self, bc->name,
+                 p == PREC_BF16 ? "bf16" : "fp32");
         if (isnan(run_and_grab(cmd, "tokens_per_s", NULL, 0, prof, sizeof prof)))
             return 1;
         print_profile(bc, threads, prec_names[p], prof);

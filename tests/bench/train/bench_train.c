@@ -319,8 +319,8 @@ int main(int argc, char **argv)
             if (run_fsdp(build, dir, data, c, "NO_SHARD", 1, r, &f) == 0 && f.tokens_per_s > best_one.tokens_per_s)
                 best_one = f;
             fprintf(stderr,
-                    "bench_train: config %s round %d: best so far torch FSDP2 %.0f, FSDP2 bf16 %.0f, DDP %.0f, one process "
-                    "%.0f; FULL_SHARD %.0f, FULL_SHARD bf16 %.0f, NO_SHARD %.0f, one rank %.0f tokens/s\n",
+                    "bench_train: config %s round %d: best so far torch FSDP2 %.0f, FSDP2 bf16 %.0f, DDP %.0f, "
+                    "one process %.0f; FULL_SHARD %.0f, FULL_SHARD bf16 %.0f, NO_SHARD %.0f, one rank %.0f tokens/s\n",
                     c->name, r, best_torch[TORCH_FSDP2], best_torch[TORCH_FSDP2_BF16], best_torch[TORCH_DDP],
                     best_torch[TORCH_SINGLE], best_fs.tokens_per_s, best_bf.tokens_per_s, best_ns.tokens_per_s,
                     best_one.tokens_per_s);
@@ -365,15 +365,17 @@ int main(int argc, char **argv)
             printf("bench=train_one_rank config=%s tokens_per_s=%.0f torch_tokens_per_s=%.0f ratio=%.3f "
                    "torch_fsdp2_scaling=%.3f torch_ddp_scaling=%.3f fsdp_full_shard_scaling=%.3f\n",
                    c->name, best_one.tokens_per_s, best_torch[TORCH_SINGLE],
-                   best_one.tokens_per_s / best_torch[TORCH_SINGLE], best_torch[TORCH_FSDP2] / (WORLD * best_torch[TORCH_SINGLE]),
+                   best_one.tokens_per_s / best_torch[TORCH_SINGLE],
+                   best_torch[TORCH_FSDP2] / (WORLD * best_torch[TORCH_SINGLE]),
                    best_torch[TORCH_DDP] / (WORLD * best_torch[TORCH_SINGLE]),
                    best_fs.tokens_per_s / (WORLD * best_one.tokens_per_s));
         if (peer) {
-            double g1 = best_fs.tokens_per_s / best_torch[TORCH_FSDP2], g2 = best_bf.tokens_per_s / best_torch[TORCH_FSDP2_BF16];
+            double g1 = best_fs.tokens_per_s / best_torch[TORCH_FSDP2];
+            double g2 = best_bf.tokens_per_s / best_torch[TORCH_FSDP2_BF16];
             double g3 = best_fs.tokens_per_s / best_torch[TORCH_DDP], g4 = best_fs.tokens_per_s / best_ns.tokens_per_s;
             printf("bench=train_goals config=%s full_shard_vs_fsdp2=%.3f goal_fsdp2=%s bf16_vs_fsdp2_bf16=%.3f "
-                   "goal_fsdp2_bf16=%s bf16_vs_fp32=%.3f full_shard_vs_ddp=%.3f goal_ddp=%s full_shard_vs_no_shard=%.3f "
-                   "goal_no_shard=%s\n",
+                   "goal_fsdp2_bf16=%s bf16_vs_fp32=%.3f full_shard_vs_ddp=%.3f goal_ddp=%s "
+                   "full_shard_vs_no_shard=%.3f goal_no_shard=%s\n",
                    c->name, g1, g1 >= 1.5 ? "met" : "missed", g2, g2 >= 1.5 ? "met" : "missed",
                    best_bf.tokens_per_s / best_fs.tokens_per_s, g3, g3 >= 1.5 ? "met" : "missed", g4,
                    g4 >= 0.9 ? "met" : "missed");
