@@ -20,8 +20,9 @@
  *        bench_model --child S|L|M --precision fp32|bf16 [--profile]
  * With N rounds each point runs ours and PyTorch alternately N times and keeps each side's best round, so a
  * slow spell of the shared machine hits both sides alike rather than whichever ran during it.
- * Output: `bench=model_step config=S threads=1 precision=bf16 tokens_per_s=... gflops=... torch_tokens_per_s=...
- *          ratio=...`, `bench=model_peak ...`, `bench=model_profile ...`, `bench=model_goals ...`,
+ * Output: `bench=model_step config=S threads=1 precision=bf16 tokens_per_s=... cpu_tokens_per_s=... gflops=...
+ *          torch_tokens_per_s=... ratio=...` (cpu_tokens_per_s: per CPU-second of the process, what the step
+ *          computed whatever else ran on the machine; the peer prints wall time only, so ratio is of wall time), `bench=model_peak ...`, `bench=model_profile ...`, `bench=model_goals ...`,
  *          `bench=model_arena ...` per config. */
 #include <cblas.h>
 #include <limits.h>
@@ -30,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/error.h"
@@ -275,6 +277,15 @@ static double gemm_peak(const struct kernels *k, enum peak_kind kind, const stru
 
 /* ---- one (config, threads, precision) point, in this process ---- */
 
+/* CPU seconds this process has run: on a shared machine the time a step actually computed, whatever the
+ * scheduler gave the other processes (with one thread, what the wall clock shows on a quiet machine). */
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -320,7 +331,7 @@ static int run_child(const struct bench_config *bc, bool bf16, bool profile)
     if (!tokens || !targets)
         die("out of memory");
     uint32_t rng = 1234;
-    double best = 1e30, times[64];
+    double best = 1e30, times[64], cpu_times[64];
     int timed = 0;
     for (int step = 0; step < bc->warmup + bc->steps; step++) {
         for (size_t i = 0; i < ntok; i++) {
@@ -333,7 +344,7 @@ static int run_child(const struct bench_config *bc, bool bf16, bool profile)
                 targets[bi * bc->t + ti] = tokens[bi * bc->t + (ti + 1) % bc->t];
         if (step == bc->warmup && profile)
             memset(prof_time, 0, sizeof prof_time), memset(prof_flops, 0, sizeof prof_flops);
-        double t0 = tu_now();
+        double t0 = tu_now(), c0 = cpu_now();
         float loss;
         /* bf16: the gather of a one-rank group (cast the bf16 copy to the fp32 view, bind the two) */
         if (bf16 && (k->cast(full, KERNELS_F32, lp, KERNELS_BF16, n) || k->lowp_bind(full, lp, n)))
@@ -361,23 +372,25 @@ static int run_child(const struct bench_config *bc, bool bf16, bool profile)
         /* bf16: the engine's refresh of the low-precision copy after the optimizer */
         if (bf16 && k->cast(lp, KERNELS_BF16, params, KERNELS_F32, n))
             die("refresh");
-        double dt = tu_now() - t0;
+        double dt = tu_now() - t0, dc = cpu_now() - c0;
         if (!isfinite(loss))
             die("non-finite loss");
         if (step >= bc->warmup) {
             best = dt < best ? dt : best;
             if (timed < 64)
-                times[timed++] = dt;
+                cpu_times[timed] = dc, times[timed++] = dt;
         }
     }
     /* median of the timed steps, as the peer reports; best is printed too */
     qsort(times, (size_t)timed, sizeof times[0], cmp_double);
-    double med = times[timed / 2];
+    qsort(cpu_times, (size_t)timed, sizeof cpu_times[0], cmp_double);
+    double med = times[timed / 2], cpu_med = cpu_times[timed / 2];
     double fl = step_flops(bc, l);
     double peak = bf16 ? bf16_peak : f32_peak;
-    printf("child tokens_per_s=%.1f best_tokens_per_s=%.1f gflops=%.2f f32_gemm_gflops=%.2f bf16_gemm_gflops=%.2f "
-           "sgemm_gflops=%.2f params=%zu\n",
-           (double)ntok / med, (double)ntok / best, fl / med / 1e9, f32_peak, bf16_peak, sgemm_peak, l->numel_real);
+    printf("child tokens_per_s=%.1f best_tokens_per_s=%.1f cpu_tokens_per_s=%.1f gflops=%.2f f32_gemm_gflops=%.2f "
+           "bf16_gemm_gflops=%.2f sgemm_gflops=%.2f params=%zu\n",
+           (double)ntok / med, (double)ntok / best, (double)ntok / cpu_med, fl / med / 1e9, f32_peak, bf16_peak,
+           sgemm_peak, l->numel_real);
     if (profile) {
         double tot = 0, gemm = 0;
         for (int i = 0; i < P_N; i++)
@@ -477,7 +490,7 @@ static void print_profile(const struct bench_config *bc, int threads, const char
 static int run_point(const char *self, const struct bench_config *bc, int threads, int rounds, bool have_torch,
                      const char *python, const char *script)
 {
-    double tps[NPREC], gf[NPREC], ttps[2] = {NAN, NAN};
+    double tps[NPREC], gf[NPREC], ctps[NPREC], ttps[2] = {NAN, NAN};
     char best_line[NPREC][4096];
     for (int p = 0; p < NPREC; p++)
         tps[p] = gf[p] = NAN, best_line[p][0] = '\0';
@@ -508,11 +521,12 @@ static int run_point(const char *self, const struct bench_config *bc, int thread
     }
     for (int p = 0; p < NPREC; p++) {
         gf[p] = grab(best_line[p], "gflops");
+        ctps[p] = grab(best_line[p], "cpu_tokens_per_s");
         double peer = p == PREC_BF16 ? ttps[1] : ttps[0];
-        printf("bench=model_step config=%s threads=%d precision=%s tokens_per_s=%.1f gflops=%.2f "
-               "torch_tokens_per_s=%.1f torch_precision=%s ratio=%.3f rounds=%d%s\n",
-               bc->name, threads, prec_names[p], tps[p], gf[p], peer, p == PREC_BF16 ? "bf16_autocast" : "fp32",
-               tps[p] / peer, rounds, have_torch ? "" : " note=peer_skipped");
+        printf("bench=model_step config=%s threads=%d precision=%s tokens_per_s=%.1f cpu_tokens_per_s=%.1f "
+               "gflops=%.2f torch_tokens_per_s=%.1f torch_precision=%s ratio=%.3f rounds=%d%s\n",
+               bc->name, threads, prec_names[p], tps[p], ctps[p], gf[p], peer,
+               p == PREC_BF16 ? "bf16_autocast" : "fp32", tps[p] / peer, rounds, have_torch ? "" : " note=peer_skipped");
     }
     /* the peaks of the child that ran fp32 on the auto library (its bf16 peak is measured alike) */
     double f32p = grab(best_line[PREC_FP32], "f32_gemm_gflops"), bfp = grab(best_line[PREC_FP32], "bf16_gemm_gflops");
@@ -544,13 +558,15 @@ static int run_point(const char *self, const struct bench_config *bc, int thread
     double fp32_vs_torch = tps[PREC_FP32] / ttps[0];
     printf("bench=model_goals config=%s threads=%d bf16_vs_fp32=%.3f goal_bf16_vs_fp32=%s ceiling_bf16_vs_fp32=%.3f "
            "bf16_vs_fp32_openblas=%.3f bf16_vs_torch_bf16=%.3f goal_bf16_vs_torch=%s fp32_vs_torch_fp32=%.3f "
-           "goal_fp32_vs_torch=%s fp32_vs_fp32_openblas=%.3f\n",
+           "goal_fp32_vs_torch=%s fp32_vs_fp32_openblas=%.3f cpu_time_bf16_vs_fp32=%.3f "
+           "cpu_time_fp32_vs_fp32_openblas=%.3f\n",
            bc->name, threads, bf16_vs_fp32,
            bf16_vs_fp32 >= 1.7 ? "met" : ceiling < 1.7 ? "missed_beyond_ceiling" : "missed", ceiling,
            tps[PREC_BF16] / tps[PREC_FP32_OPENBLAS], bf16_vs_torch,
            isnan(bf16_vs_torch) ? "no_peer" : bf16_vs_torch >= 1.5 ? "met" : "missed", fp32_vs_torch,
            isnan(fp32_vs_torch) ? "no_peer" : fp32_vs_torch >= 1.3 ? "met" : "missed",
-           tps[PREC_FP32] / tps[PREC_FP32_OPENBLAS]);
+           tps[PREC_FP32] / tps[PREC_FP32_OPENBLAS], ctps[PREC_BF16] / ctps[PREC_FP32],
+           ctps[PREC_FP32] / ctps[PREC_FP32_OPENBLAS]);
     fflush(stdout);
     return 0;
 }
