@@ -67,6 +67,9 @@ const uint16_t *cpu_lowp_find(const float *p, size_t span);
 /* dst (rows x cols, leading dimension cols) = src (rows x cols, leading dimension ld) rounded to bf16 as
  * common/dtype.h rounds (nearest even, NaN kept quiet), in parallel over rows when large. */
 void cpu_round_bf16(uint16_t *dst, const float *src, size_t rows, size_t cols, size_t ld);
+/* The same for a contiguous (rows x cols) src on the calling thread, adding each row into acc (cols floats)
+ * in the same pass, rows in order: a bias gradient from the read that rounds dy. */
+void cpu_round_bf16_colsum(uint16_t *dst, float *acc, const float *src, size_t rows, size_t cols);
 /* Scratch slot `slot` (0..CPU_SCRATCH_SLOTS-1) of the calling thread, at least `bytes` long: grown when a
  * larger operand comes, kept for the thread's life; NULL (error set) when memory runs out. */
 #define CPU_SCRATCH_SLOTS 4

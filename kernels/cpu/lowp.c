@@ -79,20 +79,41 @@ const uint16_t *cpu_lowp_find(const float *p, size_t span)
     return lp;
 }
 
-/* One row: dtype_f32_to_bf16 written as branch-free integer operations, so the AVX-512 clone converts 16
- * elements per step (the scalar form's NaN branch keeps GCC from vectorising it). */
+/* dtype_f32_to_bf16 written as branch-free integer operations, so that loops calling it vectorise (the
+ * scalar form's NaN branch keeps GCC from it). */
+static inline uint16_t round_bits(uint32_t x)
+{
+    uint32_t nan = (x & 0x7fffffffu) > 0x7f800000u;
+    uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    uint32_t quiet = (x >> 16) | 0x0040u;
+    return (uint16_t)(nan ? quiet : rounded);
+}
+
+/* One row: the AVX-512 clone converts 16 elements per step. */
 CPU_SIMD_CLONES
 static void round_row(uint16_t *dst, const float *src, size_t n)
 {
     const uint32_t *u = (const uint32_t *)src;
 #pragma omp simd
+    for (size_t i = 0; i < n; i++)
+        dst[i] = round_bits(u[i]);
+}
+
+CPU_SIMD_CLONES
+static void round_colsum_row(uint16_t *dst, float *acc, const float *src, size_t n)
+{
+    const uint32_t *u = (const uint32_t *)src;
+#pragma omp simd
     for (size_t i = 0; i < n; i++) {
-        uint32_t x = u[i];
-        uint32_t nan = (x & 0x7fffffffu) > 0x7f800000u;
-        uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
-        uint32_t quiet = (x >> 16) | 0x0040u;
-        dst[i] = (uint16_t)(nan ? quiet : rounded);
+        acc[i] += src[i];
+        dst[i] = round_bits(u[i]);
     }
+}
+
+void cpu_round_bf16_colsum(uint16_t *dst, float *acc, const float *src, size_t rows, size_t cols)
+{
+    for (size_t r = 0; r < rows; r++)
+        round_colsum_row(dst + r * cols, acc, src + r * cols, cols);
 }
 
 void cpu_round_bf16(uint16_t *dst, const float *src, size_t rows, size_t cols, size_t ld)

@@ -195,17 +195,33 @@ int cpu_matmul_backward(float *dx, float *dw, float *db, const float *dy, const 
     FSDP_TRY(check_dims("matmul_backward", n, in, out));
     if (n == 0)
         return 0;
-    /* dy is an operand of both products: in bf16 it is rounded once for the two */
+    /* dy is an operand of both products: in bf16 it is rounded once for the two; where db is summed on one
+     * thread row after row, the rounding pass sums it too (the same order: the bits of colsum_rows) */
     struct opnd dy16, *pdy = NULL;
+    bool db_rows = db && out <= DB_ROWS_MAX && ((long)n * out <= CPU_CHUNK || omp_get_max_threads() == 1);
     if ((dx || dw) && cpu_matmul_compute_dtype() == DTYPE_BF16) {
-        FSDP_TRY(bf16_operand(2, dy, n, out, out, &dy16));
+        if (db_rows && !cpu_lowp_find(dy, (size_t)n * out)) {
+            uint16_t *s = cpu_scratch(2, (size_t)n * out * sizeof(uint16_t));
+            if (!s)
+                return FSDP_ENOMEM;
+            float acc[DB_ROWS_MAX];
+            for (int j = 0; j < out; j++)
+                acc[j] = 0.0f;
+            cpu_round_bf16_colsum(s, acc, dy, (size_t)n, (size_t)out);
+            for (int j = 0; j < out; j++)
+                db[j] += acc[j];
+            db = NULL;
+            dy16 = (struct opnd){s, out};
+        } else {
+            FSDP_TRY(bf16_operand(2, dy, n, out, out, &dy16));
+        }
         pdy = &dy16;
     }
     if (dx)
         FSDP_TRY(gemm_any(0, 1, n, in, out, 1.0f, dy, out, pdy, 2, w, out, NULL, 1, 1.0f, dx, in, NULL));
     if (dw)
         FSDP_TRY(gemm_any(1, 0, in, out, n, 1.0f, x, in, NULL, 0, dy, out, pdy, 2, 1.0f, dw, out, NULL));
-    if (db && out <= DB_ROWS_MAX && ((long)n * out <= CPU_CHUNK || omp_get_max_threads() == 1)) {
+    if (db && db_rows) {
         colsum_rows(db, dy, n, out);
     } else if (db) {
         int strips = (out + DB_STRIP - 1) / DB_STRIP;

@@ -9,9 +9,10 @@
  *                  bf16 copy refreshed after each step and bound to the parameters the model reads (the
  *                  engine's gather), so the matmuls read it as is; bf16 matmuls and attention products.
  * Each child also measures the GEMM peaks of this machine (the best of a few GPT shapes: fp32 on the
- * table's library, bf16 on operands already in bf16, OpenBLAS sgemm), and a profiled child per precision
- * gives the time per op and the fraction of the peak each reaches; `bench=model_goals` sets the step
- * against the issue's goals and against the ceiling the GEMM peaks allow.
+ * table's library, bf16 on operands already in bf16, OpenBLAS sgemm; per CPU-second, so other processes on
+ * the machine do not lower them), and a profiled child per precision gives the CPU time per op and the
+ * fraction of the peak each reaches (step_frac_*: the step's FLOPs per CPU-second against the peak);
+ * `bench=model_goals` sets the step against the issue's goals and against the ceiling the GEMM peaks allow.
  *
  * OpenMP, OpenBLAS and FSDP_CPU_MATMUL are read once at start, so each (config, threads, precision) point
  * runs in a child: this binary re-executed as `bench_model --child CONFIG --precision P [--profile]`.
@@ -22,7 +23,8 @@
  * slow spell of the shared machine hits both sides alike rather than whichever ran during it.
  * Output: `bench=model_step config=S threads=1 precision=bf16 tokens_per_s=... cpu_tokens_per_s=... gflops=...
  *          torch_tokens_per_s=... ratio=...` (cpu_tokens_per_s: per CPU-second of the process, what the step
- *          computed whatever else ran on the machine; the peer prints wall time only, so ratio is of wall time), `bench=model_peak ...`, `bench=model_profile ...`, `bench=model_goals ...`,
+ *          computed whatever else ran on the machine; the peer prints wall time only, so ratio is of wall
+ *          time), `bench=model_peak ...`, `bench=model_profile ...`, `bench=model_goals ...`,
  *          `bench=model_arena ...` per config. */
 #include <cblas.h>
 #include <limits.h>
@@ -93,7 +95,17 @@ static double step_flops(const struct bench_config *bc, const struct model_layou
     return 6.0 * matmul_params * tokens + 6.0 * bc->n_layer * (double)bc->t * bc->n_embd * tokens;
 }
 
-/* ---- per-op profile: a copy of the CPU table whose entries time the real ones ---- */
+/* CPU seconds this process has run: on a shared machine the time a step actually computed, whatever the
+ * scheduler gave the other processes (with one thread, what the wall clock shows on a quiet machine). */
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- per-op profile: a copy of the CPU table whose entries time the real ones (CPU time: with one thread
+ * the op's own time, undisturbed by other processes on the machine) ---- */
 enum prof_op { P_MATMUL_F, P_MATMUL_B, P_GEMM, P_GEMM_DX, P_LN_F, P_LN_B, P_ATT_F, P_ATT_B, P_GELU_F, P_GELU_B, P_RESID,
                P_EMB_F, P_EMB_B, P_XENT, P_ADAMW, P_SQNORM, P_MEMSET, P_CAST, P_N };
 static const char *prof_names[P_N] = {"matmul_fwd", "matmul_bwd", "gemm_lm_head", "gemm_linear_dx", "layernorm_fwd",
@@ -107,9 +119,9 @@ static int prof_vocab; /* the model's padded vocabulary: tells the LM head's GEM
 
 #define PROF(op, fl, call)                                                                                   \
     do {                                                                                                     \
-        double t0_ = tu_now();                                                                                \
+        double t0_ = cpu_now();                                                                               \
         int rc_ = (call);                                                                                    \
-        prof_time[op] += tu_now() - t0_;                                                                      \
+        prof_time[op] += cpu_now() - t0_;                                                                     \
         prof_flops[op] += (fl);                                                                              \
         return rc_;                                                                                          \
     } while (0)
@@ -226,8 +238,9 @@ static const struct kernels *profile_table(const struct kernels *k)
 
 /* ---- the GEMM peaks of this machine, measured in the child ---- */
 
-/* Best GFLOP/s over a few reps of C(m, n) = A(m, k) B(k, n) through the table (fp32 on its library, or bf16
- * on operands bound to bf16 copies, as gathered weights are) or OpenBLAS sgemm. */
+/* Best GFLOP per CPU-second (GFLOP/s of one thread) over a few reps of C(m, n) = A(m, k) B(k, n) through the
+ * table (fp32 on its library, or bf16 on operands bound to bf16 copies, as gathered weights are) or OpenBLAS
+ * sgemm. CPU time, so that other processes on the machine do not lower the peak the step is set against. */
 enum peak_kind { PEAK_F32, PEAK_BF16, PEAK_SGEMM };
 
 static double gemm_rate(const struct kernels *k, enum peak_kind kind, int m, int n, int kk)
@@ -251,12 +264,12 @@ static double gemm_rate(const struct kernels *k, enum peak_kind kind, int m, int
         die("set_matmul_dtype");
     double best = 1e30;
     for (int r = 0; r < 6; r++) {
-        double t0 = tu_now();
+        double t0 = cpu_now();
         if (kind == PEAK_SGEMM)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, kk, 1.0f, a, kk, b, n, 0.0f, c, n);
         else if (k->gemm(0, 0, m, n, kk, 1.0f, a, kk, b, n, 0.0f, c, n))
             die("gemm");
-        double dt = tu_now() - t0;
+        double dt = cpu_now() - t0;
         if (r > 0 && dt < best)
             best = dt;
     }
@@ -276,15 +289,6 @@ static double gemm_peak(const struct kernels *k, enum peak_kind kind, const stru
 }
 
 /* ---- one (config, threads, precision) point, in this process ---- */
-
-/* CPU seconds this process has run: on a shared machine the time a step actually computed, whatever the
- * scheduler gave the other processes (with one thread, what the wall clock shows on a quiet machine). */
-static double cpu_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -404,9 +408,10 @@ static int run_child(const struct bench_config *bc, bool bf16, bool profile)
             printf("profile op=%s ms_per_step=%.2f share=%.3f gflops=%.1f frac_of_peak=%.3f\n", prof_names[i],
                    1e3 * prof_time[i] / timed, prof_time[i] / tot, gf, gf / peak);
         }
-        printf("profile op=total ms_per_step=%.2f step_ms=%.2f gemm_ms=%.2f step_gflops=%.2f peak_gflops=%.2f "
-               "frac_of_peak=%.3f\n",
-               1e3 * tot / timed, 1e3 * med, 1e3 * gemm / timed, fl / med / 1e9, peak, fl / med / 1e9 / peak);
+        printf("profile op=total ms_per_step=%.2f step_ms=%.2f step_cpu_ms=%.2f gemm_ms=%.2f step_gflops=%.2f "
+               "peak_gflops=%.2f frac_of_peak=%.3f\n",
+               1e3 * tot / timed, 1e3 * med, 1e3 * cpu_med, 1e3 * gemm / timed, fl / cpu_med / 1e9, peak,
+               fl / cpu_med / 1e9 / peak);
     }
     free(tokens), free(targets);
     k->mem_free(params), k->mem_free(grads), k->mem_free(mom1), k->mem_free(mom2);
@@ -526,14 +531,18 @@ static int run_point(const char *self, const struct bench_config *bc, int thread
         printf("bench=model_step config=%s threads=%d precision=%s tokens_per_s=%.1f cpu_tokens_per_s=%.1f "
                "gflops=%.2f torch_tokens_per_s=%.1f torch_precision=%s ratio=%.3f rounds=%d%s\n",
                bc->name, threads, prec_names[p], tps[p], ctps[p], gf[p], peer,
-               p == PREC_BF16 ? "bf16_autocast" : "fp32", tps[p] / peer, rounds, have_torch ? "" : " note=peer_skipped");
+               p == PREC_BF16 ? "bf16_autocast" : "fp32", tps[p] / peer, rounds,
+               have_torch ? "" : " note=peer_skipped");
     }
     /* the peaks of the child that ran fp32 on the auto library (its bf16 peak is measured alike) */
     double f32p = grab(best_line[PREC_FP32], "f32_gemm_gflops"), bfp = grab(best_line[PREC_FP32], "bf16_gemm_gflops");
     double sgp = grab(best_line[PREC_FP32], "sgemm_gflops");
+    /* the step's GFLOP per CPU-second against the peaks (also per CPU-second): the fraction of the peak */
+    double cgf32 = gf[PREC_FP32] * ctps[PREC_FP32] / tps[PREC_FP32];
+    double cgf16 = gf[PREC_BF16] * ctps[PREC_BF16] / tps[PREC_BF16];
     printf("bench=model_peak config=%s threads=%d f32_gemm_gflops=%.1f bf16_gemm_gflops=%.1f sgemm_gflops=%.1f "
            "bf16_over_f32=%.3f f32_over_sgemm=%.3f step_frac_f32=%.3f step_frac_bf16=%.3f\n",
-           bc->name, threads, f32p, bfp, sgp, bfp / f32p, f32p / sgp, gf[PREC_FP32] / f32p, gf[PREC_BF16] / bfp);
+           bc->name, threads, f32p, bfp, sgp, bfp / f32p, f32p / sgp, cgf32 / f32p, cgf16 / bfp);
     fflush(stdout);
 
     /* one profiled child per precision: time per op, and the step against the peak of its dtype */
