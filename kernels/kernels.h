@@ -115,6 +115,13 @@ struct kernels {
      * lowp_unbind(f32) before the memory is reused. */
     int (*lowp_bind)(const float *f32, const void *lp, size_t n);
     int (*lowp_unbind)(const float *f32);
+    /* Optional (NULL where nothing is rounded twice): the caller promises that [x, x + n) stays as it is until
+     * lowp_release(x), so a table that computes in a 16-bit dtype may round it once now for every matmul
+     * that reads it before then (as if bound); in fp32 nothing happens. For an operand that two products
+     * read in a row: a linear layer's dy (its dx and its dW), the LM head's dlogits. A range that is bound
+     * already is left as it is. */
+    int (*lowp_hold)(const float *x, size_t n);
+    int (*lowp_release)(const float *x);
 
     /* ---- matmul ---- */
     /* y(n, out) = x(n, in) W(in, out) + b(out); b may be NULL. y must not alias x. */

@@ -89,6 +89,9 @@ void cpu_att16_backward_pair(float *dqkv, const float *dout, const float *qkv, c
 
 /* ---- matmul.c: the dtype the matmuls compute in now (set_matmul_dtype, what this CPU supports) ---- */
 enum dtype cpu_matmul_compute_dtype(void);
+/* lowp_hold / lowp_release: in bf16 mode x is rounded into a buffer of the table's and bound until released. */
+int cpu_lowp_hold(const float *x, size_t n);
+int cpu_lowp_release(const float *x);
 /* Whether an fp32 product of m x n x k runs on oneDNN (else OpenBLAS): FSDP_CPU_MATMUL, and for auto the
  * rule matmul.c documents. */
 bool cpu_matmul_f32_onednn(int m, int n, int k);

@@ -78,6 +78,72 @@ bool cpu_matmul_f32_onednn(int m, int n, int k)
     return isa->avx512 && (long)m * n * k >= F32_ONEDNN_MIN_MNK;
 }
 
+/* ---- held operands: rounded once, bound until released ---- */
+
+/* A few holds live at once (one operand of a layer's backward); their buffers are kept for the next holds,
+ * so the steady state allocates nothing. */
+#define CPU_HOLDS 8
+
+static struct {
+    pthread_mutex_t lock;
+    struct {
+        const float *x; /* NULL: free slot */
+        uint16_t *buf;
+        size_t cap; /* elements */
+    } h[CPU_HOLDS];
+} holds = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+int cpu_lowp_hold(const float *x, size_t n)
+{
+    if (!x || n == 0)
+        return error_set(FSDP_EINVAL, "kernels cpu: lowp_hold: NULL buffer or empty range");
+    if (cpu_matmul_compute_dtype() != DTYPE_BF16 || cpu_lowp_find(x, n))
+        return 0;
+    pthread_mutex_lock(&holds.lock);
+    int slot = -1, rc = 0;
+    for (int i = 0; i < CPU_HOLDS && slot < 0; i++)
+        if (!holds.h[i].x && holds.h[i].cap >= n)
+            slot = i;
+    for (int i = 0; i < CPU_HOLDS && slot < 0; i++)
+        if (!holds.h[i].x)
+            slot = i;
+    if (slot < 0) {
+        rc = error_set(FSDP_ERANGE, "kernels cpu: lowp_hold: %d operands held already; release them first",
+                       CPU_HOLDS);
+        goto out;
+    }
+    if (holds.h[slot].cap < n) {
+        uint16_t *b = cpu_mem_alloc(n * sizeof(uint16_t));
+        if (!b) {
+            rc = FSDP_ENOMEM;
+            goto out;
+        }
+        cpu_mem_free(holds.h[slot].buf);
+        holds.h[slot].buf = b;
+        holds.h[slot].cap = n;
+    }
+    cpu_round_bf16(holds.h[slot].buf, x, 1, n, n);
+    FSDP_TRY_GOTO(cpu_lowp_bind(x, holds.h[slot].buf, n), rc, out);
+    holds.h[slot].x = x;
+out:
+    pthread_mutex_unlock(&holds.lock);
+    return rc;
+}
+
+int cpu_lowp_release(const float *x)
+{
+    pthread_mutex_lock(&holds.lock);
+    int rc = 0;
+    for (int i = 0; i < CPU_HOLDS; i++)
+        if (holds.h[i].x == x) {
+            holds.h[i].x = NULL;
+            rc = cpu_lowp_unbind(x);
+            break;
+        }
+    pthread_mutex_unlock(&holds.lock);
+    return rc;
+}
+
 /* A bf16 operand stored as rows x cols with leading dimension ld: the bound bf16 copy when x lies in a
  * bound range (gathered parameters), else x rounded into the thread's scratch slot. */
 struct opnd {

@@ -322,3 +322,44 @@ Test(cpu_matmul, operand_rounding_matches_dtype_h)
             cr_assert_eq(dst[r * 1000 + j], dtype_f32_to_bf16(src[r * 10000 + j]));
     free(src), free(dst);
 }
+
+/* lowp_hold: an operand held in bf16 mode is rounded once and read by every product until released, with the
+ * bits of rounding it per product; in fp32 mode (and for a range bound already) nothing is held. */
+Test(cpu_matmul, held_operand_same_bits)
+{
+    const struct kernels *k = cpu_or_skip_bf16();
+    const int n = 48, in = 40, out = 72;
+    float *dy = kt_host_rand((size_t)n * out, 61, -1, 1), *w = kt_host_rand((size_t)in * out, 62, -1, 1);
+    float *x = kt_host_rand((size_t)n * in, 63, -1, 1);
+    float *dx[2], *dw[2];
+    for (int h = 0; h < 2; h++) {
+        dx[h] = calloc((size_t)n * in, sizeof(float)), dw[h] = calloc((size_t)in * out, sizeof(float));
+        cr_assert(dx[h] && dw[h]);
+    }
+    cr_assert_eq(k->set_matmul_dtype(KERNELS_BF16), 0);
+    for (int h = 0; h < 2; h++) {
+        if (h)
+            cr_assert_eq(k->lowp_hold(dy, (size_t)n * out), 0, "%s", error_message());
+        cr_assert_eq(k->gemm(0, 1, n, in, out, 1.0f, dy, out, w, out, 0.0f, dx[h], in), 0, "%s", error_message());
+        cr_assert_eq(k->matmul_backward(NULL, dw[h], NULL, dy, x, w, n, in, out), 0, "%s", error_message());
+        if (h) {
+            /* held: the range is bound, so binding it again is refused until the release */
+            cr_assert_eq(k->lowp_bind(dy, dx[0], 4), FSDP_EEXIST);
+            cr_assert_eq(k->lowp_release(dy), 0, "%s", error_message());
+        }
+    }
+    cr_assert_eq(memcmp(dx[0], dx[1], (size_t)n * in * sizeof(float)), 0, "held dy changed dx");
+    cr_assert_eq(memcmp(dw[0], dw[1], (size_t)in * out * sizeof(float)), 0, "held dy changed dw");
+    /* released: binding works again; in fp32 a hold binds nothing */
+    uint16_t lp[4];
+    cr_assert_eq(k->lowp_bind(dy, lp, 4), 0, "%s", error_message());
+    cr_assert_eq(k->lowp_unbind(dy), 0);
+    cr_assert_eq(k->set_matmul_dtype(KERNELS_F32), 0);
+    cr_assert_eq(k->lowp_hold(dy, (size_t)n * out), 0);
+    cr_assert_eq(k->lowp_bind(dy, lp, 4), 0, "fp32 mode held something: %s", error_message());
+    cr_assert_eq(k->lowp_unbind(dy), 0);
+    cr_assert_eq(k->lowp_release(dy), 0);
+    for (int h = 0; h < 2; h++)
+        free(dx[h]), free(dw[h]);
+    free(dy), free(w), free(x);
+}

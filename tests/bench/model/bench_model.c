@@ -107,11 +107,11 @@ static double cpu_now(void)
 /* ---- per-op profile: a copy of the CPU table whose entries time the real ones (CPU time: with one thread
  * the op's own time, undisturbed by other processes on the machine) ---- */
 enum prof_op { P_MATMUL_F, P_MATMUL_B, P_GEMM, P_GEMM_DX, P_LN_F, P_LN_B, P_ATT_F, P_ATT_B, P_GELU_F, P_GELU_B, P_RESID,
-               P_EMB_F, P_EMB_B, P_XENT, P_ADAMW, P_SQNORM, P_MEMSET, P_CAST, P_N };
+               P_EMB_F, P_EMB_B, P_XENT, P_ADAMW, P_SQNORM, P_MEMSET, P_CAST, P_HOLD, P_N };
 static const char *prof_names[P_N] = {"matmul_fwd", "matmul_bwd", "gemm_lm_head", "gemm_linear_dx", "layernorm_fwd",
                                       "layernorm_bwd", "attention_fwd", "attention_bwd", "gelu_fwd",
                                       "gelu_bwd", "residual", "embedding_fwd", "embedding_bwd",
-                                      "crossentropy", "adamw", "sqnorm", "mem_set", "cast"};
+                                      "crossentropy", "adamw", "sqnorm", "mem_set", "cast", "operand_hold"};
 static double prof_time[P_N];
 static double prof_flops[P_N];
 static const struct kernels *real;
@@ -210,6 +210,11 @@ static int p_cast(void *dst, enum dtype dd, const void *src, enum dtype sd, size
     PROF(P_CAST, 0, real->cast(dst, dd, src, sd, n));
 }
 
+static int p_lowp_hold(const float *x, size_t n)
+{
+    PROF(P_HOLD, 0, real->lowp_hold(x, n));
+}
+
 static struct kernels profiled;
 
 static const struct kernels *profile_table(const struct kernels *k)
@@ -233,6 +238,8 @@ static const struct kernels *profile_table(const struct kernels *k)
     profiled.sqnorm = p_sqnorm;
     profiled.mem_set = p_mem_set;
     profiled.cast = p_cast;
+    if (k->lowp_hold)
+        profiled.lowp_hold = p_lowp_hold;
     return &profiled;
 }
 
