@@ -78,16 +78,19 @@ bool cpu_matmul_f32_onednn(int m, int n, int k)
     return isa->avx512 && (long)m * n * k >= F32_ONEDNN_MIN_MNK;
 }
 
-/* ---- held operands: rounded once, bound until released ---- */
+/* ---- held operands: rounded once, by the first product that reads them, bound until released ---- */
 
 /* A few holds live at once (one operand of a layer's backward); their buffers are kept for the next holds,
- * so the steady state allocates nothing. */
+ * so the steady state allocates nothing. A hold is rounded when a product first reads it, so that
+ * matmul_backward, when it is that product, can sum db in the same pass. */
 #define CPU_HOLDS 8
 
 static struct {
     pthread_mutex_t lock;
     struct {
         const float *x; /* NULL: free slot */
+        size_t n;
+        bool rounded; /* buf holds x rounded and is bound to it */
         uint16_t *buf;
         size_t cap; /* elements */
     } h[CPU_HOLDS];
@@ -101,6 +104,9 @@ int cpu_lowp_hold(const float *x, size_t n)
         return 0;
     pthread_mutex_lock(&holds.lock);
     int slot = -1, rc = 0;
+    for (int i = 0; i < CPU_HOLDS; i++)
+        if (holds.h[i].x && x < holds.h[i].x + holds.h[i].n && holds.h[i].x < x + n)
+            goto out; /* overlaps a hold: left as it is, like a bound range */
     for (int i = 0; i < CPU_HOLDS && slot < 0; i++)
         if (!holds.h[i].x && holds.h[i].cap >= n)
             slot = i;
@@ -122,9 +128,9 @@ int cpu_lowp_hold(const float *x, size_t n)
         holds.h[slot].buf = b;
         holds.h[slot].cap = n;
     }
-    cpu_round_bf16(holds.h[slot].buf, x, 1, n, n);
-    FSDP_TRY_GOTO(cpu_lowp_bind(x, holds.h[slot].buf, n), rc, out);
     holds.h[slot].x = x;
+    holds.h[slot].n = n;
+    holds.h[slot].rounded = false;
 out:
     pthread_mutex_unlock(&holds.lock);
     return rc;
@@ -137,11 +143,38 @@ int cpu_lowp_release(const float *x)
     for (int i = 0; i < CPU_HOLDS; i++)
         if (holds.h[i].x == x) {
             holds.h[i].x = NULL;
-            rc = cpu_lowp_unbind(x);
+            if (holds.h[i].rounded)
+                rc = cpu_lowp_unbind(x);
             break;
         }
     pthread_mutex_unlock(&holds.lock);
     return rc;
+}
+
+/* The bf16 copy of [x, x + span) when a hold not yet rounded contains it: the hold is rounded now (with its
+ * column sums added to acc, a cols-wide accumulator, when acc is given and x is the whole hold viewed as
+ * rows of cols) and bound; NULL when no such hold exists. */
+static const uint16_t *hold_materialize(const float *x, size_t span, float *acc, size_t cols)
+{
+    const uint16_t *lp = NULL;
+    pthread_mutex_lock(&holds.lock);
+    for (int i = 0; i < CPU_HOLDS; i++) {
+        if (!holds.h[i].x || holds.h[i].rounded || x < holds.h[i].x || x + span > holds.h[i].x + holds.h[i].n)
+            continue;
+        if (acc && (x != holds.h[i].x || span != holds.h[i].n))
+            break; /* column sums of part of a hold: the caller rounds its part itself */
+        if (acc)
+            cpu_round_bf16_colsum(holds.h[i].buf, acc, x, holds.h[i].n / cols, cols);
+        else
+            cpu_round_bf16(holds.h[i].buf, holds.h[i].x, 1, holds.h[i].n, holds.h[i].n);
+        if (cpu_lowp_bind(holds.h[i].x, holds.h[i].buf, holds.h[i].n) == 0) {
+            holds.h[i].rounded = true;
+            lp = holds.h[i].buf + (x - holds.h[i].x);
+        }
+        break;
+    }
+    pthread_mutex_unlock(&holds.lock);
+    return lp;
 }
 
 /* A bf16 operand stored as rows x cols with leading dimension ld: the bound bf16 copy when x lies in a
@@ -153,7 +186,10 @@ struct opnd {
 
 static int bf16_operand(int slot, const float *x, int rows, int cols, int ld, struct opnd *o)
 {
-    const uint16_t *lp = cpu_lowp_find(x, (size_t)(rows - 1) * (size_t)ld + (size_t)cols);
+    size_t span = (size_t)(rows - 1) * (size_t)ld + (size_t)cols;
+    const uint16_t *lp = cpu_lowp_find(x, span);
+    if (!lp)
+        lp = hold_materialize(x, span, NULL, 0);
     if (lp) {
         o->p = lp;
         o->ld = ld;
@@ -266,18 +302,22 @@ int cpu_matmul_backward(float *dx, float *dw, float *db, const float *dy, const 
     struct opnd dy16, *pdy = NULL;
     bool db_rows = db && out <= DB_ROWS_MAX && ((long)n * out <= CPU_CHUNK || omp_get_max_threads() == 1);
     if ((dx || dw) && cpu_matmul_compute_dtype() == DTYPE_BF16) {
+        const uint16_t *held = NULL;
+        float acc[DB_ROWS_MAX];
         if (db_rows && !cpu_lowp_find(dy, (size_t)n * out)) {
-            uint16_t *s = cpu_scratch(2, (size_t)n * out * sizeof(uint16_t));
-            if (!s)
-                return FSDP_ENOMEM;
-            float acc[DB_ROWS_MAX];
             for (int j = 0; j < out; j++)
                 acc[j] = 0.0f;
-            cpu_round_bf16_colsum(s, acc, dy, (size_t)n, (size_t)out);
+            /* a held dy is rounded into its hold (for the products after this one), else into scratch */
+            held = hold_materialize(dy, (size_t)n * out, acc, (size_t)out);
+            uint16_t *s = held ? NULL : cpu_scratch(2, (size_t)n * out * sizeof(uint16_t));
+            if (!held && !s)
+                return FSDP_ENOMEM;
+            if (!held)
+                cpu_round_bf16_colsum(s, acc, dy, (size_t)n, (size_t)out);
             for (int j = 0; j < out; j++)
                 db[j] += acc[j];
             db = NULL;
-            dy16 = (struct opnd){s, out};
+            dy16 = (struct opnd){held ? (const void *)held : s, out};
         } else {
             FSDP_TRY(bf16_operand(2, dy, n, out, out, &dy16));
         }

@@ -242,16 +242,17 @@ out:
                                  up(m, 0, root, LNF_W), s->lnf_mean, s->lnf_rstd, N, C);
 }
 
-/* A linear layer's backward with a fresh input gradient: dx = dy W^T written by sgemm with beta 0 (no
- * zeroing pass over a scratch buffer that is about to be overwritten anyway), then the parameter
- * gradients accumulated (+=) by matmul_backward as usual; dy held for the two. */
+/* A linear layer's backward with a fresh input gradient: the parameter gradients accumulated (+=) by
+ * matmul_backward as usual, then dx = dy W^T written by gemm with beta 0 (no zeroing pass over a scratch
+ * buffer that is about to be overwritten anyway); dy held for the two (matmul_backward first: it sums db in
+ * the pass that rounds dy). */
 static int linear_backward(const struct kernels *k, float *dx, float *dw, float *db, const float *dy,
                            const float *x, const float *w, int n, int in, int out)
 {
     int rc = 0;
     FSDP_TRY(operand_hold(k, dy, (size_t)n * out));
-    FSDP_TRY_GOTO(k->gemm(0, 1, n, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in), rc, out);
     FSDP_TRY_GOTO(k->matmul_backward(NULL, dw, db, dy, x, w, n, in, out), rc, out);
+    FSDP_TRY_GOTO(k->gemm(0, 1, n, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in), rc, out);
 out:
     operand_release(k, dy);
     return rc;
