@@ -11,7 +11,7 @@
 /* COMM_K_SPLIT is internal: comm_split queues it on the parent for a backend with a split hook, so that
  * the backend's split (a collective over the parent) runs in issue order with the parent's operations. */
 enum comm_kind { COMM_K_ALL_GATHER, COMM_K_REDUCE_SCATTER, COMM_K_ALL_REDUCE, COMM_K_BROADCAST,
-                 COMM_K_BARRIER, COMM_K_SEND, COMM_K_RECV, COMM_K_SPLIT };
+                 COMM_K_BARRIER, COMM_K_SEND, COMM_K_RECV, COMM_K_SPLIT, COMM_K_ALL_TO_ALL };
 
 struct comm_info;
 

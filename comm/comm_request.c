@@ -14,6 +14,6 @@ double comm_now_s(void)
 const char *comm_kind_name(enum comm_kind kind)
 {
     static const char *names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",
-                                  "barrier", "send", "recv", "split"};
+                                  "barrier", "send", "recv", "split", "all_to_all"};
     return (unsigned)kind < sizeof(names) / sizeof(names[0]) ? names[kind] : "?";
 }

@@ -148,6 +148,12 @@ static const struct setting table[SETTING_COUNT] = {
      .def_doc = "unset: ~/.cache/fsdpc-venv", .readers = SETTING_BY_TESTS, .test_only = true,
      .doc = "The venv with the PyPI peers (PyTorch 2.x, transformers, tokenizers, ...) that tests and benchmarks "
             "compare with; .ci/run makes it when missing. Tests that need it skip without it."},
+
+    /* the launcher to the worker */
+    {.id = SETTING_LAUNCH_CONFIG, .name = "FSDP_LAUNCH_CONFIG", .type = SETTING_STRING, .format = "JSON",
+     .def_doc = "unset: none", .readers = SETTING_BY_WORKER, .launcher_sets = true,
+     .doc = "Worker settings from fsdp-launch's `--config_file` (accelerate YAML, applied under the INI file) "
+            "and its accelerate-style flags (applied over it); docs/launcher.md has the format."},
 };
 
 const struct setting *settings_entry(enum setting_id id)

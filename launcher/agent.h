@@ -4,6 +4,7 @@
 #define FSDP_LAUNCHER_AGENT_H
 
 #include "launcher/args.h"
+#include "launcher/status_server.h"
 #include "rendezvous/rendezvous.h"
 
 struct agent {
@@ -12,9 +13,12 @@ struct agent {
     int sigfd;            /* signalfd for SIGCHLD and the forwarded signals */
     const char *host;
     const char *program;  /* resolved path */
+    char *const *argv;    /* the program's argv (launcher/command.h) */
+    const char *launch_config; /* FSDP_LAUNCH_CONFIG for the workers, NULL = none */
     const char *secret;   /* FSDP_RDZV_TOKEN given to workers, NULL = none */
     const char *omp_threads;
     int pending_signal;   /* a terminating signal received, 0 if none */
+    struct status_server *status; /* --status_port on node 0, else NULL */
 };
 
 /* Runs the job to the end; returns the launcher's exit code. */

@@ -267,3 +267,124 @@ Test(kernels_attention, bf16_other_head_sizes, .timeout = 120)
     check_attention_bf16(2, 131, 12, 3, 1.0f, 91);
     check_attention_bf16(1, 200, 32, 2, 3.0f, 92);
 }
+
+/* Context-parallel attention as the allgather strategy uses it: a sequence of T tokens cut into 2*CP chunks,
+ * rank r of the context group holding chunks r and 2*CP-1-r (its query rows at their global positions)
+ * and attending to the keys and values of the whole sequence. Every rank's output rows and log-sum-exp
+ * must be those of full causal attention, its query gradients those rows' gradients, and the key/value
+ * gradients summed over the ranks (what the reduce-scatter adds up) the full key/value gradients. */
+static void check_mag(const char *what, const float *got, const double *want, const double *mag, size_t n);
+
+/* bf16: in bf16 mode, against the reference of the bf16-rounded inputs within check_attention_bf16's bounds
+ * (2^-7 of each sum's magnitude; lse as fp32). */
+static void check_attention_cp_ex(int B, int T, int C, int NH, int CP, uint64_t seed, bool bf16)
+{
+    const struct kernels *k = kt_backend();
+    if (!k->attention_cp_forward || !k->attention_cp_backward || !k->host_visible)
+        cr_skip_test("the %s kernels have no context-parallel attention on host memory", k->name);
+    if (bf16 && !(k->matmul_dtypes & KERNELS_DTYPE_BIT(KERNELS_BF16)))
+        cr_skip_test("%s: no native bf16 matmuls on this machine", k->name);
+    cr_assert_eq(k->set_matmul_dtype(bf16 ? KERNELS_BF16 : KERNELS_F32), 0);
+    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+    float *qkv = kt_host_rand(nq, seed, -1, 1), *dout = kt_host_rand(no, seed + 1, -1, 1);
+    float *rq = malloc(nq * sizeof *rq), *rdo = malloc(no * sizeof *rdo);
+    cr_assert(rq && rdo);
+    for (size_t i = 0; i < nq; i++)
+        rq[i] = bf16 ? kernels_bf16_to_f32(kernels_f32_to_bf16(qkv[i])) : qkv[i];
+    for (size_t i = 0; i < no; i++)
+        rdo[i] = bf16 ? kernels_bf16_to_f32(kernels_f32_to_bf16(dout[i])) : dout[i];
+    struct att_ref r = ref_attention(rq, rdo, NULL, B, T, C, NH);
+    struct att_ref mg = ref_attention_ex(rq, rdo, NULL, B, T, C, NH, 1);
+    size_t nloc = (size_t)B * (T / (2 * CP)) * 2 * C; /* a rank's query rows x C */
+    double *mag_o = kt_dzeros(nloc), *mag_dq = kt_dzeros(nloc);
+    double *mag_dkv = kt_dzeros(nq);
+    int chunk = T / (2 * CP), tq = 2 * chunk;
+    int *kpos = malloc((size_t)T * sizeof *kpos), *qpos = malloc((size_t)tq * sizeof *qpos);
+    float *lq = calloc((size_t)B * tq * 3 * C, sizeof(float)), *ldo = calloc((size_t)B * tq * C, sizeof(float));
+    float *lo = calloc((size_t)B * tq * C, sizeof(float)), *ll = calloc((size_t)B * NH * tq, sizeof(float));
+    float *ldq = calloc((size_t)B * tq * 3 * C, sizeof(float)), *dkv = calloc(nq, sizeof(float));
+    double *want_o = kt_dzeros((size_t)B * tq * C), *want_l = kt_dzeros((size_t)B * NH * tq);
+    double *want_dq = kt_dzeros((size_t)B * tq * C), *want_dkv = kt_dzeros(nq);
+    float *got_dq = calloc((size_t)B * tq * C, sizeof(float));
+    cr_assert(kpos && qpos && lq && ldo && lo && ll && ldq && dkv && got_dq);
+    for (int j = 0; j < T; j++)
+        kpos[j] = j;
+    for (int rank = 0; rank < CP; rank++) {
+        for (int i = 0; i < tq; i++)
+            qpos[i] = i < chunk ? rank * chunk + i : (2 * CP - 1 - rank) * chunk + (i - chunk);
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < tq; i++) {
+                size_t g = (size_t)b * T + qpos[i], l = (size_t)b * tq + i;
+                memcpy(lq + l * 3 * C, qkv + g * 3 * C, 3 * (size_t)C * sizeof(float));
+                memcpy(ldo + l * C, dout + g * C, (size_t)C * sizeof(float));
+                for (int e = 0; e < C; e++) {
+                    want_o[l * C + e] = r.out[g * C + e];
+                    want_dq[l * C + e] = r.dqkv[g * 3 * C + e];
+                    mag_o[l * C + e] = mg.out[g * C + e];
+                    mag_dq[l * C + e] = mg.dqkv[g * 3 * C + e];
+                }
+                for (int h = 0; h < NH; h++)
+                    want_l[((size_t)b * NH + h) * tq + i] = r.lse[((size_t)b * NH + h) * T + qpos[i]];
+            }
+        struct kernels_attention_cp a = {.b = B, .tq = tq, .tk = T, .c = C, .nh = NH, .ld = 3 * C,
+                                         .qpos = qpos, .kpos = kpos};
+        cr_assert_eq(k->attention_cp_forward(lo, ll, lq, qkv + C, qkv + 2 * C, &a), 0, "%s", error_message());
+        memset(ldq, 0, (size_t)B * tq * 3 * C * sizeof(float));
+        cr_assert_eq(k->attention_cp_backward(ldq, dkv + C, dkv + 2 * C, ldo, lq, qkv + C, qkv + 2 * C, lo, ll, &a),
+                     0, "%s", error_message());
+        for (size_t l = 0; l < (size_t)B * tq; l++)
+            memcpy(got_dq + l * C, ldq + l * 3 * C, (size_t)C * sizeof(float));
+        kt_check("cp lse", ll, want_l, (size_t)B * NH * tq, 2e-5, 2e-5);
+        if (bf16) {
+            check_mag("bf16 cp out", lo, want_o, mag_o, (size_t)B * tq * C);
+            check_mag("bf16 cp dq", got_dq, want_dq, mag_dq, (size_t)B * tq * C);
+        } else {
+            kt_check("cp out", lo, want_o, (size_t)B * tq * C, 2e-5, 1e-4);
+            kt_check("cp dq", got_dq, want_dq, (size_t)B * tq * C, 1e-4, 2e-4);
+        }
+    }
+    /* the key/value columns of the reference; its query columns are zero here as in dkv */
+    for (size_t row = 0; row < (size_t)B * T; row++)
+        for (int e = C; e < 3 * C; e++) {
+            want_dkv[row * 3 * C + e] = r.dqkv[row * 3 * C + e];
+            mag_dkv[row * 3 * C + e] = mg.dqkv[row * 3 * C + e];
+        }
+    if (bf16)
+        check_mag("bf16 cp dk dv summed over the group", dkv, want_dkv, mag_dkv, nq);
+    else
+        kt_check("cp dk dv summed over the group", dkv, want_dkv, nq, 1e-4, 2e-4);
+    cr_assert_eq(k->set_matmul_dtype(KERNELS_F32), 0);
+    free(rq), free(rdo), free(mg.out), free(mg.lse), free(mg.dqkv), free(mag_o), free(mag_dq), free(mag_dkv);
+    free(qkv), free(dout), free(r.out), free(r.lse), free(r.dqkv), free(kpos), free(qpos), free(lq), free(ldo);
+    free(lo), free(ll), free(ldq), free(dkv), free(want_o), free(want_l), free(want_dq), free(want_dkv), free(got_dq);
+}
+
+/* |got - want| <= 2^-7 mag + 1e-4 element by element (check_attention_bf16's bound). */
+static void check_mag(const char *what, const float *got, const double *want, const double *mag, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        double err = fabs((double)got[i] - want[i]), bound = 1.0 / 128 * mag[i] + 1e-4;
+        if (!(err <= bound))
+            cr_assert_fail("%s[%zu]: got %.9g, want %.9g (err %.3g > %.3g)", what, i, (double)got[i], want[i], err,
+                           bound);
+    }
+}
+
+static void check_attention_cp(int B, int T, int C, int NH, int CP, uint64_t seed)
+{
+    check_attention_cp_ex(B, T, C, NH, CP, seed, false);
+}
+
+Test(kernels_attention, context_parallel_bf16)
+{
+    check_attention_cp_ex(2, 20, 16, 2, 2, 54, true);
+    check_attention_cp_ex(2, 64, 128, 2, 4, 55, true);
+}
+
+Test(kernels_attention, context_parallel_chunks_match_full_attention)
+{
+    check_attention_cp(1, 8, 8, 2, 1, 50);
+    check_attention_cp(2, 20, 16, 2, 2, 51);
+    check_attention_cp(1, 30, 12, 3, 3, 52);
+    check_attention_cp(2, 64, 128, 2, 4, 53);
+}

@@ -3,6 +3,10 @@
 #include "wtest.h"
 
 #include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
 
 /* Token i of a test file is (i * 7 + 3) % mod, so a row's tokens reveal its offset. */
 static uint16_t tok(int64_t i, int mod) { return (uint16_t)((i * 7 + 3) % mod); }
@@ -25,6 +29,21 @@ static void make_llmc(const char *path, int64_t n, int32_t count, int mod)
     for (int64_t i = 0; i < n; i++) {
         uint16_t v = tok(i, mod);
         memcpy(buf + 1024 + 2 * i, &v, 2);
+    }
+    wtest_write_file(path, buf, len);
+    free(buf);
+}
+
+/* llm.c's Llama 3 variant: magic 20240801, version 7, uint32 tokens; token i is 70000 + tok(i, mod). */
+static void make_llmc_u32(const char *path, int64_t n, int32_t count, int32_t version, int mod)
+{
+    size_t len = 1024 + (size_t)n * 4;
+    uint8_t *buf = calloc(1, len);
+    int32_t head[3] = {DATA_LLMC_U32_MAGIC, version, count};
+    memcpy(buf, head, sizeof head);
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t v = 70000u + tok(i, mod);
+        memcpy(buf + 1024 + 4 * i, &v, 4);
     }
     wtest_write_file(path, buf, len);
     free(buf);
@@ -81,6 +100,37 @@ Test(data, nanogpt_detected_and_sequential_formula)
     check_rows_at(d, 7, 6, (7 * 8 + 6) * 16 % 984, T, 50000); /* 992 -> 8: first wrap-around */
     check_rows_at(d, 123456, 3, (123456LL * 8 + 3) * 16 % 984, T, 50000);
     data_close(d);
+}
+
+Test(data, llmc_u32_detected_and_checked)
+{
+    const int64_t N = 300, T = 8;
+    make_llmc_u32(path_a, N, (int32_t)N, DATA_LLMC_U32_VERSION, 1000);
+    struct data_options o = opts(T, 2, DATA_ORDER_SEQUENTIAL, 0);
+    o.vocab_size = 71000;
+    struct data_file *d;
+    cr_assert_eq(data_open(path_a, &o, &d), 0, "%s", error_message());
+    cr_assert_eq(data_format_of(d), DATA_FORMAT_LLMC_U32);
+    cr_assert_eq(data_num_tokens(d), N);
+    int32_t in[8], tg[8];
+    cr_assert_eq(data_get_rows(d, 3, 1, 1, in, tg), 0);
+    int64_t off = (3 * 2 + 1) * T;
+    for (int t = 0; t < T; t++) {
+        cr_assert_eq(in[t], 70000 + tok(off + t, 1000));
+        cr_assert_eq(tg[t], 70000 + tok(off + t + 1, 1000));
+    }
+    data_close(d);
+    /* every token is checked against vocab_size; version and count must agree */
+    o.vocab_size = 70900;
+    cr_assert_lt(data_open(path_a, &o, &d), 0);
+    cr_assert(strstr(error_message(), ">= vocab_size 70900"), "%s", error_message());
+    o.vocab_size = 71000;
+    make_llmc_u32(path_a, N, (int32_t)N + 1, DATA_LLMC_U32_VERSION, 1000);
+    cr_assert_lt(data_open(path_a, &o, &d), 0);
+    cr_assert(strstr(error_message(), "uint32 tokens"), "%s", error_message());
+    make_llmc_u32(path_a, N, (int32_t)N, 1, 1000);
+    cr_assert_lt(data_open(path_a, &o, &d), 0);
+    cr_assert(strstr(error_message(), "has version 1, expected 7"), "%s", error_message());
 }
 
 Test(data, llmc_detected_and_read_past_header)
@@ -255,4 +305,73 @@ Test(data, bad_files_rejected_with_their_names)
     make_llmc(p, 300, 300, 256);
     o.vocab_size = 255;
     expect_open_error(p, &o, FSDP_EINVAL, "token 255");
+}
+
+/* A token file truncated under a running job: the next read fails naming the file instead of dying of
+ * SIGBUS (the mapping's pages past the new end no longer exist). */
+Test(data, truncated_under_a_reader_is_an_error_naming_the_file)
+{
+    const int64_t N = 1 << 20, T = 64, B = 8;
+    make_nanogpt(path_a, N, 50000);
+    struct data_options o = opts(T, B, DATA_ORDER_SHUFFLED, 5);
+    struct data_file *d;
+    cr_assert_eq(data_open(path_a, &o, &d), 0, "%s", error_message());
+    int32_t in[8 * 64], tg[8 * 64];
+    cr_assert_eq(data_get_rows(d, 0, 0, B, in, tg), 0, "%s", error_message());
+    cr_assert_eq(truncate(path_a, 4096), 0);
+    int rc = 0;
+    for (int64_t s = 1; s < 50 && rc == 0; s++)
+        rc = data_get_rows(d, s, 0, B, in, tg);
+    cr_assert_eq(rc, FSDP_EIO, "reads after the truncation: %d", rc);
+    cr_assert(strstr(error_message(), path_a) && strstr(error_message(), "shrank"), "%s", error_message());
+    data_close(d);
+}
+
+struct truncator {
+    const char *path;
+    off_t full;
+    volatile int stop;
+};
+
+static void *truncate_loop(void *arg)
+{
+    struct truncator *t = arg;
+    while (!t->stop)
+        if (truncate(t->path, 0) != 0 || truncate(t->path, t->full) != 0)
+            break;
+    return NULL;
+}
+
+/* Truncations racing the reads (after a read's size check, before its copy): every read returns 0 or the
+ * error, none crashes. */
+Test(data, racing_truncation_never_crashes)
+{
+    const int64_t N = 1 << 20, T = 64, B = 8;
+    make_nanogpt(path_a, N, 50000);
+    struct data_options o = opts(T, B, DATA_ORDER_SHUFFLED, 5);
+    struct data_file *d;
+    cr_assert_eq(data_open(path_a, &o, &d), 0, "%s", error_message());
+    struct truncator t = {.path = path_a, .full = (off_t)N * 2};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, truncate_loop, &t), 0);
+    int32_t in[8 * 64], tg[8 * 64];
+    int ok = 0, failed = 0;
+    /* At least 20000 reads, and on a busy machine on until the truncating thread has had its turn. */
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int64_t s = 0;; s++) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (s >= 20000 && (failed > 0 || now.tv_sec - t0.tv_sec > 20))
+            break;
+        int rc = data_get_rows(d, s, 0, B, in, tg);
+        cr_assert(rc == 0 || rc == FSDP_EIO, "rc %d: %s", rc, error_message());
+        if (rc)
+            cr_assert(strstr(error_message(), path_a), "%s", error_message());
+        rc ? failed++ : ok++;
+    }
+    t.stop = 1;
+    pthread_join(th, NULL);
+    cr_log_info("racing truncation: %d reads ok, %d refused", ok, failed);
+    cr_assert_gt(failed, 0, "no read saw the truncation");
+    data_close(d);
 }

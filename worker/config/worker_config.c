@@ -98,7 +98,7 @@ static const struct config_key keys[] = {
      .help = "Order of the training windows (seeded by train.seed)"},
 
     /* [fsdp] */
-    {.section = "fsdp", .name = "enable", .type = CONFIG_BOOL, .def = "true", .flags = LIST("use_fsdp"),
+    {.section = "fsdp", .name = "enable", .type = CONFIG_BOOL, .def = "true", .flags = LIST("use_fsdp", "fsdp_enable"),
      .bare = "true", .help = "Shard parameters, gradients and optimizer state; false = replicate (DDP)"},
     {.section = "fsdp", .name = "version", .type = CONFIG_INT, .def = "2", .min = 1, .max = 2,
      .flags = LIST("fsdp_version"), .help = "1 = one flat buffer per unit; 2 = every parameter sharded on dim 0"},
@@ -109,6 +109,18 @@ static const struct config_key keys[] = {
      .flags = LIST("fsdp_sharding_strategy"), .help = "What is sharded and across which ranks (numbers as accelerate)"},
     {.section = "fsdp", .name = "hybrid_shard_size", .type = CONFIG_INT, .def = "0", .min = 0, .max = 1048576,
      .help = "HYBRID_*: ranks per shard group; 0 = the ranks of a node"},
+    {.section = "fsdp", .name = "context_parallel_size", .type = CONFIG_INT, .def = "1", .min = 1, .max = 65536,
+     .flags = LIST("context_parallel_size", "fsdp_context_parallel_size"),
+     .help = "Ranks that split each sequence (C); the world is data-parallel degree x C; needs FSDP2, "
+             "model.block_size divisible by 2C. C > 1 is checked, then refused: the engine does not split "
+             "sequences yet"},
+    {.section = "fsdp", .name = "context_parallel_comm_strategy", .type = CONFIG_ENUM, .def = "allgather",
+     .values = LIST("allgather", "alltoall"),
+     .value_aliases = ALIASES({"all_gather", "allgather"}, {"all-gather", "allgather"}, {"all_to_all", "alltoall"},
+                              {"all-to-all", "alltoall"}, {"ulysses", "alltoall"}),
+     .flags = LIST("context_parallel_comm_strategy", "fsdp_context_parallel_comm_strategy"),
+     .help = "allgather = keys/values gathered per layer; alltoall (Ulysses) = heads split across the group "
+             "(n_head divisible by C)"},
     {.section = "fsdp", .name = "reshard_after_forward", .type = CONFIG_BOOL, .def = "true",
      .flags = LIST("fsdp_reshard_after_forward"), .bare = "true",
      .help = "Free gathered parameters after forward and gather again in backward"},
@@ -120,7 +132,8 @@ static const struct config_key keys[] = {
      .flags = LIST("fsdp_auto_wrap_policy"), .help = "How the model is cut into FSDP units"},
     {.section = "fsdp", .name = "transformer_layer_cls_to_wrap", .type = CONFIG_STRING, .def = "DecoderBlock",
      .flags = LIST("fsdp_transformer_layer_cls_to_wrap"),
-     .help = "TRANSFORMER_BASED_WRAP: module class that becomes one unit"},
+     .help = "TRANSFORMER_BASED_WRAP: module classes (comma list; ours or Hugging Face's names, e.g. GPT2Block) "
+             "that become units; `fsdp-worker --detect-blocks` shows them"},
     {.section = "fsdp", .name = "min_num_params", .type = CONFIG_INT, .def = "100000", .min = 0, .max = 1e15,
      .flags = LIST("fsdp_min_num_params"), .help = "SIZE_BASED_WRAP: smallest unit, in parameters"},
     {.section = "fsdp", .name = "backward_prefetch", .type = CONFIG_ENUM, .def = "BACKWARD_PRE",
@@ -141,6 +154,10 @@ static const struct config_key keys[] = {
     {.section = "fsdp", .name = "offload_params", .type = CONFIG_BOOL, .def = "false",
      .flags = LIST("fsdp_offload_params"), .bare = "true",
      .help = "Keep parameter shards and optimizer state in host memory (GPU runs)"},
+    {.section = "fsdp", .name = "use_orig_params", .type = CONFIG_BOOL, .def = "true",
+     .flags = LIST("fsdp_use_orig_params"), .bare = "true",
+     .help = "Accepted for accelerate configs: parameters always keep their names, shapes and optimizer state "
+             "(FSDP2's behaviour), so false changes nothing"},
     {.section = "fsdp", .name = "mixed_precision", .type = CONFIG_ENUM, .def = "auto",
      .values = LIST("fp32", "bf16", "fp16", "auto"), .value_aliases = ALIASES(PRECISION_ALIASES),
      .flags = LIST("mixed_precision"), .help = "Dtype of gathered parameters and compute; auto = bf16 on GPU, fp32 on CPU"},
@@ -150,7 +167,9 @@ static const struct config_key keys[] = {
 
     /* [log] */
     {.section = "log", .name = "interval", .type = CONFIG_INT, .def = "10", .min = 1, .max = 1e12,
-     .flags = LIST("logging_steps"), .help = "Steps between metric lines"},
+     .flags = LIST("logging_steps"),
+     .help = "Steps between progress lines when output is not a terminal (a log, fsdp-launch's pipe; on a terminal "
+             "the line is redrawn every step); metrics.jsonl and TensorBoard get every step"},
     {.section = "log", .name = "dir", .type = CONFIG_PATH, .def = "./runs/<run_id>", .flags = LIST("logging_dir"),
      .help = "Metrics, TensorBoard events and each rank's run summary; <run_id> is replaced when the run starts"},
 
@@ -236,6 +255,8 @@ int worker_config_view(const struct config *cfg, struct worker_config *out)
     out->fsdp.version = (int)I(fsdp, version);
     out->fsdp.sharding_strategy = (enum worker_sharding)E(fsdp, sharding_strategy);
     out->fsdp.hybrid_shard_size = (int)I(fsdp, hybrid_shard_size);
+    out->fsdp.context_parallel_size = (int)I(fsdp, context_parallel_size);
+    out->fsdp.context_parallel_comm_strategy = (enum worker_cp_strategy)E(fsdp, context_parallel_comm_strategy);
     out->fsdp.reshard_after_forward = B(fsdp, reshard_after_forward);
     out->fsdp.auto_wrap_policy = (enum worker_wrap_policy)E(fsdp, auto_wrap_policy);
     copy_text(out->fsdp.transformer_layer_cls_to_wrap, cfg, "fsdp", "transformer_layer_cls_to_wrap");
@@ -291,5 +312,47 @@ int worker_config_validate(const struct worker_config *wc)
                          "fsdp.hybrid_shard_size (%d) applies only to fsdp.sharding_strategy HYBRID_SHARD or "
                          "HYBRID_SHARD_ZERO2; set it to 0 or change the strategy",
                          wc->fsdp.hybrid_shard_size);
+    return worker_config_validate_cp(wc);
+}
+
+/* Context parallelism's world-independent rules: every rank reads the same config, so every rank stops alike. */
+int worker_config_validate_cp(const struct worker_config *wc)
+{
+    int c = wc->fsdp.context_parallel_size;
+    if (c <= 1)
+        return 0;
+    if (!wc->fsdp.enable)
+        return error_set(FSDP_EINVAL,
+                         "Context parallelism requires FSDP2. fsdp.context_parallel_size = %d with fsdp.enable = false: "
+                         "set fsdp.enable = true and fsdp.version = 2, or context_parallel_size = 1",
+                         c);
+    if (wc->fsdp.version != 2)
+        return error_set(FSDP_EINVAL,
+                         "Context parallelism requires FSDP2. fsdp.context_parallel_size = %d with fsdp.version = %d: "
+                         "set fsdp.version = 2, or context_parallel_size = 1",
+                         c, wc->fsdp.version);
+    if (wc->fsdp.sharding_strategy == WORKER_NO_SHARD)
+        return error_set(FSDP_EINVAL,
+                         "fsdp.context_parallel_size = %d shards parameters over the whole mesh (data-parallel x "
+                         "context ranks), which fsdp.sharding_strategy = NO_SHARD forbids; use FULL_SHARD, "
+                         "SHARD_GRAD_OP, HYBRID_SHARD or HYBRID_SHARD_ZERO2, or context_parallel_size = 1",
+                         c);
+    if (wc->model.block_size % (2 * c) != 0) {
+        char ok[256] = "";
+        size_t len = 0;
+        for (int d = 1; 2 * d <= wc->model.block_size && len + 16 < sizeof ok; d++)
+            if (wc->model.block_size % (2 * d) == 0)
+                len += (size_t)snprintf(ok + len, sizeof ok - len, "%s%d", len ? ", " : "", d);
+        return error_set(FSDP_EINVAL,
+                         "model.block_size = %d is not divisible by 2 x fsdp.context_parallel_size = %d (each "
+                         "sequence is cut into 2C load-balanced chunks); use a block_size that is a multiple of %d%s%s",
+                         wc->model.block_size, 2 * c, 2 * c, len ? ", or context_parallel_size one of " : "", ok);
+    }
+    if (wc->fsdp.context_parallel_comm_strategy == WORKER_CP_ALLTOALL && wc->model.n_head % c != 0)
+        return error_set(FSDP_EINVAL,
+                         "fsdp.context_parallel_comm_strategy = alltoall splits the attention heads across the %d "
+                         "context ranks, but model.n_head = %d is not divisible by %d; use "
+                         "context_parallel_comm_strategy = allgather, or a context_parallel_size dividing %d",
+                         c, wc->model.n_head, c, wc->model.n_head);
     return 0;
 }

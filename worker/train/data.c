@@ -4,7 +4,11 @@
 #include "common/log.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -15,13 +19,79 @@ struct data_file {
     char *path;
     struct data_options opt;
     enum data_format format;
+    int fd; /* kept open: its size is checked before every read of the map */
     void *map;
     size_t map_len;
-    const uint16_t *tokens;
+    const void *tokens; /* uint16_t or, for DATA_FORMAT_LLMC_U32, uint32_t */
     int64_t n_tokens;
 };
 
-const char *data_format_name(enum data_format f) { return f == DATA_FORMAT_LLMC ? "llm.c" : "nanoGPT"; }
+/* A token file truncated under a running job turns reads of its mapping past the new end into SIGBUS.
+ * The size check before each read (data_check_size) names the file; a truncation between that check and
+ * the read is caught here: while a thread copies from a map, a SIGBUS inside that map jumps back to the
+ * copy's caller, which reports the file. Any other SIGBUS keeps its default action (a crash). */
+static _Thread_local struct {
+    sigjmp_buf env;
+    const char *lo, *hi; /* the map being read; lo == NULL outside a guarded read */
+} g_guard;
+
+static struct sigaction g_old_bus;
+
+static void on_sigbus(int sig, siginfo_t *si, void *uc)
+{
+    const char *at = si->si_addr;
+    if (g_guard.lo && at >= g_guard.lo && at < g_guard.hi) {
+        g_guard.lo = NULL;
+        siglongjmp(g_guard.env, 1);
+    }
+    /* Not ours: the previous disposition, or the default action when the faulting access runs again. */
+    if (g_old_bus.sa_flags & SA_SIGINFO && g_old_bus.sa_sigaction) {
+        g_old_bus.sa_sigaction(sig, si, uc);
+        return;
+    }
+    if (g_old_bus.sa_handler != SIG_DFL && g_old_bus.sa_handler != SIG_IGN && g_old_bus.sa_handler) {
+        g_old_bus.sa_handler(sig);
+        return;
+    }
+    signal(SIGBUS, SIG_DFL);
+}
+
+static void install_guard(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &g_old_bus);
+}
+
+static pthread_once_t g_guard_once = PTHREAD_ONCE_INIT;
+
+static int truncated_error(const struct data_file *d, const char *when)
+{
+    struct stat st;
+    long long now = fstat(d->fd, &st) == 0 ? (long long)st.st_size : -1;
+    return error_set(FSDP_EIO, "%s: the token file shrank from %zu to %lld bytes %s: a token file must not "
+                     "change while a job reads it (write a new file and point data.train_file at it)",
+                     d->path, d->map_len, now, when);
+}
+
+static int data_check_size(const struct data_file *d, const char *when)
+{
+    struct stat st;
+    if (fstat(d->fd, &st) != 0)
+        return error_set(FSDP_EIO, "%s: cannot stat the token file: %s", d->path, strerror(errno));
+    if ((size_t)st.st_size < d->map_len)
+        return truncated_error(d, when);
+    return 0;
+}
+
+const char *data_format_name(enum data_format f)
+{
+    return f == DATA_FORMAT_LLMC ? "llm.c" : f == DATA_FORMAT_LLMC_U32 ? "llm.c uint32" : "nanoGPT";
+}
+int data_format_token_bytes(enum data_format f) { return f == DATA_FORMAT_LLMC_U32 ? 4 : 2; }
 const char *data_path(const struct data_file *d) { return d->path; }
 enum data_format data_format_of(const struct data_file *d) { return d->format; }
 int64_t data_num_tokens(const struct data_file *d) { return d->n_tokens; }
@@ -61,15 +131,33 @@ int data_get_rows(const struct data_file *d, int64_t step, int64_t row_begin, in
         return error_set(FSDP_ERANGE, "%s: rows [%lld, %lld) of step %lld are outside the batch of %lld rows",
                          d->path, (long long)row_begin, (long long)(row_begin + row_count), (long long)step,
                          (long long)d->opt.batch_rows);
+    FSDP_TRY(data_check_size(d, "during training"));
     int64_t T = d->opt.block_size;
+    g_guard.lo = d->map;
+    g_guard.hi = (const char *)d->map + d->map_len;
+    if (sigsetjmp(g_guard.env, 1)) {
+        g_guard.lo = NULL;
+        return truncated_error(d, "during training");
+    }
     for (int64_t r = 0; r < row_count; r++) {
-        const uint16_t *src = d->tokens + data_row_offset(d, step, row_begin + r);
+        int64_t off = data_row_offset(d, step, row_begin + r);
         int32_t *in = inputs + r * T, *tg = targets + r * T;
-        for (int64_t t = 0; t < T; t++) {
-            in[t] = src[t];
-            tg[t] = src[t + 1];
+        if (d->format == DATA_FORMAT_LLMC_U32) {
+            /* data_scan checked every token < vocab_size <= INT32_MAX */
+            const uint32_t *src = (const uint32_t *)d->tokens + off;
+            for (int64_t t = 0; t < T; t++) {
+                in[t] = (int32_t)src[t];
+                tg[t] = (int32_t)src[t + 1];
+            }
+        } else {
+            const uint16_t *src = (const uint16_t *)d->tokens + off;
+            for (int64_t t = 0; t < T; t++) {
+                in[t] = src[t];
+                tg[t] = src[t + 1];
+            }
         }
     }
+    g_guard.lo = NULL;
     return 0;
 }
 
@@ -95,20 +183,22 @@ static int data_detect(struct data_file *d, size_t size)
     int32_t head[3] = {0, 0, 0};
     if (size >= 12)
         memcpy(head, bytes, sizeof head);
-    if (size >= 12 && head[0] == DATA_LLMC_MAGIC) {
-        size_t hdr = DATA_LLMC_HEADER_INTS * sizeof(int32_t);
-        if (head[1] != DATA_LLMC_VERSION)
-            return error_set(FSDP_EINVAL, "%s: llm.c header has version %d, expected %d", d->path, head[1],
-                             DATA_LLMC_VERSION);
+    if (size >= 12 && (head[0] == DATA_LLMC_MAGIC || head[0] == DATA_LLMC_U32_MAGIC)) {
+        bool u32 = head[0] == DATA_LLMC_U32_MAGIC;
+        int version = u32 ? DATA_LLMC_U32_VERSION : DATA_LLMC_VERSION;
+        size_t hdr = DATA_LLMC_HEADER_INTS * sizeof(int32_t), tb = u32 ? 4 : 2;
+        if (head[1] != version)
+            return error_set(FSDP_EINVAL, "%s: llm.c header (magic %d) has version %d, expected %d", d->path,
+                             head[0], head[1], version);
         if (size < hdr)
             return error_set(FSDP_EINVAL, "%s: llm.c magic found but the file (%zu bytes) is shorter than the "
                                           "%zu-byte header", d->path, size, hdr);
-        if (head[2] < 0 || (size - hdr) != (size_t)head[2] * 2)
+        if (head[2] < 0 || (size - hdr) != (size_t)head[2] * tb)
             return error_set(FSDP_EINVAL, "%s: llm.c header says %d tokens but the file holds %zu bytes of "
-                                          "tokens (%zu tokens): truncated or corrupt", d->path, head[2],
-                             size - hdr, (size - hdr) / 2);
-        d->format = DATA_FORMAT_LLMC;
-        d->tokens = (const uint16_t *)(bytes + hdr);
+                                          "uint%zu tokens (%zu tokens): truncated or corrupt", d->path, head[2],
+                             size - hdr, 8 * tb, (size - hdr) / tb);
+        d->format = u32 ? DATA_FORMAT_LLMC_U32 : DATA_FORMAT_LLMC;
+        d->tokens = bytes + hdr;
         d->n_tokens = head[2];
         return 0;
     }
@@ -116,28 +206,54 @@ static int data_detect(struct data_file *d, size_t size)
         return error_set(FSDP_EINVAL, "%s: odd size (%zu bytes) for a file of uint16 tokens: truncated or "
                                       "not a token file", d->path, size);
     d->format = DATA_FORMAT_NANOGPT;
-    d->tokens = (const uint16_t *)bytes;
+    d->tokens = bytes;
     d->n_tokens = (int64_t)(size / 2);
     return 0;
 }
 
 static int data_scan(const struct data_file *d)
 {
-    if (d->opt.vocab_size > UINT16_MAX)
-        return 0; /* every uint16 is a valid token */
-    uint16_t vocab = (uint16_t)d->opt.vocab_size;
-    /* Branch-free max over the file vectorises; the position is searched only on failure. */
-    uint16_t max = 0;
-    for (int64_t i = 0; i < d->n_tokens; i++)
-        max = d->tokens[i] > max ? d->tokens[i] : max;
-    if (max < vocab)
-        return 0;
     int64_t i = 0;
-    while (d->tokens[i] < vocab)
-        i++;
-    return error_set(FSDP_EINVAL, "%s: token %u at index %lld is >= vocab_size %lld (the file was made for "
+    uint64_t bad = 0;
+    if (d->format == DATA_FORMAT_LLMC_U32) {
+        const uint32_t *tok = d->tokens;
+        uint64_t vocab = (uint64_t)d->opt.vocab_size;
+        uint32_t max = 0;
+        for (int64_t k = 0; k < d->n_tokens; k++)
+            max = tok[k] > max ? tok[k] : max;
+        if (max < vocab)
+            return 0;
+        while (tok[i] < vocab)
+            i++;
+        bad = tok[i];
+    } else {
+        if (d->opt.vocab_size > UINT16_MAX)
+            return 0; /* every uint16 is a valid token */
+        const uint16_t *tok = d->tokens;
+        uint16_t vocab = (uint16_t)d->opt.vocab_size;
+        /* Branch-free max over the file vectorises; the position is searched only on failure. */
+        uint16_t max = 0;
+        for (int64_t k = 0; k < d->n_tokens; k++)
+            max = tok[k] > max ? tok[k] : max;
+        if (max < vocab)
+            return 0;
+        while (tok[i] < vocab)
+            i++;
+        bad = tok[i];
+    }
+    return error_set(FSDP_EINVAL, "%s: token %llu at index %lld is >= vocab_size %lld (the file was made for "
                                   "another tokenizer, or vocab_size is too small)", d->path,
-                     (unsigned)d->tokens[i], (long long)i, (long long)d->opt.vocab_size);
+                     (unsigned long long)bad, (long long)i, (long long)d->opt.vocab_size);
+}
+
+/* The format, the length and every token of a freshly mapped file (under the SIGBUS guard). */
+static int check_mapped(struct data_file *d, const struct data_options *opt)
+{
+    FSDP_TRY(data_detect(d, d->map_len));
+    if (d->n_tokens < opt->block_size + 1)
+        return error_set(FSDP_EINVAL, "%s: %lld tokens is too few: a row needs block_size + 1 = %lld tokens",
+                         d->path, (long long)d->n_tokens, (long long)opt->block_size + 1);
+    return data_scan(d);
 }
 
 int data_open(const char *path, const struct data_options *opt, struct data_file **out)
@@ -146,6 +262,8 @@ int data_open(const char *path, const struct data_options *opt, struct data_file
     FSDP_TRY(data_check_options(path, opt));
     int rc = 0, fd = -1;
     struct data_file *d = calloc(1, sizeof *d);
+    if (d)
+        d->fd = -1;
     if (!d || !(d->path = strdup(path))) {
         rc = error_set(FSDP_ENOMEM, "%s: out of memory", path);
         goto fail;
@@ -175,16 +293,20 @@ int data_open(const char *path, const struct data_options *opt, struct data_file
         rc = error_set(FSDP_EIO, "%s: cannot map %zu bytes: %s", path, d->map_len, strerror(errno));
         goto fail;
     }
-    close(fd);
+    d->fd = fd;
     fd = -1;
+    pthread_once(&g_guard_once, install_guard);
     madvise(d->map, d->map_len, MADV_SEQUENTIAL);
-    FSDP_TRY_GOTO(data_detect(d, d->map_len), rc, fail);
-    if (d->n_tokens < opt->block_size + 1) {
-        rc = error_set(FSDP_EINVAL, "%s: %lld tokens is too few: a row needs block_size + 1 = %lld tokens", path,
-                       (long long)d->n_tokens, (long long)opt->block_size + 1);
+    g_guard.lo = d->map;
+    g_guard.hi = (const char *)d->map + d->map_len;
+    if (sigsetjmp(g_guard.env, 1)) {
+        g_guard.lo = NULL;
+        rc = truncated_error(d, "while it was being checked");
         goto fail;
     }
-    FSDP_TRY_GOTO(data_scan(d), rc, fail);
+    int checked = check_mapped(d, opt);
+    g_guard.lo = NULL;
+    FSDP_TRY_GOTO(checked, rc, fail);
     /* Shuffled rows jump around: read-ahead beyond a row would be wasted I/O once the cache is cold. */
     madvise(d->map, d->map_len, opt->order == DATA_ORDER_SHUFFLED ? MADV_RANDOM : MADV_SEQUENTIAL);
     log_debug("%s: %s format, %lld tokens, %s order", path, data_format_name(d->format), (long long)d->n_tokens,
@@ -204,6 +326,8 @@ void data_close(struct data_file *d)
         return;
     if (d->map)
         munmap(d->map, d->map_len);
+    if (d->fd >= 0)
+        close(d->fd);
     free(d->path);
     free(d);
 }

@@ -26,6 +26,7 @@
 #include "worker/model/model.h"
 #include "worker/train/progress.h"
 #include "worker/train/run_summary.h"
+#include "worker/train/status_report.h"
 #include "worker/train/train.h"
 #include "worker/train/train_ckpt.h"
 
@@ -81,6 +82,8 @@ struct trainer {
     double peak_flops, flops_per_token;
     double last_loss, last_val;
     struct run_summary summary; /* every rank's end-of-run record */
+    struct status_report *status; /* the live record for fsdp-launch's status page (NULL without a store) */
+    int64_t last_val_step;
 };
 
 /* This rank's rows of the global batch of `step` in file d, micro-batch a. */
@@ -243,7 +246,7 @@ static int log_open(struct trainer *t, int64_t first_step)
         FSDP_TRY(fs_mkdir_p(t->logdir, "log.dir"));
         if (first_step > 0)
             FSDP_TRY(metrics_trim(t->logdir, first_step));
-        FSDP_TRY(metrics_open(t->logdir, first_step > 0, &t->met));
+        FSDP_TRY(metrics_open(t->logdir, first_step, &t->met));
     }
     t->peak_flops = peak_flops(t->k);
     const struct model_layout *l = model_get_layout(t->model);
@@ -256,14 +259,20 @@ static int log_open(struct trainer *t, int64_t first_step)
 static int log_step(struct trainer *t, const struct metrics_row *row)
 {
     t->last_loss = row->loss;
-    if (row->has_val)
+    if (row->has_val) {
         t->last_val = row->val_loss;
-    if (t->env->rank != 0)
-        return 0;
-    int rc = metrics_log(t->met, row);
+        t->last_val_step = row->step + 1;
+    }
     double mfu = t->peak_flops > 0
                      ? row->tokens_per_s * t->flops_per_token / (t->peak_flops * t->env->world_size)
                      : -1;
+    struct status_report_step sr = {.step = row->step + 1, .max_steps = t->wc->train.max_steps, .loss = row->loss,
+                                    .tokens_per_s = row->tokens_per_s, .mfu = mfu, .val_loss = t->last_val,
+                                    .val_step = t->last_val_step};
+    status_report_step(t->status, &sr, t->fsdp, row->has_val || row->step + 1 == t->wc->train.max_steps);
+    if (t->env->rank != 0)
+        return 0;
+    int rc = metrics_log(t->met, row);
     struct progress_stats ps = {.step = row->step, .loss = row->loss, .lr = row->lr, .grad_norm = row->grad_norm,
                                 .tokens_per_s = row->tokens_per_s, .mfu = mfu,
                                 .mem_bytes = (double)fsdp_get_mem(t->fsdp)->peak_total};
@@ -305,6 +314,8 @@ static int run_loop(struct trainer *t, int64_t first_step)
                                 .decay_steps = wc->train.max_steps};
     FSDP_TRY(lr_schedule_check(&sched));
     FSDP_TRY(log_open(t, first_step));
+    if (status_report_open(t->env->store, t->env->rank, t->env->restart_count, &t->status))
+        log_warn("no live status for fsdp-launch's status page: %s", error_message());
     double t_start = now_s();
     int rc = 0;
     for (int64_t s = first_step; s < wc->train.max_steps; s++) {
@@ -326,8 +337,24 @@ static int run_loop(struct trainer *t, int64_t first_step)
     }
     FSDP_TRY_GOTO(train_ckpt_maybe_save(&t->ckpt, t->fsdp, wc, t->env, wc->train.max_steps, true), rc, out);
 out:
+    status_report_close(t->status);
+    t->status = NULL;
     log_close(t, first_step, now_s() - t_start, rc == 0);
     return rc;
+}
+
+void train_model_config(const struct worker_config *wc, struct model_config *mc)
+{
+    model_config_default(mc);
+    mc->n_layer = wc->model.n_layer;
+    mc->n_head = wc->model.n_head;
+    mc->n_embd = wc->model.n_embd;
+    mc->vocab_size = wc->model.vocab_size;
+    mc->block_size = wc->model.block_size;
+    mc->init_std = (float)wc->model.init_std;
+    mc->seed = wc->model.seed;
+    mc->activation_checkpointing = wc->model.activation_checkpointing;
+    snprintf(mc->init_from, sizeof mc->init_from, "%s", wc->model.init_from);
 }
 
 int train_run(const struct worker_config *wc, const char *config_text, struct train_env *env)
@@ -350,16 +377,7 @@ int train_run(const struct worker_config *wc, const char *config_text, struct tr
     t.tokens_per_step = (double)wc->train.train_batch * wc->model.block_size;
 
     struct model_config mc;
-    model_config_default(&mc);
-    mc.n_layer = wc->model.n_layer;
-    mc.n_head = wc->model.n_head;
-    mc.n_embd = wc->model.n_embd;
-    mc.vocab_size = wc->model.vocab_size;
-    mc.block_size = wc->model.block_size;
-    mc.init_std = (float)wc->model.init_std;
-    mc.seed = wc->model.seed;
-    mc.activation_checkpointing = wc->model.activation_checkpointing;
-    snprintf(mc.init_from, sizeof mc.init_from, "%s", wc->model.init_from);
+    train_model_config(wc, &mc);
 
     size_t ntok = (size_t)wc->train.micro_batch * wc->model.block_size;
     t.inputs = malloc(ntok * sizeof *t.inputs);
