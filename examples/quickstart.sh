@@ -21,7 +21,7 @@ for arg in "$@"; do
 done
 
 PKGS="meson ninja-build pkg-config gcc libevent-dev nettle-dev libinih-dev libcriterion-dev libopenblas-dev
-      libopenblas0-openmp libcjson-dev libyaml-dev libpcre2-dev"
+      libopenblas0-openmp libcjson-dev libyaml-dev libpcre2-dev libdnnl-dev"
 if ! dpkg-query -W $PKGS >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq

@@ -95,7 +95,9 @@ struct fsdp_plan_info {
     int version, world_size;
     int shard_groups, shard_group_size;
     int data_parallel_size, context_parallel_size; /* the mesh: world_size = dp x cp */
-    const char *param_dtype, *reduce_dtype; /* "fp32", "bf16", "fp16": what the collectives and compute use */
+    const char *param_dtype, *reduce_dtype; /* "fp32", "bf16", "fp16": what the collectives use */
+    const char *compute_dtype; /* what the matmuls compute in: param_dtype where the device runs it natively
+                                  (CUDA; a CPU with bf16 instructions), else "fp32" */
     const char *backward_prefetch;          /* "BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH" */
     bool forward_prefetch, offload;
     int n_units;

@@ -126,6 +126,7 @@ static void add_plan(struct builder *b, cJSON *root, const struct fsdp *fs)
     num(b, p, "context_parallel_size", pi.context_parallel_size);
     str(b, p, "param_dtype", pi.param_dtype);
     str(b, p, "reduce_dtype", pi.reduce_dtype);
+    str(b, p, "compute_dtype", pi.compute_dtype);
     str(b, p, "backward_prefetch", pi.backward_prefetch);
     flag(b, p, "forward_prefetch", pi.forward_prefetch);
     flag(b, p, "offload", pi.offload);
