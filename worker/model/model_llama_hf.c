@@ -1,0 +1,108 @@
+/* Llama's Hugging Face entry: transformers' LlamaForCausalLM. Layout names are already Hugging Face's
+ * (model.embed_tokens.weight, model.layers.{i}.self_attn.q_proj.weight, ..., lm_head.weight when untied)
+ * and nn.Linear weights are stored (out, in) in both, so there is no prefix and no transpose. The rotary
+ * base is "rope_parameters": {"rope_theta"} in transformers 5 and a top-level "rope_theta" in 4.x: both
+ * are read and written. Keys the model computes one way only (SiLU, no biases, no rope scaling, the head
+ * size n_embd / n_head) must say so. */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "worker/model/model_hf_internal.h"
+
+static int llama_config_read(struct model_hf_json *j, struct model_config *c)
+{
+    static const char *const silu[] = {"silu", "swish", NULL};
+    static const char *const rope_default[] = {"default", NULL};
+    /* Defaults are transformers' LlamaConfig defaults, which from_pretrained would use for absent keys. */
+    FSDP_TRY(model_hf_json_setting(j, "model_family", "llama", "architectures"));
+    FSDP_TRY(model_hf_json_int(j, "num_hidden_layers", "n_layer", 32, 0, &c->n_layer));
+    FSDP_TRY(model_hf_json_int(j, "num_attention_heads", "n_head", 32, 0, &c->n_head));
+    FSDP_TRY(model_hf_json_int(j, "num_key_value_heads", "n_kv_head", c->n_head, 0, &c->n_kv_head));
+    FSDP_TRY(model_hf_json_int(j, "hidden_size", "n_embd", 4096, 0, &c->n_embd));
+    FSDP_TRY(model_hf_json_int(j, "intermediate_size", "intermediate_size", 11008, 0, &c->intermediate_size));
+    FSDP_TRY(model_hf_json_int(j, "vocab_size", "vocab_size", 32000, 0, &c->vocab_size));
+    FSDP_TRY(model_hf_json_int(j, "max_position_embeddings", "block_size", 2048, MODEL_HF_AT_MOST, &c->block_size));
+    FSDP_TRY(model_hf_json_float(j, "rms_norm_eps", "rms_norm_eps", 1e-6, 0, &c->rms_norm_eps));
+    FSDP_TRY(model_hf_json_bool(j, "tie_word_embeddings", "tie_word_embeddings", false, 0, &c->tie_word_embeddings));
+    FSDP_TRY(model_hf_json_float(j, "initializer_range", NULL, 0.02, 0, &c->init_std));
+    /* the rotary base: transformers 5's rope_parameters, else 4.x's top-level key */
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j->root, "rope_parameters");
+    if (cJSON_IsObject(rp)) {
+        char path[MODEL_PATH_MAX + 32];
+        snprintf(path, sizeof path, "%s (rope_parameters)", j->path);
+        struct model_hf_json sub = {.root = rp, .path = path, .out = j->out};
+        FSDP_TRY(model_hf_json_float(&sub, "rope_theta", "rope_theta", 10000.0, 0, &c->rope_theta));
+        FSDP_TRY(model_hf_json_expect_str(&sub, "rope_type", rope_default,
+                                          "fsdpc's Llama computes the default rotary embedding (no scaling)"));
+    } else {
+        FSDP_TRY(model_hf_json_float(j, "rope_theta", "rope_theta", 10000.0, 0, &c->rope_theta));
+        if (cJSON_GetObjectItemCaseSensitive(j->root, "rope_scaling") &&
+            !cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j->root, "rope_scaling")))
+            return error_set(FSDP_EUNSUPPORTED, "%s: \"rope_scaling\" is set, but fsdpc's Llama computes the default "
+                                                "rotary embedding (no scaling)",
+                             j->path);
+    }
+    FSDP_TRY(model_hf_json_expect_str(j, "hidden_act", silu, "fsdpc's Llama MLP is SwiGLU (\"silu\")"));
+    FSDP_TRY(model_hf_json_expect_bool(j, "attention_bias", false, "fsdpc's Llama has no biases"));
+    FSDP_TRY(model_hf_json_expect_bool(j, "mlp_bias", false, "fsdpc's Llama has no biases"));
+    int head_dim = 0;
+    if (c->n_head > 0)
+        FSDP_TRY(model_hf_json_int(j, "head_dim", NULL, c->n_embd / c->n_head, 0, &head_dim));
+    if (c->n_head > 0 && head_dim * c->n_head != c->n_embd)
+        return error_set(FSDP_EUNSUPPORTED,
+                         "%s: \"head_dim\" is %d, but fsdpc's Llama heads are hidden_size / num_attention_heads = %d "
+                         "wide",
+                         j->path, head_dim, c->n_embd / c->n_head);
+    return 0;
+}
+
+static int llama_config_write(const struct model_config *c, const struct model_hf_tokens *t, cJSON *o)
+{
+    /* LlamaConfig's 1 and 2 when the tokenizer says nothing; always inside the vocabulary */
+    int bos = t->bos >= 0 ? t->bos : (c->vocab_size > 1 ? 1 : 0);
+    int eos = t->eos >= 0 ? t->eos : (c->vocab_size > 2 ? 2 : c->vocab_size - 1);
+    cJSON *rp = cJSON_CreateObject();
+    bool ok = rp && model_hf_json_add_float(rp, "rope_theta", c->rope_theta) == 0 &&
+              cJSON_AddStringToObject(rp, "rope_type", "default") && cJSON_AddItemToObject(o, "rope_parameters", rp);
+    if (!ok)
+        cJSON_Delete(rp);
+    ok = ok && cJSON_AddBoolToObject(o, "attention_bias", false) && cJSON_AddNumberToObject(o, "attention_dropout", 0.0) &&
+         cJSON_AddNumberToObject(o, "bos_token_id", bos) && cJSON_AddNumberToObject(o, "eos_token_id", eos) &&
+         cJSON_AddNumberToObject(o, "head_dim", c->n_embd / c->n_head) && cJSON_AddStringToObject(o, "hidden_act", "silu") &&
+         cJSON_AddNumberToObject(o, "hidden_size", c->n_embd) &&
+         model_hf_json_add_float(o, "initializer_range", c->init_std) == 0 &&
+         cJSON_AddNumberToObject(o, "intermediate_size", c->intermediate_size) &&
+         cJSON_AddNumberToObject(o, "max_position_embeddings", c->block_size) &&
+         cJSON_AddBoolToObject(o, "mlp_bias", false) && cJSON_AddNumberToObject(o, "num_attention_heads", c->n_head) &&
+         cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layer) &&
+         cJSON_AddNumberToObject(o, "num_key_value_heads", c->n_kv_head) &&
+         model_hf_json_add_float(o, "rms_norm_eps", c->rms_norm_eps) == 0 &&
+         model_hf_json_add_float(o, "rope_theta", c->rope_theta) == 0 && cJSON_AddNullToObject(o, "rope_scaling") &&
+         cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings) &&
+         cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
+    return ok ? 0 : error_set(FSDP_ENOMEM, "out of memory");
+}
+
+/* The tied head when tied, and the rotary inv_freq buffer older transformers versions saved per layer. */
+static bool llama_ignored(const struct model_config *c, const char *name)
+{
+    if (c->tie_word_embeddings && strcmp(name, "lm_head.weight") == 0)
+        return true;
+    int i, n = 0;
+    if (sscanf(name, "model.layers.%d.self_attn.rotary_emb.inv_freq%n", &i, &n) != 1 || name[n] != '\0' || i < 0 ||
+        i >= c->n_layer)
+        return false;
+    char want[MODEL_NAME_MAX];
+    snprintf(want, sizeof want, "model.layers.%d.self_attn.rotary_emb.inv_freq", i);
+    return strcmp(name, want) == 0;
+}
+
+const struct model_hf_family model_llama_hf = {
+    .architecture = "LlamaForCausalLM",
+    .model_type = "llama",
+    .prefix = "",
+    .config_read = llama_config_read,
+    .config_write = llama_config_write,
+    .ignored = llama_ignored,
+};
