@@ -21,12 +21,13 @@
 
 #include "common/error.h"
 #include "kernels/kernels.h"
+#include "tests/util/tu_gpu.h"
 
 static const struct kernels *gpu(void)
 {
     const struct kernels *k = kernels_get("cuda");
     if (!k)
-        cr_skip_test("no CUDA device (or no CUDA kernels in this build): %s", error_message());
+        TU_GPU_UNAVAILABLE("no CUDA device (or no CUDA kernels in this build): %s", error_message());
     return k;
 }
 
