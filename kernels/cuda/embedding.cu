@@ -22,22 +22,24 @@ __global__ void embedding_forward_kernel(float *out, const int32_t *tokens, cons
     }
 }
 
-/* keys = tokens (a bad one becomes vocab: sorted last, skipped), values = row numbers. */
-__global__ void embedding_pairs_kernel(int32_t *keys, int32_t *rows_of, const int32_t *tokens, int rows, int vocab)
+/* keys = tokens (a bad one becomes vocab: sorted last, skipped), values = row numbers. Unsigned keys: the
+ * radix sort then looks at their low bits only, with no sign bit to mind. */
+__global__ void embedding_pairs_kernel(uint32_t *keys, int32_t *rows_of, const int32_t *tokens, int rows, int vocab)
 {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += gridDim.x * blockDim.x) {
         int tok = tokens[i];
-        keys[i] = tok >= 0 && tok < vocab ? tok : vocab;
+        keys[i] = (uint32_t)(tok >= 0 && tok < vocab ? tok : vocab);
         rows_of[i] = i;
     }
 }
 
 /* Block b handles the run of equal keys that starts at sorted position b (other blocks return at once). */
-__global__ void embedding_dwte_kernel(float *dwte, const float *dout, const int32_t *keys, const int32_t *rows_of,
+__global__ void embedding_dwte_kernel(float *dwte, const float *dout, const uint32_t *keys, const int32_t *rows_of,
                                       int rows, int c, int vocab)
 {
-    int b = blockIdx.x, tok = keys[b];
-    if (tok >= vocab || (b > 0 && keys[b - 1] == tok))
+    int b = blockIdx.x;
+    uint32_t tok = keys[b];
+    if (tok >= (uint32_t)vocab || (b > 0 && keys[b - 1] == tok))
         return;
     for (int j = threadIdx.x; j < c; j += blockDim.x) {
         float acc = dwte[(size_t)tok * c + j];
@@ -89,15 +91,15 @@ static int dwte_sorted(float *dwte, const float *dout, const int32_t *tokens, in
         end_bit++;
     size_t cub_bytes = 0;
     FSDP_TRY(cuda_check("embedding_backward",
-                        cub::DeviceRadixSort::SortPairs(NULL, cub_bytes, (const int32_t *)NULL, (int32_t *)NULL,
+                        cub::DeviceRadixSort::SortPairs(NULL, cub_bytes, (const uint32_t *)NULL, (uint32_t *)NULL,
                                                         (const int32_t *)NULL, (int32_t *)NULL, rows, 0, end_bit,
                                                         cuda_ctx.stream)));
     size_t arr = align256((size_t)rows * sizeof(int32_t));
     void *scratch;
     FSDP_TRY(cuda_scratch("embedding_backward", &scratch, 4 * arr + cub_bytes));
     char *base = (char *)scratch;
-    int32_t *keys = (int32_t *)base, *keys_sorted = (int32_t *)(base + arr), *rows_of = (int32_t *)(base + 2 * arr),
-            *rows_sorted = (int32_t *)(base + 3 * arr);
+    uint32_t *keys = (uint32_t *)base, *keys_sorted = (uint32_t *)(base + arr);
+    int32_t *rows_of = (int32_t *)(base + 2 * arr), *rows_sorted = (int32_t *)(base + 3 * arr);
     embedding_pairs_kernel<<<cuda_grid((size_t)rows), CUDA_THREADS, 0, cuda_ctx.stream>>>(keys, rows_of, tokens, rows,
                                                                                           vocab);
     FSDP_TRY(cuda_check_launch("embedding_backward"));
