@@ -539,6 +539,60 @@ Test(comm_serial, one_thread_runs_every_group_in_issue_order, .timeout = 60)
     assert_all_ok(2, st);
 }
 
+/* HYBRID_SHARD's pattern on the serial path: shard groups of pairs and replicate groups across them, split
+ * from the world; reduce-scatters and the previous round's all-reduces issued interleaved and
+ * asynchronously, waited for in another order. With one progress thread every rank runs them in its issue
+ * order, which is the same on all ranks, so nothing waits for a peer that is busy with the other group. */
+static int body_two_groups(struct rank_ctx *c)
+{
+    int r = c->rank, W = c->size, rc = 0;
+    struct comm *shard = NULL, *rep = NULL;
+    if (comm_split(c->comm, r / 2, r, &shard) != 0 || comm_split(c->comm, r % 2, r, &rep) != 0) {
+        fprintf(stderr, "rank %d: split: %s\n", r, error_message());
+        return 1;
+    }
+    enum { ROUNDS = 12 };
+    size_t n = 3001;
+    float *in = malloc(2 * n * sizeof(float)), *mid[ROUNDS] = {NULL};
+    for (size_t i = 0; i < 2 * n; i++)
+        in[i] = (float)((int)(i % 7) - 3) * (float)(r + 1);
+    struct comm_work *rs[ROUNDS], *ar[ROUNDS];
+    for (int i = 0; i < ROUNDS && !rc; i++) {
+        mid[i] = malloc(n * sizeof(float));
+        rc |= comm_reduce_scatter_async(shard, in, mid[i], n, COMM_F32, COMM_SUM, &rs[i]) != 0;
+        if (i > 0)
+            rc |= comm_work_wait(rs[i - 1]) != 0 ||
+                  comm_all_reduce_async(rep, mid[i - 1], mid[i - 1], n, COMM_F32, COMM_SUM, &ar[i - 1]) != 0;
+    }
+    rc |= rc || comm_work_wait(rs[ROUNDS - 1]) != 0 ||
+          comm_all_reduce_async(rep, mid[ROUNDS - 1], mid[ROUNDS - 1], n, COMM_F32, COMM_SUM, &ar[ROUNDS - 1]) != 0;
+    for (int i = ROUNDS - 1; i >= 0 && !rc; i--)
+        rc |= comm_work_wait(ar[i]) != 0;
+    double tri = (double)W * (W + 1) / 2;
+    for (int i = 0; i < ROUNDS && !rc; i++)
+        for (size_t j = 0; j < n && !rc; j++)
+            if (mid[i][j] != (float)(((int)(((size_t)(r % 2) * n + j) % 7) - 3) * tri)) {
+                fprintf(stderr, "rank %d round %d element %zu: %g\n", r, i, j, (double)mid[i][j]);
+                rc = 1;
+            }
+    if (rc)
+        fprintf(stderr, "rank %d: two groups: %s\n", r, error_message());
+    for (int i = 0; i < ROUNDS; i++)
+        free(mid[i]);
+    free(in);
+    comm_destroy(rep);
+    comm_destroy(shard);
+    return rc;
+}
+
+Test(comm_serial, two_groups_interleaved_world4, .timeout = 120)
+{
+    cr_assert_eq(setenv("FSDP_TEST_COMM_SERIAL", "1", 1), 0);
+    int st[MAX_RANKS];
+    run_ranks(4, body_two_groups, NULL, NULL, st);
+    assert_all_ok(4, st);
+}
+
 /* The same program without serial progress: the group of one finishes first (so the test above can fail). */
 Test(comm_serial, without_it_groups_progress_independently, .timeout = 60)
 {

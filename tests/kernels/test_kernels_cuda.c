@@ -472,6 +472,18 @@ Test(kernels_cuda, embedding_matches_cpu)
     cr_assert(strstr(error_message(), "embedding_backward"), "%s", error_message());
     cr_assert_eq(kg->embedding_backward(NULL, WPE.g, DO.g, tg, b, t, c, vocab), 0, "dwpe needs no token check");
     cr_assert_eq(kg->synchronize(), 0, "%s", error_message());
+    /* more checks queued than the context has slots for (256) before a synchronising call: the oldest are
+     * read on the way, and a bad one among the last is still reported */
+    tok[77] = 5;
+    cr_assert_eq(kg->mem_copy(tg, tok, sizeof tok, KERNELS_COPY_H2D), 0);
+    for (int i = 0; i < 300; i++)
+        cr_assert_eq(kg->embedding_forward(O.g, tg, WTE.g, WPE.g, b, t, c, vocab), 0, "call %d: %s", i,
+                     error_message());
+    tok[3] = -1;
+    cr_assert_eq(kg->mem_copy(tg, tok, sizeof tok, KERNELS_COPY_H2D), 0);
+    cr_assert_eq(kg->embedding_forward(O.g, tg, WTE.g, WPE.g, b, t, c, vocab), 0, "%s", error_message());
+    cr_assert_eq(kg->synchronize(), FSDP_ERANGE);
+    cr_assert(strstr(error_message(), "token -1 at position 3"), "%s", error_message());
     struct pair *all[] = {&WTE, &WPE, &O, &DO};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         pair_free(kc, kg, all[i]);
