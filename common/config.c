@@ -63,16 +63,28 @@ int config_find_key(const struct config_schema *schema, const char *name)
     return found;
 }
 
-int config_set_index(struct config *cfg, int k, const char *text, enum config_source source, int line)
+int config_set_index_origin(struct config *cfg, int k, const char *text, enum config_source source, int line,
+                            const char *origin)
 {
     const struct config_key *key = &cfg->schema->keys[k];
     struct config_value v;
     FSDP_TRY(config_value_parse(key, text, &v));
     v.source = source;
     v.line = line;
+    v.origin = NULL;
+    if (origin && !(v.origin = strdup(origin))) {
+        free(v.text);
+        return error_set(FSDP_ENOMEM, "out of memory setting %s.%s", key->section, key->name);
+    }
     free(cfg->values[k].text);
+    free(cfg->values[k].origin);
     cfg->values[k] = v;
     return 0;
+}
+
+int config_set_index(struct config *cfg, int k, const char *text, enum config_source source, int line)
+{
+    return config_set_index_origin(cfg, k, text, source, line, NULL);
 }
 
 int config_create(const struct config_schema *schema, struct config **out)
@@ -106,8 +118,10 @@ void config_destroy(struct config *cfg)
 {
     if (!cfg)
         return;
-    for (size_t i = 0; cfg->values && i < cfg->schema->n_keys; i++)
+    for (size_t i = 0; cfg->values && i < cfg->schema->n_keys; i++) {
         free(cfg->values[i].text);
+        free(cfg->values[i].origin);
+    }
     free(cfg->values);
     free(cfg->file);
     free(cfg);

@@ -57,7 +57,9 @@ struct config_schema {
 };
 
 /* Where a value came from, for error messages about conflicts and for --print-config debugging. */
-enum config_source { CONFIG_SRC_DEFAULT = 0, CONFIG_SRC_FILE, CONFIG_SRC_CLI, CONFIG_SRC_API };
+/* CONFIG_SRC_LAUNCH: given by the launcher (an accelerate YAML or fsdp-launch's own flags, passed in
+ * FSDP_LAUNCH_CONFIG; see config_apply_launch). */
+enum config_source { CONFIG_SRC_DEFAULT = 0, CONFIG_SRC_FILE, CONFIG_SRC_CLI, CONFIG_SRC_API, CONFIG_SRC_LAUNCH };
 
 struct config_value {
     char *text; /* canonical text (what --print-config writes); NULL = unset */
@@ -68,7 +70,8 @@ struct config_value {
         int e; /* index into values[] */
     } v;
     enum config_source source;
-    int line; /* CONFIG_SRC_FILE: 1-based line of the file */
+    int line;     /* CONFIG_SRC_FILE: 1-based line of the file */
+    char *origin; /* where the value came from in words ("run.ini:3", "command line"); NULL = default */
 };
 
 struct config {
@@ -87,6 +90,9 @@ int config_find_key(const struct config_schema *schema, const char *name);
 int config_find_section(const struct config_schema *schema, const char *name);
 /* Parses text for key index k and stores it (source/line recorded). Errors name the key and what is allowed. */
 int config_set_index(struct config *cfg, int k, const char *text, enum config_source source, int line);
+/* The same, recording origin (copied) for --print-config. */
+int config_set_index_origin(struct config *cfg, int k, const char *text, enum config_source source, int line,
+                            const char *origin);
 /* Sets "section.key" (or a flat flag name) from text, as the API source. */
 int config_set(struct config *cfg, const char *name, const char *text);
 
@@ -155,6 +161,20 @@ void config_cli_free(struct config_cli *cli);
 
 /* Writes every key's effective value in INI form; config_load_* reads it back to the same config. */
 int config_print_ini(const struct config *cfg, FILE *out);
+/* The same, with a comment line `; from ORIGIN` above every value that is not the default: what
+ * --print-config shows. Loads back to the same values. */
+int config_print_ini_origins(const struct config *cfg, FILE *out);
+
+/* --- config_launch.c: settings handed down by a launcher -------------------------------------------- */
+
+/* Which part of FSDP_LAUNCH_CONFIG to apply: the layer under the INI file (an accelerate YAML) or the one
+ * over it (the launcher's command line), so that YAML < INI < command line holds across programs. */
+enum config_launch_layer { CONFIG_LAUNCH_UNDER_FILE, CONFIG_LAUNCH_OVER_FILE };
+/* Applies one layer of a launcher's settings, JSON text
+ * {"under_file": [{"key": "fsdp.version", "value": "2", "origin": "acc.yaml:4 (fsdp_config.fsdp_version)"}],
+ *  "over_file": [...]}, with source CONFIG_SRC_LAUNCH. NULL or "" applies nothing. Errors name the key and
+ * the origin. */
+int config_apply_launch(struct config *cfg, const char *json, enum config_launch_layer layer);
 
 /* --- config_doc.c: reference docs ---------------------------------------------------------------- */
 

@@ -60,7 +60,11 @@ int config_print_markdown(const struct config_schema *schema, FILE *out)
             "and accept the aliases listed; booleans accept true/false, 1/0, yes/no, on/off.\n"
             "An unknown section or key, a bad value, a duplicate key or a line longer than %d characters\n"
             "is an error naming the file and line. `--print-config` prints the effective configuration\n"
-            "in INI form, which loads back unchanged. `--log_level=debug|info|warn|error` sets the log level.\n",
+            "in INI form, which loads back unchanged, each value that is not a default under a `; from ...`\n"
+            "line naming where it came from. `--log_level=debug|info|warn|error` sets the log level.\n\n"
+            "Under fsdp-launch, settings from an accelerate config (`--config_file`) apply under the file and\n"
+            "fsdp-launch's accelerate-style flags over it, before this program's own flags: YAML < INI <\n"
+            "command line ([launcher.md](launcher.md#one-order-of-precedence)).\n",
             CONFIG_MAX_LINE);
     for (size_t s = 0; s < schema->n_sections; s++) {
         const char *section = schema->sections[s].name;

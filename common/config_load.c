@@ -125,7 +125,9 @@ static int handler(void *user, const char *section, const char *name, const char
         return fail_at(ctx, FSDP_EINVAL, "duplicate key %s.%s: set on line %d and again on line %d",
                        key->section, key->name, ctx->seen_line[k], ctx->line);
     ctx->seen_line[k] = ctx->line;
-    int rc = config_set_index(ctx->cfg, k, value, CONFIG_SRC_FILE, ctx->line);
+    char origin[320];
+    snprintf(origin, sizeof origin, "%s:%d", ctx->name, ctx->line);
+    int rc = config_set_index_origin(ctx->cfg, k, value, CONFIG_SRC_FILE, ctx->line, origin);
     if (rc) {
         char why[1024];
         snprintf(why, sizeof why, "%s", error_message());

@@ -139,7 +139,7 @@ int config_cli_apply(const struct config_cli *cli, struct config *cfg)
 {
     for (int i = 0; i < cli->n_overrides; i++) {
         int k = cli->override_key[i];
-        int rc = config_set_index(cfg, k, cli->override_text[i], CONFIG_SRC_CLI, 0);
+        int rc = config_set_index_origin(cfg, k, cli->override_text[i], CONFIG_SRC_CLI, 0, "command line");
         if (rc) {
             char why[1024];
             snprintf(why, sizeof why, "%s", error_message());

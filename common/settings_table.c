@@ -153,6 +153,12 @@ static const struct setting table[SETTING_COUNT] = {
      .def_doc = "unset: one rank per visible GPU, at most 4", .readers = SETTING_BY_TESTS, .test_only = true,
      .doc = "Ranks of the NCCL tests (tests/comm/test_comm_nccl.c); rank r uses GPU r modulo the GPUs "
             "visible, so 2 on one GPU asks NCCL to put two ranks on one device."},
+
+    /* the launcher to the worker */
+    {.id = SETTING_LAUNCH_CONFIG, .name = "FSDP_LAUNCH_CONFIG", .type = SETTING_STRING, .format = "JSON",
+     .def_doc = "unset: none", .readers = SETTING_BY_WORKER, .launcher_sets = true,
+     .doc = "Worker settings from fsdp-launch's `--config_file` (accelerate YAML, applied under the INI file) "
+            "and its accelerate-style flags (applied over it); docs/launcher.md has the format."},
 };
 
 const struct setting *settings_entry(enum setting_id id)

@@ -104,6 +104,19 @@ int tfevents_encode_version(uint8_t *buf, size_t cap, double wall_time)
     return (int)o.len;
 }
 
+int tfevents_encode_session_start(uint8_t *buf, size_t cap, double wall_time, int64_t step)
+{
+    struct pb_out o = {buf, cap, 0, 0};
+    pb_event_head(&o, wall_time, step, 1);
+    pb_u8(&o, 0x3a); /* Event.session_log (field 7) */
+    pb_varint(&o, 2);
+    pb_u8(&o, 0x08); /* SessionLog.status = START (1) */
+    pb_u8(&o, 0x01);
+    if (o.overflow || o.len > INT_MAX)
+        return error_set(FSDP_ERANGE, "tfevents: session record does not fit in %zu bytes", cap);
+    return (int)o.len;
+}
+
 int tfevents_encode_scalars(uint8_t *buf, size_t cap, double wall_time, int64_t step, size_t n,
                             const char *const *tags, const float *values)
 {
@@ -190,6 +203,13 @@ out:
     if (buf != stack)
         free(buf);
     return rc;
+}
+
+int tfevents_write_session_start(struct tfevents_writer *w, double wall_time, int64_t step)
+{
+    uint8_t buf[64];
+    int len = tfevents_encode_session_start(buf, sizeof buf, wall_time, step);
+    return len < 0 ? len : tfevents_write_record(w, buf, (size_t)len);
 }
 
 static double tfevents_now(void)

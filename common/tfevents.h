@@ -17,6 +17,10 @@ struct tfevents_writer;
  * negative fsdp_error if cap is too small. */
 int tfevents_encode_scalars(uint8_t *buf, size_t cap, double wall_time, int64_t step, size_t n,
                             const char *const *tags, const float *values);
+/* Encodes an Event carrying SessionLog{status: START} at `step`: TensorBoard's readers then drop every
+ * record of an earlier file whose step is >= step (the steps a crashed run logged after its last checkpoint,
+ * which the resumed run logs again). */
+int tfevents_encode_session_start(uint8_t *buf, size_t cap, double wall_time, int64_t step);
 /* Encodes the first Event of every file: wall_time and file_version "brain.Event:2". */
 int tfevents_encode_version(uint8_t *buf, size_t cap, double wall_time);
 /* Frames `len` bytes of data as one record into out (cap >= len + TFEVENTS_FRAME_OVERHEAD); returns the
@@ -37,6 +41,8 @@ static inline int tfevents_write_scalar(struct tfevents_writer *w, double wall_t
 {
     return tfevents_write_scalars(w, wall_time, step, 1, &tag, &value);
 }
+/* Writes the SessionLog START record (tfevents_encode_session_start). */
+int tfevents_write_session_start(struct tfevents_writer *w, double wall_time, int64_t step);
 void tfevents_close(struct tfevents_writer *w);
 
 #endif

@@ -434,7 +434,8 @@ int agent_run(struct agent *ag)
         if (a->nnodes > 1)
             log_info("generation %d: all %d nodes joined in %.2f s; ranks %d..%d of %d", as.generation, a->nnodes,
                      mono_s() - t0, as.rank_base, as.rank_base + a->nproc_per_node - 1, as.world_size);
-        struct spawn_env env = {.program = ag->program, .host = ag->host, .master_port = rdzv_port(ag->r),
+        struct spawn_env env = {.program = ag->program, .argv = ag->argv, .launch_config = ag->launch_config,
+                                .host = ag->host, .master_port = rdzv_port(ag->r),
                                 .secret = ag->secret, .omp_threads = ag->omp_threads,
                                 .restart_count = as.generation};
         struct worker_group g;

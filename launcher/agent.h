@@ -12,6 +12,8 @@ struct agent {
     int sigfd;            /* signalfd for SIGCHLD and the forwarded signals */
     const char *host;
     const char *program;  /* resolved path */
+    char *const *argv;    /* the program's argv (launcher/command.h) */
+    const char *launch_config; /* FSDP_LAUNCH_CONFIG for the workers, NULL = none */
     const char *secret;   /* FSDP_RDZV_TOKEN given to workers, NULL = none */
     const char *omp_threads;
     int pending_signal;   /* a terminating signal received, 0 if none */

@@ -1,11 +1,14 @@
+/* fsdp-launch's configuration in the order of precedence: the command line (torchrun's and accelerate's
+ * flags; accelerate's fsdp-worker flags become worker settings), PET_*, the accelerate config file, SLURM,
+ * defaults, then the checks across options. What each option means is args_opts.c. */
 #include "launcher/args.h"
+#include "launcher/args_internal.h"
 
+#include <cjson/cJSON.h>
 #include <ctype.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <math.h>
-#include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,325 +17,10 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "launcher/accel_config.h"
 #include "launcher/slurm.h"
-
-enum opt_id {
-    O_NNODES, O_NODE_RANK, O_NPROC, O_MASTER_ADDR, O_MASTER_PORT, O_STANDALONE, O_MAX_RESTARTS,
-    O_MONITOR, O_RDZV_ID, O_RUN_ID, O_RDZV_TIMEOUT, O_LOG_DIR, O_REDIRECTS, O_TEE, O_FILTER, O_ROLE,
-    O_SHUTDOWN, O_LOG_LEVEL, O_RDZV_ENDPOINT, O_RDZV_BACKEND, O_HELP, O_COUNT
-};
-
-struct opt {
-    const char *name; /* canonical, `_` spelling */
-    bool has_value;
-    const char *help;
-};
-
-static const struct opt opts[O_COUNT] = {
-    [O_NNODES] = {"nnodes", true, "number of nodes (N or N:N)"},
-    [O_NODE_RANK] = {"node_rank", true, "this node's rank, 0..nnodes-1 (node 0 hosts the store)"},
-    [O_NPROC] = {"nproc_per_node", true, "workers per node: N, auto, cpu or gpu"},
-    [O_MASTER_ADDR] = {"master_addr", true, "address of node 0 (default 127.0.0.1)"},
-    [O_MASTER_PORT] = {"master_port", true, "store port on node 0 (default 29500; 0 = free port, printed)"},
-    [O_STANDALONE] = {"standalone", false, "one node, store on a free local port (printed)"},
-    [O_MAX_RESTARTS] = {"max_restarts", true, "restarts of the whole job after a failure (default 0)"},
-    [O_MONITOR] = {"monitor_interval", true, "seconds between store checks (default 0.1)"},
-    [O_RDZV_ID] = {"rdzv_id", true, "job id shared by all nodes (TORCHELASTIC_RUN_ID)"},
-    [O_RUN_ID] = {"run_id", true, "same as --rdzv_id"},
-    [O_RDZV_TIMEOUT] = {"rdzv_timeout", true, "seconds to wait for the store and for all nodes (default 900)"},
-    [O_LOG_DIR] = {"log_dir", true, "write <dir>/<run_id>/attempt_<n>/<local_rank>/{stdout,stderr}.log"},
-    [O_REDIRECTS] = {"redirects", true, "streams sent only to log files: 0 none, 1 out, 2 err, 3 both, or L:N,..."},
-    [O_TEE] = {"tee", true, "streams also echoed as '[rank N]:' lines: same syntax as --redirects"},
-    [O_FILTER] = {"local_ranks_filter", true, "comma list of local ranks whose output reaches the console"},
-    [O_ROLE] = {"role", true, "ROLE_NAME for the workers (default 'default')"},
-    [O_SHUTDOWN] = {"shutdown_timeout", true, "seconds between SIGTERM and SIGKILL at teardown (default 30)"},
-    [O_LOG_LEVEL] = {"log_level", true, "debug, info, warn or error (default info)"},
-    [O_RDZV_ENDPOINT] = {"rdzv_endpoint", true, "HOST[:PORT] of node 0: the same as --master_addr/--master_port"},
-    [O_RDZV_BACKEND] = {"rdzv_backend", true, "accepted for torchrun command lines (static, c10d); the store is always ours"},
-    [O_HELP] = {"help", false, "this text"},
-};
-
-void launch_args_usage(FILE *f)
-{
-    fprintf(f, "usage: fsdp-launch [FLAGS] [--] PROGRAM [ARGS...]\n"
-               "Starts nproc_per_node copies of PROGRAM on this node with torchrun's environment.\n"
-               "Flags (also --flag-name spelling, --flag=value, and PET_<FLAG_NAME> variables):\n");
-    for (int i = 0; i < O_COUNT; i++)
-        fprintf(f, "  --%-20s %s\n", opts[i].name, opts[i].help);
-}
-
-static int parse_int(const char *s, const char *src, long lo, long hi, int *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (!*s || *end || errno || v < lo || v > hi)
-        return error_set(FSDP_EINVAL, "%s: '%s' is not an integer in [%ld, %ld]", src, s, lo, hi);
-    *out = (int)v;
-    return 0;
-}
-
-static int parse_double(const char *s, const char *src, double lo, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (!*s || *end || errno || !isfinite(v) || v < lo)
-        return error_set(FSDP_EINVAL, "%s: '%s' is not a number >= %g", src, s, lo);
-    *out = v;
-    return 0;
-}
-
-static int copy_str(char *dst, size_t cap, const char *s, const char *src)
-{
-    if (strlen(s) >= cap)
-        return error_set(FSDP_EINVAL, "%s: value longer than %zu characters", src, cap - 1);
-    strcpy(dst, s);
-    return 0;
-}
-
-static int count_cpus(void)
-{
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0)
-        return CPU_COUNT(&set) > 0 ? CPU_COUNT(&set) : 1;
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
-
-/* The launcher does not link CUDA (it must start on machines without a driver), so GPUs are counted the
- * way the driver exposes them: CUDA_VISIBLE_DEVICES when set, else /dev/nvidiaN nodes. */
-static int count_gpus(void)
-{
-    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
-    if (vis) {
-        int n = 0;
-        for (const char *p = vis; *p;) {
-            const char *c = strchr(p, ',');
-            size_t len = c ? (size_t)(c - p) : strlen(p);
-            if (len > 0 && !(len == 2 && strncmp(p, "-1", 2) == 0))
-                n++;
-            else if (len == 2)
-                break; /* "-1" hides this and every later device */
-            p = c ? c + 1 : p + len;
-        }
-        return n;
-    }
-    int n = 0;
-    DIR *d = opendir("/dev");
-    if (!d)
-        return 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        const char *s = e->d_name;
-        if (strncmp(s, "nvidia", 6) == 0 && isdigit((unsigned char)s[6])) {
-            const char *q = s + 6;
-            while (isdigit((unsigned char)*q))
-                q++;
-            if (!*q)
-                n++;
-        }
-    }
-    closedir(d);
-    return n;
-}
-
-static int parse_nproc(const char *s, const char *src, int *out)
-{
-    if (strcmp(s, "cpu") == 0) {
-        *out = count_cpus();
-        return 0;
-    }
-    if (strcmp(s, "gpu") == 0) {
-        *out = count_gpus();
-        if (*out == 0)
-            return error_set(FSDP_EINVAL, "%s: 'gpu' asked for one worker per GPU, but this node shows no GPU "
-                             "(no /dev/nvidiaN, or CUDA_VISIBLE_DEVICES empty); use a number or 'cpu'", src);
-        return 0;
-    }
-    if (strcmp(s, "auto") == 0) {
-        int g = count_gpus();
-        *out = g > 0 ? g : count_cpus();
-        return 0;
-    }
-    int rc = parse_int(s, src, 1, LAUNCH_MAX_LOCAL, out);
-    if (rc)
-        return error_set(FSDP_EINVAL, "%s: '%s' is not a positive number of workers (1..%d), 'auto', 'cpu' or 'gpu'",
-                         src, s, LAUNCH_MAX_LOCAL);
-    return 0;
-}
-
-static int parse_bool(const char *s, const char *src, bool *out)
-{
-    if (!strcasecmp(s, "1") || !strcasecmp(s, "true") || !strcasecmp(s, "yes") || !strcasecmp(s, "on"))
-        *out = true;
-    else if (!strcasecmp(s, "0") || !strcasecmp(s, "false") || !strcasecmp(s, "no") || !strcasecmp(s, "off") ||
-             !*s)
-        *out = false;
-    else
-        return error_set(FSDP_EINVAL, "%s: '%s' is not a boolean (true/false)", src, s);
-    return 0;
-}
-
-/* Validates a torchrun Std spec; launch_std_mask relies on it being well formed. */
-static int check_std(const char *s, const char *src)
-{
-    if (strlen(s) == 1 && s[0] >= '0' && s[0] <= '3')
-        return 0;
-    const char *p = s;
-    while (*p) {
-        char *end;
-        long l = strtol(p, &end, 10);
-        if (end == p || *end != ':' || l < 0 || end[1] < '0' || end[1] > '3' || (end[2] && end[2] != ','))
-            return error_set(FSDP_EINVAL, "%s: '%s' is not 0, 1, 2, 3 or a LOCAL_RANK:N list like '0:3,1:2'", src,
-                             s);
-        p = end[2] ? end + 3 : end + 2;
-    }
-    return 0;
-}
-
-int launch_std_mask(const char *spec, int local_rank)
-{
-    if (!spec[0])
-        return 0;
-    if (!spec[1])
-        return spec[0] - '0';
-    for (const char *p = spec; *p;) {
-        char *end;
-        long l = strtol(p, &end, 10);
-        if (l == local_rank)
-            return end[1] - '0';
-        p = end[2] ? end + 3 : end + 2;
-    }
-    return 0;
-}
-
-bool launch_rank_shown(const struct launch_args *a, int local_rank)
-{
-    if (!a->local_ranks_filter[0])
-        return true;
-    for (const char *p = a->local_ranks_filter; *p;) {
-        char *end;
-        long l = strtol(p, &end, 10);
-        if (l == local_rank)
-            return true;
-        p = *end ? end + 1 : end;
-    }
-    return false;
-}
-
-static int check_filter(const char *s, const char *src)
-{
-    for (const char *p = s; *p;) {
-        char *end;
-        long l = strtol(p, &end, 10);
-        if (end == p || l < 0 || (*end && *end != ','))
-            return error_set(FSDP_EINVAL, "%s: '%s' is not a comma list of local ranks like '0,2'", src, s);
-        p = *end ? end + 1 : end;
-    }
-    return 0;
-}
-
-static int apply(struct launch_args *a, int id, const char *v, const char *src)
-{
-    switch (id) {
-    case O_NNODES: {
-        /* torchrun's elastic MIN:MAX form is accepted only when MIN == MAX: membership here is static. */
-        const char *colon = strchr(v, ':');
-        if (colon) {
-            char lo[32];
-            if ((size_t)(colon - v) >= sizeof lo || strcmp(colon + 1, "") == 0)
-                return error_set(FSDP_EINVAL, "%s: '%s' is not N or N:N", src, v);
-            snprintf(lo, sizeof lo, "%.*s", (int)(colon - v), v);
-            int a1 = 0, a2 = 0;
-            FSDP_TRY(parse_int(lo, src, 1, 1 << 20, &a1));
-            FSDP_TRY(parse_int(colon + 1, src, 1, 1 << 20, &a2));
-            if (a1 != a2)
-                return error_set(FSDP_EUNSUPPORTED, "%s: elastic '%s' (MIN != MAX) is not supported; give one node count",
-                                 src, v);
-            a->nnodes = a1;
-            return 0;
-        }
-        return parse_int(v, src, 1, 1 << 20, &a->nnodes);
-    }
-    case O_NODE_RANK: return parse_int(v, src, 0, 1 << 20, &a->node_rank);
-    case O_NPROC: return parse_nproc(v, src, &a->nproc_per_node);
-    case O_MASTER_ADDR:
-        if (!*v)
-            return error_set(FSDP_EINVAL, "%s: empty address", src);
-        return copy_str(a->master_addr, sizeof a->master_addr, v, src);
-    case O_MASTER_PORT: return parse_int(v, src, 0, 65535, &a->master_port);
-    case O_STANDALONE: return parse_bool(v, src, &a->standalone);
-    case O_MAX_RESTARTS: return parse_int(v, src, 0, 1000000, &a->max_restarts);
-    case O_MONITOR: {
-        int rc = parse_double(v, src, 0.001, &a->monitor_interval_s);
-        return rc;
-    }
-    case O_RDZV_ID:
-    case O_RUN_ID:
-        if (!*v || strchr(v, '/'))
-            return error_set(FSDP_EINVAL, "%s: '%s' must be non-empty and without '/'", src, v);
-        return copy_str(a->run_id, sizeof a->run_id, v, src);
-    case O_RDZV_TIMEOUT: return parse_double(v, src, 0.001, &a->rdzv_timeout_s);
-    case O_LOG_DIR: return copy_str(a->log_dir, sizeof a->log_dir, v, src);
-    case O_REDIRECTS:
-        FSDP_TRY(check_std(v, src));
-        return copy_str(a->redirects, sizeof a->redirects, v, src);
-    case O_TEE:
-        FSDP_TRY(check_std(v, src));
-        return copy_str(a->tee, sizeof a->tee, v, src);
-    case O_FILTER:
-        FSDP_TRY(check_filter(v, src));
-        return copy_str(a->local_ranks_filter, sizeof a->local_ranks_filter, v, src);
-    case O_ROLE:
-        if (!*v)
-            return error_set(FSDP_EINVAL, "%s: empty role", src);
-        return copy_str(a->role, sizeof a->role, v, src);
-    case O_SHUTDOWN: return parse_double(v, src, 0, &a->shutdown_timeout_s);
-    case O_LOG_LEVEL:
-        if (log_parse_level(v, &a->log_level))
-            return error_set(FSDP_EINVAL, "%s: '%s' is not debug, info, warn or error", src, v);
-        return 0;
-    case O_RDZV_ENDPOINT: {
-        /* HOST:PORT, HOST, or [V6]:PORT; a bare IPv6 address has several colons and no port. */
-        const char *colon = strrchr(v, ':');
-        const char *rb = strrchr(v, ']');
-        bool has_port = colon && (v[0] == '[' ? rb && colon == rb + 1 : strchr(v, ':') == colon);
-        char host[256];
-        size_t hlen = has_port ? (size_t)(colon - v) : strlen(v);
-        const char *h = v;
-        if (v[0] == '[' && rb) {
-            h = v + 1;
-            hlen = (size_t)(rb - v) - 1;
-        }
-        if (hlen == 0 || hlen >= sizeof host)
-            return error_set(FSDP_EINVAL, "%s: '%s' is not HOST[:PORT]", src, v);
-        snprintf(host, sizeof host, "%.*s", (int)hlen, h);
-        FSDP_TRY(copy_str(a->master_addr, sizeof a->master_addr, host, src));
-        return has_port ? parse_int(colon + 1, src, 0, 65535, &a->master_port) : 0;
-    }
-    case O_RDZV_BACKEND:
-        if (strcmp(v, "static") && strcmp(v, "c10d"))
-            return error_set(FSDP_EUNSUPPORTED, "%s: '%s' is not supported; fsdp-launch has one rendezvous (c10d-like, "
-                             "hosted by node 0): use static or c10d", src, v);
-        return 0;
-    default: return 0;
-    }
-}
-
-static int find_opt(const char *name, size_t len)
-{
-    char norm[64];
-    if (len >= sizeof norm)
-        return -1;
-    for (size_t i = 0; i < len; i++)
-        norm[i] = name[i] == '-' ? '_' : name[i];
-    norm[len] = 0;
-    for (int i = 0; i < O_COUNT; i++)
-        if (strcmp(opts[i].name, norm) == 0)
-            return i;
-    return -1;
-}
+#include "launcher/yaml_flat.h"
+#include "worker/config/worker_config.h"
 
 static void random_hex(char *out, size_t nbytes)
 {
@@ -349,7 +37,155 @@ static void random_hex(char *out, size_t nbytes)
         sprintf(out + 2 * i, "%02x", buf[i]);
 }
 
-static int apply_slurm(struct launch_args *a, bool set[O_COUNT])
+/* ---- state of one parse ---------------------------------------------------------------------------- */
+
+struct parse_state {
+    bool set[O_COUNT];
+    bool port_set;
+    int num_processes; /* accelerate's total; 0 = not given */
+};
+
+static void note(struct launch_args *a, int id, const char *value, const char *origin)
+{
+    launch_set_text(a->origins[id].text, sizeof a->origins[id].text, value);
+    launch_set_text(a->origins[id].origin, sizeof a->origins[id].origin, origin);
+}
+
+static int apply_noted(struct launch_args *a, struct parse_state *ps, int id, const char *v, const char *src,
+                       const char *origin)
+{
+    FSDP_TRY(launch_opt_apply(a, id, v, src, &ps->port_set, &ps->num_processes));
+    ps->set[id] = true;
+    note(a, id, v, origin);
+    return 0;
+}
+
+static int add_setting(struct launch_args *a, bool over_file, const char *key, const char *value, const char *origin)
+{
+    struct launch_setting *s = realloc(a->settings, (size_t)(a->n_settings + 1) * sizeof *s);
+    if (!s)
+        return error_set(FSDP_ENOMEM, "out of memory");
+    a->settings = s;
+    s = &a->settings[a->n_settings++];
+    memset(s, 0, sizeof *s);
+    s->over_file = over_file;
+    launch_set_text(s->key, sizeof s->key, key);
+    launch_set_text(s->value, sizeof s->value, value);
+    launch_set_text(s->origin, sizeof s->origin, origin);
+    return 0;
+}
+
+/* accelerate launch's flags for the worker: --use_fsdp/--fsdp_enable, --fsdp_*, --mixed_precision, --cpu.
+ * Returns 1 when arg is not one of them. */
+static int worker_flag(struct launch_args *a, int argc, char **argv, int *i)
+{
+    const char *arg = argv[*i];
+    const char *name = arg + 2;
+    size_t len = strcspn(name, "=");
+    char norm[128];
+    if (len >= sizeof norm)
+        return 1;
+    for (size_t k = 0; k < len; k++)
+        norm[k] = name[k] == '-' ? '_' : (char)tolower((unsigned char)name[k]);
+    norm[len] = 0;
+    if (strcmp(norm, "cpu") == 0) {
+        if (name[len] == '=') {
+            bool on;
+            if (launch_parse_bool(name + len + 1, "--cpu", &on))
+                return FSDP_EINVAL;
+            if (!on)
+                return 0;
+        }
+        return add_setting(a, true, "train.device", "cpu", "fsdp-launch --cpu");
+    }
+    if (strncmp(norm, "fsdp_", 5) != 0 && strcmp(norm, "use_fsdp") != 0 && strcmp(norm, "mixed_precision") != 0)
+        return 1;
+    const struct config_schema *schema = worker_config_schema();
+    int k = config_find_key(schema, norm);
+    if (k < 0 || strchr(norm, '.')) {
+        char near[300];
+        const char *s = config_suggest_key(schema, norm, near, sizeof near);
+        return error_set(FSDP_EINVAL, "unknown flag '--%s'%s%s%s (fsdp-launch --help lists the flags; fsdp-worker "
+                         "--help-config the worker settings)", norm, s ? "; did you mean '--" : "", s ? s : "",
+                         s ? "'?" : "");
+    }
+    const struct config_key *key = &schema->keys[k];
+    const char *value = name[len] == '=' ? name + len + 1 : NULL;
+    if (!value && *i + 1 < argc && strncmp(argv[*i + 1], "-", 1) != 0) {
+        /* The next argument is this flag's value unless the flag means something alone and the argument is
+         * not one of its values (then it is the program). */
+        struct config_value probe;
+        bool fits = config_value_parse(key, argv[*i + 1], &probe) == 0;
+        if (fits)
+            free(probe.text);
+        if (!key->bare || fits)
+            value = argv[++*i];
+    }
+    if (!value)
+        value = key->bare;
+    if (!value)
+        return error_set(FSDP_EINVAL, "--%s needs a value", norm);
+    struct config_value probe;
+    if (config_value_parse(key, value, &probe) != 0) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", error_message());
+        return error_set(FSDP_EINVAL, "--%s %s: %s (fsdp-worker's %s.%s)", norm, value, why, key->section, key->name);
+    }
+    free(probe.text);
+    char full[96], origin[160];
+    snprintf(full, sizeof full, "%s.%s", key->section, key->name);
+    snprintf(origin, sizeof origin, "fsdp-launch --%s", norm);
+    return add_setting(a, true, full, value, origin);
+}
+
+static int add_ignored(struct launch_args *a, const char *text)
+{
+    char **p = realloc(a->ignored, (size_t)(a->n_ignored + 1) * sizeof *p);
+    if (!p)
+        return error_set(FSDP_ENOMEM, "out of memory");
+    a->ignored = p;
+    if (!(a->ignored[a->n_ignored] = strdup(text)))
+        return error_set(FSDP_ENOMEM, "out of memory");
+    a->n_ignored++;
+    return 0;
+}
+
+/* The accelerate config: launch keys fill what the command line and PET_* left unset; worker keys become
+ * settings under the worker's INI file. */
+static int apply_config_file(struct launch_args *a, struct parse_state *ps)
+{
+    struct yaml_flat y;
+    int rc = yaml_flat_read(a->config_file, &y);
+    if (rc)
+        return rc;
+    struct accel_setting *s = NULL;
+    int n = 0;
+    rc = accel_config_classify(&y, a->config_file, &s, &n);
+    for (int i = 0; !rc && i < n; i++) {
+        char origin[256];
+        snprintf(origin, sizeof origin, "%.120s:%d (%.100s)", a->config_file, s[i].item->line, s[i].item->key);
+        if (s[i].use == ACCEL_WORKER) {
+            rc = add_setting(a, false, s[i].worker_key, s[i].value, origin);
+        } else if (s[i].use == ACCEL_LAUNCH) {
+            int id = launch_opt_find(s[i].launch_flag, strlen(s[i].launch_flag));
+            if (id < 0)
+                rc = error_set(FSDP_EINVAL, "internal: no launch flag %s", s[i].launch_flag);
+            else if (!ps->set[id] && !(id == O_NPROC && ps->set[O_NUM_PROCESSES]) &&
+                     !(id == O_NUM_PROCESSES && ps->set[O_NPROC]) &&
+                     !((id == O_MASTER_ADDR || id == O_MASTER_PORT) && ps->set[O_RDZV_ENDPOINT]))
+                rc = apply_noted(a, ps, id, s[i].value, origin, origin);
+        } else {
+            char text[512];
+            snprintf(text, sizeof text, "%s (line %d): %s", s[i].item->key, s[i].item->line, s[i].why);
+            rc = add_ignored(a, text);
+        }
+    }
+    free(s);
+    yaml_flat_free(&y);
+    return rc;
+}
+
+static int apply_slurm(struct launch_args *a, struct parse_state *ps)
 {
     if (!getenv("SLURM_JOB_ID"))
         return 0;
@@ -362,31 +198,56 @@ static int apply_slurm(struct launch_args *a, bool set[O_COUNT])
         FSDP_TRY(slurm_expand_nodelist(nl, &hosts, &n));
         a->slurm_hosts = hosts;
         a->slurm_nhosts = (int)n;
-        if (!set[O_MASTER_ADDR] && !set[O_RDZV_ENDPOINT] && !a->standalone) {
-            FSDP_TRY(copy_str(a->master_addr, sizeof a->master_addr, hosts[0], "SLURM_JOB_NODELIST"));
-            set[O_MASTER_ADDR] = true;
-        }
+        if (!ps->set[O_MASTER_ADDR] && !ps->set[O_RDZV_ENDPOINT] && !a->standalone)
+            FSDP_TRY(apply_noted(a, ps, O_MASTER_ADDR, hosts[0], "SLURM_JOB_NODELIST", "SLURM_JOB_NODELIST (first host)"));
     }
     const char *nn = getenv("SLURM_JOB_NUM_NODES");
     if (!nn)
         nn = getenv("SLURM_NNODES");
-    if (nn && !set[O_NNODES] && !a->standalone) {
-        FSDP_TRY(parse_int(nn, "SLURM_JOB_NUM_NODES", 1, 1 << 20, &a->nnodes));
-        set[O_NNODES] = true;
+    if (nn && !ps->set[O_NNODES] && !a->standalone) {
+        FSDP_TRY(apply_noted(a, ps, O_NNODES, nn, "SLURM_JOB_NUM_NODES", "SLURM_JOB_NUM_NODES"));
     }
     const char *nid = getenv("SLURM_NODEID");
-    if (nid && !set[O_NODE_RANK] && !a->standalone) {
-        FSDP_TRY(parse_int(nid, "SLURM_NODEID", 0, 1 << 20, &a->node_rank));
-        set[O_NODE_RANK] = true;
+    if (nid && !ps->set[O_NODE_RANK] && !a->standalone) {
+        FSDP_TRY(apply_noted(a, ps, O_NODE_RANK, nid, "SLURM_NODEID", "SLURM_NODEID"));
     }
-    if (!set[O_RDZV_ID] && !set[O_RUN_ID]) {
-        FSDP_TRY(copy_str(a->run_id, sizeof a->run_id, getenv("SLURM_JOB_ID"), "SLURM_JOB_ID"));
-        set[O_RDZV_ID] = true;
+    if (!ps->set[O_RDZV_ID] && !ps->set[O_RUN_ID]) {
+        FSDP_TRY(apply_noted(a, ps, O_RDZV_ID, getenv("SLURM_JOB_ID"), "SLURM_JOB_ID", "SLURM_JOB_ID"));
     }
     return 0;
 }
 
-int launch_args_parse(int argc, char **argv, struct launch_args *a)
+/* accelerate's --num_processes counts the workers of the whole job. */
+static int reconcile_num_processes(struct launch_args *a, struct parse_state *ps)
+{
+    if (!ps->set[O_NUM_PROCESSES])
+        return 0;
+    int total = ps->num_processes;
+    if (ps->set[O_NPROC]) {
+        if (a->nproc_per_node * a->nnodes != total)
+            return error_set(FSDP_EINVAL,
+                             "num_processes %d (%s) disagrees with nproc_per_node %d x nnodes %d (%s): num_processes "
+                             "counts the workers of all nodes; give one of the two",
+                             total, a->origins[O_NUM_PROCESSES].origin, a->nproc_per_node, a->nnodes,
+                             a->origins[O_NPROC].origin);
+        return 0;
+    }
+    if (total % a->nnodes != 0)
+        return error_set(FSDP_EINVAL,
+                         "num_processes %d (%s) is not a multiple of nnodes %d: every node runs the same number of "
+                         "workers",
+                         total, a->origins[O_NUM_PROCESSES].origin, a->nnodes);
+    a->nproc_per_node = total / a->nnodes;
+    char text[32], origin[400];
+    snprintf(text, sizeof text, "%d", a->nproc_per_node);
+    snprintf(origin, sizeof origin, "%.256s: num_processes %d / nnodes %d", a->origins[O_NUM_PROCESSES].origin, total,
+             a->nnodes);
+    note(a, O_NPROC, text, origin);
+    ps->set[O_NPROC] = true;
+    return 0;
+}
+
+static void set_defaults(struct launch_args *a)
 {
     memset(a, 0, sizeof *a);
     a->nnodes = 1;
@@ -398,8 +259,15 @@ int launch_args_parse(int argc, char **argv, struct launch_args *a)
     a->shutdown_timeout_s = 30;
     strcpy(a->role, "default");
     a->log_level = log_get_level();
-    bool set[O_COUNT] = {0};
+    static const int def_signals[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+    for (size_t i = 0; i < sizeof def_signals / sizeof def_signals[0]; i++)
+        a->signals[a->n_signals++] = def_signals[i];
+    a->mode = LAUNCH_AUTO;
+    a->rdzv_is_host = -1;
+}
 
+static int parse_command_line(int argc, char **argv, struct launch_args *a, struct parse_state *ps, int *first_prog)
+{
     int i = 1;
     for (; i < argc; i++) {
         const char *arg = argv[i];
@@ -409,12 +277,28 @@ int launch_args_parse(int argc, char **argv, struct launch_args *a)
         }
         if (arg[0] != '-' || !arg[1])
             break;
-        const char *name = arg + (arg[1] == '-' ? 2 : 1);
-        const char *eq = strchr(name, '=');
-        size_t len = eq ? (size_t)(eq - name) : strlen(name);
-        int id = find_opt(name, len);
-        if (strcmp(arg, "-h") == 0)
-            id = O_HELP;
+        int id;
+        const char *eq = NULL;
+        if (arg[1] != '-') {
+            /* torchrun's short flags: -m, -r V, -t V (also -rV), and -h. */
+            id = launch_opt_find_short(arg[1]);
+            if (id >= 0 && arg[2])
+                eq = arg + 1; /* value glued on: -r3 */
+            if (id >= 0 && arg[2] && launch_opts[id].kind == K_BOOL)
+                id = -1;
+        } else {
+            const char *name = arg + 2;
+            eq = strchr(name, '=');
+            id = launch_opt_find(name, eq ? (size_t)(eq - name) : strlen(name));
+        }
+        if (id < 0 && arg[1] == '-') {
+            int rc = worker_flag(a, argc, argv, &i);
+            if (rc <= 0) {
+                if (rc)
+                    return rc;
+                continue;
+            }
+        }
         if (id < 0)
             return error_set(FSDP_EINVAL, "unknown flag '%s' (fsdp-launch --help lists the flags)", arg);
         if (id == O_HELP) {
@@ -422,45 +306,77 @@ int launch_args_parse(int argc, char **argv, struct launch_args *a)
             return 1;
         }
         char src[96];
-        snprintf(src, sizeof src, "--%s", opts[id].name);
+        snprintf(src, sizeof src, "--%s", launch_opts[id].name);
         const char *val;
-        if (!opts[id].has_value)
+        if (launch_opts[id].kind != K_VALUE)
             val = eq ? eq + 1 : "true";
         else if (eq)
             val = eq + 1;
         else if (i + 1 < argc)
             val = argv[++i];
         else
-            return error_set(FSDP_EINVAL, "%s needs a value (%s)", src, opts[id].help);
-        FSDP_TRY(apply(a, id, val, src));
-        set[id] = true;
+            return error_set(FSDP_EINVAL, "%s needs a value (%s)", src, launch_opts[id].help);
+        FSDP_TRY(apply_noted(a, ps, id, val, src, src));
     }
-    a->prog_argv = argv + i;
-    a->prog_argc = argc - i;
+    *first_prog = i;
+    return 0;
+}
 
-    /* PET_* come from torchrun-style wrappers (Kubeflow, TorchX); flags given on the command line win. */
+/* PET_* come from torchrun-style wrappers (Kubeflow, TorchX); flags given on the command line win. */
+static int parse_pet(struct launch_args *a, struct parse_state *ps)
+{
     for (int id = 0; id < O_COUNT; id++) {
-        if (set[id] || id == O_HELP)
+        if (ps->set[id] || id == O_HELP || id == O_PRINT_CONFIG)
             continue;
         char env[64] = "PET_";
-        for (size_t k = 0; opts[id].name[k] && k + 5 < sizeof env; k++)
-            env[4 + k] = (char)toupper((unsigned char)opts[id].name[k]);
+        for (size_t k = 0; launch_opts[id].name[k] && k + 5 < sizeof env; k++)
+            env[4 + k] = (char)toupper((unsigned char)launch_opts[id].name[k]);
         const char *v = getenv(env);
         if (!v)
             continue;
-        FSDP_TRY(apply(a, id, v, env));
-        set[id] = true;
+        if (launch_opts[id].kind == K_BOOL && !*v)
+            continue;
+        FSDP_TRY(apply_noted(a, ps, id, v, env, env));
     }
+    return 0;
+}
 
-    FSDP_TRY(apply_slurm(a, set));
-
+static int finish(struct launch_args *a, struct parse_state *ps)
+{
+    if (!a->python[0]) {
+        const char *pe = getenv("PYTHON_EXEC");
+        launch_set_text(a->python, sizeof a->python, pe && *pe ? pe : "python3");
+        note(a, O_PYTHON, a->python, pe && *pe ? "PYTHON_EXEC" : "");
+    }
+    if (!ps->set[O_PREFIX_TEMPLATE]) {
+        /* torchrun reads this when --log_line_prefix_template is not given. */
+        const char *t = getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+        if (t && *t)
+            FSDP_TRY(apply_noted(a, ps, O_PREFIX_TEMPLATE, t, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
+                                 "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"));
+    }
+    if (!ps->set[O_SHUTDOWN]) {
+        /* torchrun reads this when --shutdown_timeout is not given. */
+        const char *st = getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+        if (st && *st) {
+            FSDP_TRY(apply_noted(a, ps, O_SHUTDOWN, st, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"));
+        }
+    }
     if (a->standalone) {
-        if (set[O_NNODES] && a->nnodes != 1)
+        if (ps->set[O_NNODES] && a->nnodes != 1)
             return error_set(FSDP_EINVAL, "--standalone runs one node, but --nnodes is %d", a->nnodes);
         a->nnodes = 1;
         a->node_rank = 0;
         strcpy(a->master_addr, "127.0.0.1");
         a->master_port = 0;
+        note(a, O_MASTER_PORT, "0", "--standalone (a free port)");
+    }
+    FSDP_TRY(reconcile_num_processes(a, ps));
+    if (!ps->port_set && !ps->set[O_RDZV_ENDPOINT] && !a->standalone && a->nnodes == 1) {
+        /* torchrun: one node and no port given means a store on a free port, so two jobs on one machine never
+         * collide. */
+        a->master_port = 0;
+        note(a, O_MASTER_PORT, "0", "one node, no port given: a free port");
     }
     if (!a->run_id[0]) {
         /* All nodes must agree on the run id, so a random one only suits a single node. */
@@ -472,12 +388,48 @@ int launch_args_parse(int argc, char **argv, struct launch_args *a)
     if (a->node_rank >= a->nnodes)
         return error_set(FSDP_ERANGE, "--node_rank %d is out of range: --nnodes is %d, so node ranks are 0..%d",
                          a->node_rank, a->nnodes, a->nnodes - 1);
+    for (int k = 0; k < 2; k++)
+        if (a->dup_filters[k][0] && !a->log_dir[0])
+            return error_set(FSDP_EINVAL, "--duplicate_%s_filters needs --log_dir: the matching lines go to "
+                             "<log_dir>/<run_id>/attempt_<n>/filtered_%s.log", k ? "stderr" : "stdout",
+                             k ? "stderr" : "stdout");
+    if (a->rdzv_is_host >= 0 && a->rdzv_is_host != (a->node_rank == 0))
+        return error_set(FSDP_EINVAL, "--rdzv_conf is_host=%s: the store is hosted by node 0, and this is node %d",
+                         a->rdzv_is_host ? "true" : "false", a->node_rank);
     if (a->master_port == 0 && a->node_rank != 0)
         return error_set(FSDP_EINVAL, "--master_port 0 (pick a free port) only works on node 0; node %d must be "
                          "given the port node 0 printed", a->node_rank);
-    if (a->prog_argc == 0)
+    if (a->nnodes > 1 && !ps->set[O_NODE_RANK] && ps->set[O_RDZV_BACKEND] &&
+        strcmp(a->origins[O_RDZV_BACKEND].text, "c10d") == 0)
+        return error_set(FSDP_EINVAL,
+                         "--rdzv_backend c10d with %d nodes: torchrun would number the nodes in the order they join; "
+                         "fsdp-launch's rendezvous needs each node's --node_rank (0 on the node at the endpoint, "
+                         "which hosts the store)",
+                         a->nnodes);
+    if (a->mode == LAUNCH_MODULE && a->prog_argc == 0)
+        return error_set(FSDP_EINVAL, "--module needs a module name: fsdp-launch -m MODULE [ARGS...]");
+    if (a->prog_argc == 0 && !a->print_config)
         return error_set(FSDP_EINVAL, "no program to run: usage fsdp-launch [FLAGS] [--] PROGRAM [ARGS...]");
     return 0;
+}
+
+int launch_args_parse(int argc, char **argv, struct launch_args *a)
+{
+    set_defaults(a);
+    struct parse_state ps = {0};
+    int first = argc;
+    int rc = parse_command_line(argc, argv, a, &ps, &first);
+    if (rc)
+        return rc;
+    a->prog_argv = argv + first;
+    a->prog_argc = argc - first;
+    if ((rc = parse_pet(a, &ps)))
+        return rc;
+    if (a->config_file[0] && (rc = apply_config_file(a, &ps)))
+        return rc;
+    if ((rc = apply_slurm(a, &ps)))
+        return rc;
+    return finish(a, &ps);
 }
 
 void launch_args_free(struct launch_args *a)
@@ -485,4 +437,13 @@ void launch_args_free(struct launch_args *a)
     if (a->slurm_hosts)
         slurm_free_hosts(a->slurm_hosts, (size_t)a->slurm_nhosts);
     a->slurm_hosts = NULL;
+    free(a->settings);
+    a->settings = NULL;
+    a->n_settings = 0;
+    for (int i = 0; i < a->n_ignored; i++)
+        free(a->ignored[i]);
+    free(a->ignored);
+    a->ignored = NULL;
+    a->n_ignored = 0;
 }
+

@@ -13,6 +13,8 @@
 #include "common/settings.h"
 #include "launcher/agent.h"
 #include "launcher/args.h"
+#include "launcher/command.h"
+#include "launcher/wizard.h"
 #include "launcher/workers.h"
 #include "rendezvous/rendezvous.h"
 
@@ -36,6 +38,8 @@ static double heartbeat_timeout(double wanted, double monitor_interval)
 int main(int argc, char **argv)
 {
     log_init("fsdp-launch");
+    if (argc > 1 && strcmp(argv[1], "config") == 0)
+        return wizard_main(argc - 1, argv + 1);
     struct launch_args a;
     int rc = launch_args_parse(argc, argv, &a);
     if (rc == 1)
@@ -46,32 +50,54 @@ int main(int argc, char **argv)
         return 2;
     }
     log_set_level(a.log_level);
-    char program[PATH_MAX];
-    if (workers_find_program(a.prog_argv[0], program, sizeof program)) {
+    if (a.print_config) {
+        rc = launch_args_print(&a, stdout, a.print_config_json);
+        if (rc)
+            log_error("%s", error_message());
+        launch_args_free(&a);
+        return rc ? 1 : 0;
+    }
+    if (a.n_ignored) {
+        /* Once, by this launcher (not by every worker). */
+        char list[4096];
+        size_t n = 0;
+        list[0] = 0;
+        for (int i = 0; i < a.n_ignored && n < sizeof list; i++)
+            n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", i ? "; " : "", a.ignored[i]);
+        log_info("%s: ignored (no meaning for fsdpc): %s", a.config_file, list);
+    }
+    struct launch_command cmd;
+    if (command_build(&a, &cmd)) {
         log_error("%s", error_message());
         launch_args_free(&a);
         return 2;
     }
     if (a.redirects[0] && !a.log_dir[0])
         log_warn("--redirects has no effect without --log_dir (output would be lost): ignoring it");
+    char *launch_config = launch_args_settings_json(&a);
 
     /* Blocked before any thread exists (the store server's), so every signal lands in the signalfd. */
     sigset_t set;
     sigemptyset(&set);
-    int sigs[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT};
-    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
-        sigaddset(&set, sigs[i]);
+    sigaddset(&set, SIGCHLD);
+    for (int i = 0; i < a.n_signals; i++)
+        sigaddset(&set, a.signals[i]);
     sigprocmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
     int sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
     if (sigfd < 0) {
         log_error("signalfd failed");
+        command_free(&cmd);
+        free(launch_config);
         launch_args_free(&a);
         return 1;
     }
 
     char host[256] = "?";
-    gethostname(host, sizeof host - 1);
+    if (a.local_addr[0])
+        snprintf(host, sizeof host, "%s", a.local_addr);
+    else
+        gethostname(host, sizeof host - 1);
     /* One node: nobody else needs the token, so a random one keeps strangers off the port. Several nodes
      * must share it, so it can only come from the user (the same FSDP_RDZV_TOKEN on every node). */
     char token[65];
@@ -82,7 +108,10 @@ int main(int argc, char **argv)
     }
     char omp[24];
     const char *omp_threads = NULL;
-    if (!getenv("OMP_NUM_THREADS")) {
+    if (a.omp_threads > 0) {
+        snprintf(omp, sizeof omp, "%d", a.omp_threads);
+        omp_threads = omp;
+    } else if (!getenv("OMP_NUM_THREADS")) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         long t = cores / a.nproc_per_node;
         snprintf(omp, sizeof omp, "%ld", t < 1 ? 1 : t);
@@ -97,13 +126,17 @@ int main(int argc, char **argv)
                               .bind_addr = local_only ? "127.0.0.1" : NULL, .run_id = a.run_id, .secret = secret,
                               .nnodes = a.nnodes, .node_rank = a.node_rank, .nproc_per_node = a.nproc_per_node,
                               .host = host, .timeout_s = a.rdzv_timeout_s,
-                              .heartbeat_timeout_s = heartbeat_timeout(settings_double(SETTING_HEARTBEAT_TIMEOUT),
+                              .heartbeat_timeout_s = heartbeat_timeout(a.heartbeat_timeout_s > 0
+                                                                           ? a.heartbeat_timeout_s
+                                                                           : settings_double(SETTING_HEARTBEAT_TIMEOUT),
                                                                        a.monitor_interval_s),
                               .node_hosts = a.slurm_nhosts >= a.nnodes ? (const char *const *)a.slurm_hosts : NULL};
     struct rdzv *r = NULL;
     rc = rdzv_open(&ro, &r);
     if (rc) {
         log_error("%s", error_message());
+        command_free(&cmd);
+        free(launch_config);
         launch_args_free(&a);
         return 1;
     }
@@ -112,13 +145,15 @@ int main(int argc, char **argv)
         dprintf(2, "fsdp-launch: store listening on %s:%d\n", a.master_addr, rdzv_port(r));
     }
     log_debug("node %d of %d (%s), run id %s, store %s:%d, program %s", a.node_rank, a.nnodes, host, a.run_id,
-              a.master_addr, rdzv_port(r), program);
+              a.master_addr, rdzv_port(r), cmd.program);
 
-    struct agent ag = {.a = &a, .r = r, .sigfd = sigfd, .host = host, .program = program, .secret = secret,
-                       .omp_threads = omp_threads};
+    struct agent ag = {.a = &a, .r = r, .sigfd = sigfd, .host = host, .program = cmd.program, .argv = cmd.argv,
+                       .launch_config = launch_config, .secret = secret, .omp_threads = omp_threads};
     int code = agent_run(&ag);
     rdzv_close(r);
     close(sigfd);
+    command_free(&cmd);
+    free(launch_config);
     launch_args_free(&a);
     return code;
 }

@@ -14,6 +14,26 @@ void output_init(struct out_stream *s, int fd, int console_fd, int log_fd, bool 
     s->prefix = prefix;
     s->rank = rank;
     s->keep_tail = keep_tail;
+    s->filter_fd = -1;
+}
+
+void output_set_prefix(struct out_stream *s, const char *text)
+{
+    snprintf(s->prefix_text, sizeof s->prefix_text, "%s", text);
+}
+
+void output_set_filter(struct out_stream *s, int fd, char *const *needles)
+{
+    s->filter_fd = fd;
+    s->filters = needles;
+}
+
+static bool filtered(const struct out_stream *s, const char *line, size_t n)
+{
+    for (char *const *f = s->filters; f && *f; f++)
+        if (memmem(line, n, *f, strlen(*f)))
+            return true;
+    return false;
 }
 
 static void write_all(int fd, const char *p, size_t n)
@@ -50,20 +70,22 @@ static void keep_tail(struct out_stream *s, const char *line, size_t n)
 
 static void emit(struct out_stream *s, const char *line, size_t n)
 {
-    char out[OUTPUT_LINE_MAX + 32];
+    char out[OUTPUT_LINE_MAX + 160];
     memcpy(out, line, n);
     out[n] = '\n';
     if (s->log_fd >= 0)
         write_all(s->log_fd, out, n + 1);
-    if (s->console_fd >= 0) {
-        if (s->prefix) {
-            int p = snprintf(out, 32, "[rank %d]:", s->rank);
-            memcpy(out + p, line, n);
-            out[p + n] = '\n';
+    bool to_filter = s->prefix && s->filter_fd >= 0 && filtered(s, line, n);
+    if (s->prefix && (s->console_fd >= 0 || to_filter)) {
+        int p = s->prefix_text[0] ? snprintf(out, 160, "%s", s->prefix_text) : snprintf(out, 32, "[rank %d]:", s->rank);
+        memcpy(out + p, line, n);
+        out[p + n] = '\n';
+        if (s->console_fd >= 0)
             write_all(s->console_fd, out, (size_t)p + n + 1);
-        } else {
-            write_all(s->console_fd, out, n + 1);
-        }
+        if (to_filter)
+            write_all(s->filter_fd, out, (size_t)p + n + 1);
+    } else if (s->console_fd >= 0) {
+        write_all(s->console_fd, out, n + 1);
     }
     if (s->keep_tail)
         keep_tail(s, line, n);

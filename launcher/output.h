@@ -14,7 +14,10 @@ struct out_stream {
     int fd;         /* read end of the worker's pipe; -1 once closed */
     int console_fd; /* 1 or 2, or -1 when this stream is not shown */
     int log_fd;     /* -1 without --log_dir */
-    bool prefix;    /* "[rank N]:" on console lines (--tee) */
+    bool prefix;    /* "[rank N]:" (or prefix_text) on console lines (--tee) */
+    char prefix_text[128]; /* --log_line_prefix_template, rendered for this worker; "" = "[rank N]:" */
+    int filter_fd;         /* --duplicate_*_filters: tee'd lines with a needle go here too; -1 = none */
+    char *const *filters;  /* the needles (NULL-terminated), owned by the worker group */
     int rank;
     char buf[OUTPUT_LINE_MAX];
     size_t len;
@@ -24,6 +27,10 @@ struct out_stream {
 };
 
 void output_init(struct out_stream *s, int fd, int console_fd, int log_fd, bool prefix, int rank, bool keep_tail);
+/* The prefix of --tee lines, in place of "[rank N]:". */
+void output_set_prefix(struct out_stream *s, const char *text);
+/* --tee lines containing any of needles are also written (prefixed) to fd. */
+void output_set_filter(struct out_stream *s, int fd, char *const *needles);
 /* Reads what the pipe has now. Returns 1 at end of file (the stream is then flushed and closed), 0
  * otherwise. */
 int output_pump(struct out_stream *s);

@@ -16,64 +16,16 @@
 #include "common/error.h"
 #include "common/fs.h"
 #include "common/log.h"
+#include "launcher/devices.h"
 
 extern char **environ;
-
-static bool is_exec_file(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
-}
-
-int workers_find_program(const char *prog, char *out, size_t cap)
-{
-    if (strchr(prog, '/')) {
-        if (!is_exec_file(prog))
-            return error_set(FSDP_ENOTFOUND, "program '%s' %s", prog,
-                             access(prog, F_OK) == 0 ? "is not an executable file" : "does not exist");
-        snprintf(out, cap, "%s", prog);
-        return 0;
-    }
-    const char *path = getenv("PATH");
-    if (!path)
-        path = "/usr/local/bin:/usr/bin:/bin";
-    for (const char *p = path;;) {
-        const char *c = strchr(p, ':');
-        size_t len = c ? (size_t)(c - p) : strlen(p);
-        int n = snprintf(out, cap, "%.*s%s%s", (int)len, p, len ? "/" : "", prog);
-        if (n > 0 && (size_t)n < cap && is_exec_file(out))
-            return 0;
-        if (!c)
-            break;
-        p = c + 1;
-    }
-    /* Next to fsdp-launch, so `fsdp-launch fsdp-worker cfg.ini` works from a build tree. */
-    char self[PATH_MAX];
-    ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (sl > 0) {
-        self[sl] = 0;
-        char *slash = strrchr(self, '/');
-        if (slash) {
-            *slash = 0;
-            int n = snprintf(out, cap, "%s/%s", self, prog);
-            if (n > 0 && (size_t)n < cap && is_exec_file(out))
-                return 0;
-        } else {
-            self[0] = 0;
-        }
-    } else {
-        self[0] = 0;
-    }
-    return error_set(FSDP_ENOTFOUND, "program '%s' not found in PATH nor next to fsdp-launch (%s)", prog,
-                     self[0] ? self : "?");
-}
 
 /* torchrun's variables replace any inherited ones of the same name. */
 static const char *const overridden[] = {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_NAME",
     "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "FSDP_RDZV_TOKEN", "FSDP_STORE_PREFIX",
-    "OMP_NUM_THREADS", "FSDP_LOG_LEVEL", NULL};
+    "OMP_NUM_THREADS", "FSDP_LOG_LEVEL", "FSDP_LAUNCH_CONFIG", NULL};
 
 static bool is_overridden(const char *entry)
 {
@@ -85,6 +37,14 @@ static bool is_overridden(const char *entry)
     return false;
 }
 
+static char *strdup_prefixed(const char *prefix, const char *value)
+{
+    char *s = malloc(strlen(prefix) + strlen(value) + 1);
+    if (s)
+        sprintf(s, "%s%s", prefix, value);
+    return s;
+}
+
 /* Built in the parent: after fork only async-signal-safe calls are allowed (the store server thread
  * may hold malloc's lock at the moment of fork), so the child only calls execve. */
 static char **build_env(const struct launch_args *a, const struct rdzv_assignment *as, const struct spawn_env *e,
@@ -93,12 +53,13 @@ static char **build_env(const struct launch_args *a, const struct rdzv_assignmen
     size_t n = 0;
     for (char **p = environ; *p; p++)
         n++;
-    char **env = calloc(n + 24, sizeof *env);
+    char **env = calloc(n + 32, sizeof *env);
     if (!env)
         return NULL;
     size_t k = 0;
+    bool set_gpus = a->gpu_ids[0] || a->virtual_local_rank;
     for (char **p = environ; *p; p++)
-        if (!is_overridden(*p))
+        if (!is_overridden(*p) && !(set_gpus && strncmp(*p, "CUDA_VISIBLE_DEVICES=", 21) == 0))
             env[k++] = strdup(*p);
     int rank = as->rank_base + local_rank;
     char v[1024];
@@ -108,7 +69,8 @@ static char **build_env(const struct launch_args *a, const struct rdzv_assignmen
         env[k++] = strdup(v);                      \
     } while (0)
     ADD("RANK=%d", rank);
-    ADD("LOCAL_RANK=%d", local_rank);
+    /* --virtual_local_rank: every worker is local rank 0 of a node that shows it one GPU. */
+    ADD("LOCAL_RANK=%d", a->virtual_local_rank ? 0 : local_rank);
     ADD("WORLD_SIZE=%d", as->world_size);
     ADD("LOCAL_WORLD_SIZE=%d", a->nproc_per_node);
     ADD("GROUP_RANK=%d", a->node_rank);
@@ -128,11 +90,29 @@ static char **build_env(const struct launch_args *a, const struct rdzv_assignmen
                                                                                               : LOG_INFO]);
     if (e->secret)
         ADD("FSDP_RDZV_TOKEN=%s", e->secret);
+    if (set_gpus) {
+        char gpu[64] = "";
+        if (a->virtual_local_rank) {
+            /* The worker's GPU among those --gpu_ids (else CUDA_VISIBLE_DEVICES) shows. */
+            const char *p = a->gpu_ids;
+            for (int i = 0; *p && i < local_rank; i++)
+                p = strchr(p, ',') ? strchr(p, ',') + 1 : p + strlen(p);
+            if (a->gpu_ids[0])
+                snprintf(gpu, sizeof gpu, "%.*s", (int)strcspn(p, ","), p);
+            else if (devices_gpu_id(local_rank, gpu, sizeof gpu) != 0)
+                snprintf(gpu, sizeof gpu, "-1");
+            ADD("CUDA_VISIBLE_DEVICES=%s", gpu);
+        } else {
+            ADD("CUDA_VISIBLE_DEVICES=%s", a->gpu_ids);
+        }
+    }
     if (e->omp_threads)
         ADD("OMP_NUM_THREADS=%s", e->omp_threads);
     else if (getenv("OMP_NUM_THREADS"))
         ADD("OMP_NUM_THREADS=%s", getenv("OMP_NUM_THREADS"));
 #undef ADD
+    if (e->launch_config)
+        env[k++] = strdup_prefixed("FSDP_LAUNCH_CONFIG=", e->launch_config);
     for (size_t i = 0; i < k; i++)
         if (!env[i]) {
             for (size_t j = 0; j < k; j++)
@@ -150,6 +130,36 @@ static void free_env(char **env)
     for (char **p = env; *p; p++)
         free(*p);
     free(env);
+}
+
+/* torchrun's --log_line_prefix_template: ${role_name}, ${local_rank}, ${rank}, ${hostname}. */
+static void render_prefix(const char *tmpl, const char *role, int local_rank, int rank, const char *host, char *out,
+                          size_t cap)
+{
+    size_t n = 0;
+    out[0] = 0;
+    for (const char *p = tmpl; *p && n + 1 < cap;) {
+        char num[16];
+        const char *sub = NULL;
+        size_t skip = 0;
+        if (!strncmp(p, "${role_name}", 12))
+            sub = role, skip = 12;
+        else if (!strncmp(p, "${local_rank}", 13))
+            snprintf(num, sizeof num, "%d", local_rank), sub = num, skip = 13;
+        else if (!strncmp(p, "${rank}", 7))
+            snprintf(num, sizeof num, "%d", rank), sub = num, skip = 7;
+        else if (!strncmp(p, "${hostname}", 11))
+            sub = host, skip = 11;
+        if (sub) {
+            n += (size_t)snprintf(out + n, cap - n, "%s", sub);
+            p += skip;
+        } else {
+            out[n++] = *p++;
+            out[n] = 0;
+        }
+        if (n >= cap)
+            n = cap - 1;
+    }
 }
 
 static int open_log(const char *dir, const char *name)
@@ -214,7 +224,7 @@ static int spawn_one(struct worker *w, const struct launch_args *a, const struct
         sigprocmask(SIG_SETMASK, &none, NULL);
         dup2(outp[1], 1);
         dup2(errp[1], 2);
-        execve(e->program, a->prog_argv, env);
+        execve(e->program, e->argv, env);
         static const char msg[] = "fsdp-launch: execve of the program failed\n";
         ssize_t ignored = write(2, msg, sizeof msg - 1);
         (void)ignored;
@@ -234,6 +244,12 @@ static int spawn_one(struct worker *w, const struct launch_args *a, const struct
     bool err_console = shown && ((tee & 2) || !(red & 2));
     output_init(&w->out, outp[0], out_console ? 1 : -1, log_out, (tee & 1) != 0, rank, false);
     output_init(&w->err, errp[0], err_console ? 2 : -1, log_err, (tee & 2) != 0, rank, true);
+    if (a->prefix_template[0]) {
+        char prefix[128];
+        render_prefix(a->prefix_template, a->role, w->local_rank, rank, e->host, prefix, sizeof prefix);
+        output_set_prefix(&w->out, prefix);
+        output_set_prefix(&w->err, prefix);
+    }
     w->pid = pid;
     w->running = true;
     return 0;
@@ -252,13 +268,82 @@ fail:
     return rc;
 }
 
+/* torchrun's comma_separated_list: items split at ',', with ",," standing for a comma inside one. */
+static char **split_needles(const char *text)
+{
+    size_t n = 2;
+    for (const char *p = text; *p; p++)
+        n += *p == ',';
+    char **v = calloc(n, sizeof *v);
+    char *buf = malloc(strlen(text) + 1);
+    if (!v || !buf) {
+        free(v);
+        free(buf);
+        return NULL;
+    }
+    size_t k = 0, len = 0;
+    for (const char *p = text;; p++) {
+        if (*p == ',' && p[1] == ',') {
+            buf[len++] = ',';
+            p++;
+            continue;
+        }
+        if (*p == ',' || !*p) {
+            buf[len] = 0;
+            if (len && !(v[k++] = strdup(buf)))
+                break;
+            len = 0;
+            if (!*p)
+                break;
+            continue;
+        }
+        buf[len++] = *p;
+    }
+    free(buf);
+    return v;
+}
+
+static void free_needles(char **v)
+{
+    for (char **p = v; p && *p; p++)
+        free(*p);
+    free(v);
+}
+
+/* <log_dir>/<run_id>/attempt_<n>/filtered_{stdout,stderr}.log, shared by every rank of this node. */
+static int open_filtered(struct worker_group *g, const struct launch_args *a, const struct spawn_env *e)
+{
+    for (int k = 0; k < 2; k++) {
+        if (!a->dup_filters[k][0])
+            continue;
+        char dir[PATH_MAX];
+        int n = snprintf(dir, sizeof dir, "%s/%s/attempt_%d", a->log_dir, a->run_id, e->restart_count);
+        if (n < 0 || (size_t)n >= sizeof dir)
+            return error_set(FSDP_ERANGE, "log directory path too long under %s", a->log_dir);
+        FSDP_TRY(fs_mkdir_p(dir, "log directory"));
+        g->filters[k] = split_needles(a->dup_filters[k]);
+        if (!g->filters[k])
+            return error_set(FSDP_ENOMEM, "out of memory");
+        g->filtered_fd[k] = open_log(dir, k ? "filtered_stderr.log" : "filtered_stdout.log");
+        if (g->filtered_fd[k] < 0)
+            return FSDP_EIO;
+    }
+    return 0;
+}
+
 int workers_spawn(struct worker_group *g, const struct launch_args *a, const struct rdzv_assignment *as,
                   const struct spawn_env *e)
 {
     memset(g, 0, sizeof *g);
+    g->filtered_fd[0] = g->filtered_fd[1] = -1;
     g->w = calloc((size_t)a->nproc_per_node, sizeof *g->w);
     if (!g->w)
         return error_set(FSDP_ENOMEM, "out of memory");
+    int frc = open_filtered(g, a, e);
+    if (frc) {
+        workers_release(g);
+        return frc;
+    }
     for (int i = 0; i < a->nproc_per_node; i++) {
         struct worker *w = &g->w[i];
         w->local_rank = i;
@@ -273,6 +358,8 @@ int workers_spawn(struct worker_group *g, const struct launch_args *a, const str
             workers_release(g);
             return rc;
         }
+        output_set_filter(&w->out, g->filtered_fd[0], g->filters[0]);
+        output_set_filter(&w->err, g->filtered_fd[1], g->filters[1]);
         g->n = i + 1;
         g->running++;
     }
@@ -322,8 +409,14 @@ void workers_release(struct worker_group *g)
         output_close(&w->out);
         output_close(&w->err);
     }
+    for (int k = 0; k < 2; k++) {
+        if (g->filtered_fd[k] >= 0)
+            close(g->filtered_fd[k]);
+        free_needles(g->filters[k]);
+    }
     free(g->w);
     memset(g, 0, sizeof *g);
+    g->filtered_fd[0] = g->filtered_fd[1] = -1;
 }
 
 void workers_describe_status(int status, char *buf, size_t cap)

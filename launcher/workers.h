@@ -24,20 +24,20 @@ struct worker_group {
     struct worker *w;
     int n;
     int running;
+    int filtered_fd[2];  /* --duplicate_{stdout,stderr}_filters' files of this attempt, -1 = none */
+    char **filters[2];   /* their needles, NULL-terminated */
 };
 
 struct spawn_env {
     const char *program;    /* resolved path */
+    char *const *argv;      /* what the program gets (launcher/command.h) */
+    const char *launch_config; /* FSDP_LAUNCH_CONFIG for the workers, NULL = none */
     const char *host;       /* this node's name */
     int master_port;        /* the store's actual port */
     const char *secret;     /* FSDP_RDZV_TOKEN for the workers, NULL = none */
     const char *omp_threads; /* NULL: leave OMP_NUM_THREADS as it is */
     int restart_count;
 };
-
-/* Looks PROGRAM up (as given when it holds '/', else in PATH, then next to fsdp-launch) and stores
- * the path in out; FSDP_ENOTFOUND names every place tried. */
-int workers_find_program(const char *prog, char *out, size_t cap);
 
 /* Creates log directories/files when --log_dir is set, forks and execs nproc workers. On error the
  * workers already started are killed. */

@@ -11,6 +11,7 @@
 #include "common/settings.h"
 #include "worker/train/train.h"
 #include "worker/config/worker_config.h"
+#include "worker/tools/detect_blocks.h"
 
 /* 3 marks a rank that stopped because another one failed (a peer died or closed its connection, or the
  * job is being torn down): fsdp-launch then looks a moment longer for the rank that failed first, whose
@@ -23,10 +24,13 @@ static void print_usage(FILE *out)
           "       fsdp-worker --print-config            (the defaults, as a starting CONFIG.ini)\n"
           "       fsdp-worker --help-config[=markdown]  (the reference of every key: docs/config.md)\n"
           "       fsdp-worker --help-env[=markdown]     (the FSDP_* environment settings: docs/environment.md)\n"
+          "       fsdp-worker --detect-blocks CONFIG.ini [--json] [--refresh] [--clear-cache]\n"
+          "                                             (module classes, parameters, FSDP units, wrap suggestion)\n"
           "\n"
           "Options override the file: --train.micro_batch=8, --train.micro_batch 8, or accelerate-style\n"
           "flags such as --fsdp_version=2 --fsdp_sharding_strategy=1 --fsdp_offload_params.\n"
-          "  --print-config     print the effective configuration (INI; loads back unchanged) and exit\n"
+          "  --print-config     print the effective configuration (INI; loads back unchanged), each value\n"
+          "                     not at its default under a '; from ...' line saying where it came from\n"
           "  --log_level=L      debug, info, warn or error (also FSDP_LOG_LEVEL)\n"
           "  -h, --help         this text\n",
           out);
@@ -57,6 +61,8 @@ int main(int argc, char **argv)
     if (rank && *rank)
         log_set_rank(atoi(rank));
 
+    if (detect_blocks_wanted(argc, argv))
+        return detect_blocks_main(argc, argv);
     const struct config_schema *schema = worker_config_schema();
     struct config_cli cli;
     struct config *cfg = NULL;
@@ -96,8 +102,19 @@ int main(int argc, char **argv)
         status = fail("config schema");
         goto out;
     }
+    /* YAML < INI < command line: fsdp-launch's accelerate YAML goes under the file, its own flags over it,
+     * and this program's flags last. */
+    const char *launch = settings_get_raw(SETTING_LAUNCH_CONFIG);
+    if (config_apply_launch(cfg, launch, CONFIG_LAUNCH_UNDER_FILE) != 0) {
+        status = fail("settings from fsdp-launch");
+        goto out;
+    }
     if (cli.n_positional == 1 && config_load_file(cfg, cli.positional[0]) != 0) {
         status = fail("config file");
+        goto out;
+    }
+    if (config_apply_launch(cfg, launch, CONFIG_LAUNCH_OVER_FILE) != 0) {
+        status = fail("settings from fsdp-launch");
         goto out;
     }
     if (config_cli_apply(&cli, cfg) != 0) {
@@ -112,7 +129,7 @@ int main(int argc, char **argv)
     log_debug("config ok: %d layers, n_embd %d, fsdp version %d", wc.model.n_layer, wc.model.n_embd,
               wc.fsdp.version);
     if (cli.print_config) {
-        status = config_print_ini(cfg, stdout) == 0 ? 0 : fail("--print-config");
+        status = config_print_ini_origins(cfg, stdout) == 0 ? 0 : fail("--print-config");
         goto out;
     }
     size_t text_len = 0;

@@ -184,6 +184,22 @@ static void run_worker(struct run *r, const char *dir, const char *const *args)
     slurp(err_path, r->err, sizeof r->err);
 }
 
+/* Drops the `; from ...` lines of --print-config. */
+static void strip_origins(char *text)
+{
+    char *w = text;
+    for (char *line = text; *line;) {
+        char *nl = strchr(line, '\n');
+        size_t n = nl ? (size_t)(nl - line) + 1 : strlen(line);
+        if (line[0] != ';') {
+            memmove(w, line, n);
+            w += n;
+        }
+        line += n;
+    }
+    *w = 0;
+}
+
 static char *make_dir(void)
 {
     static char dir[64];
@@ -220,11 +236,57 @@ Test(worker_binary, print_config_round_trips_and_overrides_win, .timeout = 60)
     cr_assert(strstr(r1.out, "\nmicro_batch = 8\n"), "the command line must win over the file:\n%s", r1.out);
     cr_assert(strstr(r1.out, "\nsharding_strategy = SHARD_GRAD_OP\n"), "%s", r1.out);
     cr_assert(strstr(r1.out, "\noffload_params = true\n"), "%s", r1.out);
+    char want[600];
+    snprintf(want, sizeof want, "\n; from %s:2\nn_layer = 2\n", ini);
+    cr_assert(strstr(r1.out, want), "each value not at its default says where it came from:\n%s", r1.out);
+    cr_assert(strstr(r1.out, "\n; from command line\nmicro_batch = 8\n"), "%s", r1.out);
+    cr_assert(strstr(r1.out, "\n[model]\nmodel_family = gpt2\n"), "defaults have no origin line:\n%s", r1.out);
     write_file(printed, r1.out);
     const char *a2[] = {printed, "--print-config", NULL};
     run_worker(&r2, dir, a2);
     cr_assert_eq(r2.status, 0, "stderr: %s", r2.err);
-    cr_assert_str_eq(r1.out, r2.out, "print -> reload -> print must be byte-equal");
+    strip_origins(r1.out);
+    strip_origins(r2.out);
+    cr_assert_str_eq(r1.out, r2.out, "print -> reload -> print must give the same values");
+    cleanup(dir);
+}
+
+/* fsdp-launch hands an accelerate YAML's settings (under the INI file) and its own flags (over it) down in
+ * FSDP_LAUNCH_CONFIG; the worker's own flags come last. */
+Test(worker_binary, launch_config_layers_yaml_ini_command_line, .timeout = 60)
+{
+    char *dir = make_dir();
+    char ini[256];
+    snprintf(ini, sizeof ini, "%s/run.ini", dir);
+    write_file(ini, "[fsdp]\nversion = 1\nsharding_strategy = NO_SHARD\n");
+    setenv("FSDP_LAUNCH_CONFIG",
+           "{\"under_file\": [{\"key\": \"fsdp.version\", \"value\": \"2\", \"origin\": \"a.yaml:4 (fsdp_config.fsdp_version)\"},"
+           " {\"key\": \"fsdp.offload_params\", \"value\": \"true\", \"origin\": \"a.yaml:5 (fsdp_config.fsdp_offload_params)\"},"
+           " {\"key\": \"fsdp.sharding_strategy\", \"value\": \"SHARD_GRAD_OP\", \"origin\": \"a.yaml:6\"}],"
+           " \"over_file\": [{\"key\": \"fsdp.sharding_strategy\", \"value\": \"HYBRID_SHARD\", \"origin\": \"fsdp-launch --fsdp_sharding_strategy\"},"
+           " {\"key\": \"fsdp.mixed_precision\", \"value\": \"bf16\", \"origin\": \"fsdp-launch --mixed_precision\"}]}",
+           1);
+    static struct run r;
+    const char *a[] = {ini, "--mixed_precision=fp16", "--print-config", NULL};
+    run_worker(&r, dir, a);
+    cr_assert_eq(r.status, 0, "stderr: %s", r.err);
+    char want[600];
+    snprintf(want, sizeof want, "; from %s:2\nversion = 1\n", ini);
+    cr_assert(strstr(r.out, want), "the INI file wins over the YAML:\n%s", r.out);
+    cr_assert(strstr(r.out, "; from a.yaml:5 (fsdp_config.fsdp_offload_params)\noffload_params = true\n"),
+              "a YAML value the INI leaves alone stays:\n%s", r.out);
+    cr_assert(strstr(r.out, "; from fsdp-launch --fsdp_sharding_strategy\nsharding_strategy = HYBRID_SHARD\n"),
+              "the launcher's flags win over the INI file:\n%s", r.out);
+    cr_assert(strstr(r.out, "; from command line\nmixed_precision = fp16\n"),
+              "the worker's own flags win over everything:\n%s", r.out);
+
+    setenv("FSDP_LAUNCH_CONFIG", "{\"under_file\": [{\"key\": \"fsdp.version\", \"value\": \"7\", "
+                                 "\"origin\": \"a.yaml:4 (fsdp_config.fsdp_version)\"}]}", 1);
+    const char *b[] = {ini, "--print-config", NULL};
+    run_worker(&r, dir, b);
+    cr_assert_eq(r.status, 1, "stderr: %s", r.err);
+    cr_assert(strstr(r.err, "a.yaml:4 (fsdp_config.fsdp_version): bad value for fsdp.version"), "%s", r.err);
+    unsetenv("FSDP_LAUNCH_CONFIG");
     cleanup(dir);
 }
 
@@ -347,6 +409,7 @@ Test(worker_config, schema_has_every_section_and_key)
         "fsdp.hybrid_shard_size", "fsdp.reshard_after_forward", "fsdp.auto_wrap_policy",
         "fsdp.transformer_layer_cls_to_wrap", "fsdp.min_num_params", "fsdp.backward_prefetch",
         "fsdp.forward_prefetch", "fsdp.limit_all_gathers", "fsdp.sync_module_states", "fsdp.offload_params",
+        "fsdp.use_orig_params",
         "fsdp.mixed_precision", "fsdp.reduce_dtype", "log.interval", "log.dir", "checkpoint.dir",
         "checkpoint.interval", "checkpoint.state_dict_type", "checkpoint.keep_last",
         "checkpoint.cpu_ram_efficient_loading", "checkpoint.resume_from",

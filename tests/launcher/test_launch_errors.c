@@ -57,7 +57,7 @@ Test(launch_errors, bad_flags)
     const char *d[] = {LU_LAUNCH, "--max_restarts", NULL};
     expect_error(d, 2, "--max_restarts needs a value");
     const char *e[] = {LU_LAUNCH, "--nnodes", "1:4", "/bin/true", NULL};
-    expect_error(e, 2, "elastic '1:4'");
+    expect_error(e, 2, "'1:4' asks for elastic membership (between 1 and 4 nodes), which fsdp-launch does not do");
     const char *f[] = {LU_LAUNCH, "--tee", "5", "/bin/true", NULL};
     expect_error(f, 2, "--tee: '5' is not 0, 1, 2, 3");
     const char *g[] = {LU_LAUNCH, "--nnodes", "2", "--node_rank", "1", "--master_port", "0", "/bin/true", NULL};

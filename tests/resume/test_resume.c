@@ -4,6 +4,10 @@
  * model evaluated by PyTorch against fsdp's evaluation of the same checkpoint. */
 #include "tests/util/launch_util.h"
 #include "tests/util/tu_summary.h"
+#include "tests/util/tu_venv.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
 
 #include <math.h>
 #include <sched.h>
@@ -213,6 +217,78 @@ Test(resume, sigkill_of_a_random_rank_recovers_from_latest, .timeout = 240)
                      t_ref[nr - 1]);
     free(ck);
     free(err);
+    lu_rm_rf(j.dir);
+}
+
+/* TensorBoard's own reader after a crash and a resume: rank 1 dies at step 13, the job restarts from the
+ * step-10 checkpoint and logs steps 10..19 again into a second event file. TensorBoard must show each step
+ * once (the resumed file starts with a SessionLog START at step 10), with metrics.jsonl's values bit for bit
+ * as float32. */
+Test(resume, tensorboard_shows_each_step_once_after_a_crash, .timeout = 240)
+{
+    char py[4096], script[4200];
+    if (!tu_venv_bin("python", py, sizeof py))
+        cr_skip_test("no PyPI venv with tensorboard at %s (.ci/run makes it; FSDP_TORCH_VENV names another)", py);
+    snprintf(script, sizeof script, "%s/tests/resume/tb_scalars.py", getenv("FSDP_SOURCE_ROOT"));
+    struct job j;
+    job_setup(&j);
+    char *ck = opt("--checkpoint.dir=%s/ck-%s", j.dir, "tb");
+    const char *args[] = {ck, "--checkpoint.interval=5", NULL};
+    const char *env[] = {"FSDP_FAULT_KILL=13:1", NULL};
+    int rc = job_run(&j, "tb", 2, args, env);
+    cr_assert_eq(rc, 0, "the job did not recover: %s", lu_slurp_tag(j.dir, "tb", "err"));
+    char logdir[4300];
+    snprintf(logdir, sizeof logdir, "%s/tb", j.dir);
+    int files = 0;
+    DIR *d = opendir(logdir);
+    cr_assert_not_null(d);
+    for (struct dirent *e; (e = readdir(d));)
+        files += strncmp(e->d_name, "events.out.tfevents.", 20) == 0;
+    closedir(d);
+    cr_assert_eq(files, 2, "one event file per attempt, found %d", files);
+
+    const char *argv[] = {py, script, logdir, NULL};
+    int code = lu_exit_code(lu_wait(lu_spawn(argv, j.dir, "tbread", NULL), 120));
+    char *out = lu_slurp_tag(j.dir, "tbread", "out");
+    cr_assert_eq(code, 0, "tb_scalars.py failed: %s", lu_slurp_tag(j.dir, "tbread", "err"));
+    cJSON *tb = cJSON_Parse(out);
+    cr_assert_not_null(tb, "not JSON: %s", out);
+
+    /* metrics.jsonl: one row per step 0..19 (trimmed at the resume point, then extended) */
+    char path[4400];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", logdir);
+    char *text = tu_slurp(path);
+    static const char *const keys[] = {"loss", "lr", "grad_norm", "tokens_per_s"};
+    static const char *const tags[] = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s"};
+    double col[4][20];
+    int rows = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"), rows++) {
+        cJSON *row = cJSON_Parse(line);
+        cr_assert(row && rows < 20, "metrics.jsonl row %d: %s", rows, line);
+        cr_assert_eq(cJSON_GetObjectItem(row, "step")->valueint, rows, "metrics.jsonl steps in order, once: %s", line);
+        for (int k = 0; k < 4; k++)
+            col[k][rows] = cJSON_GetObjectItem(row, keys[k])->valuedouble;
+        cJSON_Delete(row);
+    }
+    cr_assert_eq(rows, 20);
+    for (int k = 0; k < 4; k++) {
+        const cJSON *series = cJSON_GetObjectItem(tb, tags[k]);
+        cr_assert(cJSON_IsArray(series), "TensorBoard has no %s: %s", tags[k], out);
+        cr_assert_eq(cJSON_GetArraySize(series), 20, "TensorBoard shows %d %s points, want steps 0..19 once: %s",
+                     cJSON_GetArraySize(series), tags[k], out);
+        for (int s = 0; s < 20; s++) {
+            const cJSON *pt = cJSON_GetArrayItem(series, s);
+            int step = cJSON_GetArrayItem(pt, 0)->valueint;
+            double v = cJSON_GetArrayItem(pt, 1)->valuedouble;
+            cr_assert_eq(step, s, "%s: point %d is step %d", tags[k], s, step);
+            cr_assert((float)v == (float)col[k][s], "%s step %d: TensorBoard %.9g, metrics.jsonl %.9g", tags[k], s, v,
+                      col[k][s]);
+        }
+    }
+    cJSON_Delete(tb);
+    free(text);
+    free(out);
+    free(ck);
     lu_rm_rf(j.dir);
 }
 

@@ -124,6 +124,25 @@ Test(config, wrap_class_mlp, .timeout = 240)
     refused(2, "wrap", extra, want);
 }
 
+Test(config, wrap_class_list_with_a_class_the_model_lacks, .timeout = 240)
+{
+    const char *extra[] = {"--fsdp.transformer_layer_cls_to_wrap=GPT2Block,LlamaDecoderLayer", NULL};
+    const char *want[] = {"fsdp.transformer_layer_cls_to_wrap = GPT2Block,LlamaDecoderLayer",
+                          "has no class 'LlamaDecoderLayer'", "DecoderBlock (Hugging Face: GPT2Block)", NULL};
+    refused(2, "wrapl", extra, want);
+}
+
+/* Hugging Face's name and a comma list (accelerate's spelling) name the same units. */
+Test(config, wrap_class_hf_name_and_list_train, .timeout = 240)
+{
+    struct tt_ctx c;
+    tt_setup(&c);
+    struct tt_result r;
+    const char *extra[] = {"--fsdp.transformer_layer_cls_to_wrap=GPT2Block, DecoderBlock", NULL};
+    tt_run_ok(&c, 2, "hfwrap", extra, &r);
+    cr_assert(tt_summary_matches(&r, 0, "{\"plan\":{\"units\":[{\"name\":\"h.1\"}]}}"), "no unit per block");
+}
+
 Test(config, missing_train_file, .timeout = 240)
 {
     const char *extra[] = {"--data.train_file=", NULL};

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Independent reader of a TensorBoard event file for test_tfevents: checks every record's framing and
 masked CRC32C (computed here, bit by bit, not by the C library under test), decodes the Event protobuf and
-prints one line per item: `version WALL STRING` or `scalar STEP TAG VALUE` (VALUE as float32 repr).
+prints one line per item: `version WALL STRING`, `session STEP START` (a SessionLog) or `scalar STEP TAG VALUE`
+(VALUE as float32 repr).
 Exits 1 with a message on any malformed byte. Standard library only."""
 import struct
 import sys
@@ -77,6 +78,9 @@ def main(path):
                 step = v
             elif num == 3:
                 print(f"version {wall!r} {v.decode()}")
+            elif num == 7:
+                status = dict(fields(v)).get(1, 0)
+                print(f"session {step} {['UNSPECIFIED', 'START', 'STOP', 'CHECKPOINT'][status]}")
             elif num == 5:
                 for snum, sv in fields(v):
                     if snum != 1:

@@ -30,6 +30,21 @@ static void make_llmc(const char *path, int64_t n, int32_t count, int mod)
     free(buf);
 }
 
+/* llm.c's Llama 3 variant: magic 20240801, version 7, uint32 tokens; token i is 70000 + tok(i, mod). */
+static void make_llmc_u32(const char *path, int64_t n, int32_t count, int32_t version, int mod)
+{
+    size_t len = 1024 + (size_t)n * 4;
+    uint8_t *buf = calloc(1, len);
+    int32_t head[3] = {DATA_LLMC_U32_MAGIC, version, count};
+    memcpy(buf, head, sizeof head);
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t v = 70000u + tok(i, mod);
+        memcpy(buf + 1024 + 4 * i, &v, 4);
+    }
+    wtest_write_file(path, buf, len);
+    free(buf);
+}
+
 static char tmpdir[64];
 static char path_a[128];
 
@@ -81,6 +96,37 @@ Test(data, nanogpt_detected_and_sequential_formula)
     check_rows_at(d, 7, 6, (7 * 8 + 6) * 16 % 984, T, 50000); /* 992 -> 8: first wrap-around */
     check_rows_at(d, 123456, 3, (123456LL * 8 + 3) * 16 % 984, T, 50000);
     data_close(d);
+}
+
+Test(data, llmc_u32_detected_and_checked)
+{
+    const int64_t N = 300, T = 8;
+    make_llmc_u32(path_a, N, (int32_t)N, DATA_LLMC_U32_VERSION, 1000);
+    struct data_options o = opts(T, 2, DATA_ORDER_SEQUENTIAL, 0);
+    o.vocab_size = 71000;
+    struct data_file *d;
+    cr_assert_eq(data_open(path_a, &o, &d), 0, "%s", error_message());
+    cr_assert_eq(data_format_of(d), DATA_FORMAT_LLMC_U32);
+    cr_assert_eq(data_num_tokens(d), N);
+    int32_t in[8], tg[8];
+    cr_assert_eq(data_get_rows(d, 3, 1, 1, in, tg), 0);
+    int64_t off = (3 * 2 + 1) * T;
+    for (int t = 0; t < T; t++) {
+        cr_assert_eq(in[t], 70000 + tok(off + t, 1000));
+        cr_assert_eq(tg[t], 70000 + tok(off + t + 1, 1000));
+    }
+    data_close(d);
+    /* every token is checked against vocab_size; version and count must agree */
+    o.vocab_size = 70900;
+    cr_assert_lt(data_open(path_a, &o, &d), 0);
+    cr_assert(strstr(error_message(), ">= vocab_size 70900"), "%s", error_message());
+    o.vocab_size = 71000;
+    make_llmc_u32(path_a, N, (int32_t)N + 1, DATA_LLMC_U32_VERSION, 1000);
+    cr_assert_lt(data_open(path_a, &o, &d), 0);
+    cr_assert(strstr(error_message(), "uint32 tokens"), "%s", error_message());
+    make_llmc_u32(path_a, N, (int32_t)N, 1, 1000);
+    cr_assert_lt(data_open(path_a, &o, &d), 0);
+    cr_assert(strstr(error_message(), "has version 1, expected 7"), "%s", error_message());
 }
 
 Test(data, llmc_detected_and_read_past_header)

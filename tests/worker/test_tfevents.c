@@ -26,6 +26,18 @@ Test(tfevents, golden_record_byte_exact)
     cr_assert_arr_eq(rec, golden, sizeof golden);
 }
 
+/* Event{wall_time, step 5, session_log{status START}}: field 7 (0x3a) holding field 1 = 1. */
+Test(tfevents, session_start_record_byte_exact)
+{
+    static const uint8_t want[] = {0x09, 0x00, 0x00, 0x00, 0x40, 0xfc, 0x54, 0xd9, 0x41,
+                                   0x10, 0x05, 0x3a, 0x02, 0x08, 0x01};
+    uint8_t data[64];
+    int n = tfevents_encode_session_start(data, sizeof data, 1700000000.0, 5);
+    cr_assert_eq(n, (int)sizeof want);
+    cr_assert_arr_eq(data, want, sizeof want);
+    cr_assert_eq(tfevents_encode_session_start(data, 8, 1.0, 5), FSDP_ERANGE);
+}
+
 Test(tfevents, too_small_buffer_is_an_error)
 {
     uint8_t data[16];

@@ -98,7 +98,7 @@ static const struct config_key keys[] = {
      .help = "Order of the training windows (seeded by train.seed)"},
 
     /* [fsdp] */
-    {.section = "fsdp", .name = "enable", .type = CONFIG_BOOL, .def = "true", .flags = LIST("use_fsdp"),
+    {.section = "fsdp", .name = "enable", .type = CONFIG_BOOL, .def = "true", .flags = LIST("use_fsdp", "fsdp_enable"),
      .bare = "true", .help = "Shard parameters, gradients and optimizer state; false = replicate (DDP)"},
     {.section = "fsdp", .name = "version", .type = CONFIG_INT, .def = "2", .min = 1, .max = 2,
      .flags = LIST("fsdp_version"), .help = "1 = one flat buffer per unit; 2 = every parameter sharded on dim 0"},
@@ -120,7 +120,8 @@ static const struct config_key keys[] = {
      .flags = LIST("fsdp_auto_wrap_policy"), .help = "How the model is cut into FSDP units"},
     {.section = "fsdp", .name = "transformer_layer_cls_to_wrap", .type = CONFIG_STRING, .def = "DecoderBlock",
      .flags = LIST("fsdp_transformer_layer_cls_to_wrap"),
-     .help = "TRANSFORMER_BASED_WRAP: module class that becomes one unit"},
+     .help = "TRANSFORMER_BASED_WRAP: module classes (comma list; ours or Hugging Face's names, e.g. GPT2Block) "
+             "that become units; `fsdp-worker --detect-blocks` shows them"},
     {.section = "fsdp", .name = "min_num_params", .type = CONFIG_INT, .def = "100000", .min = 0, .max = 1e15,
      .flags = LIST("fsdp_min_num_params"), .help = "SIZE_BASED_WRAP: smallest unit, in parameters"},
     {.section = "fsdp", .name = "backward_prefetch", .type = CONFIG_ENUM, .def = "BACKWARD_PRE",
@@ -141,6 +142,10 @@ static const struct config_key keys[] = {
     {.section = "fsdp", .name = "offload_params", .type = CONFIG_BOOL, .def = "false",
      .flags = LIST("fsdp_offload_params"), .bare = "true",
      .help = "Keep parameter shards and optimizer state in host memory (GPU runs)"},
+    {.section = "fsdp", .name = "use_orig_params", .type = CONFIG_BOOL, .def = "true",
+     .flags = LIST("fsdp_use_orig_params"), .bare = "true",
+     .help = "Accepted for accelerate configs: parameters always keep their names, shapes and optimizer state "
+             "(FSDP2's behaviour), so false changes nothing"},
     {.section = "fsdp", .name = "mixed_precision", .type = CONFIG_ENUM, .def = "auto",
      .values = LIST("fp32", "bf16", "fp16", "auto"), .value_aliases = ALIASES(PRECISION_ALIASES),
      .flags = LIST("mixed_precision"), .help = "Dtype of gathered parameters and compute; auto = bf16 on GPU, fp32 on CPU"},
@@ -150,7 +155,9 @@ static const struct config_key keys[] = {
 
     /* [log] */
     {.section = "log", .name = "interval", .type = CONFIG_INT, .def = "10", .min = 1, .max = 1e12,
-     .flags = LIST("logging_steps"), .help = "Steps between metric lines"},
+     .flags = LIST("logging_steps"),
+     .help = "Steps between progress lines when output is not a terminal (a log, fsdp-launch's pipe; on a terminal "
+             "the line is redrawn every step); metrics.jsonl and TensorBoard get every step"},
     {.section = "log", .name = "dir", .type = CONFIG_PATH, .def = "./runs/<run_id>", .flags = LIST("logging_dir"),
      .help = "Metrics, TensorBoard events and each rank's run summary; <run_id> is replaced when the run starts"},
 

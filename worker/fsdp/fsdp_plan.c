@@ -84,14 +84,6 @@ int fsdp_check_config(const struct worker_config *wc, int world, int local_world
         return error_set(FSDP_EINVAL, "fsdp.offload_params = true needs sharded parameters, but "
                          "fsdp.sharding_strategy = NO_SHARD keeps the whole model on every rank; use FULL_SHARD "
                          "or turn offload_params off");
-    const char *cls = wc->fsdp.transformer_layer_cls_to_wrap;
-    if (wc->fsdp.auto_wrap_policy == WORKER_WRAP_TRANSFORMER && strcasecmp(cls, "DecoderBlock") != 0 &&
-        strcasecmp(cls, "GPT2Block") != 0 && strcasecmp(cls, "Block") != 0)
-        return error_set(FSDP_EINVAL,
-                         "fsdp.transformer_layer_cls_to_wrap = %s: this model's wrappable layer class is DecoderBlock "
-                         "(also spelled GPT2Block); its classes are GPT2Model, Embedding, DecoderBlock, LayerNorm, "
-                         "CausalSelfAttention, MLP, Conv1D",
-                         cls);
     if (k->host_visible && wc->fsdp.offload_params)
         log_debug("fsdp.offload_params on %s: parameters already live in host memory; nothing changes", k->name);
     return 0;
@@ -111,6 +103,12 @@ static int plan_units(struct fsdp *f)
     if (pol == WORKER_WRAP_NONE) {
         f->units[n++] = (struct fsdp_unit){.first_mu = 0, .n_mu = nmu};
     } else {
+        /* The blocks are the units; the names given must say so (any other class cannot be one here). */
+        if (pol == WORKER_WRAP_TRANSFORMER) {
+            int rc = model_wrap_classes_check(l, f->wc.fsdp.transformer_layer_cls_to_wrap);
+            if (rc)
+                return rc;
+        }
         f->units[n++] = (struct fsdp_unit){.first_mu = 0, .n_mu = 1};
         size_t min = pol == WORKER_WRAP_SIZE ? (size_t)f->wc.fsdp.min_num_params : 0;
         for (int mu = 1; mu < nmu;) {

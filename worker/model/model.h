@@ -86,6 +86,31 @@ const char *model_family_names(void);
 int model_layout_find(const struct model_layout *layout, const char *name);
 /* Parameters of modules of class class_name (e.g. "DecoderBlock", subtrees included); for reports. */
 size_t model_layout_class_numel(const struct model_layout *layout, const char *class_name);
+/* ---- module classes: names, which can be FSDP units, the table of --detect-blocks ---- */
+/* Hugging Face's name of one of the family's classes ("GPT2Block" for "DecoderBlock"); the class itself
+ * when the family gives none. */
+const char *model_class_hf_name(const struct model_layout *layout, const char *class_name);
+/* The layout's class a user's name means (ours, Hugging Face's or another spelling such as "Block", any
+ * case); NULL when the model has no such class. */
+const char *model_class_resolve(const struct model_layout *layout, const char *name);
+/* Every module of the class is the module of an FSDP unit other than the root (the family's blocks). */
+bool model_class_can_be_unit(const struct model_layout *layout, const char *class_name);
+/* Checks a transformer_layer_cls_to_wrap value: a comma list whose every name is a class of this model that
+ * can be a unit. The error names the value, the classes the model has and the one(s) that can be units. */
+int model_wrap_classes_check(const struct model_layout *layout, const char *list);
+
+struct model_class_row {
+    const char *class_name, *hf_name;
+    int count;                     /* modules of the class */
+    size_t params_min, params_max; /* parameters of one module (its subtree; vocabulary padding excluded) */
+    size_t params_total;           /* over the modules not nested in another of the same class */
+    bool is_root;                  /* the root unit's class (the whole model) */
+    bool can_be_unit;
+    char example[MODEL_NAME_MAX];  /* the first module of the class, "h.0" */
+};
+/* One row per class with parameters, largest total first (ties by name); *rows is malloc'd. */
+int model_class_table(const struct model_layout *layout, struct model_class_row **rows, int *n);
+
 /* The config with GPT-2 defaults (gpt2 family, init_std 0.02, seed 1337); sizes left 0. */
 void model_config_default(struct model_config *cfg);
 

@@ -17,11 +17,18 @@ struct model {
     void *family; /* the family's state (activation pointers into its arena) */
 };
 
+/* Other spellings of one of a family's module classes: Hugging Face's name, and any other name users write
+ * for it (nanoGPT's "Block"). */
+struct model_class_names {
+    const char *ours, *hf, *other;
+};
+
 struct model_family {
     const char *name;
     /* Fills params/modules/units for a config already checked by the generic code. */
     int (*layout_build)(struct model_layout *out, const struct model_config *cfg);
     const struct model_ops *ops;
+    const struct model_class_names *class_names; /* {NULL}-terminated; NULL = our names only */
 };
 
 /* Registry lookup; NULL with error_set listing the known families. */

@@ -6,8 +6,16 @@
 #include "common/error.h"
 #include "worker/model/model_internal.h"
 
+/* transformers' GPT2Model module classes (modeling_gpt2.py) for ours. */
+static const struct model_class_names gpt2_names[] = {
+    {"GPT2Model", "GPT2Model", NULL}, {"DecoderBlock", "GPT2Block", "Block"},
+    {"CausalSelfAttention", "GPT2Attention", NULL}, {"MLP", "GPT2MLP", NULL},
+    {"Embedding", "Embedding", NULL}, {"LayerNorm", "LayerNorm", NULL}, {"Conv1D", "Conv1D", NULL},
+    {"ModuleList", "ModuleList", NULL}, {NULL, NULL, NULL},
+};
+
 static const struct model_family families[] = {
-    {"gpt2", model_gpt2_layout_build, &model_gpt2_ops},
+    {.name = "gpt2", .layout_build = model_gpt2_layout_build, .ops = &model_gpt2_ops, .class_names = gpt2_names},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 

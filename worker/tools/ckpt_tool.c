@@ -19,6 +19,7 @@ static void usage(FILE *out)
             "  merge CKPT OUT.safetensors         sharded (or full) checkpoint -> model safetensors, HF GPT-2 names\n"
             "  export CKPT OUT.safetensors [--dtype f32|bf16|f16]   model only, in the chosen dtype\n"
             "  sample CKPT [--prompt TEXT] [--temperature T] [--top_k K] [--length N] [--seed S]\n"
+            "         [--tokenizer FILE]           decodes with the run's tokenizer (docs/data.md) when it has one\n"
             "CKPT is a checkpoint directory, a checkpoint root (its `latest` is used) or ROOT:latest.\n");
 }
 

@@ -1,6 +1,8 @@
-/* fsdp-ckpt sample: text from a checkpoint, so a user sees what the model learned. Tokens are bytes
- * (fsdp-prepare-data: token = byte value, vocab_size 256); ids >= 256 of a larger vocabulary are printed
- * as <id>. Runs on the CPU kernels: a sample of a few hundred tokens needs no GPU. */
+/* fsdp-ckpt sample: text from a checkpoint, so a user sees what the model learned. With the run's
+ * tokenizer (--tokenizer, or found from the checkpoint: worker/tools/run_tokenizer.h) the prompt is
+ * encoded and the ids decoded with it; without one tokens are bytes (fsdp-prepare-data's default: token
+ * = byte value, vocab_size 256) and ids >= 256 are printed as <id>. Runs on the CPU kernels: a sample of a
+ * few hundred tokens needs no GPU. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -10,9 +12,13 @@
 #include "common/error.h"
 #include "kernels/kernels.h"
 #include "worker/tools/ckpt_tool.h"
+#include "worker/tools/run_tokenizer.h"
+#include "worker/tools/tokenizer.h"
+
+#include <sys/stat.h>
 
 struct sample_opts {
-    const char *target, *prompt;
+    const char *target, *prompt, *tokenizer;
     double temperature;
     int top_k, length;
     uint64_t seed;
@@ -23,9 +29,10 @@ static int parse_opts(int argc, char **argv, struct sample_opts *o)
     *o = (struct sample_opts){.prompt = "\n", .temperature = 0.8, .top_k = 200, .length = 200, .seed = 1337};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
-        static const char *const keys[] = {"--prompt", "--temperature", "--top_k", "--length", "--seed"};
+        static const char *const keys[] = {"--prompt", "--temperature", "--top_k", "--length", "--seed",
+                                           "--tokenizer"};
         int key = -1;
-        for (int k = 0; k < 5; k++) {
+        for (int k = 0; k < 6; k++) {
             size_t n = strlen(keys[k]);
             if (strncmp(a, keys[k], n) == 0 && (a[n] == '=' || a[n] == '\0')) {
                 key = k;
@@ -42,8 +49,8 @@ static int parse_opts(int argc, char **argv, struct sample_opts *o)
         }
         char *end;
         errno = 0;
-        if (key == 0) {
-            o->prompt = v;
+        if (key == 0 || key == 5) {
+            *(key == 0 ? &o->prompt : &o->tokenizer) = v;
             continue;
         }
         double d = strtod(v, &end);
@@ -114,12 +121,48 @@ static int pick(const float *logits, int v, const struct sample_opts *o, float *
     return best;
 }
 
-static void print_token(int t)
+static void print_token(const struct tokenizer *tok, int t)
 {
-    if (t < 256)
+    size_t n;
+    const unsigned char *b = tok ? tokenizer_token_bytes(tok, (uint32_t)t, &n) : NULL;
+    if (b)
+        fwrite(b, 1, n, stdout);
+    else if (!tok && t < 256)
         putchar(t);
     else
         printf("<%d>", t);
+}
+
+/* The tokenizer --tokenizer names (a tokenizer.json or a directory holding one), else the run's (NULL
+ * when the run used byte tokens). */
+static int open_tokenizer(const struct sample_opts *o, struct ckpt_reader *r, int vocab, struct tokenizer **out)
+{
+    *out = NULL;
+    char path[4096];
+    struct stat st;
+    if (o->tokenizer) {
+        snprintf(path, sizeof path, "%s%s", o->tokenizer,
+                 stat(o->tokenizer, &st) == 0 && S_ISDIR(st.st_mode) ? "/tokenizer.json" : "");
+    } else {
+        int rc = run_tokenizer_find(ckpt_reader_path(r), ckpt_reader_state(r)->config_text, path, sizeof path);
+        if (rc == FSDP_ENOTFOUND) {
+            if (vocab > 256)
+                fprintf(stderr, "fsdp-ckpt sample: %s; ids above 255 print as <id> (--tokenizer FILE decodes "
+                        "them)\n", error_message());
+            return 0;
+        }
+        if (rc < 0)
+            return rc;
+    }
+    int rc = tokenizer_load(path, out);
+    if (rc == 0 && tokenizer_vocab_size(*out) > (uint32_t)vocab)
+        rc = error_set(FSDP_EINVAL, "%s has %u ids but the model's vocab_size is %d: not the tokenizer of this "
+                       "model", path, tokenizer_vocab_size(*out), vocab);
+    if (rc < 0) {
+        tokenizer_free(*out);
+        *out = NULL;
+    }
+    return rc;
 }
 
 int ckpt_tool_sample(int argc, char **argv)
@@ -139,8 +182,20 @@ int ckpt_tool_sample(int argc, char **argv)
     float *params = NULL, *scratch = NULL;
     int32_t *ctx = NULL, *tok = NULL, *tgt = NULL;
     struct model *m = NULL;
+    struct tokenizer *tz = NULL;
+    struct tokenizer_ids pids = {0};
     int rc = 0;
-    for (size_t i = 0; i < plen; i++)
+    FSDP_TRY_GOTO(open_tokenizer(&o, r, V, &tz), rc, out);
+    if (tz) {
+        if (tokenizer_utf8_check(o.prompt, plen) != plen) {
+            rc = error_set(FSDP_EINVAL, "--prompt is not UTF-8");
+            goto out;
+        }
+        FSDP_TRY_GOTO(tokenizer_encode(tz, o.prompt, plen, &pids), rc, out);
+        if (pids.n == 0) /* an empty prompt starts where a document would: after a newline */
+            FSDP_TRY_GOTO(tokenizer_encode(tz, "\n", 1, &pids), rc, out);
+    }
+    for (size_t i = 0; !tz && i < plen; i++)
         if ((unsigned char)o.prompt[i] >= (unsigned)V) {
             rc = error_set(FSDP_EINVAL, "prompt byte %u at %zu is outside the vocabulary (vocab_size %d)",
                            (unsigned char)o.prompt[i], i, V);
@@ -153,7 +208,7 @@ int ckpt_tool_sample(int argc, char **argv)
     for (int p = 0; p < l->n_params; p++)
         FSDP_TRY_GOTO(ckpt_read(r, CKPT_PARAM, p, 0, l->params[p].numel, params + l->params[p].offset), rc, out);
     FSDP_TRY_GOTO(model_create(&m, &l->config, k, 1, T), rc, out);
-    size_t ctx_cap = plen + (size_t)o.length + 1;
+    size_t ctx_cap = (tz ? pids.n : plen) + (size_t)o.length + 1;
     ctx = malloc(ctx_cap * sizeof *ctx);
     tok = malloc((size_t)T * sizeof *tok);
     tgt = malloc((size_t)T * sizeof *tgt);
@@ -163,7 +218,9 @@ int ckpt_tool_sample(int argc, char **argv)
         goto out;
     }
     size_t n = 0;
-    for (size_t i = 0; i < plen; i++)
+    for (size_t i = 0; tz && i < pids.n; i++)
+        ctx[n++] = (int32_t)pids.v[i];
+    for (size_t i = 0; !tz && i < plen; i++)
         ctx[n++] = (unsigned char)o.prompt[i];
     if (n == 0)
         ctx[n++] = '\n' < V ? '\n' : 0; /* an empty prompt starts from a newline, as a document would */
@@ -183,7 +240,7 @@ int ckpt_tool_sample(int argc, char **argv)
         const float *logits = model_logits(m) + (w - 1) * (size_t)VP;
         int t = pick(logits, V, &o, scratch, &rng);
         ctx[n++] = t;
-        print_token(t);
+        print_token(tz, t);
     }
     putchar('\n');
 out:
@@ -196,6 +253,8 @@ out:
     free(tok);
     free(tgt);
     free(scratch);
+    tokenizer_ids_free(&pids);
+    tokenizer_free(tz);
     ckpt_close(r);
     return rc == 0 ? 0 : 1;
 }

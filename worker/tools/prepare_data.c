@@ -1,10 +1,19 @@
-/* fsdp-prepare-data: turns text files and directories into byte-level token files (vocab 256, token =
- * byte value) train.bin and val.bin, so a training run needs no tokenizer and no download. Files are
- * visited in sorted path order and cut into chunks; whole chunks go to val.bin at a steady rate (about one
- * in 1/fraction by bytes), so the split is deterministic and val covers the whole corpus rather than only
- * the files that sort last. See docs/data.md. */
+/* fsdp-prepare-data: turns text files and directories into token files train.bin and val.bin. Without a
+ * tokenizer a token is a byte (vocab 256), so a run needs no tokenizer and no download; with
+ * --tokenizer tokenizer.json the text is encoded with that byte-level BPE, each document (input file)
+ * followed by the end-of-text token, and the tokenizer's files are copied beside the token files, where
+ * fsdp-ckpt finds them. Files are visited in sorted path order and cut into chunks; whole chunks go to
+ * val.bin at a steady rate (about one in 1/fraction by bytes), so the split is deterministic and val covers
+ * the whole corpus rather than only the files that sort last. With a tokenizer a chunk ends on a
+ * pre-token boundary, so the ids of a file are the tokenizer's ids of the whole file, whichever side each
+ * chunk lands on. See docs/data.md. */
 #include "common/error.h"
+#include "common/fs.h"
 #include "common/log.h"
+#include "worker/tools/byte_progress.h"
+#include "worker/tools/prepare_meta.h"
+#include "worker/tools/token_file.h"
+#include "worker/tools/tokenizer.h"
 #include "worker/train/data.h"
 
 #include <dirent.h>
@@ -21,17 +30,10 @@
 struct path_list {
     char **v;
     size_t n, cap;
+    uint64_t bytes;
 };
 
-struct out_file {
-    char *final_path, *tmp_path;
-    int fd;
-    int64_t tokens;
-    uint16_t buf[32768];
-    size_t buffered;
-};
-
-static int path_list_add(struct path_list *l, const char *path)
+static int path_list_add(struct path_list *l, const char *path, uint64_t size)
 {
     if (l->n == l->cap) {
         size_t cap = l->cap ? 2 * l->cap : 64;
@@ -44,6 +46,7 @@ static int path_list_add(struct path_list *l, const char *path)
     if (!(l->v[l->n] = strdup(path)))
         return error_set(FSDP_ENOMEM, "out of memory");
     l->n++;
+    l->bytes += size;
     return 0;
 }
 
@@ -56,7 +59,7 @@ static int collect(const char *path, int top, struct path_list *l)
     if (stat(path, &st) != 0)
         return error_set(FSDP_ENOTFOUND, "%s: %s", path, strerror(errno));
     if (S_ISREG(st.st_mode))
-        return path_list_add(l, path);
+        return path_list_add(l, path, (uint64_t)st.st_size);
     if (!S_ISDIR(st.st_mode))
         return top ? error_set(FSDP_EINVAL, "%s: not a file or directory", path) : 0;
     DIR *dir = opendir(path);
@@ -120,185 +123,332 @@ out:
     return rc;
 }
 
-static int write_all(int fd, const void *buf, size_t len, const char *path)
-{
-    const char *p = buf;
-    while (len) {
-        ssize_t k = write(fd, p, len);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return error_set(FSDP_EIO, "%s: cannot write: %s", path, k < 0 ? strerror(errno) : "short write");
-        p += k;
-        len -= (size_t)k;
-    }
-    return 0;
-}
+enum invalid_utf8 { UTF8_ERROR = 0, UTF8_REPLACE, UTF8_SKIP };
 
-static int out_open(struct out_file *o, const char *dir, const char *name, enum data_format fmt)
-{
-    o->fd = -1;
-    if (asprintf(&o->final_path, "%s/%s", dir, name) < 0 || asprintf(&o->tmp_path, "%s/.%s.XXXXXX", dir, name) < 0)
-        return error_set(FSDP_ENOMEM, "out of memory");
-    o->fd = mkstemp(o->tmp_path);
-    if (o->fd < 0)
-        return error_set(FSDP_EIO, "%s: cannot create a file in the output directory: %s", o->final_path,
-                         strerror(errno));
-    if (fmt == DATA_FORMAT_LLMC) {
-        int32_t header[DATA_LLMC_HEADER_INTS] = {0}; /* the count is filled in at the end */
-        return write_all(o->fd, header, sizeof header, o->tmp_path);
-    }
-    return 0;
-}
-
-static int out_flush(struct out_file *o)
-{
-    int rc = write_all(o->fd, o->buf, o->buffered * sizeof o->buf[0], o->tmp_path);
-    o->buffered = 0;
-    return rc;
-}
-
-static int out_put(struct out_file *o, const unsigned char *bytes, size_t len)
-{
-    for (size_t i = 0; i < len; i++) {
-        if (o->buffered == sizeof o->buf / sizeof o->buf[0])
-            FSDP_TRY(out_flush(o));
-        o->buf[o->buffered++] = bytes[i]; /* little-endian host: uint16 in memory is the file format */
-    }
-    o->tokens += (int64_t)len;
-    return 0;
-}
-
-/* temp + fsync + rename: a reader sees the old file or the complete new one, never a partial one. */
-static int out_commit(struct out_file *o, enum data_format fmt)
-{
-    FSDP_TRY(out_flush(o));
-    if (fmt == DATA_FORMAT_LLMC) {
-        if (o->tokens > INT32_MAX)
-            return error_set(FSDP_ERANGE, "%s: %lld tokens do not fit llm.c's int32 count; use the nanoGPT "
-                                          "format", o->final_path, (long long)o->tokens);
-        int32_t head[3] = {DATA_LLMC_MAGIC, DATA_LLMC_VERSION, (int32_t)o->tokens};
-        if (pwrite(o->fd, head, sizeof head, 0) != (ssize_t)sizeof head)
-            return error_set(FSDP_EIO, "%s: cannot write the header: %s", o->tmp_path, strerror(errno));
-    }
-    if (fsync(o->fd) != 0)
-        return error_set(FSDP_EIO, "%s: fsync failed: %s", o->tmp_path, strerror(errno));
-    if (fchmod(o->fd, 0644) != 0)
-        return error_set(FSDP_EIO, "%s: chmod failed: %s", o->tmp_path, strerror(errno));
-    if (rename(o->tmp_path, o->final_path) != 0)
-        return error_set(FSDP_EIO, "%s: cannot rename into place: %s", o->final_path, strerror(errno));
-    free(o->tmp_path);
-    o->tmp_path = NULL;
-    return 0;
-}
-
-static void out_cleanup(struct out_file *o)
-{
-    if (o->fd >= 0)
-        close(o->fd);
-    if (o->tmp_path)
-        unlink(o->tmp_path);
-    free(o->tmp_path);
-    free(o->final_path);
-}
+struct prep_options {
+    const char *out_dir;
+    double val_fraction;
+    enum data_format format;
+    bool format_set;
+    size_t chunk_size;
+    const char *tokenizer; /* NULL: byte-level */
+    const char *eot, *bos;
+    enum invalid_utf8 invalid_utf8;
+    int progress; /* -1: on a terminal */
+};
 
 static void usage(FILE *f)
 {
     fprintf(f,
             "usage: fsdp-prepare-data [options] INPUT...\n"
             "Turns text files and directories (recursively; hidden entries and binary files are skipped) into\n"
-            "byte-level token files OUT/train.bin and OUT/val.bin (vocab_size 256, token = byte value).\n"
+            "token files OUT/train.bin and OUT/val.bin: byte-level tokens (vocab_size 256, token = byte value), or\n"
+            "with --tokenizer the ids of a byte-level BPE tokenizer.json, each file followed by the end-of-text\n"
+            "token. OUT/meta.json records what was made (docs/data.md).\n"
             "  -o, --out DIR            output directory (created if missing; default .)\n"
             "  -v, --val-fraction F     share of the corpus for val.bin, 0 <= F < 1 (default 0.1)\n"
-            "  -f, --format FMT         nanogpt (headerless uint16, default) or llmc (llm.c header)\n"
-            "  -c, --chunk-size BYTES   files are split into chunks of this size for the train/val split\n"
-            "                           (default 16384)\n"
+            "  -f, --format FMT         nanogpt (headerless uint16, default) or llmc (llm.c header; uint32 tokens\n"
+            "                           with llm.c's Llama 3 header when the vocabulary is above 65,536, which\n"
+            "                           is then the default)\n"
+            "  -c, --chunk-size BYTES   files are split into chunks of about this size for the train/val split\n"
+            "                           (default 16384; with a tokenizer a chunk ends on a pre-token boundary)\n"
+            "  -t, --tokenizer FILE     a Hugging Face tokenizer.json (byte-level BPE: GPT-2 or Llama 3 style), or\n"
+            "                           a directory holding one; it is copied to OUT with tokenizer_config.json\n"
+            "      --eot TOKEN          the token after each document: default the eos_token of the\n"
+            "                           tokenizer_config.json beside the tokenizer, else <|endoftext|>, else\n"
+            "                           <|end_of_text|>; `none` for no separator\n"
+            "      --bos TOKEN          also put TOKEN before each document (default: none)\n"
+            "      --invalid-utf8 MODE  a file that is not UTF-8 (with --tokenizer): error (default), replace\n"
+            "                           (each bad sequence becomes U+FFFD, as Python's errors=\"replace\") or skip\n"
+            "      --progress, --no-progress   draw a progress bar (default: when stderr is a terminal)\n"
             "  -h, --help               this text\n");
 }
 
-struct prep_options {
-    const char *out_dir;
+struct split {
+    struct token_file *train, *val;
     double val_fraction;
-    enum data_format format;
-    size_t chunk_size;
+    uint64_t train_bytes, val_bytes; /* text bytes sent to each side */
 };
 
-static int prepare(const struct prep_options *opt, char **inputs, int n_inputs)
+/* Sends a chunk of `bytes` text bytes to val while val is behind its share of all bytes seen so far
+ * (counting half this chunk), which keeps the split within one chunk of the requested fraction. */
+static struct token_file *split_side(struct split *s, size_t bytes)
 {
-    struct path_list files = {0};
-    struct out_file *train = NULL, *val = NULL;
-    unsigned char *data = NULL; /* the input file being split */
-    int rc = 0;
-    for (int i = 0; i < n_inputs; i++)
-        FSDP_TRY_GOTO(collect(inputs[i], 1, &files), rc, out);
-    if (files.n == 0) {
-        rc = error_set(FSDP_EINVAL, "no input files found in the %d input(s) given", n_inputs);
-        goto out;
+    double seen = (double)(s->train_bytes + s->val_bytes) + (double)bytes / 2;
+    bool to_val = s->val_fraction > 0 && (double)s->val_bytes < s->val_fraction * seen;
+    if (to_val)
+        s->val_bytes += bytes;
+    else
+        s->train_bytes += bytes;
+    return to_val ? s->val : s->train;
+}
+
+struct doc {
+    struct split *split;
+    struct byte_progress *progress;
+    uint64_t done;   /* bytes of the corpus finished, for the bar */
+    int64_t bos;     /* -1: none */
+    bool first;      /* the next run starts the document */
+    struct token_file *last;
+};
+
+static int doc_run(void *ctx, const uint32_t *ids, size_t n, size_t text_bytes)
+{
+    struct doc *d = ctx;
+    struct token_file *f = split_side(d->split, text_bytes);
+    if (d->first && d->bos >= 0) {
+        uint32_t b = (uint32_t)d->bos;
+        FSDP_TRY(token_file_put(f, &b, 1));
     }
-    qsort(files.v, files.n, sizeof *files.v, cmp_str);
-    if (mkdir(opt->out_dir, 0755) != 0 && errno != EEXIST) {
-        rc = error_set(FSDP_EIO, "%s: cannot create the output directory: %s", opt->out_dir, strerror(errno));
-        goto out;
-    }
-    train = calloc(1, sizeof *train);
-    val = calloc(1, sizeof *val);
-    if (!train || !val) {
-        rc = error_set(FSDP_ENOMEM, "out of memory");
-        goto out;
-    }
-    FSDP_TRY_GOTO(out_open(train, opt->out_dir, "train.bin", opt->format), rc, out);
-    FSDP_TRY_GOTO(out_open(val, opt->out_dir, "val.bin", opt->format), rc, out);
-    size_t n_text = 0, n_skipped = 0;
-    for (size_t i = 0; i < files.n; i++) {
-        size_t len;
-        FSDP_TRY_GOTO(read_file(files.v[i], &data, &len), rc, out);
-        if (len == 0 || !is_text(data, len)) {
-            n_skipped += len != 0;
-            free(data);
-            data = NULL;
-            continue;
+    d->first = false;
+    FSDP_TRY(token_file_put(f, ids, n));
+    d->last = f;
+    d->done += text_bytes;
+    byte_progress_update(d->progress, d->done);
+    return 0;
+}
+
+struct tok_setup {
+    struct tokenizer *tok;
+    char *path;       /* the tokenizer.json read */
+    int64_t eot, bos; /* -1: none */
+    char *eot_text, *bos_text;
+};
+
+static int resolve_token(const struct tokenizer *t, const char *path, const char *flag, const char *text,
+                         int64_t *id)
+{
+    uint32_t v;
+    if (tokenizer_token_id(t, text, &v) != 0)
+        return error_set(FSDP_EINVAL, "%s \"%s\": not a token of %s", flag, text, path);
+    *id = v;
+    return 0;
+}
+
+static int setup_tokenizer(const struct prep_options *opt, struct tok_setup *s)
+{
+    memset(s, 0, sizeof *s);
+    s->eot = s->bos = -1;
+    struct stat st;
+    if (stat(opt->tokenizer, &st) == 0 && S_ISDIR(st.st_mode)) {
+        if (asprintf(&s->path, "%s/tokenizer.json", opt->tokenizer) < 0) {
+            s->path = NULL;
+            return error_set(FSDP_ENOMEM, "out of memory");
         }
-        n_text++;
-        for (size_t off = 0; off < len; off += opt->chunk_size) {
-            size_t n = len - off < opt->chunk_size ? len - off : opt->chunk_size;
-            /* Send a chunk to val while val is behind its share of all bytes seen so far (counting half
-             * this chunk), which keeps the split within one chunk of the requested fraction. */
-            double seen = (double)(train->tokens + val->tokens) + (double)n / 2;
-            int to_val = opt->val_fraction > 0 && (double)val->tokens < opt->val_fraction * seen;
-            FSDP_TRY_GOTO(out_put(to_val ? val : train, data + off, n), rc, out);
+    } else if (!(s->path = strdup(opt->tokenizer))) {
+        return error_set(FSDP_ENOMEM, "out of memory");
+    }
+    FSDP_TRY(tokenizer_load(s->path, &s->tok));
+    if (opt->bos) {
+        FSDP_TRY(resolve_token(s->tok, s->path, "--bos", opt->bos, &s->bos));
+        s->bos_text = strdup(opt->bos);
+    }
+    if (opt->eot && strcmp(opt->eot, "none") == 0)
+        return 0; /* no separator */
+    if (opt->eot) {
+        FSDP_TRY(resolve_token(s->tok, s->path, "--eot", opt->eot, &s->eot));
+        s->eot_text = strdup(opt->eot);
+        return 0;
+    }
+    char *cfg_eos = NULL;
+    FSDP_TRY(prepare_meta_config_eos(s->path, &cfg_eos));
+    uint32_t v;
+    int rc = 0;
+    if (cfg_eos && tokenizer_token_id(s->tok, cfg_eos, &v) != 0) {
+        rc = error_set(FSDP_EINVAL, "the tokenizer_config.json beside %s names eos_token \"%s\", which is not one "
+                       "of its tokens: name the end-of-text token with --eot TOKEN", s->path, cfg_eos);
+        goto out;
+    }
+    const char *cands[] = {cfg_eos, "<|endoftext|>", "<|end_of_text|>"};
+    for (int i = 0; i < 3 && s->eot < 0; i++) {
+        if (cands[i] && tokenizer_token_id(s->tok, cands[i], &v) == 0) {
+            s->eot = v;
+            s->eot_text = strdup(cands[i]);
+        }
+    }
+    if (s->eot < 0)
+        rc = error_set(FSDP_EINVAL, "%s has no end-of-text token (no eos_token in a tokenizer_config.json beside it, "
+                       "no <|endoftext|>, no <|end_of_text|>): name one with --eot TOKEN, or --eot none", s->path);
+out:
+    free(cfg_eos);
+    return rc;
+}
+
+static void free_setup(struct tok_setup *s)
+{
+    tokenizer_free(s->tok);
+    free(s->path);
+    free(s->eot_text);
+    free(s->bos_text);
+}
+
+/* One text file with a tokenizer: its UTF-8 checked (or repaired), encoded in runs, then the EOT. */
+static int encode_file(const struct prep_options *opt, const struct tok_setup *ts, struct doc *d, const char *path,
+                       unsigned char *data, size_t len, struct prepare_stats *stats)
+{
+    char *text = (char *)data, *repaired = NULL;
+    size_t n = len, bad_at = tokenizer_utf8_check(text, len);
+    if (bad_at < len) {
+        if (opt->invalid_utf8 == UTF8_SKIP) {
+            stats->utf8_skipped++;
+            return 1;
+        }
+        if (opt->invalid_utf8 == UTF8_ERROR)
+            return error_set(FSDP_EINVAL, "%s: not UTF-8 (invalid byte 0x%02x at offset %zu); convert it (iconv), or "
+                             "pass --invalid-utf8 replace (U+FFFD, as Python's errors=\"replace\") or --invalid-utf8 "
+                             "skip", path, data[bad_at], bad_at);
+        size_t replaced;
+        FSDP_TRY(tokenizer_utf8_repair(text, len, &repaired, &n, &replaced));
+        stats->utf8_replaced += replaced;
+        text = repaired;
+    }
+    d->first = true;
+    d->last = NULL;
+    uint64_t done0 = d->done;
+    int rc = 0;
+    FSDP_TRY_GOTO(tokenizer_encode_runs(ts->tok, text, n, opt->chunk_size, doc_run, d), rc, out);
+    if (ts->eot >= 0) {
+        uint32_t e = (uint32_t)ts->eot;
+        FSDP_TRY_GOTO(token_file_put(d->last ? d->last : d->split->train, &e, 1), rc, out);
+    }
+out:
+    d->done = done0 + len; /* a repaired text is longer than the file: the bar counts the file's bytes */
+    free(repaired);
+    return rc;
+}
+
+/* Every input file into the split, with the bar. */
+static int fill(const struct prep_options *opt, const struct tok_setup *ts, const struct path_list *files,
+                struct split *split, struct prepare_stats *stats)
+{
+    struct byte_progress bar;
+    byte_progress_init(&bar, stderr, opt->progress, "encoding", files->bytes);
+    struct doc doc = {.split = split, .progress = &bar, .bos = ts->bos};
+    unsigned char *data = NULL;
+    int rc = 0;
+    double t0 = log_elapsed_s();
+    for (size_t i = 0; i < files->n; i++) {
+        size_t len;
+        FSDP_TRY_GOTO(read_file(files->v[i], &data, &len), rc, out);
+        if (len == 0 || !is_text(data, len)) {
+            stats->binary_skipped += len != 0;
+            doc.done += len;
+        } else if (!ts->tok) {
+            stats->input_bytes += len;
+            stats->text_files++;
+            for (size_t off = 0; off < len; off += opt->chunk_size) {
+                size_t n = len - off < opt->chunk_size ? len - off : opt->chunk_size;
+                FSDP_TRY_GOTO(token_file_put_bytes(split_side(split, n), data + off, n), rc, out);
+                doc.done += n;
+                byte_progress_update(&bar, doc.done);
+            }
+        } else {
+            stats->input_bytes += len;
+            int done = encode_file(opt, ts, &doc, files->v[i], data, len, stats);
+            FSDP_TRY_GOTO(done, rc, out);
+            stats->text_files += done == 0; /* 1: skipped, not UTF-8 */
         }
         free(data);
         data = NULL;
     }
-    if (n_text == 0) {
-        rc = error_set(FSDP_EINVAL, "no text files among the %zu input files (%zu binary files skipped)",
-                       files.n, n_skipped);
-        goto out;
+out:
+    free(data);
+    stats->seconds = log_elapsed_s() - t0;
+    byte_progress_finish(&bar, doc.done);
+    return rc;
+}
+
+static void report(const struct prepare_meta *m, const struct tok_setup *ts, const struct token_file *train,
+                   const struct token_file *val)
+{
+    const struct prepare_stats *s = m->stats;
+    printf("%zu text files (%zu binary skipped), vocab_size %u, format %s\n", s->text_files, s->binary_skipped,
+           m->vocab_size, m->format == DATA_FORMAT_NANOGPT ? "nanogpt" : m->format == DATA_FORMAT_LLMC ? "llmc"
+                                                                                       : "llmc uint32");
+    if (ts->tok)
+        printf("tokenizer %s: %s, %zu merges, %zu added tokens; each document ends with %s%s%s\n", ts->path,
+               tokenizer_style(ts->tok), tokenizer_merge_count(ts->tok), tokenizer_added_count(ts->tok),
+               ts->eot_text ? ts->eot_text : "nothing", ts->bos_text ? ", starts with " : "",
+               ts->bos_text ? ts->bos_text : "");
+    printf("%s: %lld tokens\n", train->final_path, (long long)train->tokens);
+    printf("%s: %lld tokens\n", val->final_path, (long long)val->tokens);
+    printf("%.1f MB of text in %.2f s (%.1f MB/s)\n", (double)s->input_bytes / 1e6, s->seconds,
+           s->seconds > 0 ? (double)s->input_bytes / 1e6 / s->seconds : 0.0);
+}
+
+static int prepare(const struct prep_options *opt, char **inputs, int n_inputs)
+{
+    struct path_list files = {0};
+    struct tok_setup ts = {.eot = -1, .bos = -1};
+    struct token_file *train = NULL, *val = NULL;
+    int rc = 0;
+    for (int i = 0; i < n_inputs; i++)
+        FSDP_TRY_GOTO(collect(inputs[i], 1, &files), rc, done);
+    if (files.n == 0) {
+        rc = error_set(FSDP_EINVAL, "no input files found in the %d input(s) given", n_inputs);
+        goto done;
+    }
+    qsort(files.v, files.n, sizeof *files.v, cmp_str);
+    enum data_format format = opt->format;
+    uint32_t vocab = 256;
+    if (opt->tokenizer) {
+        FSDP_TRY_GOTO(setup_tokenizer(opt, &ts), rc, done);
+        vocab = tokenizer_vocab_size(ts.tok);
+        if (vocab > 65536 && opt->format_set && format == DATA_FORMAT_NANOGPT) {
+            rc = error_set(FSDP_EINVAL, "--format nanogpt holds uint16 tokens, but %s has %u ids: use --format llmc "
+                           "(uint32 tokens with llm.c's Llama 3 header)", ts.path, vocab);
+            goto done;
+        }
+        if (vocab > 65536)
+            format = DATA_FORMAT_LLMC_U32;
+    }
+    FSDP_TRY_GOTO(fs_mkdir_p(opt->out_dir, "output directory"), rc, done);
+    train = calloc(1, sizeof *train);
+    val = calloc(1, sizeof *val);
+    if (!train || !val) {
+        rc = error_set(FSDP_ENOMEM, "out of memory");
+        goto done;
+    }
+    train->fd = val->fd = -1;
+    FSDP_TRY_GOTO(token_file_open(train, opt->out_dir, "train.bin", format), rc, done);
+    FSDP_TRY_GOTO(token_file_open(val, opt->out_dir, "val.bin", format), rc, done);
+    struct split split = {.train = train, .val = val, .val_fraction = opt->val_fraction};
+    struct prepare_stats stats = {0};
+    FSDP_TRY_GOTO(fill(opt, &ts, &files, &split, &stats), rc, done);
+    if (stats.text_files == 0) {
+        rc = error_set(FSDP_EINVAL, "no text files among the %zu input files (%zu binary skipped, %zu not UTF-8)",
+                       files.n, stats.binary_skipped, stats.utf8_skipped);
+        goto done;
     }
     if (train->tokens == 0 || (opt->val_fraction > 0 && val->tokens == 0)) {
         rc = error_set(FSDP_EINVAL, "corpus too small to split: train %lld, val %lld tokens; lower --chunk-size",
                        (long long)train->tokens, (long long)val->tokens);
-        goto out;
+        goto done;
     }
-    FSDP_TRY_GOTO(out_commit(train, opt->format), rc, out);
-    FSDP_TRY_GOTO(out_commit(val, opt->format), rc, out);
+    stats.train_tokens = train->tokens;
+    stats.val_tokens = val->tokens;
+    stats.train_bytes = split.train_bytes;
+    stats.val_bytes = split.val_bytes;
+    FSDP_TRY_GOTO(token_file_commit(train), rc, done);
+    FSDP_TRY_GOTO(token_file_commit(val), rc, done);
+    struct prepare_meta meta = {.out_dir = opt->out_dir, .tokenizer_path = ts.path, .tok = ts.tok,
+                                .vocab_size = vocab, .format = format, .eot = ts.eot, .eot_text = ts.eot_text,
+                                .bos = ts.bos, .bos_text = ts.bos_text, .stats = &stats};
+    FSDP_TRY_GOTO(prepare_meta_write(&meta), rc, done);
     int dfd = open(opt->out_dir, O_RDONLY | O_DIRECTORY);
     if (dfd >= 0) {
         fsync(dfd); /* makes the renames durable */
         close(dfd);
     }
-    printf("%zu text files (%zu binary skipped), vocab_size 256, format %s\n", n_text, n_skipped,
-           opt->format == DATA_FORMAT_LLMC ? "llmc" : "nanogpt");
-    printf("%s: %lld tokens\n", train->final_path, (long long)train->tokens);
-    printf("%s: %lld tokens\n", val->final_path, (long long)val->tokens);
-out:
-    free(data);
-    if (train && val) { /* both allocated: the files may exist */
-        out_cleanup(train);
-        out_cleanup(val);
-    }
+    report(&meta, &ts, train, val);
+done:
+    if (train)
+        token_file_cleanup(train);
+    if (val)
+        token_file_cleanup(val);
     free(train);
     free(val);
+    free_setup(&ts);
     for (size_t i = 0; i < files.n; i++)
         free(files.v[i]);
     free(files.v);
@@ -308,14 +458,19 @@ out:
 int main(int argc, char **argv)
 {
     log_init("fsdp-prepare-data");
-    struct prep_options opt = {".", 0.1, DATA_FORMAT_NANOGPT, 16384};
+    struct prep_options opt = {.out_dir = ".", .val_fraction = 0.1, .format = DATA_FORMAT_NANOGPT,
+                               .chunk_size = 16384, .progress = -1};
+    enum { OPT_EOT = 256, OPT_BOS, OPT_UTF8, OPT_PROGRESS, OPT_NO_PROGRESS };
     static const struct option longopts[] = {
         {"out", required_argument, NULL, 'o'},        {"val-fraction", required_argument, NULL, 'v'},
         {"format", required_argument, NULL, 'f'},     {"chunk-size", required_argument, NULL, 'c'},
+        {"tokenizer", required_argument, NULL, 't'},  {"eot", required_argument, NULL, OPT_EOT},
+        {"bos", required_argument, NULL, OPT_BOS},    {"invalid-utf8", required_argument, NULL, OPT_UTF8},
+        {"progress", no_argument, NULL, OPT_PROGRESS}, {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
         {"help", no_argument, NULL, 'h'},             {NULL, 0, NULL, 0},
     };
     int c;
-    while ((c = getopt_long(argc, argv, "o:v:f:c:h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "o:v:f:c:t:h", longopts, NULL)) != -1) {
         char *end;
         switch (c) {
         case 'o':
@@ -337,6 +492,7 @@ int main(int argc, char **argv)
                 log_error("--format %s: use nanogpt or llmc", optarg);
                 return 2;
             }
+            opt.format_set = true;
             break;
         case 'c': {
             long long v = strtoll(optarg, &end, 10);
@@ -347,6 +503,31 @@ int main(int argc, char **argv)
             opt.chunk_size = (size_t)v;
             break;
         }
+        case 't':
+            opt.tokenizer = optarg;
+            break;
+        case OPT_EOT:
+            opt.eot = optarg;
+            break;
+        case OPT_BOS:
+            opt.bos = optarg;
+            break;
+        case OPT_UTF8:
+            if (strcmp(optarg, "error") == 0) {
+                opt.invalid_utf8 = UTF8_ERROR;
+            } else if (strcmp(optarg, "replace") == 0) {
+                opt.invalid_utf8 = UTF8_REPLACE;
+            } else if (strcmp(optarg, "skip") == 0) {
+                opt.invalid_utf8 = UTF8_SKIP;
+            } else {
+                log_error("--invalid-utf8 %s: use error, replace or skip", optarg);
+                return 2;
+            }
+            break;
+        case OPT_PROGRESS:
+        case OPT_NO_PROGRESS:
+            opt.progress = c == OPT_PROGRESS;
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -354,6 +535,10 @@ int main(int argc, char **argv)
             usage(stderr);
             return 2;
         }
+    }
+    if (!opt.tokenizer && (opt.eot || opt.bos)) {
+        log_error("--%s needs --tokenizer: byte-level tokens have no end-of-text token", opt.eot ? "eot" : "bos");
+        return 2;
     }
     if (optind >= argc) {
         log_error("no input files: give text files or directories, e.g. fsdp-prepare-data -o data docs");

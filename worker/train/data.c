@@ -4,6 +4,7 @@
 #include "common/log.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,11 +18,15 @@ struct data_file {
     enum data_format format;
     void *map;
     size_t map_len;
-    const uint16_t *tokens;
+    const void *tokens; /* uint16_t or, for DATA_FORMAT_LLMC_U32, uint32_t */
     int64_t n_tokens;
 };
 
-const char *data_format_name(enum data_format f) { return f == DATA_FORMAT_LLMC ? "llm.c" : "nanoGPT"; }
+const char *data_format_name(enum data_format f)
+{
+    return f == DATA_FORMAT_LLMC ? "llm.c" : f == DATA_FORMAT_LLMC_U32 ? "llm.c uint32" : "nanoGPT";
+}
+int data_format_token_bytes(enum data_format f) { return f == DATA_FORMAT_LLMC_U32 ? 4 : 2; }
 const char *data_path(const struct data_file *d) { return d->path; }
 enum data_format data_format_of(const struct data_file *d) { return d->format; }
 int64_t data_num_tokens(const struct data_file *d) { return d->n_tokens; }
@@ -63,11 +68,21 @@ int data_get_rows(const struct data_file *d, int64_t step, int64_t row_begin, in
                          (long long)d->opt.batch_rows);
     int64_t T = d->opt.block_size;
     for (int64_t r = 0; r < row_count; r++) {
-        const uint16_t *src = d->tokens + data_row_offset(d, step, row_begin + r);
+        int64_t off = data_row_offset(d, step, row_begin + r);
         int32_t *in = inputs + r * T, *tg = targets + r * T;
-        for (int64_t t = 0; t < T; t++) {
-            in[t] = src[t];
-            tg[t] = src[t + 1];
+        if (d->format == DATA_FORMAT_LLMC_U32) {
+            /* data_scan checked every token < vocab_size <= INT32_MAX */
+            const uint32_t *src = (const uint32_t *)d->tokens + off;
+            for (int64_t t = 0; t < T; t++) {
+                in[t] = (int32_t)src[t];
+                tg[t] = (int32_t)src[t + 1];
+            }
+        } else {
+            const uint16_t *src = (const uint16_t *)d->tokens + off;
+            for (int64_t t = 0; t < T; t++) {
+                in[t] = src[t];
+                tg[t] = src[t + 1];
+            }
         }
     }
     return 0;
@@ -95,20 +110,22 @@ static int data_detect(struct data_file *d, size_t size)
     int32_t head[3] = {0, 0, 0};
     if (size >= 12)
         memcpy(head, bytes, sizeof head);
-    if (size >= 12 && head[0] == DATA_LLMC_MAGIC) {
-        size_t hdr = DATA_LLMC_HEADER_INTS * sizeof(int32_t);
-        if (head[1] != DATA_LLMC_VERSION)
-            return error_set(FSDP_EINVAL, "%s: llm.c header has version %d, expected %d", d->path, head[1],
-                             DATA_LLMC_VERSION);
+    if (size >= 12 && (head[0] == DATA_LLMC_MAGIC || head[0] == DATA_LLMC_U32_MAGIC)) {
+        bool u32 = head[0] == DATA_LLMC_U32_MAGIC;
+        int version = u32 ? DATA_LLMC_U32_VERSION : DATA_LLMC_VERSION;
+        size_t hdr = DATA_LLMC_HEADER_INTS * sizeof(int32_t), tb = u32 ? 4 : 2;
+        if (head[1] != version)
+            return error_set(FSDP_EINVAL, "%s: llm.c header (magic %d) has version %d, expected %d", d->path,
+                             head[0], head[1], version);
         if (size < hdr)
             return error_set(FSDP_EINVAL, "%s: llm.c magic found but the file (%zu bytes) is shorter than the "
                                           "%zu-byte header", d->path, size, hdr);
-        if (head[2] < 0 || (size - hdr) != (size_t)head[2] * 2)
+        if (head[2] < 0 || (size - hdr) != (size_t)head[2] * tb)
             return error_set(FSDP_EINVAL, "%s: llm.c header says %d tokens but the file holds %zu bytes of "
-                                          "tokens (%zu tokens): truncated or corrupt", d->path, head[2],
-                             size - hdr, (size - hdr) / 2);
-        d->format = DATA_FORMAT_LLMC;
-        d->tokens = (const uint16_t *)(bytes + hdr);
+                                          "uint%zu tokens (%zu tokens): truncated or corrupt", d->path, head[2],
+                             size - hdr, 8 * tb, (size - hdr) / tb);
+        d->format = u32 ? DATA_FORMAT_LLMC_U32 : DATA_FORMAT_LLMC;
+        d->tokens = bytes + hdr;
         d->n_tokens = head[2];
         return 0;
     }
@@ -116,28 +133,44 @@ static int data_detect(struct data_file *d, size_t size)
         return error_set(FSDP_EINVAL, "%s: odd size (%zu bytes) for a file of uint16 tokens: truncated or "
                                       "not a token file", d->path, size);
     d->format = DATA_FORMAT_NANOGPT;
-    d->tokens = (const uint16_t *)bytes;
+    d->tokens = bytes;
     d->n_tokens = (int64_t)(size / 2);
     return 0;
 }
 
 static int data_scan(const struct data_file *d)
 {
-    if (d->opt.vocab_size > UINT16_MAX)
-        return 0; /* every uint16 is a valid token */
-    uint16_t vocab = (uint16_t)d->opt.vocab_size;
-    /* Branch-free max over the file vectorises; the position is searched only on failure. */
-    uint16_t max = 0;
-    for (int64_t i = 0; i < d->n_tokens; i++)
-        max = d->tokens[i] > max ? d->tokens[i] : max;
-    if (max < vocab)
-        return 0;
     int64_t i = 0;
-    while (d->tokens[i] < vocab)
-        i++;
-    return error_set(FSDP_EINVAL, "%s: token %u at index %lld is >= vocab_size %lld (the file was made for "
+    uint64_t bad = 0;
+    if (d->format == DATA_FORMAT_LLMC_U32) {
+        const uint32_t *tok = d->tokens;
+        uint64_t vocab = (uint64_t)d->opt.vocab_size;
+        uint32_t max = 0;
+        for (int64_t k = 0; k < d->n_tokens; k++)
+            max = tok[k] > max ? tok[k] : max;
+        if (max < vocab)
+            return 0;
+        while (tok[i] < vocab)
+            i++;
+        bad = tok[i];
+    } else {
+        if (d->opt.vocab_size > UINT16_MAX)
+            return 0; /* every uint16 is a valid token */
+        const uint16_t *tok = d->tokens;
+        uint16_t vocab = (uint16_t)d->opt.vocab_size;
+        /* Branch-free max over the file vectorises; the position is searched only on failure. */
+        uint16_t max = 0;
+        for (int64_t k = 0; k < d->n_tokens; k++)
+            max = tok[k] > max ? tok[k] : max;
+        if (max < vocab)
+            return 0;
+        while (tok[i] < vocab)
+            i++;
+        bad = tok[i];
+    }
+    return error_set(FSDP_EINVAL, "%s: token %llu at index %lld is >= vocab_size %lld (the file was made for "
                                   "another tokenizer, or vocab_size is too small)", d->path,
-                     (unsigned)d->tokens[i], (long long)i, (long long)d->opt.vocab_size);
+                     (unsigned long long)bad, (long long)i, (long long)d->opt.vocab_size);
 }
 
 int data_open(const char *path, const struct data_options *opt, struct data_file **out)

@@ -20,6 +20,13 @@ struct metrics {
     struct tfevents_writer *events;
 };
 
+static double metrics_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /* Appends to buf at *len; sets *len past cap on overflow so the caller checks once. */
 static void metrics_append(char *buf, size_t cap, size_t *len, const char *fmt, ...)
 {
@@ -32,10 +39,26 @@ static void metrics_append(char *buf, size_t cap, size_t *len, const char *fmt, 
     *len = n < 0 ? cap : *len + (size_t)n;
 }
 
+/* Values are written as the float32 TensorBoard stores, in the fewest digits that a JSON reader's double,
+ * rounded to float32, turns back into the same float (at most 9), so the two records agree bit for bit. */
 static void metrics_append_float(char *buf, size_t cap, size_t *len, const char *key, double v)
 {
-    if (isfinite(v))
-        metrics_append(buf, cap, len, ",\"%s\":%.9g", key, v);
+    float f = (float)v;
+    if (isfinite(f)) {
+        char text[32];
+        int digits = 1;
+        for (; digits < 9; digits++) {
+            snprintf(text, sizeof text, "%.*g", digits, (double)f);
+            if ((float)strtod(text, NULL) == f)
+                break;
+        }
+        /* 1000, not 1e+03, for numbers people read (the value is the same) */
+        double a = fabs((double)f);
+        do
+            snprintf(text, sizeof text, "%.*g", digits++, (double)f);
+        while (strchr(text, 'e') && a >= 1e-4 && a < 1e15 && digits <= 17);
+        metrics_append(buf, cap, len, ",\"%s\":%s", key, text);
+    }
     else
         metrics_append(buf, cap, len, ",\"%s\":null", key);
 }
@@ -56,7 +79,7 @@ int metrics_format_line(char *buf, size_t cap, const struct metrics_row *row)
     return (int)len;
 }
 
-int metrics_open(const char *dir, int resume, struct metrics **out)
+int metrics_open(const char *dir, int64_t first_step, struct metrics **out)
 {
     *out = NULL;
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
@@ -71,13 +94,16 @@ int metrics_open(const char *dir, int resume, struct metrics **out)
         rc = error_set(FSDP_ENOMEM, "metrics: out of memory");
         goto fail;
     }
-    int flags = O_WRONLY | O_CREAT | O_CLOEXEC | O_APPEND | (resume ? 0 : O_TRUNC);
+    int flags = O_WRONLY | O_CREAT | O_CLOEXEC | O_APPEND | (first_step > 0 ? 0 : O_TRUNC);
     m->fd = open(m->jsonl_path, flags, 0644);
     if (m->fd < 0) {
         rc = error_set(FSDP_EIO, "metrics: cannot open %s: %s", m->jsonl_path, strerror(errno));
         goto fail;
     }
     FSDP_TRY_GOTO(tfevents_open(dir, &m->events), rc, fail);
+    /* This run (re)writes every step from first_step on; TensorBoard forgets what older files say about
+     * those steps when it reads this record, as metrics.jsonl was trimmed for them. */
+    FSDP_TRY_GOTO(tfevents_write_session_start(m->events, metrics_now(), first_step), rc, fail);
     *out = m;
     return 0;
 fail:
@@ -103,10 +129,7 @@ int metrics_log(struct metrics *m, const struct metrics_row *row)
     const char *tags[5] = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "val/loss"};
     float values[5] = {(float)row->loss, (float)row->lr, (float)row->grad_norm, (float)row->tokens_per_s,
                        (float)row->val_loss};
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    double now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-    return tfevents_write_scalars(m->events, now, row->step, row->has_val ? 5 : 4, tags, values);
+    return tfevents_write_scalars(m->events, metrics_now(), row->step, row->has_val ? 5 : 4, tags, values);
 }
 
 void metrics_close(struct metrics *m)

@@ -17,17 +17,19 @@ struct metrics_row {
 
 struct metrics;
 
-/* Creates `dir` if missing (one level), opens dir/metrics.jsonl (appending when `resume`, so a resumed
- * run extends the history; truncating otherwise) and a new event file in dir. */
-int metrics_open(const char *dir, int resume, struct metrics **out);
+/* Creates `dir` if missing (one level), opens dir/metrics.jsonl (appending when first_step > 0, so a
+ * resumed run extends the history; truncating otherwise) and a new event file in dir that starts with a
+ * SessionLog START at first_step, so TensorBoard shows each step once after a resume. */
+int metrics_open(const char *dir, int64_t first_step, struct metrics **out);
 int metrics_log(struct metrics *m, const struct metrics_row *row);
 /* Path of the event file (owned by m). */
 const char *metrics_events_path(const struct metrics *m);
 void metrics_close(struct metrics *m);
 
 /* Formats one metrics.jsonl line (with its '\n') into buf; returns its length or a negative fsdp_error.
- * Floats use %.9g: 9 significant digits are enough for a float to read back exactly; non-finite values
- * (a diverged loss) are written as null, since JSON has no NaN. */
+ * Values are rounded to float32, TensorBoard's scalar type, and written with %.9g: 9 significant digits are
+ * enough for a float to read back exactly, so both files hold the same bits. Non-finite values (a diverged
+ * loss) are written as null, since JSON has no NaN. */
 int metrics_format_line(char *buf, size_t cap, const struct metrics_row *row);
 
 #endif

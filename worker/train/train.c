@@ -245,7 +245,7 @@ static int log_open(struct trainer *t, int64_t first_step)
         FSDP_TRY(fs_mkdir_p(t->logdir, "log.dir"));
         if (first_step > 0)
             FSDP_TRY(metrics_trim(t->logdir, first_step));
-        FSDP_TRY(metrics_open(t->logdir, first_step > 0, &t->met));
+        FSDP_TRY(metrics_open(t->logdir, first_step, &t->met));
     }
     t->peak_flops = peak_flops(t->k);
     const struct model_layout *l = model_get_layout(t->model);
@@ -332,6 +332,20 @@ out:
     return rc;
 }
 
+void train_model_config(const struct worker_config *wc, struct model_config *mc)
+{
+    model_config_default(mc);
+    mc->n_layer = wc->model.n_layer;
+    mc->n_head = wc->model.n_head;
+    mc->n_embd = wc->model.n_embd;
+    mc->vocab_size = wc->model.vocab_size;
+    mc->block_size = wc->model.block_size;
+    mc->init_std = (float)wc->model.init_std;
+    mc->seed = wc->model.seed;
+    mc->activation_checkpointing = wc->model.activation_checkpointing;
+    snprintf(mc->init_from, sizeof mc->init_from, "%s", wc->model.init_from);
+}
+
 int train_run(const struct worker_config *wc, const char *config_text, struct train_env *env)
 {
     struct trainer t = {.wc = wc, .env = env, .rss_at_start = rss_now()};
@@ -342,16 +356,7 @@ int train_run(const struct worker_config *wc, const char *config_text, struct tr
     t.tokens_per_step = (double)wc->train.train_batch * wc->model.block_size;
 
     struct model_config mc;
-    model_config_default(&mc);
-    mc.n_layer = wc->model.n_layer;
-    mc.n_head = wc->model.n_head;
-    mc.n_embd = wc->model.n_embd;
-    mc.vocab_size = wc->model.vocab_size;
-    mc.block_size = wc->model.block_size;
-    mc.init_std = (float)wc->model.init_std;
-    mc.seed = wc->model.seed;
-    mc.activation_checkpointing = wc->model.activation_checkpointing;
-    snprintf(mc.init_from, sizeof mc.init_from, "%s", wc->model.init_from);
+    train_model_config(wc, &mc);
 
     size_t ntok = (size_t)wc->train.micro_batch * wc->model.block_size;
     t.inputs = malloc(ntok * sizeof *t.inputs);

@@ -1,0 +1,510 @@
+/* fsdp-launch's options: the table (names, aliases, kinds, help), how each value is checked and applied,
+ * and torchrun's Std masks and local-rank filter. */
+#include "launcher/args_internal.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "common/error.h"
+#include "launcher/devices.h"
+
+const struct launch_opt launch_opts[O_COUNT] = {
+    [O_NNODES] = {"nnodes", {"num_machines"}, K_VALUE, "number of nodes: N (or N:N; elastic MIN:MAX is refused)"},
+    [O_NPROC] = {"nproc_per_node", {0}, K_VALUE, "workers per node: N, auto, cpu or gpu"},
+    [O_RDZV_BACKEND] = {"rdzv_backend", {0}, K_VALUE, "static or c10d: both are fsdp-launch's store on node 0"},
+    [O_RDZV_ENDPOINT] = {"rdzv_endpoint", {0}, K_VALUE, "HOST[:PORT] of node 0: the same as --master_addr/--master_port"},
+    [O_RDZV_ID] = {"rdzv_id", {0}, K_VALUE, "job id shared by all nodes (TORCHELASTIC_RUN_ID)"},
+    [O_RUN_ID] = {"run_id", {0}, K_VALUE, "same as --rdzv_id"},
+    [O_RDZV_CONF] = {"rdzv_conf", {0}, K_VALUE, "K=V,...: join_timeout, timeout, keep_alive_interval, "
+                                                "keep_alive_max_attempt, is_host, ... (docs/launcher.md)"},
+    [O_STANDALONE] = {"standalone", {0}, K_BOOL, "one node, store on a free local port (printed)"},
+    [O_MAX_RESTARTS] = {"max_restarts", {0}, K_VALUE, "restarts of the whole job after a failure (default 0)"},
+    [O_MONITOR] = {"monitor_interval", {0}, K_VALUE, "seconds between store checks (default 0.1)"},
+    [O_START_METHOD] = {"start_method", {0}, K_VALUE, "spawn, fork or forkserver: workers are always new processes"},
+    [O_EVENT_LOG_HANDLER] = {"event_log_handler", {0}, K_VALUE, "null (the only handler; events are log lines)"},
+    [O_ROLE] = {"role", {0}, K_VALUE, "ROLE_NAME for the workers (default 'default')"},
+    [O_MODULE] = {"module", {"m"}, K_BOOL, "run PROGRAM as a Python module: PYTHON -u -m PROGRAM"},
+    [O_NO_PYTHON] = {"no_python", {0}, K_BOOL, "run PROGRAM as is, never through Python"},
+    [O_RUN_PATH] = {"run_path", {0}, K_BOOL, "run the script with runpy.run_path in PYTHON"},
+    [O_LOG_DIR] = {"log_dir", {0}, K_VALUE, "write <dir>/<run_id>/attempt_<n>/<local_rank>/{stdout,stderr}.log"},
+    [O_REDIRECTS] = {"redirects", {"r"}, K_VALUE, "streams sent only to log files: 0 none, 1 out, 2 err, 3 both, or L:N,..."},
+    [O_TEE] = {"tee", {"t"}, K_VALUE, "streams also echoed with a prefix: same syntax as --redirects"},
+    [O_PREFIX_TEMPLATE] = {"log_line_prefix_template", {0}, K_VALUE,
+                           "prefix of --tee lines: ${role_name} ${local_rank} ${rank} ${hostname}"},
+    [O_FILTER] = {"local_ranks_filter", {0}, K_VALUE, "comma list of local ranks whose output reaches the console"},
+    [O_DUP_STDOUT] = {"duplicate_stdout_filters", {0}, K_VALUE,
+                      "with --log_dir: --tee stdout lines containing any of these (comma list; ',,' is a comma) "
+                      "also go to <log_dir>/<run_id>/attempt_<n>/filtered_stdout.log"},
+    [O_DUP_STDERR] = {"duplicate_stderr_filters", {0}, K_VALUE, "the same for stderr (filtered_stderr.log)"},
+    [O_NODE_RANK] = {"node_rank", {"machine_rank"}, K_VALUE, "this node's rank, 0..nnodes-1 (node 0 hosts the store)"},
+    [O_MASTER_ADDR] = {"master_addr", {"main_process_ip"}, K_VALUE, "address of node 0 (default 127.0.0.1)"},
+    [O_MASTER_PORT] = {"master_port", {"main_process_port"}, K_VALUE,
+                       "store port on node 0 (one node: a free port, printed; several: 29500)"},
+    [O_LOCAL_ADDR] = {"local_addr", {0}, K_VALUE, "this node's name in the store and in messages (default hostname)"},
+    [O_LOGS_SPECS] = {"logs_specs", {0}, K_VALUE, "refused: a Python entry point fsdp-launch cannot load"},
+    [O_NUMA_BINDING] = {"numa_binding", {0}, K_VALUE, "refused: bind inside the program (numactl, OMP_PLACES)"},
+    [O_SIGNALS] = {"signals_to_handle", {0}, K_VALUE,
+                   "signals forwarded to the workers before the job stops (default SIGTERM,SIGINT,SIGHUP,SIGQUIT)"},
+    [O_SHUTDOWN] = {"shutdown_timeout", {0}, K_VALUE, "seconds between SIGTERM and SIGKILL at teardown (default 30)"},
+    [O_VIRTUAL_LOCAL_RANK] = {"virtual_local_rank", {0}, K_BOOL,
+                              "LOCAL_RANK=0 for every worker, each seeing only its GPU in CUDA_VISIBLE_DEVICES"},
+    [O_PRINT_COMPLETION] = {"print_completion", {0}, K_VALUE, "refused: no completion scripts"},
+    [O_CONFIG_FILE] = {"config_file", {0}, K_VALUE, "accelerate config (YAML or JSON): launch keys and fsdp_config"},
+    [O_NUM_PROCESSES] = {"num_processes", {0}, K_VALUE, "workers of the whole job (accelerate): nproc_per_node x nnodes"},
+    [O_GPU_IDS] = {"gpu_ids", {0}, K_VALUE, "CUDA_VISIBLE_DEVICES of the workers (accelerate; 'all' = unchanged)"},
+    [O_OMP_THREADS] = {"num_cpu_threads_per_process", {0}, K_VALUE, "OMP_NUM_THREADS of the workers (accelerate)"},
+    [O_MULTI_GPU] = {"multi_gpu", {0}, K_BOOL, "accepted (accelerate): several workers are several processes anyway"},
+    [O_SAME_NETWORK] = {"same_network", {0}, K_BOOL, "accepted (accelerate): no effect"},
+    [O_RDZV_TIMEOUT] = {"rdzv_timeout", {0}, K_VALUE, "seconds to wait for the store and for all nodes (default 900)"},
+    [O_LOG_LEVEL] = {"log_level", {0}, K_VALUE, "debug, info, warn, error or off (default info)"},
+    [O_PYTHON] = {"python", {0}, K_VALUE, "interpreter of Python scripts (default PYTHON_EXEC, else python3 in PATH)"},
+    [O_PRINT_CONFIG] = {"print_config", {0}, K_OPTIONAL,
+                        "print every setting and where it came from (=json: as JSON) and exit"},
+    [O_HELP] = {"help", {"h"}, K_BOOL, "this text"},
+};
+
+/* ---- values --------------------------------------------------------------------------------------- */
+
+static int parse_int(const char *s, const char *src, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || errno || v < lo || v > hi)
+        return error_set(FSDP_EINVAL, "%s: '%s' is not an integer in [%ld, %ld]", src, s, lo, hi);
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_double(const char *s, const char *src, double lo, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (!*s || *end || errno || !isfinite(v) || v < lo)
+        return error_set(FSDP_EINVAL, "%s: '%s' is not a number >= %g", src, s, lo);
+    *out = v;
+    return 0;
+}
+
+static int copy_str(char *dst, size_t cap, const char *s, const char *src)
+{
+    if (strlen(s) >= cap)
+        return error_set(FSDP_EINVAL, "%s: value longer than %zu characters", src, cap - 1);
+    strcpy(dst, s);
+    return 0;
+}
+
+int launch_parse_bool(const char *s, const char *src, bool *out)
+{
+    if (!strcasecmp(s, "1") || !strcasecmp(s, "true") || !strcasecmp(s, "yes") || !strcasecmp(s, "on"))
+        *out = true;
+    else if (!strcasecmp(s, "0") || !strcasecmp(s, "false") || !strcasecmp(s, "no") || !strcasecmp(s, "off") ||
+             !*s)
+        *out = false;
+    else
+        return error_set(FSDP_EINVAL, "%s: '%s' is not a boolean (true/false)", src, s);
+    return 0;
+}
+
+static int parse_nproc(const char *s, const char *src, int *out)
+{
+    if (strcmp(s, "cpu") == 0) {
+        *out = devices_count_cpus();
+        return 0;
+    }
+    if (strcmp(s, "gpu") == 0) {
+        *out = devices_count_gpus();
+        if (*out == 0)
+            return error_set(FSDP_EINVAL, "%s: 'gpu' asked for one worker per GPU, but this node shows no GPU "
+                             "(no /dev/nvidiaN, or CUDA_VISIBLE_DEVICES empty); use a number or 'cpu'", src);
+        return 0;
+    }
+    if (strcmp(s, "auto") == 0) {
+        int g = devices_count_gpus();
+        *out = g > 0 ? g : devices_count_cpus();
+        return 0;
+    }
+    if (strcmp(s, "xpu") == 0)
+        return error_set(FSDP_EUNSUPPORTED, "%s: 'xpu': fsdpc has no Intel XPU backend; use a number, auto, cpu or gpu",
+                         src);
+    int rc = parse_int(s, src, 1, LAUNCH_MAX_LOCAL, out);
+    if (rc)
+        return error_set(FSDP_EINVAL, "%s: '%s' is not a positive number of workers (1..%d), 'auto', 'cpu' or 'gpu'",
+                         src, s, LAUNCH_MAX_LOCAL);
+    return 0;
+}
+
+/* Validates a torchrun Std spec; launch_std_mask relies on it being well formed. */
+static int check_std(const char *s, const char *src)
+{
+    if (strlen(s) == 1 && s[0] >= '0' && s[0] <= '3')
+        return 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        long l = strtol(p, &end, 10);
+        if (end == p || *end != ':' || l < 0 || end[1] < '0' || end[1] > '3' || (end[2] && end[2] != ','))
+            return error_set(FSDP_EINVAL, "%s: '%s' is not 0, 1, 2, 3 or a LOCAL_RANK:N list like '0:3,1:2'", src,
+                             s);
+        p = end[2] ? end + 3 : end + 2;
+    }
+    return 0;
+}
+
+int launch_std_mask(const char *spec, int local_rank)
+{
+    if (!spec[0])
+        return 0;
+    if (!spec[1])
+        return spec[0] - '0';
+    for (const char *p = spec; *p;) {
+        char *end;
+        long l = strtol(p, &end, 10);
+        if (l == local_rank)
+            return end[1] - '0';
+        p = end[2] ? end + 3 : end + 2;
+    }
+    return 0;
+}
+
+bool launch_rank_shown(const struct launch_args *a, int local_rank)
+{
+    if (!a->local_ranks_filter[0])
+        return true;
+    for (const char *p = a->local_ranks_filter; *p;) {
+        char *end;
+        long l = strtol(p, &end, 10);
+        if (l == local_rank)
+            return true;
+        p = *end ? end + 1 : end;
+    }
+    return false;
+}
+
+static int check_filter(const char *s, const char *src)
+{
+    for (const char *p = s; *p;) {
+        char *end;
+        long l = strtol(p, &end, 10);
+        if (end == p || l < 0 || (*end && *end != ','))
+            return error_set(FSDP_EINVAL, "%s: '%s' is not a comma list of local ranks like '0,2'", src, s);
+        p = *end ? end + 1 : end;
+    }
+    return 0;
+}
+
+static int parse_nnodes(const char *v, const char *src, int *out)
+{
+    /* torchrun's MIN:MAX is accepted when MIN == MAX: membership here is static, every node must join. */
+    const char *colon = strchr(v, ':');
+    if (!colon)
+        return parse_int(v, src, 1, 1 << 20, out);
+    char lo[32];
+    if ((size_t)(colon - v) >= sizeof lo)
+        return error_set(FSDP_EINVAL, "%s: '%s' is not N or MIN:MAX", src, v);
+    snprintf(lo, sizeof lo, "%.*s", (int)(colon - v), v);
+    int a1 = 0, a2 = 0;
+    int rc = parse_int(lo, src, 1, 1 << 20, &a1);
+    if (!rc)
+        rc = parse_int(colon + 1, src, 1, 1 << 20, &a2);
+    if (rc)
+        return rc;
+    if (a1 > a2)
+        return error_set(FSDP_EINVAL, "%s: '%s': MIN must be at most MAX", src, v);
+    if (a1 != a2)
+        return error_set(FSDP_EUNSUPPORTED,
+                         "%s: '%s' asks for elastic membership (between %d and %d nodes), which fsdp-launch does not "
+                         "do: its rendezvous waits for a fixed number of nodes, each with its --node_rank. Give "
+                         "--nnodes %d (or %d:%d)",
+                         src, v, a1, a2, a2, a2, a2);
+    *out = a1;
+    return 0;
+}
+
+static int parse_endpoint(struct launch_args *a, const char *v, const char *src, bool *port_set)
+{
+    /* HOST:PORT, HOST, or [V6]:PORT; a bare IPv6 address has several colons and no port. */
+    const char *colon = strrchr(v, ':');
+    const char *rb = strrchr(v, ']');
+    bool has_port = colon && (v[0] == '[' ? rb && colon == rb + 1 : strchr(v, ':') == colon);
+    char host[256];
+    size_t hlen = has_port ? (size_t)(colon - v) : strlen(v);
+    const char *h = v;
+    if (v[0] == '[' && rb) {
+        h = v + 1;
+        hlen = (size_t)(rb - v) - 1;
+    }
+    if (hlen == 0 || hlen >= sizeof host)
+        return error_set(FSDP_EINVAL, "%s: '%s' is not HOST[:PORT]", src, v);
+    snprintf(host, sizeof host, "%.*s", (int)hlen, h);
+    int rc = copy_str(a->master_addr, sizeof a->master_addr, host, src);
+    if (!rc && has_port) {
+        rc = parse_int(colon + 1, src, 0, 65535, &a->master_port);
+        *port_set = true;
+    }
+    return rc;
+}
+
+/* torchrun's --rdzv_conf: what a static rendezvous can honour is applied, the rest is named. */
+static int parse_rdzv_conf(struct launch_args *a, const char *v, const char *src)
+{
+    char buf[1024];
+    if (copy_str(buf, sizeof buf, v, src))
+        return FSDP_EINVAL;
+    double keep_interval = 5, keep_attempts = 3;
+    bool keep = false;
+    char *save = NULL;
+    for (char *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(kv, '=');
+        if (!eq || eq == kv)
+            return error_set(FSDP_EINVAL, "%s: '%s' is not KEY=VALUE", src, kv);
+        *eq = 0;
+        const char *k = kv, *val = eq + 1;
+        char what[160];
+        snprintf(what, sizeof what, "%s %s", src, k);
+        int rc = 0;
+        if (!strcmp(k, "join_timeout") || !strcmp(k, "timeout")) {
+            rc = parse_double(val, what, 0.001, &a->rdzv_timeout_s);
+        } else if (!strcmp(k, "keep_alive_interval")) {
+            rc = parse_double(val, what, 0.001, &keep_interval);
+            keep = true;
+        } else if (!strcmp(k, "keep_alive_max_attempt")) {
+            rc = parse_double(val, what, 1, &keep_attempts);
+            keep = true;
+        } else if (!strcmp(k, "is_host")) {
+            bool host;
+            rc = launch_parse_bool(val, what, &host);
+            a->rdzv_is_host = host;
+        } else if (!strcmp(k, "rank")) {
+            rc = parse_int(val, what, 0, 1 << 20, &a->node_rank);
+        } else if (!strcmp(k, "last_call_timeout") || !strcmp(k, "close_timeout") || !strcmp(k, "read_timeout") ||
+                   !strcmp(k, "use_libuv")) {
+            double ignored;
+            bool b;
+            rc = !strcmp(k, "use_libuv") ? launch_parse_bool(val, what, &b) : parse_double(val, what, 0, &ignored);
+        } else {
+            rc = error_set(FSDP_EINVAL,
+                           "%s: unknown key '%s'; fsdp-launch reads join_timeout, timeout, keep_alive_interval, "
+                           "keep_alive_max_attempt, is_host, rank, and accepts last_call_timeout, close_timeout, "
+                           "read_timeout, use_libuv (no effect with a static membership)",
+                           src, k);
+        }
+        if (rc)
+            return rc;
+    }
+    if (keep)
+        a->heartbeat_timeout_s = keep_interval * keep_attempts;
+    return 0;
+}
+
+static int parse_signals(struct launch_args *a, const char *v, const char *src)
+{
+    char buf[512];
+    if (copy_str(buf, sizeof buf, v, src))
+        return FSDP_EINVAL;
+    a->n_signals = 0;
+    char *save = NULL;
+    for (char *s = strtok_r(buf, ",", &save); s; s = strtok_r(NULL, ",", &save)) {
+        while (isspace((unsigned char)*s))
+            s++;
+        const char *name = strncasecmp(s, "SIG", 3) == 0 ? s + 3 : s;
+        int sig = 0;
+        for (int i = 1; i < SIGRTMIN && !sig; i++)
+            if (sigabbrev_np(i) && strcasecmp(sigabbrev_np(i), name) == 0)
+                sig = i;
+        if (!sig)
+            return error_set(FSDP_EINVAL, "%s: '%s' is not a signal name (SIGTERM, SIGUSR1, ...)", src, s);
+        if (sig == SIGKILL || sig == SIGSTOP || sig == SIGCHLD || sig == SIGPIPE)
+            return error_set(FSDP_EINVAL, "%s: %s cannot be forwarded (it cannot be caught, or the launcher needs it)",
+                             src, s);
+        if (a->n_signals == LAUNCH_MAX_SIGNALS)
+            return error_set(FSDP_EINVAL, "%s: more than %d signals", src, LAUNCH_MAX_SIGNALS);
+        a->signals[a->n_signals++] = sig;
+    }
+    if (!a->n_signals)
+        return error_set(FSDP_EINVAL, "%s: empty list of signals", src);
+    return 0;
+}
+
+static int check_gpu_ids(const char *v, const char *src)
+{
+    for (const char *p = v; *p; p++)
+        if (!isalnum((unsigned char)*p) && *p != ',' && *p != '-')
+            return error_set(FSDP_EINVAL, "%s: '%s' is not a comma list of GPU ids (or all)", src, v);
+    return 0;
+}
+
+/* Template fields torchrun knows; anything else in ${...} is refused so a typo does not print literally. */
+static int check_template(const char *v, const char *src)
+{
+    static const char *const fields[] = {"role_name", "local_rank", "rank", "hostname"};
+    for (const char *p = strstr(v, "${"); p; p = strstr(p + 2, "${")) {
+        const char *end = strchr(p, '}');
+        bool ok = false;
+        for (size_t i = 0; end && i < sizeof fields / sizeof fields[0]; i++)
+            ok = ok || ((size_t)(end - p - 2) == strlen(fields[i]) && strncmp(p + 2, fields[i], strlen(fields[i])) == 0);
+        if (!ok)
+            return error_set(FSDP_EINVAL, "%s: '%s': only ${role_name}, ${local_rank}, ${rank} and ${hostname} are "
+                             "replaced", src, v);
+    }
+    return 0;
+}
+
+int launch_opt_apply(struct launch_args *a, int id, const char *v, const char *src, bool *port_set, int *num_processes)
+{
+    switch (id) {
+    case O_NNODES: return parse_nnodes(v, src, &a->nnodes);
+    case O_NODE_RANK: return parse_int(v, src, 0, 1 << 20, &a->node_rank);
+    case O_NPROC: return parse_nproc(v, src, &a->nproc_per_node);
+    case O_NUM_PROCESSES: return parse_int(v, src, 1, 1 << 24, num_processes);
+    case O_MASTER_ADDR:
+        if (!*v)
+            return error_set(FSDP_EINVAL, "%s: empty address", src);
+        return copy_str(a->master_addr, sizeof a->master_addr, v, src);
+    case O_MASTER_PORT:
+        *port_set = true;
+        return parse_int(v, src, 0, 65535, &a->master_port);
+    case O_STANDALONE: return launch_parse_bool(v, src, &a->standalone);
+    case O_MAX_RESTARTS: return parse_int(v, src, 0, 1000000, &a->max_restarts);
+    case O_MONITOR: return parse_double(v, src, 0.001, &a->monitor_interval_s);
+    case O_RDZV_ID:
+    case O_RUN_ID:
+        if (!*v || strchr(v, '/'))
+            return error_set(FSDP_EINVAL, "%s: '%s' must be non-empty and without '/'", src, v);
+        return copy_str(a->run_id, sizeof a->run_id, v, src);
+    case O_RDZV_TIMEOUT: return parse_double(v, src, 0.001, &a->rdzv_timeout_s);
+    case O_RDZV_CONF: return parse_rdzv_conf(a, v, src);
+    case O_LOG_DIR: return copy_str(a->log_dir, sizeof a->log_dir, v, src);
+    case O_REDIRECTS: return check_std(v, src) ? FSDP_EINVAL : copy_str(a->redirects, sizeof a->redirects, v, src);
+    case O_TEE: return check_std(v, src) ? FSDP_EINVAL : copy_str(a->tee, sizeof a->tee, v, src);
+    case O_PREFIX_TEMPLATE:
+        FSDP_TRY(check_template(v, src));
+        return copy_str(a->prefix_template, sizeof a->prefix_template, v, src);
+    case O_DUP_STDOUT:
+    case O_DUP_STDERR: {
+        char *dst = a->dup_filters[id == O_DUP_STDERR];
+        return copy_str(dst, sizeof a->dup_filters[0], v, src);
+    }
+    case O_FILTER: return check_filter(v, src) ? FSDP_EINVAL
+                                               : copy_str(a->local_ranks_filter, sizeof a->local_ranks_filter, v, src);
+    case O_ROLE:
+        if (!*v)
+            return error_set(FSDP_EINVAL, "%s: empty role", src);
+        return copy_str(a->role, sizeof a->role, v, src);
+    case O_SHUTDOWN: return parse_double(v, src, 0, &a->shutdown_timeout_s);
+    case O_LOG_LEVEL:
+        if (log_parse_level(v, &a->log_level))
+            return error_set(FSDP_EINVAL, "%s: '%s' is not debug, info, warn, error or off", src, v);
+        return 0;
+    case O_RDZV_ENDPOINT: return parse_endpoint(a, v, src, port_set);
+    case O_RDZV_BACKEND:
+        if (strcmp(v, "static") && strcmp(v, "c10d"))
+            return error_set(FSDP_EUNSUPPORTED,
+                             "%s: '%s' is not supported: fsdp-launch has one rendezvous, a store hosted by node 0 "
+                             "(torchrun's static and c10d backends both map to it)",
+                             src, v);
+        return 0;
+    case O_START_METHOD:
+        if (strcmp(v, "spawn") && strcmp(v, "fork") && strcmp(v, "forkserver"))
+            return error_set(FSDP_EINVAL, "%s: '%s' is not spawn, fork or forkserver", src, v);
+        return 0;
+    case O_EVENT_LOG_HANDLER:
+        if (strcmp(v, "null") != 0)
+            return error_set(FSDP_EUNSUPPORTED, "%s: '%s': torchrun's event handlers are Python logging handlers; "
+                             "fsdp-launch's events are its log lines (--log_level debug shows them all)", src, v);
+        return 0;
+    case O_LOGS_SPECS:
+        return error_set(FSDP_EUNSUPPORTED, "%s: '%s' names a Python entry point (torchrun.logs_specs), which "
+                         "fsdp-launch cannot load; its log layout is --log_dir's (docs/launcher.md)", src, v);
+    case O_NUMA_BINDING:
+        return error_set(FSDP_EUNSUPPORTED, "%s: '%s': fsdp-launch does not bind workers to NUMA nodes; bind inside "
+                         "the program (numactl, OMP_PLACES / OMP_PROC_BIND)", src, v);
+    case O_PRINT_COMPLETION:
+        return error_set(FSDP_EUNSUPPORTED, "%s: fsdp-launch ships no completion scripts; --help lists the flags",
+                         src);
+    case O_SIGNALS: return parse_signals(a, v, src);
+    case O_VIRTUAL_LOCAL_RANK: return launch_parse_bool(v, src, &a->virtual_local_rank);
+    case O_LOCAL_ADDR:
+        if (!*v)
+            return error_set(FSDP_EINVAL, "%s: empty address", src);
+        return copy_str(a->local_addr, sizeof a->local_addr, v, src);
+    case O_MODULE:
+    case O_NO_PYTHON:
+    case O_RUN_PATH: {
+        bool on;
+        int rc = launch_parse_bool(v, src, &on);
+        if (rc || !on)
+            return rc;
+        enum launch_mode m = id == O_MODULE ? LAUNCH_MODULE : id == O_NO_PYTHON ? LAUNCH_NO_PYTHON : LAUNCH_RUN_PATH;
+        /* torchrun: --run_path wins over --no_python; --no_python with --module is an error. */
+        if ((m == LAUNCH_MODULE && a->mode == LAUNCH_NO_PYTHON) || (m == LAUNCH_NO_PYTHON && a->mode == LAUNCH_MODULE))
+            return error_set(FSDP_EINVAL, "--no_python and --module cannot be used together (a module needs Python)");
+        if (a->mode != LAUNCH_RUN_PATH)
+            a->mode = m;
+        return 0;
+    }
+    case O_PYTHON:
+        if (!*v)
+            return error_set(FSDP_EINVAL, "%s: empty interpreter", src);
+        return copy_str(a->python, sizeof a->python, v, src);
+    case O_CONFIG_FILE: return copy_str(a->config_file, sizeof a->config_file, v, src);
+    case O_GPU_IDS:
+        if (!strcasecmp(v, "all"))
+            return 0;
+        return check_gpu_ids(v, src) ? FSDP_EINVAL : copy_str(a->gpu_ids, sizeof a->gpu_ids, v, src);
+    case O_OMP_THREADS: return parse_int(v, src, 1, 1 << 20, &a->omp_threads);
+    case O_PRINT_CONFIG:
+        if (!strcmp(v, "true") || !*v) {
+            a->print_config = true;
+        } else if (!strcasecmp(v, "json")) {
+            a->print_config = a->print_config_json = true;
+        } else {
+            return error_set(FSDP_EINVAL, "%s: '%s': the formats are --print-config (text) and --print-config=json",
+                             src, v);
+        }
+        return 0;
+    default: return 0; /* accepted, no effect (O_MULTI_GPU, O_SAME_NETWORK) */
+    }
+}
+
+int launch_opt_find(const char *name, size_t len)
+{
+    char norm[64];
+    if (len >= sizeof norm)
+        return -1;
+    for (size_t i = 0; i < len; i++)
+        norm[i] = name[i] == '-' ? '_' : name[i];
+    norm[len] = 0;
+    for (int i = 0; i < O_COUNT; i++) {
+        if (strcmp(launch_opts[i].name, norm) == 0)
+            return i;
+        for (int k = 0; k < 3 && launch_opts[i].aliases[k]; k++)
+            if (strlen(launch_opts[i].aliases[k]) > 1 && strcmp(launch_opts[i].aliases[k], norm) == 0)
+                return i;
+    }
+    return -1;
+}
+
+int launch_opt_find_short(char c)
+{
+    for (int i = 0; i < O_COUNT; i++)
+        for (int k = 0; k < 3 && launch_opts[i].aliases[k]; k++)
+            if (launch_opts[i].aliases[k][0] == c && !launch_opts[i].aliases[k][1])
+                return i;
+    return -1;
+}
+
+
+void launch_set_text(char *dst, size_t cap, const char *src)
+{
+    size_t n = strnlen(src, cap - 1);
+    memcpy(dst, src, n);
+    dst[n] = 0;
+}

@@ -1,0 +1,206 @@
+/* The tokenizer against its peer, Hugging Face `tokenizers` from the venv (tests/tools/tokenizer_ref.py;
+ * skipped with a message without it): tokenizers trained here in both styles on local text (this
+ * repository and Python's standard library) and generated multi-script text, plus variants covering
+ * the rest of the format, must give identical ids on mixed-script text (tests/tools/data/mixed.txt:
+ * accents, CJK, Devanagari, Cyrillic, Arabic, emoji with ZWJ, combining marks, digits, whitespace runs,
+ * CRLF, special tokens), and decode must give the bytes back exactly when tokenizers' does. Then
+ * fsdp-prepare-data's files hold exactly tokenizers' ids of each whole file followed by the end-of-text
+ * token, and transformers' AutoTokenizer reads the directory it writes. */
+#include "common/error.h"
+#include "tests/tools/tooltest.h"
+#include "worker/tools/tokenizer.h"
+
+TestSuite(tokenizer_ref, .init = tt_setup, .fini = tt_teardown);
+
+static char python[1024];
+
+static void need(const char *modules)
+{
+    char why[2048];
+    if (tu_venv_python(modules, python, sizeof python, why, sizeof why) != 0)
+        cr_skip_test("%s", why);
+}
+
+/* A corpus to train on and the two trained tokenizers: tt_dir/gpt2.json and tt_dir/llama3.json. */
+static void train_both(int vocab, int corpus_bytes)
+{
+    char corpus[256], docs[1024], worker[1024], g[256], l[256];
+    tt_path(corpus, sizeof corpus, "corpus.txt");
+    free(tt_ref(python, "corpus '%s' --bytes %d --src '%s' --src '%s'", corpus, corpus_bytes,
+                tt_src(docs, sizeof docs, "docs"), tt_src(worker, sizeof worker, "worker")));
+    free(tt_ref(python, "train --style gpt2 --vocab %d --out '%s' '%s'", vocab, tt_path(g, sizeof g, "gpt2.json"),
+                corpus));
+    free(tt_ref(python, "train --style llama3 --vocab %d --out '%s' '%s'", vocab,
+                tt_path(l, sizeof l, "llama3.json"), corpus));
+}
+
+/* C's ids of a text file with tokenizer `tok`, compared with tokenizers' (ref/<tok>__<text>.ids) and the
+ * round trip with tokenizers' verdict. */
+static void compare(const char *tok_path, const char *tok_stem, const char *text_path, const char *text_stem)
+{
+    struct tokenizer *t;
+    cr_assert_eq(tokenizer_load(tok_path, &t), 0, "%s", error_message());
+    size_t len;
+    char *text = tt_read(text_path, &len);
+    cr_assert_eq(tokenizer_utf8_check(text, len), len);
+    struct tokenizer_ids ids = {0};
+    cr_assert_eq(tokenizer_encode(t, text, len, &ids), 0, "%s", error_message());
+    char p[512];
+    snprintf(p, sizeof p, "%s/ref/%s__%s.ids", tt_dir, tok_stem, text_stem);
+    size_t rlen;
+    uint32_t *ref = (uint32_t *)tt_read(p, &rlen);
+    size_t n = rlen / 4, first = 0;
+    while (first < n && first < ids.n && ids.v[first] == ref[first])
+        first++;
+    cr_expect(ids.n == n && first == n, "%s on %s: %zu ids, tokenizers %zu; first difference at %zu (%u vs %u)",
+              tok_stem, text_stem, ids.n, n, first, first < ids.n ? ids.v[first] : 0, first < n ? ref[first] : 0);
+    snprintf(p, sizeof p, "%s/ref/%s__%s.roundtrip", tt_dir, tok_stem, text_stem);
+    char *rt = tt_read(p, NULL);
+    char *back;
+    size_t blen;
+    cr_assert_eq(tokenizer_decode(t, ids.v, ids.n, false, &back, &blen), 0, "%s", error_message());
+    bool same = blen == len && memcmp(back, text, len) == 0;
+    cr_expect_eq(same, rt[0] == '1', "%s on %s: decode gives the text back: ours %d, tokenizers' %c", tok_stem,
+                 text_stem, same, rt[0]);
+    free(back);
+    free(rt);
+    free(ref);
+    free(text);
+    tokenizer_ids_free(&ids);
+    tokenizer_free(t);
+}
+
+Test(tokenizer_ref, ids_equal_tokenizers_for_both_styles_and_variants, .timeout = 240)
+{
+    need("tokenizers");
+    train_both(4000, 1500000);
+    char vg[256], vl[256], ms[256], mixed[1024], refdir[256];
+    tt_path(vg, sizeof vg, "vg");
+    tt_path(vl, sizeof vl, "vl");
+    char *names_g = tt_ref(python, "variants '%s/gpt2.json' '%s'", tt_dir, vg);
+    char *names_l = tt_ref(python, "variants '%s/llama3.json' '%s'", tt_dir, vl);
+    free(tt_ref(python, "multiscript '%s' --bytes 300000 --seed 11", tt_path(ms, sizeof ms, "multiscript.txt")));
+    tt_src(mixed, sizeof mixed, "tests/tools/data/mixed.txt");
+    cr_assert_eq(mkdir(tt_path(refdir, sizeof refdir, "ref"), 0755), 0);
+    /* every tokenizer path for one python run */
+    static char list[16384];
+    size_t k = (size_t)snprintf(list, sizeof list, "'%s/gpt2.json' '%s/llama3.json'", tt_dir, tt_dir);
+    struct {
+        char path[512], stem[128];
+    } toks[64];
+    int nt = 0;
+    snprintf(toks[nt].path, sizeof toks[nt].path, "%s/gpt2.json", tt_dir);
+    snprintf(toks[nt++].stem, sizeof toks[0].stem, "gpt2");
+    snprintf(toks[nt].path, sizeof toks[nt].path, "%s/llama3.json", tt_dir);
+    snprintf(toks[nt++].stem, sizeof toks[0].stem, "llama3");
+    const char *dirs[2] = {vg, vl};
+    char *names[2] = {names_g, names_l};
+    /* variants of both styles share names: copy them to distinct stems */
+    for (int d = 0; d < 2; d++) {
+        for (char *save = NULL, *name = strtok_r(names[d], " \n", &save); name; name = strtok_r(NULL, " \n", &save)) {
+            cr_assert_lt(nt, 64);
+            char from[512];
+            snprintf(from, sizeof from, "%s/%s.json", dirs[d], name);
+            snprintf(toks[nt].stem, sizeof toks[nt].stem, "%s_%s", d ? "llama3" : "gpt2", name);
+            snprintf(toks[nt].path, sizeof toks[nt].path, "%s/%s.json", tt_dir, toks[nt].stem);
+            tt_copy(from, toks[nt].path);
+            k += (size_t)snprintf(list + k, sizeof list - k, " '%s'", toks[nt].path);
+            nt++;
+        }
+    }
+    cr_assert_geq(nt, 20, "variants: %d tokenizers", nt);
+    free(tt_ref(python, "encode --out-dir '%s' --text '%s' --text '%s' %s", refdir, mixed, ms, list));
+    for (int i = 0; i < nt; i++) {
+        compare(toks[i].path, toks[i].stem, mixed, "mixed");
+        compare(toks[i].path, toks[i].stem, ms, "multiscript");
+    }
+    free(names_g);
+    free(names_l);
+}
+
+/* ids of a token file, checked against tokenizers' ids of each input file + the end-of-text token. */
+static void check_prepared(const char *out_dir, const char *stem, const char *const *inputs, int n_inputs,
+                           uint32_t eot)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/train.bin", out_dir);
+    size_t n;
+    enum data_format fmt;
+    uint32_t *got = tt_tokens(p, &n, &fmt);
+    cr_assert_eq(fmt, DATA_FORMAT_NANOGPT);
+    size_t at = 0;
+    for (int i = 0; i < n_inputs; i++) {
+        snprintf(p, sizeof p, "%s/ref/%s__%s.ids", tt_dir, stem, inputs[i]);
+        size_t rlen;
+        uint32_t *ref = (uint32_t *)tt_read(p, &rlen);
+        size_t rn = rlen / 4;
+        cr_assert_leq(at + rn + 1, n, "%s: train.bin ends inside %s", stem, inputs[i]);
+        for (size_t j = 0; j < rn; j++)
+            cr_assert_eq(got[at + j], ref[j], "%s: file %s, id %zu", stem, inputs[i], j);
+        cr_assert_eq(got[at + rn], eot, "%s: %s is not followed by the end-of-text token", stem, inputs[i]);
+        at += rn + 1;
+        free(ref);
+    }
+    cr_assert_eq(at, n, "%s: train.bin has %zu ids, the files %zu", stem, n, at);
+    free(got);
+}
+
+Test(tokenizer_ref, prepare_data_holds_tokenizers_ids_of_whole_files, .timeout = 240)
+{
+    need("tokenizers");
+    train_both(1500, 400000);
+    char in[256], p[512], src[1024], refdir[256], ex[1024];
+    tt_path(in, sizeof in, "in");
+    cr_assert_eq(mkdir(in, 0755), 0);
+    snprintf(p, sizeof p, "%s/a.txt", in);
+    tt_copy(tt_src(src, sizeof src, "tests/tools/data/mixed.txt"), p);
+    snprintf(p, sizeof p, "%s/b.txt", in);
+    free(tt_ref(python, "multiscript '%s' --bytes 60000 --seed 3", p));
+    snprintf(p, sizeof p, "%s/c.md", in);
+    tt_copy(tt_src(src, sizeof src, "docs/data.md"), p);
+    tt_src(ex, sizeof ex, "examples/tokenizer.json");
+    cr_assert_eq(mkdir(tt_path(refdir, sizeof refdir, "ref"), 0755), 0);
+    free(tt_ref(python, "encode --out-dir '%s' --text '%s/a.txt' --text '%s/b.txt' --text '%s/c.md' '%s' "
+                "'%s/llama3.json'", refdir, in, in, in, ex, tt_dir));
+    const char *inputs[] = {"a", "b", "c"};
+    char exe[1024], out[256];
+    tt_bin(exe, sizeof exe, "worker/fsdp-prepare-data");
+    /* GPT-2 style (the committed example): documents end with <|endoftext|> (id 0) */
+    tt_path(out, sizeof out, "out_gpt2");
+    char *log;
+    const char *argv1[] = {exe, "--tokenizer", ex, "--val-fraction", "0", "-o", out, in, NULL};
+    cr_assert_eq(tt_run(argv1, &log), 0, "%s", log);
+    free(log);
+    check_prepared(out, "tokenizer", inputs, 3, 0);
+    /* Llama 3 style: no tokenizer_config.json beside it, so <|end_of_text|> (id 1 in the trained file) */
+    tt_path(out, sizeof out, "out_llama3");
+    snprintf(p, sizeof p, "%s/llama3.json", tt_dir);
+    const char *argv2[] = {exe, "--tokenizer", p, "--val-fraction", "0", "-o", out, in, NULL};
+    cr_assert_eq(tt_run(argv2, &log), 0, "%s", log);
+    free(log);
+    check_prepared(out, "llama3", inputs, 3, 1);
+}
+
+Test(tokenizer_ref, autotokenizer_reads_the_prepared_directory, .timeout = 240)
+{
+    need("tokenizers, transformers");
+    char in[256], src[1024], ex[1024], exe[1024], out[256], p[512];
+    tt_path(in, sizeof in, "in.txt");
+    tt_copy(tt_src(src, sizeof src, "tests/tools/data/mixed.txt"), in);
+    tt_src(ex, sizeof ex, "examples/tokenizer.json");
+    tt_path(out, sizeof out, "out");
+    const char *argv[] = {tt_bin(exe, sizeof exe, "worker/fsdp-prepare-data"), "--tokenizer", ex, "--val-fraction",
+                          "0", "-o", out, in, NULL};
+    char *log;
+    cr_assert_eq(tt_run(argv, &log), 0, "%s", log);
+    free(log);
+    /* train.bin without its final end-of-text token, as uint32 */
+    snprintf(p, sizeof p, "%s/train.bin", out);
+    size_t n;
+    enum data_format fmt;
+    uint32_t *ids = tt_tokens(p, &n, &fmt);
+    snprintf(p, sizeof p, "%s/ids.bin", tt_dir);
+    tt_write(p, ids, (n - 1) * sizeof *ids);
+    free(ids);
+    free(tt_ref(python, "autotokenizer '%s' '%s' '%s'", out, in, p));
+}
