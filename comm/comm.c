@@ -489,6 +489,12 @@ static int check_args(struct comm *c, const struct comm_req *r)
     if (r->count && (r->kind != COMM_K_BARRIER) && ((!r->in && r->kind != COMM_K_RECV && r->kind != COMM_K_BROADCAST) ||
                                                     (!r->out && r->kind != COMM_K_SEND)))
         return error_set(FSDP_EINVAL, "comm_%s: NULL buffer for %zu elements", op, r->count);
+    if (r->kind == COMM_K_ALL_TO_ALL && r->count) {
+        size_t bytes = (size_t)c->info.size * r->count * dtype_size(r->dtype);
+        const char *a = r->in, *b = r->out;
+        if (a < b + bytes && b < a + bytes)
+            return error_set(FSDP_EINVAL, "comm_all_to_all: out overlaps in (%zu bytes each)", bytes);
+    }
     if ((r->kind == COMM_K_SEND || r->kind == COMM_K_RECV || r->kind == COMM_K_BROADCAST) &&
         (r->peer < 0 || r->peer >= c->info.size || (r->kind != COMM_K_BROADCAST && r->peer == c->info.rank)))
         return error_set(FSDP_EINVAL, "comm_%s: peer/root %d is not another rank of group '%s' (size %d)", op,
@@ -581,6 +587,13 @@ int comm_broadcast_async(struct comm *c, void *buf, size_t count, enum dtype dty
                                        .dtype = dtype, .peer = root}, work);
 }
 
+int comm_all_to_all_async(struct comm *c, const void *in, void *out, size_t count, enum dtype dtype,
+                          struct comm_work **work)
+{
+    return submit(c, (struct comm_req){.kind = COMM_K_ALL_TO_ALL, .in = in, .out = out, .count = count,
+                                       .dtype = dtype}, work);
+}
+
 int comm_send_async(struct comm *c, const void *buf, size_t count, enum dtype dtype, int peer,
                     struct comm_work **work)
 {
@@ -648,6 +661,12 @@ int comm_broadcast(struct comm *c, void *buf, size_t count, enum dtype dtype, in
 int comm_barrier(struct comm *c)
 {
     return run_sync(c, (struct comm_req){.kind = COMM_K_BARRIER});
+}
+
+int comm_all_to_all(struct comm *c, const void *in, void *out, size_t count, enum dtype dtype)
+{
+    return run_sync(c, (struct comm_req){.kind = COMM_K_ALL_TO_ALL, .in = in, .out = out, .count = count,
+                                         .dtype = dtype});
 }
 
 int comm_send(struct comm *c, const void *buf, size_t count, enum dtype dtype, int peer)

@@ -94,6 +94,9 @@ int comm_all_reduce(struct comm *comm, const void *in, void *out, size_t count, 
                     enum comm_op op);
 int comm_broadcast(struct comm *comm, void *buf, size_t count, enum dtype dtype, int root);
 int comm_barrier(struct comm *comm);
+/* in: size * count elements, block p (elements p*count ..) for rank p; out: size * count, block p from
+ * rank p (Ulysses' sequence <-> head re-sharding). out must not overlap in. */
+int comm_all_to_all(struct comm *comm, const void *in, void *out, size_t count, enum dtype dtype);
 /* Point to point; matched in issue order per pair of ranks. Each runs alone: two ranks that both send
  * to each other first wait for each other (NCCL) unless the sends and receives go in one comm_sendrecv. */
 int comm_send(struct comm *comm, const void *buf, size_t count, enum dtype dtype, int peer);
@@ -123,6 +126,8 @@ int comm_all_reduce_async(struct comm *comm, const void *in, void *out, size_t c
                           enum comm_op op, struct comm_work **work);
 int comm_broadcast_async(struct comm *comm, void *buf, size_t count, enum dtype dtype, int root,
                          struct comm_work **work);
+int comm_all_to_all_async(struct comm *comm, const void *in, void *out, size_t count, enum dtype dtype,
+                          struct comm_work **work);
 int comm_send_async(struct comm *comm, const void *buf, size_t count, enum dtype dtype, int peer,
                     struct comm_work **work);
 int comm_recv_async(struct comm *comm, void *buf, size_t count, enum dtype dtype, int peer,

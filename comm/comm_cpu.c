@@ -104,6 +104,8 @@ static int setup_shm(struct cpu_state *st, const struct comm_info *info, double 
     int rc = 0;
     snprintf(key, sizeof(key), "%s/shm/%d", info->key_prefix, st->host);
     if (st->local_rank == 0) {
+        /* A leader killed before the unlink below left its segment; its pid (the name's end) is gone. */
+        shm_sweep_stale("fsdp-");
         /* The leader's pid keeps two jobs with the same run id apart. */
         snprintf(name, sizeof(name), "/fsdp-%.40s-%.64s-%d-h%d-%d", run, info->group, info->generation,
                  st->host, (int)getpid());
@@ -538,6 +540,25 @@ static int cpu_sendrecv(struct cpu_state *st, const struct comm_p2p *ops, int n,
     return 0;
 }
 
+/* Every pair of ranks swaps its blocks over the TCP mesh in one exchange; the own block is a copy. */
+static int cpu_all_to_all(struct cpu_state *st, const void *in, void *out, size_t blk, double deadline)
+{
+    struct tcp_xfer *x = calloc((size_t)st->size, sizeof *x);
+    if (!x)
+        return error_set(FSDP_ENOMEM, "all_to_all: out of memory for %d transfers", st->size);
+    int nx = 0;
+    for (int p = 0; p < st->size; p++) {
+        if (p == st->rank)
+            continue;
+        x[nx++] = (struct tcp_xfer){.peer = p, .sbuf = (const char *)in + (size_t)p * blk, .slen = blk,
+                                    .rbuf = (char *)out + (size_t)p * blk, .rlen = blk};
+    }
+    memcpy((char *)out + (size_t)st->rank * blk, (const char *)in + (size_t)st->rank * blk, blk);
+    int rc = blk ? tcp_exchange(st->tcp, x, nx, deadline) : 0;
+    free(x);
+    return rc;
+}
+
 static int cpu_run(void *state, const struct comm_req *q)
 {
     struct cpu_state *st = state;
@@ -554,7 +575,8 @@ static int cpu_dispatch(struct cpu_state *st, const struct comm_req *q)
             return error_set(FSDP_EINVAL, "send/recv to rank %d in a group of one", q->peer);
         if (q->kind == COMM_K_SENDRECV) /* check_p2p let no peer through: the batch is empty */
             return 0;
-        if ((q->kind == COMM_K_ALL_GATHER || q->kind == COMM_K_REDUCE_SCATTER || q->kind == COMM_K_ALL_REDUCE) &&
+        if ((q->kind == COMM_K_ALL_GATHER || q->kind == COMM_K_REDUCE_SCATTER || q->kind == COMM_K_ALL_REDUCE ||
+             q->kind == COMM_K_ALL_TO_ALL) &&
             q->in != q->out && q->count)
             memmove(q->out, q->in, q->count * es);
         return 0;
@@ -578,6 +600,8 @@ static int cpu_dispatch(struct cpu_state *st, const struct comm_req *q)
         struct tcp_xfer x = {.peer = q->peer, .rbuf = q->out, .rlen = q->count * es};
         return tcp_exchange(st->tcp, &x, 1, q->deadline);
     }
+    case COMM_K_ALL_TO_ALL:
+        return cpu_all_to_all(st, q->in, q->out, q->count * es, q->deadline);
     case COMM_K_SENDRECV:
         return cpu_sendrecv(st, q->p2p, q->np2p, q->deadline);
     case COMM_K_SPLIT: /* the core's own steps never reach run() */

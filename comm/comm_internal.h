@@ -13,7 +13,7 @@
  * collective over the parent), and, for a serial backend, a communicator's init and fini and comm_mem_alloc
  * / comm_mem_free (see comm_backend.serial). */
 enum comm_kind { COMM_K_ALL_GATHER, COMM_K_REDUCE_SCATTER, COMM_K_ALL_REDUCE, COMM_K_BROADCAST,
-                 COMM_K_BARRIER, COMM_K_SEND, COMM_K_RECV, COMM_K_SENDRECV,
+                 COMM_K_BARRIER, COMM_K_SEND, COMM_K_RECV, COMM_K_ALL_TO_ALL, COMM_K_SENDRECV,
                  COMM_K_SPLIT, COMM_K_INIT, COMM_K_FINI, COMM_K_MEM_ALLOC, COMM_K_MEM_FREE };
 
 struct comm_info;

@@ -440,6 +440,20 @@ static int nccl_run(void *state, const struct comm_req *q)
     case COMM_K_RECV:
         r = ncclRecv(q->out, q->count, t, q->peer, st->comm, st->stream);
         break;
+    case COMM_K_ALL_TO_ALL: {
+        /* NCCL has no all-to-all: one group of paired sends and receives, one per peer. */
+        size_t blk = q->count * dtype_size(q->dtype);
+        r = ncclGroupStart();
+        for (int p = 0; p < st->size && r == ncclSuccess; p++) {
+            r = ncclSend((const char *)q->in + (size_t)p * blk, q->count, t, p, st->comm, st->stream);
+            if (r == ncclSuccess)
+                r = ncclRecv((char *)q->out + (size_t)p * blk, q->count, t, p, st->comm, st->stream);
+        }
+        ncclResult_t e = ncclGroupEnd();
+        if (r == ncclSuccess)
+            r = e;
+        break;
+    }
     case COMM_K_SENDRECV:
         r = nccl_sendrecv(st, q);
         break;

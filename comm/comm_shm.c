@@ -23,9 +23,11 @@
 #include "common/log.h"
 #include "common/settings.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <linux/futex.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -138,6 +140,40 @@ int shm_check_env(void)
 {
     enum peer_pages unused;
     return peer_pages_from_env(&unused);
+}
+
+int shm_sweep_stale(const char *prefix)
+{
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return 0;
+    int removed = 0;
+    size_t plen = strlen(prefix);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, prefix, plen) != 0)
+            continue;
+        const char *dash = strrchr(e->d_name, '-');
+        char *end;
+        long pid = dash ? strtol(dash + 1, &end, 10) : 0;
+        if (!dash || dash[1] < '0' || dash[1] > '9' || *end || pid <= 1 || pid > INT_MAX)
+            continue;
+        struct stat st;
+        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+            st.st_uid != geteuid())
+            continue;
+        /* EPERM means the pid lives (another user's process): only ESRCH is a dead leader. */
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue;
+        char name[NAME_MAX + 2];
+        snprintf(name, sizeof(name), "/%s", e->d_name);
+        if (shm_unlink(name) == 0) {
+            log_debug("shm: removed %s, left behind by pid %ld, which no longer exists", name, pid);
+            removed++;
+        }
+    }
+    closedir(d);
+    return removed;
 }
 
 int shm_group_attach(const char *name, bool create, int local_rank, int n, const int *global_ranks,

@@ -21,6 +21,11 @@ struct shm_group;
  * backend calls it before any rank talks to the store, so a bad value stops every rank at once instead
  * of leaving the others waiting for a leader that refused it. */
 int shm_check_env(void);
+/* Named segments live in /dev/shm only until every rank has attached, but a leader killed in that window
+ * leaves its segment behind, and its name ends in that leader's pid. Removes the segments named
+ * "<prefix>...-<pid>" that belong to this user and whose pid no longer exists; returns how many. The cpu
+ * backend's leader calls it before creating its own. */
+int shm_sweep_stale(const char *prefix);
 /* Bytes of segment a group of n ranks with slots of slot_bytes needs. */
 size_t shm_segment_bytes(int n, size_t slot_bytes);
 /* create: O_CREAT|O_EXCL the named segment (the first rank); otherwise open the existing one. The caller

@@ -12,6 +12,8 @@
 /* Debian's inih 55 cuts lines at ~197 characters and parses the rest as a new line; we refuse longer
  * lines ourselves so that a cut value can never be used silently. */
 #define CONFIG_MAX_LINE 190
+/* A config file is a regular file of at most this many bytes (a device or FIFO would read forever). */
+#define CONFIG_MAX_FILE_BYTES (1 << 20)
 /* Longest value text (a value must fit on one line together with its key). */
 #define CONFIG_MAX_VALUE 180
 

@@ -4,11 +4,14 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ini.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/error.h"
 
@@ -190,33 +193,46 @@ int config_load_string(struct config *cfg, const char *text, const char *name)
 
 int config_load_file(struct config *cfg, const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below as not a regular file. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
         return error_set(errno == ENOENT ? FSDP_ENOTFOUND : FSDP_EIO, "cannot open config file '%s': %s", path,
                          strerror(errno));
     char *text = NULL;
-    size_t len = 0, cap = 0;
     int rc = 0;
-    for (;;) {
-        if (len + 4096 + 1 > cap) {
-            cap = cap ? 2 * cap : 8192;
-            char *t = realloc(text, cap);
-            if (!t) {
-                fclose(f);
-                rc = error_set(FSDP_ENOMEM, "out of memory reading '%s'", path);
-                goto out;
-            }
-            text = t;
-        }
-        size_t n = fread(text + len, 1, 4096, f);
-        len += n;
-        if (n < 4096)
-            break;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        rc = error_set(FSDP_EINVAL, "config file '%s' is not a regular file (a device, FIFO or directory); give "
+                       "the path of an INI file", path);
+        goto out;
     }
-    int err = ferror(f);
-    fclose(f);
-    if (err) {
-        rc = error_set(FSDP_EIO, "cannot read config file '%s'", path);
+    if (st.st_size > CONFIG_MAX_FILE_BYTES) {
+        rc = error_set(FSDP_EINVAL, "config file '%s' is %lld bytes; the limit is %d: is it really an INI file?",
+                       path, (long long)st.st_size, CONFIG_MAX_FILE_BYTES);
+        goto out;
+    }
+    /* One byte more than the limit: a file that grew since fstat is caught as well. */
+    text = malloc(CONFIG_MAX_FILE_BYTES + 2);
+    if (!text) {
+        rc = error_set(FSDP_ENOMEM, "out of memory reading '%s'", path);
+        goto out;
+    }
+    size_t len = 0;
+    while (len <= CONFIG_MAX_FILE_BYTES) {
+        ssize_t n = read(fd, text + len, CONFIG_MAX_FILE_BYTES + 1 - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            rc = error_set(FSDP_EIO, "cannot read config file '%s': %s", path, strerror(errno));
+            goto out;
+        }
+        if (n == 0)
+            break;
+        len += (size_t)n;
+    }
+    if (len > CONFIG_MAX_FILE_BYTES) {
+        rc = error_set(FSDP_EINVAL, "config file '%s' grew beyond %d bytes while it was read", path,
+                       CONFIG_MAX_FILE_BYTES);
         goto out;
     }
     text[len] = '\0';
@@ -228,6 +244,7 @@ int config_load_file(struct config *cfg, const char *path)
     free(cfg->file);
     cfg->file = strdup(path);
 out:
+    close(fd);
     free(text);
     return rc;
 }

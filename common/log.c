@@ -20,6 +20,10 @@ static struct {
     int started;
 } g_log = {.prog = "fsdp", .rank = -1, .level = LOG_INFO};
 
+static void (*g_sink)(const char *line, size_t len);
+
+void log_set_sink(void (*sink)(const char *line, size_t len)) { __atomic_store_n(&g_sink, sink, __ATOMIC_RELEASE); }
+
 static double timespec_diff_s(const struct timespec *a, const struct timespec *b)
 {
     return (double)(a->tv_sec - b->tv_sec) + (double)(a->tv_nsec - b->tv_nsec) * 1e-9;
@@ -116,6 +120,11 @@ void log_vmsg(enum log_level level, const char *fmt, va_list ap)
         pthread_mutex_unlock(&g_last_error_mu);
     }
     line[len++] = '\n';
+    void (*sink)(const char *, size_t) = __atomic_load_n(&g_sink, __ATOMIC_ACQUIRE);
+    if (sink) {
+        sink(line, len);
+        return;
+    }
     /* One write per line: concurrent ranks sharing a terminal or file never split each other's lines. */
     ssize_t w = write(STDERR_FILENO, line, len);
     (void)w;

@@ -6,6 +6,7 @@
 
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 
 enum log_level { LOG_DEBUG = 0, LOG_INFO = 1, LOG_WARN = 2, LOG_ERROR = 3, LOG_OFF = 4 };
 
@@ -24,6 +25,10 @@ void log_vmsg(enum log_level level, const char *fmt, va_list ap);
 #define log_info(...) log_msg(LOG_INFO, __VA_ARGS__)
 #define log_warn(...) log_msg(LOG_WARN, __VA_ARGS__)
 #define log_error(...) log_msg(LOG_ERROR, __VA_ARGS__)
+
+/* Where lines go instead of write(2) on stderr (NULL: back to stderr). A program whose stderr may stall
+ * (fsdp-launch's console) queues them elsewhere; sink gets one whole line, newline included. */
+void log_set_sink(void (*sink)(const char *line, size_t len));
 
 /* Whether the latest error line printed by this process said exactly `text` (its message part). */
 bool log_error_is_last(const char *text);

@@ -54,6 +54,13 @@ struct kernels_adamw_params {
     int step;           /* 1-based step count, for the bias corrections 1 - beta^step */
 };
 
+/* Shapes of a context-parallel attention call: b sequences, tq local query rows at global positions
+ * qpos[0..tq), tk key/value rows at global positions kpos[0..tk), width c in nh heads, row stride ld. */
+struct kernels_attention_cp {
+    int b, tq, tk, c, nh, ld;
+    const int *qpos, *kpos;
+};
+
 struct kernels {
     const char *name; /* "cpu", "cuda": for messages; what a backend can do is asked of the fields below */
 
@@ -136,6 +143,17 @@ struct kernels {
     /* dqkv: (b*t, 3c) += gradient w.r.t. qkv. out and lse are forward's outputs. */
     int (*attention_backward)(float *dqkv, const float *dout, const float *qkv, const float *out,
                               const float *lse, int b, int t, int c, int nh, void *workspace);
+
+    /* ---- context-parallel attention (NULL where a backend lacks it) ----
+     * A rank's query rows against the keys/values of the whole sequence, causal by global position:
+     * key j is visible to query i when kpos[j] <= qpos[i]. q, k, v (and dq, dk, dv) have row stride ld
+     * (3c for GPT-2's packed qkv); out and dout: (b*tq, c); lse: (b, nh, tq). Backward adds into dq, dk,
+     * dv (the key/value gradients of the whole sequence, reduce-scattered by the caller). */
+    int (*attention_cp_forward)(float *out, float *lse, const float *q, const float *k, const float *v,
+                                const struct kernels_attention_cp *a);
+    int (*attention_cp_backward)(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                 const float *k, const float *v, const float *out, const float *lse,
+                                 const struct kernels_attention_cp *a);
 
     /* ---- elementwise ---- */
     /* GELU, tanh approximation (GPT-2's gelu_new). out may alias inp. */

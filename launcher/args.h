@@ -13,6 +13,8 @@
 #include "common/log.h"
 
 #define LAUNCH_MAX_LOCAL 1024
+/* --log_max_bytes below this is refused (a rotation every few lines helps nobody). */
+#define LAUNCH_LOG_MIN_BYTES 4096
 #define LAUNCH_OPT_MAX 64
 #define LAUNCH_MAX_SIGNALS 16
 
@@ -50,6 +52,7 @@ struct launch_args {
     char run_id[128];
     double rdzv_timeout_s;
     char log_dir[1024]; /* "" = no log files, output stays on the terminal */
+    long long log_max_bytes; /* rotate each log file at this size (FILE.1 = the previous part); 0 = unbounded */
     char redirects[256]; /* torchrun Std spec: "0".."3" or "LOCAL:MASK,..." */
     char tee[256];
     char local_ranks_filter[256]; /* "" = every local rank on the console */

@@ -63,6 +63,8 @@ const struct launch_opt launch_opts[O_COUNT] = {
     [O_SAME_NETWORK] = {"same_network", {0}, K_BOOL, "accepted (accelerate): no effect"},
     [O_RDZV_TIMEOUT] = {"rdzv_timeout", {0}, K_VALUE, "seconds to wait for the store and for all nodes (default 900)"},
     [O_LOG_LEVEL] = {"log_level", {0}, K_VALUE, "debug, info, warn, error or off (default info)"},
+    [O_LOG_MAX_BYTES] = {"log_max_bytes", {0}, K_VALUE, "with --log_dir: rotate a log file at this size (N, Nk, NM, "
+                         "NG; FILE.1 keeps the previous part; default 0 = unbounded)"},
     [O_PYTHON] = {"python", {0}, K_VALUE, "interpreter of Python scripts (default PYTHON_EXEC, else python3 in PATH)"},
     [O_PRINT_CONFIG] = {"print_config", {0}, K_OPTIONAL,
                         "print every setting and where it came from (=json: as JSON) and exit"},
@@ -230,9 +232,13 @@ static int parse_nnodes(const char *v, const char *src, int *out)
 
 static int parse_endpoint(struct launch_args *a, const char *v, const char *src, bool *port_set)
 {
-    /* HOST:PORT, HOST, or [V6]:PORT; a bare IPv6 address has several colons and no port. */
+    /* HOST:PORT, HOST, or [V6]:PORT; a bare IPv6 address has several colons and no port. A bracket must
+     * close, and nothing but :PORT may follow it. */
     const char *colon = strrchr(v, ':');
     const char *rb = strrchr(v, ']');
+    if ((v[0] == '[') != (rb != NULL) || (rb && rb[1] && rb[1] != ':') || (rb && rb == v + 1))
+        return error_set(FSDP_EINVAL, "%s: '%s' is not HOST[:PORT] or [IPV6][:PORT] (a '[' must be closed by "
+                         "']', followed by nothing or :PORT)", src, v);
     bool has_port = colon && (v[0] == '[' ? rb && colon == rb + 1 : strchr(v, ':') == colon);
     char host[256];
     size_t hlen = has_port ? (size_t)(colon - v) : strlen(v);
@@ -250,6 +256,25 @@ static int parse_endpoint(struct launch_args *a, const char *v, const char *src,
         *port_set = true;
     }
     return rc;
+}
+
+/* --log_max_bytes: N, Nk, NM or NG bytes, at least LAUNCH_LOG_MIN_BYTES; 0 = unbounded. */
+static int parse_size(const char *v, const char *src, long long *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(v, &end, 10);
+    unsigned long long mult = !*end                                  ? 1
+                              : !strcmp(end, "k") || !strcmp(end, "K") ? 1ull << 10
+                              : !strcmp(end, "M")                      ? 1ull << 20
+                              : !strcmp(end, "G")                      ? 1ull << 30
+                                                                       : 0;
+    if (!isdigit((unsigned char)v[0]) || errno || mult == 0 || n > (1ull << 50) / mult ||
+        (n && n * mult < LAUNCH_LOG_MIN_BYTES))
+        return error_set(FSDP_EINVAL, "%s: '%s' is not a size of at least %d bytes (N, Nk, NM or NG), or 0 for "
+                         "unbounded log files", src, v, LAUNCH_LOG_MIN_BYTES);
+    *out = (long long)(n * mult);
+    return 0;
 }
 
 /* torchrun's --rdzv_conf: what a static rendezvous can honour is applied, the rest is named. */
@@ -380,6 +405,7 @@ int launch_opt_apply(struct launch_args *a, int id, const char *v, const char *s
             return error_set(FSDP_EINVAL, "%s: '%s' must be non-empty and without '/'", src, v);
         return copy_str(a->run_id, sizeof a->run_id, v, src);
     case O_RDZV_TIMEOUT: return parse_double(v, src, 0.001, &a->rdzv_timeout_s);
+    case O_LOG_MAX_BYTES: return parse_size(v, src, &a->log_max_bytes);
     case O_RDZV_CONF: return parse_rdzv_conf(a, v, src);
     case O_LOG_DIR: return copy_str(a->log_dir, sizeof a->log_dir, v, src);
     case O_REDIRECTS: return check_std(v, src) ? FSDP_EINVAL : copy_str(a->redirects, sizeof a->redirects, v, src);

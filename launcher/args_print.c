@@ -72,6 +72,7 @@ static bool effective(const struct launch_args *a, int id, char *buf, size_t cap
     case O_MONITOR: snprintf(buf, cap, "%g", a->monitor_interval_s); return true;
     case O_RDZV_ID: snprintf(buf, cap, "%s", a->run_id); return true;
     case O_RDZV_TIMEOUT: snprintf(buf, cap, "%g", a->rdzv_timeout_s); return true;
+    case O_LOG_MAX_BYTES: snprintf(buf, cap, "%lld", a->log_max_bytes); return true;
     case O_LOG_DIR: snprintf(buf, cap, "%s", a->log_dir); return true;
     case O_REDIRECTS: snprintf(buf, cap, "%s", a->redirects[0] ? a->redirects : "0"); return true;
     case O_TEE: snprintf(buf, cap, "%s", a->tee[0] ? a->tee : "0"); return true;

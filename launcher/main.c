@@ -14,6 +14,8 @@
 #include "launcher/agent.h"
 #include "launcher/args.h"
 #include "launcher/command.h"
+#include "launcher/console.h"
+#include "launcher/guard.h"
 #include "launcher/wizard.h"
 #include "launcher/workers.h"
 #include "rendezvous/rendezvous.h"
@@ -34,6 +36,33 @@ static double heartbeat_timeout(double wanted, double monitor_interval)
 {
     return wanted > 3 * monitor_interval ? wanted : 3 * monitor_interval;
 }
+
+/* Before any worker exists, a stopping signal ends the launcher at once (the rendezvous waits poll this). */
+struct early_stop {
+    int sigfd;
+    int signo;
+};
+
+static bool stop_requested(void *arg)
+{
+    struct early_stop *es = arg;
+    struct signalfd_siginfo si;
+    while (read(es->sigfd, &si, sizeof si) == (ssize_t)sizeof si)
+        if ((int)si.ssi_signo != SIGCHLD && !es->signo)
+            es->signo = (int)si.ssi_signo;
+    return es->signo != 0;
+}
+
+/* SIGCHLD (reap) and the signals the launcher answers (--signals_to_handle). */
+static void handled_signals(const struct launch_args *a, sigset_t *set)
+{
+    sigemptyset(set);
+    sigaddset(set, SIGCHLD);
+    for (int i = 0; i < a->n_signals; i++)
+        sigaddset(set, a->signals[i]);
+}
+
+static int run(struct launch_args *a, struct launch_command *cmd);
 
 int main(int argc, char **argv)
 {
@@ -72,18 +101,34 @@ int main(int argc, char **argv)
         launch_args_free(&a);
         return 2;
     }
-    if (a.redirects[0] && !a.log_dir[0])
-        log_warn("--redirects has no effect without --log_dir (output would be lost): ignoring it");
-    char *launch_config = launch_args_settings_json(&a);
-
-    /* Blocked before any thread exists (the store server's), so every signal lands in the signalfd. */
+    /* Blocked before any thread exists (the console's, the store server's), so every signal lands in the
+     * signalfd that run() reads. */
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGCHLD);
-    for (int i = 0; i < a.n_signals; i++)
-        sigaddset(&set, a.signals[i]);
+    handled_signals(&a, &set);
     sigprocmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* Before any thread exists: the guard is a plain fork. */
+    if (guard_start())
+        log_warn("%s: grandchildren of a worker may outlive a SIGKILLed launcher", error_message());
+    if (console_start())
+        log_warn("%s: console output is written directly", error_message());
+    int code = run(&a, &cmd);
+    console_stop(2.0);
+    return code;
+}
+
+static int run(struct launch_args *pa, struct launch_command *pcmd)
+{
+    struct launch_args a = *pa;
+    struct launch_command cmd = *pcmd;
+    int rc;
+    if (a.redirects[0] && !a.log_dir[0])
+        log_warn("--redirects has no effect without --log_dir (output would be lost): ignoring it");
+    if (a.log_max_bytes && !a.log_dir[0])
+        log_warn("--log_max_bytes has no effect without --log_dir: ignoring it");
+    char *launch_config = launch_args_settings_json(&a);
+    sigset_t set;
+    handled_signals(&a, &set);
     int sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
     if (sigfd < 0) {
         log_error("signalfd failed");
@@ -131,8 +176,20 @@ int main(int argc, char **argv)
                                                                            : settings_double(SETTING_HEARTBEAT_TIMEOUT),
                                                                        a.monitor_interval_s),
                               .node_hosts = a.slurm_nhosts >= a.nnodes ? (const char *const *)a.slurm_hosts : NULL};
+    struct early_stop es = {.sigfd = sigfd};
+    ro.should_stop = stop_requested;
+    ro.stop_arg = &es;
     struct rdzv *r = NULL;
     rc = rdzv_open(&ro, &r);
+    if (rc == FSDP_EABORTED && es.signo) {
+        log_warn("received SIG%s while connecting to the rendezvous store at %s:%d; exiting",
+                 sigabbrev_np(es.signo), a.master_addr, a.master_port);
+        close(sigfd);
+        command_free(&cmd);
+        free(launch_config);
+        launch_args_free(&a);
+        return 128 + es.signo;
+    }
     if (rc) {
         log_error("%s", error_message());
         command_free(&cmd);
@@ -142,13 +199,16 @@ int main(int argc, char **argv)
     }
     if (a.node_rank == 0 && (a.master_port == 0 || a.standalone)) {
         /* Printed whatever the log level: other nodes and scripts need this port. */
-        dprintf(2, "fsdp-launch: store listening on %s:%d\n", a.master_addr, rdzv_port(r));
+        char line[400];
+        int n = snprintf(line, sizeof line, "fsdp-launch: store listening on %s:%d\n", a.master_addr, rdzv_port(r));
+        console_write(2, line, (size_t)n);
     }
     log_debug("node %d of %d (%s), run id %s, store %s:%d, program %s", a.node_rank, a.nnodes, host, a.run_id,
               a.master_addr, rdzv_port(r), cmd.program);
 
     struct agent ag = {.a = &a, .r = r, .sigfd = sigfd, .host = host, .program = cmd.program, .argv = cmd.argv,
-                       .launch_config = launch_config, .secret = secret, .omp_threads = omp_threads};
+                       .launch_config = launch_config, .secret = secret, .omp_threads = omp_threads,
+                       .pending_signal = es.signo};
     int code = agent_run(&ag);
     rdzv_close(r);
     close(sigfd);

@@ -1,9 +1,14 @@
 #include "launcher/output.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "launcher/console.h"
 
 void output_init(struct out_stream *s, int fd, int console_fd, int log_fd, bool prefix, int rank, bool keep_tail)
 {
@@ -49,6 +54,28 @@ static void write_all(int fd, const char *p, size_t n)
     }
 }
 
+void output_set_rotation(struct out_stream *s, const char *path, unsigned long long max)
+{
+    free(s->log_path);
+    s->log_path = max ? strdup(path) : NULL;
+    s->log_max = s->log_path ? max : 0;
+    s->log_bytes = 0;
+}
+
+static void rotate(struct out_stream *s)
+{
+    char old[PATH_MAX + 8];
+    snprintf(old, sizeof old, "%s.1", s->log_path);
+    if (rename(s->log_path, old) != 0)
+        return; /* keep appending rather than lose lines */
+    int fd = open(s->log_path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return; /* the old descriptor still writes into FILE.1 */
+    close(s->log_fd);
+    s->log_fd = fd;
+    s->log_bytes = 0;
+}
+
 static void keep_tail(struct out_stream *s, const char *line, size_t n)
 {
     if (n + 1 > OUTPUT_TAIL_BYTES) {
@@ -73,19 +100,23 @@ static void emit(struct out_stream *s, const char *line, size_t n)
     char out[OUTPUT_LINE_MAX + 160];
     memcpy(out, line, n);
     out[n] = '\n';
-    if (s->log_fd >= 0)
+    if (s->log_fd >= 0) {
+        if (s->log_max && s->log_bytes > 0 && s->log_bytes + n + 1 > s->log_max)
+            rotate(s);
         write_all(s->log_fd, out, n + 1);
+        s->log_bytes += n + 1;
+    }
     bool to_filter = s->prefix && s->filter_fd >= 0 && filtered(s, line, n);
     if (s->prefix && (s->console_fd >= 0 || to_filter)) {
         int p = s->prefix_text[0] ? snprintf(out, 160, "%s", s->prefix_text) : snprintf(out, 32, "[rank %d]:", s->rank);
         memcpy(out + p, line, n);
         out[p + n] = '\n';
         if (s->console_fd >= 0)
-            write_all(s->console_fd, out, (size_t)p + n + 1);
+            console_write(s->console_fd, out, (size_t)p + n + 1);
         if (to_filter)
             write_all(s->filter_fd, out, (size_t)p + n + 1);
     } else if (s->console_fd >= 0) {
-        write_all(s->console_fd, out, n + 1);
+        console_write(s->console_fd, out, n + 1);
     }
     if (s->keep_tail)
         keep_tail(s, line, n);
@@ -134,6 +165,8 @@ void output_close(struct out_stream *s)
     if (s->log_fd >= 0)
         close(s->log_fd);
     s->log_fd = -1;
+    free(s->log_path);
+    s->log_path = NULL;
 }
 
 const char *output_tail(const struct out_stream *s, int lines)

@@ -1,6 +1,7 @@
 /* One worker output stream (stdout or stderr) read from its pipe and cut into whole lines, each line
- * written with one write(2) to the log file and/or the console, so lines of different ranks never mix
- * inside a line. The stderr stream also keeps its last lines for the failure summary. */
+ * written with one write(2) to the log file and queued whole for the console (launcher/console.h), so lines
+ * of different ranks never mix inside a line. The stderr stream also keeps its last lines for the failure
+ * summary. */
 #ifndef FSDP_LAUNCHER_OUTPUT_H
 #define FSDP_LAUNCHER_OUTPUT_H
 
@@ -24,9 +25,15 @@ struct out_stream {
     bool keep_tail;
     char tail[OUTPUT_TAIL_BYTES];
     size_t tail_len;
+    char *log_path;          /* for rotation; NULL = never rotated */
+    unsigned long long log_bytes, log_max;
 };
 
 void output_init(struct out_stream *s, int fd, int console_fd, int log_fd, bool prefix, int rank, bool keep_tail);
+/* Rotates the log file at path (log_fd) when a line would take it past max bytes: path becomes path.1
+ * (replacing an older one) and a new path is started, so a stream keeps at most about 2 x max bytes on
+ * disk and lines are never cut. A line longer than max goes alone into a fresh file. */
+void output_set_rotation(struct out_stream *s, const char *path, unsigned long long max);
 /* The prefix of --tee lines, in place of "[rank N]:". */
 void output_set_prefix(struct out_stream *s, const char *text);
 /* --tee lines containing any of needles are also written (prefixed) to fd. */

@@ -17,8 +17,28 @@
 #include "common/fs.h"
 #include "common/log.h"
 #include "launcher/devices.h"
+#include "launcher/guard.h"
 
 extern char **environ;
+
+/* In a forked child whose execve failed: "fsdp-launch: cannot execute PATH: DESCRIPTION (ENAME)" on its
+ * stderr (the worker's pipe), from async-signal-safe pieces only (strerrordesc_np and strerrorname_np
+ * return static strings). */
+static void exec_failed(const char *path, int err)
+{
+    char msg[PATH_MAX + 256];
+    size_t n = 0;
+    const char *parts[] = {"fsdp-launch: cannot execute ", path, ": ", strerrordesc_np(err), " (",
+                           strerrorname_np(err), ")", err == ENOEXEC ? ": not a binary, and no #! line" : "",
+                           err == ENOENT ? ": the program or its #! interpreter is missing" : "", "\n"};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        for (const char *p = parts[i] ? parts[i] : "?"; *p && n < sizeof msg - 2; p++)
+            msg[n++] = *p;
+    if (msg[n - 1] != '\n')
+        msg[n++] = '\n';
+    ssize_t ignored = write(2, msg, n);
+    (void)ignored;
+}
 
 /* torchrun's variables replace any inherited ones of the same name. */
 static const char *const overridden[] = {
@@ -183,15 +203,15 @@ static int spawn_one(struct worker *w, const struct launch_args *a, const struct
     int log_out = -1, log_err = -1;
     char **env = NULL;
     int rc = 0;
+    char logdir[PATH_MAX] = "";
     if (a->log_dir[0]) {
-        char dir[PATH_MAX];
-        int n = snprintf(dir, sizeof dir, "%s/%s/attempt_%d/%d", a->log_dir, a->run_id, e->restart_count,
+        int n = snprintf(logdir, sizeof logdir, "%s/%s/attempt_%d/%d", a->log_dir, a->run_id, e->restart_count,
                          w->local_rank);
-        if (n < 0 || (size_t)n >= sizeof dir)
+        if (n < 0 || (size_t)n >= sizeof logdir)
             return error_set(FSDP_ERANGE, "log directory path too long under %s", a->log_dir);
-        FSDP_TRY(fs_mkdir_p(dir, "log directory"));
-        log_out = open_log(dir, "stdout.log");
-        log_err = log_out >= 0 ? open_log(dir, "stderr.log") : -1;
+        FSDP_TRY(fs_mkdir_p(logdir, "log directory"));
+        log_out = open_log(logdir, "stdout.log");
+        log_err = log_out >= 0 ? open_log(logdir, "stderr.log") : -1;
         if (log_err < 0) {
             rc = FSDP_EIO;
             goto fail;
@@ -225,12 +245,11 @@ static int spawn_one(struct worker *w, const struct launch_args *a, const struct
         dup2(outp[1], 1);
         dup2(errp[1], 2);
         execve(e->program, e->argv, env);
-        static const char msg[] = "fsdp-launch: execve of the program failed\n";
-        ssize_t ignored = write(2, msg, sizeof msg - 1);
-        (void)ignored;
+        exec_failed(e->program, errno);
         _exit(127);
     }
     setpgid(pid, pid); /* also from the parent, so signalling the group never races the child's own call */
+    guard_watch(pid);
     free_env(env);
     close(outp[1]);
     close(errp[1]);
@@ -244,6 +263,13 @@ static int spawn_one(struct worker *w, const struct launch_args *a, const struct
     bool err_console = shown && ((tee & 2) || !(red & 2));
     output_init(&w->out, outp[0], out_console ? 1 : -1, log_out, (tee & 1) != 0, rank, false);
     output_init(&w->err, errp[0], err_console ? 2 : -1, log_err, (tee & 2) != 0, rank, true);
+    if (a->log_dir[0] && a->log_max_bytes > 0) {
+        char path[PATH_MAX + 64];
+        snprintf(path, sizeof path, "%s/stdout.log", logdir);
+        output_set_rotation(&w->out, path, (unsigned long long)a->log_max_bytes);
+        snprintf(path, sizeof path, "%s/stderr.log", logdir);
+        output_set_rotation(&w->err, path, (unsigned long long)a->log_max_bytes);
+    }
     if (a->prefix_template[0]) {
         char prefix[128];
         render_prefix(a->prefix_template, a->role, w->local_rank, rank, e->host, prefix, sizeof prefix);
@@ -404,8 +430,10 @@ void workers_release(struct worker_group *g)
 {
     for (int i = 0; i < g->n; i++) {
         struct worker *w = &g->w[i];
-        if (w->pid > 0)
+        if (w->pid > 0) {
             kill(-w->pid, SIGKILL); /* grandchildren left in the group */
+            guard_forget(w->pid);
+        }
         output_close(&w->out);
         output_close(&w->err);
     }

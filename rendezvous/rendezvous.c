@@ -43,6 +43,57 @@ static const char *node_name(const struct rdzv *r, int node)
     return r->node_hosts && r->node_hosts[node] ? r->node_hosts[node] : NULL;
 }
 
+/* Seconds between the debug lines of a wait for the store, and the length of one connection attempt (the
+ * granularity at which should_stop is asked). */
+#define WAIT_REPORT_S 3.0
+#define CONNECT_SLICE_S 0.1
+
+/* store_client_connect in short slices until timeout_s: between slices should_stop may end the wait, and
+ * the wait is reported (once at info: what is waited for and how long at most; then at debug every
+ * WAIT_REPORT_S with the last error). who says who waits ("node 1", "rank 3"). */
+static int connect_patiently(struct store_client_options co, double timeout_s, const char *who, const char *whose,
+                             bool (*should_stop)(void *), void *arg, struct store_client **out)
+{
+    double start = now_s(), deadline = start + timeout_s, next_report = 0;
+    bool told = false;
+    for (;;) {
+        double left = deadline - now_s();
+        co.connect_timeout_s = left < CONNECT_SLICE_S ? (left > 0.001 ? left : 0.001) : CONNECT_SLICE_S;
+        int rc = store_client_connect(&co, out);
+        if (rc != FSDP_ETIMEDOUT)
+            return rc;
+        double now = now_s();
+        if (now >= deadline) {
+            /* The same words as the client's own timeout, over the whole wait. */
+            const char *le = strstr(error_message(), "(last error: ");
+            char last[200] = "";
+            if (le)
+                snprintf(last, sizeof last, " %.*s)", (int)strcspn(le, ")"), le);
+            return error_set(rc, "could not reach store at %s:%d for %g s%s: is the launcher of node 0 running "
+                             "and --master_addr/--master_port right?", co.host, co.port, timeout_s, last);
+        }
+        if (!told) {
+            log_info("%s: waiting for the rendezvous store at %s:%d (%s), for up to %.0f s", who, co.host, co.port,
+                     whose, timeout_s);
+            told = true;
+            next_report = now + WAIT_REPORT_S;
+        } else if (now >= next_report) {
+            log_debug("%s: still waiting for the rendezvous store at %s:%d: %.0f s of %.0f s [%s]", who, co.host,
+                      co.port, now - start, timeout_s, error_message());
+            next_report = now + WAIT_REPORT_S;
+        }
+        if (should_stop && should_stop(arg))
+            return error_set(FSDP_EABORTED, "%s: stopped while waiting for the rendezvous store at %s:%d", who,
+                             co.host, co.port);
+    }
+}
+
+int rdzv_store_connect(const struct store_client_options *co, double timeout_s, const char *who, const char *whose,
+                       struct store_client **out)
+{
+    return connect_patiently(*co, timeout_s, who, whose, NULL, NULL, out);
+}
+
 /* Keeps a value on the store equal across nodes: the first writer sets it, later ones must match. */
 static int agree(struct rdzv *r, const char *key, const char *what, int value)
 {
@@ -109,9 +160,12 @@ int rdzv_open(const struct rdzv_options *o, struct rdzv **out)
         connect_host = o->bind_addr && *o->bind_addr ? o->bind_addr : "127.0.0.1";
     }
     struct store_client_options co = {.host = connect_host, .port = r->port, .run_id = o->run_id,
-                                      .secret = o->secret, .connect_timeout_s = r->timeout_s,
-                                      .default_timeout_s = 60};
-    rc = store_client_connect(&co, &r->client);
+                                      .secret = o->secret, .default_timeout_s = 60};
+    char who[32];
+    snprintf(who, sizeof who, "node %d", r->node_rank);
+    rc = connect_patiently(co, r->timeout_s, who, "node 0's fsdp-launch", o->should_stop, o->stop_arg, &r->client);
+    if (rc == FSDP_EABORTED)
+        goto fail;
     if (rc == FSDP_EREFUSED) {
         rc = error_set(rc, "the store at %s:%d refused node %d: its run id (--rdzv_id '%s') or FSDP_RDZV_TOKEN "
                        "differs from node 0's [%s]", r->addr, r->port, r->node_rank, o->run_id, error_message());
@@ -429,9 +483,10 @@ int rdzv_worker_connect(struct rdzv_worker *w, double timeout_s)
     snprintf(w->prefix, sizeof w->prefix, "%s", prefix ? prefix : "worker/");
     struct store_client_options co = {.host = addr, .port = port, .run_id = run_id ? run_id : "none",
                                       .secret = settings_get_raw(SETTING_RDZV_TOKEN),
-                                      .connect_timeout_s = timeout_s > 0 ? timeout_s : 60,
                                       .default_timeout_s = timeout_s > 0 ? timeout_s : 300};
-    return store_client_connect(&co, &w->client);
+    char who[32];
+    snprintf(who, sizeof who, "rank %d", w->rank);
+    return connect_patiently(co, timeout_s > 0 ? timeout_s : 60, who, "node 0's fsdp-launch", NULL, NULL, &w->client);
 }
 
 int rdzv_worker_key(const struct rdzv_worker *w, const char *name, char *buf, size_t cap)

@@ -33,6 +33,10 @@ struct rdzv_options {
     double timeout_s;       /* reaching the store and waiting for every node to join */
     double heartbeat_timeout_s; /* a node silent this long is lost; 0 = 10 s */
     const char *const *node_hosts; /* optional names of nodes 0..nnodes-1 (SLURM), for messages */
+    /* Called about every 100 ms while waiting for the store; returning true abandons rdzv_open with
+     * FSDP_EABORTED (a launcher answering SIGINT/SIGTERM while node 0 is not up yet). NULL: never. */
+    bool (*should_stop)(void *arg);
+    void *stop_arg;
 };
 
 struct rdzv_assignment {
@@ -43,8 +47,9 @@ struct rdzv_assignment {
 };
 
 /* Node 0 starts the store (FSDP_EEXIST with address and port when the port is taken), then every node
- * connects (FSDP_ETIMEDOUT naming address, port and how long it tried; FSDP_EREFUSED on a wrong token)
- * and checks that nnodes and nproc_per_node agree with the job's. */
+ * connects (FSDP_ETIMEDOUT naming address, port and how long it tried; FSDP_EREFUSED on a wrong token;
+ * FSDP_EABORTED when should_stop said so) and checks that nnodes and nproc_per_node agree with the job's.
+ * While the store cannot be reached yet it says so once at info level, then every few seconds at debug. */
 int rdzv_open(const struct rdzv_options *opts, struct rdzv **out);
 int rdzv_port(const struct rdzv *r);
 bool rdzv_is_host(const struct rdzv *r);
@@ -75,6 +80,13 @@ int rdzv_mark_done(struct rdzv *r, int generation);
 int rdzv_finish(struct rdzv *r, int generation, double timeout_s);
 void rdzv_close(struct rdzv *r);
 
+/* store_client_connect for up to timeout_s, saying once at info level, then every few seconds at debug, that
+ * `who` ("rank 3") waits for the store of `whose` ("rank 0's fsdp store") while it cannot be reached (what
+ * rdzv_open and rdzv_worker_connect do); co's connect_timeout_s is ignored. For a worker that reaches a store
+ * of its own choosing. */
+int rdzv_store_connect(const struct store_client_options *co, double timeout_s, const char *who, const char *whose,
+                       struct store_client **out);
+
 /* ---- worker side ---- */
 struct rdzv_worker {
     struct store_client *client;
@@ -82,7 +94,8 @@ struct rdzv_worker {
     int rank, world_size, local_rank;
 };
 
-/* Reads the environment above and connects (timeout_s <= 0: 60 s). */
+/* Reads the environment above and connects (timeout_s <= 0: 60 s), saying once at info level, then every
+ * few seconds at debug, what it waits for while the store cannot be reached. */
 int rdzv_worker_connect(struct rdzv_worker *w, double timeout_s);
 /* prefix + name into buf; FSDP_ERANGE when it does not fit. */
 int rdzv_worker_key(const struct rdzv_worker *w, const char *name, char *buf, size_t cap);

@@ -281,18 +281,195 @@ Test(ckpt, unfinished_save_is_invisible_and_failed_commit_cleans_up)
     model_layout_free(&l);
 }
 
-Test(ckpt, same_step_saved_again_replaces_it)
+/* A committed checkpoint is never replaced: a second save of its step fails naming it, cleans up after
+ * itself, and the first one reads back unchanged. */
+Test(ckpt, same_step_saved_again_is_refused_and_the_first_kept)
 {
     struct model_layout l;
     ct_layout(&l, 77);
     ct_save_sharded(dir, &l, 10, 2, 2, 1, 0);
-    ct_save_sharded(dir, &l, 10, 3, 1, 2, 0);
+    for (int r = 0; r < 3; r++) {
+        struct ct_pieces ps = {0};
+        ct_rank_pieces(&ps, &l, 1, r, 3, 2);
+        cr_assert_eq(ckpt_sharded_write_rank(dir, 10, r, &l, ps.v, ps.n), 0, "%s", error_message());
+        ct_free(&ps);
+    }
+    struct ckpt_state s;
+    ct_state(&s, &l, 10, 3, 1);
+    cr_assert_eq(ckpt_sharded_commit(dir, 10, 3, &l, &s, 0), FSDP_EEXIST);
+    cr_assert(strstr(error_message(), "fsdp_sharded_cpt10") && strstr(error_message(), "never replaced"), "%s",
+              error_message());
+    char path[256];
+    snprintf(path, sizeof path, "%s/.tmp_fsdp_sharded_cpt10", dir);
+    cr_assert(!ct_exists(path), "the refused save left its temporary directory");
     struct ckpt_reader *r;
     cr_assert_eq(ckpt_open(dir, "latest", &l, &r), 0, "%s", error_message());
-    cr_assert_eq(ckpt_reader_state(r)->world_size, 3);
-    ct_check_read(r, &l, 2, 2);
+    cr_assert_eq(ckpt_reader_state(r)->world_size, 2);
+    ct_check_read(r, &l, 2, 1);
+    ckpt_close(r);
+    /* The same for a full checkpoint. */
+    ct_save_full(dir, &l, 20, 3, 0);
+    struct ckpt_full_writer *w;
+    cr_assert_eq(ckpt_full_open(dir, 20, &l, &w), 0, "%s", error_message());
+    for (int p = 0; p < l.n_params; p++)
+        for (int k = 0; k < CKPT_KINDS; k++) {
+            float *t = calloc(l.params[p].numel, sizeof *t);
+            cr_assert_eq(ckpt_full_put(w, k, p, t), 0, "%s", error_message());
+            free(t);
+        }
+    ct_state(&s, &l, 20, 1, 2);
+    cr_assert_eq(ckpt_full_commit(w, &s, 0), FSDP_EEXIST, "%s", error_message());
+    cr_assert_eq(ckpt_open(dir, "latest", &l, &r), 0, "%s", error_message());
+    cr_assert_str_eq(ckpt_reader_format(r), "full");
+    ct_check_read(r, &l, 2, 3);
     ckpt_close(r);
     model_layout_free(&l);
+}
+
+static void put_latest(const char *root, const char *text, size_t len)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/latest", root);
+    unlink(path);
+    if (!text)
+        return;
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(text, 1, len, f), len);
+    fclose(f);
+}
+
+/* `latest` is the newest checkpoint in the directory whatever state the pointer is in: missing, garbage,
+ * a 100 KB line, a deleted checkpoint's name, an older checkpoint's name, a directory. The note names the
+ * pointer's problem and the checkpoint chosen; a directory without checkpoints has none. */
+Test(ckpt, damaged_latest_pointer_resolves_to_the_newest_checkpoint)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    ct_save_sharded(dir, &l, 10, 2, 2, 1, 0);
+    ct_save_sharded(dir, &l, 20, 2, 2, 2, 0);
+    char *big = malloc(100 * 1024 + 1);
+    memset(big, 'x', 100 * 1024);
+    big[100 * 1024] = '\n';
+    static const struct {
+        const char *text, *why;
+    } cases[] = {
+        {NULL, "is missing"},
+        {"\x01\xff garbage\n", "does not hold a checkpoint name"},
+        {"", "does not hold a checkpoint name"},
+        {"fsdp_sharded_cpt30\n", "fsdp_sharded_cpt30, which does not exist"},
+        {"fsdp_sharded_cpt10\n", "an older checkpoint"},
+        {"../fsdp_sharded_cpt20\n", "does not hold a checkpoint name"},
+        {"big", "does not hold a checkpoint name"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].text && strcmp(cases[i].text, "big") == 0)
+            put_latest(dir, big, 100 * 1024 + 1);
+        else
+            put_latest(dir, cases[i].text, cases[i].text ? strlen(cases[i].text) : 0);
+        struct ckpt_latest lt;
+        cr_assert_eq(ckpt_find_latest(dir, &lt), 0, "%s", error_message());
+        cr_assert(strstr(lt.path, "/fsdp_sharded_cpt20") && lt.step == 20, "case %zu: %s", i, lt.path);
+        cr_assert_str_eq(lt.older, "fsdp_sharded_cpt10", "case %zu", i);
+        cr_assert(strstr(lt.note, cases[i].why) && strstr(lt.note, "fsdp_sharded_cpt20 (step 20)"),
+                  "case %zu: note '%s'", i, lt.note);
+        char out[4096];
+        cr_assert_eq(ckpt_resolve(dir, "latest", out, sizeof out), 0, "%s", error_message());
+        cr_assert(strstr(out, "/fsdp_sharded_cpt20"), "case %zu: %s", i, out);
+    }
+    free(big);
+    /* A directory named latest, and a FIFO (which must not hang the resolution). */
+    char path[256];
+    snprintf(path, sizeof path, "%s/latest", dir);
+    unlink(path);
+    cr_assert_eq(mkdir(path, 0755), 0);
+    struct ckpt_latest lt;
+    cr_assert_eq(ckpt_find_latest(dir, &lt), 0, "%s", error_message());
+    cr_assert(strstr(lt.path, "fsdp_sharded_cpt20") && strstr(lt.note, "not a regular file"), "%s", lt.note);
+    rmdir(path);
+    cr_assert_eq(mkfifo(path, 0644), 0);
+    cr_assert_eq(ckpt_find_latest(dir, &lt), 0, "%s", error_message());
+    cr_assert(strstr(lt.path, "fsdp_sharded_cpt20") && strstr(lt.note, "not a regular file"), "%s", lt.note);
+    unlink(path);
+    /* An intact pointer: no note. */
+    put_latest(dir, "fsdp_sharded_cpt20\n", strlen("fsdp_sharded_cpt20\n"));
+    cr_assert_eq(ckpt_find_latest(dir, &lt), 0, "%s", error_message());
+    cr_assert_str_eq(lt.note, "");
+    /* Saves in progress are not checkpoints; a dangling pointer in a directory without any: none, and the
+     * note says so. */
+    char empty[64];
+    ct_tmpdir(empty, sizeof empty);
+    struct ct_pieces ps = {0};
+    ct_rank_pieces(&ps, &l, 2, 0, 2, 1);
+    cr_assert_eq(ckpt_sharded_write_rank(empty, 40, 0, &l, ps.v, ps.n), 0, "%s", error_message());
+    ct_free(&ps);
+    put_latest(empty, "fsdp_cpt40\n", strlen("fsdp_cpt40\n"));
+    cr_assert_eq(ckpt_find_latest(empty, &lt), 0, "%s", error_message());
+    cr_assert_str_eq(lt.path, "");
+    cr_assert_eq(lt.step, -1);
+    cr_assert(strstr(lt.note, "which does not exist") && strstr(lt.note, "holds no checkpoint"), "%s", lt.note);
+    ct_rmdir(empty);
+    /* A root that does not exist holds nothing (not an error). */
+    cr_assert_eq(ckpt_find_latest("/nonexistent/fsdpc/ckpt", &lt), 0, "%s", error_message());
+    cr_assert_str_eq(lt.path, "");
+    model_layout_free(&l);
+}
+
+Test(ckpt, list_after_names_the_newer_checkpoints)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    ct_save_sharded(dir, &l, 5, 1, 2, 1, 0);
+    ct_save_full(dir, &l, 15, 1, 0);
+    ct_save_sharded(dir, &l, 10, 1, 2, 1, 0);
+    char names[256];
+    cr_assert_eq(ckpt_list_after(dir, 0, names, sizeof names), 3);
+    cr_assert_str_eq(names, "fsdp_sharded_cpt5, fsdp_sharded_cpt10, fsdp_cpt15");
+    cr_assert_eq(ckpt_list_after(dir, 10, names, sizeof names), 1);
+    cr_assert_str_eq(names, "fsdp_cpt15");
+    cr_assert_eq(ckpt_list_after(dir, 15, names, sizeof names), 0);
+    cr_assert_str_eq(names, "");
+    model_layout_free(&l);
+}
+
+/* The directory lock: a second holder is refused with the first one's description, which the kernel
+ * releases when the holder dies (here by SIGKILL). */
+Test(ckpt, lock_refuses_a_second_job_naming_the_holder)
+{
+    int pfd[2];
+    cr_assert_eq(pipe(pfd), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        int fd;
+        char c = ckpt_lock(dir, "host h1, pid 4242, run id job7", 0, &fd) == 0 ? 'y' : 'n';
+        if (write(pfd[1], &c, 1) != 1)
+            _exit(1);
+        pause();
+        _exit(0);
+    }
+    char c = 0;
+    cr_assert_eq(read(pfd[0], &c, 1), 1);
+    cr_assert_eq(c, 'y', "the first lock failed");
+    int fd = -1;
+    cr_assert_eq(ckpt_lock(dir, "host h2, pid 1, run id job7", 0, &fd), FSDP_EEXIST);
+    cr_assert(strstr(error_message(), "in use by another job") && strstr(error_message(), "host h1, pid 4242, run id job7"),
+              "%s", error_message());
+    cr_assert_eq(fd, -1);
+    /* A waiting taker gets it once the holder is gone. */
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    cr_assert_eq(ckpt_lock(dir, "host h2, pid 1, run id job7", 5, &fd), 0, "%s", error_message());
+    char path[256], text[128] = "";
+    snprintf(path, sizeof path, "%s/.lock", dir);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    cr_assert_not_null(fgets(text, sizeof text, f));
+    fclose(f);
+    cr_assert_str_eq(text, "host h2, pid 1, run id job7\n");
+    ckpt_unlock(fd);
+    close(pfd[0]);
+    close(pfd[1]);
 }
 
 Test(ckpt, write_rank_rejects_overlap_and_out_of_range)

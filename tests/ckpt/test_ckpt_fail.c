@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/crc32c.h"
 #include "tests/ckpt/ctest.h"
 
 static char dir[64];
@@ -128,6 +129,68 @@ Test(ckpt_fail, edited_metadata_is_refused)
     struct ckpt_reader *r;
     cr_assert_eq(ckpt_open(dir, "latest", &l, &r), FSDP_EINVAL);
     cr_assert(strstr(error_message(), path) && strstr(error_message(), "CRC32C mismatch"), "%s", error_message());
+    model_layout_free(&l);
+}
+
+/* metadata.json with `key`'s number replaced by `value` and a CRC that matches again: what a parser meets
+ * when the file is wrong but consistent (a bug elsewhere, or a hand edit that fixed the checksum). */
+static void rewrite_number(const char *path, const char *key, const char *value)
+{
+    char *text = malloc(1 << 20);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    size_t n = fread(text, 1, (1 << 20) - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    char *at = strstr(text, pat);
+    cr_assert_not_null(at, "%s", key);
+    at += strlen(pat);
+    while (*at == ' ' || *at == '\t')
+        at++;
+    size_t old = strspn(at, "-+.0123456789eE");
+    char *out = malloc(n + strlen(value) + 1);
+    size_t head = (size_t)(at - text);
+    memcpy(out, text, head);
+    strcpy(out + head, value);
+    strcat(out, at + old);
+    size_t len = strlen(out);
+    char *q = strchr(strstr(out, "\"metadata_crc32c\":") + strlen("\"metadata_crc32c\":"), '"');
+    memset(q + 1, '0', 8);
+    char crc[9];
+    snprintf(crc, sizeof crc, "%08x", crc32c(out, len && out[len - 1] == '\n' ? len - 1 : len));
+    memcpy(q + 1, crc, 8);
+    f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fwrite(out, 1, len, f);
+    fclose(f);
+    free(out);
+    free(text);
+}
+
+/* Found by the metadata fuzzer (tests/fuzz/regress/ckpt_meta): a count beyond what a double holds exactly
+ * was converted to int64_t (undefined behaviour). Counts must be whole numbers up to 2^53, the loss scale a
+ * positive finite number; anything else is refused as malformed. */
+Test(ckpt_fail, out_of_range_numbers_in_metadata_are_refused)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    static const struct {
+        const char *key, *value;
+    } cases[] = {{"scaler_good_steps", "55555555555555555550"}, {"step", "1e300"}, {"step", "-3"},
+                 {"step", "2.5"}, {"loss_scale", "0"}, {"loss_scale", "-1e400"}, {"loss_scale", "1e400"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ct_save_sharded(dir, &l, (int64_t)(10 + i), 1, 2, 1, 0);
+        char path[256], name[64];
+        snprintf(name, sizeof name, "fsdp_sharded_cpt%zu", 10 + i);
+        snprintf(path, sizeof path, "%s/%s/metadata.json", dir, name);
+        rewrite_number(path, cases[i].key, cases[i].value);
+        struct ckpt_reader *r = NULL;
+        cr_assert_eq(ckpt_open(dir, name, &l, &r), FSDP_EINVAL, "%s = %s accepted", cases[i].key, cases[i].value);
+        cr_assert(strstr(error_message(), "malformed scalar state"), "%s = %s: %s", cases[i].key, cases[i].value,
+                  error_message());
+    }
     model_layout_free(&l);
 }
 

@@ -3,6 +3,9 @@
 #include "comm_test_util.h"
 
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -270,4 +273,50 @@ Test(comm_fail, bad_arguments, .timeout = 60)
     int st[MAX_RANKS];
     run_ranks(2, body_bad_args, NULL, NULL, st);
     assert_all_ok(2, st);
+}
+
+static int body_nothing(struct rank_ctx *c)
+{
+    (void)c;
+    return 0;
+}
+
+static void make_segment(const char *name)
+{
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    cr_assert_geq(fd, 0, "shm_open(%s): %s", name, strerror(errno));
+    cr_assert_eq(ftruncate(fd, 4096), 0);
+    close(fd);
+}
+
+static bool segment_exists(const char *name)
+{
+    char path[300];
+    snprintf(path, sizeof(path), "/dev/shm%s", name);
+    return access(path, F_OK) == 0;
+}
+
+/* A leader SIGKILLed between its shm_open and the shm_unlink after every rank attached leaves its
+ * segment, named after its pid. The next cpu communicator's leader on this host removes such segments of
+ * dead pids (and only those: a live pid's segment stays). */
+Test(comm_fail, segments_of_dead_leaders_are_swept, .timeout = 60)
+{
+    pid_t dead = fork();
+    cr_assert_geq(dead, 0);
+    if (dead == 0)
+        _exit(0);
+    waitpid(dead, NULL, 0);
+    char stale[200], live[200];
+    snprintf(stale, sizeof(stale), "/fsdp-sweep%d-world-0-h0-%d", (int)getpid(), (int)dead);
+    snprintf(live, sizeof(live), "/fsdp-sweep%d-world-0-h0-%d", (int)getpid(), (int)getpid());
+    make_segment(stale);
+    make_segment(live);
+    int st[MAX_RANKS];
+    run_ranks(2, body_nothing, NULL, NULL, st);
+    assert_all_ok(2, st);
+    bool stale_left = segment_exists(stale), live_left = segment_exists(live);
+    shm_unlink(stale);
+    shm_unlink(live);
+    cr_assert(!stale_left, "%s (pid %d is dead) is still in /dev/shm", stale, (int)dead);
+    cr_assert(live_left, "%s (a live pid's segment) was removed", live);
 }

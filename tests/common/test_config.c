@@ -2,6 +2,8 @@
  * normalisation, INI errors with file:line and suggestions, command-line overrides, and the print ->
  * reload -> print round trip. */
 #include <criterion/criterion.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -301,6 +303,39 @@ Test(config, file_errors_name_the_file)
     unlink(path);
     cr_assert_eq(config_load_file(cfg, path), FSDP_ENOTFOUND);
     assert_msg_has("cannot open config file");
+    config_destroy(cfg);
+    rmdir(dir);
+}
+
+/* /dev/zero reads forever and a FIFO waits for a writer: a config file must be a regular file of at most
+ * CONFIG_MAX_FILE_BYTES, refused at once otherwise, naming the file. */
+Test(config, file_must_be_a_regular_file_under_the_cap, .timeout = 20)
+{
+    struct config *cfg = make();
+    cr_assert_eq(config_load_file(cfg, "/dev/zero"), FSDP_EINVAL);
+    assert_msg_has("'/dev/zero' is not a regular file");
+    char dir[] = "/tmp/cfgtestXXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof path, "%s/fifo.ini", dir);
+    cr_assert_eq(mkfifo(path, 0600), 0);
+    cr_assert_eq(config_load_file(cfg, path), FSDP_EINVAL);
+    assert_msg_has("is not a regular file");
+    unlink(path);
+    cr_assert_eq(config_load_file(cfg, dir), FSDP_EINVAL);
+    assert_msg_has("is not a regular file");
+    snprintf(path, sizeof path, "%s/big.ini", dir);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    for (int i = 0; i < CONFIG_MAX_FILE_BYTES / 8 + 1; i++)
+        fputs(";commen\n", f);
+    fclose(f);
+    cr_assert_eq(config_load_file(cfg, path), FSDP_EINVAL);
+    assert_msg_has("bytes; the limit is");
+    /* Just under the cap loads. */
+    cr_assert_eq(truncate(path, CONFIG_MAX_FILE_BYTES - 1), 0);
+    cr_assert_eq(config_load_file(cfg, path), 0, "%s", error_message());
+    unlink(path);
     config_destroy(cfg);
     rmdir(dir);
 }

@@ -72,6 +72,11 @@ static const struct {
     {"--learning_rate=0.001", "optim", "lr", "0.001"},
     {"--seed=7", "train", "seed", "7"},
     {"--FSDP-VERSION=1", "fsdp", "version", "1"},
+    {"--context_parallel_size=2", "fsdp", "context_parallel_size", "2"},
+    {"--context-parallel-size=4", "fsdp", "context_parallel_size", "4"},
+    {"--context_parallel_comm_strategy=alltoall", "fsdp", "context_parallel_comm_strategy", "alltoall"},
+    {"--Context-Parallel-Comm-Strategy=ALLGATHER", "fsdp", "context_parallel_comm_strategy", "allgather"},
+    {"--context_parallel_comm_strategy=ulysses", "fsdp", "context_parallel_comm_strategy", "alltoall"},
 };
 
 Test(worker_config, accelerate_flags_map_to_their_keys)
@@ -124,6 +129,50 @@ Test(worker_config, cross_key_checks_name_the_keys)
     expect_invalid("optim.beta2", "1", "optim.beta2 (1) must be below 1");
     expect_invalid("fsdp.hybrid_shard_size", "2", "fsdp.hybrid_shard_size (2) applies only to");
     expect_invalid("fsdp.transformer_layer_cls_to_wrap", "", "needs fsdp.transformer_layer_cls_to_wrap");
+}
+
+/* Sets name=value pairs (NULL-terminated) and expects worker_config_view to refuse with every needle. */
+static void expect_invalid_set(const char *const *kv, const char *const *needles)
+{
+    struct config *cfg = make();
+    for (int i = 0; kv[i]; i += 2)
+        cr_assert_eq(config_set(cfg, kv[i], kv[i + 1]), 0, "%s=%s: %s", kv[i], kv[i + 1], error_message());
+    struct worker_config wc;
+    cr_assert_eq(worker_config_view(cfg, &wc), FSDP_EINVAL, "%s=%s ... accepted", kv[0], kv[1]);
+    for (int i = 0; needles[i]; i++)
+        cr_assert(strstr(error_message(), needles[i]), "%s=%s: message lacks \"%s\": %s", kv[0], kv[1], needles[i],
+                  error_message());
+    config_destroy(cfg);
+}
+
+Test(worker_config, context_parallel_checks_name_the_keys)
+{
+    expect_invalid_set((const char *[]){"fsdp.context_parallel_size", "2", "fsdp.version", "1", NULL},
+                       (const char *[]){"Context parallelism requires FSDP2.", "fsdp.version = 1",
+                                        "context_parallel_size = 1", NULL});
+    expect_invalid_set((const char *[]){"fsdp.context_parallel_size", "2", "fsdp.enable", "false", NULL},
+                       (const char *[]){"Context parallelism requires FSDP2.", "fsdp.enable = false", NULL});
+    expect_invalid_set((const char *[]){"fsdp.context_parallel_size", "2", "fsdp.sharding_strategy", "NO_SHARD", NULL},
+                       (const char *[]){"fsdp.context_parallel_size = 2", "NO_SHARD", "FULL_SHARD", NULL});
+    expect_invalid_set((const char *[]){"fsdp.context_parallel_size", "3", "model.block_size", "128", NULL},
+                       (const char *[]){"model.block_size = 128 is not divisible by 2 x fsdp.context_parallel_size = 6",
+                                        "multiple of 6", "one of 1, 2, 4, 8, 16, 32, 64", NULL});
+    expect_invalid_set((const char *[]){"fsdp.context_parallel_size", "8", "fsdp.context_parallel_comm_strategy",
+                                        "alltoall", NULL},
+                       (const char *[]){"model.n_head = 4 is not divisible by 8", "allgather", NULL});
+    /* The same sizes pass where they hold. */
+    const char *ok[][4] = {{"fsdp.context_parallel_size", "4", "fsdp.context_parallel_comm_strategy", "alltoall"},
+                           {"fsdp.context_parallel_size", "8", "fsdp.context_parallel_comm_strategy", "allgather"},
+                           {"fsdp.context_parallel_size", "1", "fsdp.version", "1"}};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        struct config *cfg = make();
+        cr_assert_eq(config_set(cfg, ok[i][0], ok[i][1]), 0, "%s", error_message());
+        cr_assert_eq(config_set(cfg, ok[i][2], ok[i][3]), 0, "%s", error_message());
+        struct worker_config wc;
+        cr_assert_eq(worker_config_view(cfg, &wc), 0, "%s=%s %s=%s: %s", ok[i][0], ok[i][1], ok[i][2], ok[i][3],
+                     error_message());
+        config_destroy(cfg);
+    }
 }
 
 Test(worker_config, model_family_unknown_lists_known)
@@ -406,7 +455,8 @@ Test(worker_config, schema_has_every_section_and_key)
         "train.seed", "train.device", "optim.lr", "optim.beta1", "optim.beta2", "optim.eps", "optim.weight_decay",
         "optim.grad_clip", "optim.warmup_steps", "optim.lr_schedule", "optim.min_lr", "data.train_file",
         "data.val_file", "data.order", "fsdp.enable", "fsdp.version", "fsdp.sharding_strategy",
-        "fsdp.hybrid_shard_size", "fsdp.reshard_after_forward", "fsdp.auto_wrap_policy",
+        "fsdp.hybrid_shard_size", "fsdp.context_parallel_size", "fsdp.context_parallel_comm_strategy",
+        "fsdp.reshard_after_forward", "fsdp.auto_wrap_policy",
         "fsdp.transformer_layer_cls_to_wrap", "fsdp.min_num_params", "fsdp.backward_prefetch",
         "fsdp.forward_prefetch", "fsdp.limit_all_gathers", "fsdp.sync_module_states", "fsdp.offload_params",
         "fsdp.use_orig_params",

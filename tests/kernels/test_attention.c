@@ -173,3 +173,71 @@ Test(kernels_attention, finite_differences)
     free(qkv), free(r), free(g);
     k->mem_free(dq), k->mem_free(dr), k->mem_free(dg), k->mem_free(dout), k->mem_free(dlse), k->mem_free(ws);
 }
+
+/* Context-parallel attention as the allgather strategy uses it: a sequence of T tokens cut into 2*CP chunks,
+ * rank r of the context group holding chunks r and 2*CP-1-r (its query rows at their global positions)
+ * and attending to the keys and values of the whole sequence. Every rank's output rows and log-sum-exp
+ * must be those of full causal attention, its query gradients those rows' gradients, and the key/value
+ * gradients summed over the ranks (what the reduce-scatter adds up) the full key/value gradients. */
+static void check_attention_cp(int B, int T, int C, int NH, int CP, uint64_t seed)
+{
+    const struct kernels *k = kt_backend();
+    if (!k->attention_cp_forward || !k->attention_cp_backward || !k->host_visible)
+        cr_skip_test("the %s kernels have no context-parallel attention on host memory", k->name);
+    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+    float *qkv = kt_host_rand(nq, seed, -1, 1), *dout = kt_host_rand(no, seed + 1, -1, 1);
+    struct att_ref r = ref_attention(qkv, dout, NULL, B, T, C, NH);
+    int chunk = T / (2 * CP), tq = 2 * chunk;
+    int *kpos = malloc((size_t)T * sizeof *kpos), *qpos = malloc((size_t)tq * sizeof *qpos);
+    float *lq = calloc((size_t)B * tq * 3 * C, sizeof(float)), *ldo = calloc((size_t)B * tq * C, sizeof(float));
+    float *lo = calloc((size_t)B * tq * C, sizeof(float)), *ll = calloc((size_t)B * NH * tq, sizeof(float));
+    float *ldq = calloc((size_t)B * tq * 3 * C, sizeof(float)), *dkv = calloc(nq, sizeof(float));
+    double *want_o = kt_dzeros((size_t)B * tq * C), *want_l = kt_dzeros((size_t)B * NH * tq);
+    double *want_dq = kt_dzeros((size_t)B * tq * C), *want_dkv = kt_dzeros(nq);
+    float *got_dq = calloc((size_t)B * tq * C, sizeof(float));
+    cr_assert(kpos && qpos && lq && ldo && lo && ll && ldq && dkv && got_dq);
+    for (int j = 0; j < T; j++)
+        kpos[j] = j;
+    for (int rank = 0; rank < CP; rank++) {
+        for (int i = 0; i < tq; i++)
+            qpos[i] = i < chunk ? rank * chunk + i : (2 * CP - 1 - rank) * chunk + (i - chunk);
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < tq; i++) {
+                size_t g = (size_t)b * T + qpos[i], l = (size_t)b * tq + i;
+                memcpy(lq + l * 3 * C, qkv + g * 3 * C, 3 * (size_t)C * sizeof(float));
+                memcpy(ldo + l * C, dout + g * C, (size_t)C * sizeof(float));
+                for (int e = 0; e < C; e++) {
+                    want_o[l * C + e] = r.out[g * C + e];
+                    want_dq[l * C + e] = r.dqkv[g * 3 * C + e];
+                }
+                for (int h = 0; h < NH; h++)
+                    want_l[((size_t)b * NH + h) * tq + i] = r.lse[((size_t)b * NH + h) * T + qpos[i]];
+            }
+        struct kernels_attention_cp a = {.b = B, .tq = tq, .tk = T, .c = C, .nh = NH, .ld = 3 * C,
+                                         .qpos = qpos, .kpos = kpos};
+        cr_assert_eq(k->attention_cp_forward(lo, ll, lq, qkv + C, qkv + 2 * C, &a), 0, "%s", error_message());
+        memset(ldq, 0, (size_t)B * tq * 3 * C * sizeof(float));
+        cr_assert_eq(k->attention_cp_backward(ldq, dkv + C, dkv + 2 * C, ldo, lq, qkv + C, qkv + 2 * C, lo, ll, &a),
+                     0, "%s", error_message());
+        for (size_t l = 0; l < (size_t)B * tq; l++)
+            memcpy(got_dq + l * C, ldq + l * 3 * C, (size_t)C * sizeof(float));
+        kt_check("cp out", lo, want_o, (size_t)B * tq * C, 2e-5, 1e-4);
+        kt_check("cp lse", ll, want_l, (size_t)B * NH * tq, 2e-5, 2e-5);
+        kt_check("cp dq", got_dq, want_dq, (size_t)B * tq * C, 1e-4, 2e-4);
+    }
+    /* the key/value columns of the reference; its query columns are zero here as in dkv */
+    for (size_t row = 0; row < (size_t)B * T; row++)
+        for (int e = C; e < 3 * C; e++)
+            want_dkv[row * 3 * C + e] = r.dqkv[row * 3 * C + e];
+    kt_check("cp dk dv summed over the group", dkv, want_dkv, nq, 1e-4, 2e-4);
+    free(qkv), free(dout), free(r.out), free(r.lse), free(r.dqkv), free(kpos), free(qpos), free(lq), free(ldo);
+    free(lo), free(ll), free(ldq), free(dkv), free(want_o), free(want_l), free(want_dq), free(want_dkv), free(got_dq);
+}
+
+Test(kernels_attention, context_parallel_chunks_match_full_attention)
+{
+    check_attention_cp(1, 8, 8, 2, 1, 50);
+    check_attention_cp(2, 20, 16, 2, 2, 51);
+    check_attention_cp(1, 30, 12, 3, 3, 52);
+    check_attention_cp(2, 64, 128, 2, 4, 53);
+}

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "rendezvous/rendezvous.h"
 
 static const char *const vars[] = {
@@ -70,6 +71,7 @@ int main(int argc, char **argv)
 {
     if (argc < 2)
         return 64;
+    log_init("launch-probe"); /* FSDP_LOG_LEVEL reaches the rendezvous code's messages */
     const char *mode = argv[1];
     const char *dir = argc > 2 ? argv[2] : ".";
     int rank = env_int("RANK");
@@ -158,6 +160,31 @@ int main(int argc, char **argv)
         line[5000] = '\n';
         for (int i = 0; i < 400; i++)
             fwrite(line, 1, 5001, stdout); /* stdio's 4 KiB buffer splits lines across writes */
+        return 0;
+    }
+    if (strcmp(mode, "bigout") == 0) { /* bigout DIR: rank 0 prints 10 MB and stays; the others exit 7 once it
+                                          * is done (or after 15 s) */
+        if (rank == 0) {
+            static char line[101];
+            memset(line, 'x', 99);
+            line[99] = '\n';
+            for (int i = 0; i < 100000; i++)
+                fwrite(line, 1, 100, stdout);
+            fflush(stdout);
+            write_file(dir, "flooded", "1\n");
+            nap(120);
+            return 0;
+        }
+        for (int i = 0; i < 150 && !count_files(dir, "flooded", 1); i++)
+            nap(0.1);
+        return 7;
+    }
+    if (strcmp(mode, "lines") == 0) { /* lines N: N numbered 100-byte lines on stdout and on stderr */
+        int n = argc > 2 ? atoi(argv[2]) : 0;
+        for (int i = 0; i < n; i++) {
+            printf("out %08d %086d\n", i, 0);
+            fprintf(stderr, "err %08d %086d\n", i, 0);
+        }
         return 0;
     }
     if (strcmp(mode, "talk") == 0) { /* talk: lines on both streams, for the log layout */

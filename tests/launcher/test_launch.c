@@ -200,6 +200,133 @@ Test(launch, sigkill_of_launcher_leaves_no_worker, .timeout = 60)
     free(dir);
 }
 
+/* A worker that is a wrapper script running the real program without exec: the program is the launcher's
+ * grandchild, out of reach of the worker's parent-death signal. A SIGKILLed launcher must still leave
+ * nothing running (the guard kills the workers' process groups). */
+Test(launch, sigkill_of_launcher_kills_grandchildren_of_a_wrapper_script, .timeout = 60)
+{
+    char *dir = lu_tmpdir();
+    char script[4200], text[9000];
+    snprintf(script, sizeof script, "%s/wrapper.sh", dir);
+    snprintf(text, sizeof text, "#!/bin/sh\n'%s' sleep '%s'\necho the probe ended\n", LU_PROBE, dir);
+    lu_write_text(script, text);
+    cr_assert_eq(chmod(script, 0755), 0);
+    const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "2", script, NULL};
+    pid_t p = lu_spawn(argv, dir, "launch", NULL);
+    int pids[2];
+    cr_assert_eq(lu_read_pids(dir, 2, pids, 30), 2, "workers did not start");
+    for (int i = 0; i < 2; i++) {
+        char path[64], stat[512] = "";
+        snprintf(path, sizeof path, "/proc/%d/stat", pids[i]);
+        FILE *f = fopen(path, "r");
+        cr_assert_not_null(f);
+        cr_assert_not_null(fgets(stat, sizeof stat, f));
+        fclose(f);
+        int ppid = 0;
+        cr_assert_eq(sscanf(strrchr(stat, ')') + 2, "%*c %d", &ppid), 1);
+        cr_assert_neq(ppid, (int)p, "the probe is the launcher's own child: the wrapper exec'd it");
+    }
+    kill(p, SIGKILL);
+    lu_wait(p, 10);
+    double took = lu_wait_pids_dead(pids, 2, 5);
+    for (int i = 0; i < 2; i++)
+        kill(pids[i], SIGKILL);
+    cr_assert_geq(took, 0, "a wrapper script's child outlived its SIGKILLed launcher");
+    lu_rm_rf(dir);
+    free(dir);
+}
+
+/* `fsdp-launch ... | sleep 20`: a console that stops reading while a rank prints 10 MB. Supervision goes
+ * on (the other rank's failure is seen and the job stops at once), the log file has all 10 MB, and the
+ * console got what fit in its queue. */
+Test(launch, stalled_console_never_blocks_supervision, .timeout = 60)
+{
+    char *dir = lu_tmpdir();
+    int pfd[2];
+    cr_assert_eq(pipe(pfd), 0);
+    char err[4200];
+    snprintf(err, sizeof err, "%s/launch.err", dir);
+    const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "2", "--log_dir", dir, "--rdzv_id", "stall",
+                          LU_PROBE, "bigout", dir, NULL};
+    double t0 = tu_now();
+    pid_t p = fork();
+    cr_assert_geq(p, 0);
+    if (p == 0) {
+        int e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (e < 0 || dup2(pfd[1], 1) != 1 || dup2(e, 2) != 2)
+            _exit(120);
+        close(pfd[0]);
+        execv(argv[0], (char *const *)argv);
+        _exit(121);
+    }
+    close(pfd[1]);
+    int st = lu_wait(p, 30); /* the test never reads the pipe until the launcher is gone */
+    double took = tu_now() - t0;
+    char *text = tu_slurp(err);
+    cr_assert_eq(lu_exit_code(st), 7, "exit %d after %.1f s (a launcher blocked on its console never reaps):\n%s",
+                 lu_exit_code(st), took, text);
+    cr_assert_lt(took, 20, "the launcher took %.1f s", took);
+    char log[4400];
+    snprintf(log, sizeof log, "%s/stall/attempt_0/0/stdout.log", dir);
+    struct stat sb;
+    cr_assert_eq(stat(log, &sb), 0, "%s", log);
+    cr_assert_eq(sb.st_size, 100 * 100000, "the log file has %lld bytes, not all 10 MB", (long long)sb.st_size);
+    char buf[65536];
+    size_t total = 0;
+    for (ssize_t n; (n = read(pfd[0], buf, sizeof buf)) > 0;)
+        total += (size_t)n;
+    close(pfd[0]);
+    cr_assert_lt(total, 100 * 100000, "the console got everything (%zu bytes): nothing stalled?", total);
+    free(text);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
+/* The first number of the first and of the last line of a log file ("out 00001234 ..."). */
+static void line_range(const char *path, long *first, long *last, long long *bytes)
+{
+    char *t = tu_slurp(path);
+    size_t n = strlen(t);
+    *bytes = (long long)n;
+    *first = n > 12 ? atol(t + 4) : -1;
+    char *end = n > 1 ? t + n - 1 : t;
+    while (end > t && end[-1] != '\n')
+        end--;
+    *last = *end ? atol(end + 4) : -1;
+    free(t);
+}
+
+/* --log_max_bytes 8k: each stream's file is rotated into FILE.1 at 8 KiB, both stay under it, and together
+ * they hold the newest lines without a gap; the console still gets everything. */
+Test(launch, log_max_bytes_rotates_log_files, .timeout = 60)
+{
+    char *dir = lu_tmpdir();
+    const char *argv[] = {LU_LAUNCH, "--standalone", "--rdzv_id", "rot", "--log_dir", dir, "--log_max_bytes", "8k",
+                          LU_PROBE, "lines", "1000", NULL};
+    pid_t p = lu_spawn(argv, dir, "launch", NULL);
+    cr_assert_eq(lu_exit_code(lu_wait(p, 40)), 0, "%s", lu_slurp_tag(dir, "launch", "err"));
+    static const char *const streams[] = {"stdout", "stderr"};
+    for (int i = 0; i < 2; i++) {
+        char cur[4400], old[4410];
+        snprintf(cur, sizeof cur, "%s/rot/attempt_0/0/%s.log", dir, streams[i]);
+        snprintf(old, sizeof old, "%s.1", cur);
+        long f1, l1, f0, l0;
+        long long b1, b0;
+        line_range(old, &f1, &l1, &b1);
+        line_range(cur, &f0, &l0, &b0);
+        cr_expect(b0 <= 8192 && b1 <= 8192 && b1 > 8000, "%s: %lld and %lld bytes", streams[i], b1, b0);
+        cr_expect_eq(l0, 999, "%s: the current file ends at line %ld", streams[i], l0);
+        cr_expect_eq(f0, l1 + 1, "%s: gap between %s.1 (last %ld) and the current file (first %ld)", streams[i],
+                     streams[i], l1, f0);
+        cr_expect_eq(b1, (l1 - f1 + 1) * 100, "%s.1 holds cut lines", streams[i]);
+    }
+    char *out = lu_slurp_tag(dir, "launch", "out");
+    cr_expect_eq(strlen(out), 100000u, "the console got %zu bytes of stdout", strlen(out));
+    free(out);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
 static void signal_exits_cleanly(int sig)
 {
     char *dir = lu_tmpdir();

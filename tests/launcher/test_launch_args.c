@@ -204,6 +204,31 @@ Test(args, rdzv_endpoint_and_backend)
     launch_args_free(&a);
 }
 
+/* An IPv6 endpoint whose bracket does not close (or holds nothing, or is followed by more than :PORT) is
+ * refused naming the flag, instead of becoming an address nothing answers on. */
+Test(args, rdzv_endpoint_brackets_must_close)
+{
+    clear_env();
+    struct launch_args a;
+    static const char *const bad[] = {"[::1", "::1]", "[::1:29500", "[]:29500", "[::1]x", "[::1]29500", "[", "]"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *argv[] = {"fsdp-launch", "--rdzv_endpoint", bad[i], "prog", NULL};
+        cr_expect_eq(parse(&a, argv), FSDP_EINVAL, "'%s' accepted", bad[i]);
+        cr_expect(strstr(error_message(), "--rdzv_endpoint") && strstr(error_message(), bad[i]), "%s: %s", bad[i],
+                  error_message());
+        launch_args_free(&a);
+    }
+    const char *ok[] = {"fsdp-launch", "--rdzv_endpoint", "[::1]", "prog", NULL};
+    cr_assert_eq(parse(&a, ok), 0, "%s", error_message());
+    cr_expect_str_eq(a.master_addr, "::1");
+    cr_expect_eq(a.master_port, 29500);
+    launch_args_free(&a);
+    const char *bare[] = {"fsdp-launch", "--rdzv_endpoint", "::1", "prog", NULL};
+    cr_assert_eq(parse(&a, bare), 0, "%s", error_message());
+    cr_expect_str_eq(a.master_addr, "::1");
+    launch_args_free(&a);
+}
+
 /* Every flag of the issue, each in three spellings: --name_with_underscores, --name-with-dashes (both
  * --flag value and --flag=value) and PET_NAME. `check` says where the value must land. */
 struct flag_case {
@@ -298,6 +323,37 @@ Test(args, every_flag_in_every_spelling)
         cr_expect(rc != 0 || fc->check(&a), "%s=%s: value not applied", pet, fc->value);
         launch_args_free(&a);
         unsetenv(pet);
+    }
+}
+
+/* --log_max_bytes: a size with an optional k/M/G suffix, 0 = unbounded, too small or malformed refused. */
+Test(args, log_max_bytes_sizes)
+{
+    clear_env();
+    static const struct {
+        const char *v;
+        long long want;
+    } ok[] = {{"0", 0}, {"4096", 4096}, {"64k", 65536}, {"64K", 65536}, {"10M", 10ll << 20}, {"2G", 2ll << 30}};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        struct launch_args a;
+        const char *argv[] = {"fsdp-launch", "--log-max-bytes", ok[i].v, "prog", NULL};
+        cr_assert_eq(parse(&a, argv), 0, "%s: %s", ok[i].v, error_message());
+        cr_expect_eq(a.log_max_bytes, ok[i].want, "%s", ok[i].v);
+        launch_args_free(&a);
+    }
+    setenv("PET_LOG_MAX_BYTES", "1M", 1);
+    struct launch_args a;
+    const char *env_argv[] = {"fsdp-launch", "prog", NULL};
+    cr_assert_eq(parse(&a, env_argv), 0, "%s", error_message());
+    cr_expect_eq(a.log_max_bytes, 1 << 20);
+    launch_args_free(&a);
+    unsetenv("PET_LOG_MAX_BYTES");
+    static const char *const bad[] = {"-1", "100", "1x", "k", "", "12.5M", "99999999999G"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *argv[] = {"fsdp-launch", "--log_max_bytes", bad[i], "prog", NULL};
+        cr_expect_eq(parse(&a, argv), FSDP_EINVAL, "'%s' accepted", bad[i]);
+        cr_expect(strstr(error_message(), "--log_max_bytes"), "%s: %s", bad[i], error_message());
+        launch_args_free(&a);
     }
 }
 

@@ -173,3 +173,134 @@ Test(launch_errors, join_timeout_names_missing_slurm_hosts, .timeout = 60)
     cr_expect(strstr(err, "missing node ranks: 1 (host gpu07), 2 (host gpu08)"), "stderr:\n%s", err);
     free(err);
 }
+
+/* A closed loopback port: nothing answers there, and connecting is refused at once. */
+static int closed_port(void)
+{
+    int port;
+    int fd = listening_socket(&port);
+    close(fd);
+    return port;
+}
+
+/* Node 1 while node 0 is not up: SIGINT/SIGTERM end the launcher at once with 128 + signal, not after
+ * --rdzv_timeout (900 s by default). */
+static void signal_while_connecting(int sig)
+{
+    char ports[16];
+    snprintf(ports, sizeof ports, "%d", closed_port());
+    const char *a[] = {LU_LAUNCH, "--nnodes", "2", "--node_rank", "1", "--master_addr", "127.0.0.1", "--master_port",
+                       ports, "/bin/true", NULL};
+    char *dir = lu_tmpdir();
+    pid_t p = lu_spawn(a, dir, "launch", NULL);
+    tu_nap(0.5);
+    double t0 = tu_now();
+    kill(p, sig);
+    int st = lu_wait(p, 10);
+    double took = tu_now() - t0;
+    char *err = lu_slurp_tag(dir, "launch", "err");
+    char want[128];
+    snprintf(want, sizeof want, "received SIG%s while connecting to the rendezvous store at 127.0.0.1:%s",
+             sigabbrev_np(sig), ports);
+    cr_expect_eq(lu_exit_code(st), 128 + sig, "exit %d after %.1f s, stderr:\n%s", lu_exit_code(st), took, err);
+    cr_expect_lt(took, 2.0, "answered the signal after %.1f s", took);
+    cr_expect(strstr(err, want), "stderr lacks '%s':\n%s", want, err);
+    free(err);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
+Test(launch_errors, sigterm_while_connecting_to_the_store, .timeout = 30) { signal_while_connecting(SIGTERM); }
+Test(launch_errors, sigint_while_connecting_to_the_store, .timeout = 30) { signal_while_connecting(SIGINT); }
+
+/* Node 0 waiting for node 1 to join: SIGTERM ends it at once as well. */
+Test(launch_errors, sigterm_while_waiting_for_the_other_nodes, .timeout = 30)
+{
+    const char *a[] = {LU_LAUNCH, "--nnodes", "2", "--node_rank", "0", "--master_addr", "127.0.0.1", "--master_port",
+                       "0", "/bin/true", NULL};
+    char *dir = lu_tmpdir();
+    pid_t p = lu_spawn(a, dir, "launch", NULL);
+    cr_assert_gt(lu_read_port(dir, "launch", 20), 0, "node 0 did not start its store");
+    tu_nap(0.3);
+    double t0 = tu_now();
+    kill(p, SIGTERM);
+    int st = lu_wait(p, 10);
+    double took = tu_now() - t0;
+    char *err = lu_slurp_tag(dir, "launch", "err");
+    cr_expect_eq(lu_exit_code(st), 128 + SIGTERM, "exit %d after %.1f s, stderr:\n%s", lu_exit_code(st), took, err);
+    cr_expect_lt(took, 2.0, "answered the signal after %.1f s", took);
+    cr_expect(strstr(err, "received SIGTERM while waiting for the other nodes"), "stderr:\n%s", err);
+    free(err);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
+static int count(const char *text, const char *needle)
+{
+    int n = 0;
+    for (const char *p = strstr(text, needle); p; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}
+
+/* A worker whose store is unreachable says what it waits for: once at info level, then every few seconds
+ * at debug level. */
+Test(launch_errors, worker_waiting_for_the_store_says_so, .timeout = 40)
+{
+    int port = closed_port();
+    char mport[32], want[128];
+    snprintf(mport, sizeof mport, "MASTER_PORT=%d", port);
+    const char *env[] = {"MASTER_ADDR=127.0.0.1", mport, "RANK=1", "LOCAL_RANK=1", "WORLD_SIZE=2",
+                         "TORCHELASTIC_RUN_ID=w", "FSDP_STORE_PREFIX=worker/g0/", "FSDP_LOG_LEVEL=debug", NULL};
+    const char *a[] = {LU_PROBE, "barrier", NULL};
+    char *dir = lu_tmpdir();
+    pid_t p = lu_spawn(a, dir, "probe", env);
+    char *err = NULL;
+    snprintf(want, sizeof want, "D: rank 1: still waiting for the rendezvous store at 127.0.0.1:%d", port);
+    for (double end = tu_now() + 20; tu_now() < end; tu_nap(0.1)) { /* the first debug line comes after 3 s */
+        free(err);
+        err = lu_slurp_tag(dir, "probe", "err");
+        if (strstr(err, want))
+            break;
+    }
+    kill(p, SIGKILL);
+    lu_wait(p, 5);
+    free(err);
+    err = lu_slurp_tag(dir, "probe", "err");
+    snprintf(want, sizeof want, "I: rank 1: waiting for the rendezvous store at 127.0.0.1:%d", port);
+    cr_expect_eq(count(err, want), 1, "want one '%s':\n%s", want, err);
+    snprintf(want, sizeof want, "D: rank 1: still waiting for the rendezvous store at 127.0.0.1:%d", port);
+    cr_expect_geq(count(err, want), 1, "want '%s' lines:\n%s", want, err);
+    free(err);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
+/* A program that is found but cannot be executed: the worker's exit code 127 and a line naming the path
+ * and errno (a file without #! that is no binary; a script whose interpreter is missing). */
+Test(launch_errors, execve_failure_names_path_and_errno, .timeout = 30)
+{
+    char *dir = lu_tmpdir();
+    static const struct {
+        const char *name, *text, *why;
+    } cases[] = {
+        {"garbage", "this is not a program\n", "Exec format error (ENOEXEC)"},
+        {"script", "#!/nonexistent/fsdpc-interpreter\necho hi\n", "No such file or directory (ENOENT)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char prog[4200];
+        snprintf(prog, sizeof prog, "%s/%s", dir, cases[i].name);
+        lu_write_text(prog, cases[i].text);
+        cr_assert_eq(chmod(prog, 0755), 0);
+        const char *a[] = {LU_LAUNCH, "--standalone", prog, NULL};
+        char *err;
+        int rc = run_launch(a, NULL, 30, &err);
+        char want[4400];
+        snprintf(want, sizeof want, "fsdp-launch: cannot execute %s: %s", prog, cases[i].why);
+        cr_expect_eq(rc, 127, "%s: exit %d, stderr:\n%s", cases[i].name, rc, err);
+        cr_expect(strstr(err, want), "stderr lacks '%s':\n%s", want, err);
+        free(err);
+    }
+    lu_rm_rf(dir);
+    free(dir);
+}

@@ -117,6 +117,40 @@ Test(config, offload_params_with_no_shard, .timeout = 240)
     refused(2, "offload", extra, want);
 }
 
+/* Context parallelism's world-dependent rules, refused by every rank before any work. */
+Test(config, context_parallel_size_not_dividing_world, .timeout = 240)
+{
+    const char *extra[] = {"--context_parallel_size=2", NULL};
+    const char *want[] = {"fsdp.context_parallel_size = 2 does not divide the world size 3", "use one of 1",
+                          NULL};
+    refused(3, "cpworld", extra, want);
+}
+
+Test(config, context_parallel_train_batch_by_data_parallel_degree, .timeout = 240)
+{
+    const char *extra[] = {"--context_parallel_size=2", "--train.train_batch=3", "--train.micro_batch=1", NULL};
+    const char *want[] = {"train.train_batch = 3", "2 data-parallel ranks", "context_parallel_size", NULL};
+    refused(4, "cpbatch", extra, want);
+}
+
+Test(config, context_parallel_hybrid_group_holds_whole_context_groups, .timeout = 240)
+{
+    const char *extra[] = {"--context_parallel_size=2", "--fsdp.sharding_strategy=HYBRID_SHARD",
+                           "--fsdp.hybrid_shard_size=1", NULL};
+    const char *want[] = {"fsdp.sharding_strategy = HYBRID_SHARD", "whole context groups",
+                          "multiple of 2", NULL};
+    refused(2, "cphybrid", extra, want);
+}
+
+/* A valid context-parallel config is described (the mesh) and refused: the engine does not split sequences. */
+Test(config, context_parallel_valid_config_names_the_mesh, .timeout = 240)
+{
+    const char *extra[] = {"--context_parallel_size=2", "--train.train_batch=4", "--train.micro_batch=1", NULL};
+    const char *want[] = {"world 4 = 2 data-parallel x 2 context", "rows shared by [0 1] [2 3]",
+                          "different rows: [0 2] [1 3]", "context_parallel_size = 1", NULL};
+    refused(4, "cpmesh", extra, want);
+}
+
 Test(config, wrap_class_mlp, .timeout = 240)
 {
     const char *extra[] = {"--fsdp.transformer_layer_cls_to_wrap=MLP", NULL};

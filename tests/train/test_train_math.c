@@ -163,7 +163,7 @@ Test(math, fsdp_disabled_and_unlimited_gathers, .timeout = 300)
     const char *extra[] = {"--fsdp.enable=false", "--fsdp.limit_all_gathers=false", NULL};
     same_math("disabled", 3, extra,
               "{\"plan\":{\"strategy\":\"NO_SHARD\",\"enabled\":false,\"version\":2,\"world_size\":3,"
-              "\"shard_groups\":3,\"shard_group_size\":1}}");
+              "\"shard_groups\":3,\"shard_group_size\":1,\"data_parallel_size\":3,\"context_parallel_size\":1}}");
 }
 
 Test(math, offload_params_on_cpu, .timeout = 300)

@@ -3,6 +3,10 @@
 #include "wtest.h"
 
 #include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
 
 /* Token i of a test file is (i * 7 + 3) % mod, so a row's tokens reveal its offset. */
 static uint16_t tok(int64_t i, int mod) { return (uint16_t)((i * 7 + 3) % mod); }
@@ -301,4 +305,73 @@ Test(data, bad_files_rejected_with_their_names)
     make_llmc(p, 300, 300, 256);
     o.vocab_size = 255;
     expect_open_error(p, &o, FSDP_EINVAL, "token 255");
+}
+
+/* A token file truncated under a running job: the next read fails naming the file instead of dying of
+ * SIGBUS (the mapping's pages past the new end no longer exist). */
+Test(data, truncated_under_a_reader_is_an_error_naming_the_file)
+{
+    const int64_t N = 1 << 20, T = 64, B = 8;
+    make_nanogpt(path_a, N, 50000);
+    struct data_options o = opts(T, B, DATA_ORDER_SHUFFLED, 5);
+    struct data_file *d;
+    cr_assert_eq(data_open(path_a, &o, &d), 0, "%s", error_message());
+    int32_t in[8 * 64], tg[8 * 64];
+    cr_assert_eq(data_get_rows(d, 0, 0, B, in, tg), 0, "%s", error_message());
+    cr_assert_eq(truncate(path_a, 4096), 0);
+    int rc = 0;
+    for (int64_t s = 1; s < 50 && rc == 0; s++)
+        rc = data_get_rows(d, s, 0, B, in, tg);
+    cr_assert_eq(rc, FSDP_EIO, "reads after the truncation: %d", rc);
+    cr_assert(strstr(error_message(), path_a) && strstr(error_message(), "shrank"), "%s", error_message());
+    data_close(d);
+}
+
+struct truncator {
+    const char *path;
+    off_t full;
+    volatile int stop;
+};
+
+static void *truncate_loop(void *arg)
+{
+    struct truncator *t = arg;
+    while (!t->stop)
+        if (truncate(t->path, 0) != 0 || truncate(t->path, t->full) != 0)
+            break;
+    return NULL;
+}
+
+/* Truncations racing the reads (after a read's size check, before its copy): every read returns 0 or the
+ * error, none crashes. */
+Test(data, racing_truncation_never_crashes)
+{
+    const int64_t N = 1 << 20, T = 64, B = 8;
+    make_nanogpt(path_a, N, 50000);
+    struct data_options o = opts(T, B, DATA_ORDER_SHUFFLED, 5);
+    struct data_file *d;
+    cr_assert_eq(data_open(path_a, &o, &d), 0, "%s", error_message());
+    struct truncator t = {.path = path_a, .full = (off_t)N * 2};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, truncate_loop, &t), 0);
+    int32_t in[8 * 64], tg[8 * 64];
+    int ok = 0, failed = 0;
+    /* At least 20000 reads, and on a busy machine on until the truncating thread has had its turn. */
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int64_t s = 0;; s++) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (s >= 20000 && (failed > 0 || now.tv_sec - t0.tv_sec > 20))
+            break;
+        int rc = data_get_rows(d, s, 0, B, in, tg);
+        cr_assert(rc == 0 || rc == FSDP_EIO, "rc %d: %s", rc, error_message());
+        if (rc)
+            cr_assert(strstr(error_message(), path_a), "%s", error_message());
+        rc ? failed++ : ok++;
+    }
+    t.stop = 1;
+    pthread_join(th, NULL);
+    cr_log_info("racing truncation: %d reads ok, %d refused", ok, failed);
+    cr_assert_gt(failed, 0, "no read saw the truncation");
+    data_close(d);
 }

@@ -31,6 +31,7 @@ enum ckpt_kind {
  * of the requested range is read in addition). */
 #define CKPT_CRC_BLOCK (1u << 20)
 #define CKPT_LATEST "latest"
+#define CKPT_LOCK_FILE ".lock"
 
 struct ckpt_state {
     int64_t step; /* optimizer steps done; the data position is a pure function of it */
@@ -109,7 +110,32 @@ int ckpt_read(struct ckpt_reader *r, int kind, int param, size_t begin, size_t c
 int ckpt_verify(struct ckpt_reader *r, uint64_t *bytes_checked);
 void ckpt_close(struct ckpt_reader *r);
 
-/* "latest" or a name/path -> the checkpoint directory's path; FSDP_ENOTFOUND when there is none. */
+/* "latest" or a name/path -> the checkpoint directory's path; FSDP_ENOTFOUND when there is none.
+ * "latest" is ckpt_find_latest's choice, with its note (if any) logged as a warning. */
 int ckpt_resolve(const char *ckpt_root, const char *which, char *out, size_t cap);
+
+/* `latest` under ckpt_root: the newest committed checkpoint there, i.e. the highest step among its
+ * fsdp_sharded_cpt<N>/ and fsdp_cpt<N>/ directories (saves in progress, `.tmp_*`, are not checkpoints).
+ * The `latest` file names it after every commit and is only a pointer: when it is missing, unreadable,
+ * holds no checkpoint name, names a deleted checkpoint or an older one (a save stopped between its commit
+ * and the pointer's update), the newest directory still wins and `note` says what was wrong with the
+ * pointer. path is "" (step -1) when the root holds no checkpoint at all (or does not exist). */
+struct ckpt_latest {
+    char path[4096];
+    int64_t step;
+    char older[256]; /* the next older checkpoint's name, "" when none */
+    char note[1024]; /* "" when the pointer agreed */
+};
+int ckpt_find_latest(const char *ckpt_root, struct ckpt_latest *out);
+/* The committed checkpoints under ckpt_root with a step above `step`, oldest first, as a ", "-separated
+ * list into names (cut to fit cap); returns how many there are. */
+int ckpt_list_after(const char *ckpt_root, int64_t step, char *names, size_t cap);
+
+/* One saving job per checkpoint directory: an exclusive flock on <ckpt_root>/.lock, held through *fd until
+ * ckpt_unlock (or the process's end, however it ends). owner (one line: host, pid, run id) is written into
+ * the file for the message another job gets: FSDP_EEXIST naming the holder, after waiting up to wait_s for
+ * it to let go (0: refuse at once). ckpt_root must exist. */
+int ckpt_lock(const char *ckpt_root, const char *owner, double wait_s, int *fd);
+void ckpt_unlock(int fd);
 
 #endif

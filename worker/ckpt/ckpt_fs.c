@@ -1,6 +1,6 @@
 /* The file-system half of a checkpoint: durable writes, the atomic rename of a finished directory, the
- * `latest` pointer, pruning and name resolution. Ordering is the whole point here: nothing that was
- * complete is removed before its replacement is complete and durable. */
+ * `latest` pointer and pruning (name resolution is ckpt_latest.c). Ordering is the whole point here:
+ * nothing that was complete is removed before its replacement is complete and durable. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -269,71 +269,19 @@ static void prune(const char *root, const char *keep, int keep_last)
 
 int ckpt_commit_dir(const char *root, const char *tmp, const char *name, int keep_last)
 {
-    char final[CKPT_PATH_MAX], old[CKPT_PATH_MAX];
+    char final[CKPT_PATH_MAX];
     snprintf(final, sizeof final, "%s/%s", root, name);
-    snprintf(old, sizeof old, "%s/%sreplaced_%s", root, CKPT_TMP_PREFIX, name);
     FSDP_TRY(ckpt_fsync_dir(tmp));
-    /* A checkpoint of the same step (a re-run after resume) is moved aside, not deleted, until the new
-     * one has its final name. */
-    bool replaced = false;
+    /* A committed checkpoint is never replaced: it may be the only copy of another run's (or an earlier
+     * attempt's) state. The worker refuses such a run before it starts (docs/checkpoints.md). */
     struct stat st;
-    if (stat(final, &st) == 0) {
-        ckpt_remove_tree(old);
-        if (rename(final, old) != 0)
-            return io_error(final, "rename (moving the previous checkpoint of this step aside)", errno);
-        replaced = true;
-    }
-    if (rename(tmp, final) != 0) {
-        int rc = io_error(final, "rename", errno);
-        if (replaced)
-            rename(old, final);
-        return rc;
-    }
+    if (lstat(final, &st) == 0)
+        return error_set(FSDP_EEXIST, "%s already exists: a committed checkpoint is never replaced; move it "
+                         "away or save into another [checkpoint] dir", final);
+    if (rename(tmp, final) != 0)
+        return io_error(final, "rename", errno);
     FSDP_TRY(ckpt_fsync_dir(root));
     FSDP_TRY(write_latest(root, name));
-    if (replaced)
-        ckpt_remove_tree(old);
     prune(root, name, keep_last);
-    return 0;
-}
-
-int ckpt_resolve(const char *root, const char *which, char *out, size_t cap)
-{
-    char name[CKPT_PATH_MAX];
-    struct stat st;
-    if (!which || !*which) {
-        snprintf(name, sizeof name, "%s", root);
-    } else if (strcmp(which, CKPT_LATEST) == 0) {
-        char path[CKPT_PATH_MAX];
-        snprintf(path, sizeof path, "%s/%s", root, CKPT_LATEST);
-        FILE *f = fopen(path, "re");
-        if (!f) {
-            /* ROOT may itself be a checkpoint directory or ROOT/latest may not exist yet. */
-            if (errno == ENOENT)
-                return error_set(FSDP_ENOTFOUND, "%s: no checkpoint yet (no '%s' pointer in %s)", path,
-                                 CKPT_LATEST, root);
-            return error_set(FSDP_EIO, "%s: %s", path, strerror(errno));
-        }
-        char line[CKPT_PATH_MAX] = "";
-        if (!fgets(line, sizeof line, f))
-            line[0] = '\0';
-        fclose(f);
-        line[strcspn(line, "\r\n")] = '\0';
-        if (!line[0] || strchr(line, '/'))
-            return error_set(FSDP_EINVAL, "%s: does not hold a checkpoint directory name", path);
-        snprintf(name, sizeof name, "%s/%s", root, line);
-        if (stat(name, &st) != 0)
-            return error_set(FSDP_ENOTFOUND, "%s names %s, which does not exist (removed by hand?)", path,
-                             name);
-    } else if (which[0] == '/' || stat(which, &st) == 0) {
-        snprintf(name, sizeof name, "%s", which);
-    } else {
-        snprintf(name, sizeof name, "%s/%s", root, which);
-    }
-    if (stat(name, &st) != 0 || !S_ISDIR(st.st_mode))
-        return error_set(FSDP_ENOTFOUND, "%s: no such checkpoint directory", name);
-    if (strlen(name) >= cap)
-        return error_set(FSDP_ERANGE, "%s: path too long", name);
-    memcpy(out, name, strlen(name) + 1);
     return 0;
 }

@@ -49,6 +49,11 @@ int ckpt_meta_write(const char *dir, const struct ckpt_meta *m, const struct mod
 /* Parses dir/metadata.json, checking its CRC and structure (names are matched against layout later). The
  * pieces' param fields hold indices into the returned tensor-name list. */
 int ckpt_meta_read(const char *dir, struct ckpt_meta *m, char ***tensor_names, int *n_tensors);
+/* The same from the file's text (len bytes; path names it in messages). The text is changed while its CRC is
+ * computed and restored before the call returns. On failure m and *tensor_names (*n_tensors of them) hold
+ * what was parsed so far: free them as after a success. */
+int ckpt_meta_parse(const char *path, char *text, size_t len, struct ckpt_meta *m, char ***tensor_names,
+                    int *n_tensors);
 
 /* Number of elements of parameter p that a full checkpoint stores (wte without padding rows). */
 size_t ckpt_param_real_numel(const struct model_param *p);
@@ -74,8 +79,8 @@ int ckpt_write_crc(int fd, uint64_t off, const float *data, size_t count, uint32
 /* CRC32C of the first `bytes` bytes of fd. */
 int ckpt_crc_prefix(int fd, uint64_t bytes, uint32_t *crc, const char *path);
 int ckpt_pread_all(int fd, void *buf, size_t n, uint64_t off, const char *path);
-/* tmp (a directory under root) becomes root/name: fsync, rename (an existing root/name is replaced only
- * after the new one is in place), `latest` := name (temp + fsync + rename), then prune to keep_last. */
+/* tmp (a directory under root) becomes root/name: fsync, rename, `latest` := name (temp + fsync + rename),
+ * then prune to keep_last. An existing root/name is FSDP_EEXIST: a committed checkpoint is never replaced. */
 int ckpt_commit_dir(const char *root, const char *tmp, const char *name, int keep_last);
 /* "fsdp_sharded_cpt12" / "fsdp_cpt12" -> 12; -1 when name is not a checkpoint name. */
 int64_t ckpt_name_step(const char *name);

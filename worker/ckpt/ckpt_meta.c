@@ -5,6 +5,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -312,12 +313,14 @@ static int parse(const char *path, const cJSON *root, struct ckpt_meta *m, char 
     if (!m->sharded && strcmp(type->valuestring, "FULL_STATE_DICT") != 0)
         return error_set(FSDP_EINVAL, "%s: unknown state_dict_type \"%s\"", path, type->valuestring);
     struct ckpt_state *s = &m->state;
-    double step, ls, good;
+    uint64_t step, good;
+    double ls;
     const cJSON *fam = cJSON_GetObjectItemCaseSensitive(model, "model_family");
     const cJSON *seed = cJSON_GetObjectItemCaseSensitive(model, "seed");
     model_config_default(&s->model);
-    if (get_num(root, "step", &step) || get_num(root, "loss_scale", &ls) ||
-        get_num(root, "scaler_good_steps", &good) || get_int(root, "world_size", &s->world_size) ||
+    /* Counts are whole numbers a double holds exactly (get_u64); a loss scale is a positive finite number. */
+    if (get_u64(root, "step", &step) || get_num(root, "loss_scale", &ls) || !isfinite(ls) || !(ls > 0) ||
+        get_u64(root, "scaler_good_steps", &good) || get_int(root, "world_size", &s->world_size) ||
         get_int(root, "fsdp_version", &s->fsdp_version) || !cJSON_IsString(fam) ||
         get_int(model, "n_layer", &s->model.n_layer) || get_int(model, "n_head", &s->model.n_head) ||
         get_int(model, "n_embd", &s->model.n_embd) || get_int(model, "vocab_size", &s->model.vocab_size) ||
@@ -396,6 +399,37 @@ static int parse(const char *path, const cJSON *root, struct ckpt_meta *m, char 
     return 0;
 }
 
+int ckpt_meta_parse(const char *path, char *text, size_t len, struct ckpt_meta *m, char ***tensor_names,
+                    int *n_tensors)
+{
+    memset(m, 0, sizeof *m);
+    *tensor_names = NULL;
+    *n_tensors = 0;
+    char *at = memmem(text, len, crc_key, sizeof crc_key - 1);
+    char *q = at ? memchr(at + sizeof crc_key - 1, '"', len - (size_t)(at + sizeof crc_key - 1 - text)) : NULL;
+    if (!q || (size_t)(q - text) + 9 > len)
+        return error_set(FSDP_EINVAL, "%s: no metadata_crc32c field (not an fsdpc checkpoint, or damaged)", path);
+    char stored[9];
+    memcpy(stored, q + 1, 8);
+    stored[8] = '\0';
+    memset(q + 1, '0', 8);
+    /* The file ends with a newline that the CRC does not cover. */
+    size_t body = len && text[len - 1] == '\n' ? len - 1 : len;
+    char want[9];
+    snprintf(want, sizeof want, "%08x", crc32c(text, body));
+    memcpy(q + 1, stored, 8);
+    if (strcmp(stored, want) != 0)
+        return error_set(FSDP_EINVAL, "%s: CRC32C mismatch (stored %s, computed %s): the metadata file is "
+                                      "corrupted or was edited",
+                         path, stored, want);
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    if (!root)
+        return error_set(FSDP_EINVAL, "%s: not valid JSON", path);
+    int rc = parse(path, root, m, tensor_names, n_tensors);
+    cJSON_Delete(root);
+    return rc;
+}
+
 int ckpt_meta_read(const char *dir, struct ckpt_meta *m, char ***tensor_names, int *n_tensors)
 {
     memset(m, 0, sizeof *m);
@@ -406,36 +440,7 @@ int ckpt_meta_read(const char *dir, struct ckpt_meta *m, char ***tensor_names, i
     char *text = NULL;
     size_t len = 0;
     FSDP_TRY(read_text(path, &text, &len));
-    int rc = 0;
-    char *at = strstr(text, crc_key);
-    char *q = at ? strchr(at + sizeof crc_key - 1, '"') : NULL;
-    if (!q || (size_t)(q - text) + 9 > len) {
-        rc = error_set(FSDP_EINVAL, "%s: no metadata_crc32c field (not an fsdpc checkpoint, or damaged)", path);
-        goto fail;
-    }
-    char stored[9];
-    memcpy(stored, q + 1, 8);
-    stored[8] = '\0';
-    memset(q + 1, '0', 8);
-    /* The file ends with a newline that the CRC does not cover. */
-    size_t body = len && text[len - 1] == '\n' ? len - 1 : len;
-    char want[9];
-    snprintf(want, sizeof want, "%08x", crc32c(text, body));
-    if (strcmp(stored, want) != 0) {
-        rc = error_set(FSDP_EINVAL, "%s: CRC32C mismatch (stored %s, computed %s): the metadata file is "
-                                    "corrupted or was edited",
-                       path, stored, want);
-        goto fail;
-    }
-    memcpy(q + 1, stored, 8);
-    cJSON *root = cJSON_ParseWithLength(text, len);
-    free(text);
-    if (!root)
-        return error_set(FSDP_EINVAL, "%s: not valid JSON", path);
-    rc = parse(path, root, m, tensor_names, n_tensors);
-    cJSON_Delete(root);
-    return rc;
-fail:
+    int rc = ckpt_meta_parse(path, text, len, m, tensor_names, n_tensors);
     free(text);
     return rc;
 }

@@ -109,6 +109,18 @@ static const struct config_key keys[] = {
      .flags = LIST("fsdp_sharding_strategy"), .help = "What is sharded and across which ranks (numbers as accelerate)"},
     {.section = "fsdp", .name = "hybrid_shard_size", .type = CONFIG_INT, .def = "0", .min = 0, .max = 1048576,
      .help = "HYBRID_*: ranks per shard group; 0 = the ranks of a node"},
+    {.section = "fsdp", .name = "context_parallel_size", .type = CONFIG_INT, .def = "1", .min = 1, .max = 65536,
+     .flags = LIST("context_parallel_size", "fsdp_context_parallel_size"),
+     .help = "Ranks that split each sequence (C); the world is data-parallel degree x C; needs FSDP2, "
+             "model.block_size divisible by 2C. C > 1 is checked, then refused: the engine does not split "
+             "sequences yet"},
+    {.section = "fsdp", .name = "context_parallel_comm_strategy", .type = CONFIG_ENUM, .def = "allgather",
+     .values = LIST("allgather", "alltoall"),
+     .value_aliases = ALIASES({"all_gather", "allgather"}, {"all-gather", "allgather"}, {"all_to_all", "alltoall"},
+                              {"all-to-all", "alltoall"}, {"ulysses", "alltoall"}),
+     .flags = LIST("context_parallel_comm_strategy", "fsdp_context_parallel_comm_strategy"),
+     .help = "allgather = keys/values gathered per layer; alltoall (Ulysses) = heads split across the group "
+             "(n_head divisible by C)"},
     {.section = "fsdp", .name = "reshard_after_forward", .type = CONFIG_BOOL, .def = "true",
      .flags = LIST("fsdp_reshard_after_forward"), .bare = "true",
      .help = "Free gathered parameters after forward and gather again in backward"},
@@ -243,6 +255,8 @@ int worker_config_view(const struct config *cfg, struct worker_config *out)
     out->fsdp.version = (int)I(fsdp, version);
     out->fsdp.sharding_strategy = (enum worker_sharding)E(fsdp, sharding_strategy);
     out->fsdp.hybrid_shard_size = (int)I(fsdp, hybrid_shard_size);
+    out->fsdp.context_parallel_size = (int)I(fsdp, context_parallel_size);
+    out->fsdp.context_parallel_comm_strategy = (enum worker_cp_strategy)E(fsdp, context_parallel_comm_strategy);
     out->fsdp.reshard_after_forward = B(fsdp, reshard_after_forward);
     out->fsdp.auto_wrap_policy = (enum worker_wrap_policy)E(fsdp, auto_wrap_policy);
     copy_text(out->fsdp.transformer_layer_cls_to_wrap, cfg, "fsdp", "transformer_layer_cls_to_wrap");
@@ -298,5 +312,47 @@ int worker_config_validate(const struct worker_config *wc)
                          "fsdp.hybrid_shard_size (%d) applies only to fsdp.sharding_strategy HYBRID_SHARD or "
                          "HYBRID_SHARD_ZERO2; set it to 0 or change the strategy",
                          wc->fsdp.hybrid_shard_size);
+    return worker_config_validate_cp(wc);
+}
+
+/* Context parallelism's world-independent rules: every rank reads the same config, so every rank stops alike. */
+int worker_config_validate_cp(const struct worker_config *wc)
+{
+    int c = wc->fsdp.context_parallel_size;
+    if (c <= 1)
+        return 0;
+    if (!wc->fsdp.enable)
+        return error_set(FSDP_EINVAL,
+                         "Context parallelism requires FSDP2. fsdp.context_parallel_size = %d with fsdp.enable = false: "
+                         "set fsdp.enable = true and fsdp.version = 2, or context_parallel_size = 1",
+                         c);
+    if (wc->fsdp.version != 2)
+        return error_set(FSDP_EINVAL,
+                         "Context parallelism requires FSDP2. fsdp.context_parallel_size = %d with fsdp.version = %d: "
+                         "set fsdp.version = 2, or context_parallel_size = 1",
+                         c, wc->fsdp.version);
+    if (wc->fsdp.sharding_strategy == WORKER_NO_SHARD)
+        return error_set(FSDP_EINVAL,
+                         "fsdp.context_parallel_size = %d shards parameters over the whole mesh (data-parallel x "
+                         "context ranks), which fsdp.sharding_strategy = NO_SHARD forbids; use FULL_SHARD, "
+                         "SHARD_GRAD_OP, HYBRID_SHARD or HYBRID_SHARD_ZERO2, or context_parallel_size = 1",
+                         c);
+    if (wc->model.block_size % (2 * c) != 0) {
+        char ok[256] = "";
+        size_t len = 0;
+        for (int d = 1; 2 * d <= wc->model.block_size && len + 16 < sizeof ok; d++)
+            if (wc->model.block_size % (2 * d) == 0)
+                len += (size_t)snprintf(ok + len, sizeof ok - len, "%s%d", len ? ", " : "", d);
+        return error_set(FSDP_EINVAL,
+                         "model.block_size = %d is not divisible by 2 x fsdp.context_parallel_size = %d (each "
+                         "sequence is cut into 2C load-balanced chunks); use a block_size that is a multiple of %d%s%s",
+                         wc->model.block_size, 2 * c, 2 * c, len ? ", or context_parallel_size one of " : "", ok);
+    }
+    if (wc->fsdp.context_parallel_comm_strategy == WORKER_CP_ALLTOALL && wc->model.n_head % c != 0)
+        return error_set(FSDP_EINVAL,
+                         "fsdp.context_parallel_comm_strategy = alltoall splits the attention heads across the %d "
+                         "context ranks, but model.n_head = %d is not divisible by %d; use "
+                         "context_parallel_comm_strategy = allgather, or a context_parallel_size dividing %d",
+                         c, wc->model.n_head, c, wc->model.n_head);
     return 0;
 }

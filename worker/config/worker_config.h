@@ -23,6 +23,7 @@ enum worker_sharding {
 enum worker_wrap_policy { WORKER_WRAP_TRANSFORMER = 0, WORKER_WRAP_SIZE, WORKER_WRAP_NONE };
 enum worker_prefetch { WORKER_BACKWARD_PRE = 0, WORKER_BACKWARD_POST, WORKER_NO_PREFETCH };
 enum worker_precision { WORKER_FP32 = 0, WORKER_BF16, WORKER_FP16, WORKER_PRECISION_AUTO };
+enum worker_cp_strategy { WORKER_CP_ALLGATHER = 0, WORKER_CP_ALLTOALL };
 enum worker_state_dict { WORKER_SHARDED_STATE_DICT = 0, WORKER_FULL_STATE_DICT };
 
 #define WORKER_TEXT_MAX (CONFIG_MAX_VALUE + 1)
@@ -57,6 +58,8 @@ struct worker_config {
         int version; /* 1 or 2 */
         enum worker_sharding sharding_strategy;
         int hybrid_shard_size; /* 0 = the ranks of a node */
+        int context_parallel_size; /* C: ranks sharing each sequence; 1 = none */
+        enum worker_cp_strategy context_parallel_comm_strategy;
         bool reshard_after_forward;
         enum worker_wrap_policy auto_wrap_policy;
         char transformer_layer_cls_to_wrap[WORKER_TEXT_MAX];
@@ -85,5 +88,7 @@ int worker_config_view(const struct config *cfg, struct worker_config *out);
 /* Checks that need only the config (n_embd % n_head, micro_batch <= train_batch, min_lr <= lr, ...);
  * the error names the keys involved. */
 int worker_config_validate(const struct worker_config *wc);
+/* The context-parallel part of worker_config_validate (FSDP2, sharding, block_size, head counts). */
+int worker_config_validate_cp(const struct worker_config *wc);
 
 #endif

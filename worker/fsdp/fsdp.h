@@ -68,6 +68,16 @@ struct fsdp_timing {
 /* Checks the fsdp and train sections against the world (shard size, batch divisibility, precision on
  * the device, offload with NO_SHARD, ...); the message names the keys and what would work. */
 int fsdp_check_config(const struct worker_config *wc, int world_size, int local_world_size, const struct kernels *k);
+/* The device mesh: world = dp x cp ranks, rank r = (r / cp) * cp + r % cp, i.e. the cp ranks of a context
+ * group are consecutive. The ranks of a context group hold the same rows of the global batch and each a
+ * slice of every sequence; the ranks at the same place of every context group hold different rows. */
+struct fsdp_mesh {
+    int world, dp, cp;
+};
+void fsdp_mesh_of(const struct worker_config *wc, int world_size, struct fsdp_mesh *out);
+/* One line for the plan: "world 4 = 2 data-parallel x 2 context; rows shared by [0 1] [2 3]; ..." (truncated
+ * with "..." past cap). */
+void fsdp_mesh_describe(const struct fsdp_mesh *m, char *buf, size_t cap);
 
 /* Builds groups (comm_split of g->world, a collective over all ranks), the unit plan and the persistent
  * state (zeroed). The model must have been created with the micro-batch shape. */
@@ -84,6 +94,7 @@ struct fsdp_plan_info {
     bool enabled;         /* fsdp.enable */
     int version, world_size;
     int shard_groups, shard_group_size;
+    int data_parallel_size, context_parallel_size; /* the mesh: world_size = dp x cp */
     const char *param_dtype, *reduce_dtype; /* "fp32", "bf16", "fp16": what the collectives and compute use */
     const char *backward_prefetch;          /* "BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH" */
     bool forward_prefetch, offload;

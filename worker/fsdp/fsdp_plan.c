@@ -58,14 +58,29 @@ int fsdp_check_config(const struct worker_config *wc, int world, int local_world
 {
     if (world < 1)
         return error_set(FSDP_EINVAL, "world size %d: must be at least 1", world);
-    if (wc->train.train_batch % world != 0) {
-        int lo = wc->train.train_batch / world * world, hi = lo + world;
+    FSDP_TRY(worker_config_validate_cp(wc));
+    int cp = wc->fsdp.context_parallel_size > 0 ? wc->fsdp.context_parallel_size : 1;
+    if (world % cp != 0) {
+        char ok[256] = "";
+        size_t len = 0;
+        for (int d = 1; d <= world && len + 16 < sizeof ok; d++)
+            if (world % d == 0 && wc->model.block_size % (2 * d) == 0)
+                len += (size_t)snprintf(ok + len, sizeof ok - len, "%s%d", len ? ", " : "", d);
         return error_set(FSDP_EINVAL,
-                         "train.train_batch = %d is not divisible by the %d data-parallel ranks: use a multiple of %d "
-                         "(for example %d or %d)",
-                         wc->train.train_batch, world, world, lo > 0 ? lo : hi, lo > 0 ? hi : 2 * hi);
+                         "fsdp.context_parallel_size = %d does not divide the world size %d (world = data-parallel "
+                         "degree x context_parallel_size); use one of %s",
+                         cp, world, ok[0] ? ok : "1");
     }
-    int per_rank = wc->train.train_batch / world;
+    int dp = world / cp;
+    if (wc->train.train_batch % dp != 0) {
+        int lo = wc->train.train_batch / dp * dp, hi = lo + dp;
+        return error_set(FSDP_EINVAL,
+                         "train.train_batch = %d is not divisible by the %d data-parallel ranks%s: use a multiple of %d "
+                         "(for example %d or %d)",
+                         wc->train.train_batch, dp, cp > 1 ? " (world size / fsdp.context_parallel_size)" : "", dp,
+                         lo > 0 ? lo : hi, lo > 0 ? hi : 2 * hi);
+    }
+    int per_rank = wc->train.train_batch / dp;
     if (per_rank % wc->train.micro_batch != 0) {
         char ok[256] = "";
         size_t len = 0;
@@ -74,11 +89,30 @@ int fsdp_check_config(const struct worker_config *wc, int world, int local_world
                 len += (size_t)snprintf(ok + len, sizeof ok - len, "%s%d", len ? ", " : "", d);
         return error_set(FSDP_EINVAL,
                          "train.micro_batch = %d does not divide the %d sequences per rank (train.train_batch %d / "
-                         "world size %d); use one of %s",
-                         wc->train.micro_batch, per_rank, wc->train.train_batch, world, ok);
+                         "%d data-parallel ranks); use one of %s",
+                         wc->train.micro_batch, per_rank, wc->train.train_batch, dp, ok);
     }
-    if (fsdp_shard_group_size(wc, world, local_world) == 0)
+    int sg = fsdp_shard_group_size(wc, world, local_world);
+    if (sg == 0)
         return FSDP_EINVAL;
+    if (cp > 1 && sg % cp != 0)
+        return error_set(FSDP_EINVAL,
+                         "fsdp.sharding_strategy = %s: the shard group of %d ranks (fsdp.hybrid_shard_size%s) must "
+                         "hold whole context groups of fsdp.context_parallel_size = %d consecutive ranks; use a "
+                         "hybrid_shard_size that is a multiple of %d and divides %d",
+                         strategy_name(wc->fsdp.sharding_strategy), sg,
+                         wc->fsdp.hybrid_shard_size > 0 ? "" : " = 0: the ranks of a node", cp, cp, world);
+    if (cp > 1) {
+        /* Every rule above holds; the engine's sequence split is the part that does not exist yet. */
+        struct fsdp_mesh m;
+        char desc[512];
+        fsdp_mesh_of(wc, world, &m);
+        fsdp_mesh_describe(&m, desc, sizeof desc);
+        return error_set(FSDP_EUNSUPPORTED,
+                         "fsdp.context_parallel_size = %d: the mesh would be %s, but this build's engine does not "
+                         "split sequences across ranks yet; set context_parallel_size = 1",
+                         cp, desc);
+    }
     if (wc->fsdp.enable && wc->fsdp.offload_params &&
         (wc->fsdp.sharding_strategy == WORKER_NO_SHARD))
         return error_set(FSDP_EINVAL, "fsdp.offload_params = true needs sharded parameters, but "
@@ -87,6 +121,51 @@ int fsdp_check_config(const struct worker_config *wc, int world, int local_world
     if (k->host_visible && wc->fsdp.offload_params)
         log_debug("fsdp.offload_params on %s: parameters already live in host memory; nothing changes", k->name);
     return 0;
+}
+
+void fsdp_mesh_of(const struct worker_config *wc, int world, struct fsdp_mesh *out)
+{
+    int cp = wc->fsdp.context_parallel_size > 0 ? wc->fsdp.context_parallel_size : 1;
+    if (world < 1 || world % cp != 0)
+        cp = 1;
+    *out = (struct fsdp_mesh){.world = world, .dp = world / cp, .cp = cp};
+}
+
+/* Appends "[a b c] [d e f] ..." for n groups of size k whose j-th member is first(g) + j * stride. */
+static size_t mesh_groups(char *buf, size_t cap, size_t len, int n, int k, int gstep, int stride)
+{
+    for (int g = 0; g < n && len < cap; g++) {
+        if (len + 24 >= cap) {
+            len += (size_t)snprintf(buf + len, cap - len, " ...");
+            break;
+        }
+        len += (size_t)snprintf(buf + len, cap - len, "%s[", g ? " " : "");
+        for (int j = 0; j < k && len < cap; j++) {
+            if (len + 24 >= cap) {
+                len += (size_t)snprintf(buf + len, cap - len, " ...");
+                break;
+            }
+            len += (size_t)snprintf(buf + len, cap - len, "%s%d", j ? " " : "", g * gstep + j * stride);
+        }
+        if (len < cap)
+            len += (size_t)snprintf(buf + len, cap - len, "]");
+    }
+    return len < cap ? len : cap - 1;
+}
+
+void fsdp_mesh_describe(const struct fsdp_mesh *m, char *buf, size_t cap)
+{
+    if (cap == 0)
+        return;
+    size_t len = (size_t)snprintf(buf, cap, "world %d = %d data-parallel x %d context; rows shared by ", m->world,
+                                  m->dp, m->cp);
+    if (len >= cap)
+        return;
+    len = mesh_groups(buf, cap, len, m->dp, m->cp, m->cp, 1);
+    if (len + 1 < cap)
+        len += (size_t)snprintf(buf + len, cap - len, "; same sequence slice, different rows: ");
+    if (len + 1 < cap)
+        mesh_groups(buf, cap, len, m->cp, m->dp, 1, m->cp);
 }
 
 /* Engine units as runs [first, first + n) of model units. */
@@ -254,6 +333,11 @@ void fsdp_log_plan(const struct fsdp *f)
              f->wc.fsdp.enable ? strategy_name(f->strategy) : "disabled (NO_SHARD)", f->version, f->g.world_size,
              f->rep_size, f->shard_size, precision_name(f->param_dtype), precision_name(f->reduce_dtype),
              pf[f->wc.fsdp.backward_prefetch], f->wc.fsdp.forward_prefetch ? "on" : "off");
+    struct fsdp_mesh m;
+    char desc[512];
+    fsdp_mesh_of(&f->wc, f->g.world_size, &m);
+    fsdp_mesh_describe(&m, desc, sizeof desc);
+    log_info("  mesh: %s", desc);
     size_t largest = 0;
     int largest_u = 0;
     for (int i = 0; i < f->n_units; i++) {
@@ -284,7 +368,9 @@ void fsdp_log_plan(const struct fsdp *f)
 void fsdp_plan_info(const struct fsdp *f, struct fsdp_plan_info *out)
 {
     static const char *pf[] = {"BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"};
-    *out = (struct fsdp_plan_info){.strategy = strategy_name(f->strategy), .enabled = f->wc.fsdp.enable,
+    struct fsdp_mesh m;
+    fsdp_mesh_of(&f->wc, f->g.world_size, &m);
+    *out = (struct fsdp_plan_info){.data_parallel_size = m.dp, .context_parallel_size = m.cp,.strategy = strategy_name(f->strategy), .enabled = f->wc.fsdp.enable,
                                    .version = f->version, .world_size = f->g.world_size,
                                    .shard_groups = f->rep_size, .shard_group_size = f->shard_size,
                                    .param_dtype = precision_name(f->param_dtype),

@@ -6,6 +6,9 @@
 #include <errno.h>
 #include <stdbool.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -16,11 +19,73 @@ struct data_file {
     char *path;
     struct data_options opt;
     enum data_format format;
+    int fd; /* kept open: its size is checked before every read of the map */
     void *map;
     size_t map_len;
     const void *tokens; /* uint16_t or, for DATA_FORMAT_LLMC_U32, uint32_t */
     int64_t n_tokens;
 };
+
+/* A token file truncated under a running job turns reads of its mapping past the new end into SIGBUS.
+ * The size check before each read (data_check_size) names the file; a truncation between that check and
+ * the read is caught here: while a thread copies from a map, a SIGBUS inside that map jumps back to the
+ * copy's caller, which reports the file. Any other SIGBUS keeps its default action (a crash). */
+static _Thread_local struct {
+    sigjmp_buf env;
+    const char *lo, *hi; /* the map being read; lo == NULL outside a guarded read */
+} g_guard;
+
+static struct sigaction g_old_bus;
+
+static void on_sigbus(int sig, siginfo_t *si, void *uc)
+{
+    const char *at = si->si_addr;
+    if (g_guard.lo && at >= g_guard.lo && at < g_guard.hi) {
+        g_guard.lo = NULL;
+        siglongjmp(g_guard.env, 1);
+    }
+    /* Not ours: the previous disposition, or the default action when the faulting access runs again. */
+    if (g_old_bus.sa_flags & SA_SIGINFO && g_old_bus.sa_sigaction) {
+        g_old_bus.sa_sigaction(sig, si, uc);
+        return;
+    }
+    if (g_old_bus.sa_handler != SIG_DFL && g_old_bus.sa_handler != SIG_IGN && g_old_bus.sa_handler) {
+        g_old_bus.sa_handler(sig);
+        return;
+    }
+    signal(SIGBUS, SIG_DFL);
+}
+
+static void install_guard(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &g_old_bus);
+}
+
+static pthread_once_t g_guard_once = PTHREAD_ONCE_INIT;
+
+static int truncated_error(const struct data_file *d, const char *when)
+{
+    struct stat st;
+    long long now = fstat(d->fd, &st) == 0 ? (long long)st.st_size : -1;
+    return error_set(FSDP_EIO, "%s: the token file shrank from %zu to %lld bytes %s: a token file must not "
+                     "change while a job reads it (write a new file and point data.train_file at it)",
+                     d->path, d->map_len, now, when);
+}
+
+static int data_check_size(const struct data_file *d, const char *when)
+{
+    struct stat st;
+    if (fstat(d->fd, &st) != 0)
+        return error_set(FSDP_EIO, "%s: cannot stat the token file: %s", d->path, strerror(errno));
+    if ((size_t)st.st_size < d->map_len)
+        return truncated_error(d, when);
+    return 0;
+}
 
 const char *data_format_name(enum data_format f)
 {
@@ -66,7 +131,14 @@ int data_get_rows(const struct data_file *d, int64_t step, int64_t row_begin, in
         return error_set(FSDP_ERANGE, "%s: rows [%lld, %lld) of step %lld are outside the batch of %lld rows",
                          d->path, (long long)row_begin, (long long)(row_begin + row_count), (long long)step,
                          (long long)d->opt.batch_rows);
+    FSDP_TRY(data_check_size(d, "during training"));
     int64_t T = d->opt.block_size;
+    g_guard.lo = d->map;
+    g_guard.hi = (const char *)d->map + d->map_len;
+    if (sigsetjmp(g_guard.env, 1)) {
+        g_guard.lo = NULL;
+        return truncated_error(d, "during training");
+    }
     for (int64_t r = 0; r < row_count; r++) {
         int64_t off = data_row_offset(d, step, row_begin + r);
         int32_t *in = inputs + r * T, *tg = targets + r * T;
@@ -85,6 +157,7 @@ int data_get_rows(const struct data_file *d, int64_t step, int64_t row_begin, in
             }
         }
     }
+    g_guard.lo = NULL;
     return 0;
 }
 
@@ -173,12 +246,24 @@ static int data_scan(const struct data_file *d)
                      (unsigned long long)bad, (long long)i, (long long)d->opt.vocab_size);
 }
 
+/* The format, the length and every token of a freshly mapped file (under the SIGBUS guard). */
+static int check_mapped(struct data_file *d, const struct data_options *opt)
+{
+    FSDP_TRY(data_detect(d, d->map_len));
+    if (d->n_tokens < opt->block_size + 1)
+        return error_set(FSDP_EINVAL, "%s: %lld tokens is too few: a row needs block_size + 1 = %lld tokens",
+                         d->path, (long long)d->n_tokens, (long long)opt->block_size + 1);
+    return data_scan(d);
+}
+
 int data_open(const char *path, const struct data_options *opt, struct data_file **out)
 {
     *out = NULL;
     FSDP_TRY(data_check_options(path, opt));
     int rc = 0, fd = -1;
     struct data_file *d = calloc(1, sizeof *d);
+    if (d)
+        d->fd = -1;
     if (!d || !(d->path = strdup(path))) {
         rc = error_set(FSDP_ENOMEM, "%s: out of memory", path);
         goto fail;
@@ -208,16 +293,20 @@ int data_open(const char *path, const struct data_options *opt, struct data_file
         rc = error_set(FSDP_EIO, "%s: cannot map %zu bytes: %s", path, d->map_len, strerror(errno));
         goto fail;
     }
-    close(fd);
+    d->fd = fd;
     fd = -1;
+    pthread_once(&g_guard_once, install_guard);
     madvise(d->map, d->map_len, MADV_SEQUENTIAL);
-    FSDP_TRY_GOTO(data_detect(d, d->map_len), rc, fail);
-    if (d->n_tokens < opt->block_size + 1) {
-        rc = error_set(FSDP_EINVAL, "%s: %lld tokens is too few: a row needs block_size + 1 = %lld tokens", path,
-                       (long long)d->n_tokens, (long long)opt->block_size + 1);
+    g_guard.lo = d->map;
+    g_guard.hi = (const char *)d->map + d->map_len;
+    if (sigsetjmp(g_guard.env, 1)) {
+        g_guard.lo = NULL;
+        rc = truncated_error(d, "while it was being checked");
         goto fail;
     }
-    FSDP_TRY_GOTO(data_scan(d), rc, fail);
+    int checked = check_mapped(d, opt);
+    g_guard.lo = NULL;
+    FSDP_TRY_GOTO(checked, rc, fail);
     /* Shuffled rows jump around: read-ahead beyond a row would be wasted I/O once the cache is cold. */
     madvise(d->map, d->map_len, opt->order == DATA_ORDER_SHUFFLED ? MADV_RANDOM : MADV_SEQUENTIAL);
     log_debug("%s: %s format, %lld tokens, %s order", path, data_format_name(d->format), (long long)d->n_tokens,
@@ -237,6 +326,8 @@ void data_close(struct data_file *d)
         return;
     if (d->map)
         munmap(d->map, d->map_len);
+    if (d->fd >= 0)
+        close(d->fd);
     free(d->path);
     free(d);
 }

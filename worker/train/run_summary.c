@@ -119,6 +119,8 @@ static void add_plan(struct builder *b, cJSON *root, const struct fsdp *fs)
     num(b, p, "world_size", pi.world_size);
     num(b, p, "shard_groups", pi.shard_groups);
     num(b, p, "shard_group_size", pi.shard_group_size);
+    num(b, p, "data_parallel_size", pi.data_parallel_size);
+    num(b, p, "context_parallel_size", pi.context_parallel_size);
     str(b, p, "param_dtype", pi.param_dtype);
     str(b, p, "reduce_dtype", pi.reduce_dtype);
     str(b, p, "backward_prefetch", pi.backward_prefetch);

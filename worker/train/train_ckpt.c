@@ -7,14 +7,20 @@
  * streams each tensor into the files, so it never holds more than one unsharded unit.
  *
  * Resuming: every rank reads only the ranges of its own pieces, whatever world size, strategy or version
- * wrote the checkpoint (the reader reshards). After a restart by the launcher (TORCHELASTIC_RESTART_COUNT
- * > 0) the default is `latest`. */
+ * wrote the checkpoint (the reader reshards). `latest` is the newest checkpoint in the directory, whatever
+ * state the `latest` pointer is in (worker/ckpt/ckpt_latest.c). After a restart by the launcher
+ * (TORCHELASTIC_RESTART_COUNT > 0) a run resumes from its own newest checkpoint.
+ *
+ * Safety: a saving run holds checkpoint.dir's lock (rank 0, the whole run), and refuses to start when the
+ * directory holds checkpoints newer than its starting step, which it would otherwise overwrite: a committed
+ * checkpoint is never replaced. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/error.h"
 #include "common/fs.h"
@@ -246,42 +252,71 @@ void train_ckpt_close(struct train_ckpt *c)
 {
     free(c->config_text);
     c->config_text = NULL;
+    if (c->locked)
+        ckpt_unlock(c->lock_fd);
+    c->locked = false;
 }
 
-int train_ckpt_maybe_load(struct train_ckpt *c, struct fsdp *f, const struct worker_config *wc,
-                          struct train_env *env, const char *config_text, int64_t *first_step)
+/* rank 0: the checkpoint directory is this job's for the whole run (ckpt_lock). A restarted attempt waits a
+ * little for its predecessor, whose rank 0 may still be exiting; a fresh job is refused at once. */
+static int take_lock(struct train_ckpt *c, const struct train_env *env, const char *root)
 {
-    free(c->config_text);
-    c->config_text = config_text ? strdup(config_text) : NULL;
-    if (config_text && !c->config_text)
-        return error_set(FSDP_ENOMEM, "resume: out of memory");
-    c->last_saved_step = -1;
-    *first_step = 0;
+    FSDP_TRY(fs_mkdir_p(root, "checkpoint.dir"));
+    char host[256] = "?", owner[768];
+    gethostname(host, sizeof host - 1);
+    snprintf(owner, sizeof owner, "host %s, pid %d, run id %s", host, (int)getpid(), env->run_id);
+    FSDP_TRY(ckpt_lock(root, owner, env->restart_count > 0 ? 30.0 : 0.0, &c->lock_fd));
+    c->locked = true;
+    return 0;
+}
+
+/* What this run loads: checkpoint.resume_from on the first attempt; after a restart by the launcher, this
+ * run's own newest checkpoint when it has one (resume_from only says where the job started), else
+ * resume_from, else `latest` (which may hold nothing yet). */
+static const char *what_to_load(const struct worker_config *wc, const struct train_env *env, const char *root,
+                                bool *implicit)
+{
     const char *which = wc->checkpoint.resume_from;
-    bool implicit = false;
-    if (!which[0] && env->restart_count > 0) {
-        which = CKPT_LATEST;
-        implicit = true;
+    *implicit = false;
+    if (env->restart_count == 0)
+        return which;
+    struct ckpt_latest l;
+    bool own = ckpt_find_latest(root, &l) == 0 && l.path[0];
+    if (own || !which[0]) {
+        if (own && which[0] && strcmp(which, CKPT_LATEST) != 0 && env->rank == 0)
+            log_info("restart: resuming from this run's newest checkpoint in %s, not checkpoint.resume_from = %s "
+                     "(where the first attempt started)", root, which);
+        *implicit = strcmp(which, CKPT_LATEST) != 0;
+        return CKPT_LATEST;
     }
-    if (!which[0])
+    return which;
+}
+
+/* Saving steps after `from` must not meet a committed checkpoint (those are never replaced): a directory
+ * holding newer checkpoints belongs to a run this one would overwrite. */
+static int check_no_newer(const char *root, int64_t from)
+{
+    char names[512];
+    int n = ckpt_list_after(root, from, names, sizeof names);
+    if (n == 0)
         return 0;
-    char root[4352];
-    train_expand_run_id(root, sizeof root, wc->checkpoint.dir, env->run_id);
-    if (strcmp(which, CKPT_LATEST) == 0) {
-        char path[4352];
-        if (ckpt_resolve(root, which, path, sizeof path) == FSDP_ENOTFOUND) {
-            if (env->rank == 0)
-                log_warn("%s: no checkpoint under %s yet; starting from step 0",
-                         implicit ? "restart" : "checkpoint.resume_from = latest", root);
-            return 0;
-        }
-    }
+    return error_set(FSDP_EEXIST, "checkpoint.dir %s already holds %d checkpoint(s) after step %lld (%s) that this "
+                     "run would overwrite: resume from them (checkpoint.resume_from = latest), or give this run "
+                     "another [checkpoint] dir (or run id), or move them away",
+                     root, n, (long long)from, names);
+}
+
+/* Reads the checkpoint (`path`, else `which` under root) into the engine; *first_step = its step. */
+static int load_from(struct train_ckpt *c, struct fsdp *f, const struct worker_config *wc, struct train_env *env,
+                     const char *root, const char *which, const char *path, int64_t *first_step)
+{
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     struct ckpt_reader *r = NULL;
     float *tmp = NULL;
     int rc = 0;
-    FSDP_TRY_GOTO(ckpt_open(root, which, fsdp_layout(f), &r), rc, out);
+    FSDP_TRY_GOTO(path[0] ? ckpt_open(path, NULL, fsdp_layout(f), &r) : ckpt_open(root, which, fsdp_layout(f), &r),
+                  rc, out);
     size_t n = 0;
     const struct fsdp_piece *pieces = fsdp_pieces(f, &n);
     size_t most = 0;
@@ -317,11 +352,58 @@ int train_ckpt_maybe_load(struct train_ckpt *c, struct fsdp *f, const struct wor
     if (st->step > wc->train.max_steps)
         rc = error_set(FSDP_EINVAL, "the checkpoint is at step %lld, beyond train.max_steps = %lld",
                        (long long)st->step, (long long)wc->train.max_steps);
-    /* every rank enters the agreement, also after its own failure */
 out:
     free(tmp);
-    if (rc)
-        rc = error_set(rc, "resume from %s (%s): %s", which, root, error_message());
     ckpt_close(r);
+    return rc;
+}
+
+int train_ckpt_maybe_load(struct train_ckpt *c, struct fsdp *f, const struct worker_config *wc,
+                          struct train_env *env, const char *config_text, int64_t *first_step)
+{
+    free(c->config_text);
+    c->config_text = config_text ? strdup(config_text) : NULL;
+    if (config_text && !c->config_text)
+        return error_set(FSDP_ENOMEM, "resume: out of memory");
+    c->last_saved_step = -1;
+    *first_step = 0;
+    bool saves = wc->checkpoint.interval >= 0;
+    char root[4352];
+    train_expand_run_id(root, sizeof root, wc->checkpoint.dir, env->run_id);
+    FSDP_TRY(agree(f, saves && env->rank == 0 ? take_lock(c, env, root) : 0, "locking checkpoint.dir"));
+    bool implicit;
+    const char *which = what_to_load(wc, env, root, &implicit);
+    char latest_path[4352] = "", older[256] = "";
+    if (strcmp(which, CKPT_LATEST) == 0) {
+        struct ckpt_latest l;
+        int lrc = ckpt_find_latest(root, &l);
+        if (lrc)
+            return agree(f, lrc, "finding the latest checkpoint");
+        const char *who = implicit ? "restart" : "checkpoint.resume_from = latest";
+        if (!l.path[0]) {
+            /* Only a directory without any checkpoint starts from zero (a first start and every later one can
+             * share one job script). */
+            if (env->rank == 0)
+                log_warn("%s: no checkpoint under %s yet; starting from step 0%s%s", who, root, l.note[0] ? "; " : "",
+                         l.note);
+            which = "";
+        } else {
+            if (l.note[0] && env->rank == 0)
+                log_warn("%s: %s; resuming from it", who, l.note);
+            snprintf(latest_path, sizeof latest_path, "%s", l.path);
+            snprintf(older, sizeof older, "%s", l.older);
+        }
+    }
+    if (!which[0])
+        return agree(f, saves ? check_no_newer(root, 0) : 0, "checking checkpoint.dir");
+    int rc = load_from(c, f, wc, env, root, which, latest_path, first_step);
+    if (rc && older[0])
+        rc = error_set(rc, "resume from %s (%s): %s. To resume from the next older checkpoint, %s, move %s out of "
+                       "%s", which, root, error_message(), older, latest_path, root);
+    else if (rc)
+        rc = error_set(rc, "resume from %s (%s): %s", which, root, error_message());
+    else if (saves)
+        rc = check_no_newer(root, *first_step);
+    /* every rank enters the agreement, also after its own failure */
     return agree(f, rc, "resuming");
 }

@@ -26,6 +26,8 @@ struct train_ckpt {
     char *config_text;       /* the effective INI, recorded in the metadata of every save */
     int64_t last_saved_step; /* the step of the newest checkpoint of this run or the one resumed, else -1 */
     struct train_ckpt_stats stats;
+    bool locked;             /* rank 0 of a saving run holds checkpoint.dir's lock through lock_fd */
+    int lock_fd;
 };
 
 /* Loads the checkpoint the config or the restart asks for into the engine; *first_step = its step (0 for

@@ -68,8 +68,10 @@ int train_env_open(struct train_env *e)
                              port, error_message());
     }
     struct store_client_options co = {.host = e->rank == 0 ? "127.0.0.1" : addr, .port = port, .run_id = e->run_id,
-                                      .secret = secret, .connect_timeout_s = 120, .default_timeout_s = 600};
-    rc = store_client_connect(&co, &e->store);
+                                      .secret = secret, .default_timeout_s = 600};
+    char who[32];
+    snprintf(who, sizeof who, "rank %d", e->rank);
+    rc = rdzv_store_connect(&co, 120, who, "rank 0's fsdp store, beside the launcher's", &e->store);
     if (rc)
         return error_set(rc, "connecting to rank 0's fsdp store at %s:%d: %s", co.host, port, error_message());
     log_debug("store: rank 0 hosts it on port %d beside the launcher's", port);
