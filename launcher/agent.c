@@ -233,6 +233,7 @@ static void teardown(struct agent *ag, struct worker_group *g, bool already_sign
         char st[64];
         workers_describe_status(g->w[i].status, st, sizeof st);
         log_debug("rank %d (local rank %d, pid %d) ended: %s", g->w[i].rank, g->w[i].local_rank, (int)g->w[i].pid, st);
+        status_server_note_exit(ag->status, g->w[i].rank, st, workers_exit_code(g->w[i].status) == 0);
     }
     /* Let the pipes give their last lines (writers may be grandchildren: bounded). */
     double drain_until = mono_s() + 1.0;
@@ -431,6 +432,7 @@ int agent_run(struct agent *ag)
             log_error("%s", error_message());
             return 1;
         }
+        status_server_note_attempt(ag->status, as.generation, as.generation);
         if (a->nnodes > 1)
             log_info("generation %d: all %d nodes joined in %.2f s; ranks %d..%d of %d", as.generation, a->nnodes,
                      mono_s() - t0, as.rank_base, as.rank_base + a->nproc_per_node - 1, as.world_size);
@@ -462,6 +464,7 @@ int agent_run(struct agent *ag)
                 log_warn("%s", error_message());
             return 0;
         }
+        status_server_note_failure(ag->status, res.root);
         int code = report_failure(res.root ? res.root : "{}");
         bool fatal = res.root && record_fatal(res.root);
         free(res.root);

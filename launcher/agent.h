@@ -4,6 +4,7 @@
 #define FSDP_LAUNCHER_AGENT_H
 
 #include "launcher/args.h"
+#include "launcher/status_server.h"
 #include "rendezvous/rendezvous.h"
 
 struct agent {
@@ -17,6 +18,7 @@ struct agent {
     const char *secret;   /* FSDP_RDZV_TOKEN given to workers, NULL = none */
     const char *omp_threads;
     int pending_signal;   /* a terminating signal received, 0 if none */
+    struct status_server *status; /* --status_port on node 0, else NULL */
 };
 
 /* Runs the job to the end; returns the launcher's exit code. */

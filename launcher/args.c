@@ -255,6 +255,9 @@ static void set_defaults(struct launch_args *a)
     strcpy(a->master_addr, "127.0.0.1");
     a->master_port = 29500;
     a->monitor_interval_s = 0.1;
+    a->status_port = -1;
+    strcpy(a->status_addr, "127.0.0.1");
+    a->status_stale_s = 30;
     a->rdzv_timeout_s = 900;
     a->shutdown_timeout_s = 30;
     strcpy(a->role, "default");

@@ -53,6 +53,9 @@ struct launch_args {
     double rdzv_timeout_s;
     char log_dir[1024]; /* "" = no log files, output stays on the terminal */
     long long log_max_bytes; /* rotate each log file at this size (FILE.1 = the previous part); 0 = unbounded */
+    int status_port;       /* --status_port: -1 = no status page, 0 = a free port */
+    char status_addr[256]; /* --status_addr (default 127.0.0.1) */
+    double status_stale_s; /* --status_stale_timeout */
     char redirects[256]; /* torchrun Std spec: "0".."3" or "LOCAL:MASK,..." */
     char tee[256];
     char local_ranks_filter[256]; /* "" = every local rank on the console */

@@ -19,7 +19,8 @@ enum opt_id {
     /* accelerate launch */
     O_CONFIG_FILE, O_NUM_PROCESSES, O_GPU_IDS, O_OMP_THREADS, O_MULTI_GPU, O_SAME_NETWORK,
     /* fsdp-launch's own */
-    O_RDZV_TIMEOUT, O_LOG_LEVEL, O_LOG_MAX_BYTES, O_PYTHON, O_PRINT_CONFIG, O_HELP, O_COUNT
+    O_RDZV_TIMEOUT, O_STATUS_PORT, O_STATUS_ADDR, O_STATUS_STALE, O_LOG_LEVEL, O_LOG_MAX_BYTES, O_PYTHON,
+    O_PRINT_CONFIG, O_HELP, O_COUNT
 };
 
 enum opt_kind { K_VALUE, K_BOOL, K_OPTIONAL /* --flag or --flag=value */ };

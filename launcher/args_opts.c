@@ -62,6 +62,13 @@ const struct launch_opt launch_opts[O_COUNT] = {
     [O_MULTI_GPU] = {"multi_gpu", {0}, K_BOOL, "accepted (accelerate): several workers are several processes anyway"},
     [O_SAME_NETWORK] = {"same_network", {0}, K_BOOL, "accepted (accelerate): no effect"},
     [O_RDZV_TIMEOUT] = {"rdzv_timeout", {0}, K_VALUE, "seconds to wait for the store and for all nodes (default 900)"},
+    [O_STATUS_PORT] = {"status_port", {0}, K_VALUE,
+                       "node 0 serves the live status page, /api/status and /metrics on this port (0 = a free "
+                       "one, printed; default off)"},
+    [O_STATUS_ADDR] = {"status_addr", {0}, K_VALUE,
+                       "address the status page binds (default 127.0.0.1; others need the job's token)"},
+    [O_STATUS_STALE] = {"status_stale_timeout", {0}, K_VALUE,
+                        "seconds without a new record before the page shows a rank stale (default 30)"},
     [O_LOG_LEVEL] = {"log_level", {0}, K_VALUE, "debug, info, warn, error or off (default info)"},
     [O_LOG_MAX_BYTES] = {"log_max_bytes", {0}, K_VALUE, "with --log_dir: rotate a log file at this size (N, Nk, NM, "
                          "NG; FILE.1 keeps the previous part; default 0 = unbounded)"},
@@ -408,6 +415,12 @@ int launch_opt_apply(struct launch_args *a, int id, const char *v, const char *s
     case O_LOG_MAX_BYTES: return parse_size(v, src, &a->log_max_bytes);
     case O_RDZV_CONF: return parse_rdzv_conf(a, v, src);
     case O_LOG_DIR: return copy_str(a->log_dir, sizeof a->log_dir, v, src);
+    case O_STATUS_PORT: return parse_int(v, src, 0, 65535, &a->status_port);
+    case O_STATUS_ADDR:
+        if (!*v)
+            return error_set(FSDP_EINVAL, "%s: an address is required (such as 127.0.0.1 or 0.0.0.0)", src);
+        return copy_str(a->status_addr, sizeof a->status_addr, v, src);
+    case O_STATUS_STALE: return parse_double(v, src, 0.001, &a->status_stale_s);
     case O_REDIRECTS: return check_std(v, src) ? FSDP_EINVAL : copy_str(a->redirects, sizeof a->redirects, v, src);
     case O_TEE: return check_std(v, src) ? FSDP_EINVAL : copy_str(a->tee, sizeof a->tee, v, src);
     case O_PREFIX_TEMPLATE:

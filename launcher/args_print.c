@@ -74,6 +74,14 @@ static bool effective(const struct launch_args *a, int id, char *buf, size_t cap
     case O_RDZV_TIMEOUT: snprintf(buf, cap, "%g", a->rdzv_timeout_s); return true;
     case O_LOG_MAX_BYTES: snprintf(buf, cap, "%lld", a->log_max_bytes); return true;
     case O_LOG_DIR: snprintf(buf, cap, "%s", a->log_dir); return true;
+    case O_STATUS_PORT:
+        if (a->status_port < 0)
+            snprintf(buf, cap, "off");
+        else
+            snprintf(buf, cap, "%d", a->status_port);
+        return true;
+    case O_STATUS_ADDR: snprintf(buf, cap, "%s", a->status_addr); return true;
+    case O_STATUS_STALE: snprintf(buf, cap, "%g", a->status_stale_s); return true;
     case O_REDIRECTS: snprintf(buf, cap, "%s", a->redirects[0] ? a->redirects : "0"); return true;
     case O_TEE: snprintf(buf, cap, "%s", a->tee[0] ? a->tee : "0"); return true;
     case O_FILTER: snprintf(buf, cap, "%s", a->local_ranks_filter); return true;

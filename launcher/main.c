@@ -16,6 +16,7 @@
 #include "launcher/command.h"
 #include "launcher/console.h"
 #include "launcher/guard.h"
+#include "launcher/status_files.h"
 #include "launcher/wizard.h"
 #include "launcher/workers.h"
 #include "rendezvous/rendezvous.h"
@@ -69,6 +70,8 @@ int main(int argc, char **argv)
     log_init("fsdp-launch");
     if (argc > 1 && strcmp(argv[1], "config") == 0)
         return wizard_main(argc - 1, argv + 1);
+    if (argc > 1 && strcmp(argv[1], "status") == 0)
+        return status_files_main(argc - 1, argv + 1);
     struct launch_args a;
     int rc = launch_args_parse(argc, argv, &a);
     if (rc == 1)
@@ -206,10 +209,28 @@ static int run(struct launch_args *pa, struct launch_command *pcmd)
     log_debug("node %d of %d (%s), run id %s, store %s:%d, program %s", a.node_rank, a.nnodes, host, a.run_id,
               a.master_addr, rdzv_port(r), cmd.program);
 
+    struct status_server *status = NULL;
+    if (a.node_rank == 0 && a.status_port >= 0) {
+        struct status_server_options so = {.bind_addr = a.status_addr, .port = a.status_port, .store_host = "127.0.0.1",
+                                           .store_port = rdzv_port(r), .run_id = a.run_id, .secret = secret,
+                                           .nnodes = a.nnodes, .world_size = a.nnodes * a.nproc_per_node,
+                                           .stale_s = a.status_stale_s};
+        if (status_server_start(&so, &status)) {
+            log_error("%s", error_message());
+            rdzv_close(r);
+            command_free(&cmd);
+            free(launch_config);
+            launch_args_free(&a);
+            return 1;
+        }
+        /* Printed whatever the log level, like the store's port: scripts and users need it. */
+        dprintf(2, "fsdp-launch: status page on http://%s:%d/\n", a.status_addr, status_server_port(status));
+    }
     struct agent ag = {.a = &a, .r = r, .sigfd = sigfd, .host = host, .program = cmd.program, .argv = cmd.argv,
                        .launch_config = launch_config, .secret = secret, .omp_threads = omp_threads,
-                       .pending_signal = es.signo};
+                       .pending_signal = es.signo, .status = status};
     int code = agent_run(&ag);
+    status_server_stop(status);
     rdzv_close(r);
     close(sigfd);
     command_free(&cmd);

@@ -25,6 +25,7 @@
 #include "worker/model/model.h"
 #include "worker/train/progress.h"
 #include "worker/train/run_summary.h"
+#include "worker/train/status_report.h"
 #include "worker/train/train.h"
 #include "worker/train/train_ckpt.h"
 #include "worker/train/train_device.h"
@@ -82,6 +83,8 @@ struct trainer {
     double peak_flops, flops_per_token;
     double last_loss, last_val;
     struct run_summary summary; /* every rank's end-of-run record */
+    struct status_report *status; /* the live record for fsdp-launch's status page (NULL without a store) */
+    int64_t last_val_step;
 };
 
 /* This rank's rows of the global batch of `step` in file d, micro-batch a. */
@@ -258,14 +261,20 @@ static int log_open(struct trainer *t, int64_t first_step)
 static int log_step(struct trainer *t, const struct metrics_row *row)
 {
     t->last_loss = row->loss;
-    if (row->has_val)
+    if (row->has_val) {
         t->last_val = row->val_loss;
-    if (t->env->rank != 0)
-        return 0;
-    int rc = metrics_log(t->met, row);
+        t->last_val_step = row->step + 1;
+    }
     double mfu = t->peak_flops > 0
                      ? row->tokens_per_s * t->flops_per_token / (t->peak_flops * t->env->world_size)
                      : -1;
+    struct status_report_step sr = {.step = row->step + 1, .max_steps = t->wc->train.max_steps, .loss = row->loss,
+                                    .tokens_per_s = row->tokens_per_s, .mfu = mfu, .val_loss = t->last_val,
+                                    .val_step = t->last_val_step};
+    status_report_step(t->status, &sr, t->fsdp, row->has_val || row->step + 1 == t->wc->train.max_steps);
+    if (t->env->rank != 0)
+        return 0;
+    int rc = metrics_log(t->met, row);
     struct progress_stats ps = {.step = row->step, .loss = row->loss, .lr = row->lr, .grad_norm = row->grad_norm,
                                 .tokens_per_s = row->tokens_per_s, .mfu = mfu,
                                 .mem_bytes = (double)fsdp_get_mem(t->fsdp)->peak_total};
@@ -307,6 +316,8 @@ static int run_loop(struct trainer *t, int64_t first_step)
                                 .decay_steps = wc->train.max_steps};
     FSDP_TRY(lr_schedule_check(&sched));
     FSDP_TRY(log_open(t, first_step));
+    if (status_report_open(t->env->store, t->env->rank, t->env->restart_count, &t->status))
+        log_warn("no live status for fsdp-launch's status page: %s", error_message());
     double t_start = now_s();
     int rc = 0;
     for (int64_t s = first_step; s < wc->train.max_steps; s++) {
@@ -328,6 +339,8 @@ static int run_loop(struct trainer *t, int64_t first_step)
     }
     FSDP_TRY_GOTO(train_ckpt_maybe_save(&t->ckpt, t->fsdp, wc, t->env, wc->train.max_steps, true), rc, out);
 out:
+    status_report_close(t->status);
+    t->status = NULL;
     log_close(t, first_step, now_s() - t_start, rc == 0);
     return rc;
 }

@@ -1,0 +1,561 @@
+/* The status page's server: state, store polling and HTTP (see status_server.h). */
+#include "launcher/status_server.h"
+
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <event2/thread.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "launcher/status_render.h"
+#include "rendezvous/store.h"
+
+#define HISTORY_CAP 2048      /* points per curve; a full curve keeps every other point */
+#define MAX_HEADERS_BYTES 8192
+#define MAX_BODY_BYTES 1024
+#define CLIENT_TIMEOUT_S 10
+
+struct curve {
+    double *x, *y;
+    int n;
+};
+
+struct rank_state {
+    cJSON *record;        /* the rank's last record, NULL before its first */
+    char *record_text;
+    double changed_mono;  /* when the record last changed */
+    char exit_state[128]; /* "" while running */
+    bool exit_ok;
+    char previous_exit[128]; /* how the rank ended in the previous attempt, "" if none */
+};
+
+struct status_server {
+    struct status_server_options o;
+    char *run_id, *secret, *store_host, bind_addr[64];
+    struct event_base *base;
+    struct evhttp *http;
+    struct event *stop_ev, *poll_ev;
+    pthread_t thread;
+    bool thread_started;
+    int port;
+    struct store_client *client; /* used only on the server thread */
+    pthread_mutex_t mu;          /* guards everything below */
+    struct rank_state *ranks;
+    int generation, restarts;
+    double start_wall, start_mono;
+    char *failure;               /* root-cause record (JSON text) */
+    char *previous_failure;      /* the previous attempt's, kept across a restart */
+    struct curve loss, val, tps;
+    int64_t last_step, last_val_step;
+    double eta_mono0;            /* first step seen of this attempt: when and which */
+    int64_t eta_step0;
+};
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double wall_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void curve_push(struct curve *c, double x, double y)
+{
+    if (!c->x) {
+        c->x = malloc(HISTORY_CAP * sizeof *c->x);
+        c->y = malloc(HISTORY_CAP * sizeof *c->y);
+        if (!c->x || !c->y) {
+            free(c->x);
+            free(c->y);
+            c->x = c->y = NULL;
+            return;
+        }
+    }
+    if (c->n == HISTORY_CAP) {
+        for (int i = 0; i < HISTORY_CAP / 2; i++) {
+            c->x[i] = c->x[2 * i];
+            c->y[i] = c->y[2 * i];
+        }
+        c->n = HISTORY_CAP / 2;
+    }
+    c->x[c->n] = x;
+    c->y[c->n] = y;
+    c->n++;
+}
+
+static double num(const cJSON *o, const char *k, double dflt)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : dflt;
+}
+
+/* Called with mu held: a rank's new record text. */
+static void take_record(struct status_server *s, int r, char *text)
+{
+    struct rank_state *rs = &s->ranks[r];
+    if (rs->record_text && strcmp(rs->record_text, text) == 0) {
+        free(text);
+        return;
+    }
+    cJSON *o = cJSON_Parse(text);
+    if (!o) {
+        free(text);
+        return;
+    }
+    free(rs->record_text);
+    cJSON_Delete(rs->record);
+    rs->record_text = text;
+    rs->record = o;
+    rs->changed_mono = mono_s();
+    if (r != 0)
+        return;
+    int64_t step = (int64_t)num(o, "step", 0);
+    if (step != s->last_step) {
+        if (s->eta_step0 < 0 || step < s->last_step) {
+            s->eta_step0 = step;
+            s->eta_mono0 = mono_s();
+        }
+        s->last_step = step;
+        double l = num(o, "loss", NAN), t = num(o, "tokens_per_s", NAN);
+        if (isfinite(l))
+            curve_push(&s->loss, (double)step, l);
+        if (isfinite(t))
+            curve_push(&s->tps, (double)step, t);
+    }
+    int64_t vs = (int64_t)num(o, "val_step", 0);
+    double v = num(o, "val_loss", NAN);
+    if (vs > 0 && vs != s->last_val_step && isfinite(v)) {
+        s->last_val_step = vs;
+        curve_push(&s->val, (double)vs, v);
+    }
+}
+
+static void poll_store(struct status_server *s)
+{
+    if (!s->client) {
+        struct store_client_options co = {.host = s->store_host, .port = s->o.store_port, .run_id = s->run_id,
+                                          .secret = s->secret, .connect_timeout_s = 1, .default_timeout_s = 2};
+        if (store_client_connect(&co, &s->client)) {
+            s->client = NULL;
+            return;
+        }
+    }
+    for (int r = 0; r < s->o.world_size; r++) {
+        char key[48];
+        snprintf(key, sizeof key, "status/rank%d", r);
+        const char *keys[1] = {key};
+        bool ex = false;
+        void *v = NULL;
+        size_t len = 0;
+        if (store_client_check(s->client, keys, 1, &ex))
+            goto lost;
+        if (!ex)
+            continue;
+        if (store_client_get(s->client, key, &v, &len, 2))
+            goto lost;
+        pthread_mutex_lock(&s->mu);
+        take_record(s, r, v);
+        pthread_mutex_unlock(&s->mu);
+    }
+    pthread_mutex_lock(&s->mu);
+    int g = s->generation;
+    bool have = s->failure != NULL;
+    pthread_mutex_unlock(&s->mu);
+    if (!have && g >= 0) {
+        char key[48];
+        snprintf(key, sizeof key, "rdzv/g%d/failed", g);
+        const char *keys[1] = {key};
+        bool ex = false;
+        void *v = NULL;
+        size_t len = 0;
+        if (store_client_check(s->client, keys, 1, &ex))
+            goto lost;
+        if (ex && store_client_get(s->client, key, &v, &len, 2) == 0) {
+            status_server_note_failure(s, v);
+            free(v);
+        }
+    }
+    return;
+lost:
+    store_client_close(s->client);
+    s->client = NULL;
+}
+
+static void poll_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    poll_store(arg);
+}
+
+/* The /api/status object (docs/launcher.md). */
+static cJSON *snapshot(struct status_server *s)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return NULL;
+    double now = mono_s();
+    pthread_mutex_lock(&s->mu);
+    cJSON_AddStringToObject(o, "run_id", s->run_id);
+    cJSON_AddBoolToObject(o, "live", true);
+    cJSON_AddNumberToObject(o, "nnodes", s->o.nnodes);
+    cJSON_AddNumberToObject(o, "world_size", s->o.world_size);
+    cJSON_AddNumberToObject(o, "generation", s->generation);
+    cJSON_AddNumberToObject(o, "restarts", s->restarts);
+    cJSON_AddNumberToObject(o, "start_time", s->start_wall);
+    cJSON_AddNumberToObject(o, "elapsed_s", now - s->start_mono);
+    cJSON_AddNumberToObject(o, "stale_after_s", s->o.stale_s);
+    const cJSON *r0 = s->ranks[0].record;
+    double max_steps = num(r0, "max_steps", 0);
+    if (r0 && s->eta_step0 >= 0 && s->last_step > s->eta_step0 && max_steps > s->last_step)
+        cJSON_AddNumberToObject(o, "eta_s", (now - s->eta_mono0) / (double)(s->last_step - s->eta_step0) *
+                                                (max_steps - (double)s->last_step));
+    else
+        cJSON_AddNullToObject(o, "eta_s");
+    cJSON *ranks = cJSON_AddArrayToObject(o, "ranks");
+    for (int r = 0; ranks && r < s->o.world_size; r++) {
+        struct rank_state *rs = &s->ranks[r];
+        cJSON *x = rs->record ? cJSON_Duplicate(rs->record, true) : cJSON_CreateObject();
+        if (!x)
+            continue;
+        cJSON_DeleteItemFromObjectCaseSensitive(x, "rank");
+        cJSON_AddNumberToObject(x, "rank", r);
+        const char *state = "starting";
+        if (rs->exit_state[0])
+            state = rs->exit_ok ? "succeeded" : "failed";
+        else if (rs->record && num(rs->record, "restart", 0) < s->generation)
+            state = "starting"; /* its record is of an earlier attempt */
+        else if (rs->record)
+            state = now - rs->changed_mono > s->o.stale_s ? "stale" : "running";
+        cJSON_AddStringToObject(x, "state", state);
+        cJSON_AddStringToObject(x, "exit", rs->exit_state);
+        cJSON_AddStringToObject(x, "previous_exit", rs->previous_exit);
+        if (rs->record)
+            cJSON_AddNumberToObject(x, "age_s", now - rs->changed_mono);
+        else
+            cJSON_AddNullToObject(x, "age_s");
+        cJSON_AddItemToArray(ranks, x);
+    }
+    cJSON *fail = s->failure ? cJSON_Parse(s->failure) : NULL;
+    if (fail)
+        cJSON_AddItemToObject(o, "failure", fail);
+    else
+        cJSON_AddNullToObject(o, "failure");
+    cJSON *pfail = s->previous_failure ? cJSON_Parse(s->previous_failure) : NULL;
+    if (pfail)
+        cJSON_AddItemToObject(o, "previous_failure", pfail);
+    else
+        cJSON_AddNullToObject(o, "previous_failure");
+    cJSON *h = cJSON_AddObjectToObject(o, "history");
+    const struct curve *cs[3] = {&s->loss, &s->val, &s->tps};
+    const char *names[3] = {"loss", "val_loss", "tokens_per_s"};
+    for (int c = 0; h && c < 3; c++) {
+        cJSON *arr = cJSON_AddArrayToObject(h, names[c]);
+        for (int i = 0; arr && i < cs[c]->n; i++) {
+            double p[2] = {cs[c]->x[i], cs[c]->y[i]};
+            cJSON_AddItemToArray(arr, cJSON_CreateDoubleArray(p, 2));
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return o;
+}
+
+static bool is_loopback(const char *addr)
+{
+    if (!addr)
+        return false;
+    if (strncmp(addr, "::ffff:", 7) == 0)
+        addr += 7;
+    return strncmp(addr, "127.", 4) == 0 || strcmp(addr, "::1") == 0;
+}
+
+static bool token_ok(struct status_server *s, struct evhttp_request *req, const struct evhttp_uri *uri)
+{
+    char *peer = NULL;
+    ev_uint16_t pport = 0;
+    evhttp_connection_get_peer(evhttp_request_get_connection(req), &peer, &pport);
+    if (is_loopback(peer))
+        return true;
+    if (!s->secret)
+        return false;
+    const char *auth = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+    if (auth && strncmp(auth, "Bearer ", 7) == 0 && strcmp(auth + 7, s->secret) == 0)
+        return true;
+    const char *q = evhttp_uri_get_query(uri);
+    bool ok = false;
+    struct evkeyvalq params;
+    if (q && evhttp_parse_query_str(q, &params) == 0) {
+        const char *t = evhttp_find_header(&params, "token");
+        ok = t && strcmp(t, s->secret) == 0;
+        evhttp_clear_headers(&params);
+    }
+    return ok;
+}
+
+static void reply(struct evhttp_request *req, int code, const char *reason, const char *type, const char *body)
+{
+    struct evkeyvalq *hdr = evhttp_request_get_output_headers(req);
+    evhttp_add_header(hdr, "Content-Type", type);
+    evhttp_add_header(hdr, "Cache-Control", "no-store");
+    evhttp_add_header(hdr, "X-Content-Type-Options", "nosniff");
+    struct evbuffer *b = evbuffer_new();
+    if (b && body)
+        evbuffer_add(b, body, strlen(body));
+    evhttp_send_reply(req, code, reason, b);
+    if (b)
+        evbuffer_free(b);
+}
+
+static void http_cb(struct evhttp_request *req, void *arg)
+{
+    struct status_server *s = arg;
+    enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
+    if (cmd != EVHTTP_REQ_GET && cmd != EVHTTP_REQ_HEAD) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", "GET, HEAD");
+        reply(req, 405, "Method Not Allowed", "text/plain; charset=utf-8", "only GET and HEAD\n");
+        return;
+    }
+    struct evhttp_uri *uri = evhttp_uri_parse(evhttp_request_get_uri(req));
+    const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
+    if (!uri || !path) {
+        reply(req, 400, "Bad Request", "text/plain; charset=utf-8", "malformed request target\n");
+        if (uri)
+            evhttp_uri_free(uri);
+        return;
+    }
+    if (!token_ok(s, req, uri)) {
+        reply(req, 401, "Unauthorized", "text/plain; charset=utf-8",
+              "a client outside this host must give the job's token: Authorization: Bearer TOKEN or ?token=TOKEN\n");
+        evhttp_uri_free(uri);
+        return;
+    }
+    bool fragment = false;
+    const char *q = evhttp_uri_get_query(uri);
+    struct evkeyvalq params;
+    if (q && evhttp_parse_query_str(q, &params) == 0) {
+        const char *f = evhttp_find_header(&params, "fragment");
+        fragment = f && strcmp(f, "1") == 0;
+        evhttp_clear_headers(&params);
+    }
+    bool page = strcmp(path, "/") == 0 || strcmp(path, "/index.html") == 0;
+    bool api = strcmp(path, "/api/status") == 0;
+    bool metrics = strcmp(path, "/metrics") == 0;
+    evhttp_uri_free(uri);
+    if (!page && !api && !metrics) {
+        reply(req, 404, "Not Found", "text/plain; charset=utf-8", "not found: try /, /api/status or /metrics\n");
+        return;
+    }
+    cJSON *snap = snapshot(s);
+    char *body = NULL;
+    if (snap)
+        body = api ? cJSON_PrintUnformatted(snap)
+                   : metrics ? status_render_prometheus(snap) : status_render_html(snap, true, fragment);
+    cJSON_Delete(snap);
+    if (!body) {
+        reply(req, 500, "Internal Server Error", "text/plain; charset=utf-8", "out of memory\n");
+        return;
+    }
+    reply(req, 200, "OK",
+          api ? "application/json" : metrics ? "text/plain; version=0.0.4; charset=utf-8" : "text/html; charset=utf-8",
+          body);
+    free(body);
+}
+
+static void stop_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    event_base_loopbreak(((struct status_server *)arg)->base);
+}
+
+static void *server_thread(void *arg)
+{
+    struct status_server *s = arg;
+    poll_store(s);
+    event_base_dispatch(s->base);
+    return NULL;
+}
+
+static pthread_once_t g_threads_once = PTHREAD_ONCE_INIT;
+static int g_threads_rc;
+static void threads_init(void) { g_threads_rc = evthread_use_pthreads(); }
+
+int status_server_start(const struct status_server_options *opts, struct status_server **out)
+{
+    *out = NULL;
+    const char *addr = opts->bind_addr && *opts->bind_addr ? opts->bind_addr : "127.0.0.1";
+    if (!is_loopback(addr) && strcmp(addr, "localhost") != 0 && !opts->secret)
+        return error_set(FSDP_EINVAL,
+                         "--status_addr %s: a status page reachable from other hosts needs the job's token; set "
+                         "FSDP_RDZV_TOKEN (the same on every node) or keep the default 127.0.0.1", addr);
+    pthread_once(&g_threads_once, threads_init);
+    if (g_threads_rc)
+        return error_set(FSDP_EIO, "libevent could not enable threads for the status page");
+    struct status_server *s = calloc(1, sizeof *s);
+    if (!s)
+        return error_set(FSDP_ENOMEM, "out of memory starting the status page");
+    s->o = *opts;
+    if (s->o.stale_s <= 0)
+        s->o.stale_s = 30;
+    if (s->o.poll_s <= 0)
+        s->o.poll_s = 0.5;
+    pthread_mutex_init(&s->mu, NULL);
+    s->generation = -1;
+    s->last_step = -1;
+    s->eta_step0 = -1;
+    s->start_wall = wall_s();
+    s->start_mono = mono_s();
+    snprintf(s->bind_addr, sizeof s->bind_addr, "%s", addr);
+    s->run_id = strdup(opts->run_id ? opts->run_id : "");
+    s->store_host = strdup(opts->store_host ? opts->store_host : "127.0.0.1");
+    s->secret = opts->secret ? strdup(opts->secret) : NULL;
+    s->ranks = calloc((size_t)(opts->world_size > 0 ? opts->world_size : 1), sizeof *s->ranks);
+    int rc = 0;
+    if (!s->run_id || !s->store_host || (opts->secret && !s->secret) || !s->ranks) {
+        rc = error_set(FSDP_ENOMEM, "out of memory starting the status page");
+        goto fail;
+    }
+    s->base = event_base_new();
+    s->http = s->base ? evhttp_new(s->base) : NULL;
+    s->stop_ev = s->base ? event_new(s->base, -1, 0, stop_cb, s) : NULL;
+    s->poll_ev = s->base ? event_new(s->base, -1, EV_PERSIST, poll_cb, s) : NULL;
+    if (!s->http || !s->stop_ev || !s->poll_ev) {
+        rc = error_set(FSDP_EIO, "libevent could not set up the status page");
+        goto fail;
+    }
+    evhttp_set_max_headers_size(s->http, MAX_HEADERS_BYTES);
+    evhttp_set_max_body_size(s->http, MAX_BODY_BYTES);
+    evhttp_set_timeout(s->http, CLIENT_TIMEOUT_S);
+    evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
+                                            EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
+    evhttp_set_gencb(s->http, http_cb, s);
+    struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(s->http, addr, (ev_uint16_t)opts->port);
+    if (!bs) {
+        rc = error_set(FSDP_EEXIST, "--status_port %d: cannot listen on %s:%d (%s); pick another port or 0 for a "
+                       "free one", opts->port, addr, opts->port, strerror(errno));
+        goto fail;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &sl);
+    s->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                              : ((struct sockaddr_in *)&ss)->sin_port);
+    struct timeval tv = {.tv_sec = (time_t)s->o.poll_s, .tv_usec = (suseconds_t)((s->o.poll_s - (time_t)s->o.poll_s) * 1e6)};
+    event_add(s->poll_ev, &tv);
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int prc = pthread_create(&s->thread, NULL, server_thread, s);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (prc != 0) {
+        rc = error_set(FSDP_EIO, "cannot start the status page's thread: %s", strerror(prc));
+        goto fail;
+    }
+    s->thread_started = true;
+    *out = s;
+    return 0;
+fail:
+    status_server_stop(s);
+    return rc;
+}
+
+int status_server_port(const struct status_server *s) { return s ? s->port : -1; }
+
+void status_server_note_attempt(struct status_server *s, int generation, int restarts)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    if (generation != s->generation) {
+        s->generation = generation;
+        s->restarts = restarts;
+        for (int r = 0; r < s->o.world_size; r++) {
+            if (s->ranks[r].exit_state[0])
+                memcpy(s->ranks[r].previous_exit, s->ranks[r].exit_state, sizeof s->ranks[r].previous_exit);
+            s->ranks[r].exit_state[0] = 0;
+        }
+        if (s->failure) {
+            free(s->previous_failure);
+            s->previous_failure = s->failure;
+        }
+        s->failure = NULL;
+        s->eta_step0 = -1;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+void status_server_note_exit(struct status_server *s, int rank, const char *state, bool ok)
+{
+    if (!s || rank < 0 || rank >= s->o.world_size)
+        return;
+    pthread_mutex_lock(&s->mu);
+    snprintf(s->ranks[rank].exit_state, sizeof s->ranks[rank].exit_state, "%s", state ? state : "");
+    if (!s->ranks[rank].exit_state[0])
+        snprintf(s->ranks[rank].exit_state, sizeof s->ranks[rank].exit_state, "%s", ok ? "exited 0" : "failed");
+    s->ranks[rank].exit_ok = ok;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void status_server_note_failure(struct status_server *s, const char *record)
+{
+    if (!s || !record)
+        return;
+    pthread_mutex_lock(&s->mu);
+    if (!s->failure)
+        s->failure = strdup(record);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void status_server_stop(struct status_server *s)
+{
+    if (!s)
+        return;
+    if (s->thread_started) {
+        event_active(s->stop_ev, EV_READ, 0);
+        pthread_join(s->thread, NULL);
+    }
+    if (s->http)
+        evhttp_free(s->http);
+    if (s->poll_ev)
+        event_free(s->poll_ev);
+    if (s->stop_ev)
+        event_free(s->stop_ev);
+    if (s->base)
+        event_base_free(s->base);
+    store_client_close(s->client);
+    for (int r = 0; s->ranks && r < s->o.world_size; r++) {
+        cJSON_Delete(s->ranks[r].record);
+        free(s->ranks[r].record_text);
+    }
+    const struct curve *cs[3] = {&s->loss, &s->val, &s->tps};
+    for (int c = 0; c < 3; c++) {
+        free(cs[c]->x);
+        free(cs[c]->y);
+    }
+    free(s->ranks);
+    free(s->failure);
+    free(s->previous_failure);
+    free(s->run_id);
+    free(s->store_host);
+    free(s->secret);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}

@@ -1,0 +1,461 @@
+/* fsdp-launch --status_port through real HTTP over loopback during a 2-rank CPU training job (fsdp-worker):
+ * /api/status and /metrics while it runs, the root cause after a rank is SIGKILLed and the job restarted,
+ * escaping of a hostile run id, malformed and oversized requests, many concurrent clients, a client that
+ * never reads (the job still finishes), a non-loopback bind without a token refused. */
+#include "tests/util/launch_util.h"
+
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#define TINY                                                                                                   \
+    "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nvocab_size = 256\nblock_size = 16\n"                       \
+    "[train]\ntrain_batch = 12\nmicro_batch = 1\nmax_steps = %d\neval_interval = 20\n"                         \
+    "[optim]\nlr = 0.003\nwarmup_steps = 2\n"
+
+struct job {
+    char *dir;
+    char ini[4200];
+    pid_t pid;
+    int port;
+};
+
+static void job_start(struct job *j, int max_steps, const char *run_id, const char *const *env, const char *stale)
+{
+    j->dir = lu_tmpdir();
+    char data[4200], docs[4200];
+    snprintf(data, sizeof data, "%s/data", j->dir);
+    snprintf(docs, sizeof docs, "%s/tests/data/corpus", getenv("FSDP_SOURCE_ROOT"));
+    const char *pargv[] = {lu_build_path("worker/fsdp-prepare-data"), "-o", data, docs, NULL};
+    pid_t p = lu_spawn(pargv, j->dir, "prep", NULL);
+    cr_assert_eq(lu_exit_code(lu_wait(p, 60)), 0, "fsdp-prepare-data: %s", lu_slurp_tag(j->dir, "prep", "err"));
+    char text[16384], head[1024];
+    snprintf(head, sizeof head, TINY, max_steps);
+    snprintf(text, sizeof text, "%s[data]\ntrain_file = %s/train.bin\nval_file = %s/val.bin\n", head, data, data);
+    snprintf(j->ini, sizeof j->ini, "%s/tiny.ini", j->dir);
+    lu_write_text(j->ini, text);
+    char logdir[4300];
+    snprintf(logdir, sizeof logdir, "--log.dir=%s/logs", j->dir);
+    const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "2", "--max_restarts", "1",
+                          "--status_port", "0", "--status_stale_timeout", stale, "--run_id", run_id, lu_build_path("worker/fsdp-worker"), j->ini,
+                          logdir, NULL};
+    const char *envs[8] = {"OMP_NUM_THREADS=1"};
+    int m = 1;
+    for (int i = 0; env && env[i]; i++)
+        envs[m++] = env[i];
+    envs[m] = NULL;
+    j->pid = lu_spawn(argv, j->dir, "job", envs);
+    j->port = -1;
+    double end = tu_now() + 60;
+    while (j->port < 0 && tu_now() < end) {
+        char *s = lu_slurp_tag(j->dir, "job", "err");
+        char *at = strstr(s, "fsdp-launch: status page on http://127.0.0.1:");
+        if (at && strchr(at, '\n'))
+            j->port = atoi(at + strlen("fsdp-launch: status page on http://127.0.0.1:"));
+        free(s);
+        if (j->port < 0)
+            tu_nap(0.02);
+    }
+    cr_assert_gt(j->port, 0, "no status page address printed: %s", lu_slurp_tag(j->dir, "job", "err"));
+}
+
+static int connect_to(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0, "connect to the status page: %s", strerror(errno));
+    return fd;
+}
+
+/* Sends raw bytes, reads the whole answer (the server closes: Connection: close) within timeout_s. */
+static char *http_raw(int port, const char *req, size_t len, double timeout_s)
+{
+    int fd = connect_to(port);
+    size_t off = 0;
+    while (off < len) {
+        ssize_t n = send(fd, req + off, len - off, MSG_NOSIGNAL);
+        if (n <= 0)
+            break; /* the server may close on an oversized request before reading it all */
+        off += (size_t)n;
+    }
+    size_t cap = 1 << 16, got = 0;
+    char *buf = malloc(cap);
+    double end = tu_now() + timeout_s;
+    while (tu_now() < end) {
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        if (poll(&pf, 1, 100) <= 0)
+            continue;
+        if (got + 4096 > cap)
+            buf = realloc(buf, cap *= 2);
+        ssize_t n = recv(fd, buf + got, cap - got - 1, 0);
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    buf[got] = 0;
+    close(fd);
+    return buf;
+}
+
+static char *http_get(int port, const char *path, int *code)
+{
+    char req[512];
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", path);
+    char *r = http_raw(port, req, (size_t)n, 10);
+    *code = strncmp(r, "HTTP/1.", 7) == 0 ? atoi(r + 9) : -1;
+    char *body = strstr(r, "\r\n\r\n");
+    char *out = strdup(body ? body + 4 : "");
+    free(r);
+    return out;
+}
+
+static cJSON *get_status(int port)
+{
+    int code;
+    char *b = http_get(port, "/api/status", &code);
+    cr_assert_eq(code, 200, "/api/status answered %d: %s", code, b);
+    cJSON *o = cJSON_Parse(b);
+    cr_assert(o, "/api/status is not JSON: %s", b);
+    free(b);
+    return o;
+}
+
+static double jnum(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : -1;
+}
+
+static const char *jstr(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+/* Polls /api/status until both ranks report a step >= min_step (and, when want_restarts >= 0, the job has
+ * restarted that often); returns that snapshot. */
+static cJSON *wait_running(struct job *j, int min_step, int want_restarts, double timeout_s)
+{
+    double end = tu_now() + timeout_s;
+    while (tu_now() < end) {
+        cJSON *o = get_status(j->port);
+        const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(o, "ranks");
+        bool ok = cJSON_GetArraySize(ranks) == 2 && (want_restarts < 0 || jnum(o, "restarts") == want_restarts);
+        for (int r = 0; ok && r < 2; r++) {
+            const cJSON *x = cJSON_GetArrayItem(ranks, r);
+            ok = jnum(x, "step") >= min_step && strcmp(jstr(x, "state"), "running") == 0 &&
+                 (want_restarts < 0 || jnum(x, "restart") == want_restarts);
+        }
+        if (ok)
+            return o;
+        cJSON_Delete(o);
+        tu_nap(0.05);
+    }
+    cr_assert_fail("the ranks never reported step %d (restarts %d): %s", min_step, want_restarts,
+                   lu_slurp_tag(j->dir, "job", "err"));
+    return NULL;
+}
+
+static void job_finish(struct job *j, int want)
+{
+    int code = lu_exit_code(lu_wait(j->pid, 240));
+    cr_assert_eq(code, want, "fsdp-launch exited %d: %s", code, lu_slurp_tag(j->dir, "job", "err"));
+    lu_rm_rf(j->dir);
+    free(j->dir);
+}
+
+Test(launch_status, json_metrics_and_page_during_a_two_rank_job, .timeout = 240)
+{
+    struct job j;
+    job_start(&j, 100000, "run<script>alert(1)<img onerror=x>", NULL, "30");
+    cJSON *o = wait_running(&j, 25, 0, 120);
+    cr_assert_str_eq(jstr(o, "run_id"), "run<script>alert(1)<img onerror=x>");
+    cr_assert_eq(jnum(o, "world_size"), 2);
+    cr_assert_eq(jnum(o, "nnodes"), 1);
+    for (int r = 0; r < 2; r++) {
+        const cJSON *x = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "ranks"), r);
+        cr_assert_eq(jnum(x, "rank"), r);
+        cr_assert_gt(jnum(x, "pid"), 0);
+        cr_assert_gt(jnum(x, "loss"), 0);
+        cr_assert_gt(jnum(x, "tokens_per_s"), 0);
+        cr_assert_gt(jnum(x, "peak_rss_bytes"), 0);
+        cr_assert_eq(jnum(x, "max_steps"), 100000);
+        const cJSON *mem = cJSON_GetObjectItemCaseSensitive(x, "memory");
+        cr_assert_gt(jnum(mem, "params"), 0, "rank %d memory: no params", r);
+        cr_assert_gt(jnum(mem, "optimizer"), 0);
+    }
+    const cJSON *h = cJSON_GetObjectItemCaseSensitive(o, "history");
+    cr_assert_gt(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(h, "loss")), 0);
+    cr_assert_gt(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(h, "val_loss")), 0, "no val-loss point by step 25");
+    cr_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(o, "failure")));
+    cJSON_Delete(o);
+
+    int code;
+    char *m = http_get(j.port, "/metrics", &code);
+    cr_assert_eq(code, 200);
+    cr_assert(strstr(m, "# TYPE fsdp_step gauge\n"), "%s", m);
+    const char *want[] = {"fsdp_step{run_id=\"run<script>alert(1)<img onerror=x>\",rank=\"0\"} ",
+                          "fsdp_step{run_id=\"run<script>alert(1)<img onerror=x>\",rank=\"1\"} ",
+                          "fsdp_loss{run_id=\"run<script>alert(1)<img onerror=x>\",rank=\"1\"} ",
+                          "fsdp_tokens_per_second{run_id=\"run<script>alert(1)<img onerror=x>\",rank=\"0\"} ",
+                          "fsdp_memory_bytes{run_id=\"run<script>alert(1)<img onerror=x>\",rank=\"1\",category=\"params\"} ",
+                          "fsdp_rank_state{run_id=\"run<script>alert(1)<img onerror=x>\",rank=\"0\",state=\"running\"} 1\n"};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        cr_assert(strstr(m, want[i]), "/metrics lacks '%s':\n%s", want[i], m);
+    free(m);
+
+    char *page = http_get(j.port, "/", &code);
+    cr_assert_eq(code, 200);
+    cr_assert(strstr(page, "run&lt;script&gt;alert(1)&lt;img onerror=x&gt;"), "run id not escaped: %s", page);
+    cr_assert_null(strstr(page, "<script>alert"), "the run id ran as a script: %s", page);
+    cr_assert(strstr(page, "<table id=\"ranks\">") && strstr(page, "<svg id=\"plot-loss\"") &&
+                  strstr(page, "<polyline"),
+              "no rank table or loss plot: %s", page);
+    free(page);
+    char *frag = http_get(j.port, "/?fragment=1", &code);
+    cr_assert_eq(code, 200);
+    cr_assert(strstr(frag, "<table id=\"ranks\">") && !strstr(frag, "<html"), "%s", frag);
+    free(frag);
+    char *nf = http_get(j.port, "/nope", &code);
+    cr_assert_eq(code, 404);
+    free(nf);
+
+    kill(j.pid, SIGTERM);
+    job_finish(&j, 128 + SIGTERM);
+}
+
+Test(launch_status, killed_rank_shows_its_root_cause_after_the_restart, .timeout = 240)
+{
+    struct job j;
+    const char *env[] = {"FSDP_FAULT_KILL=15:1", NULL};
+    job_start(&j, 100000, "killed", env, "30");
+    cJSON *o = wait_running(&j, 3, 1, 180);
+    cr_assert_eq(jnum(o, "generation"), 1);
+    const cJSON *pf = cJSON_GetObjectItemCaseSensitive(o, "previous_failure");
+    cr_assert(cJSON_IsObject(pf), "no previous failure after the restart: %s", cJSON_PrintUnformatted(o));
+    cr_assert_eq(jnum(pf, "rank"), 1);
+    cr_assert(strstr(jstr(pf, "status"), "SIGKILL"), "root cause status '%s'", jstr(pf, "status"));
+    cr_assert(strstr(jstr(pf, "stderr_tail"), "FSDP_FAULT_KILL"), "stderr tail: '%s'", jstr(pf, "stderr_tail"));
+    const cJSON *r1 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "ranks"), 1);
+    cr_assert(strstr(jstr(r1, "previous_exit"), "SIGKILL"), "rank 1 previous exit '%s'", jstr(r1, "previous_exit"));
+    cr_assert_eq(jnum(r1, "restart"), 1);
+    cJSON_Delete(o);
+    int code;
+    char *page = http_get(j.port, "/", &code);
+    cr_assert(strstr(page, "id=\"rootcause\"") && strstr(page, "FSDP_FAULT_KILL"), "no root-cause box: %s", page);
+    free(page);
+    char *m = http_get(j.port, "/metrics", &code);
+    cr_assert(strstr(m, "fsdp_restarts{run_id=\"killed\"} 1\n"), "%s", m);
+    free(m);
+    kill(j.pid, SIGTERM);
+    job_finish(&j, 128 + SIGTERM);
+}
+
+Test(launch_status, bad_requests_many_clients_and_a_slow_client, .timeout = 240)
+{
+    struct job j;
+    job_start(&j, 400, "abuse", NULL, "30");
+    cJSON_Delete(wait_running(&j, 1, 0, 120));
+    /* A client that sends half a request and never reads: held open for the whole job. */
+    int slow = connect_to(j.port);
+    const char *half = "GET /api/status HTTP/1.1\r\nHost: x\r\n";
+    cr_assert_gt(send(slow, half, strlen(half), MSG_NOSIGNAL), 0);
+    int slow2 = connect_to(j.port);
+    const char *full = "GET / HTTP/1.1\r\nHost: x\r\n\r\n"; /* answered, never read */
+    cr_assert_gt(send(slow2, full, strlen(full), MSG_NOSIGNAL), 0);
+
+    const char *garbage = "\x01\x02 not http at all\r\n\r\n";
+    char *r = http_raw(j.port, garbage, strlen(garbage), 10);
+    cr_assert(r[0] == 0 || strncmp(r, "HTTP/1.1 400", 12) == 0, "garbage answered: %s", r);
+    free(r);
+    size_t big = 64 * 1024;
+    char *huge = malloc(big + 64);
+    int n = snprintf(huge, big + 64, "GET /api/status HTTP/1.1\r\nX-Big: ");
+    memset(huge + n, 'a', big);
+    memcpy(huge + n + big, "\r\n\r\n", 5);
+    r = http_raw(j.port, huge, (size_t)n + big + 4, 10);
+    cr_assert(r[0] == 0 || strncmp(r, "HTTP/1.1 4", 10) == 0, "oversized headers answered: %.200s", r);
+    cr_assert_null(strstr(r, "\"ranks\""), "oversized request was served");
+    free(r);
+    free(huge);
+    const char *post = "POST /api/status HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi";
+    r = http_raw(j.port, post, strlen(post), 10);
+    cr_assert(strncmp(r, "HTTP/1.1 405", 12) == 0, "POST answered: %s", r);
+    free(r);
+
+    /* 64 clients at once, each a full request; every one gets a 200 JSON answer. */
+    enum { NC = 64 };
+    int fds[NC];
+    const char *req = "GET /api/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    for (int i = 0; i < NC; i++) {
+        fds[i] = connect_to(j.port);
+        cr_assert_eq(send(fds[i], req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+    }
+    for (int i = 0; i < NC; i++) {
+        char buf[65536];
+        size_t got = 0;
+        double end = tu_now() + 20;
+        while (tu_now() < end && got < sizeof buf - 1) {
+            struct pollfd pf = {.fd = fds[i], .events = POLLIN};
+            if (poll(&pf, 1, 100) <= 0)
+                continue;
+            ssize_t k = recv(fds[i], buf + got, sizeof buf - 1 - got, 0);
+            if (k <= 0)
+                break;
+            got += (size_t)k;
+        }
+        buf[got] = 0;
+        cr_assert(strncmp(buf, "HTTP/1.1 200", 12) == 0 && strstr(buf, "\"ranks\""), "client %d: %.200s", i, buf);
+        close(fds[i]);
+    }
+    /* The server still answers, and the job finishes its 400 steps with the slow clients still connected. */
+    cJSON_Delete(get_status(j.port));
+    int code = lu_exit_code(lu_wait(j.pid, 200));
+    cr_assert_eq(code, 0, "the job did not finish with a slow client connected: %s", lu_slurp_tag(j.dir, "job", "err"));
+    close(slow);
+    close(slow2);
+
+    /* The finished run's page from its files: fsdp-launch status LOG_DIR. */
+    char logs[4300], out[4400], html[4400];
+    snprintf(logs, sizeof logs, "%s/logs", j.dir);
+    snprintf(out, sizeof out, "%s/status.json", j.dir);
+    snprintf(html, sizeof html, "%s/status.html", j.dir);
+    const char *sj[] = {LU_LAUNCH, "status", logs, "--json", "-o", out, NULL};
+    cr_assert_eq(lu_exit_code(lu_wait(lu_spawn(sj, j.dir, "sj", NULL), 30)), 0, "%s", lu_slurp_tag(j.dir, "sj", "err"));
+    char *text = tu_slurp(out);
+    cJSON *o = cJSON_Parse(text);
+    cr_assert(o, "fsdp-launch status --json: %s", text);
+    cr_assert_str_eq(jstr(o, "run_id"), "abuse");
+    cr_assert(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(o, "live")));
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(o, "ranks")), 2);
+    for (int r = 0; r < 2; r++) {
+        const cJSON *x = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "ranks"), r);
+        cr_assert_str_eq(jstr(x, "state"), "succeeded");
+        cr_assert_eq(jnum(x, "step"), 400);
+        cr_assert_gt(jnum(cJSON_GetObjectItemCaseSensitive(x, "memory"), "params"), 0);
+    }
+    const cJSON *hist = cJSON_GetObjectItemCaseSensitive(o, "history");
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(hist, "loss")), 400);
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(hist, "val_loss")), 20);
+    cJSON_Delete(o);
+    free(text);
+    const char *sh[] = {LU_LAUNCH, "status", logs, "-o", html, NULL};
+    cr_assert_eq(lu_exit_code(lu_wait(lu_spawn(sh, j.dir, "sh", NULL), 30)), 0, "%s", lu_slurp_tag(j.dir, "sh", "err"));
+    text = tu_slurp(html);
+    cr_assert(strstr(text, "<table id=\"ranks\">") && strstr(text, "<svg id=\"plot-loss\"") && !strstr(text, "<script>"),
+              "%s", text);
+    free(text);
+    const char *bad[] = {LU_LAUNCH, "status", j.dir, NULL}; /* not a log.dir */
+    cr_assert_eq(lu_exit_code(lu_wait(lu_spawn(bad, j.dir, "bad", NULL), 30)), 1);
+    char *err = lu_slurp_tag(j.dir, "bad", "err");
+    cr_assert(strstr(err, "neither metrics.jsonl nor run_summary.rank<R>.json found"), "%s", err);
+    free(err);
+    lu_rm_rf(j.dir);
+    free(j.dir);
+}
+
+Test(launch_status, a_stopped_rank_is_shown_stale, .timeout = 240)
+{
+    struct job j;
+    job_start(&j, 100000, "stale", NULL, "1");
+    cJSON *o = wait_running(&j, 2, 0, 120);
+    int pid1 = (int)jnum(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "ranks"), 1), "pid");
+    cJSON_Delete(o);
+    cr_assert_gt(pid1, 0);
+    kill(pid1, SIGSTOP);
+    bool stale = false;
+    double end = tu_now() + 20;
+    while (!stale && tu_now() < end) {
+        o = get_status(j.port);
+        const cJSON *x = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "ranks"), 1);
+        stale = strcmp(jstr(x, "state"), "stale") == 0 && jnum(x, "age_s") >= 1;
+        cJSON_Delete(o);
+        tu_nap(0.1);
+    }
+    int code;
+    char *m = http_get(j.port, "/metrics", &code);
+    kill(pid1, SIGCONT);
+    cr_assert(stale, "rank 1 stopped but never shown stale");
+    cr_assert(strstr(m, "fsdp_rank_state{run_id=\"stale\",rank=\"1\",state=\"stale\"} 1\n"), "%s", m);
+    free(m);
+    cJSON_Delete(wait_running(&j, 2, 0, 60)); /* running again once it moves */
+    kill(j.pid, SIGTERM);
+    job_finish(&j, 128 + SIGTERM);
+}
+
+/* chromium from PATH, or NULL. */
+static char *find_chromium(void)
+{
+    const char *path = getenv("PATH");
+    char *dup = strdup(path ? path : "/usr/bin:/bin");
+    char *save = NULL;
+    for (char *d = strtok_r(dup, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/chromium", d);
+        if (access(p, X_OK) == 0) {
+            free(dup);
+            return strdup(p);
+        }
+    }
+    free(dup);
+    return NULL;
+}
+
+/* A real browser loads the page during a run: its DOM after the page's own refreshes holds the rank table
+ * and the loss plot, and a screenshot of it is a PNG of some size. */
+Test(launch_status, headless_chromium_renders_the_page, .timeout = 240)
+{
+    char *chromium = find_chromium();
+    if (!chromium)
+        cr_skip_test("chromium not installed (apt-get install chromium): the browser test is skipped");
+    struct job j;
+    job_start(&j, 100000, "browser<b>", NULL, "30");
+    cJSON_Delete(wait_running(&j, 25, 0, 120));
+    char url[64], shot[4400], prof[4400];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/", j.port);
+    snprintf(shot, sizeof shot, "%s/shot.png", j.dir);
+    snprintf(prof, sizeof prof, "--user-data-dir=%s/profile", j.dir);
+    const char *dom[] = {chromium, "--headless", "--no-sandbox", "--disable-gpu", prof, "--virtual-time-budget=5000",
+                         "--dump-dom", url, NULL};
+    int code = lu_exit_code(lu_wait(lu_spawn(dom, j.dir, "dom", NULL), 90));
+    char *html = lu_slurp_tag(j.dir, "dom", "out");
+    cr_assert_eq(code, 0, "chromium --dump-dom: %s", lu_slurp_tag(j.dir, "dom", "err"));
+    cr_assert(strstr(html, "<table id=\"ranks\">") && strstr(html, "id=\"plot-loss\"") && strstr(html, "<polyline"),
+              "the browser's DOM has no rank table or loss plot: %s", html);
+    cr_assert(strstr(html, "browser&lt;b&gt;") && !strstr(html, "browser<b>"), "run id not shown as text: %s", html);
+    free(html);
+    const char *ss[] = {chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", prof,
+                        "--window-size=1300,820", "--virtual-time-budget=3000", NULL, url, NULL};
+    char shot_opt[4500];
+    snprintf(shot_opt, sizeof shot_opt, "--screenshot=%s", shot);
+    ss[8] = shot_opt;
+    code = lu_exit_code(lu_wait(lu_spawn(ss, j.dir, "shot", NULL), 90));
+    cr_assert_eq(code, 0, "chromium --screenshot: %s", lu_slurp_tag(j.dir, "shot", "err"));
+    char *png = tu_slurp(shot);
+    cr_assert(png && memcmp(png, "\x89PNG", 4) == 0, "no PNG screenshot at %s", shot);
+    free(png);
+    struct stat st;
+    cr_assert(stat(shot, &st) == 0 && st.st_size > 10000, "screenshot too small to show the page");
+    free(chromium);
+    kill(j.pid, SIGTERM);
+    job_finish(&j, 128 + SIGTERM);
+}
+
+Test(launch_status, non_loopback_address_needs_a_token, .timeout = 60)
+{
+    char *dir = lu_tmpdir();
+    const char *argv[] = {LU_LAUNCH, "--nnodes", "2", "--node_rank", "0", "--master_port", "0",
+                          "--status_port", "0", "--status_addr", "0.0.0.0", LU_PROBE, NULL};
+    const char *env[] = {"FSDP_RDZV_TOKEN=", NULL};
+    int code = lu_exit_code(lu_wait(lu_spawn(argv, dir, "t", env), 30));
+    char *err = lu_slurp_tag(dir, "t", "err");
+    cr_assert_eq(code, 1, "%s", err);
+    cr_assert(strstr(err, "--status_addr 0.0.0.0") && strstr(err, "FSDP_RDZV_TOKEN"), "%s", err);
+    free(err);
+    lu_rm_rf(dir);
+    free(dir);
+}
