@@ -2,8 +2,23 @@
 #ifndef FSDP_COMMON_FS_H
 #define FSDP_COMMON_FS_H
 
+#include <stddef.h>
+
 /* Creates dir and its missing parents (like mkdir -p; existing ones are fine). what names the directory's
  * role in the error ("log directory", "checkpoint.dir"), which says the path and the cause. */
 int fs_mkdir_p(const char *dir, const char *what);
+
+/* Creates a new empty file beside path, named "<path>.tmp.<unique>", for an atomic replace of path: the
+ * file gets mode 0666 less the process umask, as any file the user creates (mkstemp's 0600 would not).
+ * tmp (cap bytes) receives its name. Returns the open descriptor (O_RDWR | O_CLOEXEC) or a negative
+ * error code with error_set naming path. */
+int fs_create_temp(const char *path, char *tmp, size_t cap);
+
+/* fsyncs fd, closes it and renames tmp over path, then fsyncs path's directory so the rename is durable.
+ * On failure tmp is removed and the error names path. fd is closed in every case. */
+int fs_commit_temp(int fd, const char *tmp, const char *path);
+
+/* Writes bytes to path atomically (fs_create_temp, write, fs_commit_temp). */
+int fs_write_atomic(const char *path, const void *data, size_t bytes);
 
 #endif

@@ -6,7 +6,6 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +14,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/fs.h"
 
 static const struct {
     const char *name;
@@ -505,18 +505,18 @@ int safetensors_write(const char *path, const struct safetensors_entry *entries,
     if (!json)
         return rc;
     size_t jlen = strlen(json), hlen = (jlen + 7) & ~(size_t)7;
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 16);
+    size_t cap = strlen(path) + 32;
+    char *tmp = malloc(cap);
     int fd = -1;
     bool created = false; /* tmp names a file to remove on failure */
     if (!tmp) {
         rc = error_set(FSDP_ENOMEM, "out of memory");
         goto out;
     }
-    snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
-    fd = mkstemp(tmp);
+    /* 0666 less the umask, as any file the user creates (mkstemp's 0600 would ignore the umask). */
+    fd = fs_create_temp(path, tmp, cap);
     if (fd < 0) {
-        rc = error_set(FSDP_EIO, "%s: cannot create a temporary file beside it: %s", path, strerror(errno));
+        rc = fd;
         goto out;
     }
     created = true;
@@ -531,28 +531,10 @@ int safetensors_write(const char *path, const struct safetensors_entry *entries,
     }
     for (size_t i = 0; i < n_entries; i++)
         FSDP_TRY_GOTO(write_entry_data(fd, path, &entries[i], i, fill, fill_ctx), rc, out);
-    if (fsync(fd) != 0) {
-        rc = error_set(FSDP_EIO, "%s: fsync: %s", path, strerror(errno));
-        goto out;
-    }
-    int closed = close(fd);
+    /* fsync, close, rename, fsync of the directory; removes tmp itself on failure */
+    rc = fs_commit_temp(fd, tmp, path);
     fd = -1;
-    if (closed != 0) {
-        rc = error_set(FSDP_EIO, "%s: close: %s", path, strerror(errno));
-        goto out;
-    }
-    if (rename(tmp, path) != 0) {
-        rc = error_set(FSDP_EIO, "%s: rename from %s: %s", path, tmp, strerror(errno));
-        goto out;
-    }
-    /* The rename is durable only once the directory entry itself is synced. */
-    char *dcopy = strdup(path);
-    int dfd = dcopy ? open(dirname(dcopy), O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
-    free(dcopy);
+    created = false;
 out:
     if (fd >= 0)
         close(fd);

@@ -17,6 +17,11 @@ static const struct setting_value peer_pages[] = {
     {"0", "none: every read faults them in"},
     {"1", "all ever read; RSS counts them"},
     END};
+static const struct setting_value cpu_matmuls[] = {
+    {"auto", "oneDNN where it is faster (an AVX-512 CPU, shapes past a small size), else OpenBLAS"},
+    {"openblas", "OpenBLAS sgemm for every fp32 matmul"},
+    {"onednn", "oneDNN for every fp32 matmul"},
+    END};
 static const struct setting_value kernels_backends[] = {{"cpu", NULL}, {"cuda", NULL}, END};
 
 static const struct setting table[SETTING_COUNT] = {
@@ -29,11 +34,17 @@ static const struct setting table[SETTING_COUNT] = {
 
     /* the launcher and the store */
     {.id = SETTING_RDZV_TOKEN, .name = "FSDP_RDZV_TOKEN", .type = SETTING_STRING, .format = "text",
-     .def_doc = "one node: a random token made by fsdp-launch; several nodes: none",
+     .def_doc = "the secret file (FSDP_RDZV_TOKEN_FILE); without one, one node: a random secret made by "
+                "fsdp-launch, several nodes: none (a loud warning)",
      .readers = SETTING_BY_LAUNCH | SETTING_BY_WORKER | SETTING_BY_DEMO, .launcher_sets = true,
      .empty_is_value = true,
-     .doc = "Secret every store connection presents (part 2 of the store handshake); several nodes need the "
-            "same value on every node."},
+     .doc = "The job's store secret: with the run id it derives the key every fsdpc store connection proves "
+            "it holds (never sent); several nodes need the same value on every node."},
+    {.id = SETTING_RDZV_TOKEN_FILE, .name = "FSDP_RDZV_TOKEN_FILE", .type = SETTING_STRING, .format = "a path",
+     .def_doc = "`$XDG_CONFIG_HOME/fsdpc/rdzv_token` (else `~/.config/fsdpc/rdzv_token`), used when it exists",
+     .readers = SETTING_BY_LAUNCH | SETTING_BY_WORKER,
+     .doc = "A file holding the store secret when FSDP_RDZV_TOKEN is unset: owned by the user and readable by "
+            "nobody else (mode 600), else the program stops naming it."},
     {.id = SETTING_STORE_PREFIX, .name = "FSDP_STORE_PREFIX", .type = SETTING_STRING, .format = "a key prefix",
      .def_doc = "unset: the store is not fsdp-launch's (`rdzv_worker_connect` then uses `worker/`)",
      .readers = SETTING_BY_WORKER | SETTING_BY_DEMO, .launcher_sets = true, .empty_is_value = true,
@@ -65,6 +76,10 @@ static const struct setting table[SETTING_COUNT] = {
      .readers = SETTING_BY_WORKER,
      .doc = "0: the engine does not register its buffers with the communicator, so every transfer is staged "
             "(for comparing the two paths)."},
+    {.id = SETTING_CPU_MATMUL, .name = "FSDP_CPU_MATMUL", .type = SETTING_ENUM, .def = "auto",
+     .values = cpu_matmuls, .readers = SETTING_BY_WORKER | SETTING_BY_TESTS,
+     .doc = "Library of the CPU backend's fp32 matmuls (bf16 ones always run on oneDNN); read once per "
+            "process, a value not allowed is a warning."},
 
     /* the collectives (comm/) */
     {.id = SETTING_COMM_TIMEOUT_S, .name = "FSDP_COMM_TIMEOUT_S", .type = SETTING_DOUBLE, .def = "600", .min = 0,
@@ -130,6 +145,10 @@ static const struct setting table[SETTING_COUNT] = {
      .readers = SETTING_BY_COMM, .test_only = true,
      .doc = "1: the cpu backend runs its operations as the nccl backend does: those of every communicator of "
             "the process on one progress thread in issue order, with comm_mem_alloc/free between them."},
+    {.id = SETTING_TEST_CPU_NO_BF16, .name = "FSDP_TEST_CPU_NO_BF16", .type = SETTING_BOOL, .def = "0",
+     .readers = SETTING_BY_WORKER | SETTING_BY_TESTS, .test_only = true,
+     .doc = "The CPU backend acts as if the CPU had no bf16 instructions (oneDNN capped at AVX-512 without "
+            "BF16): `mixed_precision = bf16` then takes the fp32-compute fallback."},
 
     /* the test suite's harness */
     {.id = SETTING_BUILD_ROOT, .name = "FSDP_BUILD_ROOT", .type = SETTING_STRING, .format = "a path",

@@ -20,8 +20,8 @@ for arg in "$@"; do
   esac
 done
 
-PKGS="meson ninja-build pkg-config gcc libevent-dev libinih-dev libcriterion-dev libopenblas-dev
-      libopenblas0-openmp libcjson-dev libyaml-dev libpcre2-dev"
+PKGS="meson ninja-build pkg-config gcc libevent-dev nettle-dev libinih-dev libcriterion-dev libopenblas-dev
+      libopenblas0-openmp libcjson-dev libyaml-dev libpcre2-dev libdnnl-dev"
 if ! dpkg-query -W $PKGS >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq

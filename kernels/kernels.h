@@ -15,7 +15,9 @@
  * - Ops never allocate; ops that need scratch memory take a workspace sized by the matching
  *   *_workspace_bytes query (call the query with the same shapes, after the thread count is final).
  * - Every op returns 0 or a negative enum fsdp_error, with error_set() saying what was wrong.
- * - The CPU backend uses at most OMP_NUM_THREADS threads (OpenMP loops and OpenBLAS share the pool). */
+ * - The CPU backend uses at most OMP_NUM_THREADS threads (OpenMP loops, OpenBLAS and oneDNN share the
+ *   pool). Its bf16 matmuls round fp32 operands into scratch each calling thread owns (grown to the
+ *   largest operand, kept), the one exception to "ops never allocate". */
 #ifndef FSDP_KERNELS_KERNELS_H
 #define FSDP_KERNELS_KERNELS_H
 
@@ -36,6 +38,8 @@
 #define kernels_bf16_to_f32 dtype_bf16_to_f32
 #define kernels_f32_to_f16 dtype_f32_to_f16
 #define kernels_f16_to_f32 dtype_f16_to_f32
+/* The bit of dtype d in a set of dtypes (struct kernels.matmul_dtypes). */
+#define KERNELS_DTYPE_BIT(d) (1u << (unsigned)(d))
 
 enum kernels_copy_kind {
     KERNELS_COPY_H2D = 0, /* host -> device */
@@ -76,10 +80,15 @@ struct kernels {
     /* The comm backend (comm_options.backend) whose collectives move this table's memory: "cpu" for host
      * memory, "nccl" for CUDA device memory. */
     const char *comm_backend;
-    /* The dtype that mixed precision "auto" gathers and computes in: bf16 where 16-bit matmuls are faster
-     * (CUDA's tensor cores), fp32 where they are not (the CPU backend computes in fp32, see
-     * set_matmul_dtype). */
+    /* The dtype that mixed precision "auto" gathers and computes in: bf16 on CUDA (tensor cores); fp32 on
+     * the CPU, where bf16 compute is opt-in (mixed_precision = bf16) because it changes the numbers of a
+     * run that asked for nothing. */
     enum kernels_dtype auto_dtype;
+    /* The dtypes (bits KERNELS_DTYPE_BIT(d)) whose matmuls this table runs natively once set_matmul_dtype
+     * selects them: 16-bit operands, fp32 accumulation, faster than fp32. Decided when the table is first
+     * made: the CPU backend has bf16 where oneDNN finds AVX512_BF16 or AMX on this CPU, and no fp16. A dtype
+     * outside the set still works: its matmuls compute in fp32 (on the parameters as rounded). */
+    unsigned matmul_dtypes;
     /* Peak FLOP/s of this rank's share of the device, for the MFU: a short measurement, run by every rank at
      * once so that each sees its share. NULL where the backend cannot tell (CUDA: the tensor-core peak
      * depends on the dtype and the clocks; FSDP_PEAK_TFLOPS gives it). */
@@ -103,11 +112,26 @@ struct kernels {
     int (*mem_set)(void *dst, int value, size_t bytes);
     /* Waits for all queued work (no-op on CPU). */
     int (*synchronize)(void);
-    /* What matmul_* and gemm compute in from now on (process-wide): KERNELS_F32, exact fp32 (the default);
-     * KERNELS_BF16 or KERNELS_F16, the mixed-precision modes: inputs rounded to 16 bits for the tensor cores,
-     * products accumulated in fp32 (cuBLAS CUBLAS_COMPUTE_32F_FAST_16BF / _16F). The CPU backend always
-     * computes in fp32 (no 16-bit GEMM in OpenBLAS is faster there) and accepts every dtype. */
+    /* What matmul_*, gemm and attention compute in from now on (process-wide): KERNELS_F32, exact fp32 (the
+     * default); KERNELS_BF16 or KERNELS_F16, the mixed-precision modes: operands rounded to 16 bits, products
+     * accumulated in fp32 (CUDA: cuBLAS CUBLAS_COMPUTE_32F_FAST_16BF / _16F; CPU: oneDNN's bf16 matmul and
+     * bf16 dot products in attention). A dtype outside matmul_dtypes computes in fp32 (the CPU says so in
+     * one log line). Every table accepts the three dtypes. */
     int (*set_matmul_dtype)(enum dtype dtype);
+    /* Optional (NULL where the table rounds its operands itself): tells the table that [f32, f32 + n) has a
+     * copy in the matmul dtype at lp (same indices), e.g. gathered parameters that arrived in bf16. While
+     * bound, a matmul or gemm operand that lies inside the range is read from lp as it is instead of being
+     * rounded from fp32, so the two must hold the same values (lp = f32 rounded). Ranges must not overlap;
+     * lowp_unbind(f32) before the memory is reused. */
+    int (*lowp_bind)(const float *f32, const void *lp, size_t n);
+    int (*lowp_unbind)(const float *f32);
+    /* Optional (NULL where nothing is rounded twice): the caller promises that [x, x + n) stays as it is until
+     * lowp_release(x), so a table that computes in a 16-bit dtype may round it once now for every matmul
+     * that reads it before then (as if bound); in fp32 nothing happens. For an operand that two products
+     * read in a row: a linear layer's dy (its dx and its dW), the LM head's dlogits. A range that is bound
+     * already is left as it is. */
+    int (*lowp_hold)(const float *x, size_t n);
+    int (*lowp_release)(const float *x);
 
     /* ---- matmul ---- */
     /* y(n, out) = x(n, in) W(in, out) + b(out); b may be NULL. y must not alias x. */
@@ -207,7 +231,7 @@ struct kernels {
     int (*axpy)(float *y, float a, const float *x, size_t n);
 };
 
-/* The CPU backend (OpenBLAS sgemm + OpenMP loops); never NULL. */
+/* The CPU backend (OpenBLAS / oneDNN matmuls + OpenMP loops); never NULL. */
 const struct kernels *kernels_cpu(void);
 /* The CUDA backend; defined in kernels/cuda/, which is built into the GPU module only (kernels_get("cuda")
  * loads it through common/gpu_module.h). Returns NULL with error_set when no usable GPU is present. */

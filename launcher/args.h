@@ -45,6 +45,7 @@ struct launch_args {
     int node_rank;
     int nproc_per_node;
     char master_addr[256];
+    bool no_torch_store;  /* the store refuses PyTorch TCPStore clients */
     int master_port; /* 0 on node 0: pick a free port and print it */
     bool standalone;
     int max_restarts;
@@ -66,7 +67,8 @@ struct launch_args {
     enum log_level log_level;
     double heartbeat_timeout_s; /* --rdzv_conf keep_alive_interval x keep_alive_max_attempt; 0 = the default */
     int rdzv_is_host;           /* --rdzv_conf is_host: 1/0, -1 = not given (checked against node_rank) */
-    char local_addr[256];       /* --local_addr: this node's name in the store ("" = hostname) */
+    char local_addr[256];       /* --local_addr: this node's name in the store ("" = hostname); on node 0 the
+                                 * store listens on it ("" = --master_addr) */
     int signals[LAUNCH_MAX_SIGNALS]; /* --signals_to_handle: forwarded to the workers, then the job stops */
     int n_signals;
     bool virtual_local_rank;    /* LOCAL_RANK=0 and one CUDA_VISIBLE_DEVICES entry per worker */

@@ -46,7 +46,9 @@ const struct launch_opt launch_opts[O_COUNT] = {
     [O_MASTER_ADDR] = {"master_addr", {"main_process_ip"}, K_VALUE, "address of node 0 (default 127.0.0.1)"},
     [O_MASTER_PORT] = {"master_port", {"main_process_port"}, K_VALUE,
                        "store port on node 0 (one node: a free port, printed; several: 29500)"},
-    [O_LOCAL_ADDR] = {"local_addr", {0}, K_VALUE, "this node's name in the store and in messages (default hostname)"},
+    [O_LOCAL_ADDR] = {"local_addr", {0}, K_VALUE, "this node's address: its name in the store and in messages (default "
+                                                  "hostname); node 0's store listens on it (default --master_addr; "
+                                                  "0.0.0.0 = every interface)"},
     [O_LOGS_SPECS] = {"logs_specs", {0}, K_VALUE, "refused: a Python entry point fsdp-launch cannot load"},
     [O_NUMA_BINDING] = {"numa_binding", {0}, K_VALUE, "refused: bind inside the program (numactl, OMP_PLACES)"},
     [O_SIGNALS] = {"signals_to_handle", {0}, K_VALUE,
@@ -73,6 +75,8 @@ const struct launch_opt launch_opts[O_COUNT] = {
     [O_LOG_MAX_BYTES] = {"log_max_bytes", {0}, K_VALUE, "with --log_dir: rotate a log file at this size (N, Nk, NM, "
                          "NG; FILE.1 keeps the previous part; default 0 = unbounded)"},
     [O_PYTHON] = {"python", {0}, K_VALUE, "interpreter of Python scripts (default PYTHON_EXEC, else python3 in PATH)"},
+    [O_NO_TORCH_STORE] = {"no_torch_store", {0}, K_BOOL,
+                          "the store refuses PyTorch TCPStore clients (jobs that run only fsdp-worker)"},
     [O_PRINT_CONFIG] = {"print_config", {0}, K_OPTIONAL,
                         "print every setting and where it came from (=json: as JSON) and exit"},
     [O_HELP] = {"help", {"h"}, K_BOOL, "this text"},
@@ -470,6 +474,7 @@ int launch_opt_apply(struct launch_args *a, int id, const char *v, const char *s
                          src);
     case O_SIGNALS: return parse_signals(a, v, src);
     case O_VIRTUAL_LOCAL_RANK: return launch_parse_bool(v, src, &a->virtual_local_rank);
+    case O_NO_TORCH_STORE: return launch_parse_bool(v, src, &a->no_torch_store);
     case O_LOCAL_ADDR:
         if (!*v)
             return error_set(FSDP_EINVAL, "%s: empty address", src);

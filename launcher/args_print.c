@@ -98,6 +98,7 @@ static bool effective(const struct launch_args *a, int id, char *buf, size_t cap
     case O_GPU_IDS: snprintf(buf, cap, "%s", a->gpu_ids[0] ? a->gpu_ids : "all"); return true;
     case O_OMP_THREADS: snprintf(buf, cap, "%d", a->omp_threads); return true;
     case O_VIRTUAL_LOCAL_RANK: snprintf(buf, cap, "%s", a->virtual_local_rank ? "true" : "false"); return true;
+    case O_NO_TORCH_STORE: snprintf(buf, cap, "%s", a->no_torch_store ? "true" : "false"); return true;
     case O_CONFIG_FILE: snprintf(buf, cap, "%s", a->config_file); return true;
     case O_SIGNALS: {
         size_t n = 0;

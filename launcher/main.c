@@ -20,6 +20,7 @@
 #include "launcher/wizard.h"
 #include "launcher/workers.h"
 #include "rendezvous/rendezvous.h"
+#include "rendezvous/store_auth.h"
 
 static void random_token(char *out, size_t nbytes)
 {
@@ -30,6 +31,32 @@ static void random_token(char *out, size_t nbytes)
         close(fd);
     for (size_t i = 0; i < nbytes; i++)
         sprintf(out + 2 * i, "%02x", got == (ssize_t)nbytes ? buf[i] : (unsigned)(rand() & 0xff));
+}
+
+/* Several nodes and no secret: anyone who reaches the port can read the rendezvous and end the job. */
+static void warn_open_store(const struct launch_args *a)
+{
+    if (a->nnodes == 1)
+        return;
+    log_warn("************************************************************************************");
+    log_warn("SECURITY: the store of this %d-node job has no secret: any host that can reach %s:%d can",
+             a->nnodes, a->master_addr, a->master_port);
+    log_warn("read the rendezvous (NCCL unique ids), inject a failure record that ends the job, or join it.");
+    log_warn("Set the same FSDP_RDZV_TOKEN on every node, or create ~/.config/fsdpc/rdzv_token (mode 600)%s",
+             strcmp(a->run_id, "none") == 0 ? "," : "");
+    if (strcmp(a->run_id, "none") == 0)
+        log_warn("and give every node the same --rdzv_id (the run id is 'none').");
+    log_warn("See docs/launcher.md, \"Security\".");
+    log_warn("************************************************************************************");
+}
+
+/* A store on a name that is loopback here is out of the other nodes' reach. */
+static void warn_loopback_bind(const char *addr)
+{
+    char shown[64];
+    if (rdzv_loopback_name(addr, shown, sizeof shown))
+        log_warn("the store listens on %s, which is %s (loopback) on this host: the other nodes cannot reach it; "
+                 "pass --local_addr with this node's address (or 0.0.0.0)", addr, shown);
 }
 
 /* A slow --monitor_interval must not make a live node look lost: allow at least three missed beats. */
@@ -146,14 +173,32 @@ static int run(struct launch_args *pa, struct launch_command *pcmd)
         snprintf(host, sizeof host, "%s", a.local_addr);
     else
         gethostname(host, sizeof host - 1);
-    /* One node: nobody else needs the token, so a random one keeps strangers off the port. Several nodes
-     * must share it, so it can only come from the user (the same FSDP_RDZV_TOKEN on every node). */
-    char token[65];
-    const char *secret = settings_get_raw(SETTING_RDZV_TOKEN);
+    /* The job's secret (docs/launcher.md, "Security"): FSDP_RDZV_TOKEN, else the user's secret file. One
+     * node needs nobody else to know it, so a random one keeps strangers off the port; several nodes must
+     * share it, so without one the store is open, which is said loudly. */
+    char token[65], secret_file[4096];
+    char *loaded = NULL;
+    enum store_secret_source secret_source;
+    if (store_secret_load(&loaded, &secret_source, secret_file, sizeof secret_file)) {
+        log_error("%s", error_message());
+        close(sigfd);
+        command_free(&cmd);
+        free(launch_config);
+        launch_args_free(&a);
+        return 2;
+    }
+    const char *secret = loaded;
     if (!secret && a.nnodes == 1) {
         random_token(token, 16);
         secret = token;
     }
+    if (secret_source == STORE_SECRET_FILE)
+        log_debug("store secret read from %s", secret_file);
+    const char *bind_addr = a.local_addr[0] ? a.local_addr : a.master_addr;
+    if (!secret)
+        warn_open_store(&a);
+    if (a.nnodes > 1 && a.node_rank == 0)
+        warn_loopback_bind(bind_addr);
     char omp[24];
     const char *omp_threads = NULL;
     if (a.omp_threads > 0) {
@@ -168,10 +213,11 @@ static int run(struct launch_args *pa, struct launch_command *pcmd)
                  cores, a.nproc_per_node);
     }
 
-    bool local_only = a.nnodes == 1 && (strcmp(a.master_addr, "127.0.0.1") == 0 ||
-                                        strcmp(a.master_addr, "localhost") == 0);
+    /* The store listens on --local_addr, else on --master_addr (the address the other nodes use), never on
+     * every interface unless asked to (0.0.0.0). */
     struct rdzv_options ro = {.master_addr = a.master_addr, .master_port = a.master_port,
-                              .bind_addr = local_only ? "127.0.0.1" : NULL, .run_id = a.run_id, .secret = secret,
+                              .bind_addr = bind_addr, .torch_off = a.no_torch_store, .run_id = a.run_id,
+                              .secret = secret,
                               .nnodes = a.nnodes, .node_rank = a.node_rank, .nproc_per_node = a.nproc_per_node,
                               .host = host, .timeout_s = a.rdzv_timeout_s,
                               .heartbeat_timeout_s = heartbeat_timeout(a.heartbeat_timeout_s > 0
@@ -198,6 +244,7 @@ static int run(struct launch_args *pa, struct launch_command *pcmd)
         command_free(&cmd);
         free(launch_config);
         launch_args_free(&a);
+        free(loaded);
         return 1;
     }
     if (a.node_rank == 0 && (a.master_port == 0 || a.standalone)) {
@@ -232,6 +279,7 @@ static int run(struct launch_args *pa, struct launch_command *pcmd)
     int code = agent_run(&ag);
     status_server_stop(status);
     rdzv_close(r);
+    free(loaded);
     close(sigfd);
     command_free(&cmd);
     free(launch_config);

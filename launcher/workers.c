@@ -44,8 +44,8 @@ static void exec_failed(const char *path, int err)
 static const char *const overridden[] = {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_NAME",
     "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "FSDP_RDZV_TOKEN", "FSDP_STORE_PREFIX",
-    "OMP_NUM_THREADS", "FSDP_LOG_LEVEL", "FSDP_LAUNCH_CONFIG", NULL};
+    "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "FSDP_RDZV_TOKEN",
+    "FSDP_STORE_PREFIX", "OMP_NUM_THREADS", "FSDP_LOG_LEVEL", "FSDP_LAUNCH_CONFIG", NULL};
 
 static bool is_overridden(const char *entry)
 {
@@ -103,6 +103,12 @@ static char **build_env(const struct launch_args *a, const struct rdzv_assignmen
     ADD("TORCHELASTIC_RESTART_COUNT=%d", e->restart_count);
     ADD("TORCHELASTIC_MAX_RESTARTS=%d", a->max_restarts);
     ADD("TORCHELASTIC_RUN_ID=%s", a->run_id);
+    /* As torchrun: PyTorch workers then open a TCPStore client on MASTER_ADDR:MASTER_PORT, our store,
+     * instead of rank 0 hosting one there. */
+    if (!a->no_torch_store)
+        ADD("TORCHELASTIC_USE_AGENT_STORE=True");
+    if (!getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING"))
+        ADD("TORCH_NCCL_ASYNC_ERROR_HANDLING=1");
     ADD("FSDP_STORE_PREFIX=%s", as->prefix);
     /* --log_level (else the launcher's own FSDP_LOG_LEVEL) reaches the workers: one knob for the job. */
     static const char *const level_names[] = {"debug", "info", "warn", "error", "off"};

@@ -1,5 +1,8 @@
 #include "rendezvous/rendezvous.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +12,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/settings.h"
+#include "rendezvous/store_protocol.h"
 
 struct rdzv {
     struct store_server *server;
@@ -146,7 +150,7 @@ int rdzv_open(const struct rdzv_options *o, struct rdzv **out)
     const char *connect_host = o->master_addr;
     if (o->node_rank == 0) {
         struct store_server_options so = {.bind_addr = o->bind_addr, .port = o->master_port, .run_id = o->run_id,
-                                          .secret = o->secret};
+                                          .secret = o->secret, .torch_off = o->torch_off};
         rc = store_server_start(&so, &r->server);
         if (rc == FSDP_EEXIST) {
             /* The server's message names the address and port already; add the way out only we know. */
@@ -156,8 +160,9 @@ int rdzv_open(const struct rdzv_options *o, struct rdzv **out)
         if (rc)
             goto fail;
         r->port = store_server_port(r->server);
-        /* Our own server is reachable on loopback whatever master_addr resolves to from here. */
-        connect_host = o->bind_addr && *o->bind_addr ? o->bind_addr : "127.0.0.1";
+        /* Our own server is reachable on loopback when it listens on every interface. */
+        const char *b = o->bind_addr;
+        connect_host = b && *b && strcmp(b, "0.0.0.0") != 0 && strcmp(b, "::") != 0 ? b : "127.0.0.1";
     }
     struct store_client_options co = {.host = connect_host, .port = r->port, .run_id = o->run_id,
                                       .secret = o->secret, .default_timeout_s = 60};
@@ -231,9 +236,12 @@ static int current_generation(struct rdzv *r, int *g)
     void *v = NULL;
     size_t len = 0;
     FSDP_TRY(store_client_get(r->client, "rdzv/gen", &v, &len, 5));
-    *g = atoi(v);
+    int64_t x = 0;
+    if (!store_parse_i64(v, len, &x) || x < 0 || x > INT32_MAX - 1)
+        rc = error_set(FSDP_EPROTO, "the store's rdzv/gen holds '%.32s', not a generation number", (char *)v);
     free(v);
-    return 0;
+    *g = (int)x;
+    return rc;
 }
 
 /* Claims this node's slot in generation g. *taken_by receives the holder's text when another launcher
@@ -315,16 +323,38 @@ int rdzv_join(struct rdzv *r, int min_generation, bool (*should_stop)(void *), v
         }
         snprintf(keys[n], 48, "rdzv/g%d/node/%d", g, n);
     }
-    /* Polled with short sleeps rather than one long store wait, so a signal to the launcher (should_stop)
-     * is honoured within ~100 ms while nodes are still missing. */
+    /* Once every node has joined, node 0 empties PyTorch clients' key space (keys an earlier attempt's
+     * workers left would be read by this one's: c10d's keys carry no attempt) and opens the generation;
+     * no node starts workers before that. Polled with short sleeps rather than one long store wait, so a
+     * signal to the launcher (should_stop) is honoured within ~100 ms while nodes are still missing. */
+    char open_key[64];
+    snprintf(open_key, sizeof open_key, "rdzv/g%d/open", g);
+    const char *open_keys[1] = {open_key};
+    bool all = false, open = false;
     double pause = 0.0005;
-    for (;;) {
-        bool all = false;
-        FSDP_TRY_GOTO(store_client_check(r->client, (const char *const *)keys, (size_t)r->nnodes, &all), rc, done);
+    while (!open) {
+        if (!all) {
+            FSDP_TRY_GOTO(store_client_check(r->client, (const char *const *)keys, (size_t)r->nnodes, &all), rc,
+                          done);
+            if (all)
+                pause = 0.0005; /* node 0 opens it right away */
+        }
+        if (all && r->server) {
+            FSDP_TRY_GOTO(store_client_reset_torch_keys(r->client, NULL), rc, done);
+            FSDP_TRY_GOTO(store_client_set(r->client, open_key, "1", 1), rc, done);
+            break;
+        }
         if (all)
+            FSDP_TRY_GOTO(store_client_check(r->client, open_keys, 1, &open), rc, done);
+        if (open)
             break;
         if (should_stop && should_stop(arg)) {
             rc = error_set(FSDP_EABORTED, "rendezvous abandoned");
+            goto done;
+        }
+        if (now_s() - t0 > r->timeout_s && all) {
+            rc = error_set(FSDP_ETIMEDOUT, "rendezvous timed out after %.0f s (--rdzv_timeout): every node joined "
+                           "generation %d but node 0 did not open it", r->timeout_s, g);
             goto done;
         }
         if (now_s() - t0 > r->timeout_s) {
@@ -449,6 +479,37 @@ void rdzv_close(struct rdzv *r)
     free(r);
 }
 
+bool rdzv_loopback_name(const char *addr, char *shown, size_t cap)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST};
+    struct addrinfo *res = NULL;
+    if (!addr || getaddrinfo(addr, NULL, &hints, &res) == 0) {
+        if (res)
+            freeaddrinfo(res);
+        return false;
+    }
+    hints.ai_flags = 0;
+    if (getaddrinfo(addr, NULL, &hints, &res) != 0)
+        return false;
+    bool loopback = res != NULL;
+    char text[INET6_ADDRSTRLEN] = "?";
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        if (ai->ai_family == AF_INET) {
+            struct in_addr in = ((struct sockaddr_in *)ai->ai_addr)->sin_addr;
+            loopback = loopback && (ntohl(in.s_addr) >> 24) == 127;
+            inet_ntop(AF_INET, &in, text, sizeof text);
+        } else if (ai->ai_family == AF_INET6) {
+            struct in6_addr in6 = ((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr;
+            loopback = loopback && IN6_IS_ADDR_LOOPBACK(&in6);
+            inet_ntop(AF_INET6, &in6, text, sizeof text);
+        }
+    }
+    freeaddrinfo(res);
+    if (shown && cap)
+        snprintf(shown, cap, "%s", text);
+    return loopback;
+}
+
 /* ---- worker side ---- */
 
 static int env_int(const char *name, int *out)
@@ -457,9 +518,8 @@ static int env_int(const char *name, int *out)
     if (!v || !*v)
         return error_set(FSDP_EINVAL, "%s is not set: start this program with fsdp-launch (or set MASTER_ADDR, "
                          "MASTER_PORT, RANK, WORLD_SIZE, TORCHELASTIC_RUN_ID yourself)", name);
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (*end || x < 0 || x > 1 << 30)
+    int64_t x;
+    if (!store_parse_i64(v, strlen(v), &x) || x < 0 || x > 1 << 30)
         return error_set(FSDP_EINVAL, "%s='%s' is not a non-negative integer", name, v);
     *out = (int)x;
     return 0;

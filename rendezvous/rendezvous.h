@@ -7,7 +7,8 @@
  * wins: it is the root cause), heartbeats and the exit barrier are keys of the generation too.
  *
  * Worker side (environment set by fsdp-launch): MASTER_ADDR, MASTER_PORT = the store;
- * TORCHELASTIC_RUN_ID = handshake run id; FSDP_RDZV_TOKEN = handshake secret (absent = none);
+ * TORCHELASTIC_RUN_ID = the run id; FSDP_RDZV_TOKEN = the job's secret (absent = none): the key of the
+ * handshake derives from both;
  * FSDP_STORE_PREFIX = "worker/g<g>/", the key prefix of this attempt; RANK, WORLD_SIZE, LOCAL_RANK. */
 #ifndef FSDP_RENDEZVOUS_RENDEZVOUS_H
 #define FSDP_RENDEZVOUS_RENDEZVOUS_H
@@ -24,6 +25,7 @@ struct rdzv_options {
     const char *master_addr;
     int master_port;        /* node 0: 0 = pick a free port (rdzv_port tells which) */
     const char *bind_addr;  /* node 0 only; NULL = all interfaces */
+    bool torch_off;         /* node 0 only: refuse PyTorch TCPStore clients */
     const char *run_id;
     const char *secret;     /* NULL = none */
     int nnodes;
@@ -55,7 +57,8 @@ int rdzv_port(const struct rdzv *r);
 bool rdzv_is_host(const struct rdzv *r);
 
 /* Joins the first generation >= min_generation whose slot for this node is free, and waits until all
- * nodes joined it. A slot held by another live launcher is FSDP_EREFUSED (duplicate node rank); the
+ * nodes joined it and node 0 opened it (after emptying PyTorch clients' key space, so no worker of the
+ * new generation reads a key of an earlier one). A slot held by another live launcher is FSDP_EREFUSED (duplicate node rank); the
  * timeout (FSDP_ETIMEDOUT) lists the node ranks (and hosts) still missing. should_stop, when given, is
  * called about every 100 ms; returning true abandons the wait with FSDP_EABORTED. */
 int rdzv_join(struct rdzv *r, int min_generation, bool (*should_stop)(void *), void *arg,
@@ -86,6 +89,11 @@ void rdzv_close(struct rdzv *r);
  * of its own choosing. */
 int rdzv_store_connect(const struct store_client_options *co, double timeout_s, const char *who, const char *whose,
                        struct store_client **out);
+
+/* Is addr a host name (not an address as written) that resolves only to loopback addresses here? Such a
+ * store is out of other nodes' reach (Debian maps a host's own name to 127.0.1.1). shown (cap bytes, may be
+ * NULL) gets the address it resolved to. */
+bool rdzv_loopback_name(const char *addr, char *shown, size_t cap);
 
 /* ---- worker side ---- */
 struct rdzv_worker {

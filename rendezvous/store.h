@@ -1,5 +1,8 @@
 /* The rendezvous key-value store: a server (libevent, hosted by the launcher of node 0) and a blocking
- * client used by launchers and workers. Wire protocol, limits and messages: docs/store.md.
+ * client used by launchers and workers. It speaks c10d TCPStore's wire protocol, so PyTorch's TCPStore
+ * clients work against the server (in a key space of their own) and the client works against PyTorch's
+ * TCPStore server (`plain`); fsdpc's clients add a token handshake and reach fsdpc's key space. Wire
+ * protocol, limits and messages: docs/store.md.
  *
  * Every call returns 0 or a negative enum fsdp_error; on failure error_message() says what happened,
  * naming the key(s) waited for and the server address. Waits take a timeout in seconds (<= 0 means the
@@ -11,9 +14,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define STORE_PROTOCOL_VERSION 1
-#define STORE_MAX_KEY_BYTES 1024            /* longer keys are refused */
-#define STORE_MAX_VALUE_BYTES (16u << 20)   /* 16 MiB; longer values (and APPEND results) refused */
+#define STORE_PROTOCOL_VERSION 2          /* of fsdpc's handshake (HELLO); c10d's ops have none */
+#define STORE_MAX_KEY_BYTES 8192           /* c10d's MAX_STRING_LEN; longer keys are refused */
+#define STORE_MAX_VALUE_BYTES (16u << 20)  /* 16 MiB; longer values (and APPEND results) refused */
+#define STORE_MAX_KEYS 131072u             /* keys of one CHECK / WAIT (c10d's MAX_KEY_COUNT) */
+
+/* Defaults of the limits on what PyTorch clients (no fsdpc token) may make the server hold. */
+#define STORE_TORCH_BYTES_MAX (64u << 20)
+#define STORE_TORCH_CONN_BYTES_MAX (16u << 20)
+#define STORE_UNAUTH_INFLIGHT_MAX (64u << 20)
+#define STORE_OUT_MAX (1u << 20)
 
 /* ---- server ---- */
 struct store_server;
@@ -21,9 +31,15 @@ struct store_server;
 struct store_server_options {
     const char *bind_addr; /* NULL or "" = all interfaces (0.0.0.0) */
     int port;              /* 0 = pick a free port (see store_server_port) */
-    const char *run_id;    /* job token part 1: clients of another run id are refused */
-    const char *secret;    /* job token part 2 (FSDP_RDZV_TOKEN), NULL = none */
-    double idle_timeout_s; /* a connection that has not completed its handshake by then is closed; 0 = 10 s */
+    const char *run_id;    /* the job's id: clients of another run id are refused */
+    const char *secret;    /* with the run id, derives the key fsdpc clients prove they hold; NULL = none */
+    double idle_timeout_s; /* a connection that has not completed its handshake by then is closed, and so is
+                            * one that leaves a request half sent this long; 0 = 10 s */
+    bool torch_off;        /* refuse PyTorch TCPStore clients (fsdp-launch --no_torch_store) */
+    /* Limits for clients without the token (0 = the STORE_* default above): bytes PyTorch clients' keys
+     * and values may hold in all and per connection, and bytes of partly received requests over 64 KiB. */
+    size_t torch_bytes_max, torch_conn_bytes_max, unauth_inflight_max;
+    size_t out_max; /* unsent reply bytes of a connection beyond which its next requests wait; 0 = 1 MiB */
 };
 
 /* Binds and starts serving on a background thread with its own event_base. Fails with FSDP_EEXIST and a
@@ -41,6 +57,8 @@ struct store_client_options {
     int port;
     const char *run_id;
     const char *secret;        /* NULL = none */
+    bool plain;                /* speak plain c10d TCPStore (no handshake, PyTorch clients' key space): for
+                                * PyTorch's own TCPStore servers; run_id and secret are not used */
     double connect_timeout_s;  /* keep retrying a refused/unreachable server this long; 0 = 30 s */
     double default_timeout_s;  /* waits with timeout <= 0 use this; 0 = 300 s */
 };
@@ -59,8 +77,9 @@ int store_client_set(struct store_client *c, const char *key, const void *value,
 int store_client_get(struct store_client *c, const char *key, void **value, size_t *len, double timeout_s);
 /* Atomic: value (decimal int64 text, missing = 0) += delta; returns the new value in *result. */
 int store_client_add(struct store_client *c, const char *key, int64_t delta, int64_t *result);
-/* Atomic: if key's value equals expected (or key is missing and expected_len == 0 with expected NULL),
- * set it to desired. *actual (malloc'd) receives the value after the operation either way. */
+/* Atomic, with c10d's semantics: expected_len == 0 matches a missing key (or an empty value); otherwise the
+ * value must equal expected byte for byte. On a match the value becomes desired. *actual (malloc'd)
+ * receives the value after the operation either way (empty when the key is still missing). */
 int store_client_compare_set(struct store_client *c, const char *key, const void *expected, size_t expected_len,
                              const void *desired, size_t desired_len, void **actual, size_t *actual_len);
 /* Does every key exist right now? */
@@ -72,6 +91,9 @@ int store_client_num_keys(struct store_client *c, int64_t *n);
 /* Appends bytes to key's value (creating it); returns nothing. */
 int store_client_append(struct store_client *c, const char *key, const void *value, size_t len);
 int store_client_ping(struct store_client *c);
+/* Empties PyTorch clients' key space (fsdpc's own keys stay); *removed (may be NULL) gets the number of
+ * keys and queues removed. Not in plain mode. */
+int store_client_reset_torch_keys(struct store_client *c, int64_t *removed);
 /* All `world` participants call this with the same name; returns when all have arrived. Reusable with
  * the same name (each use is a new round). The timeout message says how many arrived of how many. */
 int store_client_barrier(struct store_client *c, const char *name, int world, double timeout_s);

@@ -1,7 +1,8 @@
 /* The store server: one thread running its own event_base, so the launcher that hosts it keeps its main
- * loop; the listener, connections and framing live here, the operations in store_server_ops.c. Every
- * connection is a bufferevent; while a request of it waits (GET, WAIT) its further frames stay unread, which
- * keeps one reply per request in order without per-request ids. */
+ * loop; the listener, the connections, reading and parsing their requests and the limits on what a peer
+ * can make the server hold live here, the handshakes in store_server_auth.c, the ops in
+ * store_server_ops.c, what all of them share about a connection in store_server_conn.c. Requests of a connection are answered in order: while one waits (WAIT, BARRIER)
+ * the ones behind it stay unread, except a CANCEL_WAIT right behind it. */
 #include "rendezvous/store.h"
 
 #include <errno.h>
@@ -12,6 +13,7 @@
 #include <netinet/tcp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,13 +32,40 @@
 #include "common/log.h"
 #include "rendezvous/store_server_internal.h"
 
+/* What a connection may have buffered of a request before it counts against the shared budget of
+ * unauthenticated connections (fsdpc clients are trusted up to STORE_MAX_REQUEST_BYTES). */
+#define SMALL_REQUEST_BYTES (64u * 1024u)
+
+static void set_watermark(struct store_conn *c, size_t high)
+{
+    if (c->watermark != high) {
+        bufferevent_setwatermark(c->bev, EV_READ, 0, high);
+        c->watermark = high;
+    }
+}
+
+static size_t default_watermark(const struct store_conn *c)
+{
+    return store_server_limits(c)->max_request == STORE_HANDSHAKE_MAX_BYTES ? STORE_HANDSHAKE_MAX_BYTES
+                                                                            : SMALL_REQUEST_BYTES;
+}
+
 /* ---- connection lifetime ---- */
+
+static void release_inflight(struct store_conn *c)
+{
+    c->srv->unauth_inflight -= c->inflight;
+    c->inflight = 0;
+}
 
 static void conn_free(struct store_conn *c)
 {
     struct store_server *s = c->srv;
     if (c->waiter)
         store_server_free_waiter(s, c->waiter);
+    if (c->held)
+        store_server_forget_owner(s, c);
+    release_inflight(c);
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -50,20 +79,13 @@ static void conn_free(struct store_conn *c)
     free(c);
 }
 
-static void conn_write_cb(struct bufferevent *bev, void *arg)
-{
-    (void)bev;
-    struct store_conn *c = arg;
-    if (c->closing)
-        conn_free(c);
-}
-
 /* Lets the peer read why it is dropped before the socket goes. */
 static void conn_close_after_flush(struct store_conn *c)
 {
     c->closing = true;
     if (c->waiter)
         store_server_free_waiter(c->srv, c->waiter);
+    release_inflight(c);
     bufferevent_disable(c->bev, EV_READ);
     event_del(c->stall_timer);
     if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
@@ -92,52 +114,122 @@ static void conn_stall_cb(evutil_socket_t fd, short what, void *arg)
     struct store_conn *c = arg;
     if (!c->closing)
         log_warn("store: closing %s: %s within %.1f s", c->peer,
-                 c->greeted ? "a started frame was not completed" : "no handshake",
+                 store_server_greeted(c) ? "a started request was not completed" : "no handshake",
                  (double)c->srv->idle_tv.tv_sec + c->srv->idle_tv.tv_usec / 1e6);
     conn_free(c);
 }
 
-static void conn_read_cb(struct bufferevent *bev, void *arg)
+/* A started request must be finished within the idle timeout (armed once per request, so trickling bytes
+ * does not extend it); before the handshake, the handshake deadline runs instead. */
+static void arm_stall(struct store_conn *c)
 {
-    struct store_conn *c = arg;
-    struct evbuffer *in = bufferevent_get_input(bev);
-    while (!c->waiter && !c->closing) {
+    if (store_server_greeted(c) && !event_pending(c->stall_timer, EV_TIMEOUT, NULL))
+        event_add(c->stall_timer, &c->srv->idle_tv);
+}
+
+/* A request of `need` bytes is coming: let the input buffer hold it. Past SMALL_REQUEST_BYTES, a
+ * connection without the token draws on the budget all of them share; returns false (connection closed)
+ * when that is spent. */
+static bool reserve(struct store_conn *c, size_t need)
+{
+    struct store_server *s = c->srv;
+    if (need <= c->watermark)
+        return true;
+    if (c->state != CONN_FSDP) {
+        size_t more = need - c->inflight;
+        if (s->unauth_inflight + more > s->unauth_inflight_max) {
+            store_server_refuse(c, STORE_ST_TOO_LARGE, "a %zu-byte request while connections without fsdpc's token "
+                                "already have %zu bytes of requests in flight (limit %zu)", need,
+                                s->unauth_inflight, s->unauth_inflight_max);
+            conn_close_after_flush(c);
+            return false;
+        }
+        s->unauth_inflight += more;
+        c->inflight = need;
+    }
+    set_watermark(c, need);
+    return true;
+}
+
+static void conn_process(struct store_conn *c)
+{
+    struct store_server *s = c->srv;
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    while (!c->closing) {
         size_t avail = evbuffer_get_length(in);
-        if (avail < STORE_FRAME_HEADER_BYTES) {
-            if (c->greeted && avail == 0)
+        if (avail == 0) {
+            if (store_server_greeted(c))
                 event_del(c->stall_timer);
-            else if (c->greeted && !event_pending(c->stall_timer, EV_TIMEOUT, NULL))
-                event_add(c->stall_timer, &c->srv->idle_tv);
             return;
         }
-        uint8_t hdr[STORE_FRAME_HEADER_BYTES];
-        evbuffer_copyout(in, hdr, sizeof hdr);
-        uint32_t n = store_le32(hdr);
-        if (n == 0 || n > STORE_MAX_FRAME_BYTES) {
-            log_warn("store: closing %s: frame length %u outside 1..%u", c->peer, n,
-                     (unsigned)STORE_MAX_FRAME_BYTES);
+        if (avail < c->need) {
+            arm_stall(c);
+            return;
+        }
+        if (!c->waiter && evbuffer_get_length(bufferevent_get_output(c->bev)) > s->out_max) {
+            /* A peer that sends requests but does not read the replies stops being read. */
+            c->out_blocked = true;
+            return;
+        }
+        uint8_t *p = evbuffer_pullup(in, (ssize_t)avail);
+        if (!p) {
             conn_free(c);
             return;
         }
-        if (avail < STORE_FRAME_HEADER_BYTES + (size_t)n) {
-            /* Armed once per frame, not per byte, so trickling a frame cannot keep a connection forever. */
-            if (c->greeted && !event_pending(c->stall_timer, EV_TIMEOUT, NULL))
-                event_add(c->stall_timer, &c->srv->idle_tv);
+        struct store_request req;
+        enum store_parse_status st = store_request_parse(p, avail, store_server_limits(c), &req);
+        if (st == STORE_PARSE_NEED_MORE) {
+            if (!reserve(c, (size_t)req.size))
+                return;
+            c->need = (size_t)req.size;
+            arm_stall(c);
             return;
         }
-        if (c->greeted)
+        if (st == STORE_PARSE_BAD) {
+            if (req.op == STORE_OP_HELLO || req.op == STORE_OP_AUTH)
+                c->fsdp_client = true; /* one of ours: it reads a status */
+            store_server_refuse(c, STORE_ST_PROTO, "%s", req.error);
+            conn_close_after_flush(c);
+            return;
+        }
+        if (c->waiter && req.op != STORE_OP_CANCEL_WAIT)
+            return; /* answered in order: it waits behind the WAIT */
+        c->need = 1;
+        release_inflight(c);
+        if (store_server_greeted(c))
             event_del(c->stall_timer);
-        uint8_t *frame = evbuffer_pullup(in, STORE_FRAME_HEADER_BYTES + (ssize_t)n);
-        if (!frame) {
-            conn_free(c);
-            return;
-        }
-        bool keep = store_server_handle_frame(c, frame + STORE_FRAME_HEADER_BYTES, n);
-        evbuffer_drain(in, STORE_FRAME_HEADER_BYTES + (size_t)n);
+        bool keep, handled = true;
+        if (c->state == CONN_TORCH || c->state == CONN_FSDP)
+            keep = store_server_op(c, &req);
+        else if ((keep = store_server_handshake(c, &req, &handled)) && !handled)
+            keep = store_server_op(c, &req);
+        evbuffer_drain(in, (size_t)req.size);
+        set_watermark(c, default_watermark(c));
         if (!keep) {
             conn_close_after_flush(c);
             return;
         }
+    }
+}
+
+static void conn_read_cb(struct bufferevent *bev, void *arg)
+{
+    (void)bev;
+    conn_process(arg);
+}
+
+static void conn_write_cb(struct bufferevent *bev, void *arg)
+{
+    struct store_conn *c = arg;
+    size_t left = evbuffer_get_length(bufferevent_get_output(bev));
+    if (c->closing) {
+        if (left == 0)
+            conn_free(c);
+        return;
+    }
+    if (c->out_blocked && left <= c->srv->out_max / 2) {
+        c->out_blocked = false;
+        conn_process(c);
     }
 }
 
@@ -152,6 +244,8 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
         return;
     }
     c->srv = s;
+    c->state = CONN_NEW;
+    c->need = 1;
     char host[INET6_ADDRSTRLEN] = "?";
     int port = 0;
     if (sa->sa_family == AF_INET) {
@@ -178,8 +272,9 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
         conn_free(c);
         return;
     }
-    /* Bounds what one peer can make us buffer: one maximal frame. */
-    bufferevent_setwatermark(c->bev, EV_READ, 0, STORE_FRAME_HEADER_BYTES + STORE_MAX_FRAME_BYTES);
+    /* Bounds what one peer can make us buffer before it has said who it is. */
+    set_watermark(c, default_watermark(c));
+    bufferevent_setwatermark(c->bev, EV_WRITE, s->out_max / 2, 0);
     bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
     if (bufferevent_enable(c->bev, EV_READ | EV_WRITE) != 0 || event_add(c->stall_timer, &s->idle_tv) != 0)
         conn_free(c);
@@ -271,8 +366,15 @@ static int bind_listener(const char *bind_addr, int port, int *fd_out)
                          "address %s:%d is already in use (another job or program listens there): pick "
                          "another --master_port or stop that program",
                          host, port);
+    if (err == EADDRNOTAVAIL)
+        return error_set(FSDP_EINVAL,
+                         "cannot listen on %s:%d for the store: %s is not an address of this host (give "
+                         "--local_addr an address of this host, or 0.0.0.0 for every interface)",
+                         host, port, host);
     return error_set(FSDP_EIO, "cannot listen on %s:%d for the store: %s", host, port, strerror(err));
 }
+
+static size_t or_default(size_t v, size_t def) { return v ? v : def; }
 
 int store_server_start(const struct store_server_options *opts, struct store_server **out)
 {
@@ -294,10 +396,15 @@ int store_server_start(const struct store_server_options *opts, struct store_ser
     s->idle_tv.tv_sec = (time_t)idle;
     s->idle_tv.tv_usec = (suseconds_t)((idle - (double)s->idle_tv.tv_sec) * 1e6);
     s->run_id = strdup(opts->run_id);
-    s->secret = strdup(opts->secret ? opts->secret : "");
+    store_auth_key(opts->run_id, opts->secret, s->key);
+    s->torch_off = opts->torch_off;
+    s->torch_bytes_max = or_default(opts->torch_bytes_max, STORE_TORCH_BYTES_MAX);
+    s->torch_conn_bytes_max = or_default(opts->torch_conn_bytes_max, STORE_TORCH_CONN_BYTES_MAX);
+    s->unauth_inflight_max = or_default(opts->unauth_inflight_max, STORE_UNAUTH_INFLIGHT_MAX);
+    s->out_max = or_default(opts->out_max, STORE_OUT_MAX);
     int fd = -1;
     int rc = 0;
-    if (!s->run_id || !s->secret || store_table_init(&s->table) != 0) {
+    if (!s->run_id || store_table_init(&s->table) != 0) {
         rc = error_set(FSDP_ENOMEM, "out of memory starting the store");
         goto fail;
     }
@@ -307,9 +414,10 @@ int store_server_start(const struct store_server_options *opts, struct store_ser
         s->stop_ev = event_new(s->base, -1, 0, stop_cb, s);
         s->accept_resume = evtimer_new(s->base, accept_resume_cb, s);
     }
+    /* backlog 0: the socket already listens with 4096; -1 would make libevent listen again with 128, too
+     * few for 1024 clients connecting at once */
     if (s->stop_ev && s->accept_resume)
-        s->listener = evconnlistener_new(s->base, accept_cb, s, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1,
-                                         fd);
+        s->listener = evconnlistener_new(s->base, accept_cb, s, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, 0, fd);
     if (!s->listener) {
         close(fd);
         rc = error_set(FSDP_EIO, "libevent could not set up the store listener");
@@ -335,7 +443,7 @@ int store_server_start(const struct store_server_options *opts, struct store_ser
         goto fail;
     }
     s->thread_started = true;
-    log_info("store: listening on %s", s->addr);
+    log_info("store: listening on %s%s", s->addr, s->torch_off ? " (PyTorch TCPStore clients refused)" : "");
     *out = s;
     return 0;
 fail:
@@ -366,6 +474,5 @@ void store_server_stop(struct store_server *s)
     store_table_free(&s->table);
     store_buf_free(&s->out);
     free(s->run_id);
-    free(s->secret);
     free(s);
 }

@@ -1,5 +1,7 @@
-/* Internals shared by the two halves of the store server: store_server.c (thread, listener, connections,
- * framing) and store_server_ops.c (handshake, operations, waiters). Not part of the public API. */
+/* Internals shared by the parts of the store server: store_server.c (thread, listener, connections, reading
+ * requests, limits on memory) calls store_server_auth.c (the handshakes) and store_server_ops.c (c10d's ops
+ * and their waiters); all of them call store_server_conn.c (a connection's limits, writes, refusals). Not
+ * part of the public API. */
 #ifndef FSDP_RENDEZVOUS_STORE_SERVER_INTERNAL_H
 #define FSDP_RENDEZVOUS_STORE_SERVER_INTERNAL_H
 
@@ -10,6 +12,7 @@
 #include <sys/time.h>
 
 #include "rendezvous/store.h"
+#include "rendezvous/store_auth.h"
 #include "rendezvous/store_protocol.h"
 #include "rendezvous/store_table.h"
 
@@ -18,27 +21,44 @@ struct store_waiter;
 
 struct store_wait_link {
     struct store_wait_link *prev, *next; /* in entry->waiters */
-    struct store_entry *entry;           /* NULL once the key arrived */
+    struct store_entry *entry;           /* NULL once woken */
     struct store_waiter *waiter;
 };
 
 struct store_waiter {
     struct store_conn *conn;
-    uint8_t op; /* GET or WAIT */
+    uint8_t op; /* WAIT or BARRIER */
     size_t missing;
     size_t nlinks;
-    struct event *timer;
     struct store_wait_link links[];
+};
+
+enum store_conn_state {
+    CONN_NEW,       /* nothing yet: only VALIDATE is accepted */
+    CONN_VALIDATED, /* VALIDATE (and PINGs): HELLO starts fsdpc's handshake, any other op makes a torch client */
+    CONN_HELLO,     /* HELLO answered: only AUTH is accepted */
+    CONN_TORCH,     /* a PyTorch TCPStore client: c10d's replies, PyTorch's key space, its limits */
+    CONN_FSDP,      /* authenticated: a status byte before every reply, fsdpc's key space */
 };
 
 struct store_conn {
     struct store_server *srv;
     struct store_conn *prev, *next;
     struct bufferevent *bev;
-    struct event *stall_timer; /* handshake deadline, then: deadline for finishing a started frame */
-    struct store_waiter *waiter;
-    bool greeted;
-    bool closing; /* the last reply is being flushed, then the connection goes */
+    /* before the handshake: its deadline; then: the deadline for finishing a started request; while
+     * closing: for the peer to read the last reply */
+    struct event *stall_timer;
+    struct store_waiter *waiter; /* a WAIT / BARRIER not answered yet */
+    enum store_conn_state state;
+    bool closing;     /* the last reply is being flushed, then the connection goes */
+    bool out_blocked; /* unsent replies over the limit: requests wait until they drain */
+    bool fsdp_client; /* sent HELLO: replies (refusals too) start with a status byte */
+    size_t need;      /* bytes the next request needs before it is worth parsing again */
+    size_t inflight;  /* bytes of srv->unauth_inflight this connection's partial request holds */
+    size_t held;      /* bytes PyTorch clients' entries charged to this connection hold */
+    size_t watermark; /* the read high-watermark set on bev */
+    uint8_t client_nonce[STORE_NONCE_MAX_BYTES], server_nonce[STORE_NONCE_BYTES];
+    size_t client_nonce_len;
     char peer[INET6_ADDRSTRLEN + 8];
 };
 
@@ -52,17 +72,45 @@ struct store_server {
     struct store_table table;
     struct store_conn *conns;
     char *run_id;
-    char *secret;
+    uint8_t key[STORE_KEY_BYTES];
+    bool torch_off;
+    size_t torch_bytes, torch_bytes_max, torch_conn_bytes_max;
+    size_t unauth_inflight, unauth_inflight_max;
+    size_t out_max;
     struct timeval idle_tv;
     int port;
     char addr[INET6_ADDRSTRLEN + 8];
     struct store_buf out; /* reply scratch: the loop is single-threaded */
 };
 
-/* Answers one complete frame of c (payload without the length field). Returns false when the connection
- * must be closed once the reply already queued has been flushed. */
-bool store_server_handle_frame(struct store_conn *c, const uint8_t *payload, size_t n);
-/* Unparks a waiter from every key it still waits for and frees it (its connection is going away). */
+/* ---- store_server_conn.c ---- */
+
+/* Limits of the requests a connection may send in its state. */
+const struct store_parse_limits *store_server_limits(const struct store_conn *c);
+/* Queues bytes for the peer. */
+void store_server_write(struct store_conn *c, const void *p, size_t n);
+/* Reads the connection's next requests on the next loop turn (after its wait ended). */
+void store_server_resume(struct store_conn *c);
+/* Is the connection past its handshake (a torch client, or authenticated)? */
+bool store_server_greeted(const struct store_conn *c);
+/* Sends a refusal: to an fsdpc client (or during its handshake) as status + message, to others nothing;
+ * logs why. Returns false (close the connection). */
+bool store_server_refuse(struct store_conn *c, uint8_t status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- store_server_auth.c: returns false when the connection must be closed after flushing ---- */
+
+/* A request of a connection that is not yet a torch client nor authenticated. *handled is false when the
+ * request is a torch client's first op, which the caller then runs as one. */
+bool store_server_handshake(struct store_conn *c, const struct store_request *req, bool *handled);
+
+/* ---- store_server_ops.c ---- */
+
+/* Runs one request of a torch client or an authenticated one. */
+bool store_server_op(struct store_conn *c, const struct store_request *req);
+/* Unparks a waiter from every key it still waits for and frees it. */
 void store_server_free_waiter(struct store_server *s, struct store_waiter *w);
+/* The connection goes away: the entries it was charged for stay, charged to nobody. */
+void store_server_forget_owner(struct store_server *s, struct store_conn *c);
 
 #endif

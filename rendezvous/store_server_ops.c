@@ -1,53 +1,128 @@
-/* The server's request handling: handshake, every operation, and the waiters of GET/WAIT. A request that
- * must wait parks one link per missing key on that key's table entry; a write to the key walks exactly
- * those links. All of it runs on the server thread, so nothing here locks. */
+/* c10d's ops on the key table, for PyTorch clients (c10d's replies; an error drops the connection, as
+ * c10d's own server does) and for authenticated fsdpc clients (a status byte before each reply; most
+ * errors are a status and the connection stays). A request that must wait (WAIT on missing keys, BARRIER
+ * before the last arrival) parks one link per key on that key's entry; a write to the key walks exactly
+ * those links. PyTorch clients' keys count against byte limits, overall and per connection. All of it
+ * runs on the server thread, so nothing here locks. */
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <errno.h>
-
-#include <event2/buffer.h>
-#include <event2/bufferevent.h>
-#include <event2/event.h>
 
 #include "common/error.h"
 #include "common/log.h"
 #include "rendezvous/store_server_internal.h"
 
+static bool is_fsdp(const struct store_conn *c) { return c->state == CONN_FSDP; }
+static int conn_ns(const struct store_conn *c) { return is_fsdp(c) ? STORE_NS_FSDP : STORE_NS_TORCH; }
+
 /* ---- replies ---- */
 
-static void reply_send(struct store_conn *c)
+static struct store_buf *reply_begin(struct store_conn *c)
 {
     struct store_buf *b = &c->srv->out;
-    if (store_buf_end(b) != 0) {
-        log_warn("store: could not build a reply for %s: %s", c->peer, error_message());
-        return;
-    }
-    bufferevent_write(c->bev, b->data, b->len);
+    store_buf_reset(b);
+    if (is_fsdp(c))
+        store_buf_put_u8(b, STORE_ST_OK);
+    return b;
 }
 
-static void reply_status(struct store_conn *c, uint8_t status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+/* An error: an fsdpc client gets it as a status and keeps its connection (PROTO aside); a PyTorch client
+ * is dropped, as c10d's server drops a client whose request throws. */
+static bool fail(struct store_conn *c, uint8_t status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
-static void reply_status(struct store_conn *c, uint8_t status, const char *fmt, ...)
+static bool fail(struct store_conn *c, uint8_t status, const char *fmt, ...)
 {
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    store_buf_begin(&c->srv->out, status);
-    store_buf_put_str(&c->srv->out, msg);
-    reply_send(c);
+    if (!is_fsdp(c) || status == STORE_ST_PROTO)
+        return store_server_refuse(c, status, "%s", msg);
+    struct store_buf *b = &c->srv->out;
+    store_buf_reset(b);
+    store_buf_put_u8(b, status);
+    store_buf_put_str(b, msg);
+    if (!b->failed)
+        store_server_write(c, b->data, b->len);
+    return true;
 }
 
-static void reply_ok(struct store_conn *c)
+static bool reply_send(struct store_conn *c)
 {
-    store_buf_begin(&c->srv->out, STORE_ST_OK);
-    reply_send(c);
+    struct store_buf *b = &c->srv->out;
+    if (b->failed)
+        return fail(c, STORE_ST_INVALID, "store server out of memory building a reply");
+    if (b->len)
+        store_server_write(c, b->data, b->len);
+    return true;
 }
+
+/* The reply of ops whose c10d reply is empty (SET, APPEND, MULTI_SET, QUEUE_PUSH). */
+static bool reply_done(struct store_conn *c)
+{
+    reply_begin(c);
+    return reply_send(c);
+}
+
+static bool reply_oom(struct store_conn *c) { return fail(c, STORE_ST_INVALID, "store server out of memory"); }
+
+/* ---- what PyTorch clients' keys hold ---- */
+
+/* Would entry e holding new_bytes keep PyTorch clients within their limits when c writes it? When not,
+ * the connection (a PyTorch client's) is refused: false. */
+static bool torch_room(struct store_conn *c, const struct store_entry *e, size_t new_bytes)
+{
+    struct store_server *s = c->srv;
+    if (e->ns != STORE_NS_TORCH || new_bytes <= e->charged)
+        return true;
+    if (s->torch_bytes - e->charged + new_bytes > s->torch_bytes_max)
+        return fail(c, STORE_ST_TOO_LARGE, "PyTorch clients' keys would hold %zu bytes, over the store's limit of "
+                    "%zu", s->torch_bytes - e->charged + new_bytes, s->torch_bytes_max);
+    size_t mine = e->owner == c ? e->charged : 0;
+    if (c->held - mine + new_bytes > s->torch_conn_bytes_max)
+        return fail(c, STORE_ST_TOO_LARGE, "keys written by this connection would hold %zu bytes, over the limit "
+                    "of %zu per connection", c->held - mine + new_bytes, s->torch_conn_bytes_max);
+    return true;
+}
+
+/* Charges e's bytes to its latest writer c (NULL: nobody). */
+static void charge(struct store_server *s, struct store_conn *c, struct store_entry *e)
+{
+    if (e->ns != STORE_NS_TORCH)
+        return;
+    size_t now = store_table_entry_bytes(e);
+    s->torch_bytes = s->torch_bytes - e->charged + now;
+    if (e->owner)
+        ((struct store_conn *)e->owner)->held -= e->charged;
+    e->owner = now && c ? c : NULL;
+    if (e->owner)
+        c->held += now;
+    e->charged = now;
+}
+
+static void forget_one(struct store_entry *e, void *arg)
+{
+    if (e->owner == arg) {
+        ((struct store_conn *)arg)->held -= e->charged;
+        e->owner = NULL;
+    }
+}
+
+void store_server_forget_owner(struct store_server *s, struct store_conn *c)
+{
+    store_table_each(&s->table, STORE_NS_TORCH, forget_one, c);
+}
+
+/* Bytes e would hold with a value of value_len (queue unchanged). */
+static size_t bytes_with_value(const struct store_entry *e, size_t value_len)
+{
+    return STORE_ENTRY_OVERHEAD + e->key_len + value_len + e->qbytes;
+}
+
+/* ---- waiters ---- */
 
 void store_server_free_waiter(struct store_server *s, struct store_waiter *w)
 {
@@ -65,73 +140,59 @@ void store_server_free_waiter(struct store_server *s, struct store_waiter *w)
         l->entry = NULL;
         store_table_release_if_unused(&s->table, e);
     }
-    if (w->timer)
-        event_free(w->timer);
     w->conn->waiter = NULL;
     free(w);
 }
 
-/* ---- waking waiters ---- */
-
 static void waiter_complete(struct store_waiter *w)
 {
     struct store_conn *c = w->conn;
-    struct store_server *s = c->srv;
-    store_server_free_waiter(s, w);
-    /* A frame the peer pipelined behind the wait is read on the next loop turn, never from inside the
-     * SET that woke us, so table walks are not re-entered. */
-    if (evbuffer_get_length(bufferevent_get_input(c->bev)) > 0)
-        bufferevent_trigger(c->bev, EV_READ, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
+    uint8_t r[2];
+    size_t n = 0;
+    if (is_fsdp(c))
+        r[n++] = STORE_ST_OK;
+    r[n++] = STORE_WAIT_STOP;
+    store_server_write(c, r, n);
+    store_server_free_waiter(c->srv, w);
+    store_server_resume(c);
 }
 
-static void reply_value(struct store_conn *c, const struct store_entry *e)
+static struct store_waiter *unlink_first(struct store_entry *e)
 {
-    store_buf_begin(&c->srv->out, STORE_ST_OK);
-    store_buf_put_bytes(&c->srv->out, e->value, e->value_len);
-    reply_send(c);
+    struct store_wait_link *l = e->waiters;
+    e->waiters = l->next;
+    if (l->next)
+        l->next->prev = NULL;
+    l->entry = NULL;
+    l->prev = l->next = NULL;
+    return l->waiter;
 }
 
-/* Called after e got a value: every request waiting for it loses one missing key. */
-static void entry_wake(struct store_server *s, struct store_entry *e)
+/* After a write to e: every request waiting on it loses one key; those left with none are answered. */
+static void entry_wake(struct store_entry *e)
 {
-    (void)s;
     while (e->waiters) {
-        struct store_wait_link *l = e->waiters;
-        e->waiters = l->next;
-        if (l->next)
-            l->next->prev = NULL;
-        l->entry = NULL;
-        l->prev = l->next = NULL;
-        struct store_waiter *w = l->waiter;
-        if (--w->missing == 0) {
-            if (w->op == STORE_OP_GET)
-                reply_value(w->conn, e);
-            else
-                reply_ok(w->conn);
+        struct store_waiter *w = unlink_first(e);
+        if (--w->missing == 0)
             waiter_complete(w);
+    }
+}
+
+/* After a queue push: c10d wakes waiters until one of them is answered (it will pop the item). */
+static void entry_wake_one(struct store_entry *e)
+{
+    while (e->waiters) {
+        struct store_waiter *w = unlink_first(e);
+        if (--w->missing == 0) {
+            waiter_complete(w);
+            return;
         }
     }
 }
 
-static void waiter_timeout_cb(evutil_socket_t fd, short what, void *arg)
+/* Parks the request on the n entries; false when out of memory. */
+static bool waiter_park(struct store_conn *c, uint8_t op, struct store_entry **entries, size_t n)
 {
-    (void)fd;
-    (void)what;
-    struct store_waiter *w = arg;
-    struct store_buf *b = &w->conn->srv->out;
-    store_buf_begin(b, STORE_ST_TIMEOUT);
-    store_buf_put_u32(b, (uint32_t)w->missing);
-    for (size_t i = 0; i < w->nlinks; i++)
-        if (w->links[i].entry)
-            store_buf_put_bytes(b, w->links[i].entry->key, w->links[i].entry->key_len);
-    reply_send(w->conn);
-    waiter_complete(w);
-}
-
-/* Parks the request on every missing key; returns false if it could not (out of memory). */
-static bool waiter_park(struct store_conn *c, uint8_t op, struct store_entry **missing, size_t n, uint32_t timeout_ms)
-{
-    struct store_server *s = c->srv;
     struct store_waiter *w = calloc(1, sizeof *w + n * sizeof w->links[0]);
     if (!w)
         return false;
@@ -139,382 +200,460 @@ static bool waiter_park(struct store_conn *c, uint8_t op, struct store_entry **m
     w->op = op;
     w->missing = n;
     w->nlinks = n;
-    w->timer = evtimer_new(s->base, waiter_timeout_cb, w);
-    if (!w->timer) {
-        free(w);
-        return false;
-    }
     c->waiter = w;
     for (size_t i = 0; i < n; i++) {
         struct store_wait_link *l = &w->links[i];
         l->waiter = w;
-        l->entry = missing[i];
-        l->next = missing[i]->waiters;
+        l->entry = entries[i];
+        l->next = entries[i]->waiters;
         if (l->next)
             l->next->prev = l;
-        missing[i]->waiters = l;
-    }
-    struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
-    event_add(w->timer, &tv);
-    return true;
-}
-
-/* ---- request handlers: each returns false when the connection must be dropped ---- */
-
-static bool key_ok(struct store_conn *c, size_t key_len)
-{
-    if (key_len == 0) {
-        reply_status(c, STORE_ST_INVALID, "empty key");
-        return false;
-    }
-    if (key_len > STORE_MAX_KEY_BYTES) {
-        reply_status(c, STORE_ST_TOO_LARGE, "key of %zu bytes exceeds STORE_MAX_KEY_BYTES (%d)", key_len,
-                     STORE_MAX_KEY_BYTES);
-        return false;
+        entries[i]->waiters = l;
     }
     return true;
 }
 
-static bool value_ok(struct store_conn *c, size_t len)
-{
-    if (len > STORE_MAX_VALUE_BYTES) {
-        reply_status(c, STORE_ST_TOO_LARGE, "value of %zu bytes exceeds STORE_MAX_VALUE_BYTES (%u)", len,
-                     (unsigned)STORE_MAX_VALUE_BYTES);
-        return false;
-    }
-    return true;
-}
+/* ---- the ops ---- */
 
-static void reply_oom(struct store_conn *c) { reply_status(c, STORE_ST_INVALID, "store server out of memory"); }
+static uint64_t max_value(const struct store_conn *c) { return store_server_limits(c)->max_value; }
 
-static void op_set(struct store_conn *c, const uint8_t *key, size_t klen, const uint8_t *val, size_t vlen)
+static bool op_set(struct store_conn *c, const struct store_request *r)
 {
+    /* The reply goes first: waking waiters writes their replies through the same scratch buffer. */
     struct store_server *s = c->srv;
-    if (!key_ok(c, klen) || !value_ok(c, vlen))
-        return;
-    struct store_entry *e = store_table_get_or_add(&s->table, key, klen);
-    if (!e || store_table_set_value(&s->table, e, val, vlen) != 0) {
-        if (e)
-            store_table_release_if_unused(&s->table, e);
-        return reply_oom(c);
-    }
-    reply_ok(c);
-    entry_wake(s, e);
-}
-
-static void op_get(struct store_conn *c, uint32_t timeout_ms, const uint8_t *key, size_t klen)
-{
-    struct store_server *s = c->srv;
-    if (!key_ok(c, klen))
-        return;
-    struct store_entry *e = store_table_get_or_add(&s->table, key, klen);
+    struct store_entry *e = store_table_get_or_add(&s->table, conn_ns(c), r->key, r->key_len);
     if (!e)
         return reply_oom(c);
-    if (e->has_value)
-        return reply_value(c, e);
-    if (!waiter_park(c, STORE_OP_GET, &e, 1, timeout_ms)) {
+    if (!torch_room(c, e, bytes_with_value(e, r->value_len))) {
         store_table_release_if_unused(&s->table, e);
-        reply_oom(c);
+        return false;
     }
+    if (store_table_set_value(&s->table, e, r->value, r->value_len) != 0) {
+        store_table_release_if_unused(&s->table, e);
+        return reply_oom(c);
+    }
+    charge(s, c, e);
+    bool keep = reply_done(c);
+    entry_wake(e);
+    return keep;
 }
 
-static bool parse_int64(const uint8_t *p, size_t n, int64_t *out)
+static bool op_get(struct store_conn *c, const struct store_request *r)
 {
-    char buf[32];
-    if (n == 0 || n >= sizeof buf)
-        return false;
-    memcpy(buf, p, n);
-    buf[n] = '\0';
-    char *end;
-    errno = 0;
-    long long v = strtoll(buf, &end, 10);
-    if (errno || *end)
-        return false;
-    *out = v;
-    return true;
+    struct store_entry *e = store_table_find(&c->srv->table, conn_ns(c), r->key, r->key_len);
+    if (is_fsdp(c) && !(e && e->has_value))
+        return fail(c, STORE_ST_NOT_FOUND, "key missing");
+    struct store_buf *b = reply_begin(c);
+    if (e && e->has_value)
+        store_buf_put_bytes(b, e->value, e->value_len);
+    else
+        store_buf_put_u64(b, 0); /* c10d answers a missing key with an empty value */
+    return reply_send(c);
 }
 
-static void op_add(struct store_conn *c, const uint8_t *key, size_t klen, int64_t delta)
+static bool op_add(struct store_conn *c, const struct store_request *r)
 {
     struct store_server *s = c->srv;
-    if (!key_ok(c, klen))
-        return;
-    struct store_entry *e = store_table_get_or_add(&s->table, key, klen);
+    struct store_entry *e = store_table_get_or_add(&s->table, conn_ns(c), r->key, r->key_len);
     if (!e)
         return reply_oom(c);
-    int64_t v = 0;
-    if (e->has_value && !parse_int64(e->value, e->value_len, &v))
-        return reply_status(c, STORE_ST_INVALID, "ADD on a value that is not a decimal integer (%zu bytes)",
-                            e->value_len);
+    int64_t v = 0, delta = r->number;
+    if (e->has_value && !store_parse_i64(e->value, e->value_len, &v))
+        return fail(c, STORE_ST_INVALID, "ADD on a value that is not a decimal integer (%zu bytes)", e->value_len);
     if ((delta > 0 && v > INT64_MAX - delta) || (delta < 0 && v < INT64_MIN - delta)) {
         store_table_release_if_unused(&s->table, e);
-        return reply_status(c, STORE_ST_TOO_LARGE, "ADD overflows int64 (%" PRId64 " + %" PRId64 ")", v, delta);
+        return fail(c, STORE_ST_TOO_LARGE, "ADD overflows int64 (%" PRId64 " + %" PRId64 ")", v, delta);
     }
     v += delta;
     char text[32];
     int n = snprintf(text, sizeof text, "%" PRId64, v);
+    if (!torch_room(c, e, bytes_with_value(e, (size_t)n))) {
+        store_table_release_if_unused(&s->table, e);
+        return false;
+    }
     if (store_table_set_value(&s->table, e, text, (size_t)n) != 0) {
         store_table_release_if_unused(&s->table, e);
         return reply_oom(c);
     }
-    store_buf_begin(&s->out, STORE_ST_OK);
-    store_buf_put_u64(&s->out, (uint64_t)v);
-    reply_send(c);
-    entry_wake(s, e);
+    charge(s, c, e);
+    struct store_buf *b = reply_begin(c);
+    store_buf_put_u64(b, (uint64_t)v);
+    bool keep = reply_send(c);
+    entry_wake(e);
+    return keep;
 }
 
-static void op_compare_set(struct store_conn *c, const uint8_t *key, size_t klen, bool expect_missing,
-                           const uint8_t *exp, size_t elen, const uint8_t *des, size_t dlen)
+/* c10d's compare-and-set: an empty expected value matches a missing key; the reply is the value after the
+ * op (c10d answers a missing key with the expected value; fsdpc clients get NOT_FOUND instead). */
+static bool op_compare_set(struct store_conn *c, const struct store_request *r)
 {
     struct store_server *s = c->srv;
-    if (!key_ok(c, klen) || !value_ok(c, dlen))
-        return;
-    struct store_entry *e = store_table_get_or_add(&s->table, key, klen);
+    struct store_entry *e = store_table_get_or_add(&s->table, conn_ns(c), r->key, r->key_len);
     if (!e)
         return reply_oom(c);
-    bool match = expect_missing ? !e->has_value
-                                : (e->has_value && e->value_len == elen && memcmp(e->value, exp, elen) == 0);
-    if (match && store_table_set_value(&s->table, e, des, dlen) != 0) {
-        store_table_release_if_unused(&s->table, e);
-        return reply_oom(c);
+    bool match = e->has_value ? e->value_len == r->expected_len && memcmp(e->value, r->expected, r->expected_len) == 0
+                              : r->expected_len == 0;
+    if (match) {
+        if (!torch_room(c, e, bytes_with_value(e, r->value_len))) {
+            store_table_release_if_unused(&s->table, e);
+            return false;
+        }
+        if (store_table_set_value(&s->table, e, r->value, r->value_len) != 0) {
+            store_table_release_if_unused(&s->table, e);
+            return reply_oom(c);
+        }
+        charge(s, c, e);
     }
-    store_buf_begin(&s->out, STORE_ST_OK);
-    store_buf_put_u8(&s->out, e->has_value);
-    store_buf_put_bytes(&s->out, e->value, e->value_len);
-    reply_send(c);
-    if (match)
-        entry_wake(s, e);
-    else
+    if (!e->has_value) {
         store_table_release_if_unused(&s->table, e);
+        if (is_fsdp(c))
+            return fail(c, STORE_ST_NOT_FOUND, "key missing");
+        struct store_buf *b = reply_begin(c);
+        store_buf_put_bytes(b, r->expected, r->expected_len);
+        return reply_send(c);
+    }
+    struct store_buf *b = reply_begin(c);
+    store_buf_put_bytes(b, e->value, e->value_len);
+    bool keep = reply_send(c);
+    if (match)
+        entry_wake(e);
+    return keep;
 }
 
-/* CHECK and WAIT share the key-list layout: u32 n, then n keys. */
-/* Returns false for a malformed request (the connection is then dropped). */
-static bool op_check_wait(struct store_conn *c, uint8_t op, uint32_t timeout_ms, struct store_reader *r)
+static bool op_check(struct store_conn *c, const struct store_request *r)
+{
+    bool all = true;
+    struct store_item_iter it = {0};
+    const uint8_t *k;
+    uint64_t kl;
+    while (all && store_request_item(r, &it, &k, &kl, NULL, NULL))
+        all = store_table_entry_present(store_table_find(&c->srv->table, conn_ns(c), k, kl));
+    struct store_buf *b = reply_begin(c);
+    store_buf_put_u8(b, all ? STORE_CHECK_READY : STORE_CHECK_NOT_READY);
+    return reply_send(c);
+}
+
+static bool op_wait(struct store_conn *c, const struct store_request *r)
 {
     struct store_server *s = c->srv;
-    uint32_t n = store_reader_u32(r);
-    if (n > STORE_MAX_WAIT_KEYS) {
-        reply_status(c, STORE_ST_TOO_LARGE, "%u keys in one %s exceed the limit of %u", n, store_op_name(op),
-                     STORE_MAX_WAIT_KEYS);
-        return true;
+    struct store_entry **missing = malloc((r->count ? r->count : 1) * sizeof *missing);
+    if (!missing)
+        return reply_oom(c);
+    size_t n = 0;
+    bool oom = false;
+    struct store_item_iter it = {0};
+    const uint8_t *k;
+    uint64_t kl;
+    /* A key listed twice is parked twice and woken twice: the count stays right without a search. */
+    while (!oom && store_request_item(r, &it, &k, &kl, NULL, NULL)) {
+        struct store_entry *e = store_table_get_or_add(&s->table, conn_ns(c), k, kl);
+        if (!e)
+            oom = true;
+        else if (!store_table_entry_present(e))
+            missing[n++] = e;
     }
-    struct store_entry **missing = malloc((n ? n : 1) * sizeof *missing);
-    if (!missing) {
-        reply_oom(c);
-        return true;
-    }
-    size_t nmissing = 0;
-    bool failed = false;
-    for (uint32_t i = 0; i < n && !failed; i++) {
-        size_t klen;
-        const uint8_t *key = store_reader_bytes(r, &klen);
-        if (r->bad)
-            break;
-        if (!key_ok(c, klen)) {
-            failed = true;
-            break;
-        }
-        struct store_entry *e = op == STORE_OP_WAIT ? store_table_get_or_add(&s->table, key, klen)
-                                                    : store_table_find(&s->table, key, klen);
-        if (op == STORE_OP_WAIT && !e) {
-            reply_oom(c);
-            failed = true;
-            break;
-        }
-        if (e && e->has_value)
-            continue;
-        bool dup = false; /* the same key twice must not count twice */
-        for (size_t j = 0; j < nmissing && e; j++)
-            dup |= missing[j] == e;
-        if (!dup)
-            missing[nmissing++] = e;
-    }
-    if (r->bad || failed || !store_reader_done(r)) {
-        for (size_t i = 0; op == STORE_OP_WAIT && i < nmissing; i++)
+    bool keep = true;
+    if (oom || (n > 0 && !waiter_park(c, STORE_OP_WAIT, missing, n))) {
+        for (size_t i = 0; i < n; i++)
             store_table_release_if_unused(&s->table, missing[i]);
-        free(missing);
-        if (failed)
-            return true;
-        log_warn("store: closing %s: malformed %s frame", c->peer, store_op_name(op));
-        reply_status(c, STORE_ST_PROTO, "malformed %s request", store_op_name(op));
-        return false;
-    }
-    if (op == STORE_OP_CHECK) {
-        store_buf_begin(&s->out, STORE_ST_OK);
-        store_buf_put_u8(&s->out, nmissing == 0);
-        reply_send(c);
-    } else if (nmissing == 0) {
-        reply_ok(c);
-    } else if (!waiter_park(c, STORE_OP_WAIT, missing, nmissing, timeout_ms)) {
-        for (size_t i = 0; i < nmissing; i++)
-            store_table_release_if_unused(&s->table, missing[i]);
-        reply_oom(c);
+        keep = reply_oom(c);
+    } else if (n == 0) {
+        struct store_buf *b = reply_begin(c);
+        store_buf_put_u8(b, STORE_WAIT_STOP);
+        keep = reply_send(c);
     }
     free(missing);
-    return true;
+    return keep;
 }
 
-static void op_delete(struct store_conn *c, const uint8_t *key, size_t klen)
+static bool op_delete(struct store_conn *c, const struct store_request *r)
 {
     struct store_server *s = c->srv;
-    if (!key_ok(c, klen))
-        return;
-    struct store_entry *e = store_table_find(&s->table, key, klen);
+    struct store_entry *e = store_table_find(&s->table, conn_ns(c), r->key, r->key_len);
     bool existed = e && e->has_value;
-    if (existed)
+    if (existed) {
         store_table_clear_value(&s->table, e);
-    store_buf_begin(&s->out, STORE_ST_OK);
-    store_buf_put_u8(&s->out, existed);
-    reply_send(c);
+        charge(s, e->owner, e);
+        store_table_release_if_unused(&s->table, e);
+    }
+    struct store_buf *b = reply_begin(c);
+    store_buf_put_u64(b, existed ? 1 : 0);
+    return reply_send(c);
 }
 
-static void op_append(struct store_conn *c, const uint8_t *key, size_t klen, const uint8_t *val, size_t vlen)
+static bool op_append(struct store_conn *c, const struct store_request *r)
 {
     struct store_server *s = c->srv;
-    if (!key_ok(c, klen))
-        return;
-    struct store_entry *e = store_table_get_or_add(&s->table, key, klen);
+    struct store_entry *e = store_table_get_or_add(&s->table, conn_ns(c), r->key, r->key_len);
     if (!e)
         return reply_oom(c);
     size_t old = e->has_value ? e->value_len : 0;
-    if (old + vlen > STORE_MAX_VALUE_BYTES) {
+    if (old + r->value_len > max_value(c)) {
         store_table_release_if_unused(&s->table, e);
-        return reply_status(c, STORE_ST_TOO_LARGE,
-                            "APPEND would make a value of %zu bytes, over STORE_MAX_VALUE_BYTES (%u)", old + vlen,
-                            (unsigned)STORE_MAX_VALUE_BYTES);
+        return fail(c, STORE_ST_TOO_LARGE, "APPEND would make a value of %zu bytes, over %s (%llu)",
+                    old + (size_t)r->value_len, is_fsdp(c) ? "STORE_MAX_VALUE_BYTES" : "PyTorch's TCPStore value limit",
+                    (unsigned long long)max_value(c));
     }
-    uint8_t *v = malloc(old + vlen ? old + vlen : 1);
+    if (!torch_room(c, e, bytes_with_value(e, old + r->value_len))) {
+        store_table_release_if_unused(&s->table, e);
+        return false;
+    }
+    uint8_t *v = malloc(old + r->value_len ? old + r->value_len : 1);
     if (!v) {
         store_table_release_if_unused(&s->table, e);
         return reply_oom(c);
     }
     if (old)
         memcpy(v, e->value, old);
-    if (vlen)
-        memcpy(v + old, val, vlen);
-    store_table_adopt_value(&s->table, e, v, old + vlen);
-    reply_ok(c);
-    entry_wake(s, e);
+    if (r->value_len)
+        memcpy(v + old, r->value, r->value_len);
+    store_table_adopt_value(&s->table, e, v, old + r->value_len);
+    charge(s, c, e);
+    bool keep = reply_done(c);
+    entry_wake(e);
+    return keep;
 }
 
-static bool handle_hello(struct store_conn *c, struct store_reader *r)
+static bool op_multi_get(struct store_conn *c, const struct store_request *r)
 {
     struct store_server *s = c->srv;
-    uint32_t magic = store_reader_u32(r);
-    uint16_t version = store_reader_u16(r);
-    if (r->bad || magic != STORE_MAGIC) {
-        log_warn("store: closing %s: not an fsdpc store client (bad handshake)", c->peer);
-        reply_status(c, STORE_ST_REFUSED, "not an fsdpc store handshake (bad magic)");
-        return false;
+    uint64_t total = 0;
+    struct store_item_iter it = {0};
+    const uint8_t *k;
+    uint64_t kl;
+    while (store_request_item(r, &it, &k, &kl, NULL, NULL)) {
+        struct store_entry *e = store_table_find(&s->table, conn_ns(c), k, kl);
+        if (is_fsdp(c) && !(e && e->has_value))
+            return fail(c, STORE_ST_NOT_FOUND, "key '%.*s' missing", kl > 64 ? 64 : (int)kl, (const char *)k);
+        total += 8 + (e && e->has_value ? e->value_len : 0);
     }
-    if (version != STORE_PROTOCOL_VERSION) {
-        log_warn("store: refusing %s: protocol version %u, this server speaks %d", c->peer, version,
-                 STORE_PROTOCOL_VERSION);
-        reply_status(c, STORE_ST_REFUSED,
-                     "speaks store protocol version %d, the client speaks version %u: run the same fsdpc "
-                     "version on every node",
-                     STORE_PROTOCOL_VERSION, version);
-        return false;
+    if (total > STORE_MAX_REPLY_BYTES)
+        return fail(c, STORE_ST_TOO_LARGE, "MULTI_GET reply of %llu bytes exceeds the limit of %u",
+                    (unsigned long long)total, STORE_MAX_REPLY_BYTES);
+    struct store_buf *b = reply_begin(c);
+    it = (struct store_item_iter){0};
+    while (store_request_item(r, &it, &k, &kl, NULL, NULL)) {
+        struct store_entry *e = store_table_find(&s->table, conn_ns(c), k, kl);
+        if (e && e->has_value)
+            store_buf_put_bytes(b, e->value, e->value_len);
+        else
+            store_buf_put_u64(b, 0);
     }
-    size_t idlen, seclen;
-    const uint8_t *id = store_reader_bytes(r, &idlen);
-    const uint8_t *sec = store_reader_bytes(r, &seclen);
-    if (!store_reader_done(r)) {
-        reply_status(c, STORE_ST_REFUSED, "malformed handshake");
-        return false;
-    }
-    if (idlen != strlen(s->run_id) || memcmp(id, s->run_id, idlen) != 0) {
-        log_warn("store: refusing %s: run id differs (another job?)", c->peer);
-        reply_status(c, STORE_ST_REFUSED,
-                     "belongs to another job (run id differs): check --rdzv_id / FSDP_RDZV_TOKEN");
-        return false;
-    }
-    if (seclen != strlen(s->secret) || memcmp(sec, s->secret, seclen) != 0) {
-        log_warn("store: refusing %s: job token differs", c->peer);
-        reply_status(c, STORE_ST_REFUSED,
-                     "belongs to another job (token differs): check --rdzv_id / FSDP_RDZV_TOKEN");
-        return false;
-    }
-    c->greeted = true;
-    event_del(c->stall_timer);
-    store_buf_begin(&s->out, STORE_ST_OK);
-    store_buf_put_u16(&s->out, STORE_PROTOCOL_VERSION);
-    reply_send(c);
-    return true;
+    return reply_send(c);
 }
 
-bool store_server_handle_frame(struct store_conn *c, const uint8_t *payload, size_t n)
+static bool op_multi_set(struct store_conn *c, const struct store_request *r)
 {
-    struct store_reader rd, *r = &rd;
-    store_reader_init(r, payload, n);
-    uint8_t op = store_reader_u8(r);
-    if (!c->greeted) {
-        if (op == STORE_OP_HELLO)
-            return handle_hello(c, r);
-        log_warn("store: closing %s: first frame is op 0x%02x, not a handshake", c->peer, op);
-        reply_status(c, STORE_ST_REFUSED, "the first frame must be the handshake");
+    struct store_item_iter it = {0};
+    const uint8_t *k, *v;
+    uint64_t kl, vl;
+    while (store_request_item(r, &it, &k, &kl, &v, &vl)) {
+        /* Each pair is a SET; a refused one leaves the earlier ones set (as a PyTorch client sees it). */
+        struct store_server *s = c->srv;
+        struct store_entry *e = store_table_get_or_add(&s->table, conn_ns(c), k, kl);
+        if (!e)
+            return reply_oom(c);
+        if (!torch_room(c, e, bytes_with_value(e, vl))) {
+            store_table_release_if_unused(&s->table, e);
+            return false;
+        }
+        if (store_table_set_value(&s->table, e, v, vl) != 0) {
+            store_table_release_if_unused(&s->table, e);
+            return reply_oom(c);
+        }
+        charge(s, c, e);
+        entry_wake(e);
+    }
+    return reply_done(c);
+}
+
+static bool op_cancel_wait(struct store_conn *c)
+{
+    if (c->waiter)
+        store_server_free_waiter(c->srv, c->waiter);
+    struct store_buf *b = reply_begin(c);
+    store_buf_put_u8(b, STORE_WAIT_CANCELED);
+    return reply_send(c);
+}
+
+static bool op_queue_push(struct store_conn *c, const struct store_request *r)
+{
+    struct store_server *s = c->srv;
+    struct store_entry *e = store_table_get_or_add(&s->table, conn_ns(c), r->key, r->key_len);
+    if (!e)
+        return reply_oom(c);
+    size_t now = store_table_entry_bytes(e);
+    size_t after = (now ? now : STORE_ENTRY_OVERHEAD + e->key_len) + r->value_len + STORE_QITEM_OVERHEAD;
+    if (!torch_room(c, e, after)) {
+        store_table_release_if_unused(&s->table, e);
         return false;
     }
-    size_t klen = 0, vlen = 0, elen = 0;
-    const uint8_t *key = NULL, *val = NULL, *exp = NULL;
-    uint32_t timeout_ms = 0;
-    int64_t delta = 0;
-    uint8_t flag = 0;
-    switch (op) {
-    case STORE_OP_SET:
-    case STORE_OP_APPEND:
-        key = store_reader_bytes(r, &klen);
-        val = store_reader_bytes(r, &vlen);
-        break;
-    case STORE_OP_GET:
-        timeout_ms = store_reader_u32(r);
-        key = store_reader_bytes(r, &klen);
-        break;
-    case STORE_OP_ADD:
-        key = store_reader_bytes(r, &klen);
-        delta = (int64_t)store_reader_u64(r);
-        break;
-    case STORE_OP_COMPARE_SET:
-        key = store_reader_bytes(r, &klen);
-        flag = store_reader_u8(r);
-        exp = store_reader_bytes(r, &elen);
-        val = store_reader_bytes(r, &vlen);
-        break;
-    case STORE_OP_CHECK:
-        return op_check_wait(c, op, 0, r);
-    case STORE_OP_WAIT:
-        timeout_ms = store_reader_u32(r);
-        return op_check_wait(c, op, timeout_ms, r);
-    case STORE_OP_DELETE:
-        key = store_reader_bytes(r, &klen);
-        break;
-    case STORE_OP_NUM_KEYS:
-    case STORE_OP_PING:
-        break;
+    if (store_table_queue_push(e, r->value, r->value_len) != 0) {
+        store_table_release_if_unused(&s->table, e);
+        return reply_oom(c);
+    }
+    charge(s, c, e);
+    bool keep = reply_done(c);
+    entry_wake_one(e);
+    return keep;
+}
+
+static bool op_queue_pop(struct store_conn *c, const struct store_request *r)
+{
+    struct store_server *s = c->srv;
+    struct store_entry *e = store_table_find(&s->table, conn_ns(c), r->key, r->key_len);
+    struct store_buf *b = reply_begin(c);
+    store_buf_put_u64(b, e ? (uint64_t)e->qlen : 0);
+    struct store_qitem *q = e ? store_table_queue_pop(e) : NULL;
+    if (q) {
+        store_buf_put_bytes(b, q->data, q->len);
+        free(q);
+        charge(s, e->owner, e);
+        store_table_release_if_unused(&s->table, e);
+    }
+    return reply_send(c);
+}
+
+static bool op_queue_len(struct store_conn *c, const struct store_request *r)
+{
+    struct store_entry *e = store_table_find(&c->srv->table, conn_ns(c), r->key, r->key_len);
+    struct store_buf *b = reply_begin(c);
+    store_buf_put_u64(b, e ? (uint64_t)e->qlen : 0);
+    return reply_send(c);
+}
+
+struct list_walk {
+    struct store_buf *b;
+    uint64_t n, bytes;
+};
+
+static void list_count(struct store_entry *e, void *arg)
+{
+    struct list_walk *w = arg;
+    if (e->has_value) {
+        w->n++;
+        w->bytes += 8 + e->key_len;
+    }
+}
+
+static void list_put(struct store_entry *e, void *arg)
+{
+    struct list_walk *w = arg;
+    if (e->has_value)
+        store_buf_put_bytes(w->b, e->key, e->key_len);
+}
+
+static bool op_list_keys(struct store_conn *c)
+{
+    struct store_server *s = c->srv;
+    struct list_walk w = {0};
+    store_table_each(&s->table, conn_ns(c), list_count, &w);
+    if (w.bytes > STORE_MAX_REPLY_BYTES)
+        return fail(c, STORE_ST_TOO_LARGE, "LIST_KEYS reply of %llu bytes exceeds the limit of %u",
+                    (unsigned long long)w.bytes, STORE_MAX_REPLY_BYTES);
+    w.b = reply_begin(c);
+    store_buf_put_u64(w.b, w.n);
+    store_table_each(&s->table, conn_ns(c), list_put, &w);
+    return reply_send(c);
+}
+
+/* c10d's BARRIER: the counter at key goes up by one; the arrival that takes it to world_size releases
+ * everyone parked on the key (and any later write to the key would too, as in c10d). */
+static bool op_barrier(struct store_conn *c, const struct store_request *r)
+{
+    struct store_server *s = c->srv;
+    struct store_entry *e = store_table_get_or_add(&s->table, conn_ns(c), r->key, r->key_len);
+    if (!e)
+        return reply_oom(c);
+    int64_t v = 0;
+    if (e->has_value && !store_parse_i64(e->value, e->value_len, &v))
+        return fail(c, STORE_ST_INVALID, "BARRIER on a value that is not a decimal integer (%zu bytes)",
+                    e->value_len);
+    if (v == INT64_MAX)
+        return fail(c, STORE_ST_TOO_LARGE, "BARRIER counter overflows int64");
+    v++;
+    char text[32];
+    int n = snprintf(text, sizeof text, "%" PRId64, v);
+    if (!torch_room(c, e, bytes_with_value(e, (size_t)n))) {
+        store_table_release_if_unused(&s->table, e);
+        return false;
+    }
+    if (store_table_set_value(&s->table, e, text, (size_t)n) != 0) {
+        store_table_release_if_unused(&s->table, e);
+        return reply_oom(c);
+    }
+    charge(s, c, e);
+    if (v < r->number) {
+        struct store_entry *one[1] = {e};
+        return waiter_park(c, STORE_OP_BARRIER, one, 1) ? true : reply_oom(c);
+    }
+    entry_wake(e);
+    struct store_buf *b = reply_begin(c);
+    store_buf_put_u8(b, STORE_WAIT_STOP);
+    return reply_send(c);
+}
+
+struct reset_walk {
+    struct store_server *s;
+    int64_t removed;
+};
+
+static void reset_one(struct store_entry *e, void *arg)
+{
+    struct reset_walk *w = arg;
+    if (!store_table_entry_present(e))
+        return;
+    w->removed++;
+    store_table_clear_value(&w->s->table, e);
+    for (struct store_qitem *q; (q = store_table_queue_pop(e));)
+        free(q);
+    charge(w->s, NULL, e);
+}
+
+static bool op_reset_torch(struct store_conn *c)
+{
+    struct reset_walk w = {.s = c->srv};
+    store_table_each(&c->srv->table, STORE_NS_TORCH, reset_one, &w);
+    log_debug("store: %s emptied PyTorch clients' key space (%" PRId64 " keys)", c->peer, w.removed);
+    struct store_buf *b = reply_begin(c);
+    store_buf_put_u64(b, (uint64_t)w.removed);
+    return reply_send(c);
+}
+
+bool store_server_op(struct store_conn *c, const struct store_request *r)
+{
+    switch (r->op) {
+    case STORE_OP_SET: return op_set(c, r);
+    case STORE_OP_COMPARE_SET: return op_compare_set(c, r);
+    case STORE_OP_GET: return op_get(c, r);
+    case STORE_OP_ADD: return op_add(c, r);
+    case STORE_OP_CHECK: return op_check(c, r);
+    case STORE_OP_WAIT: return op_wait(c, r);
+    case STORE_OP_GETNUMKEYS: {
+        struct store_buf *b = reply_begin(c);
+        store_buf_put_u64(b, (uint64_t)c->srv->table.nvalues[conn_ns(c)]);
+        return reply_send(c);
+    }
+    case STORE_OP_DELETE_KEY: return op_delete(c, r);
+    case STORE_OP_APPEND: return op_append(c, r);
+    case STORE_OP_MULTI_GET: return op_multi_get(c, r);
+    case STORE_OP_MULTI_SET: return op_multi_set(c, r);
+    case STORE_OP_CANCEL_WAIT: return op_cancel_wait(c);
+    case STORE_OP_PING: {
+        struct store_buf *b = reply_begin(c);
+        store_buf_put_u32(b, r->u32);
+        return reply_send(c);
+    }
+    case STORE_OP_QUEUE_PUSH: return op_queue_push(c, r);
+    case STORE_OP_QUEUE_POP: return op_queue_pop(c, r);
+    case STORE_OP_QUEUE_LEN: return op_queue_len(c, r);
+    case STORE_OP_LIST_KEYS: return op_list_keys(c);
+    case STORE_OP_BARRIER: return op_barrier(c, r);
+    case STORE_OP_RESET_TORCH:
+        if (is_fsdp(c))
+            return op_reset_torch(c);
+        return fail(c, STORE_ST_PROTO, "op RESET_TORCH is for authenticated fsdpc clients only");
     default:
-        log_warn("store: closing %s: unknown op 0x%02x", c->peer, op);
-        reply_status(c, STORE_ST_PROTO, "unknown op 0x%02x", op);
-        return false;
+        return fail(c, STORE_ST_PROTO, "op %s out of place", store_op_name(r->op));
     }
-    if (!store_reader_done(r)) {
-        log_warn("store: closing %s: malformed %s frame (%zu bytes)", c->peer, store_op_name(op), n);
-        reply_status(c, STORE_ST_PROTO, "malformed %s request", store_op_name(op));
-        return false;
-    }
-    switch (op) {
-    case STORE_OP_SET: op_set(c, key, klen, val, vlen); break;
-    case STORE_OP_APPEND: op_append(c, key, klen, val, vlen); break;
-    case STORE_OP_GET: op_get(c, timeout_ms, key, klen); break;
-    case STORE_OP_ADD: op_add(c, key, klen, delta); break;
-    case STORE_OP_COMPARE_SET: op_compare_set(c, key, klen, flag != 0, exp, elen, val, vlen); break;
-    case STORE_OP_DELETE: op_delete(c, key, klen); break;
-    case STORE_OP_NUM_KEYS:
-        store_buf_begin(&c->srv->out, STORE_ST_OK);
-        store_buf_put_u64(&c->srv->out, (uint64_t)c->srv->table.nvalues);
-        reply_send(c);
-        break;
-    case STORE_OP_PING: reply_ok(c); break;
-    }
-    return true;
 }

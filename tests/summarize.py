@@ -8,7 +8,7 @@ passing or failing by meson's verdict, so nothing can vanish from the total.
 A skipped test is neither passing nor failing, and Criterion leaves it out of its synthesis: the skips
 (Criterion's `[SKIP] suite::test: why` lines, which tests/meson.build's verbosity makes it print, and meson
 tests that exited 77) are listed before the synthesis, one `SKIPPED` line each and a `Skipped: N` line.
-Usage: summarize.py BUILD_DIR [BUILD_DIR ...]; exits 1 if anything failed.
+Usage: summarize.py BUILD_DIR|TESTLOG.json [...]; exits 1 if anything failed.
 """
 import json
 import re
@@ -23,7 +23,8 @@ def main(dirs):
     bad = []
     skipped = []
     for d in dirs:
-        with open(f"{d}/meson-logs/testlog.json") as f:
+        # a build directory (its latest meson test run) or a saved testlog.json of an earlier run
+        with open(d if d.endswith(".json") else f"{d}/meson-logs/testlog.json") as f:
             for line in f:
                 rec = json.loads(line)
                 text = (rec.get("stdout") or "") + (rec.get("stderr") or "")

@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/settings.h"
 #include "worker/train/train.h"
+#include "worker/train/train_sources.h"
 #include "worker/config/worker_config.h"
 #include "worker/tools/detect_blocks.h"
 
@@ -119,6 +120,11 @@ int main(int argc, char **argv)
     }
     if (config_cli_apply(&cli, cfg) != 0) {
         log_error("%s", error_message()); /* already says "command line: ..." */
+        goto out;
+    }
+    /* Before the typed view: a Hugging Face init_from sets the [model] shape its config.json gives. */
+    if (train_sources_apply(cfg) != 0) {
+        status = fail("invalid config");
         goto out;
     }
     struct worker_config wc;

@@ -16,9 +16,11 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <string.h>
 
 #include "common/error.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/attention_avx512.h"
 #include "kernels/cpu/fastmath.h"
 
 #define ATT_BQ 64
@@ -28,13 +30,6 @@
  * running max, running sum (forward) or D = rowsum(dO * O) (backward). */
 #define ATT_SLOT_FLOATS (2 * ATT_BQ * ATT_BK + 2 * ATT_BQ)
 
-/* hs = 64 on a CPU with AVX-512 takes the register-blocked tiles below instead of sgemm; the baseline-only
- * build (KERNELS_NO_SIMD_CLONES) keeps the sgemm path everywhere, so it can be tested on any machine. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(KERNELS_NO_SIMD_CLONES)
-#define ATT_HAVE_AVX512 1
-#else
-#define ATT_HAVE_AVX512 0
-#endif
 /* the AVX-512 path uses four 64 x 64 tiles of a slot */
 _Static_assert(ATT_SLOT_FLOATS >= 4 * 64 * 64, "attention workspace slot too small for the AVX-512 tiles");
 
@@ -46,20 +41,51 @@ static int check_shape(const char *op, int b, int t, int c, int nh)
     return 0;
 }
 
+/* Bytes of one (batch, head) slot: the fp32 tiles, or, where bf16 attention can run (this CPU has bf16
+ * instructions, whatever the dtype at call time: the workspace is sized before set_matmul_dtype), what its
+ * kernels need: the AVX512_BF16 tiles and per-pair layouts (head size 64), else bf16-rounded copies of the
+ * pair's q, k, v and dO for the sgemm path. */
+static size_t att_slot_bytes(int t, int hs)
+{
+    size_t f32 = ATT_SLOT_FLOATS * sizeof(float);
+    if (!cpu_isa_get()->bf16)
+        return f32;
+    size_t lp = cpu_att16_usable(hs) ? cpu_att16_slot_bytes(t) : f32 + 4 * (size_t)t * hs * sizeof(float);
+    lp = (lp + 63) / 64 * 64;
+    return lp > f32 ? lp : f32;
+}
+
 size_t cpu_attention_workspace_bytes(int b, int t, int c, int nh)
 {
-    (void)t;
-    (void)c;
-    if (b <= 0 || nh <= 0)
+    if (b <= 0 || nh <= 0 || t <= 0 || c <= 0 || c % nh != 0)
         return 64;
-    return (size_t)b * (size_t)nh * ATT_SLOT_FLOATS * sizeof(float);
+    return (size_t)b * (size_t)nh * att_slot_bytes(t, c / nh);
+}
+
+/* bf16 mode on the sgemm path (head sizes other than 64): the operands of every product rounded to bf16,
+ * accumulation in fp32, so the numbers are those of the AVX512_BF16 tiles up to summation order. */
+CPU_SIMD_CLONES
+static void att_round_row(float *x, int n)
+{
+#pragma omp simd
+    for (int i = 0; i < n; i++)
+        x[i] = dtype_bf16_to_f32(dtype_f32_to_bf16(x[i]));
+}
+
+/* dst rows (t x w, ld w) = src rows (leading dimension ld) rounded to bf16 and back. */
+static void att_round_copy(float *dst, const float *src, size_t ld, int t, int w)
+{
+    for (int r = 0; r < t; r++) {
+        memcpy(dst + (size_t)r * w, src + (size_t)r * ld, (size_t)w * sizeof(float));
+        att_round_row(dst + (size_t)r * w, w);
+    }
 }
 
 /* One row of a score tile: fold the valid keys (the first jmax) into the running max m and sum l, turn
- * the row into unnormalised probabilities exp(s - m_new), zero the masked tail, and rescale the output
- * row already accumulated by exp(m_old - m_new). */
+ * the row into unnormalised probabilities exp(s - m_new) (rounded to bf16 with round), zero the masked
+ * tail, and rescale the output row already accumulated by exp(m_old - m_new). */
 CPU_SIMD_CLONES
-static void att_row_online(float *s, int nk, int jmax, float *m, float *l, float *o, int hs)
+static void att_row_online(float *s, int nk, int jmax, float *m, float *l, float *o, int hs, int round)
 {
     if (jmax <= 0) {
         for (int j = 0; j < nk; j++)
@@ -88,40 +114,42 @@ static void att_row_online(float *s, int nk, int jmax, float *m, float *l, float
     }
     *l = *l * alpha + sum;
     *m = m_new;
+    if (round) /* P as the operand of P V; l keeps the unrounded sum */
+        att_round_row(s, jmax);
 }
 
-static void att_forward_pair(float *out, float *lse, const float *qkv, int t, int c, int hs, float scale,
-                             float *ws)
+/* One pair on sgemm tiles: q, k, v rows with leading dimension ldx, out rows with leading dimension ldo. */
+static void att_forward_pair(float *out, size_t ldo, float *lse, const float *q_all, const float *k_all,
+                             const float *v_all, size_t ldx, int t, int hs, float scale, float *ws, int round)
 {
-    const int ld_qkv = 3 * c;
     float *s = ws, *m = ws + 2 * ATT_BQ * ATT_BK, *l = m + ATT_BQ;
     for (int q0 = 0; q0 < t; q0 += ATT_BQ) {
         int q1 = q0 + ATT_BQ < t ? q0 + ATT_BQ : t, nq = q1 - q0;
-        const float *q = qkv + (size_t)q0 * ld_qkv;
-        float *o = out + (size_t)q0 * c;
+        const float *q = q_all + (size_t)q0 * ldx;
+        float *o = out + (size_t)q0 * ldo;
         for (int r = 0; r < nq; r++) {
             m[r] = -INFINITY;
             l[r] = 0.0f;
             for (int d = 0; d < hs; d++)
-                o[(size_t)r * c + d] = 0.0f;
+                o[(size_t)r * ldo + d] = 0.0f;
         }
         for (int k0 = 0; k0 < q1; k0 += ATT_BK) {
             int k1 = k0 + ATT_BK < q1 ? k0 + ATT_BK : q1, nk = k1 - k0;
-            const float *k = qkv + (size_t)k0 * ld_qkv + c, *v = qkv + (size_t)k0 * ld_qkv + 2 * c;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, scale, q, ld_qkv, k, ld_qkv, 0.0f,
+            const float *k = k_all + (size_t)k0 * ldx, *v = v_all + (size_t)k0 * ldx;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, scale, q, (int)ldx, k, (int)ldx, 0.0f,
                         s, ATT_BK);
             for (int r = 0; r < nq; r++) {
                 int jmax = q0 + r - k0 + 1; /* keys k0 .. q0+r are visible to query q0+r */
                 jmax = jmax < nk ? jmax : nk;
-                att_row_online(s + (size_t)r * ATT_BK, nk, jmax, m + r, l + r, o + (size_t)r * c, hs);
+                att_row_online(s + (size_t)r * ATT_BK, nk, jmax, m + r, l + r, o + (size_t)r * ldo, hs, round);
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nk, 1.0f, s, ATT_BK, v, ld_qkv, 1.0f,
-                        o, c);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nk, 1.0f, s, ATT_BK, v, (int)ldx, 1.0f,
+                        o, (int)ldo);
         }
         for (int r = 0; r < nq; r++) {
             float inv = 1.0f / l[r];
             for (int d = 0; d < hs; d++)
-                o[(size_t)r * c + d] *= inv;
+                o[(size_t)r * ldo + d] *= inv;
             lse[q0 + r] = m[r] + logf(l[r]);
         }
     }
@@ -191,57 +219,6 @@ static struct att_pf *att_pf_following(struct att_pf *pf, int p, int pairs, int 
  * contraction of O, dQ, dK and dV stops at the causal limit of the row block, so the masked triangle costs
  * (almost) nothing there. */
 #if ATT_HAVE_AVX512
-#include <immintrin.h>
-
-#define ATT_TARGET __attribute__((target("avx512f,fma")))
-#define ATT_INLINE __attribute__((target("avx512f,fma"), always_inline)) static inline
-#define ATT_R 4 /* output rows per register block: 16 accumulators + 4 row loads + 1 broadcast */
-
-/* Left alone, GCC folds the four row loads into every FMA as memory operands, loading each row R times
- * per step: the load ports, not the FMA units, then bound the kernels. An empty asm that "modifies" the
- * registers makes the loaded values opaque, so each row is loaded once and reused from registers. */
-#define ATT_IN_REGS(a, b, c, d) __asm__("" : "+v"(a), "+v"(b), "+v"(c), "+v"(d))
-
-/* fastmath_expf on 16 lanes in half the instructions: with t = x log2 e, n = round(t) (vrndscaleps) and
- * r = t - n (exact), 2^r by a degree-5 polynomial on [-1/2, 1/2] (relative error 1.7e-7 in float, within
- * fastmath_expf's 2 ulp) and 2^n by vscalefps: ten instructions, five of them FMAs, against twenty-one
- * (Cody-Waite reduction, degree-7 form, exponent bits built by hand). The column softmax of the forward
- * pass (an eighth of it) runs 1.5x faster, the backward's probability tile 1.05x. The argument is a score
- * minus its column's maximum or its row's log-sum-exp, never far above 0, so there is no upper clamp;
- * below -87.3 (and -inf, the masked scores) gives exactly 0, as fastmath_expf does. Scaling the query
- * block by log2(e)/sqrt(hs) instead (one multiply less here) costs accuracy: 1/sqrt(64) is a power of
- * two and log2(e)/8 is not, and that rounding took the large-score test from 0.52 to 0.76 of its
- * tolerance. */
-ATT_INLINE __m512 att_exp512(__m512 x)
-{
-    const __m512 lo = _mm512_set1_ps(-126.0f);
-    __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-    __mmask16 keep = _mm512_cmp_ps_mask(t, lo, _CMP_NLT_UQ);
-    t = _mm512_max_ps(t, lo);
-    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(1.3264727313e-03f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.6715129912e-03f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.5507335812e-02f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.4022242427e-01f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.9314700365e-01f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_maskz_scalef_ps(keep, p, n);
-}
-
-/* Lanes of vector v (queries 16v .. 16v+15) that key row j of a diagonal tile may see: query r sees key
- * j when r >= j. */
-static inline __mmask16 att_diag_mask(int j, int v)
-{
-    int sh = j - 16 * v;
-    return sh <= 0 ? (__mmask16)0xFFFF : sh >= 16 ? (__mmask16)0 : (__mmask16)(0xFFFFu << sh);
-}
-
-enum att_epi {
-    ATT_EPI_SCORES, /* forward: store the scores, -inf where masked */
-    ATT_EPI_PROBS,  /* backward: P = exp(s - lse[r]), 0 where masked */
-    ATT_EPI_DS,     /* backward: dS = P (dP - D[r]) scale, P read from pt (0 where masked) */
-};
 
 /* Rows j .. j+R-1 of a transposed tile dst (ld 64): dst[j][r] = sum_d x[j][d] yt[d][r], x rows with
  * leading dimension ldx, yt the transposed 64 x 64 query (or dO) block; then the epilogue. Vectors below
@@ -416,78 +393,6 @@ ATT_TARGET static void att_tile_acc(float *out, size_t ldo, int n, const float *
     }
 }
 
-/* In-register transpose of 16 rows of 16: after it, x[k] holds column k. Three rounds of shuffles, each
- * swapping ever larger blocks: 1 x 1 (unpack), 2 x 2 inside 128-bit lanes, then whole lanes. */
-ATT_INLINE void att_transpose16(__m512 x[16])
-{
-    __m512 t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_ps(x[i], x[i + 1]);
-        t[i + 1] = _mm512_unpackhi_ps(x[i], x[i + 1]);
-    }
-    /* lane L of x[4a + k] = column 4L + k of rows 4a .. 4a+3 */
-    for (int a = 0; a < 16; a += 4) {
-        x[a] = _mm512_shuffle_ps(t[a], t[a + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        x[a + 1] = _mm512_shuffle_ps(t[a], t[a + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        x[a + 2] = _mm512_shuffle_ps(t[a + 1], t[a + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        x[a + 3] = _mm512_shuffle_ps(t[a + 1], t[a + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    /* lanes (0, 2) and (1, 3) of row groups 0/1 and 2/3 */
-    for (int k = 0; k < 4; k++) {
-        t[k] = _mm512_shuffle_f32x4(x[k], x[k + 4], 0x88);
-        t[k + 4] = _mm512_shuffle_f32x4(x[k], x[k + 4], 0xdd);
-        t[k + 8] = _mm512_shuffle_f32x4(x[k + 8], x[k + 12], 0x88);
-        t[k + 12] = _mm512_shuffle_f32x4(x[k + 8], x[k + 12], 0xdd);
-    }
-    for (int k = 0; k < 8; k++) {
-        x[k] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88);
-        x[k + 8] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0xdd);
-    }
-}
-
-/* dst[d][r] = s src[r][d] for r < n, 0 for n <= r < 64: the transposed query (or dO) block, in 16 x 16
- * blocks (element-wise it is a strided store per float, as slow as a third of a tile product). */
-ATT_TARGET static void att_transpose64(float *dst, const float *src, size_t lds, int n, float s)
-{
-    const __m512 vs = _mm512_set1_ps(s);
-    for (int rb = 0; rb < 64; rb += 16)
-        for (int db = 0; db < 64; db += 16) {
-            __m512 x[16];
-            for (int i = 0; i < 16; i++)
-                x[i] = rb + i < n ? _mm512_mul_ps(_mm512_loadu_ps(src + (size_t)(rb + i) * lds + db), vs)
-                                  : _mm512_setzero_ps();
-            att_transpose16(x);
-            for (int k = 0; k < 16; k++)
-                _mm512_storeu_ps(dst + (size_t)(db + k) * 64 + rb, x[k]);
-        }
-}
-
-/* Online softmax down the columns of the score tile (nk key rows): new running max, probabilities
- * exp(s - m) in place, running sum rescaled, and alpha = exp(m_old - m_new) for the output rows. On a
- * diagonal tile, key rows from 16 (v + 1) on are masked (-inf) for every query of vector v: they are left
- * alone, as the product with v never reads them (its contraction for queries r stops at key r). */
-ATT_TARGET static void att_softmax_cols(float *st, int nk, int diag, float *m, float *l, float *alpha)
-{
-    for (int v = 0; v < 4; v++) {
-        __m512 mold = _mm512_loadu_ps(m + 16 * v), mx = mold;
-        const int nj = diag && 16 * (v + 1) < nk ? 16 * (v + 1) : nk;
-        for (int j = 0; j < nj; j++)
-            mx = _mm512_max_ps(mx, _mm512_loadu_ps(st + j * 64 + 16 * v));
-        /* a column with nothing visible yet keeps -inf; subtract 0 there so no inf - inf appears */
-        __m512 msub = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(mx, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ),
-                                         _mm512_setzero_ps());
-        __m512 a = att_exp512(_mm512_sub_ps(mold, msub)), sum = _mm512_setzero_ps();
-        for (int j = 0; j < nj; j++) {
-            __m512 p = att_exp512(_mm512_sub_ps(_mm512_loadu_ps(st + j * 64 + 16 * v), msub));
-            _mm512_storeu_ps(st + j * 64 + 16 * v, p);
-            sum = _mm512_add_ps(sum, p);
-        }
-        _mm512_storeu_ps(l + 16 * v, _mm512_fmadd_ps(_mm512_loadu_ps(l + 16 * v), a, sum));
-        _mm512_storeu_ps(m + 16 * v, mx);
-        _mm512_storeu_ps(alpha + 16 * v, a);
-    }
-}
-
 /* Points pf at the next query block's rows, or at the first block of the next pair (next != NULL) after
  * the last block; iters is how many register blocks the tile loops will run until then. */
 static void att_pf_next(struct att_pf *pf, const struct att_pf *next, int q0, int t, int iters)
@@ -627,22 +532,33 @@ int cpu_attention_forward(float *out, float *lse, const float *qkv, int b, int t
                                       "attention_workspace_bytes)");
     const int hs = c / nh;
     const float scale = 1.0f / sqrtf((float)hs);
-    const int pairs = b * nh, fast = att512_usable(hs);
+    const int pairs = b * nh, bf16 = cpu_matmul_compute_dtype() == DTYPE_BF16;
+    const int fast16 = bf16 && cpu_att16_usable(hs), fast = !bf16 && att512_usable(hs);
+    const size_t slot = att_slot_bytes(t, hs);
 #pragma omp parallel num_threads(att_threads(pairs)) if (pairs > 1)
     {
-        float *ws = (float *)workspace + (size_t)omp_get_thread_num() * ATT_SLOT_FLOATS;
+        float *ws = (float *)((char *)workspace + (size_t)omp_get_thread_num() * slot);
 #pragma omp for schedule(dynamic, 1)
         for (int p = 0; p < pairs; p++) {
             int bi = p / nh, h = p % nh;
-            if (fast) {
+            float *o = out + (size_t)bi * t * c + (size_t)h * hs;
+            const float *x = qkv + (size_t)bi * t * 3 * c + (size_t)h * hs;
+            if (fast16) {
+                cpu_att16_forward_pair(o, lse + (size_t)p * t, x, t, c, scale, ws);
+            } else if (fast) {
                 struct att_pf next;
                 struct att_pf *np = att_pf_following(&next, p, pairs, nh, t, c, hs, qkv, out, NULL, NULL);
-                att512_forward_pair(out + (size_t)bi * t * c + (size_t)h * hs, lse + (size_t)p * t,
-                                    qkv + (size_t)bi * t * 3 * c + (size_t)h * hs, t, c, scale, ws, np);
-                continue;
+                att512_forward_pair(o, lse + (size_t)p * t, x, t, c, scale, ws, np);
+            } else if (bf16) {
+                /* the pair's q, k, v rounded, after the fp32 tiles of the slot */
+                float *r = ws + ATT_SLOT_FLOATS;
+                for (int part = 0; part < 3; part++)
+                    att_round_copy(r + (size_t)part * t * hs, x + (size_t)part * c, 3 * (size_t)c, t, hs);
+                att_forward_pair(o, c, lse + (size_t)p * t, r, r + (size_t)t * hs, r + 2 * (size_t)t * hs, hs, t,
+                                 hs, scale, ws, 1);
+            } else {
+                att_forward_pair(o, c, lse + (size_t)p * t, x, x + c, x + 2 * c, 3 * (size_t)c, t, hs, scale, ws, 0);
             }
-            att_forward_pair(out + (size_t)bi * t * c + (size_t)h * hs, lse + (size_t)p * t,
-                             qkv + (size_t)bi * t * 3 * c + (size_t)h * hs, t, c, hs, scale, ws);
         }
     }
     return 0;
@@ -679,40 +595,49 @@ static float att_row_dot(const float *a, const float *b, int n)
     return s;
 }
 
-static void att_backward_pair(float *dqkv, const float *dout, const float *qkv, const float *out,
-                              const float *lse, int t, int c, int hs, float scale, float *ws)
+/* One pair's backward on sgemm tiles: q, k, v (leading dimension ldx) and dO (lddo) are the products'
+ * operands (bf16-rounded copies with round), out (ldo) gives D = rowsum(dO O) with the same dO; dq, dk, dv
+ * (leading dimension ldd) accumulate. */
+static void att_backward_pair(float *dq_all, float *dk_all, float *dv_all, size_t ldd, const float *dO_all,
+                              size_t lddo, const float *out, size_t ldo, const float *q_all,
+                              const float *k_all, const float *v_all, size_t ldx, const float *lse, int t, int hs,
+                              float scale, float *ws, int round)
 {
-    const int ld_qkv = 3 * c;
     float *p = ws, *dp = ws + ATT_BQ * ATT_BK, *dsum = ws + 2 * ATT_BQ * ATT_BK;
     for (int q0 = 0; q0 < t; q0 += ATT_BQ) {
         int q1 = q0 + ATT_BQ < t ? q0 + ATT_BQ : t, nq = q1 - q0;
-        const float *q = qkv + (size_t)q0 * ld_qkv, *dO = dout + (size_t)q0 * c;
-        float *dq = dqkv + (size_t)q0 * ld_qkv;
+        const float *q = q_all + (size_t)q0 * ldx, *dO = dO_all + (size_t)q0 * lddo;
+        float *dq = dq_all + (size_t)q0 * ldd;
         for (int r = 0; r < nq; r++)
-            dsum[r] = att_row_dot(dO + (size_t)r * c, out + (size_t)(q0 + r) * c, hs);
+            dsum[r] = att_row_dot(dO + (size_t)r * lddo, out + (size_t)(q0 + r) * ldo, hs);
         for (int k0 = 0; k0 < q1; k0 += ATT_BK) {
             int k1 = k0 + ATT_BK < q1 ? k0 + ATT_BK : q1, nk = k1 - k0;
-            const float *k = qkv + (size_t)k0 * ld_qkv + c, *v = qkv + (size_t)k0 * ld_qkv + 2 * c;
-            float *dk = dqkv + (size_t)k0 * ld_qkv + c, *dv = dqkv + (size_t)k0 * ld_qkv + 2 * c;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, scale, q, ld_qkv, k, ld_qkv, 0.0f,
+            const float *k = k_all + (size_t)k0 * ldx, *v = v_all + (size_t)k0 * ldx;
+            float *dk = dk_all + (size_t)k0 * ldd, *dv = dv_all + (size_t)k0 * ldd;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, scale, q, (int)ldx, k, (int)ldx, 0.0f,
                         p, ATT_BK);
             for (int r = 0; r < nq; r++) {
                 int jmax = q0 + r - k0 + 1;
                 att_row_probs(p + (size_t)r * ATT_BK, nk, jmax < nk ? jmax : nk, lse[q0 + r]);
             }
-            /* dV += P^T dO */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, 1.0f, p, ATT_BK, dO, c, 1.0f, dv,
-                        ld_qkv);
-            /* dP = dO V^T */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, 1.0f, dO, c, v, ld_qkv, 0.0f, dp,
-                        ATT_BK);
-            for (int r = 0; r < nq; r++)
+            /* dP = dO V^T; dS from the unrounded P */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, 1.0f, dO, (int)lddo, v, (int)ldx, 0.0f,
+                        dp, ATT_BK);
+            for (int r = 0; r < nq; r++) {
                 att_row_dscores(dp + (size_t)r * ATT_BK, p + (size_t)r * ATT_BK, nk, dsum[r], scale);
+                if (round) {
+                    att_round_row(p + (size_t)r * ATT_BK, nk);
+                    att_round_row(dp + (size_t)r * ATT_BK, nk);
+                }
+            }
+            /* dV += P^T dO */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, 1.0f, p, ATT_BK, dO, (int)lddo, 1.0f, dv,
+                        (int)ldd);
             /* dQ += dS K ; dK += dS^T Q */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nk, 1.0f, dp, ATT_BK, k, ld_qkv, 1.0f,
-                        dq, ld_qkv);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, 1.0f, dp, ATT_BK, q, ld_qkv, 1.0f,
-                        dk, ld_qkv);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nk, 1.0f, dp, ATT_BK, k, (int)ldx, 1.0f,
+                        dq, (int)ldd);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, 1.0f, dp, ATT_BK, q, (int)ldx, 1.0f,
+                        dk, (int)ldd);
         }
     }
 }
@@ -728,23 +653,38 @@ int cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, con
                                       "attention_workspace_bytes)");
     const int hs = c / nh;
     const float scale = 1.0f / sqrtf((float)hs);
-    const int pairs = b * nh, fast = att512_usable(hs);
+    const int pairs = b * nh, bf16 = cpu_matmul_compute_dtype() == DTYPE_BF16;
+    const int fast16 = bf16 && cpu_att16_usable(hs), fast = !bf16 && att512_usable(hs);
+    const size_t slot = att_slot_bytes(t, hs);
 #pragma omp parallel num_threads(att_threads(pairs)) if (pairs > 1)
     {
-        float *ws = (float *)workspace + (size_t)omp_get_thread_num() * ATT_SLOT_FLOATS;
+        float *ws = (float *)((char *)workspace + (size_t)omp_get_thread_num() * slot);
 #pragma omp for schedule(dynamic, 1)
         for (int p = 0; p < pairs; p++) {
             int bi = p / nh, h = p % nh;
             size_t qoff = (size_t)bi * t * 3 * c + (size_t)h * hs, ooff = (size_t)bi * t * c + (size_t)h * hs;
-            if (fast) {
+            const size_t ld = 3 * (size_t)c;
+            if (fast16) {
+                cpu_att16_backward_pair(dqkv + qoff, dout + ooff, qkv + qoff, out + ooff, lse + (size_t)p * t, t, c,
+                                        scale, ws);
+            } else if (fast) {
                 struct att_pf next;
                 struct att_pf *np = att_pf_following(&next, p, pairs, nh, t, c, hs, qkv, out, dqkv, dout);
                 att512_backward_pair(dqkv + qoff, dout + ooff, qkv + qoff, out + ooff, lse + (size_t)p * t, t,
                                      c, scale, ws, np);
-                continue;
+            } else if (bf16) {
+                float *r = ws + ATT_SLOT_FLOATS, *rdo = r + 3 * (size_t)t * hs;
+                for (int part = 0; part < 3; part++)
+                    att_round_copy(r + (size_t)part * t * hs, qkv + qoff + (size_t)part * c, ld, t, hs);
+                att_round_copy(rdo, dout + ooff, c, t, hs);
+                att_backward_pair(dqkv + qoff, dqkv + qoff + c, dqkv + qoff + 2 * c, ld, rdo, hs, out + ooff, c, r,
+                                  r + (size_t)t * hs, r + 2 * (size_t)t * hs, hs, lse + (size_t)p * t,
+                                  t, hs, scale, ws, 1);
+            } else {
+                att_backward_pair(dqkv + qoff, dqkv + qoff + c, dqkv + qoff + 2 * c, ld, dout + ooff, c,
+                                  out + ooff, c, qkv + qoff, qkv + qoff + c, qkv + qoff + 2 * c, ld,
+                                  lse + (size_t)p * t, t, hs, scale, ws, 0);
             }
-            att_backward_pair(dqkv + qoff, dout + ooff, qkv + qoff, out + ooff, lse + (size_t)p * t, t, c, hs,
-                              scale, ws);
         }
     }
     return 0;

@@ -36,6 +36,66 @@ int cpu_synchronize(void);
 int cpu_set_matmul_dtype(enum dtype dtype);
 double cpu_peak_flops(void);
 
+/* ---- onednn.c: what oneDNN runs on this CPU, and its matmuls cached per shape ---- */
+struct cpu_isa {
+    bool usable;  /* oneDNN's CPU engine exists */
+    bool avx512;  /* oneDNN runs AVX-512 kernels (avx512_core or better) */
+    bool bf16;    /* native bf16 dot products (AVX512_BF16, or AMX): bf16 matmuls at twice the fp32 rate */
+    bool capped;  /* FSDP_TEST_CPU_NO_BF16 capped oneDNN below bf16 */
+    char name[32]; /* oneDNN's effective ISA, e.g. "avx512_core_bf16" */
+};
+/* Asked of oneDNN once per process (FSDP_TEST_CPU_NO_BF16 caps it first); never NULL. */
+const struct cpu_isa *cpu_isa_get(void);
+/* c(m, n) = alpha op(a) op(b) + beta c (+ bias(n) on every row when bias != NULL), row-major with leading
+ * dimensions, op = transpose when t* != 0; a and b in dt (f32 or bf16), c and bias f32. The primitive of
+ * each distinct problem is made once and cached. */
+int cpu_onednn_matmul(enum dtype dt, int ta, int tb, int m, int n, int k, float alpha, const void *a, int lda,
+                      const void *b, int ldb, float beta, float *c, int ldc, const float *bias);
+struct cpu_onednn_stats {
+    unsigned long long created, hits, evicted, executed; /* primitives made, cache hits, dropped, calls */
+};
+struct cpu_onednn_stats cpu_onednn_stats_get(void);
+/* Drops every cached primitive (tests of the cache). */
+void cpu_onednn_cache_clear(void);
+
+/* ---- lowp.c: the bf16 operands of the bf16 matmuls ---- */
+/* The ranges bound with the table's lowp_bind: [f32, f32 + n) has a bf16 copy at lp, same indices. */
+int cpu_lowp_bind(const float *f32, const void *lp, size_t n);
+int cpu_lowp_unbind(const float *f32);
+/* The bf16 copy of the elements [p, p + span) when one bound range holds all of them, else NULL. */
+const uint16_t *cpu_lowp_find(const float *p, size_t span);
+/* dst (rows x cols, leading dimension cols) = src (rows x cols, leading dimension ld) rounded to bf16 as
+ * common/dtype.h rounds (nearest even, NaN kept quiet), in parallel over rows when large. */
+void cpu_round_bf16(uint16_t *dst, const float *src, size_t rows, size_t cols, size_t ld);
+/* The same for a contiguous (rows x cols) src on the calling thread, adding each row into acc (cols floats)
+ * in the same pass, rows in order: a bias gradient from the read that rounds dy. */
+void cpu_round_bf16_colsum(uint16_t *dst, float *acc, const float *src, size_t rows, size_t cols);
+/* Scratch slot `slot` (0..CPU_SCRATCH_SLOTS-1) of the calling thread, at least `bytes` long: grown when a
+ * larger operand comes, kept for the thread's life; NULL (error set) when memory runs out. */
+#define CPU_SCRATCH_SLOTS 4
+void *cpu_scratch(int slot, size_t bytes);
+/* Bytes the calling thread's scratch holds now (reports and tests). */
+size_t cpu_scratch_bytes(void);
+
+/* ---- attention_bf16.c: one (batch, head) pair of attention on AVX512_BF16 dot products (head size 64) ---- */
+int cpu_att16_usable(int hs);
+/* Workspace bytes one pair's slot needs for a sequence of t tokens. */
+size_t cpu_att16_slot_bytes(int t);
+/* As attention.c's AVX-512 pair functions: q, k, v rows of the pair at qkv (leading dimension 3c), out and
+ * dout rows at leading dimension c, lse of the pair; ws = the pair's slot. */
+void cpu_att16_forward_pair(float *out, float *lse, const float *qkv, int t, int c, float scale, void *ws);
+void cpu_att16_backward_pair(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                             int t, int c, float scale, void *ws);
+
+/* ---- matmul.c: the dtype the matmuls compute in now (set_matmul_dtype, what this CPU supports) ---- */
+enum dtype cpu_matmul_compute_dtype(void);
+/* lowp_hold / lowp_release: in bf16 mode x is rounded into a buffer of the table's and bound until released. */
+int cpu_lowp_hold(const float *x, size_t n);
+int cpu_lowp_release(const float *x);
+/* Whether an fp32 product of m x n x k runs on oneDNN (else OpenBLAS): FSDP_CPU_MATMUL, and for auto the
+ * rule matmul.c documents. */
+bool cpu_matmul_f32_onednn(int m, int n, int k);
+
 int cpu_matmul_forward(float *y, const float *x, const float *w, const float *b, int n, int in, int out);
 int cpu_matmul_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
                         int n, int in, int out);

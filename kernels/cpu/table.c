@@ -1,11 +1,12 @@
-/* The CPU ops table. */
+/* The CPU ops table. What it can do (matmul_dtypes) depends on the CPU, so the table is completed once, at
+ * the first kernels_cpu(), from what oneDNN finds. */
 #include <cblas.h>
 #include <pthread.h>
 
 #include "common/log.h"
 #include "kernels/cpu/cpu.h"
 
-static const struct kernels cpu_table = {
+static struct kernels cpu_table = {
     .name = "cpu",
     .host_visible = true,
     .host = kernels_cpu,
@@ -20,6 +21,10 @@ static const struct kernels cpu_table = {
     .mem_set = cpu_mem_set,
     .synchronize = cpu_synchronize,
     .set_matmul_dtype = cpu_set_matmul_dtype,
+    .lowp_bind = cpu_lowp_bind,
+    .lowp_unbind = cpu_lowp_unbind,
+    .lowp_hold = cpu_lowp_hold,
+    .lowp_release = cpu_lowp_release,
     .matmul_forward = cpu_matmul_forward,
     .matmul_backward = cpu_matmul_backward,
     .gemm = cpu_gemm,
@@ -43,13 +48,15 @@ static const struct kernels cpu_table = {
     .axpy = cpu_axpy,
 };
 
-static pthread_once_t blas_check_once = PTHREAD_ONCE_INIT;
+static pthread_once_t table_once = PTHREAD_ONCE_INIT;
 
-/* The pthread build of OpenBLAS keeps its own thread pool beside OpenMP's: with several ranks per
- * machine that oversubscribes the cores and ignores OMP_NUM_THREADS. The build links the OpenMP one
- * (rpath); say so loudly if something else was loaded anyway. */
-static void blas_check(void)
+static void table_init(void)
 {
+    cpu_table.matmul_dtypes =
+        KERNELS_DTYPE_BIT(DTYPE_F32) | (cpu_isa_get()->bf16 ? KERNELS_DTYPE_BIT(DTYPE_BF16) : 0);
+    /* The pthread build of OpenBLAS keeps its own thread pool beside OpenMP's: with several ranks per
+     * machine that oversubscribes the cores and ignores OMP_NUM_THREADS. The build links the OpenMP one
+     * (rpath); say so loudly if something else was loaded anyway. */
     int par = openblas_get_parallel();
     if (par != 2)
         log_warn("kernels cpu: OpenBLAS is the %s build, not the OpenMP one: threads may oversubscribe; "
@@ -59,6 +66,6 @@ static void blas_check(void)
 
 const struct kernels *kernels_cpu(void)
 {
-    pthread_once(&blas_check_once, blas_check);
+    pthread_once(&table_once, table_init);
     return &cpu_table;
 }

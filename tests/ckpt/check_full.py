@@ -36,6 +36,9 @@ def main():
     L, C, V, T = (int(x) for x in sys.argv[2:6])
     tensors, meta = read_safetensors(path)
     assert meta.get("format") == "pt", meta
+    # GPT2LMHeadModel's names (a full checkpoint's model.safetensors) carry "transformer."; a GPT2Model's
+    # (fsdp-ckpt export to a single file) do not.
+    tensors = {k[len("transformer."):] if k.startswith("transformer.") else k: v for k, v in tensors.items()}
     want = {"wte.weight": (V, C), "wpe.weight": (T, C), "ln_f.weight": (C,), "ln_f.bias": (C,)}
     for i in range(L):
         h = f"h.{i}."

@@ -8,6 +8,7 @@
 
 #include "common/safetensors.h"
 #include "tests/ckpt/ctest.h"
+#include "worker/model/model_hf.h"
 
 static char dir[64];
 static void setup(void)
@@ -121,9 +122,9 @@ Test(ckpt, full_round_trip_any_put_order_and_reshard)
     ct_layout(&l, 77);
     ct_save_full(dir, &l, 5, 3, 0);
     char path[256];
-    snprintf(path, sizeof path, "%s/fsdp_cpt5/fsdp_cpt5.safetensors", dir);
+    snprintf(path, sizeof path, "%s/fsdp_cpt5/model.safetensors", dir);
     cr_assert(ct_exists(path));
-    snprintf(path, sizeof path, "%s/fsdp_cpt5/fsdp_cpt5_optim.safetensors", dir);
+    snprintf(path, sizeof path, "%s/fsdp_cpt5/optimizer.safetensors", dir);
     cr_assert(ct_exists(path));
     struct ckpt_reader *r;
     cr_assert_eq(ckpt_open(dir, "latest", &l, &r), 0, "%s", error_message());
@@ -140,7 +141,7 @@ Test(ckpt, full_model_file_loads_with_model_weights_load)
     ct_layout(&l, 77);
     ct_save_full(dir, &l, 8, 4, 0);
     char path[256];
-    snprintf(path, sizeof path, "%s/fsdp_cpt8/fsdp_cpt8.safetensors", dir);
+    snprintf(path, sizeof path, "%s/fsdp_cpt8/model.safetensors", dir);
     float *got = malloc(l.numel * sizeof *got);
     memset(got, 0xff, l.numel * sizeof *got);
     cr_assert_eq(model_weights_load(&l, path, got), 0, "%s", error_message());
@@ -151,7 +152,7 @@ Test(ckpt, full_model_file_loads_with_model_weights_load)
         }
     /* The optimizer file: the same names behind "exp_avg." / "exp_avg_sq.", real rows only. */
     struct safetensors_file *f;
-    snprintf(path, sizeof path, "%s/fsdp_cpt8/fsdp_cpt8_optim.safetensors", dir);
+    snprintf(path, sizeof path, "%s/fsdp_cpt8/optimizer.safetensors", dir);
     cr_assert_eq(safetensors_open(&f, path), 0, "%s", error_message());
     cr_assert_eq(f->n_tensors, 2 * (size_t)l.n_params);
     const struct safetensors_tensor *t = safetensors_find(f, "exp_avg_sq.wte.weight");
@@ -586,5 +587,118 @@ Test(ckpt, writers_fewer_than_world_size)
     cr_assert_str_eq(ckpt_reader_state(r)->strategy, "HYBRID_SHARD");
     ct_check_read(r, &l, 4, 5);
     ckpt_close(r);
+    model_layout_free(&l);
+}
+
+/* A FULL_STATE_DICT directory is a Hugging Face model directory: config.json with the layout's shape,
+ * model.safetensors under GPT2LMHeadModel's names; init_from takes the directory itself. The run's
+ * tokenizer is copied in and gives config.json its special ids. */
+Test(ckpt, full_checkpoint_is_a_hugging_face_directory)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    char tokdir[300], tok[400], tokcfg[400];
+    snprintf(tokdir, sizeof tokdir, "%s/data", dir);
+    mkdir(tokdir, 0755);
+    snprintf(tok, sizeof tok, "%s/tokenizer.json", tokdir);
+    snprintf(tokcfg, sizeof tokcfg, "%s/tokenizer_config.json", tokdir);
+    FILE *f = fopen(tok, "w");
+    fputs("{\"added_tokens\":[{\"id\":70,\"content\":\"<|endoftext|>\",\"special\":true}],\"model\":{}}", f);
+    fclose(f);
+    f = fopen(tokcfg, "w");
+    fputs("{\"model_max_length\": 16}", f);
+    fclose(f);
+    struct ckpt_full_writer *w;
+    cr_assert_eq(ckpt_full_open(dir, 6, &l, &w), 0, "%s", error_message());
+    for (int p = 0; p < l.n_params; p++)
+        for (int k = 0; k < CKPT_KINDS; k++) {
+            float *t = malloc(l.params[p].numel * sizeof *t);
+            ct_fill(&l, k, p, 0, l.params[p].numel, t, 6);
+            cr_assert_eq(ckpt_full_put(w, k, p, t), 0, "%s", error_message());
+            free(t);
+        }
+    struct ckpt_state s;
+    ct_state(&s, &l, 6, 1, 2);
+    s.tokenizer = tok;
+    cr_assert_eq(ckpt_full_commit(w, &s, 0), 0, "%s", error_message());
+
+    char ck[300], path[500];
+    snprintf(ck, sizeof ck, "%s/fsdp_cpt6", dir);
+    cr_assert(model_hf_is_dir(ck));
+    struct model_hf_config hc;
+    cr_assert_eq(model_hf_config_read(ck, &hc), 0, "%s", error_message());
+    cr_assert(hc.config.n_layer == 2 && hc.config.n_head == 3 && hc.config.n_embd == 36 &&
+              hc.config.vocab_size == 77 && hc.config.block_size == 16);
+    snprintf(path, sizeof path, "%s/config.json", ck);
+    char text[4096] = "";
+    f = fopen(path, "r");
+    text[fread(text, 1, sizeof text - 1, f)] = 0;
+    fclose(f);
+    cr_assert(strstr(text, "\"eos_token_id\":\t70"), "%s", text);
+    snprintf(path, sizeof path, "%s/tokenizer.json", ck);
+    cr_assert(ct_exists(path));
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", ck);
+    cr_assert(ct_exists(path));
+    struct safetensors_file *sf;
+    snprintf(path, sizeof path, "%s/model.safetensors", ck);
+    cr_assert_eq(safetensors_open(&sf, path), 0, "%s", error_message());
+    cr_assert_not_null(safetensors_find(sf, "transformer.h.1.mlp.c_proj.weight"));
+    cr_assert_null(safetensors_find(sf, "h.1.mlp.c_proj.weight"));
+    safetensors_close(sf);
+    float *got = malloc(l.numel * sizeof *got);
+    cr_assert_eq(model_weights_load(&l, ck, got), 0, "%s", error_message());
+    for (int p = 0; p < l.n_params; p++)
+        for (size_t i = 0; i < l.params[p].numel; i++)
+            cr_assert_eq(got[l.params[p].offset + i], ct_value(&l, CKPT_PARAM, p, i, 6), "%s[%zu]", l.params[p].name, i);
+    free(got);
+    /* and it still resumes as a checkpoint */
+    struct ckpt_reader *r;
+    cr_assert_eq(ckpt_open(dir, "latest", &l, &r), 0, "%s", error_message());
+    ct_check_read(r, &l, 2, 6);
+    ckpt_close(r);
+    model_layout_free(&l);
+}
+
+/* resume_from as PyTorch scripts write it: each habit gets a message that says what to pass. */
+Test(ckpt, resume_from_a_file_says_which_directory_to_pass)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    ct_save_full(dir, &l, 40, 1, 0);
+    char p[400], want[400];
+    struct {
+        const char *which, *frag;
+    } cases[] = {
+        {"fsdp_cpt40.pth", "pass the directory: resume_from = "},
+        {"fsdp_cpt4000.pth", "does not resume from PyTorch .pth files"},
+        {"model.bin", "does not resume from PyTorch .bin files"},
+        {"fsdp_cpt40/model.safetensors", "is a file inside the checkpoint"},
+        {"elsewhere.safetensors", "set model.init_from = "},
+        {"hfdir", "Hugging Face model directory"},
+    };
+    snprintf(p, sizeof p, "%s/hfdir", dir);
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/hfdir/config.json", dir);
+    FILE *f = fopen(p, "w");
+    fputs("{}", f);
+    fclose(f);
+    snprintf(want, sizeof want, "%s/fsdp_cpt40", dir);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        /* as a name under the checkpoint root, and as a path */
+        for (int as_path = 0; as_path < 2; as_path++) {
+            snprintf(p, sizeof p, "%s/%s", dir, cases[i].which);
+            const char *which = as_path ? p : cases[i].which;
+            struct ckpt_reader *r;
+            cr_assert_eq(ckpt_open(dir, which, &l, &r), FSDP_EINVAL, "%s accepted", which);
+            const char *m = error_message();
+            cr_assert(strstr(m, "checkpoint.resume_from = ") && strstr(m, cases[i].frag), "%s: %s", which, m);
+            if (i == 0 || i == 3)
+                cr_assert(strstr(m, want), "%s: %s does not name %s", which, m, want);
+            cr_assert_eq(ckpt_check_resume_target(as_path ? NULL : dir, which), FSDP_EINVAL, "%s", which);
+        }
+    }
+    cr_assert_eq(ckpt_check_resume_target(dir, "latest"), 0);
+    cr_assert_eq(ckpt_check_resume_target(dir, "fsdp_cpt40"), 0);
+    cr_assert_eq(ckpt_check_resume_target(NULL, "/does/not/exist"), 0, "missing paths are ckpt_resolve's to report");
     model_layout_free(&l);
 }

@@ -80,7 +80,7 @@ Test(ckpt_fail, flipped_byte_in_full_model_file_is_a_crc_error_naming_it)
     ct_layout(&l, 77);
     ct_save_full(dir, &l, 5, 1, 0);
     char path[256];
-    snprintf(path, sizeof path, "%s/fsdp_cpt5/fsdp_cpt5.safetensors", dir);
+    snprintf(path, sizeof path, "%s/fsdp_cpt5/model.safetensors", dir);
     flip_byte(path, file_size(path) / 2);
     struct ckpt_reader *r;
     cr_assert_eq(ckpt_open(dir, "latest", &l, &r), 0, "%s", error_message());
@@ -96,7 +96,7 @@ Test(ckpt_fail, damaged_safetensors_header_is_refused_at_open)
     ct_layout(&l, 77);
     ct_save_full(dir, &l, 5, 1, 0);
     ct_save_sharded(dir, &l, 6, 2, 2, 1, 0);
-    const char *files[] = {"fsdp_cpt5/fsdp_cpt5.safetensors", "fsdp_sharded_cpt6/fsdp_sharded_cpt6_rank1"};
+    const char *files[] = {"fsdp_cpt5/model.safetensors", "fsdp_sharded_cpt6/fsdp_sharded_cpt6_rank1"};
     for (int i = 0; i < 2; i++) {
         char path[256];
         snprintf(path, sizeof path, "%s/%s", dir, files[i]);
@@ -214,7 +214,7 @@ Test(ckpt_fail, truncated_full_file_is_named_at_open)
     ct_layout(&l, 77);
     ct_save_full(dir, &l, 5, 1, 0);
     char path[256];
-    snprintf(path, sizeof path, "%s/fsdp_cpt5/fsdp_cpt5_optim.safetensors", dir);
+    snprintf(path, sizeof path, "%s/fsdp_cpt5/optimizer.safetensors", dir);
     cr_assert_eq(truncate(path, 1000), 0);
     struct ckpt_reader *r;
     cr_assert_eq(ckpt_open(dir, "latest", &l, &r), FSDP_EINVAL);

@@ -1,6 +1,8 @@
 /* fsdp-ckpt, run as a user runs it: inspect (and its checksum verdict on a damaged file), merge and
  * export (loaded back with the model's own loader and checked by Debian's python3 + torch reading the
  * format by hand), and sample (greedy output equal to the model's argmax computed here). */
+#include <cjson/cJSON.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <math.h>
 #include <sys/wait.h>
@@ -10,6 +12,7 @@
 #include "kernels/kernels.h"
 #include "tests/ckpt/ctest.h"
 #include "worker/ckpt/ckpt_internal.h"
+#include "worker/model/model_hf.h"
 
 static char dir[64];
 static void setup(void)
@@ -166,7 +169,7 @@ Test(ckpt_tool, full_checkpoint_model_file_opens_in_python)
     ct_layout(&l, 77);
     ct_save_full(dir, &l, 4, 8, 0);
     char model[128];
-    snprintf(model, sizeof model, "%s/fsdp_cpt4/fsdp_cpt4.safetensors", dir);
+    snprintf(model, sizeof model, "%s/fsdp_cpt4/model.safetensors", dir);
     python_check(model, &l, 8);
     model_layout_free(&l);
 }
@@ -379,5 +382,190 @@ Test(ckpt_tool, exported_model_logits_match_pytorch, .timeout = 170)
     model_destroy(m);
     k->mem_free(params);
     free(init);
+    model_layout_free(&l);
+}
+
+static void read_text(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "no %s", path);
+    buf[fread(buf, 1, cap - 1, f)] = 0;
+    fclose(f);
+}
+
+static int count_shards(const char *d)
+{
+    DIR *dd = opendir(d);
+    struct dirent *e;
+    int n = 0;
+    while (dd && (e = readdir(dd)))
+        n += strncmp(e->d_name, "model-", 6) == 0;
+    if (dd)
+        closedir(dd);
+    return n;
+}
+
+/* export to a directory: config.json, one model.safetensors under GPT2LMHeadModel's names, or shards and
+ * an index past --max_shard_size (a later export with fewer shards removes the stale ones); the model
+ * loads back exactly through the Hugging Face reader; the files get the user's umask (also merge's). */
+Test(ckpt_tool, export_hugging_face_directory_sharded_and_not)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    ct_save_sharded(dir, &l, 12, 2, 2, 5, 0);
+    char out_dir[128], path[256], text[1 << 14];
+    snprintf(out_dir, sizeof out_dir, "%s/hf", dir);
+    mode_t old = umask(027);
+    int rc = run((char *[]){(char *)tool(), "export", dir, out_dir, "--max_shard_size", "20KB", NULL}, out, sizeof out);
+    umask(old);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, "sharded") && strstr(out, "config.json"), "%s", out);
+    int shards = count_shards(out_dir);
+    cr_assert_gt(shards, 2, "20 KB shards of a %zu-parameter model: %d", l.numel_real, shards);
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", out_dir);
+    read_text(path, text, sizeof text);
+    char want[96];
+    snprintf(want, sizeof want, "\"transformer.h.1.mlp.c_fc.weight\":\t\"model-");
+    cr_assert(strstr(text, "\"weight_map\"") && strstr(text, "\"total_size\"") && strstr(text, want), "%s", text);
+    snprintf(want, sizeof want, "-of-%05d.safetensors\"", shards);
+    cr_assert(strstr(text, want), "%s", text);
+    struct stat st;
+    snprintf(path, sizeof path, "%s/model-00001-of-%05d.safetensors", out_dir, shards);
+    cr_assert_eq(stat(path, &st), 0, "%s", path);
+    cr_assert_eq(st.st_mode & 0777, 0640, "export under umask 027 made mode %03o", (unsigned)(st.st_mode & 0777));
+    snprintf(path, sizeof path, "%s/config.json", out_dir);
+    cr_assert_eq(stat(path, &st), 0);
+    cr_assert_eq(st.st_mode & 0777, 0640, "config.json mode %03o", (unsigned)(st.st_mode & 0777));
+    float *got = malloc(l.numel * sizeof *got);
+    cr_assert_eq(model_weights_load(&l, out_dir, got), 0, "%s", error_message());
+    for (int p = 0; p < l.n_params; p++)
+        for (size_t i = 0; i < l.params[p].numel; i++)
+            cr_assert_eq(got[l.params[p].offset + i], ct_value(&l, CKPT_PARAM, p, i, 5), "%s[%zu]", l.params[p].name, i);
+
+    /* again without a limit: one file, the shards and the index of the first export gone */
+    cr_assert_eq(run((char *[]){(char *)tool(), "export", dir, out_dir, NULL}, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(count_shards(out_dir), 0);
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", out_dir);
+    cr_assert(!ct_exists(path));
+    memset(got, 0, l.numel * sizeof *got);
+    cr_assert_eq(model_weights_load(&l, out_dir, got), 0, "%s", error_message());
+    for (int p = 0; p < l.n_params; p++)
+        for (size_t i = 0; i < l.params[p].numel; i++)
+            cr_assert_eq(got[l.params[p].offset + i], ct_value(&l, CKPT_PARAM, p, i, 5));
+    /* export from the Hugging Face directory itself (bf16) reads it back within bf16 rounding */
+    char out2[128];
+    snprintf(out2, sizeof out2, "%s/hf_bf16", dir);
+    cr_assert_eq(run((char *[]){(char *)tool(), "export", out_dir, out2, "--dtype", "bf16", NULL}, out, sizeof out), 0,
+                 "%s", out);
+    snprintf(path, sizeof path, "%s/config.json", out2);
+    read_text(path, text, sizeof text);
+    cr_assert(strstr(text, "\"dtype\":\t\"bfloat16\""), "%s", text);
+    cr_assert_eq(model_weights_load(&l, out2, got), 0, "%s", error_message());
+    for (int p = 0; p < l.n_params; p++)
+        for (size_t i = 0; i < l.params[p].numel; i++) {
+            float w = ct_value(&l, CKPT_PARAM, p, i, 5);
+            cr_assert(fabsf(got[l.params[p].offset + i] - w) <= fabsf(w) / 128, "%s[%zu]", l.params[p].name, i);
+        }
+    free(got);
+    /* merge's single file, also under the umask */
+    snprintf(path, sizeof path, "%s/merged.safetensors", dir);
+    old = umask(077);
+    rc = run((char *[]){(char *)tool(), "merge", dir, path, NULL}, out, sizeof out);
+    umask(old);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert_eq(stat(path, &st), 0);
+    cr_assert_eq(st.st_mode & 0777, 0600, "merge under umask 077 made mode %03o", (unsigned)(st.st_mode & 0777));
+    cr_assert_eq(run((char *[]){(char *)tool(), "export", dir, out2, "--max_shard_size", "5 parsecs", NULL}, out,
+                     sizeof out),
+                 2);
+    cr_assert(strstr(out, "--max_shard_size must be a size"), "%s", out);
+    model_layout_free(&l);
+}
+
+/* The tokenizer travels: --tokenizer (or the one in the checkpoint) is copied into the export, and its
+ * end-of-text id becomes config.json's eos/bos. */
+Test(ckpt_tool, export_copies_the_tokenizer)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    ct_save_full(dir, &l, 3, 1, 0);
+    char tok[128], out_dir[128], path[256], text[4096];
+    snprintf(tok, sizeof tok, "%s/my_tokenizer.json", dir);
+    FILE *f = fopen(tok, "w");
+    fputs("{\"added_tokens\":[{\"id\":76,\"content\":\"<|endoftext|>\",\"special\":true}],\"model\":{\"type\":\"BPE\"}}", f);
+    fclose(f);
+    snprintf(out_dir, sizeof out_dir, "%s/hf", dir);
+    cr_assert_eq(run((char *[]){(char *)tool(), "export", dir, out_dir, "--tokenizer", tok, NULL}, out, sizeof out), 0,
+                 "%s", out);
+    cr_assert(strstr(out, "tokenizer"), "%s", out);
+    snprintf(path, sizeof path, "%s/tokenizer.json", out_dir);
+    read_text(path, text, sizeof text);
+    cr_assert(strstr(text, "<|endoftext|>"), "%s", text);
+    snprintf(path, sizeof path, "%s/config.json", out_dir);
+    read_text(path, text, sizeof text);
+    cr_assert(strstr(text, "\"eos_token_id\":\t76"), "%s", text);
+    model_layout_free(&l);
+}
+
+/* eval: the loss the JSON reports is the mean loss the model computes on the same consecutive windows. */
+Test(ckpt_tool, eval_reports_the_mean_loss_as_json)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    ct_save_sharded(dir, &l, 9, 2, 2, 3, 0);
+    enum { B = 2, T = 16, STEPS = 3, N = B * T * STEPS + 1 };
+    uint16_t tokens[N + 40];
+    for (int i = 0; i < N + 40; i++)
+        tokens[i] = (uint16_t)((i * 31 + 7) % 77);
+    char data[128], json[128];
+    snprintf(data, sizeof data, "%s/val.bin", dir);
+    snprintf(json, sizeof json, "%s/eval.json", dir);
+    FILE *f = fopen(data, "wb");
+    fwrite(tokens, 2, N + 40, f);
+    fclose(f);
+    char target[128];
+    snprintf(target, sizeof target, "%s:latest", dir);
+    cr_assert_eq(run((char *[]){(char *)tool(), "eval", target, "--data", data, "--steps", "3", "--batch", "2", "--json",
+                                json, NULL},
+                     out, sizeof out),
+                 0, "%s", out);
+    char text[2048];
+    read_text(json, text, sizeof text);
+    cJSON *o = cJSON_Parse(text);
+    cr_assert_not_null(o, "%s", text);
+    double loss = cJSON_GetObjectItem(o, "loss")->valuedouble;
+    cr_assert_eq(cJSON_GetObjectItem(o, "tokens")->valuedouble, B * T * STEPS);
+    cr_assert_eq(cJSON_GetObjectItem(o, "step")->valuedouble, 9);
+    cJSON_Delete(o);
+
+    const struct kernels *k = kernels_cpu();
+    float *params = k->mem_alloc(l.numel * sizeof *params);
+    for (int p = 0; p < l.n_params; p++)
+        ct_fill(&l, CKPT_PARAM, p, 0, l.params[p].numel, params + l.params[p].offset, 3);
+    struct model *m;
+    cr_assert_eq(model_create(&m, &l.config, k, B, T), 0, "%s", error_message());
+    double sum = 0;
+    for (int s = 0; s < STEPS; s++) {
+        int32_t tok[B * T], tgt[B * T];
+        for (int i = 0; i < B * T; i++) {
+            tok[i] = tokens[s * B * T + i];
+            tgt[i] = tokens[s * B * T + i + 1];
+        }
+        float lo;
+        cr_assert_eq(model_set_batch(m, tok, tgt), 0);
+        cr_assert_eq(model_forward(m, params, &lo), 0);
+        sum += lo;
+    }
+    cr_assert(fabs(loss - sum / STEPS) <= 1e-6 * fabs(loss), "eval %.9g vs %.9g", loss, sum / STEPS);
+    /* the default: every whole window of the file; a file too short for one batch is an error */
+    cr_assert_eq(run((char *[]){(char *)tool(), "eval", target, "--data", data, "--batch", "2", NULL}, out, sizeof out),
+                 0, "%s", out);
+    cr_assert(strstr(out, "loss ") && strstr(out, "4 batch(es) of 2 x 16"), "%s", out);
+    cr_assert_eq(run((char *[]){(char *)tool(), "eval", target, "--data", data, "--batch", "100", NULL}, out,
+                     sizeof out),
+                 1);
+    cr_assert(strstr(out, "lower --batch"), "%s", out);
+    model_destroy(m);
+    k->mem_free(params);
     model_layout_free(&l);
 }

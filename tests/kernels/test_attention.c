@@ -1,6 +1,7 @@
 /* Causal attention against a naive double-precision softmax(QK^T/sqrt(hs)) V with a full score row, on
  * shapes that are not multiples of the backend's tiles, plus finite differences of the backend's own
- * forward for backward. */
+ * forward for backward; and bf16 mode (set_matmul_dtype(bf16) on a table that runs bf16 natively) against
+ * the same reference of the bf16-rounded inputs, with bounds from the rounding it adds (check_attention_bf16). */
 #include "tests/kernels/ktest.h"
 
 struct att_ref {
@@ -8,8 +9,11 @@ struct att_ref {
 };
 
 /* qkv (B*T, 3C) packed [q | k | v]; dout (B*T, C). Fills out, lse (B, NH, T) and dqkv (added to dqkv0). */
-static struct att_ref ref_attention(const float *qkv, const float *dout, const float *dqkv0, int B, int T,
-                                    int C, int NH)
+/* With mag, out and dqkv are the magnitudes of the same sums (every term's absolute value, and for dS the
+ * magnitude of D's terms too): the scale of the error that rounding one factor of each term to bf16 can
+ * cause. */
+static struct att_ref ref_attention_ex(const float *qkv, const float *dout, const float *dqkv0, int B, int T,
+                                       int C, int NH, int mag)
 {
     int hs = C / NH;
     double scale = 1.0 / sqrt((double)hs);
@@ -40,7 +44,7 @@ static struct att_ref ref_attention(const float *qkv, const float *dout, const f
                 for (int j = 0; j <= i; j++) {
                     const float *v = qkv + ((size_t)(b * T + j) * 3 * C) + 2 * C + h * hs;
                     for (int e = 0; e < hs; e++)
-                        o[e] += p[j] * v[e];
+                        o[e] += mag ? p[j] * fabs(v[e]) : p[j] * v[e];
                 }
                 if (!dout)
                     continue;
@@ -52,23 +56,34 @@ static struct att_ref ref_attention(const float *qkv, const float *dout, const f
                     dp[j] = 0;
                     for (int e = 0; e < hs; e++) {
                         dp[j] += (double)g[e] * v[e];
-                        dv[e] += p[j] * g[e];
+                        dv[e] += mag ? p[j] * fabs(g[e]) : p[j] * g[e];
                     }
                     pdp += p[j] * dp[j];
                 }
                 double *dq = r.dqkv + ((size_t)(b * T + i) * 3 * C) + h * hs;
+                /* mag: D = rowsum(dO O) is taken with the kernel's O, whose terms were rounded: its error,
+                 * up to 2^-8 x dO . (the magnitude of O), reaches every dS of the row */
+                double dmag = 0;
+                for (int e = 0; mag && e < hs; e++)
+                    dmag += fabs((double)g[e]) * o[e];
                 for (int j = 0; j <= i; j++) {
-                    double ds = p[j] * (dp[j] - pdp) * scale;
+                    double ds = mag ? p[j] * (fabs(dp[j] - pdp) + dmag) * scale : p[j] * (dp[j] - pdp) * scale;
                     const float *kk = qkv + ((size_t)(b * T + j) * 3 * C) + C + h * hs;
                     double *dk = r.dqkv + ((size_t)(b * T + j) * 3 * C) + C + h * hs;
                     for (int e = 0; e < hs; e++) {
-                        dq[e] += ds * kk[e];
-                        dk[e] += ds * q[e];
+                        dq[e] += mag ? fabs(ds * kk[e]) : ds * kk[e];
+                        dk[e] += mag ? fabs(ds * q[e]) : ds * q[e];
                     }
                 }
             }
     free(s), free(p), free(dp);
     return r;
+}
+
+static struct att_ref ref_attention(const float *qkv, const float *dout, const float *dqkv0, int B, int T,
+                                    int C, int NH)
+{
+    return ref_attention_ex(qkv, dout, dqkv0, B, T, C, NH, 0);
 }
 
 static void check_attention(int B, int T, int C, int NH, float spread, uint64_t seed)
@@ -82,8 +97,9 @@ static void check_attention(int B, int T, int C, int NH, float spread, uint64_t 
     size_t wsb = k->attention_workspace_bytes(B, T, C, NH);
     void *ws = k->mem_alloc(wsb);
     cr_assert(ws);
-    /* workspace memory must not grow like T^2 (tiled, O(T) per head at most) */
-    cr_assert(wsb <= (size_t)B * NH * (64u * 1024u + 16u * (size_t)T * sizeof(float)) + 4096,
+    /* workspace memory must not grow like T^2 (tiled, O(T) per head at most: the bf16 kernels keep a few
+     * bf16 copies of the pair's rows) */
+    cr_assert(wsb <= (size_t)B * NH * (128u * 1024u + 1024u * (size_t)T) + 4096,
               "workspace %zu bytes for B=%d T=%d NH=%d", wsb, B, T, NH);
     cr_assert_eq(k->attention_forward(dout_, dlse, dqkv_, B, T, C, NH, ws), 0, "%s", error_message());
     cr_assert_eq(k->attention_backward(dg, ddout, dqkv_, dout_, dlse, B, T, C, NH, ws), 0, "%s", error_message());
@@ -174,19 +190,114 @@ Test(kernels_attention, finite_differences)
     k->mem_free(dq), k->mem_free(dr), k->mem_free(dg), k->mem_free(dout), k->mem_free(dlse), k->mem_free(ws);
 }
 
+/* bf16 mode. The kernel rounds q, k, v and dO to bf16 (so the reference takes the rounded values: the scores
+ * of rounded q and k are exact products accumulated in fp32), keeps the softmax statistics in fp32, and
+ * rounds P and dS once more as operands of P V, P^T dO, dS K and dS^T Q. So:
+ * - lse: fp32 accumulation and the exponential only, the fp32 bounds (2e-5);
+ * - out, dqkv: each term of the sums has one factor rounded (relative 2^-8), on top of the fp32 error:
+ *   |err| <= 2^-8 x (the sum of the terms' magnitudes) + what fp32 allows; checked with 2^-7 of it, as P and
+ *   dS also carry the fp32 error of the scores they come from.
+ * And the result must differ from fp32 attention on the unrounded inputs, or bf16 was not applied. */
+static void check_attention_bf16(int B, int T, int C, int NH, float spread, uint64_t seed)
+{
+    const struct kernels *k = kt_backend();
+    if (!(k->matmul_dtypes & KERNELS_DTYPE_BIT(KERNELS_BF16)))
+        cr_skip_test("%s: no native bf16 matmuls on this machine (the fallback computes in fp32, tested above)",
+                     k->name);
+    cr_assert_eq(k->set_matmul_dtype(KERNELS_BF16), 0, "%s", error_message());
+    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    float *qkv = kt_host_rand(nq, seed, -spread, spread), *dout = kt_host_rand(no, seed + 1, -1, 1);
+    float *g0 = kt_host_rand(nq, seed + 2, -1, 1);
+    float *rq = malloc(nq * sizeof *rq), *rd = malloc(no * sizeof *rd);
+    cr_assert(rq && rd);
+    for (size_t i = 0; i < nq; i++)
+        rq[i] = kernels_bf16_to_f32(kernels_f32_to_bf16(qkv[i]));
+    for (size_t i = 0; i < no; i++)
+        rd[i] = kernels_bf16_to_f32(kernels_f32_to_bf16(dout[i]));
+    float *dqkv_ = kt_devf(k, qkv, nq), *ddout = kt_devf(k, dout, no), *dg = kt_devf(k, g0, nq);
+    float *dout_ = kt_devf(k, NULL, no), *dlse = kt_devf(k, NULL, nl);
+    void *ws = k->mem_alloc(k->attention_workspace_bytes(B, T, C, NH));
+    cr_assert(ws);
+    cr_assert_eq(k->attention_forward(dout_, dlse, dqkv_, B, T, C, NH, ws), 0, "%s", error_message());
+    cr_assert_eq(k->attention_backward(dg, ddout, dqkv_, dout_, dlse, B, T, C, NH, ws), 0, "%s", error_message());
+    struct att_ref r = ref_attention_ex(rq, rd, g0, B, T, C, NH, 0), m = ref_attention_ex(rq, rd, NULL, B, T, C, NH, 1);
+    struct att_ref x = ref_attention(qkv, dout, g0, B, T, C, NH);
+    float *o = kt_down(k, dout_, no), *l = kt_down(k, dlse, nl), *g = kt_down(k, dg, nq);
+    kt_check("bf16 att lse", l, r.lse, nl, 2e-5, 2e-5);
+    double worst = 0, off = 0;
+    const struct {
+        const char *name;
+        const float *got;
+        const double *want, *mag, *exact;
+        size_t n;
+    } t[2] = {{"bf16 att out", o, r.out, m.out, x.out, no}, {"bf16 att dqkv", g, r.dqkv, m.dqkv, x.dqkv, nq}};
+    for (int a = 0; a < 2; a++)
+        for (size_t i = 0; i < t[a].n; i++) {
+            double err = fabs((double)t[a].got[i] - t[a].want[i]), bound = 1.0 / 128 * t[a].mag[i] + 1e-4;
+            if (!(err <= bound))
+                cr_assert_fail("%s[%zu]: got %.9g, want %.9g (err %.3g > %.3g = 2^-7 x %.3g + 1e-4)", t[a].name, i,
+                               (double)t[a].got[i], t[a].want[i], err, bound, t[a].mag[i]);
+            worst = fmax(worst, err / bound);
+            off = fmax(off, fabs((double)t[a].got[i] - t[a].exact[i]));
+        }
+    cr_log_info("bf16 attention B=%d T=%d C=%d NH=%d: largest error %.3g of its bound; %.3g from fp32 attention",
+                B, T, C, NH, worst, off);
+    cr_assert_gt(off, 1e-6, "bf16 attention equals fp32 attention on unrounded inputs: bf16 was not applied");
+    cr_assert_eq(k->set_matmul_dtype(KERNELS_F32), 0);
+    free(qkv), free(dout), free(g0), free(rq), free(rd), free(o), free(l), free(g);
+    free(r.out), free(r.lse), free(r.dqkv), free(m.out), free(m.lse), free(m.dqkv);
+    free(x.out), free(x.lse), free(x.dqkv);
+    k->mem_free(dqkv_), k->mem_free(ddout), k->mem_free(dg), k->mem_free(dout_), k->mem_free(dlse), k->mem_free(ws);
+}
+
+/* Head size 64 (AVX512_BF16 tiles on this CPU): lengths around the 64-query/64-key tiles, the 16-wide vectors
+ * and odd lengths (the pair layouts pad a zero row), and large scores. */
+Test(kernels_attention, bf16_head_size_64, .timeout = 120)
+{
+    static const int ts[] = {1, 2, 3, 15, 17, 33, 63, 64, 65, 127, 129, 200};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        check_attention_bf16(1, ts[i], 128, 2, 0.5f, 60 + i);
+    check_attention_bf16(2, 150, 64, 1, 4.0f, 80);
+}
+
+/* Other head sizes: the sgemm tiles on bf16-rounded operands, the same rounding. */
+Test(kernels_attention, bf16_other_head_sizes, .timeout = 120)
+{
+    check_attention_bf16(1, 1, 4, 1, 1.0f, 90);
+    check_attention_bf16(2, 131, 12, 3, 1.0f, 91);
+    check_attention_bf16(1, 200, 32, 2, 3.0f, 92);
+}
+
 /* Context-parallel attention as the allgather strategy uses it: a sequence of T tokens cut into 2*CP chunks,
  * rank r of the context group holding chunks r and 2*CP-1-r (its query rows at their global positions)
  * and attending to the keys and values of the whole sequence. Every rank's output rows and log-sum-exp
  * must be those of full causal attention, its query gradients those rows' gradients, and the key/value
  * gradients summed over the ranks (what the reduce-scatter adds up) the full key/value gradients. */
-static void check_attention_cp(int B, int T, int C, int NH, int CP, uint64_t seed)
+static void check_mag(const char *what, const float *got, const double *want, const double *mag, size_t n);
+
+/* bf16: in bf16 mode, against the reference of the bf16-rounded inputs within check_attention_bf16's bounds
+ * (2^-7 of each sum's magnitude; lse as fp32). */
+static void check_attention_cp_ex(int B, int T, int C, int NH, int CP, uint64_t seed, bool bf16)
 {
     const struct kernels *k = kt_backend();
     if (!k->attention_cp_forward || !k->attention_cp_backward || !k->host_visible)
         cr_skip_test("the %s kernels have no context-parallel attention on host memory", k->name);
+    if (bf16 && !(k->matmul_dtypes & KERNELS_DTYPE_BIT(KERNELS_BF16)))
+        cr_skip_test("%s: no native bf16 matmuls on this machine", k->name);
+    cr_assert_eq(k->set_matmul_dtype(bf16 ? KERNELS_BF16 : KERNELS_F32), 0);
     size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
     float *qkv = kt_host_rand(nq, seed, -1, 1), *dout = kt_host_rand(no, seed + 1, -1, 1);
-    struct att_ref r = ref_attention(qkv, dout, NULL, B, T, C, NH);
+    float *rq = malloc(nq * sizeof *rq), *rdo = malloc(no * sizeof *rdo);
+    cr_assert(rq && rdo);
+    for (size_t i = 0; i < nq; i++)
+        rq[i] = bf16 ? kernels_bf16_to_f32(kernels_f32_to_bf16(qkv[i])) : qkv[i];
+    for (size_t i = 0; i < no; i++)
+        rdo[i] = bf16 ? kernels_bf16_to_f32(kernels_f32_to_bf16(dout[i])) : dout[i];
+    struct att_ref r = ref_attention(rq, rdo, NULL, B, T, C, NH);
+    struct att_ref mg = ref_attention_ex(rq, rdo, NULL, B, T, C, NH, 1);
+    size_t nloc = (size_t)B * (T / (2 * CP)) * 2 * C; /* a rank's query rows x C */
+    double *mag_o = kt_dzeros(nloc), *mag_dq = kt_dzeros(nloc);
+    double *mag_dkv = kt_dzeros(nq);
     int chunk = T / (2 * CP), tq = 2 * chunk;
     int *kpos = malloc((size_t)T * sizeof *kpos), *qpos = malloc((size_t)tq * sizeof *qpos);
     float *lq = calloc((size_t)B * tq * 3 * C, sizeof(float)), *ldo = calloc((size_t)B * tq * C, sizeof(float));
@@ -209,6 +320,8 @@ static void check_attention_cp(int B, int T, int C, int NH, int CP, uint64_t see
                 for (int e = 0; e < C; e++) {
                     want_o[l * C + e] = r.out[g * C + e];
                     want_dq[l * C + e] = r.dqkv[g * 3 * C + e];
+                    mag_o[l * C + e] = mg.out[g * C + e];
+                    mag_dq[l * C + e] = mg.dqkv[g * 3 * C + e];
                 }
                 for (int h = 0; h < NH; h++)
                     want_l[((size_t)b * NH + h) * tq + i] = r.lse[((size_t)b * NH + h) * T + qpos[i]];
@@ -221,17 +334,51 @@ static void check_attention_cp(int B, int T, int C, int NH, int CP, uint64_t see
                      0, "%s", error_message());
         for (size_t l = 0; l < (size_t)B * tq; l++)
             memcpy(got_dq + l * C, ldq + l * 3 * C, (size_t)C * sizeof(float));
-        kt_check("cp out", lo, want_o, (size_t)B * tq * C, 2e-5, 1e-4);
         kt_check("cp lse", ll, want_l, (size_t)B * NH * tq, 2e-5, 2e-5);
-        kt_check("cp dq", got_dq, want_dq, (size_t)B * tq * C, 1e-4, 2e-4);
+        if (bf16) {
+            check_mag("bf16 cp out", lo, want_o, mag_o, (size_t)B * tq * C);
+            check_mag("bf16 cp dq", got_dq, want_dq, mag_dq, (size_t)B * tq * C);
+        } else {
+            kt_check("cp out", lo, want_o, (size_t)B * tq * C, 2e-5, 1e-4);
+            kt_check("cp dq", got_dq, want_dq, (size_t)B * tq * C, 1e-4, 2e-4);
+        }
     }
     /* the key/value columns of the reference; its query columns are zero here as in dkv */
     for (size_t row = 0; row < (size_t)B * T; row++)
-        for (int e = C; e < 3 * C; e++)
+        for (int e = C; e < 3 * C; e++) {
             want_dkv[row * 3 * C + e] = r.dqkv[row * 3 * C + e];
-    kt_check("cp dk dv summed over the group", dkv, want_dkv, nq, 1e-4, 2e-4);
+            mag_dkv[row * 3 * C + e] = mg.dqkv[row * 3 * C + e];
+        }
+    if (bf16)
+        check_mag("bf16 cp dk dv summed over the group", dkv, want_dkv, mag_dkv, nq);
+    else
+        kt_check("cp dk dv summed over the group", dkv, want_dkv, nq, 1e-4, 2e-4);
+    cr_assert_eq(k->set_matmul_dtype(KERNELS_F32), 0);
+    free(rq), free(rdo), free(mg.out), free(mg.lse), free(mg.dqkv), free(mag_o), free(mag_dq), free(mag_dkv);
     free(qkv), free(dout), free(r.out), free(r.lse), free(r.dqkv), free(kpos), free(qpos), free(lq), free(ldo);
     free(lo), free(ll), free(ldq), free(dkv), free(want_o), free(want_l), free(want_dq), free(want_dkv), free(got_dq);
+}
+
+/* |got - want| <= 2^-7 mag + 1e-4 element by element (check_attention_bf16's bound). */
+static void check_mag(const char *what, const float *got, const double *want, const double *mag, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        double err = fabs((double)got[i] - want[i]), bound = 1.0 / 128 * mag[i] + 1e-4;
+        if (!(err <= bound))
+            cr_assert_fail("%s[%zu]: got %.9g, want %.9g (err %.3g > %.3g)", what, i, (double)got[i], want[i], err,
+                           bound);
+    }
+}
+
+static void check_attention_cp(int B, int T, int C, int NH, int CP, uint64_t seed)
+{
+    check_attention_cp_ex(B, T, C, NH, CP, seed, false);
+}
+
+Test(kernels_attention, context_parallel_bf16)
+{
+    check_attention_cp_ex(2, 20, 16, 2, 2, 54, true);
+    check_attention_cp_ex(2, 64, 128, 2, 4, 55, true);
 }
 
 Test(kernels_attention, context_parallel_chunks_match_full_attention)

@@ -459,6 +459,9 @@ Test(kernels_ops, capabilities_match_the_table)
     cr_assert_eq(c->host(), c);
     cr_assert_str_eq(c->comm_backend, "cpu");
     cr_assert_eq(c->auto_dtype, KERNELS_F32);
+    cr_assert(c->matmul_dtypes & KERNELS_DTYPE_BIT(KERNELS_F32));
+    cr_assert(!(c->matmul_dtypes & KERNELS_DTYPE_BIT(KERNELS_F16)), "no fp16 matmuls on CPUs (oneDNN 2.6)");
+    cr_assert(c->lowp_bind && c->lowp_unbind, "the CPU table takes bound bf16 copies");
     cr_assert(c->peak_flops, "the CPU table measures its peak FLOP/s");
     double peak = c->peak_flops();
     cr_assert(peak > 1e8 && isfinite(peak), "CPU peak %.3g FLOP/s", peak);
@@ -534,13 +537,16 @@ Test(kernels_ops, same_bits_for_any_thread_count)
     free(x), free(dy), free(w);
 }
 
-/* set_matmul_dtype: every backend takes the three dtypes and refuses others; the CPU backend computes in
- * fp32 whatever the setting, so its results keep their bits (the CUDA one is checked in test_kernels_cuda). */
+/* set_matmul_dtype: every backend takes the three dtypes and refuses others; a dtype outside the table's
+ * matmul_dtypes computes in fp32, so its results keep fp32's bits (CPU fp16 everywhere, CPU bf16 without bf16
+ * instructions), and fp32 after a 16-bit mode gives fp32's bits again. Native 16-bit results are checked in
+ * test_cpu_matmul and test_kernels_cuda. */
 Test(kernels_ops, matmul_dtype_setting)
 {
     const struct kernels *k = kt_backend();
     cr_assert_lt(k->set_matmul_dtype((enum kernels_dtype)7), 0, "dtype 7 accepted");
     cr_assert(strstr(error_message(), "set_matmul_dtype"), "unclear message: %s", error_message());
+    cr_assert(k->matmul_dtypes & KERNELS_DTYPE_BIT(KERNELS_F32), "%s: fp32 matmuls must be native", k->name);
     const int n = 33, in = 47, out = 29;
     float *x = kt_host_rand((size_t)n * in, 41, -1, 1), *w = kt_host_rand((size_t)in * out, 42, -1, 1);
     float *dx = kt_devf(k, x, (size_t)n * in), *dw = kt_devf(k, w, (size_t)in * out);
@@ -554,7 +560,7 @@ Test(kernels_ops, matmul_dtype_setting)
         if (!ref)
             ref = h;
         else {
-            if (strcmp(k->name, "cpu") == 0 || modes[m] == KERNELS_F32)
+            if (!(k->matmul_dtypes & KERNELS_DTYPE_BIT(modes[m])) || modes[m] == KERNELS_F32)
                 cr_assert_eq(memcmp(h, ref, (size_t)n * out * sizeof *h), 0, "mode %d changed fp32 results",
                              (int)modes[m]);
             free(h);

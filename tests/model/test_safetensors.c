@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/error.h"
@@ -237,4 +238,35 @@ Test(safetensors, missing_file_is_not_found)
     struct safetensors_file *f;
     cr_assert_eq(safetensors_open(&f, path_in_dir("nope")), FSDP_ENOTFOUND);
     cr_assert(strstr(error_message(), "nope"));
+}
+
+/* A written file has the mode any file the user creates has (0666 less the umask), like checkpoints,
+ * not mkstemp's 0600; no temporary file is left beside it. */
+Test(safetensors, written_file_follows_the_umask)
+{
+    float v[2] = {1, 2};
+    struct safetensors_entry e = {.name = "x", .dtype = SAFETENSORS_F32, .ndim = 1, .shape = {2}, .data = v};
+    const mode_t masks[] = {022, 077, 002};
+    for (int i = 0; i < 3; i++) {
+        char path[128];
+        snprintf(path, sizeof path, "%s/m%d.safetensors", dir, i);
+        mode_t old = umask(masks[i]);
+        int rc = safetensors_write(path, &e, 1, NULL, 0, NULL, NULL);
+        umask(old);
+        cr_assert_eq(rc, 0, "%s", error_message());
+        struct stat st;
+        cr_assert_eq(stat(path, &st), 0);
+        cr_assert_eq(st.st_mode & 0777, 0666 & ~masks[i], "umask %03o: mode %03o", (unsigned)masks[i],
+                     (unsigned)(st.st_mode & 0777));
+    }
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int files = 0;
+    while ((de = readdir(d)))
+        if (de->d_name[0] != '.') {
+            files++;
+            cr_assert_null(strstr(de->d_name, ".tmp."), "temporary file left: %s", de->d_name);
+        }
+    closedir(d);
+    cr_assert_eq(files, 3);
 }

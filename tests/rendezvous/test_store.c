@@ -270,32 +270,28 @@ Test(store, many_waiters_on_one_key)
     struct store_server *s = test_server("job", NULL, 0);
     enum { W = 16 };
     struct store_client *cs[W];
-    /* Park W GETs by hand: send the frames now, read the replies after the SET. */
+    /* Park W WAITs by hand: send the requests now, read the replies after the SET. */
     for (int i = 0; i < W; i++)
         cs[i] = test_client(s);
     int fds[W];
+    struct store_buf b;
+    store_buf_init(&b);
     for (int i = 0; i < W; i++) {
-        fds[i] = raw_connect(store_server_port(s));
-        raw_hello(fds[i], STORE_PROTOCOL_VERSION, "job");
-        uint8_t buf[64];
-        cr_assert_gt(raw_recv_frame(fds[i], buf, sizeof buf, 10), 0);
-        cr_assert_eq(buf[0], STORE_ST_OK);
-        struct store_buf b;
-        store_buf_init(&b);
-        store_buf_begin(&b, STORE_OP_GET);
-        store_buf_put_u32(&b, 20000);
+        fds[i] = raw_authed(store_server_port(s), "job", NULL);
+        req_begin(&b, STORE_OP_WAIT);
+        store_buf_put_u64(&b, 1);
         store_buf_put_str(&b, "go");
         raw_send_buf(fds[i], &b);
-        store_buf_free(&b);
     }
+    store_buf_free(&b);
     test_sleep(0.1);
+    uint8_t r[2];
+    cr_assert_eq(raw_recv(fds[0], r, 2, 0.2), -1, "WAIT answered before the key was set");
     cr_assert_eq(store_client_set(cs[0], "go", "now", 3), 0);
     for (int i = 0; i < W; i++) {
-        uint8_t buf[64];
-        long n = raw_recv_frame(fds[i], buf, sizeof buf, 10);
-        cr_assert_eq(n, 1 + 4 + 3);
-        cr_assert_eq(buf[0], STORE_ST_OK);
-        cr_assert_eq(memcmp(buf + 5, "now", 3), 0);
+        cr_assert_eq(raw_recv(fds[i], r, 2, 10), 2);
+        cr_assert_eq(r[0], STORE_ST_OK);
+        cr_assert_eq(r[1], STORE_WAIT_STOP);
         close(fds[i]);
         get_str(cs[i], "go", "now");
         store_client_close(cs[i]);
@@ -621,4 +617,271 @@ Test(store, killed_server_process_unblocks_waiting_client)
     char expect[64];
     snprintf(expect, sizeof expect, "store at 127.0.0.1:%d", port);
     cr_assert(strstr(b.msg, expect), "%s", b.msg);
+}
+
+/* ---- c10d's protocol: PyTorch clients' key space, strict integers ---- */
+
+/* Counters are decimal text and nothing else: " 12" (c10d's stoll would take it), "+12", "12 " are not. */
+Test(store, add_refuses_counters_that_are_not_strict_decimals)
+{
+    struct store_server *s = test_server("job", NULL, 0);
+    struct store_client *c = test_client(s);
+    const char *bad[] = {" 12", "+12", "12 ", "0x1", "1e3", "", "-", "1-", "99999999999999999999", "\t7"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert_eq(store_client_set(c, "ctr", bad[i], strlen(bad[i])), 0);
+        int64_t r = 0;
+        int rc = store_client_add(c, "ctr", 1, &r);
+        cr_assert_eq(rc, FSDP_EINVAL, "ADD accepted '%s' (result %ld)", bad[i], (long)r);
+        cr_assert(strstr(error_message(), "not a decimal integer"), "%s", error_message());
+        get_str(c, "ctr", bad[i]); /* unchanged */
+    }
+    const char *good[] = {"12", "-12", "0", "-0", "007", "9223372036854775806", "-9223372036854775808"};
+    const int64_t want[] = {13, -11, 1, 1, 8, INT64_MAX, INT64_MIN + 1};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        cr_assert_eq(store_client_set(c, "ctr", good[i], strlen(good[i])), 0);
+        int64_t r = 0;
+        cr_assert_eq(store_client_add(c, "ctr", 1, &r), 0, "'%s': %s", good[i], error_message());
+        cr_assert_eq(r, want[i], "'%s' + 1 = %ld", good[i], (long)r);
+    }
+    /* a PyTorch client is dropped instead, as c10d's server drops a request that throws */
+    struct store_client *p = test_plain_client(store_server_port(s));
+    cr_assert_eq(store_client_set(p, "ctr", " 12", 3), 0);
+    cr_assert_eq(store_client_add(p, "ctr", 1, NULL), FSDP_ECLOSED, "%s", error_message());
+    store_client_close(p);
+    cr_assert_eq(store_client_ping(c), 0);
+    store_client_close(c);
+    store_server_stop(s);
+}
+
+/* The client in plain mode speaks c10d as PyTorch's does: its keys are PyTorch clients' keys, which
+ * fsdpc's clients do not see (and the other way round). */
+Test(store, plain_clients_have_their_own_key_space)
+{
+    struct store_server *s = test_server("job", "s3cret", 0);
+    int port = store_server_port(s);
+    struct store_client *f = NULL;
+    cr_assert_eq(test_connect_opts(port, "job", "s3cret", 5, &f), 0, "%s", error_message());
+    struct store_client *p = test_plain_client(port);
+    cr_assert_eq(store_client_set(f, "rdzv/g0/failed", "fsdp", 4), 0);
+    cr_assert_eq(store_client_set(p, "rdzv/g0/failed", "torch", 5), 0);
+    get_str(f, "rdzv/g0/failed", "fsdp");
+    get_str(p, "rdzv/g0/failed", "torch");
+    cr_assert_eq(store_client_set(p, "only-torch", "1", 1), 0);
+    bool all = true;
+    const char *k[] = {"only-torch"};
+    cr_assert_eq(store_client_check(f, k, 1, &all), 0);
+    cr_assert_not(all, "an fsdpc client sees a PyTorch client's key");
+    int64_t nf = 0, np = 0;
+    cr_assert_eq(store_client_num_keys(f, &nf), 0);
+    cr_assert_eq(store_client_num_keys(p, &np), 0);
+    cr_assert_eq(nf, 1);
+    cr_assert_eq(np, 2);
+    /* plain ops: add, compare_set with c10d's semantics, delete, append, wait with timeout */
+    int64_t r = 0;
+    cr_assert_eq(store_client_add(p, "n", 3, &r), 0);
+    cr_assert_eq(r, 3);
+    void *act = NULL;
+    size_t n = 0;
+    cr_assert_eq(store_client_compare_set(p, "cas", "", 0, "a", 1, &act, &n), 0, "%s", error_message());
+    cr_assert_str_eq(act, "a");
+    free(act);
+    cr_assert_eq(store_client_compare_set(p, "cas", "zz", 2, "b", 1, &act, &n), 0);
+    cr_assert_str_eq(act, "a");
+    free(act);
+    cr_assert_eq(store_client_append(p, "cas", "c", 1), 0);
+    get_str(p, "cas", "ac");
+    bool existed = false;
+    cr_assert_eq(store_client_delete(p, "cas", &existed), 0);
+    cr_assert(existed);
+    void *v = NULL;
+    double t0 = test_now();
+    cr_assert_eq(store_client_get(p, "cas", &v, &n, 0.3), FSDP_ETIMEDOUT, "%s", error_message());
+    cr_assert_geq(test_now() - t0, 0.25);
+    cr_assert_eq(store_client_ping(p), 0, "the connection stays usable after a cancelled wait: %s", error_message());
+    /* fsdpc's clients can empty PyTorch clients' key space (a new generation of workers) */
+    int64_t removed = 0;
+    cr_assert_eq(store_client_reset_torch_keys(f, &removed), 0, "%s", error_message());
+    cr_assert_eq(removed, 3);
+    cr_assert_eq(store_client_num_keys(p, &np), 0);
+    cr_assert_eq(np, 0);
+    get_str(f, "rdzv/g0/failed", "fsdp");
+    cr_assert_eq(store_client_reset_torch_keys(p, NULL), FSDP_EUNSUPPORTED);
+    store_client_close(p);
+    store_client_close(f);
+    store_server_stop(s);
+}
+
+Test(store, torch_off_refuses_plain_clients)
+{
+    struct store_server_options o = {.run_id = "job", .torch_off = true};
+    struct store_server *s = test_server_opts(&o);
+    struct store_client *p = test_plain_client(store_server_port(s)); /* VALIDATE and PING pass */
+    cr_assert_eq(store_client_set(p, "k", "v", 1), 0);                /* sent without a reply, as c10d does */
+    int rc = store_client_num_keys(p, &(int64_t){0});
+    cr_assert_eq(rc, FSDP_ECLOSED, "rc %d: %s", rc, error_message());
+    store_client_close(p);
+    struct store_client *c = test_client(s);
+    int64_t nk = -1;
+    cr_assert_eq(store_client_num_keys(c, &nk), 0);
+    cr_assert_eq(nk, 0);
+    store_client_close(c);
+    store_server_stop(s);
+}
+
+/* PyTorch clients' keys hold at most torch_conn_bytes_max per connection and torch_bytes_max in all; the
+ * connection that would pass a limit is dropped, what was stored stays. */
+Test(store, torch_key_space_limits)
+{
+    struct store_server_options o = {.run_id = "job", .torch_conn_bytes_max = 100000, .torch_bytes_max = 250000};
+    struct store_server *s = test_server_opts(&o);
+    int port = store_server_port(s);
+    static char val[30000];
+    memset(val, 'v', sizeof val);
+    int stored[4] = {0};
+    for (int k = 0; k < 4; k++) {
+        struct store_client *p = test_plain_client(port);
+        int rc = 0;
+        for (int i = 0; i < 10 && rc == 0; i++) {
+            char key[32];
+            snprintf(key, sizeof key, "c%d/k%d", k, i);
+            if ((rc = store_client_set(p, key, val, sizeof val)) == 0 && (rc = store_client_ping(p)) == 0)
+                stored[k]++;
+        }
+        cr_assert_eq(rc, FSDP_ECLOSED, "connection %d was never stopped: %s", k, error_message());
+        store_client_close(p);
+    }
+    /* 3 values of ~30 KB fit in 100 KB per connection; 8 in 250 KB in all */
+    cr_assert_eq(stored[0], 3);
+    cr_assert_eq(stored[1], 3);
+    cr_assert_eq(stored[2], 2, "the overall limit did not stop the third connection");
+    cr_assert_eq(stored[3], 0);
+    /* overwriting with less and deleting stay possible */
+    struct store_client *p = test_plain_client(port);
+    cr_assert_eq(store_client_set(p, "c0/k0", "x", 1), 0);
+    bool existed;
+    cr_assert_eq(store_client_delete(p, "c0/k1", &existed), 0);
+    cr_assert(existed);
+    cr_assert_eq(store_client_set(p, "again", val, sizeof val), 0);
+    cr_assert_eq(store_client_ping(p), 0, "%s", error_message());
+    store_client_close(p);
+    /* fsdpc's own clients are not limited */
+    struct store_client *c = test_client(s);
+    for (int i = 0; i < 20; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "f%d", i);
+        cr_assert_eq(store_client_set(c, key, val, sizeof val), 0, "%s", error_message());
+    }
+    store_client_close(c);
+    store_server_stop(s);
+}
+
+static void put_key(struct store_buf *b, const char *k) { store_buf_put_str(b, k); }
+
+/* Every c10d op a PyTorch 2.x client sends, byte for byte, on a raw socket (the real client is tested in
+ * test_store_torch.c when PyTorch is installed). */
+Test(store, c10d_ops_on_the_wire)
+{
+    struct store_server *s = test_server("job", NULL, 0);
+    int fd = raw_connect(store_server_port(s)), fd2 = raw_connect(store_server_port(s));
+    struct store_buf b;
+    store_buf_init(&b);
+    raw_validate(fd);
+    raw_validate(fd2);
+    req_begin(&b, STORE_OP_PING);
+    store_buf_put_u32(&b, 0xabcd1234);
+    raw_send_buf(fd, &b);
+    uint8_t r4[4];
+    cr_assert_eq(raw_recv(fd, r4, 4, 10), 4);
+    cr_assert_eq(store_le32(r4), 0xabcd1234);
+    /* MULTI_SET, MULTI_GET (a missing key reads as empty) */
+    req_begin(&b, STORE_OP_MULTI_SET);
+    store_buf_put_u64(&b, 2);
+    put_key(&b, "/a");
+    store_buf_put_bytes(&b, "1", 1);
+    put_key(&b, "/b");
+    store_buf_put_bytes(&b, "22", 2);
+    raw_send_buf(fd, &b);
+    req_begin(&b, STORE_OP_MULTI_GET);
+    store_buf_put_u64(&b, 3);
+    put_key(&b, "/b");
+    put_key(&b, "/missing");
+    put_key(&b, "/a");
+    raw_send_buf(fd, &b);
+    char v[8];
+    cr_assert_eq(raw_recv_u64(fd), 2);
+    cr_assert_eq(raw_recv(fd, v, 2, 10), 2);
+    cr_assert_eq(memcmp(v, "22", 2), 0);
+    cr_assert_eq(raw_recv_u64(fd), 0);
+    cr_assert_eq(raw_recv_u64(fd), 1);
+    cr_assert_eq(raw_recv(fd, v, 1, 10), 1);
+    /* queues: WAIT on an empty queue parks, a push from another connection releases it */
+    req_begin(&b, STORE_OP_WAIT);
+    store_buf_put_u64(&b, 1);
+    put_key(&b, "/q");
+    raw_send_buf(fd, &b);
+    uint8_t one;
+    cr_assert_eq(raw_recv(fd, &one, 1, 0.2), -1, "WAIT on an empty queue answered");
+    req_begin(&b, STORE_OP_QUEUE_PUSH);
+    put_key(&b, "/q");
+    store_buf_put_bytes(&b, "x", 1);
+    raw_send_buf(fd2, &b);
+    raw_send_buf(fd2, &b);
+    cr_assert_eq(raw_recv(fd, &one, 1, 10), 1);
+    cr_assert_eq(one, STORE_WAIT_STOP);
+    req_begin(&b, STORE_OP_QUEUE_LEN);
+    put_key(&b, "/q");
+    raw_send_buf(fd, &b);
+    cr_assert_eq(raw_recv_u64(fd), 2);
+    req_begin(&b, STORE_OP_QUEUE_POP);
+    put_key(&b, "/q");
+    raw_send_buf(fd, &b);
+    cr_assert_eq(raw_recv_u64(fd), 2);
+    cr_assert_eq(raw_recv_u64(fd), 1);
+    cr_assert_eq(raw_recv(fd, v, 1, 10), 1);
+    cr_assert_eq(v[0], 'x');
+    req_begin(&b, STORE_OP_QUEUE_POP);
+    put_key(&b, "/empty");
+    raw_send_buf(fd, &b);
+    cr_assert_eq(raw_recv_u64(fd), 0);
+    /* LIST_KEYS: values only, not queues */
+    req_begin(&b, STORE_OP_LIST_KEYS);
+    raw_send_buf(fd, &b);
+    cr_assert_eq(raw_recv_u64(fd), 2);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(raw_recv_u64(fd), 2);
+        cr_assert_eq(raw_recv(fd, v, 2, 10), 2);
+        cr_assert(memcmp(v, "/a", 2) == 0 || memcmp(v, "/b", 2) == 0);
+    }
+    /* CANCEL_WAIT: the wait ends, WAIT_CANCELED comes back, the connection goes on */
+    req_begin(&b, STORE_OP_WAIT);
+    store_buf_put_u64(&b, 1);
+    put_key(&b, "/never");
+    raw_send_buf(fd, &b);
+    req_begin(&b, STORE_OP_CANCEL_WAIT);
+    raw_send_buf(fd, &b);
+    cr_assert_eq(raw_recv(fd, &one, 1, 10), 1);
+    cr_assert_eq(one, STORE_WAIT_CANCELED);
+    /* BARRIER: the first of two waits, the second releases both */
+    req_begin(&b, STORE_OP_BARRIER);
+    put_key(&b, "/bar");
+    store_buf_put_u64(&b, 2);
+    raw_send_buf(fd, &b);
+    cr_assert_eq(raw_recv(fd, &one, 1, 0.2), -1, "BARRIER released with one of two");
+    raw_send_buf(fd2, &b);
+    cr_assert_eq(raw_recv(fd2, &one, 1, 10), 1);
+    cr_assert_eq(one, STORE_WAIT_STOP);
+    cr_assert_eq(raw_recv(fd, &one, 1, 10), 1);
+    cr_assert_eq(one, STORE_WAIT_STOP);
+    /* GETNUMKEYS counts PyTorch clients' keys: /a, /b, /bar */
+    req_begin(&b, STORE_OP_GETNUMKEYS);
+    raw_send_buf(fd, &b);
+    cr_assert_eq(raw_recv_u64(fd), 3);
+    /* RESET_TORCH is not for them */
+    req_begin(&b, STORE_OP_RESET_TORCH);
+    raw_send_buf(fd, &b);
+    cr_assert_geq(raw_wait_closed(fd, 10), 0);
+    store_buf_free(&b);
+    close(fd);
+    close(fd2);
+    store_server_stop(s);
 }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <fcntl.h>
 
 #include "store_test_util.h"
 
@@ -21,22 +22,14 @@ static void assert_serving(struct store_server *s, struct store_client *before)
     store_client_close(after);
 }
 
-static int greeted_raw(struct store_server *s)
-{
-    int fd = raw_connect(store_server_port(s));
-    raw_hello(fd, STORE_PROTOCOL_VERSION, "job");
-    uint8_t buf[64];
-    cr_assert_gt(raw_recv_frame(fd, buf, sizeof buf, 10), 0);
-    cr_assert_eq(buf[0], STORE_ST_OK);
-    return fd;
-}
+static int greeted_raw(struct store_server *s) { return raw_authed(store_server_port(s), "job", NULL); }
 
 Test(store_robust, garbage_before_handshake_closed)
 {
     struct store_server *s = test_server("job", NULL, 0);
     struct store_client *c = test_client(s);
     int fd = raw_connect(store_server_port(s));
-    const char http[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n"; /* "GET " reads as a ~540 MB length */
+    const char http[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n"; /* 'G' is no c10d op */
     raw_send(fd, http, sizeof http - 1);
     cr_assert_geq(raw_wait_closed(fd, 10), 0, "server kept a connection that sent garbage");
     close(fd);
@@ -45,94 +38,142 @@ Test(store_robust, garbage_before_handshake_closed)
     store_server_stop(s);
 }
 
-Test(store_robust, oversized_frame_closed)
+/* A length over its limit closes the connection as soon as the length is read, before any of the bytes it
+ * announces: nothing is buffered for it. */
+Test(store_robust, oversized_request_closed)
 {
     struct store_server *s = test_server("job", NULL, 0);
     struct store_client *c = test_client(s);
+    struct store_buf b;
+    store_buf_init(&b);
+    /* an authenticated client: key over STORE_MAX_KEY_BYTES, value over STORE_MAX_VALUE_BYTES */
     int fd = greeted_raw(s);
-    uint8_t hdr[5];
-    uint32_t n = STORE_MAX_FRAME_BYTES + 1;
-    for (int i = 0; i < 4; i++)
-        hdr[i] = (uint8_t)(n >> (8 * i));
-    hdr[4] = STORE_OP_SET;
-    raw_send(fd, hdr, sizeof hdr);
-    cr_assert_geq(raw_wait_closed(fd, 10), 0, "server kept a connection announcing an oversized frame");
+    req_begin(&b, STORE_OP_SET);
+    store_buf_put_u64(&b, STORE_MAX_KEY_BYTES + 1);
+    raw_send_buf(fd, &b);
+    char msg[512];
+    cr_assert_eq(raw_recv_status(fd, msg, sizeof msg), STORE_ST_PROTO);
+    cr_assert(strstr(msg, "key of 8193 bytes"), "%s", msg);
+    cr_assert_geq(raw_wait_closed(fd, 10), 0, "server kept a connection announcing an oversized key");
     close(fd);
-    /* a zero-length frame is no frame either */
     fd = greeted_raw(s);
-    raw_send(fd, "\0\0\0\0", 4);
+    req_begin(&b, STORE_OP_SET);
+    store_buf_put_str(&b, "k");
+    store_buf_put_u64(&b, (uint64_t)STORE_MAX_VALUE_BYTES + 1);
+    raw_send_buf(fd, &b);
+    cr_assert_eq(raw_recv_status(fd, msg, sizeof msg), STORE_ST_PROTO);
     cr_assert_geq(raw_wait_closed(fd, 10), 0);
     close(fd);
+    /* a PyTorch client: c10d's own value limit (8 MiB), a length of 2^63 */
+    fd = raw_connect(store_server_port(s));
+    raw_validate(fd);
+    req_begin(&b, STORE_OP_SET);
+    store_buf_put_str(&b, "/k");
+    store_buf_put_u64(&b, (uint64_t)STORE_TORCH_MAX_VALUE_BYTES + 1);
+    raw_send_buf(fd, &b);
+    cr_assert_geq(raw_wait_closed(fd, 10), 0);
+    close(fd);
+    fd = raw_connect(store_server_port(s));
+    raw_validate(fd);
+    req_begin(&b, STORE_OP_GET);
+    store_buf_put_u64(&b, 1ull << 63);
+    raw_send_buf(fd, &b);
+    cr_assert_geq(raw_wait_closed(fd, 10), 0);
+    close(fd);
+    /* before the handshake: a HELLO announcing a run id of 1 MB */
+    fd = raw_connect(store_server_port(s));
+    req_begin(&b, STORE_OP_VALIDATE);
+    store_buf_put_u32(&b, STORE_VALIDATE_MAGIC);
+    store_buf_put_u8(&b, STORE_OP_HELLO);
+    store_buf_put_u32(&b, STORE_HELLO_MAGIC);
+    store_buf_put_u16(&b, STORE_PROTOCOL_VERSION);
+    store_buf_put_u64(&b, 1 << 20);
+    raw_send_buf(fd, &b);
+    cr_assert_eq(raw_recv_status(fd, msg, sizeof msg), STORE_ST_PROTO);
+    cr_assert_geq(raw_wait_closed(fd, 10), 0);
+    close(fd);
+    store_buf_free(&b);
     assert_serving(s, c);
     store_client_close(c);
     store_server_stop(s);
 }
 
-Test(store_robust, truncated_frame_closed_after_idle_timeout)
+Test(store_robust, truncated_request_closed_after_idle_timeout)
 {
     struct store_server *s = test_server("job", NULL, 0.5);
     struct store_client *c = test_client(s);
     int fd = greeted_raw(s);
-    uint8_t part[10] = {100, 0, 0, 0, STORE_OP_SET, 1, 2, 3, 4, 5}; /* announces 100 bytes, sends 6 */
+    uint8_t part[15] = {STORE_OP_SET, 100, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6}; /* a 100-byte key, 6 sent */
     raw_send(fd, part, sizeof part);
     double waited = raw_wait_closed(fd, 15);
     cr_assert_geq(waited, 0.3, "closed after %.2f s, before the idle timeout", waited);
     close(fd);
+    /* the same from a PyTorch client */
+    fd = raw_connect(store_server_port(s));
+    raw_validate(fd);
+    raw_send(fd, part, sizeof part);
+    waited = raw_wait_closed(fd, 15);
+    cr_assert_geq(waited, 0.3);
+    close(fd);
     assert_serving(s, c);
-    /* a client that only idles between requests is not a stalled frame */
+    /* a client that only idles between requests is not a stalled request */
     test_sleep(0.8);
     cr_assert_eq(store_client_ping(c), 0, "idle greeted client was dropped: %s", error_message());
     store_client_close(c);
     store_server_stop(s);
 }
 
-Test(store_robust, malformed_frame_answered_then_closed)
+Test(store_robust, malformed_requests_answered_then_closed)
 {
     struct store_server *s = test_server("job", NULL, 0);
     struct store_client *c = test_client(s);
-    int fd = greeted_raw(s);
-    /* SET whose key length runs past the end of the frame */
     struct store_buf b;
     store_buf_init(&b);
-    store_buf_begin(&b, STORE_OP_SET);
-    store_buf_put_u32(&b, 500);
-    store_buf_put_raw(&b, "abc", 3);
-    raw_send_buf(fd, &b);
-    uint8_t buf[600];
-    long n = raw_recv_frame(fd, buf, sizeof buf, 10);
-    cr_assert_gt(n, 0);
-    cr_assert_eq(buf[0], STORE_ST_PROTO);
-    cr_assert_geq(raw_wait_closed(fd, 10), 0);
-    close(fd);
+    char msg[512];
     /* unknown op */
-    fd = greeted_raw(s);
-    store_buf_begin(&b, 0x7f);
+    int fd = greeted_raw(s);
+    req_begin(&b, 0x7f);
     raw_send_buf(fd, &b);
-    n = raw_recv_frame(fd, buf, sizeof buf, 10);
-    cr_assert_gt(n, 0);
-    cr_assert_eq(buf[0], STORE_ST_PROTO);
-    cr_assert(memmem(buf, (size_t)n, "unknown op", 10));
+    cr_assert_eq(raw_recv_status(fd, msg, sizeof msg), STORE_ST_PROTO);
+    cr_assert(strstr(msg, "unknown op"), "%s", msg);
     cr_assert_geq(raw_wait_closed(fd, 10), 0);
     close(fd);
-    /* a request before the handshake */
+    /* fsdpc's handshake again after it is done */
+    fd = greeted_raw(s);
+    req_begin(&b, STORE_OP_AUTH);
+    store_buf_put_bytes(&b, "0123456789abcdef0123456789abcdef", 32);
+    raw_send_buf(fd, &b);
+    cr_assert_eq(raw_recv_status(fd, msg, sizeof msg), STORE_ST_PROTO);
+    cr_assert_geq(raw_wait_closed(fd, 10), 0);
+    close(fd);
+    /* a request before VALIDATE */
     fd = raw_connect(store_server_port(s));
-    store_buf_begin(&b, STORE_OP_PING);
+    req_begin(&b, STORE_OP_PING);
+    store_buf_put_u32(&b, 1);
     raw_send_buf(fd, &b);
-    n = raw_recv_frame(fd, buf, sizeof buf, 10);
-    cr_assert_gt(n, 0);
-    cr_assert_eq(buf[0], STORE_ST_REFUSED);
     cr_assert_geq(raw_wait_closed(fd, 10), 0);
     close(fd);
-    /* WAIT with a key count that does not match its keys */
-    fd = greeted_raw(s);
-    store_buf_begin(&b, STORE_OP_WAIT);
-    store_buf_put_u32(&b, 1000);
-    store_buf_put_u32(&b, 3);
-    store_buf_put_str(&b, "only-one");
+    /* VALIDATE with another magic */
+    fd = raw_connect(store_server_port(s));
+    req_begin(&b, STORE_OP_VALIDATE);
+    store_buf_put_u32(&b, 0xdeadbeef);
     raw_send_buf(fd, &b);
-    n = raw_recv_frame(fd, buf, sizeof buf, 10);
-    cr_assert_gt(n, 0);
-    cr_assert_eq(buf[0], STORE_ST_PROTO);
+    cr_assert_geq(raw_wait_closed(fd, 10), 0);
+    close(fd);
+    /* AUTH without HELLO, from a client that never said HELLO: a PyTorch client's unknown op */
+    fd = raw_connect(store_server_port(s));
+    raw_validate(fd);
+    req_begin(&b, STORE_OP_AUTH);
+    store_buf_put_bytes(&b, "0123456789abcdef0123456789abcdef", 32);
+    raw_send_buf(fd, &b);
+    cr_assert_geq(raw_wait_closed(fd, 10), 0);
+    close(fd);
+    /* WAIT with more keys than allowed */
+    fd = greeted_raw(s);
+    req_begin(&b, STORE_OP_WAIT);
+    store_buf_put_u64(&b, STORE_MAX_KEYS + 1);
+    raw_send_buf(fd, &b);
+    cr_assert_eq(raw_recv_status(fd, msg, sizeof msg), STORE_ST_PROTO);
     cr_assert_geq(raw_wait_closed(fd, 10), 0);
     close(fd);
     store_buf_free(&b);
@@ -152,14 +193,39 @@ Test(store_robust, silent_client_closed_after_idle_timeout)
     double waited = raw_wait_closed(fd, 15);
     cr_assert_geq(waited, 0.3, "silent client closed after %.2f s", waited);
     close(fd);
-    /* half a handshake is no better */
+    /* half a VALIDATE is no better */
     fd = raw_connect(store_server_port(s));
-    raw_send(fd, "\x20\0\0\0\x01", 5);
+    raw_send(fd, "\0\xce\xf7", 3);
     waited = raw_wait_closed(fd, 15);
     cr_assert_geq(waited, 0.3);
     close(fd);
+    /* HELLO answered, AUTH never sent */
+    fd = raw_connect(store_server_port(s));
+    uint8_t cn[32] = {0}, sn[32];
+    cr_assert_eq(raw_hello(fd, STORE_PROTOCOL_VERSION, "job", cn, sn, NULL, 0), STORE_ST_OK);
+    waited = raw_wait_closed(fd, 15);
+    cr_assert_geq(waited, 0.3);
+    close(fd);
+    /* a PyTorch client that validated may idle, as under c10d's server */
+    fd = raw_connect(store_server_port(s));
+    raw_validate(fd);
+    cr_assert_lt(raw_wait_closed(fd, 1.0), 0, "a validated PyTorch client was dropped while idle");
+    close(fd);
     assert_serving(s, c);
     store_client_close(c);
+    store_server_stop(s);
+}
+
+/* With the torch protocol off, a connection has the handshake deadline until it authenticates. */
+Test(store_robust, torch_off_validated_client_closed_after_idle_timeout)
+{
+    struct store_server_options o = {.run_id = "job", .idle_timeout_s = 0.5, .torch_off = true};
+    struct store_server *s = test_server_opts(&o);
+    int fd = raw_connect(store_server_port(s));
+    raw_validate(fd);
+    double waited = raw_wait_closed(fd, 15);
+    cr_assert_geq(waited, 0.3);
+    close(fd);
     store_server_stop(s);
 }
 
@@ -168,27 +234,26 @@ Test(store_robust, wrong_version_and_magic_refused)
     struct store_server *s = test_server("job", NULL, 0);
     struct store_client *c = test_client(s);
     int fd = raw_connect(store_server_port(s));
-    raw_hello(fd, STORE_PROTOCOL_VERSION + 1, "job");
-    uint8_t buf[600];
-    long n = raw_recv_frame(fd, buf, sizeof buf, 10);
-    cr_assert_gt(n, 5);
-    cr_assert_eq(buf[0], STORE_ST_REFUSED);
-    char msg[600] = {0};
-    memcpy(msg, buf + 5, (size_t)n - 5);
-    cr_assert(strstr(msg, "protocol version 1, the client speaks version 2"), "%s", msg);
+    uint8_t cn[32] = {0}, sn[32];
+    char msg[512];
+    cr_assert_eq(raw_hello(fd, STORE_PROTOCOL_VERSION + 1, "job", cn, sn, msg, sizeof msg), STORE_ST_REFUSED);
+    cr_assert(strstr(msg, "protocol version 2, the client speaks version 3"), "%s", msg);
     cr_assert_geq(raw_wait_closed(fd, 10), 0);
     close(fd);
     fd = raw_connect(store_server_port(s));
     struct store_buf b;
     store_buf_init(&b);
-    store_buf_begin(&b, STORE_OP_HELLO);
+    req_begin(&b, STORE_OP_VALIDATE);
+    store_buf_put_u32(&b, STORE_VALIDATE_MAGIC);
+    store_buf_put_u8(&b, STORE_OP_HELLO);
     store_buf_put_u32(&b, 0xdeadbeef);
     store_buf_put_u16(&b, STORE_PROTOCOL_VERSION);
+    store_buf_put_str(&b, "job");
+    store_buf_put_bytes(&b, cn, 32);
     raw_send_buf(fd, &b);
     store_buf_free(&b);
-    n = raw_recv_frame(fd, buf, sizeof buf, 10);
-    cr_assert_gt(n, 0);
-    cr_assert_eq(buf[0], STORE_ST_REFUSED);
+    cr_assert_eq(raw_recv_status(fd, msg, sizeof msg), STORE_ST_REFUSED);
+    cr_assert(strstr(msg, "bad magic"), "%s", msg);
     cr_assert_geq(raw_wait_closed(fd, 10), 0);
     close(fd);
     assert_serving(s, c);
@@ -196,24 +261,24 @@ Test(store_robust, wrong_version_and_magic_refused)
     store_server_stop(s);
 }
 
-static void send_get(int fd, const char *key, uint32_t timeout_ms)
+static void send_wait(int fd, const char *key)
 {
     struct store_buf b;
     store_buf_init(&b);
-    store_buf_begin(&b, STORE_OP_GET);
-    store_buf_put_u32(&b, timeout_ms);
+    req_begin(&b, STORE_OP_WAIT);
+    store_buf_put_u64(&b, 1);
     store_buf_put_str(&b, key);
     raw_send_buf(fd, &b);
     store_buf_free(&b);
 }
 
-Test(store_robust, disconnect_mid_get_does_not_disturb_others)
+Test(store_robust, disconnect_mid_wait_does_not_disturb_others)
 {
     struct store_server *s = test_server("job", NULL, 0);
     struct store_client *c = test_client(s);
     int quitter = greeted_raw(s), stayer = greeted_raw(s);
-    send_get(quitter, "k", 30000);
-    send_get(stayer, "k", 30000);
+    send_wait(quitter, "k");
+    send_wait(stayer, "k");
     test_sleep(0.1);
     close(quitter);
     /* a real client blocked in GET, killed outright */
@@ -235,11 +300,10 @@ Test(store_robust, disconnect_mid_get_does_not_disturb_others)
     cr_assert(WIFSIGNALED(st), "child finished its GET on its own (status %d)", st);
     test_sleep(0.1);
     cr_assert_eq(store_client_set(c, "k", "val", 3), 0, "%s", error_message());
-    uint8_t buf[64];
-    long n = raw_recv_frame(stayer, buf, sizeof buf, 10);
-    cr_assert_eq(n, 1 + 4 + 3);
-    cr_assert_eq(buf[0], STORE_ST_OK);
-    cr_assert_eq(memcmp(buf + 5, "val", 3), 0);
+    uint8_t r[2];
+    cr_assert_eq(raw_recv(stayer, r, 2, 10), 2);
+    cr_assert_eq(r[0], STORE_ST_OK);
+    cr_assert_eq(r[1], STORE_WAIT_STOP);
     close(stayer);
     int64_t nk;
     cr_assert_eq(store_client_num_keys(c, &nk), 0);
@@ -254,31 +318,161 @@ Test(store_robust, pipelined_requests_answered_in_order)
     struct store_server *s = test_server("job", NULL, 0);
     struct store_client *c = test_client(s);
     int fd = greeted_raw(s);
-    /* GET (waits) and PING in one write: the PING must be answered after the GET */
     struct store_buf b;
     store_buf_init(&b);
-    store_buf_begin(&b, STORE_OP_GET);
-    store_buf_put_u32(&b, 30000);
+    /* WAIT (parks) and PING in one write: the PING is answered after the WAIT */
+    req_begin(&b, STORE_OP_WAIT);
+    store_buf_put_u64(&b, 1);
     store_buf_put_str(&b, "p");
-    cr_assert_eq(store_buf_end(&b), 0);
-    struct store_buf b2;
-    store_buf_init(&b2);
-    store_buf_begin(&b2, STORE_OP_PING);
-    cr_assert_eq(store_buf_end(&b2), 0);
-    store_buf_put_raw(&b, b2.data, b2.len);
-    raw_send(fd, b.data, b.len);
-    store_buf_free(&b);
-    store_buf_free(&b2);
-    uint8_t buf[64];
-    cr_assert_eq(raw_recv_frame(fd, buf, sizeof buf, 0.3), -1, "a reply arrived before the key was set");
+    store_buf_put_u8(&b, STORE_OP_PING);
+    store_buf_put_u32(&b, 77);
+    raw_send_buf(fd, &b);
+    uint8_t r[8];
+    cr_assert_eq(raw_recv(fd, r, 1, 0.3), -1, "a reply arrived before the key was set");
     cr_assert_eq(store_client_set(c, "p", "1", 1), 0);
-    cr_assert_eq(raw_recv_frame(fd, buf, sizeof buf, 10), 1 + 4 + 1);
-    cr_assert_eq(buf[0], STORE_ST_OK);
-    cr_assert_eq(raw_recv_frame(fd, buf, sizeof buf, 10), 1);
-    cr_assert_eq(buf[0], STORE_ST_OK);
+    cr_assert_eq(raw_recv(fd, r, 2, 10), 2);
+    cr_assert_eq(r[0], STORE_ST_OK);
+    cr_assert_eq(r[1], STORE_WAIT_STOP);
+    cr_assert_eq(raw_recv(fd, r, 5, 10), 5);
+    cr_assert_eq(r[0], STORE_ST_OK);
+    cr_assert_eq(store_le32(r + 1), 77);
+    /* SET, ADD, GET, PING in one write: four replies in order */
+    req_begin(&b, STORE_OP_SET);
+    store_buf_put_str(&b, "n");
+    store_buf_put_bytes(&b, "40", 2);
+    store_buf_put_u8(&b, STORE_OP_ADD);
+    store_buf_put_str(&b, "n");
+    store_buf_put_u64(&b, 2);
+    store_buf_put_u8(&b, STORE_OP_GET);
+    store_buf_put_str(&b, "n");
+    store_buf_put_u8(&b, STORE_OP_PING);
+    store_buf_put_u32(&b, 5);
+    raw_send_buf(fd, &b);
+    uint8_t all[1 + 9 + 11 + 5];
+    cr_assert_eq(raw_recv(fd, all, sizeof all, 10), (long)sizeof all);
+    cr_assert_eq(all[0], STORE_ST_OK);
+    cr_assert_eq(all[1], STORE_ST_OK);
+    cr_assert_eq(store_le64(all + 2), 42);
+    cr_assert_eq(all[10], STORE_ST_OK);
+    cr_assert_eq(store_le64(all + 11), 2);
+    cr_assert_eq(memcmp(all + 19, "42", 2), 0);
+    cr_assert_eq(all[21], STORE_ST_OK);
+    cr_assert_eq(store_le32(all + 22), 5);
+    /* a CANCEL_WAIT right behind a WAIT is read while the WAIT waits */
+    req_begin(&b, STORE_OP_WAIT);
+    store_buf_put_u64(&b, 1);
+    store_buf_put_str(&b, "never");
+    raw_send_buf(fd, &b);
+    cr_assert_eq(raw_recv(fd, r, 1, 0.2), -1);
+    req_begin(&b, STORE_OP_CANCEL_WAIT);
+    raw_send_buf(fd, &b);
+    cr_assert_eq(raw_recv(fd, r, 2, 10), 2);
+    cr_assert_eq(r[1], STORE_WAIT_CANCELED);
+    store_buf_free(&b);
     close(fd);
     store_client_close(c);
     store_server_stop(s);
+}
+
+/* Connections without fsdpc's token share one budget for requests over 64 KiB still being received; one
+ * that would pass it is closed at once, the others are not disturbed. */
+Test(store_robust, unauthenticated_big_requests_share_a_budget)
+{
+    struct store_server_options o = {.run_id = "job", .unauth_inflight_max = 1 << 20};
+    struct store_server *s = test_server_opts(&o);
+    struct store_client *c = test_client(s);
+    int fd[3];
+    struct store_buf b;
+    store_buf_init(&b);
+    for (int i = 0; i < 3; i++) {
+        fd[i] = raw_connect(store_server_port(s));
+        raw_validate(fd[i]);
+        req_begin(&b, STORE_OP_SET);
+        store_buf_put_str(&b, "/big");
+        store_buf_put_u64(&b, 600 * 1024); /* announced; 1 KB sent */
+        for (int k = 0; k < 1024; k++)
+            store_buf_put_u8(&b, 'x');
+        raw_send_buf(fd[i], &b);
+        test_sleep(0.1);
+    }
+    cr_assert_lt(raw_wait_closed(fd[0], 0.3), 0, "the first big request was refused");
+    cr_assert_geq(raw_wait_closed(fd[1], 10), 0, "the second one passed the 1 MiB budget");
+    cr_assert_geq(raw_wait_closed(fd[2], 10), 0);
+    /* the first finishes its request and is served */
+    static char rest[600 * 1024 - 1024];
+    memset(rest, 'x', sizeof rest);
+    raw_send(fd[0], rest, sizeof rest);
+    req_begin(&b, STORE_OP_GETNUMKEYS);
+    raw_send_buf(fd[0], &b);
+    cr_assert_eq(raw_recv_u64(fd[0]), 1);
+    for (int i = 0; i < 3; i++)
+        close(fd[i]);
+    store_buf_free(&b);
+    assert_serving(s, c);
+    store_client_close(c);
+    store_server_stop(s);
+}
+
+/* A client that sends requests without reading the replies stops being read once its unsent replies
+ * pass out_max: the server holds about out_max plus one reply for it, not one reply per request. Each
+ * request names an 8 KB key and asks for its 16 KB value, so the socket buffers on both sides fill after
+ * some thousand requests; a server that kept reading would take all 20000 (320 MB of replies). */
+Test(store_robust, unread_replies_stop_reading)
+{
+    struct store_server_options o = {.run_id = "job", .out_max = 64 * 1024};
+    struct store_server *s = test_server_opts(&o);
+    struct store_client *c = test_client(s);
+    static char val[16 << 10], key[8000];
+    memset(val, 'v', sizeof val);
+    memset(key, 'k', sizeof key - 1);
+    cr_assert_eq(store_client_set(c, key, val, sizeof val), 0);
+    int fd = greeted_raw(s);
+    int rcv = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof rcv);
+    struct store_buf b;
+    store_buf_init(&b);
+    req_begin(&b, STORE_OP_GET);
+    store_buf_put_str(&b, key);
+    enum { REQUESTS = 20000 };
+    int sent = 0;
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    double t0 = test_now(), last_progress = t0;
+    size_t off = 0; /* into the request being sent */
+    while (sent < REQUESTS && test_now() - last_progress < 1.0 && test_now() - t0 < 20) {
+        ssize_t w = send(fd, b.data + off, b.len - off, MSG_NOSIGNAL);
+        if (w > 0) {
+            last_progress = test_now();
+            if ((off += (size_t)w) == b.len) {
+                sent++;
+                off = 0;
+            }
+        } else {
+            test_sleep(0.01);
+        }
+    }
+    cr_assert_lt(sent, REQUESTS, "the server kept reading requests whose replies were not read");
+    assert_serving(s, c);
+    /* reading the replies lets it go on */
+    store_buf_free(&b);
+    close(fd);
+    store_client_close(c);
+    store_server_stop(s);
+}
+
+/* A peer that speaks c10d but not fsdpc's handshake (a PyTorch TCPStore): it echoes the PING, then drops
+ * the connection at HELLO. The client says so instead of retrying until its timeout. */
+static void *plain_tcpstore_thread(void *arg)
+{
+    int lfd = *(int *)arg;
+    int fd = accept(lfd, NULL, NULL);
+    if (fd < 0)
+        return NULL;
+    uint8_t buf[256];
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n >= 10)
+        send(fd, buf + 6, 4, MSG_NOSIGNAL); /* VALIDATE (5 bytes), PING op, its nonce */
+    close(fd);
+    return NULL;
 }
 
 /* ---- 1024 concurrent clients ---- */
@@ -485,4 +679,19 @@ Test(store_robust, client_against_foreign_peer_protocol_error)
     cr_assert(strstr(error_message(), "is it an fsdpc store?"), "%s", error_message());
     pthread_join(t, NULL);
     close(f.lfd);
+}
+
+Test(store_robust, client_against_plain_tcpstore_says_so)
+{
+    int lfd = fake_listen();
+    pthread_t t;
+    pthread_create(&t, NULL, plain_tcpstore_thread, &lfd);
+    struct store_client *c = NULL;
+    double t0 = test_now();
+    int rc = test_connect_opts(fake_port(lfd), "job", NULL, 20, &c);
+    cr_assert_eq(rc, FSDP_EPROTO, "rc %d: %s", rc, error_message());
+    cr_assert_lt(test_now() - t0, 5, "the client retried an answer");
+    cr_assert(strstr(error_message(), "not fsdpc's handshake"), "%s", error_message());
+    pthread_join(t, NULL);
+    close(lfd);
 }

@@ -97,7 +97,7 @@ Test(resume, full_state_dict_exact_and_resharded, .timeout = 240)
     job_setup(&j);
     straight(&j, "ref", "FULL_STATE_DICT");
     char p[4300];
-    snprintf(p, sizeof p, "%s/ck-ref/fsdp_cpt10/fsdp_cpt10.safetensors", j.dir);
+    snprintf(p, sizeof p, "%s/ck-ref/fsdp_cpt10/model.safetensors", j.dir);
     cr_assert_eq(access(p, R_OK), 0, "no %s", p);
     resume_and_compare(&j, "ref", "ck-ref/fsdp_cpt10", "same", 2, NULL, true);
     const char *ns[] = {"--fsdp.sharding_strategy=NO_SHARD", NULL};

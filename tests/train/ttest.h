@@ -87,9 +87,10 @@ static inline void tt_result_free(struct tt_result *r)
 
 /* Runs `fsdp-launch --standalone --nproc_per_node world fsdp-worker ini --log.dir=... --checkpoint.dir=...
  * extra...` (world 0: fsdp-worker alone, no launcher and no torchrun environment) with one OpenMP thread
- * per rank. tag names the run's directory under c->dir; extra ends with NULL. */
-static inline void tt_run_ini(const struct tt_ctx *c, const char *ini, int world, const char *tag,
-                              const char *const *extra, struct tt_result *r)
+ * per rank. tag names the run's directory under c->dir; extra ends with NULL; env_extra (NULL-terminated,
+ * may be NULL) adds KEY=VALUE settings to the runs' environment. */
+static inline void tt_run_ini_env(const struct tt_ctx *c, const char *ini, int world, const char *tag,
+                                  const char *const *extra, const char *const *env_extra, struct tt_result *r)
 {
     memset(r, 0, sizeof *r);
     char nproc[16], logarg[2300], ckarg[2300], rundir[2048];
@@ -117,12 +118,27 @@ static inline void tt_run_ini(const struct tt_ctx *c, const char *ini, int world
     }
     argv[n] = NULL;
     /* Whatever torchrun-style variables the test runner inherited must not make a lone worker a rank. */
-    static const char *const env[] = {"OMP_NUM_THREADS=1", "RANK=", "WORLD_SIZE=", "LOCAL_RANK=",
-                                      "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=", "FSDP_STORE_PREFIX=",
-                                      "FSDP_STORE_PORT=", "TORCHELASTIC_RUN_ID=", "FSDP_LOG_LEVEL=", NULL};
+    static const char *const base_env[] = {"OMP_NUM_THREADS=1", "RANK=", "WORLD_SIZE=", "LOCAL_RANK=",
+                                           "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=", "FSDP_STORE_PREFIX=",
+                                           "FSDP_STORE_PORT=", "TORCHELASTIC_RUN_ID=", "FSDP_LOG_LEVEL=", NULL};
+    const char *env[32];
+    int ne = 0;
+    for (int i = 0; base_env[i]; i++)
+        env[ne++] = base_env[i];
+    for (int i = 0; env_extra && env_extra[i]; i++) {
+        cr_assert(ne < 31, "too many environment settings");
+        env[ne++] = env_extra[i];
+    }
+    env[ne] = NULL;
     r->code = lu_exit_code(lu_wait(lu_spawn(argv, rundir, "run", env), TT_RUN_TIMEOUT_S));
     r->out = lu_slurp_tag(rundir, "run", "out");
     r->err = lu_slurp_tag(rundir, "run", "err");
+}
+
+static inline void tt_run_ini(const struct tt_ctx *c, const char *ini, int world, const char *tag,
+                              const char *const *extra, struct tt_result *r)
+{
+    tt_run_ini_env(c, ini, world, tag, extra, NULL, r);
 }
 
 static inline void tt_run(const struct tt_ctx *c, int world, const char *tag, const char *const *extra,

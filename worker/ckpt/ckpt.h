@@ -3,9 +3,11 @@
  * Two formats, one reader:
  * - SHARDED_STATE_DICT: directory fsdp_sharded_cpt{step}/ with one file per rank,
  *   fsdp_sharded_cpt{step}_rank{r} (a safetensors file of that rank's pieces), and metadata.json (rank 0).
- * - FULL_STATE_DICT: directory fsdp_cpt{step}/ with fsdp_cpt{step}.safetensors (the model, Hugging Face
- *   GPT-2 names, F32, wte without vocabulary padding rows), fsdp_cpt{step}_optim.safetensors
- *   ("exp_avg.<name>", "exp_avg_sq.<name>") and metadata.json.
+ * - FULL_STATE_DICT: directory fsdp_cpt{step}/, a Hugging Face model directory that from_pretrained opens
+ *   (config.json; model.safetensors: the model under the family's Hugging Face names, F32, wte without
+ *   vocabulary padding rows) plus optimizer.safetensors ("exp_avg.<name>", "exp_avg_sq.<name>") and
+ *   metadata.json.
+ * Both copy the run's tokenizer.json (state->tokenizer) into the directory when there is one.
  * metadata.json holds the scalar state and, for every tensor and kind, where each piece lives and a
  * CRC32C per block of CKPT_CRC_BLOCK bytes, so a reader checks exactly the bytes it reads.
  *
@@ -42,6 +44,7 @@ struct ckpt_state {
     int fsdp_version;
     const char *config_text; /* effective INI (--print-config); owned by the caller on save, by the reader on load */
     struct model_config model;
+    const char *tokenizer; /* save: the run's tokenizer.json, copied into the checkpoint (NULL: none) */
 };
 
 /* Elements [begin, begin + count) of the row-major tensor (layout shape, vocabulary padding included) of
@@ -110,8 +113,19 @@ int ckpt_read(struct ckpt_reader *r, int kind, int param, size_t begin, size_t c
 int ckpt_verify(struct ckpt_reader *r, uint64_t *bytes_checked);
 void ckpt_close(struct ckpt_reader *r);
 
-/* "latest" or a name/path -> the checkpoint directory's path; FSDP_ENOTFOUND when there is none.
- * "latest" is ckpt_find_latest's choice, with its note (if any) logged as a warning. */
+/* Copies the tokenizer file src (may be NULL: nothing to do) into dir as tokenizer.json, with
+ * tokenizer_config.json and special_tokens_map.json when they lie beside it, each fsynced. */
+int ckpt_copy_tokenizer(const char *dir, const char *src);
+
+/* A resume_from value that names a file where a checkpoint directory belongs (fsdp_cpt4000.pth, a
+ * .safetensors file, a file inside a checkpoint) or a Hugging Face model directory: FSDP_EINVAL with what
+ * to pass instead (the directory beside or above it, or model.init_from); 0 for anything else, including
+ * paths that do not exist (ckpt_resolve reports those). which is looked up under root (may be NULL) when
+ * it does not exist as given. */
+int ckpt_check_resume_target(const char *root, const char *which);
+/* "latest" or a name/path -> the checkpoint directory's path; FSDP_ENOTFOUND when there is none. Runs
+ * ckpt_check_resume_target first. "latest" is ckpt_find_latest's choice, with its note (if any) logged as
+ * a warning. */
 int ckpt_resolve(const char *ckpt_root, const char *which, char *out, size_t cap);
 
 /* `latest` under ckpt_root: the newest committed checkpoint there, i.e. the highest step among its

@@ -285,3 +285,55 @@ int ckpt_commit_dir(const char *root, const char *tmp, const char *name, int kee
     prune(root, name, keep_last);
     return 0;
 }
+
+static int copy_file(const char *src, const char *dst)
+{
+    int in = open(src, O_RDONLY | O_CLOEXEC);
+    if (in < 0)
+        return io_error(src, "open", errno);
+    int rc = 0;
+    int out = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (out < 0) {
+        rc = io_error(dst, "create", errno);
+        goto done;
+    }
+    char buf[1 << 16];
+    ssize_t n;
+    while ((n = read(in, buf, sizeof buf)) != 0) {
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            rc = io_error(src, "read", errno);
+            goto done;
+        }
+        FSDP_TRY_GOTO(ckpt_write_all(out, buf, (size_t)n, dst), rc, done);
+    }
+    if (fsync(out) != 0)
+        rc = io_error(dst, "fsync", errno);
+done:
+    close(in);
+    if (out >= 0 && close(out) != 0 && rc == 0)
+        rc = io_error(dst, "close", errno);
+    return rc;
+}
+
+int ckpt_copy_tokenizer(const char *dir, const char *src)
+{
+    if (!src || !*src)
+        return 0;
+    char dst[CKPT_PATH_MAX], side[CKPT_PATH_MAX], parent[CKPT_PATH_MAX];
+    ckpt_pathf(dst, "%s/tokenizer.json", dir);
+    FSDP_TRY(copy_file(src, dst));
+    const char *slash = strrchr(src, '/');
+    snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - src) : 1, slash ? src : ".");
+    static const char *const extra[] = {"tokenizer_config.json", "special_tokens_map.json", NULL};
+    struct stat st;
+    for (int i = 0; extra[i]; i++) {
+        ckpt_pathf(side, "%s/%s", parent, extra[i]);
+        if (stat(side, &st) != 0)
+            continue;
+        ckpt_pathf(dst, "%s/%s", dir, extra[i]);
+        FSDP_TRY(copy_file(side, dst));
+    }
+    return 0;
+}

@@ -1,6 +1,8 @@
-/* FULL_STATE_DICT save on rank 0. Both safetensors headers are written first (every tensor's offset
- * follows from the layout), then each tensor lands with one pwrite as soon as the engine has gathered
- * it, so rank 0 never holds more than the unit being gathered; the block CRCs are computed on the way. */
+/* FULL_STATE_DICT save on rank 0. The directory is a Hugging Face model directory (config.json and
+ * model.safetensors under the family's Hugging Face names) plus the optimizer state and metadata.json.
+ * Both safetensors headers are written first (every tensor's offset follows from the layout), then each
+ * tensor lands with one pwrite as soon as the engine has gathered it, so rank 0 never holds more than the
+ * unit being gathered; the block CRCs are computed on the way. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -14,6 +16,7 @@
 #include "common/log.h"
 #include "common/safetensors.h"
 #include "worker/ckpt/ckpt_internal.h"
+#include "worker/model/model_hf.h"
 
 enum { FILE_MODEL, FILE_OPTIM, N_FILES };
 
@@ -73,7 +76,7 @@ static int write_header(struct ckpt_full_writer *w, int file)
     int per = file == FILE_MODEL ? 1 : 2;
     size_t n = (size_t)l->n_params * per;
     struct safetensors_entry *e = calloc(n, sizeof *e);
-    char(*names)[MODEL_NAME_MAX + 16] = calloc(n, sizeof *names);
+    char(*names)[MODEL_NAME_MAX + 32] = calloc(n, sizeof *names);
     void *hdr = NULL;
     int rc = 0;
     if (!e || !names) {
@@ -85,7 +88,7 @@ static int write_header(struct ckpt_full_writer *w, int file)
             const struct model_param *mp = &l->params[p];
             size_t i = (size_t)p * per + j;
             if (file == FILE_MODEL)
-                snprintf(names[i], sizeof names[i], "%s", mp->name);
+                model_hf_param_name(l, p, names[i], sizeof names[i]);
             else
                 snprintf(names[i], sizeof names[i], "%s.%s", ckpt_kind_name(CKPT_EXP_AVG + j), mp->name);
             e[i] = (struct safetensors_entry){.name = names[i], .dtype = SAFETENSORS_F32, .ndim = mp->ndim,
@@ -141,8 +144,8 @@ int ckpt_full_open(const char *root, int64_t step, const struct model_layout *l,
     snprintf(w->root, sizeof w->root, "%s", root);
     snprintf(w->name, sizeof w->name, "fsdp_cpt%" PRId64, step);
     snprintf(w->tmp, sizeof w->tmp, "%s/%s%s", root, CKPT_TMP_PREFIX, w->name);
-    snprintf(w->file_name[FILE_MODEL], sizeof w->file_name[0], "%s.safetensors", w->name);
-    snprintf(w->file_name[FILE_OPTIM], sizeof w->file_name[1], "%s_optim.safetensors", w->name);
+    snprintf(w->file_name[FILE_MODEL], sizeof w->file_name[0], "%s", MODEL_HF_WEIGHTS);
+    snprintf(w->file_name[FILE_OPTIM], sizeof w->file_name[1], "optimizer.safetensors");
     int rc = 0;
     FSDP_TRY_GOTO(ckpt_mkdir(root), rc, fail);
     ckpt_remove_tree(w->tmp); /* leftovers of a save of this step that crashed */
@@ -228,6 +231,12 @@ static int finish(struct ckpt_full_writer *w, const struct ckpt_state *state, in
         }
     FSDP_TRY_GOTO(ckpt_check_coverage(m.pieces, m.n_pieces, l, true, w->tmp), rc, out);
     FSDP_TRY_GOTO(ckpt_meta_write(w->tmp, &m, l), rc, out);
+    /* What from_pretrained needs beside the weights: config.json (special ids from the tokenizer). */
+    struct model_hf_tokens tokens = {-1, -1};
+    if (state->tokenizer && state->tokenizer[0])
+        FSDP_TRY_GOTO(model_hf_tokenizer_tokens(state->tokenizer, &tokens), rc, out);
+    FSDP_TRY_GOTO(model_hf_config_write(l, w->tmp, &tokens, "float32"), rc, out);
+    FSDP_TRY_GOTO(ckpt_copy_tokenizer(w->tmp, state->tokenizer), rc, out);
 out:
     free(m.pieces); /* the CRC arrays stay owned by w */
     for (int f = 0; f < N_FILES; f++)

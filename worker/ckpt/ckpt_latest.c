@@ -209,6 +209,7 @@ int ckpt_resolve(const char *root, const char *which, char *out, size_t cap)
 {
     char name[CKPT_PATH_MAX];
     struct stat st;
+    FSDP_TRY(ckpt_check_resume_target(root, which));
     if (!which || !*which) {
         snprintf(name, sizeof name, "%s", root);
     } else if (strcmp(which, CKPT_LATEST) == 0) {

@@ -321,6 +321,7 @@ int ckpt_sharded_commit(const char *root, int64_t step, int world, const struct 
     FSDP_TRY_GOTO(ckpt_check_coverage(m.pieces, m.n_pieces, l, false, tmp), rc, out);
     remove_extra_ranks(tmp, name, world);
     FSDP_TRY_GOTO(ckpt_meta_write(tmp, &m, l), rc, out);
+    FSDP_TRY_GOTO(ckpt_copy_tokenizer(tmp, state->tokenizer), rc, out);
     FSDP_TRY_GOTO(ckpt_commit_dir(root, tmp, name, keep_last), rc, out);
 out:
     m.state.config_text = NULL;

@@ -95,7 +95,9 @@ struct fsdp_plan_info {
     int version, world_size;
     int shard_groups, shard_group_size;
     int data_parallel_size, context_parallel_size; /* the mesh: world_size = dp x cp */
-    const char *param_dtype, *reduce_dtype; /* "fp32", "bf16", "fp16": what the collectives and compute use */
+    const char *param_dtype, *reduce_dtype; /* "fp32", "bf16", "fp16": what the collectives use */
+    const char *compute_dtype; /* what the matmuls compute in: param_dtype where the device runs it natively
+                                  (CUDA; a CPU with bf16 instructions), else "fp32" */
     const char *backward_prefetch;          /* "BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH" */
     bool forward_prefetch, offload;
     int n_units;
@@ -113,6 +115,9 @@ void fsdp_unit_info(const struct fsdp *f, int u, struct fsdp_unit_info *out);
 /* Initial parameters: from model.init_from or the seed; with sync_module_states rank 0 initialises the
  * whole model and broadcasts it, else each rank initialises only its own shards (same values). */
 int fsdp_init_params(struct fsdp *f);
+/* Tensor bytes this rank read from model.init_from (0 without one): its own shards' bytes, or the whole
+ * model on rank 0 when it reads for a broadcast. */
+uint64_t fsdp_init_bytes_read(const struct fsdp *f);
 
 /* One micro-batch (set on the model with model_set_batch): forward, backward with dloss, gradients
  * accumulated into the shards. last = the last micro-batch of the step (starts the replicate all-reduce).

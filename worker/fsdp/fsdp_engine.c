@@ -140,8 +140,12 @@ int fsdp_create(struct fsdp **out, const struct worker_config *wc, struct model 
         rc = error_set(FSDP_EINVAL, "fsdp: world size %d without a communicator", g->world_size);
         goto fail;
     }
-    /* Mixed precision reaches the matmuls too: on CUDA they take bf16/fp16 inputs on the tensor cores and
-     * accumulate in fp32, as autocast does; the CPU backend computes in fp32 whatever the setting. */
+    /* Mixed precision reaches the matmuls too: they take bf16/fp16 operands and accumulate in fp32, as
+     * autocast does, where the table runs that dtype natively (CUDA's tensor cores; oneDNN on a CPU with
+     * bf16 instructions); elsewhere they compute in fp32 on the rounded parameters. A table that takes
+     * bound copies reads the gathered 16-bit parameters as they arrived, without rounding them again. */
+    f->compute_dtype = k->matmul_dtypes & KERNELS_DTYPE_BIT(f->param_dtype) ? f->param_dtype : KERNELS_F32;
+    f->bind_lp = f->compute_dtype != KERNELS_F32 && k->lowp_bind && k->lowp_unbind;
     FSDP_TRY_GOTO(k->set_matmul_dtype(f->param_dtype), rc, fail);
     FSDP_TRY_GOTO(make_groups(f), rc, fail);
     FSDP_TRY_GOTO(fsdp_plan_build(f), rc, fail);
@@ -178,20 +182,32 @@ void fsdp_destroy(struct fsdp *f)
 
 /* ---- gathering ---- */
 
+/* Once a unit is gathered: its 16-bit copy becomes what the matmuls read for its fp32 parameters. */
+static int bind_lp(struct fsdp *f, struct fsdp_unit *u)
+{
+    return u->full_lp ? f->k->lowp_bind(u->full, u->full_lp, u->numel) : 0;
+}
+
 /* A one-rank shard group in low precision: the unit's low-precision copy cast into `full` (through a
- * device copy of it when the state is offloaded). */
+ * device copy of it when the state is offloaded). With bind_lp that copy (the shard of a one-rank group is
+ * the unit in model order) stays as the unit's full_lp. */
 static int lp_to_full(struct fsdp *f, struct fsdp_unit *u)
 {
     void *lp = u->lp;
-    if (f->offload && !(lp = fsdp_buf_get(f, u->numel * dtype_size(f->param_dtype), FSDP_MEM_COMM)))
+    if (f->offload &&
+        !(lp = fsdp_buf_get(f, u->numel * dtype_size(f->param_dtype), f->bind_lp ? FSDP_MEM_GATHERED : FSDP_MEM_COMM)))
         return FSDP_ENOMEM;
     int rc = 0;
     if (lp != u->lp)
         FSDP_TRY_GOTO(fsdp_state_to_dev(f, lp, u->lp, u->numel * dtype_size(f->param_dtype)), rc, out);
     FSDP_TRY_GOTO(f->k->cast(u->full, KERNELS_F32, lp, f->param_dtype, u->numel), rc, out);
 out:
-    if (lp != u->lp)
+    if (f->bind_lp) {
+        u->full_lp = lp;
+        u->full_lp_alias = lp == u->lp;
+    } else if (lp != u->lp) {
         fsdp_buf_put(f, lp);
+    }
     return rc;
 }
 
@@ -213,6 +229,7 @@ int fsdp_gather_issue(struct fsdp *f, int ui)
                 FSDP_TRY(fsdp_state_to_dev(f, u->full, u->master, u->numel * sizeof(float)));
             else
                 FSDP_TRY(lp_to_full(f, u));
+            FSDP_TRY(bind_lp(f, u));
         }
         u->gstate = FSDP_GATHER_READY;
         return 0;
@@ -241,13 +258,36 @@ int fsdp_gather_issue(struct fsdp *f, int ui)
     return 0;
 }
 
-/* Rank-major gathered shards -> the unit's parameters in model order (and to fp32). */
+/* Rank-major gathered shards -> the unit's parameters in model order (and to fp32). When the matmuls read
+ * the 16-bit copy, it is kept in model order too (full_lp): version 1's receive buffer is that already;
+ * version 2's rows are copied into place, then converted to fp32 in one pass. */
 static int gather_unpack(struct fsdp *f, struct fsdp_unit *u)
 {
     const struct kernels *k = f->k;
     size_t es = dtype_size(f->param_dtype), sg = (size_t)f->shard_size;
-    if (f->version == 1)
-        return k->cast(u->full, KERNELS_F32, u->gbuf, f->param_dtype, u->numel);
+    if (f->version == 1) {
+        if (f->bind_lp) {
+            u->full_lp = u->gbuf;
+            u->gbuf = NULL;
+        }
+        return k->cast(u->full, KERNELS_F32, u->full_lp ? u->full_lp : u->gbuf, f->param_dtype, u->numel);
+    }
+    if (f->bind_lp) {
+        if (!(u->full_lp = fsdp_buf_get(f, u->numel * es, FSDP_MEM_GATHERED)))
+            return FSDP_ENOMEM;
+        for (size_t r = 0; r < sg; r++)
+            for (int j = 0; j < u->n_params; j++) {
+                const struct fsdp_pslot *s = &u->slots[j];
+                size_t rb, re;
+                fsdp_slot_rows(s, r, &rb, &re);
+                if (re == rb)
+                    continue;
+                FSDP_TRY(k->mem_copy((char *)u->full_lp + (s->unit_off + rb * s->row_len) * es,
+                                     (const char *)u->gbuf + (r * u->shard + s->shard_off) * es,
+                                     (re - rb) * s->row_len * es, KERNELS_COPY_D2D));
+            }
+        return k->cast(u->full, KERNELS_F32, u->full_lp, f->param_dtype, u->numel);
+    }
     for (size_t r = 0; r < sg; r++)
         for (int j = 0; j < u->n_params; j++) {
             const struct fsdp_pslot *s = &u->slots[j];
@@ -279,6 +319,7 @@ int fsdp_gather_wait(struct fsdp *f, int ui)
     FSDP_TRY_GOTO(waited, rc, out);
     if (u->gbuf)
         FSDP_TRY_GOTO(gather_unpack(f, u), rc, out);
+    FSDP_TRY_GOTO(bind_lp(f, u), rc, out);
 out:
     fsdp_buf_put(f, u->gbuf);
     u->gbuf = NULL;
@@ -299,6 +340,13 @@ void fsdp_release(struct fsdp *f, int ui)
         fsdp_buf_put(f, u->gsrc);
         u->gsrc = NULL;
     }
+    if (u->full_lp) {
+        f->k->lowp_unbind(u->full);
+        if (!u->full_lp_alias)
+            fsdp_buf_put(f, u->full_lp);
+    }
+    u->full_lp = NULL;
+    u->full_lp_alias = false;
     if (u->full && !u->full_alias)
         fsdp_buf_put(f, u->full);
     u->full = NULL;

@@ -40,6 +40,9 @@ struct fsdp_unit {
     /* transient */
     float *full;       /* gathered parameters, numel (+ padding up to size * shard for version 1) */
     bool full_alias;   /* full == master (one-rank shard group in fp32): never freed */
+    void *full_lp;     /* the same in param_dtype, model order, bound to full (k->lowp_bind) for the matmuls;
+                          NULL when the table computes in fp32 */
+    bool full_lp_alias; /* full_lp == lp (one-rank shard group): never freed */
     enum fsdp_gather_state gstate;
     struct comm_work *gwork;
     void *gbuf;        /* rank-major receive buffer when it is not `full` */
@@ -81,6 +84,8 @@ struct fsdp {
     int shard_size, shard_rank, rep_size, rep_rank;
     int version;
     enum kernels_dtype param_dtype, reduce_dtype;
+    enum kernels_dtype compute_dtype; /* param_dtype where the table's matmuls run it natively, else fp32 */
+    bool bind_lp;                     /* gathered units keep their param_dtype copy for the matmuls */
     enum worker_sharding strategy;
 
     struct fsdp_unit *units;
@@ -102,6 +107,7 @@ struct fsdp {
     double loss_scale;
     int64_t scaler_good;
     bool grads_dirty;
+    uint64_t init_bytes_read; /* tensor bytes this rank read from model.init_from */
 };
 
 /* fsdp_plan.c */

@@ -328,10 +328,11 @@ void fsdp_log_plan(const struct fsdp *f)
     if (f->g.rank != 0)
         return;
     static const char *pf[] = {"BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"};
-    log_info("fsdp plan: %s, version %d, world %d = %d shard group(s) of %d, params %s, reduce %s, "
+    log_info("fsdp plan: %s, version %d, world %d = %d shard group(s) of %d, params %s, compute %s, reduce %s, "
              "backward_prefetch %s, forward_prefetch %s",
              f->wc.fsdp.enable ? strategy_name(f->strategy) : "disabled (NO_SHARD)", f->version, f->g.world_size,
-             f->rep_size, f->shard_size, precision_name(f->param_dtype), precision_name(f->reduce_dtype),
+             f->rep_size, f->shard_size, precision_name(f->param_dtype), precision_name(f->compute_dtype),
+             precision_name(f->reduce_dtype),
              pf[f->wc.fsdp.backward_prefetch], f->wc.fsdp.forward_prefetch ? "on" : "off");
     struct fsdp_mesh m;
     char desc[512];
@@ -375,6 +376,7 @@ void fsdp_plan_info(const struct fsdp *f, struct fsdp_plan_info *out)
                                    .shard_groups = f->rep_size, .shard_group_size = f->shard_size,
                                    .param_dtype = precision_name(f->param_dtype),
                                    .reduce_dtype = precision_name(f->reduce_dtype),
+                                   .compute_dtype = precision_name(f->compute_dtype),
                                    .backward_prefetch = pf[f->wc.fsdp.backward_prefetch],
                                    .forward_prefetch = f->wc.fsdp.forward_prefetch, .offload = f->offload,
                                    .n_units = f->n_units};

@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "worker/fsdp/fsdp_internal.h"
+#include "worker/model/model_hf.h"
 
 /* Copies this rank's shard of unit u out of its full parameters `full` (device, model order). */
 static int shard_from_full(struct fsdp *f, struct fsdp_unit *u, const float *full)
@@ -20,50 +21,75 @@ static int shard_from_full(struct fsdp *f, struct fsdp_unit *u, const float *ful
     return 0;
 }
 
-/* Rank 0's values of unit u into host (u->numel floats): from the weights file read whole (full), or
- * generated from the seed one parameter at a time, so that rank 0 never holds more than one unit of a
- * seeded model (holding a whole 28.5M-parameter model puts rank 0's peak RSS 114 MB above its peers'). */
-static void init_unit_values(const struct fsdp *f, const struct fsdp_unit *u, const float *full, float *host)
+/* Rank 0's values of unit u into host (u->numel floats): read parameter by parameter from the weights
+ * (w), or generated from the seed, so that rank 0 never holds more than one unit of the model (holding a
+ * whole 28.5M-parameter model puts rank 0's peak RSS 114 MB above its peers'). */
+static int init_unit_values(const struct fsdp *f, const struct fsdp_unit *u, struct model_weights *w, float *host)
 {
     const struct model_layout *l = f->layout;
-    if (full) {
-        memcpy(host, full + u->offset, u->numel * sizeof(float));
-        return;
-    }
     for (int j = 0; j < u->n_params; j++) {
-        const struct model_param *mp = &l->params[u->first_param + j];
-        model_init_param_range(l, u->first_param + j, 0, mp->numel, host + (mp->offset - u->offset));
+        int p = u->first_param + j;
+        float *dst = host + (l->params[p].offset - u->offset);
+        if (w)
+            FSDP_TRY(model_weights_read(w, p, 0, l->params[p].numel, dst));
+        else
+            model_init_param_range(l, p, 0, l->params[p].numel, dst);
     }
+    return 0;
 }
 
-/* Rank 0's buffers for the broadcast: the weights file read whole into *full (when there is one) and one
- * unit's room in *host. The caller frees both, also on failure. */
-static int init_rank0_values(const struct fsdp *f, float **full, float **host)
+/* model.init_from's weights (NULL without one), checked against the layout; no tensor data read yet. */
+static int open_weights(const struct fsdp *f, struct model_weights **w)
 {
-    const struct model_layout *l = f->layout;
+    *w = NULL;
+    const char *from = f->layout->config.init_from;
+    return from[0] ? model_weights_open(f->layout, from, "model.init_from", w) : 0;
+}
+
+static void close_weights(struct fsdp *f, struct model_weights *w)
+{
+    if (w)
+        f->init_bytes_read += model_weights_bytes_read(w);
+    model_weights_close(w);
+}
+
+/* Rank 0's weights (when there are) and one unit's room in *host. The caller frees both, also on failure. */
+static int init_rank0_values(const struct fsdp *f, struct model_weights **w, float **host)
+{
     size_t most = 0;
     for (int i = 0; i < f->n_units; i++)
         most = f->units[i].numel > most ? f->units[i].numel : most;
-    if (l->config.init_from[0] && !(*full = malloc(l->numel * sizeof(float))))
-        return error_set(FSDP_ENOMEM, "fsdp: no memory for rank 0's initial model (%zu parameters)", l->numel);
     if (!(*host = malloc((most ? most : 1) * sizeof(float))))
         return error_set(FSDP_ENOMEM, "fsdp: no memory for rank 0's largest unit (%zu parameters)", most);
-    return *full ? model_init_params(l, *full) : 0;
+    return open_weights(f, w);
 }
 
-/* Unit u from rank 0 (its values from full or the seed, staged in host) into every rank's shard. */
-static int broadcast_unit(struct fsdp *f, struct fsdp_unit *u, const float *full, float *host)
+/* Unit u from rank 0 (its values from the weights or the seed, staged in host) into every rank's shard.
+ * A read failure on rank 0 still joins the broadcast (with whatever host holds) so no rank waits forever;
+ * then every rank learns of it from one sum (only when there is a file: a seeded init cannot fail). */
+static int broadcast_unit(struct fsdp *f, struct fsdp_unit *u, struct model_weights *w, float *host)
 {
     float *dev = fsdp_buf_get(f, u->numel * sizeof(float), FSDP_MEM_GATHERED);
     if (!dev)
         return FSDP_ENOMEM;
-    int rc = 0;
+    int rc = 0, read = 0;
     if (host) {
-        init_unit_values(f, u, full, host);
-        FSDP_TRY_GOTO(f->k->mem_copy(dev, host, u->numel * sizeof(float), KERNELS_COPY_H2D), rc, out);
+        read = init_unit_values(f, u, w, host);
+        if (!read)
+            read = f->k->mem_copy(dev, host, u->numel * sizeof(float), KERNELS_COPY_H2D);
     }
     FSDP_TRY_GOTO(comm_broadcast(f->g.world, dev, u->numel, COMM_F32, 0), rc, out);
     FSDP_TRY_GOTO(shard_from_full(f, u, dev), rc, out);
+    if (f->layout->config.init_from[0]) { /* every rank knows whether rank 0 reads a file */
+        double bad = 0;
+        FSDP_TRY_GOTO(fsdp_sum_world(f, read ? 1.0 : 0.0, &bad), rc, out);
+        if (read)
+            rc = read;
+        else if (bad > 0)
+            rc = error_set(FSDP_EABORTED, "fsdp: rank 0 could not read model.init_from (its log says why)");
+    } else {
+        rc = read;
+    }
 out:
     fsdp_buf_put(f, dev);
     return rc;
@@ -71,8 +97,9 @@ out:
 
 static int init_broadcast(struct fsdp *f)
 {
-    float *full = NULL, *host = NULL;
-    int rc = f->g.rank == 0 ? init_rank0_values(f, &full, &host) : 0;
+    struct model_weights *w = NULL;
+    float *host = NULL;
+    int rc = f->g.rank == 0 ? init_rank0_values(f, &w, &host) : 0;
     /* Rank 0's init can fail (a bad init_from file): tell the others instead of leaving them in a broadcast.
      * Every rank enters the sum, rank 0 also after its own failure. */
     double failed = 0;
@@ -85,64 +112,58 @@ static int init_broadcast(struct fsdp *f)
         goto out;
     }
     for (int i = 0; i < f->n_units; i++)
-        FSDP_TRY_GOTO(broadcast_unit(f, &f->units[i], full, host), rc, out);
+        FSDP_TRY_GOTO(broadcast_unit(f, &f->units[i], w, host), rc, out);
 out:
-    free(full);
+    close_weights(f, w);
     free(host);
     return rc;
 }
 
-/* Every rank reads the weights file whole and keeps its shards of it. */
-static int init_local_file(struct fsdp *f)
-{
-    const struct model_layout *l = f->layout;
-    float *host = malloc(l->numel * sizeof(float));
-    if (!host)
-        return error_set(FSDP_ENOMEM, "fsdp: no memory to read %s", l->config.init_from);
-    int rc = 0;
-    FSDP_TRY_GOTO(model_init_params(l, host), rc, out);
-    for (size_t i = 0; i < f->n_pieces; i++) {
-        const struct fsdp_piece *p = &f->pieces[i];
-        FSDP_TRY_GOTO(f->sk->mem_copy(p->data[FSDP_STATE_PARAM], host + l->params[p->param].offset + p->begin,
-                                      p->count * sizeof(float), KERNELS_COPY_H2D),
-                      rc, out);
-    }
-out:
-    free(host);
-    return rc;
-}
-
+/* Every rank reads or generates exactly its own pieces: from a weights file, one pread of each piece's
+ * bytes, so a rank reads about 1/world of the file. */
 static int init_local(struct fsdp *f)
 {
     const struct model_layout *l = f->layout;
-    if (l->config.init_from[0])
-        return init_local_file(f);
+    struct model_weights *w = NULL;
+    FSDP_TRY(open_weights(f, &w));
     size_t most = 0;
     for (size_t i = 0; i < f->n_pieces; i++)
         most = f->pieces[i].count > most ? f->pieces[i].count : most;
-    float *tmp = malloc((most ? most : 1) * sizeof(float));
-    if (!tmp)
-        return error_set(FSDP_ENOMEM, "fsdp: out of memory");
     int rc = 0;
+    float *tmp = malloc((most ? most : 1) * sizeof(float));
+    if (!tmp) {
+        rc = error_set(FSDP_ENOMEM, "fsdp: out of memory");
+        goto out;
+    }
     for (size_t i = 0; i < f->n_pieces; i++) {
         const struct fsdp_piece *p = &f->pieces[i];
-        model_init_param_range(l, p->param, p->begin, p->count, tmp);
+        if (w)
+            FSDP_TRY_GOTO(model_weights_read(w, p->param, p->begin, p->count, tmp), rc, out);
+        else
+            model_init_param_range(l, p->param, p->begin, p->count, tmp);
         FSDP_TRY_GOTO(f->sk->mem_copy(p->data[FSDP_STATE_PARAM], tmp, p->count * sizeof(float), KERNELS_COPY_H2D),
                       rc, out);
     }
 out:
+    close_weights(f, w);
     free(tmp);
     return rc;
 }
 
 int fsdp_init_params(struct fsdp *f)
 {
-    /* cpu_ram_efficient_loading: a weights file is read by rank 0 alone (others would each hold a full copy
-     * in host memory while extracting their shards); the broadcast then carries it unit by unit. */
-    bool bcast = f->wc.fsdp.sync_module_states ||
-                 (f->wc.checkpoint.cpu_ram_efficient_loading && f->layout->config.init_from[0]);
+    /* A weights file: every rank reads the byte ranges of its own shards, or with cpu_ram_efficient_loading
+     * rank 0 alone reads it, unit by unit, and broadcasts (the file need exist only on rank 0's node).
+     * A seeded init: sync_module_states broadcasts rank 0's values. */
+    bool bcast = f->layout->config.init_from[0] ? f->wc.checkpoint.cpu_ram_efficient_loading
+                                                 : f->wc.fsdp.sync_module_states;
     FSDP_TRY(bcast && f->g.world_size > 1 ? init_broadcast(f) : init_local(f));
     return fsdp_refresh_lp(f);
+}
+
+uint64_t fsdp_init_bytes_read(const struct fsdp *f)
+{
+    return f->init_bytes_read;
 }
 
 size_t fsdp_unit_gather_capacity(const struct fsdp *f, int ui)

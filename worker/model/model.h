@@ -29,7 +29,9 @@ struct model_config {
     int block_size; /* maximum sequence length (rows of wpe) */
     float init_std;
     uint64_t seed;
-    char init_from[MODEL_PATH_MAX]; /* "" = random init from seed, else a safetensors file (HF names) */
+    /* "" = random init from seed, else Hugging Face weights: a directory (config.json + model.safetensors or
+     * an index and shards), a safetensors file or an index file (model_hf.h) */
+    char init_from[MODEL_PATH_MAX];
     bool activation_checkpointing;
 };
 
@@ -46,6 +48,7 @@ struct model_param {
     float init_std;    /* > 0: normal(0, init_std); 0: constant init_value */
     float init_value;
     int init_rows; /* rows given random values; rows beyond (vocab padding) are zero */
+    bool position_rows; /* one row per position: a weights file may hold more (a longer context); the first are used */
 };
 
 struct model_module {
@@ -123,12 +126,12 @@ void model_init_param_range(const struct model_layout *layout, int p, size_t beg
 /* Whole flat buffer (host): from config.init_from when set, else random from config.seed. */
 int model_init_params(const struct model_layout *layout, float *host_params);
 
-/* ---- weights as safetensors with Hugging Face GPT-2 names (host buffers) ---- */
-/* Reads every parameter (F32/F16/BF16; optional "transformer." prefix; mask buffers h.N.attn.bias and
- * h.N.attn.masked_bias and the tied lm_head.weight ignored by exact name). wte rows in the file are the
- * real vocabulary; padding rows are set to 0. wpe may have more rows than block_size (the first are used). */
+/* ---- whole-model weights with Hugging Face names (host buffers) ---- */
+/* Reads every parameter from anything model_weights_open takes (model_hf.h: a Hugging Face directory, a
+ * safetensors file or an index; F32/F16/BF16; the family's name prefix optional; buffers and tied heads
+ * the family names skipped). The files hold the real vocabulary rows; padding rows are set to 0. */
 int model_weights_load(const struct model_layout *layout, const char *path, float *host_params);
-/* Writes every parameter as F32 with HF names (wte without padding rows); atomic. */
+/* Writes every parameter as F32 with the layout's names (wte without padding rows) to one file; atomic. */
 int model_weights_save(const struct model_layout *layout, const char *path, const float *host_params);
 
 /* ---- activation arena ---- */

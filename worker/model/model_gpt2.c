@@ -202,6 +202,19 @@ static int gpt2_forward_head(struct model *m, const float *root, float dloss, do
     return 0;
 }
 
+/* An operand that two products read in a row and nothing writes in between: a table that computes in a
+ * 16-bit dtype may round it once for both (kernels.h, lowp_hold); tables without the entry round per product. */
+static int operand_hold(const struct kernels *k, const float *x, size_t n)
+{
+    return k->lowp_hold ? k->lowp_hold(x, n) : 0;
+}
+
+static void operand_release(const struct kernels *k, const float *x)
+{
+    if (k->lowp_release)
+        k->lowp_release(x);
+}
+
 static int gpt2_backward_head(struct model *m, const float *root, float *g)
 {
     struct gpt2_state *s = m->family;
@@ -213,23 +226,36 @@ static int gpt2_backward_head(struct model *m, const float *root, float *g)
         return error_set(FSDP_EINVAL, "model: backward_head needs a forward_head with dloss != 0 first");
     s->head_grad_ready = false;
     const float *x = s->resid + (size_t)c->n_layer * NC;
-    /* dlnf = dlogits wte; dwte += dlogits^T lnf (the tied LM head's share of wte's gradient). */
-    FSDP_TRY(k->gemm(0, 0, N, C, vp, 1.0f, s->logits, vp, up(m, 0, root, WTE), C, 0.0f, s->dln, C));
+    /* dlnf = dlogits wte; dwte += dlogits^T lnf (the tied LM head's share of wte's gradient). Both products
+     * read dlogits, which the table may prepare once for the two (lowp_hold). */
+    int rc = 0;
+    FSDP_TRY(operand_hold(k, s->logits, (size_t)N * vp));
+    FSDP_TRY_GOTO(k->gemm(0, 0, N, C, vp, 1.0f, s->logits, vp, up(m, 0, root, WTE), C, 0.0f, s->dln, C), rc, out);
     if (g)
-        FSDP_TRY(k->gemm(1, 0, vp, C, N, 1.0f, s->logits, vp, s->lnf, C, 1.0f, upg(m, 0, g, WTE), C));
+        FSDP_TRY_GOTO(k->gemm(1, 0, vp, C, N, 1.0f, s->logits, vp, s->lnf, C, 1.0f, upg(m, 0, g, WTE), C), rc, out);
+out:
+    operand_release(k, s->logits);
+    if (rc)
+        return rc;
     FSDP_TRY(k->mem_set(s->dres, 0, NC * sizeof(float)));
     return k->layernorm_backward(s->dres, upg(m, 0, g, LNF_W), upg(m, 0, g, LNF_B), s->dln, x,
                                  up(m, 0, root, LNF_W), s->lnf_mean, s->lnf_rstd, N, C);
 }
 
-/* A linear layer's backward with a fresh input gradient: dx = dy W^T written by sgemm with beta 0 (no
- * zeroing pass over a scratch buffer that is about to be overwritten anyway), then the parameter
- * gradients accumulated (+=) by matmul_backward as usual. */
+/* A linear layer's backward with a fresh input gradient: the parameter gradients accumulated (+=) by
+ * matmul_backward as usual, then dx = dy W^T written by gemm with beta 0 (no zeroing pass over a scratch
+ * buffer that is about to be overwritten anyway); dy held for the two (matmul_backward first: it sums db in
+ * the pass that rounds dy). */
 static int linear_backward(const struct kernels *k, float *dx, float *dw, float *db, const float *dy,
                            const float *x, const float *w, int n, int in, int out)
 {
-    FSDP_TRY(k->gemm(0, 1, n, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in));
-    return k->matmul_backward(NULL, dw, db, dy, x, w, n, in, out);
+    int rc = 0;
+    FSDP_TRY(operand_hold(k, dy, (size_t)n * out));
+    FSDP_TRY_GOTO(k->matmul_backward(NULL, dw, db, dy, x, w, n, in, out), rc, out);
+    FSDP_TRY_GOTO(k->gemm(0, 1, n, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in), rc, out);
+out:
+    operand_release(k, dy);
+    return rc;
 }
 
 static int gpt2_backward_block(struct model *m, int layer, const float *w, float *g)

@@ -51,7 +51,8 @@ int model_gpt2_layout_build(struct model_layout *l, const struct model_config *c
     int p;
     FSDP_TRY(p = model_layout_add_param(l, wte, u, "weight", 2, l->vocab_padded, C, true, std, 0));
     l->params[p].init_rows = c->vocab_size;
-    FSDP_TRY(model_layout_add_param(l, wpe, u, "weight", 2, c->block_size, C, true, std, 0));
+    FSDP_TRY(p = model_layout_add_param(l, wpe, u, "weight", 2, c->block_size, C, true, std, 0));
+    l->params[p].position_rows = true;
     FSDP_TRY(model_layout_add_param(l, lnf, u, "weight", 1, C, 0, false, 0, 1));
     FSDP_TRY(model_layout_add_param(l, lnf, u, "bias", 1, C, 0, false, 0, 0));
     for (int i = 0; i < L; i++) {

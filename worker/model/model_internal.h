@@ -23,12 +23,16 @@ struct model_class_names {
     const char *ours, *hf, *other;
 };
 
+/* A family's Hugging Face entry (model_hf_internal.h). */
+struct model_hf_family;
+
 struct model_family {
     const char *name;
     /* Fills params/modules/units for a config already checked by the generic code. */
     int (*layout_build)(struct model_layout *out, const struct model_config *cfg);
     const struct model_ops *ops;
     const struct model_class_names *class_names; /* {NULL}-terminated; NULL = our names only */
+    const struct model_hf_family *hf; /* NULL: no Hugging Face config.json / names for this family */
 };
 
 /* Registry lookup; NULL with error_set listing the known families. */

@@ -1,10 +1,10 @@
 /* The model-family registry: model_config.model_family names one entry; adding a family is adding a
- * line here plus its layout builder and ops. */
+ * line here plus its layout builder, ops and (for Hugging Face config.json and names) its HF entry. */
 #include <stdio.h>
 #include <string.h>
 
 #include "common/error.h"
-#include "worker/model/model_internal.h"
+#include "worker/model/model_hf_internal.h"
 
 /* transformers' GPT2Model module classes (modeling_gpt2.py) for ours. */
 static const struct model_class_names gpt2_names[] = {
@@ -15,7 +15,8 @@ static const struct model_class_names gpt2_names[] = {
 };
 
 static const struct model_family families[] = {
-    {.name = "gpt2", .layout_build = model_gpt2_layout_build, .ops = &model_gpt2_ops, .class_names = gpt2_names},
+    {.name = "gpt2", .layout_build = model_gpt2_layout_build, .ops = &model_gpt2_ops, .class_names = gpt2_names,
+     .hf = &model_gpt2_hf},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 
@@ -34,6 +35,25 @@ const struct model_family *model_family_find(const char *name)
         if (strcmp(families[i].name, name) == 0)
             return &families[i];
     error_set(FSDP_EINVAL, "unknown model_family \"%s\"; known families: %s", name, model_family_names());
+    return NULL;
+}
+
+const struct model_family *model_family_find_hf(const char *architecture, const char *model_type, const char *path)
+{
+    for (size_t i = 0; architecture && i < N_FAMILIES; i++)
+        if (families[i].hf && strcmp(families[i].hf->architecture, architecture) == 0)
+            return &families[i];
+    for (size_t i = 0; model_type && i < N_FAMILIES; i++)
+        if (families[i].hf && strcmp(families[i].hf->model_type, model_type) == 0)
+            return &families[i];
+    char known[256] = "";
+    for (size_t i = 0; i < N_FAMILIES; i++)
+        if (families[i].hf)
+            snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s (model_type \"%s\")",
+                     known[0] ? ", " : "", families[i].hf->architecture, families[i].hf->model_type);
+    error_set(FSDP_EUNSUPPORTED, "%s: architecture %s%s%s, model_type %s%s%s is not a model fsdpc has; it reads %s",
+                     path, architecture ? "\"" : "", architecture ? architecture : "(none)", architecture ? "\"" : "",
+                     model_type ? "\"" : "", model_type ? model_type : "(none)", model_type ? "\"" : "", known);
     return NULL;
 }
 

@@ -2,12 +2,40 @@
 #ifndef FSDP_WORKER_CKPT_TOOL_H
 #define FSDP_WORKER_CKPT_TOOL_H
 
+#include <stdbool.h>
+#include <stdint.h>
+
 #include "worker/ckpt/ckpt.h"
+#include "worker/model/model_hf.h"
 
 /* TARGET: a checkpoint directory, a root holding `latest`, or ROOT:latest; checked against the
  * checkpoint's own model config. */
 int ckpt_tool_open(const char *target, struct ckpt_reader **out);
+
+/* A model's weights from either kind of source: an fsdpc checkpoint (as ckpt_tool_open takes it) or a
+ * Hugging Face directory (config.json + model.safetensors or an index with shards). */
+struct ckpt_tool_model {
+    struct ckpt_reader *ckpt;     /* set for a checkpoint */
+    struct model_weights *hf;     /* set for a Hugging Face directory */
+    struct model_layout own;      /* the layout built from config.json (hf) */
+    const struct model_layout *l; /* the model's layout either way */
+    char path[4096];              /* the directory read */
+    int64_t step;                 /* the checkpoint's step; -1 for a Hugging Face directory */
+    char tokenizer[4200];         /* its tokenizer.json, "" when none was found */
+};
+/* A checkpoint directory that is also a Hugging Face directory (FULL_STATE_DICT) is read as a checkpoint,
+ * so its CRCs are checked. The tokenizer is the run's (run_tokenizer.h): the one in the directory, else the
+ * one beside the training data its config names. */
+int ckpt_tool_model_open(const char *target, struct ckpt_tool_model *out);
+/* Elements [begin, begin + count) of parameter p (layout shape; padding rows are 0). */
+int ckpt_tool_model_read(struct ckpt_tool_model *m, int p, size_t begin, size_t count, float *dst);
+void ckpt_tool_model_close(struct ckpt_tool_model *m);
+
 /* fsdp-ckpt sample ARGS...; returns the exit status. */
 int ckpt_tool_sample(int argc, char **argv);
+/* fsdp-ckpt export/merge ARGS... (merge: f32 only); returns the exit status. */
+int ckpt_tool_export(int argc, char **argv, bool merge);
+/* fsdp-ckpt eval ARGS...; returns the exit status. */
+int ckpt_tool_eval(int argc, char **argv);
 
 #endif

@@ -135,7 +135,8 @@ static void print_token(const struct tokenizer *tok, int t)
 
 /* The tokenizer --tokenizer names (a tokenizer.json or a directory holding one), else the run's (NULL
  * when the run used byte tokens). */
-static int open_tokenizer(const struct sample_opts *o, struct ckpt_reader *r, int vocab, struct tokenizer **out)
+static int open_tokenizer(const struct sample_opts *o, const struct ckpt_tool_model *src, int vocab,
+                          struct tokenizer **out)
 {
     *out = NULL;
     char path[4096];
@@ -144,7 +145,8 @@ static int open_tokenizer(const struct sample_opts *o, struct ckpt_reader *r, in
         snprintf(path, sizeof path, "%s%s", o->tokenizer,
                  stat(o->tokenizer, &st) == 0 && S_ISDIR(st.st_mode) ? "/tokenizer.json" : "");
     } else {
-        int rc = run_tokenizer_find(ckpt_reader_path(r), ckpt_reader_state(r)->config_text, path, sizeof path);
+        int rc = run_tokenizer_find(src->path, src->ckpt ? ckpt_reader_state(src->ckpt)->config_text : NULL, path,
+                                    sizeof path);
         if (rc == FSDP_ENOTFOUND) {
             if (vocab > 256)
                 fprintf(stderr, "fsdp-ckpt sample: %s; ids above 255 print as <id> (--tokenizer FILE decodes "
@@ -170,12 +172,12 @@ int ckpt_tool_sample(int argc, char **argv)
     struct sample_opts o;
     if (parse_opts(argc, argv, &o) != 0)
         return 2;
-    struct ckpt_reader *r;
-    if (ckpt_tool_open(o.target, &r) != 0) {
+    struct ckpt_tool_model src;
+    if (ckpt_tool_model_open(o.target, &src) != 0) {
         fprintf(stderr, "fsdp-ckpt: %s\n", error_message());
         return 1;
     }
-    const struct model_layout *l = ckpt_reader_layout(r);
+    const struct model_layout *l = src.l;
     const struct kernels *k = kernels_cpu();
     int T = l->config.block_size, V = l->config.vocab_size, VP = l->vocab_padded;
     size_t plen = strlen(o.prompt);
@@ -185,7 +187,7 @@ int ckpt_tool_sample(int argc, char **argv)
     struct tokenizer *tz = NULL;
     struct tokenizer_ids pids = {0};
     int rc = 0;
-    FSDP_TRY_GOTO(open_tokenizer(&o, r, V, &tz), rc, out);
+    FSDP_TRY_GOTO(open_tokenizer(&o, &src, V, &tz), rc, out);
     if (tz) {
         if (tokenizer_utf8_check(o.prompt, plen) != plen) {
             rc = error_set(FSDP_EINVAL, "--prompt is not UTF-8");
@@ -206,7 +208,7 @@ int ckpt_tool_sample(int argc, char **argv)
         goto out;
     }
     for (int p = 0; p < l->n_params; p++)
-        FSDP_TRY_GOTO(ckpt_read(r, CKPT_PARAM, p, 0, l->params[p].numel, params + l->params[p].offset), rc, out);
+        FSDP_TRY_GOTO(ckpt_tool_model_read(&src, p, 0, l->params[p].numel, params + l->params[p].offset), rc, out);
     FSDP_TRY_GOTO(model_create(&m, &l->config, k, 1, T), rc, out);
     size_t ctx_cap = (tz ? pids.n : plen) + (size_t)o.length + 1;
     ctx = malloc(ctx_cap * sizeof *ctx);
@@ -255,6 +257,6 @@ out:
     free(scratch);
     tokenizer_ids_free(&pids);
     tokenizer_free(tz);
-    ckpt_close(r);
+    ckpt_tool_model_close(&src);
     return rc == 0 ? 0 : 1;
 }

@@ -21,6 +21,7 @@
 #include "worker/ckpt/ckpt.h"
 #include "worker/config/worker_config.h"
 #include "worker/model/model.h"
+#include "worker/model/model_hf.h"
 #include "worker/train/train.h"
 
 #define CACHE_VERSION 1
@@ -96,44 +97,23 @@ static void identity_add(char *id, size_t cap, const char *path)
              (long long)st.st_mtim.tv_sec, (long)st.st_mtim.tv_nsec);
 }
 
-/* A Hugging Face GPT-2 directory: config.json's sizes. */
-static int hf_config(const char *path, struct model_config *mc)
+/* A Hugging Face directory: the family and shape its config.json gives (model_hf.h: the family's own
+ * keys), over the configured ones; the rest of the config (init, seed, init_from) stays. */
+static int hf_config(const char *dir, struct model_config *mc)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return error_set(FSDP_EIO, "cannot read %s: %s", path, strerror(errno));
-    char *text = NULL;
-    size_t len = 0;
-    FILE *mem = open_memstream(&text, &len);
-    char buf[4096];
-    size_t r;
-    while (mem && (r = fread(buf, 1, sizeof buf, f)) > 0)
-        fwrite(buf, 1, r, mem);
-    fclose(f);
-    if (mem)
-        fclose(mem);
-    cJSON *root = text ? cJSON_Parse(text) : NULL;
-    free(text);
-    if (!root)
-        return error_set(FSDP_EINVAL, "%s is not JSON", path);
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    struct model_hf_config *hc = malloc(sizeof *hc);
+    if (!hc)
+        return error_set(FSDP_ENOMEM, "out of memory");
     int rc = 0;
-    if (!cJSON_IsString(type) || strcmp(type->valuestring, mc->model_family) != 0) {
-        rc = error_set(FSDP_EINVAL, "%s: model_type %s%s%s is not the configured model.model_family (%s)", path,
-                       cJSON_IsString(type) ? "\"" : "", cJSON_IsString(type) ? type->valuestring : "missing",
-                       cJSON_IsString(type) ? "\"" : "", mc->model_family);
-    } else {
-        static const char *const keys[] = {"n_layer", "n_head", "n_embd", "vocab_size", "n_positions"};
-        int *dst[] = {&mc->n_layer, &mc->n_head, &mc->n_embd, &mc->vocab_size, &mc->block_size};
-        for (int i = 0; i < 5 && !rc; i++) {
-            const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, keys[i]);
-            if (!cJSON_IsNumber(v) || v->valuedouble < 1)
-                rc = error_set(FSDP_EINVAL, "%s: \"%s\" is missing or not a positive number", path, keys[i]);
-            else
-                *dst[i] = v->valueint;
-        }
-    }
-    cJSON_Delete(root);
+    FSDP_TRY_GOTO(model_hf_config_read(dir, hc), rc, out);
+    struct model_config keep = *mc;
+    *mc = hc->config;
+    mc->init_std = keep.init_std;
+    mc->seed = keep.seed;
+    mc->activation_checkpointing = keep.activation_checkpointing;
+    snprintf(mc->init_from, sizeof mc->init_from, "%s", keep.init_from);
+out:
+    free(hc);
     return rc;
 }
 
@@ -199,7 +179,7 @@ static int resolve_model(const struct worker_config *wc, struct model_config *mc
         return 0;
     }
     if (is_dir(from) && file_in(from, "config.json", file, sizeof file)) {
-        FSDP_TRY(hf_config(file, mc));
+        FSDP_TRY(hf_config(from, mc));
         identity_add(id, idcap, file);
         if (file_in(from, "model.safetensors", file, sizeof file))
             identity_add(id, idcap, file);

@@ -100,6 +100,9 @@ static void add_model(struct builder *b, cJSON *root, const struct run_summary_f
     num(b, m, "parameters", (double)l->numel_real);
     flag(b, m, "activation_checkpointing", wc->model.activation_checkpointing);
     num(b, m, "activation_bytes", (double)model_get_arena_bytes(f->model));
+    /* where the initial weights came from and how many of their bytes this rank read */
+    str(b, m, "init_from", wc->model.init_from[0] ? wc->model.init_from : NULL);
+    num(b, m, "init_bytes_read", (double)fsdp_init_bytes_read(f->fsdp));
     cJSON *t = obj(b, root, "batch");
     num(b, t, "train_batch", wc->train.train_batch);
     num(b, t, "micro_batch", wc->train.micro_batch);
@@ -123,6 +126,7 @@ static void add_plan(struct builder *b, cJSON *root, const struct fsdp *fs)
     num(b, p, "context_parallel_size", pi.context_parallel_size);
     str(b, p, "param_dtype", pi.param_dtype);
     str(b, p, "reduce_dtype", pi.reduce_dtype);
+    str(b, p, "compute_dtype", pi.compute_dtype);
     str(b, p, "backward_prefetch", pi.backward_prefetch);
     flag(b, p, "forward_prefetch", pi.forward_prefetch);
     flag(b, p, "offload", pi.offload);

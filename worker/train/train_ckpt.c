@@ -27,6 +27,7 @@
 #include "common/log.h"
 #include "worker/ckpt/ckpt.h"
 #include "worker/train/train_ckpt.h"
+#include "worker/train/train_sources.h"
 
 /* A checkpoint kind is used as the engine's state kind: it indexes fsdp_piece.data[] and is cast to
  * enum fsdp_state_kind for fsdp_gather_unit_state. */
@@ -83,6 +84,7 @@ static void fill_state(struct ckpt_state *st, const struct train_ckpt *c, struct
     st->model.block_size = wc->model.block_size;
     st->model.init_std = (float)wc->model.init_std;
     st->model.seed = wc->model.seed;
+    st->tokenizer = c->tokenizer[0] ? c->tokenizer : NULL;
 }
 
 /* Every rank's rc -> the same verdict everywhere (a sum over ranks of the failures). */
@@ -367,6 +369,9 @@ int train_ckpt_maybe_load(struct train_ckpt *c, struct fsdp *f, const struct wor
         return error_set(FSDP_ENOMEM, "resume: out of memory");
     c->last_saved_step = -1;
     *first_step = 0;
+    /* The tokenizer travels with every checkpoint, so an export or a sample needs nothing else. */
+    if (!train_tokenizer_find(wc->data.train_file, c->tokenizer, sizeof c->tokenizer))
+        c->tokenizer[0] = '\0';
     bool saves = wc->checkpoint.interval >= 0;
     char root[4352];
     train_expand_run_id(root, sizeof root, wc->checkpoint.dir, env->run_id);

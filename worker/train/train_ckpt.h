@@ -25,6 +25,7 @@ struct train_ckpt_stats {
 struct train_ckpt {
     char *config_text;       /* the effective INI, recorded in the metadata of every save */
     int64_t last_saved_step; /* the step of the newest checkpoint of this run or the one resumed, else -1 */
+    char tokenizer[4352];    /* the run's tokenizer.json, copied into every checkpoint ("" = none) */
     struct train_ckpt_stats stats;
     bool locked;             /* rank 0 of a saving run holds checkpoint.dir's lock through lock_fd */
     int lock_fd;

@@ -2,7 +2,9 @@
  * set, as `python train.py` runs), and the store that bootstraps the communicators. Under fsdp-launch the
  * store is the launcher's (FSDP_STORE_PREFIX says so); under another torchrun-compatible launcher,
  * MASTER_PORT belongs to that launcher's own store, so rank 0 hosts ours next to it (FSDP_STORE_PORT,
- * default MASTER_PORT + 1). */
+ * default MASTER_PORT + 1), listening on MASTER_ADDR, with the job's secret (FSDP_RDZV_TOKEN or the
+ * secret file). */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +13,7 @@
 #include "common/log.h"
 #include "common/settings.h"
 #include "rendezvous/rendezvous.h"
+#include "rendezvous/store_auth.h"
 #include "worker/train/train_env.h"
 
 static int env_int(const char *name, int def, int min, int *out)
@@ -58,20 +61,35 @@ int train_env_open(struct train_env *e)
     if (!addr || !*addr)
         return error_set(FSDP_EINVAL, "environment: WORLD_SIZE=%d but MASTER_ADDR is not set; start the workers with "
                          "fsdp-launch or torchrun", e->world_size);
-    const char *secret = settings_get_raw(SETTING_RDZV_TOKEN);
+    char *secret = NULL, file[4096];
+    enum store_secret_source source;
+    FSDP_TRY(store_secret_load(&secret, &source, file, sizeof file));
+    bool multi_node = e->world_size > e->local_world_size;
+    if (!secret && multi_node && e->rank == 0)
+        log_warn("SECURITY: fsdp's store for this multi-node job (rank 0, port %d) has no secret: any host that can "
+                 "reach it can read the rendezvous and end the job; set the same FSDP_RDZV_TOKEN for every rank, "
+                 "or create ~/.config/fsdpc/rdzv_token (mode 600) on every node (docs/launcher.md, \"Security\")",
+                 port);
     int rc;
     if (e->rank == 0) {
-        struct store_server_options so = {.port = port, .run_id = e->run_id, .secret = secret};
+        /* On MASTER_ADDR, where the other ranks look for it; a name that is loopback here (Debian maps the
+         * host's own name to 127.0.1.1) would hide it from other nodes, so those get every interface. */
+        const char *bind = rdzv_loopback_name(addr, NULL, 0) && multi_node ? "0.0.0.0" : addr;
+        struct store_server_options so = {.bind_addr = bind, .port = port, .run_id = e->run_id, .secret = secret,
+                                          .torch_off = true};
         rc = store_server_start(&so, &e->server);
-        if (rc)
+        if (rc) {
+            free(secret);
             return error_set(rc, "rank 0 hosts the fsdp store on port %d (FSDP_STORE_PORT, default MASTER_PORT + 1): %s",
                              port, error_message());
+        }
     }
-    struct store_client_options co = {.host = e->rank == 0 ? "127.0.0.1" : addr, .port = port, .run_id = e->run_id,
-                                      .secret = secret, .default_timeout_s = 600};
+    struct store_client_options co = {.host = addr, .port = port, .run_id = e->run_id, .secret = secret,
+                                      .default_timeout_s = 600};
     char who[32];
     snprintf(who, sizeof who, "rank %d", e->rank);
     rc = rdzv_store_connect(&co, 120, who, "rank 0's fsdp store, beside the launcher's", &e->store);
+    free(secret);
     if (rc)
         return error_set(rc, "connecting to rank 0's fsdp store at %s:%d: %s", co.host, port, error_message());
     log_debug("store: rank 0 hosts it on port %d beside the launcher's", port);

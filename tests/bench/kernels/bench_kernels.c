@@ -2,14 +2,18 @@
  * forward+backward, each printed beside the peak OpenBLAS sgemm rate measured in the same run (the peer),
  * plus bandwidth of the memory-bound ops beside memcpy's.
  * Usage: bench_kernels [B T C NH]   (default 4 256 768 12, GPT-2 small with 256-token context)
- * Output: one line per result, `bench=kernel_<op> shape=... gflops=... sgemm_gflops=... ratio=...`. */
+ * Output: one line per result, `bench=kernel_<op> shape=... gflops=... sgemm_gflops=... ratio=...`; and per
+ * GEMM shape of the model (the default shapes, config S's and small ones) the two fp32 libraries, the one
+ * FSDP_CPU_MATMUL=auto picks, and bf16 (`bench=gemm_shape ...`, summed up by `bench=gemm_auto_choice`). */
 #include <cblas.h>
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/error.h"
+#include "kernels/cpu/cpu.h"
 #include "kernels/kernels.h"
 #include "tests/util/tu_proc.h"
 
@@ -47,6 +51,80 @@ static void check(int rc)
     }
 }
 
+/* One product c(m, n) = op(a) op(b) of every kind the step runs: OpenBLAS sgemm, oneDNN fp32, oneDNN bf16 on
+ * operands already in bf16 (bound gathered weights), and the table's bf16 gemm rounding both fp32 operands
+ * first (activations). Returns whether auto's library was the faster fp32 one. */
+static bool gemm_shape(int ta, int tb, int m, int n, int kk, const char *what)
+{
+    const struct kernels *k = kernels_cpu();
+    size_t na = (size_t)m * kk, nb = (size_t)kk * n;
+    float *a = buf(na, 1), *b = buf(nb, 1), *c = buf((size_t)m * n, 0);
+    uint16_t *ah = malloc(na * 2), *bh = malloc(nb * 2);
+    if (!ah || !bh) {
+        fprintf(stderr, "bench_kernels: out of memory\n");
+        exit(1);
+    }
+    cpu_round_bf16(ah, a, 1, na, na);
+    cpu_round_bf16(bh, b, 1, nb, nb);
+    int lda = ta ? m : kk, ldb = tb ? kk : n, reps = (double)m * n * kk < 1e8 ? 20 : 5;
+    double t_blas, t_dnn, t_bf, t_bfr, fl = 2.0 * m * n * kk;
+    BEST_OF(reps, t_blas, cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
+                                      n, kk, 1.0f, a, lda, b, ldb, 0.0f, c, n));
+    BEST_OF(reps, t_dnn, check(cpu_onednn_matmul(DTYPE_F32, ta, tb, m, n, kk, 1.0f, a, lda, b, ldb, 0.0f, c, n, NULL)));
+    bool bf16 = k->matmul_dtypes & KERNELS_DTYPE_BIT(KERNELS_BF16);
+    t_bf = t_bfr = NAN;
+    if (bf16) {
+        BEST_OF(reps, t_bf,
+                check(cpu_onednn_matmul(DTYPE_BF16, ta, tb, m, n, kk, 1.0f, ah, lda, bh, ldb, 0.0f, c, n, NULL)));
+        check(k->set_matmul_dtype(KERNELS_BF16));
+        BEST_OF(reps, t_bfr, check(k->gemm(ta, tb, m, n, kk, 1.0f, a, lda, b, ldb, 0.0f, c, n)));
+        check(k->set_matmul_dtype(KERNELS_F32));
+    }
+    bool onednn = cpu_matmul_f32_onednn(m, n, kk), right = onednn == (t_dnn < t_blas);
+    printf("bench=gemm_shape what=%s shape=%dx%dx%d ta=%d tb=%d openblas_gflops=%.1f onednn_f32_gflops=%.1f "
+           "onednn_over_openblas=%.3f auto=%s auto_faster=%s bf16_gflops=%.1f bf16_rounding_gflops=%.1f "
+           "bf16_over_best_f32=%.3f\n",
+           what, m, n, kk, ta, tb, fl / t_blas / 1e9, fl / t_dnn / 1e9, t_blas / t_dnn, onednn ? "onednn" : "openblas",
+           right ? "yes" : "no", fl / t_bf / 1e9, fl / t_bfr / 1e9, fmin(t_blas, t_dnn) / t_bf);
+    k->mem_free(a), k->mem_free(b), k->mem_free(c);
+    free(ah), free(bh);
+    return right;
+}
+
+/* The products of one step of the default shapes (N tokens, width C, vocabulary V), of config S (2048 tokens,
+ * C 256, V 4096) and of small models, forward (op(a) = x), input gradient (b transposed) and weight
+ * gradient (a transposed); and squares around auto's threshold. */
+static void gemm_shapes(int N, int C, int V)
+{
+    const int sets[3][3] = {{N, C, V}, {2048, 256, 4096}, {16, 32, 256}};
+    const char *set_name[3] = {"default", "S", "tiny"};
+    int right = 0, total = 0;
+    for (int s = 0; s < 3; s++) {
+        int n = sets[s][0], c = sets[s][1], v = sets[s][2];
+        const int lin[4][2] = {{c, 3 * c}, {c, c}, {c, 4 * c}, {4 * c, c}};
+        char what[64];
+        for (int l = 0; l < 4; l++) {
+            int in = lin[l][0], out = lin[l][1];
+            snprintf(what, sizeof what, "%s_linear%d_fwd", set_name[s], l);
+            right += gemm_shape(0, 0, n, out, in, what), total++;
+            snprintf(what, sizeof what, "%s_linear%d_dx", set_name[s], l);
+            right += gemm_shape(0, 1, n, in, out, what), total++;
+            snprintf(what, sizeof what, "%s_linear%d_dw", set_name[s], l);
+            right += gemm_shape(1, 0, in, out, n, what), total++;
+        }
+        snprintf(what, sizeof what, "%s_lm_head_fwd", set_name[s]);
+        right += gemm_shape(0, 1, n, v, c, what), total++;
+        snprintf(what, sizeof what, "%s_lm_head_dx", set_name[s]);
+        right += gemm_shape(0, 0, n, c, v, what), total++;
+        snprintf(what, sizeof what, "%s_lm_head_dw", set_name[s]);
+        right += gemm_shape(1, 0, v, c, n, what), total++;
+    }
+    for (int e = 24; e <= 160; e += e < 64 ? 8 : 32)
+        right += gemm_shape(0, 0, e, e, e, "square"), total++;
+    printf("bench=gemm_auto_choice shapes=%d auto_picked_the_faster=%d threads=%d\n", total, right,
+           omp_get_max_threads());
+}
+
 int main(int argc, char **argv)
 {
     int B = 4, T = 256, C = 768, NH = 12;
@@ -68,6 +146,8 @@ int main(int argc, char **argv)
     const double peak = 2.0 * P * P * P / t / 1e9;
     printf("bench=kernel_sgemm_peak shape=%dx%dx%d gflops=%.1f threads=%d\n", P, P, P, peak, omp_get_max_threads());
     k->mem_free(pa), k->mem_free(pb), k->mem_free(pc);
+
+    gemm_shapes(N, C, V);
 
     /* the four linear layers of a GPT-2 block: (in, out) */
     const int lin[4][2] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}};

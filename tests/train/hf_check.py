@@ -1,0 +1,129 @@
+"""The Hugging Face side of tests/train/test_train_hf.c, run with the PyPI venv's python (torch 2.x and
+transformers).
+
+  hf_check.py make OUT_DIR DATA.bin BATCH BLOCK STEPS
+      Saves one random GPT2LMHeadModel with save_pretrained as OUT_DIR/f32, OUT_DIR/bf16, OUT_DIR/f16 and
+      OUT_DIR/sharded (fp32, max_shard_size 40KB: an index and several shards), and writes OUT_DIR/ref.json:
+      for each, transformers' mean loss (fp32 compute) over the first STEPS batches of BATCH consecutive
+      windows of BLOCK tokens of DATA.bin (nanoGPT uint16), the windows `fsdp-ckpt eval` reads.
+
+  hf_check.py tokenizer OUT.json
+      A byte-level tokenizer.json for fsdp-prepare-data's byte tokens (token id = byte value): ByteLevel's
+      character of byte b has id b, no merges, so transformers decodes a run's ids back to its text.
+
+  hf_check.py logits MODEL_DIR BATCH.safetensors OUT.json
+      from_pretrained(MODEL_DIR) unchanged (AutoModelForCausalLM, and AutoTokenizer when the directory
+      holds tokenizer.json), then its logits on BATCH's "tokens" against BATCH's "logits" (fsdpc's own):
+      writes {"architecture", "max_abs_diff", "max_abs_logit", "rel", "tokenizer", "tokenizer_round_trip"}
+      to OUT.json.
+"""
+import json
+import os
+import sys
+import warnings
+
+import numpy as np
+import torch
+
+warnings.filterwarnings("ignore")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(1)
+
+from safetensors.torch import load_file  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel  # noqa: E402
+
+
+def windows(path, batch, block, steps):
+    tok = np.fromfile(path, dtype=np.uint16).astype(np.int64)
+    for s in range(steps):
+        rows = [tok[(s * batch + r) * block:(s * batch + r) * block + block + 1] for r in range(batch)]
+        yield torch.tensor(np.stack(rows))
+
+
+def mean_loss(model, data, batch, block, steps):
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for x in windows(data, batch, block, steps):
+            logits = model(x[:, :-1]).logits.float()
+            total += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1),
+                                                       reduction="sum").item()
+            n += x[:, 1:].numel()
+    return total / n
+
+
+def make(out, data, batch, block, steps):
+    torch.manual_seed(1234)
+    cfg = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=256, n_positions=48, bos_token_id=255,
+                     eos_token_id=255)
+    model = GPT2LMHeadModel(cfg).eval()
+    # Norm gains and biases start at 1 and 0: move them so a mix-up of tensors would show.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    ref = {}
+    for name, dtype, shard in (("f32", torch.float32, None), ("bf16", torch.bfloat16, None),
+                               ("f16", torch.float16, None), ("sharded", torch.float32, "40KB")):
+        d = os.path.join(out, name)
+        m = GPT2LMHeadModel(cfg)
+        m.load_state_dict(model.state_dict())
+        m = m.to(dtype)
+        if shard:
+            m.save_pretrained(d, max_shard_size=shard)
+        else:
+            m.save_pretrained(d)
+        # The reference computes in fp32 from the weights as stored (rounded to the file's dtype).
+        ref[name] = mean_loss(m.float().eval(), data, batch, block, steps)
+    ref["shards"] = len([f for f in os.listdir(os.path.join(out, "sharded")) if f.startswith("model-")])
+    with open(os.path.join(out, "ref.json"), "w") as f:
+        json.dump(ref, f)
+
+
+def byte_tokenizer(out):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    # GPT-2's byte -> character table: printable bytes map to themselves, the others to U+0100 on.
+    printable = [b for b in range(256) if 0x21 <= b <= 0x7E or 0xA1 <= b <= 0xAC or 0xAE <= b <= 0xFF]
+    chars, n = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + n)
+            n += 1
+    tok = Tokenizer(models.BPE(vocab={chars[b]: b for b in range(256)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(out)
+
+
+def logits(model_dir, batch_path, out):
+    b = load_file(batch_path)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    assert next(model.parameters()).dtype == torch.float32
+    with torch.no_grad():
+        got = model(b["tokens"].long()).logits.float()
+    want = b["logits"].float()
+    diff = (got - want).abs().max().item()
+    scale = want.abs().max().item()
+    res = {"architecture": type(model).__name__, "max_abs_diff": diff, "max_abs_logit": scale,
+           "rel": diff / scale, "tokenizer": None}
+    if os.path.exists(os.path.join(model_dir, "tokenizer.json")):
+        tk = AutoTokenizer.from_pretrained(model_dir)
+        res["tokenizer"] = type(tk).__name__
+        text = "Grüße, FSDP!\n"
+        res["tokenizer_round_trip"] = tk.decode(list(text.encode())) == text
+    with open(out, "w") as f:
+        json.dump(res, f)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "make":
+        make(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
+    elif sys.argv[1] == "tokenizer":
+        byte_tokenizer(sys.argv[2])
+    elif sys.argv[1] == "logits":
+        logits(sys.argv[2], sys.argv[3], sys.argv[4])
+    else:
+        sys.exit("usage: hf_check.py make|logits ...")
