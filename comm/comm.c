@@ -20,7 +20,20 @@ struct comm_work {
     struct comm_work *next;
     bool done;
     int status;
+    void *mem;     /* COMM_K_MEM_ALLOC: the buffer */
     char msg[768];
+};
+
+/* Where operations wait for their progress thread: one per communicator, or, for a serial backend, one
+ * for all of the process's communicators of that backend (comm_backend.serial). Its mutex also guards
+ * the communicators' pending counts and broken state. */
+struct comm_queue {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct comm_work *head, *tail;
+    bool stop;
+    int refs;
 };
 
 struct comm {
@@ -28,13 +41,11 @@ struct comm {
     struct comm_options opts;
     const struct comm_backend *be;
     void *state;
+    bool serial; /* on the process's shared queue */
     int nsplits;
     uint64_t seq;
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    struct comm_work *head, *tail;
-    bool stop;
+    struct comm_queue *q;
+    int pending; /* queued or running works of this communicator */
     int broken;
     char broken_msg[768];
 };
@@ -45,31 +56,61 @@ const char *comm_group(const struct comm *c) { return c->info.group; }
 const char *comm_backend_name(const struct comm *c) { return c->be->name; }
 uint64_t comm_work_seq(const struct comm_work *w) { return w->req.seq; }
 
+/* The core's own steps (COMM_K_SPLIT and after) are not operations of the group: they run on a broken
+ * communicator too (a free or a destroy must), and are never counted as its collectives. */
+static bool core_step(enum comm_kind k)
+{
+    return k >= COMM_K_SPLIT;
+}
+
+static int run_work(struct comm *c, struct comm_work *w)
+{
+    const struct comm_req *r = &w->req;
+    switch (r->kind) {
+    case COMM_K_SPLIT:
+        return c->be->split(c->state, r->child, r->color, r->key, r->child_state);
+    case COMM_K_INIT:
+        return c->be->init(&c->info, &c->state);
+    case COMM_K_FINI:
+        c->be->fini(c->state);
+        c->state = NULL;
+        return 0;
+    case COMM_K_MEM_ALLOC:
+        w->mem = c->be->mem_alloc(c->state, r->count);
+        return w->mem ? 0 : FSDP_ENOMEM;
+    case COMM_K_MEM_FREE:
+        return c->be->mem_free(c->state, r->out);
+    default:
+        return c->be->run(c->state, r);
+    }
+}
+
 static void *progress_main(void *arg)
 {
-    struct comm *c = arg;
-    pthread_mutex_lock(&c->mu);
+    struct comm_queue *q = arg;
+    pthread_mutex_lock(&q->mu);
     for (;;) {
-        while (!c->head && !c->stop)
-            pthread_cond_wait(&c->cv, &c->mu);
-        if (!c->head)
+        while (!q->head && !q->stop)
+            pthread_cond_wait(&q->cv, &q->mu);
+        if (!q->head)
             break;
-        struct comm_work *w = c->head;
-        int broken = c->broken;
-        pthread_mutex_unlock(&c->mu);
+        struct comm_work *w = q->head;
+        struct comm *c = w->comm;
+        int broken = core_step(w->req.kind) ? 0 : c->broken;
+        pthread_mutex_unlock(&q->mu);
 
         int rc;
         if (broken) {
             rc = broken;
+            if (c->be->release)
+                c->be->release(c->state, &w->req);
             snprintf(w->msg, sizeof(w->msg), "comm: %s #%llu in group '%s' not run (rank %d): an earlier "
                      "collective failed: %.600s", comm_kind_name(w->req.kind), (unsigned long long)w->req.seq,
                      c->info.group, c->info.rank, c->broken_msg);
         } else {
             w->req.deadline = comm_now_s() + c->info.timeout_s;
             error_clear();
-            rc = w->req.kind == COMM_K_SPLIT
-                     ? c->be->split(c->state, w->req.child, w->req.color, w->req.key, w->req.child_state)
-                     : c->be->run(c->state, &w->req);
+            rc = run_work(c, w);
             if (rc)
                 snprintf(w->msg, sizeof(w->msg), "comm: %s #%llu in group '%s' failed on rank %d of %d "
                          "(%s backend, timeout %.0f s): %s", comm_kind_name(w->req.kind),
@@ -77,21 +118,95 @@ static void *progress_main(void *arg)
                          c->info.timeout_s, error_message());
         }
 
-        pthread_mutex_lock(&c->mu);
-        if (rc && !c->broken) {
+        pthread_mutex_lock(&q->mu);
+        /* Only operations and splits break a group: a failed allocation, free, init or destroy leaves the
+         * peers in step (and is reported to its caller). */
+        if (rc && !c->broken && (!core_step(w->req.kind) || w->req.kind == COMM_K_SPLIT)) {
             c->broken = rc;
             snprintf(c->broken_msg, sizeof(c->broken_msg), "%s", w->msg);
             log_error("%s", w->msg);
         }
-        c->head = w->next;
-        if (!c->head)
-            c->tail = NULL;
+        q->head = w->next;
+        if (!q->head)
+            q->tail = NULL;
+        c->pending--;
         w->status = rc;
         w->done = true;
-        pthread_cond_broadcast(&c->cv);
+        pthread_cond_broadcast(&q->cv);
     }
-    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&q->mu);
     return NULL;
+}
+
+/* ---- queues ---- */
+
+static pthread_mutex_t serial_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct comm_queue *serial_q;
+
+static struct comm_queue *queue_new(void)
+{
+    struct comm_queue *q = calloc(1, sizeof(*q));
+    if (!q)
+        return NULL;
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+    if (pthread_create(&q->thread, NULL, progress_main, q) != 0) {
+        pthread_mutex_destroy(&q->mu);
+        pthread_cond_destroy(&q->cv);
+        free(q);
+        return NULL;
+    }
+    q->refs = 1;
+    return q;
+}
+
+static void queue_stop(struct comm_queue *q)
+{
+    pthread_mutex_lock(&q->mu);
+    q->stop = true;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    pthread_join(q->thread, NULL);
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->cv);
+    free(q);
+}
+
+/* c's queue: its own, or the process's serial one (made by its first user). */
+static int queue_attach(struct comm *c)
+{
+    if (!c->serial) {
+        c->q = queue_new();
+    } else {
+        pthread_mutex_lock(&serial_mu);
+        if (serial_q)
+            serial_q->refs++;
+        else
+            serial_q = queue_new();
+        c->q = serial_q;
+        pthread_mutex_unlock(&serial_mu);
+    }
+    return c->q ? 0 : error_set(FSDP_ENOMEM, "comm: cannot start the progress thread");
+}
+
+/* After c's last work finished: the last user of a queue stops its thread. */
+static void queue_detach(struct comm *c)
+{
+    struct comm_queue *q = c->q;
+    c->q = NULL;
+    if (!q)
+        return;
+    if (!c->serial) {
+        queue_stop(q);
+        return;
+    }
+    pthread_mutex_lock(&serial_mu);
+    bool last = --q->refs == 0;
+    if (last)
+        serial_q = NULL;
+    pthread_mutex_unlock(&serial_mu);
+    if (last)
+        queue_stop(q);
 }
 
 static bool group_ok(const char *g)
@@ -117,6 +232,8 @@ static int comm_new(struct store_client *store, int rank, int size, const char *
         return error_set(FSDP_ENOMEM, "comm_create: out of memory");
     c->opts = *o;
     c->be = be;
+    /* FSDP_TEST_COMM_SERIAL=1 runs any backend as a serial one does, so the path is tested without NCCL. */
+    c->serial = be->serial || settings_bool(SETTING_TEST_COMM_SERIAL);
     c->info.store = store;
     c->info.rank = rank;
     c->info.size = size;
@@ -130,19 +247,39 @@ static int comm_new(struct store_client *store, int rank, int size, const char *
     return 0;
 }
 
-/* Starts the progress thread of c, whose backend state is ready; on failure frees c and its state. */
+static int enqueue(struct comm *c, const struct comm_req *req, struct comm_work **out);
+static int work_wait(struct comm_work *w, void **mem);
+
+/* Queues one request and waits for it to finish. */
+static int enqueue_wait(struct comm *c, const struct comm_req *req)
+{
+    struct comm_work *w = NULL;
+    FSDP_TRY(enqueue(c, req, &w));
+    return work_wait(w, NULL);
+}
+
+/* Gives c, whose backend state a split just made, its queue; on failure frees that state. */
 static int comm_start(struct comm *c)
 {
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
-    if (pthread_create(&c->thread, NULL, progress_main, c) != 0) {
+    int rc = queue_attach(c);
+    if (rc)
         c->be->fini(c->state);
-        pthread_mutex_destroy(&c->mu);
-        pthread_cond_destroy(&c->cv);
-        free(c);
-        return error_set(FSDP_ENOMEM, "comm_create: cannot start the progress thread");
+    return rc;
+}
+
+/* Makes c's backend state and its queue. A serial backend's init runs on the shared progress thread, in
+ * issue order with the operations of the process's other communicators. */
+static int comm_open(struct comm *c)
+{
+    if (!c->serial) {
+        FSDP_TRY(c->be->init(&c->info, &c->state));
+        return comm_start(c);
     }
-    return 0;
+    FSDP_TRY(queue_attach(c));
+    int rc = enqueue_wait(c, &(struct comm_req){.kind = COMM_K_INIT});
+    if (rc)
+        queue_detach(c);
+    return rc;
 }
 
 int comm_create(struct store_client *store, int rank, int size, const char *group,
@@ -177,14 +314,13 @@ int comm_create(struct store_client *store, int rank, int size, const char *grou
 
     struct comm *c = NULL;
     FSDP_TRY(comm_new(store, rank, size, group, &o, be, &c));
-    int rc = be->init(&c->info, &c->state);
+    int rc = comm_open(c);
     if (rc) {
         rc = error_set(rc, "comm_create: group '%s' rank %d of %d (%s backend): %s", group, rank, size, be->name,
                        error_message());
         free(c);
         return rc;
     }
-    FSDP_TRY(comm_start(c));
     *out = c;
     return 0;
 }
@@ -193,14 +329,16 @@ void comm_destroy(struct comm *c)
 {
     if (!c)
         return;
-    pthread_mutex_lock(&c->mu);
-    c->stop = true;
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-    pthread_join(c->thread, NULL);
-    c->be->fini(c->state);
-    pthread_mutex_destroy(&c->mu);
-    pthread_cond_destroy(&c->cv);
+    if (c->serial) {
+        /* After the operations queued before it, on the thread that runs them. */
+        if (enqueue_wait(c, &(struct comm_req){.kind = COMM_K_FINI}) != 0)
+            log_error("%s", error_message());
+        queue_detach(c);
+    } else {
+        /* The thread runs what is queued before it stops; then nothing uses the state. */
+        queue_detach(c);
+        c->be->fini(c->state);
+    }
     free(c);
 }
 
@@ -214,16 +352,6 @@ static int split_cmp(const void *a, const void *b)
     if (x->key != y->key)
         return x->key < y->key ? -1 : 1;
     return x->rank < y->rank ? -1 : x->rank > y->rank;
-}
-
-static int enqueue(struct comm *c, const struct comm_req *req, struct comm_work **out);
-
-/* Queues one request and waits for it to finish. */
-static int enqueue_wait(struct comm *c, const struct comm_req *req)
-{
-    struct comm_work *w = NULL;
-    FSDP_TRY(enqueue(c, req, &w));
-    return comm_work_wait(w);
 }
 
 /* A backend with a split hook (NCCL: ncclCommSplit) derives the child from the parent in a collective over
@@ -312,22 +440,48 @@ static int enqueue(struct comm *c, const struct comm_req *req, struct comm_work 
         return error_set(FSDP_ENOMEM, "comm: out of memory");
     w->req = *req;
     w->comm = c;
-    pthread_mutex_lock(&c->mu);
-    w->req.seq = ++c->seq;
-    if (c->tail)
-        c->tail->next = w;
+    struct comm_queue *q = c->q;
+    pthread_mutex_lock(&q->mu);
+    /* Sequence numbers count the group's operations and splits only, so that they agree across ranks
+     * whatever each allocates. */
+    w->req.seq = core_step(req->kind) && req->kind != COMM_K_SPLIT ? 0 : ++c->seq;
+    if (q->tail)
+        q->tail->next = w;
     else
-        c->head = w;
-    c->tail = w;
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
+        q->head = w;
+    q->tail = w;
+    c->pending++;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
     *out = w;
+    return 0;
+}
+
+static int check_p2p(struct comm *c, const struct comm_req *r)
+{
+    if (r->np2p < 0 || r->np2p > COMM_P2P_MAX || (r->np2p && !r->p2p))
+        return error_set(FSDP_EINVAL, "comm_sendrecv: %d operations (use 0 to %d)", r->np2p, COMM_P2P_MAX);
+    for (int i = 0; i < r->np2p; i++) {
+        const struct comm_p2p *o = &r->p2p[i];
+        if (o->kind != COMM_P2P_SEND && o->kind != COMM_P2P_RECV)
+            return error_set(FSDP_EINVAL, "comm_sendrecv: operation %d has unknown kind %d", i, (int)o->kind);
+        if (!dtype_valid(o->dtype))
+            return error_set(FSDP_EINVAL, "comm_sendrecv: operation %d has unknown dtype %d", i, (int)o->dtype);
+        if (o->count && !o->buf)
+            return error_set(FSDP_EINVAL, "comm_sendrecv: operation %d has a NULL buffer for %zu elements", i,
+                             o->count);
+        if (o->peer < 0 || o->peer >= c->info.size || o->peer == c->info.rank)
+            return error_set(FSDP_EINVAL, "comm_sendrecv: operation %d: peer %d is not another rank of group "
+                             "'%s' (size %d)", i, o->peer, c->info.group, c->info.size);
+    }
     return 0;
 }
 
 static int check_args(struct comm *c, const struct comm_req *r)
 {
     const char *op = comm_kind_name(r->kind);
+    if (r->kind == COMM_K_SENDRECV)
+        return check_p2p(c, r);
     if (!dtype_valid(r->dtype))
         return error_set(FSDP_EINVAL, "comm_%s: unknown dtype %d", op, (int)r->dtype);
     if ((unsigned)r->op > COMM_MAX)
@@ -354,34 +508,47 @@ static int submit(struct comm *c, struct comm_req r, struct comm_work **work)
     FSDP_TRY(check_args(c, &r));
     if (c->be->issue)
         FSDP_TRY(c->be->issue(c->state, &r));
-    return enqueue(c, &r, work);
+    int rc = enqueue(c, &r, work);
+    if (rc && c->be->release)
+        c->be->release(c->state, &r);
+    return rc;
+}
+
+/* Waits for w (no deadline here: the operation itself gives up at its own deadline, every wait inside it
+ * has one, and those queued before it do the same, so this returns within (queue length) x timeout),
+ * takes its result (and a COMM_K_MEM_ALLOC's buffer) and frees it. */
+static int work_wait(struct comm_work *w, void **mem)
+{
+    struct comm_queue *q = w->comm->q;
+    pthread_mutex_lock(&q->mu);
+    while (!w->done)
+        pthread_cond_wait(&q->cv, &q->mu);
+    pthread_mutex_unlock(&q->mu);
+    int rc = w->status;
+    if (rc)
+        error_set(rc, "%s", w->msg);
+    if (mem)
+        *mem = w->mem;
+    free((void *)w->req.p2p);
+    free(w);
+    return rc;
 }
 
 int comm_work_wait(struct comm_work *w)
 {
     if (!w)
         return error_set(FSDP_EINVAL, "comm_work_wait: NULL handle");
-    struct comm *c = w->comm;
-    pthread_mutex_lock(&c->mu);
-    /* No deadline here: the operation itself gives up at its own deadline (every wait inside it has one),
-     * and those queued before it do the same, so this returns within (queue length) x timeout. */
-    while (!w->done)
-        pthread_cond_wait(&c->cv, &c->mu);
-    pthread_mutex_unlock(&c->mu);
-    int rc = w->status;
-    if (rc)
-        error_set(rc, "%s", w->msg);
-    free(w);
-    return rc;
+    return work_wait(w, NULL);
 }
 
 int comm_work_test(struct comm_work *w, bool *done)
 {
     if (!w)
         return error_set(FSDP_EINVAL, "comm_work_test: NULL handle");
-    pthread_mutex_lock(&w->comm->mu);
+    struct comm_queue *q = w->comm->q;
+    pthread_mutex_lock(&q->mu);
     *done = w->done;
-    pthread_mutex_unlock(&w->comm->mu);
+    pthread_mutex_unlock(&q->mu);
     return 0;
 }
 
@@ -441,6 +608,30 @@ int comm_recv_async(struct comm *c, void *buf, size_t count, enum dtype dtype, i
                                        .peer = peer}, work);
 }
 
+/* The batch is copied: the caller's array may go as soon as this returns (its buffers may not). */
+int comm_sendrecv_async(struct comm *c, const struct comm_p2p *ops, int n, struct comm_work **work)
+{
+    *work = NULL;
+    if (n < 0 || n > COMM_P2P_MAX || (n && !ops))
+        return error_set(FSDP_EINVAL, "comm_sendrecv: %d operations (use 0 to %d)", n, COMM_P2P_MAX);
+    struct comm_p2p *copy = malloc((size_t)(n ? n : 1) * sizeof *copy);
+    if (!copy)
+        return error_set(FSDP_ENOMEM, "comm_sendrecv: out of memory");
+    if (n)
+        memcpy(copy, ops, (size_t)n * sizeof *copy);
+    int rc = submit(c, (struct comm_req){.kind = COMM_K_SENDRECV, .p2p = copy, .np2p = n}, work);
+    if (rc)
+        free(copy);
+    return rc;
+}
+
+int comm_sendrecv(struct comm *c, const struct comm_p2p *ops, int n)
+{
+    struct comm_work *w;
+    FSDP_TRY(comm_sendrecv_async(c, ops, n, &w));
+    return comm_work_wait(w);
+}
+
 int comm_all_gather(struct comm *c, const void *in, void *out, size_t count, enum dtype dtype)
 {
     return run_sync(c, (struct comm_req){.kind = COMM_K_ALL_GATHER, .in = in, .out = out, .count = count,
@@ -496,6 +687,13 @@ void *comm_mem_alloc(struct comm *c, size_t bytes)
         error_set(FSDP_EINVAL, "comm_mem_alloc: NULL communicator");
         return NULL;
     }
+    if (c->be->mem_alloc && c->serial) {
+        struct comm_work *w = NULL;
+        void *p = NULL;
+        if (enqueue(c, &(struct comm_req){.kind = COMM_K_MEM_ALLOC, .count = bytes}, &w) == 0)
+            work_wait(w, &p);
+        return p;
+    }
     if (c->be->mem_alloc)
         return c->be->mem_alloc(c->state, bytes);
     /* Cache-line aligned, and aligned_alloc wants a multiple of the alignment. */
@@ -513,6 +711,8 @@ void comm_mem_free(struct comm *c, void *p)
         free(p);
         return;
     }
-    if (c->be->mem_free(c->state, p) != 0)
+    int rc = c->serial ? enqueue_wait(c, &(struct comm_req){.kind = COMM_K_MEM_FREE, .out = p})
+                       : c->be->mem_free(c->state, p);
+    if (rc != 0)
         log_error("%s", error_message());
 }

@@ -12,8 +12,9 @@
  * multiple of the group size. Buffers are host memory for "cpu" and device memory for "nccl".
  *
  * Threading: one thread issues operations on a communicator (the FSDP engine's); a progress thread per
- * communicator runs them in issue order. Buffers passed to an asynchronous call must stay untouched until
- * its handle is waited for. */
+ * communicator runs them in issue order (NCCL: one progress thread for all of a process's communicators,
+ * so every rank launches them in the order its one issuing thread issued them; docs/collectives.md).
+ * Buffers passed to an asynchronous call must stay untouched until its handle is waited for. */
 #ifndef FSDP_COMM_COMM_H
 #define FSDP_COMM_COMM_H
 
@@ -72,7 +73,9 @@ const char *comm_backend_name(const struct comm *comm);
  * rank's input of an operation lies in such memory (all_reduce: input and output; broadcast: the root's
  * buffer), the data moves with one copy straight from the peers' buffers (docs/collectives.md). On
  * "nccl" it is ncclMemAlloc device memory. Page-aligned (cpu) and zero-filled (cpu); bytes 0 is allowed.
- * Returns NULL with error_message() set on failure. Thread-safe, callable while operations are in flight.
+ * Returns NULL with error_message() set on failure. Thread-safe, callable while operations are in flight;
+ * on "nccl" it runs on the progress thread between operations, so it waits for those issued before it
+ * (ncclMemAlloc while NCCL kernels run can deadlock the device: allocate before the first collective).
  * Allocate once and reuse: freeing makes every peer drop its cached mappings of this rank's buffers.
  * A buffer must not be freed while an operation using it is queued; free it before comm_destroy(comm).
  * comm_mem_free(comm, NULL) does nothing; a pointer not from comm_mem_alloc is reported and not freed. */
@@ -94,9 +97,25 @@ int comm_barrier(struct comm *comm);
 /* in: size * count elements, block p (elements p*count ..) for rank p; out: size * count, block p from
  * rank p (Ulysses' sequence <-> head re-sharding). out must not overlap in. */
 int comm_all_to_all(struct comm *comm, const void *in, void *out, size_t count, enum dtype dtype);
-/* Point to point; matched in issue order per pair of ranks. */
+/* Point to point; matched in issue order per pair of ranks. Each runs alone: two ranks that both send
+ * to each other first wait for each other (NCCL) unless the sends and receives go in one comm_sendrecv. */
 int comm_send(struct comm *comm, const void *buf, size_t count, enum dtype dtype, int peer);
 int comm_recv(struct comm *comm, void *buf, size_t count, enum dtype dtype, int peer);
+
+/* A batch of sends and receives run together (NCCL: one ncclGroupStart/End; PyTorch's batch_isend_irecv),
+ * so their order inside the batch cannot deadlock: two ranks that both list a send to the other first
+ * exchange. Matched with the peers' operations in issue order per pair of ranks, as single sends and
+ * receives are. At most 256 operations; a peer must be another rank of the group. */
+enum comm_p2p_kind { COMM_P2P_SEND = 0, COMM_P2P_RECV = 1 };
+struct comm_p2p {
+    enum comm_p2p_kind kind;
+    void *buf; /* read for a send, written for a receive */
+    size_t count;
+    enum dtype dtype;
+    int peer;
+};
+#define COMM_P2P_MAX 256
+int comm_sendrecv(struct comm *comm, const struct comm_p2p *ops, int n);
 
 /* ---- asynchronous forms: queue the operation and return a handle at once ---- */
 int comm_all_gather_async(struct comm *comm, const void *in, void *out, size_t count, enum dtype dtype,
@@ -113,6 +132,7 @@ int comm_send_async(struct comm *comm, const void *buf, size_t count, enum dtype
                     struct comm_work **work);
 int comm_recv_async(struct comm *comm, void *buf, size_t count, enum dtype dtype, int peer,
                     struct comm_work **work);
+int comm_sendrecv_async(struct comm *comm, const struct comm_p2p *ops, int n, struct comm_work **work);
 
 /* Blocks until the operation finished (each operation is bounded by the communicator's timeout), returns
  * its status and frees the handle. */

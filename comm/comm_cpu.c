@@ -499,6 +499,47 @@ static int cpu_barrier(struct cpu_state *st, double deadline)
 
 static int cpu_dispatch(struct cpu_state *st, const struct comm_req *q);
 
+/* A batch of sends and receives over TCP in rounds: round k moves, for every peer at once, this rank's k-th
+ * send to it and its k-th receive from it (one connection carries one stream each way, so two transfers
+ * on it must not interleave). The peer's k-th receive from this rank is its own round k, so every round is
+ * matched on both sides and completes as one exchange. */
+static int cpu_sendrecv(struct cpu_state *st, const struct comm_p2p *ops, int n, double deadline)
+{
+    enum { MAXX = COMM_P2P_MAX };
+    bool used[MAXX] = {false};
+    int left = n;
+    while (left > 0) {
+        struct tcp_xfer x[MAXX];
+        int nx = 0;
+        for (int i = 0; i < n; i++) {
+            if (used[i])
+                continue;
+            const struct comm_p2p *o = &ops[i];
+            int at = -1;
+            for (int k = 0; k < nx; k++)
+                if (x[k].peer == o->peer)
+                    at = k;
+            bool send = o->kind == COMM_P2P_SEND;
+            if (at >= 0 && (send ? x[at].sbuf != NULL : x[at].rbuf != NULL))
+                continue; /* this peer already has a transfer of that direction in the round */
+            if (at < 0)
+                x[at = nx++] = (struct tcp_xfer){.peer = o->peer};
+            size_t bytes = o->count * dtype_size(o->dtype);
+            if (send) {
+                x[at].sbuf = o->buf;
+                x[at].slen = bytes;
+            } else {
+                x[at].rbuf = o->buf;
+                x[at].rlen = bytes;
+            }
+            used[i] = true;
+            left--;
+        }
+        FSDP_TRY(tcp_exchange(st->tcp, x, nx, deadline));
+    }
+    return 0;
+}
+
 /* Every pair of ranks swaps its blocks over the TCP mesh in one exchange; the own block is a copy. */
 static int cpu_all_to_all(struct cpu_state *st, const void *in, void *out, size_t blk, double deadline)
 {
@@ -532,6 +573,8 @@ static int cpu_dispatch(struct cpu_state *st, const struct comm_req *q)
         /* Alone: collectives are copies (or, for AVG over one rank, exact copies too). */
         if (q->kind == COMM_K_SEND || q->kind == COMM_K_RECV)
             return error_set(FSDP_EINVAL, "send/recv to rank %d in a group of one", q->peer);
+        if (q->kind == COMM_K_SENDRECV) /* check_p2p let no peer through: the batch is empty */
+            return 0;
         if ((q->kind == COMM_K_ALL_GATHER || q->kind == COMM_K_REDUCE_SCATTER || q->kind == COMM_K_ALL_REDUCE ||
              q->kind == COMM_K_ALL_TO_ALL) &&
             q->in != q->out && q->count)
@@ -559,7 +602,13 @@ static int cpu_dispatch(struct cpu_state *st, const struct comm_req *q)
     }
     case COMM_K_ALL_TO_ALL:
         return cpu_all_to_all(st, q->in, q->out, q->count * es, q->deadline);
-    case COMM_K_SPLIT: /* only queued for a backend with a split hook */
+    case COMM_K_SENDRECV:
+        return cpu_sendrecv(st, q->p2p, q->np2p, q->deadline);
+    case COMM_K_SPLIT: /* the core's own steps never reach run() */
+    case COMM_K_INIT:
+    case COMM_K_FINI:
+    case COMM_K_MEM_ALLOC:
+    case COMM_K_MEM_FREE:
         break;
     }
     return error_set(FSDP_EINVAL, "unknown operation %d", (int)q->kind);

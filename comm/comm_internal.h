@@ -8,10 +8,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* COMM_K_SPLIT is internal: comm_split queues it on the parent for a backend with a split hook, so that
- * the backend's split (a collective over the parent) runs in issue order with the parent's operations. */
+/* Operations a backend's run() executes, then the core's own steps (COMM_K_SPLIT and after), which it queues
+ * like operations so that they run in issue order with them: a split for a backend with a split hook (a
+ * collective over the parent), and, for a serial backend, a communicator's init and fini and comm_mem_alloc
+ * / comm_mem_free (see comm_backend.serial). */
 enum comm_kind { COMM_K_ALL_GATHER, COMM_K_REDUCE_SCATTER, COMM_K_ALL_REDUCE, COMM_K_BROADCAST,
-                 COMM_K_BARRIER, COMM_K_SEND, COMM_K_RECV, COMM_K_SPLIT, COMM_K_ALL_TO_ALL };
+                 COMM_K_BARRIER, COMM_K_SEND, COMM_K_RECV, COMM_K_ALL_TO_ALL, COMM_K_SENDRECV,
+                 COMM_K_SPLIT, COMM_K_INIT, COMM_K_FINI, COMM_K_MEM_ALLOC, COMM_K_MEM_FREE };
 
 struct comm_info;
 
@@ -25,6 +28,9 @@ struct comm_req {
     int peer; /* root for broadcast */
     uint64_t seq;
     double deadline; /* monotonic seconds (comm_now_s) by which every wait of this request gives up */
+    /* COMM_K_SENDRECV: the point-to-point operations to run together (a copy owned by the request). */
+    const struct comm_p2p *p2p;
+    int np2p;
     /* COMM_K_SPLIT only: the arguments of comm_backend.split (child NULL for COMM_SPLIT_NONE). */
     int color, key;
     const struct comm_info *child;
@@ -66,6 +72,15 @@ struct comm_backend {
      * here, and run() makes the collective wait for exactly the kernels queued before the call. Must not
      * touch what run() owns; may set req->ready. */
     int (*issue)(void *state, struct comm_req *req);
+    /* Optional: frees what issue() attached to a request that will never reach run() (its communicator broke
+     * first, or queuing it failed). Called on whichever thread drops the request. */
+    void (*release)(void *state, struct comm_req *req);
+    /* Every operation of every communicator of this backend in the process runs on one progress thread, in
+     * issue order, and so do their init, split and fini and comm_mem_alloc/comm_mem_free: NCCL needs one
+     * launch order on all ranks across communicators used together (a HYBRID_SHARD rank's shard and
+     * replicate groups), and an allocation or a communicator's creation while its kernels run can deadlock
+     * the device. A comm_mem_alloc then waits for the operations issued before it. */
+    bool serial;
 };
 
 /* comm_registry.c: the table of the backend named name ("cpu", "nccl"): 0, or FSDP_EINVAL for a name it

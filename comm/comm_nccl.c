@@ -2,13 +2,17 @@
  * rank 0 of the group calls ncclGetUniqueId (which also starts NCCL's bootstrap listener in that process)
  * and publishes it under "<key_prefix>/nccl_id"; the others wait for it, then all call ncclCommInitRank.
  * A comm_split child is made by ncclCommSplit of the parent instead (no new id, no new bootstrap ring).
+ * The backend is serial (comm_internal.h): every communicator of the process runs its init, split,
+ * operations, ncclMemAlloc/Free and finalize on one progress thread in issue order, so all ranks launch
+ * NCCL work in the same order across communicators and never allocate while NCCL kernels of their own run.
  * Every communicator is nonblocking (ncclConfig_t.blocking = 0): a blocking ncclCommInitRank or
  * ncclCommSplit waits with no deadline for a rank that never joins, so each NCCL call that answers
  * ncclInProgress is settled by nccl_settle against the communicator's timeout, then aborted.
  * Each collective waits on its own stream for an event recorded on the compute stream when it was issued
  * (nccl_issue). Completion is watched by the progress thread: it polls the stream and
  * ncclCommGetAsyncError (yielding, then in sleeps of at most 1 ms) until the deadline, then aborts the
- * NCCL communicator so nothing hangs on a dead peer. */
+ * NCCL communicator so nothing hangs on a dead peer. A batch of sends and receives (comm_sendrecv) is one
+ * NCCL group. */
 #include "comm/comm_internal.h"
 #include "comm/comm_nccl.h"
 #include "common/error.h"
@@ -26,6 +30,7 @@
 struct nccl_state {
     ncclComm_t comm;
     cudaStream_t stream;
+    float *word; /* the barrier's one-element all-reduce, allocated with the communicator */
     int device, rank, size;
     double timeout_s; /* FSDP_COMM_TIMEOUT_S: bounds init, split and finalize, which have no request */
     char group[72];
@@ -68,10 +73,9 @@ static ncclConfig_t nccl_config(const char *group)
     return cfg;
 }
 
-/* The CUDA ops table's stream (kernels/cuda/cuda_common.cu, linked into the same GPU module). Weak: the
- * tests link a static copy of this file without the kernels, and a process that never made the CUDA table
- * has no compute work to wait for. */
-extern int fsdp_cuda_compute_stream(cudaStream_t *stream, int *device) __attribute__((weak));
+/* The CUDA ops table's stream (kernels/cuda/cuda_common.cu, linked into the same GPU module); -1 while no
+ * CUDA table exists in the process, which then has no compute work to wait for. */
+extern int fsdp_cuda_compute_stream(cudaStream_t *stream, int *device);
 
 int comm_nccl_exchange_id(struct store_client *store, const char *key_prefix, int rank, double timeout_s,
                           unsigned char id[COMM_NCCL_ID_BYTES])
@@ -122,6 +126,8 @@ static void nccl_fini(void *state)
             log_warn("nccl: group '%s' rank %d: finalizing the communicator failed (%s); aborted it", st->group,
                      st->rank, ncclGetErrorString(r));
     }
+    if (st->word)
+        cudaFree(st->word);
     if (st->stream)
         cudaStreamDestroy(st->stream);
     free(st);
@@ -133,24 +139,36 @@ static int nccl_state_new(const struct comm_info *info, struct nccl_state **out)
 {
     *out = NULL;
     int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess)
-        ndev = 0; /* no driver = no device */
-    if (ndev == 0)
-        return error_set(FSDP_EUNSUPPORTED, "nccl backend: no CUDA device is visible; use the cpu backend");
+    cudaError_t ce = cudaGetDeviceCount(&ndev);
+    if (ce != cudaSuccess || ndev == 0) {
+        (void)cudaGetLastError();
+        return error_set(FSDP_EUNSUPPORTED, "nccl backend: no CUDA device is visible (%s); use the cpu backend",
+                         ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices");
+    }
+    /* No modulo: a device number past the last GPU is a launch mistake (more ranks on a node than GPUs),
+     * which the worker refuses at config time; here it is refused before NCCL sees it. */
+    if (info->device < 0 || info->device >= ndev)
+        return error_set(FSDP_EINVAL, "nccl backend: group '%s' rank %d asks for CUDA device %d but %d %s visible "
+                         "(one rank per GPU: start at most %d ranks per node)", info->group, info->rank,
+                         info->device, ndev, ndev == 1 ? "is" : "are", ndev);
     struct nccl_state *st = calloc(1, sizeof(*st));
     if (!st)
         return error_set(FSDP_ENOMEM, "nccl backend: out of memory");
-    st->device = info->device % ndev;
+    st->device = info->device;
     st->rank = info->rank;
     st->size = info->size;
     st->timeout_s = info->timeout_s;
     snprintf(st->group, sizeof(st->group), "%s", info->group);
-    cudaError_t ce = cudaSetDevice(st->device);
+    /* The stream and the barrier's word are made now, before the communicator's first collective: an
+     * allocation while NCCL kernels run can deadlock the device. */
+    ce = cudaSetDevice(st->device);
     if (ce == cudaSuccess)
         ce = cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking);
+    if (ce == cudaSuccess)
+        ce = cudaMalloc((void **)&st->word, sizeof(float));
     if (ce != cudaSuccess) {
         int dev = st->device;
-        free(st);
+        nccl_fini(st);
         return error_set(FSDP_EIO, "nccl backend: device %d: %s", dev, cudaGetErrorString(ce));
     }
     *out = st;
@@ -327,7 +345,7 @@ static int nccl_issue(void *state, struct comm_req *q)
     q->ready = NULL;
     cudaStream_t cs;
     int cdev, cur = -1;
-    if (q->kind == COMM_K_SPLIT || !fsdp_cuda_compute_stream || fsdp_cuda_compute_stream(&cs, &cdev) != 0)
+    if (fsdp_cuda_compute_stream(&cs, &cdev) != 0)
         return 0;
     cudaEvent_t ev = NULL;
     /* an event must live on the device of the stream it is recorded on; the caller's device is kept */
@@ -348,6 +366,31 @@ static int nccl_issue(void *state, struct comm_req *q)
     }
     q->ready = ev;
     return 0;
+}
+
+/* One group: NCCL posts every send and receive of the batch before any must finish, so two ranks that
+ * both send to each other first exchange instead of waiting for each other's receive. */
+static ncclResult_t nccl_sendrecv(struct nccl_state *st, const struct comm_req *q)
+{
+    ncclResult_t r = ncclGroupStart();
+    for (int i = 0; r == ncclSuccess && i < q->np2p; i++) {
+        const struct comm_p2p *o = &q->p2p[i];
+        r = o->kind == COMM_P2P_SEND
+                ? ncclSend(o->buf, o->count, nccl_type(o->dtype), o->peer, st->comm, st->stream)
+                : ncclRecv(o->buf, o->count, nccl_type(o->dtype), o->peer, st->comm, st->stream);
+    }
+    /* A group that was started is always ended, also after a failed call inside it. */
+    ncclResult_t e = ncclGroupEnd();
+    return r != ncclSuccess ? r : e;
+}
+
+/* The issue-time event of a request that will not run (comm_backend.release). */
+static void nccl_release(void *state, struct comm_req *q)
+{
+    (void)state;
+    if (q->ready)
+        cudaEventDestroy((cudaEvent_t)q->ready);
+    q->ready = NULL;
 }
 
 static int nccl_run(void *state, const struct comm_req *q)
@@ -384,16 +427,11 @@ static int nccl_run(void *state, const struct comm_req *q)
         r = ncclBroadcast(q->out, q->out, q->count, t, q->peer, st->comm, st->stream);
         break;
     case COMM_K_BARRIER: {
-        /* NCCL has no barrier: a one-element all-reduce on a scratch device word does the job. */
-        void *d = NULL;
-        if (cudaMallocAsync(&d, 4, st->stream) != cudaSuccess)
-            return error_set(FSDP_ENOMEM, "nccl barrier: cudaMallocAsync failed");
-        cudaMemsetAsync(d, 0, 4, st->stream);
-        r = ncclAllReduce(d, d, 1, ncclFloat32, ncclSum, st->comm, st->stream);
-        /* the free must be queued after the all-reduce, so its enqueue is settled first */
-        if (r == ncclInProgress)
-            r = nccl_settle(st->comm, q->deadline);
-        cudaFreeAsync(d, st->stream);
+        /* NCCL has no barrier: a one-element all-reduce of the communicator's own word does the job. */
+        cudaError_t ce = cudaMemsetAsync(st->word, 0, sizeof(float), st->stream);
+        if (ce != cudaSuccess)
+            return error_set(FSDP_EIO, "NCCL barrier: cudaMemsetAsync: %s", cudaGetErrorString(ce));
+        r = ncclAllReduce(st->word, st->word, 1, ncclFloat32, ncclSum, st->comm, st->stream);
         break;
     }
     case COMM_K_SEND:
@@ -416,8 +454,15 @@ static int nccl_run(void *state, const struct comm_req *q)
             r = e;
         break;
     }
-    case COMM_K_SPLIT: /* the core calls nccl_split for these */
-        return error_set(FSDP_EINVAL, "nccl backend: a split request reached run()");
+    case COMM_K_SENDRECV:
+        r = nccl_sendrecv(st, q);
+        break;
+    case COMM_K_SPLIT: /* the core's own steps never reach run() */
+    case COMM_K_INIT:
+    case COMM_K_FINI:
+    case COMM_K_MEM_ALLOC:
+    case COMM_K_MEM_FREE:
+        return error_set(FSDP_EINVAL, "nccl backend: a %s request reached run()", comm_kind_name(q->kind));
     }
     /* On a nonblocking communicator the enqueue itself may still be going on: the stream is empty until it
      * is done, so wait_stream could see it idle and call the collective complete. */
@@ -460,7 +505,7 @@ static int nccl_mem_free(void *state, void *p)
 
 static const struct comm_backend nccl_backend = {
     .name = "nccl", .init = nccl_init, .run = nccl_run, .fini = nccl_fini, .mem_alloc = nccl_mem_alloc,
-    .mem_free = nccl_mem_free, .split = nccl_split, .issue = nccl_issue};
+    .mem_free = nccl_mem_free, .split = nccl_split, .issue = nccl_issue, .release = nccl_release, .serial = true};
 
 const struct comm_backend *comm_backend_nccl(void)
 {

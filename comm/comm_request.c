@@ -13,7 +13,8 @@ double comm_now_s(void)
 
 const char *comm_kind_name(enum comm_kind kind)
 {
-    static const char *names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",
-                                  "barrier", "send", "recv", "split", "all_to_all"};
+    static const char *names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier",
+                                  "send",       "recv",           "all_to_all", "sendrecv",  "split",
+                                  "init",       "destroy",        "mem_alloc",  "mem_free"};
     return (unsigned)kind < sizeof(names) / sizeof(names[0]) ? names[kind] : "?";
 }

@@ -30,6 +30,8 @@ static char load_error[4096];
 
 bool gpu_module_driver_present(void)
 {
+    if (settings_bool(SETTING_TEST_GPU_HOST))
+        return true;
     return access("/proc/driver/nvidia/version", F_OK) == 0 || access("/dev/nvidiactl", F_OK) == 0 ||
            access("/dev/nvidia0", F_OK) == 0;
 }
@@ -101,6 +103,33 @@ void *gpu_module_symbol(const char *name)
         error_set(FSDP_EUNSUPPORTED, "the GPU module %s has no symbol %s (a module from another build?)",
                   loaded_path, name);
     return p;
+}
+
+int gpu_module_device_count(char *why, size_t cap)
+{
+    char none[8];
+    if (!why || cap == 0) {
+        why = none;
+        cap = sizeof none;
+    }
+    why[0] = '\0';
+    if (settings_get_raw(SETTING_TEST_GPU_COUNT)) {
+        int n = (int)settings_int(SETTING_TEST_GPU_COUNT);
+        if (n == 0)
+            snprintf(why, cap, "FSDP_TEST_GPU_COUNT=0");
+        return n;
+    }
+    if (!gpu_module_driver_present()) {
+        snprintf(why, cap, "no NVIDIA driver on this host (no /proc/driver/nvidia/version, /dev/nvidiactl or "
+                           "/dev/nvidia0)");
+        return 0;
+    }
+    int (*count)(char *, size_t) = (int (*)(char *, size_t))gpu_module_symbol("fsdp_gpu_device_count");
+    if (!count) {
+        snprintf(why, cap, "%s", error_message());
+        return 0;
+    }
+    return count(why, cap);
 }
 
 const char *gpu_module_path(void)

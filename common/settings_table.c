@@ -131,6 +131,20 @@ static const struct setting table[SETTING_COUNT] = {
      .def_doc = "unset: hostname, boot id and network namespace tell hosts apart",
      .readers = SETTING_BY_WORKER | SETTING_BY_COMM, .test_only = true,
      .doc = "Ranks with the same value are one host: fakes several hosts on one machine."},
+    {.id = SETTING_TEST_GPU_HOST, .name = "FSDP_TEST_GPU_HOST", .type = SETTING_BOOL, .def = "0",
+     .readers = SETTING_BY_WORKER | SETTING_BY_TESTS, .test_only = true,
+     .doc = "1: the driver probe says an NVIDIA driver is present, so a GPU test fails where it would skip, "
+            "and with FSDP_TEST_GPU_COUNT > 0 `train.device = auto` means cuda. The test suite sets both for its CPU "
+            "tests: a test config that leaves the device to auto fails here as it would on a GPU host."},
+    {.id = SETTING_TEST_GPU_COUNT, .name = "FSDP_TEST_GPU_COUNT", .type = SETTING_INT, .min = 0, .max = 1024,
+     .def_doc = "unset: the driver's count (0 without a driver)", .readers = SETTING_BY_WORKER | SETTING_BY_TESTS,
+     .test_only = true,
+     .doc = "The number of CUDA devices the device-count probe reports (the check of a node's ranks against its "
+            "GPUs), without asking the driver."},
+    {.id = SETTING_TEST_COMM_SERIAL, .name = "FSDP_TEST_COMM_SERIAL", .type = SETTING_BOOL, .def = "0",
+     .readers = SETTING_BY_COMM, .test_only = true,
+     .doc = "1: the cpu backend runs its operations as the nccl backend does: those of every communicator of "
+            "the process on one progress thread in issue order, with comm_mem_alloc/free between them."},
     {.id = SETTING_TEST_CPU_NO_BF16, .name = "FSDP_TEST_CPU_NO_BF16", .type = SETTING_BOOL, .def = "0",
      .readers = SETTING_BY_WORKER | SETTING_BY_TESTS, .test_only = true,
      .doc = "The CPU backend acts as if the CPU had no bf16 instructions (oneDNN capped at AVX-512 without "
@@ -154,6 +168,10 @@ static const struct setting table[SETTING_COUNT] = {
      .def_doc = "unset: ~/.cache/fsdpc-venv", .readers = SETTING_BY_TESTS, .test_only = true,
      .doc = "The venv with the PyPI peers (PyTorch 2.x, transformers, tokenizers, ...) that tests and benchmarks "
             "compare with; .ci/run makes it when missing. Tests that need it skip without it."},
+    {.id = SETTING_TEST_NCCL_WORLD, .name = "FSDP_TEST_NCCL_WORLD", .type = SETTING_INT, .min = 1, .max = 16,
+     .def_doc = "unset: one rank per visible GPU, at most 4", .readers = SETTING_BY_TESTS, .test_only = true,
+     .doc = "Ranks of the NCCL tests (tests/comm/test_comm_nccl.c); rank r uses GPU r modulo the GPUs "
+            "visible, so 2 on one GPU asks NCCL to put two ranks on one device."},
 
     /* the launcher to the worker */
     {.id = SETTING_LAUNCH_CONFIG, .name = "FSDP_LAUNCH_CONFIG", .type = SETTING_STRING, .format = "JSON",

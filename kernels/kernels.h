@@ -105,6 +105,9 @@ struct kernels {
      * state in it. Same contract as mem_alloc/mem_free. */
     void *(*host_alloc)(size_t bytes);
     void (*host_free)(void *ptr);
+    /* Host to device returns once the host buffer may be reused (on CUDA the copy itself stays queued behind
+     * the ops, from pinned staging); device to host returns once the bytes are in the host buffer (waiting
+     * for the ops queued before); device to device is queued like an op (overlap allowed, as memmove). */
     int (*mem_copy)(void *dst, const void *src, size_t bytes, enum kernels_copy_kind kind);
     int (*mem_set)(void *dst, int value, size_t bytes);
     /* Waits for all queued work (no-op on CPU). */
@@ -196,9 +199,13 @@ struct kernels {
                 size_t n);
 
     /* ---- embeddings ---- */
-    /* out(b*t, c) = wte[tokens[i]] + wpe[i mod t]; tokens: (b*t) device int32 in [0, vocab) (checked:
-     * FSDP_ERANGE otherwise); wte: (vocab, c) (rows may be padded beyond the real vocab); wpe: (>= t, c), or
-     * NULL for no position embedding (Llama: positions enter through rope). */
+    /* Ids (tokens here, targets of the cross-entropy) are checked: one outside its range is never read and is
+     * FSDP_ERANGE naming the op and position, returned by the call itself on the CPU and, on CUDA (where
+     * the check costs no host round trip), by the call or by the next synchronising call of the table
+     * (synchronize, a device-to-host mem_copy, sqnorm, a loss sum). */
+    /* out(b*t, c) = wte[tokens[i]] + wpe[i mod t]; tokens: (b*t) device int32 in [0, vocab); wte: (vocab, c)
+     * (rows may be padded beyond the real vocab); wpe: (>= t, c), or NULL for no position embedding (Llama:
+     * positions enter through rope). */
     int (*embedding_forward)(float *out, const int32_t *tokens, const float *wte, const float *wpe,
                              int b, int t, int c, int vocab);
     /* dwte[tokens[i]] += dout[i]; dwpe[i mod t] += dout[i]; either may be NULL. */

@@ -19,7 +19,7 @@ __global__ void __launch_bounds__(XENT_THREADS)
     const float *x = logits + (size_t)row * vp;
     float *dx = dlogits ? dlogits + (size_t)row * vp : NULL;
     int tgt = targets[row];
-    if (tgt < 0) {
+    if (tgt < 0 || tgt >= v) { /* -1: ignored; out of range: skipped here, reported by the range check */
         if (dx)
             for (int j = threadIdx.x; j < vp; j += blockDim.x)
                 dx[j] = 0.0f;
@@ -102,7 +102,9 @@ int cuda_crossentropy_forward_backward(float *losses, double *loss_sum, float *d
         return 0;
     xent_sum_kernel<<<1, 1024, 0, cuda_ctx.stream>>>((double *)row_loss, n);
     FSDP_TRY(cuda_check_launch("crossentropy (loss sum)"));
-    FSDP_TRY(cuda_check("crossentropy", cudaMemcpyAsync(loss_sum, row_loss, sizeof *loss_sum,
+    FSDP_TRY(cuda_check("crossentropy", cudaMemcpyAsync(cuda_ctx.scalar_host, row_loss, sizeof *loss_sum,
                                                         cudaMemcpyDeviceToHost, cuda_ctx.stream)));
-    return cuda_check("crossentropy", cudaStreamSynchronize(cuda_ctx.stream));
+    FSDP_TRY(cuda_sync("crossentropy"));
+    *loss_sum = cuda_ctx.scalar_host[0];
+    return 0;
 }

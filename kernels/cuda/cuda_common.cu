@@ -50,44 +50,65 @@ unsigned cuda_grid(size_t n)
 int cuda_scratch(const char *op, void **ptr, size_t bytes)
 {
     if (bytes > cuda_ctx.scratch_bytes) {
-        /* Work already queued may still read the old buffer: cudaFree waits for the device. */
-        cudaFree(cuda_ctx.scratch);
+        /* Stream-ordered: the work queued before still reads the old buffer, and no call here waits for
+         * the device (cudaFree would, and so could a cudaMalloc, while NCCL kernels run on another stream). */
+        if (cuda_ctx.scratch)
+            FSDP_TRY(cuda_check(op, cudaFreeAsync(cuda_ctx.scratch, cuda_ctx.stream)));
         cuda_ctx.scratch = NULL;
         cuda_ctx.scratch_bytes = 0;
         size_t want = bytes < (1u << 20) ? (1u << 20) : bytes;
-        FSDP_TRY(cuda_check(op, cudaMalloc(&cuda_ctx.scratch, want)));
+        FSDP_TRY(cuda_check(op, cudaMallocFromPoolAsync(&cuda_ctx.scratch, want, cuda_ctx.pool, cuda_ctx.stream)));
         cuda_ctx.scratch_bytes = want;
     }
     *ptr = cuda_ctx.scratch;
     return 0;
 }
 
-__global__ void check_ids_kernel(int *flag, const int32_t *ids, int n, int lo, int hi)
+/* atomicMin of (position << 32 | id) keeps the first bad position (and its id) of the slot. */
+__global__ void check_ids_kernel(unsigned long long *slot, const int32_t *ids, int n, int lo, int hi)
 {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
         if (ids[i] < lo || ids[i] >= hi)
-            atomicMin(flag, i);
+            atomicMin(slot, ((unsigned long long)(unsigned)i << 32) | (unsigned)ids[i]);
 }
 
 int cuda_check_ids(const char *op, const char *what, const int32_t *ids, int n, int lo, int hi)
 {
     if (n <= 0)
         return 0;
-    int first = INT_MAX;
-    FSDP_TRY(cuda_check(op, cudaMemcpyAsync(cuda_ctx.flag, &first, sizeof first, cudaMemcpyHostToDevice,
-                                            cuda_ctx.stream)));
-    check_ids_kernel<<<cuda_grid((size_t)n), CUDA_THREADS, 0, cuda_ctx.stream>>>(cuda_ctx.flag, ids, n, lo, hi);
-    FSDP_TRY(cuda_check_launch(op));
-    /* The caller needs an answer now, as the CPU backend gives: one small synchronous read. */
-    FSDP_TRY(cuda_check(op, cudaMemcpyAsync(&first, cuda_ctx.flag, sizeof first, cudaMemcpyDeviceToHost,
-                                            cuda_ctx.stream)));
-    FSDP_TRY(cuda_check(op, cudaStreamSynchronize(cuda_ctx.stream)));
-    if (first == INT_MAX)
+    if (cuda_ctx.n_checks == CUDA_CHECK_SLOTS)
+        FSDP_TRY(cuda_sync(op)); /* that many calls without one synchronising call: read them now */
+    int k = cuda_ctx.n_checks++;
+    cuda_ctx.check_info[k] = (struct cuda_check_info){op, what, lo, hi};
+    check_ids_kernel<<<cuda_grid((size_t)n), CUDA_THREADS, 0, cuda_ctx.stream>>>(cuda_ctx.checks + k, ids, n, lo,
+                                                                                    hi);
+    return cuda_check_launch(op);
+}
+
+int cuda_sync(const char *op)
+{
+    int n = cuda_ctx.n_checks;
+    if (n > 0)
+        FSDP_TRY(cuda_check(op, cudaMemcpyAsync(cuda_ctx.checks_host, cuda_ctx.checks, (size_t)n * sizeof(uint64_t),
+                                                cudaMemcpyDeviceToHost, cuda_ctx.stream)));
+    cudaError_t e = cudaStreamSynchronize(cuda_ctx.stream);
+    if (e != cudaSuccess)
+        return error_set(FSDP_EIO, "kernels cuda: %s: an earlier kernel failed asynchronously: %s (%s)", op,
+                         cudaGetErrorString(e), cudaGetErrorName(e));
+    if (n == 0)
         return 0;
-    int32_t bad = 0;
-    FSDP_TRY(cuda_check(op, cudaMemcpy(&bad, ids + first, sizeof bad, cudaMemcpyDeviceToHost)));
-    return error_set(FSDP_ERANGE, "kernels cuda: %s: %s %d at position %d is outside [%d, %d)", op, what,
-                     (int)bad, first, lo, hi);
+    cuda_ctx.n_checks = 0;
+    FSDP_TRY(cuda_check(op, cudaMemsetAsync(cuda_ctx.checks, 0xff, (size_t)n * sizeof(uint64_t), cuda_ctx.stream)));
+    for (int k = 0; k < n; k++) {
+        unsigned long long v = cuda_ctx.checks_host[k];
+        if (v == ~0ull)
+            continue;
+        const struct cuda_check_info *ci = &cuda_ctx.check_info[k];
+        return error_set(FSDP_ERANGE, "kernels cuda: %s: %s %d at position %u is outside [%d, %d) (found by the "
+                         "asynchronous check, reported by %s; the op skipped it)", ci->op, ci->what,
+                         (int)(unsigned)(v & 0xffffffffu), (unsigned)(v >> 32), ci->lo, ci->hi, op);
+    }
+    return 0;
 }
 
 /* ---- deterministic column sums ---- */
@@ -139,15 +160,19 @@ static char init_msg[512];
 static int ctx_ready; /* set once the context is complete (see fsdp_cuda_compute_stream) */
 
 /* Several ranks share a node: LOCAL_RANK (torchrun's variable, set by fsdp-launch) picks the GPU, so
- * each rank gets its own card without the caller having to call cudaSetDevice first. */
-static int pick_device(int count)
+ * each rank gets its own card without the caller having to call cudaSetDevice first. A LOCAL_RANK past the
+ * last GPU is a launch with more ranks than GPUs: -1 (no modulo, which would put two ranks on one GPU). */
+static int pick_device(int count, long *asked)
 {
     const char *lr = getenv("LOCAL_RANK");
+    *asked = -1;
     if (lr && *lr) {
         char *end;
         long v = strtol(lr, &end, 10);
-        if (*end == '\0' && v >= 0)
-            return (int)(v % count);
+        if (*end == '\0' && v >= 0) {
+            *asked = v;
+            return v < count ? (int)v : -1;
+        }
     }
     int cur = 0;
     return cudaGetDevice(&cur) == cudaSuccess ? cur : 0;
@@ -169,7 +194,16 @@ static void init_context(void)
         return;
     }
     struct cuda_ctx *c = &cuda_ctx;
-    c->device = pick_device(count);
+    long asked = -1;
+    c->device = pick_device(count, &asked);
+    if (c->device < 0) {
+        init_rc = FSDP_EINVAL;
+        snprintf(init_msg, sizeof init_msg,
+                 "kernels cuda: LOCAL_RANK=%ld but %d CUDA device%s visible: one rank per GPU (start at most %d "
+                 "ranks per node, or check CUDA_VISIBLE_DEVICES)", asked, count, count == 1 ? " is" : "s are",
+                 count);
+        return;
+    }
     const char *step = "cudaSetDevice";
     e = cudaSetDevice(c->device);
     if (e == cudaSuccess) {
@@ -183,8 +217,31 @@ static void init_context(void)
         e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     }
     if (e == cudaSuccess) {
+        /* The pool keeps what it got (no release at synchronisations): mem_alloc and the scratch reuse it
+         * without asking the driver again. */
+        step = "cudaDeviceGetDefaultMemPool";
+        e = cudaDeviceGetDefaultMemPool(&c->pool, c->device);
+        uint64_t keep = UINT64_MAX;
+        if (e == cudaSuccess)
+            e = cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &keep);
+    }
+    if (e == cudaSuccess) {
         step = "cudaMalloc";
-        e = cudaMalloc((void **)&c->flag, sizeof(int));
+        e = cudaMalloc((void **)&c->checks, CUDA_CHECK_SLOTS * sizeof(uint64_t));
+        if (e == cudaSuccess)
+            e = cudaMemset(c->checks, 0xff, CUDA_CHECK_SLOTS * sizeof(uint64_t));
+    }
+    if (e == cudaSuccess) {
+        step = "cudaMallocHost";
+        e = cudaMallocHost((void **)&c->checks_host, CUDA_CHECK_SLOTS * sizeof(uint64_t));
+        if (e == cudaSuccess)
+            e = cudaMallocHost((void **)&c->stage, CUDA_STAGE_CHUNKS * CUDA_STAGE_BYTES);
+        if (e == cudaSuccess)
+            e = cudaMallocHost((void **)&c->scalar_host, 64);
+    }
+    for (int i = 0; e == cudaSuccess && i < CUDA_STAGE_CHUNKS; i++) {
+        step = "cudaEventCreate";
+        e = cudaEventCreateWithFlags(&c->stage_done[i], cudaEventDisableTiming);
     }
     if (e != cudaSuccess) {
         init_rc = FSDP_EIO;

@@ -15,10 +15,23 @@ extern "C" {
 #include "kernels/kernels.h"
 }
 
+/* Range checks of ids waiting to be read at the next synchronising call (cuda_check_ids). */
+#define CUDA_CHECK_SLOTS 256
+/* The pinned staging ring of host copies: chunks used in turn, each free again once its event fired. */
+#define CUDA_STAGE_CHUNKS 4
+#define CUDA_STAGE_BYTES ((size_t)4 << 20)
+
+struct cuda_check_info {
+    const char *op, *what;
+    int lo, hi;
+};
+
 /* One context per process: the device chosen at first use, one non-blocking stream every op is queued
  * on (so the order of ops is the order of calls, and NCCL streams can overlap with it), and the cuBLAS
  * handle bound to that stream. The table is not thread-safe, like the CPU one is not across a shared
- * buffer: one thread drives a rank's GPU. */
+ * buffer: one thread drives a rank's GPU. Everything here is allocated when the context is made, before
+ * any collective; what grows later (the scratch) comes from the device's stream-ordered pool, which never
+ * synchronises the device (an implicit device synchronisation while NCCL kernels run can deadlock). */
 struct cuda_ctx {
     int device;
     int sm_count;
@@ -27,9 +40,17 @@ struct cuda_ctx {
     cublasHandle_t blas;
     cublasComputeType_t gemm_compute; /* now: fp32, TF32, or bf16/fp16 inputs (set_matmul_dtype) */
     cublasComputeType_t gemm_f32;     /* what DTYPE_F32 means: exact, or TF32 with FSDP_CUDA_TF32=1 */
-    int *flag;                        /* device int: first bad index found by a range check */
+    cudaMemPool_t pool;               /* the device's default pool: mem_alloc and the scratch */
     void *scratch;                    /* grow-only device scratch for reductions (see cuda_scratch) */
     size_t scratch_bytes;
+    /* deferred range checks: per slot the first bad (position << 32 | id), all ones when none */
+    unsigned long long *checks, *checks_host; /* device; pinned host copy */
+    struct cuda_check_info check_info[CUDA_CHECK_SLOTS];
+    int n_checks;
+    char *stage; /* pinned, CUDA_STAGE_CHUNKS x CUDA_STAGE_BYTES */
+    cudaEvent_t stage_done[CUDA_STAGE_CHUNKS];
+    int stage_next;
+    double *scalar_host; /* pinned: scalars the host reads back (sqnorm, loss sums) */
 };
 
 extern struct cuda_ctx cuda_ctx;
@@ -42,14 +63,19 @@ int cuda_check(const char *op, cudaError_t e);
 /* Checks the launch that was just queued (bad configuration, missing sm_XX code). */
 int cuda_check_launch(const char *op);
 int cuda_check_blas(const char *op, cublasStatus_t s);
-/* Device scratch of at least bytes, valid until the next call; grows with a synchronising cudaMalloc
- * only when a bigger size is first needed (the sizes here depend on shapes, so it stops growing after
- * the first step). */
+/* Device scratch of at least bytes, valid for the work queued until the next call. It grows (when a
+ * bigger size is first needed; the sizes depend on shapes, so it stops after the first step) by a
+ * stream-ordered free and allocation: work queued before still reads the old buffer, and nothing waits. */
 int cuda_scratch(const char *op, void **ptr, size_t bytes);
 /* Grid size for a grid-stride loop over n elements. */
 unsigned cuda_grid(size_t n);
-/* FSDP_ERANGE naming the first i with ids[i] outside [lo, hi) (ids on the device; synchronises). */
+/* Queues a check of ids[0..n) against [lo, hi) (ids on the device) that costs no host round trip: the
+ * kernels that use the ids skip a bad one, and the next synchronising call (cuda_sync) reports the first
+ * bad position of each check as FSDP_ERANGE naming op and what. */
 int cuda_check_ids(const char *op, const char *what, const int32_t *ids, int n, int lo, int hi);
+/* Waits for the stream, then reports a failed deferred range check (clearing them all): the synchronising
+ * calls of the table (synchronize, device-to-host copies, sqnorm, a loss sum) end with it. */
+int cuda_sync(const char *op);
 /* Adds the column sums of a (rows, cols) matrix, computed by cuda_colsum_*, in a fixed order into dst:
  * partial sums over fixed row chunks, then the chunks in order, so results are run-to-run identical. */
 int cuda_colsum_add(const char *op, float *dst, const float *src, int rows, int cols);

@@ -1,16 +1,24 @@
-/* Device and pinned host memory, copies, and the stream's synchronisation for the CUDA table. */
+/* Device and pinned host memory, copies, and the stream's synchronisation for the CUDA table. Host copies
+ * go through the context's pinned staging ring (cuda_common.h): host-to-device returns without waiting for
+ * the device, device-to-host once the bytes are in the caller's buffer. */
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_common.h"
+
+#include <string.h>
 
 extern "C" {
 #include "common/log.h"
 }
 
+/* From the device's stream-ordered pool (cuda_ctx.pool), on the ops' stream: neither call waits for the
+ * device, so a rank allocating while its NCCL kernels run cannot deadlock it, and after the first step the
+ * pool hands back what was freed without asking the driver. The memory is usable by any work queued after
+ * this call (NCCL's stream waits for the ops' stream when a collective is issued). */
 void *cuda_mem_alloc(size_t bytes)
 {
     void *p = NULL;
-    /* cudaMalloc aligns to 256 bytes, more than the table's 64. */
-    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 64);
+    /* The pool aligns to at least 256 bytes, more than the table's 64. */
+    cudaError_t e = cudaMallocFromPoolAsync(&p, bytes ? bytes : 64, cuda_ctx.pool, cuda_ctx.stream);
     if (e != cudaSuccess) {
         (void)cudaGetLastError(); /* an allocation failure is not sticky: later calls may succeed */
         error_set(e == cudaErrorMemoryAllocation ? FSDP_ENOMEM : FSDP_EIO,
@@ -20,10 +28,11 @@ void *cuda_mem_alloc(size_t bytes)
     return p;
 }
 
+/* Returned to the pool after the work queued before (the caller has waited for any collective on it). */
 void cuda_mem_free(void *ptr)
 {
     if (ptr) {
-        cudaError_t e = cudaFree(ptr);
+        cudaError_t e = cudaFreeAsync(ptr, cuda_ctx.stream);
         if (e != cudaSuccess)
             log_warn("kernels cuda: mem_free: %s", cudaGetErrorString(e));
     }
@@ -53,18 +62,98 @@ void cuda_host_free(void *ptr)
     }
 }
 
+/* The next chunk of the pinned staging ring, once the copy that last used it is done (a chunk whose event
+ * was never recorded is free). */
+static int stage_take(char **chunk, int *slot)
+{
+    int i = cuda_ctx.stage_next;
+    cuda_ctx.stage_next = (i + 1) % CUDA_STAGE_CHUNKS;
+    FSDP_TRY(cuda_check("mem_copy", cudaEventSynchronize(cuda_ctx.stage_done[i])));
+    *chunk = cuda_ctx.stage + (size_t)i * CUDA_STAGE_BYTES;
+    *slot = i;
+    return 0;
+}
+
+/* Host to device without waiting for the device: the bytes are copied into pinned staging chunks and go
+ * from there with cudaMemcpyAsync, so the caller may reuse its buffer at once and the copy stays queued
+ * behind the ops like any kernel. Only a ring that wraps waits, for the copy that used the chunk before. */
+static int copy_h2d(char *d, const char *s, size_t bytes)
+{
+    for (size_t off = 0; off < bytes;) {
+        size_t len = bytes - off < CUDA_STAGE_BYTES ? bytes - off : CUDA_STAGE_BYTES;
+        char *chunk;
+        int i;
+        FSDP_TRY(stage_take(&chunk, &i));
+        memcpy(chunk, s + off, len);
+        FSDP_TRY(cuda_check("mem_copy", cudaMemcpyAsync(d + off, chunk, len, cudaMemcpyHostToDevice,
+                                                        cuda_ctx.stream)));
+        FSDP_TRY(cuda_check("mem_copy", cudaEventRecord(cuda_ctx.stage_done[i], cuda_ctx.stream)));
+        off += len;
+    }
+    return 0;
+}
+
+static bool pinned(const void *p)
+{
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return a.type == cudaMemoryTypeHost;
+}
+
+/* Device to host, returning with the data in place. Pinned memory (host_alloc: offloaded state) is copied
+ * into directly; pageable memory through the staging chunks, the copy of one chunk overlapping the host's
+ * memcpy out of the one before. Ends with cuda_sync, which also reports deferred range checks. */
+static int copy_d2h(char *d, const char *s, size_t bytes)
+{
+    if (pinned(d)) {
+        FSDP_TRY(cuda_check("mem_copy", cudaMemcpyAsync(d, s, bytes, cudaMemcpyDeviceToHost, cuda_ctx.stream)));
+        return cuda_sync("mem_copy");
+    }
+    struct {
+        char *chunk;
+        int slot;
+        size_t off, len;
+    } fly[CUDA_STAGE_CHUNKS];
+    int nfly = 0;
+    for (size_t off = 0; off < bytes || nfly > 0;) {
+        if (off < bytes && nfly < CUDA_STAGE_CHUNKS - 1) {
+            size_t len = bytes - off < CUDA_STAGE_BYTES ? bytes - off : CUDA_STAGE_BYTES;
+            FSDP_TRY(stage_take(&fly[nfly].chunk, &fly[nfly].slot));
+            fly[nfly].off = off;
+            fly[nfly].len = len;
+            FSDP_TRY(cuda_check("mem_copy", cudaMemcpyAsync(fly[nfly].chunk, s + off, len, cudaMemcpyDeviceToHost,
+                                                            cuda_ctx.stream)));
+            FSDP_TRY(cuda_check("mem_copy", cudaEventRecord(cuda_ctx.stage_done[fly[nfly].slot], cuda_ctx.stream)));
+            nfly++;
+            off += len;
+            continue;
+        }
+        FSDP_TRY(cuda_check("mem_copy", cudaEventSynchronize(cuda_ctx.stage_done[fly[0].slot])));
+        memcpy(d + fly[0].off, fly[0].chunk, fly[0].len);
+        memmove(fly, fly + 1, (size_t)--nfly * sizeof fly[0]);
+    }
+    return cuda_sync("mem_copy");
+}
+
 int cuda_mem_copy(void *dst, const void *src, size_t bytes, enum kernels_copy_kind kind)
 {
-    static const cudaMemcpyKind kinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
-                                           cudaMemcpyDeviceToDevice};
     if ((unsigned)kind > KERNELS_COPY_D2D)
         return error_set(FSDP_EINVAL, "kernels cuda: bad copy kind %d", (int)kind);
     if (bytes == 0)
         return 0;
     if (!dst || !src)
         return error_set(FSDP_EINVAL, "kernels cuda: mem_copy of %zu bytes with a NULL pointer", bytes);
+    if (kind == KERNELS_COPY_H2D)
+        return copy_h2d((char *)dst, (const char *)src, bytes);
+    if (kind == KERNELS_COPY_D2H)
+        return copy_d2h((char *)dst, (const char *)src, bytes);
     const char *d = (const char *)dst, *s = (const char *)src;
-    if (kind == KERNELS_COPY_D2D && d < s + bytes && s < d + bytes && d != s) {
+    if (d == s)
+        return 0;
+    if (d < s + bytes && s < d + bytes) {
         /* cudaMemcpy does not define overlapping copies (the CPU backend's memmove does): bounce through
          * scratch so both backends mean the same thing. */
         void *tmp;
@@ -73,14 +162,7 @@ int cuda_mem_copy(void *dst, const void *src, size_t bytes, enum kernels_copy_ki
             cuda_check("mem_copy", cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, cuda_ctx.stream)));
         src = tmp;
     }
-    if (d == s)
-        return 0;
-    FSDP_TRY(cuda_check("mem_copy", cudaMemcpyAsync(dst, src, bytes, kinds[kind], cuda_ctx.stream)));
-    /* Host buffers are ordinary (pageable) memory the caller reuses as soon as we return, as with the
-     * CPU backend: copies touching the host complete before returning; device-to-device stays queued. */
-    if (kind != KERNELS_COPY_D2D)
-        return cuda_check("mem_copy", cudaStreamSynchronize(cuda_ctx.stream));
-    return 0;
+    return cuda_check("mem_copy", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_ctx.stream));
 }
 
 int cuda_mem_set(void *dst, int value, size_t bytes)
@@ -94,6 +176,5 @@ int cuda_mem_set(void *dst, int value, size_t bytes)
 
 int cuda_synchronize(void)
 {
-    return cuda_check("synchronize (an earlier kernel failed asynchronously)",
-                      cudaStreamSynchronize(cuda_ctx.stream));
+    return cuda_sync("synchronize");
 }

@@ -94,7 +94,9 @@ int cuda_sqnorm(double *result, const float *x, size_t n)
     sqnorm_partial_kernel<<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>((double *)part, x, n);
     sqnorm_finish_kernel<<<1, CUDA_THREADS, 0, cuda_ctx.stream>>>((double *)part, (int)blocks);
     FSDP_TRY(cuda_check_launch("sqnorm"));
-    FSDP_TRY(cuda_check("sqnorm", cudaMemcpyAsync(result, part, sizeof *result, cudaMemcpyDeviceToHost,
-                                                  cuda_ctx.stream)));
-    return cuda_check("sqnorm", cudaStreamSynchronize(cuda_ctx.stream));
+    FSDP_TRY(cuda_check("sqnorm", cudaMemcpyAsync(cuda_ctx.scalar_host, part, sizeof *result,
+                                                  cudaMemcpyDeviceToHost, cuda_ctx.stream)));
+    FSDP_TRY(cuda_sync("sqnorm"));
+    *result = cuda_ctx.scalar_host[0];
+    return 0;
 }

@@ -415,6 +415,195 @@ Test(comm_p2p, ring_world4, .timeout = 120)
     assert_all_ok(4, st);
 }
 
+/* A batch (comm_sendrecv) in which every rank lists its sends first, 4 MiB each, more than a socket buffers:
+ * as single sends both sides of every pair would wait for the other's receive; as one batch they exchange.
+ * Each rank sends two messages to each neighbour (matched in order) and bf16 to the next one. */
+static int body_sendrecv_batch(struct rank_ctx *c)
+{
+    size_t n = 1u << 20;
+    int r = c->rank, W = c->size, next = (r + 1) % W, prev = (r + W - 1) % W, rc = 0;
+    float *s1 = malloc(n * 4), *s2 = malloc(n * 4), *d1 = malloc(n * 4), *d2 = malloc(n * 4);
+    float *t1 = malloc(n * 4), *t2 = malloc(n * 4), *e1 = malloc(n * 4), *e2 = malloc(n * 4);
+    uint16_t *hb = malloc(n * 2), *hr = malloc(n * 2);
+    for (size_t i = 0; i < n; i++) {
+        s1[i] = tu_gen(r, i, 1), s2[i] = tu_gen(r, i, 2), t1[i] = tu_gen(r, i, 3), t2[i] = tu_gen(r, i, 4);
+        tu_put(COMM_BF16, hb, i, tu_gen(r, i, 5));
+    }
+    /* sends first, receives last; to next: s1, s2, hb; to prev: t1, t2 */
+    struct comm_p2p ops[] = {
+        {COMM_P2P_SEND, s1, n, COMM_F32, next}, {COMM_P2P_SEND, t1, n, COMM_F32, prev},
+        {COMM_P2P_SEND, s2, n, COMM_F32, next}, {COMM_P2P_SEND, t2, n, COMM_F32, prev},
+        {COMM_P2P_SEND, hb, n, COMM_BF16, next},
+        {COMM_P2P_RECV, d1, n, COMM_F32, prev}, {COMM_P2P_RECV, e1, n, COMM_F32, next},
+        {COMM_P2P_RECV, d2, n, COMM_F32, prev}, {COMM_P2P_RECV, e2, n, COMM_F32, next},
+        {COMM_P2P_RECV, hr, n, COMM_BF16, prev},
+    };
+    if (comm_sendrecv(c->comm, ops, (int)(sizeof ops / sizeof ops[0])) != 0) {
+        fprintf(stderr, "rank %d: sendrecv: %s\n", r, error_message());
+        rc = 1;
+    }
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        if (d1[i] != tu_gen(prev, i, 1) || d2[i] != tu_gen(prev, i, 2) || e1[i] != tu_gen(next, i, 3) ||
+            e2[i] != tu_gen(next, i, 4) || tu_get(COMM_BF16, hr, i) != tu_round(COMM_BF16, tu_gen(prev, i, 5))) {
+            fprintf(stderr, "rank %d: element %zu of a batch arrived wrong or out of order\n", r, i);
+            rc = 1;
+        }
+    /* refused before anything moves: a peer that is this rank, too many operations */
+    struct comm_p2p self = {COMM_P2P_SEND, s1, 1, COMM_F32, r};
+    rc |= comm_sendrecv(c->comm, &self, 1) != FSDP_EINVAL;
+    rc |= comm_sendrecv(c->comm, ops, COMM_P2P_MAX + 1) != FSDP_EINVAL;
+    rc |= comm_sendrecv(c->comm, ops, 0) != 0; /* empty: nothing to do */
+    free(s1), free(s2), free(d1), free(d2), free(t1), free(t2), free(e1), free(e2), free(hb), free(hr);
+    return rc;
+}
+
+Test(comm_p2p, batch_everyone_sends_first_world2, .timeout = 120)
+{
+    int st[MAX_RANKS];
+    run_ranks(2, body_sendrecv_batch, NULL, NULL, st);
+    assert_all_ok(2, st);
+}
+
+Test(comm_p2p, batch_everyone_sends_first_world3_serial, .timeout = 120)
+{
+    cr_assert_eq(setenv("FSDP_TEST_COMM_SERIAL", "1", 1), 0);
+    int st[MAX_RANKS];
+    run_ranks(3, body_sendrecv_batch, NULL, NULL, st);
+    assert_all_ok(3, st);
+}
+
+/* A serial backend (NCCL; the cpu backend with FSDP_TEST_COMM_SERIAL=1) runs the operations of all of a
+ * process's communicators on one thread in issue order. Rank 0 issues an all_reduce on the two-rank
+ * group (rank 1 joins it 300 ms late), then one on a group of one, which on its own would finish at once:
+ * serial, it finishes after the first; not serial, before. comm_mem_alloc, serial, also waits for the
+ * operations issued before it (NCCL must not allocate while its kernels run). */
+static int body_serial_order(struct rank_ctx *c)
+{
+    bool serial = *(const bool *)c->arg;
+    int r = c->rank, rc = 0;
+    struct comm *pair = NULL, *solo = NULL;
+    char name[32];
+    snprintf(name, sizeof name, "solo%d", r);
+    if (comm_create(c->store, r, 2, "pair", NULL, &pair) != 0 || comm_create(c->store, 0, 1, name, NULL, &solo)) {
+        fprintf(stderr, "rank %d: comm_create: %s\n", r, error_message());
+        return 1;
+    }
+    float a = 1, b = 2;
+    if (r == 1) {
+        tu_nap(0.3);
+        rc = comm_all_reduce(pair, &a, &a, 1, COMM_F32, COMM_SUM) != 0;
+        tu_nap(0.3);
+        rc |= comm_all_reduce(pair, &a, &a, 1, COMM_F32, COMM_SUM) != 0;
+    } else {
+        struct comm_work *wa = NULL, *wb = NULL;
+        bool done_a = false;
+        rc = comm_all_reduce_async(pair, &a, &a, 1, COMM_F32, COMM_SUM, &wa) != 0 ||
+             comm_all_reduce_async(solo, &b, &b, 1, COMM_F32, COMM_SUM, &wb) != 0 || comm_work_wait(wb) != 0 ||
+             comm_work_test(wa, &done_a) != 0;
+        if (!rc && done_a != serial) {
+            fprintf(stderr, "rank 0: the group-of-one all_reduce finished %s the earlier one on the pair (serial "
+                    "%d)\n", done_a ? "after" : "before", serial);
+            rc = 1;
+        }
+        rc |= comm_work_wait(wa) != 0 || a != 2;
+        /* the pair's next all_reduce waits for rank 1, which naps 300 ms between its two */
+        rc |= comm_all_reduce_async(pair, &a, &a, 1, COMM_F32, COMM_SUM, &wa) != 0;
+        void *p = comm_mem_alloc(pair, 4096);
+        bool done = false;
+        rc |= !p || comm_work_test(wa, &done) != 0;
+        if (!rc && serial && !done) {
+            fprintf(stderr, "rank 0: comm_mem_alloc returned before the all_reduce issued before it ended\n");
+            rc = 1;
+        }
+        if (!rc && !serial && done) {
+            fprintf(stderr, "rank 0: without serial progress comm_mem_alloc waited for the all_reduce\n");
+            rc = 1;
+        }
+        comm_mem_free(pair, p);
+        rc |= comm_work_wait(wa) != 0 || a != 4;
+    }
+    if (rc)
+        fprintf(stderr, "rank %d: %s\n", r, error_message());
+    comm_destroy(solo);
+    comm_destroy(pair);
+    return rc;
+}
+
+Test(comm_serial, one_thread_runs_every_group_in_issue_order, .timeout = 60)
+{
+    cr_assert_eq(setenv("FSDP_TEST_COMM_SERIAL", "1", 1), 0);
+    static const bool serial = true;
+    struct run_opts o = {.no_comm = true};
+    int st[MAX_RANKS];
+    run_ranks(2, body_serial_order, &serial, &o, st);
+    assert_all_ok(2, st);
+}
+
+/* HYBRID_SHARD's pattern on the serial path: shard groups of pairs and replicate groups across them, split
+ * from the world; reduce-scatters and the previous round's all-reduces issued interleaved and
+ * asynchronously, waited for in another order. With one progress thread every rank runs them in its issue
+ * order, which is the same on all ranks, so nothing waits for a peer that is busy with the other group. */
+static int body_two_groups(struct rank_ctx *c)
+{
+    int r = c->rank, W = c->size, rc = 0;
+    struct comm *shard = NULL, *rep = NULL;
+    if (comm_split(c->comm, r / 2, r, &shard) != 0 || comm_split(c->comm, r % 2, r, &rep) != 0) {
+        fprintf(stderr, "rank %d: split: %s\n", r, error_message());
+        return 1;
+    }
+    enum { ROUNDS = 12 };
+    size_t n = 3001;
+    float *in = malloc(2 * n * sizeof(float)), *mid[ROUNDS] = {NULL};
+    for (size_t i = 0; i < 2 * n; i++)
+        in[i] = (float)((int)(i % 7) - 3) * (float)(r + 1);
+    struct comm_work *rs[ROUNDS], *ar[ROUNDS];
+    for (int i = 0; i < ROUNDS && !rc; i++) {
+        mid[i] = malloc(n * sizeof(float));
+        rc |= comm_reduce_scatter_async(shard, in, mid[i], n, COMM_F32, COMM_SUM, &rs[i]) != 0;
+        if (i > 0)
+            rc |= comm_work_wait(rs[i - 1]) != 0 ||
+                  comm_all_reduce_async(rep, mid[i - 1], mid[i - 1], n, COMM_F32, COMM_SUM, &ar[i - 1]) != 0;
+    }
+    rc |= rc || comm_work_wait(rs[ROUNDS - 1]) != 0 ||
+          comm_all_reduce_async(rep, mid[ROUNDS - 1], mid[ROUNDS - 1], n, COMM_F32, COMM_SUM, &ar[ROUNDS - 1]) != 0;
+    for (int i = ROUNDS - 1; i >= 0 && !rc; i--)
+        rc |= comm_work_wait(ar[i]) != 0;
+    double tri = (double)W * (W + 1) / 2;
+    for (int i = 0; i < ROUNDS && !rc; i++)
+        for (size_t j = 0; j < n && !rc; j++)
+            if (mid[i][j] != (float)(((int)(((size_t)(r % 2) * n + j) % 7) - 3) * tri)) {
+                fprintf(stderr, "rank %d round %d element %zu: %g\n", r, i, j, (double)mid[i][j]);
+                rc = 1;
+            }
+    if (rc)
+        fprintf(stderr, "rank %d: two groups: %s\n", r, error_message());
+    for (int i = 0; i < ROUNDS; i++)
+        free(mid[i]);
+    free(in);
+    comm_destroy(rep);
+    comm_destroy(shard);
+    return rc;
+}
+
+Test(comm_serial, two_groups_interleaved_world4, .timeout = 120)
+{
+    cr_assert_eq(setenv("FSDP_TEST_COMM_SERIAL", "1", 1), 0);
+    int st[MAX_RANKS];
+    run_ranks(4, body_two_groups, NULL, NULL, st);
+    assert_all_ok(4, st);
+}
+
+/* The same program without serial progress: the group of one finishes first (so the test above can fail). */
+Test(comm_serial, without_it_groups_progress_independently, .timeout = 60)
+{
+    cr_assert_eq(unsetenv("FSDP_TEST_COMM_SERIAL"), 0);
+    static const bool serial = false;
+    struct run_opts o = {.no_comm = true};
+    int st[MAX_RANKS];
+    run_ranks(2, body_serial_order, &serial, &o, st);
+    assert_all_ok(2, st);
+}
+
 /* All-to-all: rank r's block p reaches rank p as its block r; blocking and async, f32 and bf16, a rank
  * sending to itself is a copy, an empty exchange works, and overlapping buffers are refused. */
 static int body_all_to_all(struct rank_ctx *c)

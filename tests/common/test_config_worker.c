@@ -435,7 +435,7 @@ Test(worker_binary, missing_train_file_is_named_before_work, .timeout = 60)
     char *dir = make_dir();
     char ini[256];
     snprintf(ini, sizeof ini, "%s/run.ini", dir);
-    write_file(ini, "[train]\nmax_steps = 5\n");
+    write_file(ini, "[train]\ndevice = cpu\nmax_steps = 5\n");
     static struct run r;
     const char *a[] = {ini, NULL};
     run_worker(&r, dir, a);
@@ -483,7 +483,7 @@ Test(worker_binary, log_level_flag_applies, .timeout = 60)
     char *dir = make_dir();
     char ini[256];
     snprintf(ini, sizeof ini, "%s/run.ini", dir);
-    write_file(ini, "[train]\nmax_steps = 5\n");
+    write_file(ini, "[train]\ndevice = cpu\nmax_steps = 5\n");
     static struct run r;
     const char *quiet[] = {ini, "--log_level=off", NULL};
     run_worker(&r, dir, quiet);

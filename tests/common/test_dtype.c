@@ -16,6 +16,7 @@
 #include "common/dtype.h"
 #include "common/error.h"
 #include "kernels/kernels.h"
+#include "tests/util/tu_gpu.h"
 
 #if defined(__FLT16_MAX__) && defined(__x86_64__)
 #define HAVE_COMPILER_F16 1
@@ -386,7 +387,7 @@ Test(dtype, cuda_cast_gives_the_same_bits, .timeout = 120)
 {
     const struct kernels *k = kernels_get("cuda");
     if (!k)
-        cr_skip_test("no CUDA kernels here: %s", error_message());
+        TU_GPU_UNAVAILABLE("no CUDA kernels here: %s", error_message());
     check_patterns(k, DTYPE_BF16, false);
     check_patterns(k, DTYPE_F16, false);
     check_random(k, DTYPE_BF16, false, 2024);

@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "kernels/kernels.h"
+#include "tests/util/tu_gpu.h"
 
 static inline const struct kernels *kt_backend(void)
 {
@@ -19,6 +20,8 @@ static inline const struct kernels *kt_backend(void)
     if (!name || !*name)
         name = "cpu";
     const struct kernels *k = kernels_get(name);
+    if (!k && strcmp(name, "cuda") == 0)
+        TU_GPU_UNAVAILABLE("kernels backend \"cuda\" is not available here: %s", error_message());
     if (!k)
         cr_skip_test("kernels backend \"%s\" is not available here: %s", name, error_message());
     return k;

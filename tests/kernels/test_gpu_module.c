@@ -6,10 +6,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/error.h"
 #include "common/gpu_module.h"
 #include "kernels/kernels.h"
+#include "tests/util/tu_file.h"
+#include "tests/util/tu_proc.h"
 
 /* Whether a file whose path contains needle is mapped into this process. */
 static bool mapped(const char *needle)
@@ -73,4 +76,41 @@ Test(gpu_module, bad_explicit_path_is_named)
 #endif
     /* The CPU table stays usable. */
     cr_assert_not_null(kernels_get("cpu"));
+}
+
+/* A GPU test that cannot run on a host with an NVIDIA driver fails instead of skipping (tests/util/tu_gpu.h):
+ * a CUDA build whose GPU tests all skip there (a driver too old for the build: error 35) must not pass. A
+ * build without CUDA has nothing to run, so its test still skips. */
+Test(gpu_module, gpu_test_on_a_gpu_host_fails_instead_of_skipping, .timeout = 60)
+{
+    const char *root = getenv("FSDP_BUILD_ROOT");
+    cr_assert(root, "FSDP_BUILD_ROOT not set: run through meson test");
+    char exe[4096], dir[] = "/tmp/fsdp-gpu-skip-XXXXXX", out[4200];
+    snprintf(exe, sizeof exe, "%s/tests/kernels/test_kernels_cuda", root);
+    cr_assert(mkdtemp(dir));
+    snprintf(out, sizeof out, "%s/out", dir);
+    const char *argv[] = {exe, "--filter=kernels_cuda/matmul_matches_cpu", NULL};
+    /* BXFI_MAP tells a Criterion binary it is one of this runner's test processes: the inner one must not
+     * think so. */
+    /* The driver is there (FSDP_TEST_GPU_HOST=1 fakes it where it is not) but no device is usable (-1 in
+     * CUDA_VISIBLE_DEVICES hides them where there are some): what a driver too old for the build looks like. */
+    const char *faked[] = {"FSDP_TEST_GPU_HOST=1", "CUDA_VISIBLE_DEVICES=-1", "CRITERION_VERBOSITY_LEVEL=1",
+                           "BXFI_MAP=", NULL};
+    int code = tu_run(argv, out, out, faked);
+    char *text = tu_slurp(out);
+    cr_assert(text, "no output from %s", exe);
+#ifdef FSDP_HAVE_CUDA
+    cr_assert_neq(code, 0, "a CUDA test skipped on a (faked) GPU host and the binary passed:\n%s", text);
+    cr_assert(strstr(text, "an NVIDIA driver is present"), "the failure does not say why:\n%s", text);
+#else
+    cr_assert_eq(code, 0, "a build without CUDA failed its GPU test (exit %d):\n%s", code, text);
+    cr_assert(strstr(text, "[SKIP]") && strstr(text, "no GPU support"), "no skip reported:\n%s", text);
+#endif
+    /* The same binary on this host as it is: a skip, and a pass of the binary. */
+    const char *plain[] = {"FSDP_TEST_GPU_HOST=", "CRITERION_VERBOSITY_LEVEL=1", "BXFI_MAP=", NULL};
+    if (access("/dev/nvidiactl", F_OK) != 0 && access("/proc/driver/nvidia/version", F_OK) != 0)
+        cr_assert_eq(tu_run(argv, out, out, plain), 0, "the GPU test failed on a host without a driver");
+    free(text);
+    unlink(out);
+    rmdir(dir);
 }

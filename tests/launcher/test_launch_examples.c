@@ -9,7 +9,7 @@
 
 #define TINY                                                                                                   \
     "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nvocab_size = 256\nblock_size = 16\n"                       \
-    "[train]\ntrain_batch = 8\nmicro_batch = 2\nmax_steps = 6\neval_interval = 0\n"                            \
+    "[train]\ndevice = cpu\ntrain_batch = 8\nmicro_batch = 2\nmax_steps = 6\neval_interval = 0\n"              \
     "[optim]\nlr = 0.003\nwarmup_steps = 2\n"
 
 struct ex {

@@ -188,7 +188,81 @@ Test(config, cuda_without_gpu, .timeout = 240)
 {
     if (access("/dev/nvidiactl", F_OK) == 0)
         cr_skip_test("an NVIDIA device is present: device = cuda is valid here");
+    /* The host as it is: no faked device count (the suite's FSDP_TEST_GPU_COUNT=1 would make it a GPU host). */
+    cr_assert_eq(unsetenv("FSDP_TEST_GPU_COUNT"), 0);
     const char *extra[] = {"--train.device=cuda", NULL};
     const char *want[] = {"train.device = cuda", "device=cpu", NULL};
     refused(2, "cuda", extra, want);
+}
+
+/* Two ranks on a node with one GPU (FSDP_TEST_GPU_COUNT=1, as the suite sets it): every rank refuses at
+ * config time, naming both numbers and the flag to change, instead of failing inside ncclCommInitRank.
+ * train.device = auto means cuda on a GPU host, so it is refused the same way. */
+Test(config, more_local_ranks_than_gpus, .timeout = 240)
+{
+    cr_assert_eq(setenv("FSDP_TEST_GPU_COUNT", "1", 1), 0);
+    const char *cuda[] = {"--train.device=cuda", NULL};
+    const char *want_cuda[] = {"train.device = cuda", "2 ranks on this node", "1 CUDA device is visible",
+                               "--nproc_per_node 1", NULL};
+    refused(2, "ranks", cuda, want_cuda);
+    const char *autod[] = {"--train.device=auto", NULL};
+    const char *want_auto[] = {"train.device = auto", "2 ranks on this node", "1 CUDA device is visible", NULL};
+    refused(2, "ranks-auto", autod, want_auto);
+}
+
+/* A host whose NVIDIA driver cannot run this build (error 35 from an old driver; here: a faked driver on a
+ * machine without one, or a build without CUDA): train.device = auto trains on the CPU and says why, once
+ * per node (local rank 0), and the run summary of every rank carries the reason. */
+Test(config, auto_fallback_to_cpu_says_why, .timeout = 240)
+{
+    if (access("/dev/nvidiactl", F_OK) == 0)
+        cr_skip_test("an NVIDIA device is present: auto may really pick it");
+    cr_assert_eq(unsetenv("FSDP_TEST_GPU_COUNT"), 0); /* the driver's own answer: no usable device */
+    struct tt_ctx c;
+    tt_setup(&c);
+    const char *extra[] = {"--train.device=auto", "--train.max_steps=2", NULL};
+    struct tt_result r;
+    tt_run_ok(&c, 2, "fallback", extra, &r);
+    static const char want[] = "train.device = auto: training on the CPU: ";
+    for (int rank = 0; rank < 2; rank++) {
+        cJSON *sum = tt_summary(&r, rank);
+        const char *dev = tu_json_str(sum, "device"), *why = tu_json_str(sum, "device_reason");
+        cr_assert(dev && strcmp(dev, "cpu") == 0, "rank %d trained on %s", rank, dev ? dev : "(none)");
+        cr_assert(why && strncmp(why, want, strlen(want)) == 0 && strlen(why) > strlen(want),
+                  "rank %d's run summary does not say why it trained on the CPU: %s", rank, why ? why : "(none)");
+        cJSON_Delete(sum);
+    }
+    cr_assert_eq(tt_count_lines(r.err, "training on the CPU", NULL), 1,
+                 "expected one line saying why the run is on the CPU:\n%s", r.err);
+    tt_result_free(&r);
+    tt_teardown(&c);
+}
+
+/* The suite's test configs mean the CPU: run as on a host with one GPU (FSDP_TEST_GPU_HOST=1 and
+ * FSDP_TEST_GPU_COUNT=1, as tests/meson.build sets them), the shared config trains on the CPU at two ranks
+ * and at one, and in fp32 (a config left to auto would get cuda and bf16 there). */
+Test(config, test_configs_mean_the_cpu, .timeout = 240)
+{
+    cr_assert_eq(setenv("FSDP_TEST_GPU_HOST", "1", 1), 0);
+    cr_assert_eq(setenv("FSDP_TEST_GPU_COUNT", "1", 1), 0);
+    struct tt_ctx c;
+    tt_setup(&c);
+    const char *extra[] = {"--train.max_steps=2", NULL};
+    for (int world = 1; world <= 2; world++) {
+        char tag[16];
+        snprintf(tag, sizeof tag, "w%d", world);
+        struct tt_result r;
+        tt_run_ok(&c, world, tag, extra, &r);
+        for (int rank = 0; rank < world; rank++)
+            cr_assert(tt_summary_matches(&r, rank, "{\"device\":\"cpu\",\"device_reason\":\"train.device = cpu\"}"),
+                      "world %d rank %d did not train on the CPU", world, rank);
+        tt_result_free(&r);
+    }
+    /* The same config with the device left to auto is refused on such a host: what the line above avoids. */
+    const char *autod[] = {"--train.device=auto", "--train.max_steps=2", NULL};
+    struct tt_result r;
+    tt_run(&c, 2, "auto", autod, &r);
+    cr_assert_neq(r.code, 0, "device = auto trained on a (faked) one-GPU host with two ranks");
+    tt_result_free(&r);
+    tt_teardown(&c);
 }

@@ -284,7 +284,7 @@ Test(detect_blocks, init_from_safetensors_hf_directory_and_checkpoint, .timeout 
     snprintf(log, sizeof log, "--log.dir=%s/log", d.dir);
     const char *train[] = {lu_build_path("worker/fsdp-worker"), d.ini, train_file, ck, log, "--train.max_steps=1",
                            "--train.train_batch=2", "--train.micro_batch=1", "--model.n_layer=2",
-                           "--model.vocab_size=256", NULL};
+                           "--model.vocab_size=256", "--train.device=cpu", NULL};
     const char *tenv[] = {"OMP_NUM_THREADS=1", "RANK=", "WORLD_SIZE=", NULL};
     cr_assert_eq(lu_exit_code(lu_wait(lu_spawn(train, d.dir, "train", tenv), 120)), 0, "%s",
                  lu_slurp_tag(d.dir, "train", "err"));

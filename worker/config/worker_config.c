@@ -77,7 +77,7 @@ static const struct config_key keys[] = {
     {.section = "train", .name = "seed", .type = CONFIG_INT, .def = "1337", .min = 0, .max = 4294967295.0,
      .flags = LIST("seed"), .help = "Seed of the data order"},
     {.section = "train", .name = "device", .type = CONFIG_ENUM, .def = "auto", .values = LIST("auto", "cpu", "cuda"),
-     .value_aliases = ALIASES({"gpu", "cuda"}), .help = "auto = cuda when a GPU is visible, else cpu"},
+     .value_aliases = ALIASES({"gpu", "cuda"}), .help = "auto = cuda when a GPU is usable, else cpu (saying why); cuda and auto need a GPU per rank of a node"},
 
     /* [optim] */
     {.section = "optim", .name = "lr", .type = CONFIG_FLOAT, .def = "0.0006", .min = 0, .max = 10,

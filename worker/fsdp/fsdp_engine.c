@@ -65,6 +65,19 @@ static int alloc_state(struct fsdp *f)
     if (!f->arena)
         return error_set(FSDP_ENOMEM, "fsdp: cannot allocate the %zu bytes of persistent state: %s", total,
                          error_message());
+    /* Offload: a unit's gradients come to the host through one pinned buffer of the largest unit, made
+     * now, before any collective (pinning memory while NCCL kernels run can stall the device). */
+    if (f->offload) {
+        size_t most = 1;
+        for (int i = 0; i < f->n_units; i++) {
+            size_t n = f->units[i].numel > f->units[i].shard ? f->units[i].numel : f->units[i].shard;
+            most = n > most ? n : most;
+        }
+        if (!(f->host_stage = f->k->host_alloc(most * sizeof(float))))
+            return error_set(FSDP_ENOMEM, "fsdp: cannot allocate %zu bytes of pinned staging for offloaded "
+                             "gradients: %s", most * sizeof(float), error_message());
+        fsdp_mem_add(f, FSDP_MEM_COMM, (ptrdiff_t)(most * sizeof(float)));
+    }
     /* Zero it: the moments start at 0, and touching the pages makes RSS show what sharding saves. */
     FSDP_TRY(f->sk->mem_set(f->arena, 0, total ? total : 64));
     char *at = f->arena;
@@ -152,8 +165,10 @@ void fsdp_destroy(struct fsdp *f)
     fsdp_pending_drain(f, 0);
     for (int i = 0; f->units && i < f->n_units; i++)
         fsdp_release(f, i);
-    if (f->offload)
+    if (f->offload) {
         f->k->host_free(f->arena);
+        f->k->host_free(f->host_stage);
+    }
     else if (f->arena)
         fsdp_raw_free(f, f->arena);
     fsdp_pool_free(f);

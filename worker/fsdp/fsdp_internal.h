@@ -77,6 +77,7 @@ struct fsdp {
     bool offload;             /* offload_params on a device: shards in host memory, optimizer on the host */
     struct comm *reg;         /* buffers come from comm_mem_alloc of this communicator (NULL: k->mem_alloc) */
     void *arena;              /* all persistent state of this rank, one allocation */
+    float *host_stage;        /* offload: pinned host memory for a unit's device gradients (largest unit) */
     struct fsdp_groups g;
     struct comm *shard_comm, *rep_comm; /* NULL for one-rank groups */
     bool own_shard_comm, own_rep_comm;

@@ -245,6 +245,7 @@ static cJSON *build(const struct run_summary *s, const struct run_summary_facts 
     num(b, root, "restart_count", env->restart_count);
     str(b, root, "run_id", env->run_id);
     str(b, root, "device", f->device);
+    str(b, root, "device_reason", f->device_reason ? f->device_reason : "");
     add_model(b, root, f);
     add_plan(b, root, f->fsdp);
     cJSON *st = obj(b, root, "steps");

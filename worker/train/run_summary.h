@@ -37,6 +37,7 @@ struct run_summary_facts {
     const struct worker_config *wc;
     const struct train_env *env;
     const char *device;
+    const char *device_reason; /* why that device: train.device and, for auto, what was found */
     const struct model *model;
     const struct fsdp *fsdp;
     const struct train_ckpt_stats *ckpt;

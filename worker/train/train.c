@@ -15,7 +15,6 @@
 
 #include "comm/comm.h"
 #include "common/error.h"
-#include "common/gpu_module.h"
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/settings.h"
@@ -29,6 +28,7 @@
 #include "worker/train/status_report.h"
 #include "worker/train/train.h"
 #include "worker/train/train_ckpt.h"
+#include "worker/train/train_device.h"
 
 static double now_s(void)
 {
@@ -79,6 +79,7 @@ struct trainer {
     struct metrics *met;
     struct progress prog;
     char logdir[4200];
+    char device_reason[640]; /* why this device (train_device_open), for the run summary */
     double peak_flops, flops_per_token;
     double last_loss, last_val;
     struct run_summary summary; /* every rank's end-of-run record */
@@ -157,6 +158,7 @@ static void report_memory(const struct trainer *t)
 static int write_summary(const struct trainer *t, int64_t first_step, size_t persistent_rss_growth)
 {
     struct run_summary_facts f = {.logdir = t->logdir, .wc = t->wc, .env = t->env, .device = t->k->name,
+                                  .device_reason = t->device_reason,
                                   .model = t->model, .fsdp = t->fsdp, .ckpt = &t->ckpt.stats,
                                   .micro_batches = t->accum, .first_step = first_step,
                                   .final_loss = t->last_loss, .final_val_loss = t->last_val,
@@ -364,17 +366,7 @@ void train_model_config(const struct worker_config *wc, struct model_config *mc)
 int train_run(const struct worker_config *wc, const char *config_text, struct train_env *env)
 {
     struct trainer t = {.wc = wc, .env = env, .rss_at_start = rss_now()};
-    const char *dev = wc->train.device == WORKER_DEVICE_CUDA  ? "cuda"
-                      : wc->train.device == WORKER_DEVICE_CPU ? "cpu"
-                                                              : NULL;
-    /* auto: a host without an NVIDIA driver cannot have a usable GPU, so the GPU module is not even loaded
-     * (common/gpu_module.h: it would cost the CPU run ~150 MiB of RSS). */
-    if (!dev)
-        dev = gpu_module_driver_present() && kernels_get("cuda") ? "cuda" : "cpu";
-    error_clear();
-    t.k = kernels_get(dev);
-    if (!t.k)
-        return error_set(FSDP_EUNSUPPORTED, "train.device = %s: %s", dev, error_message());
+    FSDP_TRY(train_device_open(wc, env, &t.k, t.device_reason, sizeof t.device_reason));
     FSDP_TRY(fsdp_check_config(wc, env->world_size, env->local_world_size, t.k));
     t.rows_per_rank = wc->train.train_batch / env->world_size;
     t.accum = t.rows_per_rank / wc->train.micro_batch;

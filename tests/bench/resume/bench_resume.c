@@ -51,7 +51,7 @@ static int run_job(const char *root, const char *dir, int world, const char *con
     if (!f)
         return -1;
     fprintf(f, "[model]\nn_layer = 8\nn_head = 8\nn_embd = 512\nvocab_size = 50304\nblock_size = 64\n"
-               "[train]\ntrain_batch = 4\nmicro_batch = 1\nmax_steps = 1\neval_interval = 0\n"
+               "[train]\ndevice = cpu\ntrain_batch = 4\nmicro_batch = 1\nmax_steps = 1\neval_interval = 0\n"
                "[data]\ntrain_file = %s/train.bin\n[log]\ndir = %s/logs\n",
             data, dir);
     fclose(f);

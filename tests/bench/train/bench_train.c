@@ -110,7 +110,7 @@ static int run_fsdp_with(const char *build, const char *dir, const char *data, c
     int total = c->warmup + c->steps;
     fprintf(fi,
             "[model]\nn_layer = %d\nn_head = %d\nn_embd = %d\nvocab_size = %d\nblock_size = %d\n"
-            "[train]\ntrain_batch = %d\nmicro_batch = %d\nmax_steps = %d\neval_interval = 0\n"
+            "[train]\ndevice = cpu\ntrain_batch = %d\nmicro_batch = %d\nmax_steps = %d\neval_interval = 0\n"
             "[optim]\nlr = 0.0003\nwarmup_steps = 1\n[data]\ntrain_file = %s/train.bin\n"
             "[log]\ninterval = 1\n",
             c->n_layer, c->n_head, c->n_embd, c->vocab, c->t, c->batch_per_rank * world, c->batch_per_rank, total,
