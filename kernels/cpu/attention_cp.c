@@ -1,9 +1,10 @@
 /* Context-parallel causal attention on CPU: a rank's query rows (at their global positions) against the
  * keys and values of the whole sequence (gathered from the context group), masked by global position, so
  * the query rows need not be contiguous (load-balanced chunks r and 2C-1-r). One row at a time with a
- * running max and sum (the log-sum-exp merge): nothing is allocated, no tq x tk matrix exists. Work is
- * split over (batch, head) pairs; a pair writes only its own head's columns, so the accumulated key and
- * value gradients are race-free and deterministic. When the matmuls compute in bf16, the products take
+ * running max and sum (the log-sum-exp merge): nothing is allocated, no tq x tk matrix exists. Grouped-query
+ * heads and the block-major rows of an all-gather or all-to-all are read in place (kernels.h). Work is split
+ * over (batch, head) pairs, in backward (batch, key/value head) pairs: a pair writes only its own columns,
+ * so the accumulated key and value gradients are race-free and deterministic. When the matmuls compute in bf16, the products take
  * bf16-rounded operands as attention.c's do (q, k, v, dO, and P and dS where they multiply), with the
  * softmax statistics and every sum in fp32. */
 #include <math.h>
@@ -14,11 +15,21 @@
 
 static int check(const char *op, const struct kernels_attention_cp *a)
 {
+    int nkv = a->nkv ? a->nkv : a->nh;
     if (a->b < 1 || a->tq < 0 || a->tk < 0 || a->c < 1 || a->nh < 1 || a->c % a->nh != 0 || a->ld < a->c ||
-        (a->tq && !a->qpos) || (a->tk && !a->kpos))
-        return error_set(FSDP_EINVAL, "%s: bad shape b=%d tq=%d tk=%d c=%d nh=%d ld=%d", op, a->b, a->tq, a->tk,
-                         a->c, a->nh, a->ld);
+        nkv < 1 || a->nh % nkv != 0 || a->qblock < 0 || a->kblock < 0 || (a->qblock && a->tq % a->qblock) ||
+        (a->kblock && a->tk % a->kblock) || (a->tq && !a->qpos) || (a->tk && !a->kpos))
+        return error_set(FSDP_EINVAL, "%s: bad shape b=%d tq=%d tk=%d c=%d nh=%d nkv=%d ld=%d qblock=%d kblock=%d", op,
+                         a->b, a->tq, a->tk, a->c, a->nh, a->nkv, a->ld, a->qblock, a->kblock);
     return 0;
+}
+
+/* Row of element i of sequence bb in a layout of blocks of blk rows (kernels.h); blk 0 = t, one block. */
+static inline size_t row_of(int bb, int i, int t, int blk, int b)
+{
+    if (!blk)
+        blk = t;
+    return ((size_t)(i / blk) * b + bb) * blk + i % blk;
 }
 
 /* x rounded to bf16 when lp (the operand of a bf16 product), else x. */
@@ -40,13 +51,15 @@ int cpu_attention_cp_forward(float *out, float *lse, const float *q, const float
 {
     FSDP_TRY(check("attention_cp_forward", a));
     int hs = a->c / a->nh, pairs = a->b * a->nh, lp = cpu_matmul_compute_dtype() == DTYPE_BF16;
+    int group = a->nh / (a->nkv ? a->nkv : a->nh);
     float scale = 1.0f / sqrtf((float)hs);
 #pragma omp parallel for schedule(dynamic, 1)
     for (int p = 0; p < pairs; p++) {
-        int bb = p / a->nh, h = p % a->nh;
+        int bb = p / a->nh, h = p % a->nh, kh = h / group;
         for (int i = 0; i < a->tq; i++) {
-            const float *qi = q + ((size_t)bb * a->tq + i) * a->ld + h * hs;
-            float *oi = out + ((size_t)bb * a->tq + i) * a->c + h * hs;
+            size_t qr = row_of(bb, i, a->tq, a->qblock, a->b);
+            const float *qi = q + qr * a->ld + h * hs;
+            float *oi = out + qr * a->c + h * hs;
             for (int d = 0; d < hs; d++)
                 oi[d] = 0;
             /* Running max m and sum l: a key raising the max rescales what was summed so far. */
@@ -54,7 +67,8 @@ int cpu_attention_cp_forward(float *out, float *lse, const float *q, const float
             for (int j = 0; j < a->tk; j++) {
                 if (a->kpos[j] > a->qpos[i])
                     continue;
-                float s = scale * dot(qi, k + ((size_t)bb * a->tk + j) * a->ld + h * hs, hs, lp);
+                size_t kr = row_of(bb, j, a->tk, a->kblock, a->b);
+                float s = scale * dot(qi, k + kr * a->ld + kh * hs, hs, lp);
                 if (s > m) {
                     float corr = expf(m - s);
                     l *= corr;
@@ -64,7 +78,7 @@ int cpu_attention_cp_forward(float *out, float *lse, const float *q, const float
                 }
                 float e = expf(s - m), er = rd(e, lp);
                 l += e;
-                const float *vj = v + ((size_t)bb * a->tk + j) * a->ld + h * hs;
+                const float *vj = v + kr * a->ld + kh * hs;
                 for (int d = 0; d < hs; d++)
                     oi[d] += er * rd(vj[d], lp);
             }
@@ -82,38 +96,42 @@ int cpu_attention_cp_backward(float *dq, float *dk, float *dv, const float *dout
                               const struct kernels_attention_cp *a)
 {
     FSDP_TRY(check("attention_cp_backward", a));
-    int hs = a->c / a->nh, pairs = a->b * a->nh, lp = cpu_matmul_compute_dtype() == DTYPE_BF16;
+    int nkv = a->nkv ? a->nkv : a->nh, group = a->nh / nkv;
+    int hs = a->c / a->nh, pairs = a->b * nkv, lp = cpu_matmul_compute_dtype() == DTYPE_BF16;
     float scale = 1.0f / sqrtf((float)hs);
+    /* One (sequence, key/value head) pair per iteration, its query heads inside: the pair alone writes its
+     * key/value columns, so the accumulation is race-free and deterministic. */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int p = 0; p < pairs; p++) {
-        int bb = p / a->nh, h = p % a->nh;
-        for (int i = 0; i < a->tq; i++) {
-            size_t qr = (size_t)bb * a->tq + i;
-            const float *qi = q + qr * a->ld + h * hs, *doi = dout + qr * a->c + h * hs;
-            float *dqi = dq + qr * a->ld + h * hs;
-            float L = lse[((size_t)bb * a->nh + h) * a->tq + i];
-            if (L == -INFINITY)
-                continue;
-            /* D of the dO that dP reads (rounded in bf16), so the row's dS sum to 0 */
-            float D = 0;
-            for (int d = 0; d < hs; d++)
-                D += rd(doi[d], lp) * out[qr * a->c + h * hs + d];
-            for (int j = 0; j < a->tk; j++) {
-                if (a->kpos[j] > a->qpos[i])
+        int bb = p / nkv, kh = p % nkv;
+        for (int h = kh * group; h < (kh + 1) * group; h++)
+            for (int i = 0; i < a->tq; i++) {
+                size_t qr = row_of(bb, i, a->tq, a->qblock, a->b);
+                const float *qi = q + qr * a->ld + h * hs, *doi = dout + qr * a->c + h * hs;
+                float *dqi = dq + qr * a->ld + h * hs;
+                float L = lse[((size_t)bb * a->nh + h) * a->tq + i];
+                if (L == -INFINITY)
                     continue;
-                size_t kr = (size_t)bb * a->tk + j;
-                const float *kj = k + kr * a->ld + h * hs, *vj = v + kr * a->ld + h * hs;
-                float pr = expf(scale * dot(qi, kj, hs, lp) - L);
-                float ds = pr * (dot(doi, vj, hs, lp) - D) * scale;
-                float prr = rd(pr, lp), dsr = rd(ds, lp);
-                float *dkj = dk + kr * a->ld + h * hs, *dvj = dv + kr * a->ld + h * hs;
-                for (int d = 0; d < hs; d++) {
-                    dvj[d] += prr * rd(doi[d], lp);
-                    dqi[d] += dsr * rd(kj[d], lp);
-                    dkj[d] += dsr * rd(qi[d], lp);
+                /* D of the dO that dP reads (rounded in bf16), so the row's dS sum to 0 */
+                float D = 0;
+                for (int d = 0; d < hs; d++)
+                    D += rd(doi[d], lp) * out[qr * a->c + h * hs + d];
+                for (int j = 0; j < a->tk; j++) {
+                    if (a->kpos[j] > a->qpos[i])
+                        continue;
+                    size_t kr = row_of(bb, j, a->tk, a->kblock, a->b);
+                    const float *kj = k + kr * a->ld + kh * hs, *vj = v + kr * a->ld + kh * hs;
+                    float pr = expf(scale * dot(qi, kj, hs, lp) - L);
+                    float ds = pr * (dot(doi, vj, hs, lp) - D) * scale;
+                    float prr = rd(pr, lp), dsr = rd(ds, lp);
+                    float *dkj = dk + kr * a->ld + kh * hs, *dvj = dv + kr * a->ld + kh * hs;
+                    for (int d = 0; d < hs; d++) {
+                        dvj[d] += prr * rd(doi[d], lp);
+                        dqi[d] += dsr * rd(kj[d], lp);
+                        dkj[d] += dsr * rd(qi[d], lp);
+                    }
                 }
             }
-        }
     }
     return 0;
 }

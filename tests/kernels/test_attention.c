@@ -257,6 +257,8 @@ Test(kernels_attention, rejects_heads_not_dividing)
     cr_assert_eq(k->attention_forward(dummy, dummy, dummy, 1, 1, 6, 3, 2, dummy), FSDP_EINVAL);
     cr_assert(strstr(error_message(), "nkv=2"), "%s", error_message());
     cr_assert_eq(k->attention_backward(dummy, dummy, dummy, dummy, dummy, 1, 1, 6, 3, 0, dummy), FSDP_EINVAL);
+}
+
 /* bf16 mode. The kernel rounds q, k, v and dO to bf16 (so the reference takes the rounded values: the scores
  * of rounded q and k are exact products accumulated in fp32), keeps the softmax statistics in fp32, and
  * rounds P and dS once more as operands of P V, P^T dO, dS K and dS^T Q. So:
@@ -468,4 +470,84 @@ Test(kernels_attention, context_parallel_chunks_match_full_attention)
     check_attention_cp(2, 20, 16, 2, 2, 51);
     check_attention_cp(1, 30, 12, 3, 3, 52);
     check_attention_cp(2, 64, 128, 2, 4, 53);
+}
+
+/* Grouped-query heads and block-major rows, as the engine calls the kernel: every rank's query rows (b, tq)
+ * against the rank-major all-gather of the group's (C, b, tq) key/value rows (kblock = tq), and, as the
+ * all-to-all strategy does, every query of the whole sequence in that same layout (qblock = kblock = tq). The
+ * outputs, log-sum-exp and gradients are full causal attention's, the key/value gradients summed over the
+ * ranks. */
+static void check_attention_cp_blocks(int B, int T, int C, int NH, int NKV, int CP, uint64_t seed)
+{
+    const struct kernels *k = kt_backend();
+    if (!k->attention_cp_forward || !k->attention_cp_backward || !k->host_visible)
+        cr_skip_test("the %s kernels have no context-parallel attention on host memory", k->name);
+    cr_assert_eq(k->set_matmul_dtype(KERNELS_F32), 0);
+    int W = C + 2 * NKV * (C / NH), tq = T / CP, s = T / (2 * CP);
+    size_t nq = (size_t)B * T * W, no = (size_t)B * T * C;
+    float *qkv = kt_host_rand(nq, seed, -1, 1), *dout = kt_host_rand(no, seed + 1, -1, 1);
+    struct att_ref r = ref_attention(qkv, dout, NULL, B, T, C, NH, NKV);
+    /* g: the gathered rows, rank-major; gpos: the global position of each gathered row of a sequence */
+    float *g = malloc(nq * sizeof *g), *gdo = malloc(no * sizeof *gdo), *dg = calloc(nq, sizeof *dg);
+    float *o = calloc(no, sizeof *o), *l = calloc((size_t)B * NH * T, sizeof *l);
+    int *gpos = malloc((size_t)T * sizeof *gpos);
+    cr_assert(g && gdo && dg && o && l && gpos);
+    for (int rank = 0; rank < CP; rank++)
+        for (int i = 0; i < tq; i++)
+            gpos[rank * tq + i] = i < s ? rank * s + i : (2 * CP - 1 - rank) * s + (i - s);
+    for (int rank = 0; rank < CP; rank++)
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < tq; i++) {
+                size_t row = ((size_t)rank * B + b) * tq + i, src = (size_t)b * T + gpos[rank * tq + i];
+                memcpy(g + row * W, qkv + src * W, (size_t)W * sizeof(float));
+                memcpy(gdo + row * C, dout + src * C, (size_t)C * sizeof(float));
+            }
+    /* allgather: each rank's queries are its block of g; the query gradients land in that block of dg */
+    for (int rank = 0; rank < CP; rank++) {
+        size_t base = (size_t)rank * B * tq;
+        struct kernels_attention_cp a = {.b = B, .tq = tq, .tk = T, .c = C, .nh = NH, .ld = W, .qpos = gpos + rank * tq,
+                                         .kpos = gpos, .nkv = NKV, .kblock = tq};
+        cr_assert_eq(k->attention_cp_forward(o + base * C, l + (size_t)rank * B * NH * tq, g + base * W,
+                                             g + C, g + C + NKV * (C / NH), &a), 0, "%s", error_message());
+        cr_assert_eq(k->attention_cp_backward(dg + base * W, dg + C, dg + C + NKV * (C / NH), gdo + base * C,
+                                              g + base * W, g + C, g + C + NKV * (C / NH), o + base * C,
+                                              l + (size_t)rank * B * NH * tq, &a), 0, "%s", error_message());
+    }
+    double *wo = kt_dzeros(no), *wl = kt_dzeros((size_t)B * NH * T), *wd = kt_dzeros(nq);
+    for (int rank = 0; rank < CP; rank++)
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < tq; i++) {
+                size_t row = ((size_t)rank * B + b) * tq + i, src = (size_t)b * T + gpos[rank * tq + i];
+                for (int e = 0; e < C; e++)
+                    wo[row * C + e] = r.out[src * C + e];
+                for (int e = 0; e < W; e++)
+                    wd[row * W + e] = r.dqkv[src * W + e];
+                for (int h = 0; h < NH; h++)
+                    wl[(((size_t)rank * B + b) * NH + h) * tq + i] = r.lse[((size_t)b * NH + h) * T + gpos[rank * tq + i]];
+            }
+    kt_check("cp blocks out", o, wo, no, 2e-5, 1e-4);
+    kt_check("cp blocks lse", l, wl, (size_t)B * NH * T, 2e-5, 2e-5);
+    kt_check("cp blocks dqkv", dg, wd, nq, 1e-4, 2e-4);
+    /* all-to-all: the whole sequence's queries in one call, lse as (b, nh, T) in gathered order */
+    float *o2 = calloc(no, sizeof *o2), *l2 = calloc((size_t)B * NH * T, sizeof *l2);
+    cr_assert(o2 && l2);
+    struct kernels_attention_cp a = {.b = B, .tq = T, .tk = T, .c = C, .nh = NH, .ld = W, .qpos = gpos, .kpos = gpos,
+                                     .nkv = NKV, .qblock = tq, .kblock = tq};
+    cr_assert_eq(k->attention_cp_forward(o2, l2, g, g + C, g + C + NKV * (C / NH), &a), 0, "%s", error_message());
+    kt_check("cp all-sequence out", o2, wo, no, 2e-5, 1e-4);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int j = 0; j < T; j++)
+                wl[((size_t)b * NH + h) * T + j] = r.lse[((size_t)b * NH + h) * T + gpos[j]];
+    kt_check("cp all-sequence lse", l2, wl, (size_t)B * NH * T, 2e-5, 2e-5);
+    free(qkv), free(dout), free(r.out), free(r.lse), free(r.dqkv), free(g), free(gdo), free(dg), free(o), free(l);
+    free(gpos), free(wo), free(wl), free(wd), free(o2), free(l2);
+}
+
+Test(kernels_attention, context_parallel_grouped_heads_block_rows)
+{
+    check_attention_cp_blocks(1, 8, 8, 2, 2, 1, 56);
+    check_attention_cp_blocks(2, 24, 24, 4, 2, 2, 57);
+    check_attention_cp_blocks(2, 36, 24, 6, 3, 3, 58);
+    check_attention_cp_blocks(3, 32, 16, 4, 1, 4, 59);
 }
