@@ -428,5 +428,12 @@ int worker_config_validate_cp(const struct worker_config *wc)
                          "context ranks, but model.n_head = %d is not divisible by %d; use "
                          "context_parallel_comm_strategy = allgather, or a context_parallel_size dividing %d",
                          c, wc->model.n_head, c, wc->model.n_head);
+    int nkv = wc->model.family == WORKER_MODEL_LLAMA && wc->model.n_kv_head > 0 ? wc->model.n_kv_head : 0;
+    if (wc->fsdp.context_parallel_comm_strategy == WORKER_CP_ALLTOALL && nkv && nkv % c != 0)
+        return error_set(FSDP_EINVAL,
+                         "fsdp.context_parallel_comm_strategy = alltoall splits the key/value heads across the %d "
+                         "context ranks, but model.n_kv_head = %d is not divisible by %d; use "
+                         "context_parallel_comm_strategy = allgather, or a context_parallel_size dividing %d",
+                         c, nkv, c, nkv);
     return 0;
 }

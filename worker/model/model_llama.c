@@ -11,7 +11,8 @@
  * checkpointing only the residual stream is kept and one block's activations are recomputed from x_i right
  * before its backward, with the same kernels in the same order, so gradients are bit-identical.
  *
- * Rotary positions are a device tensor (b*t int32, position i mod t of each row) read by the rope kernels
+ * Rotary positions are a device tensor (b*t int32, the global position of each row: i mod t,
+ * or this rank's chunks' positions with context parallelism, model.h) read by the rope kernels
  * through a (block_size, hs) cos/sin table made once on the host with transformers' float32 arithmetic. */
 #include <math.h>
 #include <stdlib.h>
@@ -150,7 +151,7 @@ static int fill_positions(struct model *m, struct llama_state *s)
     }
     rope_table(host, cfg->block_size, hs, cfg->rope_theta);
     for (int i = 0; i < N; i++)
-        pos[i] = i % m->t;
+        pos[i] = model_position(m, i % m->t);
     FSDP_TRY_GOTO(m->k->mem_copy(s->freqs, host, tab * sizeof *host, KERNELS_COPY_H2D), rc, out);
     FSDP_TRY_GOTO(m->k->mem_copy(s->pos, pos, (size_t)N * sizeof *pos, KERNELS_COPY_H2D), rc, out);
 out:
@@ -260,7 +261,10 @@ static int llama_forward_block(struct model *m, int layer, const float *w)
     /* q_proj, k_proj and v_proj are adjacent: one (qkv, C) matrix */
     FSDP_TRY(linear_forward(k, a->qkv, a->h1, up(m, u, w, Q_W), N, C, d.qkv));
     FSDP_TRY(k->rope_forward(a->qkv, N, d.qkv, d.nh + d.nkv, d.hs, s->pos, s->freqs, c->block_size));
-    FSDP_TRY(k->attention_forward(a->att, a->lse, a->qkv, m->b, m->t, C, d.nh, d.nkv, s->attn_ws));
+    if (m->cp.size > 1)
+        FSDP_TRY(model_cp_attention_forward(m, a->att, a->lse, a->qkv));
+    else
+        FSDP_TRY(k->attention_forward(a->att, a->lse, a->qkv, m->b, m->t, C, d.nh, d.nkv, s->attn_ws));
     FSDP_TRY(linear_forward(k, s->tmp, a->att, up(m, u, w, O_W), N, C, C));
     FSDP_TRY(k->residual_forward(a->xmid, x, s->tmp, NC));
     FSDP_TRY(k->rmsnorm_forward(a->h2, a->rstd2, a->xmid, up(m, u, w, POST_NORM_W), N, C, c->rms_norm_eps));
@@ -329,8 +333,13 @@ static int llama_backward_block(struct model *m, int layer, const float *w, floa
     FSDP_TRY(k->rmsnorm_backward(s->dres, upg(m, u, g, POST_NORM_W), s->dln, a->xmid, up(m, u, w, POST_NORM_W), a->rstd2,
                             N, C));
     FSDP_TRY(linear_backward(k, s->tmp, upg(m, u, g, O_W), s->dres, a->att, up(m, u, w, O_W), N, C, C));
-    FSDP_TRY(k->mem_set(s->dwide, 0, (size_t)N * d.qkv * F));
-    FSDP_TRY(k->attention_backward(s->dwide, s->tmp, a->qkv, a->att, a->lse, m->b, m->t, C, d.nh, d.nkv, s->attn_ws));
+    if (m->cp.size > 1) {
+        FSDP_TRY(model_cp_attention_backward(m, s->dwide, s->tmp, a->qkv, a->att, a->lse));
+    } else {
+        FSDP_TRY(k->mem_set(s->dwide, 0, (size_t)N * d.qkv * F));
+        FSDP_TRY(k->attention_backward(s->dwide, s->tmp, a->qkv, a->att, a->lse, m->b, m->t, C, d.nh, d.nkv,
+                                       s->attn_ws));
+    }
     /* the gradient of q and k before rope: the transposed rotation */
     FSDP_TRY(k->rope_backward(s->dwide, N, d.qkv, d.nh + d.nkv, d.hs, s->pos, s->freqs, c->block_size));
     FSDP_TRY(linear_backward(k, s->dln, upg(m, u, g, Q_W), s->dwide, a->h1, up(m, u, w, Q_W), N, C, d.qkv));
