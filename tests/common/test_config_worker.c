@@ -160,6 +160,10 @@ Test(worker_config, context_parallel_checks_name_the_keys)
     expect_invalid_set((const char *[]){"fsdp.context_parallel_size", "8", "fsdp.context_parallel_comm_strategy",
                                         "alltoall", NULL},
                        (const char *[]){"model.n_head = 4 is not divisible by 8", "allgather", NULL});
+    /* Llama's key/value heads split too */
+    expect_invalid_set((const char *[]){"model.model_family", "llama", "model.n_kv_head", "2", "fsdp.context_parallel_size",
+                                        "4", "fsdp.context_parallel_comm_strategy", "alltoall", NULL},
+                       (const char *[]){"model.n_kv_head = 2 is not divisible by 4", "allgather", NULL});
     /* The same sizes pass where they hold. */
     const char *ok[][4] = {{"fsdp.context_parallel_size", "4", "fsdp.context_parallel_comm_strategy", "alltoall"},
                            {"fsdp.context_parallel_size", "8", "fsdp.context_parallel_comm_strategy", "allgather"},
