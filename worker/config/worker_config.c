@@ -124,16 +124,15 @@ static const struct config_key keys[] = {
      .help = "HYBRID_*: ranks per shard group; 0 = the ranks of a node"},
     {.section = "fsdp", .name = "context_parallel_size", .type = CONFIG_INT, .def = "1", .min = 1, .max = 65536,
      .flags = LIST("context_parallel_size", "fsdp_context_parallel_size"),
-     .help = "Ranks that split each sequence (C); the world is data-parallel degree x C; needs FSDP2, "
-             "model.block_size divisible by 2C. C > 1 is checked, then refused: the engine does not split "
-             "sequences yet"},
+     .help = "Ranks that split each sequence (C, context parallelism); the world is data-parallel degree x C; "
+             "needs FSDP2 and model.block_size divisible by 2C"},
     {.section = "fsdp", .name = "context_parallel_comm_strategy", .type = CONFIG_ENUM, .def = "allgather",
      .values = LIST("allgather", "alltoall"),
      .value_aliases = ALIASES({"all_gather", "allgather"}, {"all-gather", "allgather"}, {"all_to_all", "alltoall"},
                               {"all-to-all", "alltoall"}, {"ulysses", "alltoall"}),
      .flags = LIST("context_parallel_comm_strategy", "fsdp_context_parallel_comm_strategy"),
-     .help = "allgather = keys/values gathered per layer; alltoall (Ulysses) = heads split across the group "
-             "(n_head divisible by C)"},
+     .help = "allgather = the group's q/k/v rows gathered per layer; alltoall (Ulysses) = heads split across "
+             "the group (n_head and n_kv_head divisible by C)"},
     {.section = "fsdp", .name = "reshard_after_forward", .type = CONFIG_BOOL, .def = "true",
      .flags = LIST("fsdp_reshard_after_forward"), .bare = "true",
      .help = "Free gathered parameters after forward and gather again in backward"},

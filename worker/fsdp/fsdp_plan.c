@@ -332,7 +332,10 @@ void fsdp_log_plan(const struct fsdp *f)
     char desc[512];
     fsdp_mesh_of(&f->wc, f->g.world_size, &m);
     fsdp_mesh_describe(&m, desc, sizeof desc);
-    log_info("  mesh: %s", desc);
+    char act[32];
+    human(act, sizeof act, (double)model_get_arena_bytes(f->model));
+    /* with context parallelism each rank keeps 1/C of every sequence's activations (docs/fsdp.md) */
+    log_info("  mesh: %s; activations %s per rank", desc, act);
     size_t largest = 0;
     int largest_u = 0;
     for (int i = 0; i < f->n_units; i++) {
