@@ -64,11 +64,12 @@ struct kernels_adamw_params {
  * qblock, kblock: rows of a sequence come in blocks, block-major over the batch, as an all-gather or an
  * all-to-all of the ranks' (b, block) rows lays them out: query i of sequence bb is row
  * ((i / qblock) * b + bb) * qblock + i % qblock (q, out, dq, dout), key j likewise with kblock (k, v, dk,
- * dv); 0 = one block (row bb * tq + i). The positions are indexed by i and j. */
+ * dv); 0 = one block (row bb * tq + i). The positions are indexed by i and j. ldkv: the row stride of k, v,
+ * dk and dv (a gather of the key/value columns only); 0 = ld. */
 struct kernels_attention_cp {
     int b, tq, tk, c, nh, ld;
     const int *qpos, *kpos;
-    int nkv, qblock, kblock;
+    int nkv, qblock, kblock, ldkv;
 };
 
 struct kernels {

@@ -8,6 +8,7 @@
  * bf16-rounded operands as attention.c's do (q, k, v, dO, and P and dS where they multiply), with the
  * softmax statistics and every sum in fp32. */
 #include <math.h>
+#include <stdbool.h>
 #include <omp.h>
 
 #include "common/error.h"
@@ -16,11 +17,13 @@
 static int check(const char *op, const struct kernels_attention_cp *a)
 {
     int nkv = a->nkv ? a->nkv : a->nh;
+    bool bad_kv = nkv < 1 || a->nh % nkv != 0 || (a->ldkv && a->ldkv < nkv * (a->c / a->nh));
     if (a->b < 1 || a->tq < 0 || a->tk < 0 || a->c < 1 || a->nh < 1 || a->c % a->nh != 0 || a->ld < a->c ||
-        nkv < 1 || a->nh % nkv != 0 || a->qblock < 0 || a->kblock < 0 || (a->qblock && a->tq % a->qblock) ||
+        bad_kv || a->ldkv < 0 || a->qblock < 0 || a->kblock < 0 || (a->qblock && a->tq % a->qblock) ||
         (a->kblock && a->tk % a->kblock) || (a->tq && !a->qpos) || (a->tk && !a->kpos))
-        return error_set(FSDP_EINVAL, "%s: bad shape b=%d tq=%d tk=%d c=%d nh=%d nkv=%d ld=%d qblock=%d kblock=%d", op,
-                         a->b, a->tq, a->tk, a->c, a->nh, a->nkv, a->ld, a->qblock, a->kblock);
+        return error_set(FSDP_EINVAL,
+                         "%s: bad shape b=%d tq=%d tk=%d c=%d nh=%d nkv=%d ld=%d ldkv=%d qblock=%d kblock=%d", op, a->b,
+                         a->tq, a->tk, a->c, a->nh, a->nkv, a->ld, a->ldkv, a->qblock, a->kblock);
     return 0;
 }
 
@@ -51,7 +54,7 @@ int cpu_attention_cp_forward(float *out, float *lse, const float *q, const float
 {
     FSDP_TRY(check("attention_cp_forward", a));
     int hs = a->c / a->nh, pairs = a->b * a->nh, lp = cpu_matmul_compute_dtype() == DTYPE_BF16;
-    int group = a->nh / (a->nkv ? a->nkv : a->nh);
+    int group = a->nh / (a->nkv ? a->nkv : a->nh), ldkv = a->ldkv ? a->ldkv : a->ld;
     float scale = 1.0f / sqrtf((float)hs);
 #pragma omp parallel for schedule(dynamic, 1)
     for (int p = 0; p < pairs; p++) {
@@ -68,7 +71,7 @@ int cpu_attention_cp_forward(float *out, float *lse, const float *q, const float
                 if (a->kpos[j] > a->qpos[i])
                     continue;
                 size_t kr = row_of(bb, j, a->tk, a->kblock, a->b);
-                float s = scale * dot(qi, k + kr * a->ld + kh * hs, hs, lp);
+                float s = scale * dot(qi, k + kr * ldkv + kh * hs, hs, lp);
                 if (s > m) {
                     float corr = expf(m - s);
                     l *= corr;
@@ -78,7 +81,7 @@ int cpu_attention_cp_forward(float *out, float *lse, const float *q, const float
                 }
                 float e = expf(s - m), er = rd(e, lp);
                 l += e;
-                const float *vj = v + kr * a->ld + kh * hs;
+                const float *vj = v + kr * ldkv + kh * hs;
                 for (int d = 0; d < hs; d++)
                     oi[d] += er * rd(vj[d], lp);
             }
@@ -98,6 +101,7 @@ int cpu_attention_cp_backward(float *dq, float *dk, float *dv, const float *dout
     FSDP_TRY(check("attention_cp_backward", a));
     int nkv = a->nkv ? a->nkv : a->nh, group = a->nh / nkv;
     int hs = a->c / a->nh, pairs = a->b * nkv, lp = cpu_matmul_compute_dtype() == DTYPE_BF16;
+    int ldkv = a->ldkv ? a->ldkv : a->ld;
     float scale = 1.0f / sqrtf((float)hs);
     /* One (sequence, key/value head) pair per iteration, its query heads inside: the pair alone writes its
      * key/value columns, so the accumulation is race-free and deterministic. */
@@ -120,11 +124,11 @@ int cpu_attention_cp_backward(float *dq, float *dk, float *dv, const float *dout
                     if (a->kpos[j] > a->qpos[i])
                         continue;
                     size_t kr = row_of(bb, j, a->tk, a->kblock, a->b);
-                    const float *kj = k + kr * a->ld + kh * hs, *vj = v + kr * a->ld + kh * hs;
+                    const float *kj = k + kr * ldkv + kh * hs, *vj = v + kr * ldkv + kh * hs;
                     float pr = expf(scale * dot(qi, kj, hs, lp) - L);
                     float ds = pr * (dot(doi, vj, hs, lp) - D) * scale;
                     float prr = rd(pr, lp), dsr = rd(ds, lp);
-                    float *dkj = dk + kr * a->ld + kh * hs, *dvj = dv + kr * a->ld + kh * hs;
+                    float *dkj = dk + kr * ldkv + kh * hs, *dvj = dv + kr * ldkv + kh * hs;
                     for (int d = 0; d < hs; d++) {
                         dvj[d] += prr * rd(doi[d], lp);
                         dqi[d] += dsr * rd(kj[d], lp);

@@ -473,7 +473,7 @@ Test(kernels_attention, context_parallel_chunks_match_full_attention)
 }
 
 /* Grouped-query heads and block-major rows, as the engine calls the kernel: every rank's query rows (b, tq)
- * against the rank-major all-gather of the group's (C, b, tq) key/value rows (kblock = tq), and, as the
+ * against the rank-major all-gather of the group's (C, b, tq) key/value columns (kblock = tq, ldkv), and, as the
  * all-to-all strategy does, every query of the whole sequence in that same layout (qblock = kblock = tq). The
  * outputs, log-sum-exp and gradients are full causal attention's, the key/value gradients summed over the
  * ranks. */
@@ -502,17 +502,27 @@ static void check_attention_cp_blocks(int B, int T, int C, int NH, int NKV, int 
                 memcpy(g + row * W, qkv + src * W, (size_t)W * sizeof(float));
                 memcpy(gdo + row * C, dout + src * C, (size_t)C * sizeof(float));
             }
-    /* allgather: each rank's queries are its block of g; the query gradients land in that block of dg */
+    /* allgather: each rank's queries are its block of g; the keys and values a gather of their columns only
+     * (gkv, row stride ldkv = 2 x the key/value width); the query gradients land in that block of dg, the
+     * key/value gradients in dgkv */
+    int KV = 2 * NKV * (C / NH);
+    float *gkv = malloc((size_t)B * T * KV * sizeof *gkv), *dgkv = calloc((size_t)B * T * KV, sizeof *dgkv);
+    cr_assert(gkv && dgkv);
+    for (size_t row = 0; row < (size_t)B * T; row++)
+        memcpy(gkv + row * KV, g + row * W + C, (size_t)KV * sizeof(float));
     for (int rank = 0; rank < CP; rank++) {
         size_t base = (size_t)rank * B * tq;
         struct kernels_attention_cp a = {.b = B, .tq = tq, .tk = T, .c = C, .nh = NH, .ld = W, .qpos = gpos + rank * tq,
-                                         .kpos = gpos, .nkv = NKV, .kblock = tq};
+                                         .kpos = gpos, .nkv = NKV, .kblock = tq, .ldkv = KV};
         cr_assert_eq(k->attention_cp_forward(o + base * C, l + (size_t)rank * B * NH * tq, g + base * W,
-                                             g + C, g + C + NKV * (C / NH), &a), 0, "%s", error_message());
-        cr_assert_eq(k->attention_cp_backward(dg + base * W, dg + C, dg + C + NKV * (C / NH), gdo + base * C,
-                                              g + base * W, g + C, g + C + NKV * (C / NH), o + base * C,
+                                             gkv, gkv + KV / 2, &a), 0, "%s", error_message());
+        cr_assert_eq(k->attention_cp_backward(dg + base * W, dgkv, dgkv + KV / 2, gdo + base * C,
+                                              g + base * W, gkv, gkv + KV / 2, o + base * C,
                                               l + (size_t)rank * B * NH * tq, &a), 0, "%s", error_message());
     }
+    for (size_t row = 0; row < (size_t)B * T; row++)
+        memcpy(dg + row * W + C, dgkv + row * KV, (size_t)KV * sizeof(float));
+    free(gkv), free(dgkv);
     double *wo = kt_dzeros(no), *wl = kt_dzeros((size_t)B * NH * T), *wd = kt_dzeros(nq);
     for (int rank = 0; rank < CP; rank++)
         for (int b = 0; b < B; b++)

@@ -165,9 +165,9 @@ int model_create(struct model **out, const struct model_config *cfg, const struc
  * The `size` ranks of a context group share every sequence of their rows: each sequence of t tokens is cut
  * into 2 x size chunks and rank r holds chunks r and 2 x size - 1 - r (causal load balance: every rank
  * does the same attention work). Positions (GPT-2's wpe, Llama's rotary angles) are global positions.
- * Attention is the only place where tokens meet: per layer either the group all-gathers the q|k|v rows and
- * each rank attends its queries to the whole sequence (allgather; backward all-gathers again and
- * reduce-scatters the gradients), or an all-to-all turns sequence-sharded q, k, v into head-sharded whole
+ * Attention is the only place where tokens meet: per layer either the group all-gathers the keys and values
+ * and each rank attends its queries to the whole sequence (allgather; backward all-gathers again and
+ * reduce-scatters their gradients), or an all-to-all turns sequence-sharded q, k, v into head-sharded whole
  * sequences and back (alltoall: heads and key/value heads divisible by size). The model does not know
  * communicators: the caller gives the group's collectives over float buffers of device memory. */
 enum model_cp_strategy { MODEL_CP_ALLGATHER = 0, MODEL_CP_ALLTOALL = 1 };
@@ -175,7 +175,7 @@ struct model_cp {
     int rank, size; /* this rank's place in its context group, and the group's size (1 = none) */
     enum model_cp_strategy strategy;
     void *ctx; /* the collectives' first argument */
-    /* out: size x count elements, block p from rank p */
+    /* out: size x count elements, block p from rank p; in may be out + rank x count (in place) */
     int (*all_gather)(void *ctx, const float *in, float *out, size_t count);
     /* in: size x count; out: count, the sum over the ranks of their block `rank` */
     int (*reduce_scatter)(void *ctx, const float *in, float *out, size_t count);

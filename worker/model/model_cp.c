@@ -1,11 +1,11 @@
 /* Context parallelism inside the model (model.h): this rank's chunks of every sequence, their global
  * positions, and attention over the whole sequence through the context group's collectives.
  *
- * allgather: every rank contributes its (b, t) rows of q|k|v; the gather's rank-major (size, b, t) rows are
- * read in place by attention_cp (kblock = t), this rank's queries against every key. Backward gathers again
- * (nothing of the sequence is kept between forward and backward) and writes the query gradients into its own
- * block and the key/value gradients into every block of a zeroed gathered buffer, whose reduce-scatter is
- * this rank's whole dqkv.
+ * allgather: every rank contributes the key/value columns of its (b, t) rows; the gather's rank-major
+ * (size, b, t) rows are read in place by attention_cp (kblock = t, ldkv), this rank's queries against every
+ * key. Backward gathers again (nothing of the sequence is kept between forward and backward), writes the
+ * query gradients in place and the key/value gradients into a zeroed gathered buffer, whose reduce-scatter
+ * gives this rank's rows their key/value gradients summed over the group.
  *
  * alltoall (Ulysses): the columns of q|k|v are packed head-slice-major (block p: query heads p*nh/size...,
  * key/value heads p*nkv/size...), an all-to-all gives every rank its heads of the whole sequence in the same
@@ -43,7 +43,7 @@ int model_position(const struct model *m, int j)
     return m->cp.size > 1 ? model_cp_position(m->cp.rank, m->cp.size, m->t, j) : j;
 }
 
-/* Scratch floats per strategy: allgather A, B = the gathered q|k|v and its gradient (b, T, ld) each;
+/* Scratch floats per strategy: allgather A, B = the gathered k|v columns and their gradient (b, T, 2 kvw) each;
  * alltoall A = packing (b, t, ld), B = head-sharded q|k|v, C = head-sharded out, dout (b, t, C) each and
  * dqkv (b, t, ld). */
 static void scratch_sizes(const struct model *m, size_t n[3])
@@ -51,7 +51,7 @@ static void scratch_sizes(const struct model *m, size_t n[3])
     struct cp_dims d = dims(m);
     size_t rows = (size_t)d.b * d.t;
     if (m->cp.strategy == MODEL_CP_ALLGATHER) {
-        n[0] = n[1] = (size_t)d.b * d.T * d.ld;
+        n[0] = n[1] = (size_t)d.b * d.T * 2 * d.kvw;
         n[2] = 0;
     } else {
         n[0] = n[1] = rows * d.ld;
@@ -135,18 +135,39 @@ int model_cp_embedding_backward(struct model *m, float *dwte, float *dwpe, const
 }
 
 /* ---- allgather ---- */
+/* The key/value columns of this rank's rows (b*t rows of ld, columns C .. C + 2 kvw) <-> rows of 2 kvw. */
+static int kv_move(const struct model *m, const struct cp_dims *d, float *kv, float *qkv, bool unpack)
+{
+    size_t rows = (size_t)d->b * d->t, bytes = 2 * (size_t)d->kvw * sizeof(float);
+    for (size_t i = 0; i < rows; i++) {
+        float *a = qkv + i * d->ld + d->C, *p = kv + i * 2 * d->kvw;
+        FSDP_TRY(unpack ? m->k->mem_copy(a, p, bytes, KERNELS_COPY_D2D) : m->k->mem_copy(p, a, bytes, KERNELS_COPY_D2D));
+    }
+    return 0;
+}
+
+/* The group's keys and values into cp_a: this rank's packed into its own block, gathered in place. */
+static int gather_kv(struct model *m, const struct cp_dims *d, const float *qkv)
+{
+    size_t n = (size_t)d->b * d->t * 2 * d->kvw;
+    float *mine = m->cp_a + (size_t)m->cp.rank * n;
+    FSDP_TRY(kv_move(m, d, mine, (float *)qkv, false));
+    return m->cp.all_gather(m->cp.ctx, mine, m->cp_a, n);
+}
+
 static struct kernels_attention_cp allgather_shape(const struct model *m, const struct cp_dims *d)
 {
     return (struct kernels_attention_cp){.b = d->b, .tq = d->t, .tk = d->T, .c = d->C, .nh = d->nh, .ld = d->ld,
-                                         .qpos = m->cp_qpos, .kpos = m->cp_kpos, .nkv = d->nkv, .kblock = d->t};
+                                         .qpos = m->cp_qpos, .kpos = m->cp_kpos, .nkv = d->nkv, .kblock = d->t,
+                                         .ldkv = 2 * d->kvw};
 }
 
 static int allgather_forward(struct model *m, float *out, float *lse, const float *qkv)
 {
     struct cp_dims d = dims(m);
     struct kernels_attention_cp a = allgather_shape(m, &d);
-    FSDP_TRY(m->cp.all_gather(m->cp.ctx, qkv, m->cp_a, (size_t)d.b * d.t * d.ld));
-    return m->k->attention_cp_forward(out, lse, qkv, m->cp_a + d.C, m->cp_a + d.C + d.kvw, &a);
+    FSDP_TRY(gather_kv(m, &d, qkv));
+    return m->k->attention_cp_forward(out, lse, qkv, m->cp_a, m->cp_a + d.kvw, &a);
 }
 
 static int allgather_backward(struct model *m, float *dqkv, const float *dout, const float *qkv, const float *out,
@@ -154,13 +175,15 @@ static int allgather_backward(struct model *m, float *dqkv, const float *dout, c
 {
     struct cp_dims d = dims(m);
     struct kernels_attention_cp a = allgather_shape(m, &d);
-    size_t local = (size_t)d.b * d.t * d.ld;
-    FSDP_TRY(m->cp.all_gather(m->cp.ctx, qkv, m->cp_a, local));
-    FSDP_TRY(m->k->mem_set(m->cp_b, 0, local * d.S * sizeof(float)));
-    FSDP_TRY(m->k->attention_cp_backward(m->cp_b + (size_t)m->cp.rank * local, m->cp_b + d.C,
-                                         m->cp_b + d.C + d.kvw, dout, qkv, m->cp_a + d.C, m->cp_a + d.C + d.kvw,
-                                         out, lse, &a));
-    return m->cp.reduce_scatter(m->cp.ctx, m->cp_b, dqkv, local);
+    size_t n = (size_t)d.b * d.t * 2 * d.kvw;
+    FSDP_TRY(gather_kv(m, &d, qkv));
+    FSDP_TRY(m->k->mem_set(m->cp_b, 0, n * d.S * sizeof(float)));
+    FSDP_TRY(m->k->mem_set(dqkv, 0, (size_t)d.b * d.t * d.ld * sizeof(float)));
+    FSDP_TRY(m->k->attention_cp_backward(dqkv, m->cp_b, m->cp_b + d.kvw, dout, qkv, m->cp_a, m->cp_a + d.kvw, out,
+                                         lse, &a));
+    /* the keys and values are no longer needed: their first block takes this rank's summed gradients */
+    FSDP_TRY(m->cp.reduce_scatter(m->cp.ctx, m->cp_b, m->cp_a, n));
+    return kv_move(m, &d, m->cp_a, dqkv, true);
 }
 
 /* ---- alltoall ---- */

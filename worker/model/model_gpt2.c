@@ -87,7 +87,8 @@ static size_t plan(const struct model_config *cfg, int b, int t, bool ckpt, cons
     s->dln = carve(&c, N * C * F);
     s->dbig1 = carve(&c, 4 * N * C * F);
     s->dbig2 = carve(&c, 4 * N * C * F);
-    s->attn_ws = carve(&c, k->attention_workspace_bytes(b, t, cfg->n_embd, cfg->n_head, cfg->n_head));
+    /* k NULL: context-parallel attention (model_cp.c), which needs no workspace of attention_forward's */
+    s->attn_ws = carve(&c, k ? k->attention_workspace_bytes(b, t, cfg->n_embd, cfg->n_head, cfg->n_head) : 0);
     return c.off;
 }
 
@@ -109,14 +110,15 @@ static int gpt2_create(struct model *m)
         goto fail;
     }
     s->ckpt = ckpt;
-    m->arena_bytes = gpt2_arena_bytes(cfg, m->b, m->t, ckpt, m->k);
+    const struct kernels *ws = m->cp.size > 1 ? NULL : m->k;
+    m->arena_bytes = plan(cfg, m->b, m->t, ckpt, ws, NULL, NULL, NULL, NULL);
     s->arena = m->k->mem_alloc(m->arena_bytes);
     if (!s->arena) {
         rc = error_set(FSDP_ENOMEM, "model: cannot allocate the %zu-byte activation arena (batch %d x %d)%s",
                        m->arena_bytes, m->b, m->t, ckpt ? "" : "; activation_checkpointing = true needs less");
         goto fail;
     }
-    plan(cfg, m->b, m->t, ckpt, m->k, s->arena, s, &m->tokens, &m->targets);
+    plan(cfg, m->b, m->t, ckpt, ws, s->arena, s, &m->tokens, &m->targets);
     m->family = s;
     return 0;
 fail:

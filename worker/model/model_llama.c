@@ -110,7 +110,8 @@ static size_t plan(const struct model_config *cfg, int b, int t, bool ckpt, cons
     s->dln = carve(&c, N * C * F);
     s->dact = carve(&c, N * I * F);
     s->dwide = carve(&c, N * (2 * I > (size_t)d.qkv ? 2 * I : (size_t)d.qkv) * F);
-    s->attn_ws = carve(&c, k->attention_workspace_bytes(b, t, d.C, d.nh, d.nkv));
+    /* k NULL: context-parallel attention (model_cp.c), which needs no workspace of attention_forward's */
+    s->attn_ws = carve(&c, k ? k->attention_workspace_bytes(b, t, d.C, d.nh, d.nkv) : 0);
     return c.off;
 }
 
@@ -174,7 +175,8 @@ static int llama_create(struct model *m)
         return error_set(FSDP_ENOMEM, "out of memory");
     }
     s->ckpt = ckpt;
-    m->arena_bytes = plan(cfg, m->b, m->t, ckpt, m->k, NULL, NULL, NULL, NULL);
+    const struct kernels *ws = m->cp.size > 1 ? NULL : m->k;
+    m->arena_bytes = plan(cfg, m->b, m->t, ckpt, ws, NULL, NULL, NULL, NULL);
     s->arena = m->k->mem_alloc(m->arena_bytes);
     if (!s->arena) {
         free(s->acts);
@@ -182,7 +184,7 @@ static int llama_create(struct model *m)
         return error_set(FSDP_ENOMEM, "model: cannot allocate the %zu-byte activation arena (batch %d x %d)%s",
                          m->arena_bytes, m->b, m->t, ckpt ? "" : "; activation_checkpointing = true needs less");
     }
-    plan(cfg, m->b, m->t, ckpt, m->k, s->arena, s, &m->tokens, &m->targets);
+    plan(cfg, m->b, m->t, ckpt, ws, s->arena, s, &m->tokens, &m->targets);
     m->family = s;
     int rc = fill_positions(m, s);
     if (rc) {
