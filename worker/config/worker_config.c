@@ -131,7 +131,7 @@ static const struct config_key keys[] = {
      .value_aliases = ALIASES({"all_gather", "allgather"}, {"all-gather", "allgather"}, {"all_to_all", "alltoall"},
                               {"all-to-all", "alltoall"}, {"ulysses", "alltoall"}),
      .flags = LIST("context_parallel_comm_strategy", "fsdp_context_parallel_comm_strategy"),
-     .help = "allgather = the group's q/k/v rows gathered per layer; alltoall (Ulysses) = heads split across "
+     .help = "allgather = the group's keys/values gathered per layer; alltoall (Ulysses) = heads split across "
              "the group (n_head and n_kv_head divisible by C)"},
     {.section = "fsdp", .name = "reshard_after_forward", .type = CONFIG_BOOL, .def = "true",
      .flags = LIST("fsdp_reshard_after_forward"), .bare = "true",
