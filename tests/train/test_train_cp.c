@@ -23,8 +23,14 @@ static double cp_point(const struct tt_ctx *c, int world, int cp, const char *st
     tt_run_ok(c, world, tag, extra, &r);
     char want[128];
     snprintf(want, sizeof want, "{\"plan\":{\"data_parallel_size\":%d,\"context_parallel_size\":%d}}", world / cp, cp);
-    for (int rank = 0; rank < world; rank++)
+    for (int rank = 0; rank < world; rank++) {
         cr_assert(tt_summary_matches(&r, rank, want), "%s: rank %d's summary lacks the mesh %s", tag, rank, want);
+        /* the attention of every layer went through the context group: 2 layers x (forward + backward, and
+         * the forward again with checkpointing) per micro-batch */
+        cJSON *s = tt_summary(&r, rank);
+        cr_assert_geq(tt_num(s, "collectives.context_parallel_calls"), 20 * 2 * 2, "%s: rank %d", tag, rank);
+        cJSON_Delete(s);
+    }
     double d = tt_assert_losses(&r, ref, FP32_REL, tag);
     tt_result_free(&r);
     return d;

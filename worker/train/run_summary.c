@@ -181,6 +181,8 @@ static void add_memory(struct builder *b, cJSON *root, const struct run_summary_
     num(b, c, "prefetched", (double)tm->prefetched);
     num(b, c, "gather_wait_s", tm->gather_wait_s);
     num(b, c, "reduce_wait_s", tm->reduce_wait_s);
+    num(b, c, "context_parallel_calls", (double)f->cp_calls);
+    num(b, c, "context_parallel_s", f->cp_seconds);
 }
 
 static void add_loss_scale(struct builder *b, cJSON *root, const struct run_summary *s, const struct fsdp *fs)

@@ -72,7 +72,7 @@ struct trainer {
     int32_t *inputs, *targets;
     int rows_per_rank, accum; /* rows of the global batch per data-parallel rank (a context group) */
     struct model_cp cp;       /* this rank's context group (size 1: none) */
-    struct comm *cp_comm;
+    struct train_cp *cp_group;
     double tokens_per_step;
     struct train_ckpt ckpt;
     /* Resident bytes when training began, before the model, the data and the engine existed: the program
@@ -167,7 +167,8 @@ static int write_summary(const struct trainer *t, int64_t first_step, size_t per
                                   .micro_batches = t->accum, .first_step = first_step,
                                   .final_loss = t->last_loss, .final_val_loss = t->last_val,
                                   .rss_at_start = t->rss_at_start, .persistent_rss_growth = persistent_rss_growth,
-                                  .peak_flops = t->peak_flops, .flops_per_token = t->flops_per_token};
+                                  .peak_flops = t->peak_flops, .flops_per_token = t->flops_per_token,
+                                  .cp_seconds = train_cp_seconds(t->cp_group), .cp_calls = train_cp_calls(t->cp_group)};
     return run_summary_write(&t->summary, &f);
 }
 
@@ -394,7 +395,7 @@ int train_run(const struct worker_config *wc, const char *config_text, struct tr
                                   .generation = env->restart_count, .device = -1};
         FSDP_TRY_GOTO(comm_create(env->store, env->rank, env->world_size, "world", &co, &t.world), rc, out);
     }
-    FSDP_TRY_GOTO(train_cp_open(wc, env->rank, t.world, &t.cp_comm, &t.cp), rc, out);
+    FSDP_TRY_GOTO(train_cp_open(wc, env->rank, t.world, &t.cp_group, &t.cp), rc, out);
     FSDP_TRY_GOTO(model_create_cp(&t.model, &mc, t.k, wc->train.micro_batch, wc->model.block_size, &t.cp), rc, out);
     size_t rss0 = rss_now();
     struct fsdp_groups g = {.world = t.world, .rank = env->rank, .world_size = env->world_size,
@@ -431,7 +432,7 @@ out:
     train_ckpt_close(&t.ckpt);
     run_summary_free(&t.summary);
     fsdp_destroy(t.fsdp);
-    comm_destroy(t.cp_comm);
+    train_cp_close(t.cp_group);
     comm_destroy(t.world);
     model_destroy(t.model);
     data_close(t.train);
