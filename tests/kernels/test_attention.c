@@ -257,6 +257,8 @@ Test(kernels_attention, rejects_heads_not_dividing)
     cr_assert_eq(k->attention_forward(dummy, dummy, dummy, 1, 1, 6, 3, 2, dummy), FSDP_EINVAL);
     cr_assert(strstr(error_message(), "nkv=2"), "%s", error_message());
     cr_assert_eq(k->attention_backward(dummy, dummy, dummy, dummy, dummy, 1, 1, 6, 3, 0, dummy), FSDP_EINVAL);
+}
+
 /* bf16 mode. The kernel rounds q, k, v and dO to bf16 (so the reference takes the rounded values: the scores
  * of rounded q and k are exact products accumulated in fp32), keeps the softmax statistics in fp32, and
  * rounds P and dS once more as operands of P V, P^T dO, dS K and dS^T Q. So:
