@@ -15,7 +15,7 @@
 #define TINY_LLAMA                                                                                             \
     "[model]\nmodel_family = llama\nn_layer = 2\nn_head = 4\nn_kv_head = 2\nn_embd = 32\n"                      \
     "intermediate_size = 64\nvocab_size = 256\nblock_size = 16\n"                                                \
-    "[train]\ntrain_batch = 12\nmicro_batch = 1\nmax_steps = 20\neval_interval = 0\n"                          \
+    "[train]\ndevice = cpu\ntrain_batch = 12\nmicro_batch = 1\nmax_steps = 20\neval_interval = 0\n"                          \
     "[optim]\nlr = 0.003\nwarmup_steps = 2\n"
 
 struct job {

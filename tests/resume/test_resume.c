@@ -422,7 +422,7 @@ Test(resume, llama_sharded_and_full_resharded, .timeout = 240)
     job_setup_model(&f, TINY_LLAMA);
     straight(&f, "ref", "FULL_STATE_DICT");
     char p[4300];
-    snprintf(p, sizeof p, "%s/ck-ref/fsdp_cpt10/fsdp_cpt10.safetensors", f.dir);
+    snprintf(p, sizeof p, "%s/ck-ref/fsdp_cpt10/model.safetensors", f.dir);
     struct safetensors_file *sf = NULL;
     cr_assert_eq(safetensors_open(&sf, p), 0, "%s", error_message());
     const struct safetensors_tensor *t = safetensors_find(sf, "model.layers.1.self_attn.k_proj.weight");

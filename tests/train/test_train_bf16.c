@@ -36,7 +36,7 @@ static void small_ini(const struct tt_ctx *c, char *path, size_t cap)
 {
     char text[4096];
     snprintf(text, sizeof text,
-             "%s[train]\ntrain_batch = 12\nmicro_batch = 1\nmax_steps = 20\neval_interval = 0\n[optim]\nlr = 0.003\n"
+             "%s[train]\ndevice = cpu\ntrain_batch = 12\nmicro_batch = 1\nmax_steps = 20\neval_interval = 0\n[optim]\nlr = 0.003\n"
              "warmup_steps = 2\n[log]\ninterval = 10\n[data]\ntrain_file = %s/train.bin\norder = sequential\n",
              small_model, c->data);
     snprintf(path, cap, "%s/small.ini", c->dir);

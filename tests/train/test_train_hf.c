@@ -305,7 +305,7 @@ Test(train_hf, init_from_directory_sets_the_model_shape, .timeout = 300)
     /* no [model] keys at all: the directory gives every one */
     snprintf(ini, sizeof ini, "%s/from_hf.ini", c.dir);
     snprintf(text, sizeof text,
-             "[model]\ninit_from = %s\n[train]\ntrain_batch = 4\nmicro_batch = 2\nmax_steps = 1\neval_interval = 0\n"
+             "[model]\ninit_from = %s\n[train]\ndevice = cpu\ntrain_batch = 4\nmicro_batch = 2\nmax_steps = 1\neval_interval = 0\n"
              "[data]\ntrain_file = %s/train.bin\nval_file = %s/val.bin\n",
              ck, c.data, c.data);
     lu_write_text(ini, text);
@@ -323,7 +323,7 @@ Test(train_hf, init_from_directory_sets_the_model_shape, .timeout = 300)
     tt_result_free(&r);
     /* a disagreeing key on line 2 of the file */
     snprintf(text, sizeof text,
-             "[model]\nn_embd = 48\ninit_from = %s\n[train]\ntrain_batch = 4\nmicro_batch = 2\n"
+             "[model]\nn_embd = 48\ninit_from = %s\n[train]\ndevice = cpu\ntrain_batch = 4\nmicro_batch = 2\n"
              "[data]\ntrain_file = %s/train.bin\n",
              ck, c.data);
     lu_write_text(ini, text);
@@ -378,7 +378,7 @@ Test(train_hf, llama_in_and_out, .timeout = 600)
     char ini[2200], text[8192], from[2200];
     snprintf(ini, sizeof ini, "%s/llama.ini", c.dir);
     snprintf(text, sizeof text,
-             "[train]\ntrain_batch = 4\nmicro_batch = 2\nmax_steps = 3\neval_interval = 0\n"
+             "[train]\ndevice = cpu\ntrain_batch = 4\nmicro_batch = 2\nmax_steps = 3\neval_interval = 0\n"
              "[data]\ntrain_file = %s/train.bin\nval_file = %s\n",
              c.data, val);
     lu_write_text(ini, text);

@@ -125,7 +125,7 @@ int main(void)
     }
     snprintf(cmd, sizeof cmd,
              "printf '[model]\\nn_layer = 2\\nn_head = 2\\nn_embd = 64\\nvocab_size = 256\\nblock_size = 32\\n"
-             "[train]\\ntrain_batch = 8\\nmicro_batch = 4\\nmax_steps = %d\\neval_interval = 0\\n"
+             "[train]\\ndevice = cpu\\ntrain_batch = 8\\nmicro_batch = 4\\nmax_steps = %d\\neval_interval = 0\\n"
              "[data]\\ntrain_file = %s/data/train.bin\\n' > '%s/tiny.ini'",
              STEPS, dir, dir);
     if (tu_sh(cmd) != 0)

@@ -410,7 +410,7 @@ int main(int argc, char **argv)
     char text[9000];
     snprintf(text, sizeof text,
              "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nvocab_size = 256\nblock_size = 16\n"
-             "[train]\ntrain_batch = 12\nmicro_batch = 1\nmax_steps = %d\neval_interval = 0\n"
+             "[train]\ndevice = cpu\ntrain_batch = 12\nmicro_batch = 1\nmax_steps = %d\neval_interval = 0\n"
              "[optim]\nlr = 0.003\nwarmup_steps = 2\n[checkpoint]\ninterval = %d\nkeep_last = 3\n"
              "[data]\ntrain_file = %s/data/train.bin\n",
              STEPS, INTERVAL, g_dir);
