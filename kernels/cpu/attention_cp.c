@@ -1,12 +1,13 @@
 /* Context-parallel causal attention on CPU: a rank's query rows (at their global positions) against the
  * keys and values of the whole sequence (gathered from the context group), masked by global position, so
- * the query rows need not be contiguous (load-balanced chunks r and 2C-1-r). One row at a time with a
- * running max and sum (the log-sum-exp merge): nothing is allocated, no tq x tk matrix exists. Grouped-query
- * heads and the block-major rows of an all-gather or all-to-all are read in place (kernels.h). Work is split
- * over (batch, head) pairs, in backward (batch, key/value head) pairs: a pair writes only its own columns,
- * so the accumulated key and value gradients are race-free and deterministic. When the matmuls compute in bf16, the products take
- * bf16-rounded operands as attention.c's do (q, k, v, dO, and P and dS where they multiply), with the
- * softmax statistics and every sum in fp32. */
+ * the query rows need not be contiguous (load-balanced chunks r and 2C-1-r). Grouped-query heads and the
+ * block-major rows of an all-gather or all-to-all are read in place (kernels.h). No tq x tk matrix exists:
+ * fp32 runs on sgemm tiles of CP_BQ x CP_BK scores (on the stack) with a running max and sum per query row
+ * (the log-sum-exp merge); bf16 mode runs row by row with the products' operands bf16-rounded as
+ * attention.c's are (q, k, v, dO, and P and dS where they multiply; softmax statistics and sums in fp32).
+ * Work is split over (batch, head) pairs, in backward (batch, key/value head) pairs: a pair writes only its
+ * own columns, so the accumulated key and value gradients are race-free and deterministic. */
+#include <cblas.h>
 #include <math.h>
 #include <stdbool.h>
 #include <omp.h>
@@ -49,10 +50,9 @@ static float dot(const float *x, const float *y, int n, int lp)
     return s;
 }
 
-int cpu_attention_cp_forward(float *out, float *lse, const float *q, const float *k, const float *v,
-                             const struct kernels_attention_cp *a)
+static int scalar_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                          const struct kernels_attention_cp *a)
 {
-    FSDP_TRY(check("attention_cp_forward", a));
     int hs = a->c / a->nh, pairs = a->b * a->nh, lp = cpu_matmul_compute_dtype() == DTYPE_BF16;
     int group = a->nh / (a->nkv ? a->nkv : a->nh), ldkv = a->ldkv ? a->ldkv : a->ld;
     float scale = 1.0f / sqrtf((float)hs);
@@ -94,11 +94,9 @@ int cpu_attention_cp_forward(float *out, float *lse, const float *q, const float
     return 0;
 }
 
-int cpu_attention_cp_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                              const float *v, const float *out, const float *lse,
-                              const struct kernels_attention_cp *a)
+static int scalar_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                           const float *v, const float *out, const float *lse, const struct kernels_attention_cp *a)
 {
-    FSDP_TRY(check("attention_cp_backward", a));
     int nkv = a->nkv ? a->nkv : a->nh, group = a->nh / nkv;
     int hs = a->c / a->nh, pairs = a->b * nkv, lp = cpu_matmul_compute_dtype() == DTYPE_BF16;
     int ldkv = a->ldkv ? a->ldkv : a->ld;
@@ -138,4 +136,194 @@ int cpu_attention_cp_backward(float *dq, float *dk, float *dv, const float *dout
             }
     }
     return 0;
+}
+
+/* ---- fp32: sgemm tiles ----
+ * A tile is up to CP_BQ query rows by CP_BK key rows, each a run of consecutive rows of one block (so the
+ * rows are equally spaced in memory), masked element by element by position; a tile with every key after
+ * every query is skipped. Forward keeps a running max and sum per query row across key tiles (the
+ * log-sum-exp merge), backward recomputes P from lse. The products run on OpenBLAS inside the parallel
+ * region, one (sequence, head) pair per thread at a time. */
+#define CP_BQ 64
+#define CP_BK 128
+
+/* Rows i .. of a sequence that stay in i's block: at most want. */
+static int run_len(int i, int t, int blk, int want)
+{
+    int b = blk ? blk : t, end = (i / b + 1) * b;
+    end = end < t ? end : t;
+    return end - i < want ? end - i : want;
+}
+
+static int min_pos(const int *p, int n)
+{
+    int m = p[0];
+    for (int i = 1; i < n; i++)
+        m = p[i] < m ? p[i] : m;
+    return m;
+}
+
+static int max_pos(const int *p, int n)
+{
+    int m = p[0];
+    for (int i = 1; i < n; i++)
+        m = p[i] > m ? p[i] : m;
+    return m;
+}
+
+static int tiled_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                         const struct kernels_attention_cp *a)
+{
+    int nkv = a->nkv ? a->nkv : a->nh, group = a->nh / nkv, hs = a->c / a->nh, pairs = a->b * a->nh;
+    int ldkv = a->ldkv ? a->ldkv : a->ld;
+    float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel
+    {
+        float s[CP_BQ * CP_BK], m[CP_BQ], l[CP_BQ];
+#pragma omp for schedule(dynamic, 1)
+        for (int p = 0; p < pairs; p++) {
+            int bb = p / a->nh, h = p % a->nh, kh = h / group;
+            for (int i0 = 0; i0 < a->tq;) {
+                int nq = run_len(i0, a->tq, a->qblock, CP_BQ), qmax = max_pos(a->qpos + i0, nq);
+                size_t qr = row_of(bb, i0, a->tq, a->qblock, a->b);
+                const float *qt = q + qr * a->ld + h * hs;
+                float *ot = out + qr * a->c + h * hs;
+                for (int r = 0; r < nq; r++) {
+                    m[r] = -INFINITY;
+                    l[r] = 0;
+                    for (int d = 0; d < hs; d++)
+                        ot[(size_t)r * a->c + d] = 0;
+                }
+                for (int j0 = 0; j0 < a->tk;) {
+                    int nk = run_len(j0, a->tk, a->kblock, CP_BK);
+                    if (min_pos(a->kpos + j0, nk) <= qmax) {
+                        size_t kr = row_of(bb, j0, a->tk, a->kblock, a->b);
+                        const float *kt = k + kr * ldkv + kh * hs, *vt = v + kr * ldkv + kh * hs;
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, scale, qt, a->ld, kt, ldkv,
+                                    0.0f, s, CP_BK);
+                        for (int r = 0; r < nq; r++) {
+                            float *sr = s + (size_t)r * CP_BK, mx = m[r];
+                            int qp = a->qpos[i0 + r];
+                            for (int c = 0; c < nk; c++)
+                                if (a->kpos[j0 + c] <= qp && sr[c] > mx)
+                                    mx = sr[c];
+                            if (mx == -INFINITY) { /* nothing visible yet in this row */
+                                for (int c = 0; c < nk; c++)
+                                    sr[c] = 0;
+                                continue;
+                            }
+                            float corr = expf(m[r] - mx), sum = 0;
+                            for (int c = 0; c < nk; c++) {
+                                float e = a->kpos[j0 + c] <= qp ? expf(sr[c] - mx) : 0.0f;
+                                sr[c] = e;
+                                sum += e;
+                            }
+                            if (corr != 1.0f)
+                                for (int d = 0; d < hs; d++)
+                                    ot[(size_t)r * a->c + d] *= corr;
+                            l[r] = l[r] * corr + sum;
+                            m[r] = mx;
+                        }
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nk, 1.0f, s, CP_BK, vt, ldkv,
+                                    1.0f, ot, a->c);
+                    }
+                    j0 += nk;
+                }
+                for (int r = 0; r < nq; r++) {
+                    float inv = l[r] > 0 ? 1.0f / l[r] : 0;
+                    for (int d = 0; d < hs; d++)
+                        ot[(size_t)r * a->c + d] *= inv;
+                    lse[((size_t)bb * a->nh + h) * a->tq + i0 + r] = l[r] > 0 ? m[r] + logf(l[r]) : -INFINITY;
+                }
+                i0 += nq;
+            }
+        }
+    }
+    return 0;
+}
+
+static int tiled_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                          const float *v, const float *out, const float *lse, const struct kernels_attention_cp *a)
+{
+    int nkv = a->nkv ? a->nkv : a->nh, group = a->nh / nkv, hs = a->c / a->nh, pairs = a->b * nkv;
+    int ldkv = a->ldkv ? a->ldkv : a->ld;
+    float scale = 1.0f / sqrtf((float)hs);
+    /* One (sequence, key/value head) pair per iteration, its query heads inside: the pair alone writes its
+     * key/value columns. */
+#pragma omp parallel
+    {
+        float pt[CP_BQ * CP_BK], dp[CP_BQ * CP_BK], dsum[CP_BQ];
+#pragma omp for schedule(dynamic, 1)
+        for (int p = 0; p < pairs; p++) {
+            int bb = p / nkv, kh = p % nkv;
+            for (int h = kh * group; h < (kh + 1) * group; h++)
+                for (int i0 = 0; i0 < a->tq;) {
+                    int nq = run_len(i0, a->tq, a->qblock, CP_BQ), qmax = max_pos(a->qpos + i0, nq);
+                    size_t qr = row_of(bb, i0, a->tq, a->qblock, a->b);
+                    const float *qt = q + qr * a->ld + h * hs, *dot_ = dout + qr * a->c + h * hs;
+                    const float *ot = out + qr * a->c + h * hs;
+                    float *dqt = dq + qr * a->ld + h * hs;
+                    const float *L = lse + ((size_t)bb * a->nh + h) * a->tq + i0;
+                    for (int r = 0; r < nq; r++) {
+                        float d = 0;
+                        for (int e = 0; e < hs; e++)
+                            d += dot_[(size_t)r * a->c + e] * ot[(size_t)r * a->c + e];
+                        dsum[r] = d;
+                    }
+                    for (int j0 = 0; j0 < a->tk;) {
+                        int nk = run_len(j0, a->tk, a->kblock, CP_BK);
+                        if (min_pos(a->kpos + j0, nk) <= qmax) {
+                            size_t kr = row_of(bb, j0, a->tk, a->kblock, a->b);
+                            const float *kt = k + kr * ldkv + kh * hs, *vt = v + kr * ldkv + kh * hs;
+                            float *dkt = dk + kr * ldkv + kh * hs, *dvt = dv + kr * ldkv + kh * hs;
+                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, scale, qt, a->ld, kt,
+                                        ldkv, 0.0f, pt, CP_BK);
+                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, 1.0f, dot_, a->c, vt,
+                                        ldkv, 0.0f, dp, CP_BK);
+                            for (int r = 0; r < nq; r++) {
+                                float *pr = pt + (size_t)r * CP_BK, *dr = dp + (size_t)r * CP_BK;
+                                int qp = a->qpos[i0 + r];
+                                for (int c = 0; c < nk; c++) {
+                                    float e = a->kpos[j0 + c] <= qp && L[r] != -INFINITY ? expf(pr[c] - L[r]) : 0.0f;
+                                    pr[c] = e;
+                                    dr[c] = e * (dr[c] - dsum[r]) * scale;
+                                }
+                            }
+                            /* dV += P^T dO; dQ += dS K; dK += dS^T Q */
+                            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, 1.0f, pt, CP_BK, dot_,
+                                        a->c, 1.0f, dvt, ldkv);
+                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nk, 1.0f, dp, CP_BK, kt,
+                                        ldkv, 1.0f, dqt, a->ld);
+                            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, 1.0f, dp, CP_BK, qt,
+                                        a->ld, 1.0f, dkt, ldkv);
+                        }
+                        j0 += nk;
+                    }
+                    i0 += nq;
+                }
+        }
+    }
+    return 0;
+}
+
+/* bf16 mode takes the row-by-row path, whose products round their operands as attention.c's do. */
+int cpu_attention_cp_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                             const struct kernels_attention_cp *a)
+{
+    FSDP_TRY(check("attention_cp_forward", a));
+    if (a->tq == 0)
+        return 0;
+    return cpu_matmul_compute_dtype() == DTYPE_BF16 || a->tk == 0 ? scalar_forward(out, lse, q, k, v, a)
+                                                                  : tiled_forward(out, lse, q, k, v, a);
+}
+
+int cpu_attention_cp_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                              const float *v, const float *out, const float *lse,
+                              const struct kernels_attention_cp *a)
+{
+    FSDP_TRY(check("attention_cp_backward", a));
+    if (a->tq == 0 || a->tk == 0)
+        return 0;
+    return cpu_matmul_compute_dtype() == DTYPE_BF16 ? scalar_backward(dq, dk, dv, dout, q, k, v, out, lse, a)
+                                                    : tiled_backward(dq, dk, dv, dout, q, k, v, out, lse, a);
 }
