@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/fastmath.h"
 
 static int check(const char *op, const struct kernels_attention_cp *a)
 {
@@ -201,20 +202,24 @@ static int tiled_forward(float *out, float *lse, const float *q, const float *k,
                         const float *kt = k + kr * ldkv + kh * hs, *vt = v + kr * ldkv + kh * hs;
                         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, scale, qt, a->ld, kt, ldkv,
                                     0.0f, s, CP_BK);
+                        const int *kp = a->kpos + j0;
                         for (int r = 0; r < nq; r++) {
                             float *sr = s + (size_t)r * CP_BK, mx = m[r];
                             int qp = a->qpos[i0 + r];
-                            for (int c = 0; c < nk; c++)
-                                if (a->kpos[j0 + c] <= qp && sr[c] > mx)
-                                    mx = sr[c];
+#pragma omp simd reduction(max : mx)
+                            for (int c = 0; c < nk; c++) {
+                                float x = kp[c] <= qp ? sr[c] : -INFINITY;
+                                mx = x > mx ? x : mx;
+                            }
                             if (mx == -INFINITY) { /* nothing visible yet in this row */
                                 for (int c = 0; c < nk; c++)
                                     sr[c] = 0;
                                 continue;
                             }
-                            float corr = expf(m[r] - mx), sum = 0;
+                            float corr = fastmath_expf(m[r] - mx), sum = 0; /* 0 while m[r] is -inf */
+#pragma omp simd reduction(+ : sum)
                             for (int c = 0; c < nk; c++) {
-                                float e = a->kpos[j0 + c] <= qp ? expf(sr[c] - mx) : 0.0f;
+                                float e = kp[c] <= qp ? fastmath_expf(sr[c] - mx) : 0.0f;
                                 sr[c] = e;
                                 sum += e;
                             }
@@ -280,13 +285,15 @@ static int tiled_backward(float *dq, float *dk, float *dv, const float *dout, co
                                         ldkv, 0.0f, pt, CP_BK);
                             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, 1.0f, dot_, a->c, vt,
                                         ldkv, 0.0f, dp, CP_BK);
+                            const int *kp = a->kpos + j0;
                             for (int r = 0; r < nq; r++) {
-                                float *pr = pt + (size_t)r * CP_BK, *dr = dp + (size_t)r * CP_BK;
-                                int qp = a->qpos[i0 + r];
+                                float *pr = pt + (size_t)r * CP_BK, *dr = dp + (size_t)r * CP_BK, lr = L[r], dr0 = dsum[r];
+                                int qp = lr == -INFINITY ? -1 : a->qpos[i0 + r]; /* a row that saw nothing: P = 0 */
+#pragma omp simd
                                 for (int c = 0; c < nk; c++) {
-                                    float e = a->kpos[j0 + c] <= qp && L[r] != -INFINITY ? expf(pr[c] - L[r]) : 0.0f;
+                                    float e = kp[c] <= qp ? fastmath_expf(pr[c] - lr) : 0.0f;
                                     pr[c] = e;
-                                    dr[c] = e * (dr[c] - dsum[r]) * scale;
+                                    dr[c] = e * (dr[c] - dr0) * scale;
                                 }
                             }
                             /* dV += P^T dO; dQ += dS K; dK += dS^T Q */
