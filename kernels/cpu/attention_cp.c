@@ -145,8 +145,8 @@ static int scalar_backward(float *dq, float *dk, float *dv, const float *dout, c
  * every query is skipped. Forward keeps a running max and sum per query row across key tiles (the
  * log-sum-exp merge), backward recomputes P from lse. The products run on OpenBLAS inside the parallel
  * region, one (sequence, head) pair per thread at a time. */
-#define CP_BQ 64
-#define CP_BK 128
+#define CP_BQ 128
+#define CP_BK 256
 
 /* Rows i .. of a sequence that stay in i's block: at most want. */
 static int run_len(int i, int t, int blk, int want)
@@ -170,6 +170,63 @@ static int max_pos(const int *p, int n)
     for (int i = 1; i < n; i++)
         m = p[i] > m ? p[i] : m;
     return m;
+}
+
+/* One query row of a score tile: the running max m and sum l take the visible keys (kp[c] <= qp); s
+ * becomes the probabilities under the new max (0 where masked), o is rescaled to it. */
+CPU_SIMD_CLONES
+static void cp_row_online(float *s, const int *kp, int nk, int qp, float *m, float *l, float *o, int hs)
+{
+    float mx = *m;
+#pragma omp simd reduction(max : mx)
+    for (int c = 0; c < nk; c++) {
+        float x = kp[c] <= qp ? s[c] : -INFINITY;
+        mx = x > mx ? x : mx;
+    }
+    if (mx == -INFINITY) { /* nothing visible yet in this row */
+        for (int c = 0; c < nk; c++)
+            s[c] = 0;
+        return;
+    }
+    float corr = fastmath_expf(*m - mx), sum = 0; /* 0 while *m is -inf */
+#pragma omp simd reduction(+ : sum)
+    for (int c = 0; c < nk; c++) {
+        float e = kp[c] <= qp ? fastmath_expf(s[c] - mx) : 0.0f;
+        s[c] = e;
+        sum += e;
+    }
+    if (corr != 1.0f) {
+#pragma omp simd
+        for (int d = 0; d < hs; d++)
+            o[d] *= corr;
+    }
+    *l = *l * corr + sum;
+    *m = mx;
+}
+
+/* One query row in backward: p (scores in) becomes P = exp(s - lse) on the visible keys, dp (dO V^T in)
+ * becomes dS = P (dP - D) scale; a row that saw no key (lse -inf) has P = 0. */
+CPU_SIMD_CLONES
+static void cp_row_grad(float *p, float *dp, const int *kp, int nk, int qp, float lse, float D, float scale)
+{
+    if (lse == -INFINITY)
+        qp = -1;
+#pragma omp simd
+    for (int c = 0; c < nk; c++) {
+        float e = kp[c] <= qp ? fastmath_expf(p[c] - lse) : 0.0f;
+        p[c] = e;
+        dp[c] = e * (dp[c] - D) * scale;
+    }
+}
+
+CPU_SIMD_CLONES
+static float cp_dot(const float *x, const float *y, int n)
+{
+    float s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < n; i++)
+        s += x[i] * y[i];
+    return s;
 }
 
 static int tiled_forward(float *out, float *lse, const float *q, const float *k, const float *v,
@@ -202,33 +259,9 @@ static int tiled_forward(float *out, float *lse, const float *q, const float *k,
                         const float *kt = k + kr * ldkv + kh * hs, *vt = v + kr * ldkv + kh * hs;
                         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, scale, qt, a->ld, kt, ldkv,
                                     0.0f, s, CP_BK);
-                        const int *kp = a->kpos + j0;
-                        for (int r = 0; r < nq; r++) {
-                            float *sr = s + (size_t)r * CP_BK, mx = m[r];
-                            int qp = a->qpos[i0 + r];
-#pragma omp simd reduction(max : mx)
-                            for (int c = 0; c < nk; c++) {
-                                float x = kp[c] <= qp ? sr[c] : -INFINITY;
-                                mx = x > mx ? x : mx;
-                            }
-                            if (mx == -INFINITY) { /* nothing visible yet in this row */
-                                for (int c = 0; c < nk; c++)
-                                    sr[c] = 0;
-                                continue;
-                            }
-                            float corr = fastmath_expf(m[r] - mx), sum = 0; /* 0 while m[r] is -inf */
-#pragma omp simd reduction(+ : sum)
-                            for (int c = 0; c < nk; c++) {
-                                float e = kp[c] <= qp ? fastmath_expf(sr[c] - mx) : 0.0f;
-                                sr[c] = e;
-                                sum += e;
-                            }
-                            if (corr != 1.0f)
-                                for (int d = 0; d < hs; d++)
-                                    ot[(size_t)r * a->c + d] *= corr;
-                            l[r] = l[r] * corr + sum;
-                            m[r] = mx;
-                        }
+                        for (int r = 0; r < nq; r++)
+                            cp_row_online(s + (size_t)r * CP_BK, a->kpos + j0, nk, a->qpos[i0 + r], m + r, l + r,
+                                          ot + (size_t)r * a->c, hs);
                         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nk, 1.0f, s, CP_BK, vt, ldkv,
                                     1.0f, ot, a->c);
                     }
@@ -269,12 +302,8 @@ static int tiled_backward(float *dq, float *dk, float *dv, const float *dout, co
                     const float *ot = out + qr * a->c + h * hs;
                     float *dqt = dq + qr * a->ld + h * hs;
                     const float *L = lse + ((size_t)bb * a->nh + h) * a->tq + i0;
-                    for (int r = 0; r < nq; r++) {
-                        float d = 0;
-                        for (int e = 0; e < hs; e++)
-                            d += dot_[(size_t)r * a->c + e] * ot[(size_t)r * a->c + e];
-                        dsum[r] = d;
-                    }
+                    for (int r = 0; r < nq; r++)
+                        dsum[r] = cp_dot(dot_ + (size_t)r * a->c, ot + (size_t)r * a->c, hs);
                     for (int j0 = 0; j0 < a->tk;) {
                         int nk = run_len(j0, a->tk, a->kblock, CP_BK);
                         if (min_pos(a->kpos + j0, nk) <= qmax) {
@@ -285,17 +314,9 @@ static int tiled_backward(float *dq, float *dk, float *dv, const float *dout, co
                                         ldkv, 0.0f, pt, CP_BK);
                             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, 1.0f, dot_, a->c, vt,
                                         ldkv, 0.0f, dp, CP_BK);
-                            const int *kp = a->kpos + j0;
-                            for (int r = 0; r < nq; r++) {
-                                float *pr = pt + (size_t)r * CP_BK, *dr = dp + (size_t)r * CP_BK, lr = L[r], dr0 = dsum[r];
-                                int qp = lr == -INFINITY ? -1 : a->qpos[i0 + r]; /* a row that saw nothing: P = 0 */
-#pragma omp simd
-                                for (int c = 0; c < nk; c++) {
-                                    float e = kp[c] <= qp ? fastmath_expf(pr[c] - lr) : 0.0f;
-                                    pr[c] = e;
-                                    dr[c] = e * (dr[c] - dr0) * scale;
-                                }
-                            }
+                            for (int r = 0; r < nq; r++)
+                                cp_row_grad(pt + (size_t)r * CP_BK, dp + (size_t)r * CP_BK, a->kpos + j0, nk,
+                                            a->qpos[i0 + r], L[r], dsum[r], scale);
                             /* dV += P^T dO; dQ += dS K; dK += dS^T Q */
                             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, 1.0f, pt, CP_BK, dot_,
                                         a->c, 1.0f, dvt, ldkv);

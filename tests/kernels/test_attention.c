@@ -560,7 +560,8 @@ Test(kernels_attention, context_parallel_grouped_heads_block_rows)
     check_attention_cp_blocks(2, 24, 24, 4, 2, 2, 57);
     check_attention_cp_blocks(2, 36, 24, 6, 3, 3, 58);
     check_attention_cp_blocks(3, 32, 16, 4, 1, 4, 59);
-    /* several 64-query and 128-key tiles per block, tiles cut at the block ends */
+    /* several 128-query and 256-key tiles per block, tiles cut at the block ends */
     check_attention_cp_blocks(2, 328, 16, 2, 1, 2, 60);
     check_attention_cp_blocks(1, 600, 32, 4, 2, 3, 61);
+    check_attention_cp_blocks(1, 1200, 16, 2, 2, 2, 62);
 }
