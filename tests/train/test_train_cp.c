@@ -162,6 +162,36 @@ Test(cp, llama_alltoall, .timeout = 300)
     tt_teardown(&c);
 }
 
+/* Evaluation splits sequences too: the validation losses (every 5 steps, 2 batches) at C = 2 are one rank's,
+ * here under SHARD_GRAD_OP. */
+Test(cp, validation_loss_and_shard_grad_op, .timeout = 300)
+{
+    struct tt_ctx c;
+    tt_setup(&c);
+    const char *val[] = {"--train.eval_interval=5", "--train.eval_steps=2", NULL};
+    const char *val_cp[] = {"--train.eval_interval=5", "--train.eval_steps=2", "--fsdp.context_parallel_size=2",
+                            "--fsdp.sharding_strategy=SHARD_GRAD_OP", NULL};
+    struct tt_result a, b;
+    run_cpu(&c, 1, "val-ref", val, &a);
+    run_cpu(&c, 2, "val-c2", val_cp, &b);
+    double ref[TT_STEPS], va[TT_STEPS + 1], vb[TT_STEPS + 1];
+    tt_losses(&a, ref);
+    tt_assert_losses(&b, ref, FP32_REL, "C = 2, SHARD_GRAD_OP, with evaluation");
+    int n = tt_metric(&a, "val_loss", va, TT_STEPS + 1), m = tt_metric(&b, "val_loss", vb, TT_STEPS + 1), seen = 0;
+    cr_assert_eq(n, m);
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(isnan(va[i]), isnan(vb[i]), "row %d: val_loss in one run only", i);
+        if (isnan(va[i]))
+            continue;
+        seen++;
+        cr_assert(fabs(va[i] - vb[i]) <= FP32_REL * fabs(va[i]), "row %d: val_loss %.9g at C = 2, %.9g on one rank", i,
+                  vb[i], va[i]);
+    }
+    cr_assert_geq(seen, 3, "only %d validation rows", seen);
+    tt_result_free(&a), tt_result_free(&b);
+    tt_teardown(&c);
+}
+
 /* Less activation memory per rank: the model's arena (the run summary's model.activation_bytes) at C = 2 is
  * below one rank's, at one sequence per micro-batch. */
 Test(cp, activation_bytes_per_rank_shrink, .timeout = 300)
