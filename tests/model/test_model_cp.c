@@ -201,6 +201,7 @@ Test(model_cp, llama_gradients_equal_one_model)
     }
     cp_case("llama", 4, 2, 2, MODEL_CP_ALLTOALL, true, 16);
     cp_case("llama", 4, 4, 4, MODEL_CP_ALLTOALL, false, 16);
+    cp_case("llama", 6, 3, 3, MODEL_CP_ALLTOALL, true, 24);
 }
 
 Test(model_cp, errors_name_what_does_not_fit)
