@@ -13,8 +13,8 @@
  * OpenMP and OpenBLAS read OMP_NUM_THREADS once at start, so each (config, threads) point runs in a child:
  * this binary re-executed as `bench_llama --child CONFIG` with the variable set.
  *
- * Usage: bench_llama [--rounds N] [S|M ...]   (default: 1 round, S)
- *        bench_llama --child S|M [--bf16] [--profile]   one point in this process (--profile: time per op)
+ * Usage: bench_llama [--rounds N] [S|M|L ...]   (default: 1 round, S)
+ *        bench_llama --child S|M|L [--bf16] [--profile]   one point in this process (--profile: time per op)
  * With N rounds each point runs ours and PyTorch alternately N times and keeps each side's best round.
  * Output: `bench=llama_step config=S threads=1 precision=fp32|bf16 tokens_per_s=... gflops=...
  *          torch_precision=fp32|bf16_autocast torch_tokens_per_s=... ratio=... rounds=N` per point,
@@ -41,10 +41,12 @@ struct bench_config {
 };
 
 /* S: bench_model's S shape as a Llama (head size 64, 2 query heads per key/value head, SwiGLU width
- * 8 C / 3 rounded to 256, untied head). M: a ~110M-parameter Llama (12 layers of 768, 32000 tokens). */
+ * 8 C / 3 rounded to 256, untied head). M: a ~110M-parameter Llama (12 layers of 768, 32000 tokens). L:
+ * bench_train's 58M-parameter Llama with one rank's batch (8 layers of 512, 8/4 heads, width 1536). */
 static const struct bench_config configs[] = {
     {"S", 4, 256, 4, 2, 768, 4096, 256, 8, 2, 10},
     {"M", 12, 768, 12, 4, 2048, 32000, 256, 4, 1, 3},
+    {"L", 8, 512, 8, 4, 1536, 32000, 256, 4, 1, 4},
 };
 
 static void die(const char *what)
@@ -342,7 +344,7 @@ int main(int argc, char **argv)
     if (argc >= 3 && strcmp(argv[1], "--child") == 0) {
         const struct bench_config *bc = config_find(argv[2]);
         if (!bc) {
-            fprintf(stderr, "bench_llama: unknown config '%s' (S or M)\n", argv[2]);
+            fprintf(stderr, "bench_llama: unknown config '%s' (S, M or L)\n", argv[2]);
             return 2;
         }
         bool bf16 = false, profile = false;
@@ -386,7 +388,7 @@ int main(int argc, char **argv)
     for (int si = 0; si < nsel; si++) {
         const struct bench_config *bc = argc > first ? config_find(argv[first + si]) : &configs[si];
         if (!bc) {
-            fprintf(stderr, "bench_llama: unknown config '%s' (S or M)\n", argv[first + si]);
+            fprintf(stderr, "bench_llama: unknown config '%s' (S, M or L)\n", argv[first + si]);
             return 2;
         }
         struct model_config mc;
