@@ -306,12 +306,12 @@ int ckpt_sharded_commit(const char *root, int64_t step, int world, const struct 
                          world, step, state->step);
     struct ckpt_meta m = {.sharded = true, .state = *state, .vocab_padded = l->vocab_padded};
     m.files = calloc((size_t)world, sizeof *m.files);
-    m.n_files = world;
     int rc = 0;
     if (!m.files) {
         rc = error_set(FSDP_ENOMEM, "out of memory");
         goto out;
     }
+    m.n_files = world; /* only with the array: ckpt_meta_free walks n_files entries */
     size_t cap = 0;
     for (int r = 0; r < world; r++) {
         char path[CKPT_PATH_MAX];

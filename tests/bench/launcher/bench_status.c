@@ -17,7 +17,7 @@
 
 #include "tests/util/tu_proc.h"
 
-#define REPS 3
+#define REPS 9
 #define STEPS 600
 
 static int cmp_double(const void *a, const void *b)
