@@ -59,10 +59,17 @@ struct kernels_adamw_params {
 };
 
 /* Shapes of a context-parallel attention call: b sequences, tq local query rows at global positions
- * qpos[0..tq), tk key/value rows at global positions kpos[0..tk), width c in nh heads, row stride ld. */
+ * qpos[0..tq), tk key/value rows at global positions kpos[0..tk), width c in nh query heads, row stride ld.
+ * nkv: key/value heads (grouped-query: query head h reads key/value head h / (nh / nkv)); 0 = nh.
+ * qblock, kblock: rows of a sequence come in blocks, block-major over the batch, as an all-gather or an
+ * all-to-all of the ranks' (b, block) rows lays them out: query i of sequence bb is row
+ * ((i / qblock) * b + bb) * qblock + i % qblock (q, out, dq, dout), key j likewise with kblock (k, v, dk,
+ * dv); 0 = one block (row bb * tq + i). The positions are indexed by i and j. ldkv: the row stride of k, v,
+ * dk and dv (a gather of the key/value columns only); 0 = ld. */
 struct kernels_attention_cp {
     int b, tq, tk, c, nh, ld;
     const int *qpos, *kpos;
+    int nkv, qblock, kblock, ldkv;
 };
 
 struct kernels {

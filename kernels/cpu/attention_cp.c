@@ -1,24 +1,40 @@
 /* Context-parallel causal attention on CPU: a rank's query rows (at their global positions) against the
  * keys and values of the whole sequence (gathered from the context group), masked by global position, so
- * the query rows need not be contiguous (load-balanced chunks r and 2C-1-r). One row at a time with a
- * running max and sum (the log-sum-exp merge): nothing is allocated, no tq x tk matrix exists. Work is
- * split over (batch, head) pairs; a pair writes only its own head's columns, so the accumulated key and
- * value gradients are race-free and deterministic. When the matmuls compute in bf16, the products take
- * bf16-rounded operands as attention.c's do (q, k, v, dO, and P and dS where they multiply), with the
- * softmax statistics and every sum in fp32. */
+ * the query rows need not be contiguous (load-balanced chunks r and 2C-1-r). Grouped-query heads and the
+ * block-major rows of an all-gather or all-to-all are read in place (kernels.h). No tq x tk matrix exists:
+ * fp32 runs on sgemm tiles of CP_BQ x CP_BK scores (on the stack) with a running max and sum per query row
+ * (the log-sum-exp merge); bf16 mode runs row by row with the products' operands bf16-rounded as
+ * attention.c's are (q, k, v, dO, and P and dS where they multiply; softmax statistics and sums in fp32).
+ * Work is split over (batch, head) pairs, in backward (batch, key/value head) pairs: a pair writes only its
+ * own columns, so the accumulated key and value gradients are race-free and deterministic. */
+#include <cblas.h>
 #include <math.h>
+#include <stdbool.h>
 #include <omp.h>
 
 #include "common/error.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/fastmath.h"
 
 static int check(const char *op, const struct kernels_attention_cp *a)
 {
+    int nkv = a->nkv ? a->nkv : a->nh;
+    bool bad_kv = nkv < 1 || a->nh % nkv != 0 || (a->ldkv && a->ldkv < nkv * (a->c / a->nh));
     if (a->b < 1 || a->tq < 0 || a->tk < 0 || a->c < 1 || a->nh < 1 || a->c % a->nh != 0 || a->ld < a->c ||
-        (a->tq && !a->qpos) || (a->tk && !a->kpos))
-        return error_set(FSDP_EINVAL, "%s: bad shape b=%d tq=%d tk=%d c=%d nh=%d ld=%d", op, a->b, a->tq, a->tk,
-                         a->c, a->nh, a->ld);
+        bad_kv || a->ldkv < 0 || a->qblock < 0 || a->kblock < 0 || (a->qblock && a->tq % a->qblock) ||
+        (a->kblock && a->tk % a->kblock) || (a->tq && !a->qpos) || (a->tk && !a->kpos))
+        return error_set(FSDP_EINVAL,
+                         "%s: bad shape b=%d tq=%d tk=%d c=%d nh=%d nkv=%d ld=%d ldkv=%d qblock=%d kblock=%d", op, a->b,
+                         a->tq, a->tk, a->c, a->nh, a->nkv, a->ld, a->ldkv, a->qblock, a->kblock);
     return 0;
+}
+
+/* Row of element i of sequence bb in a layout of blocks of blk rows (kernels.h); blk 0 = t, one block. */
+static inline size_t row_of(int bb, int i, int t, int blk, int b)
+{
+    if (!blk)
+        blk = t;
+    return ((size_t)(i / blk) * b + bb) * blk + i % blk;
 }
 
 /* x rounded to bf16 when lp (the operand of a bf16 product), else x. */
@@ -35,18 +51,19 @@ static float dot(const float *x, const float *y, int n, int lp)
     return s;
 }
 
-int cpu_attention_cp_forward(float *out, float *lse, const float *q, const float *k, const float *v,
-                             const struct kernels_attention_cp *a)
+static int scalar_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                          const struct kernels_attention_cp *a)
 {
-    FSDP_TRY(check("attention_cp_forward", a));
     int hs = a->c / a->nh, pairs = a->b * a->nh, lp = cpu_matmul_compute_dtype() == DTYPE_BF16;
+    int group = a->nh / (a->nkv ? a->nkv : a->nh), ldkv = a->ldkv ? a->ldkv : a->ld;
     float scale = 1.0f / sqrtf((float)hs);
 #pragma omp parallel for schedule(dynamic, 1)
     for (int p = 0; p < pairs; p++) {
-        int bb = p / a->nh, h = p % a->nh;
+        int bb = p / a->nh, h = p % a->nh, kh = h / group;
         for (int i = 0; i < a->tq; i++) {
-            const float *qi = q + ((size_t)bb * a->tq + i) * a->ld + h * hs;
-            float *oi = out + ((size_t)bb * a->tq + i) * a->c + h * hs;
+            size_t qr = row_of(bb, i, a->tq, a->qblock, a->b);
+            const float *qi = q + qr * a->ld + h * hs;
+            float *oi = out + qr * a->c + h * hs;
             for (int d = 0; d < hs; d++)
                 oi[d] = 0;
             /* Running max m and sum l: a key raising the max rescales what was summed so far. */
@@ -54,7 +71,8 @@ int cpu_attention_cp_forward(float *out, float *lse, const float *q, const float
             for (int j = 0; j < a->tk; j++) {
                 if (a->kpos[j] > a->qpos[i])
                     continue;
-                float s = scale * dot(qi, k + ((size_t)bb * a->tk + j) * a->ld + h * hs, hs, lp);
+                size_t kr = row_of(bb, j, a->tk, a->kblock, a->b);
+                float s = scale * dot(qi, k + kr * ldkv + kh * hs, hs, lp);
                 if (s > m) {
                     float corr = expf(m - s);
                     l *= corr;
@@ -64,7 +82,7 @@ int cpu_attention_cp_forward(float *out, float *lse, const float *q, const float
                 }
                 float e = expf(s - m), er = rd(e, lp);
                 l += e;
-                const float *vj = v + ((size_t)bb * a->tk + j) * a->ld + h * hs;
+                const float *vj = v + kr * ldkv + kh * hs;
                 for (int d = 0; d < hs; d++)
                     oi[d] += er * rd(vj[d], lp);
             }
@@ -77,43 +95,263 @@ int cpu_attention_cp_forward(float *out, float *lse, const float *q, const float
     return 0;
 }
 
+static int scalar_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                           const float *v, const float *out, const float *lse, const struct kernels_attention_cp *a)
+{
+    int nkv = a->nkv ? a->nkv : a->nh, group = a->nh / nkv;
+    int hs = a->c / a->nh, pairs = a->b * nkv, lp = cpu_matmul_compute_dtype() == DTYPE_BF16;
+    int ldkv = a->ldkv ? a->ldkv : a->ld;
+    float scale = 1.0f / sqrtf((float)hs);
+    /* One (sequence, key/value head) pair per iteration, its query heads inside: the pair alone writes its
+     * key/value columns, so the accumulation is race-free and deterministic. */
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int p = 0; p < pairs; p++) {
+        int bb = p / nkv, kh = p % nkv;
+        for (int h = kh * group; h < (kh + 1) * group; h++)
+            for (int i = 0; i < a->tq; i++) {
+                size_t qr = row_of(bb, i, a->tq, a->qblock, a->b);
+                const float *qi = q + qr * a->ld + h * hs, *doi = dout + qr * a->c + h * hs;
+                float *dqi = dq + qr * a->ld + h * hs;
+                float L = lse[((size_t)bb * a->nh + h) * a->tq + i];
+                if (L == -INFINITY)
+                    continue;
+                /* D of the dO that dP reads (rounded in bf16), so the row's dS sum to 0 */
+                float D = 0;
+                for (int d = 0; d < hs; d++)
+                    D += rd(doi[d], lp) * out[qr * a->c + h * hs + d];
+                for (int j = 0; j < a->tk; j++) {
+                    if (a->kpos[j] > a->qpos[i])
+                        continue;
+                    size_t kr = row_of(bb, j, a->tk, a->kblock, a->b);
+                    const float *kj = k + kr * ldkv + kh * hs, *vj = v + kr * ldkv + kh * hs;
+                    float pr = expf(scale * dot(qi, kj, hs, lp) - L);
+                    float ds = pr * (dot(doi, vj, hs, lp) - D) * scale;
+                    float prr = rd(pr, lp), dsr = rd(ds, lp);
+                    float *dkj = dk + kr * ldkv + kh * hs, *dvj = dv + kr * ldkv + kh * hs;
+                    for (int d = 0; d < hs; d++) {
+                        dvj[d] += prr * rd(doi[d], lp);
+                        dqi[d] += dsr * rd(kj[d], lp);
+                        dkj[d] += dsr * rd(qi[d], lp);
+                    }
+                }
+            }
+    }
+    return 0;
+}
+
+/* ---- fp32: sgemm tiles ----
+ * A tile is up to CP_BQ query rows by CP_BK key rows, each a run of consecutive rows of one block (so the
+ * rows are equally spaced in memory), masked element by element by position; a tile with every key after
+ * every query is skipped. Forward keeps a running max and sum per query row across key tiles (the
+ * log-sum-exp merge), backward recomputes P from lse. The products run on OpenBLAS inside the parallel
+ * region, one (sequence, head) pair per thread at a time. */
+#define CP_BQ 128
+#define CP_BK 256
+
+/* Rows i .. of a sequence that stay in i's block: at most want. */
+static int run_len(int i, int t, int blk, int want)
+{
+    int b = blk ? blk : t, end = (i / b + 1) * b;
+    end = end < t ? end : t;
+    return end - i < want ? end - i : want;
+}
+
+static int min_pos(const int *p, int n)
+{
+    int m = p[0];
+    for (int i = 1; i < n; i++)
+        m = p[i] < m ? p[i] : m;
+    return m;
+}
+
+static int max_pos(const int *p, int n)
+{
+    int m = p[0];
+    for (int i = 1; i < n; i++)
+        m = p[i] > m ? p[i] : m;
+    return m;
+}
+
+/* One query row of a score tile: the running max m and sum l take the visible keys (kp[c] <= qp); s
+ * becomes the probabilities under the new max (0 where masked), o is rescaled to it. */
+CPU_SIMD_CLONES
+static void cp_row_online(float *s, const int *kp, int nk, int qp, float *m, float *l, float *o, int hs)
+{
+    float mx = *m;
+#pragma omp simd reduction(max : mx)
+    for (int c = 0; c < nk; c++) {
+        float x = kp[c] <= qp ? s[c] : -INFINITY;
+        mx = x > mx ? x : mx;
+    }
+    if (mx == -INFINITY) { /* nothing visible yet in this row */
+        for (int c = 0; c < nk; c++)
+            s[c] = 0;
+        return;
+    }
+    float corr = fastmath_expf(*m - mx), sum = 0; /* 0 while *m is -inf */
+#pragma omp simd reduction(+ : sum)
+    for (int c = 0; c < nk; c++) {
+        float e = kp[c] <= qp ? fastmath_expf(s[c] - mx) : 0.0f;
+        s[c] = e;
+        sum += e;
+    }
+    if (corr != 1.0f) {
+#pragma omp simd
+        for (int d = 0; d < hs; d++)
+            o[d] *= corr;
+    }
+    *l = *l * corr + sum;
+    *m = mx;
+}
+
+/* One query row in backward: p (scores in) becomes P = exp(s - lse) on the visible keys, dp (dO V^T in)
+ * becomes dS = P (dP - D) scale; a row that saw no key (lse -inf) has P = 0. */
+CPU_SIMD_CLONES
+static void cp_row_grad(float *p, float *dp, const int *kp, int nk, int qp, float lse, float D, float scale)
+{
+    if (lse == -INFINITY)
+        qp = -1;
+#pragma omp simd
+    for (int c = 0; c < nk; c++) {
+        float e = kp[c] <= qp ? fastmath_expf(p[c] - lse) : 0.0f;
+        p[c] = e;
+        dp[c] = e * (dp[c] - D) * scale;
+    }
+}
+
+CPU_SIMD_CLONES
+static float cp_dot(const float *x, const float *y, int n)
+{
+    float s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < n; i++)
+        s += x[i] * y[i];
+    return s;
+}
+
+static int tiled_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                         const struct kernels_attention_cp *a)
+{
+    int nkv = a->nkv ? a->nkv : a->nh, group = a->nh / nkv, hs = a->c / a->nh, pairs = a->b * a->nh;
+    int ldkv = a->ldkv ? a->ldkv : a->ld;
+    float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel
+    {
+        float s[CP_BQ * CP_BK], m[CP_BQ], l[CP_BQ];
+#pragma omp for schedule(dynamic, 1)
+        for (int p = 0; p < pairs; p++) {
+            int bb = p / a->nh, h = p % a->nh, kh = h / group;
+            for (int i0 = 0; i0 < a->tq;) {
+                int nq = run_len(i0, a->tq, a->qblock, CP_BQ), qmax = max_pos(a->qpos + i0, nq);
+                size_t qr = row_of(bb, i0, a->tq, a->qblock, a->b);
+                const float *qt = q + qr * a->ld + h * hs;
+                float *ot = out + qr * a->c + h * hs;
+                for (int r = 0; r < nq; r++) {
+                    m[r] = -INFINITY;
+                    l[r] = 0;
+                    for (int d = 0; d < hs; d++)
+                        ot[(size_t)r * a->c + d] = 0;
+                }
+                for (int j0 = 0; j0 < a->tk;) {
+                    int nk = run_len(j0, a->tk, a->kblock, CP_BK);
+                    if (min_pos(a->kpos + j0, nk) <= qmax) {
+                        size_t kr = row_of(bb, j0, a->tk, a->kblock, a->b);
+                        const float *kt = k + kr * ldkv + kh * hs, *vt = v + kr * ldkv + kh * hs;
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, scale, qt, a->ld, kt, ldkv,
+                                    0.0f, s, CP_BK);
+                        for (int r = 0; r < nq; r++)
+                            cp_row_online(s + (size_t)r * CP_BK, a->kpos + j0, nk, a->qpos[i0 + r], m + r, l + r,
+                                          ot + (size_t)r * a->c, hs);
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nk, 1.0f, s, CP_BK, vt, ldkv,
+                                    1.0f, ot, a->c);
+                    }
+                    j0 += nk;
+                }
+                for (int r = 0; r < nq; r++) {
+                    float inv = l[r] > 0 ? 1.0f / l[r] : 0;
+                    for (int d = 0; d < hs; d++)
+                        ot[(size_t)r * a->c + d] *= inv;
+                    lse[((size_t)bb * a->nh + h) * a->tq + i0 + r] = l[r] > 0 ? m[r] + logf(l[r]) : -INFINITY;
+                }
+                i0 += nq;
+            }
+        }
+    }
+    return 0;
+}
+
+static int tiled_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                          const float *v, const float *out, const float *lse, const struct kernels_attention_cp *a)
+{
+    int nkv = a->nkv ? a->nkv : a->nh, group = a->nh / nkv, hs = a->c / a->nh, pairs = a->b * nkv;
+    int ldkv = a->ldkv ? a->ldkv : a->ld;
+    float scale = 1.0f / sqrtf((float)hs);
+    /* One (sequence, key/value head) pair per iteration, its query heads inside: the pair alone writes its
+     * key/value columns. */
+#pragma omp parallel
+    {
+        float pt[CP_BQ * CP_BK], dp[CP_BQ * CP_BK], dsum[CP_BQ];
+#pragma omp for schedule(dynamic, 1)
+        for (int p = 0; p < pairs; p++) {
+            int bb = p / nkv, kh = p % nkv;
+            for (int h = kh * group; h < (kh + 1) * group; h++)
+                for (int i0 = 0; i0 < a->tq;) {
+                    int nq = run_len(i0, a->tq, a->qblock, CP_BQ), qmax = max_pos(a->qpos + i0, nq);
+                    size_t qr = row_of(bb, i0, a->tq, a->qblock, a->b);
+                    const float *qt = q + qr * a->ld + h * hs, *dot_ = dout + qr * a->c + h * hs;
+                    const float *ot = out + qr * a->c + h * hs;
+                    float *dqt = dq + qr * a->ld + h * hs;
+                    const float *L = lse + ((size_t)bb * a->nh + h) * a->tq + i0;
+                    for (int r = 0; r < nq; r++)
+                        dsum[r] = cp_dot(dot_ + (size_t)r * a->c, ot + (size_t)r * a->c, hs);
+                    for (int j0 = 0; j0 < a->tk;) {
+                        int nk = run_len(j0, a->tk, a->kblock, CP_BK);
+                        if (min_pos(a->kpos + j0, nk) <= qmax) {
+                            size_t kr = row_of(bb, j0, a->tk, a->kblock, a->b);
+                            const float *kt = k + kr * ldkv + kh * hs, *vt = v + kr * ldkv + kh * hs;
+                            float *dkt = dk + kr * ldkv + kh * hs, *dvt = dv + kr * ldkv + kh * hs;
+                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, scale, qt, a->ld, kt,
+                                        ldkv, 0.0f, pt, CP_BK);
+                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, 1.0f, dot_, a->c, vt,
+                                        ldkv, 0.0f, dp, CP_BK);
+                            for (int r = 0; r < nq; r++)
+                                cp_row_grad(pt + (size_t)r * CP_BK, dp + (size_t)r * CP_BK, a->kpos + j0, nk,
+                                            a->qpos[i0 + r], L[r], dsum[r], scale);
+                            /* dV += P^T dO; dQ += dS K; dK += dS^T Q */
+                            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, 1.0f, pt, CP_BK, dot_,
+                                        a->c, 1.0f, dvt, ldkv);
+                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nk, 1.0f, dp, CP_BK, kt,
+                                        ldkv, 1.0f, dqt, a->ld);
+                            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, 1.0f, dp, CP_BK, qt,
+                                        a->ld, 1.0f, dkt, ldkv);
+                        }
+                        j0 += nk;
+                    }
+                    i0 += nq;
+                }
+        }
+    }
+    return 0;
+}
+
+/* bf16 mode takes the row-by-row path, whose products round their operands as attention.c's do. */
+int cpu_attention_cp_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                             const struct kernels_attention_cp *a)
+{
+    FSDP_TRY(check("attention_cp_forward", a));
+    if (a->tq == 0)
+        return 0;
+    return cpu_matmul_compute_dtype() == DTYPE_BF16 || a->tk == 0 ? scalar_forward(out, lse, q, k, v, a)
+                                                                  : tiled_forward(out, lse, q, k, v, a);
+}
+
 int cpu_attention_cp_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                               const float *v, const float *out, const float *lse,
                               const struct kernels_attention_cp *a)
 {
     FSDP_TRY(check("attention_cp_backward", a));
-    int hs = a->c / a->nh, pairs = a->b * a->nh, lp = cpu_matmul_compute_dtype() == DTYPE_BF16;
-    float scale = 1.0f / sqrtf((float)hs);
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int p = 0; p < pairs; p++) {
-        int bb = p / a->nh, h = p % a->nh;
-        for (int i = 0; i < a->tq; i++) {
-            size_t qr = (size_t)bb * a->tq + i;
-            const float *qi = q + qr * a->ld + h * hs, *doi = dout + qr * a->c + h * hs;
-            float *dqi = dq + qr * a->ld + h * hs;
-            float L = lse[((size_t)bb * a->nh + h) * a->tq + i];
-            if (L == -INFINITY)
-                continue;
-            /* D of the dO that dP reads (rounded in bf16), so the row's dS sum to 0 */
-            float D = 0;
-            for (int d = 0; d < hs; d++)
-                D += rd(doi[d], lp) * out[qr * a->c + h * hs + d];
-            for (int j = 0; j < a->tk; j++) {
-                if (a->kpos[j] > a->qpos[i])
-                    continue;
-                size_t kr = (size_t)bb * a->tk + j;
-                const float *kj = k + kr * a->ld + h * hs, *vj = v + kr * a->ld + h * hs;
-                float pr = expf(scale * dot(qi, kj, hs, lp) - L);
-                float ds = pr * (dot(doi, vj, hs, lp) - D) * scale;
-                float prr = rd(pr, lp), dsr = rd(ds, lp);
-                float *dkj = dk + kr * a->ld + h * hs, *dvj = dv + kr * a->ld + h * hs;
-                for (int d = 0; d < hs; d++) {
-                    dvj[d] += prr * rd(doi[d], lp);
-                    dqi[d] += dsr * rd(kj[d], lp);
-                    dkj[d] += dsr * rd(qi[d], lp);
-                }
-            }
-        }
-    }
-    return 0;
+    if (a->tq == 0 || a->tk == 0)
+        return 0;
+    return cpu_matmul_compute_dtype() == DTYPE_BF16 ? scalar_backward(dq, dk, dv, dout, q, k, v, out, lse, a)
+                                                    : tiled_backward(dq, dk, dv, dout, q, k, v, out, lse, a);
 }

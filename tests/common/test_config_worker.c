@@ -160,6 +160,10 @@ Test(worker_config, context_parallel_checks_name_the_keys)
     expect_invalid_set((const char *[]){"fsdp.context_parallel_size", "8", "fsdp.context_parallel_comm_strategy",
                                         "alltoall", NULL},
                        (const char *[]){"model.n_head = 4 is not divisible by 8", "allgather", NULL});
+    /* Llama's key/value heads split too */
+    expect_invalid_set((const char *[]){"model.model_family", "llama", "model.n_kv_head", "2", "fsdp.context_parallel_size",
+                                        "4", "fsdp.context_parallel_comm_strategy", "alltoall", NULL},
+                       (const char *[]){"model.n_kv_head = 2 is not divisible by 4", "allgather", NULL});
     /* The same sizes pass where they hold. */
     const char *ok[][4] = {{"fsdp.context_parallel_size", "4", "fsdp.context_parallel_comm_strategy", "alltoall"},
                            {"fsdp.context_parallel_size", "8", "fsdp.context_parallel_comm_strategy", "allgather"},
@@ -583,14 +587,15 @@ Test(worker_binary, space_separated_values_and_flat_keys_in_a_file, .timeout = 6
 }
 
 /* The configs in examples/ load and pass every check (the Llama one as a Llama; the seed-guide shapes as
- * GPT-2s of their documented sizes). */
+ * GPT-2s of their documented sizes; the long-context one with its context group of 2). */
 Test(worker_config, example_configs_are_valid)
 {
     const char *src = getenv("FSDP_SOURCE_ROOT");
     cr_assert(src, "FSDP_SOURCE_ROOT not set: run through meson test");
-    static const char *const files[] = {"quickstart.ini", "llama_small.ini", "train90M_fsdp.ini", "train300M_fsdp.ini"};
-    static const int n_layer[] = {4, 4, 12, 20}, n_embd[] = {128, 128, 640, 1024};
-    for (int i = 0; i < 4; i++) {
+    static const char *const files[] = {"quickstart.ini", "llama_small.ini", "train90M_fsdp.ini", "train300M_fsdp.ini",
+                                        "long_context_cp.ini"};
+    static const int n_layer[] = {4, 4, 12, 20, 4}, n_embd[] = {128, 128, 640, 1024, 256};
+    for (int i = 0; i < 5; i++) {
         char path[1024];
         snprintf(path, sizeof path, "%s/examples/%s", src, files[i]);
         struct config *cfg = make();
@@ -600,6 +605,7 @@ Test(worker_config, example_configs_are_valid)
         cr_assert_eq(wc.model.family, i == 1 ? WORKER_MODEL_LLAMA : WORKER_MODEL_GPT2, "%s", path);
         cr_assert_eq(wc.model.n_layer, n_layer[i], "%s", path);
         cr_assert_eq(wc.model.n_embd, n_embd[i], "%s", path);
+        cr_assert_eq(wc.fsdp.context_parallel_size, i == 4 ? 2 : 1, "%s", path);
         config_destroy(cfg);
     }
 }

@@ -471,3 +471,97 @@ Test(kernels_attention, context_parallel_chunks_match_full_attention)
     check_attention_cp(1, 30, 12, 3, 3, 52);
     check_attention_cp(2, 64, 128, 2, 4, 53);
 }
+
+/* Grouped-query heads and block-major rows, as the engine calls the kernel: every rank's query rows (b, tq)
+ * against the rank-major all-gather of the group's (C, b, tq) key/value columns (kblock = tq, ldkv), and, as the
+ * all-to-all strategy does, every query of the whole sequence in that same layout (qblock = kblock = tq). The
+ * outputs, log-sum-exp and gradients are full causal attention's, the key/value gradients summed over the
+ * ranks. */
+static void check_attention_cp_blocks(int B, int T, int C, int NH, int NKV, int CP, uint64_t seed)
+{
+    const struct kernels *k = kt_backend();
+    if (!k->attention_cp_forward || !k->attention_cp_backward || !k->host_visible)
+        cr_skip_test("the %s kernels have no context-parallel attention on host memory", k->name);
+    cr_assert_eq(k->set_matmul_dtype(KERNELS_F32), 0);
+    int W = C + 2 * NKV * (C / NH), tq = T / CP, s = T / (2 * CP);
+    size_t nq = (size_t)B * T * W, no = (size_t)B * T * C;
+    float *qkv = kt_host_rand(nq, seed, -1, 1), *dout = kt_host_rand(no, seed + 1, -1, 1);
+    struct att_ref r = ref_attention(qkv, dout, NULL, B, T, C, NH, NKV);
+    /* g: the gathered rows, rank-major; gpos: the global position of each gathered row of a sequence */
+    float *g = malloc(nq * sizeof *g), *gdo = malloc(no * sizeof *gdo), *dg = calloc(nq, sizeof *dg);
+    float *o = calloc(no, sizeof *o), *l = calloc((size_t)B * NH * T, sizeof *l);
+    int *gpos = malloc((size_t)T * sizeof *gpos);
+    cr_assert(g && gdo && dg && o && l && gpos);
+    for (int rank = 0; rank < CP; rank++)
+        for (int i = 0; i < tq; i++)
+            gpos[rank * tq + i] = i < s ? rank * s + i : (2 * CP - 1 - rank) * s + (i - s);
+    for (int rank = 0; rank < CP; rank++)
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < tq; i++) {
+                size_t row = ((size_t)rank * B + b) * tq + i, src = (size_t)b * T + gpos[rank * tq + i];
+                memcpy(g + row * W, qkv + src * W, (size_t)W * sizeof(float));
+                memcpy(gdo + row * C, dout + src * C, (size_t)C * sizeof(float));
+            }
+    /* allgather: each rank's queries are its block of g; the keys and values a gather of their columns only
+     * (gkv, row stride ldkv = 2 x the key/value width); the query gradients land in that block of dg, the
+     * key/value gradients in dgkv */
+    int KV = 2 * NKV * (C / NH);
+    float *gkv = malloc((size_t)B * T * KV * sizeof *gkv), *dgkv = calloc((size_t)B * T * KV, sizeof *dgkv);
+    cr_assert(gkv && dgkv);
+    for (size_t row = 0; row < (size_t)B * T; row++)
+        memcpy(gkv + row * KV, g + row * W + C, (size_t)KV * sizeof(float));
+    for (int rank = 0; rank < CP; rank++) {
+        size_t base = (size_t)rank * B * tq;
+        struct kernels_attention_cp a = {.b = B, .tq = tq, .tk = T, .c = C, .nh = NH, .ld = W, .qpos = gpos + rank * tq,
+                                         .kpos = gpos, .nkv = NKV, .kblock = tq, .ldkv = KV};
+        cr_assert_eq(k->attention_cp_forward(o + base * C, l + (size_t)rank * B * NH * tq, g + base * W,
+                                             gkv, gkv + KV / 2, &a), 0, "%s", error_message());
+        cr_assert_eq(k->attention_cp_backward(dg + base * W, dgkv, dgkv + KV / 2, gdo + base * C,
+                                              g + base * W, gkv, gkv + KV / 2, o + base * C,
+                                              l + (size_t)rank * B * NH * tq, &a), 0, "%s", error_message());
+    }
+    for (size_t row = 0; row < (size_t)B * T; row++)
+        memcpy(dg + row * W + C, dgkv + row * KV, (size_t)KV * sizeof(float));
+    free(gkv), free(dgkv);
+    double *wo = kt_dzeros(no), *wl = kt_dzeros((size_t)B * NH * T), *wd = kt_dzeros(nq);
+    for (int rank = 0; rank < CP; rank++)
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < tq; i++) {
+                size_t row = ((size_t)rank * B + b) * tq + i, src = (size_t)b * T + gpos[rank * tq + i];
+                for (int e = 0; e < C; e++)
+                    wo[row * C + e] = r.out[src * C + e];
+                for (int e = 0; e < W; e++)
+                    wd[row * W + e] = r.dqkv[src * W + e];
+                for (int h = 0; h < NH; h++)
+                    wl[(((size_t)rank * B + b) * NH + h) * tq + i] = r.lse[((size_t)b * NH + h) * T + gpos[rank * tq + i]];
+            }
+    kt_check("cp blocks out", o, wo, no, 2e-5, 1e-4);
+    kt_check("cp blocks lse", l, wl, (size_t)B * NH * T, 2e-5, 2e-5);
+    kt_check("cp blocks dqkv", dg, wd, nq, 1e-4, 2e-4);
+    /* all-to-all: the whole sequence's queries in one call, lse as (b, nh, T) in gathered order */
+    float *o2 = calloc(no, sizeof *o2), *l2 = calloc((size_t)B * NH * T, sizeof *l2);
+    cr_assert(o2 && l2);
+    struct kernels_attention_cp a = {.b = B, .tq = T, .tk = T, .c = C, .nh = NH, .ld = W, .qpos = gpos, .kpos = gpos,
+                                     .nkv = NKV, .qblock = tq, .kblock = tq};
+    cr_assert_eq(k->attention_cp_forward(o2, l2, g, g + C, g + C + NKV * (C / NH), &a), 0, "%s", error_message());
+    kt_check("cp all-sequence out", o2, wo, no, 2e-5, 1e-4);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int j = 0; j < T; j++)
+                wl[((size_t)b * NH + h) * T + j] = r.lse[((size_t)b * NH + h) * T + gpos[j]];
+    kt_check("cp all-sequence lse", l2, wl, (size_t)B * NH * T, 2e-5, 2e-5);
+    free(qkv), free(dout), free(r.out), free(r.lse), free(r.dqkv), free(g), free(gdo), free(dg), free(o), free(l);
+    free(gpos), free(wo), free(wl), free(wd), free(o2), free(l2);
+}
+
+Test(kernels_attention, context_parallel_grouped_heads_block_rows)
+{
+    check_attention_cp_blocks(1, 8, 8, 2, 2, 1, 56);
+    check_attention_cp_blocks(2, 24, 24, 4, 2, 2, 57);
+    check_attention_cp_blocks(2, 36, 24, 6, 3, 3, 58);
+    check_attention_cp_blocks(3, 32, 16, 4, 1, 4, 59);
+    /* several 128-query and 256-key tiles per block, tiles cut at the block ends */
+    check_attention_cp_blocks(2, 328, 16, 2, 1, 2, 60);
+    check_attention_cp_blocks(1, 600, 32, 4, 2, 3, 61);
+    check_attention_cp_blocks(1, 1200, 16, 2, 2, 2, 62);
+}

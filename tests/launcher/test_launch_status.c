@@ -38,9 +38,13 @@ static void job_start(struct job *j, int max_steps, const char *run_id, const ch
     lu_write_text(j->ini, text);
     char logdir[4300];
     snprintf(logdir, sizeof logdir, "--log.dir=%s/logs", j->dir);
+    /* checkpoints in the test's own directory: under the default ./runs/RUN_ID/checkpoints a later run of the
+     * suite would resume at max_steps and end before the page is asked anything */
+    char ckdir[4300];
+    snprintf(ckdir, sizeof ckdir, "--checkpoint.dir=%s/ck", j->dir);
     const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "2", "--max_restarts", "1",
                           "--status_port", "0", "--status_stale_timeout", stale, "--run_id", run_id, lu_build_path("worker/fsdp-worker"), j->ini,
-                          logdir, NULL};
+                          logdir, ckdir, NULL};
     const char *envs[8] = {"OMP_NUM_THREADS=1"};
     int m = 1;
     for (int i = 0; env && env[i]; i++)

@@ -406,7 +406,10 @@ Test(store_launch, worker_store_under_torchrun_listens_on_master_addr, .timeout 
     snprintf(ini, sizeof ini, "%s/tiny.ini", dir);
     char text[8192];
     snprintf(text, sizeof text, "[model]\nn_layer = 1\nn_head = 2\nn_embd = 16\nvocab_size = 256\nblock_size = 8\n"
-             "[train]\ndevice = cpu\ntrain_batch = 2\nmicro_batch = 1\nmax_steps = 1\n[data]\ntrain_file = %s\n", data);
+             "[train]\ndevice = cpu\ntrain_batch = 2\nmicro_batch = 1\nmax_steps = 1\n[data]\ntrain_file = %s\n"
+             /* the run's files in the test's directory: from a checkpoint of an earlier suite run under the
+              * default ./runs the worker would end before its store is looked at */
+             "[log]\ndir = %s/logs\n[checkpoint]\ndir = %s/ck\n", data, dir, dir);
     lu_write_text(ini, text);
     for (int with_secret = 0; with_secret < 2; with_secret++) {
         int port = tu_free_port();

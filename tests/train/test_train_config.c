@@ -142,13 +142,26 @@ Test(config, context_parallel_hybrid_group_holds_whole_context_groups, .timeout 
     refused(2, "cphybrid", extra, want);
 }
 
-/* A valid context-parallel config is described (the mesh) and refused: the engine does not split sequences. */
+/* A valid context-parallel config trains on the mesh the plan describes (the losses: test_train_cp). */
 Test(config, context_parallel_valid_config_names_the_mesh, .timeout = 240)
 {
-    const char *extra[] = {"--context_parallel_size=2", "--train.train_batch=4", "--train.micro_batch=1", NULL};
-    const char *want[] = {"world 4 = 2 data-parallel x 2 context", "rows shared by [0 1] [2 3]",
-                          "different rows: [0 2] [1 3]", "context_parallel_size = 1", NULL};
-    refused(4, "cpmesh", extra, want);
+    struct tt_ctx c;
+    tt_setup(&c);
+    struct tt_result r;
+    const char *extra[] = {"--context_parallel_size=2", "--train.train_batch=4", "--train.micro_batch=1",
+                           "--train.max_steps=2", NULL};
+    tt_run_ok(&c, 4, "cpmesh", extra, &r);
+    for (int rank = 0; rank < 4; rank++)
+        cr_assert(tt_summary_matches(&r, rank, "{\"plan\":{\"data_parallel_size\":2,\"context_parallel_size\":2},"
+                                                "\"batch\":{\"rows_per_rank\":2}}"),
+                  "rank %d: not the 2 x 2 mesh", rank);
+    char *line = tt_rank_line(r.err, 0, "mesh:");
+    cr_assert(line && strstr(line, "world 4 = 2 data-parallel x 2 context") && strstr(line, "rows shared by [0 1] [2 3]") &&
+                  strstr(line, "different rows: [0 2] [1 3]"),
+              "no mesh line: %s", line ? line : r.err);
+    free(line);
+    tt_result_free(&r);
+    tt_teardown(&c);
 }
 
 Test(config, wrap_class_mlp, .timeout = 240)

@@ -124,16 +124,15 @@ static const struct config_key keys[] = {
      .help = "HYBRID_*: ranks per shard group; 0 = the ranks of a node"},
     {.section = "fsdp", .name = "context_parallel_size", .type = CONFIG_INT, .def = "1", .min = 1, .max = 65536,
      .flags = LIST("context_parallel_size", "fsdp_context_parallel_size"),
-     .help = "Ranks that split each sequence (C); the world is data-parallel degree x C; needs FSDP2, "
-             "model.block_size divisible by 2C. C > 1 is checked, then refused: the engine does not split "
-             "sequences yet"},
+     .help = "Ranks that split each sequence (C, context parallelism); the world is data-parallel degree x C; "
+             "needs FSDP2 and model.block_size divisible by 2C"},
     {.section = "fsdp", .name = "context_parallel_comm_strategy", .type = CONFIG_ENUM, .def = "allgather",
      .values = LIST("allgather", "alltoall"),
      .value_aliases = ALIASES({"all_gather", "allgather"}, {"all-gather", "allgather"}, {"all_to_all", "alltoall"},
                               {"all-to-all", "alltoall"}, {"ulysses", "alltoall"}),
      .flags = LIST("context_parallel_comm_strategy", "fsdp_context_parallel_comm_strategy"),
-     .help = "allgather = keys/values gathered per layer; alltoall (Ulysses) = heads split across the group "
-             "(n_head divisible by C)"},
+     .help = "allgather = the group's keys/values gathered per layer; alltoall (Ulysses) = heads split across "
+             "the group (n_head and n_kv_head divisible by C)"},
     {.section = "fsdp", .name = "reshard_after_forward", .type = CONFIG_BOOL, .def = "true",
      .flags = LIST("fsdp_reshard_after_forward"), .bare = "true",
      .help = "Free gathered parameters after forward and gather again in backward"},
@@ -428,5 +427,12 @@ int worker_config_validate_cp(const struct worker_config *wc)
                          "context ranks, but model.n_head = %d is not divisible by %d; use "
                          "context_parallel_comm_strategy = allgather, or a context_parallel_size dividing %d",
                          c, wc->model.n_head, c, wc->model.n_head);
+    int nkv = wc->model.family == WORKER_MODEL_LLAMA && wc->model.n_kv_head > 0 ? wc->model.n_kv_head : 0;
+    if (wc->fsdp.context_parallel_comm_strategy == WORKER_CP_ALLTOALL && nkv && nkv % c != 0)
+        return error_set(FSDP_EINVAL,
+                         "fsdp.context_parallel_comm_strategy = alltoall splits the key/value heads across the %d "
+                         "context ranks, but model.n_kv_head = %d is not divisible by %d; use "
+                         "context_parallel_comm_strategy = allgather, or a context_parallel_size dividing %d",
+                         c, nkv, c, nkv);
     return 0;
 }

@@ -20,7 +20,9 @@
  * elements per unit and all-gathers produce rank-major buffers; version 2 unpacks them.
  *
  * Math. A micro-batch's backward uses dloss = 1 / (tokens in the global batch), so summing gradients over
- * ranks and micro-batches gives exactly the gradient of the global mean loss at any world size. */
+ * ranks and micro-batches gives exactly the gradient of the global mean loss at any world size. With context
+ * parallelism a rank's micro-batch is its chunks of its context group's sequences (the model splits them,
+ * model_create_cp): the same sums, over every rank of the mesh. */
 #ifndef FSDP_WORKER_FSDP_H
 #define FSDP_WORKER_FSDP_H
 

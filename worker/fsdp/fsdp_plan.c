@@ -101,17 +101,12 @@ int fsdp_check_config(const struct worker_config *wc, int world, int local_world
                          "hybrid_shard_size that is a multiple of %d and divides %d",
                          strategy_name(wc->fsdp.sharding_strategy), sg,
                          wc->fsdp.hybrid_shard_size > 0 ? "" : " = 0: the ranks of a node", cp, cp, world);
-    if (cp > 1) {
-        /* Every rule above holds; the engine's sequence split is the part that does not exist yet. */
-        struct fsdp_mesh m;
-        char desc[512];
-        fsdp_mesh_of(wc, world, &m);
-        fsdp_mesh_describe(&m, desc, sizeof desc);
+    if (cp > 1 && (!k->attention_cp_forward || !k->attention_cp_backward))
         return error_set(FSDP_EUNSUPPORTED,
-                         "fsdp.context_parallel_size = %d: the mesh would be %s, but this build's engine does not "
-                         "split sequences across ranks yet; set context_parallel_size = 1",
-                         cp, desc);
-    }
+                         "fsdp.context_parallel_size = %d needs context-parallel attention, which the %s kernels "
+                         "(train.device) do not have; use a device whose kernels have it (cpu) or "
+                         "context_parallel_size = 1",
+                         cp, k->name);
     if (wc->fsdp.enable && wc->fsdp.offload_params &&
         (wc->fsdp.sharding_strategy == WORKER_NO_SHARD))
         return error_set(FSDP_EINVAL, "fsdp.offload_params = true needs sharded parameters, but "
@@ -337,7 +332,10 @@ void fsdp_log_plan(const struct fsdp *f)
     char desc[512];
     fsdp_mesh_of(&f->wc, f->g.world_size, &m);
     fsdp_mesh_describe(&m, desc, sizeof desc);
-    log_info("  mesh: %s", desc);
+    char act[32];
+    human(act, sizeof act, (double)model_get_arena_bytes(f->model));
+    /* with context parallelism each rank keeps 1/C of every sequence's activations (docs/fsdp.md) */
+    log_info("  mesh: %s; activations %s per rank", desc, act);
     size_t largest = 0;
     int largest_u = 0;
     for (int i = 0; i < f->n_units; i++) {

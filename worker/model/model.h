@@ -160,13 +160,43 @@ struct model;
 
 /* Builds the layout and allocates the arena for batches of b x t tokens (t <= block_size). */
 int model_create(struct model **out, const struct model_config *cfg, const struct kernels *k, int b, int t);
+
+/* ---- context parallelism ----
+ * The `size` ranks of a context group share every sequence of their rows: each sequence of t tokens is cut
+ * into 2 x size chunks and rank r holds chunks r and 2 x size - 1 - r (causal load balance: every rank
+ * does the same attention work). Positions (GPT-2's wpe, Llama's rotary angles) are global positions.
+ * Attention is the only place where tokens meet: per layer either the group all-gathers the keys and values
+ * and each rank attends its queries to the whole sequence (allgather; backward all-gathers again and
+ * reduce-scatters their gradients), or an all-to-all turns sequence-sharded q, k, v into head-sharded whole
+ * sequences and back (alltoall: heads and key/value heads divisible by size). The model does not know
+ * communicators: the caller gives the group's collectives over float buffers of device memory. */
+enum model_cp_strategy { MODEL_CP_ALLGATHER = 0, MODEL_CP_ALLTOALL = 1 };
+struct model_cp {
+    int rank, size; /* this rank's place in its context group, and the group's size (1 = none) */
+    enum model_cp_strategy strategy;
+    void *ctx; /* the collectives' first argument */
+    /* out: size x count elements, block p from rank p; in may be out + rank x count (in place) */
+    int (*all_gather)(void *ctx, const float *in, float *out, size_t count);
+    /* in: size x count; out: count, the sum over the ranks of their block `rank` */
+    int (*reduce_scatter)(void *ctx, const float *in, float *out, size_t count);
+    /* in: size x count, block p for rank p; out: size x count, block p from rank p */
+    int (*all_to_all)(void *ctx, const float *in, float *out, size_t count);
+};
+/* model_create for a rank of a context group: t is the whole sequence's length (divisible by 2 x size);
+ * the model holds t / size tokens of each of b sequences, and model_set_batch takes whole sequences (b x t)
+ * and keeps this rank's chunks. cp NULL or size 1: model_create. The error names what does not fit. */
+int model_create_cp(struct model **out, const struct model_config *cfg, const struct kernels *k, int b, int t,
+                    const struct model_cp *cp);
+/* Global position of row j of the t_local = t / size rows rank `rank` holds of a sequence. */
+int model_cp_position(int rank, int size, int t_local, int j);
 void model_destroy(struct model *m);
 const struct model_layout *model_get_layout(const struct model *m);
 size_t model_get_arena_bytes(const struct model *m);
 
-/* Host token ids and targets (b*t each; target -1 = ignored) of the next forward. */
+/* Host token ids and targets (b*t each; target -1 = ignored) of the next forward; with context parallelism
+ * whole sequences (b x the t of model_create_cp), of which the model keeps its rank's chunks. */
 int model_set_batch(struct model *m, const int32_t *tokens, const int32_t *targets);
-/* Valid (non-ignored) targets of the current batch. */
+/* Valid (non-ignored) targets of the current batch (this rank's chunks with context parallelism). */
 int model_batch_targets(const struct model *m);
 
 /* Per-unit steps, in this order: embed, block 0..L-1, head; then backward head, block L-1..0, embed.

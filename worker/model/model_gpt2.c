@@ -87,7 +87,8 @@ static size_t plan(const struct model_config *cfg, int b, int t, bool ckpt, cons
     s->dln = carve(&c, N * C * F);
     s->dbig1 = carve(&c, 4 * N * C * F);
     s->dbig2 = carve(&c, 4 * N * C * F);
-    s->attn_ws = carve(&c, k->attention_workspace_bytes(b, t, cfg->n_embd, cfg->n_head, cfg->n_head));
+    /* k NULL: context-parallel attention (model_cp.c), which needs no workspace of attention_forward's */
+    s->attn_ws = carve(&c, k ? k->attention_workspace_bytes(b, t, cfg->n_embd, cfg->n_head, cfg->n_head) : 0);
     return c.off;
 }
 
@@ -109,14 +110,15 @@ static int gpt2_create(struct model *m)
         goto fail;
     }
     s->ckpt = ckpt;
-    m->arena_bytes = gpt2_arena_bytes(cfg, m->b, m->t, ckpt, m->k);
+    const struct kernels *ws = m->cp.size > 1 ? NULL : m->k;
+    m->arena_bytes = plan(cfg, m->b, m->t, ckpt, ws, NULL, NULL, NULL, NULL);
     s->arena = m->k->mem_alloc(m->arena_bytes);
     if (!s->arena) {
         rc = error_set(FSDP_ENOMEM, "model: cannot allocate the %zu-byte activation arena (batch %d x %d)%s",
                        m->arena_bytes, m->b, m->t, ckpt ? "" : "; activation_checkpointing = true needs less");
         goto fail;
     }
-    plan(cfg, m->b, m->t, ckpt, m->k, s->arena, s, &m->tokens, &m->targets);
+    plan(cfg, m->b, m->t, ckpt, ws, s->arena, s, &m->tokens, &m->targets);
     m->family = s;
     return 0;
 fail:
@@ -153,6 +155,8 @@ static int gpt2_forward_embed(struct model *m, const float *root)
     struct gpt2_state *s = m->family;
     const struct model_config *c = &m->layout.config;
     s->head_grad_ready = false;
+    if (m->cp.size > 1)
+        return model_cp_embedding_forward(m, s->resid, up(m, 0, root, WTE), up(m, 0, root, WPE));
     return m->k->embedding_forward(s->resid, m->tokens, up(m, 0, root, WTE), up(m, 0, root, WPE), m->b, m->t,
                                    c->n_embd, c->vocab_size);
 }
@@ -170,7 +174,10 @@ static int gpt2_forward_block(struct model *m, int layer, const float *w)
     FSDP_TRY(k->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, up(m, u, w, LN1_W), up(m, u, w, LN1_B), N, C,
                              LN_EPS));
     FSDP_TRY(k->matmul_forward(a->qkv, a->ln1, up(m, u, w, ATTN_W), up(m, u, w, ATTN_B), N, C, 3 * C));
-    FSDP_TRY(k->attention_forward(a->atty, a->lse, a->qkv, m->b, m->t, C, c->n_head, c->n_head, s->attn_ws));
+    if (m->cp.size > 1)
+        FSDP_TRY(model_cp_attention_forward(m, a->atty, a->lse, a->qkv));
+    else
+        FSDP_TRY(k->attention_forward(a->atty, a->lse, a->qkv, m->b, m->t, C, c->n_head, c->n_head, s->attn_ws));
     FSDP_TRY(k->matmul_forward(s->tmp, a->atty, up(m, u, w, APROJ_W), up(m, u, w, APROJ_B), N, C, C));
     FSDP_TRY(k->residual_forward(a->xmid, x, s->tmp, NC));
     FSDP_TRY(k->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->xmid, up(m, u, w, LN2_W), up(m, u, w, LN2_B),
@@ -281,9 +288,13 @@ static int gpt2_backward_block(struct model *m, int layer, const float *w, float
                               up(m, u, w, LN2_W), a->ln2_mean, a->ln2_rstd, N, C));
     FSDP_TRY(linear_backward(k, s->tmp, upg(m, u, g, APROJ_W), upg(m, u, g, APROJ_B), s->dres, a->atty,
                         up(m, u, w, APROJ_W), N, C, C));
-    FSDP_TRY(k->mem_set(s->dbig1, 0, 3 * NC * F));
-    FSDP_TRY(k->attention_backward(s->dbig1, s->tmp, a->qkv, a->atty, a->lse, m->b, m->t, C, c->n_head, c->n_head,
-                                  s->attn_ws));
+    if (m->cp.size > 1) {
+        FSDP_TRY(model_cp_attention_backward(m, s->dbig1, s->tmp, a->qkv, a->atty, a->lse));
+    } else {
+        FSDP_TRY(k->mem_set(s->dbig1, 0, 3 * NC * F));
+        FSDP_TRY(k->attention_backward(s->dbig1, s->tmp, a->qkv, a->atty, a->lse, m->b, m->t, C, c->n_head,
+                                       c->n_head, s->attn_ws));
+    }
     FSDP_TRY(linear_backward(k, s->dln, upg(m, u, g, ATTN_W), upg(m, u, g, ATTN_B), s->dbig1, a->ln1,
                         up(m, u, w, ATTN_W), N, C, 3 * C));
     return k->layernorm_backward(s->dres, upg(m, u, g, LN1_W), upg(m, u, g, LN1_B), s->dln, x,
@@ -297,6 +308,8 @@ static int gpt2_backward_embed(struct model *m, const float *root, float *g)
     const struct model_config *c = &m->layout.config;
     if (!g)
         return 0;
+    if (m->cp.size > 1)
+        return model_cp_embedding_backward(m, upg(m, 0, g, WTE), upg(m, 0, g, WPE), s->dres);
     return m->k->embedding_backward(upg(m, 0, g, WTE), upg(m, 0, g, WPE), s->dres, m->tokens, m->b, m->t,
                                     c->n_embd, c->vocab_size);
 }

@@ -15,7 +15,28 @@ struct model {
     int n_valid;               /* targets != -1 */
     bool batch_set;
     void *family; /* the family's state (activation pointers into its arena) */
+    /* context parallelism (model.h): cp.size 1 = none; t is then this rank's rows of each sequence */
+    struct model_cp cp;
+    int t_seq;                 /* tokens of a whole sequence: t x cp.size */
+    int *cp_qpos, *cp_kpos;    /* device: positions of this rank's rows (t), of the group's rows (t_seq) */
+    float *cp_a, *cp_b, *cp_c; /* device scratch of the strategy (model_cp.c) */
+    int32_t *cp_host;          /* host: 2 x b x t, this rank's tokens and targets */
 };
+
+/* Global position of row j (0 <= j < m->t) of a sequence. */
+int model_position(const struct model *m, int j);
+/* Context-parallel pieces the families call (model_cp.c): the scratch and positions (after the family's
+ * create; counted into m->arena_bytes), their release, and causal attention over the whole sequence for
+ * this rank's rows of qkv ((b*t, ld) rows [q (nh heads) | k (nkv) | v (nkv)], as attention_forward's).
+ * Backward writes dqkv (it does not add). */
+int model_cp_setup(struct model *m);
+void model_cp_release(struct model *m);
+int model_cp_attention_forward(struct model *m, float *out, float *lse, const float *qkv);
+int model_cp_attention_backward(struct model *m, float *dqkv, const float *dout, const float *qkv, const float *out,
+                                const float *lse);
+/* Embedding rows of this rank's chunks at their global positions (wpe may be NULL: no position table). */
+int model_cp_embedding_forward(struct model *m, float *out, const float *wte, const float *wpe);
+int model_cp_embedding_backward(struct model *m, float *dwte, float *dwpe, const float *dout);
 
 /* Other spellings of one of a family's module classes: Hugging Face's name, and any other name users write
  * for it (nanoGPT's "Block"). */

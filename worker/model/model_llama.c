@@ -11,7 +11,8 @@
  * checkpointing only the residual stream is kept and one block's activations are recomputed from x_i right
  * before its backward, with the same kernels in the same order, so gradients are bit-identical.
  *
- * Rotary positions are a device tensor (b*t int32, position i mod t of each row) read by the rope kernels
+ * Rotary positions are a device tensor (b*t int32, the global position of each row: i mod t,
+ * or this rank's chunks' positions with context parallelism, model.h) read by the rope kernels
  * through a (block_size, hs) cos/sin table made once on the host with transformers' float32 arithmetic. */
 #include <math.h>
 #include <stdlib.h>
@@ -109,7 +110,8 @@ static size_t plan(const struct model_config *cfg, int b, int t, bool ckpt, cons
     s->dln = carve(&c, N * C * F);
     s->dact = carve(&c, N * I * F);
     s->dwide = carve(&c, N * (2 * I > (size_t)d.qkv ? 2 * I : (size_t)d.qkv) * F);
-    s->attn_ws = carve(&c, k->attention_workspace_bytes(b, t, d.C, d.nh, d.nkv));
+    /* k NULL: context-parallel attention (model_cp.c), which needs no workspace of attention_forward's */
+    s->attn_ws = carve(&c, k ? k->attention_workspace_bytes(b, t, d.C, d.nh, d.nkv) : 0);
     return c.off;
 }
 
@@ -150,7 +152,7 @@ static int fill_positions(struct model *m, struct llama_state *s)
     }
     rope_table(host, cfg->block_size, hs, cfg->rope_theta);
     for (int i = 0; i < N; i++)
-        pos[i] = i % m->t;
+        pos[i] = model_position(m, i % m->t);
     FSDP_TRY_GOTO(m->k->mem_copy(s->freqs, host, tab * sizeof *host, KERNELS_COPY_H2D), rc, out);
     FSDP_TRY_GOTO(m->k->mem_copy(s->pos, pos, (size_t)N * sizeof *pos, KERNELS_COPY_H2D), rc, out);
 out:
@@ -173,7 +175,8 @@ static int llama_create(struct model *m)
         return error_set(FSDP_ENOMEM, "out of memory");
     }
     s->ckpt = ckpt;
-    m->arena_bytes = plan(cfg, m->b, m->t, ckpt, m->k, NULL, NULL, NULL, NULL);
+    const struct kernels *ws = m->cp.size > 1 ? NULL : m->k;
+    m->arena_bytes = plan(cfg, m->b, m->t, ckpt, ws, NULL, NULL, NULL, NULL);
     s->arena = m->k->mem_alloc(m->arena_bytes);
     if (!s->arena) {
         free(s->acts);
@@ -181,7 +184,7 @@ static int llama_create(struct model *m)
         return error_set(FSDP_ENOMEM, "model: cannot allocate the %zu-byte activation arena (batch %d x %d)%s",
                          m->arena_bytes, m->b, m->t, ckpt ? "" : "; activation_checkpointing = true needs less");
     }
-    plan(cfg, m->b, m->t, ckpt, m->k, s->arena, s, &m->tokens, &m->targets);
+    plan(cfg, m->b, m->t, ckpt, ws, s->arena, s, &m->tokens, &m->targets);
     m->family = s;
     int rc = fill_positions(m, s);
     if (rc) {
@@ -260,7 +263,10 @@ static int llama_forward_block(struct model *m, int layer, const float *w)
     /* q_proj, k_proj and v_proj are adjacent: one (qkv, C) matrix */
     FSDP_TRY(linear_forward(k, a->qkv, a->h1, up(m, u, w, Q_W), N, C, d.qkv));
     FSDP_TRY(k->rope_forward(a->qkv, N, d.qkv, d.nh + d.nkv, d.hs, s->pos, s->freqs, c->block_size));
-    FSDP_TRY(k->attention_forward(a->att, a->lse, a->qkv, m->b, m->t, C, d.nh, d.nkv, s->attn_ws));
+    if (m->cp.size > 1)
+        FSDP_TRY(model_cp_attention_forward(m, a->att, a->lse, a->qkv));
+    else
+        FSDP_TRY(k->attention_forward(a->att, a->lse, a->qkv, m->b, m->t, C, d.nh, d.nkv, s->attn_ws));
     FSDP_TRY(linear_forward(k, s->tmp, a->att, up(m, u, w, O_W), N, C, C));
     FSDP_TRY(k->residual_forward(a->xmid, x, s->tmp, NC));
     FSDP_TRY(k->rmsnorm_forward(a->h2, a->rstd2, a->xmid, up(m, u, w, POST_NORM_W), N, C, c->rms_norm_eps));
@@ -329,8 +335,13 @@ static int llama_backward_block(struct model *m, int layer, const float *w, floa
     FSDP_TRY(k->rmsnorm_backward(s->dres, upg(m, u, g, POST_NORM_W), s->dln, a->xmid, up(m, u, w, POST_NORM_W), a->rstd2,
                             N, C));
     FSDP_TRY(linear_backward(k, s->tmp, upg(m, u, g, O_W), s->dres, a->att, up(m, u, w, O_W), N, C, C));
-    FSDP_TRY(k->mem_set(s->dwide, 0, (size_t)N * d.qkv * F));
-    FSDP_TRY(k->attention_backward(s->dwide, s->tmp, a->qkv, a->att, a->lse, m->b, m->t, C, d.nh, d.nkv, s->attn_ws));
+    if (m->cp.size > 1) {
+        FSDP_TRY(model_cp_attention_backward(m, s->dwide, s->tmp, a->qkv, a->att, a->lse));
+    } else {
+        FSDP_TRY(k->mem_set(s->dwide, 0, (size_t)N * d.qkv * F));
+        FSDP_TRY(k->attention_backward(s->dwide, s->tmp, a->qkv, a->att, a->lse, m->b, m->t, C, d.nh, d.nkv,
+                                       s->attn_ws));
+    }
     /* the gradient of q and k before rope: the transposed rotation */
     FSDP_TRY(k->rope_backward(s->dwide, N, d.qkv, d.nh + d.nkv, d.hs, s->pos, s->freqs, c->block_size));
     FSDP_TRY(linear_backward(k, s->dln, upg(m, u, g, Q_W), s->dwide, a->h1, up(m, u, w, Q_W), N, C, d.qkv));

@@ -15,24 +15,63 @@ size_t model_arena_bytes(const struct model_config *cfg, int b, int t, bool chec
     return f ? f->ops->arena_bytes(cfg, b, t, checkpointing, k) : 0;
 }
 
-int model_create(struct model **out, const struct model_config *cfg, const struct kernels *k, int b, int t)
+static int cp_check(const struct model_config *cfg, const struct kernels *k, int t, const struct model_cp *cp)
+{
+    int S = cp->size, nkv = cfg->n_kv_head > 0 ? cfg->n_kv_head : cfg->n_head;
+    if (cp->rank < 0 || cp->rank >= S)
+        return error_set(FSDP_EINVAL, "model: context-parallel rank %d outside [0, %d)", cp->rank, S);
+    if (t % (2 * S) != 0)
+        return error_set(FSDP_EINVAL,
+                         "model: sequences of %d tokens cannot be cut into 2 x %d equal chunks (context parallelism)",
+                         t, S);
+    if (!k->attention_cp_forward || !k->attention_cp_backward)
+        return error_set(FSDP_EUNSUPPORTED,
+                         "context parallelism needs context-parallel attention, which the %s kernels do not have", k->name);
+    if (cp->strategy == MODEL_CP_ALLGATHER && (!cp->all_gather || !cp->reduce_scatter))
+        return error_set(FSDP_EINVAL, "model: the allgather strategy needs all_gather and reduce_scatter");
+    if (cp->strategy == MODEL_CP_ALLTOALL) {
+        if (!cp->all_to_all)
+            return error_set(FSDP_EINVAL, "model: the alltoall strategy needs all_to_all");
+        if (cfg->n_head % S != 0 || nkv % S != 0)
+            return error_set(FSDP_EINVAL,
+                             "context_parallel_comm_strategy = alltoall splits the %d attention heads and %d key/value "
+                             "heads across the %d ranks of a context group, but they do not divide; use allgather",
+                             cfg->n_head, nkv, S);
+    }
+    return 0;
+}
+
+int model_create_cp(struct model **out, const struct model_config *cfg, const struct kernels *k, int b, int t,
+                    const struct model_cp *cp)
 {
     *out = NULL;
     if (b < 1 || t < 1 || t > cfg->block_size)
         return error_set(FSDP_EINVAL, "model: batch %d x %d tokens: need b >= 1 and 1 <= t <= block_size (%d)", b,
                          t, cfg->block_size);
+    struct model_cp none = {.rank = 0, .size = 1};
+    if (!cp || cp->size <= 1)
+        cp = &none;
     struct model *m = calloc(1, sizeof *m);
     if (!m)
         return error_set(FSDP_ENOMEM, "out of memory");
     int rc = 0;
     FSDP_TRY_GOTO(model_layout_build(&m->layout, cfg), rc, fail);
+    if (cp->size > 1)
+        FSDP_TRY_GOTO(cp_check(&m->layout.config, k, t, cp), rc, fail);
     m->ops = model_family_find(cfg->model_family)->ops;
     m->k = k;
     m->b = b;
-    m->t = t;
+    m->cp = *cp;
+    m->t_seq = t;
+    m->t = t / cp->size;
     FSDP_TRY_GOTO(m->ops->create(m), rc, fail);
+    if (cp->size > 1 && (rc = model_cp_setup(m)) != 0) {
+        model_cp_release(m);
+        m->ops->destroy(m);
+        goto fail;
+    }
     log_debug("model %s: %zu parameters, activation arena %zu bytes (batch %d x %d, checkpointing %s)",
-              cfg->model_family, m->layout.numel_real, m->arena_bytes, b, t,
+              cfg->model_family, m->layout.numel_real, m->arena_bytes, b, m->t,
               cfg->activation_checkpointing ? "on" : "off");
     *out = m;
     return 0;
@@ -42,10 +81,16 @@ fail:
     return rc;
 }
 
+int model_create(struct model **out, const struct model_config *cfg, const struct kernels *k, int b, int t)
+{
+    return model_create_cp(out, cfg, k, b, t, NULL);
+}
+
 void model_destroy(struct model *m)
 {
     if (!m)
         return;
+    model_cp_release(m);
     m->ops->destroy(m);
     model_layout_free(&m->layout);
     free(m);
@@ -61,9 +106,25 @@ size_t model_get_arena_bytes(const struct model *m)
     return m->arena_bytes;
 }
 
+/* This rank's chunks of b whole sequences into cp_host (tokens, then targets). */
+static void cp_slice(struct model *m, const int32_t **tokens, const int32_t **targets)
+{
+    size_t n = (size_t)m->b * m->t;
+    for (int bb = 0; bb < m->b; bb++)
+        for (int j = 0; j < m->t; j++) {
+            size_t src = (size_t)bb * m->t_seq + (size_t)model_position(m, j), dst = (size_t)bb * m->t + j;
+            m->cp_host[dst] = (*tokens)[src];
+            m->cp_host[n + dst] = (*targets)[src];
+        }
+    *tokens = m->cp_host;
+    *targets = m->cp_host + n;
+}
+
 int model_set_batch(struct model *m, const int32_t *tokens, const int32_t *targets)
 {
     size_t n = (size_t)m->b * m->t;
+    if (m->cp.size > 1)
+        cp_slice(m, &tokens, &targets);
     int valid = 0, V = m->layout.config.vocab_size;
     for (size_t i = 0; i < n; i++) {
         if (tokens[i] < 0 || tokens[i] >= V)

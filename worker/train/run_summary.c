@@ -113,7 +113,8 @@ static void add_model(struct builder *b, cJSON *root, const struct run_summary_f
     cJSON *t = obj(b, root, "batch");
     num(b, t, "train_batch", wc->train.train_batch);
     num(b, t, "micro_batch", wc->train.micro_batch);
-    num(b, t, "rows_per_rank", wc->train.train_batch / f->env->world_size);
+    int cp = wc->fsdp.context_parallel_size > 0 ? wc->fsdp.context_parallel_size : 1;
+    num(b, t, "rows_per_rank", wc->train.train_batch / (f->env->world_size / cp)); /* per context group */
     num(b, t, "micro_batches_per_step", f->micro_batches);
     num(b, t, "tokens_per_step", (double)wc->train.train_batch * wc->model.block_size);
 }
@@ -180,6 +181,8 @@ static void add_memory(struct builder *b, cJSON *root, const struct run_summary_
     num(b, c, "prefetched", (double)tm->prefetched);
     num(b, c, "gather_wait_s", tm->gather_wait_s);
     num(b, c, "reduce_wait_s", tm->reduce_wait_s);
+    num(b, c, "context_parallel_calls", (double)f->cp_calls);
+    num(b, c, "context_parallel_s", f->cp_seconds);
 }
 
 static void add_loss_scale(struct builder *b, cJSON *root, const struct run_summary *s, const struct fsdp *fs)

@@ -47,6 +47,8 @@ struct run_summary_facts {
     size_t rss_at_start;               /* resident bytes before the model, data and engine existed */
     size_t persistent_rss_growth;      /* resident bytes added while the engine allocated its state */
     double peak_flops, flops_per_token; /* the MFU's terms (peak_flops <= 0: unknown) */
+    double cp_seconds;                  /* in the context group's collectives (0 without context parallelism) */
+    int64_t cp_calls;
 };
 
 /* Notes the outcome of loop step `step` (1-based) whose loss scale was scale_before. */

@@ -27,6 +27,7 @@
 #include "worker/train/run_summary.h"
 #include "worker/train/status_report.h"
 #include "worker/train/train.h"
+#include "worker/train/train_cp.h"
 #include "worker/train/train_ckpt.h"
 #include "worker/train/train_device.h"
 
@@ -69,7 +70,9 @@ struct trainer {
     struct fsdp *fsdp;
     struct data_file *train, *val;
     int32_t *inputs, *targets;
-    int rows_per_rank, accum;
+    int rows_per_rank, accum; /* rows of the global batch per data-parallel rank (a context group) */
+    struct model_cp cp;       /* this rank's context group (size 1: none) */
+    struct train_cp *cp_group;
     double tokens_per_step;
     struct train_ckpt ckpt;
     /* Resident bytes when training began, before the model, the data and the engine existed: the program
@@ -91,7 +94,8 @@ struct trainer {
 static int load_micro(struct trainer *t, struct data_file *d, int64_t step, int a)
 {
     int mb = t->wc->train.micro_batch;
-    int64_t row0 = (int64_t)t->env->rank * t->rows_per_rank + (int64_t)a * mb;
+    /* the ranks of a context group (consecutive) read the same rows; the model keeps each one's chunks */
+    int64_t row0 = (int64_t)(t->env->rank / t->cp.size) * t->rows_per_rank + (int64_t)a * mb;
     FSDP_TRY(data_get_rows(d, step, row0, mb, t->inputs, t->targets));
     return model_set_batch(t->model, t->inputs, t->targets);
 }
@@ -163,7 +167,8 @@ static int write_summary(const struct trainer *t, int64_t first_step, size_t per
                                   .micro_batches = t->accum, .first_step = first_step,
                                   .final_loss = t->last_loss, .final_val_loss = t->last_val,
                                   .rss_at_start = t->rss_at_start, .persistent_rss_growth = persistent_rss_growth,
-                                  .peak_flops = t->peak_flops, .flops_per_token = t->flops_per_token};
+                                  .peak_flops = t->peak_flops, .flops_per_token = t->flops_per_token,
+                                  .cp_seconds = train_cp_seconds(t->cp_group), .cp_calls = train_cp_calls(t->cp_group)};
     return run_summary_write(&t->summary, &f);
 }
 
@@ -368,7 +373,8 @@ int train_run(const struct worker_config *wc, const char *config_text, struct tr
     struct trainer t = {.wc = wc, .env = env, .rss_at_start = rss_now()};
     FSDP_TRY(train_device_open(wc, env, &t.k, t.device_reason, sizeof t.device_reason));
     FSDP_TRY(fsdp_check_config(wc, env->world_size, env->local_world_size, t.k));
-    t.rows_per_rank = wc->train.train_batch / env->world_size;
+    t.rows_per_rank = wc->train.train_batch / (env->world_size / (wc->fsdp.context_parallel_size > 0
+                                                                     ? wc->fsdp.context_parallel_size : 1));
     t.accum = t.rows_per_rank / wc->train.micro_batch;
     t.tokens_per_step = (double)wc->train.train_batch * wc->model.block_size;
 
@@ -384,12 +390,13 @@ int train_run(const struct worker_config *wc, const char *config_text, struct tr
         goto out;
     }
     FSDP_TRY_GOTO(open_data(&t), rc, out);
-    FSDP_TRY_GOTO(model_create(&t.model, &mc, t.k, wc->train.micro_batch, wc->model.block_size), rc, out);
     if (env->world_size > 1) {
         struct comm_options co = {.backend = t.k->comm_backend,
                                   .generation = env->restart_count, .device = -1};
         FSDP_TRY_GOTO(comm_create(env->store, env->rank, env->world_size, "world", &co, &t.world), rc, out);
     }
+    FSDP_TRY_GOTO(train_cp_open(wc, env->rank, t.world, &t.cp_group, &t.cp), rc, out);
+    FSDP_TRY_GOTO(model_create_cp(&t.model, &mc, t.k, wc->train.micro_batch, wc->model.block_size, &t.cp), rc, out);
     size_t rss0 = rss_now();
     struct fsdp_groups g = {.world = t.world, .rank = env->rank, .world_size = env->world_size,
                             .local_world_size = env->local_world_size};
@@ -425,6 +432,7 @@ out:
     train_ckpt_close(&t.ckpt);
     run_summary_free(&t.summary);
     fsdp_destroy(t.fsdp);
+    train_cp_close(t.cp_group);
     comm_destroy(t.world);
     model_destroy(t.model);
     data_close(t.train);
