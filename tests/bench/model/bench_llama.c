@@ -1,17 +1,26 @@
 /* Llama benchmark: the single-process training step of a Llama (what a world-1 step does: zero grads,
  * model_forward_backward, the global gradient norm, AdamW over every parameter through the kernels table)
- * with OMP_NUM_THREADS=1 and 2, beside PyTorch 2.x running transformers' LlamaForCausalLM on the same shapes
- * and step in fp32 (llama_torch_step.py in the venv FSDP_TORCH_VENV names), in the same run, so the ratio
- * holds on a noisy shared machine.
+ * with OMP_NUM_THREADS=1 and 2, in fp32 and in bf16, beside PyTorch 2.x running transformers'
+ * LlamaForCausalLM on the same shapes and step (llama_torch_step.py in the venv FSDP_TORCH_VENV names: fp32,
+ * and bf16 autocast for our bf16), in the same run, so the ratio holds on a noisy shared machine.
+ *
+ * bf16 is mixed_precision = bf16 as a world-1 rank runs it: fp32 master weights, gradients and AdamW; a
+ * persistent bf16 copy of the parameters, cast to the fp32 view the model reads and bound to it (the
+ * engine's gather: the matmuls read the bf16 copy as is), refreshed after each optimizer step; bf16
+ * matmuls (set_matmul_dtype) with fp32 accumulation. PyTorch's autocast likewise keeps fp32 parameters and
+ * runs the matmuls in bf16; both compute the loss in fp32.
  *
  * OpenMP and OpenBLAS read OMP_NUM_THREADS once at start, so each (config, threads) point runs in a child:
  * this binary re-executed as `bench_llama --child CONFIG` with the variable set.
  *
- * Usage: bench_llama [--rounds N] [S|M ...]   (default: 1 round, S)
- *        bench_llama --child S|M [--profile]   one point in this process (--profile: time per op)
+ * Usage: bench_llama [--rounds N] [S|M|L ...]   (default: 1 round, S)
+ *        bench_llama --child S|M|L [--bf16] [--profile]   one point in this process (--profile: time per op)
  * With N rounds each point runs ours and PyTorch alternately N times and keeps each side's best round.
- * Output: `bench=llama_step config=S threads=1 tokens_per_s=... gflops=... torch_tokens_per_s=... ratio=...
- *          rounds=N` per point and `bench=llama_arena ...` per config. */
+ * Output: `bench=llama_step config=S threads=1 precision=fp32|bf16 tokens_per_s=... gflops=...
+ *          torch_precision=fp32|bf16_autocast torch_tokens_per_s=... ratio=... rounds=N` per point,
+ *          `bench=llama_goals config=S threads=T fp32_vs_torch=... goal_fp32=met|missed bf16_vs_torch_bf16=...
+ *          goal_bf16=met|missed bf16_vs_fp32=... torch_bf16_vs_fp32=...` per thread count (goal: 1.3x PyTorch at
+ *          equal precision) and `bench=llama_arena ...` per config. */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -32,10 +41,12 @@ struct bench_config {
 };
 
 /* S: bench_model's S shape as a Llama (head size 64, 2 query heads per key/value head, SwiGLU width
- * 8 C / 3 rounded to 256, untied head). M: a ~110M-parameter Llama (12 layers of 768, 32000 tokens). */
+ * 8 C / 3 rounded to 256, untied head). M: a ~110M-parameter Llama (12 layers of 768, 32000 tokens). L:
+ * bench_train's 58M-parameter Llama with one rank's batch (8 layers of 512, 8/4 heads, width 1536). */
 static const struct bench_config configs[] = {
     {"S", 4, 256, 4, 2, 768, 4096, 256, 8, 2, 10},
     {"M", 12, 768, 12, 4, 2048, 32000, 256, 4, 1, 3},
+    {"L", 8, 512, 8, 4, 1536, 32000, 256, 4, 1, 4},
 };
 
 static void die(const char *what)
@@ -190,11 +201,14 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static int run_child(const struct bench_config *bc, bool profile)
+static int run_child(const struct bench_config *bc, bool bf16, bool profile)
 {
-    const struct kernels *k = kernels_cpu();
-    if (profile)
-        k = profile_table(k);
+    const struct kernels *base = kernels_cpu();
+    if (bf16 && !(base->matmul_dtypes & KERNELS_DTYPE_BIT(KERNELS_BF16)))
+        fprintf(stderr, "bench_llama: this CPU has no bf16 matmul instructions: bf16 computes in fp32\n");
+    if (base->set_matmul_dtype(bf16 ? KERNELS_BF16 : KERNELS_F32))
+        die("set_matmul_dtype");
+    const struct kernels *k = profile ? profile_table(base) : base;
     struct model_config mc;
     config_to_model(bc, &mc);
     struct model *m;
@@ -205,12 +219,17 @@ static int run_child(const struct bench_config *bc, bool profile)
     size_t n = l->numel;
     float *params = k->mem_alloc(n * sizeof(float)), *grads = k->mem_alloc(n * sizeof(float));
     float *mom1 = k->mem_alloc(n * sizeof(float)), *mom2 = k->mem_alloc(n * sizeof(float));
-    if (!params || !grads || !mom1 || !mom2)
+    /* bf16: the persistent bf16 copy (the engine's low-precision shard) and the fp32 view gathered from it */
+    uint16_t *lp = bf16 ? k->mem_alloc(n * sizeof(uint16_t)) : NULL;
+    float *full = bf16 ? k->mem_alloc(n * sizeof(float)) : params;
+    if (!params || !grads || !mom1 || !mom2 || !full || (bf16 && !lp))
         die("allocating parameters and optimizer state");
     if (model_init_params(l, params) != 0)
         die("model_init_params");
     k->mem_set(mom1, 0, n * sizeof(float));
     k->mem_set(mom2, 0, n * sizeof(float));
+    if (bf16 && k->cast(lp, KERNELS_BF16, params, KERNELS_F32, n))
+        die("cast");
     size_t ntok = (size_t)bc->b * bc->t;
     int32_t *tokens = malloc(ntok * sizeof *tokens), *targets = malloc(ntok * sizeof *targets);
     if (!tokens || !targets)
@@ -231,9 +250,14 @@ static int run_child(const struct bench_config *bc, bool profile)
             memset(prof_time, 0, sizeof prof_time), memset(prof_flops, 0, sizeof prof_flops);
         double t0 = tu_now();
         float loss;
+        /* bf16: the gather of a one-rank group (the bf16 copy cast to the fp32 view, the two bound) */
+        if (bf16 && (k->cast(full, KERNELS_F32, lp, KERNELS_BF16, n) || k->lowp_bind(full, lp, n)))
+            die("gathering");
         if (k->mem_set(grads, 0, n * sizeof(float)) != 0 || model_set_batch(m, tokens, targets) != 0 ||
-            model_forward_backward(m, params, grads, &loss) != 0)
+            model_forward_backward(m, full, grads, &loss) != 0)
             die("training step");
+        if (bf16 && k->lowp_unbind(full))
+            die("release");
         /* gradient clipping at 1.0 like the peer: one norm over all gradients, folded into AdamW */
         double sq = 0;
         if (k->sqnorm(&sq, grads, n) != 0)
@@ -249,6 +273,9 @@ static int run_child(const struct bench_config *bc, bool profile)
                          &hp) != 0)
                 die("adamw");
         }
+        /* bf16: the engine's refresh of the low-precision copy after the optimizer */
+        if (bf16 && k->cast(lp, KERNELS_BF16, params, KERNELS_F32, n))
+            die("refresh");
         double dt = tu_now() - t0;
         if (!isfinite(loss))
             die("non-finite loss");
@@ -274,6 +301,8 @@ static int run_child(const struct bench_config *bc, bool profile)
     }
     free(tokens), free(targets);
     k->mem_free(params), k->mem_free(grads), k->mem_free(mom1), k->mem_free(mom2);
+    if (bf16)
+        k->mem_free(lp), k->mem_free(full);
     model_destroy(m);
     return 0;
 }
@@ -315,10 +344,21 @@ int main(int argc, char **argv)
     if (argc >= 3 && strcmp(argv[1], "--child") == 0) {
         const struct bench_config *bc = config_find(argv[2]);
         if (!bc) {
-            fprintf(stderr, "bench_llama: unknown config '%s' (S or M)\n", argv[2]);
+            fprintf(stderr, "bench_llama: unknown config '%s' (S, M or L)\n", argv[2]);
             return 2;
         }
-        return run_child(bc, argc >= 4 && strcmp(argv[3], "--profile") == 0);
+        bool bf16 = false, profile = false;
+        for (int i = 3; i < argc; i++) {
+            if (strcmp(argv[i], "--bf16") == 0)
+                bf16 = true;
+            else if (strcmp(argv[i], "--profile") == 0)
+                profile = true;
+            else {
+                fprintf(stderr, "bench_llama: unknown child flag '%s' (--bf16, --profile)\n", argv[i]);
+                return 2;
+            }
+        }
+        return run_child(bc, bf16, profile);
     }
     char self[PATH_MAX];
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -348,7 +388,7 @@ int main(int argc, char **argv)
     for (int si = 0; si < nsel; si++) {
         const struct bench_config *bc = argc > first ? config_find(argv[first + si]) : &configs[si];
         if (!bc) {
-            fprintf(stderr, "bench_llama: unknown config '%s' (S or M)\n", argv[first + si]);
+            fprintf(stderr, "bench_llama: unknown config '%s' (S, M or L)\n", argv[first + si]);
             return 2;
         }
         struct model_config mc;
@@ -360,31 +400,42 @@ int main(int argc, char **argv)
                bc->b, bc->t, full / 1048576.0, ck / 1048576.0, (double)ck / (double)full);
         fflush(stdout);
         for (int threads = 1; threads <= 2; threads++) {
-            char cmd[3 * PATH_MAX], line[4096] = "", best_line[4096] = "";
-            double tps = NAN, ttps = NAN;
-            for (int r = 0; r < rounds; r++) {
-                snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d '%s' --child %s", threads, self, bc->name);
-                double t = run_and_grab(cmd, "tokens_per_s", line, sizeof line);
-                if (isnan(t))
-                    return 1;
-                if (isnan(tps) || t > tps) {
-                    tps = t;
-                    snprintf(best_line, sizeof best_line, "%s", line);
+            double tps[2], ttps[2];
+            for (int bf16 = 0; bf16 <= 1; bf16++) {
+                char cmd[3 * PATH_MAX], line[4096] = "", best_line[4096] = "";
+                tps[bf16] = NAN, ttps[bf16] = NAN;
+                for (int r = 0; r < rounds; r++) {
+                    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d '%s' --child %s%s", threads, self, bc->name,
+                             bf16 ? " --bf16" : "");
+                    double t = run_and_grab(cmd, "tokens_per_s", line, sizeof line);
+                    if (isnan(t))
+                        return 1;
+                    if (isnan(tps[bf16]) || t > tps[bf16]) {
+                        tps[bf16] = t;
+                        snprintf(best_line, sizeof best_line, "%s", line);
+                    }
+                    if (have_torch) {
+                        snprintf(cmd, sizeof cmd,
+                                 "OMP_NUM_THREADS=%d '%s' '%s' --n_layer %d --n_head %d --n_kv_head %d --n_embd %d "
+                                 "--intermediate_size %d --vocab %d --seq %d --batch %d --warmup %d --steps %d%s",
+                                 threads, py, script, bc->n_layer, bc->n_head, bc->n_kv_head, bc->n_embd, bc->inter,
+                                 bc->vocab, bc->t, bc->b, bc->warmup, bc->steps, bf16 ? " --bf16" : "");
+                        double tt = run_and_grab(cmd, "tokens_per_s", NULL, 0);
+                        if (!isnan(tt) && (isnan(ttps[bf16]) || tt > ttps[bf16]))
+                            ttps[bf16] = tt;
+                    }
                 }
-                if (have_torch) {
-                    snprintf(cmd, sizeof cmd,
-                             "OMP_NUM_THREADS=%d '%s' '%s' --n_layer %d --n_head %d --n_kv_head %d --n_embd %d "
-                             "--intermediate_size %d --vocab %d --seq %d --batch %d --warmup %d --steps %d",
-                             threads, py, script, bc->n_layer, bc->n_head, bc->n_kv_head, bc->n_embd, bc->inter,
-                             bc->vocab, bc->t, bc->b, bc->warmup, bc->steps);
-                    double tt = run_and_grab(cmd, "tokens_per_s", NULL, 0);
-                    if (!isnan(tt) && (isnan(ttps) || tt > ttps))
-                        ttps = tt;
-                }
+                printf("bench=llama_step config=%s threads=%d precision=%s tokens_per_s=%.1f gflops=%.2f "
+                       "torch_precision=%s torch_tokens_per_s=%.1f ratio=%.3f rounds=%d\n",
+                       bc->name, threads, bf16 ? "bf16" : "fp32", tps[bf16], grab(best_line, "gflops"),
+                       bf16 ? "bf16_autocast" : "fp32", ttps[bf16], tps[bf16] / ttps[bf16], rounds);
+                fflush(stdout);
             }
-            printf("bench=llama_step config=%s threads=%d tokens_per_s=%.1f gflops=%.2f torch_tokens_per_s=%.1f "
-                   "ratio=%.3f rounds=%d\n",
-                   bc->name, threads, tps, grab(best_line, "gflops"), ttps, tps / ttps, rounds);
+            double g32 = tps[0] / ttps[0], g16 = tps[1] / ttps[1];
+            printf("bench=llama_goals config=%s threads=%d fp32_vs_torch=%.3f goal_fp32=%s bf16_vs_torch_bf16=%.3f "
+                   "goal_bf16=%s bf16_vs_fp32=%.3f torch_bf16_vs_fp32=%.3f\n",
+                   bc->name, threads, g32, g32 >= 1.3 ? "met" : isnan(g32) ? "unmeasured" : "missed", g16,
+                   g16 >= 1.3 ? "met" : isnan(g16) ? "unmeasured" : "missed", tps[1] / tps[0], ttps[1] / ttps[0]);
             fflush(stdout);
         }
     }

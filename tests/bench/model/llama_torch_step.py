@@ -1,10 +1,13 @@
 """PyTorch peer of bench_llama: transformers' LlamaForCausalLM trained a step at a time on one CPU process,
 the step bench_llama times in fsdpc: forward, cross-entropy over every position, backward,
-clip_grad_norm_(1.0), torch.optim.AdamW (weight decay on 2-D tensors only), in fp32, on random tokens.
+clip_grad_norm_(1.0), torch.optim.AdamW (weight decay on 2-D tensors only), on random tokens; in fp32, or
+with --bf16 under torch.autocast("cpu", bfloat16) around the forward (parameters, gradients and AdamW stay
+fp32; the loss is computed in fp32 from the logits), PyTorch's usual bf16 training on a CPU.
 
-Prints `peer=torch-VER transformers=VER threads=T params=P steps_timed=N step_ms_median=M tokens_per_s=X`
+Prints `peer=torch-VER transformers=VER precision=fp32|bf16_autocast threads=T params=P steps_timed=N step_ms_median=M tokens_per_s=X`
 (median over the steps after --warmup). Threads: OMP_NUM_THREADS, as for fsdpc."""
 import argparse
+import contextlib
 import os
 import statistics
 import time
@@ -26,6 +29,7 @@ p.add_argument("--batch", type=int, required=True)
 p.add_argument("--tie", action="store_true")
 p.add_argument("--warmup", type=int, default=2)
 p.add_argument("--steps", type=int, default=10)
+p.add_argument("--bf16", action="store_true", help="torch.autocast('cpu', bfloat16) around the forward")
 a = p.parse_args()
 
 threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
@@ -41,13 +45,15 @@ no_decay = [q for q in model.parameters() if q.dim() < 2]
 opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                         lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
 gen = torch.Generator().manual_seed(1)
+amp = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if a.bf16 else contextlib.nullcontext
 times = []
 for step in range(a.warmup + a.steps):
     x = torch.randint(0, a.vocab, (a.batch, a.seq), generator=gen)
     y = torch.roll(x, -1, dims=1)
     t0 = time.perf_counter()
-    logits = model(input_ids=x).logits
-    loss = F.cross_entropy(logits.reshape(-1, a.vocab), y.reshape(-1))
+    with amp():
+        logits = model(input_ids=x).logits
+    loss = F.cross_entropy(logits.float().reshape(-1, a.vocab), y.reshape(-1))
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -59,5 +65,6 @@ for step in range(a.warmup + a.steps):
         raise SystemExit("non-finite loss")
 med = statistics.median(times)
 params = sum(q.numel() for q in model.parameters())
-print(f"peer=torch-{torch.__version__} transformers={transformers.__version__} threads={threads} params={params} "
+print(f"peer=torch-{torch.__version__} transformers={transformers.__version__} "
+      f"precision={'bf16_autocast' if a.bf16 else 'fp32'} threads={threads} params={params} "
       f"steps_timed={len(times)} step_ms_median={med * 1e3:.1f} tokens_per_s={a.batch * a.seq / med:.1f}", flush=True)

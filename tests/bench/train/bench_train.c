@@ -22,12 +22,22 @@
  * lines bench=train_prefetch give tokens/s and the time blocked waiting for all-gathers of each, so the
  * overlap prefetching buys is measured, not assumed.
  *
- * Usage: bench_train [--rounds N] [S] [L]          (default: --rounds 2 S L)
+ * Llama (config llama: model_family = llama, 8 layers, n_embd 512, 8 query / 4 key-value heads, SwiGLU width
+ * 1536, vocab 32000, untied head, T 256, 4 sequences per rank: 58.2M parameters): FULL_SHARD in fp32 and with
+ * mixed_precision = bf16 beside PyTorch 2.x FSDP2 on transformers' own LlamaForCausalLM
+ * (tests/bench/train/fsdp2_llama.py under the venv's torchrun: fully_shard per LlamaDecoderLayer and root,
+ * gloo, fp32 and MixedPrecisionPolicy(param_dtype=bf16)), the same per-rank batch. Goal (issue 14): at least
+ * 1.3x FSDP2 at equal precision.
+ *
+ * Usage: bench_train [--rounds N] [S] [L] [llama]   (default: --rounds 2 S L)
  * Output: bench=train config=S strategy=FULL_SHARD precision=fp32 world=2 ... tokens_per_s=... mfu=...
  *         torch_fsdp2_tokens_per_s=... ratio=... torch_ddp_tokens_per_s=... no_shard_ratio=... scaling=...
  *         wait_frac=...; the same for FULL_SHARD bf16 and NO_SHARD, and
  *         bench=train_goals config=S full_shard_vs_fsdp2=... goal_fsdp2=met|missed bf16_vs_fsdp2_bf16=...
- *         goal_fsdp2_bf16=... full_shard_vs_ddp=... goal_ddp=... full_shard_vs_no_shard=... goal_no_shard=... */
+ *         goal_fsdp2_bf16=... full_shard_vs_ddp=... goal_ddp=... full_shard_vs_no_shard=... goal_no_shard=...;
+ *         for llama: bench=train_llama config=llama strategy=FULL_SHARD precision=fp32|bf16 world=2 ...
+ *         tokens_per_s=... torch_fsdp2_tokens_per_s=... ratio=... and bench=train_llama_goals config=llama
+ *         fp32_vs_fsdp2=... goal_fp32=met|missed bf16_vs_fsdp2_bf16=... goal_bf16=... */
 #include <fcntl.h>
 #include <math.h>
 #include <stdbool.h>
@@ -46,14 +56,18 @@
 struct bench_config {
     const char *name;
     int n_layer, n_embd, n_head, vocab, t, batch_per_rank;
-    int warmup, steps; /* untimed, timed */
+    int warmup, steps;    /* untimed, timed */
+    bool llama;           /* model_family = llama (else gpt2) */
+    int n_kv_head, inter; /* llama: key/value heads, SwiGLU width */
 };
 
 static const struct bench_config configs[] = {
     /* S times 16 steps: with 8, one disturbed step moved the median by a few percent on a shared machine */
-    {"S", 4, 256, 4, 4096, 256, 8, 2, 16},
-    {"L", 8, 512, 8, 50304, 256, 2, 1, 4},
+    {"S", 4, 256, 4, 4096, 256, 8, 2, 16, false, 0, 0},
+    {"L", 8, 512, 8, 50304, 256, 2, 1, 4, false, 0, 0},
+    {"llama", 8, 512, 8, 32000, 256, 4, 1, 4, true, 4, 1536},
 };
+enum { N_CONFIGS = sizeof configs / sizeof configs[0] };
 
 enum { WORLD = 2 };
 
@@ -108,8 +122,11 @@ static int run_fsdp_with(const char *build, const char *dir, const char *data, c
     if (!fi)
         return -1;
     int total = c->warmup + c->steps;
+    fprintf(fi, "[model]\n");
+    if (c->llama)
+        fprintf(fi, "model_family = llama\nn_kv_head = %d\nintermediate_size = %d\n", c->n_kv_head, c->inter);
     fprintf(fi,
-            "[model]\nn_layer = %d\nn_head = %d\nn_embd = %d\nvocab_size = %d\nblock_size = %d\n"
+            "n_layer = %d\nn_head = %d\nn_embd = %d\nvocab_size = %d\nblock_size = %d\n"
             "[train]\ndevice = cpu\ntrain_batch = %d\nmicro_batch = %d\nmax_steps = %d\neval_interval = 0\n"
             "[optim]\nlr = 0.0003\nwarmup_steps = 1\n[data]\ntrain_file = %s/train.bin\n"
             "[log]\ninterval = 1\n",
@@ -228,6 +245,93 @@ static double run_torch(const char *venv_python, const char *venv_torchrun, cons
     return v;
 }
 
+/* The FSDP2 peer of a Llama config (fsdp2_llama.py under torchrun, fp32 or param_dtype bf16); tokens/s or
+ * NAN when the peer fails. */
+static double run_torch_llama(const char *venv_torchrun, const char *script, const char *dir,
+                              const struct bench_config *c, int round, bool bf16)
+{
+    char out[4300], err[4300];
+    snprintf(out, sizeof out, "%s/torch-llama-%s-%d.out", dir, bf16 ? "bf16" : "fp32", round);
+    snprintf(err, sizeof err, "%s/torch-llama-%s-%d.err", dir, bf16 ? "bf16" : "fp32", round);
+    char nproc[16], layers[16], dim[16], heads[16], kv[16], inter[16], vocab[16], seq[16], batch[16], steps[16],
+        warm[16];
+    snprintf(nproc, sizeof nproc, "%d", WORLD);
+    snprintf(layers, sizeof layers, "%d", c->n_layer);
+    snprintf(dim, sizeof dim, "%d", c->n_embd);
+    snprintf(heads, sizeof heads, "%d", c->n_head);
+    snprintf(kv, sizeof kv, "%d", c->n_kv_head);
+    snprintf(inter, sizeof inter, "%d", c->inter);
+    snprintf(vocab, sizeof vocab, "%d", c->vocab);
+    snprintf(seq, sizeof seq, "%d", c->t);
+    snprintf(batch, sizeof batch, "%d", c->batch_per_rank);
+    snprintf(steps, sizeof steps, "%d", c->steps);
+    snprintf(warm, sizeof warm, "%d", c->warmup);
+    const char *args[] = {venv_torchrun, "--standalone", "--nproc_per_node", nproc, script, "--n_layer", layers,
+                          "--n_embd", dim, "--n_head", heads, "--n_kv_head", kv, "--intermediate_size", inter,
+                          "--vocab", vocab, "--seq", seq, "--batch_per_rank", batch, "--steps", steps, "--warmup",
+                          warm, "--param_dtype", bf16 ? "bf16" : "fp32", NULL};
+    /* gloo on the loopback interface: no lookup of the host's name */
+    static const char *const env[] = {"OMP_NUM_THREADS=1", "RANK=", "WORLD_SIZE=", "GLOO_SOCKET_IFNAME=lo", NULL};
+    if (tu_run(args, out, err, env) != 0) {
+        show_tail(bf16 ? "torch FSDP2 Llama bf16" : "torch FSDP2 Llama", err);
+        return NAN;
+    }
+    char *o = tu_slurp(out);
+    const char *p = strstr(o, "tokens_per_s=");
+    double v = p ? atof(p + strlen("tokens_per_s=")) : NAN;
+    free(o);
+    return v;
+}
+
+/* A Llama config: FULL_SHARD fp32 and bf16 beside FSDP2 fp32 and bf16, best of the rounds; returns 0 or 1. */
+static int bench_llama_config(const char *build, const char *dir, const char *data, const char *torchrun,
+                              const char *script, bool peer, const struct bench_config *c, int rounds)
+{
+    struct figure best[2], f;
+    memset(best, 0, sizeof best);
+    double best_torch[2] = {NAN, NAN};
+    static const char *const prec[2] = {"fp32", "bf16"};
+    for (int r = 0; r < rounds; r++) {
+        for (int b = 0; b < 2; b++) {
+            double t = peer ? run_torch_llama(torchrun, script, dir, c, r, b) : NAN;
+            if (isfinite(t) && !(t <= best_torch[b]))
+                best_torch[b] = t;
+            if (run_fsdp_with(build, dir, data, c, "FULL_SHARD", b ? "--fsdp.mixed_precision=bf16" : NULL, WORLD, r,
+                              &f) == 0 &&
+                f.tokens_per_s > best[b].tokens_per_s)
+                best[b] = f;
+        }
+        fprintf(stderr,
+                "bench_train: config %s round %d: best so far torch FSDP2 %.0f, FSDP2 bf16 %.0f; FULL_SHARD %.0f, "
+                "FULL_SHARD bf16 %.0f tokens/s\n",
+                c->name, r, best_torch[0], best_torch[1], best[0].tokens_per_s, best[1].tokens_per_s);
+    }
+    if (best[0].tokens_per_s <= 0 || best[1].tokens_per_s <= 0) {
+        fprintf(stderr, "bench_train: config %s: fsdp-worker failed\n", c->name);
+        return 1;
+    }
+    for (int b = 0; b < 2; b++) {
+        const struct figure *x = &best[b];
+        double steps_s = (c->warmup + c->steps) * (double)c->batch_per_rank * WORLD * c->t / x->tokens_per_s;
+        printf("bench=train_llama config=%s strategy=FULL_SHARD precision=%s world=%d params=%lld batch_per_rank=%d "
+               "seq=%d tokens_per_s=%.0f mfu=%.4f torch_fsdp2_precision=%s torch_fsdp2_tokens_per_s=%.0f ratio=%.3f "
+               "gather_wait_s=%.3f reduce_wait_s=%.3f wait_frac=%.3f run_s=%.1f rounds=%d%s\n",
+               c->name, prec[b], WORLD, x->params, c->batch_per_rank, c->t, x->tokens_per_s, x->mfu,
+               b ? "param_bf16" : "fp32", best_torch[b], x->tokens_per_s / best_torch[b], x->gather_wait_s,
+               x->reduce_wait_s, (x->gather_wait_s + x->reduce_wait_s) / steps_s, x->run_s, rounds,
+               peer ? "" : " note=peer_skipped");
+    }
+    if (peer) {
+        double g32 = best[0].tokens_per_s / best_torch[0], g16 = best[1].tokens_per_s / best_torch[1];
+        printf("bench=train_llama_goals config=%s fp32_vs_fsdp2=%.3f goal_fp32=%s bf16_vs_fsdp2_bf16=%.3f goal_bf16=%s "
+               "bf16_vs_fp32=%.3f torch_bf16_vs_fp32=%.3f\n",
+               c->name, g32, g32 >= 1.3 ? "met" : "missed", g16, g16 >= 1.3 ? "met" : "missed",
+               best[1].tokens_per_s / best[0].tokens_per_s, best_torch[1] / best_torch[0]);
+    }
+    fflush(stdout);
+    return 0;
+}
+
 static void rm_rf(const char *dir)
 {
     char *argv[] = {"/bin/rm", "-rf", (char *)dir, NULL};
@@ -242,17 +346,18 @@ int main(int argc, char **argv)
         return 1;
     }
     int rounds = 2;
-    const struct bench_config *want[2];
+    const struct bench_config *want[N_CONFIGS];
     int n_want = 0;
     for (int i = 1; i < argc; i++) {
+        int ci = 0;
+        while (ci < N_CONFIGS && strcmp(argv[i], configs[ci].name) != 0)
+            ci++;
         if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc)
             rounds = atoi(argv[++i]);
-        else if (strcmp(argv[i], "S") == 0 && n_want < 2)
-            want[n_want++] = &configs[0];
-        else if (strcmp(argv[i], "L") == 0 && n_want < 2)
-            want[n_want++] = &configs[1];
+        else if (ci < N_CONFIGS && n_want < N_CONFIGS)
+            want[n_want++] = &configs[ci];
         else {
-            fprintf(stderr, "usage: bench_train [--rounds N] [S] [L]\n");
+            fprintf(stderr, "usage: bench_train [--rounds N] [S] [L] [llama]\n");
             return 2;
         }
     }
@@ -281,18 +386,27 @@ int main(int argc, char **argv)
         rm_rf(dir);
         return 1;
     }
-    char script[1100], python[1100], torchrun[1100];
+    char script[1100], llama_script[1100], python[1100], torchrun[1100];
     snprintf(script, sizeof script, "%s/../shared/anchors/torch2/fsdp2_gpt.py", src);
+    snprintf(llama_script, sizeof llama_script, "%s/tests/bench/train/fsdp2_llama.py", src);
     bool have_python = tu_venv_bin("python", python, sizeof python);
     bool have_torchrun = tu_venv_bin("torchrun", torchrun, sizeof torchrun); /* both paths filled for the message */
     bool peer = have_python && have_torchrun && access(script, R_OK) == 0;
+    bool llama_peer = have_python && have_torchrun && access(llama_script, R_OK) == 0;
     if (!peer)
-        fprintf(stderr, "bench_train: %s, %s or %s missing: the PyTorch 2.x peers are skipped\n", script, python,
+        fprintf(stderr, "bench_train: %s, %s or %s missing: the PyTorch 2.x GPT peers are skipped\n", script, python,
                 torchrun);
+    if (!llama_peer)
+        fprintf(stderr, "bench_train: %s, %s or %s missing: the PyTorch 2.x Llama peers are skipped\n", llama_script,
+                python, torchrun);
 
     int status = 0;
     for (int w = 0; w < n_want; w++) {
         const struct bench_config *c = want[w];
+        if (c->llama) {
+            status |= bench_llama_config(build, dir, data, torchrun, llama_script, llama_peer, c, rounds);
+            continue;
+        }
         struct figure best_fs = {0}, best_bf = {0}, best_ns = {0}, best_one = {0}, best_nopf = {0}, best_fwpf = {0}, f;
         double best_torch[4] = {NAN, NAN, NAN, NAN};
         for (int r = 0; r < rounds; r++) {
