@@ -57,9 +57,6 @@ static size_t att_slot_bytes(int t, int hs)
     if (!cpu_isa_get()->bf16)
         return f32;
     size_t lp = cpu_att16_usable(hs) ? cpu_att16_slot_bytes(t) : f32 + 4 * (size_t)t * hs * sizeof(float);
-    /* grouped-query heads (nkv < nh) take the sgemm path even at head size 64 */
-    size_t sg = f32 + 4 * (size_t)t * hs * sizeof(float);
-    lp = lp > sg ? lp : sg;
     lp = (lp + 63) / 64 * 64;
     return lp > f32 ? lp : f32;
 }
@@ -581,9 +578,7 @@ int cpu_attention_forward(float *out, float *lse, const float *qkv, int b, int t
     const int hs = c / nh;
     const float scale = 1.0f / sqrtf((float)hs);
     const int pairs = b * nh, bf16 = cpu_matmul_compute_dtype() == DTYPE_BF16;
-    /* the AVX512_BF16 kernels read the GPT-2 qkv layout (k and v one c after q), so grouped-query heads take
-     * the rounded sgemm path */
-    const int fast16 = bf16 && nkv == nh && cpu_att16_usable(hs), fast = !bf16 && att512_usable(hs);
+    const int fast16 = bf16 && cpu_att16_usable(hs), fast = !bf16 && att512_usable(hs);
     const size_t slot = att_slot_bytes(t, hs);
     const struct att_call call = {.qkv = qkv, .out = out, .lse = lse, .b = b, .t = t, .nh = nh, .nkv = nkv, .hs = hs};
 #pragma omp parallel num_threads(att_threads(pairs)) if (pairs > 1)
@@ -593,7 +588,7 @@ int cpu_attention_forward(float *out, float *lse, const float *qkv, int b, int t
         for (int p = 0; p < pairs; p++) {
             struct att_head a = att_head_at(&call, p / nh, p % nh);
             if (fast16) {
-                cpu_att16_forward_pair(a.out, a.lse, a.q, t, c, scale, ws);
+                cpu_att16_forward_pair(a.out, a.ldo, a.lse, a.q, a.k, a.v, a.ld, t, scale, ws);
             } else if (fast) {
                 /* the pair this thread most likely takes next (the one its stride lands on) */
                 int pn = p + omp_get_num_threads();
@@ -704,7 +699,7 @@ int cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, con
     const int hs = c / nh, group = nh / nkv;
     const float scale = 1.0f / sqrtf((float)hs);
     const int groups = b * nkv, bf16 = cpu_matmul_compute_dtype() == DTYPE_BF16;
-    const int fast16 = bf16 && nkv == nh && cpu_att16_usable(hs), fast = !bf16 && att512_usable(hs);
+    const int fast16 = bf16 && cpu_att16_usable(hs), fast = !bf16 && att512_usable(hs);
     const size_t slot = att_slot_bytes(t, hs);
     const struct att_call call = {.qkv = qkv, .dout = dout, .o = out, .lse_in = lse, .dqkv = dqkv, .b = b, .t = t,
                                   .nh = nh, .nkv = nkv, .hs = hs};
@@ -717,7 +712,7 @@ int cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, con
             for (int h = h0; h < h0 + group; h++) {
                 struct att_head a = att_head_at(&call, bi, h);
                 if (fast16) {
-                    cpu_att16_backward_pair(a.dq, a.dout, a.q, a.o, a.lse_in, t, c, scale, ws);
+                    cpu_att16_backward_pair(a.dq, a.dk, a.dv, a.dout, a.q, a.k, a.v, a.o, a.ld, a.ldo, a.lse_in, t, scale, ws);
                 } else if (fast) {
                     /* next: the group's next query head, else the first of the group this thread's stride
                      * lands on */

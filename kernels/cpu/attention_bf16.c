@@ -244,20 +244,19 @@ static void att16_carve(struct att16_ws *w, void *ws, int t)
         w->p[i] = (uint32_t *)at;
 }
 
-ATT16_TARGET void cpu_att16_forward_pair(float *out, float *lse, const float *qkv, int t, int c, float scale,
-                                         void *ws)
+ATT16_TARGET void cpu_att16_forward_pair(float *out, size_t ldo, float *lse, const float *q, const float *k,
+                                         const float *v, size_t ld, int t, float scale, void *ws)
 {
-    const size_t ld = 3 * (size_t)c;
     struct att16_ws w;
     att16_carve(&w, ws, t);
     float *qt = w.f[0], *st = w.f[1], *ot = w.f[2];
     uint32_t *qtp = w.h[0], *ptp = w.h[1], *kr = w.p[0], *vp = w.p[1];
     _Alignas(64) float m[64], l[64], alpha[64];
-    att16_rows(kr, qkv + c, ld, t, t);
-    att16_pair_rows(vp, qkv + 2 * c, ld, t, t + (t & 1), 0);
+    att16_rows(kr, k, ld, t, t);
+    att16_pair_rows(vp, v, ld, t, t + (t & 1), 0);
     for (int q0 = 0; q0 < t; q0 += 64) {
         int nq = t - q0 < 64 ? t - q0 : 64;
-        att_transpose64(qt, qkv + (size_t)q0 * ld, ld, nq, scale);
+        att_transpose64(qt, q + (size_t)q0 * ld, ld, nq, scale);
         att16_pair_rows(qtp, qt, 64, 64, 64, 0);
         for (int r = 0; r < 64; r++)
             m[r] = -INFINITY, l[r] = 0.0f;
@@ -269,7 +268,7 @@ ATT16_TARGET void cpu_att16_forward_pair(float *out, float *lse, const float *qk
             att16_tile_acc(ot, 64, nq, ptp, 1, 64, vp + (size_t)(k0 / 2) * 64, nk, 0, diag, alpha, k0 == 0);
         }
         for (int r = 0; r < nq; r++) {
-            float inv = 1.0f / l[r], *o = out + (size_t)(q0 + r) * c;
+            float inv = 1.0f / l[r], *o = out + (size_t)(q0 + r) * ldo;
             for (int d = 0; d < 64; d++)
                 o[d] = ot[r * 64 + d] * inv;
             lse[q0 + r] = m[r] + logf(l[r]);
@@ -277,10 +276,11 @@ ATT16_TARGET void cpu_att16_forward_pair(float *out, float *lse, const float *qk
     }
 }
 
-ATT16_TARGET void cpu_att16_backward_pair(float *dqkv, const float *dout, const float *qkv, const float *out,
-                                          const float *lse, int t, int c, float scale, void *ws)
+ATT16_TARGET void cpu_att16_backward_pair(float *dq_all, float *dk_all, float *dv_all, const float *dout,
+                                          const float *q_all, const float *k_all, const float *v_all,
+                                          const float *out, size_t ld, size_t ldo, const float *lse, int t,
+                                          float scale, void *ws)
 {
-    const size_t ld = 3 * (size_t)c;
     struct att16_ws w;
     att16_carve(&w, ws, t);
     float *qt = w.f[0], *dot = w.f[1], *pt = w.f[2], *dpt = w.f[3];
@@ -288,17 +288,17 @@ ATT16_TARGET void cpu_att16_backward_pair(float *dqkv, const float *dout, const 
     uint32_t *kr = w.p[0], *vr = w.p[1], *kp = w.p[2], *qp = w.p[3], *dop = w.p[4];
     _Alignas(64) float lsev[64], dsum[64];
     const int te = t + (t & 1);
-    att16_rows(kr, qkv + c, ld, t, t);
-    att16_rows(vr, qkv + 2 * c, ld, t, t);
-    att16_pair_rows(kp, qkv + c, ld, t, te, 0);
-    att16_pair_rows(qp, qkv, ld, t, te, 0);
-    att16_pair_rows(dop, dout, (size_t)c, t, te, 0);
+    att16_rows(kr, k_all, ld, t, t);
+    att16_rows(vr, v_all, ld, t, t);
+    att16_pair_rows(kp, k_all, ld, t, te, 0);
+    att16_pair_rows(qp, q_all, ld, t, te, 0);
+    att16_pair_rows(dop, dout, ldo, t, te, 0);
     for (int q0 = 0; q0 < t; q0 += 64) {
         int nq = t - q0 < 64 ? t - q0 : 64;
-        const float *q = qkv + (size_t)q0 * ld, *dO = dout + (size_t)q0 * c;
-        float *dq = dqkv + (size_t)q0 * ld;
+        const float *q = q_all + (size_t)q0 * ld, *dO = dout + (size_t)q0 * ldo;
+        float *dq = dq_all + (size_t)q0 * ld;
         att_transpose64(qt, q, ld, nq, scale);
-        att_transpose64(dot, dO, c, nq, 1.0f);
+        att_transpose64(dot, dO, ldo, nq, 1.0f);
         att16_pair_rows(qtp, qt, 64, 64, 64, 0);
         att16_pair_rows(dotp, dot, 64, 64, 64, 0);
         for (int r = 0; r < 64; r++) {
@@ -307,7 +307,7 @@ ATT16_TARGET void cpu_att16_backward_pair(float *dqkv, const float *dout, const 
             float s = 0.0f;
             if (r < nq) {
                 /* D = rowsum(dO O) of the rounded dO that dP = dO V^T reads, so sum_j dS_j stays 0 */
-                const float *a = dO + (size_t)r * c, *b = out + (size_t)(q0 + r) * c;
+                const float *a = dO + (size_t)r * ldo, *b = out + (size_t)(q0 + r) * ldo;
                 __m512 acc = _mm512_setzero_ps();
                 for (int d = 0; d < 64; d += 16) {
                     __m512 ar = _mm512_castsi512_ps(
@@ -320,7 +320,7 @@ ATT16_TARGET void cpu_att16_backward_pair(float *dqkv, const float *dout, const 
         }
         for (int k0 = 0; k0 <= q0; k0 += 64) {
             int diag = k0 == q0, nk = diag ? nq : 64;
-            float *dk = dqkv + (size_t)k0 * ld + c, *dv = dqkv + (size_t)k0 * ld + 2 * c;
+            float *dk = dk_all + (size_t)k0 * ld, *dv = dv_all + (size_t)k0 * ld;
             att16_tile_xyt(ATT_EPI_PROBS, pt, kr + (size_t)k0 * 32, qtp, nk, diag, lsev, NULL, 0.0f);
             /* dV += P^T dO: rows are keys, the contraction runs over queries (pairs along a row of pt) */
             att16_rows(pt16, pt, 64, nk, 64);
@@ -350,15 +350,18 @@ int cpu_att16_usable(int hs)
     return 0;
 }
 
-void cpu_att16_forward_pair(float *out, float *lse, const float *qkv, int t, int c, float scale, void *ws)
+void cpu_att16_forward_pair(float *out, size_t ldo, float *lse, const float *q, const float *k, const float *v,
+                            size_t ld, int t, float scale, void *ws)
 {
-    (void)out, (void)lse, (void)qkv, (void)t, (void)c, (void)scale, (void)ws;
+    (void)out, (void)ldo, (void)lse, (void)q, (void)k, (void)v, (void)ld, (void)t, (void)scale, (void)ws;
 }
 
-void cpu_att16_backward_pair(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                             int t, int c, float scale, void *ws)
+void cpu_att16_backward_pair(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                             const float *v, const float *out, size_t ld, size_t ldo, const float *lse, int t,
+                             float scale, void *ws)
 {
-    (void)dqkv, (void)dout, (void)qkv, (void)out, (void)lse, (void)t, (void)c, (void)scale, (void)ws;
+    (void)dq, (void)dk, (void)dv, (void)dout, (void)q, (void)k, (void)v, (void)out, (void)ld, (void)ldo, (void)lse;
+    (void)t, (void)scale, (void)ws;
 }
 
 #endif

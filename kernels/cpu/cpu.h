@@ -81,11 +81,14 @@ size_t cpu_scratch_bytes(void);
 int cpu_att16_usable(int hs);
 /* Workspace bytes one pair's slot needs for a sequence of t tokens. */
 size_t cpu_att16_slot_bytes(int t);
-/* As attention.c's AVX-512 pair functions: q, k, v rows of the pair at qkv (leading dimension 3c), out and
- * dout rows at leading dimension c, lse of the pair; ws = the pair's slot. */
-void cpu_att16_forward_pair(float *out, float *lse, const float *qkv, int t, int c, float scale, void *ws);
-void cpu_att16_backward_pair(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                             int t, int c, float scale, void *ws);
+/* One query head against its key/value head: q, k, v rows (and dq, dk, dv) at leading dimension ld, out and
+ * dout rows at ldo, lse of the pair; ws = the pair's slot. Backward adds into dq, dk, dv, so the query heads
+ * of a grouped key/value head run one after another into the same dk, dv. */
+void cpu_att16_forward_pair(float *out, size_t ldo, float *lse, const float *q, const float *k, const float *v,
+                            size_t ld, int t, float scale, void *ws);
+void cpu_att16_backward_pair(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                             const float *v, const float *out, size_t ld, size_t ldo, const float *lse, int t,
+                             float scale, void *ws);
 
 /* ---- matmul.c: the dtype the matmuls compute in now (set_matmul_dtype, what this CPU supports) ---- */
 enum dtype cpu_matmul_compute_dtype(void);

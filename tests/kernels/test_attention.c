@@ -342,8 +342,9 @@ Test(kernels_attention, bf16_other_head_sizes, .timeout = 120)
     check_attention_bf16(1, 200, 32, 2, 3.0f, 92);
 }
 
-/* Grouped-query heads in bf16 mode: the rounded sgemm path at every head size (the AVX512_BF16 kernels read
- * the multi-head layout only), key/value gradients summed over the group. */
+/* Grouped-query heads in bf16 mode: head size 64 on the AVX512_BF16 tiles (a key/value head's query heads one
+ * after another into its dk, dv), other head sizes on the rounded sgemm path, key/value gradients summed over
+ * the group. */
 Test(kernels_attention, bf16_grouped_query_heads, .timeout = 120)
 {
     check_attention_bf16_gqa(1, 70, 256, 4, 2, 0.5f, 95); /* head size 64 */
