@@ -65,6 +65,28 @@ static bool listen_addr(int port, char *out, size_t cap)
     return found;
 }
 
+/* A port P with P + 1 free too (a worker under torchrun hosts its store at MASTER_PORT + 1). Linux hands out
+ * even ports to bind(0) and odd ones to connect(), so P + 1 is often some client's local port on a busy
+ * machine; 0 when none is found. */
+static int free_port_pair(void)
+{
+    for (int i = 0; i < 64; i++) {
+        int p = tu_free_port();
+        if (p <= 0 || p + 1 > 65535)
+            continue;
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0)
+            return 0;
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(p + 1))};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+        close(fd);
+        if (ok)
+            return p;
+    }
+    return 0;
+}
+
 static const char *const secret_env[] = {"FSDP_RDZV_TOKEN=s3cret", NULL};
 /* For the memory tests: a sanitizer build's quarantine of freed blocks (256 MiB by default) would count as
  * the launcher's RSS; without a sanitizer the variable is ignored. */
@@ -413,7 +435,7 @@ Test(store_launch, worker_store_under_torchrun_listens_on_master_addr, .timeout 
     lu_write_text(ini, text);
     for (int with_secret = 0, attempt = 0; with_secret < 2; with_secret++) {
     retry:;
-        int port = tu_free_port();
+        int port = free_port_pair();
         cr_assert_gt(port, 0);
         char penv[64], home[4300];
         snprintf(penv, sizeof penv, "MASTER_PORT=%d", port);
