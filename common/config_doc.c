@@ -58,6 +58,8 @@ int config_print_markdown(const struct config_schema *schema, FILE *out)
             "also be given without its section. Booleans given as a bare flag mean `true`.\n\n"
             "Spellings are normalised: names ignore case and treat `-` like `_`; enum values ignore case\n"
             "and accept the aliases listed; booleans accept true/false, 1/0, yes/no, on/off.\n"
+            "Comments are lines starting with `;` or `#`, and a `;` after white space ends a value\n"
+            "(`lr = 0.1 ; note`); a value that starts with `;` (`dir =; note`) is an empty one.\n"
             "An unknown section or key, a bad value, a duplicate key or a line longer than %d characters\n"
             "is an error naming the file and line. `--print-config` prints the effective configuration\n"
             "in INI form, which loads back unchanged, each value that is not a default under a `; from ...`\n"

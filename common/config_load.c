@@ -128,6 +128,10 @@ static int handler(void *user, const char *section, const char *name, const char
         return fail_at(ctx, FSDP_EINVAL, "duplicate key %s.%s: set on line %d and again on line %d",
                        key->section, key->name, ctx->seen_line[k], ctx->line);
     ctx->seen_line[k] = ctx->line;
+    /* "key =; note" is "key = ; note" without the space: a comment, as --print-config would write it back
+     * (inih starts an inline comment only at a ';' after white space) */
+    if (value[0] == ';')
+        value = "";
     char origin[320];
     snprintf(origin, sizeof origin, "%s:%d", ctx->name, ctx->line);
     int rc = config_set_index_origin(ctx->cfg, k, value, CONFIG_SRC_FILE, ctx->line, origin);

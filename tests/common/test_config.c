@@ -197,6 +197,17 @@ Test(config, ini_values_and_normalised_names)
     config_destroy(cfg);
 }
 
+/* "key =; note" (no space before ';') is a comment too, as --print-config writes "key = ; note" back: the
+ * value is empty and prints and loads back the same (found by fuzz_config). */
+Test(config, ini_value_starting_with_semicolon_is_a_comment)
+{
+    struct config *cfg = make();
+    cr_assert_eq(load(cfg, "[data]\ntag =; a note\ntrain_file =;x\n"), 0, "%s", error_message());
+    cr_assert_str_eq(config_get_string(cfg, "data", "tag"), "");
+    cr_assert_str_eq(config_get_string(cfg, "data", "train_file"), "");
+    config_destroy(cfg);
+}
+
 Test(config, ini_flat_names_before_any_section)
 {
     struct config *cfg = make();
