@@ -8,11 +8,13 @@
  * Work is split over (batch, head) pairs, in backward (batch, key/value head) pairs: a pair writes only its
  * own columns, so the accumulated key and value gradients are race-free and deterministic. */
 #include <cblas.h>
+#include <limits.h>
 #include <math.h>
 #include <stdbool.h>
 #include <omp.h>
 
 #include "common/error.h"
+#include "kernels/cpu/attention_avx512.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/fastmath.h"
 
@@ -334,6 +336,198 @@ static int tiled_backward(float *dq, float *dk, float *dv, const float *dout, co
     return 0;
 }
 
+/* ---- fp32, head size 64: the AVX-512 tiles of attention.c (attention_avx512.h) ----
+ * Runs of up to 64 rows that are consecutive in memory and in position, so a tile of a query run and a key
+ * run is either wholly visible (every key at or before every query), wholly masked (skipped), the diagonal
+ * of the sequence (the same positions: the tiles' own causal mask and trimmed contractions), or cut by the
+ * causal line elsewhere, masked element by element by position. The load-balanced chunks of a context group
+ * are multiples of 64 rows long at the lengths that matter, so the last kind is rare. */
+#if ATT_HAVE_AVX512
+#define CP_T 64
+
+/* Rows i .. of a sequence in i's block whose positions go up by one: at most CP_T. */
+static int cp_run(int i, int t, int blk, const int *pos)
+{
+    int n = run_len(i, t, blk, CP_T), r = 1;
+    while (r < n && pos[i + r] == pos[i] + r)
+        r++;
+    return r;
+}
+
+enum cp_tile { CP_SKIP, CP_FULL, CP_DIAG, CP_CUT };
+
+/* How query run qp[0..nq) meets key run kp[0..nk) (both consecutive positions). */
+static enum cp_tile cp_classify(const int *qp, int nq, const int *kp, int nk)
+{
+    if (kp[0] > qp[nq - 1])
+        return CP_SKIP;
+    if (kp[nk - 1] <= qp[0])
+        return CP_FULL;
+    return kp[0] == qp[0] && nk == nq ? CP_DIAG : CP_CUT;
+}
+
+/* A transposed tile st (key rows, 64 query lanes) cut by the causal line: fill where key j's position is
+ * after query lane r's (qp64: the run's positions, INT_MAX in the padding lanes). */
+ATT_TARGET static void cp512_cut(float *st, int nk, const int *kp, const int *qp64, float fill)
+{
+    const __m512 f = _mm512_set1_ps(fill);
+    __m512i qv[4];
+    for (int v = 0; v < 4; v++)
+        qv[v] = _mm512_loadu_si512(qp64 + 16 * v);
+    for (int j = 0; j < nk; j++) {
+        __m512i kj = _mm512_set1_epi32(kp[j]);
+        for (int v = 0; v < 4; v++) {
+            __mmask16 m = _mm512_cmp_epi32_mask(qv[v], kj, _MM_CMPINT_LT);
+            float *x = st + (size_t)j * 64 + 16 * v;
+            _mm512_storeu_ps(x, _mm512_mask_mov_ps(_mm512_loadu_ps(x), m, f));
+        }
+    }
+}
+
+static void cp_lanes(int *qp64, const int *qp, int nq)
+{
+    for (int r = 0; r < 64; r++)
+        qp64[r] = r < nq ? qp[r] : INT_MAX;
+}
+
+ATT_TARGET static void cp512_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                                     const struct kernels_attention_cp *a)
+{
+    int nkv = a->nkv ? a->nkv : a->nh, group = a->nh / nkv, pairs = a->b * a->nh;
+    size_t ldkv = a->ldkv ? a->ldkv : a->ld;
+    const float scale = 0.125f; /* 1 / sqrt(64) */
+#pragma omp parallel
+    {
+        _Alignas(64) float qt[64 * 64], st[64 * 64], ot[64 * 64];
+        _Alignas(64) float m[64], l[64], alpha[64];
+        _Alignas(64) int qp64[64];
+#pragma omp for schedule(dynamic, 1)
+        for (int p = 0; p < pairs; p++) {
+            int bb = p / a->nh, h = p % a->nh, kh = h / group;
+            for (int i0 = 0; i0 < a->tq;) {
+                int nq = cp_run(i0, a->tq, a->qblock, a->qpos);
+                const int *qp = a->qpos + i0;
+                size_t qr = row_of(bb, i0, a->tq, a->qblock, a->b);
+                att_transpose64(qt, q + qr * a->ld + h * 64, a->ld, nq, scale);
+                cp_lanes(qp64, qp, nq);
+                for (int r = 0; r < 64; r++)
+                    m[r] = -INFINITY, l[r] = 0.0f;
+                int first = 1;
+                for (int j0 = 0; j0 < a->tk;) {
+                    int nk = cp_run(j0, a->tk, a->kblock, a->kpos);
+                    enum cp_tile kind = cp_classify(qp, nq, a->kpos + j0, nk);
+                    if (kind != CP_SKIP) {
+                        size_t kr = row_of(bb, j0, a->tk, a->kblock, a->b);
+                        const float *kt = k + kr * ldkv + kh * 64, *vt = v + kr * ldkv + kh * 64;
+                        int diag = kind == CP_DIAG;
+                        att_tile_xyt(ATT_EPI_SCORES, st, kt, ldkv, qt, nk, diag, NULL, NULL, 0.0f, NULL);
+                        if (kind == CP_CUT)
+                            cp512_cut(st, nk, a->kpos + j0, qp64, -INFINITY);
+                        att_softmax_cols(st, nk, diag, m, l, alpha);
+                        att_tile_acc(ot, 64, nq, st, 1, 64, vt, ldkv, nk, diag ? ATT_TRIM_HI : ATT_TRIM_NONE, alpha,
+                                     first, NULL);
+                        first = 0;
+                    }
+                    j0 += nk;
+                }
+                for (int r = 0; r < nq; r++) {
+                    float *o = out + (qr + r) * a->c + h * 64;
+                    float inv = !first && l[r] > 0 ? 1.0f / l[r] : 0.0f;
+                    for (int d = 0; d < 64; d++)
+                        o[d] = inv > 0 ? ot[r * 64 + d] * inv : 0.0f;
+                    lse[((size_t)bb * a->nh + h) * a->tq + i0 + r] = inv > 0 ? m[r] + logf(l[r]) : -INFINITY;
+                }
+                i0 += nq;
+            }
+        }
+    }
+}
+
+ATT_TARGET static void cp512_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                      const float *k, const float *v, const float *out, const float *lse,
+                                      const struct kernels_attention_cp *a)
+{
+    int nkv = a->nkv ? a->nkv : a->nh, group = a->nh / nkv, pairs = a->b * nkv;
+    size_t ldkv = a->ldkv ? a->ldkv : a->ld, ld = a->ld, c = a->c;
+    const float scale = 0.125f;
+    /* One (sequence, key/value head) pair per iteration, its query heads inside: the pair alone writes its
+     * key/value columns. */
+#pragma omp parallel
+    {
+        _Alignas(64) float qt[64 * 64], dot_t[64 * 64], pt[64 * 64], dpt[64 * 64];
+        _Alignas(64) float lsev[64], dsum[64];
+        _Alignas(64) int qp64[64];
+#pragma omp for schedule(dynamic, 1)
+        for (int p = 0; p < pairs; p++) {
+            int bb = p / nkv, kh = p % nkv;
+            for (int h = kh * group; h < (kh + 1) * group; h++)
+                for (int i0 = 0; i0 < a->tq;) {
+                    int nq = cp_run(i0, a->tq, a->qblock, a->qpos);
+                    const int *qp = a->qpos + i0;
+                    size_t qr = row_of(bb, i0, a->tq, a->qblock, a->b);
+                    const float *qb = q + qr * ld + h * 64, *dob = dout + qr * c + h * 64, *ob = out + qr * c + h * 64;
+                    float *dqb = dq + qr * ld + h * 64;
+                    const float *L = lse + ((size_t)bb * a->nh + h) * a->tq + i0;
+                    att_transpose64(qt, qb, ld, nq, scale);
+                    att_transpose64(dot_t, dob, c, nq, 1.0f);
+                    cp_lanes(qp64, qp, nq);
+                    for (int r = 0; r < 64; r++) {
+                        /* +inf: probabilities exactly 0 for padding lanes and rows that saw no key */
+                        lsev[r] = r < nq && L[r] != -INFINITY ? L[r] : INFINITY;
+                        dsum[r] = r < nq ? cp_dot(dob + (size_t)r * c, ob + (size_t)r * c, 64) : 0.0f;
+                    }
+                    for (int j0 = 0; j0 < a->tk;) {
+                        int nk = cp_run(j0, a->tk, a->kblock, a->kpos);
+                        enum cp_tile kind = cp_classify(qp, nq, a->kpos + j0, nk);
+                        if (kind != CP_SKIP) {
+                            size_t kr = row_of(bb, j0, a->tk, a->kblock, a->b);
+                            const float *kt = k + kr * ldkv + kh * 64, *vt = v + kr * ldkv + kh * 64;
+                            float *dkt = dk + kr * ldkv + kh * 64, *dvt = dv + kr * ldkv + kh * 64;
+                            int diag = kind == CP_DIAG;
+                            enum att_trim by_key = diag ? ATT_TRIM_LO : ATT_TRIM_NONE;
+                            enum att_trim by_query = diag ? ATT_TRIM_HI : ATT_TRIM_NONE;
+                            att_tile_xyt(ATT_EPI_PROBS, pt, kt, ldkv, qt, nk, diag, lsev, NULL, 0.0f, NULL);
+                            if (kind == CP_CUT)
+                                cp512_cut(pt, nk, a->kpos + j0, qp64, 0.0f);
+                            /* dV += P^T dO */
+                            att_tile_acc(dvt, ldkv, nk, pt, 64, 1, dob, c, nq, by_key, NULL, 0, NULL);
+                            /* dS^T = P^T (dP^T - D) scale, dP^T = V dO^T: 0 wherever P is */
+                            att_tile_xyt(ATT_EPI_DS, dpt, vt, ldkv, dot_t, nk, diag, dsum, pt, scale, NULL);
+                            /* dQ += dS K ; dK += dS^T Q */
+                            att_tile_acc(dqb, ld, nq, dpt, 1, 64, kt, ldkv, nk, by_query, NULL, 0, NULL);
+                            att_tile_acc(dkt, ldkv, nk, dpt, 64, 1, qb, ld, nq, by_key, NULL, 0, NULL);
+                        }
+                        j0 += nk;
+                    }
+                    i0 += nq;
+                }
+        }
+    }
+}
+
+static int cp512_usable(const struct kernels_attention_cp *a)
+{
+    return a->c / a->nh == 64 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+}
+#else
+static int cp512_usable(const struct kernels_attention_cp *a)
+{
+    (void)a;
+    return 0;
+}
+/* never called (cp512_usable is 0), so the callers need no #if */
+static void cp512_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                          const struct kernels_attention_cp *a)
+{
+    (void)out, (void)lse, (void)q, (void)k, (void)v, (void)a;
+}
+static void cp512_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                           const float *v, const float *out, const float *lse, const struct kernels_attention_cp *a)
+{
+    (void)dq, (void)dk, (void)dv, (void)dout, (void)q, (void)k, (void)v, (void)out, (void)lse, (void)a;
+}
+#endif
+
 /* bf16 mode takes the row-by-row path, whose products round their operands as attention.c's do. */
 int cpu_attention_cp_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                              const struct kernels_attention_cp *a)
@@ -341,8 +535,13 @@ int cpu_attention_cp_forward(float *out, float *lse, const float *q, const float
     FSDP_TRY(check("attention_cp_forward", a));
     if (a->tq == 0)
         return 0;
-    return cpu_matmul_compute_dtype() == DTYPE_BF16 || a->tk == 0 ? scalar_forward(out, lse, q, k, v, a)
-                                                                  : tiled_forward(out, lse, q, k, v, a);
+    if (cpu_matmul_compute_dtype() == DTYPE_BF16 || a->tk == 0)
+        return scalar_forward(out, lse, q, k, v, a);
+    if (cp512_usable(a)) {
+        cp512_forward(out, lse, q, k, v, a);
+        return 0;
+    }
+    return tiled_forward(out, lse, q, k, v, a);
 }
 
 int cpu_attention_cp_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
@@ -352,6 +551,11 @@ int cpu_attention_cp_backward(float *dq, float *dk, float *dv, const float *dout
     FSDP_TRY(check("attention_cp_backward", a));
     if (a->tq == 0 || a->tk == 0)
         return 0;
-    return cpu_matmul_compute_dtype() == DTYPE_BF16 ? scalar_backward(dq, dk, dv, dout, q, k, v, out, lse, a)
-                                                    : tiled_backward(dq, dk, dv, dout, q, k, v, out, lse, a);
+    if (cpu_matmul_compute_dtype() == DTYPE_BF16)
+        return scalar_backward(dq, dk, dv, dout, q, k, v, out, lse, a);
+    if (cp512_usable(a)) {
+        cp512_backward(dq, dk, dv, dout, q, k, v, out, lse, a);
+        return 0;
+    }
+    return tiled_backward(dq, dk, dv, dout, q, k, v, out, lse, a);
 }
