@@ -439,6 +439,9 @@ Test(kernels_attention, context_parallel_bf16)
 {
     check_attention_cp_ex(2, 20, 16, 2, 2, 54, true);
     check_attention_cp_ex(2, 64, 128, 2, 4, 55, true);
+    /* head size 64 on the AVX-512 tiles with rounded operands: chunks of 128 and of 40 rows */
+    check_attention_cp_ex(1, 512, 128, 2, 2, 56, true);
+    check_attention_cp_ex(2, 160, 192, 3, 2, 57, true);
 }
 
 Test(kernels_attention, context_parallel_chunks_match_full_attention)
@@ -645,4 +648,63 @@ Test(kernels_attention, context_parallel_any_positions)
     /* head size 16 (the sgemm tiles) */
     check_attention_cp_positions(2, 150, 200, 2, 1, 16, 30, 0, 73);
     check_attention_cp_positions(1, 130, 140, 4, 2, 16, 0, 10, 74);
+}
+
+/* bf16 mode rounds what the bf16 attention rounds: context-parallel attention over a whole sequence (every
+ * query and key at its own position) against attention_forward / attention_backward in bf16 mode, both on
+ * bf16-rounded q, k, v and dO with P and dS rounded as product operands. The two differ only in summation
+ * order, far below what one unrounded operand moves (2^-8 relative). */
+static void check_attention_cp_bf16_as_attention(int B, int T, int NH, int NKV, uint64_t seed)
+{
+    const struct kernels *k = kt_backend();
+    if (!k->attention_cp_forward || !k->attention_cp_backward || !k->host_visible)
+        cr_skip_test("the %s kernels have no context-parallel attention on host memory", k->name);
+    if (!(k->matmul_dtypes & KERNELS_DTYPE_BIT(KERNELS_BF16)))
+        cr_skip_test("%s: no native bf16 matmuls on this machine", k->name);
+    cr_assert_eq(k->set_matmul_dtype(KERNELS_BF16), 0);
+    int HS = 64, C = NH * HS, W = C + 2 * NKV * HS;
+    size_t nq = (size_t)B * T * W, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    float *qkv = kt_host_rand(nq, seed, -2, 2), *dout = kt_host_rand(no, seed + 1, -1, 1);
+    float *o1 = calloc(no, sizeof(float)), *l1 = calloc(nl, sizeof(float)), *d1 = calloc(nq, sizeof(float));
+    float *o2 = calloc(no, sizeof(float)), *l2 = calloc(nl, sizeof(float)), *d2 = calloc(nq, sizeof(float));
+    int *pos = malloc((size_t)T * sizeof *pos);
+    size_t wsb = k->attention_workspace_bytes(B, T, C, NH, NKV);
+    void *ws = k->mem_alloc(wsb);
+    cr_assert(o1 && l1 && d1 && o2 && l2 && d2 && pos && ws);
+    for (int j = 0; j < T; j++)
+        pos[j] = j;
+    cr_assert_eq(k->attention_forward(o1, l1, qkv, B, T, C, NH, NKV, ws), 0, "%s", error_message());
+    cr_assert_eq(k->attention_backward(d1, dout, qkv, o1, l1, B, T, C, NH, NKV, ws), 0, "%s", error_message());
+    struct kernels_attention_cp a = {.b = B, .tq = T, .tk = T, .c = C, .nh = NH, .ld = W, .qpos = pos, .kpos = pos,
+                                     .nkv = NKV};
+    const float *kk = qkv + C, *vv = qkv + C + NKV * HS;
+    cr_assert_eq(k->attention_cp_forward(o2, l2, qkv, kk, vv, &a), 0, "%s", error_message());
+    cr_assert_eq(k->attention_cp_backward(d2, d2 + C, d2 + C + NKV * HS, dout, qkv, kk, vv, o2, l2, &a), 0, "%s",
+                 error_message());
+    const struct {
+        const char *what;
+        const float *x, *y;
+        size_t n;
+        double tol;
+    } cmp[] = {{"out", o1, o2, no, 2e-5}, {"lse", l1, l2, nl, 2e-5}, {"dqkv", d1, d2, nq, 1e-4}};
+    for (size_t c = 0; c < 3; c++) {
+        double worst = 0;
+        for (size_t i = 0; i < cmp[c].n; i++) {
+            double e = fabs((double)cmp[c].x[i] - cmp[c].y[i]) / (1.0 + fabs((double)cmp[c].x[i]));
+            worst = e > worst ? e : worst;
+        }
+        fprintf(stderr, "bf16 attention_cp against attention, %s: largest difference %.3g (bound %.3g)\n",
+                cmp[c].what, worst, cmp[c].tol);
+        cr_assert(worst <= cmp[c].tol, "bf16 %s: context-parallel attention differs from attention by %.3g (bound %.3g)",
+                  cmp[c].what, worst, cmp[c].tol);
+    }
+    cr_assert_eq(k->set_matmul_dtype(KERNELS_F32), 0);
+    k->mem_free(ws);
+    free(qkv), free(dout), free(o1), free(l1), free(d1), free(o2), free(l2), free(d2), free(pos);
+}
+
+Test(kernels_attention, context_parallel_bf16_rounds_as_attention)
+{
+    check_attention_cp_bf16_as_attention(2, 200, 2, 2, 80);
+    check_attention_cp_bf16_as_attention(1, 256, 4, 2, 81);
 }
