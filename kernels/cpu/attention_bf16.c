@@ -45,22 +45,11 @@ int cpu_att16_usable(int hs)
            __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("fma");
 }
 
-/* Lanes rounded as dtype_f32_to_bf16 does, the bf16 in the upper half of each 32-bit lane. */
-ATT16_INLINE __m512i att16_round_hi(__m512 x)
-{
-    __m512i u = _mm512_castps_si512(x);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                            _mm512_set1_epi32(0x7f800000));
-    return _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
-}
-
 /* 16 pairs (a[i], b[i]) as 32-bit lanes: a in the low half (the even element of the pair). */
 ATT16_INLINE __m512i att16_pairs(__m512 a, __m512 b)
 {
-    return _mm512_or_si512(_mm512_srli_epi32(att16_round_hi(a), 16),
-                           _mm512_and_si512(att16_round_hi(b), _mm512_set1_epi32((int)0xffff0000u)));
+    return _mm512_or_si512(_mm512_srli_epi32(att_round_bf16_hi(a), 16),
+                           _mm512_and_si512(att_round_bf16_hi(b), _mm512_set1_epi32((int)0xffff0000u)));
 }
 
 /* Rows [0, n) of src (64 floats each, leading dimension ld) as bf16 rows, 32 pairs each; zero rows from n
@@ -70,7 +59,7 @@ ATT16_TARGET static void att16_rows(uint32_t *dst, const float *src, size_t ld, 
     for (int j = 0; j < rows; j++)
         for (int v = 0; v < 4; v++) {
             __m256i h = j < n ? _mm512_cvtepi32_epi16(_mm512_srli_epi32(
-                                    att16_round_hi(_mm512_loadu_ps(src + (size_t)j * ld + 16 * v)), 16))
+                                    att_round_bf16_hi(_mm512_loadu_ps(src + (size_t)j * ld + 16 * v)), 16))
                               : _mm256_setzero_si256();
             _mm256_storeu_si256((__m256i *)(dst + (size_t)j * 32 + 8 * v), h);
         }
@@ -311,7 +300,7 @@ ATT16_TARGET void cpu_att16_backward_pair(float *dq_all, float *dk_all, float *d
                 __m512 acc = _mm512_setzero_ps();
                 for (int d = 0; d < 64; d += 16) {
                     __m512 ar = _mm512_castsi512_ps(
-                        _mm512_and_si512(att16_round_hi(_mm512_loadu_ps(a + d)), _mm512_set1_epi32((int)0xffff0000u)));
+                        _mm512_and_si512(att_round_bf16_hi(_mm512_loadu_ps(a + d)), _mm512_set1_epi32((int)0xffff0000u)));
                     acc = _mm512_fmadd_ps(ar, _mm512_loadu_ps(b + d), acc);
                 }
                 s = _mm512_reduce_add_ps(acc);

@@ -392,16 +392,10 @@ static void cp_lanes(int *qp64, const int *qp, int nq)
         qp64[r] = r < nq ? qp[r] : INT_MAX;
 }
 
-/* x rounded to bf16 and back, lane by lane, as dtype_f32_to_bf16 rounds (nearest even, NaN kept quiet). */
+/* x rounded to bf16 and back, lane by lane. */
 ATT_INLINE __m512 cp512_round(__m512 x)
 {
-    __m512i u = _mm512_castps_si512(x);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                            _mm512_set1_epi32(0x7f800000));
-    r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
-    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u)));
+    return _mm512_castsi512_ps(_mm512_and_si512(att_round_bf16_hi(x), _mm512_set1_epi32((int)0xffff0000u)));
 }
 
 /* rows x 64 floats at x (leading dimension 64) rounded in place. */
