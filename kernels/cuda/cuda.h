@@ -16,6 +16,8 @@ void cuda_mem_free(void *ptr);
 void *cuda_host_alloc(size_t bytes);
 void cuda_host_free(void *ptr);
 int cuda_mem_copy(void *dst, const void *src, size_t bytes, enum kernels_copy_kind kind);
+int cuda_mem_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows,
+                    enum kernels_copy_kind kind);
 int cuda_mem_set(void *dst, int value, size_t bytes);
 int cuda_synchronize(void);
 int cuda_set_matmul_dtype(enum dtype dtype);

@@ -17,6 +17,7 @@ static const struct kernels cuda_table = {
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
     .mem_copy = cuda_mem_copy,
+    .mem_copy2d = cuda_mem_copy2d,
     .mem_set = cuda_mem_set,
     .synchronize = cuda_synchronize,
     .set_matmul_dtype = cuda_set_matmul_dtype,
