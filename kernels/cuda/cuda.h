@@ -39,6 +39,12 @@ int cuda_attention_forward(float *out, float *lse, const float *qkv, int b, int 
 int cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
                               const float *lse, int b, int t, int c, int nh, int nkv, void *workspace);
 
+int cuda_attention_cp_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                              const struct kernels_attention_cp *a);
+int cuda_attention_cp_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                               const float *v, const float *out, const float *lse,
+                               const struct kernels_attention_cp *a);
+
 int cuda_gelu_forward(float *out, const float *inp, size_t n);
 int cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 int cuda_residual_forward(float *out, const float *a, const float *b, size_t n);

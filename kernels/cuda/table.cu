@@ -33,9 +33,8 @@ static const struct kernels cuda_table = {
     .attention_workspace_bytes = cuda_attention_workspace_bytes,
     .attention_forward = cuda_attention_forward,
     .attention_backward = cuda_attention_backward,
-    /* no context-parallel attention on CUDA (kernels.h: NULL where a backend has none) */
-    .attention_cp_forward = NULL,
-    .attention_cp_backward = NULL,
+    .attention_cp_forward = cuda_attention_cp_forward,
+    .attention_cp_backward = cuda_attention_cp_backward,
     .gelu_forward = cuda_gelu_forward,
     .gelu_backward = cuda_gelu_backward,
     .residual_forward = cuda_residual_forward,
