@@ -1,6 +1,8 @@
-/* What the AVX-512 attention tiles of kernels/cpu/attention.c (fp32) and attention_bf16.c (bf16 dot
- * products) share: the target attributes, the exponential, the causal mask of a diagonal tile, the tile
- * epilogues, the 64 x 64 transpose of a query block and the column softmax. Private to the CPU backend. */
+/* What the AVX-512 attention tiles of kernels/cpu/attention.c (fp32), attention_cp.c (context-parallel,
+ * fp32) and attention_bf16.c (bf16 dot products) share: the target attributes, the exponential, the causal
+ * mask of a diagonal tile, the tile epilogues, the 64 x 64 transpose of a query block, the column softmax,
+ * the register-blocked tile products (attention.c describes the transposed tile layout) and their software
+ * prefetch. Private to the CPU backend. */
 #ifndef FSDP_KERNELS_CPU_ATTENTION_AVX512_H
 #define FSDP_KERNELS_CPU_ATTENTION_AVX512_H
 
@@ -15,10 +17,27 @@
 #define ATT_HAVE_AVX512 0
 #endif
 
+/* Software prefetch of the rows the next query block (or, after the last block, the next pair) reads
+ * first: its q, k, v rows, and in backward its dO, out and dq, dk, dv rows. A pair's rows sit a qkv row
+ * apart, beyond what the hardware prefetchers follow, and once the batch outgrows the cache each new
+ * block otherwise waits on a few hundred misses. The tile loops issue a few rows per register block, so
+ * the misses overlap the FMAs instead of queueing all at once. */
+#define ATT_PF_STREAMS 8
+struct att_pf {
+    const float *base[ATT_PF_STREAMS]; /* row 0 of each stream (a head's 64 floats of it) */
+    size_t ld[ATT_PF_STREAMS];
+    unsigned char write[ATT_PF_STREAMS];
+    int nstreams, r0, total, pos, step; /* items are (row, stream), row = r0 + item / nstreams */
+    int row, st;                        /* item pos's row and stream, kept as counters: no division */
+};
+
 #if ATT_HAVE_AVX512
 #include <immintrin.h>
 
 #define ATT_TARGET __attribute__((target("avx512f,fma")))
+/* The tile loops are whole functions in every file that includes this one, so each file's calls with
+ * constant arguments (epilogue, trim) can be specialised; files that use none of them compile none. */
+#define ATT_UNUSED __attribute__((unused))
 #define ATT_INLINE __attribute__((target("avx512f,fma"), always_inline)) static inline
 #define ATT_R 4 /* output rows per register block: 16 accumulators + 4 row loads + 1 broadcast */
 
@@ -137,6 +156,179 @@ ATT_TARGET static inline void att_softmax_cols(float *st, int nk, int diag, floa
         _mm512_storeu_ps(l + 16 * v, _mm512_fmadd_ps(_mm512_loadu_ps(l + 16 * v), a, sum));
         _mm512_storeu_ps(m + 16 * v, mx);
         _mm512_storeu_ps(alpha + 16 * v, a);
+    }
+}
+
+/* Rows j .. j+R-1 of a transposed tile dst (ld 64): dst[j][r] = sum_d x[j][d] yt[d][r], x rows with
+ * leading dimension ldx, yt the transposed 64 x 64 query (or dO) block; then the epilogue. Vectors below
+ * V0 (queries before 16 V0) are masked for every row of the block on a diagonal tile: they are not
+ * computed, only filled with the masked value. */
+ATT_INLINE void att_rows_xyt(const int R, const int V0, enum att_epi epi, float *dst, const float *x,
+                             size_t ldx, const float *yt, int j, int diag, const float *colv, const float *pt,
+                             float scale)
+{
+    __m512 acc[ATT_R][4];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 4
+        for (int v = V0; v < 4; v++)
+            acc[i][v] = _mm512_setzero_ps();
+    const float *xj = x + (size_t)j * ldx;
+    for (int d = 0; d < 64; d++) {
+        __m512 y[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++)
+            y[v] = _mm512_loadu_ps(yt + d * 64 + 16 * v);
+        ATT_IN_REGS(y[0], y[1], y[2], y[3]);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m512 b = _mm512_set1_ps(xj[(size_t)i * ldx + d]);
+#pragma GCC unroll 4
+            for (int v = V0; v < 4; v++)
+                acc[i][v] = _mm512_fmadd_ps(b, y[v], acc[i][v]);
+        }
+    }
+    const __m512 masked = _mm512_set1_ps(epi == ATT_EPI_SCORES ? -INFINITY : 0.0f);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) {
+            float *o = dst + (size_t)(j + i) * 64 + 16 * v;
+            if (v < V0) {
+                _mm512_storeu_ps(o, masked);
+                continue;
+            }
+            __mmask16 m = diag ? att_diag_mask(j + i, v) : (__mmask16)0xFFFF;
+            __m512 s = acc[i][v];
+            if (epi == ATT_EPI_SCORES)
+                s = _mm512_mask_mov_ps(masked, m, s);
+            else if (epi == ATT_EPI_PROBS)
+                s = _mm512_maskz_mov_ps(m, att_exp512(_mm512_sub_ps(s, _mm512_loadu_ps(colv + 16 * v))));
+            else
+                s = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(pt + (size_t)(j + i) * 64 + 16 * v),
+                                                _mm512_sub_ps(s, _mm512_loadu_ps(colv + 16 * v))),
+                                  _mm512_set1_ps(scale));
+            _mm512_storeu_ps(o, s);
+        }
+}
+
+ATT_UNUSED static void att_pf_start(struct att_pf *pf, int r0, int r1, int iters)
+{
+    pf->r0 = r0;
+    pf->total = r1 > r0 ? (r1 - r0) * pf->nstreams : 0;
+    pf->pos = 0;
+    pf->row = r0;
+    pf->st = 0;
+    pf->step = iters > 0 ? (pf->total + iters - 1) / iters : pf->total;
+}
+
+ATT_UNUSED static inline void att_pf_issue(struct att_pf *pf)
+{
+    if (!pf)
+        return;
+    int end = pf->pos + pf->step < pf->total ? pf->pos + pf->step : pf->total;
+    for (; pf->pos < end; pf->pos++) {
+        int st = pf->st, row = pf->row;
+        if (++pf->st == pf->nstreams)
+            pf->st = 0, pf->row++;
+        const float *p = pf->base[st] + (size_t)row * pf->ld[st];
+        if (pf->write[st])
+            for (int d = 0; d < 64; d += 16)
+                __builtin_prefetch(p + d, 1, 3);
+        else
+            for (int d = 0; d < 64; d += 16)
+                __builtin_prefetch(p + d, 0, 2); /* to L2: L1 holds the tiles */
+    }
+}
+
+ATT_TARGET ATT_UNUSED static void att_tile_xyt(enum att_epi epi, float *dst, const float *x, size_t ldx,
+                                               const float *yt, int n, int diag, const float *colv,
+                                               const float *pt, float scale, struct att_pf *pf)
+{
+    int j = 0;
+    for (; j + ATT_R <= n; j += ATT_R) {
+        att_pf_issue(pf);
+        /* on the diagonal, key j is invisible to queries r < j: whole vectors below j / 16 for the block */
+        switch (diag ? j / 16 : 0) {
+        case 0: att_rows_xyt(ATT_R, 0, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
+        case 1: att_rows_xyt(ATT_R, 1, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
+        case 2: att_rows_xyt(ATT_R, 2, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
+        default: att_rows_xyt(ATT_R, 3, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
+        }
+    }
+    /* the last few rows (t not a multiple of ATT_R) are computed whole */
+    switch (n - j) {
+    case 3: att_rows_xyt(3, 0, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
+    case 2: att_rows_xyt(2, 0, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
+    case 1: att_rows_xyt(1, 0, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
+    default: break;
+    }
+}
+
+/* Rows o .. o+R-1 of out (ld ldo, 64 wide): out[o+i] = (zero ? 0 : alpha ? alpha[i] out[o+i] : out[o+i])
+ * + sum_{x0 <= x < x1} coef[i*so + x*sx] z[x], z rows with leading dimension ldz. out, coef, alpha point
+ * at row o's entries. */
+ATT_INLINE void att_rows_acc(const int R, float *out, size_t ldo, const float *coef, size_t so, size_t sx,
+                             const float *z, size_t ldz, int x0, int x1, const float *alpha, int zero)
+{
+    __m512 acc[ATT_R][4];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++)
+            acc[i][v] = zero ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)i * ldo + 16 * v);
+        if (alpha && !zero) {
+            __m512 a = _mm512_set1_ps(alpha[i]);
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++)
+                acc[i][v] = _mm512_mul_ps(acc[i][v], a);
+        }
+    }
+    for (int x = x0; x < x1; x++) {
+        const float *zx = z + (size_t)x * ldz;
+        __m512 z0 = _mm512_loadu_ps(zx), z1 = _mm512_loadu_ps(zx + 16);
+        __m512 z2 = _mm512_loadu_ps(zx + 32), z3 = _mm512_loadu_ps(zx + 48);
+        ATT_IN_REGS(z0, z1, z2, z3);
+        const float *cx = coef + (size_t)x * sx;
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m512 b = _mm512_set1_ps(cx[(size_t)i * so]);
+            acc[i][0] = _mm512_fmadd_ps(b, z0, acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(b, z1, acc[i][1]);
+            acc[i][2] = _mm512_fmadd_ps(b, z2, acc[i][2]);
+            acc[i][3] = _mm512_fmadd_ps(b, z3, acc[i][3]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++)
+            _mm512_storeu_ps(out + (size_t)i * ldo + 16 * v, acc[i][v]);
+}
+
+/* n output rows in blocks of ATT_R. The contraction of block o runs over x in [lo, hi) where, on a
+ * diagonal tile (causal), lo = o (rows indexed by key: queries before the key see nothing) or
+ * hi = o + R (rows indexed by query: keys after the block are invisible); masked coefficients are 0, so
+ * trimming only skips work. */
+enum att_trim { ATT_TRIM_NONE, ATT_TRIM_LO, ATT_TRIM_HI };
+
+ATT_TARGET ATT_UNUSED static void att_tile_acc(float *out, size_t ldo, int n, const float *coef, size_t so,
+                                               size_t sx, const float *z, size_t ldz, int nx, enum att_trim trim,
+                                               const float *alpha, int zero, struct att_pf *pf)
+{
+    int o = 0;
+    for (; o < n; o += ATT_R) {
+        att_pf_issue(pf);
+        int R = n - o < ATT_R ? n - o : ATT_R;
+        int x0 = trim == ATT_TRIM_LO ? o : 0, x1 = trim == ATT_TRIM_HI ? (o + R < nx ? o + R : nx) : nx;
+        float *ob = out + (size_t)o * ldo;
+        const float *cb = coef + (size_t)o * so, *ab = alpha ? alpha + o : NULL;
+        switch (R) {
+        case ATT_R: att_rows_acc(ATT_R, ob, ldo, cb, so, sx, z, ldz, x0, x1, ab, zero); break;
+        case 3: att_rows_acc(3, ob, ldo, cb, so, sx, z, ldz, x0, x1, ab, zero); break;
+        case 2: att_rows_acc(2, ob, ldo, cb, so, sx, z, ldz, x0, x1, ab, zero); break;
+        default: att_rows_acc(1, ob, ldo, cb, so, sx, z, ldz, x0, x1, ab, zero); break;
+        }
     }
 }
 

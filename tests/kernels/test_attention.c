@@ -439,6 +439,9 @@ Test(kernels_attention, context_parallel_bf16)
 {
     check_attention_cp_ex(2, 20, 16, 2, 2, 54, true);
     check_attention_cp_ex(2, 64, 128, 2, 4, 55, true);
+    /* head size 64 on the AVX-512 tiles with rounded operands: chunks of 128 and of 40 rows */
+    check_attention_cp_ex(1, 512, 128, 2, 2, 56, true);
+    check_attention_cp_ex(2, 160, 192, 3, 2, 57, true);
 }
 
 Test(kernels_attention, context_parallel_chunks_match_full_attention)
@@ -541,4 +544,167 @@ Test(kernels_attention, context_parallel_grouped_heads_block_rows)
     check_attention_cp_blocks(2, 328, 16, 2, 1, 2, 60);
     check_attention_cp_blocks(1, 600, 32, 4, 2, 3, 61);
     check_attention_cp_blocks(1, 1200, 16, 2, 2, 2, 62);
+    /* head size 64 (the AVX-512 tiles where the CPU has them): chunks of 128 rows (whole 64-row tiles), of
+     * 60 (runs end at the chunk) and of 100 (a 64-row tile and a 36-row one) */
+    check_attention_cp_blocks(2, 512, 128, 2, 1, 2, 63);
+    check_attention_cp_blocks(1, 360, 192, 3, 3, 3, 64);
+    check_attention_cp_blocks(1, 400, 256, 4, 2, 2, 65);
+}
+
+/* The kernel's contract on its own terms: any query and key positions, masked by kpos[j] <= qpos[i]. Query
+ * rows offset from the keys' by less than a tile cut tiles across the causal line away from the diagonal,
+ * rows before every key see nothing (lse -inf, output 0, no gradient), keys after every query get none.
+ * Against a double-precision reference of the same masked softmax. */
+static void check_attention_cp_positions(int B, int TQ, int TK, int NH, int NKV, int HS, int qoff, int koff,
+                                         uint64_t seed)
+{
+    const struct kernels *k = kt_backend();
+    if (!k->attention_cp_forward || !k->attention_cp_backward || !k->host_visible)
+        cr_skip_test("the %s kernels have no context-parallel attention on host memory", k->name);
+    cr_assert_eq(k->set_matmul_dtype(KERNELS_F32), 0);
+    int C = NH * HS, KV = NKV * HS, LD = C + 2 * KV, G = NH / NKV;
+    size_t nq = (size_t)B * TQ * LD, nk = (size_t)B * TK * 2 * KV, no = (size_t)B * TQ * C;
+    float *q = kt_host_rand(nq, seed, -1.5f, 1.5f), *kv = kt_host_rand(nk, seed + 1, -1.5f, 1.5f);
+    float *dout = kt_host_rand(no, seed + 2, -1, 1);
+    float *out = calloc(no, sizeof *out), *lse = calloc((size_t)B * NH * TQ, sizeof *lse);
+    float *dq = calloc(nq, sizeof *dq), *dkv = calloc(nk, sizeof *dkv);
+    int *qpos = malloc((size_t)TQ * sizeof *qpos), *kpos = malloc((size_t)TK * sizeof *kpos);
+    cr_assert(out && lse && dq && dkv && qpos && kpos);
+    for (int i = 0; i < TQ; i++)
+        qpos[i] = qoff + i;
+    for (int j = 0; j < TK; j++)
+        kpos[j] = koff + j;
+    struct kernels_attention_cp a = {.b = B, .tq = TQ, .tk = TK, .c = C, .nh = NH, .ld = LD, .qpos = qpos,
+                                     .kpos = kpos, .nkv = NKV, .ldkv = 2 * KV};
+    cr_assert_eq(k->attention_cp_forward(out, lse, q, kv, kv + KV, &a), 0, "%s", error_message());
+    cr_assert_eq(k->attention_cp_backward(dq, dkv, dkv + KV, dout, q, kv, kv + KV, out, lse, &a), 0, "%s",
+                 error_message());
+    double *wo = kt_dzeros(no), *wl = kt_dzeros((size_t)B * NH * TQ), *wdq = kt_dzeros(nq), *wdkv = kt_dzeros(nk);
+    double *s = kt_dzeros(TK), *dp = kt_dzeros(TK), scale = 1.0 / sqrt((double)HS);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int i = 0; i < TQ; i++) {
+                const float *qi = q + ((size_t)b * TQ + i) * LD + h * HS, *g = dout + ((size_t)b * TQ + i) * C + h * HS;
+                double mx = -INFINITY, sum = 0, D = 0;
+                for (int j = 0; j < TK && kpos[j] <= qpos[i]; j++) {
+                    const float *kj = kv + ((size_t)b * TK + j) * 2 * KV + h / G * HS;
+                    s[j] = 0;
+                    for (int e = 0; e < HS; e++)
+                        s[j] += (double)qi[e] * kj[e] * scale;
+                    mx = s[j] > mx ? s[j] : mx;
+                }
+                double *wl_i = wl + ((size_t)b * NH + h) * TQ + i, *o = wo + ((size_t)b * TQ + i) * C + h * HS;
+                if (mx == -INFINITY) {
+                    *wl_i = -INFINITY;
+                    continue;
+                }
+                for (int j = 0; j < TK && kpos[j] <= qpos[i]; j++)
+                    sum += exp(s[j] - mx);
+                *wl_i = mx + log(sum);
+                for (int j = 0; j < TK && kpos[j] <= qpos[i]; j++) {
+                    s[j] = exp(s[j] - mx) / sum;
+                    const float *vj = kv + ((size_t)b * TK + j) * 2 * KV + KV + h / G * HS;
+                    dp[j] = 0;
+                    for (int e = 0; e < HS; e++) {
+                        o[e] += s[j] * vj[e];
+                        dp[j] += (double)g[e] * vj[e];
+                    }
+                }
+                for (int e = 0; e < HS; e++)
+                    D += g[e] * o[e];
+                for (int j = 0; j < TK && kpos[j] <= qpos[i]; j++) {
+                    double ds = s[j] * (dp[j] - D) * scale;
+                    const float *kj = kv + ((size_t)b * TK + j) * 2 * KV + h / G * HS;
+                    double *dkj = wdkv + ((size_t)b * TK + j) * 2 * KV + h / G * HS, *dvj = dkj + KV;
+                    double *dqi = wdq + ((size_t)b * TQ + i) * LD + h * HS;
+                    for (int e = 0; e < HS; e++) {
+                        dvj[e] += s[j] * g[e];
+                        dqi[e] += ds * kj[e];
+                        dkj[e] += ds * qi[e];
+                    }
+                }
+            }
+    kt_check("cp positions out", out, wo, no, 2e-5, 1e-4);
+    for (size_t i = 0; i < (size_t)B * NH * TQ; i++)
+        if (wl[i] == -INFINITY) {
+            cr_assert(lse[i] == -INFINITY, "cp positions lse[%zu]: got %g for a row that sees no key", i,
+                      (double)lse[i]);
+            wl[i] = lse[i] = 0;
+        }
+    kt_check("cp positions lse", lse, wl, (size_t)B * NH * TQ, 2e-5, 2e-5);
+    kt_check("cp positions dq", dq, wdq, nq, 1e-4, 2e-4);
+    kt_check("cp positions dk dv", dkv, wdkv, nk, 1e-4, 2e-4);
+    free(q), free(kv), free(dout), free(out), free(lse), free(dq), free(dkv), free(qpos), free(kpos);
+    free(wo), free(wl), free(wdq), free(wdkv), free(s), free(dp);
+}
+
+Test(kernels_attention, context_parallel_any_positions)
+{
+    /* head size 64 (the AVX-512 tiles where the CPU has them): queries 30 positions after the keys, so query
+     * and key tiles are cut off the diagonal; queries from 10 before the first key (rows that see nothing) */
+    check_attention_cp_positions(2, 150, 200, 2, 1, 64, 30, 0, 70);
+    check_attention_cp_positions(1, 130, 140, 4, 2, 64, 0, 10, 71);
+    check_attention_cp_positions(1, 64, 64, 2, 2, 64, 0, 0, 72);
+    /* head size 16 (the sgemm tiles) */
+    check_attention_cp_positions(2, 150, 200, 2, 1, 16, 30, 0, 73);
+    check_attention_cp_positions(1, 130, 140, 4, 2, 16, 0, 10, 74);
+}
+
+/* bf16 mode rounds what the bf16 attention rounds: context-parallel attention over a whole sequence (every
+ * query and key at its own position) against attention_forward / attention_backward in bf16 mode, both on
+ * bf16-rounded q, k, v and dO with P and dS rounded as product operands. The two differ only in summation
+ * order, far below what one unrounded operand moves (2^-8 relative). */
+static void check_attention_cp_bf16_as_attention(int B, int T, int NH, int NKV, uint64_t seed)
+{
+    const struct kernels *k = kt_backend();
+    if (!k->attention_cp_forward || !k->attention_cp_backward || !k->host_visible)
+        cr_skip_test("the %s kernels have no context-parallel attention on host memory", k->name);
+    if (!(k->matmul_dtypes & KERNELS_DTYPE_BIT(KERNELS_BF16)))
+        cr_skip_test("%s: no native bf16 matmuls on this machine", k->name);
+    cr_assert_eq(k->set_matmul_dtype(KERNELS_BF16), 0);
+    int HS = 64, C = NH * HS, W = C + 2 * NKV * HS;
+    size_t nq = (size_t)B * T * W, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    float *qkv = kt_host_rand(nq, seed, -2, 2), *dout = kt_host_rand(no, seed + 1, -1, 1);
+    float *o1 = calloc(no, sizeof(float)), *l1 = calloc(nl, sizeof(float)), *d1 = calloc(nq, sizeof(float));
+    float *o2 = calloc(no, sizeof(float)), *l2 = calloc(nl, sizeof(float)), *d2 = calloc(nq, sizeof(float));
+    int *pos = malloc((size_t)T * sizeof *pos);
+    size_t wsb = k->attention_workspace_bytes(B, T, C, NH, NKV);
+    void *ws = k->mem_alloc(wsb);
+    cr_assert(o1 && l1 && d1 && o2 && l2 && d2 && pos && ws);
+    for (int j = 0; j < T; j++)
+        pos[j] = j;
+    cr_assert_eq(k->attention_forward(o1, l1, qkv, B, T, C, NH, NKV, ws), 0, "%s", error_message());
+    cr_assert_eq(k->attention_backward(d1, dout, qkv, o1, l1, B, T, C, NH, NKV, ws), 0, "%s", error_message());
+    struct kernels_attention_cp a = {.b = B, .tq = T, .tk = T, .c = C, .nh = NH, .ld = W, .qpos = pos, .kpos = pos,
+                                     .nkv = NKV};
+    const float *kk = qkv + C, *vv = qkv + C + NKV * HS;
+    cr_assert_eq(k->attention_cp_forward(o2, l2, qkv, kk, vv, &a), 0, "%s", error_message());
+    cr_assert_eq(k->attention_cp_backward(d2, d2 + C, d2 + C + NKV * HS, dout, qkv, kk, vv, o2, l2, &a), 0, "%s",
+                 error_message());
+    const struct {
+        const char *what;
+        const float *x, *y;
+        size_t n;
+        double tol;
+    } cmp[] = {{"out", o1, o2, no, 2e-5}, {"lse", l1, l2, nl, 2e-5}, {"dqkv", d1, d2, nq, 1e-4}};
+    for (size_t c = 0; c < 3; c++) {
+        double worst = 0;
+        for (size_t i = 0; i < cmp[c].n; i++) {
+            double e = fabs((double)cmp[c].x[i] - cmp[c].y[i]) / (1.0 + fabs((double)cmp[c].x[i]));
+            worst = e > worst ? e : worst;
+        }
+        fprintf(stderr, "bf16 attention_cp against attention, %s: largest difference %.3g (bound %.3g)\n",
+                cmp[c].what, worst, cmp[c].tol);
+        cr_assert(worst <= cmp[c].tol, "bf16 %s: context-parallel attention differs from attention by %.3g (bound %.3g)",
+                  cmp[c].what, worst, cmp[c].tol);
+    }
+    cr_assert_eq(k->set_matmul_dtype(KERNELS_F32), 0);
+    k->mem_free(ws);
+    free(qkv), free(dout), free(o1), free(l1), free(d1), free(o2), free(l2), free(d2), free(pos);
+}
+
+Test(kernels_attention, context_parallel_bf16_rounds_as_attention)
+{
+    check_attention_cp_bf16_as_attention(2, 200, 2, 2, 80);
+    check_attention_cp_bf16_as_attention(1, 256, 4, 2, 81);
 }

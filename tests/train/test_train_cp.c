@@ -260,3 +260,59 @@ Test(cp, checkpoint_saved_at_c2_resumes_at_c1_and_c4, .timeout = 300)
     }
     tt_teardown(&c);
 }
+
+/* Head size 64, the AVX-512 tiles of both attention kernels where the CPU has them: a GPT of 2 heads of 64 at
+ * block_size 256, so C = 2 cuts every sequence into chunks of whole 64-row tiles. fp32: one rank's losses
+ * (1e-5) for both strategies. bf16 (where the CPU multiplies bf16 natively): C = 2 against one rank in bf16.
+ * The two attention kernels round the probabilities of different tiles (C = 1 the AVX512_BF16 tiles, C > 1
+ * the row-by-row products), so the bound is above fp32's: measured 2e-5, where bf16 against fp32 is 5e-4.
+ * lr 0.001: at the tiny model's 0.003 this wider model's loss spikes at step 10, and the spike multiplies
+ * every rounding difference (1.5e-3 between two bf16 runs at worlds 1 and 2 that differ only in summation
+ * order). */
+#define CP_BF16_REL 1e-4
+
+Test(cp, head_size_64_fp32_and_bf16, .timeout = 300)
+{
+    struct tt_ctx c;
+    tt_setup(&c);
+    const char *shape[] = {"--model.n_embd=128", "--model.block_size=256", "--optim.lr=0.001", NULL};
+    double ref[TT_STEPS], worst = 0;
+    reference_with(&c, "ref", shape, ref);
+    static const char *const strategies[] = {"allgather", "alltoall"};
+    for (int s = 0; s < 2; s++) {
+        char tag[64];
+        snprintf(tag, sizeof tag, "hs64-%s", strategies[s]);
+        worst = fmax(worst, cp_point(&c, 2, 2, strategies[s], tag, shape, ref));
+    }
+    fprintf(stderr, "head size 64, fp32: largest relative loss difference from one rank %.3g\n", worst);
+
+    const char *bf16[] = {"--model.n_embd=128", "--model.block_size=256", "--optim.lr=0.001",
+                          "--fsdp.mixed_precision=bf16", NULL};
+    struct tt_result r;
+    run_cpu(&c, 1, "ref-bf16", bf16, &r);
+    bool native = tt_summary_matches(&r, 0, "{\"plan\":{\"compute_dtype\":\"bf16\"}}");
+    double refb[TT_STEPS];
+    tt_losses(&r, refb);
+    tt_result_free(&r);
+    if (!native) {
+        tt_teardown(&c);
+        cr_skip_test("fp32 checked; this CPU has no bf16 matmul instructions, so bf16 at C = 2 is not checked");
+    }
+    worst = 0;
+    for (int s = 0; s < 2; s++) {
+        char size[64], strat[96], tag[64];
+        snprintf(size, sizeof size, "--fsdp.context_parallel_size=%d", 2);
+        snprintf(strat, sizeof strat, "--fsdp.context_parallel_comm_strategy=%s", strategies[s]);
+        snprintf(tag, sizeof tag, "bf16-%s", strategies[s]);
+        const char *extra[] = {"--model.n_embd=128", "--model.block_size=256", "--optim.lr=0.001",
+                               "--fsdp.mixed_precision=bf16", size, strat, NULL};
+        run_cpu(&c, 2, tag, extra, &r);
+        cr_assert(tt_summary_matches(&r, 0, "{\"plan\":{\"compute_dtype\":\"bf16\",\"context_parallel_size\":2}}"),
+                  "%s: rank 0 did not compute in bf16 at C = 2", tag);
+        worst = fmax(worst, tt_assert_losses(&r, refb, CP_BF16_REL, tag));
+        tt_result_free(&r);
+    }
+    fprintf(stderr, "head size 64, bf16: largest relative loss difference from one rank in bf16 %.3g (bound %.3g)\n",
+            worst, CP_BF16_REL);
+    tt_teardown(&c);
+}

@@ -9,8 +9,9 @@
  *
  * alltoall (Ulysses): the columns of q|k|v are packed head-slice-major (block p: query heads p*nh/size...,
  * key/value heads p*nkv/size...), an all-to-all gives every rank its heads of the whole sequence in the same
- * rank-major row layout (qblock = kblock = t), attention_cp runs on them, and an all-to-all brings the
- * output's head slices back. Backward moves q|k|v, out and dout the same way and the gradients back. */
+ * rank-major row layout (qblock = kblock = t), written over the layer's q|k|v (which nothing else reads, so
+ * backward finds them there), attention_cp runs on them, and an all-to-all brings the output's head slices
+ * back. Backward moves out and dout the same way and the gradients back. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,8 +45,8 @@ int model_position(const struct model *m, int j)
 }
 
 /* Scratch floats per strategy: allgather A, B = the gathered k|v columns and their gradient (b, T, 2 kvw) each;
- * alltoall A = packing (b, t, ld), B = head-sharded q|k|v, C = head-sharded out, dout (b, t, C) each and
- * dqkv (b, t, ld). */
+ * alltoall A = packing (b, t, ld), C = head-sharded out, dout (b, t, C) each and dqkv (b, t, ld) (the
+ * head-sharded q|k|v live in the layer's own qkv). */
 static void scratch_sizes(const struct model *m, size_t n[3])
 {
     struct cp_dims d = dims(m);
@@ -54,7 +55,8 @@ static void scratch_sizes(const struct model *m, size_t n[3])
         n[0] = n[1] = (size_t)d.b * d.T * 2 * d.kvw;
         n[2] = 0;
     } else {
-        n[0] = n[1] = rows * d.ld;
+        n[0] = rows * d.ld;
+        n[1] = 0;
         n[2] = rows * (2 * (size_t)d.C + d.ld);
     }
 }
@@ -244,12 +246,14 @@ static struct kernels_attention_cp alltoall_shape(const struct model *m, const s
                                          .nkv = d->nkv / d->S, .qblock = d->t, .kblock = d->t};
 }
 
-static int alltoall_forward(struct model *m, float *out, float *lse, const float *qkv)
+/* qkv takes the head layout (the all-to-all's output may be its input's rows once they are packed), which
+ * backward reads as it is: one all-to-all of q|k|v per layer, not two. */
+static int alltoall_forward(struct model *m, float *out, float *lse, float *qkv)
 {
     struct cp_dims d = dims(m);
     struct segs gq = qkv_segs(&d), go = out_segs(&d);
     struct kernels_attention_cp a = alltoall_shape(m, &d);
-    float *hq = m->cp_b, *ho = m->cp_c;
+    float *hq = qkv, *ho = m->cp_c;
     int qw = d.C / d.S, kw = d.kvw / d.S;
     FSDP_TRY(to_heads(m, &gq, qkv, hq));
     /* lse: (b, nh / size, T) here, the same number of floats as the (b, nh, t) the family keeps */
@@ -264,9 +268,9 @@ static int alltoall_backward(struct model *m, float *dqkv, const float *dout, co
     struct segs gq = qkv_segs(&d), go = out_segs(&d);
     struct kernels_attention_cp a = alltoall_shape(m, &d);
     size_t rows = (size_t)d.b * d.t;
-    float *hq = m->cp_b, *ho = m->cp_c, *hdo = ho + rows * d.C, *hdq = hdo + rows * d.C;
+    const float *hq = qkv; /* forward left it in head layout */
+    float *ho = m->cp_c, *hdo = ho + rows * d.C, *hdq = hdo + rows * d.C;
     int qw = d.C / d.S, kw = d.kvw / d.S;
-    FSDP_TRY(to_heads(m, &gq, qkv, hq));
     FSDP_TRY(to_heads(m, &go, out, ho));
     FSDP_TRY(to_heads(m, &go, dout, hdo));
     FSDP_TRY(m->k->mem_set(hdq, 0, rows * d.ld * sizeof(float)));
@@ -274,7 +278,7 @@ static int alltoall_backward(struct model *m, float *dqkv, const float *dout, co
     return from_heads(m, &gq, hdq, dqkv);
 }
 
-int model_cp_attention_forward(struct model *m, float *out, float *lse, const float *qkv)
+int model_cp_attention_forward(struct model *m, float *out, float *lse, float *qkv)
 {
     return m->cp.strategy == MODEL_CP_ALLGATHER ? allgather_forward(m, out, lse, qkv)
                                                 : alltoall_forward(m, out, lse, qkv);

@@ -28,10 +28,12 @@ int model_position(const struct model *m, int j);
 /* Context-parallel pieces the families call (model_cp.c): the scratch and positions (after the family's
  * create; counted into m->arena_bytes), their release, and causal attention over the whole sequence for
  * this rank's rows of qkv ((b*t, ld) rows [q (nh heads) | k (nkv) | v (nkv)], as attention_forward's).
- * Backward writes dqkv (it does not add). */
+ * Forward may rewrite qkv into the layout its strategy computes in (alltoall: this rank's heads of the
+ * whole sequence), so that backward, which takes the same buffer, need not move it again: after forward
+ * qkv is for backward only. Backward writes dqkv (it does not add), in rows. */
 int model_cp_setup(struct model *m);
 void model_cp_release(struct model *m);
-int model_cp_attention_forward(struct model *m, float *out, float *lse, const float *qkv);
+int model_cp_attention_forward(struct model *m, float *out, float *lse, float *qkv);
 int model_cp_attention_backward(struct model *m, float *dqkv, const float *dout, const float *qkv, const float *out,
                                 const float *lse);
 /* Embedding rows of this rank's chunks at their global positions (wpe may be NULL: no position table). */
