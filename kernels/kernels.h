@@ -116,6 +116,12 @@ struct kernels {
      * the ops, from pinned staging); device to host returns once the bytes are in the host buffer (waiting
      * for the ops queued before); device to device is queued like an op (overlap allowed, as memmove). */
     int (*mem_copy)(void *dst, const void *src, size_t bytes, enum kernels_copy_kind kind);
+    /* Strided copy: rows of width bytes, row r from src + r * spitch to dst + r * dpitch (pitches in bytes,
+     * each >= width), in one call (on CUDA one cudaMemcpy2DAsync instead of a copy per row: packing columns
+     * of many rows, e.g. the key/value columns of qkv). Returns like mem_copy for its kind. The two regions
+     * (first row to end of last row) must not overlap: FSDP_EINVAL. */
+    int (*mem_copy2d)(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows,
+                      enum kernels_copy_kind kind);
     int (*mem_set)(void *dst, int value, size_t bytes);
     /* Waits for all queued work (no-op on CPU). */
     int (*synchronize)(void);

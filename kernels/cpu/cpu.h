@@ -31,6 +31,8 @@
 void *cpu_mem_alloc(size_t bytes);
 void cpu_mem_free(void *ptr);
 int cpu_mem_copy(void *dst, const void *src, size_t bytes, enum kernels_copy_kind kind);
+int cpu_mem_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows,
+                   enum kernels_copy_kind kind);
 int cpu_mem_set(void *dst, int value, size_t bytes);
 int cpu_synchronize(void);
 int cpu_set_matmul_dtype(enum dtype dtype);

@@ -18,6 +18,7 @@ static struct kernels cpu_table = {
     .host_alloc = cpu_mem_alloc, /* host memory is the device's */
     .host_free = cpu_mem_free,
     .mem_copy = cpu_mem_copy,
+    .mem_copy2d = cpu_mem_copy2d,
     .mem_set = cpu_mem_set,
     .synchronize = cpu_synchronize,
     .set_matmul_dtype = cpu_set_matmul_dtype,

@@ -16,6 +16,8 @@ void cuda_mem_free(void *ptr);
 void *cuda_host_alloc(size_t bytes);
 void cuda_host_free(void *ptr);
 int cuda_mem_copy(void *dst, const void *src, size_t bytes, enum kernels_copy_kind kind);
+int cuda_mem_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows,
+                    enum kernels_copy_kind kind);
 int cuda_mem_set(void *dst, int value, size_t bytes);
 int cuda_synchronize(void);
 int cuda_set_matmul_dtype(enum dtype dtype);
@@ -36,6 +38,12 @@ int cuda_attention_forward(float *out, float *lse, const float *qkv, int b, int 
                              void *workspace);
 int cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
                               const float *lse, int b, int t, int c, int nh, int nkv, void *workspace);
+
+int cuda_attention_cp_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                              const struct kernels_attention_cp *a);
+int cuda_attention_cp_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                               const float *v, const float *out, const float *lse,
+                               const struct kernels_attention_cp *a);
 
 int cuda_gelu_forward(float *out, const float *inp, size_t n);
 int cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);

@@ -4,6 +4,7 @@
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_common.h"
 
+#include <stdint.h>
 #include <string.h>
 
 extern "C" {
@@ -163,6 +164,66 @@ int cuda_mem_copy(void *dst, const void *src, size_t bytes, enum kernels_copy_ki
         src = tmp;
     }
     return cuda_check("mem_copy", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_ctx.stream));
+}
+
+/* Host to device, strided: rows packed into the staging chunks (as many whole rows as a chunk holds) and
+ * sent by one 2D copy per chunk, so the caller may reuse its buffer at once, as with copy_h2d. Rows wider
+ * than a chunk go one by one. */
+static int copy2d_h2d(char *d, size_t dpitch, const char *s, size_t spitch, size_t width, size_t rows)
+{
+    if (width > CUDA_STAGE_BYTES) {
+        for (size_t r = 0; r < rows; r++)
+            FSDP_TRY(copy_h2d(d + r * dpitch, s + r * spitch, width));
+        return 0;
+    }
+    size_t per = CUDA_STAGE_BYTES / width;
+    for (size_t r0 = 0; r0 < rows; r0 += per) {
+        size_t n = rows - r0 < per ? rows - r0 : per;
+        char *chunk;
+        int i;
+        FSDP_TRY(stage_take(&chunk, &i));
+        for (size_t r = 0; r < n; r++)
+            memcpy(chunk + r * width, s + (r0 + r) * spitch, width);
+        FSDP_TRY(cuda_check("mem_copy2d", cudaMemcpy2DAsync(d + r0 * dpitch, dpitch, chunk, width, width, n,
+                                                            cudaMemcpyHostToDevice, cuda_ctx.stream)));
+        FSDP_TRY(cuda_check("mem_copy2d", cudaEventRecord(cuda_ctx.stage_done[i], cuda_ctx.stream)));
+    }
+    return 0;
+}
+
+/* Same contract as cuda_mem_copy for each kind: host to device staged, device to host returning with the
+ * bytes in place (a device-to-pageable 2D copy returns once done; cuda_sync reports deferred checks), device
+ * to device queued. cudaMemcpy2D leaves overlapping regions undefined: they are refused, on the CPU too. */
+int cuda_mem_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows,
+                    enum kernels_copy_kind kind)
+{
+    if ((unsigned)kind > KERNELS_COPY_D2D)
+        return error_set(FSDP_EINVAL, "kernels cuda: bad copy kind %d", (int)kind);
+    if (width == 0 || rows == 0)
+        return 0;
+    if (!dst || !src)
+        return error_set(FSDP_EINVAL, "kernels cuda: mem_copy2d of %zu rows of %zu bytes with a NULL pointer", rows,
+                         width);
+    if (dpitch < width || spitch < width)
+        return error_set(FSDP_EINVAL, "kernels cuda: mem_copy2d: row width %zu bytes is above a pitch (dpitch %zu, "
+                         "spitch %zu)", width, dpitch, spitch);
+    size_t maxp = dpitch > spitch ? dpitch : spitch;
+    if (rows - 1 > (SIZE_MAX - width) / maxp)
+        return error_set(FSDP_EINVAL, "kernels cuda: mem_copy2d: %zu rows of pitch %zu overflow the address space",
+                         rows, maxp);
+    const char *d = (const char *)dst, *s = (const char *)src;
+    size_t dext = (rows - 1) * dpitch + width, sext = (rows - 1) * spitch + width;
+    if (kind == KERNELS_COPY_D2D && d < s + sext && s < d + dext)
+        return error_set(FSDP_EINVAL, "kernels cuda: mem_copy2d: the source and destination regions overlap");
+    if (kind == KERNELS_COPY_H2D)
+        return copy2d_h2d((char *)dst, dpitch, s, spitch, width, rows);
+    if (kind == KERNELS_COPY_D2H) {
+        FSDP_TRY(cuda_check("mem_copy2d", cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows,
+                                                            cudaMemcpyDeviceToHost, cuda_ctx.stream)));
+        return cuda_sync("mem_copy2d");
+    }
+    return cuda_check("mem_copy2d", cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows,
+                                                      cudaMemcpyDeviceToDevice, cuda_ctx.stream));
 }
 
 int cuda_mem_set(void *dst, int value, size_t bytes)

@@ -197,6 +197,11 @@ stage_kernels() {
       FSDP_KERNELS_BACKEND=cuda CRITERION_VERBOSITY_LEVEL=1 timeout 240 "$san" --tool "$tool" --error-exitcode 99 \
         --target-processes all "$exe" -j1 || { echo "compute-sanitizer $tool failed"; rc=1; }
     done
+    # context-parallel attention's shared tiles (test_kernels_attention's CP cases need host memory: skipped)
+    echo "== compute-sanitizer --tool racecheck test_kernels_cuda --filter 'kernels_cuda/attention_cp*'"
+    CRITERION_VERBOSITY_LEVEL=1 timeout 240 "$san" --tool racecheck --error-exitcode 99 --target-processes all \
+      "$build/tests/kernels/test_kernels_cuda" -j1 --filter 'kernels_cuda/attention_cp*' ||
+      { echo "compute-sanitizer racecheck (attention_cp) failed"; rc=1; }
   else
     echo "compute-sanitizer not installed: memcheck/racecheck not run"
   fi

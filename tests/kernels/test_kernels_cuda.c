@@ -6,7 +6,7 @@
  * Tolerances (|gpu - cpu| <= atol + rtol |cpu|), and why:
  * - matmul/gemm 1e-5 * sqrt(k) + 1e-5 rel: both exact fp32 (no TF32 unless FSDP_CUDA_TF32=1, which these
  *   tests do not set), only the summation order differs.
- * - attention 2e-5 + 1e-4 rel: __expf vs the CPU's polynomial exp and a different tile order.
+ * - attention and attention_cp 2e-5 + 1e-4 rel: __expf vs the CPU's polynomial exp and a different tile order.
  * - layernorm, gelu, cross-entropy, AdamW 1e-5 + 1e-5 rel (tanhf vs exp-based tanh, __expf in softmax).
  * - residual, scale, axpy, embedding forward: exact (one rounding in the same order).
  * - embedding backward: 1e-6 here, and the same bits at GPT-2's shapes (both add a token's rows in row
@@ -15,6 +15,7 @@
  * - sqnorm and loss sums: 1e-12 relative (double accumulation, different order). */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -103,7 +104,7 @@ static void compare(const char *what, const struct kernels *kc, const struct ker
     float *want = down(kc, p->c, p->n * sizeof(float)), *got = down(kg, p->g, p->n * sizeof(float));
     for (size_t i = 0; i < p->n; i++) {
         double err = fabs((double)got[i] - want[i]);
-        if (!(err <= atol + rtol * fabs(want[i])) && !(isnan(got[i]) && isnan(want[i])))
+        if (got[i] != want[i] && !(err <= atol + rtol * fabs(want[i])) && !(isnan(got[i]) && isnan(want[i])))
             cr_assert_fail("%s[%zu]: cuda %.9g, cpu %.9g (err %.3g > %.3g)", what, i, (double)got[i],
                            (double)want[i], err, atol + rtol * fabs(want[i]));
     }
@@ -279,6 +280,119 @@ Test(kernels_cuda, attention_matches_cpu)
     check_attention(1, 97, 384, 3, 1.0f);  /* hs 128 */
     check_attention(1, 65, 400, 2, 0.5f);  /* hs 200: not a multiple of 32, needs > 48 KiB shared memory */
     check_attention(1, 130, 64, 2, 6.0f);  /* large scores: the online softmax must rescale */
+}
+
+/* Context-parallel attention, GPU against CPU with the same inputs and positions. A sequence of T tokens is
+ * cut in 2S chunks, rank r holding chunks r and 2S-1-r (model_cp_position); gpos is the position of each
+ * gathered row, rank-major. allgather: rank `rank`'s T/S query rows (in a packed q|k|v buffer, ld = W)
+ * against the T gathered keys and values, a separate buffer of their columns only (kblock = T/S, ldkv = 2
+ * kvw < ld); alltoall: all T rows as queries and keys of one packed buffer (qblock = kblock = T/S), dq, dk
+ * and dv columns of one gradient buffer. The keys sit kshift positions later than the queries, so a query
+ * at a position below kshift sees no key (lse -inf, out 0, no gradient). Backward adds into gradients that
+ * start random, and a second backward from the same start gives the same bits. */
+static void check_attention_cp(int B, int T, int C, int NH, int NKV, int S, bool alltoall, int rank, int kshift,
+                               uint64_t seed)
+{
+    const struct kernels *kg = gpu(), *kc = cpu();
+    cr_assert(kg->attention_cp_forward && kg->attention_cp_backward, "the cuda table lacks attention_cp");
+    const int hs = C / NH, kvw = NKV * hs, W = C + 2 * kvw, t = T / S, half = t / 2;
+    const int tq = alltoall ? T : t;
+    int *gpos = malloc((size_t)T * sizeof *gpos), *kpos = malloc((size_t)T * sizeof *kpos);
+    cr_assert(gpos && kpos);
+    for (int p = 0; p < S; p++)
+        for (int j = 0; j < t; j++)
+            gpos[p * t + j] = j < half ? p * half + j : (2 * S - 1 - p) * half + (j - half);
+    for (int j = 0; j < T; j++)
+        kpos[j] = gpos[j] + kshift;
+    const int *qpos = alltoall ? gpos : gpos + rank * t;
+    size_t nq = (size_t)B * tq * W, nkv = alltoall ? 0 : (size_t)B * T * 2 * kvw, nout = (size_t)B * tq * C;
+    size_t nlse = (size_t)B * NH * tq;
+    float *hq = host_rand(nq, seed, -1, 1), *hkv = host_rand(nkv, seed + 1, -1, 1);
+    float *hdo = host_rand(nout, seed + 2, -1, 1), *hdq = host_rand(nq, seed + 3, -1, 1);
+    float *hdkv = host_rand(nkv, seed + 4, -1, 1);
+    struct pair Q = pair_new(kc, kg, hq, nq), KV = pair_new(kc, kg, hkv, nkv), DQ = pair_new(kc, kg, hdq, nq);
+    struct pair DKV = pair_new(kc, kg, hdkv, nkv), O = pair_new(kc, kg, NULL, nout), L = pair_new(kc, kg, NULL, nlse);
+    struct pair DO = pair_new(kc, kg, hdo, nout);
+    int *gq = up(kg, qpos, (size_t)tq * sizeof(int)), *gk = up(kg, kpos, (size_t)T * sizeof(int));
+    struct kernels_attention_cp a = {.b = B, .tq = tq, .tk = T, .c = C, .nh = NH, .ld = W, .nkv = NKV,
+                                     .qblock = alltoall ? t : 0, .kblock = t, .ldkv = alltoall ? 0 : 2 * kvw};
+    struct kernels_attention_cp ac = a, ag = a;
+    ac.qpos = qpos, ac.kpos = kpos, ag.qpos = gq, ag.kpos = gk;
+    /* k and v: columns C and C + kvw of the packed rows (alltoall), or 0 and kvw of the gathered ones */
+    float *kcp = alltoall ? Q.c + C : KV.c, *kgp = alltoall ? Q.g + C : KV.g;
+    float *dkcp = alltoall ? DQ.c + C : DKV.c, *dkgp = alltoall ? DQ.g + C : DKV.g;
+    cr_assert_eq(kc->attention_cp_forward(O.c, L.c, Q.c, kcp, kcp + kvw, &ac), 0, "%s", error_message());
+    cr_assert_eq(kg->attention_cp_forward(O.g, L.g, Q.g, kgp, kgp + kvw, &ag), 0, "%s", error_message());
+    compare("attention_cp out", kc, kg, &O, 2e-5, 1e-4);
+    compare("attention_cp lse", kc, kg, &L, 2e-5, 1e-5);
+    if (kshift > 0) { /* the first query row (position 0 on rank 0 and in alltoall) sees no key */
+        float *l = down(kg, L.g, nlse * sizeof(float)), *o = down(kg, O.g, nout * sizeof(float));
+        cr_assert(isinf(l[0]) && l[0] < 0, "lse of a row with no visible key: %g, want -inf", (double)l[0]);
+        for (int d = 0; d < hs; d++)
+            cr_assert_eq(o[d], 0.0f, "out of a row with no visible key: [%d] %g", d, (double)o[d]);
+        free(l), free(o);
+    }
+    cr_assert_eq(kc->attention_cp_backward(DQ.c, dkcp, dkcp + kvw, DO.c, Q.c, kcp, kcp + kvw, O.c, L.c, &ac), 0, "%s",
+                 error_message());
+    cr_assert_eq(kg->attention_cp_backward(DQ.g, dkgp, dkgp + kvw, DO.g, Q.g, kgp, kgp + kvw, O.g, L.g, &ag), 0,
+                 "%s", error_message());
+    compare("attention_cp dq (alltoall: dq|dk|dv)", kc, kg, &DQ, 5e-5, 1e-4);
+    if (!alltoall)
+        compare("attention_cp dk|dv", kc, kg, &DKV, 5e-5, 1e-4);
+    /* deterministic: the same start gives the same bits */
+    float *first = down(kg, DQ.g, nq * sizeof(float)), *first_kv = down(kg, DKV.g, nkv * sizeof(float));
+    cr_assert_eq(kg->mem_copy(DQ.g, hdq, nq * sizeof(float), KERNELS_COPY_H2D), 0);
+    if (nkv)
+        cr_assert_eq(kg->mem_copy(DKV.g, hdkv, nkv * sizeof(float), KERNELS_COPY_H2D), 0);
+    cr_assert_eq(kg->attention_cp_backward(DQ.g, dkgp, dkgp + kvw, DO.g, Q.g, kgp, kgp + kvw, O.g, L.g, &ag), 0,
+                 "%s", error_message());
+    float *second = down(kg, DQ.g, nq * sizeof(float)), *second_kv = down(kg, DKV.g, nkv * sizeof(float));
+    cr_assert_eq(memcmp(first, second, nq * sizeof(float)), 0, "attention_cp backward (dq) is not deterministic");
+    cr_assert_eq(memcmp(first_kv, second_kv, nkv * sizeof(float)), 0,
+                 "attention_cp backward (dk, dv) is not deterministic");
+    struct pair *all[] = {&Q, &KV, &DQ, &DKV, &O, &L, &DO};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        pair_free(kc, kg, all[i]);
+    kg->mem_free(gq), kg->mem_free(gk);
+    free(gpos), free(kpos), free(hq), free(hkv), free(hdo), free(hdq), free(hdkv);
+    free(first), free(first_kv), free(second), free(second_kv);
+}
+
+Test(kernels_cuda, attention_cp_allgather_matches_cpu, .timeout = 120)
+{
+    check_attention_cp(2, 64, 64, 4, 4, 2, false, 0, 0, 70);   /* hs 16, rank 0: chunks 0 and 3 */
+    check_attention_cp(2, 64, 64, 4, 4, 2, false, 1, 0, 71);   /* rank 1: chunks 1 and 2 */
+    check_attention_cp(2, 96, 128, 4, 2, 3, false, 2, 0, 72);  /* grouped-query, hs 32, 3 ranks */
+    check_attention_cp(1, 200, 256, 4, 4, 2, false, 1, 0, 73); /* GPT-2's hs 64, blocks of 100 rows */
+    check_attention_cp(1, 40, 32, 2, 1, 2, false, 0, 5, 74);   /* rows 0..4 see no key */
+}
+
+Test(kernels_cuda, attention_cp_alltoall_matches_cpu, .timeout = 120)
+{
+    check_attention_cp(2, 80, 128, 2, 2, 2, true, 0, 0, 75); /* hs 64, 40-row blocks cut the 32-row tiles */
+    check_attention_cp(1, 72, 384, 3, 1, 3, true, 0, 0, 76); /* grouped-query (one key/value head), hs 128 */
+    check_attention_cp(1, 64, 400, 2, 2, 2, true, 0, 0, 77); /* hs 200: > 48 KiB of shared memory */
+    check_attention_cp(2, 48, 64, 4, 2, 2, true, 0, 3, 78);  /* grouped-query, rows at positions 0..2 see no key */
+}
+
+Test(kernels_cuda, attention_cp_rejects_bad_shapes)
+{
+    const struct kernels *kg = gpu();
+    float *buf = up(kg, NULL, 64 * sizeof(float));
+    int *pos = up(kg, NULL, 8 * sizeof(int));
+    struct kernels_attention_cp a = {.b = 1, .tq = 4, .tk = 4, .c = 8, .nh = 2, .ld = 8, .qpos = pos, .kpos = pos,
+                                     .nkv = 3};
+    cr_assert_eq(kg->attention_cp_forward(buf, buf, buf, buf, buf, &a), FSDP_EINVAL);
+    cr_assert(strstr(error_message(), "attention_cp_forward: bad shape"), "%s", error_message());
+    a.nkv = 0;
+    a.qblock = 3; /* does not divide tq */
+    cr_assert_eq(kg->attention_cp_backward(buf, buf, buf, buf, buf, buf, buf, buf, buf, &a), FSDP_EINVAL);
+    cr_assert(strstr(error_message(), "attention_cp_backward: bad shape"), "%s", error_message());
+    a.qblock = 0;
+    a.c = 2 * 300, a.ld = 600; /* head size 300 */
+    cr_assert_eq(kg->attention_cp_forward(buf, buf, buf, buf, buf, &a), FSDP_EUNSUPPORTED);
+    cr_assert(strstr(error_message(), "head size 300"), "%s", error_message());
+    kg->mem_free(buf), kg->mem_free(pos);
 }
 
 Test(kernels_cuda, elementwise_match_cpu)

@@ -428,6 +428,45 @@ Test(kernels_ops, memory_and_registry)
     cr_assert_eq(k->attention_forward(dummy, dummy, dummy, 1, 1, 3, 2, 2, dummy), FSDP_EINVAL);
 }
 
+/* mem_copy2d moves exactly width bytes of each row between pitched layouts, in every direction, leaves the
+ * bytes between rows alone, and refuses pitches below the width and overlapping regions. */
+Test(kernels_ops, mem_copy2d_moves_strided_rows)
+{
+    const struct kernels *k = kt_backend();
+    enum { ROWS = 37, SP = 29, W = 11, DP = 16 };
+    unsigned char host[ROWS * SP], back[ROWS * DP], full[ROWS * SP];
+    for (int i = 0; i < ROWS * SP; i++)
+        host[i] = (unsigned char)(i * 13 + 5);
+    unsigned char *a = k->mem_alloc(ROWS * SP), *b = k->mem_alloc(ROWS * DP);
+    cr_assert(a && b, "%s", error_message());
+    cr_assert_eq(k->mem_set(a, 0x5a, ROWS * SP), 0, "%s", error_message());
+    cr_assert_eq(k->mem_set(b, 0xc3, ROWS * DP), 0, "%s", error_message());
+    /* host rows 3.. of pitch SP -> device rows of pitch SP at column 7 (H2D), then columns 7..7+W of those
+     * -> rows of pitch DP (D2D), then those rows of DP -> host rows of pitch DP (D2H) */
+    cr_assert_eq(k->mem_copy2d(a + 7, SP, host + 3, SP, W, ROWS, KERNELS_COPY_H2D), 0, "%s", error_message());
+    cr_assert_eq(k->mem_copy2d(b + 2, DP, a + 7, SP, W, ROWS, KERNELS_COPY_D2D), 0, "%s", error_message());
+    cr_assert_eq(k->synchronize(), 0, "%s", error_message());
+    memset(back, 0, sizeof back);
+    cr_assert_eq(k->mem_copy2d(back, DP, b, DP, DP, ROWS, KERNELS_COPY_D2H), 0, "%s", error_message());
+    cr_assert_eq(k->mem_copy(full, a, sizeof full, KERNELS_COPY_D2H), 0, "%s", error_message());
+    for (int r = 0; r < ROWS; r++) {
+        for (int c = 0; c < SP; c++)
+            cr_assert_eq(full[r * SP + c], c >= 7 && c < 7 + W ? host[r * SP + 3 + c - 7] : 0x5a, "H2D row %d col %d",
+                         r, c);
+        for (int c = 0; c < DP; c++)
+            cr_assert_eq(back[r * DP + c], c >= 2 && c < 2 + W ? host[r * SP + 3 + c - 2] : 0xc3, "D2D row %d col %d",
+                         r, c);
+    }
+    /* nothing to copy is fine; a pitch under the width and overlapping regions are refused */
+    cr_assert_eq(k->mem_copy2d(b, DP, a, SP, W, 0, KERNELS_COPY_D2D), 0, "%s", error_message());
+    cr_assert_eq(k->mem_copy2d(b, W - 1, a, SP, W, 2, KERNELS_COPY_D2D), FSDP_EINVAL);
+    cr_assert(strstr(error_message(), "mem_copy2d") && strstr(error_message(), "pitch"), "%s", error_message());
+    cr_assert_eq(k->mem_copy2d(a + 1, SP, a, SP, W, 3, KERNELS_COPY_D2D), FSDP_EINVAL);
+    cr_assert(strstr(error_message(), "overlap"), "%s", error_message());
+    cr_assert_eq(k->mem_copy2d(b, DP, a, SP, W, 2, (enum kernels_copy_kind)9), FSDP_EINVAL);
+    k->mem_free(a), k->mem_free(b);
+}
+
 /* What a table says it can do (kernels.h: host_visible, host, comm_backend, auto_dtype, peak_flops) is what
  * its memory and its host table do, so the engine can ask the fields instead of the name. */
 Test(kernels_ops, capabilities_match_the_table)

@@ -104,7 +104,7 @@ int fsdp_check_config(const struct worker_config *wc, int world, int local_world
     if (cp > 1 && (!k->attention_cp_forward || !k->attention_cp_backward))
         return error_set(FSDP_EUNSUPPORTED,
                          "fsdp.context_parallel_size = %d needs context-parallel attention, which the %s kernels "
-                         "(train.device) do not have; use a device whose kernels have it (cpu) or "
+                         "(train.device) do not have; use a device whose kernels have it (cpu, cuda) or "
                          "context_parallel_size = 1",
                          cp, k->name);
     if (wc->fsdp.enable && wc->fsdp.offload_params &&

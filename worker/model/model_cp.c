@@ -140,12 +140,11 @@ int model_cp_embedding_backward(struct model *m, float *dwte, float *dwpe, const
 /* The key/value columns of this rank's rows (b*t rows of ld, columns C .. C + 2 kvw) <-> rows of 2 kvw. */
 static int kv_move(const struct model *m, const struct cp_dims *d, float *kv, float *qkv, bool unpack)
 {
-    size_t rows = (size_t)d->b * d->t, bytes = 2 * (size_t)d->kvw * sizeof(float);
-    for (size_t i = 0; i < rows; i++) {
-        float *a = qkv + i * d->ld + d->C, *p = kv + i * 2 * d->kvw;
-        FSDP_TRY(unpack ? m->k->mem_copy(a, p, bytes, KERNELS_COPY_D2D) : m->k->mem_copy(p, a, bytes, KERNELS_COPY_D2D));
-    }
-    return 0;
+    size_t rows = (size_t)d->b * d->t, width = 2 * (size_t)d->kvw * sizeof(float);
+    size_t lda = (size_t)d->ld * sizeof(float), ldp = width;
+    float *a = qkv + d->C;
+    return unpack ? m->k->mem_copy2d(a, lda, kv, ldp, width, rows, KERNELS_COPY_D2D)
+                  : m->k->mem_copy2d(kv, ldp, a, lda, width, rows, KERNELS_COPY_D2D);
 }
 
 /* The group's keys and values into cp_a: this rank's packed into its own block, gathered in place. */
@@ -210,17 +209,17 @@ static struct segs out_segs(const struct cp_dims *d)
 static int heads_move(const struct model *m, const struct segs *g, float *packed, float *rows, size_t n, bool unpack)
 {
     const struct kernels *k = m->k;
-    for (int p = 0; p < m->cp.size; p++)
-        for (size_t i = 0; i < n; i++) {
-            float *pk = packed + ((size_t)p * n + i) * g->width;
-            float *rw = rows + i * g->ld;
-            for (int s = 0; s < g->n; s++) {
-                float *a = rw + g->col[s] + (size_t)p * g->w[s];
-                size_t bytes = (size_t)g->w[s] * sizeof(float);
-                FSDP_TRY(unpack ? k->mem_copy(a, pk, bytes, KERNELS_COPY_D2D) : k->mem_copy(pk, a, bytes, KERNELS_COPY_D2D));
-                pk += g->w[s];
-            }
+    size_t ldp = (size_t)g->width * sizeof(float), ldr = (size_t)g->ld * sizeof(float);
+    for (int p = 0; p < m->cp.size; p++) {
+        float *pk = packed + (size_t)p * n * g->width;
+        for (int s = 0; s < g->n; s++) {
+            float *a = rows + g->col[s] + (size_t)p * g->w[s];
+            size_t width = (size_t)g->w[s] * sizeof(float);
+            FSDP_TRY(unpack ? k->mem_copy2d(a, ldr, pk, ldp, width, n, KERNELS_COPY_D2D)
+                            : k->mem_copy2d(pk, ldp, a, ldr, width, n, KERNELS_COPY_D2D));
+            pk += g->w[s];
         }
+    }
     return 0;
 }
 
