@@ -235,6 +235,15 @@ static int spawn_one(struct worker *w, const struct launch_args *a, const struct
     pid_t parent = getpid();
     sigset_t none;
     sigemptyset(&none);
+    /* What the child resets before execve. A disposition of SIG_IGN survives fork and exec, and a job script
+     * that starts the launcher in the background (`fsdp-launch ... &`) or under nohup hands it SIGINT and
+     * SIGQUIT (or SIGHUP) ignored: the launcher still reads them (blocked signals reach its signalfd), but
+     * workers that inherited the SIG_IGN would never receive the ones it forwards, and the job would wait
+     * --shutdown_timeout. */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
     pid_t pid = fork();
     if (pid < 0) {
         rc = error_set(FSDP_EIO, "fork: %s", strerror(errno));
@@ -246,7 +255,9 @@ static int spawn_one(struct worker *w, const struct launch_args *a, const struct
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent) /* the launcher died before prctl took effect */
             _exit(128 + SIGKILL);
-        signal(SIGPIPE, SIG_DFL);
+        sigaction(SIGPIPE, &dfl, NULL);
+        for (int i = 0; i < a->n_signals; i++)
+            sigaction(a->signals[i], &dfl, NULL);
         sigprocmask(SIG_SETMASK, &none, NULL);
         dup2(outp[1], 1);
         dup2(errp[1], 2);

@@ -327,11 +327,19 @@ Test(launch, log_max_bytes_rotates_log_files, .timeout = 60)
     free(dir);
 }
 
-static void signal_exits_cleanly(int sig)
+/* ignored_at_start: the launcher starts with sig ignored, as a job script's `fsdp-launch ... &` starts it
+ * with SIGINT and SIGQUIT ignored and nohup with SIGHUP ignored; a SIG_IGN survives exec, so workers that
+ * inherited it would never get the signal forwarded to them. */
+static void signal_exits_cleanly_ex(int sig, bool ignored_at_start)
 {
     char *dir = lu_tmpdir();
     const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "2", LU_PROBE, "sleep", dir, NULL};
+    struct sigaction ign = {.sa_handler = SIG_IGN}, old;
+    if (ignored_at_start)
+        cr_assert_eq(sigaction(sig, &ign, &old), 0);
     pid_t p = lu_spawn(argv, dir, "launch", NULL);
+    if (ignored_at_start)
+        cr_assert_eq(sigaction(sig, &old, NULL), 0);
     int pids[2];
     cr_assert_eq(lu_read_pids(dir, 2, pids, 30), 2, "workers did not start");
     double t0 = tu_now();
@@ -348,10 +356,24 @@ static void signal_exits_cleanly(int sig)
     free(dir);
 }
 
+static void signal_exits_cleanly(int sig)
+{
+    signal_exits_cleanly_ex(sig, false);
+}
+
 Test(launch, sigint_gives_clean_exit, .timeout = 60) { signal_exits_cleanly(SIGINT); }
 Test(launch, sigterm_gives_clean_exit, .timeout = 60) { signal_exits_cleanly(SIGTERM); }
 Test(launch, sighup_gives_clean_exit, .timeout = 60) { signal_exits_cleanly(SIGHUP); }
 Test(launch, sigquit_gives_clean_exit, .timeout = 60) { signal_exits_cleanly(SIGQUIT); }
+
+/* Started in the background by a script (SIGINT, SIGQUIT ignored) or under nohup (SIGHUP ignored): the
+ * signal still stops the job at once, the workers getting it too. */
+Test(launch, signals_ignored_by_the_starting_shell_still_stop_the_workers, .timeout = 120)
+{
+    signal_exits_cleanly_ex(SIGINT, true);
+    signal_exits_cleanly_ex(SIGQUIT, true);
+    signal_exits_cleanly_ex(SIGHUP, true);
+}
 
 /* A worker that ignores SIGTERM is SIGKILLed --shutdown_timeout seconds after it. */
 Test(launch, shutdown_timeout_escalates_to_sigkill, .timeout = 60)
