@@ -137,6 +137,9 @@ int main(int argc, char **argv)
     handled_signals(&a, &set);
     sigprocmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* A SIGCHLD ignored by whoever started the launcher (the disposition survives exec) makes the kernel
+     * reap the workers itself: waitpid would never report them, and the job would wait for them forever. */
+    signal(SIGCHLD, SIG_DFL);
     /* Before any thread exists: the guard is a plain fork. */
     if (guard_start())
         log_warn("%s: grandchildren of a worker may outlive a SIGKILLed launcher", error_message());

@@ -115,6 +115,26 @@ Test(launch, failure_stops_all_ranks_and_reports_root_cause, .timeout = 60)
     free(dir);
 }
 
+/* Started with SIGCHLD ignored (a disposition that survives exec: some supervisors and scripts leave it so),
+ * the kernel would reap the workers itself and the launcher would never learn they ended; it resets
+ * SIGCHLD, so a failing rank still ends the job with its exit code. */
+Test(launch, sigchld_ignored_by_the_parent_still_reports_the_failure, .timeout = 90)
+{
+    char *dir = lu_tmpdir();
+    const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "2", LU_PROBE, "fail", dir, "1", "7", NULL};
+    struct sigaction ign = {.sa_handler = SIG_IGN}, old;
+    cr_assert_eq(sigaction(SIGCHLD, &ign, &old), 0);
+    pid_t p = lu_spawn(argv, dir, "launch", NULL);
+    cr_assert_eq(sigaction(SIGCHLD, &old, NULL), 0);
+    int st = lu_wait(p, 30);
+    char *err = lu_slurp_tag(dir, "launch", "err");
+    cr_assert_eq(lu_exit_code(st), 7, "launcher exit %d, stderr:\n%s", lu_exit_code(st), err);
+    cr_expect(strstr(err, "Root cause (first failure): rank 1 (local rank 1) on node 0"), "summary:\n%s", err);
+    free(err);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
 /* Ranks that stop because another failed exit 3; the rank that failed first may be reaped after them
  * (a killed process's threads still exiting). Runs the probe's "peerfirst" mode: every rank but `bad`
  * exits 3 at once, `bad` exits 9 `delay` seconds later; checks the launcher's exit code and the rank it
