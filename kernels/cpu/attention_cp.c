@@ -436,12 +436,17 @@ struct cp512_kv {
     int by_key; /* rows indexed by key j (the copies), else by memory row */
 };
 
+/* held: the pair (bb * nkv + kh) whose rounded rows kr, vr already hold (-1: none), so consecutive query
+ * heads of one key/value head round them once. */
 static struct cp512_kv cp512_kv_at(const float *k, const float *v, size_t ldkv, float *kr, float *vr, int lp, int bb,
-                                   int kh, const struct kernels_attention_cp *a)
+                                   int kh, int *held, const struct kernels_attention_cp *a)
 {
     if (!lp)
         return (struct cp512_kv){k + kh * 64, v + kh * 64, ldkv, 0};
-    cp512_round_kv(kr, vr, k, v, ldkv, bb, kh, a);
+    int pair = bb * (a->nkv ? a->nkv : a->nh) + kh;
+    if (*held != pair)
+        cp512_round_kv(kr, vr, k, v, ldkv, bb, kh, a);
+    *held = pair;
     return (struct cp512_kv){kr, vr, 64, 1};
 }
 
@@ -473,13 +478,7 @@ ATT_TARGET static int cp512_forward(float *out, float *lse, const float *q, cons
             int bb = p / a->nh, h = p % a->nh, kh = h / group;
             if (failed)
                 continue;
-            struct cp512_kv kv = {k + kh * 64, v + kh * 64, ldkv, 0};
-            if (lp) {
-                if (held != bb * nkv + kh)
-                    cp512_round_kv(kr, vr, k, v, ldkv, bb, kh, a);
-                held = bb * nkv + kh;
-                kv = (struct cp512_kv){kr, vr, 64, 1};
-            }
+            struct cp512_kv kv = cp512_kv_at(k, v, ldkv, kr, vr, lp, bb, kh, &held, a);
             for (int i0 = 0; i0 < a->tq;) {
                 int nq = cp_run(i0, a->tq, a->qblock, a->qpos);
                 const int *qp = a->qpos + i0;
@@ -543,13 +542,14 @@ ATT_TARGET static int cp512_backward(float *dq, float *dk, float *dv, const floa
         _Alignas(64) int qp64[64];
         float *kr = lp ? malloc((size_t)a->tk * 2 * 64 * sizeof(float)) : NULL;
         float *vr = kr ? kr + (size_t)a->tk * 64 : NULL;
+        int held = -1;
         failed = lp && !kr;
 #pragma omp for schedule(dynamic, 1)
         for (int p = 0; p < pairs; p++) {
             int bb = p / nkv, kh = p % nkv;
             if (failed)
                 continue;
-            struct cp512_kv kv = cp512_kv_at(k, v, ldkv, kr, vr, lp, bb, kh, a);
+            struct cp512_kv kv = cp512_kv_at(k, v, ldkv, kr, vr, lp, bb, kh, &held, a);
             for (int h = kh * group; h < (kh + 1) * group; h++)
                 for (int i0 = 0; i0 < a->tq;) {
                     int nq = cp_run(i0, a->tq, a->qblock, a->qpos);
