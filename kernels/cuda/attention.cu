@@ -14,7 +14,16 @@
  * q, k and lse, which costs a second QK^T but writes every gradient element from exactly one thread.
  *
  * Grouped-query attention: qkv rows are [q (nh heads) | k (nkv heads) | v (nkv heads)], query head h reads
- * key/value head h / (nh / nkv) (kernels.h). */
+ * key/value head h / (nh / nkv) (kernels.h).
+ *
+ * bf16 mode (set_matmul_dtype(bf16)): the numbers of the CPU's bf16 attention (kernels/cpu/attention.c),
+ * up to summation order. q, k, v and dO are rounded to bf16 as they are staged (so a score is a sum of
+ * exact products of rounded values, accumulated in fp32); the softmax statistics (running max and sum,
+ * lse, D) stay fp32, the sum l adding the unrounded probabilities; P and dS are rounded once more only as
+ * the operands of P V, P^T dO, dS K and dS^T Q; D = rowsum(dO O) takes the rounded dO (the one dP = dO V^T
+ * reads) and the forward's O as it is. Rounding is common/dtype.h's (nearest even, bit for bit the CPU's).
+ * The mode is a template parameter (BF16): the fp32 kernels are the same code as without it. fp16 mode
+ * computes in fp32, as the CPU's attention does. */
 #include <math.h>
 
 #include "kernels/cuda/cuda.h"
@@ -25,6 +34,12 @@
 #define ATT_ROWS_PER_WARP (ATT_TILE / ATT_WARPS)
 #define ATT_THREADS (ATT_WARPS * 32)
 #define ATT_MAX_HS 256
+
+/* x as an operand of a product in the mode: rounded to bf16 and back with BF16, else as it is. */
+template <bool BF16> __device__ __forceinline__ float att_op(float x)
+{
+    return BF16 ? dtype_bf16_to_f32(dtype_f32_to_bf16(x)) : x;
+}
 
 /* Column offsets of query head h's q, k and v in a qkv row of ld = c + 2 nkv hs floats. */
 struct att_cols {
@@ -44,7 +59,7 @@ __device__ __forceinline__ att_cols att_cols_of(int c, int nh, int nkv, int h)
 
 /* Forward. grid (query tiles, b*nh); heaviest (last) query tiles are launched first so the causal
  * triangle's long blocks do not trail at the end. */
-template <int DPL>
+template <int DPL, bool BF16>
 __global__ void __launch_bounds__(ATT_THREADS)
     att_forward_kernel(float *out, float *lse, const float *qkv, int t, int c, int nh, int nkv, float scale)
 {
@@ -60,7 +75,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
 
     for (int idx = threadIdx.x; idx < ATT_TILE * hs; idx += ATT_THREADS) {
         int r = idx / hs, d = idx % hs;
-        qs[idx] = q0 + r < t ? base[(size_t)(q0 + r) * ld + col.q + d] : 0.0f;
+        qs[idx] = q0 + r < t ? att_op<BF16>(base[(size_t)(q0 + r) * ld + col.q + d]) : 0.0f;
     }
     float m[ATT_ROWS_PER_WARP], l[ATT_ROWS_PER_WARP], o[ATT_ROWS_PER_WARP][DPL];
 #pragma unroll
@@ -78,8 +93,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
             int r = idx / hs, d = idx % hs;
             bool in = k0 + r < t;
             const float *row = base + (size_t)(k0 + r) * ld;
-            ks[r * hp + d] = in ? row[col.k + d] : 0.0f;
-            vs[r * hs + d] = in ? row[col.v + d] : 0.0f;
+            ks[r * hp + d] = in ? att_op<BF16>(row[col.k + d]) : 0.0f;
+            vs[r * hs + d] = in ? att_op<BF16>(row[col.v + d]) : 0.0f;
         }
         __syncthreads();
 #pragma unroll
@@ -97,14 +112,15 @@ __global__ void __launch_bounds__(ATT_THREADS)
             const float m_new = fmaxf(m[rr], mx);
             const float p = valid ? __expf(s - m_new) : 0.0f;
             const float alpha = __expf(m[rr] - m_new); /* 0 on the first tile, where m is -inf */
-            l[rr] = l[rr] * alpha + cuda_warp_sum(p);
+            l[rr] = l[rr] * alpha + cuda_warp_sum(p); /* the unrounded p */
             m[rr] = m_new;
             const int jmax = min(ATT_TILE, qi - k0 + 1);
 #pragma unroll
             for (int i = 0; i < DPL; i++)
                 o[rr][i] *= alpha;
+            const float pv = att_op<BF16>(p); /* P as the operand of P V */
             for (int j = 0; j < jmax; j++) {
-                const float pj = __shfl_sync(0xffffffffu, p, j);
+                const float pj = __shfl_sync(0xffffffffu, pv, j);
 #pragma unroll
                 for (int i = 0; i < DPL; i++) {
                     const int d = lane + 32 * i;
@@ -132,7 +148,9 @@ __global__ void __launch_bounds__(ATT_THREADS)
     }
 }
 
-/* D[pair, i] = dO_i . O_i, one warp per (row, head). */
+/* D[pair, i] = dO_i . O_i, one warp per (row, head); in bf16 mode dO rounded as dP = dO V^T reads it (so the
+ * dS of a row still sum to about 0), O the forward's output as it is. */
+template <bool BF16>
 __global__ void att_rowdot_kernel(float *dsum, const float *dout, const float *out, int b, int t, int c, int nh)
 {
     const int hs = c / nh, lane = threadIdx.x & 31;
@@ -143,14 +161,14 @@ __global__ void att_rowdot_kernel(float *dsum, const float *dout, const float *o
     const size_t off = ((size_t)bi * t + qi) * c + (size_t)h * hs;
     float s = 0.0f;
     for (int d = lane; d < hs; d += 32)
-        s += dout[off + d] * out[off + d];
+        s += att_op<BF16>(dout[off + d]) * out[off + d];
     s = cuda_warp_sum(s);
     if (lane == 0)
         dsum[w] = s;
 }
 
 /* dQ: blocks over query tiles (as forward), looping over key tiles. */
-template <int DPL>
+template <int DPL, bool BF16>
 __global__ void __launch_bounds__(ATT_THREADS)
     att_backward_dq_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *dsum,
                            int t, int c, int nh, int nkv, float scale)
@@ -169,8 +187,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
     for (int idx = threadIdx.x; idx < ATT_TILE * hs; idx += ATT_THREADS) {
         int r = idx / hs, d = idx % hs;
         bool in = q0 + r < t;
-        qs[idx] = in ? base[(size_t)(q0 + r) * ld + col.q + d] : 0.0f;
-        dos[idx] = in ? dobase[(size_t)(q0 + r) * c + d] : 0.0f;
+        qs[idx] = in ? att_op<BF16>(base[(size_t)(q0 + r) * ld + col.q + d]) : 0.0f;
+        dos[idx] = in ? att_op<BF16>(dobase[(size_t)(q0 + r) * c + d]) : 0.0f;
     }
     float dq[ATT_ROWS_PER_WARP][DPL], row_lse[ATT_ROWS_PER_WARP], row_d[ATT_ROWS_PER_WARP];
 #pragma unroll
@@ -189,8 +207,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
             int r = idx / hs, d = idx % hs;
             bool in = k0 + r < t;
             const float *row = base + (size_t)(k0 + r) * ld;
-            ks[r * hp + d] = in ? row[col.k + d] : 0.0f;
-            vs[r * hp + d] = in ? row[col.v + d] : 0.0f;
+            ks[r * hp + d] = in ? att_op<BF16>(row[col.k + d]) : 0.0f;
+            vs[r * hp + d] = in ? att_op<BF16>(row[col.v + d]) : 0.0f;
         }
         __syncthreads();
 #pragma unroll
@@ -206,7 +224,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
             }
             const bool valid = k0 + lane <= qi;
             const float p = valid ? __expf(s * scale - row_lse[rr]) : 0.0f;
-            const float ds = p * (dp - row_d[rr]) * scale;
+            const float ds = att_op<BF16>(p * (dp - row_d[rr]) * scale); /* from the unrounded p */
             const int jmax = min(ATT_TILE, qi - k0 + 1);
             for (int j = 0; j < jmax; j++) {
                 const float dsj = __shfl_sync(0xffffffffu, ds, j);
@@ -237,7 +255,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
 /* dK and dV: blocks over key tiles of one key/value head (the first keys see the most queries, so they
  * launch first), looping over the query heads of its group and, for each, the query tiles at or after the
  * key tile. grid (key tiles, b*nkv). */
-template <int DPL>
+template <int DPL, bool BF16>
 __global__ void __launch_bounds__(ATT_THREADS)
     att_backward_dkv_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *dsum,
                             int t, int c, int nh, int nkv, float scale)
@@ -257,8 +275,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
         int r = idx / hs, d = idx % hs;
         bool in = k0 + r < t;
         const float *row = base + (size_t)(k0 + r) * ld;
-        kb[idx] = in ? row[col.k + d] : 0.0f;
-        vb[idx] = in ? row[col.v + d] : 0.0f;
+        kb[idx] = in ? att_op<BF16>(row[col.k + d]) : 0.0f;
+        vb[idx] = in ? att_op<BF16>(row[col.v + d]) : 0.0f;
     }
     float dk[ATT_ROWS_PER_WARP][DPL], dv[ATT_ROWS_PER_WARP][DPL];
 #pragma unroll
@@ -275,8 +293,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
         for (int idx = threadIdx.x; idx < ATT_TILE * hs; idx += ATT_THREADS) {
             int r = idx / hs, d = idx % hs;
             bool in = q0 + r < t;
-            qt[r * hp + d] = in ? base[(size_t)(q0 + r) * ld + (size_t)h * hs + d] : 0.0f;
-            dot[r * hp + d] = in ? dobase[(size_t)(q0 + r) * c + d] : 0.0f;
+            qt[r * hp + d] = in ? att_op<BF16>(base[(size_t)(q0 + r) * ld + (size_t)h * hs + d]) : 0.0f;
+            dot[r * hp + d] = in ? att_op<BF16>(dobase[(size_t)(q0 + r) * c + d]) : 0.0f;
         }
         if (threadIdx.x < ATT_TILE) {
             int qi = q0 + threadIdx.x;
@@ -298,10 +316,11 @@ __global__ void __launch_bounds__(ATT_THREADS)
             }
             const bool valid = qi >= kj && qi < t;
             const float p = valid ? __expf(s * scale - lse_t[lane]) : 0.0f;
-            const float ds = p * (dp - d_t[lane]) * scale;
+            /* dS from the unrounded p; both rounded only as operands of P^T dO and dS^T Q */
+            const float ds = att_op<BF16>(p * (dp - d_t[lane]) * scale), pv = att_op<BF16>(p);
             const int j0 = max(0, kj - q0), j1 = min(ATT_TILE, t - q0);
             for (int j = j0; j < j1; j++) {
-                const float pj = __shfl_sync(0xffffffffu, p, j), dsj = __shfl_sync(0xffffffffu, ds, j);
+                const float pj = __shfl_sync(0xffffffffu, pv, j), dsj = __shfl_sync(0xffffffffu, ds, j);
 #pragma unroll
                 for (int i = 0; i < DPL; i++) {
                     const int d = lane + 32 * i;
@@ -356,19 +375,19 @@ template <typename K> static int att_prepare(const char *op, K kern, size_t smem
     return 0;
 }
 
-template <int DPL>
+template <int DPL, bool BF16>
 static int att_forward_launch(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv)
 {
     const int hs = c / nh;
     size_t smem = (size_t)ATT_TILE * (2 * hs + hs + 1) * sizeof(float);
-    FSDP_TRY(att_prepare("attention_forward", att_forward_kernel<DPL>, smem));
+    FSDP_TRY(att_prepare("attention_forward", att_forward_kernel<DPL, BF16>, smem));
     dim3 grid((t + ATT_TILE - 1) / ATT_TILE, b * nh);
-    att_forward_kernel<DPL><<<grid, ATT_THREADS, smem, cuda_ctx.stream>>>(out, lse, qkv, t, c, nh, nkv,
-                                                                          1.0f / sqrtf((float)hs));
+    att_forward_kernel<DPL, BF16><<<grid, ATT_THREADS, smem, cuda_ctx.stream>>>(out, lse, qkv, t, c, nh, nkv,
+                                                                                1.0f / sqrtf((float)hs));
     return cuda_check_launch("attention_forward");
 }
 
-template <int DPL>
+template <int DPL, bool BF16>
 static int att_backward_launch(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *dsum,
                                int b, int t, int c, int nh, int nkv)
 {
@@ -376,15 +395,47 @@ static int att_backward_launch(float *dqkv, const float *dout, const float *qkv,
     const float scale = 1.0f / sqrtf((float)hs);
     size_t smem_dq = (size_t)ATT_TILE * (2 * hs + 2 * (hs + 1)) * sizeof(float);
     size_t smem_dkv = (size_t)ATT_TILE * (2 * hs + 2 * (hs + 1) + 2) * sizeof(float);
-    FSDP_TRY(att_prepare("attention_backward dq", att_backward_dq_kernel<DPL>, smem_dq));
-    FSDP_TRY(att_prepare("attention_backward dk/dv", att_backward_dkv_kernel<DPL>, smem_dkv));
+    FSDP_TRY(att_prepare("attention_backward dq", att_backward_dq_kernel<DPL, BF16>, smem_dq));
+    FSDP_TRY(att_prepare("attention_backward dk/dv", att_backward_dkv_kernel<DPL, BF16>, smem_dkv));
     dim3 grid((t + ATT_TILE - 1) / ATT_TILE, b * nh), grid_kv((t + ATT_TILE - 1) / ATT_TILE, b * nkv);
-    att_backward_dq_kernel<DPL><<<grid, ATT_THREADS, smem_dq, cuda_ctx.stream>>>(dqkv, dout, qkv, lse, dsum, t, c,
-                                                                                 nh, nkv, scale);
+    att_backward_dq_kernel<DPL, BF16><<<grid, ATT_THREADS, smem_dq, cuda_ctx.stream>>>(dqkv, dout, qkv, lse, dsum,
+                                                                                       t, c, nh, nkv, scale);
     FSDP_TRY(cuda_check_launch("attention_backward dq"));
-    att_backward_dkv_kernel<DPL><<<grid_kv, ATT_THREADS, smem_dkv, cuda_ctx.stream>>>(dqkv, dout, qkv, lse, dsum,
-                                                                                      t, c, nh, nkv, scale);
+    att_backward_dkv_kernel<DPL, BF16><<<grid_kv, ATT_THREADS, smem_dkv, cuda_ctx.stream>>>(dqkv, dout, qkv, lse,
+                                                                                            dsum, t, c, nh, nkv, scale);
     return cuda_check_launch("attention_backward dk/dv");
+}
+
+/* The instantiation for the head size (DPL = ceil(hs / 32) rounded up to 1, 2, 4 or 8). */
+template <bool BF16>
+static int att_forward_hs(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv)
+{
+    const int hs = c / nh;
+    if (hs <= 32)
+        return att_forward_launch<1, BF16>(out, lse, qkv, b, t, c, nh, nkv);
+    if (hs <= 64)
+        return att_forward_launch<2, BF16>(out, lse, qkv, b, t, c, nh, nkv);
+    if (hs <= 128)
+        return att_forward_launch<4, BF16>(out, lse, qkv, b, t, c, nh, nkv);
+    return att_forward_launch<8, BF16>(out, lse, qkv, b, t, c, nh, nkv);
+}
+
+template <bool BF16>
+static int att_backward_hs(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                           float *dsum, int b, int t, int c, int nh, int nkv)
+{
+    size_t warps = (size_t)b * nh * t;
+    att_rowdot_kernel<BF16><<<(unsigned)((warps * 32 + CUDA_THREADS - 1) / CUDA_THREADS), CUDA_THREADS, 0,
+                              cuda_ctx.stream>>>(dsum, dout, out, b, t, c, nh);
+    FSDP_TRY(cuda_check_launch("attention_backward (rowdot)"));
+    const int hs = c / nh;
+    if (hs <= 32)
+        return att_backward_launch<1, BF16>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv);
+    if (hs <= 64)
+        return att_backward_launch<2, BF16>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv);
+    if (hs <= 128)
+        return att_backward_launch<4, BF16>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv);
+    return att_backward_launch<8, BF16>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv);
 }
 
 size_t cuda_attention_workspace_bytes(int b, int t, int c, int nh, int nkv)
@@ -404,14 +455,9 @@ int cuda_attention_forward(float *out, float *lse, const float *qkv, int b, int 
     FSDP_TRY(check_shape("attention_forward", b, t, c, nh, nkv));
     if (b == 0 || t == 0)
         return 0;
-    const int hs = c / nh;
-    if (hs <= 32)
-        return att_forward_launch<1>(out, lse, qkv, b, t, c, nh, nkv);
-    if (hs <= 64)
-        return att_forward_launch<2>(out, lse, qkv, b, t, c, nh, nkv);
-    if (hs <= 128)
-        return att_forward_launch<4>(out, lse, qkv, b, t, c, nh, nkv);
-    return att_forward_launch<8>(out, lse, qkv, b, t, c, nh, nkv);
+    if (cuda_ctx.matmul_dtype == DTYPE_BF16)
+        return att_forward_hs<true>(out, lse, qkv, b, t, c, nh, nkv);
+    return att_forward_hs<false>(out, lse, qkv, b, t, c, nh, nkv);
 }
 
 int cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
@@ -424,16 +470,8 @@ int cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, co
         return error_set(FSDP_EINVAL, "kernels cuda: attention_backward: NULL workspace (size it with "
                                       "attention_workspace_bytes)");
     float *dsum = (float *)workspace;
-    size_t warps = (size_t)b * nh * t;
-    att_rowdot_kernel<<<(unsigned)((warps * 32 + CUDA_THREADS - 1) / CUDA_THREADS), CUDA_THREADS, 0,
-                        cuda_ctx.stream>>>(dsum, dout, out, b, t, c, nh);
-    FSDP_TRY(cuda_check_launch("attention_backward (rowdot)"));
-    const int hs = c / nh;
-    if (hs <= 32)
-        return att_backward_launch<1>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv);
-    if (hs <= 64)
-        return att_backward_launch<2>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv);
-    if (hs <= 128)
-        return att_backward_launch<4>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv);
-    return att_backward_launch<8>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv);
+    /* the mode now, as on the CPU: a step's forward and backward run in the same one */
+    if (cuda_ctx.matmul_dtype == DTYPE_BF16)
+        return att_backward_hs<true>(dqkv, dout, qkv, out, lse, dsum, b, t, c, nh, nkv);
+    return att_backward_hs<false>(dqkv, dout, qkv, out, lse, dsum, b, t, c, nh, nkv);
 }

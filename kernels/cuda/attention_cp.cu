@@ -2,8 +2,8 @@
  * keys and values of the whole sequence, masked by position (key j is visible to query i when
  * kpos[j] <= qpos[i]), with grouped-query heads and the block-major rows of an all-gather or all-to-all read
  * in place (kernels.h, struct kernels_attention_cp). The same scheme as attention.cu, in fp32 on CUDA cores
- * whatever set_matmul_dtype says, as attention.cu computes (the CPU's bf16 mode rounds operands; fp32 here
- * is at least as exact):
+ * whatever set_matmul_dtype says (attention.cu and the CPU round operands in bf16 mode; this kernel does not
+ * yet, and fp32 is at least as exact):
  *
  * - Tiles of 32 query rows by 32 key rows. A block of 8 warps owns 32 rows, 4 per warp; per tile it stages
  *   32 rows of K and V (forward, dQ) or of Q and dO (dK/dV) in shared memory, lane j computes the score of

@@ -228,8 +228,10 @@ static void init_context(void)
     if (e == cudaSuccess) {
         step = "cudaMalloc";
         e = cudaMalloc((void **)&c->checks, CUDA_CHECK_SLOTS * sizeof(uint64_t));
+        /* On the ops' stream, as every later write of the slots: cudaMemset would go to the legacy default
+         * stream, which a non-blocking stream does not wait for, so the first range check could race it. */
         if (e == cudaSuccess)
-            e = cudaMemset(c->checks, 0xff, CUDA_CHECK_SLOTS * sizeof(uint64_t));
+            e = cudaMemsetAsync(c->checks, 0xff, CUDA_CHECK_SLOTS * sizeof(uint64_t), c->stream);
     }
     if (e == cudaSuccess) {
         step = "cudaMallocHost";
@@ -262,6 +264,7 @@ static void init_context(void)
      * products, fp32 accumulation) roughly 8x the matmul rate on H100 and are opt-in. */
     c->gemm_compute = settings_bool(SETTING_CUDA_TF32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     c->gemm_f32 = c->gemm_compute;
+    c->matmul_dtype = DTYPE_F32;
     cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, c->device) == cudaSuccess)
         log_info("kernels cuda: device %d of %d: %s (sm_%d%d, %d SMs, %.1f GiB), matmul %s", c->device, count,

@@ -40,6 +40,7 @@ struct cuda_ctx {
     cublasHandle_t blas;
     cublasComputeType_t gemm_compute; /* now: fp32, TF32, or bf16/fp16 inputs (set_matmul_dtype) */
     cublasComputeType_t gemm_f32;     /* what DTYPE_F32 means: exact, or TF32 with FSDP_CUDA_TF32=1 */
+    enum dtype matmul_dtype;          /* set_matmul_dtype's: attention rounds its operands in bf16 mode */
     cudaMemPool_t pool;               /* the device's default pool: mem_alloc and the scratch */
     void *scratch;                    /* grow-only device scratch for reductions (see cuda_scratch) */
     size_t scratch_bytes;

@@ -1,5 +1,5 @@
-/* Linear layers and general GEMM on cuBLAS (cublasGemmEx, fp32 in and out; fp32, TF32 or bf16/fp16
- * tensor-core compute, see set_matmul_dtype). cuBLAS is column-major:
+/* Linear layers and general GEMM on cuBLAS (cublasGemmEx; fp32 in and out; fp32, TF32 or bf16/fp16 inputs,
+ * see set_matmul_dtype). cuBLAS is column-major:
  * a row-major C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T, so every call swaps the operands
  * and the m/n sizes instead of transposing anything. */
 #include "kernels/cuda/cuda.h"
@@ -9,35 +9,74 @@ extern "C" {
 #include "common/log.h"
 }
 
-/* Row-major C(m, n) = alpha op(A) op(B) + beta C. */
+/* One operand's span rounded to 16 bits (common/dtype.h's conversion: the CPU's bits). The span is the
+ * rows times the leading dimension, gaps included, so the copy keeps the caller's ld. */
+template <int DST> __global__ void gemm_round_kernel(void *dst, const float *src, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dtype_store_f32((enum dtype)DST, dst, i, src[i]);
+}
+
+static size_t gemm_span(int rows, int cols, int ld)
+{
+    return rows == 0 || cols == 0 ? 0 : (size_t)(rows - 1) * ld + cols;
+}
+
+/* Row-major C(m, n) = alpha op(A) op(B) + beta C. In bf16 (fp16) mode the operands are rounded to bf16
+ * (fp16) in scratch and cuBLAS multiplies those: CUBLAS_COMPUTE_32F_FAST_16BF on fp32 operands was seen to
+ * give TF32's bits on an H200 (cuBLAS 13.1), not the bf16 rounding of the CPU table and of bf16 autocast. */
 static int gemm_rm(const char *op, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
                    const float *b, int ldb, float beta, float *c, int ldc)
 {
     if (m == 0 || n == 0)
         return 0;
-    return cuda_check_blas(op, cublasGemmEx(cuda_ctx.blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                            ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, CUDA_R_32F, ldb, a,
-                                            CUDA_R_32F, lda, &beta, c, CUDA_R_32F, ldc, cuda_ctx.gemm_compute,
-                                            CUBLAS_GEMM_DEFAULT));
+    cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    enum dtype lowp = cuda_ctx.matmul_dtype;
+    if (lowp == DTYPE_F32 || k == 0)
+        return cuda_check_blas(op, cublasGemmEx(cuda_ctx.blas, opb, opa, n, m, k, &alpha, b, CUDA_R_32F, ldb, a,
+                                                CUDA_R_32F, lda, &beta, c, CUDA_R_32F, ldc, cuda_ctx.gemm_compute,
+                                                CUBLAS_GEMM_DEFAULT));
+    size_t na = ta ? gemm_span(k, m, lda) : gemm_span(m, k, lda);
+    size_t nb = tb ? gemm_span(n, k, ldb) : gemm_span(k, n, ldb);
+    size_t na_padded = (na + 7) & ~(size_t)7; /* b's copy 16-byte aligned, as cuBLAS prefers */
+    void *ws;
+    FSDP_TRY(cuda_scratch(op, &ws, (na_padded + nb) * 2));
+    uint16_t *a16 = (uint16_t *)ws, *b16 = a16 + na_padded;
+    cudaStream_t s = cuda_ctx.stream;
+    cudaDataType_t t16 = lowp == DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    if (lowp == DTYPE_BF16) {
+        gemm_round_kernel<DTYPE_BF16><<<cuda_grid(na), CUDA_THREADS, 0, s>>>(a16, a, na);
+        gemm_round_kernel<DTYPE_BF16><<<cuda_grid(nb), CUDA_THREADS, 0, s>>>(b16, b, nb);
+    } else {
+        gemm_round_kernel<DTYPE_F16><<<cuda_grid(na), CUDA_THREADS, 0, s>>>(a16, a, na);
+        gemm_round_kernel<DTYPE_F16><<<cuda_grid(nb), CUDA_THREADS, 0, s>>>(b16, b, nb);
+    }
+    FSDP_TRY(cuda_check_launch(op));
+    return cuda_check_blas(op, cublasGemmEx(cuda_ctx.blas, opb, opa, n, m, k, &alpha, b16, t16, ldb, a16, t16, lda,
+                                            &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 int cuda_set_matmul_dtype(enum dtype dtype)
 {
-    /* fp32 tensors stay fp32 in memory; cuBLAS rounds the inputs to bf16/fp16 on their way into the tensor
-     * cores and accumulates in fp32: the numerics of bf16 autocast, without 16-bit copies of weights. */
+    /* fp32 tensors stay fp32 in memory; each GEMM rounds its operands to bf16/fp16 in scratch (gemm_rm) and
+     * accumulates in fp32: the numerics of bf16 autocast, without lasting 16-bit copies of the weights. */
     switch (dtype) {
     case DTYPE_F32:
         cuda_ctx.gemm_compute = cuda_ctx.gemm_f32;
+        cuda_ctx.matmul_dtype = dtype;
         return 0;
     case DTYPE_BF16:
         if (cuda_ctx.gemm_compute != CUBLAS_COMPUTE_32F_FAST_16BF)
             log_info("kernels cuda: matmuls take bf16 inputs and accumulate in fp32");
         cuda_ctx.gemm_compute = CUBLAS_COMPUTE_32F_FAST_16BF;
+        cuda_ctx.matmul_dtype = dtype;
         return 0;
     case DTYPE_F16:
+        /* attention computes in fp32 in this mode, as the CPU's does (attention.cu) */
         if (cuda_ctx.gemm_compute != CUBLAS_COMPUTE_32F_FAST_16F)
             log_info("kernels cuda: matmuls take fp16 inputs and accumulate in fp32");
         cuda_ctx.gemm_compute = CUBLAS_COMPUTE_32F_FAST_16F;
+        cuda_ctx.matmul_dtype = dtype;
         return 0;
     }
     return error_set(FSDP_EINVAL, "kernels cuda: set_matmul_dtype: unknown dtype %d", (int)dtype);

@@ -1,6 +1,8 @@
 /* Device and pinned host memory, copies, and the stream's synchronisation for the CUDA table. Host copies
- * go through the context's pinned staging ring (cuda_common.h): host-to-device returns without waiting for
- * the device, device-to-host once the bytes are in the caller's buffer. */
+ * of pageable memory go through the context's pinned staging ring (cuda_common.h), pinned memory is copied
+ * directly where that is faster: host-to-device returns once the caller may reuse its buffer (without
+ * waiting for the device where staging allows), device-to-host once the bytes are in the caller's
+ * buffer. */
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_common.h"
 
@@ -75,11 +77,48 @@ static int stage_take(char **chunk, int *slot)
     return 0;
 }
 
-/* Host to device without waiting for the device: the bytes are copied into pinned staging chunks and go
- * from there with cudaMemcpyAsync, so the caller may reuse its buffer at once and the copy stays queued
- * behind the ops like any kernel. Only a ring that wraps waits, for the copy that used the chunk before. */
+static bool pinned(const void *p)
+{
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return a.type == cudaMemoryTypeHost;
+}
+
+/* A host-to-device copy of pinned memory (host_alloc: offloaded shards) of more bytes than the staging ring
+ * holds goes directly, at bus speed and without the host's memcpy into the ring. The caller may reuse its
+ * buffer when mem_copy returns (kernels.h), so the call then waits for the copy, and with it for the ops
+ * queued before it (stream order). Staging such a copy would wait for them too: its fifth chunk waits for
+ * the first one's copy. A smaller copy is staged all the same, which returns without waiting for the
+ * device: the host keeps its lead over the device (prefetching the next unit's gather) for the cost of a
+ * memcpy of at most CUDA_STAGE_CHUNKS chunks. */
+static bool h2d_direct(const void *src, size_t bytes)
+{
+    return bytes > (size_t)CUDA_STAGE_CHUNKS * CUDA_STAGE_BYTES && pinned(src);
+}
+
+/* Waits for a direct host-to-device copy just queued (h2d_direct), so the caller may reuse its buffer. */
+static int h2d_direct_wait(const char *op)
+{
+    cudaError_t e = cudaStreamSynchronize(cuda_ctx.stream);
+    if (e != cudaSuccess)
+        return error_set(FSDP_EIO, "kernels cuda: %s: waiting for a copy from pinned memory: %s (%s; an earlier "
+                         "kernel may have failed asynchronously)", op, cudaGetErrorString(e), cudaGetErrorName(e));
+    return 0;
+}
+
+/* Host to device. Pageable memory (and pinned memory that fits the ring) without waiting for the device:
+ * the bytes are copied into pinned staging chunks and go from there with cudaMemcpyAsync, so the caller may
+ * reuse its buffer at once and the copy stays queued behind the ops like any kernel. Only a ring that wraps
+ * waits, for the copy that used the chunk before. Larger pinned memory goes directly (h2d_direct). */
 static int copy_h2d(char *d, const char *s, size_t bytes)
 {
+    if (h2d_direct(s, bytes)) {
+        FSDP_TRY(cuda_check("mem_copy", cudaMemcpyAsync(d, s, bytes, cudaMemcpyHostToDevice, cuda_ctx.stream)));
+        return h2d_direct_wait("mem_copy");
+    }
     for (size_t off = 0; off < bytes;) {
         size_t len = bytes - off < CUDA_STAGE_BYTES ? bytes - off : CUDA_STAGE_BYTES;
         char *chunk;
@@ -92,16 +131,6 @@ static int copy_h2d(char *d, const char *s, size_t bytes)
         off += len;
     }
     return 0;
-}
-
-static bool pinned(const void *p)
-{
-    cudaPointerAttributes a;
-    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    return a.type == cudaMemoryTypeHost;
 }
 
 /* Device to host, returning with the data in place. Pinned memory (host_alloc: offloaded state) is copied
@@ -168,9 +197,15 @@ int cuda_mem_copy(void *dst, const void *src, size_t bytes, enum kernels_copy_ki
 
 /* Host to device, strided: rows packed into the staging chunks (as many whole rows as a chunk holds) and
  * sent by one 2D copy per chunk, so the caller may reuse its buffer at once, as with copy_h2d. Rows wider
- * than a chunk go one by one. */
+ * than a chunk go one by one. Pinned rows of more bytes than the ring holds go in one direct 2D copy, waited
+ * for (h2d_direct). */
 static int copy2d_h2d(char *d, size_t dpitch, const char *s, size_t spitch, size_t width, size_t rows)
 {
+    if (h2d_direct(s, width * rows)) {
+        FSDP_TRY(cuda_check("mem_copy2d", cudaMemcpy2DAsync(d, dpitch, s, spitch, width, rows, cudaMemcpyHostToDevice,
+                                                            cuda_ctx.stream)));
+        return h2d_direct_wait("mem_copy2d");
+    }
     if (width > CUDA_STAGE_BYTES) {
         for (size_t r = 0; r < rows; r++)
             FSDP_TRY(copy_h2d(d + r * dpitch, s + r * spitch, width));
