@@ -64,6 +64,27 @@ static ncclResult_t nccl_settle(ncclComm_t comm, double deadline)
     }
 }
 
+/* Waits (yielding, then in naps of at most 1 ms) until NCCL's thread has written a split's child handle:
+ * ncclSuccess once it is there, ncclInProgress at the deadline. */
+static ncclResult_t nccl_wait_handle(ncclComm_t volatile *handle, double deadline)
+{
+    double t0 = comm_now_s();
+    long nap_ns = 20000;
+    while (!*handle) {
+        double now = comm_now_s();
+        if (now >= deadline)
+            return ncclInProgress;
+        if (now - t0 < 1e-4) {
+            sched_yield();
+            continue;
+        }
+        struct timespec ts = {0, nap_ns};
+        nanosleep(&ts, NULL);
+        nap_ns = nap_ns < 500000 ? 2 * nap_ns : 1000000;
+    }
+    return ncclSuccess;
+}
+
 /* The config every communicator of this backend is made with; commName names it in NCCL_DEBUG output. */
 static ncclConfig_t nccl_config(const char *group)
 {
@@ -188,7 +209,8 @@ static int nccl_init(const struct comm_info *info, void **state)
     ncclConfig_t cfg = nccl_config(st->group);
     double deadline = comm_now_s() + info->timeout_s;
     ncclResult_t r = ncclCommInitRankConfig(&st->comm, info->size, uid, info->rank, &cfg);
-    if (r == ncclInProgress && st->comm)
+    /* nonblocking: ncclSuccess can still leave the communicator initialising (as with the split) */
+    if ((r == ncclInProgress || r == ncclSuccess) && st->comm)
         r = nccl_settle(st->comm, deadline);
     if (r != ncclSuccess) {
         const char *last = st->comm ? ncclGetLastError(st->comm) : NULL;
@@ -241,10 +263,19 @@ static int nccl_split(void *parent_state, const struct comm_info *child_info, in
     ncclComm_t nc = NULL;
     double deadline = comm_now_s() + p->timeout_s;
     ncclResult_t r = ncclCommSplit(p->comm, st && color >= 0 ? color : NCCL_SPLIT_NOCOLOR, key, &nc, &cfg);
-    /* In progress: the child reports when it is made; a rank that asked for no child watches the parent,
-     * whose own state carries the split's outcome. */
-    if (r == ncclInProgress)
-        r = nccl_settle(nc ? nc : p->comm, deadline);
+    /* Nonblocking, the split is an operation of the parent: NCCL writes the child's handle into nc only when
+     * the parent's state leaves ncclInProgress (NCCL issue 1472), and the child may then still be
+     * initialising (an H200 run, NCCL 2.28.3, world 1: settling only the parent, or only a child handle
+     * present at return, both left no usable child: ncclCommCount failed or nc was NULL). So: the
+     * parent settles, then the handle arrives (written by NCCL's thread: read it through a volatile), then
+     * the child settles. A rank that asked for no child (NOCOLOR) gets none. */
+    if (r == ncclSuccess || r == ncclInProgress) {
+        r = nccl_settle(p->comm, deadline);
+        if (r == ncclSuccess && st && color >= 0)
+            r = nccl_wait_handle((ncclComm_t volatile *)&nc, deadline);
+        if (r == ncclSuccess && nc)
+            r = nccl_settle(nc, deadline);
+    }
     int rc = 0;
     if (r == ncclInProgress) {
         rc = error_set(FSDP_ETIMEDOUT, "ncclCommSplit into group '%s' on rank %d of the parent did not finish "
