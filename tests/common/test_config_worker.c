@@ -545,7 +545,9 @@ Test(worker_config, schema_has_every_section_and_key)
 {
     static const char *const want[] = {
         "model.model_family", "model.n_layer", "model.n_head", "model.n_kv_head", "model.n_embd",
-        "model.intermediate_size", "model.rope_theta", "model.rms_norm_eps", "model.tie_word_embeddings",
+        "model.intermediate_size", "model.rope_theta", "model.rope_scaling", "model.rope_scaling_factor",
+        "model.rope_low_freq_factor", "model.rope_high_freq_factor", "model.rope_original_max_position_embeddings",
+        "model.rms_norm_eps", "model.tie_word_embeddings",
         "model.vocab_size", "model.block_size", "model.init_std", "model.seed", "model.init_from", "model.activation_checkpointing",
         "train.train_batch", "train.micro_batch", "train.max_steps", "train.eval_interval", "train.eval_steps",
         "train.seed", "train.device", "optim.lr", "optim.beta1", "optim.beta2", "optim.eps", "optim.weight_decay",

@@ -481,12 +481,37 @@ Test(model_hf, llama_config_json)
     cr_assert_eq(model_hf_config_read(dir, &c), 0, "%s", error_message());
     cr_assert_eq(c.config.rope_theta, 250000.0f);
     cr_assert_eq(c.config.n_kv_head, 4, "num_key_value_heads defaults to num_attention_heads");
+    cr_assert_eq(c.config.rope_scaling, MODEL_ROPE_DEFAULT);
+    /* Llama 3.1's rope scaling, in transformers 5's spelling and in 4.x's: the same config */
+    static const char *const scaled[] = {
+        "{\"model_type\":\"llama\",\"rope_parameters\":{\"rope_theta\":500000.0,\"rope_type\":\"llama3\",\"factor\":32,"
+        "\"low_freq_factor\":1,\"high_freq_factor\":4,\"original_max_position_embeddings\":8192}}",
+        "{\"model_type\":\"llama\",\"rope_theta\":500000.0,\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":32,"
+        "\"low_freq_factor\":1,\"high_freq_factor\":4,\"original_max_position_embeddings\":8192}}",
+    };
+    for (int i = 0; i < 2; i++) {
+        write_text(sub("config.json"), scaled[i]);
+        cr_assert_eq(model_hf_config_read(dir, &c), 0, "%s", error_message());
+        cr_assert_eq(c.config.rope_scaling, MODEL_ROPE_LLAMA3);
+        cr_assert_eq(c.config.rope_theta, 500000.0f);
+        cr_assert_eq(c.config.rope_factor, 32.0f);
+        cr_assert_eq(c.config.rope_low_freq_factor, 1.0f);
+        cr_assert_eq(c.config.rope_high_freq_factor, 4.0f);
+        cr_assert_eq(c.config.rope_original_max_position, 8192);
+    }
     static const struct {
         const char *json, *frag;
     } bad[] = {
         {"{\"model_type\":\"llama\",\"hidden_act\":\"gelu\"}", "SwiGLU"},
-        {"{\"model_type\":\"llama\",\"rope_scaling\":{\"type\":\"linear\",\"factor\":2}}", "rope_scaling"},
-        {"{\"model_type\":\"llama\",\"rope_parameters\":{\"rope_theta\":1e4,\"rope_type\":\"llama3\"}}", "rope_type"},
+        {"{\"model_type\":\"llama\",\"rope_scaling\":{\"type\":\"linear\",\"factor\":2}}",
+         "rope_type \"linear\" is not one fsdpc's Llama computes; it reads \"default\" and \"llama3\""},
+        {"{\"model_type\":\"llama\",\"rope_parameters\":{\"rope_theta\":1e4,\"rope_type\":\"yarn\"}}", "\"yarn\""},
+        /* llama3 needs all four of its numbers */
+        {"{\"model_type\":\"llama\",\"rope_parameters\":{\"rope_theta\":1e4,\"rope_type\":\"llama3\"}}",
+         "\"factor\" is missing"},
+        {"{\"model_type\":\"llama\",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,"
+         "\"high_freq_factor\":4}}", "\"original_max_position_embeddings\" is missing"},
+        {"{\"model_type\":\"llama\",\"rope_scaling\":\"llama3\"}", "must be an object or null"},
         {"{\"model_type\":\"llama\",\"attention_bias\":true}", "no biases"},
         {"{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,\"head_dim\":32}", "head_dim"},
     };

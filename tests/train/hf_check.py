@@ -9,11 +9,16 @@ transformers).
 
   hf_check.py make_llama OUT_DIR DATA.bin BATCH BLOCK STEPS
       The same for LlamaForCausalLM (grouped-query attention, rope_theta 500000, rms_norm_eps 1e-5): OUT_DIR/untied
-      and OUT_DIR/tied (tie_word_embeddings), both sharded (max_shard_size 60KB), and OUT_DIR/ref.json.
+      and OUT_DIR/tied (tie_word_embeddings), OUT_DIR/llama3 (Llama 3.1's rope scaling, as this transformers
+      saves it) and OUT_DIR/llama3_v4 (the same in transformers 4.x's spelling), all sharded (max_shard_size
+      60KB), and OUT_DIR/ref.json.
 
   hf_check.py tokenizer OUT.json
       A byte-level tokenizer.json for fsdp-prepare-data's byte tokens (token id = byte value): ByteLevel's
       character of byte b has id b, no merges, so transformers decodes a run's ids back to its text.
+
+  hf_check.py loss MODEL_DIR DATA.bin BATCH BLOCK STEPS OUT.json
+      transformers' mean loss of from_pretrained(MODEL_DIR) on those windows, as {"architecture", "loss"}.
 
   hf_check.py logits MODEL_DIR BATCH.safetensors OUT.json
       from_pretrained(MODEL_DIR) unchanged (AutoModelForCausalLM, and AutoTokenizer when the directory
@@ -23,6 +28,7 @@ transformers).
 """
 import json
 import os
+import shutil
 import sys
 import warnings
 
@@ -85,21 +91,47 @@ def make(out, data, batch, block, steps):
         json.dump(ref, f)
 
 
+# Llama 3.1's rotary scaling at a small size: with head size 16 and an original context of 16, the 8
+# frequencies fall in all three bands (kept, blended, divided by factor).
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16}
+
+
 def make_llama(out, data, batch, block, steps):
     torch.manual_seed(4321)
     ref = {}
-    for name, tie in (("untied", False), ("tied", True)):
+    for name, tie in (("untied", False), ("tied", True), ("llama3", False)):
+        extra = {}
+        if name == "llama3":
+            extra = {"rope_parameters": dict(LLAMA3_ROPE, rope_theta=500000.0)} \
+                if "rope_parameters" in LlamaConfig.__init__.__code__.co_varnames else {"rope_scaling": LLAMA3_ROPE}
         cfg = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                           num_key_value_heads=2, vocab_size=256, max_position_embeddings=48, rope_theta=500000.0,
-                          rms_norm_eps=1e-5, tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2)
+                          rms_norm_eps=1e-5, tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2, **extra)
         model = LlamaForCausalLM(cfg).eval()
         with torch.no_grad():
-            for _, p in model.named_parameters():
+            for pname, p in model.named_parameters():
                 if p.dim() == 1:
                     p.add_(0.1 * torch.randn_like(p))
+                # sharp attention, so that the rotary frequencies (the scaling) move the loss well beyond
+                # the test's 1e-5 bound
+                if name == "llama3" and (".q_proj." in pname or ".k_proj." in pname):
+                    p.mul_(12.0)
         d = os.path.join(out, name)
         model.save_pretrained(d, max_shard_size="60KB")
         ref[name] = mean_loss(model, data, batch, block, steps)
+        if name == "llama3":
+            # the same model as transformers 4.x writes it: top-level rope_theta and a rope_scaling dict
+            d4 = os.path.join(out, "llama3_v4")
+            shutil.copytree(d, d4)
+            with open(os.path.join(d4, "config.json")) as f:
+                c = json.load(f)
+            c.pop("rope_parameters", None)
+            c["rope_theta"] = 500000.0
+            c["rope_scaling"] = dict(LLAMA3_ROPE)
+            with open(os.path.join(d4, "config.json"), "w") as f:
+                json.dump(c, f)
+            ref["llama3_v4"] = ref[name]
     with open(os.path.join(out, "ref.json"), "w") as f:
         json.dump(ref, f)
 
@@ -142,6 +174,13 @@ def logits(model_dir, batch_path, out):
         json.dump(res, f)
 
 
+def loss_of(model_dir, data, batch, block, steps, out):
+    """transformers' mean loss of from_pretrained(MODEL_DIR) on the windows `fsdp-ckpt eval` reads."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir).float().eval()
+    with open(out, "w") as f:
+        json.dump({"architecture": type(model).__name__, "loss": mean_loss(model, data, batch, block, steps)}, f)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
@@ -151,5 +190,7 @@ if __name__ == "__main__":
         byte_tokenizer(sys.argv[2])
     elif sys.argv[1] == "logits":
         logits(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif sys.argv[1] == "loss":
+        loss_of(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), sys.argv[7])
     else:
         sys.exit("usage: hf_check.py make|logits ...")

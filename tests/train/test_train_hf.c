@@ -353,8 +353,9 @@ Test(train_hf, llama_in_and_out, .timeout = 600)
     char ref_path[2100];
     snprintf(ref_path, sizeof ref_path, "%s/ref.json", hf);
     cJSON *ref = load_json(ref_path);
-    const char *variants[] = {"untied", "tied"};
-    for (int v = 0; v < 2; v++) {
+    /* llama3: Llama 3.1's rope scaling, in transformers 5's config.json spelling and in 4.x's */
+    const char *variants[] = {"untied", "tied", "llama3", "llama3_v4"};
+    for (int v = 0; v < 4; v++) {
         char dir[2100], json[2200], tag[32];
         snprintf(dir, sizeof dir, "%s/%s", hf, variants[v]);
         snprintf(json, sizeof json, "%s/eval_%s.json", c.dir, variants[v]);
@@ -413,5 +414,19 @@ Test(train_hf, llama_in_and_out, .timeout = 600)
     cr_assert_eq(code, 0, "export: %s", err);
     free(err);
     check_logits_of(&c, out_dir, batch, "llama_export_sharded", "LlamaForCausalLM", false);
+    /* a rope-scaled model's export keeps its scaling: transformers' loss of the export is the original's */
+    char scaled[2200], scaled_out[2300], scaled_json[2300];
+    snprintf(scaled, sizeof scaled, "%s/llama3", hf);
+    snprintf(scaled_out, sizeof scaled_out, "%s/llama3_export", c.dir);
+    snprintf(scaled_json, sizeof scaled_json, "%s/llama3_export_loss.json", c.dir);
+    code = ckpt_tool(c.dir, "llama3_export", (const char *const[]){"export", scaled, scaled_out, NULL}, &err);
+    cr_assert_eq(code, 0, "export llama3: %s", err);
+    free(err);
+    hf_check(c.dir, "loss", (const char *const[]){"loss", scaled_out, val, "4", "32", "3", scaled_json, NULL});
+    cJSON *ex = load_json(scaled_json), *ref2 = load_json(ref_path);
+    double got = tu_json_num(ex, "loss"), want = tu_json_num(ref2, "llama3");
+    cr_assert(fabs(got - want) <= 1e-6 * fabs(want), "llama3 export in transformers %.9g, original %.9g", got, want);
+    cJSON_Delete(ex);
+    cJSON_Delete(ref2);
     tt_teardown(&c);
 }

@@ -130,6 +130,14 @@ static cJSON *build(const struct ckpt_meta *m, const struct model_layout *l)
     cJSON_AddNumberToObject(model, "rope_theta", s->model.rope_theta);
     cJSON_AddNumberToObject(model, "rms_norm_eps", s->model.rms_norm_eps);
     cJSON_AddBoolToObject(model, "tie_word_embeddings", s->model.tie_word_embeddings);
+    if (s->model.rope_scaling == MODEL_ROPE_LLAMA3) { /* absent: no scaling (and in older checkpoints) */
+        cJSON *rs = cJSON_AddObjectToObject(model, "rope_scaling");
+        cJSON_AddStringToObject(rs, "rope_type", "llama3");
+        cJSON_AddNumberToObject(rs, "factor", s->model.rope_factor);
+        cJSON_AddNumberToObject(rs, "low_freq_factor", s->model.rope_low_freq_factor);
+        cJSON_AddNumberToObject(rs, "high_freq_factor", s->model.rope_high_freq_factor);
+        cJSON_AddNumberToObject(rs, "original_max_position_embeddings", s->model.rope_original_max_position);
+    }
     char seed[32];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)s->model.seed);
     cJSON_AddStringToObject(model, "seed", seed);
@@ -352,6 +360,20 @@ static int parse(const char *path, const cJSON *root, struct ckpt_meta *m, char 
     if (get_num(model, "rms_norm_eps", &eps) == 0)
         s->model.rms_norm_eps = (float)eps;
     s->model.tie_word_embeddings = cJSON_IsTrue(tie);
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(model, "rope_scaling");
+    if (rs) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+        double f, lo, hi;
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "llama3") != 0 || get_num(rs, "factor", &f) ||
+            get_num(rs, "low_freq_factor", &lo) || get_num(rs, "high_freq_factor", &hi) ||
+            get_int(rs, "original_max_position_embeddings", &s->model.rope_original_max_position))
+            return error_set(FSDP_EINVAL, "%s: malformed model.rope_scaling (rope_type \"llama3\" and its four numbers)",
+                             path);
+        s->model.rope_scaling = MODEL_ROPE_LLAMA3;
+        s->model.rope_factor = (float)f;
+        s->model.rope_low_freq_factor = (float)lo;
+        s->model.rope_high_freq_factor = (float)hi;
+    }
     if (!(m->config_text = strdup(config->valuestring)))
         return error_set(FSDP_ENOMEM, "out of memory");
     s->config_text = m->config_text;

@@ -44,6 +44,16 @@ static const struct config_key keys[] = {
      .help = "llama: SwiGLU width of the MLP; unset = 8 n_embd / 3 rounded up to a multiple of 256"},
     {.section = "model", .name = "rope_theta", .type = CONFIG_FLOAT, .def = "", .min = 1e-3, .max = 1e12,
      .help = "llama: base of the rotary position frequencies; unset = 10000 (Llama 3: 500000)"},
+    {.section = "model", .name = "rope_scaling", .type = CONFIG_ENUM, .def = "", .values = LIST("none", "llama3"),
+     .help = "llama: rotary frequency scaling; llama3 = Llama 3.1+'s (the four rope_* keys below); unset = none"},
+    {.section = "model", .name = "rope_scaling_factor", .type = CONFIG_FLOAT, .def = "", .min = 1, .max = 1e6,
+     .help = "llama, rope_scaling = llama3: divisor of the low frequencies; unset = 8"},
+    {.section = "model", .name = "rope_low_freq_factor", .type = CONFIG_FLOAT, .def = "", .min = 1e-6, .max = 1e6,
+     .help = "llama, rope_scaling = llama3: wavelengths above original / this are scaled; unset = 1"},
+    {.section = "model", .name = "rope_high_freq_factor", .type = CONFIG_FLOAT, .def = "", .min = 1e-6, .max = 1e6,
+     .help = "llama, rope_scaling = llama3: wavelengths below original / this are kept; unset = 4"},
+    {.section = "model", .name = "rope_original_max_position_embeddings", .type = CONFIG_INT, .def = "", .min = 1,
+     .max = 1048576, .help = "llama, rope_scaling = llama3: the context the model was pretrained with; unset = 8192"},
     {.section = "model", .name = "rms_norm_eps", .type = CONFIG_FLOAT, .def = "", .min = 0, .max = 1,
      .help = "llama: epsilon of RMSNorm; unset = 1e-6"},
     {.section = "model", .name = "tie_word_embeddings", .type = CONFIG_BOOL, .def = "", .bare = "true",
@@ -226,7 +236,9 @@ const char *worker_model_family_name(enum worker_model_family family)
 
 /* The [model] keys that only the llama family reads: setting one for gpt2 is a mistake worth stopping for
  * (a GPT-2 has no grouped heads, rotary positions or untied head). */
-static const char *const llama_only_keys[] = {"n_kv_head", "intermediate_size", "rope_theta", "rms_norm_eps",
+static const char *const llama_only_keys[] = {"n_kv_head", "intermediate_size", "rope_theta", "rope_scaling",
+                                              "rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+                                              "rope_original_max_position_embeddings", "rms_norm_eps",
                                               "tie_word_embeddings", NULL};
 
 static int check_family_keys(const struct config *cfg, enum worker_model_family family)
@@ -276,6 +288,16 @@ int worker_config_view(const struct config *cfg, struct worker_config *out)
     out->model.intermediate_size = (int)I(model, intermediate_size);
     out->model.rope_theta = config_is_set(cfg, "model", "rope_theta") ? F(model, rope_theta) : 10000.0;
     out->model.rms_norm_eps = config_is_set(cfg, "model", "rms_norm_eps") ? F(model, rms_norm_eps) : 1e-6;
+    /* unset: no scaling, and Llama 3.1's parameters for llama3 */
+    out->model.rope_scaling = config_is_set(cfg, "model", "rope_scaling") ? (int)E(model, rope_scaling) : 0;
+    out->model.rope_factor = config_is_set(cfg, "model", "rope_scaling_factor") ? F(model, rope_scaling_factor) : 8;
+    out->model.rope_low_freq_factor =
+        config_is_set(cfg, "model", "rope_low_freq_factor") ? F(model, rope_low_freq_factor) : 1;
+    out->model.rope_high_freq_factor =
+        config_is_set(cfg, "model", "rope_high_freq_factor") ? F(model, rope_high_freq_factor) : 4;
+    out->model.rope_original_max_position = config_is_set(cfg, "model", "rope_original_max_position_embeddings")
+                                                ? (int)I(model, rope_original_max_position_embeddings)
+                                                : 8192;
     out->model.tie_word_embeddings = B(model, tie_word_embeddings);
     out->model.init_std = F(model, init_std);
     out->model.seed = (uint64_t)I(model, seed);
@@ -358,6 +380,11 @@ int worker_config_validate(const struct worker_config *wc)
                              wc->model.n_embd, wc->model.n_head, hs);
         if (!(wc->model.rope_theta > 0))
             return error_set(FSDP_EINVAL, "model.rope_theta must be above 0 (got %g)", wc->model.rope_theta);
+        if (wc->model.rope_scaling && !(wc->model.rope_high_freq_factor > wc->model.rope_low_freq_factor))
+            return error_set(FSDP_EINVAL,
+                             "model.rope_high_freq_factor (%g) must be above model.rope_low_freq_factor (%g) for "
+                             "rope_scaling = llama3",
+                             wc->model.rope_high_freq_factor, wc->model.rope_low_freq_factor);
     } else if (wc->model.n_kv_head || wc->model.intermediate_size || wc->model.tie_word_embeddings) {
         return error_set(FSDP_EINVAL,
                          "model.n_kv_head, model.intermediate_size and model.tie_word_embeddings apply only to "

@@ -37,6 +37,9 @@ struct worker_config {
          * tie_word_embeddings false. */
         int n_kv_head, intermediate_size;
         double rope_theta, rms_norm_eps;
+        /* rope_scaling: 0 none, 1 llama3 (model.h's MODEL_ROPE_*), with Llama 3.1's parameters by default */
+        int rope_scaling, rope_original_max_position;
+        double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
         bool tie_word_embeddings;
         double init_std;
         uint64_t seed;

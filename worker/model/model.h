@@ -4,8 +4,8 @@
  * again.
  *
  * Families come from a registry (model_config.model_family: "gpt2", "llama"); each family provides its
- * layout (modules, parameters with Hugging Face names, units) and its compute (struct model_ops) over the
- * kernels table.
+ * layout (modules, parameters with Hugging Face names, units) and its decoder block over the kernels table;
+ * the embedding, residual stream, final norm, LM head and loss are one core (model_internal.h).
  *
  * Buffers: parameters and gradients are device buffers laid out as model_layout says (a unit's slice is
  * params + unit->offset). Activations live in one arena allocated by model_create, sized from the config
@@ -24,6 +24,8 @@
 /* The vocabulary is padded to a multiple of this for matmul speed; padded logits never reach the loss. */
 #define MODEL_VOCAB_ALIGN 64
 
+enum model_rope_scaling { MODEL_ROPE_DEFAULT = 0, MODEL_ROPE_LLAMA3 = 1 };
+
 struct model_config {
     char model_family[32]; /* registry name: "gpt2" or "llama" */
     int n_layer, n_head, n_embd;
@@ -32,6 +34,12 @@ struct model_config {
     int n_kv_head;            /* key/value heads, dividing n_head; 0 = n_head */
     int intermediate_size;    /* SwiGLU width; 0 = 8 n_embd / 3 rounded up to a multiple of 256 */
     float rope_theta;         /* base of the rotary frequencies */
+    /* Rotary frequency scaling (MODEL_ROPE_*): Llama 3.1+'s "llama3" divides the low frequencies by
+     * rope_factor and blends the middle band, by wavelength against rope_original_max_position /
+     * rope_low_freq_factor and / rope_high_freq_factor (transformers' _compute_llama3_parameters). */
+    int rope_scaling;
+    float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_max_position;
     float rms_norm_eps;
     bool tie_word_embeddings; /* the LM head is embed_tokens (no lm_head.weight) */
     int vocab_size; /* real vocabulary; the model pads it to MODEL_VOCAB_ALIGN internally */
@@ -129,6 +137,7 @@ struct model_class_row {
 int model_class_table(const struct model_layout *layout, struct model_class_row **rows, int *n);
 
 /* The config with GPT-2 defaults (gpt2 family, init_std 0.02, seed 1337) and Llama's (rope_theta 10000,
+ * no rope scaling (Llama 3.1's parameters ready: factor 8, low 1, high 4, original context 8192),
  * rms_norm_eps 1e-6, untied head, n_kv_head and intermediate_size 0 = derived); sizes left 0. */
 void model_config_default(struct model_config *cfg);
 
@@ -218,22 +227,5 @@ int model_forward(struct model *m, const float *params, float *loss);
 int model_forward_backward(struct model *m, const float *params, float *grads, float *loss);
 /* (b*t, vocab_padded) logits after model_forward or forward_head with dloss 0 (device memory). */
 const float *model_logits(const struct model *m);
-
-/* ---- families ---- */
-/* A family's compute; the registry maps model_family to one of these and a layout builder. */
-struct model_ops {
-    /* Allocates the family's activation arena and state for m->b x m->t tokens (model_internal.h). */
-    int (*create)(struct model *m);
-    void (*destroy)(struct model *m);
-    size_t (*arena_bytes)(const struct model_config *cfg, int b, int t, bool checkpointing,
-                          const struct kernels *k);
-    int (*forward_embed)(struct model *m, const float *root);
-    int (*forward_block)(struct model *m, int layer, const float *block);
-    int (*forward_head)(struct model *m, const float *root, float dloss, double *loss_sum);
-    int (*backward_head)(struct model *m, const float *root, float *root_grads);
-    int (*backward_block)(struct model *m, int layer, const float *block, float *block_grads);
-    int (*backward_embed)(struct model *m, const float *root, float *root_grads);
-    const float *(*logits)(const struct model *m);
-};
 
 #endif

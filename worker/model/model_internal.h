@@ -5,16 +5,18 @@
 
 #include "worker/model/model.h"
 
+struct model_decoder;
+
 struct model {
     struct model_layout layout;
-    const struct model_ops *ops;
+    const struct model_decoder *decoder; /* the family's block over the shared core (model_core.c) */
     const struct kernels *k;
     int b, t;
     size_t arena_bytes;
     int32_t *tokens, *targets; /* device, b*t each */
     int n_valid;               /* targets != -1 */
     bool batch_set;
-    void *family; /* the family's state (activation pointers into its arena) */
+    void *family; /* the core's state, struct model_core (activation pointers into its arena) */
     /* context parallelism (model.h): cp.size 1 = none; t is then this rank's rows of each sequence */
     struct model_cp cp;
     int t_seq;                 /* tokens of a whole sequence: t x cp.size */
@@ -49,6 +51,79 @@ struct model_class_names {
 /* A family's Hugging Face entry (model_hf_internal.h). */
 struct model_hf_family;
 
+/* ---- the decoder core (model_core.c) ----
+ * Every family is a decoder: token embedding (plus a learned position table where it has one), L blocks on
+ * a residual stream, a final norm, an LM head (tied or untied: a (vocab_padded, C) matrix of the root unit)
+ * and softmax cross-entropy. The core owns all of that and the activation arena; a family describes its
+ * root tensors and brings its block. */
+
+/* Walks an arena: with base == NULL only the size is computed, so sizing and carving cannot disagree. */
+struct model_carver {
+    char *base;
+    size_t off;
+};
+/* The next 64-byte aligned piece of bytes (NULL while sizing). */
+void *model_carve(struct model_carver *c, size_t bytes);
+
+enum model_norm { MODEL_NORM_LAYER, MODEL_NORM_RMS };
+
+struct model_decoder {
+    enum model_norm norm; /* the final norm's kind (blocks use their own) */
+    float (*norm_eps)(const struct model_config *c);
+    /* Indices among the root unit's parameters: the token embedding, the position table (-1: none; read at
+     * global positions under context parallelism), the final norm's weight and bias (-1: none). */
+    int root_embed, root_pos, root_norm_w, root_norm_b;
+    int (*root_head)(const struct model_config *c); /* the LM head's weight: the untied head or the embedding */
+    bool grouped_query; /* attention has n_kv_head key/value heads (else n_head) */
+    /* The family's per-layer activations (a struct of pointers into the arena, acts_size bytes; one per layer,
+     * or one with activation checkpointing) and its own state (fam_size bytes: persistent tensors carved
+     * before the residual stream, scratch carved after the head's). At most 512 bytes each. */
+    size_t acts_size, fam_size;
+    void (*plan_persistent)(const struct model_config *c, int b, int t, struct model_carver *cv, void *fam); /* NULL: none */
+    void (*plan_acts)(const struct model_config *c, int b, int t, struct model_carver *cv, void *acts);
+    void (*plan_scratch)(const struct model_config *c, int b, int t, struct model_carver *cv, void *fam);
+    int (*setup)(struct model *m); /* after carving (tables the persistent tensors hold); NULL: none */
+    /* One block on the residual stream (model_core: x_layer in, x_layer+1 out; backward: dres holds dL/dy on
+     * entry and dL/dx on return); w, g: the block unit's slices; gradients are added. */
+    int (*block_forward)(struct model *m, int layer, const float *w, void *acts);
+    int (*block_backward)(struct model *m, int layer, const float *w, float *g, void *acts);
+};
+
+/* The core's state (m->family). */
+struct model_core {
+    void *arena;
+    float *resid;                 /* (L + 1) x (N, C): block inputs, then the last block's output */
+    char *acts;                   /* the family's activation structs */
+    void *fam;                    /* the family's own state */
+    float *hn, *hn_mean, *hn_rstd; /* the final norm's output and statistics (mean: layer norm only) */
+    float *logits;                /* (N, vocab_padded), then their gradient */
+    float *dres;                  /* (N, C) gradient of the residual stream, from the head to the embeddings */
+    float *tmp, *dln;             /* (N, C) scratch */
+    void *attn_ws;
+    bool ckpt, head_grad_ready;
+};
+
+/* Tensor idx of a unit's buffer, with that unit's offsets (every block unit has one layout); grads NULL
+ * gives NULL. */
+static inline const float *model_unit_param(const struct model *m, int unit, const float *buf, int idx)
+{
+    return buf + m->layout.params[m->layout.units[unit].first_param + idx].unit_offset;
+}
+static inline float *model_unit_grad(const struct model *m, int unit, float *buf, int idx)
+{
+    return buf ? buf + m->layout.params[m->layout.units[unit].first_param + idx].unit_offset : NULL;
+}
+/* An operand that two products read in a row and nothing writes in between: a table that computes in a
+ * 16-bit dtype may round it once for both (kernels.h, lowp_hold); tables without the entry round per product. */
+int model_operand_hold(const struct kernels *k, const float *x, size_t n);
+void model_operand_release(const struct kernels *k, const float *x);
+/* The family's activation struct of a layer (the one set with activation checkpointing). */
+void *model_core_acts(const struct model *m, int layer);
+static inline struct model_core *model_core_of(const struct model *m)
+{
+    return m->family;
+}
+
 struct model_family {
     const char *name;
     /* Fills the family's derived defaults into cfg (NULL: none). */
@@ -57,7 +132,7 @@ struct model_family {
     int (*check)(const struct model_config *cfg);
     /* Fills params/modules/units for a config already checked by the generic code. */
     int (*layout_build)(struct model_layout *out, const struct model_config *cfg);
-    const struct model_ops *ops;
+    const struct model_decoder *decoder;
     const struct model_class_names *class_names; /* {NULL}-terminated; NULL = our names only */
     const struct model_hf_family *hf; /* NULL: no Hugging Face config.json / names for this family */
 };
@@ -72,14 +147,27 @@ int model_layout_add_param(struct model_layout *l, int mod, int unit, const char
                            int d1, bool decay, float init_std, float init_value);
 int model_layout_add_unit(struct model_layout *l, const char *name, int module);
 
+/* The core's steps (model_core.c), which model_run.c runs for every family. */
+size_t model_core_arena_bytes(const struct model_family *f, const struct model_config *cfg, int b, int t,
+                              bool checkpointing, const struct kernels *k);
+int model_core_create(struct model *m);
+void model_core_destroy(struct model *m);
+int model_core_forward_embed(struct model *m, const float *root);
+int model_core_forward_block(struct model *m, int layer, const float *block);
+int model_core_forward_head(struct model *m, const float *root, float dloss, double *loss_sum);
+int model_core_backward_head(struct model *m, const float *root, float *root_grads);
+int model_core_backward_block(struct model *m, int layer, const float *block, float *block_grads);
+int model_core_backward_embed(struct model *m, const float *root, float *root_grads);
+const float *model_core_logits(const struct model *m);
+
 /* The GPT-2 family (model_gpt2_layout.c, model_gpt2.c). */
 int model_gpt2_layout_build(struct model_layout *out, const struct model_config *cfg);
-extern const struct model_ops model_gpt2_ops;
+extern const struct model_decoder model_gpt2_decoder;
 
 /* The Llama family (model_llama_layout.c, model_llama.c). */
 void model_llama_resolve(struct model_config *cfg);
 int model_llama_check(const struct model_config *cfg);
 int model_llama_layout_build(struct model_layout *out, const struct model_config *cfg);
-extern const struct model_ops model_llama_ops;
+extern const struct model_decoder model_llama_decoder;
 
 #endif

@@ -1,19 +1,56 @@
 /* Llama's Hugging Face entry: transformers' LlamaForCausalLM. Layout names are already Hugging Face's
  * (model.embed_tokens.weight, model.layers.{i}.self_attn.q_proj.weight, ..., lm_head.weight when untied)
  * and nn.Linear weights are stored (out, in) in both, so there is no prefix and no transpose. The rotary
- * base is "rope_parameters": {"rope_theta"} in transformers 5 and a top-level "rope_theta" in 4.x: both
- * are read and written. Keys the model computes one way only (SiLU, no biases, no rope scaling, the head
- * size n_embd / n_head) must say so. */
+ * base and scaling are "rope_parameters": {"rope_theta", "rope_type", ...} in transformers 5 and a top-level
+ * "rope_theta" with "rope_scaling" in 4.x: both are read and written; rope types "default" and "llama3"
+ * (Llama 3.1+). Keys the model computes one way only (SiLU, no biases, the head size n_embd / n_head) must
+ * say so. */
 #include <stdio.h>
 #include <string.h>
 
 #include "common/error.h"
 #include "worker/model/model_hf_internal.h"
 
+/* The rotary parameters of one dict: transformers 5's "rope_parameters" (rope_theta inside) or 4.x's
+ * "rope_scaling" (its type under "rope_type", or "type" in older files). "default" and "llama3" are read;
+ * any other type is refused with that list. */
+static int rope_dict_read(struct model_hf_json *j, const cJSON *dict, const char *key, bool has_theta,
+                          struct model_config *c)
+{
+    char path[MODEL_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s (%s)", j->path, key);
+    struct model_hf_json sub = {.root = dict, .path = path, .out = j->out};
+    if (has_theta)
+        FSDP_TRY(model_hf_json_float(&sub, "rope_theta", "rope_theta", 10000.0, 0, &c->rope_theta));
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(dict, "rope_type");
+    if (!type || cJSON_IsNull(type))
+        type = cJSON_GetObjectItemCaseSensitive(dict, "type");
+    const char *name = cJSON_IsString(type) ? type->valuestring : "default";
+    if (type && !cJSON_IsNull(type) && !cJSON_IsString(type))
+        return error_set(FSDP_EINVAL, "%s: \"rope_type\" must be a string", path);
+    if (strcmp(name, "default") == 0) {
+        c->rope_scaling = MODEL_ROPE_DEFAULT;
+        return 0;
+    }
+    if (strcmp(name, "llama3") != 0)
+        return error_set(FSDP_EUNSUPPORTED,
+                         "%s: rope_type \"%s\" is not one fsdpc's Llama computes; it reads \"default\" and \"llama3\" "
+                         "(Llama 3.1+: factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)",
+                         path, name);
+    c->rope_scaling = MODEL_ROPE_LLAMA3;
+    FSDP_TRY(model_hf_json_setting(j, "rope_scaling", "llama3", "rope_type"));
+    FSDP_TRY(model_hf_json_float(&sub, "factor", "rope_scaling_factor", 0, MODEL_HF_REQUIRED, &c->rope_factor));
+    FSDP_TRY(model_hf_json_float(&sub, "low_freq_factor", "rope_low_freq_factor", 0, MODEL_HF_REQUIRED,
+                                 &c->rope_low_freq_factor));
+    FSDP_TRY(model_hf_json_float(&sub, "high_freq_factor", "rope_high_freq_factor", 0, MODEL_HF_REQUIRED,
+                                 &c->rope_high_freq_factor));
+    return model_hf_json_int(&sub, "original_max_position_embeddings", "rope_original_max_position_embeddings", 0,
+                             MODEL_HF_REQUIRED, &c->rope_original_max_position);
+}
+
 static int llama_config_read(struct model_hf_json *j, struct model_config *c)
 {
     static const char *const silu[] = {"silu", "swish", NULL};
-    static const char *const rope_default[] = {"default", NULL};
     /* Defaults are transformers' LlamaConfig defaults, which from_pretrained would use for absent keys. */
     FSDP_TRY(model_hf_json_setting(j, "model_family", "llama", "architectures"));
     FSDP_TRY(model_hf_json_int(j, "num_hidden_layers", "n_layer", 32, 0, &c->n_layer));
@@ -26,22 +63,18 @@ static int llama_config_read(struct model_hf_json *j, struct model_config *c)
     FSDP_TRY(model_hf_json_float(j, "rms_norm_eps", "rms_norm_eps", 1e-6, 0, &c->rms_norm_eps));
     FSDP_TRY(model_hf_json_bool(j, "tie_word_embeddings", "tie_word_embeddings", false, 0, &c->tie_word_embeddings));
     FSDP_TRY(model_hf_json_float(j, "initializer_range", NULL, 0.02, 0, &c->init_std));
-    /* the rotary base: transformers 5's rope_parameters, else 4.x's top-level key */
+    /* the rotary base and scaling: transformers 5's rope_parameters, else 4.x's top-level rope_theta and
+     * rope_scaling */
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j->root, "rope_parameters");
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j->root, "rope_scaling");
     if (cJSON_IsObject(rp)) {
-        char path[MODEL_PATH_MAX + 32];
-        snprintf(path, sizeof path, "%s (rope_parameters)", j->path);
-        struct model_hf_json sub = {.root = rp, .path = path, .out = j->out};
-        FSDP_TRY(model_hf_json_float(&sub, "rope_theta", "rope_theta", 10000.0, 0, &c->rope_theta));
-        FSDP_TRY(model_hf_json_expect_str(&sub, "rope_type", rope_default,
-                                          "fsdpc's Llama computes the default rotary embedding (no scaling)"));
+        FSDP_TRY(rope_dict_read(j, rp, "rope_parameters", true, c));
     } else {
         FSDP_TRY(model_hf_json_float(j, "rope_theta", "rope_theta", 10000.0, 0, &c->rope_theta));
-        if (cJSON_GetObjectItemCaseSensitive(j->root, "rope_scaling") &&
-            !cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j->root, "rope_scaling")))
-            return error_set(FSDP_EUNSUPPORTED, "%s: \"rope_scaling\" is set, but fsdpc's Llama computes the default "
-                                                "rotary embedding (no scaling)",
-                             j->path);
+        if (cJSON_IsObject(rs))
+            FSDP_TRY(rope_dict_read(j, rs, "rope_scaling", false, c));
+        else if (rs && !cJSON_IsNull(rs))
+            return error_set(FSDP_EINVAL, "%s: \"rope_scaling\" must be an object or null", j->path);
     }
     FSDP_TRY(model_hf_json_expect_str(j, "hidden_act", silu, "fsdpc's Llama MLP is SwiGLU (\"silu\")"));
     FSDP_TRY(model_hf_json_expect_bool(j, "attention_bias", false, "fsdpc's Llama has no biases"));
@@ -62,11 +95,29 @@ static int llama_config_write(const struct model_config *c, const struct model_h
     /* LlamaConfig's 1 and 2 when the tokenizer says nothing; always inside the vocabulary */
     int bos = t->bos >= 0 ? t->bos : (c->vocab_size > 1 ? 1 : 0);
     int eos = t->eos >= 0 ? t->eos : (c->vocab_size > 2 ? 2 : c->vocab_size - 1);
-    cJSON *rp = cJSON_CreateObject();
-    bool ok = rp && model_hf_json_add_float(rp, "rope_theta", c->rope_theta) == 0 &&
-              cJSON_AddStringToObject(rp, "rope_type", "default") && cJSON_AddItemToObject(o, "rope_parameters", rp);
-    if (!ok)
-        cJSON_Delete(rp);
+    /* rope_parameters (transformers 5) with the base inside, and for 4.x the top-level rope_theta and a
+     * rope_scaling with the same scaling (null without) */
+    bool llama3 = c->rope_scaling == MODEL_ROPE_LLAMA3;
+    cJSON *rp = cJSON_CreateObject(), *rs = llama3 ? cJSON_CreateObject() : cJSON_CreateNull();
+    bool ok = rp && rs && model_hf_json_add_float(rp, "rope_theta", c->rope_theta) == 0;
+    for (int i = 0; ok && i < (llama3 ? 2 : 1); i++) {
+        cJSON *d = i == 0 ? rp : rs;
+        ok = cJSON_AddStringToObject(d, "rope_type", llama3 ? "llama3" : "default") &&
+             (!llama3 || (model_hf_json_add_float(d, "factor", c->rope_factor) == 0 &&
+                          model_hf_json_add_float(d, "low_freq_factor", c->rope_low_freq_factor) == 0 &&
+                          model_hf_json_add_float(d, "high_freq_factor", c->rope_high_freq_factor) == 0 &&
+                          cJSON_AddNumberToObject(d, "original_max_position_embeddings", c->rope_original_max_position)));
+    }
+    if (ok && cJSON_AddItemToObject(o, "rope_parameters", rp))
+        rp = NULL;
+    else
+        ok = false;
+    if (ok && cJSON_AddItemToObject(o, "rope_scaling", rs))
+        rs = NULL;
+    else
+        ok = false;
+    cJSON_Delete(rp);
+    cJSON_Delete(rs);
     ok = ok && cJSON_AddBoolToObject(o, "attention_bias", false) && cJSON_AddNumberToObject(o, "attention_dropout", 0.0) &&
          cJSON_AddNumberToObject(o, "bos_token_id", bos) && cJSON_AddNumberToObject(o, "eos_token_id", eos) &&
          cJSON_AddNumberToObject(o, "head_dim", c->n_embd / c->n_head) && cJSON_AddStringToObject(o, "hidden_act", "silu") &&
@@ -78,7 +129,7 @@ static int llama_config_write(const struct model_config *c, const struct model_h
          cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layer) &&
          cJSON_AddNumberToObject(o, "num_key_value_heads", c->n_kv_head) &&
          model_hf_json_add_float(o, "rms_norm_eps", c->rms_norm_eps) == 0 &&
-         model_hf_json_add_float(o, "rope_theta", c->rope_theta) == 0 && cJSON_AddNullToObject(o, "rope_scaling") &&
+         model_hf_json_add_float(o, "rope_theta", c->rope_theta) == 0 &&
          cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings) &&
          cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
     return ok ? 0 : error_set(FSDP_ENOMEM, "out of memory");

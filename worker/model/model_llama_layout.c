@@ -33,6 +33,16 @@ int model_llama_check(const struct model_config *c)
                          c->intermediate_size);
     if (!(c->rope_theta > 0))
         return error_set(FSDP_EINVAL, "model: rope_theta must be above 0 (got %g)", (double)c->rope_theta);
+    if (c->rope_scaling != MODEL_ROPE_DEFAULT && c->rope_scaling != MODEL_ROPE_LLAMA3)
+        return error_set(FSDP_EINVAL, "model: unknown rope scaling %d (none or llama3)", c->rope_scaling);
+    if (c->rope_scaling == MODEL_ROPE_LLAMA3 &&
+        (!(c->rope_factor >= 1) || !(c->rope_low_freq_factor > 0) ||
+         !(c->rope_high_freq_factor > c->rope_low_freq_factor) || c->rope_original_max_position < 1))
+        return error_set(FSDP_EINVAL,
+                         "model: llama3 rope scaling needs factor >= 1, low_freq_factor > 0, high_freq_factor > "
+                         "low_freq_factor and original_max_position_embeddings >= 1 (got %g, %g, %g, %d)",
+                         (double)c->rope_factor, (double)c->rope_low_freq_factor, (double)c->rope_high_freq_factor,
+                         c->rope_original_max_position);
     if (!(c->rms_norm_eps >= 0))
         return error_set(FSDP_EINVAL, "model: rms_norm_eps must be >= 0 (got %g)", (double)c->rms_norm_eps);
     return 0;

@@ -1,5 +1,6 @@
 /* The model-family registry: model_config.model_family names one entry; adding a family is adding a
- * line here plus its layout builder, ops and (for Hugging Face config.json and names) its HF entry. */
+ * line here plus its layout builder, its decoder block (model_core.c runs the rest) and (for Hugging Face
+ * config.json and names) its HF entry. */
 #include <stdio.h>
 #include <string.h>
 
@@ -24,10 +25,10 @@ static const struct model_class_names llama_names[] = {
 };
 
 static const struct model_family families[] = {
-    {.name = "gpt2", .layout_build = model_gpt2_layout_build, .ops = &model_gpt2_ops, .class_names = gpt2_names,
+    {.name = "gpt2", .layout_build = model_gpt2_layout_build, .decoder = &model_gpt2_decoder, .class_names = gpt2_names,
      .hf = &model_gpt2_hf},
     {.name = "llama", .resolve = model_llama_resolve, .check = model_llama_check,
-     .layout_build = model_llama_layout_build, .ops = &model_llama_ops, .class_names = llama_names,
+     .layout_build = model_llama_layout_build, .decoder = &model_llama_decoder, .class_names = llama_names,
      .hf = &model_llama_hf},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
@@ -86,6 +87,11 @@ void model_config_default(struct model_config *cfg)
     cfg->init_std = 0.02f;
     cfg->seed = 1337;
     cfg->rope_theta = 10000.0f;
+    cfg->rope_scaling = MODEL_ROPE_DEFAULT;
+    cfg->rope_factor = 8.0f;
+    cfg->rope_low_freq_factor = 1.0f;
+    cfg->rope_high_freq_factor = 4.0f;
+    cfg->rope_original_max_position = 8192;
     cfg->rms_norm_eps = 1e-6f;
 }
 

@@ -12,7 +12,7 @@ size_t model_arena_bytes(const struct model_config *cfg, int b, int t, bool chec
                          const struct kernels *k)
 {
     const struct model_family *f = model_family_find(cfg->model_family);
-    return f ? f->ops->arena_bytes(cfg, b, t, checkpointing, k) : 0;
+    return f ? model_core_arena_bytes(f, cfg, b, t, checkpointing, k) : 0;
 }
 
 static int cp_check(const struct model_config *cfg, const struct kernels *k, int t, const struct model_cp *cp)
@@ -58,16 +58,16 @@ int model_create_cp(struct model **out, const struct model_config *cfg, const st
     FSDP_TRY_GOTO(model_layout_build(&m->layout, cfg), rc, fail);
     if (cp->size > 1)
         FSDP_TRY_GOTO(cp_check(&m->layout.config, k, t, cp), rc, fail);
-    m->ops = model_family_find(cfg->model_family)->ops;
+    m->decoder = model_family_find(cfg->model_family)->decoder;
     m->k = k;
     m->b = b;
     m->cp = *cp;
     m->t_seq = t;
     m->t = t / cp->size;
-    FSDP_TRY_GOTO(m->ops->create(m), rc, fail);
+    FSDP_TRY_GOTO(model_core_create(m), rc, fail);
     if (cp->size > 1 && (rc = model_cp_setup(m)) != 0) {
         model_cp_release(m);
-        m->ops->destroy(m);
+        model_core_destroy(m);
         goto fail;
     }
     log_debug("model %s: %zu parameters, activation arena %zu bytes (batch %d x %d, checkpointing %s)",
@@ -91,7 +91,7 @@ void model_destroy(struct model *m)
     if (!m)
         return;
     model_cp_release(m);
-    m->ops->destroy(m);
+    model_core_destroy(m);
     model_layout_free(&m->layout);
     free(m);
 }
@@ -165,39 +165,39 @@ static int check_layer(const struct model *m, int layer)
 int model_forward_embed(struct model *m, const float *root)
 {
     FSDP_TRY(check_batch(m));
-    return m->ops->forward_embed(m, root);
+    return model_core_forward_embed(m, root);
 }
 
 int model_forward_block(struct model *m, int layer, const float *block)
 {
     FSDP_TRY(check_layer(m, layer));
-    return m->ops->forward_block(m, layer, block);
+    return model_core_forward_block(m, layer, block);
 }
 
 int model_forward_head(struct model *m, const float *root, float dloss, double *loss_sum)
 {
-    return m->ops->forward_head(m, root, dloss, loss_sum);
+    return model_core_forward_head(m, root, dloss, loss_sum);
 }
 
 int model_backward_head(struct model *m, const float *root, float *root_grads)
 {
-    return m->ops->backward_head(m, root, root_grads);
+    return model_core_backward_head(m, root, root_grads);
 }
 
 int model_backward_block(struct model *m, int layer, const float *block, float *block_grads)
 {
     FSDP_TRY(check_layer(m, layer));
-    return m->ops->backward_block(m, layer, block, block_grads);
+    return model_core_backward_block(m, layer, block, block_grads);
 }
 
 int model_backward_embed(struct model *m, const float *root, float *root_grads)
 {
-    return m->ops->backward_embed(m, root, root_grads);
+    return model_core_backward_embed(m, root, root_grads);
 }
 
 const float *model_logits(const struct model *m)
 {
-    return m->ops->logits(m);
+    return model_core_logits(m);
 }
 
 static int forward_all(struct model *m, const float *params, float dloss, float *loss)

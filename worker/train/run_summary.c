@@ -102,6 +102,13 @@ static void add_model(struct builder *b, cJSON *root, const struct run_summary_f
         num(b, m, "intermediate_size", l->config.intermediate_size);
         num(b, m, "rope_theta", l->config.rope_theta);
         num(b, m, "rms_norm_eps", l->config.rms_norm_eps);
+        str(b, m, "rope_scaling", l->config.rope_scaling == MODEL_ROPE_LLAMA3 ? "llama3" : "none");
+        if (l->config.rope_scaling == MODEL_ROPE_LLAMA3) {
+            num(b, m, "rope_scaling_factor", l->config.rope_factor);
+            num(b, m, "rope_low_freq_factor", l->config.rope_low_freq_factor);
+            num(b, m, "rope_high_freq_factor", l->config.rope_high_freq_factor);
+            num(b, m, "rope_original_max_position_embeddings", l->config.rope_original_max_position);
+        }
         flag(b, m, "tie_word_embeddings", l->config.tie_word_embeddings);
     }
     num(b, m, "parameters", (double)l->numel_real);

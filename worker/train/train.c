@@ -356,6 +356,11 @@ void train_model_config(const struct worker_config *wc, struct model_config *mc)
     mc->intermediate_size = wc->model.intermediate_size;
     mc->rope_theta = (float)wc->model.rope_theta;
     mc->rms_norm_eps = (float)wc->model.rms_norm_eps;
+    mc->rope_scaling = wc->model.rope_scaling;
+    mc->rope_factor = (float)wc->model.rope_factor;
+    mc->rope_low_freq_factor = (float)wc->model.rope_low_freq_factor;
+    mc->rope_high_freq_factor = (float)wc->model.rope_high_freq_factor;
+    mc->rope_original_max_position = wc->model.rope_original_max_position;
     mc->tie_word_embeddings = wc->model.tie_word_embeddings;
     mc->n_layer = wc->model.n_layer;
     mc->n_head = wc->model.n_head;
@@ -406,8 +411,9 @@ int train_run(const struct worker_config *wc, const char *config_text, struct tr
     const struct model_config *mcfg = &model_get_layout(t.model)->config;
     char llama[160] = "";
     if (wc->model.family == WORKER_MODEL_LLAMA)
-        snprintf(llama, sizeof llama, ", %d key/value heads, intermediate %d, rope_theta %g, rms_norm_eps %g, %s head",
-                 mcfg->n_kv_head, mcfg->intermediate_size, (double)mcfg->rope_theta, (double)mcfg->rms_norm_eps,
+        snprintf(llama, sizeof llama, ", %d key/value heads, intermediate %d, rope_theta %g%s, rms_norm_eps %g, %s head",
+                 mcfg->n_kv_head, mcfg->intermediate_size, (double)mcfg->rope_theta,
+                 mcfg->rope_scaling == MODEL_ROPE_LLAMA3 ? " (llama3 scaling)" : "", (double)mcfg->rms_norm_eps,
                  mcfg->tie_word_embeddings ? "tied" : "untied");
     if (env->rank == 0)
         log_info("model %s: %d layers, %d heads, n_embd %d, vocab %d, context %d%s: %zu parameters; "

@@ -1,0 +1,259 @@
+/* The decoder core every family shares (model_internal.h, struct model_decoder): the activation arena and
+ * its carving, the token embedding (and a learned position table where the family has one), the residual
+ * stream x_0..x_L, activation checkpointing, the final norm, the LM head (tied or untied: one matrix of the
+ * root unit either way) and the fused softmax cross-entropy. A family brings its block: its activations,
+ * its scratch, its forward and backward, and a setup step after carving (Llama's rotary table).
+ *
+ * Arena order: tokens, targets, the family's persistent tensors, x_0..x_L, the block activations (L sets,
+ * or one with checkpointing: then only the residual stream is kept and a block's activations are recomputed
+ * from x_i right before its backward, with the same kernels in the same order, so gradients are
+ * bit-identical), the head (normed x_L, its statistics, logits), dres / tmp / dln, the family's scratch,
+ * attention's workspace. */
+#include <stdalign.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "worker/model/model_internal.h"
+
+/* Sizing passes hand the family a scratch struct to write its pointers into: large enough for any family's. */
+#define MODEL_FAMILY_STRUCT_MAX 512
+
+void *model_carve(struct model_carver *c, size_t bytes)
+{
+    void *p = c->base ? c->base + c->off : NULL;
+    c->off += (bytes + 63) & ~(size_t)63; /* 64-byte aligned like mem_alloc */
+    return p;
+}
+
+/* Walks the arena: with base == NULL only the size is computed (into throwaway structs), so sizing and
+ * carving cannot disagree. cfg is resolved (the family's derived values filled in). */
+static size_t plan(const struct model_decoder *d, const struct model_config *cfg, int b, int t, bool ckpt,
+                   const struct kernels *k, char *base, struct model_core *s, int32_t **tokens, int32_t **targets)
+{
+    struct model_carver c = {base, 0};
+    size_t N = (size_t)b * t, C = (size_t)cfg->n_embd, L = (size_t)cfg->n_layer, F = sizeof(float);
+    size_t vp = (size_t)(cfg->vocab_size + MODEL_VOCAB_ALIGN - 1) / MODEL_VOCAB_ALIGN * MODEL_VOCAB_ALIGN;
+    struct model_core dummy;
+    alignas(max_align_t) char dummy_fam[MODEL_FAMILY_STRUCT_MAX], dummy_acts[MODEL_FAMILY_STRUCT_MAX];
+    if (!base)
+        s = &dummy;
+    void *fam = base ? s->fam : dummy_fam;
+    int32_t *tk = model_carve(&c, N * sizeof(int32_t)), *tg = model_carve(&c, N * sizeof(int32_t));
+    if (tokens) {
+        *tokens = tk;
+        *targets = tg;
+    }
+    if (d->plan_persistent)
+        d->plan_persistent(cfg, b, t, &c, fam);
+    s->resid = model_carve(&c, (L + 1) * N * C * F);
+    size_t nacts = ckpt ? 1 : L;
+    for (size_t i = 0; i < nacts; i++)
+        d->plan_acts(cfg, b, t, &c, base ? s->acts + i * d->acts_size : dummy_acts);
+    s->hn = model_carve(&c, N * C * F);
+    s->hn_mean = d->norm == MODEL_NORM_LAYER ? model_carve(&c, N * F) : NULL;
+    s->hn_rstd = model_carve(&c, N * F);
+    s->logits = model_carve(&c, N * vp * F);
+    s->dres = model_carve(&c, N * C * F);
+    s->tmp = model_carve(&c, N * C * F);
+    s->dln = model_carve(&c, N * C * F);
+    d->plan_scratch(cfg, b, t, &c, fam);
+    /* k NULL: context-parallel attention (model_cp.c), which needs no workspace of attention_forward's */
+    int nkv = d->grouped_query && cfg->n_kv_head > 0 ? cfg->n_kv_head : cfg->n_head;
+    s->attn_ws = model_carve(&c, k ? k->attention_workspace_bytes(b, t, cfg->n_embd, cfg->n_head, nkv) : 0);
+    return c.off;
+}
+
+size_t model_core_arena_bytes(const struct model_family *f, const struct model_config *cfg, int b, int t,
+                              bool ckpt, const struct kernels *k)
+{
+    struct model_config r = *cfg;
+    if (f->resolve)
+        f->resolve(&r);
+    return plan(f->decoder, &r, b, t, ckpt, k, NULL, NULL, NULL, NULL);
+}
+
+static void core_free(struct model *m, struct model_core *s)
+{
+    if (s->arena)
+        m->k->mem_free(s->arena);
+    free(s->acts);
+    free(s->fam);
+    free(s);
+}
+
+int model_core_create(struct model *m)
+{
+    const struct model_decoder *d = m->decoder;
+    const struct model_config *cfg = &m->layout.config;
+    bool ckpt = cfg->activation_checkpointing;
+    struct model_core *s = calloc(1, sizeof *s);
+    if (s) {
+        s->acts = calloc(ckpt ? 1 : (size_t)cfg->n_layer, d->acts_size);
+        s->fam = calloc(1, d->fam_size);
+    }
+    if (!s || !s->acts || !s->fam) {
+        if (s)
+            core_free(m, s);
+        return error_set(FSDP_ENOMEM, "out of memory");
+    }
+    s->ckpt = ckpt;
+    const struct kernels *ws = m->cp.size > 1 ? NULL : m->k;
+    m->arena_bytes = plan(d, cfg, m->b, m->t, ckpt, ws, NULL, NULL, NULL, NULL);
+    s->arena = m->k->mem_alloc(m->arena_bytes);
+    if (!s->arena) {
+        core_free(m, s);
+        return error_set(FSDP_ENOMEM, "model: cannot allocate the %zu-byte activation arena (batch %d x %d)%s",
+                         m->arena_bytes, m->b, m->t, ckpt ? "" : "; activation_checkpointing = true needs less");
+    }
+    plan(d, cfg, m->b, m->t, ckpt, ws, s->arena, s, &m->tokens, &m->targets);
+    m->family = s;
+    int rc = d->setup ? d->setup(m) : 0;
+    if (rc) {
+        core_free(m, s);
+        m->family = NULL;
+    }
+    return rc;
+}
+
+void model_core_destroy(struct model *m)
+{
+    struct model_core *s = m->family;
+    if (!s)
+        return;
+    core_free(m, s);
+    m->family = NULL;
+}
+
+void *model_core_acts(const struct model *m, int layer)
+{
+    const struct model_core *s = m->family;
+    return s->acts + (s->ckpt ? 0 : (size_t)layer) * m->decoder->acts_size;
+}
+
+int model_core_forward_embed(struct model *m, const float *root)
+{
+    struct model_core *s = m->family;
+    const struct model_decoder *d = m->decoder;
+    const struct model_config *c = &m->layout.config;
+    s->head_grad_ready = false;
+    const float *wte = model_unit_param(m, 0, root, d->root_embed);
+    const float *wpe = d->root_pos >= 0 ? model_unit_param(m, 0, root, d->root_pos) : NULL;
+    /* A position table is read at global positions: this rank's chunks with context parallelism. */
+    if (wpe && m->cp.size > 1)
+        return model_cp_embedding_forward(m, s->resid, wte, wpe);
+    return m->k->embedding_forward(s->resid, m->tokens, wte, wpe, m->b, m->t, c->n_embd, c->vocab_size);
+}
+
+int model_core_forward_block(struct model *m, int layer, const float *w)
+{
+    return m->decoder->block_forward(m, layer, w, model_core_acts(m, layer));
+}
+
+static int norm_forward(const struct model *m, const float *root, const float *x)
+{
+    const struct model_core *s = m->family;
+    const struct model_decoder *d = m->decoder;
+    const struct model_config *c = &m->layout.config;
+    int N = m->b * m->t, C = c->n_embd;
+    const float *w = model_unit_param(m, 0, root, d->root_norm_w);
+    if (d->norm == MODEL_NORM_LAYER)
+        return m->k->layernorm_forward(s->hn, s->hn_mean, s->hn_rstd, x, w, model_unit_param(m, 0, root, d->root_norm_b),
+                                       N, C, d->norm_eps(c));
+    return m->k->rmsnorm_forward(s->hn, s->hn_rstd, x, w, N, C, d->norm_eps(c));
+}
+
+int model_core_forward_head(struct model *m, const float *root, float dloss, double *loss_sum)
+{
+    struct model_core *s = m->family;
+    const struct kernels *k = m->k;
+    const struct model_config *c = &m->layout.config;
+    int N = m->b * m->t, C = c->n_embd, vp = m->layout.vocab_padded;
+    FSDP_TRY(norm_forward(m, root, s->resid + (size_t)c->n_layer * N * C));
+    /* logits = hn W^T, W (vocab_padded, C): the untied head or the tied embedding */
+    FSDP_TRY(k->gemm(0, 1, N, vp, C, 1.0f, s->hn, C, model_unit_param(m, 0, root, m->decoder->root_head(c)), C, 0.0f,
+                     s->logits, vp));
+    double sum = 0;
+    /* With dloss the logits are overwritten in place by their gradient: the (N, Vp) matrix is the largest
+     * activation and a second copy would double it. */
+    FSDP_TRY(k->crossentropy_forward_backward(NULL, &sum, dloss != 0 ? s->logits : NULL, s->logits, m->targets, N,
+                                              c->vocab_size, vp, dloss));
+    s->head_grad_ready = dloss != 0;
+    if (loss_sum)
+        *loss_sum = sum;
+    return 0;
+}
+
+int model_operand_hold(const struct kernels *k, const float *x, size_t n)
+{
+    return k->lowp_hold ? k->lowp_hold(x, n) : 0;
+}
+
+void model_operand_release(const struct kernels *k, const float *x)
+{
+    if (k->lowp_release)
+        k->lowp_release(x);
+}
+
+int model_core_backward_head(struct model *m, const float *root, float *g)
+{
+    struct model_core *s = m->family;
+    const struct kernels *k = m->k;
+    const struct model_decoder *d = m->decoder;
+    const struct model_config *c = &m->layout.config;
+    int N = m->b * m->t, C = c->n_embd, vp = m->layout.vocab_padded, h = d->root_head(c);
+    size_t NC = (size_t)N * C;
+    if (!s->head_grad_ready)
+        return error_set(FSDP_EINVAL, "model: backward_head needs a forward_head with dloss != 0 first");
+    s->head_grad_ready = false;
+    const float *x = s->resid + (size_t)c->n_layer * NC;
+    /* dhn = dlogits W; dW += dlogits^T hn. Both products read dlogits, which the table may prepare once for
+     * the two (lowp_hold). */
+    int rc = 0;
+    FSDP_TRY(model_operand_hold(k, s->logits, (size_t)N * vp));
+    FSDP_TRY_GOTO(k->gemm(0, 0, N, C, vp, 1.0f, s->logits, vp, model_unit_param(m, 0, root, h), C, 0.0f, s->dln, C),
+                  rc, out);
+    if (g)
+        FSDP_TRY_GOTO(k->gemm(1, 0, vp, C, N, 1.0f, s->logits, vp, s->hn, C, 1.0f, model_unit_grad(m, 0, g, h), C), rc,
+                      out);
+out:
+    model_operand_release(k, s->logits);
+    if (rc)
+        return rc;
+    FSDP_TRY(k->mem_set(s->dres, 0, NC * sizeof(float)));
+    const float *w = model_unit_param(m, 0, root, d->root_norm_w);
+    if (d->norm == MODEL_NORM_LAYER)
+        return k->layernorm_backward(s->dres, model_unit_grad(m, 0, g, d->root_norm_w),
+                                     model_unit_grad(m, 0, g, d->root_norm_b), s->dln, x, w, s->hn_mean, s->hn_rstd, N,
+                                     C);
+    return k->rmsnorm_backward(s->dres, model_unit_grad(m, 0, g, d->root_norm_w), s->dln, x, w, s->hn_rstd, N, C);
+}
+
+int model_core_backward_block(struct model *m, int layer, const float *w, float *g)
+{
+    struct model_core *s = m->family;
+    if (s->ckpt) /* recompute this block's activations from x_layer */
+        FSDP_TRY(m->decoder->block_forward(m, layer, w, model_core_acts(m, layer)));
+    return m->decoder->block_backward(m, layer, w, g, model_core_acts(m, layer));
+}
+
+int model_core_backward_embed(struct model *m, const float *root, float *g)
+{
+    (void)root;
+    struct model_core *s = m->family;
+    const struct model_decoder *d = m->decoder;
+    const struct model_config *c = &m->layout.config;
+    if (!g)
+        return 0;
+    float *dwte = model_unit_grad(m, 0, g, d->root_embed);
+    float *dwpe = d->root_pos >= 0 ? model_unit_grad(m, 0, g, d->root_pos) : NULL;
+    if (dwpe && m->cp.size > 1)
+        return model_cp_embedding_backward(m, dwte, dwpe, s->dres);
+    return m->k->embedding_backward(dwte, dwpe, s->dres, m->tokens, m->b, m->t, c->n_embd, c->vocab_size);
+}
+
+const float *model_core_logits(const struct model *m)
+{
+    return ((const struct model_core *)m->family)->logits;
+}
