@@ -137,7 +137,7 @@ kit_env() {
   export FSDP_BUILD_ROOT="$build" FSDP_SOURCE_ROOT="$src" CRITERION_VERBOSITY_LEVEL=1
   export LSAN_OPTIONS="suppressions=$src/tests/lsan.supp"
   d=$build/tests/util/libfsdp_no_dns.so
-  if [ -f "$d" ]; then export FSDP_NO_DNS_PRELOAD="$d"; fi
+  if [ -f "$d" ]; then no_dns_preload="$d"; fi
 }
 
 # ---- helpers -------------------------------------------------------------------------------------------
@@ -164,7 +164,7 @@ run_criterion() {
   mkdir -p "$out/criterion"; rm -f "$json"
   echo "== $name: ${envs[*]:-} $exe $*"
   local preload=()
-  [ -n "${FSDP_NO_DNS_PRELOAD:-}" ] && preload=(LD_PRELOAD="$FSDP_NO_DNS_PRELOAD")
+  [ -n "${no_dns_preload:-}" ] && preload=(LD_PRELOAD="$no_dns_preload")
   env "${preload[@]}" "${envs[@]}" timeout 240 "$exe" --json="$json" "$@" > "$out/criterion/$name.out" 2>&1
   local code=$?
   grep -E '^\[(FAIL|SKIP|----)\]|Synthesis' "$out/criterion/$name.out" | head -60
