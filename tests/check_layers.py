@@ -7,6 +7,9 @@
    in a circle.
 3. Call cycles (with a build directory): on the built objects, no two sources may use each other's global
    symbols, directly or round a longer circle.
+4. Family branches: outside worker/model/ and worker/config/ no source names a model family's enum value
+   (WORKER_MODEL_*) or compares a model_family with a family's name: what a family adds is the model's to say
+   (model_describe, model_summary_fields, the registry).
 
 Usage: check_layers.py SOURCE_ROOT [BUILD_DIR]. Prints `check_layers: ok ...` or one line per violation,
 and exits 1 on any violation.
@@ -199,6 +202,26 @@ def check_calls(root, build, errors):
     return len(objs)
 
 
+FAMILY_HOME = ('worker/model/', 'worker/config/')
+# a family's enum value, or a model_family compared with a literal name (comparing two configs' families,
+# as a checkpoint's against the run's, is no branch)
+FAMILY_BRANCH_RE = re.compile(r'\bWORKER_MODEL_[A-Z0-9_]+\b|strn?cmp\s*\([^;]*model_family[^;]*"[^"]*"|'
+                              r'strn?cmp\s*\(\s*"[^"]*"[^;]*model_family')
+
+
+def check_family_branches(root, errors):
+    for path in sorted(sources(root)):
+        rel = path.replace(os.sep, '/')
+        if rel.startswith(FAMILY_HOME):
+            continue
+        with open(os.path.join(root, path), encoding='utf-8', errors='replace') as f:
+            for n, line in enumerate(f, 1):
+                m = FAMILY_BRANCH_RE.search(line)
+                if m:
+                    errors.append(f'{rel}:{n}: branches on a model family ({m.group(0).strip()}); '
+                                  'let the family say it (worker/model registry)')
+
+
 def main():
     if len(sys.argv) not in (2, 3):
         sys.exit(__doc__)
@@ -206,6 +229,7 @@ def main():
     rules = read_rules(root)
     errors = []
     nfiles = check_includes(root, rules, errors)
+    check_family_branches(root, errors)
     nobjs = check_calls(root, sys.argv[2], errors) if len(sys.argv) == 3 else 0
     for e in errors:
         print('check_layers: ' + e)

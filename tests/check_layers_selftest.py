@@ -42,12 +42,17 @@ def main():
         if rc != 0:
             print('FAIL: a clean tree was refused:\n' + out)
             failures += 1
+        write(root, 'high/b/v.c', 'int f(int fam) { return fam == WORKER_MODEL_LLAMA; }\n'  # family branches
+                                  'int g(const char *a, const char *b) { return strcmp(a, b); }\n'
+                                  'int h(struct c *c) { return !strcmp(c->model_family, "llama"); }\n')
         write(root, 'low/base.c', '#include "high/a/x.h"\n')          # upward
         write(root, 'high/b/w.c', '#include "high/a/x.h"\n')          # across siblings
         write(root, 'high/a/y.c', '#include "high/a/x.h"\n')          # x <-> y
         rc, out = run(checker, root)
         for want in ('low/base.c: includes "high/a/x.h"', 'high/b/w.c: includes "high/a/x.h"',
-                     'include cycle between modules: high/a/x <-> high/a/y'):
+                     'include cycle between modules: high/a/x <-> high/a/y',
+                     'high/b/v.c:1: branches on a model family (WORKER_MODEL_LLAMA)',
+                     'high/b/v.c:3: branches on a model family'):
             if want not in out:
                 print(f'FAIL: not reported: {want}\n' + out)
                 failures += 1

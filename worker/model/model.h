@@ -104,6 +104,18 @@ int model_layout_build(struct model_layout *out, const struct model_config *cfg)
 void model_layout_free(struct model_layout *layout);
 /* Comma-separated registry names ("gpt2, llama"). */
 const char *model_family_names(void);
+/* What a family adds to the generic description of a model (its own config values in effect), for the log
+ * line ("; 2 key/value heads, intermediate 384, ...", "" for a family with none) and for the run summary
+ * (name, value pairs; text values where str is set). */
+struct model_field {
+    const char *name;
+    double num;
+    const char *str;
+    bool is_bool;
+};
+void model_describe(const struct model_layout *layout, char *out, size_t cap);
+/* Fills up to cap fields; returns how many the family has. */
+int model_summary_fields(const struct model_layout *layout, struct model_field *out, int cap);
 /* Model FLOPs per token of a training step (the PaLM count): 6 x the parameters that enter matmuls (not the
  * lookup-only tables) + 12 x n_layer x n_embd x block_size (causal attention, forward and backward). */
 double model_flops_per_token(const struct model_layout *layout);

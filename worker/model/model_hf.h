@@ -25,7 +25,7 @@
 
 /* One [model] setting that a config.json implies, so the worker can reconcile it with its own config. */
 struct model_hf_setting {
-    char key[32];    /* the [model] key, e.g. "n_embd" */
+    char key[48];    /* the [model] key, e.g. "n_embd" (the longest: rope_original_max_position_embeddings) */
     char value[64];  /* its value in config syntax, e.g. "768" */
     char hf_key[48]; /* the config.json key it came from, e.g. "n_embd" */
     bool at_most;    /* an upper bound (the context length): a smaller [model] value is allowed */

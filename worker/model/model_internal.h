@@ -135,6 +135,9 @@ struct model_family {
     const struct model_decoder *decoder;
     const struct model_class_names *class_names; /* {NULL}-terminated; NULL = our names only */
     const struct model_hf_family *hf; /* NULL: no Hugging Face config.json / names for this family */
+    /* model_describe / model_summary_fields for the family's own keys (NULL: none) */
+    void (*describe)(const struct model_config *cfg, char *out, size_t cap);
+    int (*summary_fields)(const struct model_config *cfg, struct model_field *out, int cap);
 };
 
 /* Registry lookup; NULL with error_set listing the known families. */
@@ -166,6 +169,8 @@ extern const struct model_decoder model_gpt2_decoder;
 
 /* The Llama family (model_llama_layout.c, model_llama.c). */
 void model_llama_resolve(struct model_config *cfg);
+void model_llama_describe(const struct model_config *cfg, char *out, size_t cap);
+int model_llama_summary_fields(const struct model_config *cfg, struct model_field *out, int cap);
 int model_llama_check(const struct model_config *cfg);
 int model_llama_layout_build(struct model_layout *out, const struct model_config *cfg);
 extern const struct model_decoder model_llama_decoder;

@@ -121,3 +121,32 @@ int model_llama_layout_build(struct model_layout *l, const struct model_config *
     }
     return 0;
 }
+
+void model_llama_describe(const struct model_config *c, char *out, size_t cap)
+{
+    snprintf(out, cap, ", %d key/value heads, intermediate %d, rope_theta %g%s, rms_norm_eps %g, %s head", c->n_kv_head,
+             c->intermediate_size, (double)c->rope_theta, c->rope_scaling == MODEL_ROPE_LLAMA3 ? " (llama3 scaling)" : "",
+             (double)c->rms_norm_eps, c->tie_word_embeddings ? "tied" : "untied");
+}
+
+/* The run summary's Llama fields: the values in effect, defaults resolved. */
+int model_llama_summary_fields(const struct model_config *c, struct model_field *out, int cap)
+{
+    bool scaled = c->rope_scaling == MODEL_ROPE_LLAMA3;
+    const struct model_field f[] = {
+        {.name = "n_kv_head", .num = c->n_kv_head},
+        {.name = "intermediate_size", .num = c->intermediate_size},
+        {.name = "rope_theta", .num = c->rope_theta},
+        {.name = "rms_norm_eps", .num = c->rms_norm_eps},
+        {.name = "tie_word_embeddings", .num = c->tie_word_embeddings, .is_bool = true},
+        {.name = "rope_scaling", .str = scaled ? "llama3" : "none"},
+        {.name = "rope_scaling_factor", .num = c->rope_factor},
+        {.name = "rope_low_freq_factor", .num = c->rope_low_freq_factor},
+        {.name = "rope_high_freq_factor", .num = c->rope_high_freq_factor},
+        {.name = "rope_original_max_position_embeddings", .num = c->rope_original_max_position},
+    };
+    int n = scaled ? 10 : 6; /* the scaling's numbers only where they apply */
+    for (int i = 0; i < n && i < cap; i++)
+        out[i] = f[i];
+    return n;
+}

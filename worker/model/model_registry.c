@@ -29,7 +29,7 @@ static const struct model_family families[] = {
      .hf = &model_gpt2_hf},
     {.name = "llama", .resolve = model_llama_resolve, .check = model_llama_check,
      .layout_build = model_llama_layout_build, .decoder = &model_llama_decoder, .class_names = llama_names,
-     .hf = &model_llama_hf},
+     .hf = &model_llama_hf, .describe = model_llama_describe, .summary_fields = model_llama_summary_fields},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 
@@ -68,6 +68,21 @@ const struct model_family *model_family_find_hf(const char *architecture, const 
                      path, architecture ? "\"" : "", architecture ? architecture : "(none)", architecture ? "\"" : "",
                      model_type ? "\"" : "", model_type ? model_type : "(none)", model_type ? "\"" : "", known);
     return NULL;
+}
+
+void model_describe(const struct model_layout *l, char *out, size_t cap)
+{
+    const struct model_family *f = model_family_find(l->config.model_family);
+    if (cap)
+        out[0] = '\0';
+    if (f && f->describe)
+        f->describe(&l->config, out, cap);
+}
+
+int model_summary_fields(const struct model_layout *l, struct model_field *out, int cap)
+{
+    const struct model_family *f = model_family_find(l->config.model_family);
+    return f && f->summary_fields ? f->summary_fields(&l->config, out, cap) : 0;
 }
 
 double model_flops_per_token(const struct model_layout *l)

@@ -97,19 +97,16 @@ static void add_model(struct builder *b, cJSON *root, const struct run_summary_f
     num(b, m, "n_embd", wc->model.n_embd);
     num(b, m, "vocab_size", wc->model.vocab_size);
     num(b, m, "block_size", wc->model.block_size);
-    if (wc->model.family == WORKER_MODEL_LLAMA) { /* the family's effective values, defaults resolved */
-        num(b, m, "n_kv_head", l->config.n_kv_head);
-        num(b, m, "intermediate_size", l->config.intermediate_size);
-        num(b, m, "rope_theta", l->config.rope_theta);
-        num(b, m, "rms_norm_eps", l->config.rms_norm_eps);
-        str(b, m, "rope_scaling", l->config.rope_scaling == MODEL_ROPE_LLAMA3 ? "llama3" : "none");
-        if (l->config.rope_scaling == MODEL_ROPE_LLAMA3) {
-            num(b, m, "rope_scaling_factor", l->config.rope_factor);
-            num(b, m, "rope_low_freq_factor", l->config.rope_low_freq_factor);
-            num(b, m, "rope_high_freq_factor", l->config.rope_high_freq_factor);
-            num(b, m, "rope_original_max_position_embeddings", l->config.rope_original_max_position);
-        }
-        flag(b, m, "tie_word_embeddings", l->config.tie_word_embeddings);
+    /* the family's own values in effect, defaults resolved */
+    struct model_field fields[16];
+    int nf = model_summary_fields(l, fields, 16);
+    for (int i = 0; i < nf && i < 16; i++) {
+        if (fields[i].str)
+            str(b, m, fields[i].name, fields[i].str);
+        else if (fields[i].is_bool)
+            flag(b, m, fields[i].name, fields[i].num != 0);
+        else
+            num(b, m, fields[i].name, fields[i].num);
     }
     num(b, m, "parameters", (double)l->numel_real);
     flag(b, m, "activation_checkpointing", wc->model.activation_checkpointing);

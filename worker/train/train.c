@@ -409,17 +409,13 @@ int train_run(const struct worker_config *wc, const char *config_text, struct tr
     size_t rss1 = rss_now();
     fsdp_log_plan(t.fsdp);
     const struct model_config *mcfg = &model_get_layout(t.model)->config;
-    char llama[160] = "";
-    if (wc->model.family == WORKER_MODEL_LLAMA)
-        snprintf(llama, sizeof llama, ", %d key/value heads, intermediate %d, rope_theta %g%s, rms_norm_eps %g, %s head",
-                 mcfg->n_kv_head, mcfg->intermediate_size, (double)mcfg->rope_theta,
-                 mcfg->rope_scaling == MODEL_ROPE_LLAMA3 ? " (llama3 scaling)" : "", (double)mcfg->rms_norm_eps,
-                 mcfg->tie_word_embeddings ? "tied" : "untied");
+    char family[256];
+    model_describe(model_get_layout(t.model), family, sizeof family);
     if (env->rank == 0)
         log_info("model %s: %d layers, %d heads, n_embd %d, vocab %d, context %d%s: %zu parameters; "
                  "activations %.1f MiB per rank (micro_batch %d%s); %d rank(s), %d micro-batch(es) per step",
                  mcfg->model_family, mcfg->n_layer, mcfg->n_head, mcfg->n_embd, mcfg->vocab_size, mcfg->block_size,
-                 llama, model_get_layout(t.model)->numel_real,
+                 family, model_get_layout(t.model)->numel_real,
                  (double)model_get_arena_bytes(t.model) / (1024.0 * 1024), wc->train.micro_batch,
                  wc->model.activation_checkpointing ? ", activation checkpointing" : "", env->world_size, t.accum);
     int64_t first_step = 0;
