@@ -21,13 +21,13 @@ for arg in "$@"; do
 done
 
 PKGS="meson ninja-build pkg-config gcc libevent-dev nettle-dev libinih-dev libcriterion-dev libopenblas-dev
-      libopenblas0-openmp libcjson-dev libyaml-dev libpcre2-dev libdnnl-dev"
+      libopenblas0-openmp libcjson-dev libyaml-dev libpcre2-dev libdnnl-dev zlib1g-dev libzstd-dev"
 if ! dpkg-query -W $PKGS >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $PKGS >/dev/null
   else
-    echo "quickstart: missing packages; run: sudo apt-get install $PKGS" >&2
+    echo "quickstart: missing packages; install them as root (or with sudo): apt-get install $PKGS" >&2
     exit 1
   fi
 fi

@@ -2,8 +2,11 @@
 #include "worker/train/data.h"
 #include "wtest.h"
 
+#include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <zlib.h>
+#include <zstd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -67,6 +70,15 @@ static char *put(const char *rel, size_t len, int seed)
     wtest_write_file(p, data, len);
     data[len] = 0;
     return data;
+}
+
+static cJSON *read_json(const char *path)
+{
+    char *text = wtest_read_file(path, NULL);
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    cr_assert_not_null(j, "%s is not JSON", path);
+    return j;
 }
 
 static uint16_t *read_tokens(const char *path, int llmc, int64_t *n)
@@ -209,4 +221,121 @@ Test(prepare_data, errors)
     const char *badfrac[] = {"--val-fraction", "1.5", p, NULL};
     cr_assert_eq(run_prepare(out, sizeof out, badfrac), 2);
     cr_assert(strstr(out, "--val-fraction"), "%s", out);
+}
+
+/* gzip (zlib's deflate in a gzip wrapper) and zstd copies of a buffer, made here with the libraries. */
+static void put_gzip(const char *rel, const char *data, size_t len)
+{
+    char p[256];
+    snprintf(p, sizeof p, "%s/%s", tmpdir, rel);
+    gzFile g = gzopen(p, "wb");
+    cr_assert_not_null(g);
+    cr_assert_eq(gzwrite(g, data, (unsigned)len), (int)len);
+    cr_assert_eq(gzclose(g), Z_OK);
+}
+
+static void put_zstd(const char *rel, const char *data, size_t len)
+{
+    size_t cap = ZSTD_compressBound(len);
+    char *z = malloc(cap);
+    size_t n = ZSTD_compress(z, cap, data, len, 3);
+    cr_assert(!ZSTD_isError(n));
+    char p[256];
+    snprintf(p, sizeof p, "%s/%s", tmpdir, rel);
+    wtest_write_file(p, z, n);
+    free(z);
+}
+
+/* JSON Lines, plain, gzip and zstd: the documents of the "text" field (escapes decoded), in order; with a
+ * tokenizer each document's ids then the end-of-text token, exactly as the same documents in text files. */
+Test(prepare_data, json_lines_plain_gzip_zstd)
+{
+    const char *jsonl = "{\"text\": \"first \\u00e9t\\u00e9 doc\\n\", \"id\": 1}\n"
+                        "\n"
+                        "{\"id\": 2, \"text\": \"second \\\"doc\\\"\"}\r\n"
+                        "{\"text\": \"third\"}";
+    const char *docs[] = {"first \xc3\xa9t\xc3\xa9 doc\n", "second \"doc\"", "third"};
+    char p[256], want[256] = "";
+    for (int i = 0; i < 3; i++)
+        strcat(want, docs[i]);
+    snprintf(p, sizeof p, "%s/c.jsonl", tmpdir);
+    wtest_write_file(p, jsonl, strlen(jsonl));
+    put_gzip("c.jsonl.gz", jsonl, strlen(jsonl));
+    put_zstd("c.jsonl.zst", jsonl, strlen(jsonl));
+    mk("docs");
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/docs/%d.txt", tmpdir, i);
+        wtest_write_file(p, docs[i], strlen(docs[i]));
+    }
+    const char *names[] = {"c.jsonl", "c.jsonl.gz", "c.jsonl.zst"};
+    char out[8192], in[256], dir[256], bin[300], meta[300];
+    for (int i = 0; i < 3; i++) {
+        snprintf(in, sizeof in, "%s/%s", tmpdir, names[i]);
+        snprintf(dir, sizeof dir, "%s/o%d", tmpdir, i);
+        const char *args[] = {"--out", dir, "--val-fraction", "0", in, NULL};
+        cr_assert_eq(run_prepare(out, sizeof out, args), 0, "%s: %s", names[i], out);
+        snprintf(bin, sizeof bin, "%s/train.bin", dir);
+        int64_t n;
+        uint16_t *t = read_tokens(bin, 0, &n);
+        cr_assert_eq(n, (int64_t)strlen(want), "%s", names[i]);
+        for (int64_t k = 0; k < n; k++)
+            cr_assert_eq(t[k], (unsigned char)want[k], "%s: token %lld", names[i], (long long)k);
+        free(t);
+        snprintf(meta, sizeof meta, "%s/meta.json", dir);
+        cJSON *m = read_json(meta);
+        cr_assert_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(m, "inputs"), "documents")->valueint, 3, "%s", names[i]);
+        cJSON_Delete(m);
+    }
+    /* with a tokenizer: the ids of three text files, each followed by the end-of-text token */
+    const char *src = getenv("FSDP_SOURCE_ROOT");
+    char tok[512], gz[256], docsdir[256];
+    snprintf(tok, sizeof tok, "%s/examples/tokenizer.json", src);
+    snprintf(gz, sizeof gz, "%s/c.jsonl.gz", tmpdir);
+    snprintf(docsdir, sizeof docsdir, "%s/docs", tmpdir);
+    char da[256], db[256], ba[300], bb[300];
+    snprintf(da, sizeof da, "%s/ta", tmpdir);
+    snprintf(db, sizeof db, "%s/tb", tmpdir);
+    const char *a1[] = {"--out", da, "--val-fraction", "0", "--tokenizer", tok, gz, NULL};
+    const char *a2[] = {"--out", db, "--val-fraction", "0", "--tokenizer", tok, docsdir, NULL};
+    cr_assert_eq(run_prepare(out, sizeof out, a1), 0, "%s", out);
+    cr_assert_eq(run_prepare(out, sizeof out, a2), 0, "%s", out);
+    snprintf(ba, sizeof ba, "%s/train.bin", da);
+    snprintf(bb, sizeof bb, "%s/train.bin", db);
+    size_t la, lb;
+    char *xa = wtest_read_file(ba, &la), *xb = wtest_read_file(bb, &lb);
+    cr_assert(la == lb && memcmp(xa, xb, la) == 0, "JSON Lines ids differ from the same documents as files");
+    free(xa);
+    free(xb);
+}
+
+/* A line that is not JSON, or lacks the field, names file:line; --skip-bad-lines counts it instead;
+ * --text-field reads another field. */
+Test(prepare_data, json_lines_bad_lines_and_field)
+{
+    const char *jsonl = "{\"text\": \"aaaa\", \"body\": \"bb\"}\nnot json\n{\"other\": 1}\n{\"text\": \"cccc\"}\n";
+    char p[256], dir[256], out[8192];
+    snprintf(p, sizeof p, "%s/d.json", tmpdir);
+    wtest_write_file(p, jsonl, strlen(jsonl));
+    snprintf(dir, sizeof dir, "%s/o", tmpdir);
+    const char *strict[] = {"--out", dir, "--val-fraction", "0", p, NULL};
+    cr_assert_eq(run_prepare(out, sizeof out, strict), 1, "%s", out);
+    char where[300];
+    snprintf(where, sizeof where, "%s:2: the line is not JSON", p);
+    cr_assert(strstr(out, where), "%s", out);
+    const char *skip[] = {"--out", dir, "--val-fraction", "0", "--skip-bad-lines", p, NULL};
+    cr_assert_eq(run_prepare(out, sizeof out, skip), 0, "%s", out);
+    char meta[300];
+    snprintf(meta, sizeof meta, "%s/meta.json", dir);
+    cJSON *m = read_json(meta);
+    const cJSON *in = cJSON_GetObjectItem(m, "inputs");
+    cr_assert_eq(cJSON_GetObjectItem(in, "documents")->valueint, 2);
+    cr_assert_eq(cJSON_GetObjectItem(in, "bad_lines_skipped")->valueint, 2);
+    cJSON_Delete(m);
+    const char *field[] = {"--out", dir, "--val-fraction", "0", "--text-field", "body", "--skip-bad-lines", p, NULL};
+    cr_assert_eq(run_prepare(out, sizeof out, field), 0, "%s", out);
+    char bin[300];
+    snprintf(bin, sizeof bin, "%s/train.bin", dir);
+    int64_t n;
+    free(read_tokens(bin, 0, &n));
+    cr_assert_eq(n, 2, "the body field's document");
 }

@@ -11,6 +11,7 @@
 #include "common/fs.h"
 #include "common/log.h"
 #include "worker/tools/byte_progress.h"
+#include "worker/tools/prepare_input.h"
 #include "worker/tools/prepare_meta.h"
 #include "worker/tools/token_file.h"
 #include "worker/tools/tokenizer.h"
@@ -92,36 +93,8 @@ static int is_text(const unsigned char *data, size_t len)
     return memchr(data, 0, n) == NULL;
 }
 
-static int read_file(const char *path, unsigned char **data, size_t *len)
-{
-    *data = NULL;
-    *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return error_set(FSDP_EIO, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 0;
-    int rc = 0;
-    for (;;) {
-        if (*len == cap) {
-            cap = cap ? 2 * cap : 65536;
-            unsigned char *p = realloc(*data, cap);
-            if (!p) {
-                rc = error_set(FSDP_ENOMEM, "%s: out of memory", path);
-                goto out;
-            }
-            *data = p;
-        }
-        size_t k = fread(*data + *len, 1, cap - *len, f);
-        *len += k;
-        if (k == 0)
-            break;
-    }
-    if (ferror(f))
-        rc = error_set(FSDP_EIO, "%s: read error", path);
-out:
-    fclose(f);
-    return rc;
-}
+/* One input file is read whole (decompressed); this bounds what one file can make the tool hold. */
+#define PREPARE_MAX_FILE_BYTES ((size_t)8 << 30)
 
 enum invalid_utf8 { UTF8_ERROR = 0, UTF8_REPLACE, UTF8_SKIP };
 
@@ -135,13 +108,16 @@ struct prep_options {
     const char *eot, *bos;
     enum invalid_utf8 invalid_utf8;
     int progress; /* -1: on a terminal */
+    const char *text_field; /* JSON Lines: the field that holds each document */
+    bool skip_bad_lines;
 };
 
 static void usage(FILE *f)
 {
     fprintf(f,
             "usage: fsdp-prepare-data [options] INPUT...\n"
-            "Turns text files and directories (recursively; hidden entries and binary files are skipped) into\n"
+            "Turns text files, JSON Lines files and directories (recursively; hidden entries and binary files are\n"
+            "skipped; .gz and .zst inputs are decompressed) into\n"
             "token files OUT/train.bin and OUT/val.bin: byte-level tokens (vocab_size 256, token = byte value), or\n"
             "with --tokenizer the ids of a byte-level BPE tokenizer.json, each file followed by the end-of-text\n"
             "token. OUT/meta.json records what was made (docs/data.md).\n"
@@ -158,6 +134,10 @@ static void usage(FILE *f)
             "                           tokenizer_config.json beside the tokenizer, else <|endoftext|>, else\n"
             "                           <|end_of_text|>; `none` for no separator\n"
             "      --bos TOKEN          also put TOKEN before each document (default: none)\n"
+            "      --text-field NAME    JSON Lines inputs (.jsonl, .json): the field of each line that holds the\n"
+            "                           document (default text); each document is followed by the end-of-text token\n"
+            "      --skip-bad-lines     count and skip JSON Lines lines that are not JSON or lack the field (default:\n"
+            "                           an error naming file:line)\n"
             "      --invalid-utf8 MODE  a file that is not UTF-8 (with --tokenizer): error (default), replace\n"
             "                           (each bad sequence becomes U+FFFD, as Python's errors=\"replace\") or skip\n"
             "      --progress, --no-progress   draw a progress bar (default: when stderr is a terminal)\n"
@@ -317,6 +297,39 @@ out:
     return rc;
 }
 
+/* Byte-level tokens of one text: whole chunks to one side of the split. */
+static int put_bytes(const struct prep_options *opt, struct doc *d, const unsigned char *data, size_t len)
+{
+    for (size_t off = 0; off < len; off += opt->chunk_size) {
+        size_t n = len - off < opt->chunk_size ? len - off : opt->chunk_size;
+        FSDP_TRY(token_file_put_bytes(split_side(d->split, n), data + off, n));
+        d->done += n;
+        byte_progress_update(d->progress, d->done);
+    }
+    return 0;
+}
+
+/* A JSON Lines document, as a text file would be: byte-level tokens, or the tokenizer's ids then the EOT. */
+struct jsonl_ctx {
+    const struct prep_options *opt;
+    const struct tok_setup *ts;
+    struct doc *doc;
+    const char *path;
+    struct prepare_stats *stats;
+};
+
+static int jsonl_doc(void *ctx, const struct prepare_doc *d)
+{
+    struct jsonl_ctx *j = ctx;
+    j->stats->documents++;
+    if (!j->ts->tok)
+        return put_bytes(j->opt, j->doc, (const unsigned char *)d->text, d->len);
+    uint64_t done0 = j->doc->done;
+    int rc = encode_file(j->opt, j->ts, j->doc, j->path, (unsigned char *)d->text, d->len, j->stats);
+    j->doc->done = done0; /* the bar counts the file's bytes once, after the file */
+    return rc < 0 ? rc : 0;
+}
+
 /* Every input file into the split, with the bar. */
 static int fill(const struct prep_options *opt, const struct tok_setup *ts, const struct path_list *files,
                 struct split *split, struct prepare_stats *stats)
@@ -329,24 +342,31 @@ static int fill(const struct prep_options *opt, const struct tok_setup *ts, cons
     double t0 = log_elapsed_s();
     for (size_t i = 0; i < files->n; i++) {
         size_t len;
-        FSDP_TRY_GOTO(read_file(files->v[i], &data, &len), rc, out);
-        if (len == 0 || !is_text(data, len)) {
+        FSDP_TRY_GOTO(prepare_input_read(files->v[i], PREPARE_MAX_FILE_BYTES, &data, &len), rc, out);
+        if (len > 0 && prepare_input_is_jsonl(files->v[i])) {
+            stats->input_bytes += len;
+            stats->text_files++;
+            uint64_t done0 = doc.done;
+            struct jsonl_ctx j = {.opt = opt, .ts = ts, .doc = &doc, .path = files->v[i], .stats = stats};
+            FSDP_TRY_GOTO(prepare_input_jsonl(files->v[i], data, len, opt->text_field, opt->skip_bad_lines,
+                                              &stats->bad_lines, jsonl_doc, &j),
+                          rc, out);
+            doc.done = done0 + len;
+            byte_progress_update(&bar, doc.done);
+        } else if (len == 0 || !is_text(data, len)) {
             stats->binary_skipped += len != 0;
             doc.done += len;
         } else if (!ts->tok) {
             stats->input_bytes += len;
             stats->text_files++;
-            for (size_t off = 0; off < len; off += opt->chunk_size) {
-                size_t n = len - off < opt->chunk_size ? len - off : opt->chunk_size;
-                FSDP_TRY_GOTO(token_file_put_bytes(split_side(split, n), data + off, n), rc, out);
-                doc.done += n;
-                byte_progress_update(&bar, doc.done);
-            }
+            stats->documents++;
+            FSDP_TRY_GOTO(put_bytes(opt, &doc, data, len), rc, out);
         } else {
             stats->input_bytes += len;
             int done = encode_file(opt, ts, &doc, files->v[i], data, len, stats);
             FSDP_TRY_GOTO(done, rc, out);
             stats->text_files += done == 0; /* 1: skipped, not UTF-8 */
+            stats->documents += done == 0;
         }
         free(data);
         data = NULL;
@@ -362,7 +382,8 @@ static void report(const struct prepare_meta *m, const struct tok_setup *ts, con
                    const struct token_file *val)
 {
     const struct prepare_stats *s = m->stats;
-    printf("%zu text files (%zu binary skipped), vocab_size %u, format %s\n", s->text_files, s->binary_skipped,
+    printf("%zu text files (%zu binary skipped), %zu documents (%zu bad JSON Lines lines skipped), vocab_size %u, "
+           "format %s\n", s->text_files, s->binary_skipped, s->documents, s->bad_lines,
            m->vocab_size, m->format == DATA_FORMAT_NANOGPT ? "nanogpt" : m->format == DATA_FORMAT_LLMC ? "llmc"
                                                                                        : "llmc uint32");
     if (ts->tok)
@@ -459,14 +480,15 @@ int main(int argc, char **argv)
 {
     log_init("fsdp-prepare-data");
     struct prep_options opt = {.out_dir = ".", .val_fraction = 0.1, .format = DATA_FORMAT_NANOGPT,
-                               .chunk_size = 16384, .progress = -1};
-    enum { OPT_EOT = 256, OPT_BOS, OPT_UTF8, OPT_PROGRESS, OPT_NO_PROGRESS };
+                               .chunk_size = 16384, .progress = -1, .text_field = "text"};
+    enum { OPT_EOT = 256, OPT_BOS, OPT_UTF8, OPT_PROGRESS, OPT_NO_PROGRESS, OPT_TEXT_FIELD, OPT_SKIP_BAD };
     static const struct option longopts[] = {
         {"out", required_argument, NULL, 'o'},        {"val-fraction", required_argument, NULL, 'v'},
         {"format", required_argument, NULL, 'f'},     {"chunk-size", required_argument, NULL, 'c'},
         {"tokenizer", required_argument, NULL, 't'},  {"eot", required_argument, NULL, OPT_EOT},
         {"bos", required_argument, NULL, OPT_BOS},    {"invalid-utf8", required_argument, NULL, OPT_UTF8},
         {"progress", no_argument, NULL, OPT_PROGRESS}, {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
+        {"text-field", required_argument, NULL, OPT_TEXT_FIELD}, {"skip-bad-lines", no_argument, NULL, OPT_SKIP_BAD},
         {"help", no_argument, NULL, 'h'},             {NULL, 0, NULL, 0},
     };
     int c;
@@ -523,6 +545,16 @@ int main(int argc, char **argv)
                 log_error("--invalid-utf8 %s: use error, replace or skip", optarg);
                 return 2;
             }
+            break;
+        case OPT_TEXT_FIELD:
+            if (!optarg[0]) {
+                log_error("--text-field: name the JSON field that holds each document (default text)");
+                return 2;
+            }
+            opt.text_field = optarg;
+            break;
+        case OPT_SKIP_BAD:
+            opt.skip_bad_lines = true;
             break;
         case OPT_PROGRESS:
         case OPT_NO_PROGRESS:

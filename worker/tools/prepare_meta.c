@@ -184,6 +184,8 @@ int prepare_meta_write(const struct prepare_meta *m)
     cJSON_AddNumberToObject(v, "text_bytes", (double)s->val_bytes);
     cJSON *in = cJSON_AddObjectToObject(o, "inputs");
     cJSON_AddNumberToObject(in, "text_files", (double)s->text_files);
+    cJSON_AddNumberToObject(in, "documents", (double)s->documents);
+    cJSON_AddNumberToObject(in, "bad_lines_skipped", (double)s->bad_lines);
     cJSON_AddNumberToObject(in, "binary_skipped", (double)s->binary_skipped);
     cJSON_AddNumberToObject(in, "utf8_skipped", (double)s->utf8_skipped);
     cJSON_AddNumberToObject(in, "utf8_replaced", (double)s->utf8_replaced);

@@ -16,6 +16,7 @@
 
 struct prepare_stats {
     size_t text_files, binary_skipped, utf8_skipped, utf8_replaced;
+    size_t documents, bad_lines; /* JSON Lines: the documents read, the lines skipped (--skip-bad-lines) */
     uint64_t input_bytes, train_bytes, val_bytes; /* text bytes read; sent to each side */
     int64_t train_tokens, val_tokens;
     double seconds;

@@ -1,0 +1,221 @@
+/* fsdp-prepare-data's inputs (prepare_input.h): compressed files read through zlib and libzstd, JSON Lines
+ * through cJSON. */
+#include "worker/tools/prepare_input.h"
+
+#include "common/error.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+#include <zstd.h>
+
+/* Grows *buf to hold at least need bytes (doubling), never past max: past it the input is refused. */
+static int grow(unsigned char **buf, size_t *cap, size_t need, size_t max, const char *path)
+{
+    if (need <= *cap)
+        return 0;
+    if (need > max)
+        return error_set(FSDP_ERANGE, "%s: more than %zu bytes once decompressed (the bound on one input file); "
+                         "split it into smaller files", path, max);
+    size_t c = *cap ? *cap : 65536;
+    while (c < need)
+        c = c > max / 2 ? max : 2 * c;
+    unsigned char *p = realloc(*buf, c);
+    if (!p)
+        return error_set(FSDP_ENOMEM, "%s: out of memory", path);
+    *buf = p;
+    *cap = c;
+    return 0;
+}
+
+static int read_raw(const char *path, size_t max, unsigned char **data, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return error_set(FSDP_EIO, "%s: cannot open: %s", path, strerror(errno));
+    size_t cap = 0;
+    int rc = 0;
+    for (;;) {
+        FSDP_TRY_GOTO(grow(data, &cap, *len + 1, max + 1, path), rc, out);
+        size_t k = fread(*data + *len, 1, cap - *len, f);
+        *len += k;
+        if (k == 0)
+            break;
+        if (*len > max) {
+            rc = error_set(FSDP_ERANGE, "%s: more than %zu bytes (the bound on one input file)", path, max);
+            goto out;
+        }
+    }
+    if (ferror(f))
+        rc = error_set(FSDP_EIO, "%s: read error", path);
+out:
+    fclose(f);
+    return rc;
+}
+
+/* gzip members, concatenated ones too (gzread reads on through them). */
+static int read_gzip(const char *path, size_t max, unsigned char **data, size_t *len)
+{
+    gzFile g = gzopen(path, "rb");
+    if (!g)
+        return error_set(FSDP_EIO, "%s: cannot open: %s", path, strerror(errno));
+    size_t cap = 0;
+    int rc = 0;
+    for (;;) {
+        FSDP_TRY_GOTO(grow(data, &cap, *len + 65536, max + 65536, path), rc, out);
+        size_t want = cap - *len > (1u << 30) ? (1u << 30) : cap - *len;
+        int k = gzread(g, *data + *len, (unsigned)want);
+        if (k < 0) {
+            int err;
+            const char *msg = gzerror(g, &err);
+            rc = error_set(FSDP_EIO, "%s: not valid gzip: %s", path, msg ? msg : "read error");
+            goto out;
+        }
+        if (k == 0)
+            break;
+        *len += (size_t)k;
+        if (*len > max) {
+            rc = grow(data, &cap, *len, max, path);
+            goto out;
+        }
+    }
+out:
+    gzclose(g);
+    return rc;
+}
+
+static int read_zstd(const char *path, size_t max, const unsigned char *src, size_t src_len, unsigned char **data,
+                     size_t *len)
+{
+    ZSTD_DStream *z = ZSTD_createDStream();
+    if (!z)
+        return error_set(FSDP_ENOMEM, "%s: out of memory", path);
+    ZSTD_initDStream(z);
+    ZSTD_inBuffer in = {src, src_len, 0};
+    size_t cap = 0, last = 1;
+    int rc = 0;
+    while (in.pos < in.size) {
+        FSDP_TRY_GOTO(grow(data, &cap, *len + ZSTD_DStreamOutSize(), max + ZSTD_DStreamOutSize(), path), rc, out);
+        ZSTD_outBuffer o = {*data, cap, *len};
+        last = ZSTD_decompressStream(z, &o, &in);
+        if (ZSTD_isError(last)) {
+            rc = error_set(FSDP_EIO, "%s: not valid zstd: %s", path, ZSTD_getErrorName(last));
+            goto out;
+        }
+        *len = o.pos;
+        if (*len > max) {
+            rc = grow(data, &cap, *len, max, path);
+            goto out;
+        }
+    }
+    if (last != 0) /* the last frame stopped in the middle */
+        rc = error_set(FSDP_EIO, "%s: truncated zstd data", path);
+out:
+    ZSTD_freeDStream(z);
+    return rc;
+}
+
+int prepare_input_read(const char *path, size_t max_bytes, unsigned char **data, size_t *len)
+{
+    *data = NULL;
+    *len = 0;
+    unsigned char *raw = NULL;
+    size_t raw_len = 0;
+    int rc = read_raw(path, max_bytes, &raw, &raw_len);
+    if (rc < 0) {
+        free(raw);
+        return rc;
+    }
+    static const unsigned char gz[2] = {0x1f, 0x8b}, zst[4] = {0x28, 0xb5, 0x2f, 0xfd};
+    if (raw_len >= 2 && memcmp(raw, gz, 2) == 0) {
+        free(raw);
+        rc = read_gzip(path, max_bytes, data, len);
+    } else if (raw_len >= 4 && memcmp(raw, zst, 4) == 0) {
+        rc = read_zstd(path, max_bytes, raw, raw_len, data, len);
+        free(raw);
+    } else {
+        *data = raw;
+        *len = raw_len;
+        return 0;
+    }
+    if (rc < 0) {
+        free(*data);
+        *data = NULL;
+        *len = 0;
+    }
+    return rc;
+}
+
+static bool ends_with(const char *s, size_t n, const char *suffix)
+{
+    size_t k = strlen(suffix);
+    return n >= k && strncmp(s + n - k, suffix, k) == 0;
+}
+
+bool prepare_input_is_jsonl(const char *path)
+{
+    size_t n = strlen(path);
+    if (ends_with(path, n, ".gz"))
+        n -= 3;
+    else if (ends_with(path, n, ".zst"))
+        n -= 4;
+    return ends_with(path, n, ".jsonl") || ends_with(path, n, ".json");
+}
+
+int prepare_input_jsonl(const char *path, const unsigned char *data, size_t len, const char *field, bool skip_bad,
+                        size_t *bad, int (*fn)(void *ctx, const struct prepare_doc *doc), void *ctx)
+{
+    size_t line = 0, pos = 0;
+    char *buf = NULL;
+    size_t buf_cap = 0;
+    int rc = 0;
+    while (pos < len) {
+        const unsigned char *nl = memchr(data + pos, '\n', len - pos);
+        size_t end = nl ? (size_t)(nl - data) : len, n = end - pos;
+        line++;
+        const char *start = (const char *)data + pos;
+        pos = end + 1;
+        size_t lead = 0;
+        while (lead < n && (start[lead] == ' ' || start[lead] == '\t' || start[lead] == '\r'))
+            lead++;
+        if (lead == n)
+            continue; /* a blank line */
+        if (n + 1 > buf_cap) {
+            char *b = realloc(buf, n + 1);
+            if (!b) {
+                rc = error_set(FSDP_ENOMEM, "out of memory");
+                goto out;
+            }
+            buf = b;
+            buf_cap = n + 1;
+        }
+        memcpy(buf, start, n);
+        buf[n] = '\0';
+        cJSON *obj = cJSON_ParseWithLength(buf, n);
+        const cJSON *v = cJSON_IsObject(obj) ? cJSON_GetObjectItemCaseSensitive(obj, field) : NULL;
+        if (!cJSON_IsString(v)) {
+            const char *why = !obj ? "is not JSON" : !cJSON_IsObject(obj) ? "is not a JSON object"
+                              : v ? "has a field that is not a string" : "has no such field";
+            cJSON_Delete(obj);
+            if (skip_bad) {
+                (*bad)++;
+                continue;
+            }
+            rc = error_set(FSDP_EINVAL, "%s:%zu: the line %s (the documents are the \"%s\" strings; --text-field "
+                           "NAME names another field, --skip-bad-lines counts such lines instead)", path, line,
+                           why, field);
+            goto out;
+        }
+        struct prepare_doc doc = {.text = v->valuestring, .len = strlen(v->valuestring)};
+        rc = fn(ctx, &doc);
+        cJSON_Delete(obj);
+        if (rc < 0)
+            goto out;
+    }
+out:
+    free(buf);
+    return rc;
+}
