@@ -4,6 +4,11 @@
 
 #include <stddef.h>
 
+/* The size of a buffer that holds a path (Linux's PATH_MAX): one size everywhere, so a path copied from
+ * one buffer into another always fits. A path joined from a directory and a name can still be longer:
+ * check snprintf's result and name the path that is too long rather than use a truncated one. */
+#define FSDP_PATH_MAX 4096
+
 /* Creates dir and its missing parents (like mkdir -p; existing ones are fine). what names the directory's
  * role in the error ("log directory", "checkpoint.dir"), which says the path and the cause. */
 int fs_mkdir_p(const char *dir, const char *what);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/fs.h"
 #include "common/settings.h"
 
 #ifndef FSDP_GPU_MODULE_BUILD_PATH
@@ -25,7 +26,7 @@
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static void *handle;
-static char loaded_path[4096];
+static char loaded_path[FSDP_PATH_MAX];
 static char load_error[4096];
 
 bool gpu_module_driver_present(void)
@@ -41,7 +42,7 @@ bool gpu_module_driver_present(void)
  * module: a stale installed copy must never shadow the one just built. */
 static bool exe_in_build_tree(void)
 {
-    char exe[4096];
+    char exe[FSDP_PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     size_t rl = strlen(FSDP_GPU_BUILD_ROOT);
     if (n <= 0 || rl == 0)

@@ -1,13 +1,15 @@
-/* The compute ops table: every tensor operation the GPT model and the optimizer need, as function
- * pointers chosen once at start (`const struct kernels *k = kernels_get("cpu");`), so the model and the
- * FSDP engine have one code path for CPU and CUDA. A new device is a new table, not an `if` in the model.
+/* The compute ops table: every tensor operation the model families (GPT-2, Llama and its relatives) and
+ * the optimizer need, as function pointers chosen once at start (`const struct kernels *k =
+ * kernels_get("cpu");`), so the model and the FSDP engine have one code path for CPU and CUDA. A new device
+ * is a new table, not an `if` in the model.
  *
  * Conventions shared by every backend (docs/kernels.md has the details):
  * - All pointers to tensors are device pointers of the backend (plain host memory for "cpu"); get them
  *   from k->mem_alloc. Pointers documented as "host" are ordinary host memory on every backend.
  * - Tensors are dense row-major fp32 unless stated. N = B*T rows of activations, C channels.
- * - Matmul weights use the Hugging Face GPT-2 Conv1D layout W(in, out): y = x W + b, so HF checkpoints
- *   load without a transpose.
+ * - matmul_forward/backward take W(in, out): y = x W + b (the layout of GPT-2's Conv1D weights). A family
+ *   whose weights are stored (out, in), as nn.Linear keeps them (Llama), multiplies with gemm and a
+ *   transposed operand instead, so no family's Hugging Face weights are transposed on load.
  * - Backward ops ADD (+=) into every gradient output they write (input and parameter gradients alike),
  *   so residual branches and micro-batch accumulation need no extra pass; the caller zeroes gradient
  *   buffers (k->mem_set) when it wants a fresh gradient. Exception: cross-entropy overwrites dlogits.

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "launcher/workers.h"
@@ -21,20 +22,6 @@ enum outcome { OUT_OK, OUT_FAILED, OUT_STORE_LOST, OUT_SIGNALLED };
 
 #define TAIL_LINES 10
 #define GOODBYE_TIMEOUT_S 5.0
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static double wall_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Drains the signalfd. SIGCHLD only says "reap now"; a terminating signal is remembered and returned. */
 static int read_signals(struct agent *ag, bool *child)
@@ -73,7 +60,7 @@ static char *make_record(struct agent *ag, const char *reason, const struct work
     cJSON_AddNumberToObject(o, "generation", generation);
     cJSON_AddNumberToObject(o, "exitcode", exitcode);
     cJSON_AddBoolToObject(o, "fatal", fatal);
-    cJSON_AddNumberToObject(o, "time", w ? w->exit_wall_s : wall_s());
+    cJSON_AddNumberToObject(o, "time", w ? w->exit_wall_s : clock_wall_s());
     if (w) {
         char st[64];
         workers_describe_status(w->status, st, sizeof st);
@@ -180,7 +167,7 @@ static int wait_events(struct agent *ag, struct worker_group *g, double deadline
     }
     int timeout_ms = -1;
     if (isfinite(deadline)) {
-        double left = deadline - mono_s();
+        double left = deadline - clock_now_s();
         timeout_ms = left <= 0 ? 0 : (int)ceil(left * 1000);
     }
     int pr = poll(pf, (nfds_t)n, timeout_ms);
@@ -211,11 +198,11 @@ static void teardown(struct agent *ag, struct worker_group *g, bool already_sign
 {
     if (g->running > 0 && !already_signalled)
         workers_signal(g, SIGTERM);
-    double kill_at = mono_s() + ag->a->shutdown_timeout_s;
+    double kill_at = clock_now_s() + ag->a->shutdown_timeout_s;
     bool killed = false;
     int seen_signal = ag->pending_signal;
     while (g->running > 0) {
-        double now = mono_s();
+        double now = clock_now_s();
         if (!killed && now >= kill_at) {
             log_warn("%d worker(s) still running %.1f s after SIGTERM (--shutdown_timeout): sending SIGKILL",
                      g->running, ag->a->shutdown_timeout_s);
@@ -236,12 +223,12 @@ static void teardown(struct agent *ag, struct worker_group *g, bool already_sign
         status_server_note_exit(ag->status, g->w[i].rank, st, workers_exit_code(g->w[i].status) == 0);
     }
     /* Let the pipes give their last lines (writers may be grandchildren: bounded). */
-    double drain_until = mono_s() + 1.0;
+    double drain_until = clock_now_s() + 1.0;
     for (;;) {
         bool open = false;
         for (int i = 0; i < g->n; i++)
             open = open || g->w[i].out.fd >= 0 || g->w[i].err.fd >= 0;
-        if (!open || mono_s() >= drain_until)
+        if (!open || clock_now_s() >= drain_until)
             break;
         wait_events(ag, g, drain_until, NULL);
     }
@@ -292,14 +279,14 @@ static int root_find(struct agent *ag, struct worker_group *g, int failed)
 {
     if (workers_exit_code(g->w[failed].status) != EXIT_PEER_FAILED)
         return failed;
-    double until = mono_s() + ROOT_GRACE_S;
+    double until = clock_now_s() + ROOT_GRACE_S;
     for (;;) {
         int best = earliest_own_failure(g);
         if (best >= 0)
             return best;
-        if (g->running == 0 || ag->pending_signal || mono_s() >= until)
+        if (g->running == 0 || ag->pending_signal || clock_now_s() >= until)
             return failed;
-        wait_events(ag, g, fmin(until, mono_s() + 0.05), NULL);
+        wait_events(ag, g, fmin(until, clock_now_s() + 0.05), NULL);
     }
 }
 
@@ -313,7 +300,7 @@ static int root_find(struct agent *ag, struct worker_group *g, int failed)
  * *failed; NULL returned). With neither, NULL: the consequence is published after all. */
 static char *root_await_remote(struct agent *ag, struct worker_group *g, int gen, int *failed)
 {
-    double until = mono_s() + ROOT_GRACE_NODES_S;
+    double until = clock_now_s() + ROOT_GRACE_NODES_S;
     while (!ag->pending_signal) {
         struct rdzv_status st;
         if (rdzv_poll(ag->r, gen, &st))
@@ -325,9 +312,9 @@ static char *root_await_remote(struct agent *ag, struct worker_group *g, int gen
             *failed = own;
             return NULL;
         }
-        if (mono_s() >= until)
+        if (clock_now_s() >= until)
             return NULL;
-        wait_events(ag, g, fmin(until, mono_s() + 0.05), NULL);
+        wait_events(ag, g, fmin(until, clock_now_s() + 0.05), NULL);
     }
     return NULL;
 }
@@ -338,7 +325,7 @@ static struct run_result supervise(struct agent *ag, struct worker_group *g, int
     struct run_result res = {OUT_OK, NULL};
     bool multi = a->nnodes > 1;
     bool done_marked = false;
-    double next_tick = mono_s() + a->monitor_interval_s;
+    double next_tick = clock_now_s() + a->monitor_interval_s;
     for (;;) {
         int failed = wait_events(ag, g, multi ? next_tick : INFINITY, NULL);
         if (failed >= 0) {
@@ -386,11 +373,11 @@ static struct run_result supervise(struct agent *ag, struct worker_group *g, int
                 return res;
             }
             log_info("all %d local workers succeeded; waiting for the other nodes", g->n);
-            next_tick = mono_s();
+            next_tick = clock_now_s();
         }
-        if (!multi || mono_s() < next_tick)
+        if (!multi || clock_now_s() < next_tick)
             continue;
-        next_tick = mono_s() + a->monitor_interval_s;
+        next_tick = clock_now_s() + a->monitor_interval_s;
         struct rdzv_status st;
         if (rdzv_poll(ag->r, gen, &st)) {
             res.outcome = OUT_STORE_LOST;
@@ -422,7 +409,7 @@ int agent_run(struct agent *ag)
     int min_gen = 0;
     for (;;) {
         struct rdzv_assignment as;
-        double t0 = mono_s();
+        double t0 = clock_now_s();
         int rc = rdzv_join(ag->r, min_gen, join_should_stop, ag, &as);
         if (rc == FSDP_EABORTED || ag->pending_signal) {
             log_warn("received SIG%s while waiting for the other nodes; exiting", sigabbrev_np(ag->pending_signal));
@@ -435,7 +422,7 @@ int agent_run(struct agent *ag)
         status_server_note_attempt(ag->status, as.generation, as.generation);
         if (a->nnodes > 1)
             log_info("generation %d: all %d nodes joined in %.2f s; ranks %d..%d of %d", as.generation, a->nnodes,
-                     mono_s() - t0, as.rank_base, as.rank_base + a->nproc_per_node - 1, as.world_size);
+                     clock_now_s() - t0, as.rank_base, as.rank_base + a->nproc_per_node - 1, as.world_size);
         struct spawn_env env = {.program = ag->program, .argv = ag->argv, .launch_config = ag->launch_config,
                                 .host = ag->host, .master_port = rdzv_port(ag->r),
                                 .secret = ag->secret, .omp_threads = ag->omp_threads,

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -393,129 +394,269 @@ static int check_template(const char *v, const char *src)
     return 0;
 }
 
+/* ---- how each option is applied ------------------------------------------------------------------- */
+
+/* The options whose value is more than a checked field: each is a function of the table below. */
+typedef int apply_fn(struct launch_args *a, int id, const char *v, const char *src, bool *port_set,
+                     int *num_processes);
+
+static int apply_nnodes(struct launch_args *a, int id, const char *v, const char *src, bool *port_set, int *np)
+{
+    (void)id, (void)port_set, (void)np;
+    return parse_nnodes(v, src, &a->nnodes);
+}
+
+static int apply_nproc(struct launch_args *a, int id, const char *v, const char *src, bool *port_set, int *np)
+{
+    (void)id, (void)port_set, (void)np;
+    return parse_nproc(v, src, &a->nproc_per_node);
+}
+
+static int apply_num_processes(struct launch_args *a, int id, const char *v, const char *src, bool *port_set,
+                               int *num_processes)
+{
+    (void)a, (void)id, (void)port_set;
+    return parse_int(v, src, 1, 1 << 24, num_processes);
+}
+
+static int apply_master_port(struct launch_args *a, int id, const char *v, const char *src, bool *port_set, int *np)
+{
+    (void)id, (void)np;
+    *port_set = true;
+    return parse_int(v, src, 0, 65535, &a->master_port);
+}
+
+static int apply_log_max_bytes(struct launch_args *a, int id, const char *v, const char *src, bool *port_set,
+                               int *np)
+{
+    (void)id, (void)port_set, (void)np;
+    return parse_size(v, src, &a->log_max_bytes);
+}
+
+static int apply_rdzv_conf(struct launch_args *a, int id, const char *v, const char *src, bool *port_set, int *np)
+{
+    (void)id, (void)port_set, (void)np;
+    return parse_rdzv_conf(a, v, src);
+}
+
+static int apply_dup_filter(struct launch_args *a, int id, const char *v, const char *src, bool *port_set, int *np)
+{
+    (void)port_set, (void)np;
+    return copy_str(a->dup_filters[id == O_DUP_STDERR], sizeof a->dup_filters[0], v, src);
+}
+
+static int apply_log_level(struct launch_args *a, int id, const char *v, const char *src, bool *port_set, int *np)
+{
+    (void)id, (void)port_set, (void)np;
+    if (log_parse_level(v, &a->log_level))
+        return error_set(FSDP_EINVAL, "%s: '%s' is not debug, info, warn, error or off", src, v);
+    return 0;
+}
+
+static int apply_endpoint(struct launch_args *a, int id, const char *v, const char *src, bool *port_set, int *np)
+{
+    (void)id, (void)np;
+    return parse_endpoint(a, v, src, port_set);
+}
+
+static int apply_signals(struct launch_args *a, int id, const char *v, const char *src, bool *port_set, int *np)
+{
+    (void)id, (void)port_set, (void)np;
+    return parse_signals(a, v, src);
+}
+
+static int apply_mode(struct launch_args *a, int id, const char *v, const char *src, bool *port_set, int *np)
+{
+    (void)port_set, (void)np;
+    bool on;
+    int rc = launch_parse_bool(v, src, &on);
+    if (rc || !on)
+        return rc;
+    enum launch_mode m = id == O_MODULE ? LAUNCH_MODULE : id == O_NO_PYTHON ? LAUNCH_NO_PYTHON : LAUNCH_RUN_PATH;
+    /* torchrun: --run_path wins over --no_python; --no_python with --module is an error. */
+    if ((m == LAUNCH_MODULE && a->mode == LAUNCH_NO_PYTHON) || (m == LAUNCH_NO_PYTHON && a->mode == LAUNCH_MODULE))
+        return error_set(FSDP_EINVAL, "--no_python and --module cannot be used together (a module needs Python)");
+    if (a->mode != LAUNCH_RUN_PATH)
+        a->mode = m;
+    return 0;
+}
+
+static int apply_gpu_ids(struct launch_args *a, int id, const char *v, const char *src, bool *port_set, int *np)
+{
+    (void)id, (void)port_set, (void)np;
+    if (!strcasecmp(v, "all"))
+        return 0;
+    return check_gpu_ids(v, src) ? FSDP_EINVAL : copy_str(a->gpu_ids, sizeof a->gpu_ids, v, src);
+}
+
+static int apply_print_config(struct launch_args *a, int id, const char *v, const char *src, bool *port_set,
+                              int *np)
+{
+    (void)id, (void)port_set, (void)np;
+    if (!strcmp(v, "true") || !*v) {
+        a->print_config = true;
+    } else if (!strcasecmp(v, "json")) {
+        a->print_config = a->print_config_json = true;
+    } else {
+        return error_set(FSDP_EINVAL, "%s: '%s': the formats are --print-config (text) and --print-config=json",
+                         src, v);
+    }
+    return 0;
+}
+
+/* Checks of values that are kept as they are, or only checked. */
+static int check_run_id(const char *v, const char *src)
+{
+    if (!*v || strchr(v, '/'))
+        return error_set(FSDP_EINVAL, "%s: '%s' must be non-empty and without '/'", src, v);
+    return 0;
+}
+
+static int check_rdzv_backend(const char *v, const char *src)
+{
+    if (strcmp(v, "static") && strcmp(v, "c10d"))
+        return error_set(FSDP_EUNSUPPORTED,
+                         "%s: '%s' is not supported: fsdp-launch has one rendezvous, a store hosted by node 0 "
+                         "(torchrun's static and c10d backends both map to it)",
+                         src, v);
+    return 0;
+}
+
+static int check_start_method(const char *v, const char *src)
+{
+    if (strcmp(v, "spawn") && strcmp(v, "fork") && strcmp(v, "forkserver"))
+        return error_set(FSDP_EINVAL, "%s: '%s' is not spawn, fork or forkserver", src, v);
+    return 0;
+}
+
+static int check_event_log_handler(const char *v, const char *src)
+{
+    if (strcmp(v, "null") != 0)
+        return error_set(FSDP_EUNSUPPORTED, "%s: '%s': torchrun's event handlers are Python logging handlers; "
+                         "fsdp-launch's events are its log lines (--log_level debug shows them all)", src, v);
+    return 0;
+}
+
+static int refuse_logs_specs(const char *v, const char *src)
+{
+    return error_set(FSDP_EUNSUPPORTED, "%s: '%s' names a Python entry point (torchrun.logs_specs), which "
+                     "fsdp-launch cannot load; its log layout is --log_dir's (docs/launcher.md)", src, v);
+}
+
+static int refuse_numa_binding(const char *v, const char *src)
+{
+    return error_set(FSDP_EUNSUPPORTED, "%s: '%s': fsdp-launch does not bind workers to NUMA nodes; bind inside "
+                     "the program (numactl, OMP_PLACES / OMP_PROC_BIND)", src, v);
+}
+
+static int refuse_print_completion(const char *v, const char *src)
+{
+    (void)v;
+    return error_set(FSDP_EUNSUPPORTED, "%s: fsdp-launch ships no completion scripts; --help lists the flags", src);
+}
+
+enum apply_how {
+    AP_NONE,   /* accepted, no effect (O_MULTI_GPU, O_SAME_NETWORK, O_HELP: the parser acts on it) */
+    AP_INT,    /* an int field in [lo, hi] */
+    AP_DOUBLE, /* a double field, at least min */
+    AP_BOOL,   /* a bool field */
+    AP_TEXT,   /* a char[] field, after `check` */
+    AP_CHECK,  /* `check` only: nothing is kept */
+    AP_FN,     /* `fn` */
+};
+
+struct opt_apply {
+    enum apply_how how;
+    size_t off, size;     /* the field in struct launch_args */
+    long lo, hi;          /* AP_INT */
+    double min;           /* AP_DOUBLE */
+    const char *if_empty; /* AP_TEXT: the error when the value is empty ("%s" is src); NULL: "" is a value */
+    int (*check)(const char *v, const char *src);
+    apply_fn *fn;
+};
+
+/* A field of the wrong type for its kind does not compile (the array size would be negative). */
+#define FIELD(f, type)                                                                                          \
+    .off = offsetof(struct launch_args, f) +                                                                   \
+           0 * sizeof(char[_Generic(((struct launch_args *)0)->f, type: 1, default: -1)]),                       \
+    .size = sizeof(((struct launch_args *)0)->f)
+#define INT(f, l, h) {AP_INT, FIELD(f, int), .lo = l, .hi = h}
+#define DOUBLE(f, m) {AP_DOUBLE, FIELD(f, double), .min = m}
+#define BOOL(f) {AP_BOOL, FIELD(f, bool)}
+#define TEXT(f, empty, chk) {AP_TEXT, FIELD(f, char *), .if_empty = empty, .check = chk}
+#define CHECK(chk) {AP_CHECK, .check = chk}
+#define FN(f) {AP_FN, .fn = f}
+
+static const struct opt_apply applies[O_COUNT] = {
+    [O_NNODES] = FN(apply_nnodes),
+    [O_NODE_RANK] = INT(node_rank, 0, 1 << 20),
+    [O_NPROC] = FN(apply_nproc),
+    [O_NUM_PROCESSES] = FN(apply_num_processes),
+    [O_MASTER_ADDR] = TEXT(master_addr, "%s: empty address", NULL),
+    [O_MASTER_PORT] = FN(apply_master_port),
+    [O_STANDALONE] = BOOL(standalone),
+    [O_MAX_RESTARTS] = INT(max_restarts, 0, 1000000),
+    [O_MONITOR] = DOUBLE(monitor_interval_s, 0.001),
+    [O_RDZV_ID] = TEXT(run_id, NULL, check_run_id),
+    [O_RUN_ID] = TEXT(run_id, NULL, check_run_id),
+    [O_RDZV_TIMEOUT] = DOUBLE(rdzv_timeout_s, 0.001),
+    [O_LOG_MAX_BYTES] = FN(apply_log_max_bytes),
+    [O_RDZV_CONF] = FN(apply_rdzv_conf),
+    [O_LOG_DIR] = TEXT(log_dir, NULL, NULL),
+    [O_STATUS_PORT] = INT(status_port, 0, 65535),
+    [O_STATUS_ADDR] = TEXT(status_addr, "%s: an address is required (such as 127.0.0.1 or 0.0.0.0)", NULL),
+    [O_STATUS_STALE] = DOUBLE(status_stale_s, 0.001),
+    [O_REDIRECTS] = TEXT(redirects, NULL, check_std),
+    [O_TEE] = TEXT(tee, NULL, check_std),
+    [O_PREFIX_TEMPLATE] = TEXT(prefix_template, NULL, check_template),
+    [O_DUP_STDOUT] = FN(apply_dup_filter),
+    [O_DUP_STDERR] = FN(apply_dup_filter),
+    [O_FILTER] = TEXT(local_ranks_filter, NULL, check_filter),
+    [O_ROLE] = TEXT(role, "%s: empty role", NULL),
+    [O_SHUTDOWN] = DOUBLE(shutdown_timeout_s, 0),
+    [O_LOG_LEVEL] = FN(apply_log_level),
+    [O_RDZV_ENDPOINT] = FN(apply_endpoint),
+    [O_RDZV_BACKEND] = CHECK(check_rdzv_backend),
+    [O_START_METHOD] = CHECK(check_start_method),
+    [O_EVENT_LOG_HANDLER] = CHECK(check_event_log_handler),
+    [O_LOGS_SPECS] = CHECK(refuse_logs_specs),
+    [O_NUMA_BINDING] = CHECK(refuse_numa_binding),
+    [O_PRINT_COMPLETION] = CHECK(refuse_print_completion),
+    [O_SIGNALS] = FN(apply_signals),
+    [O_VIRTUAL_LOCAL_RANK] = BOOL(virtual_local_rank),
+    [O_NO_TORCH_STORE] = BOOL(no_torch_store),
+    [O_LOCAL_ADDR] = TEXT(local_addr, "%s: empty address", NULL),
+    [O_MODULE] = FN(apply_mode),
+    [O_NO_PYTHON] = FN(apply_mode),
+    [O_RUN_PATH] = FN(apply_mode),
+    [O_PYTHON] = TEXT(python, "%s: empty interpreter", NULL),
+    [O_CONFIG_FILE] = TEXT(config_file, NULL, NULL),
+    [O_GPU_IDS] = FN(apply_gpu_ids),
+    [O_OMP_THREADS] = INT(omp_threads, 1, 1 << 20),
+    [O_PRINT_CONFIG] = FN(apply_print_config),
+};
+
 int launch_opt_apply(struct launch_args *a, int id, const char *v, const char *src, bool *port_set, int *num_processes)
 {
-    switch (id) {
-    case O_NNODES: return parse_nnodes(v, src, &a->nnodes);
-    case O_NODE_RANK: return parse_int(v, src, 0, 1 << 20, &a->node_rank);
-    case O_NPROC: return parse_nproc(v, src, &a->nproc_per_node);
-    case O_NUM_PROCESSES: return parse_int(v, src, 1, 1 << 24, num_processes);
-    case O_MASTER_ADDR:
-        if (!*v)
-            return error_set(FSDP_EINVAL, "%s: empty address", src);
-        return copy_str(a->master_addr, sizeof a->master_addr, v, src);
-    case O_MASTER_PORT:
-        *port_set = true;
-        return parse_int(v, src, 0, 65535, &a->master_port);
-    case O_STANDALONE: return launch_parse_bool(v, src, &a->standalone);
-    case O_MAX_RESTARTS: return parse_int(v, src, 0, 1000000, &a->max_restarts);
-    case O_MONITOR: return parse_double(v, src, 0.001, &a->monitor_interval_s);
-    case O_RDZV_ID:
-    case O_RUN_ID:
-        if (!*v || strchr(v, '/'))
-            return error_set(FSDP_EINVAL, "%s: '%s' must be non-empty and without '/'", src, v);
-        return copy_str(a->run_id, sizeof a->run_id, v, src);
-    case O_RDZV_TIMEOUT: return parse_double(v, src, 0.001, &a->rdzv_timeout_s);
-    case O_LOG_MAX_BYTES: return parse_size(v, src, &a->log_max_bytes);
-    case O_RDZV_CONF: return parse_rdzv_conf(a, v, src);
-    case O_LOG_DIR: return copy_str(a->log_dir, sizeof a->log_dir, v, src);
-    case O_STATUS_PORT: return parse_int(v, src, 0, 65535, &a->status_port);
-    case O_STATUS_ADDR:
-        if (!*v)
-            return error_set(FSDP_EINVAL, "%s: an address is required (such as 127.0.0.1 or 0.0.0.0)", src);
-        return copy_str(a->status_addr, sizeof a->status_addr, v, src);
-    case O_STATUS_STALE: return parse_double(v, src, 0.001, &a->status_stale_s);
-    case O_REDIRECTS: return check_std(v, src) ? FSDP_EINVAL : copy_str(a->redirects, sizeof a->redirects, v, src);
-    case O_TEE: return check_std(v, src) ? FSDP_EINVAL : copy_str(a->tee, sizeof a->tee, v, src);
-    case O_PREFIX_TEMPLATE:
-        FSDP_TRY(check_template(v, src));
-        return copy_str(a->prefix_template, sizeof a->prefix_template, v, src);
-    case O_DUP_STDOUT:
-    case O_DUP_STDERR: {
-        char *dst = a->dup_filters[id == O_DUP_STDERR];
-        return copy_str(dst, sizeof a->dup_filters[0], v, src);
+    if (id < 0 || id >= O_COUNT)
+        return 0;
+    const struct opt_apply *ap = &applies[id];
+    void *field = (char *)a + ap->off;
+    switch (ap->how) {
+    case AP_NONE: return 0;
+    case AP_INT: return parse_int(v, src, ap->lo, ap->hi, field);
+    case AP_DOUBLE: return parse_double(v, src, ap->min, field);
+    case AP_BOOL: return launch_parse_bool(v, src, field);
+    case AP_TEXT:
+        if (ap->if_empty && !*v)
+            return error_set(FSDP_EINVAL, ap->if_empty, src);
+        if (ap->check)
+            FSDP_TRY(ap->check(v, src));
+        return copy_str(field, ap->size, v, src);
+    case AP_CHECK: return ap->check(v, src);
+    case AP_FN: return ap->fn(a, id, v, src, port_set, num_processes);
     }
-    case O_FILTER: return check_filter(v, src) ? FSDP_EINVAL
-                                               : copy_str(a->local_ranks_filter, sizeof a->local_ranks_filter, v, src);
-    case O_ROLE:
-        if (!*v)
-            return error_set(FSDP_EINVAL, "%s: empty role", src);
-        return copy_str(a->role, sizeof a->role, v, src);
-    case O_SHUTDOWN: return parse_double(v, src, 0, &a->shutdown_timeout_s);
-    case O_LOG_LEVEL:
-        if (log_parse_level(v, &a->log_level))
-            return error_set(FSDP_EINVAL, "%s: '%s' is not debug, info, warn, error or off", src, v);
-        return 0;
-    case O_RDZV_ENDPOINT: return parse_endpoint(a, v, src, port_set);
-    case O_RDZV_BACKEND:
-        if (strcmp(v, "static") && strcmp(v, "c10d"))
-            return error_set(FSDP_EUNSUPPORTED,
-                             "%s: '%s' is not supported: fsdp-launch has one rendezvous, a store hosted by node 0 "
-                             "(torchrun's static and c10d backends both map to it)",
-                             src, v);
-        return 0;
-    case O_START_METHOD:
-        if (strcmp(v, "spawn") && strcmp(v, "fork") && strcmp(v, "forkserver"))
-            return error_set(FSDP_EINVAL, "%s: '%s' is not spawn, fork or forkserver", src, v);
-        return 0;
-    case O_EVENT_LOG_HANDLER:
-        if (strcmp(v, "null") != 0)
-            return error_set(FSDP_EUNSUPPORTED, "%s: '%s': torchrun's event handlers are Python logging handlers; "
-                             "fsdp-launch's events are its log lines (--log_level debug shows them all)", src, v);
-        return 0;
-    case O_LOGS_SPECS:
-        return error_set(FSDP_EUNSUPPORTED, "%s: '%s' names a Python entry point (torchrun.logs_specs), which "
-                         "fsdp-launch cannot load; its log layout is --log_dir's (docs/launcher.md)", src, v);
-    case O_NUMA_BINDING:
-        return error_set(FSDP_EUNSUPPORTED, "%s: '%s': fsdp-launch does not bind workers to NUMA nodes; bind inside "
-                         "the program (numactl, OMP_PLACES / OMP_PROC_BIND)", src, v);
-    case O_PRINT_COMPLETION:
-        return error_set(FSDP_EUNSUPPORTED, "%s: fsdp-launch ships no completion scripts; --help lists the flags",
-                         src);
-    case O_SIGNALS: return parse_signals(a, v, src);
-    case O_VIRTUAL_LOCAL_RANK: return launch_parse_bool(v, src, &a->virtual_local_rank);
-    case O_NO_TORCH_STORE: return launch_parse_bool(v, src, &a->no_torch_store);
-    case O_LOCAL_ADDR:
-        if (!*v)
-            return error_set(FSDP_EINVAL, "%s: empty address", src);
-        return copy_str(a->local_addr, sizeof a->local_addr, v, src);
-    case O_MODULE:
-    case O_NO_PYTHON:
-    case O_RUN_PATH: {
-        bool on;
-        int rc = launch_parse_bool(v, src, &on);
-        if (rc || !on)
-            return rc;
-        enum launch_mode m = id == O_MODULE ? LAUNCH_MODULE : id == O_NO_PYTHON ? LAUNCH_NO_PYTHON : LAUNCH_RUN_PATH;
-        /* torchrun: --run_path wins over --no_python; --no_python with --module is an error. */
-        if ((m == LAUNCH_MODULE && a->mode == LAUNCH_NO_PYTHON) || (m == LAUNCH_NO_PYTHON && a->mode == LAUNCH_MODULE))
-            return error_set(FSDP_EINVAL, "--no_python and --module cannot be used together (a module needs Python)");
-        if (a->mode != LAUNCH_RUN_PATH)
-            a->mode = m;
-        return 0;
-    }
-    case O_PYTHON:
-        if (!*v)
-            return error_set(FSDP_EINVAL, "%s: empty interpreter", src);
-        return copy_str(a->python, sizeof a->python, v, src);
-    case O_CONFIG_FILE: return copy_str(a->config_file, sizeof a->config_file, v, src);
-    case O_GPU_IDS:
-        if (!strcasecmp(v, "all"))
-            return 0;
-        return check_gpu_ids(v, src) ? FSDP_EINVAL : copy_str(a->gpu_ids, sizeof a->gpu_ids, v, src);
-    case O_OMP_THREADS: return parse_int(v, src, 1, 1 << 20, &a->omp_threads);
-    case O_PRINT_CONFIG:
-        if (!strcmp(v, "true") || !*v) {
-            a->print_config = true;
-        } else if (!strcasecmp(v, "json")) {
-            a->print_config = a->print_config_json = true;
-        } else {
-            return error_set(FSDP_EINVAL, "%s: '%s': the formats are --print-config (text) and --print-config=json",
-                             src, v);
-        }
-        return 0;
-    default: return 0; /* accepted, no effect (O_MULTI_GPU, O_SAME_NETWORK) */
-    }
+    return 0;
 }
 
 int launch_opt_find(const char *name, size_t len)

@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
 
@@ -35,13 +36,6 @@ struct queue {
 #define WRITE_CHUNK (64u << 10)
 
 static struct queue g_q[2];
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void deadline_in(struct timespec *ts, double s)
 {
@@ -82,7 +76,7 @@ static void *writer(void *arg)
         n = n < WRITE_CHUNK ? n : WRITE_CHUNK;
         const char *p = q->buf + q->head;
         q->in_write = true;
-        q->write_started = mono_s();
+        q->write_started = clock_now_s();
         pthread_mutex_unlock(&q->mu);
         ssize_t w;
         do
@@ -123,7 +117,7 @@ static bool put(struct queue *q, const char *p, size_t n)
 static bool put_or_wait(struct queue *q, const char *p, size_t n)
 {
     while (!put(q, p, n)) {
-        double stuck = q->in_write ? mono_s() - q->write_started : 0;
+        double stuck = q->in_write ? clock_now_s() - q->write_started : 0;
         if (q->dead || stuck >= STALL_S || n > CONSOLE_QUEUE_BYTES)
             return false;
         pthread_cond_signal(&q->cv);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/fs.h"
 #include "common/log.h"
 #include "common/settings.h"
 #include "launcher/agent.h"
@@ -150,11 +151,15 @@ int main(int argc, char **argv)
     return code;
 }
 
+/* One exit path: whatever run() got as far as opening is closed there, in the reverse order. */
 static int run(struct launch_args *pa, struct launch_command *pcmd)
 {
     struct launch_args a = *pa;
     struct launch_command cmd = *pcmd;
-    int rc;
+    int code = 1;
+    char *loaded = NULL;
+    struct rdzv *r = NULL;
+    struct status_server *status = NULL;
     if (a.redirects[0] && !a.log_dir[0])
         log_warn("--redirects has no effect without --log_dir (output would be lost): ignoring it");
     if (a.log_max_bytes && !a.log_dir[0])
@@ -165,10 +170,7 @@ static int run(struct launch_args *pa, struct launch_command *pcmd)
     int sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
     if (sigfd < 0) {
         log_error("signalfd failed");
-        command_free(&cmd);
-        free(launch_config);
-        launch_args_free(&a);
-        return 1;
+        goto out;
     }
 
     char host[256] = "?";
@@ -179,16 +181,12 @@ static int run(struct launch_args *pa, struct launch_command *pcmd)
     /* The job's secret (docs/launcher.md, "Security"): FSDP_RDZV_TOKEN, else the user's secret file. One
      * node needs nobody else to know it, so a random one keeps strangers off the port; several nodes must
      * share it, so without one the store is open, which is said loudly. */
-    char token[65], secret_file[4096];
-    char *loaded = NULL;
+    char token[65], secret_file[FSDP_PATH_MAX];
     enum store_secret_source secret_source;
     if (store_secret_load(&loaded, &secret_source, secret_file, sizeof secret_file)) {
         log_error("%s", error_message());
-        close(sigfd);
-        command_free(&cmd);
-        free(launch_config);
-        launch_args_free(&a);
-        return 2;
+        code = 2;
+        goto out;
     }
     const char *secret = loaded;
     if (!secret && a.nnodes == 1) {
@@ -231,24 +229,16 @@ static int run(struct launch_args *pa, struct launch_command *pcmd)
     struct early_stop es = {.sigfd = sigfd};
     ro.should_stop = stop_requested;
     ro.stop_arg = &es;
-    struct rdzv *r = NULL;
-    rc = rdzv_open(&ro, &r);
+    int rc = rdzv_open(&ro, &r);
     if (rc == FSDP_EABORTED && es.signo) {
         log_warn("received SIG%s while connecting to the rendezvous store at %s:%d; exiting",
                  sigabbrev_np(es.signo), a.master_addr, a.master_port);
-        close(sigfd);
-        command_free(&cmd);
-        free(launch_config);
-        launch_args_free(&a);
-        return 128 + es.signo;
+        code = 128 + es.signo;
+        goto out;
     }
     if (rc) {
         log_error("%s", error_message());
-        command_free(&cmd);
-        free(launch_config);
-        launch_args_free(&a);
-        free(loaded);
-        return 1;
+        goto out;
     }
     if (a.node_rank == 0 && (a.master_port == 0 || a.standalone)) {
         /* Printed whatever the log level: other nodes and scripts need this port. */
@@ -259,7 +249,6 @@ static int run(struct launch_args *pa, struct launch_command *pcmd)
     log_debug("node %d of %d (%s), run id %s, store %s:%d, program %s", a.node_rank, a.nnodes, host, a.run_id,
               a.master_addr, rdzv_port(r), cmd.program);
 
-    struct status_server *status = NULL;
     if (a.node_rank == 0 && a.status_port >= 0) {
         struct status_server_options so = {.bind_addr = a.status_addr, .port = a.status_port, .store_host = "127.0.0.1",
                                            .store_port = rdzv_port(r), .run_id = a.run_id, .secret = secret,
@@ -267,11 +256,7 @@ static int run(struct launch_args *pa, struct launch_command *pcmd)
                                            .stale_s = a.status_stale_s};
         if (status_server_start(&so, &status)) {
             log_error("%s", error_message());
-            rdzv_close(r);
-            command_free(&cmd);
-            free(launch_config);
-            launch_args_free(&a);
-            return 1;
+            goto out;
         }
         /* Printed whatever the log level, like the store's port: scripts and users need it. */
         dprintf(2, "fsdp-launch: status page on http://%s:%d/\n", a.status_addr, status_server_port(status));
@@ -279,11 +264,14 @@ static int run(struct launch_args *pa, struct launch_command *pcmd)
     struct agent ag = {.a = &a, .r = r, .sigfd = sigfd, .host = host, .program = cmd.program, .argv = cmd.argv,
                        .launch_config = launch_config, .secret = secret, .omp_threads = omp_threads,
                        .pending_signal = es.signo, .status = status};
-    int code = agent_run(&ag);
+    code = agent_run(&ag);
+out:
+    /* The status server and the store use the secret (loaded): they stop first. */
     status_server_stop(status);
     rdzv_close(r);
     free(loaded);
-    close(sigfd);
+    if (sigfd >= 0)
+        close(sigfd);
     command_free(&cmd);
     free(launch_config);
     launch_args_free(&a);

@@ -4,7 +4,6 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +14,7 @@
 #include <yaml.h>
 
 #include "common/error.h"
+#include "common/fs.h"
 #include "common/log.h"
 #include "launcher/command.h"
 
@@ -28,10 +28,46 @@ struct kv {
     bool quoted; /* a string that must stay a string (an address, a class list) */
 };
 
+/* The questions of accelerate config that fsdp-launch config asks (the table `questions` below). */
+enum q_id {
+    Q_MACHINE, Q_NUM_MACHINES, Q_MACHINE_RANK, Q_MAIN_IP, Q_MAIN_PORT, Q_NUM_PROCESSES, Q_FSDP, Q_VERSION,
+    Q_STRATEGY, Q_RESHARD, Q_OFFLOAD, Q_WRAP, Q_BLOCKS_INI, Q_CLASSES, Q_MIN_PARAMS, Q_BACKWARD_PREFETCH,
+    Q_STATE_DICT, Q_FORWARD_PREFETCH, Q_ORIG_PARAMS, Q_RAM_EFFICIENT, Q_SYNC_STATES, Q_ACTIVATION_CKPT,
+    Q_MIXED_PRECISION, Q_COUNT
+};
+
+enum q_kind { Q_OPTIONS, Q_YES_NO, Q_INT, Q_TEXT };
+
+/* n: the option's index, 1/0 for yes/no, the integer; text: the answer as the YAML writes it. */
+struct answer {
+    long n;
+    char text[ANSWER_MAX];
+};
+
 struct wizard {
     bool tty;
     struct kv kv[48];
     int n;
+    struct answer ans[Q_COUNT];
+};
+
+/* One question. Later questions depend on earlier answers only through `when`, `ask`, `hi_of` and `suggest`. */
+struct question {
+    enum q_kind kind;
+    const char *prompt;          /* Q_OPTIONS: the line above the menu; with `suggest`, "%s" is Enter's answer */
+    const char *const *options;  /* Q_OPTIONS */
+    int n_options;
+    long def;                    /* Enter's answer: the option's index, 1/0 for yes/no, the integer */
+    long lo, hi;                 /* Q_INT: what is allowed */
+    long unasked;                /* the answer when `ask` says no (or `when` does: then only for later questions) */
+    const char *def_text;        /* Q_TEXT: Enter's answer (NULL: an answer is required) */
+    const char *key;             /* the YAML key the answer sets (fsdp_ keys go under fsdp_config); NULL: none */
+    bool quoted;                 /* a string that must stay a string */
+    bool (*when)(const struct wizard *w); /* the question and its key exist (NULL: always) */
+    bool (*ask)(const struct wizard *w);  /* the question is asked (NULL: always); else its key is `unasked` */
+    long (*hi_of)(const struct wizard *w); /* Q_INT: the upper bound, from earlier answers */
+    void (*suggest)(const struct wizard *w, char *def, size_t cap); /* Q_TEXT: Enter's answer, from earlier ones */
+    int (*check)(const struct wizard *w); /* refuses an answer that does not fit earlier ones */
 };
 
 static void put(struct wizard *w, bool fsdp, const char *key, const char *value, bool quoted)
@@ -166,7 +202,7 @@ static int ask_text(struct wizard *w, const char *question, const char *def, cha
 static void detect_blocks(const char *ini, char *out, size_t cap)
 {
     out[0] = 0;
-    char worker[PATH_MAX];
+    char worker[FSDP_PATH_MAX];
     if (command_find_program("fsdp-worker", worker, sizeof worker) != 0) {
         printf("(fsdp-worker not found: %s)\n", error_message());
         return;
@@ -214,150 +250,176 @@ static void detect_blocks(const char *ini, char *out, size_t cap)
     free(json);
 }
 
-static int questions(struct wizard *w)
+/* ---- the questions ------------------------------------------------------------------------------- */
+
+static bool distributed(const struct wizard *w) { return w->ans[Q_MACHINE].n > 0; }
+static bool multi_node(const struct wizard *w) { return w->ans[Q_NUM_MACHINES].n > 1; }
+static bool fsdp(const struct wizard *w) { return w->ans[Q_FSDP].n != 0; }
+static bool fsdp1(const struct wizard *w) { return fsdp(w) && w->ans[Q_VERSION].n == 0; }
+static bool fsdp2(const struct wizard *w) { return fsdp(w) && w->ans[Q_VERSION].n == 1; }
+static bool wrap_blocks(const struct wizard *w) { return fsdp(w) && w->ans[Q_WRAP].n == 0; }
+static bool wrap_size(const struct wizard *w) { return fsdp(w) && w->ans[Q_WRAP].n == 1; }
+static bool ram_inefficient(const struct wizard *w) { return w->ans[Q_RAM_EFFICIENT].n == 0; }
+static long last_machine(const struct wizard *w) { return w->ans[Q_NUM_MACHINES].n - 1; }
+
+static int processes_split_evenly(const struct wizard *w)
 {
-    static const char *const machines[] = {"No distributed training", "multi-CPU", "multi-GPU"};
-    int kind;
-    int rc = ask_options(w, "Which type of machine are you using?", machines, 3, 0, &kind);
-    if (rc)
-        return rc;
+    long np = w->ans[Q_NUM_PROCESSES].n, nm = w->ans[Q_NUM_MACHINES].n;
+    if (np % nm == 0)
+        return 0;
+    printf("%ld processes cannot be split evenly over %ld machines; every machine runs the same number.\n", np, nm);
+    return error_set(FSDP_EINVAL, "num_processes %ld is not a multiple of num_machines %ld", np, nm);
+}
+
+/* The classes to wrap default to what --detect-blocks suggests for the INI the previous answer named. */
+static void suggest_classes(const struct wizard *w, char *def, size_t cap)
+{
+    const char *ini = w->ans[Q_BLOCKS_INI].text;
+    def[0] = 0;
+    if (strcasecmp(ini, "none") != 0)
+        detect_blocks(ini, def, cap);
+    if (!def[0])
+        snprintf(def, cap, "DecoderBlock");
+}
+
+static const char *const machines[] = {"No distributed training", "multi-CPU", "multi-GPU"};
+static const char *const versions[] = {"1", "2"};
+static const char *const strategies[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD",
+                                         "HYBRID_SHARD_ZERO2"};
+static const char *const wraps[] = {"TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"};
+static const char *const backward_prefetch[] = {"BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"};
+static const char *const state_dicts[] = {"SHARDED_STATE_DICT", "FULL_STATE_DICT"};
+static const char *const precisions[] = {"no", "fp16", "bf16"};
+#define OPTIONS(o) .options = o, .n_options = (int)(sizeof o / sizeof o[0])
+
+/* accelerate config's questions in its order, each with the YAML key its answer sets (the fsdp_ keys in the
+ * order accelerate writes them: fsdp-worker's INI lists them so). */
+static const struct question questions[Q_COUNT] = {
+    [Q_MACHINE] = {Q_OPTIONS, "Which type of machine are you using?", OPTIONS(machines)},
+    [Q_NUM_MACHINES] = {Q_INT, "How many different machines will you use (use more than 1 for multi-node "
+                               "training)? [1]: ", .def = 1, .lo = 1, .hi = 1 << 20, .unasked = 1,
+                        .key = "num_machines", .ask = distributed},
+    [Q_MACHINE_RANK] = {Q_INT, "What is the rank of this machine? [0]: ", .def = 0, .lo = 0, .hi_of = last_machine,
+                        .key = "machine_rank", .ask = multi_node},
+    [Q_MAIN_IP] = {Q_TEXT, "What is the IP address of the machine that will host the main process? ",
+                   .key = "main_process_ip", .quoted = true, .when = multi_node},
+    [Q_MAIN_PORT] = {Q_INT, "What is the port you will use to communicate with the main process? [29500]: ",
+                     .def = 29500, .lo = 1, .hi = 65535, .key = "main_process_port", .when = multi_node},
+    [Q_NUM_PROCESSES] = {Q_INT, "How many processes should be used for distributed training, over all machines? "
+                                "[1]: ", .def = 1, .lo = 1, .hi = 1 << 24, .unasked = 1, .key = "num_processes",
+                         .ask = distributed, .check = processes_split_evenly},
+    [Q_FSDP] = {Q_YES_NO, "Do you want to use FullyShardedDataParallel? [YES/no]: ", .def = 1, .when = distributed},
+    [Q_VERSION] = {Q_OPTIONS, "What should be your FSDP version?", OPTIONS(versions), .def = 1,
+                   .key = "fsdp_version", .when = fsdp},
+    [Q_STRATEGY] = {Q_OPTIONS, "What should be your sharding strategy?", OPTIONS(strategies),
+                    .key = "fsdp_reshard_after_forward", .when = fsdp1},
+    [Q_RESHARD] = {Q_YES_NO, "Do you want to enable resharding after forward? [YES/no]: ", .def = 1,
+                   .key = "fsdp_reshard_after_forward", .when = fsdp2},
+    [Q_OFFLOAD] = {Q_YES_NO, "Do you want to offload parameters and gradients to CPU? [yes/NO]: ",
+                   .key = "fsdp_offload_params", .when = fsdp},
+    [Q_WRAP] = {Q_OPTIONS, "What should be your auto wrap policy?", OPTIONS(wraps), .key = "fsdp_auto_wrap_policy",
+                .when = fsdp},
+    [Q_BLOCKS_INI] = {Q_TEXT, "fsdp-worker config (INI) of the model, to detect its blocks [none]: ",
+                      .def_text = "none", .when = wrap_blocks},
+    [Q_CLASSES] = {Q_TEXT, "Specify the comma-separated list of transformer layer class names (case-sensitive) "
+                           "to wrap [%s]: ", .suggest = suggest_classes,
+                   .key = "fsdp_transformer_layer_cls_to_wrap", .quoted = true, .when = wrap_blocks},
+    [Q_MIN_PARAMS] = {Q_INT, "What should be your FSDP's minimum number of parameters for Default Auto Wrapping "
+                             "Policy? [1e8]: ", .def = 100000000, .lo = 0, .hi = 1L << 50,
+                      .key = "fsdp_min_num_params", .when = wrap_size},
+    [Q_BACKWARD_PREFETCH] = {Q_OPTIONS, "What should be your FSDP's backward prefetch policy?",
+                             OPTIONS(backward_prefetch), .key = "fsdp_backward_prefetch", .when = fsdp1},
+    [Q_STATE_DICT] = {Q_OPTIONS, "What should be your FSDP's state dict type?", OPTIONS(state_dicts),
+                      .key = "fsdp_state_dict_type", .when = fsdp},
+    [Q_FORWARD_PREFETCH] = {Q_YES_NO, "Do you want to enable FSDP's forward prefetch policy? [yes/NO]: ",
+                            .key = "fsdp_forward_prefetch", .when = fsdp1},
+    [Q_ORIG_PARAMS] = {Q_YES_NO, "Do you want to enable FSDP's `use_orig_params` feature? [YES/no]: ", .def = 1,
+                       .key = "fsdp_use_orig_params", .when = fsdp1},
+    [Q_RAM_EFFICIENT] = {Q_YES_NO, "Do you want to enable CPU RAM efficient model loading? [YES/no]: ", .def = 1,
+                         .key = "fsdp_cpu_ram_efficient_loading", .when = fsdp},
+    /* Loading efficiently implies the broadcast, so it is asked only without. */
+    [Q_SYNC_STATES] = {Q_YES_NO, "Do you want each individually wrapped FSDP unit to broadcast module parameters "
+                                 "from rank 0 at the start? [YES/no]: ", .def = 1, .unasked = 1,
+                       .key = "fsdp_sync_module_states", .when = fsdp1, .ask = ram_inefficient},
+    [Q_ACTIVATION_CKPT] = {Q_YES_NO, "Do you want to enable FSDP activation checkpointing? [yes/NO]: ",
+                           .key = "fsdp_activation_checkpointing", .when = fsdp},
+    [Q_MIXED_PRECISION] = {Q_OPTIONS, "Do you wish to use mixed precision?", OPTIONS(precisions),
+                           .key = "mixed_precision"},
+};
+
+/* The answer's text as the YAML has it. */
+static void answer_text(const struct question *q, struct answer *a)
+{
+    if (q->kind == Q_OPTIONS)
+        snprintf(a->text, sizeof a->text, "%s", q->options[a->n]);
+    else if (q->kind == Q_YES_NO)
+        snprintf(a->text, sizeof a->text, "%s", a->n ? "true" : "false");
+    else if (q->kind == Q_INT)
+        snprintf(a->text, sizeof a->text, "%ld", a->n);
+}
+
+static int ask(struct wizard *w, const struct question *q, struct answer *a)
+{
+    switch (q->kind) {
+    case Q_OPTIONS: {
+        int v;
+        FSDP_TRY(ask_options(w, q->prompt, q->options, q->n_options, (int)q->def, &v));
+        a->n = v;
+        return 0;
+    }
+    case Q_YES_NO: {
+        bool b;
+        FSDP_TRY(ask_yes_no(w, q->prompt, q->def != 0, &b));
+        a->n = b;
+        return 0;
+    }
+    case Q_INT: return ask_int(w, q->prompt, q->def, q->lo, q->hi_of ? q->hi_of(w) : q->hi, &a->n);
+    case Q_TEXT:
+        if (q->suggest) {
+            char def[ANSWER_MAX], prompt[ANSWER_MAX + 200];
+            q->suggest(w, def, sizeof def);
+            snprintf(prompt, sizeof prompt, q->prompt, def);
+            return ask_text(w, prompt, def, a->text, sizeof a->text);
+        }
+        return ask_text(w, q->prompt, q->def_text, a->text, sizeof a->text);
+    }
+    return 0;
+}
+
+/* The keys no single answer sets. */
+static void put_derived(struct wizard *w)
+{
+    long kind = w->ans[Q_MACHINE].n;
     put(w, false, "compute_environment", "LOCAL_MACHINE", false);
-    long num_machines = 1, machine_rank = 0, num_processes = 1;
-    char ip[ANSWER_MAX] = "", text[ANSWER_MAX];
-    long port = 29500;
-    bool fsdp = false;
-    if (kind > 0) {
-        if ((rc = ask_int(w, "How many different machines will you use (use more than 1 for multi-node training)? "
-                             "[1]: ", 1, 1, 1 << 20, &num_machines)))
-            return rc;
-        if (num_machines > 1) {
-            if ((rc = ask_int(w, "What is the rank of this machine? [0]: ", 0, 0, num_machines - 1, &machine_rank)) ||
-                (rc = ask_text(w, "What is the IP address of the machine that will host the main process? ", NULL,
-                               ip, sizeof ip)) ||
-                (rc = ask_int(w, "What is the port you will use to communicate with the main process? [29500]: ",
-                              29500, 1, 65535, &port)))
-                return rc;
-        }
-        if ((rc = ask_int(w, "How many processes should be used for distributed training, over all machines? [1]: ",
-                          1, 1, 1 << 24, &num_processes)))
-            return rc;
-        if (num_processes % num_machines != 0) {
-            printf("%ld processes cannot be split evenly over %ld machines; every machine runs the same number.\n",
-                   num_processes, num_machines);
-            return error_set(FSDP_EINVAL, "num_processes %ld is not a multiple of num_machines %ld", num_processes,
-                             num_machines);
-        }
-        if ((rc = ask_yes_no(w, "Do you want to use FullyShardedDataParallel? [YES/no]: ", true, &fsdp)))
-            return rc;
-    }
-    put(w, false, "distributed_type", fsdp ? "FSDP" : kind == 0 ? "NO" : kind == 1 ? "MULTI_CPU" : "MULTI_GPU", false);
-    snprintf(text, sizeof text, "%ld", num_machines);
-    put(w, false, "num_machines", text, false);
-    snprintf(text, sizeof text, "%ld", machine_rank);
-    put(w, false, "machine_rank", text, false);
-    snprintf(text, sizeof text, "%ld", num_processes);
-    put(w, false, "num_processes", text, false);
-    if (num_machines > 1) {
-        put(w, false, "main_process_ip", ip, true);
-        snprintf(text, sizeof text, "%ld", port);
-        put(w, false, "main_process_port", text, false);
-    }
+    put(w, false, "distributed_type", fsdp(w) ? "FSDP" : kind == 0 ? "NO" : kind == 1 ? "MULTI_CPU" : "MULTI_GPU",
+        false);
     put(w, false, "rdzv_backend", "static", false);
     put(w, false, "same_network", "true", false);
     put(w, false, "use_cpu", kind == 1 ? "true" : "false", false);
     put(w, false, "debug", "false", false);
-    if (fsdp) {
-        static const char *const versions[] = {"1", "2"};
-        int v;
-        if ((rc = ask_options(w, "What should be your FSDP version?", versions, 2, 1, &v)))
-            return rc;
-        put(w, true, "fsdp_version", versions[v], false);
-        if (v == 0) {
-            static const char *const strategies[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD",
-                                                     "HYBRID_SHARD_ZERO2"};
-            int s;
-            if ((rc = ask_options(w, "What should be your sharding strategy?", strategies, 5, 0, &s)))
-                return rc;
-            put(w, true, "fsdp_reshard_after_forward", strategies[s], false);
-        } else {
-            bool r;
-            if ((rc = ask_yes_no(w, "Do you want to enable resharding after forward? [YES/no]: ", true, &r)))
-                return rc;
-            put(w, true, "fsdp_reshard_after_forward", r ? "true" : "false", false);
-        }
-        bool off;
-        if ((rc = ask_yes_no(w, "Do you want to offload parameters and gradients to CPU? [yes/NO]: ", false, &off)))
-            return rc;
-        put(w, true, "fsdp_offload_params", off ? "true" : "false", false);
-        static const char *const wraps[] = {"TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"};
-        int wp;
-        if ((rc = ask_options(w, "What should be your auto wrap policy?", wraps, 3, 0, &wp)))
-            return rc;
-        put(w, true, "fsdp_auto_wrap_policy", wraps[wp], false);
-        if (wp == 0) {
-            char ini[ANSWER_MAX], suggested[ANSWER_MAX] = "";
-            if ((rc = ask_text(w, "fsdp-worker config (INI) of the model, to detect its blocks [none]: ", "none", ini,
-                               sizeof ini)))
-                return rc;
-            if (strcasecmp(ini, "none") != 0)
-                detect_blocks(ini, suggested, sizeof suggested);
-            char q[ANSWER_MAX + 200];
-            const char *def = suggested[0] ? suggested : "DecoderBlock";
-            snprintf(q, sizeof q, "Specify the comma-separated list of transformer layer class names (case-sensitive) "
-                                  "to wrap [%s]: ", def);
-            char cls[ANSWER_MAX];
-            if ((rc = ask_text(w, q, def, cls, sizeof cls)))
-                return rc;
-            put(w, true, "fsdp_transformer_layer_cls_to_wrap", cls, true);
-        } else if (wp == 1) {
-            long minp;
-            if ((rc = ask_int(w, "What should be your FSDP's minimum number of parameters for Default Auto Wrapping "
-                                 "Policy? [1e8]: ", 100000000, 0, 1L << 50, &minp)))
-                return rc;
-            snprintf(text, sizeof text, "%ld", minp);
-            put(w, true, "fsdp_min_num_params", text, false);
-        }
-        if (v == 0) {
-            static const char *const prefetch[] = {"BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"};
-            int p;
-            if ((rc = ask_options(w, "What should be your FSDP's backward prefetch policy?", prefetch, 3, 0, &p)))
-                return rc;
-            put(w, true, "fsdp_backward_prefetch", prefetch[p], false);
-        }
-        static const char *const sd[] = {"SHARDED_STATE_DICT", "FULL_STATE_DICT"};
-        int d;
-        if ((rc = ask_options(w, "What should be your FSDP's state dict type?", sd, 2, 0, &d)))
-            return rc;
-        put(w, true, "fsdp_state_dict_type", sd[d], false);
-        bool b;
-        if (v == 0) {
-            if ((rc = ask_yes_no(w, "Do you want to enable FSDP's forward prefetch policy? [yes/NO]: ", false, &b)))
-                return rc;
-            put(w, true, "fsdp_forward_prefetch", b ? "true" : "false", false);
-            if ((rc = ask_yes_no(w, "Do you want to enable FSDP's `use_orig_params` feature? [YES/no]: ", true, &b)))
-                return rc;
-            put(w, true, "fsdp_use_orig_params", b ? "true" : "false", false);
-        }
-        bool eff;
-        if ((rc = ask_yes_no(w, "Do you want to enable CPU RAM efficient model loading? [YES/no]: ", true, &eff)))
-            return rc;
-        put(w, true, "fsdp_cpu_ram_efficient_loading", eff ? "true" : "false", false);
-        if (v == 0) {
-            b = true;
-            if (!eff && (rc = ask_yes_no(w, "Do you want each individually wrapped FSDP unit to broadcast module "
-                                            "parameters from rank 0 at the start? [YES/no]: ", true, &b)))
-                return rc;
-            put(w, true, "fsdp_sync_module_states", b ? "true" : "false", false);
-        }
-        if ((rc = ask_yes_no(w, "Do you want to enable FSDP activation checkpointing? [yes/NO]: ", false, &b)))
-            return rc;
-        put(w, true, "fsdp_activation_checkpointing", b ? "true" : "false", false);
+}
+
+static int ask_all(struct wizard *w)
+{
+    for (int i = 0; i < Q_COUNT; i++) {
+        w->ans[i].n = questions[i].unasked;
+        answer_text(&questions[i], &w->ans[i]);
     }
-    static const char *const precisions[] = {"no", "fp16", "bf16"};
-    int mp;
-    if ((rc = ask_options(w, "Do you wish to use mixed precision?", precisions, 3, 0, &mp)))
-        return rc;
-    put(w, false, "mixed_precision", precisions[mp], false);
+    for (int i = 0; i < Q_COUNT; i++) {
+        const struct question *q = &questions[i];
+        struct answer *a = &w->ans[i];
+        if (q->when && !q->when(w))
+            continue;
+        if (!q->ask || q->ask(w)) {
+            FSDP_TRY(ask(w, q, a));
+            answer_text(q, a);
+        }
+        if (q->check)
+            FSDP_TRY(q->check(w));
+        if (q->key)
+            put(w, strncmp(q->key, "fsdp_", 5) == 0, q->key, a->text, q->quoted);
+    }
+    put_derived(w);
     return 0;
 }
 
@@ -513,7 +575,7 @@ int wizard_main(int argc, char **argv)
     printf("-----------------------------------------------------------------------------------------------\n"
            "fsdp-launch config: the questions of accelerate config. Press Enter for the default in brackets.\n"
            "-----------------------------------------------------------------------------------------------\n");
-    int rc = questions(&w);
+    int rc = ask_all(&w);
     if (rc) {
         printf("\n");
         log_error("fsdp-launch config: %s", error_message());

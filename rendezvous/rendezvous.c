@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/settings.h"
@@ -28,13 +29,6 @@ struct rdzv {
     int64_t *hb_last;
     double *hb_moved;
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void sleep_s(double s)
 {
@@ -58,15 +52,15 @@ static const char *node_name(const struct rdzv *r, int node)
 static int connect_patiently(struct store_client_options co, double timeout_s, const char *who, const char *whose,
                              bool (*should_stop)(void *), void *arg, struct store_client **out)
 {
-    double start = now_s(), deadline = start + timeout_s, next_report = 0;
+    double start = clock_now_s(), deadline = start + timeout_s, next_report = 0;
     bool told = false;
     for (;;) {
-        double left = deadline - now_s();
+        double left = deadline - clock_now_s();
         co.connect_timeout_s = left < CONNECT_SLICE_S ? (left > 0.001 ? left : 0.001) : CONNECT_SLICE_S;
         int rc = store_client_connect(&co, out);
         if (rc != FSDP_ETIMEDOUT)
             return rc;
-        double now = now_s();
+        double now = clock_now_s();
         if (now >= deadline) {
             /* The same words as the client's own timeout, over the whole wait. */
             const char *le = strstr(error_message(), "(last error: ");
@@ -269,9 +263,9 @@ static int wait_holder_failed(struct rdzv *r, int g, const char *holder, bool (*
 {
     char fkey[64];
     snprintf(fkey, sizeof fkey, "rdzv/g%d/failed", g);
-    double wait_until = now_s() + r->hb_timeout_s + 2;
+    double wait_until = clock_now_s() + r->hb_timeout_s + 2;
     bool failed = false;
-    while (!failed && now_s() < wait_until) {
+    while (!failed && clock_now_s() < wait_until) {
         FSDP_TRY(key_exists(r, fkey, &failed));
         if (!failed) {
             if (should_stop && should_stop(arg))
@@ -292,7 +286,7 @@ int rdzv_join(struct rdzv *r, int min_generation, bool (*should_stop)(void *), v
     FSDP_TRY(current_generation(r, &g));
     if (g < min_generation)
         g = min_generation;
-    double t0 = now_s();
+    double t0 = clock_now_s();
     for (;;) {
         char *holder = NULL;
         FSDP_TRY(claim_slot(r, g, &holder));
@@ -352,12 +346,12 @@ int rdzv_join(struct rdzv *r, int min_generation, bool (*should_stop)(void *), v
             rc = error_set(FSDP_EABORTED, "rendezvous abandoned");
             goto done;
         }
-        if (now_s() - t0 > r->timeout_s && all) {
+        if (clock_now_s() - t0 > r->timeout_s && all) {
             rc = error_set(FSDP_ETIMEDOUT, "rendezvous timed out after %.0f s (--rdzv_timeout): every node joined "
                            "generation %d but node 0 did not open it", r->timeout_s, g);
             goto done;
         }
-        if (now_s() - t0 > r->timeout_s) {
+        if (clock_now_s() - t0 > r->timeout_s) {
             char missing[1024];
             int joined = 0;
             describe_missing(r, g, missing, sizeof missing, &joined);
@@ -376,7 +370,7 @@ int rdzv_join(struct rdzv *r, int min_generation, bool (*should_stop)(void *), v
     snprintf(out->prefix, sizeof out->prefix, "worker/g%d/", g);
     /* Heartbeats restart with the generation: everyone just joined, so everyone is alive now. */
     r->hb_gen = g;
-    double t = now_s();
+    double t = clock_now_s();
     for (int n = 0; n < r->nnodes; n++) {
         r->hb_last[n] = -1;
         r->hb_moved[n] = t;
@@ -418,7 +412,7 @@ int rdzv_poll(struct rdzv *r, int g, struct rdzv_status *st)
     snprintf(key, sizeof key, "rdzv/g%d/done", g);
     FSDP_TRY(store_client_add(r->client, key, 0, &v));
     st->done_nodes = (int)v;
-    double t = now_s();
+    double t = clock_now_s();
     for (int n = 0; n < r->nnodes; n++) {
         if (n == r->node_rank)
             continue;
@@ -449,13 +443,13 @@ int rdzv_finish(struct rdzv *r, int g, double timeout_s)
     snprintf(key, sizeof key, "rdzv/g%d/bye", g);
     if (!r->server)
         return store_client_add(r->client, key, 1, &v);
-    double t0 = now_s();
+    double t0 = clock_now_s();
     double pause = 0.0005;
     for (;;) {
         FSDP_TRY(store_client_add(r->client, key, 0, &v));
         if (v >= r->nnodes - 1)
             return 0;
-        if (now_s() - t0 > timeout_s)
+        if (clock_now_s() - t0 > timeout_s)
             return error_set(FSDP_ETIMEDOUT, "%d of %d other nodes said goodbye before the store closed",
                              (int)v, r->nnodes - 1);
         sleep_s(pause);

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "rendezvous/store_auth.h"
@@ -42,16 +43,9 @@ struct store_client {
     uint8_t rbuf[16384];
 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 static int poll_ms(double deadline)
 {
-    double left = deadline - now_s();
+    double left = deadline - clock_now_s();
     if (left <= 0)
         return 0;
     return left > 1e6 ? 1000000000 : (int)(left * 1000.0) + 1;
@@ -283,7 +277,7 @@ static int rd_status(struct rd *r)
 /* Sends c->out and reads the status of its reply; the rest of the reply is the caller's to read. */
 static int roundtrip(struct store_client *c, struct rd *r, const char *what)
 {
-    *r = (struct rd){.c = c, .deadline = now_s() + c->default_timeout_s, .waited_s = c->default_timeout_s,
+    *r = (struct rd){.c = c, .deadline = clock_now_s() + c->default_timeout_s, .waited_s = c->default_timeout_s,
                      .what = what};
     FSDP_TRY(client_send(c, r->deadline, what));
     return rd_status(r);
@@ -350,7 +344,7 @@ static int connect_once(const char *host, int port, int *fd_out, double deadline
         int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
         if (rc != 0 && errno == EINPROGRESS) {
             struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-            double step = now_s() + 5.0;
+            double step = clock_now_s() + 5.0;
             int pr = poll(&pfd, 1, poll_ms(step < deadline ? step : deadline));
             int soerr = ETIMEDOUT;
             socklen_t sl = sizeof soerr;
@@ -378,7 +372,7 @@ static int connect_once(const char *host, int port, int *fd_out, double deadline
 static int client_handshake(struct store_client *c, double wait_s, bool *answered)
 {
     const char *what = "joining (handshake)";
-    struct rd r = {.c = c, .deadline = now_s() + wait_s, .waited_s = wait_s, .what = what};
+    struct rd r = {.c = c, .deadline = clock_now_s() + wait_s, .waited_s = wait_s, .what = what};
     uint8_t cnonce[STORE_NONCE_BYTES];
     uint32_t ping = (uint32_t)getpid();
     FSDP_TRY(store_auth_random(cnonce, sizeof cnonce));
@@ -463,7 +457,7 @@ int store_client_connect(const struct store_client_options *opts, struct store_c
         goto fail;
     }
     double connect_s = opts->connect_timeout_s > 0 ? opts->connect_timeout_s : 30.0;
-    double start = now_s(), deadline = start + connect_s;
+    double start = clock_now_s(), deadline = start + connect_s;
     double backoff = 0.02;
     int err = 0;
     for (;;) {
@@ -472,7 +466,7 @@ int store_client_connect(const struct store_client_options *opts, struct store_c
             c->fd = fd;
             c->broken = false;
             c->rpos = c->rlen = 0;
-            double left = deadline - now_s();
+            double left = deadline - clock_now_s();
             bool answered = false;
             rc = client_handshake(c, left > 5.0 ? left : 5.0, &answered);
             /* A server that is starting or restarting may drop us; anything else is an answer. */
@@ -483,7 +477,7 @@ int store_client_connect(const struct store_client_options *opts, struct store_c
             err = ECONNRESET;
         }
         /* The last try lands on the deadline, so "tried for N s" in the message is what happened. */
-        double left = deadline - now_s();
+        double left = deadline - clock_now_s();
         if (left <= 0) {
             char why[128];
             snprintf(why, sizeof why, "%s", err < 0 ? gai_strerror(-err) : strerror(err));
@@ -576,7 +570,7 @@ static int wait_keys(struct store_client *c, const char *const *keys, size_t nke
     store_buf_put_u64(&c->out, nkeys);
     for (size_t i = 0; i < nkeys; i++)
         store_buf_put_str(&c->out, keys[i]);
-    double deadline = now_s() + t;
+    double deadline = clock_now_s() + t;
     FSDP_TRY(client_send(c, deadline + CANCEL_REPLY_S, what));
     struct rd r = {.c = c, .deadline = deadline + CANCEL_REPLY_S, .waited_s = t, .what = what};
     uint8_t resp = 0;
@@ -590,8 +584,8 @@ static int wait_keys(struct store_client *c, const char *const *keys, size_t nke
         return 0;
     }
     begin(c, STORE_OP_CANCEL_WAIT);
-    FSDP_TRY(client_send(c, now_s() + CANCEL_REPLY_S, what));
-    r.deadline = now_s() + CANCEL_REPLY_S;
+    FSDP_TRY(client_send(c, clock_now_s() + CANCEL_REPLY_S, what));
+    r.deadline = clock_now_s() + CANCEL_REPLY_S;
     FSDP_TRY(rd_status(&r));
     FSDP_TRY(rd_u8(&r, &resp));
     if (resp == STORE_WAIT_STOP) { /* arrived just now: the cancel's own answer follows */
@@ -624,7 +618,7 @@ int store_client_get(struct store_client *c, const char *key, void **value, size
         *len = 0;
     FSDP_TRY(check_key(key));
     double t = wait_seconds(c, timeout_s);
-    double deadline = now_s() + t;
+    double deadline = clock_now_s() + t;
     char what[128], shown[80];
     what_key(what, sizeof what, "waiting for", key);
     /* fsdpc's server says NOT_FOUND, so a key that is there costs one round trip; c10d's GET of a
@@ -636,7 +630,7 @@ int store_client_get(struct store_client *c, const char *key, void **value, size
     }
     for (;;) {
         bool timed_out;
-        double left = deadline - now_s();
+        double left = deadline - clock_now_s();
         FSDP_TRY(wait_keys(c, &key, 1, left > 0 ? left : 0, what, &timed_out));
         if (timed_out)
             return error_set(FSDP_ETIMEDOUT, "timed out after %.1f s waiting for key '%s' at store %s", t,
@@ -805,7 +799,7 @@ int store_client_num_keys(struct store_client *c, int64_t *n)
 
 int store_client_ping(struct store_client *c)
 {
-    uint32_t nonce = (uint32_t)(now_s() * 1e6), echo = 0;
+    uint32_t nonce = (uint32_t)(clock_now_s() * 1e6), echo = 0;
     begin(c, STORE_OP_PING);
     store_buf_put_u32(&c->out, nonce);
     struct rd r;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/fs.h"
 #include "common/settings.h"
 
 #define SECRET_FILE_MAX 4096
@@ -93,7 +94,7 @@ int store_secret_load(char **secret, enum store_secret_source *source, char *pat
         *source = STORE_SECRET_ENV;
         return 0;
     }
-    char def[4096];
+    char def[FSDP_PATH_MAX];
     const char *file = settings_get_raw(SETTING_RDZV_TOKEN_FILE);
     if (!file) {
         default_path(def, sizeof def);

@@ -18,22 +18,9 @@ struct tj {
 
 static void tj_setup(struct tj *t)
 {
-    if (!tu_venv_bin("python", t->py, sizeof t->py))
-        cr_skip_test("no PyPI venv with torch at %s (.ci/run makes it; FSDP_TORCH_VENV names another)", t->py);
-    /* The store must speak c10d's TCPStore protocol for PyTorch workers to rendezvous through it; the
-     * launcher that does has --no_torch_store to turn it off. */
-    char *d = lu_tmpdir();
-    const char *help[] = {LU_LAUNCH, "--help", NULL};
-    lu_wait(lu_spawn(help, d, "help", NULL), 30);
-    char *text = lu_slurp_tag(d, "help", "out");
-    bool protocol = strstr(text, "no_torch_store") != NULL;
-    free(text);
-    lu_rm_rf(d);
-    free(d);
-    if (!protocol)
-        cr_skip_test("this fsdp-launch's store does not speak c10d's TCPStore protocol (issue 16, 'Store: speak "
-                     "c10d's TCPStore protocol'; no --no_torch_store flag): PyTorch workers cannot rendezvous "
-                     "through it yet");
+    char why[4400];
+    if (tu_venv_python("torch", t->py, sizeof t->py, why, sizeof why) != 0)
+        cr_skip_test("%s", why);
     tu_venv_bin("torchrun", t->torchrun, sizeof t->torchrun);
     snprintf(t->script, sizeof t->script, "%s/tests/launcher/torch/fsdp2_train.py", getenv("FSDP_SOURCE_ROOT"));
     snprintf(t->py_env, sizeof t->py_env, "PYTHON_EXEC=%s", t->py);

@@ -1,7 +1,7 @@
 /* fsdp-launch config: accelerate config's questions answered on stdin (a pipe, and a terminal: a pty whose
  * prompts the test waits for), the model's blocks detected from a worker config, and the files it writes:
- * an accelerate YAML that fsdp-launch reads back (and, with the PyPI venv, accelerate's own loader), or
- * fsdp-worker settings as INI. */
+ * an accelerate YAML that fsdp-launch reads back (and, with the PyPI venv, accelerate's own loader: skipped
+ * without it), or fsdp-worker settings as INI. */
 #include "tests/util/launch_util.h"
 #include "tests/util/tu_venv.h"
 
@@ -76,35 +76,15 @@ static void check_yaml(const char *dir, const char *yaml)
         cr_expect(v && !strcmp(v, want[i].value), "%s = %s, want %s", want[i].key, v ? v : "(none)", want[i].value);
     }
     cJSON_Delete(j);
-
-    /* accelerate's own loader reads it as the same job */
-    char py[4096];
-    if (tu_venv_bin("python", py, sizeof py)) {
-        const char *argv[] = {py, "-c",
-                              "import sys\n"
-                              "from accelerate.commands.config.config_args import load_config_from_file\n"
-                              "c = load_config_from_file(sys.argv[1])\n"
-                              "print(c.distributed_type, c.num_processes, c.mixed_precision, c.use_cpu,\n"
-                              "      c.fsdp_config['fsdp_version'], c.fsdp_config['fsdp_state_dict_type'],\n"
-                              "      c.fsdp_config['fsdp_transformer_layer_cls_to_wrap'])\n",
-                              yaml, NULL};
-        int code = lu_exit_code(lu_wait(lu_spawn(argv, dir, "acc", NULL), 100));
-        cr_assert_eq(code, 0, "accelerate cannot load %s: %s", yaml, lu_slurp_tag(dir, "acc", "err"));
-        char *out = lu_slurp_tag(dir, "acc", "out");
-        cr_expect(strstr(out, "FSDP 2 bf16 True 2 FULL_STATE_DICT DecoderBlock"), "accelerate read: %s", out);
-        free(out);
-    } else {
-        cr_log_warn("no PyPI venv (%s): accelerate's loader not tried on the YAML", py);
-    }
 }
 
-Test(wizard, answers_on_stdin_write_an_accelerate_yaml, .timeout = 240)
+/* Runs `fsdp-launch config --config_file yaml` on the answers of answers() (the worker config in dir);
+ * returns what it printed. */
+static char *wizard_on_stdin(const char *dir, const char *yaml)
 {
-    char *dir = lu_tmpdir();
-    char ini[4200], yaml[4200], in[4200], text[8192];
+    char ini[4200], in[4200], text[8192];
     snprintf(ini, sizeof ini, "%s/model.ini", dir);
     lu_write_text(ini, TINY);
-    snprintf(yaml, sizeof yaml, "%s/acc.yaml", dir);
     snprintf(in, sizeof in, "%s/answers", dir);
     answers(text, sizeof text, ini);
     lu_write_text(in, text);
@@ -117,6 +97,15 @@ Test(wizard, answers_on_stdin_write_an_accelerate_yaml, .timeout = 240)
     int code = lu_exit_code(lu_wait(lu_spawn(argv, dir, "wiz", env), 120));
     char *out = lu_slurp_tag(dir, "wiz", "out");
     cr_assert_eq(code, 0, "exit %d:\n%s\n%s", code, out, lu_slurp_tag(dir, "wiz", "err"));
+    return out;
+}
+
+Test(wizard, answers_on_stdin_write_an_accelerate_yaml, .timeout = 240)
+{
+    char *dir = lu_tmpdir();
+    char yaml[4200];
+    snprintf(yaml, sizeof yaml, "%s/acc.yaml", dir);
+    char *out = wizard_on_stdin(dir, yaml);
     cr_expect(strstr(out, "Which type of machine are you using?"), "%s", out);
     cr_expect(strstr(out, "Suggested: transformer_layer_cls_to_wrap = DecoderBlock"), "the block table of the model:\n%s",
               out);
@@ -124,6 +113,36 @@ Test(wizard, answers_on_stdin_write_an_accelerate_yaml, .timeout = 240)
     cr_expect(strstr(out, "accelerate configuration saved at"), "%s", out);
     free(out);
     check_yaml(dir, yaml);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
+/* accelerate's own loader reads the YAML as the same job. Without the PyPI venv (or without accelerate in
+ * it) this is a reported skip, not a warning: Criterion 2.4 exits 1 after a warning. */
+Test(wizard, accelerate_loads_the_yaml, .timeout = 240)
+{
+    char py[4096], why[4400];
+    if (tu_venv_python("accelerate", py, sizeof py, why, sizeof why) != 0) {
+        cr_log_info("accelerate's loader not tried on the YAML: %s", why);
+        cr_skip_test("%s", why);
+    }
+    char *dir = lu_tmpdir();
+    char yaml[4200];
+    snprintf(yaml, sizeof yaml, "%s/acc.yaml", dir);
+    free(wizard_on_stdin(dir, yaml));
+    const char *argv[] = {py, "-c",
+                          "import sys\n"
+                          "from accelerate.commands.config.config_args import load_config_from_file\n"
+                          "c = load_config_from_file(sys.argv[1])\n"
+                          "print(c.distributed_type, c.num_processes, c.mixed_precision, c.use_cpu,\n"
+                          "      c.fsdp_config['fsdp_version'], c.fsdp_config['fsdp_state_dict_type'],\n"
+                          "      c.fsdp_config['fsdp_transformer_layer_cls_to_wrap'])\n",
+                          yaml, NULL};
+    int code = lu_exit_code(lu_wait(lu_spawn(argv, dir, "acc", NULL), 100));
+    cr_assert_eq(code, 0, "accelerate cannot load %s: %s", yaml, lu_slurp_tag(dir, "acc", "err"));
+    char *out = lu_slurp_tag(dir, "acc", "out");
+    cr_expect(strstr(out, "FSDP 2 bf16 True 2 FULL_STATE_DICT DecoderBlock"), "accelerate read: %s", out);
+    free(out);
     lu_rm_rf(dir);
     free(dir);
 }

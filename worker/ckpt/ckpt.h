@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/fs.h"
 #include "worker/model/model.h"
 
 enum ckpt_kind {
@@ -135,7 +136,7 @@ int ckpt_resolve(const char *ckpt_root, const char *which, char *out, size_t cap
  * and the pointer's update), the newest directory still wins and `note` says what was wrong with the
  * pointer. path is "" (step -1) when the root holds no checkpoint at all (or does not exist). */
 struct ckpt_latest {
-    char path[4096];
+    char path[FSDP_PATH_MAX];
     int64_t step;
     char older[256]; /* the next older checkpoint's name, "" when none */
     char note[1024]; /* "" when the pointer agreed */

@@ -5,17 +5,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/settings.h"
 #include "worker/fsdp/fsdp_internal.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static enum kernels_dtype precision_dtype(enum worker_precision p, const struct kernels *k)
 {
@@ -312,9 +306,9 @@ int fsdp_gather_wait(struct fsdp *f, int ui)
     }
     if (u->gstate != FSDP_GATHER_INFLIGHT)
         return 0;
-    double t0 = now_s();
+    double t0 = clock_now_s();
     int rc = 0, waited = comm_work_wait(u->gwork);
-    f->timing.gather_wait_s += now_s() - t0;
+    f->timing.gather_wait_s += clock_now_s() - t0;
     u->gwork = NULL;
     FSDP_TRY_GOTO(waited, rc, out);
     if (u->gbuf)
@@ -414,9 +408,9 @@ fail:
 
 static int pending_finish(struct fsdp *f, struct fsdp_pending *p)
 {
-    double t0 = now_s();
+    double t0 = clock_now_s();
     int rc = 0, waited = comm_work_wait(p->work);
-    f->timing.reduce_wait_s += now_s() - t0;
+    f->timing.reduce_wait_s += clock_now_s() - t0;
     struct fsdp_unit *u = &f->units[p->unit];
     const struct kernels *k = f->k;
     float *tmp = NULL; /* the received low-precision sum in fp32 */

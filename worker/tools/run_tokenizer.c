@@ -1,6 +1,7 @@
 #include "worker/tools/run_tokenizer.h"
 
 #include "common/error.h"
+#include "common/fs.h"
 #include "worker/tools/prepare_meta.h"
 
 #include <cjson/cJSON.h>
@@ -74,7 +75,7 @@ static bool is_file(const char *path)
  * meta.json. */
 static int from_meta(const char *data_dir, char *out, size_t cap)
 {
-    char path[4096];
+    char path[FSDP_PATH_MAX];
     snprintf(path, sizeof path, "%s/%s", data_dir, PREPARE_META_FILE);
     FILE *f = fopen(path, "rb");
     if (!f)
@@ -98,7 +99,7 @@ static int from_meta(const char *data_dir, char *out, size_t cap)
 
 int run_tokenizer_find(const char *ckpt_dir, const char *config_text, char *out, size_t cap)
 {
-    char path[4096];
+    char path[FSDP_PATH_MAX];
     if (ckpt_dir) {
         snprintf(path, sizeof path, "%s/tokenizer.json", ckpt_dir);
         if (is_file(path)) {
@@ -106,7 +107,7 @@ int run_tokenizer_find(const char *ckpt_dir, const char *config_text, char *out,
             return 0;
         }
     }
-    char train[4096];
+    char train[FSDP_PATH_MAX];
     int rc = run_config_value(config_text, "data", "train_file", train, sizeof train);
     if (rc == FSDP_ENOTFOUND)
         return error_set(FSDP_ENOTFOUND, "no tokenizer.json in %s and no [data] train_file in its config",
