@@ -163,8 +163,11 @@ run_criterion() {
   [ $# -gt 0 ] && shift
   mkdir -p "$out/criterion"; rm -f "$json"
   echo "== $name: ${envs[*]:-} $exe $*"
+  # the no-DNS guard as meson preloads it, except into a sanitizer build (ASan's runtime must come first)
   local preload=()
-  [ -n "${no_dns_preload:-}" ] && preload=(LD_PRELOAD="$no_dns_preload")
+  if [ -n "${no_dns_preload:-}" ] && ! ldd "$exe" 2>/dev/null | grep -q libasan; then
+    preload=(LD_PRELOAD="$no_dns_preload")
+  fi
   env "${preload[@]}" "${envs[@]}" timeout 240 "$exe" --json="$json" "$@" > "$out/criterion/$name.out" 2>&1
   local code=$?
   grep -E '^\[(FAIL|SKIP|----)\]|Synthesis' "$out/criterion/$name.out" | head -60
