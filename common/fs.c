@@ -101,3 +101,35 @@ int fs_write_atomic(const char *path, const void *data, size_t bytes)
     }
     return fs_commit_temp(fd, tmp, path);
 }
+
+int fs_open_regular(const char *path, const char *what)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        return error_set(e == ENOENT ? FSDP_ENOTFOUND : FSDP_EIO, "%s %s: cannot open: %s", what, path,
+                         strerror(e));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return error_set(FSDP_EIO, "%s %s: cannot stat: %s", what, path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        const char *kind = S_ISFIFO(st.st_mode)  ? "a FIFO"
+                           : S_ISDIR(st.st_mode)  ? "a directory"
+                           : S_ISSOCK(st.st_mode) ? "a socket"
+                           : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                                                                       : "a special file";
+        return error_set(FSDP_EINVAL, "%s %s is not a regular file (it is %s); give a regular file", what, path,
+                         kind);
+    }
+    /* O_NONBLOCK was only for the open: a regular file reads the same either way, but a caller that hands
+     * the descriptor to fdopen or mmap expects ordinary blocking semantics */
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0)
+        (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    return fd;
+}

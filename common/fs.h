@@ -26,4 +26,11 @@ int fs_commit_temp(int fd, const char *tmp, const char *path);
 /* Writes bytes to path atomically (fs_create_temp, write, fs_commit_temp). */
 int fs_write_atomic(const char *path, const void *data, size_t bytes);
 
+/* Opens path read-only (O_CLOEXEC) after checking it is a regular file: a FIFO, a socket or a device given
+ * where a file is expected would block the reader forever or never end. The open uses O_NONBLOCK, so a FIFO
+ * with no writer does not block it, and the descriptor is made blocking again before it is returned.
+ * Returns the descriptor, or FSDP_ENOTFOUND (path does not exist), FSDP_EINVAL (not a regular file) or
+ * FSDP_EIO, each with error_set naming path as `what path` ("checkpoint shard /x/y: ..."). */
+int fs_open_regular(const char *path, const char *what);
+
 #endif

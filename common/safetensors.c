@@ -272,9 +272,10 @@ int safetensors_open(struct safetensors_file **out, const char *path)
     }
     int rc = 0;
     char *text = NULL;
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* a FIFO or device named as a weights file would block the reader forever: regular files only */
+    f->fd = fs_open_regular(path, "safetensors file");
     if (f->fd < 0) {
-        rc = error_set(errno == ENOENT ? FSDP_ENOTFOUND : FSDP_EIO, "%s: cannot open: %s", path, strerror(errno));
+        rc = f->fd;
         goto out;
     }
     struct stat st;

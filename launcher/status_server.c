@@ -8,6 +8,7 @@
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
+#include <event2/listener.h>
 #include <event2/thread.h>
 #include <math.h>
 #include <pthread.h>
@@ -21,6 +22,7 @@
 #include "common/log.h"
 #include "launcher/status_render.h"
 #include "rendezvous/store.h"
+#include "rendezvous/store_auth.h"
 
 #define HISTORY_CAP 2048      /* points per curve; a full curve keeps every other point */
 #define MAX_HEADERS_BYTES 8192
@@ -47,6 +49,11 @@ struct status_server {
     struct event_base *base;
     struct evhttp *http;
     struct event *stop_ev, *poll_ev;
+    /* accept() out of descriptors: the listener paused (accept_resume re-enables it), one warning a second */
+    struct evconnlistener *listener;
+    struct event *accept_resume;
+    double accept_warned_s;
+    unsigned long accept_quiet;
     pthread_t thread;
     bool thread_started;
     int port;
@@ -310,18 +317,87 @@ static bool token_ok(struct status_server *s, struct evhttp_request *req, const 
     return ok;
 }
 
-static void reply(struct evhttp_request *req, int code, const char *reason, const char *type, const char *body)
+/* Length of a well-formed UTF-8 sequence at p (at most n bytes there), 0 when the bytes are not one
+ * (RFC 3629: no overlong forms, no surrogates, nothing past U+10FFFF). */
+static size_t utf8_valid_len(const unsigned char *p, size_t n)
+{
+    if (p[0] < 0x80)
+        return 1;
+    size_t len = p[0] >= 0xC2 && p[0] <= 0xDF   ? 2
+                 : p[0] >= 0xE0 && p[0] <= 0xEF ? 3
+                 : p[0] >= 0xF0 && p[0] <= 0xF4 ? 4
+                                                : 0;
+    if (len == 0 || len > n)
+        return 0;
+    for (size_t i = 1; i < len; i++)
+        if ((p[i] & 0xC0) != 0x80)
+            return 0;
+    if ((p[0] == 0xE0 && p[1] < 0xA0) || (p[0] == 0xED && p[1] > 0x9F) || (p[0] == 0xF0 && p[1] < 0x90) ||
+        (p[0] == 0xF4 && p[1] > 0x8F))
+        return 0;
+    return len;
+}
+
+/* body with every byte that does not start a well-formed UTF-8 sequence replaced by U+FFFD: a worker's
+ * stderr tail (in the root cause) can hold any bytes, and cJSON prints string bytes as they are, so without
+ * this /api/status would not be JSON (RFC 8259 requires UTF-8) and the page not the UTF-8 it declares.
+ * Invalid bytes only occur inside strings (the structure is ASCII), so the result is still the same JSON. */
+static char *utf8_sanitize(const char *body)
+{
+    const unsigned char *p = (const unsigned char *)body;
+    size_t n = strlen(body), bad = 0;
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_valid_len(p + i, n - i);
+        bad += k == 0;
+        i += k ? k : 1;
+    }
+    char *out = malloc(n + 2 * bad + 1);
+    if (!out)
+        return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_valid_len(p + i, n - i);
+        if (k) {
+            memcpy(out + o, p + i, k);
+            o += k;
+            i += k;
+        } else {
+            memcpy(out + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            i++;
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
+/* head: a HEAD request, answered with GET's headers (Content-Length included) and no body (RFC 9110 9.3.2). */
+static void reply_to(struct evhttp_request *req, bool head, int code, const char *reason, const char *type,
+                     const char *body)
 {
     struct evkeyvalq *hdr = evhttp_request_get_output_headers(req);
     evhttp_add_header(hdr, "Content-Type", type);
     evhttp_add_header(hdr, "Cache-Control", "no-store");
     evhttp_add_header(hdr, "X-Content-Type-Options", "nosniff");
+    char *clean = body ? utf8_sanitize(body) : NULL;
+    const char *text = clean ? clean : body ? "" : NULL;
     struct evbuffer *b = evbuffer_new();
-    if (b && body)
-        evbuffer_add(b, body, strlen(body));
+    if (head) {
+        char len[32];
+        snprintf(len, sizeof len, "%zu", text ? strlen(text) : (size_t)0);
+        evhttp_add_header(hdr, "Content-Length", len);
+    } else if (b && text) {
+        evbuffer_add(b, text, strlen(text));
+    }
     evhttp_send_reply(req, code, reason, b);
     if (b)
         evbuffer_free(b);
+    free(clean);
+}
+
+static void reply(struct evhttp_request *req, int code, const char *reason, const char *type, const char *body)
+{
+    reply_to(req, evhttp_request_get_command(req) == EVHTTP_REQ_HEAD, code, reason, type, body);
 }
 
 static void http_cb(struct evhttp_request *req, void *arg)
@@ -379,6 +455,64 @@ static void http_cb(struct evhttp_request *req, void *arg)
     free(body);
 }
 
+/* The listener's error callback gets the listener's user data, which evhttp sets to itself: servers are
+ * found from their evhttp here (a launcher has one; tests may have a few). */
+#define MAX_SERVERS 16
+static pthread_mutex_t g_servers_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct status_server *g_servers[MAX_SERVERS];
+
+static void servers_set(struct status_server *s, bool add)
+{
+    pthread_mutex_lock(&g_servers_mu);
+    for (int i = 0; i < MAX_SERVERS; i++)
+        if (add ? !g_servers[i] : g_servers[i] == s) {
+            g_servers[i] = add ? s : NULL;
+            break;
+        }
+    pthread_mutex_unlock(&g_servers_mu);
+}
+
+static struct status_server *servers_find(const struct evhttp *http)
+{
+    struct status_server *found = NULL;
+    pthread_mutex_lock(&g_servers_mu);
+    for (int i = 0; i < MAX_SERVERS && !found; i++)
+        if (g_servers[i] && g_servers[i]->http == http)
+            found = g_servers[i];
+    pthread_mutex_unlock(&g_servers_mu);
+    return found;
+}
+
+static void accept_resume_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    evconnlistener_enable(((struct status_server *)arg)->listener);
+}
+
+/* Out of descriptors, the pending connection stays in the backlog and libevent would call accept() again
+ * at once and warn each time (millions of lines): pause the listener 250 ms (the job needs its
+ * descriptors more than the page does) and warn at most once a second, with the count of quiet ones. */
+static void accept_error_cb(struct evconnlistener *l, void *http)
+{
+    int err = EVUTIL_SOCKET_ERROR();
+    struct status_server *s = servers_find(http);
+    if (!s) /* not one of ours (cannot happen): at least do not spin */
+        return (void)evconnlistener_disable(l);
+    double now = mono_s();
+    if (s->accept_warned_s == 0 || now - s->accept_warned_s >= 1.0) {
+        log_warn("status page: accept failed: %s (raise the open-files limit); pausing it 0.25 s at a time, %lu "
+                 "failures not logged since the last warning", evutil_socket_error_to_string(err), s->accept_quiet);
+        s->accept_warned_s = now;
+        s->accept_quiet = 0;
+    } else {
+        s->accept_quiet++;
+    }
+    struct timeval pause = {.tv_sec = 0, .tv_usec = 250 * 1000};
+    if (evconnlistener_disable(l) == 0 && event_add(s->accept_resume, &pause) != 0)
+        evconnlistener_enable(l);
+}
+
 static void stop_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -398,11 +532,28 @@ static pthread_once_t g_threads_once = PTHREAD_ONCE_INIT;
 static int g_threads_rc;
 static void threads_init(void) { g_threads_rc = evthread_use_pthreads(); }
 
+/* Whether secret is a token the user can give a client: FSDP_RDZV_TOKEN or the secret file (store_auth.h),
+ * not empty. A one-node job without either runs with a random secret the launcher made up, which no
+ * client knows: a page on another address would then answer no one but say nothing, so it is refused as
+ * docs/launcher.md says. */
+static bool user_token(const char *secret)
+{
+    if (!secret || !*secret)
+        return false;
+    char *loaded = NULL, path[4096];
+    enum store_secret_source src;
+    bool known = store_secret_load(&loaded, &src, path, sizeof path) == 0 && src != STORE_SECRET_NONE && loaded &&
+                 strcmp(loaded, secret) == 0;
+    free(loaded);
+    error_clear();
+    return known;
+}
+
 int status_server_start(const struct status_server_options *opts, struct status_server **out)
 {
     *out = NULL;
     const char *addr = opts->bind_addr && *opts->bind_addr ? opts->bind_addr : "127.0.0.1";
-    if (!is_loopback(addr) && strcmp(addr, "localhost") != 0 && !opts->secret)
+    if (!is_loopback(addr) && strcmp(addr, "localhost") != 0 && !user_token(opts->secret))
         return error_set(FSDP_EINVAL,
                          "--status_addr %s: a status page reachable from other hosts needs the job's token; set "
                          "FSDP_RDZV_TOKEN (the same on every node) or keep the default 127.0.0.1", addr);
@@ -437,7 +588,8 @@ int status_server_start(const struct status_server_options *opts, struct status_
     s->http = s->base ? evhttp_new(s->base) : NULL;
     s->stop_ev = s->base ? event_new(s->base, -1, 0, stop_cb, s) : NULL;
     s->poll_ev = s->base ? event_new(s->base, -1, EV_PERSIST, poll_cb, s) : NULL;
-    if (!s->http || !s->stop_ev || !s->poll_ev) {
+    s->accept_resume = s->base ? evtimer_new(s->base, accept_resume_cb, s) : NULL;
+    if (!s->http || !s->stop_ev || !s->poll_ev || !s->accept_resume) {
         rc = error_set(FSDP_EIO, "libevent could not set up the status page");
         goto fail;
     }
@@ -453,6 +605,9 @@ int status_server_start(const struct status_server_options *opts, struct status_
                        "free one", opts->port, addr, opts->port, strerror(errno));
         goto fail;
     }
+    s->listener = evhttp_bound_socket_get_listener(bs);
+    servers_set(s, true);
+    evconnlistener_set_error_cb(s->listener, accept_error_cb);
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &sl);
@@ -532,10 +687,13 @@ void status_server_stop(struct status_server *s)
         event_active(s->stop_ev, EV_READ, 0);
         pthread_join(s->thread, NULL);
     }
+    servers_set(s, false);
     if (s->http)
         evhttp_free(s->http);
     if (s->poll_ev)
         event_free(s->poll_ev);
+    if (s->accept_resume)
+        event_free(s->accept_resume);
     if (s->stop_ev)
         event_free(s->stop_ev);
     if (s->base)

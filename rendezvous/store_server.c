@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -280,6 +281,9 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
         conn_free(c);
 }
 
+/* At most one "accept failed" warning this often (seconds). */
+#define ACCEPT_WARN_INTERVAL_S 60.0
+
 static void accept_resume_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -293,8 +297,23 @@ static void accept_error_cb(struct evconnlistener *l, void *arg)
 {
     struct store_server *s = arg;
     int err = EVUTIL_SOCKET_ERROR();
-    log_warn("store: accept failed: %s (raise the open-files limit for more clients)",
-             evutil_socket_error_to_string(err));
+    /* The pause below retries every 100 ms for as long as descriptors stay short: one warning a minute
+     * (with the count of the ones not logged) says it as well without filling the log. */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    if (s->accept_warned_s == 0 || now - s->accept_warned_s >= ACCEPT_WARN_INTERVAL_S) {
+        if (s->accept_quiet)
+            log_warn("store: accept failed: %s (raise the open-files limit for more clients); %lu more since the "
+                     "last such warning", evutil_socket_error_to_string(err), s->accept_quiet);
+        else
+            log_warn("store: accept failed: %s (raise the open-files limit for more clients)",
+                     evutil_socket_error_to_string(err));
+        s->accept_warned_s = now;
+        s->accept_quiet = 0;
+    } else {
+        s->accept_quiet++;
+    }
     struct timeval pause = {.tv_sec = 0, .tv_usec = 100 * 1000};
     if (evconnlistener_disable(l) == 0 && event_add(s->accept_resume, &pause) != 0)
         evconnlistener_enable(l);

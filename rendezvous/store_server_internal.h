@@ -66,6 +66,8 @@ struct store_server {
     struct event_base *base;
     struct evconnlistener *listener;
     struct event *accept_resume; /* re-enables accepting after running out of descriptors */
+    double accept_warned_s;      /* monotonic time of the last "accept failed" warning; 0 = none yet */
+    unsigned long accept_quiet;  /* accept failures since then, not logged */
     struct event *stop_ev; /* activated from another thread: a loopbreak sent before the loop runs is lost */
     pthread_t thread;
     bool thread_started;

@@ -43,14 +43,16 @@ static int fail(const char *what)
     return EXIT_CONFIG;
 }
 
-/* Training in this rank's environment (torchrun's variables and the store). */
-static int run(const struct worker_config *wc, const char *config_text)
+/* Training in this rank's environment (torchrun's variables and the store); *config_refused when the config
+ * does not fit the world (train_env.config_refused). */
+static int run(const struct worker_config *wc, const char *config_text, bool *config_refused)
 {
     struct train_env env;
     int rc = 0;
     FSDP_TRY_GOTO(train_env_open(&env), rc, out);
     FSDP_TRY_GOTO(train_run(wc, config_text, &env), rc, out);
 out:
+    *config_refused = env.config_refused;
     train_env_close(&env);
     return rc;
 }
@@ -147,11 +149,14 @@ int main(int argc, char **argv)
         goto out;
     }
     fclose(mem);
-    int rc = run(&wc, text);
+    bool config_refused = false;
+    int rc = run(&wc, text, &config_refused);
     if (rc) {
         if (!log_error_is_last(error_message())) /* a collective's failure is printed when it happens */
             log_error("%s", error_message());
-        status = rc == FSDP_ECLOSED || rc == FSDP_EABORTED ? EXIT_PEER_FAILED : EXIT_TRAIN;
+        status = config_refused ? EXIT_CONFIG
+                 : rc == FSDP_ECLOSED || rc == FSDP_EABORTED ? EXIT_PEER_FAILED
+                                                           : EXIT_TRAIN;
     } else {
         status = 0;
     }

@@ -3,8 +3,11 @@
  * format by hand), and sample (greedy output equal to the model's argmax computed here). */
 #include <cjson/cJSON.h>
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -567,5 +570,269 @@ Test(ckpt_tool, eval_reports_the_mean_loss_as_json)
     cr_assert(strstr(out, "lower --batch"), "%s", out);
     model_destroy(m);
     k->mem_free(params);
+    model_layout_free(&l);
+}
+
+/* run() with the child's address space capped (RLIMIT_AS), so a tool that sizes an allocation from a hostile
+ * file fails inside the cap instead of driving the host into OOM. ASan reserves terabytes of shadow memory
+ * up front: no cap there (the checks that keep the allocation small are the same). */
+static int run_capped(char *const argv[], char *buf, size_t cap, size_t bytes)
+{
+#if !defined(__SANITIZE_ADDRESS__)
+    struct rlimit old;
+    cr_assert_eq(getrlimit(RLIMIT_AS, &old), 0);
+    struct rlimit lim = {.rlim_cur = bytes, .rlim_max = old.rlim_max};
+    cr_assert_eq(setrlimit(RLIMIT_AS, &lim), 0, "setrlimit: %s", strerror(errno));
+    int rc = run(argv, buf, cap); /* the child inherits the cap; this process only forks and reads a pipe */
+    cr_assert_eq(setrlimit(RLIMIT_AS, &old), 0);
+    return rc;
+#else
+    (void)bytes;
+    return run(argv, buf, cap);
+#endif
+}
+
+/* Sets key of DIR/config.json to the number v (the rest of the file as exported). */
+static void set_config_number(const char *hf, const char *key, double v)
+{
+    char path[256], text[1 << 14];
+    snprintf(path, sizeof path, "%s/config.json", hf);
+    read_text(path, text, sizeof text);
+    cJSON *o = cJSON_Parse(text);
+    cr_assert_not_null(o, "%s", text);
+    cJSON_DeleteItemFromObject(o, key);
+    cJSON_AddNumberToObject(o, key, v);
+    char *s = cJSON_Print(o);
+    FILE *f = fopen(path, "w");
+    fputs(s, f);
+    fclose(f);
+    free(s);
+    cJSON_Delete(o);
+}
+
+/* A hostile config.json: sizes past [model]'s bounds are refused as model.init_from refuses them, and sizes
+ * inside the bounds that the weights do not have are refused by the tensor check; both before the model's
+ * memory is allocated (the 1 GiB cap would turn that into "out of memory"), with exit 1 and a message
+ * naming config.json and the key. n_layer 10^9 used to allocate the layout's tables and then the weights. */
+Test(ckpt_tool, eval_and_sample_refuse_a_hostile_config_json, .timeout = 60)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    ct_save_full(dir, &l, 3, 1, 0);
+    char hf[128], data[128];
+    snprintf(hf, sizeof hf, "%s/hf", dir);
+    cr_assert_eq(run((char *[]){(char *)tool(), "export", dir, hf, NULL}, out, sizeof out), 0, "%s", out);
+    snprintf(data, sizeof data, "%s/val.bin", dir);
+    uint16_t tokens[200];
+    for (int i = 0; i < 200; i++)
+        tokens[i] = (uint16_t)(i % 77);
+    FILE *f = fopen(data, "wb");
+    fwrite(tokens, 2, 200, f);
+    fclose(f);
+    const size_t cap = (size_t)1 << 30;
+    static const struct {
+        const char *key;
+        double v;
+        const char *says, *names; /* names: the file the message names */
+    } cases[] = {
+        {"n_layer", 1e9, "n_layer", "config.json"},
+        /* 1e8, not 1e9: the GPT-2 reader computes 4 n_embd (n_inner) in an int before any check can run
+         * (worker/model/model_gpt2_hf.c; UBSan stops there) */
+        {"n_embd", 1e8, "n_embd", "config.json"},
+        {"vocab_size", 2e9, "vocab_size", "config.json"},
+        /* inside the bounds: layers the file does not have, then shapes it does not have */
+        {"n_layer", 1000, "'h.2.", "/hf"},
+        {"n_embd", 60000, "n_embd", "/hf"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        cr_assert_eq(run((char *[]){(char *)tool(), "export", dir, hf, NULL}, out, sizeof out), 0, "%s", out);
+        set_config_number(hf, cases[c].key, cases[c].v);
+        int rc = run_capped((char *[]){(char *)tool(), "eval", hf, "--data", data, "--batch", "1", NULL}, out,
+                            sizeof out, cap);
+        cr_assert_eq(rc, 1, "eval with %s = %g exited %d: %s", cases[c].key, cases[c].v, rc, out);
+        cr_assert(strstr(out, cases[c].names) && strstr(out, cases[c].says) && !strstr(out, "out of memory"),
+                  "eval with %s = %g: %s", cases[c].key, cases[c].v, out);
+        rc = run_capped((char *[]){(char *)tool(), "sample", hf, "--prompt", "ab", "--length", "2", NULL}, out,
+                        sizeof out, cap);
+        cr_assert_eq(rc, 1, "sample with %s = %g exited %d: %s", cases[c].key, cases[c].v, rc, out);
+        cr_assert(strstr(out, cases[c].names) && strstr(out, cases[c].says) && !strstr(out, "out of memory"),
+                  "sample with %s = %g: %s", cases[c].key, cases[c].v, out);
+    }
+    model_layout_free(&l);
+}
+
+/* A full checkpoint of ct_fill's values except one element of parameter bad_p, set to bad. */
+static void save_full_with(const char *root, const struct model_layout *l, int bad_p, size_t bad_i, float bad)
+{
+    struct ckpt_full_writer *w;
+    cr_assert_eq(ckpt_full_open(root, 4, l, &w), 0, "%s", error_message());
+    for (int p = l->n_params - 1; p >= 0; p--)
+        for (int k = CKPT_KINDS - 1; k >= 0; k--) {
+            float *t = malloc(l->params[p].numel * sizeof *t);
+            ct_fill(l, k, p, 0, l->params[p].numel, t, 1);
+            if (p == bad_p && k == CKPT_PARAM)
+                t[bad_i] = bad;
+            cr_assert_eq(ckpt_full_put(w, k, p, t), 0, "%s", error_message());
+            free(t);
+        }
+    struct ckpt_state s;
+    ct_state(&s, l, 4, 1, 2);
+    cr_assert_eq(ckpt_full_commit(w, &s, 0), 0, "%s", error_message());
+}
+
+/* Weights holding NaN or an infinity: eval used to print `loss nan` and exit 0; eval and sample now exit 1
+ * naming the tensor and the element. */
+Test(ckpt_tool, eval_and_sample_refuse_non_finite_weights)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    char data[128], want[160];
+    snprintf(data, sizeof data, "%s/val.bin", dir);
+    uint16_t tokens[200];
+    for (int i = 0; i < 200; i++)
+        tokens[i] = (uint16_t)(i % 77);
+    FILE *f = fopen(data, "wb");
+    fwrite(tokens, 2, 200, f);
+    fclose(f);
+    const int bad_p = 3;
+    const float bads[2] = {NAN, -INFINITY};
+    const char *says[2] = {"holds NaN at element 5 ", "holds an infinity at element 5 "};
+    for (int c = 0; c < 2; c++) {
+        char root[128], target[160];
+        snprintf(root, sizeof root, "%s/ck%d", dir, c);
+        save_full_with(root, &l, bad_p, 5, bads[c]);
+        snprintf(target, sizeof target, "%s:latest", root);
+        snprintf(want, sizeof want, "tensor '%s' %s", l.params[bad_p].name, says[c]);
+        int rc = run((char *[]){(char *)tool(), "eval", target, "--data", data, "--batch", "1", NULL}, out, sizeof out);
+        cr_assert_eq(rc, 1, "eval of non-finite weights exited %d: %s", rc, out);
+        cr_assert(strstr(out, want) && !strstr(out, "loss nan"), "want \"%s\": %s", want, out);
+        rc = run((char *[]){(char *)tool(), "sample", target, "--length", "2", NULL}, out, sizeof out);
+        cr_assert_eq(rc, 1, "sample of non-finite weights exited %d: %s", rc, out);
+        cr_assert(strstr(out, want), "want \"%s\": %s", want, out);
+    }
+    model_layout_free(&l);
+}
+
+/* An export killed before its renames leaves "<name>.tmp.<hex>" files as large as the model; the next
+ * export into the directory removes those of its own names (not other files that look alike). A failed
+ * export (here: --tokenizer names no file, found after the weights were written) removes the directories
+ * it created instead of leaving them, empty or half-filled. */
+Test(ckpt_tool, export_cleans_its_temp_files_and_a_failed_export_its_directory)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    ct_save_full(dir, &l, 3, 1, 0);
+    char hf[128], path[256];
+    snprintf(hf, sizeof hf, "%s/hf", dir);
+    cr_assert_eq(mkdir(hf, 0755), 0);
+    static const char *const stale[] = {"model.safetensors.tmp.1f2e3d", "config.json.tmp.abc",
+                                        "model-00001-of-00003.safetensors.tmp.77",
+                                        "model.safetensors.index.json.tmp.0"};
+    static const char *const kept[] = {"notes.tmp.1", "model.safetensors.tmp.mine", "mine.txt"};
+    for (size_t i = 0; i < sizeof stale / sizeof *stale; i++) {
+        snprintf(path, sizeof path, "%s/%s", hf, stale[i]);
+        FILE *f = fopen(path, "w");
+        fputs("partial", f);
+        fclose(f);
+    }
+    for (size_t i = 0; i < sizeof kept / sizeof *kept; i++) {
+        snprintf(path, sizeof path, "%s/%s", hf, kept[i]);
+        FILE *f = fopen(path, "w");
+        fputs("user", f);
+        fclose(f);
+    }
+    cr_assert_eq(run((char *[]){(char *)tool(), "export", dir, hf, NULL}, out, sizeof out), 0, "%s", out);
+    for (size_t i = 0; i < sizeof stale / sizeof *stale; i++) {
+        snprintf(path, sizeof path, "%s/%s", hf, stale[i]);
+        cr_assert(!ct_exists(path), "%s was kept", path);
+    }
+    for (size_t i = 0; i < sizeof kept / sizeof *kept; i++) {
+        snprintf(path, sizeof path, "%s/%s", hf, kept[i]);
+        cr_assert(ct_exists(path), "%s (not an export's) was removed", path);
+    }
+    /* the bare-file export cleans its own temp names beside the file */
+    char file[160], ftmp[192];
+    snprintf(file, sizeof file, "%s/one.safetensors", dir);
+    snprintf(ftmp, sizeof ftmp, "%s.tmp.9a", file);
+    FILE *f = fopen(ftmp, "w");
+    fputs("partial", f);
+    fclose(f);
+    cr_assert_eq(run((char *[]){(char *)tool(), "export", dir, file, NULL}, out, sizeof out), 0, "%s", out);
+    cr_assert(!ct_exists(ftmp) && ct_exists(file), "%s", out);
+
+    /* a failed export into a new directory (two levels) leaves neither */
+    char fresh[160], parent[128];
+    snprintf(parent, sizeof parent, "%s/new", dir);
+    snprintf(fresh, sizeof fresh, "%s/new/hf", dir);
+    int rc = run((char *[]){(char *)tool(), "export", dir, fresh, "--tokenizer", "/nonexistent/tokenizer.json", NULL},
+                 out, sizeof out);
+    cr_assert_eq(rc, 1, "%s", out);
+    cr_assert(strstr(out, "/nonexistent/tokenizer.json"), "%s", out);
+    cr_assert(!ct_exists(fresh) && !ct_exists(parent), "a failed export left %s: %s", fresh, out);
+    /* into an existing directory: the directory and its earlier export stay */
+    rc = run((char *[]){(char *)tool(), "export", dir, hf, "--tokenizer", "/nonexistent/tokenizer.json", NULL}, out,
+             sizeof out);
+    cr_assert_eq(rc, 1, "%s", out);
+    snprintf(path, sizeof path, "%s/config.json", hf);
+    cr_assert(ct_exists(path), "a failed export removed an earlier export's %s", path);
+    model_layout_free(&l);
+}
+
+/* run() for a command that may hang: the child gets an alarm that survives exec (SIGALRM ends it). */
+static int run_bounded(char *const argv[], char *buf, size_t cap, unsigned seconds)
+{
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        dup2(p[1], 1);
+        dup2(p[1], 2);
+        close(p[0]);
+        close(p[1]);
+        alarm(seconds);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(p[1]);
+    size_t n = 0;
+    ssize_t got;
+    while ((got = read(p[0], buf + n, cap - 1 - n)) > 0)
+        n += (size_t)got;
+    buf[n] = '\0';
+    close(p[0]);
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* A FIFO in place of a rank file of a sharded checkpoint, or of a Hugging Face directory's
+ * weight shards: open(2) of a FIFO without a writer blocks forever, so the tools hung; now they refuse
+ * it, naming the file. */
+Test(ckpt_tool, fifo_as_a_shard_is_refused, .timeout = 60)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    ct_save_sharded(dir, &l, 12, 2, 2, 5, 0);
+    char hf[128], target[160], shard[256], weights[256];
+    snprintf(hf, sizeof hf, "%s/hf", dir);
+    cr_assert_eq(run((char *[]){(char *)tool(), "export", dir, hf, "--max_shard_size", "20KB", NULL}, out, sizeof out),
+                 0, "%s", out);
+    snprintf(target, sizeof target, "%s/fsdp_sharded_cpt12", dir);
+    snprintf(shard, sizeof shard, "%s/fsdp_sharded_cpt12_rank1", target);
+    cr_assert(ct_exists(shard), "no %s", shard);
+    cr_assert_eq(unlink(shard), 0);
+    cr_assert_eq(mkfifo(shard, 0644), 0, "mkfifo: %s", strerror(errno));
+    int rc = run_bounded((char *[]){(char *)tool(), "inspect", target, NULL}, out, sizeof out, 20);
+    cr_assert_neq(rc, 128 + SIGALRM, "fsdp-ckpt inspect hung on the FIFO %s", shard);
+    cr_assert_eq(rc, 1, "%s", out);
+    cr_assert(strstr(out, shard) && strstr(out, "not a regular file"), "%s", out);
+    snprintf(weights, sizeof weights, "%s/model-00002-of-%05d.safetensors", hf, count_shards(hf));
+    cr_assert_eq(unlink(weights), 0, "%s: %s", weights, strerror(errno));
+    cr_assert_eq(mkfifo(weights, 0644), 0, "mkfifo: %s", strerror(errno));
+    rc = run_bounded((char *[]){(char *)tool(), "sample", hf, "--length", "2", NULL}, out, sizeof out, 20);
+    cr_assert_neq(rc, 128 + SIGALRM, "fsdp-ckpt sample hung on the FIFO %s", weights);
+    cr_assert_eq(rc, 1, "%s", out);
+    cr_assert(strstr(out, weights) && strstr(out, "not a regular file"), "%s", out);
     model_layout_free(&l);
 }

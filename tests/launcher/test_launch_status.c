@@ -463,3 +463,189 @@ Test(launch_status, non_loopback_address_needs_a_token, .timeout = 60)
     lu_rm_rf(dir);
     free(dir);
 }
+
+/* One node without FSDP_RDZV_TOKEN or a secret file runs with a random store secret nobody knows: a page
+ * on 0.0.0.0 would then start and answer every other host 401 forever. docs/launcher.md says it is refused
+ * at start; it used to start. */
+Test(launch_status, one_node_without_a_user_token_refuses_a_public_address, .timeout = 60)
+{
+    char *dir = lu_tmpdir();
+    char xdg[4200], home[4200];
+    snprintf(xdg, sizeof xdg, "XDG_CONFIG_HOME=%s", dir);
+    snprintf(home, sizeof home, "HOME=%s", dir);
+    const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "1", "--status_port", "0",
+                          "--status_addr", "0.0.0.0", "/bin/true", NULL};
+    const char *env[] = {"FSDP_RDZV_TOKEN=", "FSDP_RDZV_TOKEN_FILE=", xdg, home, NULL}; /* no secret file there */
+    int code = lu_exit_code(lu_wait(lu_spawn(argv, dir, "t", env), 30));
+    char *err = lu_slurp_tag(dir, "t", "err");
+    cr_assert_eq(code, 1, "%s", err);
+    cr_assert(strstr(err, "--status_addr 0.0.0.0: a status page reachable from other hosts needs the job's token"),
+              "%s", err);
+    cr_assert_null(strstr(err, "status page on http://"), "the page started: %s", err);
+    free(err);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
+/* True when the n bytes at s are well-formed UTF-8 (the rules of RFC 3629). */
+static bool utf8_ok(const unsigned char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i];
+        size_t len = c < 0x80                   ? 1
+                     : c >= 0xC2 && c <= 0xDF ? 2
+                     : c >= 0xE0 && c <= 0xEF ? 3
+                     : c >= 0xF0 && c <= 0xF4 ? 4
+                                              : 0;
+        if (len == 0 || i + len > n)
+            return false;
+        for (size_t k = 1; k < len; k++)
+            if ((s[i + k] & 0xC0) != 0x80)
+                return false;
+        if ((c == 0xE0 && s[i + 1] < 0xA0) || (c == 0xED && s[i + 1] > 0x9F) || (c == 0xF0 && s[i + 1] < 0x90) ||
+            (c == 0xF4 && s[i + 1] > 0x8F))
+            return false;
+        i += len;
+    }
+    return true;
+}
+
+/* A rank whose stderr holds bytes that are not UTF-8 (here 0xFF 0xFE, a truncated sequence and a
+ * surrogate) fails, the job restarts: /api/status carries the previous attempt's root cause with that tail,
+ * which must be UTF-8 JSON with U+FFFD in place of the bad bytes (they went in raw). And HEAD gets GET's
+ * headers without a body (it got the body). */
+Test(launch_status, head_has_no_body_and_invalid_utf8_is_replaced, .timeout = 120)
+{
+    char *dir = lu_tmpdir();
+    const char *script = "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then "
+                         "printf 'bad \\377\\376 bytes \\303 and \\355\\240\\200 end\\n' >&2; exit 1; fi; sleep 60";
+    const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "1", "--max_restarts", "1",
+                          "--status_port", "0", "/bin/sh", "-c", script, NULL};
+    struct job j = {.dir = dir};
+    j.pid = lu_spawn(argv, dir, "job", NULL);
+    j.port = -1;
+    double end = tu_now() + 60;
+    const char *mark = "fsdp-launch: status page on http://127.0.0.1:";
+    while (j.port < 0 && tu_now() < end) {
+        char *s = lu_slurp_tag(dir, "job", "err");
+        char *at = strstr(s, mark);
+        if (at && strchr(at, '\n'))
+            j.port = atoi(at + strlen(mark));
+        free(s);
+        if (j.port < 0)
+            tu_nap(0.02);
+    }
+    cr_assert_gt(j.port, 0, "no status page address printed: %s", lu_slurp_tag(dir, "job", "err"));
+    cJSON *o = NULL;
+    char *raw = NULL;
+    end = tu_now() + 60;
+    while (tu_now() < end) {
+        int code;
+        raw = http_get(j.port, "/api/status", &code);
+        cr_assert_eq(code, 200, "%s", raw);
+        o = cJSON_Parse(raw);
+        if (o && cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(o, "previous_failure")))
+            break;
+        cJSON_Delete(o);
+        o = NULL;
+        free(raw);
+        raw = NULL;
+        tu_nap(0.1);
+    }
+    cr_assert_not_null(o, "no previous_failure in /api/status: %s", lu_slurp_tag(dir, "job", "err"));
+    cr_assert(utf8_ok((const unsigned char *)raw, strlen(raw)), "/api/status is not UTF-8: %s", raw);
+    const char *tail = jstr(cJSON_GetObjectItemCaseSensitive(o, "previous_failure"), "stderr_tail");
+#define FFFD "\xEF\xBF\xBD"
+    cr_assert(strstr(tail, "bad " FFFD FFFD " bytes " FFFD " and " FFFD FFFD FFFD " end"), "stderr_tail: %s", tail);
+#undef FFFD
+    cJSON_Delete(o);
+    free(raw);
+    /* the page (HTML) is UTF-8 too */
+    int code;
+    char *page = http_get(j.port, "/", &code);
+    cr_assert_eq(code, 200);
+    cr_assert(utf8_ok((const unsigned char *)page, strlen(page)), "the page is not UTF-8");
+    size_t page_len = strlen(page);
+    free(page);
+    /* HEAD: status and headers, Content-Length of what GET sends, no body */
+    const char *paths[] = {"/api/status", "/metrics", "/nowhere"};
+    for (int i = 0; i < 3; i++) {
+        char req[256];
+        int n = snprintf(req, sizeof req, "HEAD %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", paths[i]);
+        char *r = http_raw(j.port, req, (size_t)n, 10);
+        cr_assert(strncmp(r, "HTTP/1.1 ", 9) == 0, "HEAD %s: %s", paths[i], r);
+        char *body = strstr(r, "\r\n\r\n");
+        cr_assert_not_null(body, "HEAD %s: no end of headers: %s", paths[i], r);
+        cr_assert_eq(body[4], '\0', "HEAD %s got a body: %s", paths[i], body + 4);
+        cr_assert(strcasestr(r, "Content-Length:"), "HEAD %s: no Content-Length: %s", paths[i], r);
+        free(r);
+    }
+    char req[256];
+    int n = snprintf(req, sizeof req, "HEAD / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    char *r = http_raw(j.port, req, (size_t)n, 10);
+    char *cl = strcasestr(r, "Content-Length:");
+    cr_assert_not_null(cl, "%s", r);
+    long got = atol(cl + strlen("Content-Length:"));
+    cr_assert(got > 1000 && labs(got - (long)page_len) < 200, "HEAD / Content-Length %ld, GET / sent %zu bytes", got,
+              page_len);
+    free(r);
+    kill(j.pid, SIGTERM);
+    lu_wait(j.pid, 30);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
+/* The launcher out of descriptors (open-files limit 40, 40 idle clients): accept() fails until a client
+ * leaves. libevent retried at once and logged every failure ("Error from accept() call": millions of lines,
+ * a core spinning); the page now pauses its listener 0.25 s at a time and warns at most once a second, and
+ * serves again once descriptors are back. */
+Test(launch_status, out_of_descriptors_backs_off_and_warns_once_a_second, .timeout = 60)
+{
+    char *dir = lu_tmpdir();
+    const char *argv[] = {"/bin/sh", "-c", "ulimit -n 40 && exec \"$0\" \"$@\"", LU_LAUNCH, "--standalone",
+                          "--nproc_per_node", "1", "--status_port", "0", LU_PROBE, "sleep", dir, NULL};
+    pid_t pid = lu_spawn(argv, dir, "job", NULL);
+    int port = -1;
+    double end = tu_now() + 30;
+    const char *mark = "fsdp-launch: status page on http://127.0.0.1:";
+    while (port < 0 && tu_now() < end) {
+        char *s = lu_slurp_tag(dir, "job", "err");
+        char *at = strstr(s, mark);
+        if (at && strchr(at, '\n'))
+            port = atoi(at + strlen(mark));
+        free(s);
+        if (port < 0)
+            tu_nap(0.02);
+    }
+    cr_assert_gt(port, 0, "no status page address printed: %s", lu_slurp_tag(dir, "job", "err"));
+    int fds[40];
+    for (int i = 0; i < 40; i++)
+        fds[i] = connect_to(port); /* the backlog takes them all; the launcher accepts what it can */
+    tu_nap(2.5);
+    char *err = lu_slurp_tag(dir, "job", "err");
+    int warned = 0, raw = 0;
+    for (const char *p = err; (p = strstr(p, "accept failed")); p++)
+        warned++;
+    for (const char *p = err; (p = strstr(p, "Error from accept")); p++)
+        raw++;
+    cr_assert(lu_pid_alive(pid), "the launcher died out of descriptors: %s", err);
+    cr_assert(warned >= 1 && warned <= 4 && raw == 0, "%d warnings (%d from libevent) in 2.5 s:\n%.3000s", warned,
+              raw, err);
+    free(err);
+    for (int i = 0; i < 40; i++)
+        close(fds[i]);
+    /* descriptors back: served again (within the pause) */
+    end = tu_now() + 10;
+    int code = -1;
+    while (code != 200 && tu_now() < end) {
+        char *b = http_get(port, "/api/status", &code);
+        free(b);
+        if (code != 200)
+            tu_nap(0.1);
+    }
+    cr_assert_eq(code, 200, "the page did not serve again once descriptors were free");
+    kill(pid, SIGTERM);
+    lu_wait(pid, 30);
+    lu_rm_rf(dir);
+    free(dir);
+}

@@ -695,3 +695,61 @@ Test(store_robust, client_against_plain_tcpstore_says_so)
     pthread_join(t, NULL);
     close(lfd);
 }
+
+/* Out of descriptors for 1.5 s (the server retries every 100 ms): one "accept failed" warning, not one per
+ * retry (it used to log about 15 here, ten a second for as long as the shortage lasted). The warnings go to
+ * stderr, redirected to a file for the test. */
+Test(store_robust, out_of_descriptors_warns_once)
+{
+    char path[] = "/tmp/fsdp-store-warn-XXXXXX";
+    int logfd = mkstemp(path);
+    cr_assert_geq(logfd, 0);
+    int saved_err = dup(2);
+    cr_assert_eq(dup2(logfd, 2), 2);
+    struct store_server *s = test_server("job", NULL, 0);
+    int port = store_server_port(s);
+    struct rlimit saved;
+    getrlimit(RLIMIT_NOFILE, &saved);
+    /* no descriptor left at all: the holes below the highest one filled (the sanitizer build leaves some,
+     * and accept would fill them), the limit just above it */
+    int fillers[256], n_fill = 0, hi = highest_open_fd();
+    for (int fd; n_fill < 256 && (fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) {
+        fillers[n_fill++] = fd;
+        if (fd > hi)
+            break;
+    }
+    struct rlimit tight = {.rlim_cur = (rlim_t)highest_open_fd() + 1, .rlim_max = saved.rlim_max};
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        setrlimit(RLIMIT_NOFILE, &saved);
+        struct store_client *cs[8];
+        for (int i = 0; i < 8; i++)
+            if (test_connect_opts(port, "job", NULL, 30, &cs[i]) != 0 || store_client_ping(cs[i]) != 0)
+                _exit(10 + i);
+        for (int i = 0; i < 8; i++)
+            store_client_close(cs[i]);
+        _exit(0);
+    }
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &tight), 0);
+    test_sleep(1.5);
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &saved), 0);
+    for (int i = 0; i < n_fill; i++)
+        close(fillers[i]);
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    store_server_stop(s);
+    dup2(saved_err, 2);
+    close(saved_err);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "clients failed (status 0x%x)", st);
+    char text[1 << 16];
+    ssize_t n = pread(logfd, text, sizeof text - 1, 0);
+    close(logfd);
+    unlink(path);
+    cr_assert_geq(n, 0);
+    text[n] = '\0';
+    int warnings = 0;
+    for (const char *p = text; (p = strstr(p, "accept failed")); p++)
+        warnings++;
+    cr_assert_eq(warnings, 1, "%d \"accept failed\" warnings in 1.5 s:\n%s", warnings, text);
+}

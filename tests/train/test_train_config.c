@@ -6,9 +6,10 @@
 #include "ttest.h"
 
 /* Starts `world` fsdp-worker ranks with the torchrun environment fsdp-launch would give them and checks
- * that each exits 2 having said every fragment of want[] itself, and that none started working. */
+ * that each exits `code` (1: the config does not fit the world; 2: refused once training set out, such as
+ * a missing file or device) having said every fragment of want[] itself, and that none started working. */
 static void every_rank_refuses(const struct tt_ctx *c, int world, const char *tag, const char *const *extra,
-                               const char *const *want)
+                               const char *const *want, int code_want)
 {
     pid_t srv;
     int port = tu_store_spawn("127.0.0.1", "cfgtest", NULL, &srv);
@@ -47,7 +48,8 @@ static void every_rank_refuses(const struct tt_ctx *c, int world, const char *ta
         char rtag[32];
         snprintf(rtag, sizeof rtag, "rank%d", r);
         char *err = lu_slurp_tag(rundir, rtag, "err");
-        cr_assert_eq(code, 2, "%s: rank %d exited with %d, expected 2 (refused config):\n%s", tag, r, code, err);
+        cr_assert_eq(code, code_want, "%s: rank %d exited with %d, expected %d (refused config):\n%s", tag, r, code,
+                     code_want, err);
         char *line = tt_rank_line(err, r, " E: ");
         cr_assert_not_null(line, "%s: rank %d printed no error of its own:\n%s", tag, r, err);
         for (int i = 0; want[i]; i++)
@@ -64,7 +66,7 @@ static void every_rank_refuses(const struct tt_ctx *c, int world, const char *ta
 
 /* The same config under fsdp-launch: the job fails and the launcher's root cause carries the message. */
 static void launcher_refuses(const struct tt_ctx *c, int world, const char *tag, const char *const *extra,
-                             const char *const *want)
+                             const char *const *want, int code_want)
 {
     char ltag[96];
     snprintf(ltag, sizeof ltag, "%s-launch", tag);
@@ -76,16 +78,31 @@ static void launcher_refuses(const struct tt_ctx *c, int world, const char *tag,
     cr_assert_not_null(cause, "%s: no root cause from the launcher:\n%s", tag, r.err);
     for (int i = 0; want[i]; i++)
         cr_assert(strstr(cause, want[i]), "%s: the root cause lacks \"%s\":\n%s", tag, want[i], r.err);
+    char exit_text[32];
+    snprintf(exit_text, sizeof exit_text, "exit code %d", code_want);
+    cr_assert(strstr(cause, exit_text), "%s: the root cause is not \"%s\":\n%s", tag, exit_text, r.err);
     tt_result_free(&r);
 }
 
-static void refused(int world, const char *tag, const char *const *extra, const char *const *want)
+static void refused_with(int world, const char *tag, const char *const *extra, const char *const *want, int code)
 {
     struct tt_ctx c;
     tt_setup(&c);
-    every_rank_refuses(&c, world, tag, extra, want);
-    launcher_refuses(&c, world, tag, extra, want);
+    every_rank_refuses(&c, world, tag, extra, want, code);
+    launcher_refuses(&c, world, tag, extra, want, code);
     tt_teardown(&c);
+}
+
+/* A config that does not fit the world (fsdp_check_config): a config error, exit 1. */
+static void refused(int world, const char *tag, const char *const *extra, const char *const *want)
+{
+    refused_with(world, tag, extra, want, 1);
+}
+
+/* Refused once training set out (data files, devices, the model's classes): exit 2. */
+static void refused_in_training(int world, const char *tag, const char *const *extra, const char *const *want)
+{
+    refused_with(world, tag, extra, want, 2);
 }
 
 Test(config, train_batch_not_divisible_by_world, .timeout = 240)
@@ -168,7 +185,7 @@ Test(config, wrap_class_mlp, .timeout = 240)
 {
     const char *extra[] = {"--fsdp.transformer_layer_cls_to_wrap=MLP", NULL};
     const char *want[] = {"fsdp.transformer_layer_cls_to_wrap = MLP", "DecoderBlock", NULL};
-    refused(2, "wrap", extra, want);
+    refused_in_training(2, "wrap", extra, want);
 }
 
 Test(config, wrap_class_list_with_a_class_the_model_lacks, .timeout = 240)
@@ -176,7 +193,7 @@ Test(config, wrap_class_list_with_a_class_the_model_lacks, .timeout = 240)
     const char *extra[] = {"--fsdp.transformer_layer_cls_to_wrap=GPT2Block,LlamaDecoderLayer", NULL};
     const char *want[] = {"fsdp.transformer_layer_cls_to_wrap = GPT2Block,LlamaDecoderLayer",
                           "has no class 'LlamaDecoderLayer'", "DecoderBlock (Hugging Face: GPT2Block)", NULL};
-    refused(2, "wrapl", extra, want);
+    refused_in_training(2, "wrapl", extra, want);
 }
 
 /* Hugging Face's name and a comma list (accelerate's spelling) name the same units. */
@@ -194,7 +211,7 @@ Test(config, missing_train_file, .timeout = 240)
 {
     const char *extra[] = {"--data.train_file=", NULL};
     const char *want[] = {"data.train_file", "fsdp-prepare-data", NULL};
-    refused(2, "nodata", extra, want);
+    refused_in_training(2, "nodata", extra, want);
 }
 
 Test(config, cuda_without_gpu, .timeout = 240)
@@ -205,7 +222,7 @@ Test(config, cuda_without_gpu, .timeout = 240)
     cr_assert_eq(unsetenv("FSDP_TEST_GPU_COUNT"), 0);
     const char *extra[] = {"--train.device=cuda", NULL};
     const char *want[] = {"train.device = cuda", "device=cpu", NULL};
-    refused(2, "cuda", extra, want);
+    refused_in_training(2, "cuda", extra, want);
 }
 
 /* Two ranks on a node with one GPU (FSDP_TEST_GPU_COUNT=1, as the suite sets it): every rank refuses at
@@ -217,10 +234,10 @@ Test(config, more_local_ranks_than_gpus, .timeout = 240)
     const char *cuda[] = {"--train.device=cuda", NULL};
     const char *want_cuda[] = {"train.device = cuda", "2 ranks on this node", "1 CUDA device is visible",
                                "--nproc_per_node 1", NULL};
-    refused(2, "ranks", cuda, want_cuda);
+    refused_in_training(2, "ranks", cuda, want_cuda);
     const char *autod[] = {"--train.device=auto", NULL};
     const char *want_auto[] = {"train.device = auto", "2 ranks on this node", "1 CUDA device is visible", NULL};
-    refused(2, "ranks-auto", autod, want_auto);
+    refused_in_training(2, "ranks-auto", autod, want_auto);
 }
 
 /* A host whose NVIDIA driver cannot run this build (error 35 from an old driver; here: a faked driver on a

@@ -6,6 +6,7 @@
 #include "ttest.h"
 
 #include <dirent.h>
+#include <stdint.h>
 
 /* The text of the number after "key": in a metrics row. */
 static void raw_number(const char *row, const char *key, char *out, size_t cap)
@@ -207,5 +208,69 @@ Test(outputs, val_loss_falls, .timeout = 300)
     for (int s = 19; s < 60; s += 10)
         cr_assert(val[s] < first, "val loss at step %d (%.4f) is not below step 10's (%.4f)", s + 1, val[s], first);
     tt_result_free(&r);
+    tt_teardown(&c);
+}
+
+/* Overwrites element 0 of tensor `name` in the safetensors file path (f32) with the bits of value. */
+static void poke_tensor(const char *path, const char *name, float value)
+{
+    FILE *f = fopen(path, "r+b");
+    cr_assert_not_null(f, "%s", path);
+    uint64_t hlen = 0;
+    cr_assert_eq(fread(&hlen, 8, 1, f), 1);
+    cr_assert(hlen > 0 && hlen < (1u << 24), "%s: header length %llu", path, (unsigned long long)hlen);
+    char *h = calloc(1, hlen + 1);
+    cr_assert_eq(fread(h, 1, hlen, f), hlen);
+    cJSON *o = cJSON_Parse(h);
+    cr_assert_not_null(o, "%s: header is not JSON", path);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, name);
+    const cJSON *off = cJSON_GetObjectItemCaseSensitive(t, "data_offsets");
+    cr_assert(cJSON_IsArray(off), "%s has no tensor %s: %s", path, name, h);
+    long at = (long)(8 + hlen + (uint64_t)cJSON_GetArrayItem(off, 0)->valuedouble);
+    cr_assert_eq(fseek(f, at, SEEK_SET), 0);
+    cr_assert_eq(fwrite(&value, 4, 1, f), 1);
+    cr_assert_eq(fclose(f), 0);
+    cJSON_Delete(o);
+    free(h);
+}
+
+/* model.init_from weights holding NaN or an infinity: the run stops before its first step with a message
+ * naming the tensor and saying the weights were not finite when loaded, not "the loss diverged; lower
+ * optim.lr" (which sent users after the learning rate), on one rank and on two (each rank reads its own
+ * shards, or rank 0 reads and broadcasts with cpu_ram_efficient_loading). */
+Test(outputs, non_finite_init_weights_are_named, .timeout = 300)
+{
+    struct tt_ctx c;
+    tt_setup(&c);
+    const char *save[] = {"--train.max_steps=2", "--checkpoint.interval=2",
+                          "--checkpoint.state_dict_type=FULL_STATE_DICT", NULL};
+    struct tt_result saved;
+    tt_run_ok(&c, 0, "save", save, &saved);
+    tt_result_free(&saved);
+    char hf[2200], cmd[8192], init_arg[2300];
+    snprintf(hf, sizeof hf, "%s/hf", c.dir);
+    snprintf(cmd, sizeof cmd,
+             "mkdir '%s' && cp '%s/save/ckpt/fsdp_cpt2/config.json' '%s/save/ckpt/fsdp_cpt2/model.safetensors' '%s'/", hf,
+             c.dir, c.dir, hf);
+    cr_assert_eq(tu_sh(cmd), 0, "%s", cmd);
+    char st[2300];
+    snprintf(st, sizeof st, "%s/model.safetensors", hf);
+    snprintf(init_arg, sizeof init_arg, "--model.init_from=%s", hf);
+    const float bad[2] = {NAN, INFINITY};
+    const char *says[2] = {"holds NaN at element 0", "holds an infinity at element 0"};
+    for (int i = 0; i < 2; i++) {
+        poke_tensor(st, "transformer.h.1.mlp.c_fc.weight", bad[i]);
+        const char *extra[] = {init_arg, i ? "--checkpoint.cpu_ram_efficient_loading=true" : "--train.max_steps=3",
+                               NULL};
+        struct tt_result r;
+        char tag[32];
+        snprintf(tag, sizeof tag, "bad%d", i);
+        tt_run(&c, i + 1, tag, extra, &r);
+        cr_assert_eq(r.code, 2, "%s: exit %d:\n%s", tag, r.code, r.err);
+        cr_assert(strstr(r.err, "tensor 'h.1.mlp.c_fc.weight'") && strstr(r.err, says[i]) &&
+                      strstr(r.err, "not finite before training started") && !strstr(r.err, "the loss diverged"),
+                  "%s:\n%s", tag, r.err);
+        tt_result_free(&r);
+    }
     tt_teardown(&c);
 }

@@ -11,6 +11,7 @@
 
 #include "common/crc32c.h"
 #include "common/error.h"
+#include "common/fs.h"
 #include "common/safetensors.h"
 #include "worker/ckpt/ckpt_internal.h"
 
@@ -128,13 +129,14 @@ static int open_files(struct ckpt_reader *r)
             return error_set(FSDP_ENOMEM, "out of memory");
         snprintf(r->paths[i], len, "%s/%s", r->dir, m->files[i].name);
         const char *p = r->paths[i];
-        r->fds[i] = open(p, O_RDONLY | O_CLOEXEC);
-        if (r->fds[i] < 0) {
-            if (errno == ENOENT)
-                return error_set(FSDP_ENOTFOUND, "%s: missing %s file (listed in %s)", p,
-                                 m->sharded ? "rank" : "checkpoint", CKPT_META_FILE);
-            return error_set(FSDP_EIO, "%s: cannot open: %s", p, strerror(errno));
-        }
+        /* a FIFO or device in a shard's place would block the reader forever: regular files only */
+        int fd = fs_open_regular(p, m->sharded ? "checkpoint rank file" : "checkpoint file");
+        if (fd == FSDP_ENOTFOUND)
+            return error_set(FSDP_ENOTFOUND, "%s: missing %s file (listed in %s)", p,
+                             m->sharded ? "rank" : "checkpoint", CKPT_META_FILE);
+        if (fd < 0)
+            return fd;
+        r->fds[i] = fd;
         struct stat st;
         if (fstat(r->fds[i], &st) != 0)
             return error_set(FSDP_EIO, "%s: cannot stat: %s", p, strerror(errno));

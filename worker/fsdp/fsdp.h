@@ -117,6 +117,11 @@ void fsdp_unit_info(const struct fsdp *f, int u, struct fsdp_unit_info *out);
 /* Initial parameters: from model.init_from or the seed; with sync_module_states rank 0 initialises the
  * whole model and broadcasts it, else each rank initialises only its own shards (same values). */
 int fsdp_init_params(struct fsdp *f);
+/* FSDP_ERANGE when v, elements [begin, begin + n) of parameter p as loaded from source ("model.init_from
+ * DIR", "checkpoint DIR (exp_avg)"), holds a NaN or an infinity: the message names the tensor and says the
+ * weights were non-finite before training began, so it is not read as a divergence of this run (the
+ * optimizer's "the loss diverged; lower optim.lr" would send the user after the wrong cause). */
+int fsdp_check_finite(const struct model_layout *l, int p, size_t begin, const float *v, size_t n, const char *source);
 /* Tensor bytes this rank read from model.init_from (0 without one): its own shards' bytes, or the whole
  * model on rank 0 when it reads for a broadcast. */
 uint64_t fsdp_init_bytes_read(const struct fsdp *f);

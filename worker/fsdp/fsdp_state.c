@@ -1,5 +1,7 @@
 /* The engine's state outside the step: initial parameters (each rank its own shards, or rank 0's
  * broadcast), low-precision copies, and access for checkpoints (whole units gathered one at a time). */
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +23,26 @@ static int shard_from_full(struct fsdp *f, struct fsdp_unit *u, const float *ful
     return 0;
 }
 
+int fsdp_check_finite(const struct model_layout *l, int p, size_t begin, const float *v, size_t n, const char *source)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(v[i]))
+            return error_set(FSDP_ERANGE,
+                             "%s: tensor '%s' holds %s at element %zu (of %zu): the weights were not finite before "
+                             "training started (a damaged file, or a run that had diverged when it was saved), so "
+                             "this is not a divergence of this run; start from other weights (an earlier "
+                             "checkpoint) or without them",
+                             source, l->params[p].name, isnan(v[i]) ? "NaN" : "an infinity", begin + i,
+                             l->params[p].numel);
+    return 0;
+}
+
+/* model.init_from as fsdp_check_finite's source. */
+static void init_source(const struct fsdp *f, char *out, size_t cap)
+{
+    snprintf(out, cap, "model.init_from %s", f->layout->config.init_from);
+}
+
 /* Rank 0's values of unit u into host (u->numel floats): read parameter by parameter from the weights
  * (w), or generated from the seed, so that rank 0 never holds more than one unit of the model (holding a
  * whole 28.5M-parameter model puts rank 0's peak RSS 114 MB above its peers'). */
@@ -30,9 +52,12 @@ static int init_unit_values(const struct fsdp *f, const struct fsdp_unit *u, str
     for (int j = 0; j < u->n_params; j++) {
         int p = u->first_param + j;
         float *dst = host + (l->params[p].offset - u->offset);
-        if (w)
+        if (w) {
+            char src[4200];
+            init_source(f, src, sizeof src);
             FSDP_TRY(model_weights_read(w, p, 0, l->params[p].numel, dst));
-        else
+            FSDP_TRY(fsdp_check_finite(l, p, 0, dst, l->params[p].numel, src));
+        } else
             model_init_param_range(l, p, 0, l->params[p].numel, dst);
     }
     return 0;
@@ -137,9 +162,12 @@ static int init_local(struct fsdp *f)
     }
     for (size_t i = 0; i < f->n_pieces; i++) {
         const struct fsdp_piece *p = &f->pieces[i];
-        if (w)
+        if (w) {
+            char src[4200];
+            init_source(f, src, sizeof src);
             FSDP_TRY_GOTO(model_weights_read(w, p->param, p->begin, p->count, tmp), rc, out);
-        else
+            FSDP_TRY_GOTO(fsdp_check_finite(l, p->param, p->begin, tmp, p->count, src), rc, out);
+        } else
             model_init_param_range(l, p->param, p->begin, p->count, tmp);
         FSDP_TRY_GOTO(f->sk->mem_copy(p->data[FSDP_STATE_PARAM], tmp, p->count * sizeof(float), KERNELS_COPY_H2D),
                       rc, out);

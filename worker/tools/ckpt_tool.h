@@ -29,6 +29,10 @@ struct ckpt_tool_model {
 int ckpt_tool_model_open(const char *target, struct ckpt_tool_model *out);
 /* Elements [begin, begin + count) of parameter p (layout shape; padding rows are 0). */
 int ckpt_tool_model_read(struct ckpt_tool_model *m, int p, size_t begin, size_t count, float *dst);
+/* ckpt_tool_model_read of a whole parameter for a tool that computes with it (eval, sample): FSDP_ERANGE
+ * naming the tensor when it holds a NaN or an infinity, where the model would print `loss nan` or sample
+ * noise and exit 0. export copies such weights as they are. */
+int ckpt_tool_model_read_finite(struct ckpt_tool_model *m, int p, float *dst);
 void ckpt_tool_model_close(struct ckpt_tool_model *m);
 
 /* fsdp-ckpt sample ARGS...; returns the exit status. */

@@ -109,7 +109,7 @@ static int mean_loss(struct ckpt_tool_model *m, struct data_file *d, long long s
         goto out;
     }
     for (int p = 0; p < l->n_params; p++)
-        FSDP_TRY_GOTO(ckpt_tool_model_read(m, p, 0, l->params[p].numel, params + l->params[p].offset), rc, out);
+        FSDP_TRY_GOTO(ckpt_tool_model_read_finite(m, p, params + l->params[p].offset), rc, out);
     FSDP_TRY_GOTO(model_create(&model, &l->config, k, (int)B, (int)T), rc, out);
     tok = malloc((size_t)(B * T) * sizeof *tok);
     tgt = malloc((size_t)(B * T) * sizeof *tgt);

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -153,6 +154,86 @@ static int parse(int argc, char **argv, bool merge, struct export_opts *o)
     return 0;
 }
 
+/* A name export writes through a temporary file (fs_create_temp: "<name>.tmp.<hex>"): the weights, their
+ * shards, the index, config.json; or `file`, the bare file of export to a .safetensors path. */
+static bool is_export_temp(const char *n, const char *file)
+{
+    const char *t = strstr(n, ".tmp.");
+    if (!t || t == n || t[5] == '\0' || strspn(t + 5, "0123456789abcdef") != strlen(t + 5))
+        return false;
+    size_t len = (size_t)(t - n);
+    int a, b, used = 0;
+    char base[256];
+    if (len >= sizeof base)
+        return false;
+    memcpy(base, n, len);
+    base[len] = '\0';
+    if (file)
+        return strcmp(base, file) == 0;
+    return strcmp(base, MODEL_HF_WEIGHTS) == 0 || strcmp(base, MODEL_HF_INDEX) == 0 ||
+           strcmp(base, MODEL_HF_CONFIG) == 0 ||
+           (sscanf(base, "model-%5d-of-%5d.safetensors%n", &a, &b, &used) == 2 && base[used] == '\0');
+}
+
+/* Temporary files an export killed before its rename left in dir: nothing renames them later, and each can
+ * be as large as the model. Only export's own names are touched (is_export_temp). */
+static void remove_stale_temps(const char *dir, const char *file)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char path[4400];
+    while (d && (e = readdir(d))) {
+        if (!is_export_temp(e->d_name, file))
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (unlink(path) == 0)
+            fprintf(stderr, "fsdp-ckpt: removed %s, left by an export that did not finish\n", path);
+    }
+    if (d)
+        closedir(d);
+}
+
+/* The directories of path that do not exist yet, deepest first in created[] (at most cap): what a failed
+ * export removes again, so that it leaves no empty directory behind. Returns how many. */
+static int missing_dirs(const char *path, char created[][4096], int cap)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s", path);
+    int n = 0;
+    struct stat st;
+    while (n < cap && p[0] && stat(p, &st) != 0 && errno == ENOENT) {
+        snprintf(created[n++], 4096, "%s", p);
+        char *slash = strrchr(p, '/');
+        while (slash && slash > p && slash[1] == '\0') { /* "a/b/" */
+            *slash = '\0';
+            slash = strrchr(p, '/');
+        }
+        if (!slash || slash == p)
+            break;
+        *slash = '\0';
+    }
+    return n;
+}
+
+/* Undoes what a failed export made in the directories it created (created[0] the deepest): the files in
+ * it, then the directories, so a retry or a typo leaves nothing behind. A directory that existed before is
+ * left alone (its earlier export, if any, is still consistent: every file is renamed into place whole). */
+static void remove_created(char created[][4096], int n)
+{
+    if (n == 0)
+        return;
+    DIR *d = opendir(created[0]);
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+            unlinkat(dirfd(d), e->d_name, 0);
+    if (d)
+        closedir(d);
+    for (int i = 0; i < n; i++)
+        if (rmdir(created[i]) != 0)
+            break;
+}
+
 static size_t real_numel(const struct model_param *p)
 {
     return (size_t)p->init_rows * (size_t)p->shape[1];
@@ -162,6 +243,10 @@ static size_t real_numel(const struct model_param *p)
 static int export_file(struct ckpt_tool_model *m, const struct export_opts *o)
 {
     const struct model_layout *l = m->l;
+    char dir[4096];
+    const char *slash = strrchr(o->out, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - o->out) : 1, slash ? o->out : ".");
+    remove_stale_temps(dir[0] ? dir : "/", slash ? slash + 1 : o->out);
     struct safetensors_entry *e = calloc((size_t)l->n_params, sizeof *e);
     int *param_of = calloc((size_t)l->n_params, sizeof *param_of);
     struct export_ctx c = {.m = m, .dtype = o->dtype, .param_of = param_of};
@@ -251,7 +336,10 @@ out:
 static int export_dir(struct ckpt_tool_model *m, const struct export_opts *o, int *shards_out)
 {
     const struct model_layout *l = m->l;
+    char created[8][4096];
+    int n_created = missing_dirs(o->out, created, 8);
     FSDP_TRY(fs_mkdir_p(o->out, "export directory"));
+    remove_stale_temps(o->out, NULL);
     size_t n = (size_t)l->n_params, es = safetensors_dtype_size(o->dtype);
     char(*names)[MODEL_NAME_MAX + 32] = calloc(n, sizeof *names);
     int *shard_of = calloc(n, sizeof *shard_of), *param_of = calloc(n, sizeof *param_of);
@@ -314,6 +402,8 @@ static int export_dir(struct ckpt_tool_model *m, const struct export_opts *o, in
     if (tok && strcmp(tok, here) != 0)
         FSDP_TRY_GOTO(ckpt_copy_tokenizer(o->out, tok), rc, out);
 out:
+    if (rc != 0)
+        remove_created(created, n_created);
     free(c.tmp);
     free(names);
     free(shard_of);

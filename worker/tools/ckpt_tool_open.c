@@ -1,11 +1,14 @@
 /* fsdp-ckpt's CKPT argument: a checkpoint directory, a root holding `latest`, or ROOT:latest, resolved the
  * way every subcommand needs it; and the model source that also takes a Hugging Face directory. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/config.h"
 #include "common/error.h"
+#include "worker/config/worker_config.h"
 #include "worker/ckpt/ckpt.h"
 #include "worker/tools/ckpt_tool.h"
 #include "worker/tools/run_tokenizer.h"
@@ -37,7 +40,38 @@ static bool is_file(const char *path)
 }
 
 
-/* A Hugging Face directory: the layout from its config.json, the weights checked against it. */
+/* config.json's sizes through the checks fsdp-worker gives a model.init_from directory before anything is
+ * sized from them: each setting against its [model] key's bounds (the schema, as train_sources_apply
+ * applies them), then the rules between keys (worker_config_view). A hostile file (n_layer 10^9) would
+ * otherwise size the layout's tables and then the weights' buffer. */
+static int check_hf_config(const struct model_hf_config *hc)
+{
+    struct config *cfg = NULL;
+    struct worker_config *wc = malloc(sizeof *wc);
+    int rc = wc ? config_create(worker_config_schema(), &cfg) : error_set(FSDP_ENOMEM, "out of memory");
+    for (int i = 0; rc == 0 && i < hc->n_settings; i++) {
+        const struct model_hf_setting *st = &hc->settings[i];
+        char name[64];
+        snprintf(name, sizeof name, "model.%s", st->key);
+        if (config_set(cfg, name, st->value) != 0) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", error_message());
+            rc = error_set(FSDP_EINVAL, "%s: \"%s\" = %s is not a usable [model] %s: %s", hc->path, st->hf_key,
+                           st->value, st->key, why);
+        }
+    }
+    if (rc == 0 && worker_config_view(cfg, wc) != 0) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", error_message());
+        rc = error_set(FSDP_EINVAL, "%s: %s", hc->path, why);
+    }
+    config_destroy(cfg);
+    free(wc);
+    return rc;
+}
+
+/* A Hugging Face directory: the layout from its config.json once its sizes are within bounds, the weights
+ * checked against it (every tensor present with the layout's shape) before the caller allocates the model. */
 static int open_hf(const char *dir, struct ckpt_tool_model *m)
 {
     struct model_hf_config *hc = malloc(sizeof *hc);
@@ -45,6 +79,7 @@ static int open_hf(const char *dir, struct ckpt_tool_model *m)
         return error_set(FSDP_ENOMEM, "out of memory");
     int rc = 0;
     FSDP_TRY_GOTO(model_hf_config_read(dir, hc), rc, out);
+    FSDP_TRY_GOTO(check_hf_config(hc), rc, out);
     FSDP_TRY_GOTO(model_layout_build(&m->own, &hc->config), rc, out);
     m->l = &m->own;
     FSDP_TRY_GOTO(model_weights_open(m->l, dir, "model", &m->hf), rc, out);
@@ -98,6 +133,20 @@ int ckpt_tool_model_read(struct ckpt_tool_model *m, int p, size_t begin, size_t 
 {
     return m->ckpt ? ckpt_read(m->ckpt, CKPT_PARAM, p, begin, count, dst)
                    : model_weights_read(m->hf, p, begin, count, dst);
+}
+
+int ckpt_tool_model_read_finite(struct ckpt_tool_model *m, int p, float *dst)
+{
+    const struct model_layout *l = m->l;
+    size_t n = l->params[p].numel;
+    FSDP_TRY(ckpt_tool_model_read(m, p, 0, n, dst));
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(dst[i]))
+            return error_set(FSDP_ERANGE,
+                             "%s: tensor '%s' holds %s at element %zu (of %zu): these weights are not usable (the "
+                             "run had diverged when they were saved, or the file is damaged); take an earlier "
+                             "checkpoint", m->path, l->params[p].name, isnan(dst[i]) ? "NaN" : "an infinity", i, n);
+    return 0;
 }
 
 void ckpt_tool_model_close(struct ckpt_tool_model *m)

@@ -208,7 +208,7 @@ int ckpt_tool_sample(int argc, char **argv)
         goto out;
     }
     for (int p = 0; p < l->n_params; p++)
-        FSDP_TRY_GOTO(ckpt_tool_model_read(&src, p, 0, l->params[p].numel, params + l->params[p].offset), rc, out);
+        FSDP_TRY_GOTO(ckpt_tool_model_read_finite(&src, p, params + l->params[p].offset), rc, out);
     FSDP_TRY_GOTO(model_create(&m, &l->config, k, 1, T), rc, out);
     size_t ctx_cap = (tz ? pids.n : plen) + (size_t)o.length + 1;
     ctx = malloc(ctx_cap * sizeof *ctx);

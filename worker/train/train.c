@@ -377,7 +377,11 @@ int train_run(const struct worker_config *wc, const char *config_text, struct tr
 {
     struct trainer t = {.wc = wc, .env = env, .rss_at_start = rss_now()};
     FSDP_TRY(train_device_open(wc, env, &t.k, t.device_reason, sizeof t.device_reason));
-    FSDP_TRY(fsdp_check_config(wc, env->world_size, env->local_world_size, t.k));
+    int checked = fsdp_check_config(wc, env->world_size, env->local_world_size, t.k);
+    if (checked < 0) {
+        env->config_refused = true;
+        return checked;
+    }
     t.rows_per_rank = wc->train.train_batch / (env->world_size / (wc->fsdp.context_parallel_size > 0
                                                                      ? wc->fsdp.context_parallel_size : 1));
     t.accum = t.rows_per_rank / wc->train.micro_batch;

@@ -304,6 +304,9 @@ static int check_no_newer(const char *root, int64_t from)
                      root, n, (long long)from, names);
 }
 
+/* ckpt_read's kinds (CKPT_PARAM, the Adam moments) for fsdp_check_finite's message. */
+static const char *const KIND_NAME[3] = {"", " (Adam exp_avg)", " (Adam exp_avg_sq)"};
+
 /* Reads the checkpoint (`path`, else `which` under root) into the engine; *first_step = its step. */
 static int load_from(struct train_ckpt *c, struct fsdp *f, const struct worker_config *wc, struct train_env *env,
                      const char *root, const char *which, const char *path, int64_t *first_step)
@@ -328,6 +331,12 @@ static int load_from(struct train_ckpt *c, struct fsdp *f, const struct worker_c
     for (size_t i = 0; i < n; i++)
         for (int kind = 0; kind < 3; kind++) {
             FSDP_TRY_GOTO(ckpt_read(r, kind, pieces[i].param, pieces[i].begin, pieces[i].count, tmp), rc, out);
+            /* a checkpoint saved after its run diverged: say so here, not as this run's divergence later */
+            char src[4300];
+            snprintf(src, sizeof src, "checkpoint %s%s", ckpt_reader_path(r), KIND_NAME[kind]);
+            FSDP_TRY_GOTO(fsdp_check_finite(fsdp_layout(f), pieces[i].param, pieces[i].begin, tmp, pieces[i].count,
+                                            src),
+                          rc, out);
             FSDP_TRY_GOTO(k->mem_copy(pieces[i].data[kind], tmp, pieces[i].count * sizeof(float), KERNELS_COPY_H2D),
                           rc, out);
         }

@@ -3,6 +3,7 @@
 #ifndef FSDP_WORKER_TRAIN_ENV_H
 #define FSDP_WORKER_TRAIN_ENV_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "rendezvous/store.h"
@@ -12,6 +13,10 @@ struct train_env {
     char run_id[128];
     struct store_client *store;  /* NULL for one rank */
     struct store_server *server; /* rank 0 under a foreign launcher */
+    /* Set by train_run when the config does not fit this world (fsdp_check_config: a context_parallel_size or
+     * train_batch that does not divide it, ...): a configuration error, which fsdp-worker exits 1 for as for
+     * any other refused config, not a failure of training (2). */
+    bool config_refused;
 };
 
 int train_env_open(struct train_env *e);
