@@ -112,6 +112,8 @@ Test(model_hf, refuses_what_the_model_cannot_compute)
         {"{\"model_type\":\"gpt2\",\"activation_function\":\"relu\"}", "\"activation_function\" is \"relu\""},
         {"{\"model_type\":\"gpt2\",\"layer_norm_epsilon\":1e-6}", "LayerNorm uses 1e-05"},
         {"{\"model_type\":\"gpt2\",\"n_embd\":64,\"n_inner\":100}", "\"n_inner\" is 100"},
+        /* 4 x n_embd past int: refused before anything overflows (UBSan stopped here) */
+        {"{\"model_type\":\"gpt2\",\"n_embd\":1000000000}", "\"n_embd\" is 1000000000, too large"},
         {"{\"model_type\":\"gpt2\",\"tie_word_embeddings\":false}", "tie_word_embeddings"},
         {"{\"model_type\":\"gpt2\",\"scale_attn_by_inverse_layer_idx\":true}", "scale_attn_by_inverse_layer_idx"},
         {"{\"model_type\":\"gpt2\",\"n_layer\":2.5}", "\"n_layer\" must be an integer"},

@@ -26,10 +26,15 @@ static int gpt2_config_read(struct model_hf_json *j, struct model_config *c)
     FSDP_TRY(model_hf_json_int(j, "vocab_size", "vocab_size", 50257, 0, &c->vocab_size));
     FSDP_TRY(model_hf_json_int(j, "n_positions", "block_size", 1024, MODEL_HF_AT_MOST, &c->block_size));
     FSDP_TRY(model_hf_json_float(j, "initializer_range", NULL, 0.02, 0, &c->init_std));
-    FSDP_TRY(model_hf_json_int(j, "n_inner", NULL, 4 * c->n_embd, 0, &n_inner));
-    if (n_inner != 4 * c->n_embd)
-        return error_set(FSDP_EUNSUPPORTED, "%s: \"n_inner\" is %d, but fsdpc's GPT-2 MLP is 4 x n_embd = %d wide",
-                         j->path, n_inner, 4 * c->n_embd);
+    /* 4 n_embd in 64 bits: n_embd is not bounded yet (the generic checks come after the family's keys) */
+    long long wide = 4LL * c->n_embd;
+    if (wide > 1LL << 30)
+        return error_set(FSDP_EINVAL, "%s: \"n_embd\" is %d, too large: 4 x n_embd must be at most %d", j->path,
+                         c->n_embd, 1 << 30);
+    FSDP_TRY(model_hf_json_int(j, "n_inner", NULL, (int)wide, 0, &n_inner));
+    if (n_inner != wide)
+        return error_set(FSDP_EUNSUPPORTED, "%s: \"n_inner\" is %d, but fsdpc's GPT-2 MLP is 4 x n_embd = %lld wide",
+                         j->path, n_inner, wide);
     FSDP_TRY(model_hf_json_expect_str(j, "activation_function", gelu,
                                       "fsdpc's GPT-2 computes the tanh GELU only (\"gelu_new\")"));
     FSDP_TRY(model_hf_json_expect_num(j, "layer_norm_epsilon", GPT2_LN_EPS, "fsdpc's GPT-2 LayerNorm uses 1e-05"));
