@@ -5,7 +5,7 @@ Modes:
          and a batch (--batch: int32 "tokens" and "targets", target -1 = ignored); writes --out
          (safetensors): "loss" (mean over valid targets), "logits" (B*T, vocab) and "grad.<name>" for every
          parameter. --fp64 runs in double precision.
-  train  builds LlamaForCausalLM with transformers' own init (seeded by --seed), writes it to --init_out
+  train  builds LlamaForCausalLM (--qwen2: Qwen2ForCausalLM) with transformers' own init (seeded by --seed), writes it to --init_out
          (safetensors, Hugging Face names; a tied lm_head.weight is left out as save_pretrained does) for
          fsdpc's model.init_from, then trains --steps steps of fp32 on --data (nanoGPT uint16 or llm.c .bin)
          reading exactly the rows fsdpc's data.order = sequential reads: row r of step s starts at token
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 
 def parse():
@@ -39,6 +39,8 @@ def parse():
     p.add_argument("--rope_theta", type=float, default=10000.0)
     p.add_argument("--rms_norm_eps", type=float, default=1e-6)
     p.add_argument("--tie", action="store_true", help="tie_word_embeddings")
+    p.add_argument("--qwen2", action="store_true",
+                   help="Qwen2ForCausalLM (q/k/v biases, given random values so that they count from step 1)")
     p.add_argument("--init_std", type=float, default=0.02)
     # grads
     p.add_argument("--weights")
@@ -61,6 +63,20 @@ def parse():
 
 
 def build(a):
+    if a.qwen2:
+        cfg = Qwen2Config(
+            vocab_size=a.vocab, hidden_size=a.n_embd, intermediate_size=a.intermediate_size,
+            num_hidden_layers=a.n_layer, num_attention_heads=a.n_head, num_key_value_heads=a.n_kv_head,
+            max_position_embeddings=a.block_size, rms_norm_eps=a.rms_norm_eps,
+            rope_parameters={"rope_type": "default", "rope_theta": a.rope_theta},
+            tie_word_embeddings=a.tie, initializer_range=a.init_std, use_sliding_window=False,
+            hidden_act="silu", use_cache=False)
+        model = Qwen2ForCausalLM(cfg)
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n.endswith("_proj.bias"):
+                    p.normal_(0.0, 0.1)
+        return model
     cfg = LlamaConfig(
         vocab_size=a.vocab, hidden_size=a.n_embd, intermediate_size=a.intermediate_size,
         num_hidden_layers=a.n_layer, num_attention_heads=a.n_head, num_key_value_heads=a.n_kv_head,

@@ -13,6 +13,9 @@ transformers).
       saves it) and OUT_DIR/llama3_v4 (the same in transformers 4.x's spelling), all sharded (max_shard_size
       60KB), and OUT_DIR/ref.json.
 
+  hf_check.py make_qwen2 OUT_DIR DATA.bin BATCH BLOCK STEPS
+      A tied Qwen2ForCausalLM with random q/k/v biases as OUT_DIR/model (sharded) and OUT_DIR/ref.json.
+
   hf_check.py tokenizer OUT.json
       A byte-level tokenizer.json for fsdp-prepare-data's byte tokens (token id = byte value): ByteLevel's
       character of byte b has id b, no merges, so transformers decodes a run's ids back to its text.
@@ -136,6 +139,24 @@ def make_llama(out, data, batch, block, steps):
         json.dump(ref, f)
 
 
+def make_qwen2(out, data, batch, block, steps):
+    """A tied Qwen2ForCausalLM (q/k/v biases given random values) saved sharded as OUT_DIR/model, and
+    OUT_DIR/ref.json with transformers' mean loss on the eval windows."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(7)
+    cfg = Qwen2Config(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=256, max_position_embeddings=48, rms_norm_eps=1e-6,
+                      tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("_proj.bias"):
+                p.normal_(0.0, 0.3)
+    model.save_pretrained(os.path.join(out, "model"), max_shard_size="60KB")
+    with open(os.path.join(out, "ref.json"), "w") as f:
+        json.dump({"model": mean_loss(model, data, batch, block, steps)}, f)
+
+
 def byte_tokenizer(out):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
@@ -186,6 +207,8 @@ if __name__ == "__main__":
         make(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
     elif sys.argv[1] == "make_llama":
         make_llama(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
+    elif sys.argv[1] == "make_qwen2":
+        make_qwen2(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
     elif sys.argv[1] == "tokenizer":
         byte_tokenizer(sys.argv[2])
     elif sys.argv[1] == "logits":

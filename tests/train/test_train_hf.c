@@ -430,3 +430,44 @@ Test(train_hf, llama_in_and_out, .timeout = 600)
     cJSON_Delete(ref2);
     tt_teardown(&c);
 }
+
+/* Qwen2 the same way: a save_pretrained Qwen2ForCausalLM directory (q/k/v biases, tied head) evaluates to
+ * transformers' loss, and its export opens in transformers with the same loss. */
+Test(train_hf, qwen2_in_and_out, .timeout = 300)
+{
+    need_venv();
+    struct tt_ctx c;
+    tt_setup(&c);
+    char hf[2048], val[2048], model[2100], ref_path[2100], json[2200], exp[2200], exp_json[2300];
+    snprintf(hf, sizeof hf, "%s/qwen2", c.dir);
+    snprintf(val, sizeof val, "%s/val.bin", c.data);
+    hf_check(c.dir, "make_qwen2", (const char *const[]){"make_qwen2", hf, val, "4", "32", "3", NULL});
+    snprintf(model, sizeof model, "%s/model", hf);
+    snprintf(ref_path, sizeof ref_path, "%s/ref.json", hf);
+    snprintf(json, sizeof json, "%s/eval_qwen2.json", c.dir);
+    char *err;
+    int code = ckpt_tool(c.dir, "eval_qwen2",
+                         (const char *const[]){"eval", model, "--data", val, "--batch", "4", "--block_size", "32",
+                                               "--steps", "3", "--json", json, NULL},
+                         &err);
+    cr_assert_eq(code, 0, "eval qwen2: %s", err);
+    free(err);
+    cJSON *ref = load_json(ref_path), *e = load_json(json);
+    double want = tu_json_num(ref, "model"), got = tu_json_num(e, "loss");
+    cr_assert(fabs(got - want) <= 1e-5 * fabs(want), "qwen2: fsdp-ckpt eval %.9g, transformers %.9g", got, want);
+    cr_log_info("qwen2: eval %.7f vs transformers %.7f", got, want);
+    snprintf(exp, sizeof exp, "%s/qwen2_export", c.dir);
+    snprintf(exp_json, sizeof exp_json, "%s/qwen2_export_loss.json", c.dir);
+    code = ckpt_tool(c.dir, "qwen2_export", (const char *const[]){"export", model, exp, NULL}, &err);
+    cr_assert_eq(code, 0, "export qwen2: %s", err);
+    free(err);
+    hf_check(c.dir, "loss", (const char *const[]){"loss", exp, val, "4", "32", "3", exp_json, NULL});
+    cJSON *x = load_json(exp_json);
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(x, "architecture")->valuestring, "Qwen2ForCausalLM");
+    cr_assert(fabs(tu_json_num(x, "loss") - want) <= 1e-6 * fabs(want), "qwen2 export in transformers %.9g, original %.9g",
+              tu_json_num(x, "loss"), want);
+    cJSON_Delete(x);
+    cJSON_Delete(e);
+    cJSON_Delete(ref);
+    tt_teardown(&c);
+}

@@ -48,17 +48,19 @@ static const char hf_ini[] = "[model]\n"
                              "[log]\n"
                              "interval = 10\n";
 
-/* transformers' losses of the 20 steps, and its init written to init (both for the tied or untied model). */
-static void reference(const struct tt_ctx *c, const char *py, bool tie, const char *init, double *loss)
+/* transformers' losses of the 20 steps, and its init written to init (both for the tied or untied model;
+ * qwen2: Qwen2ForCausalLM, whose q/k/v biases the reference gives random values). */
+static void reference(const struct tt_ctx *c, const char *py, bool tie, bool qwen2, const char *init, double *loss)
 {
     char cmd[16384], out[2300];
-    snprintf(out, sizeof out, "%s/hf-%s.jsonl", c->dir, tie ? "tied" : "untied");
+    snprintf(out, sizeof out, "%s/hf-%s%s.jsonl", c->dir, qwen2 ? "qwen2-" : "", tie ? "tied" : "untied");
     snprintf(cmd, sizeof cmd,
              "OMP_NUM_THREADS=1 '%s' %s/tests/model/llama_hf_ref.py train --n_layer 2 --n_head 6 --n_kv_head 2 "
              "--n_embd 48 --intermediate_size 96 --vocab 256 --block_size 16 --rope_theta 10000 --rms_norm_eps 1e-6 "
-             "%s --init_out %s --data %s/train.bin --steps %d --global_batch 12 --lr 0.003 --beta1 0.9 --beta2 0.95 "
+             "%s %s --init_out %s --data %s/train.bin --steps %d --global_batch 12 --lr 0.003 --beta1 0.9 --beta2 0.95 "
              "--eps 1e-8 --weight_decay 0.1 --grad_clip 1.0 --seed %d > %s 2> %s.err",
-             py, getenv("FSDP_SOURCE_ROOT"), tie ? "--tie" : "", init, c->data, TT_STEPS, tie ? 11 : 12, out, out);
+             py, getenv("FSDP_SOURCE_ROOT"), tie ? "--tie" : "", qwen2 ? "--qwen2" : "", init, c->data, TT_STEPS,
+             tie ? 11 : 12, out, out);
     int rc = tu_sh(cmd);
     if (rc != 0) {
         char err[2400];
@@ -92,7 +94,7 @@ static void hf_parity(bool tie)
     char init[2300], initarg[2400];
     snprintf(init, sizeof init, "%s/init-%s.safetensors", c.dir, tie ? "tied" : "untied");
     double ref[TT_STEPS];
-    reference(&c, py, tie, init, ref);
+    reference(&c, py, tie, false, init, ref);
     snprintf(initarg, sizeof initarg, "--model.init_from=%s", init);
     const char *strategies[] = {"FULL_SHARD", "HYBRID_SHARD"};
     double worst = 0;
@@ -121,6 +123,39 @@ static void hf_parity(bool tie)
     fprintf(stderr, "llama %s head vs transformers' LlamaForCausalLM: 8 runs x 20 steps, losses %.4f -> %.4f, largest "
                     "relative difference %.3g (bound %.0e)\n",
             tie ? "tied" : "untied", ref[0], ref[TT_STEPS - 1], worst, HF_REL);
+    cr_assert(ref[TT_STEPS - 1] < ref[0] - 0.5, "the reference did not learn: %g -> %g", ref[0], ref[TT_STEPS - 1]);
+    tt_teardown(&c);
+}
+
+/* Qwen2 (Llama's block with q/k/v biases): the same parity at worlds 1 to 4 under FULL_SHARD, from
+ * transformers' Qwen2ForCausalLM with random biases, fsdpc reading its init with model_family = qwen2. */
+Test(llama_hf, qwen2_qkv_biases, .timeout = 600)
+{
+    char py[1200];
+    if (tu_torch_python(py, sizeof py) != 0)
+        cr_skip_test("%s", py);
+    struct tt_ctx c;
+    tt_setup_ini(&c, hf_ini);
+    char init[2300], initarg[2400];
+    snprintf(init, sizeof init, "%s/init-qwen2.safetensors", c.dir);
+    double ref[TT_STEPS];
+    reference(&c, py, false, true, init, ref);
+    snprintf(initarg, sizeof initarg, "--model.init_from=%s", init);
+    double worst = 0;
+    for (int world = 1; world <= 4; world++) {
+        char tag[64];
+        snprintf(tag, sizeof tag, "qwen2-w%d", world);
+        const char *extra[] = {initarg, "--model.model_family=qwen2", NULL};
+        struct tt_result r;
+        tt_run_ok(&c, world, tag, extra, &r);
+        cr_assert(tt_summary_matches(&r, 0, "{\"model\":{\"family\":\"qwen2\"}}"), "%s", r.err);
+        double d = tt_assert_losses(&r, ref, HF_REL, tag);
+        worst = d > worst ? d : worst;
+        tt_result_free(&r);
+    }
+    fprintf(stderr, "qwen2 vs transformers' Qwen2ForCausalLM: 4 runs x 20 steps, losses %.4f -> %.4f, largest relative "
+                    "difference %.3g (bound %.0e)\n",
+            ref[0], ref[TT_STEPS - 1], worst, HF_REL);
     cr_assert(ref[TT_STEPS - 1] < ref[0] - 0.5, "the reference did not learn: %g -> %g", ref[0], ref[TT_STEPS - 1]);
     tt_teardown(&c);
 }

@@ -17,7 +17,7 @@
 
 static const struct config_section sections[] = {
     {"model", "Model family, shape and initialisation. The defaults are a small byte-level GPT-2 that trains on a CPU; "
-              "model_family = llama adds the Llama keys (n_kv_head ... tie_word_embeddings)."},
+              "model_family = llama (and qwen2) adds the Llama keys (n_kv_head ... tie_word_embeddings)."},
     {"train", "Batch sizes, step counts and the device."},
     {"optim", "AdamW and the learning-rate schedule."},
     {"data", "Token files (nanoGPT uint16 or llm.c .bin)."},
@@ -28,10 +28,11 @@ static const struct config_section sections[] = {
 
 static const struct config_key keys[] = {
     /* [model] */
-    {.section = "model", .name = "model_family", .type = CONFIG_ENUM, .def = "gpt2", .values = LIST("gpt2", "llama"),
-     .value_aliases = ALIASES({"GPT2LMHeadModel", "gpt2"}, {"LlamaForCausalLM", "llama"}),
-     .help = "Model architecture: gpt2 (LayerNorm, GELU, learned positions, tied head) or llama (RMSNorm, "
-             "SwiGLU, rotary positions, grouped-query attention)"},
+    {.section = "model", .name = "model_family", .type = CONFIG_ENUM, .def = "gpt2", .values = LIST("gpt2", "llama", "qwen2"),
+     .value_aliases = ALIASES({"GPT2LMHeadModel", "gpt2"}, {"LlamaForCausalLM", "llama"},
+                              {"Qwen2ForCausalLM", "qwen2"}),
+     .help = "Model architecture: gpt2 (LayerNorm, GELU, learned positions, tied head), llama (RMSNorm, "
+             "SwiGLU, rotary positions, grouped-query attention) or qwen2 (llama with q/k/v biases)"},
     {.section = "model", .name = "n_layer", .type = CONFIG_INT, .def = "4", .min = 1, .max = 1024,
      .help = "Number of decoder blocks"},
     {.section = "model", .name = "n_head", .type = CONFIG_INT, .def = "4", .min = 1, .max = 1024,
@@ -241,9 +242,15 @@ static const char *const llama_only_keys[] = {"n_kv_head", "intermediate_size", 
                                               "rope_original_max_position_embeddings", "rms_norm_eps",
                                               "tie_word_embeddings", NULL};
 
+/* The families that read the Llama keys: Llama and Qwen2 (Llama's block with q/k/v biases). */
+static bool reads_llama_keys(enum worker_model_family family)
+{
+    return family == WORKER_MODEL_LLAMA || family == WORKER_MODEL_QWEN2;
+}
+
 static int check_family_keys(const struct config *cfg, enum worker_model_family family)
 {
-    if (family == WORKER_MODEL_LLAMA)
+    if (reads_llama_keys(family))
         return 0;
     for (const char *const *k = llama_only_keys; *k; k++) {
         char name[64], where[CONFIG_MAX_VALUE + 64] = "";
@@ -256,8 +263,8 @@ static int check_family_keys(const struct config *cfg, enum worker_model_family 
         else if (v->source == CONFIG_SRC_CLI)
             snprintf(where, sizeof where, " (command line)");
         return error_set(FSDP_EINVAL,
-                         "%s%s applies only to model_family = llama, but model_family is %s; remove it or set "
-                         "model.model_family = llama",
+                         "%s%s applies only to model_family = llama or qwen2, but model_family is %s; remove it or "
+                         "set model.model_family = llama",
                          name, where, worker_model_family_name(family));
     }
     return 0;
@@ -366,7 +373,7 @@ int worker_config_validate(const struct worker_config *wc)
     if (wc->model.n_embd % wc->model.n_head != 0)
         return error_set(FSDP_EINVAL, "model.n_embd (%d) must be a multiple of model.n_head (%d)", wc->model.n_embd,
                          wc->model.n_head);
-    if (wc->model.family == WORKER_MODEL_LLAMA) {
+    if (reads_llama_keys(wc->model.family)) {
         int hs = wc->model.n_embd / wc->model.n_head;
         if (wc->model.n_kv_head > 0 && wc->model.n_head % wc->model.n_kv_head != 0)
             return error_set(FSDP_EINVAL,
@@ -375,9 +382,9 @@ int worker_config_validate(const struct worker_config *wc)
                              wc->model.n_kv_head, wc->model.n_head);
         if (hs % 2 != 0)
             return error_set(FSDP_EINVAL,
-                             "model_family = llama: the head size model.n_embd / model.n_head = %d / %d = %d must be "
+                             "model_family = %s: the head size model.n_embd / model.n_head = %d / %d = %d must be "
                              "even for rotary position embeddings",
-                             wc->model.n_embd, wc->model.n_head, hs);
+                             worker_model_family_name(wc->model.family), wc->model.n_embd, wc->model.n_head, hs);
         if (!(wc->model.rope_theta > 0))
             return error_set(FSDP_EINVAL, "model.rope_theta must be above 0 (got %g)", wc->model.rope_theta);
         if (wc->model.rope_scaling && !(wc->model.rope_high_freq_factor > wc->model.rope_low_freq_factor))

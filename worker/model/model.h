@@ -42,6 +42,7 @@ struct model_config {
     int rope_original_max_position;
     float rms_norm_eps;
     bool tie_word_embeddings; /* the LM head is embed_tokens (no lm_head.weight) */
+    bool qkv_bias;            /* q, k and v projections have biases: set by the family (qwen2), not a key */
     int vocab_size; /* real vocabulary; the model pads it to MODEL_VOCAB_ALIGN internally */
     int block_size; /* maximum sequence length (rows of wpe; rotary positions) */
     float init_std;

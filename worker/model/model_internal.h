@@ -175,4 +175,8 @@ int model_llama_check(const struct model_config *cfg);
 int model_llama_layout_build(struct model_layout *out, const struct model_config *cfg);
 extern const struct model_decoder model_llama_decoder;
 
+/* The Qwen2 family: Llama's block and layout with q/k/v biases and Qwen2's class names. */
+void model_qwen2_resolve(struct model_config *cfg);
+int model_qwen2_layout_build(struct model_layout *out, const struct model_config *cfg);
+
 #endif

@@ -23,14 +23,27 @@ struct llama_acts {
 
 /* Persistent: the rotary positions and table; scratch: the wide gradients. */
 struct llama_state {
+    float *ones;         /* (N) 1.0: adds the q/k/v biases and sums their gradients as GEMMs (qkv_bias) */
     int32_t *pos;        /* (N) rotary position of each row */
     float *freqs;        /* (block_size, hs) cos | sin */
     float *dact, *dwide; /* (N, I) and (N, max(2I, qkv width)) */
 };
 
-/* Index of each tensor among a block unit's 9 parameters and the root unit's (model_llama_layout.c). */
+/* Index of each tensor among a block unit's 9 parameters and the root unit's (model_llama_layout.c); with
+ * q/k/v biases (qwen2) each of q_proj, k_proj and v_proj is followed by its bias: 12 parameters. */
 enum { Q_W, K_W, V_W, O_W, GATE_W, UP_W, DOWN_W, IN_NORM_W, POST_NORM_W, N_BLOCK };
 enum { EMB_W, NORM_W, HEAD_W };
+
+struct block_ix {
+    int q_w, k_w, v_w, q_b, k_b, v_b, shift; /* biases -1 without; shift: how far the later tensors moved */
+};
+
+static struct block_ix ix_of(const struct model_config *c)
+{
+    if (!c->qkv_bias)
+        return (struct block_ix){Q_W, K_W, V_W, -1, -1, -1, 0};
+    return (struct block_ix){0, 2, 4, 1, 3, 5, 3};
+}
 
 struct dims {
     int N, C, nh, nkv, hs, qkv, I, vp;
@@ -50,6 +63,7 @@ static void llama_plan_persistent(const struct model_config *cfg, int b, int t, 
 {
     struct llama_state *s = fam;
     struct dims d = dims_of(cfg, b, t);
+    s->ones = cfg->qkv_bias ? model_carve(c, (size_t)d.N * sizeof(float)) : NULL;
     s->pos = model_carve(c, (size_t)d.N * sizeof(int32_t));
     s->freqs = model_carve(c, (size_t)cfg->block_size * d.hs * sizeof(float));
 }
@@ -135,6 +149,14 @@ static int llama_setup(struct model *m)
         pos[i] = model_position(m, i % m->t);
     FSDP_TRY_GOTO(m->k->mem_copy(s->freqs, host, tab * sizeof *host, KERNELS_COPY_H2D), rc, out);
     FSDP_TRY_GOTO(m->k->mem_copy(s->pos, pos, (size_t)N * sizeof *pos, KERNELS_COPY_H2D), rc, out);
+    if (s->ones) {
+        for (size_t i = 0; i < tab; i++)
+            host[i] = 1.0f;
+        for (size_t off = 0; off < (size_t)N; off += tab) /* the table's buffer, reused: N may exceed it */
+            FSDP_TRY_GOTO(m->k->mem_copy(s->ones + off, host, ((size_t)N - off < tab ? (size_t)N - off : tab) * sizeof *host,
+                                         KERNELS_COPY_H2D),
+                          rc, out);
+    }
 out:
     free(host);
     free(pos);
@@ -158,6 +180,46 @@ static int linear_backward(const struct kernels *k, float *dx, float *dw, const 
     return dw ? k->gemm(1, 0, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in) : 0;
 }
 
+/* The q, k and v projections into the packed (N, qkv) rows [q | k | v]: one GEMM where the three weights
+ * are one matrix (Llama), else one per projection into its columns plus its bias, added as ones (N, 1) x
+ * bias (1, rows) so that every backend does it with its GEMM. */
+static int qkv_forward(struct model *m, int u, const float *w, float *qkv, const float *h, const struct dims *d,
+                       const struct block_ix *x, const float *ones)
+{
+    const struct kernels *k = m->k;
+    if (x->q_b < 0)
+        return linear_forward(k, qkv, h, up(m, u, w, Q_W), d->N, d->C, d->qkv);
+    const int wi[3] = {x->q_w, x->k_w, x->v_w}, bi[3] = {x->q_b, x->k_b, x->v_b};
+    const int rows[3] = {d->nh * d->hs, d->nkv * d->hs, d->nkv * d->hs}, off[3] = {0, rows[0], rows[0] + rows[1]};
+    for (int i = 0; i < 3; i++) {
+        FSDP_TRY(k->gemm(0, 1, d->N, rows[i], d->C, 1.0f, h, d->C, up(m, u, w, wi[i]), d->C, 0.0f, qkv + off[i], d->qkv));
+        FSDP_TRY(k->gemm(0, 0, d->N, rows[i], 1, 1.0f, ones, 1, up(m, u, w, bi[i]), rows[i], 1.0f, qkv + off[i], d->qkv));
+    }
+    return 0;
+}
+
+/* Their backward from dqkv (N, qkv): dh = sum of dq Wq, dk Wk, dv Wv (written, not added), and the weight and
+ * bias gradients added (dW += d^T h, db += ones^T d). */
+static int qkv_backward(struct model *m, int u, const float *w, float *g, const float *dqkv, const float *h,
+                        const struct dims *d, const struct block_ix *x, const float *ones)
+{
+    const struct kernels *k = m->k;
+    struct model_core *s = model_core_of(m);
+    if (x->q_b < 0)
+        return linear_backward(k, s->dln, upg(m, u, g, Q_W), dqkv, h, up(m, u, w, Q_W), d->N, d->C, d->qkv);
+    const int wi[3] = {x->q_w, x->k_w, x->v_w}, bi[3] = {x->q_b, x->k_b, x->v_b};
+    const int rows[3] = {d->nh * d->hs, d->nkv * d->hs, d->nkv * d->hs}, off[3] = {0, rows[0], rows[0] + rows[1]};
+    for (int i = 0; i < 3; i++) {
+        FSDP_TRY(k->gemm(0, 0, d->N, d->C, rows[i], 1.0f, dqkv + off[i], d->qkv, up(m, u, w, wi[i]), d->C,
+                         i ? 1.0f : 0.0f, s->dln, d->C));
+        if (!g)
+            continue;
+        FSDP_TRY(k->gemm(1, 0, rows[i], d->C, d->N, 1.0f, dqkv + off[i], d->qkv, h, d->C, 1.0f, upg(m, u, g, wi[i]), d->C));
+        FSDP_TRY(k->gemm(1, 0, 1, rows[i], d->N, 1.0f, ones, 1, dqkv + off[i], d->qkv, 1.0f, upg(m, u, g, bi[i]), rows[i]));
+    }
+    return 0;
+}
+
 static int llama_forward_block(struct model *m, int layer, const float *w, void *acts)
 {
     struct model_core *s = model_core_of(m);
@@ -168,23 +230,23 @@ static int llama_forward_block(struct model *m, int layer, const float *w, void 
     int N = d.N, C = d.C, u = 1 + layer;
     size_t NC = (size_t)N * C;
     struct llama_acts *a = acts;
-    const float *x = s->resid + (size_t)layer * NC;
+    const float *xin = s->resid + (size_t)layer * NC;
+    struct block_ix x = ix_of(c);
     float *y = s->resid + (size_t)(layer + 1) * NC;
-    FSDP_TRY(k->rmsnorm_forward(a->h1, a->rstd1, x, up(m, u, w, IN_NORM_W), N, C, c->rms_norm_eps));
-    /* q_proj, k_proj and v_proj are adjacent: one (qkv, C) matrix */
-    FSDP_TRY(linear_forward(k, a->qkv, a->h1, up(m, u, w, Q_W), N, C, d.qkv));
+    FSDP_TRY(k->rmsnorm_forward(a->h1, a->rstd1, xin, up(m, u, w, IN_NORM_W + x.shift), N, C, c->rms_norm_eps));
+    FSDP_TRY(qkv_forward(m, u, w, a->qkv, a->h1, &d, &x, ls->ones));
     FSDP_TRY(k->rope_forward(a->qkv, N, d.qkv, d.nh + d.nkv, d.hs, ls->pos, ls->freqs, c->block_size));
     if (m->cp.size > 1)
         FSDP_TRY(model_cp_attention_forward(m, a->att, a->lse, a->qkv));
     else
         FSDP_TRY(k->attention_forward(a->att, a->lse, a->qkv, m->b, m->t, C, d.nh, d.nkv, s->attn_ws));
-    FSDP_TRY(linear_forward(k, s->tmp, a->att, up(m, u, w, O_W), N, C, C));
-    FSDP_TRY(k->residual_forward(a->xmid, x, s->tmp, NC));
-    FSDP_TRY(k->rmsnorm_forward(a->h2, a->rstd2, a->xmid, up(m, u, w, POST_NORM_W), N, C, c->rms_norm_eps));
+    FSDP_TRY(linear_forward(k, s->tmp, a->att, up(m, u, w, O_W + x.shift), N, C, C));
+    FSDP_TRY(k->residual_forward(a->xmid, xin, s->tmp, NC));
+    FSDP_TRY(k->rmsnorm_forward(a->h2, a->rstd2, a->xmid, up(m, u, w, POST_NORM_W + x.shift), N, C, c->rms_norm_eps));
     /* gate_proj and up_proj are adjacent: one (2I, C) matrix giving [gate | up] rows */
-    FSDP_TRY(linear_forward(k, a->gu, a->h2, up(m, u, w, GATE_W), N, C, 2 * d.I));
+    FSDP_TRY(linear_forward(k, a->gu, a->h2, up(m, u, w, GATE_W + x.shift), N, C, 2 * d.I));
     FSDP_TRY(k->swiglu_forward(a->act, a->gu, N, d.I));
-    FSDP_TRY(linear_forward(k, s->tmp, a->act, up(m, u, w, DOWN_W), N, d.I, C));
+    FSDP_TRY(linear_forward(k, s->tmp, a->act, up(m, u, w, DOWN_W + x.shift), N, d.I, C));
     return k->residual_forward(y, a->xmid, s->tmp, NC);
 }
 
@@ -198,16 +260,17 @@ static int llama_backward_block(struct model *m, int layer, const float *w, floa
     int N = d.N, C = d.C, u = 1 + layer;
     size_t NC = (size_t)N * C, F = sizeof(float);
     struct llama_acts *a = acts;
-    const float *x = s->resid + (size_t)layer * NC;
+    const float *xin = s->resid + (size_t)layer * NC;
+    struct block_ix x = ix_of(c);
     /* s->dres holds dL/dy on entry and dL/dx on return: the residual adds make it flow straight through,
      * and each norm's backward adds its branch into it. */
-    FSDP_TRY(linear_backward(k, ls->dact, upg(m, u, g, DOWN_W), s->dres, a->act, up(m, u, w, DOWN_W), N, d.I, C));
+    FSDP_TRY(linear_backward(k, ls->dact, upg(m, u, g, DOWN_W + x.shift), s->dres, a->act, up(m, u, w, DOWN_W + x.shift), N, d.I, C));
     FSDP_TRY(k->mem_set(ls->dwide, 0, (size_t)N * 2 * d.I * F));
     FSDP_TRY(k->swiglu_backward(ls->dwide, a->gu, ls->dact, N, d.I));
-    FSDP_TRY(linear_backward(k, s->dln, upg(m, u, g, GATE_W), ls->dwide, a->h2, up(m, u, w, GATE_W), N, C, 2 * d.I));
-    FSDP_TRY(k->rmsnorm_backward(s->dres, upg(m, u, g, POST_NORM_W), s->dln, a->xmid, up(m, u, w, POST_NORM_W), a->rstd2,
+    FSDP_TRY(linear_backward(k, s->dln, upg(m, u, g, GATE_W + x.shift), ls->dwide, a->h2, up(m, u, w, GATE_W + x.shift), N, C, 2 * d.I));
+    FSDP_TRY(k->rmsnorm_backward(s->dres, upg(m, u, g, POST_NORM_W + x.shift), s->dln, a->xmid, up(m, u, w, POST_NORM_W + x.shift), a->rstd2,
                             N, C));
-    FSDP_TRY(linear_backward(k, s->tmp, upg(m, u, g, O_W), s->dres, a->att, up(m, u, w, O_W), N, C, C));
+    FSDP_TRY(linear_backward(k, s->tmp, upg(m, u, g, O_W + x.shift), s->dres, a->att, up(m, u, w, O_W + x.shift), N, C, C));
     if (m->cp.size > 1) {
         FSDP_TRY(model_cp_attention_backward(m, ls->dwide, s->tmp, a->qkv, a->att, a->lse));
     } else {
@@ -217,8 +280,9 @@ static int llama_backward_block(struct model *m, int layer, const float *w, floa
     }
     /* the gradient of q and k before rope: the transposed rotation */
     FSDP_TRY(k->rope_backward(ls->dwide, N, d.qkv, d.nh + d.nkv, d.hs, ls->pos, ls->freqs, c->block_size));
-    FSDP_TRY(linear_backward(k, s->dln, upg(m, u, g, Q_W), ls->dwide, a->h1, up(m, u, w, Q_W), N, C, d.qkv));
-    return k->rmsnorm_backward(s->dres, upg(m, u, g, IN_NORM_W), s->dln, x, up(m, u, w, IN_NORM_W), a->rstd1, N, C);
+    FSDP_TRY(qkv_backward(m, u, w, g, ls->dwide, a->h1, &d, &x, ls->ones));
+    return k->rmsnorm_backward(s->dres, upg(m, u, g, IN_NORM_W + x.shift), s->dln, xin, up(m, u, w, IN_NORM_W + x.shift),
+                               a->rstd1, N, C);
 }
 
 static float llama_norm_eps(const struct model_config *c)

@@ -48,18 +48,46 @@ static int rope_dict_read(struct model_hf_json *j, const cJSON *dict, const char
                              MODEL_HF_REQUIRED, &c->rope_original_max_position);
 }
 
-static int llama_config_read(struct model_hf_json *j, struct model_config *c)
+/* What differs between the Llama-style families' config.json: the family, transformers' defaults for absent
+ * keys, and whether the attention_bias/mlp_bias keys exist (Llama) or the q/k/v biases are built in and a
+ * sliding window may be configured (Qwen2). */
+struct llama_style {
+    const char *family;
+    int layers, heads, hidden, intermediate, vocab, positions;
+    bool qwen2_keys;
+};
+static const struct llama_style llama_style = {"llama", 32, 32, 4096, 11008, 32000, 2048, false};
+static const struct llama_style qwen2_style = {"qwen2", 32, 32, 4096, 22016, 151936, 32768, true};
+
+/* Qwen2's sliding window: fsdpc's attention is full causal, so a config must not use the window. */
+static int qwen2_window_check(struct model_hf_json *j)
+{
+    FSDP_TRY(model_hf_json_expect_bool(j, "use_sliding_window", false,
+                                       "fsdpc's Qwen2 attention is full causal attention (no sliding window)"));
+    const cJSON *types = cJSON_GetObjectItemCaseSensitive(j->root, "layer_types");
+    if (!cJSON_IsArray(types))
+        return 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, types)
+        if (!cJSON_IsString(t) || strcmp(t->valuestring, "full_attention") != 0)
+            return error_set(FSDP_EUNSUPPORTED, "%s: \"layer_types\" names a layer that is not \"full_attention\"; "
+                             "fsdpc's Qwen2 attention is full causal attention (no sliding window)", j->path);
+    return 0;
+}
+
+static int style_config_read(struct model_hf_json *j, struct model_config *c, const struct llama_style *st)
 {
     static const char *const silu[] = {"silu", "swish", NULL};
-    /* Defaults are transformers' LlamaConfig defaults, which from_pretrained would use for absent keys. */
-    FSDP_TRY(model_hf_json_setting(j, "model_family", "llama", "architectures"));
-    FSDP_TRY(model_hf_json_int(j, "num_hidden_layers", "n_layer", 32, 0, &c->n_layer));
-    FSDP_TRY(model_hf_json_int(j, "num_attention_heads", "n_head", 32, 0, &c->n_head));
+    /* Defaults are transformers' config class defaults, which from_pretrained would use for absent keys. */
+    FSDP_TRY(model_hf_json_setting(j, "model_family", st->family, "architectures"));
+    FSDP_TRY(model_hf_json_int(j, "num_hidden_layers", "n_layer", st->layers, 0, &c->n_layer));
+    FSDP_TRY(model_hf_json_int(j, "num_attention_heads", "n_head", st->heads, 0, &c->n_head));
     FSDP_TRY(model_hf_json_int(j, "num_key_value_heads", "n_kv_head", c->n_head, 0, &c->n_kv_head));
-    FSDP_TRY(model_hf_json_int(j, "hidden_size", "n_embd", 4096, 0, &c->n_embd));
-    FSDP_TRY(model_hf_json_int(j, "intermediate_size", "intermediate_size", 11008, 0, &c->intermediate_size));
-    FSDP_TRY(model_hf_json_int(j, "vocab_size", "vocab_size", 32000, 0, &c->vocab_size));
-    FSDP_TRY(model_hf_json_int(j, "max_position_embeddings", "block_size", 2048, MODEL_HF_AT_MOST, &c->block_size));
+    FSDP_TRY(model_hf_json_int(j, "hidden_size", "n_embd", st->hidden, 0, &c->n_embd));
+    FSDP_TRY(model_hf_json_int(j, "intermediate_size", "intermediate_size", st->intermediate, 0, &c->intermediate_size));
+    FSDP_TRY(model_hf_json_int(j, "vocab_size", "vocab_size", st->vocab, 0, &c->vocab_size));
+    FSDP_TRY(model_hf_json_int(j, "max_position_embeddings", "block_size", st->positions, MODEL_HF_AT_MOST,
+                               &c->block_size));
     FSDP_TRY(model_hf_json_float(j, "rms_norm_eps", "rms_norm_eps", 1e-6, 0, &c->rms_norm_eps));
     FSDP_TRY(model_hf_json_bool(j, "tie_word_embeddings", "tie_word_embeddings", false, 0, &c->tie_word_embeddings));
     FSDP_TRY(model_hf_json_float(j, "initializer_range", NULL, 0.02, 0, &c->init_std));
@@ -77,8 +105,12 @@ static int llama_config_read(struct model_hf_json *j, struct model_config *c)
             return error_set(FSDP_EINVAL, "%s: \"rope_scaling\" must be an object or null", j->path);
     }
     FSDP_TRY(model_hf_json_expect_str(j, "hidden_act", silu, "fsdpc's Llama MLP is SwiGLU (\"silu\")"));
-    FSDP_TRY(model_hf_json_expect_bool(j, "attention_bias", false, "fsdpc's Llama has no biases"));
-    FSDP_TRY(model_hf_json_expect_bool(j, "mlp_bias", false, "fsdpc's Llama has no biases"));
+    if (st->qwen2_keys) {
+        FSDP_TRY(qwen2_window_check(j));
+    } else {
+        FSDP_TRY(model_hf_json_expect_bool(j, "attention_bias", false, "fsdpc's Llama has no biases"));
+        FSDP_TRY(model_hf_json_expect_bool(j, "mlp_bias", false, "fsdpc's Llama has no biases"));
+    }
     int head_dim = 0;
     if (c->n_head > 0)
         FSDP_TRY(model_hf_json_int(j, "head_dim", NULL, c->n_embd / c->n_head, 0, &head_dim));
@@ -90,7 +122,31 @@ static int llama_config_read(struct model_hf_json *j, struct model_config *c)
     return 0;
 }
 
+static int llama_config_read(struct model_hf_json *j, struct model_config *c)
+{
+    return style_config_read(j, c, &llama_style);
+}
+
+static int qwen2_config_read(struct model_hf_json *j, struct model_config *c)
+{
+    return style_config_read(j, c, &qwen2_style);
+}
+
+static int style_config_write(const struct model_config *c, const struct model_hf_tokens *t, cJSON *o,
+                              const struct llama_style *st);
+
 static int llama_config_write(const struct model_config *c, const struct model_hf_tokens *t, cJSON *o)
+{
+    return style_config_write(c, t, o, &llama_style);
+}
+
+static int qwen2_config_write(const struct model_config *c, const struct model_hf_tokens *t, cJSON *o)
+{
+    return style_config_write(c, t, o, &qwen2_style);
+}
+
+static int style_config_write(const struct model_config *c, const struct model_hf_tokens *t, cJSON *o,
+                              const struct llama_style *st)
 {
     /* LlamaConfig's 1 and 2 when the tokenizer says nothing; always inside the vocabulary */
     int bos = t->bos >= 0 ? t->bos : (c->vocab_size > 1 ? 1 : 0);
@@ -118,14 +174,19 @@ static int llama_config_write(const struct model_config *c, const struct model_h
         ok = false;
     cJSON_Delete(rp);
     cJSON_Delete(rs);
-    ok = ok && cJSON_AddBoolToObject(o, "attention_bias", false) && cJSON_AddNumberToObject(o, "attention_dropout", 0.0) &&
+    if (st->qwen2_keys) /* full attention in every layer */
+        ok = ok && cJSON_AddBoolToObject(o, "use_sliding_window", false) &&
+             cJSON_AddNumberToObject(o, "max_window_layers", c->n_layer);
+    else
+        ok = ok && cJSON_AddBoolToObject(o, "attention_bias", false) && cJSON_AddBoolToObject(o, "mlp_bias", false);
+    ok = ok && cJSON_AddNumberToObject(o, "attention_dropout", 0.0) &&
          cJSON_AddNumberToObject(o, "bos_token_id", bos) && cJSON_AddNumberToObject(o, "eos_token_id", eos) &&
          cJSON_AddNumberToObject(o, "head_dim", c->n_embd / c->n_head) && cJSON_AddStringToObject(o, "hidden_act", "silu") &&
          cJSON_AddNumberToObject(o, "hidden_size", c->n_embd) &&
          model_hf_json_add_float(o, "initializer_range", c->init_std) == 0 &&
          cJSON_AddNumberToObject(o, "intermediate_size", c->intermediate_size) &&
          cJSON_AddNumberToObject(o, "max_position_embeddings", c->block_size) &&
-         cJSON_AddBoolToObject(o, "mlp_bias", false) && cJSON_AddNumberToObject(o, "num_attention_heads", c->n_head) &&
+         cJSON_AddNumberToObject(o, "num_attention_heads", c->n_head) &&
          cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layer) &&
          cJSON_AddNumberToObject(o, "num_key_value_heads", c->n_kv_head) &&
          model_hf_json_add_float(o, "rms_norm_eps", c->rms_norm_eps) == 0 &&
@@ -148,6 +209,15 @@ static bool llama_ignored(const struct model_config *c, const char *name)
     snprintf(want, sizeof want, "model.layers.%d.self_attn.rotary_emb.inv_freq", i);
     return strcmp(name, want) == 0;
 }
+
+const struct model_hf_family model_qwen2_hf = {
+    .architecture = "Qwen2ForCausalLM",
+    .model_type = "qwen2",
+    .prefix = "",
+    .config_read = qwen2_config_read,
+    .config_write = qwen2_config_write,
+    .ignored = llama_ignored,
+};
 
 const struct model_hf_family model_llama_hf = {
     .architecture = "LlamaForCausalLM",

@@ -48,7 +48,34 @@ int model_llama_check(const struct model_config *c)
     return 0;
 }
 
+/* The module classes of a Llama-style family, as transformers names them. */
+struct llama_classes {
+    const char *causal_lm, *model, *layer, *attention, *mlp, *norm;
+};
+static const struct llama_classes llama_classes = {"LlamaForCausalLM", "LlamaModel", "LlamaDecoderLayer",
+                                                   "LlamaAttention", "LlamaMLP", "LlamaRMSNorm"};
+static const struct llama_classes qwen2_classes = {"Qwen2ForCausalLM", "Qwen2Model", "Qwen2DecoderLayer",
+                                                   "Qwen2Attention", "Qwen2MLP", "Qwen2RMSNorm"};
+
+void model_qwen2_resolve(struct model_config *c)
+{
+    model_llama_resolve(c);
+    c->qkv_bias = true; /* Qwen2's q_proj, k_proj and v_proj have biases; o_proj and the MLP none */
+}
+
+static int layout_build(struct model_layout *l, const struct model_config *c, const struct llama_classes *cls);
+
 int model_llama_layout_build(struct model_layout *l, const struct model_config *c)
+{
+    return layout_build(l, c, &llama_classes);
+}
+
+int model_qwen2_layout_build(struct model_layout *l, const struct model_config *c)
+{
+    return layout_build(l, c, &qwen2_classes);
+}
+
+static int layout_build(struct model_layout *l, const struct model_config *c, const struct llama_classes *cls)
 {
     int C = c->n_embd, L = c->n_layer, hs = c->n_embd / c->n_head, I = c->intermediate_size;
     int q_rows = c->n_head * hs, kv_rows = c->n_kv_head * hs;
@@ -57,8 +84,8 @@ int model_llama_layout_build(struct model_layout *l, const struct model_config *
 
     /* Modules in the order LlamaForCausalLM registers them, which is the order of its state dict. */
     int root, model, emb, layers, norm, head = -1;
-    FSDP_TRY(root = model_layout_add_module(l, -1, "", "LlamaForCausalLM"));
-    FSDP_TRY(model = model_layout_add_module(l, root, "model", "LlamaModel"));
+    FSDP_TRY(root = model_layout_add_module(l, -1, "", cls->causal_lm));
+    FSDP_TRY(model = model_layout_add_module(l, root, "model", cls->model));
     FSDP_TRY(emb = model_layout_add_module(l, model, "model.embed_tokens", "Embedding"));
     FSDP_TRY(layers = model_layout_add_module(l, model, "model.layers", "ModuleList"));
     int first = l->n_modules;
@@ -69,26 +96,26 @@ int model_llama_layout_build(struct model_layout *l, const struct model_config *
     for (int i = 0; i < L; i++) {
         int b, a, m;
         snprintf(n, sizeof n, "model.layers.%d", i);
-        FSDP_TRY(b = model_layout_add_module(l, layers, n, "LlamaDecoderLayer"));
+        FSDP_TRY(b = model_layout_add_module(l, layers, n, cls->layer));
         snprintf(n, sizeof n, "model.layers.%d.self_attn", i);
-        FSDP_TRY(a = model_layout_add_module(l, b, n, "LlamaAttention"));
+        FSDP_TRY(a = model_layout_add_module(l, b, n, cls->attention));
         for (int j = 0; j < 4; j++) {
             snprintf(n, sizeof n, "model.layers.%d.%s", i, proj[j]);
             FSDP_TRY(model_layout_add_module(l, a, n, "Linear"));
         }
         snprintf(n, sizeof n, "model.layers.%d.mlp", i);
-        FSDP_TRY(m = model_layout_add_module(l, b, n, "LlamaMLP"));
+        FSDP_TRY(m = model_layout_add_module(l, b, n, cls->mlp));
         for (int j = 4; j < 7; j++) {
             snprintf(n, sizeof n, "model.layers.%d.%s", i, proj[j]);
             FSDP_TRY(model_layout_add_module(l, m, n, "Linear"));
         }
         snprintf(n, sizeof n, "model.layers.%d.input_layernorm", i);
-        FSDP_TRY(model_layout_add_module(l, b, n, "LlamaRMSNorm"));
+        FSDP_TRY(model_layout_add_module(l, b, n, cls->norm));
         snprintf(n, sizeof n, "model.layers.%d.post_attention_layernorm", i);
-        FSDP_TRY(model_layout_add_module(l, b, n, "LlamaRMSNorm"));
+        FSDP_TRY(model_layout_add_module(l, b, n, cls->norm));
     }
     int per_layer = (l->n_modules - first) / L;
-    FSDP_TRY(norm = model_layout_add_module(l, model, "model.norm", "LlamaRMSNorm"));
+    FSDP_TRY(norm = model_layout_add_module(l, model, "model.norm", cls->norm));
     if (!c->tie_word_embeddings)
         FSDP_TRY(head = model_layout_add_module(l, root, "lm_head", "Linear"));
 
@@ -109,9 +136,17 @@ int model_llama_layout_build(struct model_layout *l, const struct model_config *
     for (int i = 0; i < L; i++) {
         int b = first + per_layer * i;
         FSDP_TRY(u = model_layout_add_unit(l, l->modules[b].name, b));
+        /* with q/k/v biases each projection owns its weight then its bias (zero at init, as transformers
+         * initialises Linear biases), so the three weights are not one matrix: the block multiplies each */
         FSDP_TRY(model_layout_add_param(l, b + 2, u, "weight", 2, q_rows, C, true, std, 0));
+        if (c->qkv_bias)
+            FSDP_TRY(model_layout_add_param(l, b + 2, u, "bias", 1, q_rows, 0, false, 0, 0));
         FSDP_TRY(model_layout_add_param(l, b + 3, u, "weight", 2, kv_rows, C, true, std, 0));
+        if (c->qkv_bias)
+            FSDP_TRY(model_layout_add_param(l, b + 3, u, "bias", 1, kv_rows, 0, false, 0, 0));
         FSDP_TRY(model_layout_add_param(l, b + 4, u, "weight", 2, kv_rows, C, true, std, 0));
+        if (c->qkv_bias)
+            FSDP_TRY(model_layout_add_param(l, b + 4, u, "bias", 1, kv_rows, 0, false, 0, 0));
         FSDP_TRY(model_layout_add_param(l, b + 5, u, "weight", 2, C, q_rows, true, std, 0));
         FSDP_TRY(model_layout_add_param(l, b + 7, u, "weight", 2, I, C, true, std, 0));
         FSDP_TRY(model_layout_add_param(l, b + 8, u, "weight", 2, I, C, true, std, 0));

@@ -24,12 +24,24 @@ static const struct model_class_names llama_names[] = {
     {"Embedding", "Embedding", NULL}, {"ModuleList", "ModuleList", NULL}, {NULL, NULL, NULL},
 };
 
+/* transformers' Qwen2ForCausalLM module classes (modeling_qwen2.py). */
+static const struct model_class_names qwen2_names[] = {
+    {"Qwen2ForCausalLM", "Qwen2ForCausalLM", NULL}, {"Qwen2Model", "Qwen2Model", NULL},
+    {"Qwen2DecoderLayer", "Qwen2DecoderLayer", "DecoderBlock"}, {"Qwen2Attention", "Qwen2Attention", NULL},
+    {"Qwen2MLP", "Qwen2MLP", NULL}, {"Qwen2RMSNorm", "Qwen2RMSNorm", NULL}, {"Linear", "Linear", NULL},
+    {"Embedding", "Embedding", NULL}, {"ModuleList", "ModuleList", NULL}, {NULL, NULL, NULL},
+};
+
 static const struct model_family families[] = {
     {.name = "gpt2", .layout_build = model_gpt2_layout_build, .decoder = &model_gpt2_decoder, .class_names = gpt2_names,
      .hf = &model_gpt2_hf},
     {.name = "llama", .resolve = model_llama_resolve, .check = model_llama_check,
      .layout_build = model_llama_layout_build, .decoder = &model_llama_decoder, .class_names = llama_names,
      .hf = &model_llama_hf, .describe = model_llama_describe, .summary_fields = model_llama_summary_fields},
+    /* Qwen2 and Qwen2.5: Llama's block with q/k/v biases */
+    {.name = "qwen2", .resolve = model_qwen2_resolve, .check = model_llama_check,
+     .layout_build = model_qwen2_layout_build, .decoder = &model_llama_decoder, .class_names = qwen2_names,
+     .hf = &model_qwen2_hf, .describe = model_llama_describe, .summary_fields = model_llama_summary_fields},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 
