@@ -40,6 +40,23 @@ struct nccl_state {
  * enqueue, finalize) goes on inside NCCL and is finished when ncclCommGetAsyncError stops saying
  * ncclInProgress. Waits for that until the deadline (yield for 100 us, then naps of 20 us doubling to
  * 1 ms); returns the final state, or ncclInProgress if the deadline came first (the caller aborts). */
+/* One wait of the polls below: false once the deadline has come; else yields for the first 100 us after t0,
+ * then naps of *nap_ns, doubling to 1 ms. */
+static bool nccl_pause(double t0, double deadline, long *nap_ns)
+{
+    double now = comm_now_s();
+    if (now >= deadline)
+        return false;
+    if (now - t0 < 1e-4) {
+        sched_yield();
+        return true;
+    }
+    struct timespec ts = {0, *nap_ns};
+    nanosleep(&ts, NULL);
+    *nap_ns = *nap_ns < 500000 ? 2 * *nap_ns : 1000000;
+    return true;
+}
+
 static ncclResult_t nccl_settle(ncclComm_t comm, double deadline)
 {
     double t0 = comm_now_s();
@@ -51,37 +68,20 @@ static ncclResult_t nccl_settle(ncclComm_t comm, double deadline)
             return r;
         if (state != ncclInProgress)
             return state;
-        double now = comm_now_s();
-        if (now >= deadline)
+        if (!nccl_pause(t0, deadline, &nap_ns))
             return ncclInProgress;
-        if (now - t0 < 1e-4) {
-            sched_yield();
-            continue;
-        }
-        struct timespec ts = {0, nap_ns};
-        nanosleep(&ts, NULL);
-        nap_ns = nap_ns < 500000 ? 2 * nap_ns : 1000000;
     }
 }
 
-/* Waits (yielding, then in naps of at most 1 ms) until NCCL's thread has written a split's child handle:
- * ncclSuccess once it is there, ncclInProgress at the deadline. */
+/* Waits, as nccl_settle does, until NCCL's thread has written a split's child handle: ncclSuccess once it is
+ * there, ncclInProgress at the deadline. */
 static ncclResult_t nccl_wait_handle(ncclComm_t volatile *handle, double deadline)
 {
     double t0 = comm_now_s();
     long nap_ns = 20000;
-    while (!*handle) {
-        double now = comm_now_s();
-        if (now >= deadline)
+    while (!*handle)
+        if (!nccl_pause(t0, deadline, &nap_ns))
             return ncclInProgress;
-        if (now - t0 < 1e-4) {
-            sched_yield();
-            continue;
-        }
-        struct timespec ts = {0, nap_ns};
-        nanosleep(&ts, NULL);
-        nap_ns = nap_ns < 500000 ? 2 * nap_ns : 1000000;
-    }
     return ncclSuccess;
 }
 
