@@ -28,11 +28,8 @@ struct store_client;
 struct comm;
 struct comm_work;
 
-/* Element types are common/dtype.h's enum dtype. comm's aliases of its values and of its size and name
- * functions (the same values and functions, not copies), as the tests and benchmarks spell them. */
-#define COMM_F32 DTYPE_F32
-#define COMM_BF16 DTYPE_BF16
-#define COMM_F16 DTYPE_F16
+/* Element types are common/dtype.h's enum dtype, spelled DTYPE_* everywhere. comm's aliases of its size
+ * and name functions (the same functions, not copies), as the tests and benchmarks spell them. */
 #define comm_dtype_size dtype_size
 #define comm_dtype_name dtype_name
 

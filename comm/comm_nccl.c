@@ -319,7 +319,7 @@ fail:
 
 static ncclDataType_t nccl_type(enum dtype d)
 {
-    return d == COMM_F32 ? ncclFloat32 : d == COMM_BF16 ? ncclBfloat16 : ncclFloat16;
+    return d == DTYPE_F32 ? ncclFloat32 : d == DTYPE_BF16 ? ncclBfloat16 : ncclFloat16;
 }
 
 static ncclRedOp_t nccl_op(enum comm_op op)

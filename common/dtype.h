@@ -13,7 +13,9 @@
  * Any other pair converts through f32, which holds bf16 and f16 exactly, so one rounding happens.
  *
  * Everything here is static inline and marked DTYPE_HD, so C sources and CUDA device code (nvcc) compile
- * the same functions. */
+ * the same functions. This is the only place that rounds to bf16 or f16: dtype_f32_bits_to_bf16 (the
+ * branch-free scalar form, for loops that vectorise) and dtype_f32x16_to_bf16_hi (16 lanes of AVX-512, at
+ * the end of the file) give dtype_f32_to_bf16's bits. */
 #ifndef FSDP_COMMON_DTYPE_H
 #define FSDP_COMMON_DTYPE_H
 
@@ -89,6 +91,16 @@ static inline DTYPE_HD uint16_t dtype_f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
+/* dtype_f32_to_bf16 of the float with bits u, written as branch-free integer operations, so that loops
+ * calling it vectorise (the NaN branch above keeps GCC from it); the same bits. */
+static inline DTYPE_HD uint16_t dtype_f32_bits_to_bf16(uint32_t u)
+{
+    uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t quiet = (u >> 16) | 0x0040u;
+    return (uint16_t)(nan ? quiet : rounded);
+}
+
 static inline DTYPE_HD float dtype_bf16_to_f32(uint16_t h)
 {
     return dtype_bits_f32((uint32_t)h << 16);
@@ -154,4 +166,30 @@ static inline DTYPE_HD void dtype_store_f32(enum dtype d, void *buf, size_t i, f
         ((float *)buf)[i] = f;
 }
 
+#endif /* FSDP_COMMON_DTYPE_H */
+
+/* The 16-lane AVX-512 form of dtype_f32_to_bf16, for the files that already compile AVX-512 functions:
+ * they define DTYPE_AVX512 before including this header. No file is built with -mavx512f; the functions
+ * that use this one carry target("avx512f,...") attributes (kernels/cpu/attention_avx512.h) and run only
+ * where the CPU has AVX-512, so this function carries target("avx512f") and is always inlined into them.
+ * It sits outside the include guard, so a file that included this header before defining DTYPE_AVX512
+ * still gets it. */
+#if defined(DTYPE_AVX512) && !defined(FSDP_COMMON_DTYPE_AVX512_H) && !defined(__CUDACC__)
+#define FSDP_COMMON_DTYPE_AVX512_H
+#if !defined(__x86_64__) || !defined(__GNUC__)
+#error "DTYPE_AVX512 needs GCC or Clang on x86-64"
+#endif
+#include <immintrin.h>
+
+/* Lanes of x rounded to bf16 as dtype_f32_to_bf16 rounds (nearest even, NaN kept and made quiet): the bf16
+ * in the upper half of each 32-bit lane, the lower half not cleared (shift or mask it). */
+__attribute__((target("avx512f"), always_inline)) static inline __m512i dtype_f32x16_to_bf16_hi(__m512 x)
+{
+    __m512i u = _mm512_castps_si512(x);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
+}
 #endif

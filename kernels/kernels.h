@@ -29,12 +29,10 @@
 
 #include "common/dtype.h"
 
-/* The kernels' aliases of common/dtype.h's enum and functions (the same type and the same functions, not
- * copies), as the worker and the tests spell them; new code uses the dtype_ names. */
+/* The kernels' aliases of common/dtype.h's enum type and functions (the same type and the same functions,
+ * not copies), as the worker and the tests spell them; new code uses the dtype_ names. The enum's values
+ * have one spelling, DTYPE_*. */
 #define kernels_dtype dtype
-#define KERNELS_F32 DTYPE_F32
-#define KERNELS_BF16 DTYPE_BF16
-#define KERNELS_F16 DTYPE_F16
 #define kernels_dtype_size dtype_size
 #define kernels_f32_to_bf16 dtype_f32_to_bf16
 #define kernels_bf16_to_f32 dtype_bf16_to_f32
@@ -127,8 +125,8 @@ struct kernels {
     int (*mem_set)(void *dst, int value, size_t bytes);
     /* Waits for all queued work (no-op on CPU). */
     int (*synchronize)(void);
-    /* What matmul_*, gemm and attention compute in from now on (process-wide): KERNELS_F32, exact fp32 (the
-     * default); KERNELS_BF16 or KERNELS_F16, the mixed-precision modes: operands rounded to 16 bits, products
+    /* What matmul_*, gemm and attention compute in from now on (process-wide): DTYPE_F32, exact fp32 (the
+     * default); DTYPE_BF16 or DTYPE_F16, the mixed-precision modes: operands rounded to 16 bits, products
      * accumulated in fp32 (CUDA: cuBLAS CUBLAS_COMPUTE_32F_FAST_16BF / _16F; CPU: oneDNN's bf16 matmul and
      * bf16 dot products in attention). A dtype outside matmul_dtypes computes in fp32 (the CPU says so in
      * one log line). Every table accepts the three dtypes. */

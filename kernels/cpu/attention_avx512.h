@@ -34,6 +34,10 @@ struct att_pf {
 #if ATT_HAVE_AVX512
 #include <immintrin.h>
 
+/* common/dtype.h's 16-lane bf16 rounding, dtype_f32x16_to_bf16_hi, for the bf16 tiles */
+#define DTYPE_AVX512 1
+#include "common/dtype.h"
+
 #define ATT_TARGET __attribute__((target("avx512f,fma")))
 /* The tile loops are whole functions in every file that includes this one, so each file's calls with
  * constant arguments (epilogue, trim) can be specialised; files that use none of them compile none. */
@@ -71,18 +75,6 @@ ATT_INLINE __m512 att_exp512(__m512 x)
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.9314700365e-01f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     return _mm512_maskz_scalef_ps(keep, p, n);
-}
-
-/* Lanes rounded to bf16 as dtype_f32_to_bf16 rounds (nearest even, NaN kept and made quiet): the bf16 in
- * the upper half of each 32-bit lane, the lower half not cleared (shift or mask it). */
-ATT_INLINE __m512i att_round_bf16_hi(__m512 x)
-{
-    __m512i u = _mm512_castps_si512(x);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                            _mm512_set1_epi32(0x7f800000));
-    return _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
 }
 
 /* Lanes of vector v (queries 16v .. 16v+15) that key row j of a diagonal tile may see: query r sees key

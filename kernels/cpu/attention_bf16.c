@@ -48,8 +48,8 @@ int cpu_att16_usable(int hs)
 /* 16 pairs (a[i], b[i]) as 32-bit lanes: a in the low half (the even element of the pair). */
 ATT16_INLINE __m512i att16_pairs(__m512 a, __m512 b)
 {
-    return _mm512_or_si512(_mm512_srli_epi32(att_round_bf16_hi(a), 16),
-                           _mm512_and_si512(att_round_bf16_hi(b), _mm512_set1_epi32((int)0xffff0000u)));
+    return _mm512_or_si512(_mm512_srli_epi32(dtype_f32x16_to_bf16_hi(a), 16),
+                           _mm512_and_si512(dtype_f32x16_to_bf16_hi(b), _mm512_set1_epi32((int)0xffff0000u)));
 }
 
 /* Rows [0, n) of src (64 floats each, leading dimension ld) as bf16 rows, 32 pairs each; zero rows from n
@@ -59,7 +59,7 @@ ATT16_TARGET static void att16_rows(uint32_t *dst, const float *src, size_t ld, 
     for (int j = 0; j < rows; j++)
         for (int v = 0; v < 4; v++) {
             __m256i h = j < n ? _mm512_cvtepi32_epi16(_mm512_srli_epi32(
-                                    att_round_bf16_hi(_mm512_loadu_ps(src + (size_t)j * ld + 16 * v)), 16))
+                                    dtype_f32x16_to_bf16_hi(_mm512_loadu_ps(src + (size_t)j * ld + 16 * v)), 16))
                               : _mm256_setzero_si256();
             _mm256_storeu_si256((__m256i *)(dst + (size_t)j * 32 + 8 * v), h);
         }
@@ -300,7 +300,7 @@ ATT16_TARGET void cpu_att16_backward_pair(float *dq_all, float *dk_all, float *d
                 __m512 acc = _mm512_setzero_ps();
                 for (int d = 0; d < 64; d += 16) {
                     __m512 ar = _mm512_castsi512_ps(
-                        _mm512_and_si512(att_round_bf16_hi(_mm512_loadu_ps(a + d)), _mm512_set1_epi32((int)0xffff0000u)));
+                        _mm512_and_si512(dtype_f32x16_to_bf16_hi(_mm512_loadu_ps(a + d)), _mm512_set1_epi32((int)0xffff0000u)));
                     acc = _mm512_fmadd_ps(ar, _mm512_loadu_ps(b + d), acc);
                 }
                 s = _mm512_reduce_add_ps(acc);

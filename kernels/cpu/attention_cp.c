@@ -395,7 +395,7 @@ static void cp_lanes(int *qp64, const int *qp, int nq)
 /* x rounded to bf16 and back, lane by lane. */
 ATT_INLINE __m512 cp512_round(__m512 x)
 {
-    return _mm512_castsi512_ps(_mm512_and_si512(att_round_bf16_hi(x), _mm512_set1_epi32((int)0xffff0000u)));
+    return _mm512_castsi512_ps(_mm512_and_si512(dtype_f32x16_to_bf16_hi(x), _mm512_set1_epi32((int)0xffff0000u)));
 }
 
 /* rows x 64 floats at x (leading dimension 64) rounded in place. */

@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include "common/dtype.h"
 #include "common/error.h"
 #include "kernels/cpu/cpu.h"
 
@@ -79,16 +80,6 @@ const uint16_t *cpu_lowp_find(const float *p, size_t span)
     return lp;
 }
 
-/* dtype_f32_to_bf16 written as branch-free integer operations, so that loops calling it vectorise (the
- * scalar form's NaN branch keeps GCC from it). */
-static inline uint16_t round_bits(uint32_t x)
-{
-    uint32_t nan = (x & 0x7fffffffu) > 0x7f800000u;
-    uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
-    uint32_t quiet = (x >> 16) | 0x0040u;
-    return (uint16_t)(nan ? quiet : rounded);
-}
-
 /* One row: the AVX-512 clone converts 16 elements per step. */
 CPU_SIMD_CLONES
 static void round_row(uint16_t *dst, const float *src, size_t n)
@@ -96,7 +87,7 @@ static void round_row(uint16_t *dst, const float *src, size_t n)
     const uint32_t *u = (const uint32_t *)src;
 #pragma omp simd
     for (size_t i = 0; i < n; i++)
-        dst[i] = round_bits(u[i]);
+        dst[i] = dtype_f32_bits_to_bf16(u[i]);
 }
 
 CPU_SIMD_CLONES
@@ -106,7 +97,7 @@ static void round_colsum_row(uint16_t *dst, float *acc, const float *src, size_t
 #pragma omp simd
     for (size_t i = 0; i < n; i++) {
         acc[i] += src[i];
-        dst[i] = round_bits(u[i]);
+        dst[i] = dtype_f32_bits_to_bf16(u[i]);
     }
 }
 

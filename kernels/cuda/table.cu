@@ -8,9 +8,9 @@ static const struct kernels cuda_table = {
     .host_visible = false,
     .host = kernels_cpu, /* offloaded state lives in pinned host memory, driven by the CPU table */
     .comm_backend = "nccl",
-    .auto_dtype = KERNELS_BF16,
+    .auto_dtype = DTYPE_BF16,
     /* cuBLAS's FAST_16BF / _16F compute types round fp32 operands itself: no bound copies (lowp_bind NULL) */
-    .matmul_dtypes = KERNELS_DTYPE_BIT(KERNELS_F32) | KERNELS_DTYPE_BIT(KERNELS_BF16) | KERNELS_DTYPE_BIT(KERNELS_F16),
+    .matmul_dtypes = KERNELS_DTYPE_BIT(DTYPE_F32) | KERNELS_DTYPE_BIT(DTYPE_BF16) | KERNELS_DTYPE_BIT(DTYPE_F16),
     .peak_flops = NULL,
     .mem_alloc = cuda_mem_alloc,
     .mem_free = cuda_mem_free,

@@ -152,18 +152,18 @@ static inline float tu_gen(int rank, size_t i, int salt)
 
 static inline float tu_round(enum dtype dt, float f)
 {
-    if (dt == COMM_BF16)
+    if (dt == DTYPE_BF16)
         return comm_bf16_to_f32(comm_f32_to_bf16(f));
-    if (dt == COMM_F16)
+    if (dt == DTYPE_F16)
         return comm_f16_to_f32(comm_f32_to_f16(f));
     return f;
 }
 
 static inline void tu_put(enum dtype dt, void *buf, size_t i, float f)
 {
-    if (dt == COMM_F32)
+    if (dt == DTYPE_F32)
         ((float *)buf)[i] = f;
-    else if (dt == COMM_BF16)
+    else if (dt == DTYPE_BF16)
         ((uint16_t *)buf)[i] = comm_f32_to_bf16(f);
     else
         ((uint16_t *)buf)[i] = comm_f32_to_f16(f);
@@ -171,9 +171,9 @@ static inline void tu_put(enum dtype dt, void *buf, size_t i, float f)
 
 static inline float tu_get(enum dtype dt, const void *buf, size_t i)
 {
-    if (dt == COMM_F32)
+    if (dt == DTYPE_F32)
         return ((const float *)buf)[i];
-    if (dt == COMM_BF16)
+    if (dt == DTYPE_BF16)
         return comm_bf16_to_f32(((const uint16_t *)buf)[i]);
     return comm_f16_to_f32(((const uint16_t *)buf)[i]);
 }

@@ -7,7 +7,7 @@
 
 #include <math.h>
 
-static const enum dtype dtypes[] = {COMM_F32, COMM_BF16, COMM_F16};
+static const enum dtype dtypes[] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16};
 static const size_t counts[] = {0, 1, 1009, 40009};
 
 struct coll_arg {
@@ -148,12 +148,12 @@ static int body_large(struct rank_ctx *c)
         goto done;
     for (size_t i = 0; i < n; i++)
         buf[i] = tu_gen(c->rank, i, 8);
-    if (comm_reduce_scatter(c->comm, buf, out, per, COMM_F32, COMM_AVG) != 0) {
+    if (comm_reduce_scatter(c->comm, buf, out, per, DTYPE_F32, COMM_AVG) != 0) {
         fprintf(stderr, "rank %d: reduce_scatter 64 MiB: %s\n", c->rank, error_message());
         goto done;
     }
     for (size_t i = 0; i < per; i++) {
-        float ref = tu_ref_reduce(COMM_F32, COMM_AVG, c->size, hosts, NULL, (size_t)c->rank * per + i, 8);
+        float ref = tu_ref_reduce(DTYPE_F32, COMM_AVG, c->size, hosts, NULL, (size_t)c->rank * per + i, 8);
         if (memcmp(&out[i], &ref, 4) != 0) {
             fprintf(stderr, "rank %d: 64 MiB reduce_scatter elem %zu: %.9g != %.9g\n", c->rank, i, (double)out[i],
                     (double)ref);
@@ -162,24 +162,24 @@ static int body_large(struct rank_ctx *c)
     }
     uint16_t *h = (uint16_t *)out; /* 64 MiB of bf16 */
     for (size_t i = 0; i < 2 * n; i++)
-        tu_put(COMM_BF16, h, i, tu_gen(c->rank, i, 9));
-    if (comm_all_reduce(c->comm, h, h, 2 * n, COMM_BF16, COMM_MAX) != 0) {
+        tu_put(DTYPE_BF16, h, i, tu_gen(c->rank, i, 9));
+    if (comm_all_reduce(c->comm, h, h, 2 * n, DTYPE_BF16, COMM_MAX) != 0) {
         fprintf(stderr, "rank %d: bf16 all_reduce 64 MiB: %s\n", c->rank, error_message());
         goto done;
     }
     for (size_t i = 0; i < 2 * n; i++)
-        if (!tu_same(COMM_BF16, h, i, tu_ref_reduce(COMM_BF16, COMM_MAX, c->size, hosts, NULL, i, 9))) {
+        if (!tu_same(DTYPE_BF16, h, i, tu_ref_reduce(DTYPE_BF16, COMM_MAX, c->size, hosts, NULL, i, 9))) {
             fprintf(stderr, "rank %d: 64 MiB bf16 all_reduce max elem %zu wrong\n", c->rank, i);
             goto done;
         }
     for (size_t i = 0; i < n; i++)
         buf[i] = tu_gen(c->rank, i, 7);
-    if (comm_all_reduce(c->comm, buf, buf, n, COMM_F32, COMM_SUM) != 0) {
+    if (comm_all_reduce(c->comm, buf, buf, n, DTYPE_F32, COMM_SUM) != 0) {
         fprintf(stderr, "rank %d: all_reduce 64 MiB: %s\n", c->rank, error_message());
         goto done;
     }
     for (size_t i = 0; i < n; i++) {
-        float ref = tu_ref_reduce(COMM_F32, COMM_SUM, c->size, hosts, NULL, i, 7);
+        float ref = tu_ref_reduce(DTYPE_F32, COMM_SUM, c->size, hosts, NULL, i, 7);
         if (memcmp(&buf[i], &ref, 4) != 0) {
             fprintf(stderr, "rank %d: 64 MiB all_reduce elem %zu: %.9g != %.9g\n", c->rank, i, (double)buf[i],
                     (double)ref);
@@ -188,7 +188,7 @@ static int body_large(struct rank_ctx *c)
     }
     for (size_t i = 0; i < per; i++)
         buf[i] = (float)(c->rank * 1000003 + (int)(i % 1000003));
-    if (comm_all_gather(c->comm, buf, out, per, COMM_F32) != 0) {
+    if (comm_all_gather(c->comm, buf, out, per, DTYPE_F32) != 0) {
         fprintf(stderr, "rank %d: all_gather 64 MiB: %s\n", c->rank, error_message());
         goto done;
     }
@@ -254,7 +254,7 @@ static int body_async(struct rank_ctx *c)
     for (int k = 0; k < N; k++) {
         for (int i = 0; i < CNT; i++)
             bufs[k * CNT + i] = tu_gen(c->rank, (size_t)i, k);
-        if (comm_all_reduce_async(c->comm, &bufs[k * CNT], &bufs[k * CNT], CNT, COMM_F32, COMM_SUM, &w[k]) != 0) {
+        if (comm_all_reduce_async(c->comm, &bufs[k * CNT], &bufs[k * CNT], CNT, DTYPE_F32, COMM_SUM, &w[k]) != 0) {
             fprintf(stderr, "rank %d: issue %d: %s\n", c->rank, k, error_message());
             goto done;
         }
@@ -288,7 +288,7 @@ static int body_async(struct rank_ctx *c)
     }
     for (int k = 0; k < N; k++)
         for (int i = 0; i < CNT; i++) {
-            float ref = tu_ref_reduce(COMM_F32, COMM_SUM, c->size, 1, NULL, (size_t)i, k);
+            float ref = tu_ref_reduce(DTYPE_F32, COMM_SUM, c->size, 1, NULL, (size_t)i, k);
             if (memcmp(&bufs[k * CNT + i], &ref, 4) != 0) {
                 fprintf(stderr, "rank %d: op %d elem %d wrong\n", c->rank, k, i);
                 goto done;
@@ -346,19 +346,19 @@ static int body_split(struct rank_ctx *c)
     float v[101], ref;
     for (int i = 0; i < 101; i++)
         v[i] = tu_gen(r, (size_t)i, 3);
-    if (comm_all_reduce(rg, v, v, 101, COMM_F32, COMM_SUM) != 0) {
+    if (comm_all_reduce(rg, v, v, 101, DTYPE_F32, COMM_SUM) != 0) {
         fprintf(stderr, "rank %d: replicate all_reduce: %s\n", r, error_message());
         goto done;
     }
     for (int i = 0; i < 101; i++) {
-        ref = tu_ref_reduce(COMM_F32, COMM_SUM, m, 1, members, (size_t)i, 3);
+        ref = tu_ref_reduce(DTYPE_F32, COMM_SUM, m, 1, members, (size_t)i, 3);
         if (memcmp(&ref, &v[i], 4) != 0) {
             fprintf(stderr, "rank %d: replicate sum elem %d: %.9g != %.9g\n", r, i, (double)v[i], (double)ref);
             goto done;
         }
     }
     float g[2] = {0, 0}, mine = (float)r;
-    if (comm_all_gather(sg, &mine, g, 1, COMM_F32) != 0 || g[0] != (float)(r / shard * shard) ||
+    if (comm_all_gather(sg, &mine, g, 1, DTYPE_F32) != 0 || g[0] != (float)(r / shard * shard) ||
         g[1] != (float)(r / shard * shard + 1)) {
         fprintf(stderr, "rank %d: shard all_gather %g %g: %s\n", r, (double)g[0], (double)g[1], error_message());
         goto done;
@@ -389,11 +389,11 @@ static int body_sendrecv(struct rank_ctx *c)
     for (size_t i = 0; i < n; i++)
         s[i] = tu_gen(r, i, 9);
     if (r % 2 == 0) {
-        rc = comm_send(c->comm, s, n, COMM_F32, next);
-        rc = rc ? rc : comm_recv(c->comm, d, n, COMM_F32, prev);
+        rc = comm_send(c->comm, s, n, DTYPE_F32, next);
+        rc = rc ? rc : comm_recv(c->comm, d, n, DTYPE_F32, prev);
     } else {
-        rc = comm_recv(c->comm, d, n, COMM_F32, prev);
-        rc = rc ? rc : comm_send(c->comm, s, n, COMM_F32, next);
+        rc = comm_recv(c->comm, d, n, DTYPE_F32, prev);
+        rc = rc ? rc : comm_send(c->comm, s, n, DTYPE_F32, next);
     }
     if (rc)
         fprintf(stderr, "rank %d: send/recv: %s\n", r, error_message());
@@ -402,7 +402,7 @@ static int body_sendrecv(struct rank_ctx *c)
             fprintf(stderr, "rank %d: recv elem %zu wrong\n", r, i);
             rc = 1;
         }
-    int bad = comm_send(c->comm, s, 1, COMM_F32, r) == 0; /* to self: refused */
+    int bad = comm_send(c->comm, s, 1, DTYPE_F32, r) == 0; /* to self: refused */
     free(s);
     free(d);
     return rc || bad;
@@ -427,16 +427,16 @@ static int body_sendrecv_batch(struct rank_ctx *c)
     uint16_t *hb = malloc(n * 2), *hr = malloc(n * 2);
     for (size_t i = 0; i < n; i++) {
         s1[i] = tu_gen(r, i, 1), s2[i] = tu_gen(r, i, 2), t1[i] = tu_gen(r, i, 3), t2[i] = tu_gen(r, i, 4);
-        tu_put(COMM_BF16, hb, i, tu_gen(r, i, 5));
+        tu_put(DTYPE_BF16, hb, i, tu_gen(r, i, 5));
     }
     /* sends first, receives last; to next: s1, s2, hb; to prev: t1, t2 */
     struct comm_p2p ops[] = {
-        {COMM_P2P_SEND, s1, n, COMM_F32, next}, {COMM_P2P_SEND, t1, n, COMM_F32, prev},
-        {COMM_P2P_SEND, s2, n, COMM_F32, next}, {COMM_P2P_SEND, t2, n, COMM_F32, prev},
-        {COMM_P2P_SEND, hb, n, COMM_BF16, next},
-        {COMM_P2P_RECV, d1, n, COMM_F32, prev}, {COMM_P2P_RECV, e1, n, COMM_F32, next},
-        {COMM_P2P_RECV, d2, n, COMM_F32, prev}, {COMM_P2P_RECV, e2, n, COMM_F32, next},
-        {COMM_P2P_RECV, hr, n, COMM_BF16, prev},
+        {COMM_P2P_SEND, s1, n, DTYPE_F32, next}, {COMM_P2P_SEND, t1, n, DTYPE_F32, prev},
+        {COMM_P2P_SEND, s2, n, DTYPE_F32, next}, {COMM_P2P_SEND, t2, n, DTYPE_F32, prev},
+        {COMM_P2P_SEND, hb, n, DTYPE_BF16, next},
+        {COMM_P2P_RECV, d1, n, DTYPE_F32, prev}, {COMM_P2P_RECV, e1, n, DTYPE_F32, next},
+        {COMM_P2P_RECV, d2, n, DTYPE_F32, prev}, {COMM_P2P_RECV, e2, n, DTYPE_F32, next},
+        {COMM_P2P_RECV, hr, n, DTYPE_BF16, prev},
     };
     if (comm_sendrecv(c->comm, ops, (int)(sizeof ops / sizeof ops[0])) != 0) {
         fprintf(stderr, "rank %d: sendrecv: %s\n", r, error_message());
@@ -444,12 +444,12 @@ static int body_sendrecv_batch(struct rank_ctx *c)
     }
     for (size_t i = 0; rc == 0 && i < n; i++)
         if (d1[i] != tu_gen(prev, i, 1) || d2[i] != tu_gen(prev, i, 2) || e1[i] != tu_gen(next, i, 3) ||
-            e2[i] != tu_gen(next, i, 4) || tu_get(COMM_BF16, hr, i) != tu_round(COMM_BF16, tu_gen(prev, i, 5))) {
+            e2[i] != tu_gen(next, i, 4) || tu_get(DTYPE_BF16, hr, i) != tu_round(DTYPE_BF16, tu_gen(prev, i, 5))) {
             fprintf(stderr, "rank %d: element %zu of a batch arrived wrong or out of order\n", r, i);
             rc = 1;
         }
     /* refused before anything moves: a peer that is this rank, too many operations */
-    struct comm_p2p self = {COMM_P2P_SEND, s1, 1, COMM_F32, r};
+    struct comm_p2p self = {COMM_P2P_SEND, s1, 1, DTYPE_F32, r};
     rc |= comm_sendrecv(c->comm, &self, 1) != FSDP_EINVAL;
     rc |= comm_sendrecv(c->comm, ops, COMM_P2P_MAX + 1) != FSDP_EINVAL;
     rc |= comm_sendrecv(c->comm, ops, 0) != 0; /* empty: nothing to do */
@@ -491,14 +491,14 @@ static int body_serial_order(struct rank_ctx *c)
     float a = 1, b = 2;
     if (r == 1) {
         tu_nap(0.3);
-        rc = comm_all_reduce(pair, &a, &a, 1, COMM_F32, COMM_SUM) != 0;
+        rc = comm_all_reduce(pair, &a, &a, 1, DTYPE_F32, COMM_SUM) != 0;
         tu_nap(0.3);
-        rc |= comm_all_reduce(pair, &a, &a, 1, COMM_F32, COMM_SUM) != 0;
+        rc |= comm_all_reduce(pair, &a, &a, 1, DTYPE_F32, COMM_SUM) != 0;
     } else {
         struct comm_work *wa = NULL, *wb = NULL;
         bool done_a = false;
-        rc = comm_all_reduce_async(pair, &a, &a, 1, COMM_F32, COMM_SUM, &wa) != 0 ||
-             comm_all_reduce_async(solo, &b, &b, 1, COMM_F32, COMM_SUM, &wb) != 0 || comm_work_wait(wb) != 0 ||
+        rc = comm_all_reduce_async(pair, &a, &a, 1, DTYPE_F32, COMM_SUM, &wa) != 0 ||
+             comm_all_reduce_async(solo, &b, &b, 1, DTYPE_F32, COMM_SUM, &wb) != 0 || comm_work_wait(wb) != 0 ||
              comm_work_test(wa, &done_a) != 0;
         if (!rc && done_a != serial) {
             fprintf(stderr, "rank 0: the group-of-one all_reduce finished %s the earlier one on the pair (serial "
@@ -507,7 +507,7 @@ static int body_serial_order(struct rank_ctx *c)
         }
         rc |= comm_work_wait(wa) != 0 || a != 2;
         /* the pair's next all_reduce waits for rank 1, which naps 300 ms between its two */
-        rc |= comm_all_reduce_async(pair, &a, &a, 1, COMM_F32, COMM_SUM, &wa) != 0;
+        rc |= comm_all_reduce_async(pair, &a, &a, 1, DTYPE_F32, COMM_SUM, &wa) != 0;
         void *p = comm_mem_alloc(pair, 4096);
         bool done = false;
         rc |= !p || comm_work_test(wa, &done) != 0;
@@ -559,13 +559,13 @@ static int body_two_groups(struct rank_ctx *c)
     struct comm_work *rs[ROUNDS], *ar[ROUNDS];
     for (int i = 0; i < ROUNDS && !rc; i++) {
         mid[i] = malloc(n * sizeof(float));
-        rc |= comm_reduce_scatter_async(shard, in, mid[i], n, COMM_F32, COMM_SUM, &rs[i]) != 0;
+        rc |= comm_reduce_scatter_async(shard, in, mid[i], n, DTYPE_F32, COMM_SUM, &rs[i]) != 0;
         if (i > 0)
             rc |= comm_work_wait(rs[i - 1]) != 0 ||
-                  comm_all_reduce_async(rep, mid[i - 1], mid[i - 1], n, COMM_F32, COMM_SUM, &ar[i - 1]) != 0;
+                  comm_all_reduce_async(rep, mid[i - 1], mid[i - 1], n, DTYPE_F32, COMM_SUM, &ar[i - 1]) != 0;
     }
     rc |= rc || comm_work_wait(rs[ROUNDS - 1]) != 0 ||
-          comm_all_reduce_async(rep, mid[ROUNDS - 1], mid[ROUNDS - 1], n, COMM_F32, COMM_SUM, &ar[ROUNDS - 1]) != 0;
+          comm_all_reduce_async(rep, mid[ROUNDS - 1], mid[ROUNDS - 1], n, DTYPE_F32, COMM_SUM, &ar[ROUNDS - 1]) != 0;
     for (int i = ROUNDS - 1; i >= 0 && !rc; i--)
         rc |= comm_work_wait(ar[i]) != 0;
     double tri = (double)W * (W + 1) / 2;
@@ -620,7 +620,7 @@ static int body_all_to_all(struct rank_ctx *c)
             sb[(size_t)p * n + i] = (uint16_t)(r * 1000 + p * 10 + (int)(i % 7));
         }
     memset(d, 0, (size_t)W * n * 4);
-    if ((rc = comm_all_to_all(c->comm, s, d, n, COMM_F32)) != 0)
+    if ((rc = comm_all_to_all(c->comm, s, d, n, DTYPE_F32)) != 0)
         fprintf(stderr, "rank %d: all_to_all: %s\n", r, error_message());
     for (int p = 0; rc == 0 && p < W; p++)
         for (size_t i = 0; i < n; i++)
@@ -630,7 +630,7 @@ static int body_all_to_all(struct rank_ctx *c)
                 break;
             }
     struct comm_work *w = NULL;
-    if (rc == 0 && (comm_all_to_all_async(c->comm, sb, db, n, COMM_BF16, &w) != 0 || comm_work_wait(w) != 0)) {
+    if (rc == 0 && (comm_all_to_all_async(c->comm, sb, db, n, DTYPE_BF16, &w) != 0 || comm_work_wait(w) != 0)) {
         fprintf(stderr, "rank %d: all_to_all_async: %s\n", r, error_message());
         rc = 1;
     }
@@ -641,12 +641,12 @@ static int body_all_to_all(struct rank_ctx *c)
                 rc = 1;
                 break;
             }
-    if (rc == 0 && comm_all_to_all(c->comm, s, d, 0, COMM_F32) != 0) {
+    if (rc == 0 && comm_all_to_all(c->comm, s, d, 0, DTYPE_F32) != 0) {
         fprintf(stderr, "rank %d: empty all_to_all: %s\n", r, error_message());
         rc = 1;
     }
     /* Refused before anything is queued, so the peers stay in step. */
-    int bad = comm_all_to_all(c->comm, s, s + n / 2, n, COMM_F32) == 0 ||
+    int bad = comm_all_to_all(c->comm, s, s + n / 2, n, DTYPE_F32) == 0 ||
               !strstr(error_message(), "comm_all_to_all: out overlaps in");
     if (rc == 0 && comm_barrier(c->comm) != 0)
         rc = 1;
@@ -698,7 +698,7 @@ static int body_late_rank(struct rank_ctx *c)
         nanosleep(&ts, NULL);
     }
     double c0 = cpu_s(), t0 = tu_now();
-    if (comm_all_reduce(c->comm, v, v, 1024, COMM_F32, COMM_SUM) != 0) {
+    if (comm_all_reduce(c->comm, v, v, 1024, DTYPE_F32, COMM_SUM) != 0) {
         fprintf(stderr, "rank %d: all_reduce: %s\n", c->rank, error_message());
         return 1;
     }
@@ -772,7 +772,7 @@ static int body_random_ops(struct rank_ctx *c)
         if (kind == 0) {
             for (size_t i = 0; i < n; i++)
                 in[i] = tu_gen(r, i, salt);
-            rc = comm_all_gather(c->comm, in, out, n, COMM_F32);
+            rc = comm_all_gather(c->comm, in, out, n, DTYPE_F32);
             for (int q = 0; q < W && !rc; q++)
                 for (size_t i = 0; i < n; i++)
                     if (out[(size_t)q * n + i] != tu_gen(q, i, salt))
@@ -780,21 +780,21 @@ static int body_random_ops(struct rank_ctx *c)
         } else if (kind == 1) {
             for (size_t i = 0; i < n * (size_t)W; i++)
                 in[i] = tu_gen(r, i, salt);
-            rc = comm_reduce_scatter(c->comm, in, out, n, COMM_F32, COMM_SUM);
+            rc = comm_reduce_scatter(c->comm, in, out, n, DTYPE_F32, COMM_SUM);
             for (size_t i = 0; i < n && !rc; i++)
-                if (out[i] != tu_ref_reduce(COMM_F32, COMM_SUM, W, H, NULL, (size_t)r * n + i, salt))
+                if (out[i] != tu_ref_reduce(DTYPE_F32, COMM_SUM, W, H, NULL, (size_t)r * n + i, salt))
                     FAIL("rank %d: op %d reduce_scatter n=%zu: elem %zu wrong", r, it, n, i);
         } else if (kind == 2) {
             for (size_t i = 0; i < n; i++)
                 in[i] = tu_gen(r, i, salt);
-            rc = comm_all_reduce(c->comm, in, in, n, COMM_F32, COMM_SUM);
+            rc = comm_all_reduce(c->comm, in, in, n, DTYPE_F32, COMM_SUM);
             for (size_t i = 0; i < n && !rc; i++)
-                if (in[i] != tu_ref_reduce(COMM_F32, COMM_SUM, W, H, NULL, i, salt))
+                if (in[i] != tu_ref_reduce(DTYPE_F32, COMM_SUM, W, H, NULL, i, salt))
                     FAIL("rank %d: op %d all_reduce n=%zu: elem %zu wrong", r, it, n, i);
         } else if (kind == 3) {
             for (size_t i = 0; i < n; i++)
                 in[i] = r == root ? tu_gen(root, i, salt) : -1.0f;
-            rc = comm_broadcast(c->comm, in, n, COMM_F32, root);
+            rc = comm_broadcast(c->comm, in, n, DTYPE_F32, root);
             for (size_t i = 0; i < n && !rc; i++)
                 if (in[i] != tu_gen(root, i, salt))
                     FAIL("rank %d: op %d broadcast n=%zu from %d: elem %zu wrong", r, it, n, root, i);
@@ -806,7 +806,7 @@ static int body_random_ops(struct rank_ctx *c)
                  error_message());
     }
     float mine_count = (float)(shm_barrier_count() - b0);
-    if (comm_all_gather(c->comm, &mine_count, counts, 1, COMM_F32) != 0)
+    if (comm_all_gather(c->comm, &mine_count, counts, 1, DTYPE_F32) != 0)
         FAIL("rank %d: final all_gather: %s", r, error_message());
     /* Ranks of one host share a segment and must agree; hosts may differ (a broadcast's root host does
      * other shared-memory steps than the hosts that receive it). Ranks are split over hosts contiguously. */

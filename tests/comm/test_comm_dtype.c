@@ -7,10 +7,10 @@
 
 Test(comm_dtype, sizes_and_names)
 {
-    cr_assert_eq(comm_dtype_size(COMM_F32), 4);
-    cr_assert_eq(comm_dtype_size(COMM_BF16), 2);
-    cr_assert_eq(comm_dtype_size(COMM_F16), 2);
-    cr_assert_str_eq(comm_dtype_name(COMM_BF16), "bf16");
+    cr_assert_eq(comm_dtype_size(DTYPE_F32), 4);
+    cr_assert_eq(comm_dtype_size(DTYPE_BF16), 2);
+    cr_assert_eq(comm_dtype_size(DTYPE_F16), 2);
+    cr_assert_str_eq(comm_dtype_name(DTYPE_BF16), "bf16");
 }
 
 Test(comm_dtype, bf16_round_to_nearest_even)
@@ -42,7 +42,7 @@ Test(comm_dtype, f32_sum_order_is_source_order)
      * add source 0, then 1, then 2. */
     float a[3] = {1e8f, 1.0f, 1e8f}, b[3] = {-1e8f, 1e8f, 1.0f}, c[3] = {1.0f, -1e8f, -1e8f}, out[3];
     const void *srcs[3] = {a, b, c};
-    comm_reduce_arrays(COMM_F32, COMM_SUM, srcs, 3, out, 3, 1);
+    comm_reduce_arrays(DTYPE_F32, COMM_SUM, srcs, 3, out, 3, 1);
     for (int i = 0; i < 3; i++) {
         float ref = (a[i] + b[i]) + c[i];
         cr_assert_eq(memcmp(&ref, &out[i], 4), 0, "elem %d: %g vs %g", i, (double)out[i], (double)ref);
@@ -59,13 +59,13 @@ Test(comm_dtype, bf16_accumulates_in_f32_and_rounds_once)
     uint16_t z[3] = {comm_f32_to_bf16(1.0f), comm_f32_to_bf16(3.0f), comm_f32_to_bf16(5.0f)};
     uint16_t out[3];
     const void *srcs[3] = {x, y, z};
-    comm_reduce_arrays(COMM_BF16, COMM_SUM, srcs, 3, out, 3, 1);
+    comm_reduce_arrays(DTYPE_BF16, COMM_SUM, srcs, 3, out, 3, 1);
     cr_assert_eq(comm_bf16_to_f32(out[0]), 258.0f);
     cr_assert_eq(comm_bf16_to_f32(out[1]), 260.0f); /* 261 rounds to even 260 */
     cr_assert_eq(comm_bf16_to_f32(out[2]), 260.0f);
-    comm_reduce_arrays(COMM_BF16, COMM_SUM, srcs, 3, out, 3, 3); /* AVG: one division then one rounding */
+    comm_reduce_arrays(DTYPE_BF16, COMM_SUM, srcs, 3, out, 3, 3); /* AVG: one division then one rounding */
     cr_assert_eq(comm_bf16_to_f32(out[0]), comm_bf16_to_f32(comm_f32_to_bf16(258.0f / 3.0f)));
-    comm_reduce_arrays(COMM_BF16, COMM_MAX, srcs, 3, out, 3, 1);
+    comm_reduce_arrays(DTYPE_BF16, COMM_MAX, srcs, 3, out, 3, 1);
     cr_assert_eq(comm_bf16_to_f32(out[1]), 256.0f);
 }
 
@@ -78,7 +78,7 @@ Test(comm_dtype, f16_avg_and_aliasing)
         b[i] = comm_f32_to_f16((float)(i % 7) * 0.5f);
     }
     const void *srcs[2] = {a, b};
-    comm_reduce_arrays(COMM_F16, COMM_SUM, srcs, 2, a, N, 2); /* dst aliases a */
+    comm_reduce_arrays(DTYPE_F16, COMM_SUM, srcs, 2, a, N, 2); /* dst aliases a */
     for (int i = 0; i < N; i++) {
         float ref = ((float)(i % 100) + (float)(i % 7) * 0.5f) / 2.0f;
         cr_assert_eq(comm_f16_to_f32(a[i]), comm_f16_to_f32(comm_f32_to_f16(ref)), "elem %d", i);

@@ -41,7 +41,7 @@ static int body_victim(struct rank_ctx *c)
     if (!v)
         return 1;
     for (int k = 0; k < 2; k++)
-        if (comm_all_reduce(c->comm, v, v, 4099, COMM_F32, COMM_SUM) != 0) {
+        if (comm_all_reduce(c->comm, v, v, 4099, DTYPE_F32, COMM_SUM) != 0) {
             fprintf(stderr, "rank %d: warm-up all_reduce: %s\n", c->rank, error_message());
             return 1;
         }
@@ -53,7 +53,7 @@ static int body_victim(struct rank_ctx *c)
         raise(SIGKILL);
     }
     double t0 = tu_now();
-    int rc = comm_all_reduce(c->comm, v, v, 4099, COMM_F32, COMM_SUM);
+    int rc = comm_all_reduce(c->comm, v, v, 4099, DTYPE_F32, COMM_SUM);
     double dt = tu_now() - t0;
     char want[32];
     snprintf(want, sizeof(want), "rank %d", a->victim);
@@ -99,7 +99,7 @@ static int body_midkill(struct rank_ctx *c)
     int rc = 0;
     uint64_t it = 0;
     while (rc == 0 && tu_now() - t0 < a->max_s)
-        rc = comm_all_reduce(c->comm, v, v, n, COMM_F32, COMM_SUM), it++;
+        rc = comm_all_reduce(c->comm, v, v, n, DTYPE_F32, COMM_SUM), it++;
     if (a->reg)
         comm_mem_free(c->comm, v);
     else
@@ -141,7 +141,7 @@ static int body_freshkill(struct rank_ctx *c)
         float *in = comm_mem_alloc(c->comm, n * sizeof(float));
         if (!in)
             return 1;
-        rc = comm_all_gather(c->comm, in, out, n, COMM_F32), it++;
+        rc = comm_all_gather(c->comm, in, out, n, DTYPE_F32), it++;
         comm_mem_free(c->comm, in);
     }
     free(out);
@@ -254,10 +254,10 @@ static int body_bad_args(struct rank_ctx *c)
 {
     float x = 0;
     int bad = 0;
-    bad |= comm_broadcast(c->comm, &x, 1, COMM_F32, c->size) != FSDP_EINVAL;
-    bad |= comm_send(c->comm, &x, 1, COMM_F32, c->rank) != FSDP_EINVAL;
-    bad |= comm_all_reduce(c->comm, NULL, NULL, 5, COMM_F32, COMM_SUM) != FSDP_EINVAL;
-    bad |= comm_all_reduce(c->comm, NULL, NULL, 0, COMM_F32, COMM_SUM) != 0; /* count 0: nothing to touch */
+    bad |= comm_broadcast(c->comm, &x, 1, DTYPE_F32, c->size) != FSDP_EINVAL;
+    bad |= comm_send(c->comm, &x, 1, DTYPE_F32, c->rank) != FSDP_EINVAL;
+    bad |= comm_all_reduce(c->comm, NULL, NULL, 5, DTYPE_F32, COMM_SUM) != FSDP_EINVAL;
+    bad |= comm_all_reduce(c->comm, NULL, NULL, 0, DTYPE_F32, COMM_SUM) != 0; /* count 0: nothing to touch */
     struct comm *dup = NULL;
     bad |= comm_create(c->store, 0, 1, "bad/name", NULL, &dup) != FSDP_EINVAL;
     struct comm_options o = {.backend = "carrier-pigeon", .generation = -1, .device = -1};

@@ -7,7 +7,7 @@
 #include "comm_test_util.h"
 #include "comm/comm_shm.h"
 
-static const enum dtype dtypes[] = {COMM_F32, COMM_BF16, COMM_F16};
+static const enum dtype dtypes[] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16};
 static const size_t counts[] = {0, 1, 1009, 40009};
 
 /* Per-op direct-path accounting of one rank's run. */
@@ -263,7 +263,7 @@ static int body_split(struct rank_ctx *c)
     float *v = comm_mem_alloc(c->comm, 6 * sizeof(float));
     if (!rc && v) {
         v[c->rank] = (float)c->rank + 1;
-        rc = comm_all_gather(c->comm, v + c->rank, v, 1, COMM_F32) != 0;
+        rc = comm_all_gather(c->comm, v + c->rank, v, 1, DTYPE_F32) != 0;
         for (int q = 0; q < 6 && !rc; q++)
             rc = v[q] != (float)q + 1;
         if (rc)
@@ -295,34 +295,34 @@ static int body_large(struct rank_ctx *c)
         FAIL("rank %d: alloc: %s", r, error_message());
     for (size_t i = 0; i < n; i++)
         in[i] = tu_gen(r, i, salt);
-    if (comm_all_gather(c->comm, in, out, n, COMM_F32) != 0)
+    if (comm_all_gather(c->comm, in, out, n, DTYPE_F32) != 0)
         FAIL("rank %d: all_gather: %s", r, error_message());
     for (int q = 0; q < W; q++)
         for (size_t i = 0; i < n; i += 1 + i % 7)
-            if (!tu_same(COMM_F32, out, (size_t)q * n + i, tu_gen(q, i, salt)))
+            if (!tu_same(DTYPE_F32, out, (size_t)q * n + i, tu_gen(q, i, salt)))
                 FAIL("rank %d: 64 MiB all_gather block %d elem %zu wrong", r, q, i);
     salt++;
     for (size_t j = 0; j < total; j++)
         in[j] = tu_gen(r, j, salt);
-    if (comm_reduce_scatter(c->comm, in, out, n, COMM_F32, COMM_SUM) != 0)
+    if (comm_reduce_scatter(c->comm, in, out, n, DTYPE_F32, COMM_SUM) != 0)
         FAIL("rank %d: reduce_scatter: %s", r, error_message());
     for (size_t i = 0; i < n; i++)
-        if (!tu_same(COMM_F32, out, i, tu_ref_reduce(COMM_F32, COMM_SUM, W, 1, NULL, (size_t)r * n + i, salt)))
+        if (!tu_same(DTYPE_F32, out, i, tu_ref_reduce(DTYPE_F32, COMM_SUM, W, 1, NULL, (size_t)r * n + i, salt)))
             FAIL("rank %d: 64 MiB reduce_scatter elem %zu wrong", r, i);
-    if (comm_all_reduce(c->comm, in, in, total, COMM_F32, COMM_AVG) != 0)
+    if (comm_all_reduce(c->comm, in, in, total, DTYPE_F32, COMM_AVG) != 0)
         FAIL("rank %d: in-place all_reduce: %s", r, error_message());
     for (size_t j = 0; j < total; j++)
-        if (!tu_same(COMM_F32, in, j, tu_ref_reduce(COMM_F32, COMM_AVG, W, 1, NULL, j, salt)))
+        if (!tu_same(DTYPE_F32, in, j, tu_ref_reduce(DTYPE_F32, COMM_AVG, W, 1, NULL, j, salt)))
             FAIL("rank %d: 64 MiB all_reduce elem %zu wrong", r, j);
     /* bf16 all_gather in place over the same buffer */
     uint16_t *h = (uint16_t *)out;
     for (size_t i = 0; i < n; i++)
         h[(size_t)r * n + i] = comm_f32_to_bf16(tu_gen(r, i, salt + 1));
-    if (comm_all_gather(c->comm, h + (size_t)r * n, h, n, COMM_BF16) != 0)
+    if (comm_all_gather(c->comm, h + (size_t)r * n, h, n, DTYPE_BF16) != 0)
         FAIL("rank %d: bf16 in-place all_gather: %s", r, error_message());
     for (int q = 0; q < W; q++)
         for (size_t i = 0; i < n; i += 1 + i % 5)
-            if (!tu_same(COMM_BF16, h, (size_t)q * n + i, tu_round(COMM_BF16, tu_gen(q, i, salt + 1))))
+            if (!tu_same(DTYPE_BF16, h, (size_t)q * n + i, tu_round(DTYPE_BF16, tu_gen(q, i, salt + 1))))
                 FAIL("rank %d: 64 MiB bf16 all_gather block %d elem %zu wrong", r, q, i);
     rc = check_count(r, W, before, 4, true);
 fail:
@@ -355,13 +355,13 @@ static int body_realloc(struct rank_ctx *c)
         }
         for (size_t i = 0; i < n; i++)
             in[i] = tu_gen(r, i, it);
-        int rc = comm_all_gather(c->comm, in, out, n, COMM_F32);
+        int rc = comm_all_gather(c->comm, in, out, n, DTYPE_F32);
         for (int q = 0; q < W && rc == 0; q++)
             for (size_t i = 0; i < n && rc == 0; i++)
-                rc = !tu_same(COMM_F32, out, (size_t)q * n + i, tu_gen(q, i, it));
+                rc = !tu_same(DTYPE_F32, out, (size_t)q * n + i, tu_gen(q, i, it));
         /* A long-lived buffer stays usable beside the churn (its mapping may be dropped and remade). */
         keep[r] = (float)(it * W + r);
-        rc = rc ? rc : comm_all_gather(c->comm, keep + r, keep, 1, COMM_F32);
+        rc = rc ? rc : comm_all_gather(c->comm, keep + r, keep, 1, DTYPE_F32);
         for (int q = 0; q < W && rc == 0; q++)
             rc = keep[q] != (float)(it * W + q);
         free(out);
@@ -401,7 +401,7 @@ Test(comm_mem, allocator_contract, .timeout = 60)
         cr_assert_eq(p[i], 0);
     memset(p, 0xab, 12345);
     float x = 3, y = 0;
-    cr_assert_eq(comm_all_reduce(c, &x, &y, 1, COMM_F32, COMM_SUM), 0);
+    cr_assert_eq(comm_all_reduce(c, &x, &y, 1, DTYPE_F32, COMM_SUM), 0);
     cr_assert_eq(y, 3.0f);
     comm_mem_free(c, NULL);
     int local = 0;

@@ -187,7 +187,7 @@ static int body_collectives(struct rank_ctx *c)
     for (int oi = 0; oi < 3 && !bad; oi++) {
         enum comm_op op = ops[oi];
         for (int b16 = 0; b16 < 2 && !bad; b16++) {
-            enum dtype dt = b16 ? COMM_BF16 : COMM_F32;
+            enum dtype dt = b16 ? DTYPE_BF16 : DTYPE_F32;
             bad |= comm_all_reduce(g.world, b16 ? inb : in, b16 ? outb : out, n, dt, op) != 0;
             bad |= b16 ? down(k, bb, outb, n * 2) : down(k, back, out, n * 4);
             for (size_t i = 0; i < n && !bad; i++) {
@@ -204,7 +204,7 @@ static int body_collectives(struct rank_ctx *c)
     }
     /* reduce_scatter: block r of every rank's input, reduced */
     for (int oi = 0; oi < 2 && !bad; oi++) {
-        bad |= comm_reduce_scatter(g.world, in, out, n, COMM_F32, ops[oi]) != 0 || down(k, back, out, n * 4);
+        bad |= comm_reduce_scatter(g.world, in, out, n, DTYPE_F32, ops[oi]) != 0 || down(k, back, out, n * 4);
         for (size_t i = 0; i < n && !bad; i++) {
             double want = (double)val(0, (size_t)r * n + i) * tri / (ops[oi] == COMM_AVG ? W : 1);
             if (fabs(back[i] - want) > 1e-6 * fabs(want)) {
@@ -215,7 +215,7 @@ static int body_collectives(struct rank_ctx *c)
         }
     }
     /* all_gather in bf16 */
-    bad |= bad || comm_all_gather(g.world, inb, outb, n, COMM_BF16) != 0 || down(k, bb, outb, NW * 2);
+    bad |= bad || comm_all_gather(g.world, inb, outb, n, DTYPE_BF16) != 0 || down(k, bb, outb, NW * 2);
     for (size_t q = 0; q < (size_t)W && !bad; q++)
         for (size_t i = 0; i < n && !bad; i++)
             if (dtype_bf16_to_f32(bb[q * n + i]) != val((int)q, i)) {
@@ -223,7 +223,7 @@ static int body_collectives(struct rank_ctx *c)
                 bad = 1;
             }
     /* broadcast from the last rank */
-    bad |= bad || comm_broadcast(g.world, in, n, COMM_F32, W - 1) != 0 || down(k, back, in, n * 4);
+    bad |= bad || comm_broadcast(g.world, in, n, DTYPE_F32, W - 1) != 0 || down(k, back, in, n * 4);
     for (size_t i = 0; i < n && !bad; i++)
         if (back[i] != val(W - 1, i)) {
             fprintf(stderr, "rank %d: broadcast element %zu: %g, want %g\n", r, i, (double)back[i],
@@ -234,7 +234,7 @@ static int body_collectives(struct rank_ctx *c)
     /* registered memory (ncclMemAlloc), allocated and freed between operations */
     float *reg = bad ? NULL : comm_mem_alloc(g.world, NW * 4);
     bad |= !bad && (!reg || k->mem_copy(reg + (size_t)r * n, h, n * 4, KERNELS_COPY_H2D) != 0 ||
-                    comm_all_gather(g.world, reg + (size_t)r * n, reg, n, COMM_F32) != 0 || down(k, back, reg, NW * 4));
+                    comm_all_gather(g.world, reg + (size_t)r * n, reg, n, DTYPE_F32) != 0 || down(k, back, reg, NW * 4));
     for (size_t q = 0; q < (size_t)W && !bad; q++)
         for (size_t i = 0; i < n && !bad; i++)
             if (back[q * n + i] != val((int)q, i)) {
@@ -290,7 +290,7 @@ static int body_event_path(struct rank_ctx *c)
         bad |= bad || k->mem_copy(send, prod, n * 4, KERNELS_COPY_D2D) != 0 ||
                k->scale(send, (float)(r + 1), n) != 0;
         /* no synchronize: the collective must wait for exactly what was queued before it */
-        bad |= bad || comm_all_reduce(g.world, send, recv, n, COMM_F32, COMM_SUM) != 0;
+        bad |= bad || comm_all_reduce(g.world, send, recv, n, DTYPE_F32, COMM_SUM) != 0;
         bad |= bad || down(k, back, recv + n - 8, sizeof back);
         double want = (double)m * W * (W + 1) / 2;
         for (int i = 0; i < 8 && !bad; i++)
@@ -341,9 +341,9 @@ static int body_sendrecv(struct rank_ctx *c)
         return 1;
     }
     struct comm_p2p ops[] = {
-        {COMM_P2P_SEND, s, n, COMM_F32, next}, {COMM_P2P_SEND, s, n, COMM_F32, prev},
-        {COMM_P2P_SEND, sb, n, COMM_BF16, next}, {COMM_P2P_RECV, dp, n, COMM_F32, prev},
-        {COMM_P2P_RECV, dn, n, COMM_F32, next}, {COMM_P2P_RECV, db, n, COMM_BF16, prev},
+        {COMM_P2P_SEND, s, n, DTYPE_F32, next}, {COMM_P2P_SEND, s, n, DTYPE_F32, prev},
+        {COMM_P2P_SEND, sb, n, DTYPE_BF16, next}, {COMM_P2P_RECV, dp, n, DTYPE_F32, prev},
+        {COMM_P2P_RECV, dn, n, DTYPE_F32, next}, {COMM_P2P_RECV, db, n, DTYPE_BF16, prev},
     };
     bad |= comm_sendrecv(g.world, ops, 6) != 0;
     bad |= bad || down(k, back, dp, n * 4);
@@ -405,15 +405,15 @@ static int body_two_groups(struct rank_ctx *c)
         bad |= !in[i] || !mid[i];
     }
     for (int i = 0; i < ROUNDS && !bad; i++) {
-        bad |= comm_reduce_scatter_async(shard, in[i], mid[i], n, COMM_F32, COMM_SUM, &rs[i]) != 0;
+        bad |= comm_reduce_scatter_async(shard, in[i], mid[i], n, DTYPE_F32, COMM_SUM, &rs[i]) != 0;
         /* the previous round's replicate all-reduce, once its reduce-scatter is done, as the engine does */
         if (i > 0) {
             bad |= comm_work_wait(rs[i - 1]) != 0;
-            bad |= comm_all_reduce_async(rep, mid[i - 1], mid[i - 1], n, COMM_F32, COMM_SUM, &ar[i - 1]) != 0;
+            bad |= comm_all_reduce_async(rep, mid[i - 1], mid[i - 1], n, DTYPE_F32, COMM_SUM, &ar[i - 1]) != 0;
         }
     }
     bad |= bad || comm_work_wait(rs[ROUNDS - 1]) != 0;
-    bad |= bad || comm_all_reduce_async(rep, mid[ROUNDS - 1], mid[ROUNDS - 1], n, COMM_F32, COMM_SUM,
+    bad |= bad || comm_all_reduce_async(rep, mid[ROUNDS - 1], mid[ROUNDS - 1], n, DTYPE_F32, COMM_SUM,
                                         &ar[ROUNDS - 1]) != 0;
     for (int i = ROUNDS - 1; i >= 0 && !bad; i--)
         bad |= comm_work_wait(ar[i]) != 0;
@@ -455,7 +455,7 @@ static int nccl_sum1(const struct kernels *k, struct comm *comm, float v, float 
     float *d = dev_from(k, &v, 4);
     if (!d)
         return -1;
-    int rc = comm_all_reduce(comm, d, d, 1, COMM_F32, COMM_SUM);
+    int rc = comm_all_reduce(comm, d, d, 1, DTYPE_F32, COMM_SUM);
     rc = rc ? rc : down(k, sum, d, 4);
     k->mem_free(d);
     return rc;
@@ -508,7 +508,7 @@ static int body_split(struct rank_ctx *c)
         if (d && rev && comm_rank(rev) < n)
             bad |= k->mem_copy(d + comm_rank(rev), &mine, 4, KERNELS_COPY_H2D) != 0;
         if (bad || !d || !rev || comm_size(rev) != n || comm_rank(rev) != n - 1 - r ||
-            comm_all_gather(rev, d + comm_rank(rev), d, 1, COMM_F32) != 0) {
+            comm_all_gather(rev, d + comm_rank(rev), d, 1, DTYPE_F32) != 0) {
             fprintf(stderr, "rank %d: reversed group (rank %d of %d): %s\n", r, rev ? comm_rank(rev) : -1,
                     rev ? comm_size(rev) : -1, error_message());
             bad = 1;

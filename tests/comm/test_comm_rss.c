@@ -72,7 +72,7 @@ static int body_rss(struct rank_ctx *c)
     uint64_t direct0 = shm_direct_count();
     for (int round = 0; round < a->rounds; round++) {
         /* reduce_scatter of buf into out's first share: reads every peer's block r of buf at once */
-        if (comm_reduce_scatter(c->comm, buf, out, per, COMM_F32, COMM_SUM) != 0)
+        if (comm_reduce_scatter(c->comm, buf, out, per, DTYPE_F32, COMM_SUM) != 0)
             FAIL("rank %d: reduce_scatter: %s", r, error_message());
         for (size_t i = 0; i < per; i += 4099) {
             float want = 0;
@@ -84,14 +84,14 @@ static int body_rss(struct rank_ctx *c)
         /* in-place all_gather (the FSDP engine's form): each peer's share of out */
         for (size_t i = 0; i < per; i++)
             out[(size_t)r * per + i] = val(r, i);
-        if (comm_all_gather(c->comm, out + (size_t)r * per, out, per, COMM_F32) != 0)
+        if (comm_all_gather(c->comm, out + (size_t)r * per, out, per, DTYPE_F32) != 0)
             FAIL("rank %d: all_gather: %s", r, error_message());
         for (int q = 0; q < W; q++)
             for (size_t i = 0; i < per; i += 4099)
                 if (out[(size_t)q * per + i] != val(q, i))
                     FAIL("rank %d: all_gather block %d elem %zu wrong", r, q, i);
         /* out of place all_reduce: peers' ins, then peers' outs */
-        if (comm_all_reduce(c->comm, buf, out, n, COMM_F32, COMM_MAX) != 0)
+        if (comm_all_reduce(c->comm, buf, out, n, DTYPE_F32, COMM_MAX) != 0)
             FAIL("rank %d: all_reduce: %s", r, error_message());
         for (size_t i = 0; i < n; i += 4099)
             if (out[i] != val(W - 1, i))
@@ -100,7 +100,7 @@ static int body_rss(struct rank_ctx *c)
         int root = round % W;
         for (size_t i = 0; i < per; i++)
             out[i] = val(r, i);
-        if (comm_broadcast(c->comm, out, per, COMM_F32, root) != 0)
+        if (comm_broadcast(c->comm, out, per, DTYPE_F32, root) != 0)
             FAIL("rank %d: broadcast: %s", r, error_message());
         for (size_t i = 0; i < per; i += 4099)
             if (out[i] != val(root, i))
@@ -179,7 +179,7 @@ static int body_stream(struct rank_ctx *c)
         FAIL("rank %d: cannot read /proc/self/status", r);
     for (int round = 0; round < a->rounds; round++)
         for (int i = 0; i < nb; i++) {
-            if (comm_all_gather(c->comm, bufs[i] + (size_t)r * per, bufs[i], per, COMM_F32) != 0)
+            if (comm_all_gather(c->comm, bufs[i] + (size_t)r * per, bufs[i], per, DTYPE_F32) != 0)
                 FAIL("rank %d: all_gather of buffer %d: %s", r, i, error_message());
             for (int q = 0; q < W; q++)
                 for (size_t e = q * per; e < (size_t)(q + 1) * per; e += 4099)

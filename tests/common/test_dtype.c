@@ -4,7 +4,9 @@
  * back, and to the other 16-bit type; four million generated floats (specials, NaN payloads, subnormals,
  * ties on both formats, the overflow edges) go to bf16 and f16. Independent checks anchor the common
  * answer: bf16 is the top half of f32, f16 values computed in double, f32 -> bf16 rounding against the
- * nearer neighbour in double, and the compiler's _Float16 conversions where the compiler has them. */
+ * nearer neighbour in double, and the compiler's _Float16 conversions where the compiler has them. The
+ * other forms of bf16 rounding in dtype.h (branch-free scalar, 16 AVX-512 lanes) give dtype_f32_to_bf16's
+ * bits. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdbool.h>
@@ -13,6 +15,10 @@
 #include <string.h>
 
 #include "comm/comm_internal.h"
+/* dtype.h's 16-lane AVX-512 rounding too, where this compiler can build it (it runs only on AVX-512 CPUs) */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define DTYPE_AVX512 1
+#endif
 #include "common/dtype.h"
 #include "common/error.h"
 #include "kernels/kernels.h"
@@ -356,10 +362,8 @@ Test(dtype, sizes_names_and_the_aliases)
     cr_assert_str_eq(dtype_name(DTYPE_F16), "f16");
     cr_assert_str_eq(dtype_name((enum dtype)9), "?");
     cr_assert(dtype_valid(DTYPE_F16) && !dtype_valid((enum dtype)3) && !dtype_valid((enum dtype)-1));
-    /* kernels and comm name the same enum values */
-    cr_assert(KERNELS_F32 == DTYPE_F32 && KERNELS_BF16 == DTYPE_BF16 && KERNELS_F16 == DTYPE_F16);
-    cr_assert(COMM_F32 == DTYPE_F32 && COMM_BF16 == DTYPE_BF16 && COMM_F16 == DTYPE_F16);
-    cr_assert_eq(kernels_dtype_size(KERNELS_BF16), comm_dtype_size(COMM_BF16));
+    /* kernels and comm name the same size function */
+    cr_assert_eq(kernels_dtype_size(DTYPE_BF16), comm_dtype_size(DTYPE_BF16));
 }
 
 Test(dtype, every_bf16_pattern_on_every_path)
@@ -380,6 +384,51 @@ Test(dtype, random_floats_to_bf16_on_every_path, .timeout = 120)
 Test(dtype, random_floats_to_f16_on_every_path, .timeout = 120)
 {
     check_random(kernels_cpu(), DTYPE_F16, true, 2025);
+}
+
+#ifdef DTYPE_AVX512
+/* dtype_f32x16_to_bf16_hi over n floats (n a multiple of 16), the bf16 of each lane narrowed to 16 bits. */
+__attribute__((target("avx512f"))) static void round_avx512(uint16_t *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i += 16) {
+        __m512i hi = dtype_f32x16_to_bf16_hi(_mm512_loadu_ps(src + i));
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(hi, 16)));
+    }
+}
+#endif
+
+/* The branch-free scalar form (the CPU's bulk rounding, kernels/cpu/lowp.c) and the AVX-512 form (the
+ * attention tiles' operands) against dtype_f32_to_bf16: the generated floats (NaN with every kind of
+ * payload, inf, subnormals, ties and their neighbours, the overflow edge) and every upper half with the
+ * lower halves that decide the rounding (0, just below, at and above the tie, all ones), which covers
+ * every exponent's ties and every NaN's top payload bits. */
+Test(dtype, every_bf16_rounding_form_gives_the_same_bits, .timeout = 120)
+{
+    static const uint32_t lows[] = {0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xffff};
+    enum { NLOW = sizeof(lows) / sizeof(lows[0]), NALL = NRAND + NPAT * NLOW };
+    float *v = gen_floats(NALL, 2026);
+    for (size_t i = 0; i < (size_t)NPAT * NLOW; i++)
+        v[NRAND + i] = float_of((uint32_t)(i / NLOW) << 16 | lows[i % NLOW]);
+    uint16_t *want = xmalloc((size_t)NALL * 2), *got = xmalloc((size_t)NALL * 2);
+    for (size_t i = 0; i < NALL; i++) {
+        want[i] = dtype_f32_to_bf16(v[i]);
+        got[i] = dtype_f32_bits_to_bf16(bits_of(v[i]));
+        cr_assert_eq(got[i], want[i], "dtype_f32_bits_to_bf16(0x%08x) = 0x%04x, dtype_f32_to_bf16 gives 0x%04x",
+                     bits_of(v[i]), got[i], want[i]);
+    }
+#ifdef DTYPE_AVX512
+    if (__builtin_cpu_supports("avx512f")) {
+        _Static_assert(NALL % 16 == 0, "whole vectors");
+        memset(got, 0, (size_t)NALL * 2);
+        round_avx512(got, v, NALL);
+        for (size_t i = 0; i < NALL; i++)
+            cr_assert_eq(got[i], want[i], "dtype_f32x16_to_bf16_hi(0x%08x) = 0x%04x, dtype_f32_to_bf16 gives 0x%04x",
+                         bits_of(v[i]), got[i], want[i]);
+    } else {
+        cr_log_info("no AVX-512 on this CPU: the 16-lane form was not run");
+    }
+#endif
+    free(v), free(want), free(got);
 }
 
 /* The CUDA table's cast, compiled by nvcc from the same header: the same bits (skips without a GPU). */

@@ -246,10 +246,10 @@ Test(kernels_attention, rejects_heads_not_dividing)
 static void check_attention_bf16_gqa(int B, int T, int C, int NH, int NKV, float spread, uint64_t seed)
 {
     const struct kernels *k = kt_backend();
-    if (!(k->matmul_dtypes & KERNELS_DTYPE_BIT(KERNELS_BF16)))
+    if (!(k->matmul_dtypes & KERNELS_DTYPE_BIT(DTYPE_BF16)))
         cr_skip_test("%s: no native bf16 matmuls on this machine (the fallback computes in fp32, tested above)",
                      k->name);
-    cr_assert_eq(k->set_matmul_dtype(KERNELS_BF16), 0, "%s", error_message());
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_BF16), 0, "%s", error_message());
     size_t nq = (size_t)B * T * (C + 2 * NKV * (C / NH)), no = (size_t)B * T * C, nl = (size_t)B * NH * T;
     float *qkv = kt_host_rand(nq, seed, -spread, spread), *dout = kt_host_rand(no, seed + 1, -1, 1);
     float *g0 = kt_host_rand(nq, seed + 2, -1, 1);
@@ -288,7 +288,7 @@ static void check_attention_bf16_gqa(int B, int T, int C, int NH, int NKV, float
     cr_log_info("bf16 attention B=%d T=%d C=%d NH=%d NKV=%d: largest error %.3g of its bound; %.3g from fp32 attention",
                 B, T, C, NH, NKV, worst, off);
     cr_assert_gt(off, 1e-6, "bf16 attention equals fp32 attention on unrounded inputs: bf16 was not applied");
-    cr_assert_eq(k->set_matmul_dtype(KERNELS_F32), 0);
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_F32), 0);
     free(qkv), free(dout), free(g0), free(rq), free(rd), free(o), free(l), free(g);
     free(r.out), free(r.lse), free(r.dqkv), free(m.out), free(m.lse), free(m.dqkv);
     free(x.out), free(x.lse), free(x.dqkv);
@@ -342,9 +342,9 @@ static void check_attention_cp_ex(int B, int T, int C, int NH, int CP, uint64_t 
     const struct kernels *k = kt_backend();
     if (!k->attention_cp_forward || !k->attention_cp_backward || !k->host_visible)
         cr_skip_test("the %s kernels have no context-parallel attention on host memory", k->name);
-    if (bf16 && !(k->matmul_dtypes & KERNELS_DTYPE_BIT(KERNELS_BF16)))
+    if (bf16 && !(k->matmul_dtypes & KERNELS_DTYPE_BIT(DTYPE_BF16)))
         cr_skip_test("%s: no native bf16 matmuls on this machine", k->name);
-    cr_assert_eq(k->set_matmul_dtype(bf16 ? KERNELS_BF16 : KERNELS_F32), 0);
+    cr_assert_eq(k->set_matmul_dtype(bf16 ? DTYPE_BF16 : DTYPE_F32), 0);
     size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
     float *qkv = kt_host_rand(nq, seed, -1, 1), *dout = kt_host_rand(no, seed + 1, -1, 1);
     float *rq = malloc(nq * sizeof *rq), *rdo = malloc(no * sizeof *rdo);
@@ -413,7 +413,7 @@ static void check_attention_cp_ex(int B, int T, int C, int NH, int CP, uint64_t 
         check_mag("bf16 cp dk dv summed over the group", dkv, want_dkv, mag_dkv, nq);
     else
         kt_check("cp dk dv summed over the group", dkv, want_dkv, nq, 1e-4, 2e-4);
-    cr_assert_eq(k->set_matmul_dtype(KERNELS_F32), 0);
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_F32), 0);
     free(rq), free(rdo), free(mg.out), free(mg.lse), free(mg.dqkv), free(mag_o), free(mag_dq), free(mag_dkv);
     free(qkv), free(dout), free(r.out), free(r.lse), free(r.dqkv), free(kpos), free(qpos), free(lq), free(ldo);
     free(lo), free(ll), free(ldq), free(dkv), free(want_o), free(want_l), free(want_dq), free(want_dkv), free(got_dq);
@@ -462,7 +462,7 @@ static void check_attention_cp_blocks(int B, int T, int C, int NH, int NKV, int 
     const struct kernels *k = kt_backend();
     if (!k->attention_cp_forward || !k->attention_cp_backward || !k->host_visible)
         cr_skip_test("the %s kernels have no context-parallel attention on host memory", k->name);
-    cr_assert_eq(k->set_matmul_dtype(KERNELS_F32), 0);
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_F32), 0);
     int W = C + 2 * NKV * (C / NH), tq = T / CP, s = T / (2 * CP);
     size_t nq = (size_t)B * T * W, no = (size_t)B * T * C;
     float *qkv = kt_host_rand(nq, seed, -1, 1), *dout = kt_host_rand(no, seed + 1, -1, 1);
@@ -561,7 +561,7 @@ static void check_attention_cp_positions(int B, int TQ, int TK, int NH, int NKV,
     const struct kernels *k = kt_backend();
     if (!k->attention_cp_forward || !k->attention_cp_backward || !k->host_visible)
         cr_skip_test("the %s kernels have no context-parallel attention on host memory", k->name);
-    cr_assert_eq(k->set_matmul_dtype(KERNELS_F32), 0);
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_F32), 0);
     int C = NH * HS, KV = NKV * HS, LD = C + 2 * KV, G = NH / NKV;
     size_t nq = (size_t)B * TQ * LD, nk = (size_t)B * TK * 2 * KV, no = (size_t)B * TQ * C;
     float *q = kt_host_rand(nq, seed, -1.5f, 1.5f), *kv = kt_host_rand(nk, seed + 1, -1.5f, 1.5f);
@@ -659,9 +659,9 @@ static void check_attention_cp_bf16_as_attention(int B, int T, int NH, int NKV, 
     const struct kernels *k = kt_backend();
     if (!k->attention_cp_forward || !k->attention_cp_backward || !k->host_visible)
         cr_skip_test("the %s kernels have no context-parallel attention on host memory", k->name);
-    if (!(k->matmul_dtypes & KERNELS_DTYPE_BIT(KERNELS_BF16)))
+    if (!(k->matmul_dtypes & KERNELS_DTYPE_BIT(DTYPE_BF16)))
         cr_skip_test("%s: no native bf16 matmuls on this machine", k->name);
-    cr_assert_eq(k->set_matmul_dtype(KERNELS_BF16), 0);
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_BF16), 0);
     int HS = 64, C = NH * HS, W = C + 2 * NKV * HS;
     size_t nq = (size_t)B * T * W, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
     float *qkv = kt_host_rand(nq, seed, -2, 2), *dout = kt_host_rand(no, seed + 1, -1, 1);
@@ -698,7 +698,7 @@ static void check_attention_cp_bf16_as_attention(int B, int T, int NH, int NKV, 
         cr_assert(worst <= cmp[c].tol, "bf16 %s: context-parallel attention differs from attention by %.3g (bound %.3g)",
                   cmp[c].what, worst, cmp[c].tol);
     }
-    cr_assert_eq(k->set_matmul_dtype(KERNELS_F32), 0);
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_F32), 0);
     k->mem_free(ws);
     free(qkv), free(dout), free(o1), free(l1), free(d1), free(o2), free(l2), free(d2), free(pos);
 }

@@ -163,7 +163,7 @@ Test(kernels_cast, table_cast_all_pairs)
     const size_t n = 70000;
     float *src = kt_host_rand(n, 5, -70000, 70000);
     src[0] = NAN, src[1] = INFINITY, src[2] = -0.0f, src[3] = 1e-30f, src[4] = 0x1p-20f;
-    enum kernels_dtype ty[3] = {KERNELS_F32, KERNELS_BF16, KERNELS_F16};
+    enum kernels_dtype ty[3] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16};
     void *hsrc[3], *hdst = malloc(n * 4);
     cr_assert(hdst);
     for (int a = 0; a < 3; a++) {
@@ -197,7 +197,7 @@ Test(kernels_cast, table_cast_all_pairs)
             }
             k->mem_free(ds), k->mem_free(dd);
         }
-    cr_assert_eq(k->cast(hdst, (enum kernels_dtype)7, hsrc[0], KERNELS_F32, 1), FSDP_EINVAL);
+    cr_assert_eq(k->cast(hdst, (enum kernels_dtype)7, hsrc[0], DTYPE_F32, 1), FSDP_EINVAL);
     for (int a = 0; a < 3; a++)
         free(hsrc[a]);
     free(hdst), free(src);

@@ -21,7 +21,7 @@
 static const struct kernels *cpu_or_skip_bf16(void)
 {
     const struct kernels *k = kernels_cpu();
-    if (!(k->matmul_dtypes & KERNELS_DTYPE_BIT(KERNELS_BF16)))
+    if (!(k->matmul_dtypes & KERNELS_DTYPE_BIT(DTYPE_BF16)))
         cr_skip_test("this CPU has no bf16 matmul instructions (oneDNN runs %s): the fallback is tested instead",
                      cpu_isa_get()->name);
     return k;
@@ -75,7 +75,7 @@ static void check_gemm(const char *what, const float *c, int ldc, const float *c
 Test(cpu_matmul, bf16_gemm_against_double_reference)
 {
     const struct kernels *k = cpu_or_skip_bf16();
-    cr_assert_eq(k->set_matmul_dtype(KERNELS_BF16), 0, "%s", error_message());
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_BF16), 0, "%s", error_message());
     const int shapes[][3] = {{1, 1, 1}, {7, 5, 3}, {33, 47, 29}, {64, 192, 64}, {130, 96, 160}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int ta = 0; ta < 2; ta++)
@@ -101,14 +101,14 @@ Test(cpu_matmul, bf16_gemm_against_double_reference)
                 }
                 free(a), free(b), free(c0);
             }
-    cr_assert_eq(k->set_matmul_dtype(KERNELS_F32), 0);
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_F32), 0);
 }
 
 /* matmul_forward (bias) and matmul_backward (dx, dw, db accumulate) in bf16; db is a sum of fp32 dy. */
 Test(cpu_matmul, bf16_linear_forward_backward)
 {
     const struct kernels *k = cpu_or_skip_bf16();
-    cr_assert_eq(k->set_matmul_dtype(KERNELS_BF16), 0);
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_BF16), 0);
     const int n = 70, in = 96, out = 40;
     float *x = kt_host_rand((size_t)n * in, 1, -1, 1), *w = kt_host_rand((size_t)in * out, 2, -1, 1);
     float *bias = kt_host_rand(out, 3, -1, 1), *dy = kt_host_rand((size_t)n * out, 4, -1, 1);
@@ -136,7 +136,7 @@ Test(cpu_matmul, bf16_linear_forward_backward)
         cr_assert(fabs(db[j] - s) <= 1e-5 * (fabs(s) + n), "db[%d] %.9g vs %.9g (fp32 sum of fp32 dy)", j, db[j], s);
     }
     free(x), free(w), free(bias), free(dy), free(dx0), free(dw0), free(db0), free(y), free(dx), free(dw), free(db);
-    cr_assert_eq(k->set_matmul_dtype(KERNELS_F32), 0);
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_F32), 0);
 }
 
 /* A bound bf16 copy is what the matmul reads: bind w to the bf16 of 2w and the product doubles (the fp32 w
@@ -145,7 +145,7 @@ Test(cpu_matmul, bf16_linear_forward_backward)
 Test(cpu_matmul, bound_copy_is_read_as_is)
 {
     const struct kernels *k = cpu_or_skip_bf16();
-    cr_assert_eq(k->set_matmul_dtype(KERNELS_BF16), 0);
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_BF16), 0);
     const int n = 20, in = 64, out = 48, pad = 100;
     float *x = kt_host_rand((size_t)n * in, 11, -1, 1);
     float *unit = kt_host_rand(pad + (size_t)in * out + pad, 12, -1, 1), *w = unit + pad;
@@ -175,7 +175,7 @@ Test(cpu_matmul, bound_copy_is_read_as_is)
     cr_assert_eq(k->matmul_forward(y, xr, w, NULL, n, in, out), 0, "%s", error_message());
     check_gemm("unbound w", y, out, NULL, 0, 0, n, out, in, 1.0f, xr, in, w, out, 0.0f, TOL_ACC, TOL_BF16);
     free(x), free(xr), free(unit), free(lp), free(w2), free(y), free(y2);
-    cr_assert_eq(k->set_matmul_dtype(KERNELS_F32), 0);
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_F32), 0);
 }
 
 /* A shape's primitive is made once: the second call of a shape is a cache hit, a new shape makes one more,
@@ -183,7 +183,7 @@ Test(cpu_matmul, bound_copy_is_read_as_is)
 Test(cpu_matmul, primitives_cached_per_shape)
 {
     const struct kernels *k = cpu_or_skip_bf16();
-    cr_assert_eq(k->set_matmul_dtype(KERNELS_BF16), 0);
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_BF16), 0);
     const int n = 64, in = 96, out = 80;
     float *x = kt_host_rand((size_t)n * in, 21, -1, 1), *w = kt_host_rand((size_t)in * out, 22, -1, 1);
     float *y = malloc((size_t)n * out * sizeof *y);
@@ -201,7 +201,7 @@ Test(cpu_matmul, primitives_cached_per_shape)
     cr_assert_eq(k->matmul_forward(y, x, w, NULL, n - 1, in, out), 0);
     cr_assert_eq(cpu_onednn_stats_get().created, s0.created + 1, "a new shape must make one primitive");
     /* fp32 (oneDNN forced) keys apart from bf16 ones: another primitive for the same shape */
-    cr_assert_eq(k->set_matmul_dtype(KERNELS_F32), 0);
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_F32), 0);
     free(x), free(w), free(y);
 }
 
@@ -211,7 +211,7 @@ static void f32_library_case(const char *lib)
 {
     setenv("FSDP_CPU_MATMUL", lib, 1);
     const struct kernels *k = kernels_cpu();
-    cr_assert_eq(k->set_matmul_dtype(KERNELS_F32), 0);
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_F32), 0);
     struct cpu_onednn_stats s0 = cpu_onednn_stats_get();
     const int m = 130, n = 96, kk = 160;
     float *a = kt_host_rand((size_t)m * kk, 31, -1, 1), *b = kt_host_rand((size_t)kk * n, 32, -1, 1);
@@ -239,7 +239,7 @@ Test(cpu_matmul, forced_fallback_computes_in_fp32)
 {
     setenv("FSDP_TEST_CPU_NO_BF16", "1", 1);
     const struct kernels *k = kernels_cpu();
-    cr_assert(!(k->matmul_dtypes & KERNELS_DTYPE_BIT(KERNELS_BF16)), "bf16 still native with the CPU capped");
+    cr_assert(!(k->matmul_dtypes & KERNELS_DTYPE_BIT(DTYPE_BF16)), "bf16 still native with the CPU capped");
     cr_assert(!cpu_isa_get()->bf16 && cpu_isa_get()->capped, "oneDNN runs %s", cpu_isa_get()->name);
     const int n = 40, in = 72, out = 56;
     float *x = kt_host_rand((size_t)n * in, 41, -1, 1), *w = kt_host_rand((size_t)in * out, 42, -1, 1);
@@ -248,9 +248,9 @@ Test(cpu_matmul, forced_fallback_computes_in_fp32)
     cr_assert(y32 && y16 && lp);
     for (size_t i = 0; i < (size_t)in * out; i++)
         lp[i] = dtype_f32_to_bf16(w[i]);
-    cr_assert_eq(k->set_matmul_dtype(KERNELS_F32), 0);
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_F32), 0);
     cr_assert_eq(k->matmul_forward(y32, x, w, NULL, n, in, out), 0);
-    cr_assert_eq(k->set_matmul_dtype(KERNELS_BF16), 0, "%s", error_message());
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_BF16), 0, "%s", error_message());
     cr_assert_eq(k->lowp_bind(w, lp, (size_t)in * out), 0);
     cr_assert_eq(k->matmul_forward(y16, x, w, NULL, n, in, out), 0);
     cr_assert_eq(k->lowp_unbind(w), 0);
@@ -283,7 +283,7 @@ Test(cpu_matmul, threads_follow_openmp)
     omp_set_num_threads(1);
     int before = threads_now();
     for (int dt = 0; dt < 2; dt++) {
-        cr_assert_eq(k->set_matmul_dtype(dt ? KERNELS_BF16 : KERNELS_F32), 0);
+        cr_assert_eq(k->set_matmul_dtype(dt ? DTYPE_BF16 : DTYPE_F32), 0);
         cr_assert_eq(k->matmul_forward(y, x, w, NULL, n, in, out), 0, "%s", error_message());
     }
     cr_assert_eq(threads_now(), before, "one OpenMP thread, yet %d threads after the matmuls (%d before)",
@@ -291,7 +291,7 @@ Test(cpu_matmul, threads_follow_openmp)
     omp_set_num_threads(2);
     cr_assert_eq(k->matmul_forward(y, x, w, NULL, n, in, out), 0);
     cr_assert_leq(threads_now(), before + 1, "two OpenMP threads, yet %d threads (%d before)", threads_now(), before);
-    cr_assert_eq(k->set_matmul_dtype(KERNELS_F32), 0);
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_F32), 0);
     free(x), free(w), free(y);
 }
 
@@ -336,7 +336,7 @@ Test(cpu_matmul, held_operand_same_bits)
         dx[h] = calloc((size_t)n * in, sizeof(float)), dw[h] = calloc((size_t)in * out, sizeof(float));
         cr_assert(dx[h] && dw[h]);
     }
-    cr_assert_eq(k->set_matmul_dtype(KERNELS_BF16), 0);
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_BF16), 0);
     for (int h = 0; h < 2; h++) {
         if (h)
             cr_assert_eq(k->lowp_hold(dy, (size_t)n * out), 0, "%s", error_message());
@@ -354,7 +354,7 @@ Test(cpu_matmul, held_operand_same_bits)
     uint16_t lp[4];
     cr_assert_eq(k->lowp_bind(dy, lp, 4), 0, "%s", error_message());
     cr_assert_eq(k->lowp_unbind(dy), 0);
-    cr_assert_eq(k->set_matmul_dtype(KERNELS_F32), 0);
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_F32), 0);
     cr_assert_eq(k->lowp_hold(dy, (size_t)n * out), 0);
     cr_assert_eq(k->lowp_bind(dy, lp, 4), 0, "fp32 mode held something: %s", error_message());
     cr_assert_eq(k->lowp_unbind(dy), 0);

@@ -123,7 +123,7 @@ Test(kernels_cuda, unavailable_device_fails_cleanly)
         cr_assert_not(k->host_visible);
         cr_assert_eq(k->host(), kernels_get("cpu"));
         cr_assert_str_eq(k->comm_backend, "nccl");
-        cr_assert_eq(k->auto_dtype, KERNELS_BF16);
+        cr_assert_eq(k->auto_dtype, DTYPE_BF16);
         const void *const *fn = (const void *const *)&k->mem_alloc;
         size_t nfn = (sizeof *k - offsetof(struct kernels, mem_alloc)) / sizeof(void *);
         /* lowp_bind .. lowp_release are optional, NULL where the table rounds its operands itself (kernels.h):
@@ -471,14 +471,14 @@ Test(kernels_cuda, casts_give_identical_bits)
     memcpy(f, special, sizeof special);
     for (size_t i = 100; i < 20000; i++) /* small magnitudes: f16 subnormal range */
         f[i] *= 1e-9f;
-    const enum kernels_dtype dts[] = {KERNELS_F32, KERNELS_BF16, KERNELS_F16};
+    const enum kernels_dtype dts[] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16};
     for (int s = 0; s < 3; s++)
         for (int d = 0; d < 3; d++) {
             /* the source of a 16-bit dtype is made by the CPU backend, then both convert it */
             size_t ss = kernels_dtype_size(dts[s]), ds = kernels_dtype_size(dts[d]);
             void *src = malloc(n * ss);
             cr_assert(src);
-            cr_assert_eq(kc->cast(src, dts[s], f, KERNELS_F32, n), 0);
+            cr_assert_eq(kc->cast(src, dts[s], f, DTYPE_F32, n), 0);
             void *sc = up(kc, src, n * ss), *sg = up(kg, src, n * ss);
             void *dc = up(kc, NULL, n * ds), *dg = up(kg, NULL, n * ds);
             cr_assert_eq(kc->cast(dc, dts[d], sc, dts[s], n), 0);
@@ -492,7 +492,7 @@ Test(kernels_cuda, casts_give_identical_bits)
             free(src), free(hc), free(hg);
         }
     free(f);
-    cr_assert_lt(kg->cast(NULL, (enum kernels_dtype)7, NULL, KERNELS_F32, 1), 0);
+    cr_assert_lt(kg->cast(NULL, (enum kernels_dtype)7, NULL, DTYPE_F32, 1), 0);
 }
 
 /* Embedding backward at GPT-2's shapes (B*T = 8192 rows, vocab 50257, C = 768) with a skewed token mix (a
@@ -792,9 +792,9 @@ Test(kernels_cuda, matmul_bf16_inputs_accumulate_in_fp32)
         wr[1][i] = bf16_truncated(w[i]);
     }
     float *xg = upf(kg, x, nx), *wg = upf(kg, w, nw), *yg = upf(kg, NULL, ny);
-    cr_assert_eq(kg->set_matmul_dtype(KERNELS_BF16), 0, "%s", error_message());
+    cr_assert_eq(kg->set_matmul_dtype(DTYPE_BF16), 0, "%s", error_message());
     cr_assert_eq(kg->matmul_forward(yg, xg, wg, NULL, n, in, out), 0, "%s", error_message());
-    cr_assert_eq(kg->set_matmul_dtype(KERNELS_F32), 0);
+    cr_assert_eq(kg->set_matmul_dtype(DTYPE_F32), 0);
     float *y = down(kg, yg, ny * sizeof(float));
     double *exact = host_matmul(x, w, n, in, out, false), *mag = host_matmul(x, w, n, in, out, true);
     double *ref[2][2]; /* [how x is rounded][how W is rounded] */

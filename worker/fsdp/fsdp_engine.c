@@ -14,10 +14,10 @@
 static enum kernels_dtype precision_dtype(enum worker_precision p, const struct kernels *k)
 {
     switch (p) {
-    case WORKER_BF16: return KERNELS_BF16;
-    case WORKER_FP16: return KERNELS_F16;
+    case WORKER_BF16: return DTYPE_BF16;
+    case WORKER_FP16: return DTYPE_F16;
     case WORKER_PRECISION_AUTO: return k->auto_dtype;
-    default: return KERNELS_F32;
+    default: return DTYPE_F32;
     }
 }
 
@@ -51,7 +51,7 @@ static int alloc_state(struct fsdp *f)
 #define SLICE(n) (((n) + 63) / 64 * 64)
     for (int i = 0; i < f->n_units; i++) {
         size_t b = SLICE(f->units[i].shard * sizeof(float));
-        total += 4 * b + (f->param_dtype != KERNELS_F32 ? SLICE(f->units[i].shard * es) : 0);
+        total += 4 * b + (f->param_dtype != DTYPE_F32 ? SLICE(f->units[i].shard * es) : 0);
     }
     /* Offloaded state lives in the device's pinned host memory: the per-unit H2D/D2H copies of offload then
      * run at bus speed (plain host memory on the CPU backend). */
@@ -86,7 +86,7 @@ static int alloc_state(struct fsdp *f)
         fsdp_mem_add(f, FSDP_MEM_PARAMS, (ptrdiff_t)b);
         fsdp_mem_add(f, FSDP_MEM_GRADS, (ptrdiff_t)b);
         fsdp_mem_add(f, FSDP_MEM_OPTIM, (ptrdiff_t)(2 * b));
-        if (f->param_dtype != KERNELS_F32) {
+        if (f->param_dtype != DTYPE_F32) {
             u->lp = at;
             at += SLICE(u->shard * es);
             fsdp_mem_add(f, FSDP_MEM_PARAMS, (ptrdiff_t)SLICE(u->shard * es));
@@ -128,7 +128,7 @@ int fsdp_create(struct fsdp **out, const struct worker_config *wc, struct model 
     f->param_dtype = precision_dtype(wc->fsdp.mixed_precision, k);
     f->reduce_dtype = precision_dtype(wc->fsdp.reduce_dtype, k);
     f->shard_size = fsdp_shard_group_size(wc, g->world_size, g->local_world_size);
-    f->loss_scale = f->param_dtype == KERNELS_F16 ? 65536.0 : 1.0;
+    f->loss_scale = f->param_dtype == DTYPE_F16 ? 65536.0 : 1.0;
     int rc = 0;
     if (g->world_size > 1 && !g->world) {
         rc = error_set(FSDP_EINVAL, "fsdp: world size %d without a communicator", g->world_size);
@@ -138,8 +138,8 @@ int fsdp_create(struct fsdp **out, const struct worker_config *wc, struct model 
      * autocast does, where the table runs that dtype natively (CUDA's tensor cores; oneDNN on a CPU with
      * bf16 instructions); elsewhere they compute in fp32 on the rounded parameters. A table that takes
      * bound copies reads the gathered 16-bit parameters as they arrived, without rounding them again. */
-    f->compute_dtype = k->matmul_dtypes & KERNELS_DTYPE_BIT(f->param_dtype) ? f->param_dtype : KERNELS_F32;
-    f->bind_lp = f->compute_dtype != KERNELS_F32 && k->lowp_bind && k->lowp_unbind;
+    f->compute_dtype = k->matmul_dtypes & KERNELS_DTYPE_BIT(f->param_dtype) ? f->param_dtype : DTYPE_F32;
+    f->bind_lp = f->compute_dtype != DTYPE_F32 && k->lowp_bind && k->lowp_unbind;
     FSDP_TRY_GOTO(k->set_matmul_dtype(f->param_dtype), rc, fail);
     FSDP_TRY_GOTO(make_groups(f), rc, fail);
     FSDP_TRY_GOTO(fsdp_plan_build(f), rc, fail);
@@ -194,7 +194,7 @@ static int lp_to_full(struct fsdp *f, struct fsdp_unit *u)
     int rc = 0;
     if (lp != u->lp)
         FSDP_TRY_GOTO(fsdp_state_to_dev(f, lp, u->lp, u->numel * dtype_size(f->param_dtype)), rc, out);
-    FSDP_TRY_GOTO(f->k->cast(u->full, KERNELS_F32, lp, f->param_dtype, u->numel), rc, out);
+    FSDP_TRY_GOTO(f->k->cast(u->full, DTYPE_F32, lp, f->param_dtype, u->numel), rc, out);
 out:
     if (f->bind_lp) {
         u->full_lp = lp;
@@ -212,14 +212,14 @@ int fsdp_gather_issue(struct fsdp *f, int ui)
         return 0;
     size_t es = dtype_size(f->param_dtype), sg = (size_t)f->shard_size;
     if (sg == 1) {
-        if (f->param_dtype == KERNELS_F32 && !f->offload) {
+        if (f->param_dtype == DTYPE_F32 && !f->offload) {
             u->full = u->master;
             u->full_alias = true;
         } else {
             /* Compute sees the parameters as param_dtype rounds them (and in device memory). */
             if (!(u->full = fsdp_buf_get(f, u->numel * sizeof(float), FSDP_MEM_GATHERED)))
                 return FSDP_ENOMEM;
-            if (f->param_dtype == KERNELS_F32)
+            if (f->param_dtype == DTYPE_F32)
                 FSDP_TRY(fsdp_state_to_dev(f, u->full, u->master, u->numel * sizeof(float)));
             else
                 FSDP_TRY(lp_to_full(f, u));
@@ -228,7 +228,7 @@ int fsdp_gather_issue(struct fsdp *f, int ui)
         u->gstate = FSDP_GATHER_READY;
         return 0;
     }
-    const void *src = f->param_dtype == KERNELS_F32 ? (const void *)u->master : u->lp;
+    const void *src = f->param_dtype == DTYPE_F32 ? (const void *)u->master : u->lp;
     if (f->offload) {
         /* the shard lives in host memory; the collective needs it on the device */
         if (!(u->gsrc = fsdp_buf_get(f, u->shard * es, FSDP_MEM_COMM)))
@@ -241,7 +241,7 @@ int fsdp_gather_issue(struct fsdp *f, int ui)
         return FSDP_ENOMEM;
     void *dst = u->full;
     u->gbuf = NULL;
-    if (f->version != 1 || f->param_dtype != KERNELS_F32) {
+    if (f->version != 1 || f->param_dtype != DTYPE_F32) {
         if (!(u->gbuf = fsdp_buf_get(f, sg * u->shard * es, FSDP_MEM_COMM)))
             return FSDP_ENOMEM;
         dst = u->gbuf;
@@ -264,7 +264,7 @@ static int gather_unpack(struct fsdp *f, struct fsdp_unit *u)
             u->full_lp = u->gbuf;
             u->gbuf = NULL;
         }
-        return k->cast(u->full, KERNELS_F32, u->full_lp ? u->full_lp : u->gbuf, f->param_dtype, u->numel);
+        return k->cast(u->full, DTYPE_F32, u->full_lp ? u->full_lp : u->gbuf, f->param_dtype, u->numel);
     }
     if (f->bind_lp) {
         if (!(u->full_lp = fsdp_buf_get(f, u->numel * es, FSDP_MEM_GATHERED)))
@@ -280,7 +280,7 @@ static int gather_unpack(struct fsdp *f, struct fsdp_unit *u)
                                      (const char *)u->gbuf + (r * u->shard + s->shard_off) * es,
                                      (re - rb) * s->row_len * es, KERNELS_COPY_D2D));
             }
-        return k->cast(u->full, KERNELS_F32, u->full_lp, f->param_dtype, u->numel);
+        return k->cast(u->full, DTYPE_F32, u->full_lp, f->param_dtype, u->numel);
     }
     for (size_t r = 0; r < sg; r++)
         for (int j = 0; j < u->n_params; j++) {
@@ -290,7 +290,7 @@ static int gather_unpack(struct fsdp *f, struct fsdp_unit *u)
             if (re == rb)
                 continue;
             const char *from = (const char *)u->gbuf + (r * u->shard + s->shard_off) * es;
-            FSDP_TRY(k->cast(u->full + s->unit_off + rb * s->row_len, KERNELS_F32, from, f->param_dtype,
+            FSDP_TRY(k->cast(u->full + s->unit_off + rb * s->row_len, DTYPE_F32, from, f->param_dtype,
                              (re - rb) * s->row_len));
         }
     return 0;
@@ -368,7 +368,7 @@ static int grad_to_lp(struct fsdp *f, struct fsdp_unit *u, void *dst)
     int rc = 0;
     if (g32 != u->grad)
         FSDP_TRY_GOTO(fsdp_state_to_dev(f, g32, u->grad, u->shard * sizeof(float)), rc, out);
-    FSDP_TRY_GOTO(f->k->cast(dst, f->reduce_dtype, g32, KERNELS_F32, u->shard), rc, out);
+    FSDP_TRY_GOTO(f->k->cast(dst, f->reduce_dtype, g32, DTYPE_F32, u->shard), rc, out);
 out:
     if (g32 != u->grad)
         fsdp_buf_put(f, g32);
@@ -381,15 +381,15 @@ static int replicate_issue(struct fsdp *f, int ui)
     struct fsdp_unit *u = &f->units[ui];
     struct fsdp_pending p = {.unit = ui, .is_replicate = true};
     int rc = 0;
-    if (f->reduce_dtype == KERNELS_F32 && !f->offload) {
-        FSDP_TRY_GOTO(comm_all_reduce_async(f->rep_comm, u->grad, u->grad, u->shard, COMM_F32, COMM_SUM, &p.work),
+    if (f->reduce_dtype == DTYPE_F32 && !f->offload) {
+        FSDP_TRY_GOTO(comm_all_reduce_async(f->rep_comm, u->grad, u->grad, u->shard, DTYPE_F32, COMM_SUM, &p.work),
                       rc, fail);
-    } else if (f->reduce_dtype == KERNELS_F32) {
+    } else if (f->reduce_dtype == DTYPE_F32) {
         /* offload: the all-reduce runs on a device copy, copied back when it completes */
         if (!(p.recv = fsdp_buf_get(f, u->shard * sizeof(float), FSDP_MEM_COMM)))
             return FSDP_ENOMEM;
         FSDP_TRY_GOTO(fsdp_state_to_dev(f, p.recv, u->grad, u->shard * sizeof(float)), rc, fail);
-        FSDP_TRY_GOTO(comm_all_reduce_async(f->rep_comm, p.recv, p.recv, u->shard, COMM_F32, COMM_SUM, &p.work),
+        FSDP_TRY_GOTO(comm_all_reduce_async(f->rep_comm, p.recv, p.recv, u->shard, DTYPE_F32, COMM_SUM, &p.work),
                       rc, fail);
     } else {
         if (!(p.recv = fsdp_buf_get(f, u->shard * 2, FSDP_MEM_COMM)))
@@ -417,13 +417,13 @@ static int pending_finish(struct fsdp *f, struct fsdp_pending *p)
     FSDP_TRY_GOTO(waited, rc, out);
     if (p->is_replicate) {
         if (p->recv_lp && !f->offload) {
-            FSDP_TRY_GOTO(k->cast(u->grad, KERNELS_F32, p->recv, f->reduce_dtype, u->shard), rc, out);
+            FSDP_TRY_GOTO(k->cast(u->grad, DTYPE_F32, p->recv, f->reduce_dtype, u->shard), rc, out);
         } else if (p->recv_lp) {
             if (!(tmp = fsdp_buf_get(f, u->shard * sizeof(float), FSDP_MEM_COMM))) {
                 rc = FSDP_ENOMEM;
                 goto out;
             }
-            FSDP_TRY_GOTO(k->cast(tmp, KERNELS_F32, p->recv, f->reduce_dtype, u->shard), rc, out);
+            FSDP_TRY_GOTO(k->cast(tmp, DTYPE_F32, p->recv, f->reduce_dtype, u->shard), rc, out);
             FSDP_TRY_GOTO(fsdp_dev_to_state(f, u->grad, tmp, u->shard * sizeof(float)), rc, out);
         } else if (p->recv) {
             FSDP_TRY_GOTO(fsdp_dev_to_state(f, u->grad, p->recv, u->shard * sizeof(float)), rc, out);
@@ -435,7 +435,7 @@ static int pending_finish(struct fsdp *f, struct fsdp_pending *p)
                 rc = FSDP_ENOMEM;
                 goto out;
             }
-            FSDP_TRY_GOTO(k->cast(tmp, KERNELS_F32, p->recv, f->reduce_dtype, u->shard), rc, out);
+            FSDP_TRY_GOTO(k->cast(tmp, DTYPE_F32, p->recv, f->reduce_dtype, u->shard), rc, out);
             sum = tmp;
         }
         FSDP_TRY_GOTO(fsdp_state_accumulate(f, u->grad, sum, u->shard), rc, out);
@@ -484,7 +484,7 @@ static int grads_begin(struct fsdp *f, int ui)
     struct fsdp_unit *u = &f->units[ui];
     if (u->fgrad)
         return 0;
-    if (f->shard_size == 1 && f->reduce_dtype == KERNELS_F32 && !f->offload) {
+    if (f->shard_size == 1 && f->reduce_dtype == DTYPE_F32 && !f->offload) {
         u->fgrad = u->grad;
         return 0;
     }
@@ -544,10 +544,10 @@ static int grads_reduce(struct fsdp *f, int ui, bool last)
     if (rc)
         return rc;
     void *in = send;
-    if (f->reduce_dtype != KERNELS_F32) {
+    if (f->reduce_dtype != DTYPE_F32) {
         if (!(in = fsdp_buf_get(f, sg * u->shard * 2, FSDP_MEM_COMM)))
             return FSDP_ENOMEM;
-        rc = k->cast(in, f->reduce_dtype, send, KERNELS_F32, sg * u->shard);
+        rc = k->cast(in, f->reduce_dtype, send, DTYPE_F32, sg * u->shard);
         fsdp_buf_put(f, send);
         p.recv_lp = true;
     }

@@ -34,7 +34,7 @@ int fsdp_sum_over(struct fsdp *f, struct comm *c, double x, double *sum)
         goto out;
     }
     FSDP_TRY_GOTO(f->k->mem_copy(dev + r, &x, sizeof x, KERNELS_COPY_H2D), rc, out);
-    FSDP_TRY_GOTO(comm_all_gather(c, dev + r, dev, 2, COMM_F32), rc, out);
+    FSDP_TRY_GOTO(comm_all_gather(c, dev + r, dev, 2, DTYPE_F32), rc, out);
     FSDP_TRY_GOTO(f->k->mem_copy(all, dev, (size_t)n * sizeof(double), KERNELS_COPY_D2H), rc, out);
     for (int i = 0; i < n; i++)
         s += all[i];
@@ -54,10 +54,10 @@ int fsdp_sum_world(struct fsdp *f, double x, double *sum)
 /* The low-precision copies the all-gathers send, from the fp32 masters (after a step or a load). */
 int fsdp_refresh_lp(struct fsdp *f)
 {
-    if (f->param_dtype == KERNELS_F32)
+    if (f->param_dtype == DTYPE_F32)
         return 0;
     for (int i = 0; i < f->n_units; i++)
-        FSDP_TRY(f->sk->cast(f->units[i].lp, f->param_dtype, f->units[i].master, KERNELS_F32, f->units[i].shard));
+        FSDP_TRY(f->sk->cast(f->units[i].lp, f->param_dtype, f->units[i].master, DTYPE_F32, f->units[i].shard));
     return 0;
 }
 
@@ -85,7 +85,7 @@ int fsdp_optimizer_step(struct fsdp *f, double lr, int64_t step, struct fsdp_ste
     memset(res, 0, sizeof *res);
     res->grad_norm = norm;
     if (!isfinite(norm)) {
-        if (f->param_dtype == KERNELS_F16) {
+        if (f->param_dtype == DTYPE_F16) {
             /* every rank computed the same norm, so every rank skips together */
             f->loss_scale *= SCALER_BACKOFF;
             f->scaler_good = 0;
@@ -123,7 +123,7 @@ out:
     /* the update made the gathered copies stale (a failed update too) */
     for (int i = 0; i < f->n_units; i++)
         fsdp_release(f, i);
-    if (f->param_dtype == KERNELS_F16 && ++f->scaler_good >= SCALER_INTERVAL) {
+    if (f->param_dtype == DTYPE_F16 && ++f->scaler_good >= SCALER_INTERVAL) {
         f->loss_scale *= SCALER_GROWTH;
         f->scaler_good = 0;
         /* Said once per growth, like a skip, so a run's log shows every change of the scale. */

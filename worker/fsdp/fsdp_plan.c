@@ -314,7 +314,7 @@ static void human(char *buf, size_t cap, double bytes)
 
 static const char *precision_name(enum kernels_dtype d)
 {
-    return d == KERNELS_F32 ? "fp32" : d == KERNELS_BF16 ? "bf16" : "fp16";
+    return d == DTYPE_F32 ? "fp32" : d == DTYPE_BF16 ? "bf16" : "fp16";
 }
 
 void fsdp_log_plan(const struct fsdp *f)

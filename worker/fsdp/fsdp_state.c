@@ -103,7 +103,7 @@ static int broadcast_unit(struct fsdp *f, struct fsdp_unit *u, struct model_weig
         if (!read)
             read = f->k->mem_copy(dev, host, u->numel * sizeof(float), KERNELS_COPY_H2D);
     }
-    FSDP_TRY_GOTO(comm_broadcast(f->g.world, dev, u->numel, COMM_F32, 0), rc, out);
+    FSDP_TRY_GOTO(comm_broadcast(f->g.world, dev, u->numel, DTYPE_F32, 0), rc, out);
     FSDP_TRY_GOTO(shard_from_full(f, u, dev), rc, out);
     if (f->layout->config.init_from[0]) { /* every rank knows whether rank 0 reads a file */
         double bad = 0;
@@ -217,11 +217,11 @@ size_t fsdp_unit_gather_capacity(const struct fsdp *f, int ui)
 static int gather_unit_direct(struct fsdp *f, struct fsdp_unit *u, const float *src, float *dst)
 {
     if (f->version == 1)
-        return comm_all_gather(f->shard_comm, src, dst, u->shard, COMM_F32);
+        return comm_all_gather(f->shard_comm, src, dst, u->shard, DTYPE_F32);
     for (int j = 0; j < u->n_params; j++) {
         const struct fsdp_pslot *s = &u->slots[j];
         FSDP_TRY(comm_all_gather(f->shard_comm, src + s->shard_off, dst + s->unit_off, s->chunk * s->row_len,
-                                 COMM_F32));
+                                 DTYPE_F32));
     }
     return 0;
 }
@@ -238,7 +238,7 @@ static int gather_shards(struct fsdp *f, struct fsdp_unit *u, const float *src, 
         FSDP_TRY_GOTO(fsdp_state_to_dev(f, staged, src, u->shard * sizeof(float)), rc, out);
         src = staged;
     }
-    FSDP_TRY_GOTO(comm_all_gather(f->shard_comm, src, all, u->shard, COMM_F32), rc, out);
+    FSDP_TRY_GOTO(comm_all_gather(f->shard_comm, src, all, u->shard, DTYPE_F32), rc, out);
 out:
     fsdp_buf_put(f, staged);
     return rc;
@@ -279,7 +279,7 @@ out:
 int fsdp_state_loaded(struct fsdp *f, int64_t optimizer_steps, double loss_scale, int64_t scaler_good)
 {
     (void)optimizer_steps;
-    if (f->param_dtype == KERNELS_F16 && loss_scale > 0) {
+    if (f->param_dtype == DTYPE_F16 && loss_scale > 0) {
         f->loss_scale = loss_scale;
         f->scaler_good = scaler_good;
     }

@@ -29,21 +29,21 @@ static int cp_all_gather(void *ctx, const float *in, float *out, size_t count)
 {
     struct train_cp *g = ctx;
     double t0 = now_s();
-    return timed(g, t0, comm_all_gather(g->comm, in, out, count, COMM_F32));
+    return timed(g, t0, comm_all_gather(g->comm, in, out, count, DTYPE_F32));
 }
 
 static int cp_reduce_scatter(void *ctx, const float *in, float *out, size_t count)
 {
     struct train_cp *g = ctx;
     double t0 = now_s();
-    return timed(g, t0, comm_reduce_scatter(g->comm, in, out, count, COMM_F32, COMM_SUM));
+    return timed(g, t0, comm_reduce_scatter(g->comm, in, out, count, DTYPE_F32, COMM_SUM));
 }
 
 static int cp_all_to_all(void *ctx, const float *in, float *out, size_t count)
 {
     struct train_cp *g = ctx;
     double t0 = now_s();
-    return timed(g, t0, comm_all_to_all(g->comm, in, out, count, COMM_F32));
+    return timed(g, t0, comm_all_to_all(g->comm, in, out, count, DTYPE_F32));
 }
 
 int train_cp_open(const struct worker_config *wc, int rank, struct comm *world, struct train_cp **group,

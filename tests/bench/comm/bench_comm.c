@@ -82,10 +82,10 @@ static int rank_main(int port, int rank, int world, int iters, int wfd)
                 for (int it = 0; it < iters + 2; it++) {
                     comm_barrier(cm);
                     double t0 = tu_now();
-                    int rc = op == 0   ? comm_all_gather(cm, full, out, per, COMM_F32)
-                             : op == 1 ? comm_reduce_scatter(cm, full, out, per, COMM_F32, COMM_SUM)
-                             : op == 2 ? comm_all_reduce(cm, full, full, n, COMM_F32, COMM_SUM)
-                                       : comm_all_gather(cm, out + (size_t)rank * per, out, per, COMM_F32);
+                    int rc = op == 0   ? comm_all_gather(cm, full, out, per, DTYPE_F32)
+                             : op == 1 ? comm_reduce_scatter(cm, full, out, per, DTYPE_F32, COMM_SUM)
+                             : op == 2 ? comm_all_reduce(cm, full, full, n, DTYPE_F32, COMM_SUM)
+                                       : comm_all_gather(cm, out + (size_t)rank * per, out, per, DTYPE_F32);
                     if (rc) {
                         fprintf(stderr, "bench rank %d: %s\n", rank, error_message());
                         return 1;

@@ -71,14 +71,14 @@ static bool gemm_shape(int ta, int tb, int m, int n, int kk, const char *what)
     BEST_OF(reps, t_blas, cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
                                       n, kk, 1.0f, a, lda, b, ldb, 0.0f, c, n));
     BEST_OF(reps, t_dnn, check(cpu_onednn_matmul(DTYPE_F32, ta, tb, m, n, kk, 1.0f, a, lda, b, ldb, 0.0f, c, n, NULL)));
-    bool bf16 = k->matmul_dtypes & KERNELS_DTYPE_BIT(KERNELS_BF16);
+    bool bf16 = k->matmul_dtypes & KERNELS_DTYPE_BIT(DTYPE_BF16);
     t_bf = t_bfr = NAN;
     if (bf16) {
         BEST_OF(reps, t_bf,
                 check(cpu_onednn_matmul(DTYPE_BF16, ta, tb, m, n, kk, 1.0f, ah, lda, bh, ldb, 0.0f, c, n, NULL)));
-        check(k->set_matmul_dtype(KERNELS_BF16));
+        check(k->set_matmul_dtype(DTYPE_BF16));
         BEST_OF(reps, t_bfr, check(k->gemm(ta, tb, m, n, kk, 1.0f, a, lda, b, ldb, 0.0f, c, n)));
-        check(k->set_matmul_dtype(KERNELS_F32));
+        check(k->set_matmul_dtype(DTYPE_F32));
     }
     bool onednn = cpu_matmul_f32_onednn(m, n, kk), right = onednn == (t_dnn < t_blas);
     printf("bench=gemm_shape what=%s shape=%dx%dx%d ta=%d tb=%d openblas_gflops=%.1f onednn_f32_gflops=%.1f "

@@ -204,9 +204,9 @@ static int cmp_double(const void *a, const void *b)
 static int run_child(const struct bench_config *bc, bool bf16, bool profile)
 {
     const struct kernels *base = kernels_cpu();
-    if (bf16 && !(base->matmul_dtypes & KERNELS_DTYPE_BIT(KERNELS_BF16)))
+    if (bf16 && !(base->matmul_dtypes & KERNELS_DTYPE_BIT(DTYPE_BF16)))
         fprintf(stderr, "bench_llama: this CPU has no bf16 matmul instructions: bf16 computes in fp32\n");
-    if (base->set_matmul_dtype(bf16 ? KERNELS_BF16 : KERNELS_F32))
+    if (base->set_matmul_dtype(bf16 ? DTYPE_BF16 : DTYPE_F32))
         die("set_matmul_dtype");
     const struct kernels *k = profile ? profile_table(base) : base;
     struct model_config mc;
@@ -228,7 +228,7 @@ static int run_child(const struct bench_config *bc, bool bf16, bool profile)
         die("model_init_params");
     k->mem_set(mom1, 0, n * sizeof(float));
     k->mem_set(mom2, 0, n * sizeof(float));
-    if (bf16 && k->cast(lp, KERNELS_BF16, params, KERNELS_F32, n))
+    if (bf16 && k->cast(lp, DTYPE_BF16, params, DTYPE_F32, n))
         die("cast");
     size_t ntok = (size_t)bc->b * bc->t;
     int32_t *tokens = malloc(ntok * sizeof *tokens), *targets = malloc(ntok * sizeof *targets);
@@ -251,7 +251,7 @@ static int run_child(const struct bench_config *bc, bool bf16, bool profile)
         double t0 = tu_now();
         float loss;
         /* bf16: the gather of a one-rank group (the bf16 copy cast to the fp32 view, the two bound) */
-        if (bf16 && (k->cast(full, KERNELS_F32, lp, KERNELS_BF16, n) || k->lowp_bind(full, lp, n)))
+        if (bf16 && (k->cast(full, DTYPE_F32, lp, DTYPE_BF16, n) || k->lowp_bind(full, lp, n)))
             die("gathering");
         if (k->mem_set(grads, 0, n * sizeof(float)) != 0 || model_set_batch(m, tokens, targets) != 0 ||
             model_forward_backward(m, full, grads, &loss) != 0)
@@ -274,7 +274,7 @@ static int run_child(const struct bench_config *bc, bool bf16, bool profile)
                 die("adamw");
         }
         /* bf16: the engine's refresh of the low-precision copy after the optimizer */
-        if (bf16 && k->cast(lp, KERNELS_BF16, params, KERNELS_F32, n))
+        if (bf16 && k->cast(lp, DTYPE_BF16, params, DTYPE_F32, n))
             die("refresh");
         double dt = tu_now() - t0;
         if (!isfinite(loss))

@@ -265,12 +265,12 @@ static double gemm_rate(const struct kernels *k, enum peak_kind kind, int m, int
     for (size_t i = 0; i < (size_t)kk * n; i++)
         b[i] = (float)(i % 13) * 0.01f;
     if (kind == PEAK_BF16) {
-        if (k->cast(ah, KERNELS_BF16, a, KERNELS_F32, (size_t)m * kk) ||
-            k->cast(bh, KERNELS_BF16, b, KERNELS_F32, (size_t)kk * n) || k->lowp_bind(a, ah, (size_t)m * kk) ||
+        if (k->cast(ah, DTYPE_BF16, a, DTYPE_F32, (size_t)m * kk) ||
+            k->cast(bh, DTYPE_BF16, b, DTYPE_F32, (size_t)kk * n) || k->lowp_bind(a, ah, (size_t)m * kk) ||
             k->lowp_bind(b, bh, (size_t)kk * n))
             die("binding the peak's bf16 operands");
     }
-    if (k->set_matmul_dtype(kind == PEAK_BF16 ? KERNELS_BF16 : KERNELS_F32))
+    if (k->set_matmul_dtype(kind == PEAK_BF16 ? DTYPE_BF16 : DTYPE_F32))
         die("set_matmul_dtype");
     double best = 1e30;
     for (int r = 0; r < 6; r++) {
@@ -311,12 +311,12 @@ static int run_child(const struct bench_config *bc, bool bf16, bool profile)
     const struct kernels *base = kernels_cpu();
     /* the peaks first, in this process's library setting; then the mode the step runs in */
     double f32_peak = gemm_peak(base, PEAK_F32, bc), bf16_peak = NAN;
-    if (base->matmul_dtypes & KERNELS_DTYPE_BIT(KERNELS_BF16))
+    if (base->matmul_dtypes & KERNELS_DTYPE_BIT(DTYPE_BF16))
         bf16_peak = gemm_peak(base, PEAK_BF16, bc);
     double sgemm_peak = gemm_peak(base, PEAK_SGEMM, bc);
-    if (bf16 && !(base->matmul_dtypes & KERNELS_DTYPE_BIT(KERNELS_BF16)))
+    if (bf16 && !(base->matmul_dtypes & KERNELS_DTYPE_BIT(DTYPE_BF16)))
         fprintf(stderr, "bench_model: this CPU has no bf16 matmul instructions: bf16 computes in fp32\n");
-    if (base->set_matmul_dtype(bf16 ? KERNELS_BF16 : KERNELS_F32))
+    if (base->set_matmul_dtype(bf16 ? DTYPE_BF16 : DTYPE_F32))
         die("set_matmul_dtype");
     const struct kernels *k = profile ? profile_table(base) : base;
     struct model_config mc;
@@ -338,7 +338,7 @@ static int run_child(const struct bench_config *bc, bool bf16, bool profile)
         die("model_init_params");
     k->mem_set(mom1, 0, n * sizeof(float));
     k->mem_set(mom2, 0, n * sizeof(float));
-    if (bf16 && k->cast(lp, KERNELS_BF16, params, KERNELS_F32, n))
+    if (bf16 && k->cast(lp, DTYPE_BF16, params, DTYPE_F32, n))
         die("cast");
     size_t ntok = (size_t)bc->b * bc->t;
     int32_t *tokens = malloc(ntok * sizeof *tokens), *targets = malloc(ntok * sizeof *targets);
@@ -361,7 +361,7 @@ static int run_child(const struct bench_config *bc, bool bf16, bool profile)
         double t0 = tu_now(), c0 = cpu_now();
         float loss;
         /* bf16: the gather of a one-rank group (cast the bf16 copy to the fp32 view, bind the two) */
-        if (bf16 && (k->cast(full, KERNELS_F32, lp, KERNELS_BF16, n) || k->lowp_bind(full, lp, n)))
+        if (bf16 && (k->cast(full, DTYPE_F32, lp, DTYPE_BF16, n) || k->lowp_bind(full, lp, n)))
             die("gathering");
         if (k->mem_set(grads, 0, n * sizeof(float)) != 0 || model_set_batch(m, tokens, targets) != 0 ||
             model_forward_backward(m, full, grads, &loss) != 0)
@@ -384,7 +384,7 @@ static int run_child(const struct bench_config *bc, bool bf16, bool profile)
                 die("adamw");
         }
         /* bf16: the engine's refresh of the low-precision copy after the optimizer */
-        if (bf16 && k->cast(lp, KERNELS_BF16, params, KERNELS_F32, n))
+        if (bf16 && k->cast(lp, DTYPE_BF16, params, DTYPE_F32, n))
             die("refresh");
         double dt = tu_now() - t0, dc = cpu_now() - c0;
         if (!isfinite(loss))
