@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <yaml.h>
 
 #include "common/error.h"
@@ -40,6 +41,9 @@ static int add(struct reader *r, const char *key, const char *value, int line, b
         if (strcmp(r->out->items[i].key, key) == 0)
             return error_set(FSDP_EINVAL, "%s:%d: key '%s' is given twice (also on line %d)", r->path, line, key,
                              r->out->items[i].line);
+    if (r->out->n >= YAML_FLAT_MAX_ITEMS)
+        return error_set(FSDP_EINVAL, "%s:%d: more than %d keys; an accelerate config has a few dozen", r->path, line,
+                         YAML_FLAT_MAX_ITEMS);
     if (r->out->n == r->cap) {
         int cap = r->cap ? 2 * r->cap : 32;
         struct yaml_item *it = realloc(r->out->items, (size_t)cap * sizeof *it);
@@ -161,6 +165,15 @@ int yaml_flat_read(const char *path, struct yaml_flat *out)
     FILE *f = fopen(path, "rb");
     if (!f)
         return error_set(errno == ENOENT ? FSDP_ENOTFOUND : FSDP_EIO, "cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > YAML_FLAT_MAX_BYTES) {
+        int rc = S_ISREG(st.st_mode)
+                     ? error_set(FSDP_EINVAL, "%s is %lld bytes; an accelerate config file is at most %d bytes", path,
+                                 (long long)st.st_size, YAML_FLAT_MAX_BYTES)
+                     : error_set(FSDP_EINVAL, "%s is not a regular file; name an accelerate config file", path);
+        fclose(f);
+        return rc;
+    }
     struct reader r = {.path = path, .out = out};
     if (!yaml_parser_initialize(&r.p)) {
         fclose(f);

@@ -8,6 +8,10 @@
 
 #define YAML_FLAT_KEY_MAX 128
 #define YAML_FLAT_VALUE_MAX 512
+/* An accelerate config is a few dozen keys: larger files are refused before parsing, and the key count is
+ * bounded too, so a hostile file costs neither memory nor the time of the duplicate-key checks. */
+#define YAML_FLAT_MAX_BYTES (1 << 20)
+#define YAML_FLAT_MAX_ITEMS 4096
 
 struct yaml_item {
     char key[YAML_FLAT_KEY_MAX];     /* "fsdp_config.fsdp_version" */

@@ -638,6 +638,30 @@ Test(args, yaml_errors_name_file_and_line)
         cr_expect(strstr(error_message(), path), "case %zu does not name the file: %s", i, error_message());
         launch_args_free(&a);
     }
+    /* hostile sizes: a file over the bound is refused before parsing; many keys stop at the key bound (each
+     * one is checked against the others, so an unbounded count would be quadratic) */
+    struct {
+        const char *name, *needle;
+        long keys, pad;
+    } big[] = {{"big.yaml", "an accelerate config file is at most 1048576 bytes", 0, 2 << 20},
+               {"keys.yaml", "more than 4096 keys", 5000, 0}};
+    for (size_t i = 0; i < 2; i++) {
+        char path[256];
+        snprintf(path, sizeof path, "%s/%s", dir, big[i].name);
+        FILE *f = fopen(path, "w");
+        cr_assert_not_null(f);
+        for (long k = 0; k < big[i].keys; k++)
+            fprintf(f, "k%ld: 1\n", k);
+        for (long k = 0; k < big[i].pad; k += 64)
+            fputs("# ..............................................................\n", f);
+        fclose(f);
+        struct launch_args a;
+        const char *argv[] = {"fsdp-launch", "--config_file", path, "prog", NULL};
+        cr_expect_neq(parse(&a, argv), 0, "%s accepted", big[i].name);
+        cr_expect(strstr(error_message(), big[i].needle) && strstr(error_message(), path), "%s: %s", big[i].name,
+                  error_message());
+        launch_args_free(&a);
+    }
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_assert_eq(system(cmd), 0);
