@@ -29,8 +29,9 @@ static void teardown(void)
 
 TestSuite(ckpt_tool, .init = setup, .fini = teardown);
 
-/* Runs argv with stdout+stderr into out; returns the exit status (or 128 + signal). */
-static int run(char *const argv[], char *out, size_t cap)
+/* Runs argv with stdout+stderr into out; returns the exit status (or 128 + signal). seconds > 0: an alarm
+ * that survives exec ends a child that hangs. */
+static int run_with_alarm(char *const argv[], char *out, size_t cap, unsigned seconds)
 {
     int p[2];
     cr_assert_eq(pipe(p), 0);
@@ -41,6 +42,8 @@ static int run(char *const argv[], char *out, size_t cap)
         dup2(p[1], 2);
         close(p[0]);
         close(p[1]);
+        if (seconds)
+            alarm(seconds);
         execv(argv[0], argv);
         _exit(127);
     }
@@ -54,6 +57,11 @@ static int run(char *const argv[], char *out, size_t cap)
     int st;
     cr_assert_eq(waitpid(pid, &st, 0), pid);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static int run(char *const argv[], char *out, size_t cap)
+{
+    return run_with_alarm(argv, out, cap, 0);
 }
 
 static const char *tool(void)
@@ -778,34 +786,6 @@ Test(ckpt_tool, export_cleans_its_temp_files_and_a_failed_export_its_directory)
     model_layout_free(&l);
 }
 
-/* run() for a command that may hang: the child gets an alarm that survives exec (SIGALRM ends it). */
-static int run_bounded(char *const argv[], char *buf, size_t cap, unsigned seconds)
-{
-    int p[2];
-    cr_assert_eq(pipe(p), 0);
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        dup2(p[1], 1);
-        dup2(p[1], 2);
-        close(p[0]);
-        close(p[1]);
-        alarm(seconds);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    close(p[1]);
-    size_t n = 0;
-    ssize_t got;
-    while ((got = read(p[0], buf + n, cap - 1 - n)) > 0)
-        n += (size_t)got;
-    buf[n] = '\0';
-    close(p[0]);
-    int st;
-    cr_assert_eq(waitpid(pid, &st, 0), pid);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 /* A FIFO in place of a rank file of a sharded checkpoint, or of a Hugging Face directory's
  * weight shards: open(2) of a FIFO without a writer blocks forever, so the tools hung; now they refuse
  * it, naming the file. */
@@ -823,14 +803,14 @@ Test(ckpt_tool, fifo_as_a_shard_is_refused, .timeout = 60)
     cr_assert(ct_exists(shard), "no %s", shard);
     cr_assert_eq(unlink(shard), 0);
     cr_assert_eq(mkfifo(shard, 0644), 0, "mkfifo: %s", strerror(errno));
-    int rc = run_bounded((char *[]){(char *)tool(), "inspect", target, NULL}, out, sizeof out, 20);
+    int rc = run_with_alarm((char *[]){(char *)tool(), "inspect", target, NULL}, out, sizeof out, 20);
     cr_assert_neq(rc, 128 + SIGALRM, "fsdp-ckpt inspect hung on the FIFO %s", shard);
     cr_assert_eq(rc, 1, "%s", out);
     cr_assert(strstr(out, shard) && strstr(out, "not a regular file"), "%s", out);
     snprintf(weights, sizeof weights, "%s/model-00002-of-%05d.safetensors", hf, count_shards(hf));
     cr_assert_eq(unlink(weights), 0, "%s: %s", weights, strerror(errno));
     cr_assert_eq(mkfifo(weights, 0644), 0, "mkfifo: %s", strerror(errno));
-    rc = run_bounded((char *[]){(char *)tool(), "sample", hf, "--length", "2", NULL}, out, sizeof out, 20);
+    rc = run_with_alarm((char *[]){(char *)tool(), "sample", hf, "--length", "2", NULL}, out, sizeof out, 20);
     cr_assert_neq(rc, 128 + SIGALRM, "fsdp-ckpt sample hung on the FIFO %s", weights);
     cr_assert_eq(rc, 1, "%s", out);
     cr_assert(strstr(out, weights) && strstr(out, "not a regular file"), "%s", out);
