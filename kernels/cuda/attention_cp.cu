@@ -1,9 +1,8 @@
 /* Context-parallel causal attention on CUDA: a rank's query rows (at their global positions) against the
  * keys and values of the whole sequence, masked by position (key j is visible to query i when
  * kpos[j] <= qpos[i]), with grouped-query heads and the block-major rows of an all-gather or all-to-all read
- * in place (kernels.h, struct kernels_attention_cp). The same scheme as attention.cu, in fp32 on CUDA cores
- * whatever set_matmul_dtype says (attention.cu and the CPU round operands in bf16 mode; this kernel does not
- * yet, and fp32 is at least as exact):
+ * in place (kernels.h, struct kernels_attention_cp). The same scheme as attention.cu, on CUDA cores, in fp32
+ * or, in bf16 mode (set_matmul_dtype(bf16)), on operands rounded as attention.cu rounds them (below):
  *
  * - Tiles of 32 query rows by 32 key rows. A block of 8 warps owns 32 rows, 4 per warp; per tile it stages
  *   32 rows of K and V (forward, dQ) or of Q and dO (dK/dV) in shared memory, lane j computes the score of
@@ -17,7 +16,16 @@
  * - Backward is deterministic without atomics: D = rowsum(dO * O) into scratch, then dQ (blocks over query
  *   tiles, looping over key tiles) and dK/dV (blocks over key tiles of one key/value head, looping over the
  *   query heads of its group and their query tiles); each recomputes P from q, k and lse, and every
- *   gradient element is written by one thread in a fixed order. */
+ *   gradient element is written by one thread in a fixed order.
+ * - bf16 mode: the numbers of attention.cu's and the CPU's bf16 attention (kernels/cpu/attention_cp.c), up to
+ *   summation order. q, k, v and dO are rounded to bf16 as they are staged (a score is a sum of exact
+ *   products of rounded values, accumulated in fp32); the softmax statistics (running max and sum, lse, D)
+ *   stay fp32, the sum l adding the unrounded probabilities; P and dS (computed from the unrounded P) are
+ *   rounded once more only as the operands of P V, P^T dO, dS K and dS^T Q; D = rowsum(dO O) takes the
+ *   rounded dO (the one dP = dO V^T reads) and the forward's O as it is. Rounding is common/dtype.h's
+ *   (nearest even, bit for bit the CPU's). The mode is a template parameter (BF16) chosen at launch from
+ *   cuda_ctx.matmul_dtype: the fp32 kernels are the same code as without it. fp16 mode computes in fp32, as
+ *   attention.cu does. */
 #include <limits.h>
 #include <math.h>
 
@@ -36,6 +44,13 @@ struct cp_shape {
     int b, tq, tk, c, nh, nkv, group, hs, ld, ldkv, qblock, kblock;
     float scale;
 };
+
+/* x as an operand of a product in the mode: rounded to bf16 and back with BF16, else as it is (attention.cu's
+ * att_op). */
+template <bool BF16> __device__ __forceinline__ float cp_op(float x)
+{
+    return BF16 ? dtype_bf16_to_f32(dtype_f32_to_bf16(x)) : x;
+}
 
 /* Row of element i of sequence bb in a layout of blocks of blk rows (kernels.h). */
 __device__ __forceinline__ size_t cp_row(int bb, int i, int blk, int b)
@@ -58,7 +73,7 @@ __device__ __forceinline__ int cp_warp_max(int x)
 }
 
 /* Forward: grid (query tiles, b*nh). */
-template <int DPL>
+template <int DPL, bool BF16>
 __global__ void __launch_bounds__(CP_THREADS)
     cp_forward_kernel(float *out, float *lse, const float *q, const float *k, const float *v, const int *qpos,
                       const int *kpos, cp_shape s)
@@ -72,7 +87,7 @@ __global__ void __launch_bounds__(CP_THREADS)
 
     for (int idx = threadIdx.x; idx < CP_TILE * hs; idx += CP_THREADS) {
         const int r = idx / hs, d = idx % hs, i = i0 + r;
-        qs[idx] = i < s.tq ? q[cp_row(bb, i, s.qblock, s.b) * s.ld + (size_t)h * hs + d] : 0.0f;
+        qs[idx] = i < s.tq ? cp_op<BF16>(q[cp_row(bb, i, s.qblock, s.b) * s.ld + (size_t)h * hs + d]) : 0.0f;
     }
     /* the latest query position of the tile: every warp computes the same value */
     const int qmax = cp_warp_max(i0 + lane < s.tq ? qpos[i0 + lane] : INT_MIN);
@@ -98,8 +113,8 @@ __global__ void __launch_bounds__(CP_THREADS)
             float kx = 0.0f, vx = 0.0f;
             if (j < s.tk) {
                 const size_t off = cp_row(bb, j, s.kblock, s.b) * s.ldkv + (size_t)kh * hs + d;
-                kx = k[off];
-                vx = v[off];
+                kx = cp_op<BF16>(k[off]);
+                vx = cp_op<BF16>(v[off]);
             }
             ks[r * hp + d] = kx;
             vs[r * hs + d] = vx;
@@ -121,15 +136,16 @@ __global__ void __launch_bounds__(CP_THREADS)
             const float m_new = fmaxf(m[rr], mx);
             const float p = valid ? __expf(sc - m_new) : 0.0f;
             const float alpha = __expf(m[rr] - m_new); /* 0 while m is -inf */
-            l[rr] = l[rr] * alpha + cuda_warp_sum(p);
+            l[rr] = l[rr] * alpha + cuda_warp_sum(p); /* the unrounded p */
             m[rr] = m_new;
 #pragma unroll
             for (int x = 0; x < DPL; x++)
                 o[rr][x] *= alpha;
+            const float pv = cp_op<BF16>(p); /* P as the operand of P V */
             for (int j = 0; j < nj; j++) {
-                const float pj = __shfl_sync(CP_FULL, p, j);
+                const float pj = __shfl_sync(CP_FULL, pv, j);
                 if (pj == 0.0f)
-                    continue; /* warp-uniform: masked key */
+                    continue; /* warp-uniform: masked key (or a term that adds 0) */
 #pragma unroll
                 for (int x = 0; x < DPL; x++) {
                     const int d = lane + 32 * x;
@@ -157,7 +173,9 @@ __global__ void __launch_bounds__(CP_THREADS)
     }
 }
 
-/* D[(bb*nh + h)*tq + i] = dO_i . O_i of head h, one warp per (pair, query row). */
+/* D[(bb*nh + h)*tq + i] = dO_i . O_i of head h, one warp per (pair, query row); in bf16 mode dO rounded as
+ * dP = dO V^T reads it (so the dS of a row still sum to about 0), O the forward's output as it is. */
+template <bool BF16>
 __global__ void cp_rowdot_kernel(float *dsum, const float *dout, const float *out, cp_shape s)
 {
     const int lane = threadIdx.x & 31;
@@ -168,14 +186,14 @@ __global__ void cp_rowdot_kernel(float *dsum, const float *dout, const float *ou
     const size_t off = cp_row(bb, i, s.qblock, s.b) * s.c + (size_t)h * s.hs;
     float acc = 0.0f;
     for (int d = lane; d < s.hs; d += 32)
-        acc += dout[off + d] * out[off + d];
+        acc += cp_op<BF16>(dout[off + d]) * out[off + d];
     acc = cuda_warp_sum(acc);
     if (lane == 0)
         dsum[w] = acc;
 }
 
 /* dQ: grid (query tiles, b*nh), looping over key tiles as forward does. */
-template <int DPL>
+template <int DPL, bool BF16>
 __global__ void __launch_bounds__(CP_THREADS)
     cp_backward_dq_kernel(float *dq, const float *dout, const float *q, const float *k, const float *v,
                           const float *lse, const float *dsum, const int *qpos, const int *kpos, cp_shape s)
@@ -192,8 +210,8 @@ __global__ void __launch_bounds__(CP_THREADS)
         float qx = 0.0f, dx = 0.0f;
         if (i < s.tq) {
             const size_t row = cp_row(bb, i, s.qblock, s.b);
-            qx = q[row * s.ld + (size_t)h * hs + d];
-            dx = dout[row * s.c + (size_t)h * hs + d];
+            qx = cp_op<BF16>(q[row * s.ld + (size_t)h * hs + d]);
+            dx = cp_op<BF16>(dout[row * s.c + (size_t)h * hs + d]);
         }
         qs[idx] = qx;
         dos[idx] = dx;
@@ -223,8 +241,8 @@ __global__ void __launch_bounds__(CP_THREADS)
             float kx = 0.0f, vx = 0.0f;
             if (j < s.tk) {
                 const size_t off = cp_row(bb, j, s.kblock, s.b) * s.ldkv + (size_t)kh * hs + d;
-                kx = k[off];
-                vx = v[off];
+                kx = cp_op<BF16>(k[off]);
+                vx = cp_op<BF16>(v[off]);
             }
             ks[r * hp + d] = kx;
             vs[r * hp + d] = vx;
@@ -244,7 +262,7 @@ __global__ void __launch_bounds__(CP_THREADS)
                 dp += dorow[d] * vrow[d];
             }
             const float p = valid ? __expf(sc * s.scale - row_lse[rr]) : 0.0f;
-            const float ds = p * (dp - row_d[rr]) * s.scale;
+            const float ds = cp_op<BF16>(p * (dp - row_d[rr]) * s.scale); /* from the unrounded p */
             for (int j = 0; j < nj; j++) {
                 const float dsj = __shfl_sync(CP_FULL, ds, j);
                 if (dsj == 0.0f)
@@ -275,7 +293,7 @@ __global__ void __launch_bounds__(CP_THREADS)
 
 /* dK and dV: grid (key tiles, b*nkv); a block owns 32 key rows of one key/value head and loops over the
  * query heads of its group and their query tiles (those with a query at or after the tile's first key). */
-template <int DPL>
+template <int DPL, bool BF16>
 __global__ void __launch_bounds__(CP_THREADS)
     cp_backward_dkv_kernel(float *dk, float *dv, const float *dout, const float *q, const float *k, const float *v,
                            const float *lse, const float *dsum, const int *qpos, const int *kpos, cp_shape s)
@@ -294,8 +312,8 @@ __global__ void __launch_bounds__(CP_THREADS)
         float kx = 0.0f, vx = 0.0f;
         if (j < s.tk) {
             const size_t off = cp_row(bb, j, s.kblock, s.b) * s.ldkv + (size_t)kh * hs + d;
-            kx = k[off];
-            vx = v[off];
+            kx = cp_op<BF16>(k[off]);
+            vx = cp_op<BF16>(v[off]);
         }
         kb[idx] = kx;
         vb[idx] = vx;
@@ -326,8 +344,8 @@ __global__ void __launch_bounds__(CP_THREADS)
                 float qx = 0.0f, dx = 0.0f;
                 if (i < s.tq) {
                     const size_t row = cp_row(bb, i, s.qblock, s.b);
-                    qx = q[row * s.ld + (size_t)h * hs + d];
-                    dx = dout[row * s.c + (size_t)h * hs + d];
+                    qx = cp_op<BF16>(q[row * s.ld + (size_t)h * hs + d]);
+                    dx = cp_op<BF16>(dout[row * s.c + (size_t)h * hs + d]);
                 }
                 qt[r * hp + d] = qx;
                 dot[r * hp + d] = dx;
@@ -352,9 +370,10 @@ __global__ void __launch_bounds__(CP_THREADS)
                     dp += dorow[d] * vrow[d];
                 }
                 const float p = valid ? __expf(sc * s.scale - lse_t[lane]) : 0.0f;
-                const float ds = p * (dp - d_t[lane]) * s.scale;
+                /* dS from the unrounded p; both rounded only as operands of P^T dO and dS^T Q */
+                const float ds = cp_op<BF16>(p * (dp - d_t[lane]) * s.scale), pv = cp_op<BF16>(p);
                 for (int jq = 0; jq < nq; jq++) {
-                    const float pj = __shfl_sync(CP_FULL, p, jq), dsj = __shfl_sync(CP_FULL, ds, jq);
+                    const float pj = __shfl_sync(CP_FULL, pv, jq), dsj = __shfl_sync(CP_FULL, ds, jq);
                     if (pj == 0.0f && dsj == 0.0f)
                         continue; /* warp-uniform */
 #pragma unroll
@@ -432,34 +451,66 @@ template <typename K> static int cp_prepare(const char *op, K kern, size_t smem)
     return 0;
 }
 
-template <int DPL>
+template <int DPL, bool BF16>
 static int cp_forward_launch(float *out, float *lse, const float *q, const float *k, const float *v,
                              const int *qpos, const int *kpos, const cp_shape &s)
 {
     const char *op = "attention_cp_forward";
     size_t smem = (size_t)CP_TILE * (2 * s.hs + s.hs + 1) * sizeof(float);
-    FSDP_TRY(cp_prepare(op, cp_forward_kernel<DPL>, smem));
+    FSDP_TRY(cp_prepare(op, cp_forward_kernel<DPL, BF16>, smem));
     dim3 grid((s.tq + CP_TILE - 1) / CP_TILE, s.b * s.nh);
-    cp_forward_kernel<DPL><<<grid, CP_THREADS, smem, cuda_ctx.stream>>>(out, lse, q, k, v, qpos, kpos, s);
+    cp_forward_kernel<DPL, BF16><<<grid, CP_THREADS, smem, cuda_ctx.stream>>>(out, lse, q, k, v, qpos, kpos, s);
     return cuda_check_launch(op);
 }
 
-template <int DPL>
+template <int DPL, bool BF16>
 static int cp_backward_launch(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                               const float *v, const float *lse, const float *dsum, const int *qpos, const int *kpos,
                               const cp_shape &s)
 {
     size_t smem_dq = (size_t)CP_TILE * (2 * s.hs + 2 * (s.hs + 1)) * sizeof(float);
     size_t smem_dkv = (size_t)CP_TILE * (2 * s.hs + 2 * (s.hs + 1) + 3) * sizeof(float);
-    FSDP_TRY(cp_prepare("attention_cp_backward dq", cp_backward_dq_kernel<DPL>, smem_dq));
-    FSDP_TRY(cp_prepare("attention_cp_backward dk/dv", cp_backward_dkv_kernel<DPL>, smem_dkv));
+    FSDP_TRY(cp_prepare("attention_cp_backward dq", cp_backward_dq_kernel<DPL, BF16>, smem_dq));
+    FSDP_TRY(cp_prepare("attention_cp_backward dk/dv", cp_backward_dkv_kernel<DPL, BF16>, smem_dkv));
     dim3 grid((s.tq + CP_TILE - 1) / CP_TILE, s.b * s.nh), grid_kv((s.tk + CP_TILE - 1) / CP_TILE, s.b * s.nkv);
-    cp_backward_dq_kernel<DPL><<<grid, CP_THREADS, smem_dq, cuda_ctx.stream>>>(dq, dout, q, k, v, lse, dsum, qpos,
-                                                                               kpos, s);
+    cp_backward_dq_kernel<DPL, BF16><<<grid, CP_THREADS, smem_dq, cuda_ctx.stream>>>(dq, dout, q, k, v, lse, dsum,
+                                                                                     qpos, kpos, s);
     FSDP_TRY(cuda_check_launch("attention_cp_backward dq"));
-    cp_backward_dkv_kernel<DPL><<<grid_kv, CP_THREADS, smem_dkv, cuda_ctx.stream>>>(dk, dv, dout, q, k, v, lse, dsum,
-                                                                                    qpos, kpos, s);
+    cp_backward_dkv_kernel<DPL, BF16><<<grid_kv, CP_THREADS, smem_dkv, cuda_ctx.stream>>>(dk, dv, dout, q, k, v, lse,
+                                                                                          dsum, qpos, kpos, s);
     return cuda_check_launch("attention_cp_backward dk/dv");
+}
+
+/* The instantiation for the head size (DPL = ceil(hs / 32) rounded up to 1, 2, 4 or 8). */
+template <bool BF16>
+static int cp_forward_hs(float *out, float *lse, const float *q, const float *k, const float *v, const int *qpos,
+                         const int *kpos, const cp_shape &s)
+{
+    if (s.hs <= 32)
+        return cp_forward_launch<1, BF16>(out, lse, q, k, v, qpos, kpos, s);
+    if (s.hs <= 64)
+        return cp_forward_launch<2, BF16>(out, lse, q, k, v, qpos, kpos, s);
+    if (s.hs <= 128)
+        return cp_forward_launch<4, BF16>(out, lse, q, k, v, qpos, kpos, s);
+    return cp_forward_launch<8, BF16>(out, lse, q, k, v, qpos, kpos, s);
+}
+
+template <bool BF16>
+static int cp_backward_hs(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                          const float *v, const float *out, const float *lse, float *dsum, const int *qpos,
+                          const int *kpos, const cp_shape &s)
+{
+    size_t rows = (size_t)s.b * s.nh * s.tq;
+    cp_rowdot_kernel<BF16><<<(unsigned)((rows * 32 + CUDA_THREADS - 1) / CUDA_THREADS), CUDA_THREADS, 0,
+                             cuda_ctx.stream>>>(dsum, dout, out, s);
+    FSDP_TRY(cuda_check_launch("attention_cp_backward (rowdot)"));
+    if (s.hs <= 32)
+        return cp_backward_launch<1, BF16>(dq, dk, dv, dout, q, k, v, lse, dsum, qpos, kpos, s);
+    if (s.hs <= 64)
+        return cp_backward_launch<2, BF16>(dq, dk, dv, dout, q, k, v, lse, dsum, qpos, kpos, s);
+    if (s.hs <= 128)
+        return cp_backward_launch<4, BF16>(dq, dk, dv, dout, q, k, v, lse, dsum, qpos, kpos, s);
+    return cp_backward_launch<8, BF16>(dq, dk, dv, dout, q, k, v, lse, dsum, qpos, kpos, s);
 }
 
 int cuda_attention_cp_forward(float *out, float *lse, const float *q, const float *k, const float *v,
@@ -471,13 +522,9 @@ int cuda_attention_cp_forward(float *out, float *lse, const float *q, const floa
         return 0;
     if (!out || !lse || !q || (s.tk && (!k || !v)))
         return error_set(FSDP_EINVAL, "kernels cuda: attention_cp_forward: NULL tensor");
-    if (s.hs <= 32)
-        return cp_forward_launch<1>(out, lse, q, k, v, a->qpos, a->kpos, s);
-    if (s.hs <= 64)
-        return cp_forward_launch<2>(out, lse, q, k, v, a->qpos, a->kpos, s);
-    if (s.hs <= 128)
-        return cp_forward_launch<4>(out, lse, q, k, v, a->qpos, a->kpos, s);
-    return cp_forward_launch<8>(out, lse, q, k, v, a->qpos, a->kpos, s);
+    if (cuda_ctx.matmul_dtype == DTYPE_BF16)
+        return cp_forward_hs<true>(out, lse, q, k, v, a->qpos, a->kpos, s);
+    return cp_forward_hs<false>(out, lse, q, k, v, a->qpos, a->kpos, s);
 }
 
 int cuda_attention_cp_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
@@ -493,18 +540,11 @@ int cuda_attention_cp_backward(float *dq, float *dk, float *dv, const float *dou
         return error_set(FSDP_EINVAL, "kernels cuda: attention_cp_backward: NULL tensor");
     /* D = rowsum(dO * O) per (sequence, head, query row), in the table's scratch (valid for the work queued
      * until the next scratch user, i.e. these three kernels) */
-    size_t rows = (size_t)s.b * s.nh * s.tq;
     void *ws;
-    FSDP_TRY(cuda_scratch(op, &ws, rows * sizeof(float)));
+    FSDP_TRY(cuda_scratch(op, &ws, (size_t)s.b * s.nh * s.tq * sizeof(float)));
     float *dsum = (float *)ws;
-    cp_rowdot_kernel<<<(unsigned)((rows * 32 + CUDA_THREADS - 1) / CUDA_THREADS), CUDA_THREADS, 0, cuda_ctx.stream>>>(
-        dsum, dout, out, s);
-    FSDP_TRY(cuda_check_launch("attention_cp_backward (rowdot)"));
-    if (s.hs <= 32)
-        return cp_backward_launch<1>(dq, dk, dv, dout, q, k, v, lse, dsum, a->qpos, a->kpos, s);
-    if (s.hs <= 64)
-        return cp_backward_launch<2>(dq, dk, dv, dout, q, k, v, lse, dsum, a->qpos, a->kpos, s);
-    if (s.hs <= 128)
-        return cp_backward_launch<4>(dq, dk, dv, dout, q, k, v, lse, dsum, a->qpos, a->kpos, s);
-    return cp_backward_launch<8>(dq, dk, dv, dout, q, k, v, lse, dsum, a->qpos, a->kpos, s);
+    /* the mode now, as attention_backward: a step's forward and backward run in the same one */
+    if (cuda_ctx.matmul_dtype == DTYPE_BF16)
+        return cp_backward_hs<true>(dq, dk, dv, dout, q, k, v, out, lse, dsum, a->qpos, a->kpos, s);
+    return cp_backward_hs<false>(dq, dk, dv, dout, q, k, v, out, lse, dsum, a->qpos, a->kpos, s);
 }

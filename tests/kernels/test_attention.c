@@ -335,13 +335,26 @@ Test(kernels_attention, bf16_grouped_query_heads, .timeout = 120)
  * gradients summed over the ranks (what the reduce-scatter adds up) the full key/value gradients. */
 static void check_mag(const char *what, const float *got, const double *want, const double *mag, size_t n);
 
+/* The context-parallel checks build their operands and check their results on the host: every operand of
+ * the kernel (the int32 positions too) lives in the table's memory, copied up before and down after. */
+static void att_up(const struct kernels *k, void *dev, const void *host, size_t bytes)
+{
+    cr_assert_eq(k->mem_copy(dev, host, bytes, KERNELS_COPY_H2D), 0, "%s", error_message());
+}
+
+static void att_down(const struct kernels *k, void *host, const void *dev, size_t bytes)
+{
+    cr_assert_eq(k->synchronize(), 0, "%s", error_message());
+    cr_assert_eq(k->mem_copy(host, dev, bytes, KERNELS_COPY_D2H), 0, "%s", error_message());
+}
+
 /* bf16: in bf16 mode, against the reference of the bf16-rounded inputs within check_attention_bf16's bounds
  * (2^-7 of each sum's magnitude; lse as fp32). */
 static void check_attention_cp_ex(int B, int T, int C, int NH, int CP, uint64_t seed, bool bf16)
 {
     const struct kernels *k = kt_backend();
-    if (!k->attention_cp_forward || !k->attention_cp_backward || !k->host_visible)
-        cr_skip_test("the %s kernels have no context-parallel attention on host memory", k->name);
+    if (!k->attention_cp_forward || !k->attention_cp_backward)
+        cr_skip_test("the %s kernels have no context-parallel attention", k->name);
     if (bf16 && !(k->matmul_dtypes & KERNELS_DTYPE_BIT(DTYPE_BF16)))
         cr_skip_test("%s: no native bf16 matmuls on this machine", k->name);
     cr_assert_eq(k->set_matmul_dtype(bf16 ? DTYPE_BF16 : DTYPE_F32), 0);
@@ -369,6 +382,11 @@ static void check_attention_cp_ex(int B, int T, int C, int NH, int CP, uint64_t 
     cr_assert(kpos && qpos && lq && ldo && lo && ll && ldq && dkv && got_dq);
     for (int j = 0; j < T; j++)
         kpos[j] = j;
+    size_t nlq = (size_t)B * tq * 3 * C, nlo = (size_t)B * tq * C, nll = (size_t)B * NH * tq;
+    float *d_qkv = kt_devf(k, qkv, nq), *d_dkv = kt_devf(k, NULL, nq), *d_lq = kt_devf(k, NULL, nlq);
+    float *d_ldo = kt_devf(k, NULL, nlo), *d_lo = kt_devf(k, NULL, nlo), *d_ll = kt_devf(k, NULL, nll);
+    float *d_ldq = kt_devf(k, NULL, nlq);
+    int *d_kpos = kt_dev_from(k, kpos, (size_t)T * sizeof(int)), *d_qpos = kt_dev_from(k, NULL, (size_t)tq * sizeof(int));
     for (int rank = 0; rank < CP; rank++) {
         for (int i = 0; i < tq; i++)
             qpos[i] = i < chunk ? rank * chunk + i : (2 * CP - 1 - rank) * chunk + (i - chunk);
@@ -386,12 +404,20 @@ static void check_attention_cp_ex(int B, int T, int C, int NH, int CP, uint64_t 
                 for (int h = 0; h < NH; h++)
                     want_l[((size_t)b * NH + h) * tq + i] = r.lse[((size_t)b * NH + h) * T + qpos[i]];
             }
+        att_up(k, d_lq, lq, nlq * sizeof(float));
+        att_up(k, d_ldo, ldo, nlo * sizeof(float));
+        att_up(k, d_qpos, qpos, (size_t)tq * sizeof(int));
         struct kernels_attention_cp a = {.b = B, .tq = tq, .tk = T, .c = C, .nh = NH, .ld = 3 * C,
-                                         .qpos = qpos, .kpos = kpos};
-        cr_assert_eq(k->attention_cp_forward(lo, ll, lq, qkv + C, qkv + 2 * C, &a), 0, "%s", error_message());
-        memset(ldq, 0, (size_t)B * tq * 3 * C * sizeof(float));
-        cr_assert_eq(k->attention_cp_backward(ldq, dkv + C, dkv + 2 * C, ldo, lq, qkv + C, qkv + 2 * C, lo, ll, &a),
+                                         .qpos = d_qpos, .kpos = d_kpos};
+        cr_assert_eq(k->attention_cp_forward(d_lo, d_ll, d_lq, d_qkv + C, d_qkv + 2 * C, &a), 0, "%s",
+                     error_message());
+        cr_assert_eq(k->mem_set(d_ldq, 0, nlq * sizeof(float)), 0, "%s", error_message());
+        cr_assert_eq(k->attention_cp_backward(d_ldq, d_dkv + C, d_dkv + 2 * C, d_ldo, d_lq, d_qkv + C, d_qkv + 2 * C,
+                                              d_lo, d_ll, &a),
                      0, "%s", error_message());
+        att_down(k, lo, d_lo, nlo * sizeof(float));
+        att_down(k, ll, d_ll, nll * sizeof(float));
+        att_down(k, ldq, d_ldq, nlq * sizeof(float));
         for (size_t l = 0; l < (size_t)B * tq; l++)
             memcpy(got_dq + l * C, ldq + l * 3 * C, (size_t)C * sizeof(float));
         kt_check("cp lse", ll, want_l, (size_t)B * NH * tq, 2e-5, 2e-5);
@@ -403,6 +429,7 @@ static void check_attention_cp_ex(int B, int T, int C, int NH, int CP, uint64_t 
             kt_check("cp dq", got_dq, want_dq, (size_t)B * tq * C, 1e-4, 2e-4);
         }
     }
+    att_down(k, dkv, d_dkv, nq * sizeof(float));
     /* the key/value columns of the reference; its query columns are zero here as in dkv */
     for (size_t row = 0; row < (size_t)B * T; row++)
         for (int e = C; e < 3 * C; e++) {
@@ -417,6 +444,8 @@ static void check_attention_cp_ex(int B, int T, int C, int NH, int CP, uint64_t 
     free(rq), free(rdo), free(mg.out), free(mg.lse), free(mg.dqkv), free(mag_o), free(mag_dq), free(mag_dkv);
     free(qkv), free(dout), free(r.out), free(r.lse), free(r.dqkv), free(kpos), free(qpos), free(lq), free(ldo);
     free(lo), free(ll), free(ldq), free(dkv), free(want_o), free(want_l), free(want_dq), free(want_dkv), free(got_dq);
+    k->mem_free(d_qkv), k->mem_free(d_dkv), k->mem_free(d_lq), k->mem_free(d_ldo), k->mem_free(d_lo);
+    k->mem_free(d_ll), k->mem_free(d_ldq), k->mem_free(d_kpos), k->mem_free(d_qpos);
 }
 
 /* |got - want| <= 2^-7 mag + 1e-4 element by element (check_attention_bf16's bound). */
@@ -460,8 +489,8 @@ Test(kernels_attention, context_parallel_chunks_match_full_attention)
 static void check_attention_cp_blocks(int B, int T, int C, int NH, int NKV, int CP, uint64_t seed)
 {
     const struct kernels *k = kt_backend();
-    if (!k->attention_cp_forward || !k->attention_cp_backward || !k->host_visible)
-        cr_skip_test("the %s kernels have no context-parallel attention on host memory", k->name);
+    if (!k->attention_cp_forward || !k->attention_cp_backward)
+        cr_skip_test("the %s kernels have no context-parallel attention", k->name);
     cr_assert_eq(k->set_matmul_dtype(DTYPE_F32), 0);
     int W = C + 2 * NKV * (C / NH), tq = T / CP, s = T / (2 * CP);
     size_t nq = (size_t)B * T * W, no = (size_t)B * T * C;
@@ -490,19 +519,30 @@ static void check_attention_cp_blocks(int B, int T, int C, int NH, int NKV, int 
     cr_assert(gkv && dgkv);
     for (size_t row = 0; row < (size_t)B * T; row++)
         memcpy(gkv + row * KV, g + row * W + C, (size_t)KV * sizeof(float));
+    size_t nl = (size_t)B * NH * T, nkv = (size_t)B * T * KV;
+    float *d_g = kt_devf(k, g, nq), *d_gdo = kt_devf(k, gdo, no), *d_dg = kt_devf(k, NULL, nq);
+    float *d_o = kt_devf(k, NULL, no), *d_l = kt_devf(k, NULL, nl);
+    float *d_gkv = kt_devf(k, gkv, nkv), *d_dgkv = kt_devf(k, NULL, nkv);
+    int *d_gpos = kt_dev_from(k, gpos, (size_t)T * sizeof(int));
     for (int rank = 0; rank < CP; rank++) {
         size_t base = (size_t)rank * B * tq;
-        struct kernels_attention_cp a = {.b = B, .tq = tq, .tk = T, .c = C, .nh = NH, .ld = W, .qpos = gpos + rank * tq,
-                                         .kpos = gpos, .nkv = NKV, .kblock = tq, .ldkv = KV};
-        cr_assert_eq(k->attention_cp_forward(o + base * C, l + (size_t)rank * B * NH * tq, g + base * W,
-                                             gkv, gkv + KV / 2, &a), 0, "%s", error_message());
-        cr_assert_eq(k->attention_cp_backward(dg + base * W, dgkv, dgkv + KV / 2, gdo + base * C,
-                                              g + base * W, gkv, gkv + KV / 2, o + base * C,
-                                              l + (size_t)rank * B * NH * tq, &a), 0, "%s", error_message());
+        struct kernels_attention_cp a = {.b = B, .tq = tq, .tk = T, .c = C, .nh = NH, .ld = W,
+                                         .qpos = d_gpos + rank * tq, .kpos = d_gpos, .nkv = NKV, .kblock = tq,
+                                         .ldkv = KV};
+        cr_assert_eq(k->attention_cp_forward(d_o + base * C, d_l + (size_t)rank * B * NH * tq, d_g + base * W,
+                                             d_gkv, d_gkv + KV / 2, &a), 0, "%s", error_message());
+        cr_assert_eq(k->attention_cp_backward(d_dg + base * W, d_dgkv, d_dgkv + KV / 2, d_gdo + base * C,
+                                              d_g + base * W, d_gkv, d_gkv + KV / 2, d_o + base * C,
+                                              d_l + (size_t)rank * B * NH * tq, &a), 0, "%s", error_message());
     }
+    att_down(k, o, d_o, no * sizeof(float));
+    att_down(k, l, d_l, nl * sizeof(float));
+    att_down(k, dg, d_dg, nq * sizeof(float));
+    att_down(k, dgkv, d_dgkv, nkv * sizeof(float));
     for (size_t row = 0; row < (size_t)B * T; row++)
         memcpy(dg + row * W + C, dgkv + row * KV, (size_t)KV * sizeof(float));
     free(gkv), free(dgkv);
+    k->mem_free(d_gkv), k->mem_free(d_dgkv);
     double *wo = kt_dzeros(no), *wl = kt_dzeros((size_t)B * NH * T), *wd = kt_dzeros(nq);
     for (int rank = 0; rank < CP; rank++)
         for (int b = 0; b < B; b++)
@@ -521,9 +561,13 @@ static void check_attention_cp_blocks(int B, int T, int C, int NH, int NKV, int 
     /* all-to-all: the whole sequence's queries in one call, lse as (b, nh, T) in gathered order */
     float *o2 = calloc(no, sizeof *o2), *l2 = calloc((size_t)B * NH * T, sizeof *l2);
     cr_assert(o2 && l2);
-    struct kernels_attention_cp a = {.b = B, .tq = T, .tk = T, .c = C, .nh = NH, .ld = W, .qpos = gpos, .kpos = gpos,
-                                     .nkv = NKV, .qblock = tq, .kblock = tq};
-    cr_assert_eq(k->attention_cp_forward(o2, l2, g, g + C, g + C + NKV * (C / NH), &a), 0, "%s", error_message());
+    float *d_o2 = kt_devf(k, NULL, no), *d_l2 = kt_devf(k, NULL, nl);
+    struct kernels_attention_cp a = {.b = B, .tq = T, .tk = T, .c = C, .nh = NH, .ld = W, .qpos = d_gpos,
+                                     .kpos = d_gpos, .nkv = NKV, .qblock = tq, .kblock = tq};
+    cr_assert_eq(k->attention_cp_forward(d_o2, d_l2, d_g, d_g + C, d_g + C + NKV * (C / NH), &a), 0, "%s",
+                 error_message());
+    att_down(k, o2, d_o2, no * sizeof(float));
+    att_down(k, l2, d_l2, nl * sizeof(float));
     kt_check("cp all-sequence out", o2, wo, no, 2e-5, 1e-4);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
@@ -532,6 +576,8 @@ static void check_attention_cp_blocks(int B, int T, int C, int NH, int NKV, int 
     kt_check("cp all-sequence lse", l2, wl, (size_t)B * NH * T, 2e-5, 2e-5);
     free(qkv), free(dout), free(r.out), free(r.lse), free(r.dqkv), free(g), free(gdo), free(dg), free(o), free(l);
     free(gpos), free(wo), free(wl), free(wd), free(o2), free(l2);
+    k->mem_free(d_g), k->mem_free(d_gdo), k->mem_free(d_dg), k->mem_free(d_o), k->mem_free(d_l);
+    k->mem_free(d_gpos), k->mem_free(d_o2), k->mem_free(d_l2);
 }
 
 Test(kernels_attention, context_parallel_grouped_heads_block_rows)
@@ -559,8 +605,8 @@ static void check_attention_cp_positions(int B, int TQ, int TK, int NH, int NKV,
                                          uint64_t seed)
 {
     const struct kernels *k = kt_backend();
-    if (!k->attention_cp_forward || !k->attention_cp_backward || !k->host_visible)
-        cr_skip_test("the %s kernels have no context-parallel attention on host memory", k->name);
+    if (!k->attention_cp_forward || !k->attention_cp_backward)
+        cr_skip_test("the %s kernels have no context-parallel attention", k->name);
     cr_assert_eq(k->set_matmul_dtype(DTYPE_F32), 0);
     int C = NH * HS, KV = NKV * HS, LD = C + 2 * KV, G = NH / NKV;
     size_t nq = (size_t)B * TQ * LD, nk = (size_t)B * TK * 2 * KV, no = (size_t)B * TQ * C;
@@ -574,11 +620,22 @@ static void check_attention_cp_positions(int B, int TQ, int TK, int NH, int NKV,
         qpos[i] = qoff + i;
     for (int j = 0; j < TK; j++)
         kpos[j] = koff + j;
-    struct kernels_attention_cp a = {.b = B, .tq = TQ, .tk = TK, .c = C, .nh = NH, .ld = LD, .qpos = qpos,
-                                     .kpos = kpos, .nkv = NKV, .ldkv = 2 * KV};
-    cr_assert_eq(k->attention_cp_forward(out, lse, q, kv, kv + KV, &a), 0, "%s", error_message());
-    cr_assert_eq(k->attention_cp_backward(dq, dkv, dkv + KV, dout, q, kv, kv + KV, out, lse, &a), 0, "%s",
-                 error_message());
+    size_t nl = (size_t)B * NH * TQ;
+    float *d_q = kt_devf(k, q, nq), *d_kv = kt_devf(k, kv, nk), *d_dout = kt_devf(k, dout, no);
+    float *d_out = kt_devf(k, NULL, no), *d_lse = kt_devf(k, NULL, nl);
+    float *d_dq = kt_devf(k, NULL, nq), *d_dkv = kt_devf(k, NULL, nk);
+    int *d_qpos = kt_dev_from(k, qpos, (size_t)TQ * sizeof(int)), *d_kpos = kt_dev_from(k, kpos, (size_t)TK * sizeof(int));
+    struct kernels_attention_cp a = {.b = B, .tq = TQ, .tk = TK, .c = C, .nh = NH, .ld = LD, .qpos = d_qpos,
+                                     .kpos = d_kpos, .nkv = NKV, .ldkv = 2 * KV};
+    cr_assert_eq(k->attention_cp_forward(d_out, d_lse, d_q, d_kv, d_kv + KV, &a), 0, "%s", error_message());
+    cr_assert_eq(k->attention_cp_backward(d_dq, d_dkv, d_dkv + KV, d_dout, d_q, d_kv, d_kv + KV, d_out, d_lse, &a), 0,
+                 "%s", error_message());
+    att_down(k, out, d_out, no * sizeof(float));
+    att_down(k, lse, d_lse, nl * sizeof(float));
+    att_down(k, dq, d_dq, nq * sizeof(float));
+    att_down(k, dkv, d_dkv, nk * sizeof(float));
+    k->mem_free(d_q), k->mem_free(d_kv), k->mem_free(d_dout), k->mem_free(d_out), k->mem_free(d_lse);
+    k->mem_free(d_dq), k->mem_free(d_dkv), k->mem_free(d_qpos), k->mem_free(d_kpos);
     double *wo = kt_dzeros(no), *wl = kt_dzeros((size_t)B * NH * TQ), *wdq = kt_dzeros(nq), *wdkv = kt_dzeros(nk);
     double *s = kt_dzeros(TK), *dp = kt_dzeros(TK), scale = 1.0 / sqrt((double)HS);
     for (int b = 0; b < B; b++)
@@ -657,8 +714,8 @@ Test(kernels_attention, context_parallel_any_positions)
 static void check_attention_cp_bf16_as_attention(int B, int T, int NH, int NKV, uint64_t seed)
 {
     const struct kernels *k = kt_backend();
-    if (!k->attention_cp_forward || !k->attention_cp_backward || !k->host_visible)
-        cr_skip_test("the %s kernels have no context-parallel attention on host memory", k->name);
+    if (!k->attention_cp_forward || !k->attention_cp_backward)
+        cr_skip_test("the %s kernels have no context-parallel attention", k->name);
     if (!(k->matmul_dtypes & KERNELS_DTYPE_BIT(DTYPE_BF16)))
         cr_skip_test("%s: no native bf16 matmuls on this machine", k->name);
     cr_assert_eq(k->set_matmul_dtype(DTYPE_BF16), 0);
@@ -673,14 +730,27 @@ static void check_attention_cp_bf16_as_attention(int B, int T, int NH, int NKV, 
     cr_assert(o1 && l1 && d1 && o2 && l2 && d2 && pos && ws);
     for (int j = 0; j < T; j++)
         pos[j] = j;
-    cr_assert_eq(k->attention_forward(o1, l1, qkv, B, T, C, NH, NKV, ws), 0, "%s", error_message());
-    cr_assert_eq(k->attention_backward(d1, dout, qkv, o1, l1, B, T, C, NH, NKV, ws), 0, "%s", error_message());
-    struct kernels_attention_cp a = {.b = B, .tq = T, .tk = T, .c = C, .nh = NH, .ld = W, .qpos = pos, .kpos = pos,
-                                     .nkv = NKV};
-    const float *kk = qkv + C, *vv = qkv + C + NKV * HS;
-    cr_assert_eq(k->attention_cp_forward(o2, l2, qkv, kk, vv, &a), 0, "%s", error_message());
-    cr_assert_eq(k->attention_cp_backward(d2, d2 + C, d2 + C + NKV * HS, dout, qkv, kk, vv, o2, l2, &a), 0, "%s",
+    float *d_qkv = kt_devf(k, qkv, nq), *d_dout = kt_devf(k, dout, no);
+    float *d_o1 = kt_devf(k, NULL, no), *d_l1 = kt_devf(k, NULL, nl), *d_d1 = kt_devf(k, NULL, nq);
+    float *d_o2 = kt_devf(k, NULL, no), *d_l2 = kt_devf(k, NULL, nl), *d_d2 = kt_devf(k, NULL, nq);
+    int *d_pos = kt_dev_from(k, pos, (size_t)T * sizeof(int));
+    cr_assert_eq(k->attention_forward(d_o1, d_l1, d_qkv, B, T, C, NH, NKV, ws), 0, "%s", error_message());
+    cr_assert_eq(k->attention_backward(d_d1, d_dout, d_qkv, d_o1, d_l1, B, T, C, NH, NKV, ws), 0, "%s",
                  error_message());
+    struct kernels_attention_cp a = {.b = B, .tq = T, .tk = T, .c = C, .nh = NH, .ld = W, .qpos = d_pos,
+                                     .kpos = d_pos, .nkv = NKV};
+    const float *kk = d_qkv + C, *vv = d_qkv + C + NKV * HS;
+    cr_assert_eq(k->attention_cp_forward(d_o2, d_l2, d_qkv, kk, vv, &a), 0, "%s", error_message());
+    cr_assert_eq(k->attention_cp_backward(d_d2, d_d2 + C, d_d2 + C + NKV * HS, d_dout, d_qkv, kk, vv, d_o2, d_l2, &a),
+                 0, "%s", error_message());
+    att_down(k, o1, d_o1, no * sizeof(float));
+    att_down(k, l1, d_l1, nl * sizeof(float));
+    att_down(k, d1, d_d1, nq * sizeof(float));
+    att_down(k, o2, d_o2, no * sizeof(float));
+    att_down(k, l2, d_l2, nl * sizeof(float));
+    att_down(k, d2, d_d2, nq * sizeof(float));
+    k->mem_free(d_qkv), k->mem_free(d_dout), k->mem_free(d_o1), k->mem_free(d_l1), k->mem_free(d_d1);
+    k->mem_free(d_o2), k->mem_free(d_l2), k->mem_free(d_d2), k->mem_free(d_pos);
     const struct {
         const char *what;
         const float *x, *y;
