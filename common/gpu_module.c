@@ -84,8 +84,30 @@ static void load(void)
         try_load(built ? FSDP_GPU_MODULE_INSTALL_PATH : FSDP_GPU_MODULE_BUILD_PATH, &used);
 }
 #else
+/* No module of this build's own, but a module named by FSDP_GPU_MODULE is tried: the CUDA host emulator
+ * (gpu/libfsdp_gpu_emu.so, -Dgpu_emu=true) needs no CUDA toolkit beyond its headers. */
+static bool try_load(const char *path, size_t *used)
+{
+    handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (handle) {
+        snprintf(loaded_path, sizeof(loaded_path), "%s", path);
+        return true;
+    }
+    const char *why = dlerror();
+    snprintf(load_error, sizeof(load_error), "%s", why ? why : path);
+    *used = strlen(load_error);
+    return false;
+}
+
 static void load(void)
 {
+    size_t used = 0;
+    const char *env = settings_get_string(SETTING_GPU_MODULE);
+    if (env) {
+        if (!try_load(env, &used))
+            loaded_path[0] = '\0';
+        return;
+    }
     snprintf(load_error, sizeof(load_error), "this build has no GPU support (built without the CUDA toolkit "
                                              "and NCCL; rebuild with meson -Dcuda=enabled)");
 }
@@ -120,7 +142,8 @@ int gpu_module_device_count(char *why, size_t cap)
             snprintf(why, cap, "FSDP_TEST_GPU_COUNT=0");
         return n;
     }
-    if (!gpu_module_driver_present()) {
+    /* a module named explicitly answers for itself (the CUDA host emulator runs without a driver) */
+    if (!gpu_module_driver_present() && !settings_get_string(SETTING_GPU_MODULE)) {
         snprintf(why, cap, "no NVIDIA driver on this host (no /proc/driver/nvidia/version, /dev/nvidiactl or "
                            "/dev/nvidia0)");
         return 0;
@@ -131,6 +154,15 @@ int gpu_module_device_count(char *why, size_t cap)
         return 0;
     }
     return count(why, cap);
+}
+
+const char *gpu_module_emulator(void)
+{
+    pthread_once(&load_once, load);
+    if (!handle)
+        return NULL;
+    const char *(*what)(void) = (const char *(*)(void))dlsym(handle, "fsdp_gpu_emulator");
+    return what ? what() : NULL;
 }
 
 const char *gpu_module_path(void)

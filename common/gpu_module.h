@@ -22,6 +22,10 @@ int gpu_module_device_count(char *why, size_t cap);
  * names the module file explicitly. */
 void *gpu_module_symbol(const char *name);
 
+/* NULL for a module that drives real GPUs; for the CUDA host emulator (gpu/emu/, a test module that runs the CUDA
+ * backend on the CPU) a phrase saying so, which the run's log and summary carry. Loads the module. */
+const char *gpu_module_emulator(void);
+
 /* The path the module was (or would be) loaded from, for messages; "" before the first load attempt. */
 const char *gpu_module_path(void);
 

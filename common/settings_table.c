@@ -68,6 +68,24 @@ static const struct setting table[SETTING_COUNT] = {
      .readers = SETTING_BY_WORKER,
      .doc = "fp32 matmuls on TF32 tensor cores (10-bit mantissa products, fp32 accumulation); off: exact fp32, "
             "as on the CPU."},
+    /* the CUDA host emulator (gpu/emu/, its module libfsdp_gpu_emu.so) */
+    {.id = SETTING_GPU_EMU_DEVICES, .name = "FSDP_GPU_EMU_DEVICES", .type = SETTING_INT, .def = "8", .min = 1,
+     .max = 64, .readers = SETTING_BY_WORKER,
+     .doc = "CUDA host emulator: the number of devices it reports; each process emulates its own, so the ranks "
+            "of one machine each take one."},
+    {.id = SETTING_GPU_EMU_SMS, .name = "FSDP_GPU_EMU_SMS", .type = SETTING_INT, .def = "4", .min = 1, .max = 256,
+     .readers = SETTING_BY_WORKER,
+     .doc = "CUDA host emulator: the multiprocessors its device reports (the kernels size their grids by it)."},
+    {.id = SETTING_GPU_EMU_MEMORY_GIB, .name = "FSDP_GPU_EMU_MEMORY_GIB", .type = SETTING_INT, .def = "16",
+     .min = 1, .max = 4096, .readers = SETTING_BY_WORKER,
+     .doc = "CUDA host emulator: its device memory in GiB (address space reserved twice over, used as allocated)."},
+    {.id = SETTING_GPU_EMU_DELAY_US, .name = "FSDP_GPU_EMU_DELAY_US", .type = SETTING_INT, .def = "0", .min = 0,
+     .max = 1000000, .readers = SETTING_BY_WORKER, .test_only = true,
+     .doc = "CUDA host emulator: a random delay of up to this many microseconds before each op of every stream, "
+            "so a missing event wait or stream synchronisation becomes a race that loses often."},
+    {.id = SETTING_GPU_EMU_SEED, .name = "FSDP_GPU_EMU_SEED", .type = SETTING_INT, .min = 0,
+     .max = 9007199254740991LL, .def_doc = "unset: from the process id and the clock", .readers = SETTING_BY_WORKER,
+     .test_only = true, .doc = "CUDA host emulator: the seed of its random delays."},
     {.id = SETTING_PEAK_TFLOPS, .name = "FSDP_PEAK_TFLOPS", .type = SETTING_DOUBLE, .min = 0,
      .min_exclusive = true,
      .def_doc = "measured on the CPU by a short SGEMM at start; unknown (no MFU) on other devices",

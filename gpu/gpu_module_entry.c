@@ -11,6 +11,15 @@
 const struct kernels *fsdp_gpu_kernels(void);
 const struct comm_backend *fsdp_gpu_comm_backend(void);
 int fsdp_gpu_device_count(char *why, size_t cap);
+#ifdef FSDP_GPU_EMU
+const char *fsdp_gpu_emulator(void);
+
+/* Only the emulator's build has this symbol: common/gpu_module.c's gpu_module_emulator asks for it. */
+const char *fsdp_gpu_emulator(void)
+{
+    return "the CUDA host emulator (kernels/cuda on the CPU: for tests, not speed)";
+}
+#endif
 
 const struct kernels *fsdp_gpu_kernels(void)
 {

@@ -68,12 +68,9 @@ Test(gpu_module, bad_explicit_path_is_named)
     error_clear();
     cr_assert_null(kernels_get("cuda"));
     const char *msg = error_message();
-#ifdef FSDP_HAVE_CUDA
+    /* every build tries a module named explicitly (the CUDA host emulator's needs no CUDA build) */
     cr_assert(strstr(msg, "/nonexistent/dir/libfsdp_gpu.so") && strstr(msg, "cannot load the GPU module"),
               "the message does not name the path: %s", msg);
-#else
-    cr_assert(strstr(msg, "no GPU support"), "unclear message: %s", msg);
-#endif
     /* The CPU table stays usable. */
     cr_assert_not_null(kernels_get("cpu"));
 }

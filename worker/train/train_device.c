@@ -31,7 +31,11 @@ static int open_cuda(const char *asked, const struct train_env *env, const struc
     if (!*out)
         return error_set(FSDP_EUNSUPPORTED, "train.device = %s: %s%s%s", asked, error_message(),
                          n == 0 && reason[0] ? "; " : "", n == 0 ? reason : "");
-    snprintf(why, cap, "train.device = %s: %d CUDA device%s visible", asked, n, n == 1 ? "" : "s");
+    const char *emu = gpu_module_emulator();
+    snprintf(why, cap, "train.device = %s: %d CUDA device%s visible%s%s", asked, n, n == 1 ? "" : "s",
+             emu ? ", on " : "", emu ? emu : "");
+    if (emu)
+        log_warn("train.device = %s runs on %s, loaded from %s", asked, emu, gpu_module_path());
     return 0;
 }
 
