@@ -86,6 +86,10 @@ static const struct setting table[SETTING_COUNT] = {
     {.id = SETTING_GPU_EMU_SEED, .name = "FSDP_GPU_EMU_SEED", .type = SETTING_INT, .min = 0,
      .max = 9007199254740991LL, .def_doc = "unset: from the process id and the clock", .readers = SETTING_BY_WORKER,
      .test_only = true, .doc = "CUDA host emulator: the seed of its random delays."},
+    {.id = SETTING_GPU_EMU_TRACE_DIR, .name = "FSDP_GPU_EMU_TRACE_DIR", .type = SETTING_STRING, .format = "a directory",
+     .def_doc = "unset: no trace", .readers = SETTING_BY_WORKER,
+     .doc = "CUDA host emulator: write each process's stream trace (every op's start and end on its stream, at most "
+            "1,000,000 ops) at exit to DIR/trace-PID.json, in the Chrome trace-event format."},
     {.id = SETTING_PEAK_TFLOPS, .name = "FSDP_PEAK_TFLOPS", .type = SETTING_DOUBLE, .min = 0,
      .min_exclusive = true,
      .def_doc = "measured on the CPU by a short SGEMM at start; unknown (no MFU) on other devices",

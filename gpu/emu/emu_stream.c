@@ -127,6 +127,85 @@ cudaError_t emu_sticky_error(void)
     return __atomic_load_n(&sticky, __ATOMIC_ACQUIRE);
 }
 
+/* ---- the stream trace (FSDP_GPU_EMU_TRACE_DIR) ----
+ * Every op's start and end on its stream, written at exit as DIR/trace-PID.json in the Chrome trace-event format
+ * (chrome://tracing, Perfetto: one row per stream), to see what overlaps what. At most TRACE_MAX ops are kept
+ * (32 bytes each: 32 MiB); later ones are counted and dropped. */
+#define TRACE_MAX 1000000
+
+struct trace_event {
+    const char *what; /* the op's static name */
+    int stream;
+    double t0, t1;
+};
+
+static bool trace_on;
+static struct trace_event *trace;
+static size_t trace_n, trace_dropped;
+static double trace_origin;
+static char trace_dir[4096];
+
+static void trace_add(const char *what, int stream, double t0, double t1)
+{
+    pthread_mutex_lock(&mu);
+    if (trace_n < TRACE_MAX)
+        trace[trace_n++] = (struct trace_event){what, stream, t0, t1};
+    else
+        trace_dropped++;
+    pthread_mutex_unlock(&mu);
+}
+
+/* JSON string of an op's name: the names are the sources' own (kernel templates, API names), quotes escaped. */
+static void trace_name(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++)
+        if (*s == '"' || *s == '\\')
+            fprintf(f, "\\%c", *s);
+        else if ((unsigned char)*s >= 0x20)
+            fputc(*s, f);
+    fputc('"', f);
+}
+
+static void trace_write(void)
+{
+    char path[4200], tmp[4300];
+    snprintf(path, sizeof path, "%s/trace-%d.json", trace_dir, (int)getpid());
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        fprintf(stderr, "fsdpc CUDA emulator: cannot write the stream trace %s\n", tmp);
+        return;
+    }
+    pthread_mutex_lock(&mu);
+    fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"dropped_ops\":%zu},\"traceEvents\":[", trace_dropped);
+    for (size_t i = 0; i < trace_n; i++) {
+        const struct trace_event *e = &trace[i];
+        fprintf(f, "%s\n{\"name\":", i ? "," : "");
+        trace_name(f, e->what);
+        fprintf(f, ",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}", (int)getpid(), e->stream,
+                (e->t0 - trace_origin) * 1e6, (e->t1 - e->t0) * 1e6);
+    }
+    pthread_mutex_unlock(&mu);
+    fprintf(f, "\n]}\n");
+    if (fclose(f) == 0)
+        rename(tmp, path);
+}
+
+static void trace_start(void)
+{
+    const char *dir = settings_get_string(SETTING_GPU_EMU_TRACE_DIR);
+    if (!dir || !*dir)
+        return;
+    trace = malloc(TRACE_MAX * sizeof *trace);
+    if (!trace)
+        return;
+    snprintf(trace_dir, sizeof trace_dir, "%s", dir);
+    trace_origin = clock_now_s();
+    trace_on = true;
+    atexit(trace_write);
+}
+
 /* ---- streams ---- */
 
 static void *worker_main(void *arg)
@@ -146,7 +225,10 @@ static void *worker_main(void *arg)
         pthread_mutex_unlock(&mu);
         emu_random_delay();
         emu_current_op = op->what;
+        double t0 = trace_on ? clock_now_s() : 0;
         op->run(op->arg);
+        if (trace_on)
+            trace_add(op->what, s->id, t0, clock_now_s());
         emu_current_op = NULL;
         if (op->release)
             op->release(op->arg);
@@ -204,6 +286,7 @@ static cudaError_t legacy_rc;
 
 static void legacy_start(void)
 {
+    trace_start();
     legacy_rc = stream_start(&legacy, 0);
 }
 
@@ -294,6 +377,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *out, unsigned int flags)
 {
     if (!out)
         return cudaErrorInvalidValue;
+    pthread_once(&legacy_once, legacy_start); /* the legacy stream first: it starts the trace */
     return stream_start(out, flags);
 }
 

@@ -10,6 +10,9 @@
  * - bf16 against the CPU backend's bf16: 2e-3, twice the distance bf16 may have from fp32 on the CPU (1e-3): both
  *   round the same operands the same way (common/dtype.h), but accumulate in different orders, and fp32 masters
  *   that differ in their last bit may round to neighbouring bf16 values. */
+#include <dirent.h>
+#include <sys/stat.h>
+
 #include "tests/gpu/emu/emu_train.h"
 
 /* Every strategy the issue names at worlds 1-4 on the emulated device, against the CPU backend at world 1. */
@@ -166,5 +169,82 @@ Test(emu_train, hf_directory_out_and_in_with_eval, .timeout = 600)
         emu_losses(&c, 2, d ? "in-cuda" : "in-cpu", x, loss[d]);
     }
     assert_close(loss[1], loss[0], EMU_REL, "init_from the other device's Hugging Face directory, cuda vs cpu");
+    tt_teardown(&c);
+}
+
+/* FSDP_GPU_EMU_TRACE_DIR: each rank writes its stream trace at exit, Chrome trace events with the kernels on one
+ * stream and the collectives on the communicator's, which overlap in time (what prefetching is for). */
+Test(emu_train, stream_trace_shows_collectives_beside_kernels, .timeout = 300)
+{
+    struct tt_ctx c;
+    tt_setup(&c);
+    char dir[2300], envv[2400];
+    snprintf(dir, sizeof dir, "%s/trace", c.dir);
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    snprintf(envv, sizeof envv, "FSDP_GPU_EMU_TRACE_DIR=%s", dir);
+    const char *x[] = {cuda_dev, fp32, "--train.max_steps=4", "--fsdp.forward_prefetch=true", NULL};
+    const char *env[] = {envv, NULL};
+    struct tt_result r;
+    tt_run_ini_env(&c, c.ini, 2, "traced", x, env, &r);
+    cr_assert_eq(r.code, 0, "traced run exited with %d:\n%s", r.code, r.err);
+    tt_result_free(&r);
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d);
+    int files = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strncmp(e->d_name, "trace-", 6) != 0)
+            continue;
+        files++;
+        char path[2600];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        char *text = tu_slurp(path);
+        cJSON *o = cJSON_Parse(text);
+        cr_assert_not_null(o, "%s is not JSON", path);
+        const cJSON *ev = cJSON_GetObjectItemCaseSensitive(o, "traceEvents");
+        double kern_end = 0, coll_overlap = 0;
+        int kernels = 0, collectives = 0, kstream = -1, cstream = -1;
+        const cJSON *it;
+        /* kernels first (ops are written in completion order per stream, not globally sorted) */
+        cJSON_ArrayForEach(it, ev) {
+            const char *name = cJSON_GetObjectItemCaseSensitive(it, "name")->valuestring;
+            int tid = cJSON_GetObjectItemCaseSensitive(it, "tid")->valueint;
+            if (strstr(name, "_kernel")) {
+                kernels++;
+                kstream = tid;
+                double end = cJSON_GetObjectItemCaseSensitive(it, "ts")->valuedouble +
+                             cJSON_GetObjectItemCaseSensitive(it, "dur")->valuedouble;
+                kern_end = end > kern_end ? end : kern_end;
+            } else if (!strcmp(name, "all_gather") || !strcmp(name, "reduce_scatter")) {
+                collectives++;
+                cstream = tid;
+            }
+        }
+        cJSON_ArrayForEach(it, ev) {
+            const char *name = cJSON_GetObjectItemCaseSensitive(it, "name")->valuestring;
+            if (strcmp(name, "all_gather") != 0)
+                continue;
+            double a = cJSON_GetObjectItemCaseSensitive(it, "ts")->valuedouble;
+            double b = a + cJSON_GetObjectItemCaseSensitive(it, "dur")->valuedouble;
+            const cJSON *k;
+            cJSON_ArrayForEach(k, ev) {
+                if (!strstr(cJSON_GetObjectItemCaseSensitive(k, "name")->valuestring, "_kernel"))
+                    continue;
+                double x0 = cJSON_GetObjectItemCaseSensitive(k, "ts")->valuedouble;
+                double x1 = x0 + cJSON_GetObjectItemCaseSensitive(k, "dur")->valuedouble;
+                double lo = a > x0 ? a : x0, hi = b < x1 ? b : x1;
+                coll_overlap += hi > lo ? hi - lo : 0;
+            }
+        }
+        cr_assert(kernels > 100 && collectives >= 8, "%s: %d kernels, %d all-gathers/reduce-scatters", path, kernels,
+                  collectives);
+        cr_assert_neq(kstream, cstream, "%s: kernels and collectives on one stream", path);
+        cr_assert_gt(coll_overlap, 0, "%s: no all-gather ran while a kernel did", path);
+        fprintf(stderr, "%s: %d kernel ops, %d collectives, %.0f us of all-gather beside kernels\n", e->d_name, kernels,
+                collectives, coll_overlap);
+        cJSON_Delete(o);
+        free(text);
+    }
+    closedir(d);
+    cr_assert_eq(files, 2, "%d trace files in %s, want one per rank", files, dir);
     tt_teardown(&c);
 }
