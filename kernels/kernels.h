@@ -206,6 +206,10 @@ struct kernels {
     int (*scale)(float *x, float s, size_t n);
     /* *result (host) = sum of x[i]^2, accumulated in double. */
     int (*sqnorm)(double *result, const float *x, size_t n);
+    /* results[i] (host) = sqnorm of xs[i][0..ns[i]) for each i < count, the same bits sqnorm gives each, with
+     * one synchronisation (per 256 buffers) on a device instead of one per buffer: the gradient norm of an
+     * optimizer step over all its units. */
+    int (*sqnorm_many)(double *results, const float *const *xs, const size_t *ns, int count);
     /* dst[i] = src[i] converted; float -> bf16/f16 rounds to nearest even, keeps inf/nan (quiet),
      * f16 overflow gives inf, subnormals are produced and read exactly. Same dtype = copy. */
     int (*cast)(void *dst, enum dtype dst_dtype, const void *src, enum dtype src_dtype,

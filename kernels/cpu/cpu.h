@@ -130,6 +130,7 @@ int cpu_residual_forward(float *out, const float *a, const float *b, size_t n);
 int cpu_scale(float *x, float s, size_t n);
 int cpu_axpy(float *y, float a, const float *x, size_t n);
 int cpu_sqnorm(double *result, const float *x, size_t n);
+int cpu_sqnorm_many(double *results, const float *const *xs, const size_t *ns, int count);
 int cpu_cast(void *dst, enum dtype dst_dtype, const void *src, enum dtype src_dtype,
              size_t n);
 

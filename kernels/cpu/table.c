@@ -41,6 +41,7 @@ static struct kernels cpu_table = {
     .residual_forward = cpu_residual_forward,
     .scale = cpu_scale,
     .sqnorm = cpu_sqnorm,
+    .sqnorm_many = cpu_sqnorm_many,
     .cast = cpu_cast,
     .embedding_forward = cpu_embedding_forward,
     .embedding_backward = cpu_embedding_backward,

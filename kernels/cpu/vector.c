@@ -81,6 +81,16 @@ int cpu_axpy(float *y, float a, const float *x, size_t n)
  * added in order: ranks running with different OMP_NUM_THREADS get the same bits. */
 #define SQNORM_BLOCKS 256
 
+/* Nothing to batch on the CPU: each buffer as sqnorm computes it. */
+int cpu_sqnorm_many(double *results, const float *const *xs, const size_t *ns, int count)
+{
+    if (count < 0 || (count && (!results || !xs || !ns)))
+        return error_set(FSDP_EINVAL, "kernels cpu: sqnorm_many: NULL argument or negative count %d", count);
+    for (int i = 0; i < count; i++)
+        FSDP_TRY(cpu_sqnorm(&results[i], xs[i], ns[i]));
+    return 0;
+}
+
 int cpu_sqnorm(double *result, const float *x, size_t n)
 {
     if (!result || (n && !x))

@@ -239,7 +239,7 @@ static void init_context(void)
         if (e == cudaSuccess)
             e = cudaMallocHost((void **)&c->stage, CUDA_STAGE_CHUNKS * CUDA_STAGE_BYTES);
         if (e == cudaSuccess)
-            e = cudaMallocHost((void **)&c->scalar_host, 64);
+            e = cudaMallocHost((void **)&c->scalar_host, CUDA_SCALARS * sizeof(double));
     }
     for (int i = 0; e == cudaSuccess && i < CUDA_STAGE_CHUNKS; i++) {
         step = "cudaEventCreate";

@@ -51,10 +51,13 @@ struct cuda_ctx {
     char *stage; /* pinned, CUDA_STAGE_CHUNKS x CUDA_STAGE_BYTES */
     cudaEvent_t stage_done[CUDA_STAGE_CHUNKS];
     int stage_next;
-    double *scalar_host; /* pinned: scalars the host reads back (sqnorm, loss sums) */
+    double *scalar_host; /* pinned, CUDA_SCALARS: scalars the host reads back (sqnorms, loss sums) */
 };
 
 extern struct cuda_ctx cuda_ctx;
+
+/* Doubles of cuda_ctx.scalar_host: sqnorm_many reads back this many norms per synchronisation. */
+#define CUDA_SCALARS 256
 
 /* Threads per block of the elementwise and reduction kernels. */
 #define CUDA_THREADS 256

@@ -40,6 +40,7 @@ static const struct kernels cuda_table = {
     .residual_forward = cuda_residual_forward,
     .scale = cuda_scale,
     .sqnorm = cuda_sqnorm,
+    .sqnorm_many = cuda_sqnorm_many,
     .cast = cuda_cast,
     .embedding_forward = cuda_embedding_forward,
     .embedding_backward = cuda_embedding_backward,

@@ -3,6 +3,8 @@
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_common.h"
 
+#include <string.h>
+
 #define GRID_STRIDE(i, n)                                                                                     \
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
@@ -75,6 +77,43 @@ __global__ void sqnorm_finish_kernel(double *part, int nparts)
     s = cuda_block_sum(s, sh);
     if (threadIdx.x == 0)
         part[0] = s;
+}
+
+/* The partial and finishing kernels of each buffer into its own slice of the scratch (the sum in slot 0 of the
+ * slice, as sqnorm's), then the slices' sums in one strided copy and one synchronisation per CUDA_SCALARS
+ * buffers: an optimizer step asked the device once per unit before. */
+int cuda_sqnorm_many(double *results, const float *const *xs, const size_t *ns, int count)
+{
+    if (count < 0 || (count && (!results || !xs || !ns)))
+        return error_set(FSDP_EINVAL, "kernels cuda: sqnorm_many: NULL argument or negative count %d", count);
+    for (int lo = 0; lo < count; lo += CUDA_SCALARS) {
+        int m = count - lo < CUDA_SCALARS ? count - lo : CUDA_SCALARS;
+        void *scratch;
+        FSDP_TRY(cuda_scratch("sqnorm_many", &scratch, (size_t)m * SQNORM_MAX_BLOCKS * sizeof(double)));
+        double *part = (double *)scratch;
+        FSDP_TRY(cuda_check("sqnorm_many", cudaMemsetAsync(part, 0, (size_t)m * SQNORM_MAX_BLOCKS * sizeof(double),
+                                                           cuda_ctx.stream)));
+        for (int i = 0; i < m; i++) {
+            size_t n = ns[lo + i];
+            if (n == 0)
+                continue; /* its slot stays 0 */
+            if (!xs[lo + i])
+                return error_set(FSDP_EINVAL, "kernels cuda: sqnorm_many: NULL buffer %d", lo + i);
+            unsigned blocks = cuda_grid(n);
+            if (blocks > SQNORM_MAX_BLOCKS)
+                blocks = SQNORM_MAX_BLOCKS;
+            double *slice = part + (size_t)i * SQNORM_MAX_BLOCKS;
+            sqnorm_partial_kernel<<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>(slice, xs[lo + i], n);
+            sqnorm_finish_kernel<<<1, CUDA_THREADS, 0, cuda_ctx.stream>>>(slice, (int)blocks);
+        }
+        FSDP_TRY(cuda_check_launch("sqnorm_many"));
+        FSDP_TRY(cuda_check("sqnorm_many", cudaMemcpy2DAsync(cuda_ctx.scalar_host, sizeof(double), part,
+                                                             SQNORM_MAX_BLOCKS * sizeof(double), sizeof(double),
+                                                             (size_t)m, cudaMemcpyDeviceToHost, cuda_ctx.stream)));
+        FSDP_TRY(cuda_sync("sqnorm_many"));
+        memcpy(results + lo, cuda_ctx.scalar_host, (size_t)m * sizeof(double));
+    }
+    return 0;
 }
 
 int cuda_sqnorm(double *result, const float *x, size_t n)

@@ -304,6 +304,37 @@ Test(kernels_ops, gelu_forward_backward)
 
 /* ---------- vector ops ---------- */
 
+/* sqnorm_many gives each buffer the bits sqnorm gives it: empty, tiny and large buffers, and 300 of them (more
+ * than one batch of the CUDA table's 256 read-backs). */
+Test(kernels_ops, sqnorm_many_gives_each_buffers_sqnorm)
+{
+    const struct kernels *k = kt_backend();
+    enum { COUNT = 300 };
+    static const size_t sizes_big[] = {0, 1, 7, 50001, 300000};
+    const float *xs[COUNT];
+    size_t ns[COUNT];
+    float *dev[COUNT];
+    for (int i = 0; i < COUNT; i++) {
+        ns[i] = i < 5 ? sizes_big[i] : (size_t)(1 + i % 97);
+        float *h = kt_host_rand(ns[i] ? ns[i] : 1, 900 + (uint64_t)i, -2, 2);
+        dev[i] = ns[i] ? kt_devf(k, h, ns[i]) : NULL;
+        xs[i] = dev[i];
+        free(h);
+    }
+    double got[COUNT];
+    cr_assert_eq(k->sqnorm_many(got, xs, ns, COUNT), 0, "%s", error_message());
+    for (int i = 0; i < COUNT; i++) {
+        double one = -1;
+        cr_assert_eq(k->sqnorm(&one, xs[i], ns[i]), 0);
+        cr_assert(got[i] == one, "buffer %d (%zu floats): sqnorm_many %.17g, sqnorm %.17g", i, ns[i], got[i], one);
+    }
+    cr_assert_eq(k->sqnorm_many(NULL, NULL, NULL, 0), 0);
+    cr_assert_neq(k->sqnorm_many(got, xs, ns, -1), 0);
+    for (int i = 0; i < COUNT; i++)
+        if (dev[i])
+            k->mem_free(dev[i]);
+}
+
 Test(kernels_ops, residual_scale_axpy_sqnorm)
 {
     const struct kernels *k = kt_backend();

@@ -72,12 +72,25 @@ static int zero_grads(struct fsdp *f)
 int fsdp_optimizer_step(struct fsdp *f, double lr, int64_t step, struct fsdp_step_result *res)
 {
     FSDP_TRY(fsdp_pending_drain(f, 0));
-    double local = 0;
+    /* every unit's norm in one request to the device (one synchronisation, not one per unit), added in unit
+     * order as before */
+    size_t nu = f->n_units > 0 ? (size_t)f->n_units : 1;
+    char *buf = malloc(nu * (sizeof(const float *) + sizeof(size_t) + sizeof(double)));
+    if (!buf)
+        return error_set(FSDP_ENOMEM, "optimizer step: out of memory for %d unit norms", f->n_units);
+    double *norms = (double *)buf;
+    size_t *sizes = (size_t *)(norms + nu);
+    const float **grads = (const float **)(sizes + nu);
     for (int i = 0; i < f->n_units; i++) {
-        double s = 0;
-        FSDP_TRY(f->sk->sqnorm(&s, f->units[i].grad, f->units[i].shard));
-        local += s;
+        grads[i] = f->units[i].grad;
+        sizes[i] = f->units[i].shard;
     }
+    int nrc = f->sk->sqnorm_many(norms, grads, sizes, f->n_units);
+    double local = 0;
+    for (int i = 0; i < f->n_units && nrc == 0; i++)
+        local += norms[i];
+    free(buf);
+    FSDP_TRY(nrc);
     double sq = 0;
     FSDP_TRY(fsdp_sum_over(f, f->shard_comm, local, &sq));
     double scale = f->loss_scale;
