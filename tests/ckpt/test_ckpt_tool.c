@@ -117,6 +117,172 @@ Test(ckpt_tool, usage_errors)
     cr_assert(strstr(out, "--dtype"), "%s", out);
 }
 
+/* Each command's flags, as docs/checkpoints.md lists them: the tables in worker/tools/ckpt_tool*.c must
+ * keep every one. */
+static const struct {
+    const char *cmd;
+    const char *flags[7];
+} cmd_flags[] = {
+    {"inspect", {NULL}},
+    {"merge", {NULL}},
+    {"export", {"--dtype", "--max_shard_size", "--tokenizer", NULL}},
+    {"eval", {"--data", "--steps", "--batch", "--block_size", "--json", NULL}},
+    {"score", {"--data", "--steps", "--batch", "--block_size", "--json", NULL}},
+    {"sample", {"--prompt", "--temperature", "--top_k", "--length", "--seed", "--tokenizer", NULL}},
+};
+
+static int count(const char *text, const char *what)
+{
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, what)); p += strlen(what))
+        n++;
+    return n;
+}
+
+/* A flag a command does not know is named, with the flags it does know, once, and exits 2 before any
+ * model is read (the model path does not exist). */
+Test(ckpt_tool, unknown_flag_names_it_and_lists_the_allowed_ones)
+{
+    for (size_t c = 0; c < sizeof cmd_flags / sizeof cmd_flags[0]; c++) {
+        const char *cmd = cmd_flags[c].cmd;
+        int rc = run((char *[]){(char *)tool(), (char *)cmd, "/nonexistent/ckpt", "--frob=3", NULL}, out, sizeof out);
+        cr_assert_eq(rc, 2, "%s --frob=3 exited %d: %s", cmd, rc, out);
+        cr_assert(strstr(out, "unknown flag '--frob=3'"), "%s: %s", cmd, out);
+        cr_assert_eq(count(out, "unknown flag"), 1, "%s: the message is printed once: %s", cmd, out);
+        cr_assert(!strstr(out, "/nonexistent/ckpt"), "%s read its model before its flags: %s", cmd, out);
+        for (int f = 0; cmd_flags[c].flags[f]; f++)
+            cr_assert(strstr(out, cmd_flags[c].flags[f]), "%s: %s not listed: %s", cmd, cmd_flags[c].flags[f], out);
+        if (!cmd_flags[c].flags[0])
+            cr_assert(strstr(out, "takes no flags"), "%s: %s", cmd, out);
+        char want[64];
+        snprintf(want, sizeof want, "fsdp-ckpt %s --help", strcmp(cmd, "score") == 0 ? "eval" : cmd);
+        cr_assert(strstr(out, want), "%s: the message points at %s: %s", cmd, want, out);
+    }
+    /* a flag of another command is unknown too: merge always writes f32 */
+    cr_assert_eq(run((char *[]){(char *)tool(), "merge", dir, "x.safetensors", "--dtype", "bf16", NULL}, out,
+                     sizeof out),
+                 2);
+    cr_assert(strstr(out, "fsdp-ckpt merge: unknown flag '--dtype': fsdp-ckpt merge takes no flags"), "%s", out);
+    cr_assert_eq(run((char *[]){(char *)tool(), "frobnicate", NULL}, out, sizeof out), 2);
+    cr_assert(strstr(out, "unknown command 'frobnicate'") && strstr(out, "inspect, export, merge, eval and sample"),
+              "%s", out);
+}
+
+Test(ckpt_tool, missing_value_names_the_flag_and_what_it_takes)
+{
+    static const struct {
+        const char *cmd, *flag, *want;
+    } cases[] = {
+        {"sample", "--length", "fsdp-ckpt sample: --length needs a value (an integer >= 0)"},
+        {"sample", "--prompt", "fsdp-ckpt sample: --prompt needs a value (any text"},
+        {"eval", "--data", "fsdp-ckpt eval: --data needs a value (a token file"},
+        {"eval", "--steps", "fsdp-ckpt eval: --steps needs a value (an integer in [1, 1000000000])"},
+        {"export", "--dtype", "fsdp-ckpt export: --dtype needs a value (f32, bf16 or f16)"},
+        {"export", "--max_shard_size", "fsdp-ckpt export: --max_shard_size needs a value (a size such as 5GB"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        bool two = strcmp(cases[c].cmd, "export") == 0;
+        char *argv[] = {(char *)tool(), (char *)cases[c].cmd, "/nonexistent/ckpt", two ? "out" : (char *)cases[c].flag,
+                        two ? (char *)cases[c].flag : NULL, NULL};
+        int rc = run(argv, out, sizeof out);
+        cr_assert_eq(rc, 2, "%s %s exited %d: %s", cases[c].cmd, cases[c].flag, rc, out);
+        cr_assert(strstr(out, cases[c].want), "%s %s: %s", cases[c].cmd, cases[c].flag, out);
+        cr_assert_eq(count(out, "needs a value"), 1, "%s", out);
+    }
+    /* a missing argument or required flag says which, with the usage */
+    cr_assert_eq(run((char *[]){(char *)tool(), "sample", "--length", "2", NULL}, out, sizeof out), 2);
+    cr_assert(strstr(out, "fsdp-ckpt sample: missing MODEL") && strstr(out, "usage: fsdp-ckpt sample MODEL"), "%s",
+              out);
+    cr_assert_eq(run((char *[]){(char *)tool(), "eval", "/nonexistent/ckpt", "--batch", "2", NULL}, out, sizeof out),
+                 2);
+    cr_assert(strstr(out, "fsdp-ckpt eval: --data TOKENS.bin is required"), "%s", out);
+    cr_assert_eq(run((char *[]){(char *)tool(), "export", "/nonexistent/ckpt", NULL}, out, sizeof out), 2);
+    cr_assert(strstr(out, "fsdp-ckpt export: missing OUT_DIR|OUT.safetensors"), "%s", out);
+    cr_assert_eq(run((char *[]){(char *)tool(), "inspect", dir, "extra", NULL}, out, sizeof out), 2);
+    cr_assert(strstr(out, "fsdp-ckpt inspect: unexpected argument 'extra'; usage: fsdp-ckpt inspect CKPT"), "%s",
+              out);
+}
+
+Test(ckpt_tool, bad_number_names_the_flag_the_value_and_what_is_allowed)
+{
+    static const struct {
+        const char *cmd, *flag, *value, *want;
+    } cases[] = {
+        {"sample", "--top_k", "abc", "fsdp-ckpt sample: --top_k: 'abc' is not an integer >= 0"},
+        {"sample", "--length", "1.5", "fsdp-ckpt sample: --length: '1.5' is not an integer >= 0"},
+        {"sample", "--seed", "-3", "fsdp-ckpt sample: --seed: '-3' is not an integer >= 0"},
+        {"sample", "--temperature", "-0.5", "fsdp-ckpt sample: --temperature: '-0.5' is not a number >= 0"},
+        {"sample", "--temperature", "inf", "fsdp-ckpt sample: --temperature: 'inf' is not a number >= 0"},
+        {"sample", "--length", "", "fsdp-ckpt sample: --length: '' is not an integer >= 0"},
+        {"eval", "--steps", "0", "fsdp-ckpt eval: --steps: '0' is not an integer in [1, 1000000000]"},
+        {"eval", "--batch", "2x", "fsdp-ckpt eval: --batch: '2x' is not an integer in [1, 1000000000]"},
+        {"eval", "--block_size", "2000000000", "--block_size: '2000000000' is not an integer in [1, 1000000000]"},
+        {"export", "--dtype", "f8", "fsdp-ckpt export: --dtype: 'f8' is not f32, bf16 or f16"},
+        {"export", "--max_shard_size", "-5GB", "fsdp-ckpt export: --max_shard_size: '-5GB' is not a size such as"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        bool two = strcmp(cases[c].cmd, "export") == 0;
+        char arg[128];
+        snprintf(arg, sizeof arg, "%s=%s", cases[c].flag, cases[c].value);
+        /* both spellings: --flag VALUE and --flag=VALUE */
+        for (int joined = 0; joined < 2; joined++) {
+            char *argv[8] = {(char *)tool(), (char *)cases[c].cmd, "/nonexistent/ckpt"};
+            int n = 3;
+            if (two)
+                argv[n++] = "out";
+            if (joined) {
+                argv[n++] = arg;
+            } else {
+                argv[n++] = (char *)cases[c].flag;
+                argv[n++] = (char *)cases[c].value;
+            }
+            if (strcmp(cases[c].cmd, "eval") == 0 && strcmp(cases[c].flag, "--data") != 0) {
+                argv[n++] = "--data";
+                argv[n++] = "/nonexistent/tokens.bin";
+            }
+            argv[n] = NULL;
+            int rc = run(argv, out, sizeof out);
+            cr_assert_eq(rc, 2, "%s %s %s exited %d: %s", cases[c].cmd, cases[c].flag, cases[c].value, rc, out);
+            cr_assert(strstr(out, cases[c].want), "%s %s '%s': %s", cases[c].cmd, cases[c].flag, cases[c].value, out);
+            cr_assert_eq(count(out, "is not"), 1, "%s", out);
+        }
+    }
+}
+
+/* --help (or -h) of each command lists every flag of its table and exits 0 without reading anything;
+ * fsdp-ckpt --help lists every command's usage. */
+Test(ckpt_tool, each_command_help_lists_its_flags)
+{
+    for (size_t c = 0; c < sizeof cmd_flags / sizeof cmd_flags[0]; c++) {
+        const char *cmd = cmd_flags[c].cmd, *name = strcmp(cmd, "score") == 0 ? "eval" : cmd;
+        for (int h = 0; h < 2; h++) {
+            int rc = run((char *[]){(char *)tool(), (char *)cmd, h ? "-h" : "--help", NULL}, out, sizeof out);
+            cr_assert_eq(rc, 0, "%s --help exited %d: %s", cmd, rc, out);
+            char want[64];
+            snprintf(want, sizeof want, "usage: fsdp-ckpt %s ", name);
+            cr_assert(strstr(out, want), "%s: %s", cmd, out);
+            for (int f = 0; cmd_flags[c].flags[f]; f++) {
+                char line[64]; /* each flag has a line of its own: "  --flag VALUE  help" */
+                snprintf(line, sizeof line, "\n  %s ", cmd_flags[c].flags[f]);
+                cr_assert(strstr(out, line), "%s --help lacks %s: %s", cmd, cmd_flags[c].flags[f], out);
+            }
+        }
+    }
+    /* the defaults docs/checkpoints.md gives */
+    cr_assert_eq(run((char *[]){(char *)tool(), "sample", "--help", NULL}, out, sizeof out), 0);
+    cr_assert(strstr(out, "default 0.8") && strstr(out, "default 200") && strstr(out, "default 1337"), "%s", out);
+    cr_assert_eq(run((char *[]){(char *)tool(), "export", "--help", NULL}, out, sizeof out), 0);
+    cr_assert(strstr(out, "[--dtype f32|bf16|f16]") && strstr(out, "default 50GB"), "%s", out);
+    cr_assert_eq(run((char *[]){(char *)tool(), "--help", NULL}, out, sizeof out), 0);
+    for (size_t c = 0; c < sizeof cmd_flags / sizeof cmd_flags[0]; c++) {
+        char want[64];
+        snprintf(want, sizeof want, "\n  %s ", cmd_flags[c].cmd);
+        cr_assert(strcmp(cmd_flags[c].cmd, "score") == 0 || strstr(out, want), "%s: %s", cmd_flags[c].cmd, out);
+        for (int f = 0; cmd_flags[c].flags[f]; f++)
+            cr_assert(strstr(out, cmd_flags[c].flags[f]), "fsdp-ckpt --help lacks %s: %s", cmd_flags[c].flags[f], out);
+    }
+}
+
 /* Runs /usr/bin/python3 check_full.py on a model file and compares its per-tensor sums with ours. */
 static void python_check(const char *model, const struct model_layout *l, uint32_t salt)
 {
@@ -280,6 +446,13 @@ Test(ckpt_tool, sample_greedy_matches_model_and_seed_repeats)
                  0, "%s", out);
     cr_assert(memcmp(first, out, 1 + 40 + 1) == 0, "same seed, different text");
     cr_assert_eq(first[0], '\n', "default prompt is a newline");
+    /* a flag's '-' spelling, an integer written as a number, and a count above its bound (taken as the bound:
+     * --top_k of 5e9 keeps every token) give the same text as the plain spellings */
+    cr_assert_eq(run((char *[]){(char *)tool(), "sample", dir, "--prompt=abc", "--temperature", "0", "--length=2e1",
+                                "--top-k", "5e9", NULL},
+                     out, sizeof out),
+                 0, "%s", out);
+    cr_assert(memcmp(out, "abc", 3) == 0 && memcmp(out + 3, want, 20) == 0 && out[23] == '\n', "got %s", out);
     /* A prompt byte outside a 77-token vocabulary is refused with the reason. */
     model_layout_free(&l);
     struct model_layout small;
@@ -489,7 +662,7 @@ Test(ckpt_tool, export_hugging_face_directory_sharded_and_not)
     cr_assert_eq(run((char *[]){(char *)tool(), "export", dir, out2, "--max_shard_size", "5 parsecs", NULL}, out,
                      sizeof out),
                  2);
-    cr_assert(strstr(out, "--max_shard_size must be a size"), "%s", out);
+    cr_assert(strstr(out, "--max_shard_size: '5 parsecs' is not a size such as 5GB"), "%s", out);
     model_layout_free(&l);
 }
 

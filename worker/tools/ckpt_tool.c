@@ -1,6 +1,7 @@
 /* fsdp-ckpt: look into, convert and sample from checkpoints (docs/checkpoints.md). Everything goes through
  * the same reader the training resume uses, so what the tool accepts is exactly what resume accepts. */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,24 +9,7 @@
 #include "common/error.h"
 #include "worker/ckpt/ckpt.h"
 #include "worker/tools/ckpt_tool.h"
-
-static void usage(FILE *out)
-{
-    fprintf(out,
-            "usage: fsdp-ckpt COMMAND ...\n"
-            "  inspect CKPT                  step, world size, strategy, tensors; verifies every checksum\n"
-            "  export MODEL OUT_DIR [--dtype f32|bf16|f16] [--max_shard_size SIZE] [--tokenizer FILE]\n"
-            "                                a Hugging Face directory from_pretrained opens (config.json,\n"
-            "                                model.safetensors or shards + index, tokenizer files);\n"
-            "                                OUT.safetensors instead: one bare weights file\n"
-            "  merge CKPT OUT_DIR|OUT.safetensors   export in f32\n"
-            "  eval MODEL --data TOKENS.bin [--steps N] [--batch B] [--block_size T] [--json OUT.json]\n"
-            "                                mean loss on a token file\n"
-            "  sample MODEL [--prompt TEXT] [--temperature T] [--top_k K] [--length N] [--seed S]\n"
-            "         [--tokenizer FILE]     decodes with the run's tokenizer (docs/data.md) when it has one\n"
-            "CKPT is a checkpoint directory, a checkpoint root (its `latest` is used) or ROOT:latest; MODEL is\n"
-            "a CKPT or a Hugging Face model directory (config.json + model.safetensors).\n");
-}
+#include "worker/tools/ckpt_tool_args.h"
 
 static void print_shape(const struct model_param *p)
 {
@@ -35,14 +19,15 @@ static void print_shape(const struct model_param *p)
         printf("(%d)", p->shape[0]);
 }
 
-static int cmd_inspect(int argc, char **argv)
+struct inspect_opts {
+    const char *target;
+};
+
+static int inspect_run(const void *opts)
 {
-    if (argc != 1) {
-        usage(stderr);
-        return 2;
-    }
+    const struct inspect_opts *o = opts;
     struct ckpt_reader *r;
-    if (ckpt_tool_open(argv[0], &r) != 0) {
+    if (ckpt_tool_open(o->target, &r) != 0) {
         fprintf(stderr, "fsdp-ckpt: %s\n", error_message());
         return 1;
     }
@@ -72,23 +57,62 @@ static int cmd_inspect(int argc, char **argv)
     return rc == 0 ? 0 : 1;
 }
 
+static const struct inspect_opts inspect_defaults = {0};
+static const struct ckpt_arg inspect_args[] = {
+    {"CKPT", offsetof(struct inspect_opts, target),
+     "a checkpoint directory, a root holding latest, or ROOT:latest"},
+};
+static const struct ckpt_tool_cmd inspect_cmd = {
+    .name = "inspect",
+    .about = "prints step, world size, strategy, model and tensors; reads every file and verifies every checksum",
+    .args = inspect_args,
+    .n_args = 1,
+    .defaults = &inspect_defaults,
+    .opts_size = sizeof(struct inspect_opts),
+    .run = inspect_run,
+};
+
+static const struct ckpt_tool_cmd *const commands[] = {&inspect_cmd, &ckpt_tool_export_cmd, &ckpt_tool_merge_cmd,
+                                                       &ckpt_tool_eval_cmd, &ckpt_tool_sample_cmd};
+#define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: fsdp-ckpt COMMAND ...\n");
+    ckpt_tool_args_commands(commands, N_COMMANDS, out);
+    fprintf(out, "CKPT is a checkpoint directory, a checkpoint root (its `latest` is used) or ROOT:latest; MODEL is\n"
+                 "a CKPT or a Hugging Face model directory (config.json + model.safetensors).\n"
+                 "fsdp-ckpt COMMAND --help lists a command's flags, what each allows and its default.\n");
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
-    if (strcmp(argv[1], "inspect") == 0)
-        return cmd_inspect(argc - 2, argv + 2);
-    if (strcmp(argv[1], "merge") == 0)
-        return ckpt_tool_export(argc - 2, argv + 2, true);
-    if (strcmp(argv[1], "export") == 0)
-        return ckpt_tool_export(argc - 2, argv + 2, false);
-    if (strcmp(argv[1], "eval") == 0 || strcmp(argv[1], "score") == 0)
-        return ckpt_tool_eval(argc - 2, argv + 2);
-    if (strcmp(argv[1], "sample") == 0)
-        return ckpt_tool_sample(argc - 2, argv + 2);
-    fprintf(stderr, "fsdp-ckpt: unknown command \"%s\"\n", argv[1]);
-    usage(stderr);
-    return 2;
+    const struct ckpt_tool_cmd *cmd = NULL;
+    char names[256] = "";
+    for (int i = 0; i < N_COMMANDS; i++) {
+        const struct ckpt_tool_cmd *c = commands[i];
+        if (strcmp(argv[1], c->name) == 0 || (c->alias && strcmp(argv[1], c->alias) == 0))
+            cmd = c;
+        size_t n = strlen(names);
+        snprintf(names + n, sizeof names - n, "%s%s", i == 0 ? "" : i == N_COMMANDS - 1 ? " and " : ", ", c->name);
+    }
+    if (!cmd) {
+        fprintf(stderr, "fsdp-ckpt: unknown command '%s'; the commands are %s (fsdp-ckpt --help)\n", argv[1], names);
+        return 2;
+    }
+    void *opts = malloc(cmd->opts_size);
+    if (!opts) {
+        fprintf(stderr, "fsdp-ckpt: out of memory\n");
+        return 1;
+    }
+    int rc = ckpt_tool_args_parse(cmd, argc - 2, argv + 2, opts);
+    if (rc < 0)
+        fprintf(stderr, "fsdp-ckpt %s: %s\n", cmd->name, error_message());
+    int status = rc < 0 ? 2 : rc == 1 ? 0 : cmd->run(opts);
+    free(opts);
+    return status;
 }

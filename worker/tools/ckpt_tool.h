@@ -35,11 +35,9 @@ int ckpt_tool_model_read(struct ckpt_tool_model *m, int p, size_t begin, size_t 
 int ckpt_tool_model_read_finite(struct ckpt_tool_model *m, int p, float *dst);
 void ckpt_tool_model_close(struct ckpt_tool_model *m);
 
-/* fsdp-ckpt sample ARGS...; returns the exit status. */
-int ckpt_tool_sample(int argc, char **argv);
-/* fsdp-ckpt export/merge ARGS... (merge: f32 only); returns the exit status. */
-int ckpt_tool_export(int argc, char **argv, bool merge);
-/* fsdp-ckpt eval ARGS...; returns the exit status. */
-int ckpt_tool_eval(int argc, char **argv);
+/* The commands other than inspect, as tables (ckpt_tool_args.h) that fsdp-ckpt's main parses and runs. */
+struct ckpt_tool_cmd;
+extern const struct ckpt_tool_cmd ckpt_tool_export_cmd, ckpt_tool_merge_cmd, ckpt_tool_eval_cmd,
+    ckpt_tool_sample_cmd;
 
 #endif

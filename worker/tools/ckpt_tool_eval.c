@@ -2,9 +2,9 @@
  * can check a model without training it. Batches are consecutive windows from the start of the file
  * (data.h's sequential order: batch k, row r starts at token (k * batch + r) * block_size), the same for
  * every model, so two models' figures compare. Runs on the CPU kernels. */
-#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,57 +15,34 @@
 #include "common/fs.h"
 #include "kernels/kernels.h"
 #include "worker/tools/ckpt_tool.h"
+#include "worker/tools/ckpt_tool_args.h"
 #include "worker/train/data.h"
 
 struct eval_opts {
     const char *src, *data, *json;
-    long long steps, batch, block;
+    long long steps, batch, block; /* steps, block 0: every whole batch, the model's block_size */
 };
 
-static int parse(int argc, char **argv, struct eval_opts *o)
-{
-    *o = (struct eval_opts){.steps = 0, .batch = 8, .block = 0};
-    static const char *const flags[] = {"--data", "--steps", "--batch", "--block_size", "--json"};
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *v = NULL;
-        int f = -1;
-        for (int k = 0; k < 5; k++) {
-            size_t n = strlen(flags[k]);
-            if (strncmp(a, flags[k], n) == 0 && (a[n] == '=' || a[n] == '\0')) {
-                f = k;
-                v = a[n] == '=' ? a + n + 1 : (i + 1 < argc ? argv[++i] : NULL);
-            }
-        }
-        if (f < 0 && a[0] != '-' && !o->src) {
-            o->src = a;
-            continue;
-        }
-        if (f < 0 || !v) {
-            fprintf(stderr, "fsdp-ckpt eval: %s \"%s\"\n", f < 0 ? "unknown argument" : "missing value for", a);
-            return 2;
-        }
-        if (f == 0) {
-            o->data = v;
-        } else if (f == 4) {
-            o->json = v;
-        } else {
-            char *end;
-            errno = 0;
-            long long x = strtoll(v, &end, 10);
-            if (*end || errno || x < 1 || x > 1000000000) {
-                fprintf(stderr, "fsdp-ckpt eval: %s needs a positive integer (got \"%s\")\n", flags[f], v);
-                return 2;
-            }
-            *(f == 1 ? &o->steps : f == 2 ? &o->batch : &o->block) = x;
-        }
-    }
-    if (!o->src || !o->data) {
-        fprintf(stderr, "usage: fsdp-ckpt eval CKPT_OR_HF_DIR --data TOKENS.bin [--steps N] [--batch B] "
-                        "[--block_size T] [--json OUT.json]\n");
-        return 2;
-    }
-    return 0;
-}
+static const struct eval_opts eval_defaults = {.steps = 0, .batch = 8, .block = 0};
+
+#define F(x) offsetof(struct eval_opts, x)
+static const struct ckpt_arg eval_args[] = {
+    {"MODEL", F(src), "a checkpoint directory, root or ROOT:latest, or a Hugging Face model directory"},
+};
+static const struct ckpt_opt eval_options[] = {
+    {.name = "--data", .metavar = "TOKENS.bin", .kind = CKPT_OPT_TEXT, .field = F(data), .required = true,
+     .allowed = "a token file of fsdp-prepare-data", .help = "the tokens the loss is measured on"},
+    {.name = "--steps", .metavar = "N", .kind = CKPT_OPT_INT, .field = F(steps), .lo = 1, .hi = 1e9,
+     .def = "every whole batch the file holds", .help = "batches to evaluate; past the file's end they wrap"},
+    {.name = "--batch", .metavar = "B", .kind = CKPT_OPT_INT, .field = F(batch), .lo = 1, .hi = 1e9, .def = "8",
+     .help = "rows of a batch"},
+    {.name = "--block_size", .metavar = "T", .kind = CKPT_OPT_INT, .field = F(block), .lo = 1, .hi = 1e9,
+     .def = "the model's block_size", .help = "tokens of a row, at most the model's block_size"},
+    {.name = "--json", .metavar = "OUT.json", .kind = CKPT_OPT_TEXT, .field = F(json),
+     .allowed = "a file, or - for stdout",
+     .help = "also writes model, data, step, loss, perplexity, tokens, steps, batch and block_size as JSON"},
+};
+#undef F
 
 static int write_json(const char *path, const struct eval_opts *o, const struct ckpt_tool_model *m, double loss,
                       long long tokens, long long steps, long long block)
@@ -138,12 +115,9 @@ out:
     return rc;
 }
 
-int ckpt_tool_eval(int argc, char **argv)
+static int eval_run(const void *opts)
 {
-    struct eval_opts o;
-    int st = parse(argc, argv, &o);
-    if (st)
-        return st;
+    const struct eval_opts o = *(const struct eval_opts *)opts;
     struct ckpt_tool_model m;
     if (ckpt_tool_model_open(o.src, &m) != 0) {
         fprintf(stderr, "fsdp-ckpt eval: %s\n", error_message());
@@ -184,3 +158,17 @@ out:
     ckpt_tool_model_close(&m);
     return rc ? 1 : 0;
 }
+
+const struct ckpt_tool_cmd ckpt_tool_eval_cmd = {
+    .name = "eval",
+    .alias = "score",
+    .about = "prints the mean loss (and perplexity) of the model on a token file, on the CPU: batch k, row r is "
+             "the window starting at token (k x B + r) x T",
+    .args = eval_args,
+    .n_args = 1,
+    .opts = eval_options,
+    .n_opts = sizeof eval_options / sizeof eval_options[0],
+    .defaults = &eval_defaults,
+    .opts_size = sizeof(struct eval_opts),
+    .run = eval_run,
+};

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,14 +21,17 @@
 #include "common/fs.h"
 #include "common/safetensors.h"
 #include "worker/tools/ckpt_tool.h"
+#include "worker/tools/ckpt_tool_args.h"
 
-/* transformers' save_pretrained default (5.x). */
+/* transformers' save_pretrained default (5.x), as --help shows it and in bytes. */
 #define DEFAULT_MAX_SHARD "50GB"
+#define DEFAULT_MAX_SHARD_BYTES 50000000000ull
 
 struct export_opts {
     const char *src, *out, *tokenizer;
-    enum safetensors_dtype dtype;
+    int dtype; /* enum safetensors_dtype */
     uint64_t max_shard;
+    bool merge;
 };
 
 struct export_ctx {
@@ -90,69 +94,42 @@ static int parse_size(const char *text, uint64_t *out)
     return -1;
 }
 
-static void usage(void)
+static int parse_max_shard(const char *v, void *field)
 {
-    fprintf(stderr, "usage: fsdp-ckpt export CKPT OUT_DIR|OUT.safetensors [--dtype f32|bf16|f16] "
-                    "[--max_shard_size SIZE] [--tokenizer FILE]\n"
-                    "       fsdp-ckpt merge CKPT OUT_DIR|OUT.safetensors\n");
+    return parse_size(v, field);
 }
 
-static int parse(int argc, char **argv, bool merge, struct export_opts *o)
-{
-    *o = (struct export_opts){.dtype = SAFETENSORS_F32};
-    parse_size(DEFAULT_MAX_SHARD, &o->max_shard);
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        static const char *const flags[] = {"--dtype", "--max_shard_size", "--tokenizer"};
-        int f = -1;
-        const char *v = NULL;
-        for (int k = 0; k < 3 && !merge; k++) {
-            size_t n = strlen(flags[k]);
-            if (strncmp(a, flags[k], n) == 0 && (a[n] == '=' || a[n] == '\0')) {
-                f = k;
-                v = a[n] == '=' ? a + n + 1 : (i + 1 < argc ? argv[++i] : NULL);
-            }
-        }
-        if (f < 0) {
-            if (a[0] == '-' || (o->src && o->out)) {
-                fprintf(stderr, "fsdp-ckpt %s: unexpected argument \"%s\"\n", merge ? "merge" : "export", a);
-                usage();
-                return 2;
-            }
-            *(o->src ? &o->out : &o->src) = a;
-            continue;
-        }
-        if (!v) {
-            fprintf(stderr, "fsdp-ckpt export: %s needs a value\n", flags[f]);
-            return 2;
-        }
-        if (f == 0) {
-            if (strcmp(v, "f32") == 0 || strcmp(v, "fp32") == 0 || strcmp(v, "float32") == 0)
-                o->dtype = SAFETENSORS_F32;
-            else if (strcmp(v, "bf16") == 0 || strcmp(v, "bfloat16") == 0)
-                o->dtype = SAFETENSORS_BF16;
-            else if (strcmp(v, "f16") == 0 || strcmp(v, "fp16") == 0 || strcmp(v, "float16") == 0)
-                o->dtype = SAFETENSORS_F16;
-            else {
-                fprintf(stderr, "fsdp-ckpt: --dtype must be f32, bf16 or f16 (got \"%s\")\n", v);
-                return 2;
-            }
-        } else if (f == 1 && parse_size(v, &o->max_shard) != 0) {
-            fprintf(stderr,
-                    "fsdp-ckpt: --max_shard_size must be a size such as 5GB, 500MB, 2GiB or a byte count (got "
-                    "\"%s\")\n",
-                    v);
-            return 2;
-        } else if (f == 2) {
-            o->tokenizer = v;
-        }
-    }
-    if (!o->src || !o->out) {
-        usage();
-        return 2;
-    }
-    return 0;
-}
+static const struct export_opts export_defaults = {.dtype = SAFETENSORS_F32, .max_shard = DEFAULT_MAX_SHARD_BYTES};
+static const struct export_opts merge_defaults = {.dtype = SAFETENSORS_F32, .max_shard = DEFAULT_MAX_SHARD_BYTES,
+                                                  .merge = true};
+
+#define F(x) offsetof(struct export_opts, x)
+#define OUT_HELP "the directory to write, made when missing; or a file ending in .safetensors"
+static const struct ckpt_arg export_args[] = {
+    {"MODEL", F(src), "a checkpoint directory, root or ROOT:latest, or a Hugging Face model directory"},
+    {"OUT_DIR|OUT.safetensors", F(out), OUT_HELP},
+};
+static const struct ckpt_arg merge_args[] = {
+    {"CKPT", F(src), "a checkpoint directory, a root holding latest, or ROOT:latest"},
+    {"OUT_DIR|OUT.safetensors", F(out), OUT_HELP},
+};
+static const struct ckpt_choice dtypes[] = {
+    {"f32", SAFETENSORS_F32, false},  {"fp32", SAFETENSORS_F32, true}, {"float32", SAFETENSORS_F32, true},
+    {"bf16", SAFETENSORS_BF16, false}, {"bfloat16", SAFETENSORS_BF16, true},
+    {"f16", SAFETENSORS_F16, false},  {"fp16", SAFETENSORS_F16, true}, {"float16", SAFETENSORS_F16, true},
+    {NULL, 0, false},
+};
+static const struct ckpt_opt export_options[] = {
+    {.name = "--dtype", .kind = CKPT_OPT_CHOICE, .field = F(dtype), .choices = dtypes, .def = "f32",
+     .help = "the weights' dtype, rounded to nearest even"},
+    {.name = "--max_shard_size", .metavar = "SIZE", .kind = CKPT_OPT_PARSE, .field = F(max_shard),
+     .parse = parse_max_shard, .allowed = "a size such as 5GB, 500MB, 2GiB or a byte count", .def = DEFAULT_MAX_SHARD,
+     .help = "a directory's weights in shards of at most SIZE (and an index), as save_pretrained cuts them"},
+    {.name = "--tokenizer", .metavar = "FILE", .kind = CKPT_OPT_TEXT, .field = F(tokenizer),
+     .allowed = "a tokenizer.json", .def = "the run's (docs/data.md)",
+     .help = "copied into the directory, with tokenizer_config.json and special_tokens_map.json beside it"},
+};
+#undef F
 
 /* A name export writes through a temporary file (fs_create_temp: "<name>.tmp.<hex>"): the weights, their
  * shards, the index, config.json; or `file`, the bare file of export to a .safetensors path. */
@@ -418,18 +395,15 @@ static bool has_suffix(const char *s, const char *suffix)
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-int ckpt_tool_export(int argc, char **argv, bool merge)
+static int export_run(const void *opts)
 {
-    struct export_opts o;
-    int st = parse(argc, argv, merge, &o);
-    if (st)
-        return st;
+    const struct export_opts o = *(const struct export_opts *)opts;
     struct ckpt_tool_model m;
     if (ckpt_tool_model_open(o.src, &m) != 0) {
         fprintf(stderr, "fsdp-ckpt: %s\n", error_message());
         return 1;
     }
-    if (merge && m.ckpt && strcmp(ckpt_reader_format(m.ckpt), "sharded") != 0)
+    if (o.merge && m.ckpt && strcmp(ckpt_reader_format(m.ckpt), "sharded") != 0)
         fprintf(stderr, "fsdp-ckpt: note: %s is already a full checkpoint; writing its model anyway\n", m.path);
     bool file = has_suffix(o.out, ".safetensors");
     int shards = 1;
@@ -449,3 +423,26 @@ int ckpt_tool_export(int argc, char **argv, bool merge)
     ckpt_tool_model_close(&m);
     return rc == 0 ? 0 : 1;
 }
+
+const struct ckpt_tool_cmd ckpt_tool_export_cmd = {
+    .name = "export",
+    .about = "writes a Hugging Face directory that from_pretrained opens (config.json, model.safetensors or shards "
+             "and an index, the tokenizer files); OUT.safetensors instead: one bare weights file",
+    .args = export_args,
+    .n_args = 2,
+    .opts = export_options,
+    .n_opts = sizeof export_options / sizeof export_options[0],
+    .defaults = &export_defaults,
+    .opts_size = sizeof(struct export_opts),
+    .run = export_run,
+};
+
+const struct ckpt_tool_cmd ckpt_tool_merge_cmd = {
+    .name = "merge",
+    .about = "export in f32: a sharded checkpoint's model in one place",
+    .args = merge_args,
+    .n_args = 2,
+    .defaults = &merge_defaults,
+    .opts_size = sizeof(struct export_opts),
+    .run = export_run,
+};

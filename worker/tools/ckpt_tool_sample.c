@@ -3,8 +3,8 @@
  * encoded and the ids decoded with it; without one tokens are bytes (fsdp-prepare-data's default: token
  * = byte value, vocab_size 256) and ids >= 256 are printed as <id>. Runs on the CPU kernels: a sample of a
  * few hundred tokens needs no GPU. */
-#include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "kernels/kernels.h"
 #include "worker/tools/ckpt_tool.h"
+#include "worker/tools/ckpt_tool_args.h"
 #include "worker/tools/run_tokenizer.h"
 #include "worker/tools/tokenizer.h"
 
@@ -20,60 +21,33 @@
 struct sample_opts {
     const char *target, *prompt, *tokenizer;
     double temperature;
-    int top_k, length;
-    uint64_t seed;
+    long long top_k, length, seed;
 };
 
-static int parse_opts(int argc, char **argv, struct sample_opts *o)
-{
-    *o = (struct sample_opts){.prompt = "\n", .temperature = 0.8, .top_k = 200, .length = 200, .seed = 1337};
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *v = NULL;
-        static const char *const keys[] = {"--prompt", "--temperature", "--top_k", "--length", "--seed",
-                                           "--tokenizer"};
-        int key = -1;
-        for (int k = 0; k < 6; k++) {
-            size_t n = strlen(keys[k]);
-            if (strncmp(a, keys[k], n) == 0 && (a[n] == '=' || a[n] == '\0')) {
-                key = k;
-                v = a[n] == '=' ? a + n + 1 : (i + 1 < argc ? argv[++i] : NULL);
-            }
-        }
-        if (key < 0 && a[0] != '-' && !o->target) {
-            o->target = a;
-            continue;
-        }
-        if (key < 0 || !v) {
-            fprintf(stderr, "fsdp-ckpt sample: %s \"%s\"\n", key < 0 ? "unknown argument" : "missing value for", a);
-            return -1;
-        }
-        char *end;
-        errno = 0;
-        if (key == 0 || key == 5) {
-            *(key == 0 ? &o->prompt : &o->tokenizer) = v;
-            continue;
-        }
-        double d = strtod(v, &end);
-        if (*end || errno || !isfinite(d) || d < 0 || (key >= 2 && d != floor(d))) {
-            fprintf(stderr, "fsdp-ckpt sample: %s needs a non-negative %s (got \"%s\")\n", keys[key],
-                    key == 1 ? "number" : "integer", v);
-            return -1;
-        }
-        if (key == 1)
-            o->temperature = d;
-        else if (key == 2)
-            o->top_k = d > 1e9 ? 1000000000 : (int)d;
-        else if (key == 3)
-            o->length = d > 1e9 ? 1000000000 : (int)d;
-        else
-            o->seed = (uint64_t)d;
-    }
-    if (!o->target) {
-        fprintf(stderr, "fsdp-ckpt sample: which checkpoint? (fsdp-ckpt sample CKPT [--prompt TEXT] ...)\n");
-        return -1;
-    }
-    return 0;
-}
+static const struct sample_opts sample_defaults = {
+    .prompt = "\n", .temperature = 0.8, .top_k = 200, .length = 200, .seed = 1337};
+
+#define F(x) offsetof(struct sample_opts, x)
+static const struct ckpt_arg sample_args[] = {
+    {"MODEL", F(target), "a checkpoint directory, root or ROOT:latest, or a Hugging Face model directory"},
+};
+static const struct ckpt_opt sample_options[] = {
+    {.name = "--prompt", .metavar = "TEXT", .kind = CKPT_OPT_TEXT, .field = F(prompt),
+     .allowed = "any text; UTF-8 with a tokenizer", .def = "\"\\n\"",
+     .help = "the text the sample continues, printed first"},
+    {.name = "--temperature", .metavar = "T", .kind = CKPT_OPT_NUMBER, .field = F(temperature), .lo = 0,
+     .hi = INFINITY, .def = "0.8", .help = "divides the logits before the softmax; 0 = greedy (the likeliest token)"},
+    {.name = "--top_k", .metavar = "K", .kind = CKPT_OPT_INT, .field = F(top_k), .lo = 0, .hi = 1e9, .clamp = true,
+     .def = "200", .help = "samples among the K likeliest tokens only; 0 = all"},
+    {.name = "--length", .metavar = "N", .kind = CKPT_OPT_INT, .field = F(length), .lo = 0, .hi = 1e9,
+     .clamp = true, .def = "200", .help = "tokens to sample"},
+    {.name = "--seed", .metavar = "S", .kind = CKPT_OPT_INT, .field = F(seed), .lo = 0, .hi = 0x1p63, .def = "1337",
+     .help = "the sampler's seed: the same seed gives the same text on every machine"},
+    {.name = "--tokenizer", .metavar = "FILE", .kind = CKPT_OPT_TEXT, .field = F(tokenizer),
+     .allowed = "a tokenizer.json or a directory holding one", .def = "the run's (docs/data.md)",
+     .help = "decodes with this tokenizer"},
+};
+#undef F
 
 /* splitmix64: a seeded, portable stream, so --seed gives the same text on every machine. */
 static double next_uniform(uint64_t *s)
@@ -167,11 +141,9 @@ static int open_tokenizer(const struct sample_opts *o, const struct ckpt_tool_mo
     return rc;
 }
 
-int ckpt_tool_sample(int argc, char **argv)
+static int sample_run(const void *opts)
 {
-    struct sample_opts o;
-    if (parse_opts(argc, argv, &o) != 0)
-        return 2;
+    const struct sample_opts o = *(const struct sample_opts *)opts;
     struct ckpt_tool_model src;
     if (ckpt_tool_model_open(o.target, &src) != 0) {
         fprintf(stderr, "fsdp-ckpt: %s\n", error_message());
@@ -227,8 +199,8 @@ int ckpt_tool_sample(int argc, char **argv)
     if (n == 0)
         ctx[n++] = '\n' < V ? '\n' : 0; /* an empty prompt starts from a newline, as a document would */
     fwrite(o.prompt, 1, plen, stdout);
-    uint64_t rng = o.seed;
-    for (int g = 0; g < o.length; g++) {
+    uint64_t rng = (uint64_t)o.seed;
+    for (long long g = 0; g < o.length; g++) {
         /* The model is causal: positions after the context do not change the logits at its end, so the
          * window is padded with token 0 rather than rebuilding the model for every length. */
         size_t w = n < (size_t)T ? n : (size_t)T, start = n - w;
@@ -260,3 +232,16 @@ out:
     ckpt_tool_model_close(&src);
     return rc == 0 ? 0 : 1;
 }
+
+const struct ckpt_tool_cmd ckpt_tool_sample_cmd = {
+    .name = "sample",
+    .about = "prints the prompt and N tokens sampled from the model (on the CPU), decoded with the run's tokenizer "
+             "when it has one (docs/data.md); else tokens are bytes",
+    .args = sample_args,
+    .n_args = 1,
+    .opts = sample_options,
+    .n_opts = sizeof sample_options / sizeof sample_options[0],
+    .defaults = &sample_defaults,
+    .opts_size = sizeof(struct sample_opts),
+    .run = sample_run,
+};
