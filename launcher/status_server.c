@@ -5,6 +5,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -18,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "launcher/status_render.h"
@@ -27,7 +29,25 @@
 #define HISTORY_CAP 2048      /* points per curve; a full curve keeps every other point */
 #define MAX_HEADERS_BYTES 8192
 #define MAX_BODY_BYTES 1024
-#define CLIENT_TIMEOUT_S 10
+#define CLIENT_TIMEOUT_S 10 /* evhttp's: a client that reads nothing of a reply this long */
+/* A connection must bring a whole request (line, headers, body) within this many seconds of opening and of
+ * its previous request: evhttp's own timeout restarts at every byte, so a client sending one byte at a time
+ * (slowloris) would hold a connection for hours. While a reply is still going out to a client that reads
+ * it, the clock waits. */
+#define REQUEST_TIMEOUT_S 5
+/* Connections served at once: a browser opens up to six, a Prometheus scraper one. At the cap the listener
+ * pauses (new clients wait in the backlog) until one closes, which REQUEST_TIMEOUT_S bounds for idle ones. */
+#define MAX_CONNECTIONS 128
+
+/* One HTTP connection, from evhttp's request for its bufferevent (conn_bev_cb) to its close callback. */
+struct http_conn {
+    struct status_server *s;
+    struct http_conn *prev, *next;
+    struct bufferevent *bev;
+    struct evhttp_connection *evcon; /* NULL until conn_deadline_cb's first run */
+    struct event *deadline;
+    size_t out_seen; /* reply bytes still unsent at the last check */
+};
 
 struct curve {
     double *x, *y;
@@ -54,6 +74,12 @@ struct status_server {
     struct event *accept_resume;
     double accept_warned_s;
     unsigned long accept_quiet;
+    /* the connections (server thread only): MAX_CONNECTIONS of them pause the listener */
+    struct http_conn *conns, *answering;
+    int nconns;
+    bool cap_paused, stopping;
+    double cap_warned_s;
+    unsigned long cap_quiet;
     pthread_t thread;
     bool thread_started;
     int port;
@@ -400,9 +426,8 @@ static void reply(struct evhttp_request *req, int code, const char *reason, cons
     reply_to(req, evhttp_request_get_command(req) == EVHTTP_REQ_HEAD, code, reason, type, body);
 }
 
-static void http_cb(struct evhttp_request *req, void *arg)
+static void http_answer(struct evhttp_request *req, struct status_server *s)
 {
-    struct status_server *s = arg;
     enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
     if (cmd != EVHTTP_REQ_GET && cmd != EVHTTP_REQ_HEAD) {
         evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", "GET, HEAD");
@@ -455,6 +480,146 @@ static void http_cb(struct evhttp_request *req, void *arg)
     free(body);
 }
 
+/* ---- connections: the cap and the request deadline (server thread only) ---- */
+
+static void cap_resume(struct status_server *s)
+{
+    if (s->cap_paused && !s->stopping && s->nconns < MAX_CONNECTIONS) {
+        s->cap_paused = false;
+        if (!event_pending(s->accept_resume, EV_TIMEOUT, NULL)) /* else the descriptor pause re-enables it */
+            evconnlistener_enable(s->listener);
+    }
+}
+
+static void conn_forget(struct http_conn *hc)
+{
+    struct status_server *s = hc->s;
+    if (hc->prev)
+        hc->prev->next = hc->next;
+    else
+        s->conns = hc->next;
+    if (hc->next)
+        hc->next->prev = hc->prev;
+    s->nconns--;
+    if (s->answering == hc)
+        s->answering = NULL;
+    struct bufferevent *bev = hc->bev;
+    event_free(hc->deadline);
+    free(hc);
+    bufferevent_decref(bev); /* the reference conn_bev_cb took */
+    cap_resume(s);
+}
+
+/* evhttp lets a connection go (closed by either side, a bad request, its timeout, evhttp_free). */
+static void conn_closed_cb(struct evhttp_connection *evcon, void *arg)
+{
+    (void)evcon;
+    conn_forget(arg);
+}
+
+static void conn_arm(struct http_conn *hc)
+{
+    struct timeval tv = {.tv_sec = REQUEST_TIMEOUT_S};
+    hc->out_seen = evbuffer_get_length(bufferevent_get_output(hc->bev));
+    event_add(hc->deadline, &tv);
+}
+
+/* First run (made active by conn_bev_cb, so before any byte of the connection is read): meet the
+ * connection evhttp built on our bufferevent. It is the bufferevent's callback argument (evhttp 2.1 hands
+ * it to nobody else); its close callback is how we learn that it ended. Then, each REQUEST_TIMEOUT_S
+ * without a whole request: the connection is closed. A reply still going out to a client that reads it
+ * restarts the clock. */
+static void conn_deadline_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct http_conn *hc = arg;
+    bufferevent_data_cb rcb, wcb;
+    bufferevent_event_cb ecb = NULL;
+    void *evcon = NULL;
+    bufferevent_getcb(hc->bev, &rcb, &wcb, &ecb, &evcon);
+    if (!ecb || !evcon || (hc->evcon && evcon != hc->evcon)) {
+        /* evhttp let it go without telling us (bufferevent_free clears the callbacks; our reference keeps
+         * the bufferevent, and so its descriptor, until here) */
+        conn_forget(hc);
+        return;
+    }
+    if (!hc->evcon) {
+        hc->evcon = evcon;
+        evhttp_connection_set_closecb(hc->evcon, conn_closed_cb, hc);
+        conn_arm(hc);
+        return;
+    }
+    size_t unsent = evbuffer_get_length(bufferevent_get_output(hc->bev));
+    if (unsent > 0 && unsent < hc->out_seen) {
+        conn_arm(hc);
+        return;
+    }
+    log_debug("status page: closing a connection that sent no whole request in %d s", REQUEST_TIMEOUT_S);
+    evhttp_connection_free(hc->evcon); /* calls conn_closed_cb: hc is freed */
+}
+
+/* evhttp asks for the bufferevent of each connection it accepts: the one it would make itself, which we
+ * count, and at MAX_CONNECTIONS the listener pauses. Our reference on it, dropped in conn_forget, keeps it
+ * valid whatever evhttp does meanwhile. On failure evhttp makes its own: the connection is served, only not
+ * counted. */
+static struct bufferevent *conn_bev_cb(struct event_base *base, void *arg)
+{
+    struct status_server *s = arg;
+    struct http_conn *hc = calloc(1, sizeof *hc);
+    if (!hc)
+        return NULL;
+    hc->s = s;
+    hc->deadline = evtimer_new(base, conn_deadline_cb, hc);
+    hc->bev = hc->deadline ? bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE) : NULL;
+    if (!hc->bev) {
+        if (hc->deadline)
+            event_free(hc->deadline);
+        free(hc);
+        return NULL;
+    }
+    bufferevent_incref(hc->bev);
+    hc->next = s->conns;
+    if (s->conns)
+        s->conns->prev = hc;
+    s->conns = hc;
+    s->nconns++;
+    event_active(hc->deadline, EV_TIMEOUT, 0);
+    if (s->nconns >= MAX_CONNECTIONS && !s->cap_paused) {
+        s->cap_paused = true;
+        evconnlistener_disable(s->listener);
+        double now = clock_now_s();
+        if (s->cap_warned_s == 0 || now - s->cap_warned_s >= 1.0) {
+            char more[96] = "";
+            if (s->cap_quiet)
+                snprintf(more, sizeof more, " (%lu more times since the last such line)", s->cap_quiet);
+            log_warn("status page: %d connections open, the most it serves at once: new ones wait until one "
+                     "closes%s", MAX_CONNECTIONS, more);
+            s->cap_warned_s = now;
+            s->cap_quiet = 0;
+        } else {
+            s->cap_quiet++;
+        }
+    }
+    return hc->bev;
+}
+
+/* A whole request: answered, and the connection's next one has REQUEST_TIMEOUT_S from now (unless answering
+ * ended the connection). */
+static void http_cb(struct evhttp_request *req, void *arg)
+{
+    struct status_server *s = arg;
+    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+    s->answering = NULL;
+    for (struct http_conn *hc = s->conns; evcon && hc; hc = hc->next)
+        if (hc->evcon == evcon)
+            s->answering = hc;
+    http_answer(req, s);
+    if (s->answering)
+        conn_arm(s->answering);
+    s->answering = NULL;
+}
+
 /* The listener's error callback gets the listener's user data, which evhttp sets to itself: servers are
  * found from their evhttp here (a launcher has one; tests may have a few). */
 #define MAX_SERVERS 16
@@ -487,7 +652,9 @@ static void accept_resume_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
-    evconnlistener_enable(((struct status_server *)arg)->listener);
+    struct status_server *s = arg;
+    if (!s->cap_paused) /* else the first connection to close re-enables it */
+        evconnlistener_enable(s->listener);
 }
 
 /* Out of descriptors, the pending connection stays in the backlog and libevent would call accept() again
@@ -599,6 +766,7 @@ int status_server_start(const struct status_server_options *opts, struct status_
     evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
                                             EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
     evhttp_set_gencb(s->http, http_cb, s);
+    evhttp_set_bevcb(s->http, conn_bev_cb, s);
     struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(s->http, addr, (ev_uint16_t)opts->port);
     if (!bs) {
         rc = error_set(FSDP_EEXIST, "--status_port %d: cannot listen on %s:%d (%s); pick another port or 0 for a "
@@ -688,8 +856,14 @@ void status_server_stop(struct status_server *s)
         pthread_join(s->thread, NULL);
     }
     servers_set(s, false);
+    /* the listener goes with evhttp: closing connections must not re-enable it */
+    s->stopping = true;
     if (s->http)
         evhttp_free(s->http);
+    /* evhttp_free closed every connection it had met (each close callback freed its http_conn); those
+     * accepted but not met yet remain */
+    while (s->conns)
+        conn_forget(s->conns);
     if (s->poll_ev)
         event_free(s->poll_ev);
     if (s->accept_resume)

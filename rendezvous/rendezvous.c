@@ -145,6 +145,12 @@ int rdzv_open(const struct rdzv_options *o, struct rdzv **out)
     if (o->node_rank == 0) {
         struct store_server_options so = {.bind_addr = o->bind_addr, .port = o->master_port, .run_id = o->run_id,
                                           .secret = o->secret, .torch_off = o->torch_off};
+        /* PyTorch workers hold a store connection or two each, without the token: a job larger than the
+         * default cap gets room for all of them (docs/store.md, "Connections"). */
+        size_t nodes = o->nnodes > 0 ? (size_t)o->nnodes : 1;
+        size_t job_conns = 2 * nodes * (size_t)(o->nproc_per_node > 0 ? o->nproc_per_node : 1) + 64;
+        if (!o->torch_off && job_conns > STORE_MAX_UNAUTH_CONNS)
+            so.max_unauth_conns = job_conns;
         rc = store_server_start(&so, &r->server);
         if (rc == FSDP_EEXIST) {
             /* The server's message names the address and port already; add the way out only we know. */

@@ -24,6 +24,9 @@
 #define STORE_TORCH_CONN_BYTES_MAX (16u << 20)
 #define STORE_UNAUTH_INFLIGHT_MAX (64u << 20)
 #define STORE_OUT_MAX (1u << 20)
+/* Connections that have not proven the job's token (still in their handshake, or PyTorch clients) kept at
+ * once; past it the server closes the one idle longest to make room (docs/store.md, "Connections"). */
+#define STORE_MAX_UNAUTH_CONNS 1024u
 
 /* ---- server ---- */
 struct store_server;
@@ -40,6 +43,9 @@ struct store_server_options {
      * and values may hold in all and per connection, and bytes of partly received requests over 64 KiB. */
     size_t torch_bytes_max, torch_conn_bytes_max, unauth_inflight_max;
     size_t out_max; /* unsent reply bytes of a connection beyond which its next requests wait; 0 = 1 MiB */
+    /* Connections without the token kept at once; 0 = STORE_MAX_UNAUTH_CONNS. Lowered to half the open-files
+     * limit, so the cap is met before descriptors run out; authenticated connections are not counted. */
+    size_t max_unauth_conns;
 };
 
 /* Binds and starts serving on a background thread with its own event_base. Fails with FSDP_EEXIST and a

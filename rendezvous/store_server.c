@@ -67,6 +67,7 @@ static void conn_free(struct store_conn *c)
     if (c->held)
         store_server_forget_owner(s, c);
     release_inflight(c);
+    store_server_cap_forget(c);
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -204,6 +205,7 @@ static void conn_process(struct store_conn *c)
             keep = store_server_op(c, &req);
         else if ((keep = store_server_handshake(c, &req, &handled)) && !handled)
             keep = store_server_op(c, &req);
+        store_server_cap_touch(c);
         evbuffer_drain(in, (size_t)req.size);
         set_watermark(c, default_watermark(c));
         if (!keep) {
@@ -246,6 +248,7 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
     }
     c->srv = s;
     c->state = CONN_NEW;
+    c->tier = TIER_NONE;
     c->need = 1;
     char host[INET6_ADDRSTRLEN] = "?";
     int port = 0;
@@ -273,6 +276,15 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
         conn_free(c);
         return;
     }
+    /* Counted before anything is known of it; past the cap someone idle makes room (store_server_cap.c):
+     * refusing the newcomer could lock out a rank of the job. */
+    store_server_cap_touch(c);
+    struct store_conn *victim = store_server_cap_victim(s);
+    bool self = victim == c; /* never: the newcomer is the youngest */
+    if (victim)
+        conn_free(victim);
+    if (self)
+        return;
     /* Bounds what one peer can make us buffer before it has said who it is. */
     set_watermark(c, default_watermark(c));
     bufferevent_setwatermark(c->bev, EV_WRITE, s->out_max / 2, 0);
@@ -333,15 +345,38 @@ static void *server_thread(void *arg)
     return NULL;
 }
 
-/* Every client holds one socket here; the default soft limit (1024) is below the 1024 clients we promise. */
-static void raise_nofile_limit(void)
+/* Every client holds one socket here; the default soft limit (1024) is below the 1024 clients we promise.
+ * Returns the soft limit now in force (0 when unknown). */
+static rlim_t raise_nofile_limit(void)
 {
     struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
-            log_debug("store: could not raise the open-files limit: %s", strerror(errno));
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return 0;
+    if (rl.rlim_cur < rl.rlim_max) {
+        struct rlimit up = {.rlim_cur = rl.rlim_max, .rlim_max = rl.rlim_max};
+        if (setrlimit(RLIMIT_NOFILE, &up) == 0)
+            return up.rlim_cur;
+        log_debug("store: could not raise the open-files limit: %s", strerror(errno));
     }
+    return rl.rlim_cur;
+}
+
+/* The cap on connections without the token: asked for (or the default), but at most half the open-files
+ * limit, so that it is met, and idle ones closed, before accept() runs out of descriptors and the job's
+ * ranks with it; the other half is for authenticated connections and the hosting process. */
+static size_t unauth_cap(size_t asked, rlim_t nofile)
+{
+    size_t cap = asked ? asked : STORE_MAX_UNAUTH_CONNS;
+    size_t half = nofile == 0 || nofile == RLIM_INFINITY ? SIZE_MAX : (size_t)nofile / 2;
+    if (cap > half && cap > 16) {
+        size_t low = half > 16 ? half : 16;
+        if (asked)
+            log_warn("store: keeps at most %zu connections without the job's token (half the open-files limit "
+                     "%llu), fewer than the %zu asked for: raise the limit (ulimit -n) for a job with this many "
+                     "PyTorch workers", low, (unsigned long long)nofile, asked);
+        cap = low;
+    }
+    return cap;
 }
 
 static pthread_once_t g_threads_once = PTHREAD_ONCE_INIT;
@@ -405,7 +440,7 @@ int store_server_start(const struct store_server_options *opts, struct store_ser
     pthread_once(&g_threads_once, threads_init);
     if (g_threads_rc != 0)
         return error_set(FSDP_EIO, "libevent has no pthreads support");
-    raise_nofile_limit();
+    rlim_t nofile = raise_nofile_limit();
 
     struct store_server *s = calloc(1, sizeof *s);
     if (!s)
@@ -421,6 +456,7 @@ int store_server_start(const struct store_server_options *opts, struct store_ser
     s->torch_conn_bytes_max = or_default(opts->torch_conn_bytes_max, STORE_TORCH_CONN_BYTES_MAX);
     s->unauth_inflight_max = or_default(opts->unauth_inflight_max, STORE_UNAUTH_INFLIGHT_MAX);
     s->out_max = or_default(opts->out_max, STORE_OUT_MAX);
+    s->max_unauth_conns = unauth_cap(opts->max_unauth_conns, nofile);
     int fd = -1;
     int rc = 0;
     if (!s->run_id || store_table_init(&s->table) != 0) {

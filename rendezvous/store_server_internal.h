@@ -41,9 +41,25 @@ enum store_conn_state {
     CONN_FSDP,      /* authenticated: a status byte before every reply, fsdpc's key space */
 };
 
+/* The queues of connections without the job's token, each in the order of their last complete request
+ * (store_server_cap.c): who makes room when the cap is reached. */
+enum store_conn_tier {
+    TIER_HANDSHAKE, /* NEW, VALIDATED, HELLO: not yet a client of either kind */
+    TIER_TORCH,     /* PyTorch clients */
+    TIER_COUNT,
+    TIER_NONE = -1, /* authenticated (never counted), or not queued */
+};
+
+struct store_conn_queue {
+    struct store_conn *head, *tail; /* head: idle longest */
+};
+
 struct store_conn {
     struct store_server *srv;
     struct store_conn *prev, *next;
+    struct store_conn *idle_prev, *idle_next; /* in srv->idle[tier] */
+    int tier;                                 /* enum store_conn_tier */
+    double active_s;                          /* accepted, or its last complete request (monotonic) */
     struct bufferevent *bev;
     /* before the handshake: its deadline; then: the deadline for finishing a started request; while
      * closing: for the peer to read the last reply */
@@ -79,6 +95,11 @@ struct store_server {
     size_t torch_bytes, torch_bytes_max, torch_conn_bytes_max;
     size_t unauth_inflight, unauth_inflight_max;
     size_t out_max;
+    /* the cap on connections without the token (store_server_cap.c) */
+    struct store_conn_queue idle[TIER_COUNT];
+    size_t unauth_conns, max_unauth_conns;
+    double cap_warned_s;      /* the last "cap" line; 0 = none yet */
+    unsigned long cap_quiet;  /* connections closed for the cap since, not logged */
     struct timeval idle_tv;
     int port;
     char addr[INET6_ADDRSTRLEN + 8];
@@ -99,6 +120,16 @@ bool store_server_greeted(const struct store_conn *c);
  * logs why. Returns false (close the connection). */
 bool store_server_refuse(struct store_conn *c, uint8_t status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* ---- store_server_cap.c ---- */
+
+/* Queues the connection by its state and time of its last request (call after accepting it and after each
+ * request it completes); an authenticated one leaves the count. */
+void store_server_cap_touch(struct store_conn *c);
+/* Takes the connection out of the count (it is being freed). */
+void store_server_cap_forget(struct store_conn *c);
+/* Over the cap: the connection to close to make room (logged, at most once a second), else NULL. */
+struct store_conn *store_server_cap_victim(struct store_server *s);
 
 /* ---- store_server_auth.c: returns false when the connection must be closed after flushing ---- */
 

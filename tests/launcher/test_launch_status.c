@@ -1,7 +1,8 @@
 /* fsdp-launch --status_port through real HTTP over loopback during a 2-rank CPU training job (fsdp-worker):
  * /api/status and /metrics while it runs, the root cause after a rank is SIGKILLed and the job restarted,
  * escaping of a hostile run id, malformed and oversized requests, many concurrent clients, a client that
- * never reads (the job still finishes), a non-loopback bind without a token refused. */
+ * never reads (the job still finishes), a non-loopback bind without a token refused, slowloris and silent
+ * clients dropped by the request deadline, and the connection cap. */
 #include "tests/util/launch_util.h"
 
 #include <arpa/inet.h>
@@ -646,6 +647,189 @@ Test(launch_status, out_of_descriptors_backs_off_and_warns_once_a_second, .timeo
     cr_assert_eq(code, 200, "the page did not serve again once descriptors were free");
     kill(pid, SIGTERM);
     lu_wait(pid, 30);
+    lu_rm_rf(dir);
+    free(dir);
+}
+
+/* ---- the page's connection cap and request deadline (docs/launcher.md) ---- */
+
+/* The launcher of the test below, stopped by its .fini even when an assertion ends the test early. */
+static pid_t g_sleeping = -1;
+
+static void stop_sleeping_job(void)
+{
+    if (g_sleeping > 0 && lu_pid_alive(g_sleeping)) {
+        kill(g_sleeping, SIGTERM);
+        lu_wait(g_sleeping, 30);
+    }
+    g_sleeping = -1;
+}
+
+/* fsdp-launch with a status page and one rank that sleeps; returns the page's port. */
+static int sleeping_job(const char *dir, pid_t *pid)
+{
+    const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "1", "--status_port", "0", LU_PROBE,
+                          "sleep", dir, NULL};
+    *pid = g_sleeping = lu_spawn(argv, dir, "job", NULL);
+    int port = -1;
+    double end = tu_now() + 30;
+    const char *mark = "fsdp-launch: status page on http://127.0.0.1:";
+    while (port < 0 && tu_now() < end) {
+        char *s = lu_slurp_tag(dir, "job", "err");
+        char *at = strstr(s, mark);
+        if (at && strchr(at, '\n'))
+            port = atoi(at + strlen(mark));
+        free(s);
+        if (port < 0)
+            tu_nap(0.02);
+    }
+    cr_assert_gt(port, 0, "no status page address printed: %s", lu_slurp_tag(dir, "job", "err"));
+    return port;
+}
+
+/* Whether the server closed fd (EOF or reset); reads and drops whatever else came. */
+static bool peer_closed(int fd)
+{
+    char buf[4096];
+    for (;;) {
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        if (poll(&pf, 1, 0) <= 0)
+            return false;
+        ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n <= 0)
+            return n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
+    }
+}
+
+/* One whole response on a kept-alive connection (headers, then Content-Length bytes); its status code, or
+ * -1 when none came within timeout_s. */
+static int read_response(int fd, double timeout_s)
+{
+    char buf[1 << 16];
+    size_t got = 0;
+    double end = tu_now() + timeout_s;
+    while (tu_now() < end && got < sizeof buf - 1) {
+        buf[got] = 0;
+        char *eoh = strstr(buf, "\r\n\r\n");
+        if (eoh) {
+            char *cl = strcasestr(buf, "Content-Length:");
+            size_t want = (size_t)(eoh + 4 - buf) + (cl && cl < eoh ? (size_t)atol(cl + 15) : 0);
+            if (got >= want)
+                return strncmp(buf, "HTTP/1.", 7) == 0 ? atoi(buf + 9) : -1;
+        }
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        if (poll(&pf, 1, 100) <= 0)
+            continue;
+        ssize_t n = recv(fd, buf + got, sizeof buf - 1 - got, 0);
+        if (n <= 0)
+            return -1;
+        got += (size_t)n;
+    }
+    return -1;
+}
+
+/* Slowloris: a client that sends its headers a byte every 0.5 s, and one that sends nothing, are both
+ * dropped about 5 s after they connect (REQUEST_TIMEOUT_S), while a kept-alive client asking every second
+ * stays. evhttp's own 10 s timeout restarted at each byte: the trickling client was held forever and the
+ * silent one for 10 s. */
+Test(launch_status, slowloris_and_silent_clients_are_dropped_within_the_request_timeout, .timeout = 60,
+     .fini = stop_sleeping_job)
+{
+    char *dir = lu_tmpdir();
+    pid_t pid;
+    int port = sleeping_job(dir, &pid);
+    int silent = connect_to(port), slow = connect_to(port), kept = connect_to(port);
+    double t0 = tu_now(), silent_at = -1, slow_at = -1;
+    const char *start = "GET /api/status HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+    cr_assert_gt(send(slow, start, strlen(start), MSG_NOSIGNAL), 0);
+    const char *req = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    int answered = 0;
+    for (int tick = 0; tick < 24 && (silent_at < 0 || slow_at < 0); tick++) { /* 12 s at most */
+        if (slow_at < 0)
+            send(slow, "a", 1, MSG_NOSIGNAL);
+        if (tick % 2 == 0 && tu_now() - t0 < 8) {
+            cr_assert_eq(send(kept, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req),
+                         "the kept-alive client was dropped after %.1f s", tu_now() - t0);
+            cr_assert_eq(read_response(kept, 3), 200, "the kept-alive client got no answer after %.1f s",
+                         tu_now() - t0);
+            answered++;
+        }
+        tu_nap(0.5);
+        if (silent_at < 0 && peer_closed(silent))
+            silent_at = tu_now() - t0;
+        if (slow_at < 0 && peer_closed(slow))
+            slow_at = tu_now() - t0;
+    }
+    cr_assert(silent_at >= 3 && silent_at < 8, "the silent client was dropped after %.1f s (-1: never)", silent_at);
+    cr_assert(slow_at >= 3 && slow_at < 8, "the trickling client was dropped after %.1f s (-1: never)", slow_at);
+    cr_assert_geq(answered, 4);
+    close(silent);
+    close(slow);
+    close(kept);
+    int code;
+    free(http_get(port, "/api/status", &code));
+    cr_assert_eq(code, 200, "the page stopped serving");
+    stop_sleeping_job();
+    lu_rm_rf(dir);
+    free(dir);
+}
+
+/* 128 idle connections (the cap) pause the listener: the 129th client waits, with one line in the log, and
+ * is answered as soon as one of them closes. Then two seconds of churn at the cap (one closed and one
+ * opened every 10 ms) log it at most once a second. Without a cap every client was accepted and held. */
+Test(launch_status, connections_past_the_cap_wait_and_the_cap_is_logged_once_a_second, .timeout = 60,
+     .fini = stop_sleeping_job)
+{
+    char *dir = lu_tmpdir();
+    pid_t pid;
+    int port = sleeping_job(dir, &pid);
+    enum { CAP = 128 };
+    static const char line[] = "status page: 128 connections open, the most it serves at once";
+    int idle[CAP];
+    double t0 = tu_now();
+    for (int i = 0; i < CAP; i++)
+        idle[i] = connect_to(port);
+    int late = connect_to(port);
+    const char *req = "GET /api/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    cr_assert_eq(send(late, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+    struct pollfd pf = {.fd = late, .events = POLLIN};
+    int early = poll(&pf, 1, 1000);
+    char *err = lu_slurp_tag(dir, "job", "err");
+    cr_assert_lt(tu_now() - t0, 4, "too slow to test before the idle connections time out");
+    cr_assert_eq(early, 0, "the client past the cap was answered at once");
+    int lines = 0;
+    for (const char *p = err; (p = strstr(p, line)); p++)
+        lines++;
+    cr_assert_eq(lines, 1, "%d cap lines:\n%.3000s", lines, err);
+    free(err);
+    close(idle[0]);
+    cr_assert_eq(read_response(late, 3), 200, "the waiting client was not answered once a connection closed");
+    close(late);
+    /* churn at the cap */
+    double c0 = tu_now();
+    for (int i = 1; i < CAP && tu_now() - c0 < 2; i++) {
+        close(idle[i]);
+        idle[i] = connect_to(port);
+        tu_nap(0.01);
+    }
+    double took = tu_now() - t0;
+    err = lu_slurp_tag(dir, "job", "err");
+    lines = 0;
+    for (const char *p = err; (p = strstr(p, line)); p++)
+        lines++;
+    cr_assert(lines >= 1 && lines <= (int)took + 1, "%d cap lines in %.1f s:\n%.3000s", lines, took, err);
+    free(err);
+    for (int i = 1; i < CAP; i++)
+        close(idle[i]);
+    int code = -1;
+    double end = tu_now() + 10;
+    while (code != 200 && tu_now() < end) {
+        free(http_get(port, "/api/status", &code));
+        if (code != 200)
+            tu_nap(0.1);
+    }
+    cr_assert_eq(code, 200, "the page did not serve again once the idle connections left");
+    stop_sleeping_job();
     lu_rm_rf(dir);
     free(dir);
 }

@@ -1,5 +1,6 @@
 /* The store under hostile or broken peers: each bad connection is closed alone and everyone else keeps
- * being served; plus 1024 concurrent clients. */
+ * being served; plus 1024 concurrent clients, and the cap on connections without the token (idle ones make
+ * room, the job's ranks always get in). */
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -754,4 +755,245 @@ Test(store_robust, out_of_descriptors_warns_once)
     for (const char *p = text; (p = strstr(p, "accept failed")); p++)
         warnings++;
     cr_assert_eq(warnings, 1, "%d \"accept failed\" warnings in 1.5 s:\n%s", warnings, text);
+}
+
+/* ---- the cap on connections without the job's token (docs/store.md, "Connections") ---- */
+
+/* stderr (where the server's warnings go) into a temporary file, until log_capture_end. */
+struct log_capture {
+    char path[64];
+    int fd, saved;
+};
+
+static void log_capture_begin(struct log_capture *lc)
+{
+    snprintf(lc->path, sizeof lc->path, "/tmp/fsdp-store-cap-XXXXXX");
+    lc->fd = mkstemp(lc->path);
+    cr_assert_geq(lc->fd, 0);
+    lc->saved = dup(2);
+    cr_assert_eq(dup2(lc->fd, 2), 2);
+}
+
+/* Restores stderr; returns what was written (malloc'd). */
+static char *log_capture_end(struct log_capture *lc)
+{
+    dup2(lc->saved, 2);
+    close(lc->saved);
+    char *text = calloc(1, 1 << 16);
+    ssize_t n = pread(lc->fd, text, (1 << 16) - 1, 0);
+    text[n > 0 ? n : 0] = '\0';
+    close(lc->fd);
+    unlink(lc->path);
+    return text;
+}
+
+static int count_of(const char *text, const char *what)
+{
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, what)); p++)
+        n++;
+    return n;
+}
+
+/* "127.0.0.1:PORT" of fd's own end, as the server names the peer. */
+static void local_name(int fd, char *out, size_t cap)
+{
+    struct sockaddr_in a;
+    socklen_t sl = sizeof a;
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &sl), 0);
+    snprintf(out, cap, "127.0.0.1:%d", ntohs(a.sin_port));
+}
+
+/* VALIDATE and a PING on a raw connection, answered: the server has read both. */
+static int raw_validated(int port)
+{
+    int fd = raw_connect(port);
+    uint8_t b[10] = {STORE_OP_VALIDATE, 0xce, 0xf7, 0x85, 0x3c, STORE_OP_PING, 7, 0, 0, 0}, echo[4];
+    raw_send(fd, b, sizeof b);
+    cr_assert_eq(raw_recv(fd, echo, 4, 10), 4, "no PING echo");
+    return fd;
+}
+
+static bool raw_pings(int fd)
+{
+    uint8_t b[5] = {STORE_OP_PING, 9, 0, 0, 0}, echo[4];
+    return send(fd, b, sizeof b, MSG_NOSIGNAL) == (ssize_t)sizeof b && raw_recv(fd, echo, 4, 5) == 4 &&
+           echo[0] == 9;
+}
+
+static const char CAP_LINE[] = "connections without the job's token reached the cap";
+
+/* Cap 4: a PyTorch client that works and three connections that validated and went idle fill it. A fifth
+ * connection closes the idle one that waited longest, with one line naming it; the PyTorch client and the
+ * others are kept. Without a cap every one of them stayed open (validated connections have no deadline). */
+Test(store_robust, past_the_cap_the_idlest_connection_is_closed_and_named)
+{
+    struct log_capture lc;
+    log_capture_begin(&lc);
+    struct store_server_options o = {.run_id = "job", .idle_timeout_s = 60, .max_unauth_conns = 4};
+    struct store_server *s = test_server_opts(&o);
+    int port = store_server_port(s);
+    struct store_client *torch = test_plain_client(port);
+    cr_assert_eq(store_client_set(torch, "k", "v", 1), 0, "%s", error_message());
+    int idle[3];
+    for (int i = 0; i < 3; i++)
+        idle[i] = raw_validated(port);
+    char first[64];
+    local_name(idle[0], first, sizeof first);
+    test_sleep(1.2); /* idle long enough to be the suspects */
+    cr_assert_eq(store_client_set(torch, "k", "w", 1), 0, "%s", error_message());
+    int fifth = raw_validated(port);
+    double closed = raw_wait_closed(idle[0], 5);
+    char *log = log_capture_end(&lc);
+    cr_assert_geq(closed, 0, "the idlest connection was not closed at the cap:\n%s", log);
+    for (int i = 1; i < 3; i++)
+        cr_assert(raw_pings(idle[i]), "idle connection %d closed too", i);
+    cr_assert(raw_pings(fifth), "the newcomer was closed");
+    void *v = NULL;
+    size_t n;
+    cr_assert_eq(store_client_get(torch, "k", &v, &n, 5), 0, "the PyTorch client was closed: %s", error_message());
+    free(v);
+    cr_assert_eq(count_of(log, CAP_LINE), 1, "want one cap line:\n%s", log);
+    const char *line = strstr(log, CAP_LINE);
+    const char *eol = strchr(line, '\n');
+    char *peer = strstr(line, first);
+    cr_assert(peer && (!eol || peer < eol), "the cap line does not name %s:\n%s", first, log);
+    cr_assert(strstr(line, "still in its handshake"), "%s", log);
+    free(log);
+    for (int i = 0; i < 3; i++)
+        close(idle[i]);
+    close(fifth);
+    store_client_close(torch);
+    store_server_stop(s);
+}
+
+/* Authenticated connections are the job's and never count: ten of them and a full cap of idle ones. */
+Test(store_robust, authenticated_connections_are_not_counted)
+{
+    struct store_server_options o = {.run_id = "job", .idle_timeout_s = 60, .max_unauth_conns = 4};
+    struct store_server *s = test_server_opts(&o);
+    int port = store_server_port(s);
+    struct store_client *ranks[10];
+    for (int i = 0; i < 10; i++)
+        ranks[i] = test_client(s);
+    int idle[4];
+    for (int i = 0; i < 4; i++)
+        idle[i] = raw_validated(port);
+    for (int i = 0; i < 10; i++)
+        cr_assert_eq(store_client_ping(ranks[i]), 0, "rank %d: %s", i, error_message());
+    for (int i = 0; i < 4; i++)
+        cr_assert(raw_pings(idle[i]), "idle connection %d closed below the cap", i);
+    for (int i = 0; i < 10; i++)
+        store_client_close(ranks[i]);
+    for (int i = 0; i < 4; i++)
+        close(idle[i]);
+    store_server_stop(s);
+}
+
+/* The attacker of the next test: in a child (no cr_* here), its own open-files limit. Opens `hold`
+ * connections that validate and go idle, says so on `ready`, then opens one more every 10 ms until `stop`
+ * closes (or 20 s pass). */
+static int flood_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    uint8_t v[5] = {STORE_OP_VALIDATE, 0xce, 0xf7, 0x85, 0x3c};
+    if (send(fd, v, sizeof v, MSG_NOSIGNAL) != (ssize_t)sizeof v) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void flood_child(int port, int hold, int ready, int stop)
+{
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+    int opened = 0;
+    for (int i = 0; i < hold; i++)
+        opened += flood_connect(port) >= 0;
+    if (write(ready, &opened, sizeof opened) != (ssize_t)sizeof opened)
+        _exit(1);
+    for (int i = 0; i < 2000; i++) {
+        struct pollfd p = {.fd = stop, .events = POLLIN};
+        if (poll(&p, 1, 10) != 0)
+            break;
+        flood_connect(port);
+    }
+    _exit(0);
+}
+
+/* The launcher's open-files limit at 256 (cap: 128) and 400 idle connections, with more arriving every 10
+ * ms: ranks still get in, a rank connected before keeps working, and a restarted rank reconnects. Without
+ * the cap the idle connections took every descriptor and a rank's connection waited in the backlog until
+ * its connect timeout. The cap line comes at most once a second. */
+Test(store_robust, ranks_get_in_while_idle_clients_fill_the_cap, .timeout = 90)
+{
+    int ready[2], stop[2];
+    cr_assert_eq(pipe(ready), 0);
+    cr_assert_eq(pipe(stop), 0);
+    int portpipe[2];
+    cr_assert_eq(pipe(portpipe), 0);
+    pid_t pid = fork(); /* before the limit goes down: the attacker keeps the hard limit */
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(ready[0]);
+        close(stop[1]);
+        close(portpipe[1]);
+        int port = 0;
+        if (read(portpipe[0], &port, sizeof port) != (ssize_t)sizeof port || port <= 0)
+            _exit(1);
+        flood_child(port, 400, ready[1], stop[0]);
+    }
+    close(ready[1]);
+    close(stop[0]);
+    close(portpipe[0]);
+    struct rlimit tight = {.rlim_cur = 256, .rlim_max = 256};
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &tight), 0);
+    struct log_capture lc;
+    log_capture_begin(&lc);
+    double t0 = test_now();
+    struct store_server *s = test_server("job", NULL, 60);
+    int port = store_server_port(s);
+    struct store_client *before = test_client(s);
+    cr_assert_eq(write(portpipe[1], &port, sizeof port), (ssize_t)sizeof port);
+    close(portpipe[1]);
+    int opened = 0;
+    cr_assert_eq(read(ready[0], &opened, sizeof opened), (ssize_t)sizeof opened);
+    cr_assert_eq(opened, 400, "the attacker opened %d connections", opened);
+    /* a rank joins while the flood goes on; then it restarts and joins again */
+    for (int round = 0; round < 2; round++) {
+        struct store_client *rank = NULL;
+        int rc = test_connect_opts(port, "job", NULL, 10, &rank);
+        cr_assert_eq(rc, 0, "round %d: a rank could not join while the cap was full: %s", round, error_message());
+        char val[8];
+        snprintf(val, sizeof val, "r%d", round);
+        cr_assert_eq(store_client_set(rank, "rank", val, strlen(val)), 0, "%s", error_message());
+        void *v = NULL;
+        size_t n;
+        cr_assert_eq(store_client_get(before, "rank", &v, &n, 5), 0, "the earlier rank: %s", error_message());
+        cr_assert_str_eq(v, val);
+        free(v);
+        store_client_close(rank);
+    }
+    close(stop[1]);
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert_eq(store_client_ping(before), 0, "the earlier rank was closed: %s", error_message());
+    store_client_close(before);
+    store_server_stop(s);
+    double took = test_now() - t0;
+    char *log = log_capture_end(&lc);
+    int lines = count_of(log, CAP_LINE);
+    cr_assert(lines >= 1 && lines <= (int)took + 2, "%d cap lines in %.1f s:\n%.3000s", lines, took, log);
+    cr_assert(strstr(log, "(128): closing 127.0.0.1:"), "the cap is not half the open-files limit:\n%.3000s", log);
+    free(log);
 }
