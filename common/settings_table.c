@@ -88,8 +88,9 @@ static const struct setting table[SETTING_COUNT] = {
      .test_only = true, .doc = "CUDA host emulator: the seed of its random delays."},
     {.id = SETTING_GPU_EMU_TRACE_DIR, .name = "FSDP_GPU_EMU_TRACE_DIR", .type = SETTING_STRING, .format = "a directory",
      .def_doc = "unset: no trace", .readers = SETTING_BY_WORKER,
-     .doc = "CUDA host emulator: write each process's stream trace (every op's start and end on its stream, at most "
-            "1,000,000 ops) at exit to DIR/trace-PID.json, in the Chrome trace-event format."},
+     .doc = "CUDA host emulator: write each process's stream trace (every op's start and end on its stream, and the "
+            "host's waits for the device, at most 1,000,000 events) at exit to DIR/trace-PID.json, in the Chrome "
+            "trace-event format."},
     {.id = SETTING_PEAK_TFLOPS, .name = "FSDP_PEAK_TFLOPS", .type = SETTING_DOUBLE, .min = 0,
      .min_exclusive = true,
      .def_doc = "measured on the CPU by a short SGEMM at start; unknown (no MFU) on other devices",

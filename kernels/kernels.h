@@ -219,7 +219,7 @@ struct kernels {
     /* Ids (tokens here, targets of the cross-entropy) are checked: one outside its range is never read and is
      * FSDP_ERANGE naming the op and position, returned by the call itself on the CPU and, on CUDA (where
      * the check costs no host round trip), by the call or by the next synchronising call of the table
-     * (synchronize, a device-to-host mem_copy, sqnorm, a loss sum). */
+     * (synchronize, a device-to-host mem_copy, sqnorm). */
     /* out(b*t, c) = wte[tokens[i]] + wpe[i mod t]; tokens: (b*t) device int32 in [0, vocab); wte: (vocab, c)
      * (rows may be padded beyond the real vocab); wpe: (>= t, c), or NULL for no position embedding (Llama:
      * positions enter through rope). */
@@ -233,11 +233,13 @@ struct kernels {
     /* logits: (n, vp) with only the first v columns real (vp >= v, the columns v..vp-1 are padding and
      * never affect anything). targets: (n) device int32 in [0, v), or -1 to ignore the row.
      * losses (optional, device, n floats): per-row loss, 0 for ignored rows.
-     * loss_sum (optional, host): sum of the losses of non-ignored rows, in double.
+     * loss_acc (optional, device, one double): += the sum of the losses of non-ignored rows (summed in a
+     *   fixed order). It stays on the device: the caller reads it when it needs it (once per step or per
+     *   log line, not once per micro-batch), so the op costs no host round trip.
      * dlogits (optional; may equal logits for in-place): OVERWRITTEN with
      *   dloss * (softmax(logits[:v]) - onehot(target)), 0 in padded columns and in ignored rows.
      * Chunked over the vocabulary with an online max/sum: no probability tensor is kept. */
-    int (*crossentropy_forward_backward)(float *losses, double *loss_sum, float *dlogits,
+    int (*crossentropy_forward_backward)(float *losses, double *loss_acc, float *dlogits,
                                          const float *logits, const int32_t *targets, int n, int v,
                                          int vp, float dloss);
 

@@ -129,13 +129,16 @@ cudaError_t emu_sticky_error(void)
 
 /* ---- the stream trace (FSDP_GPU_EMU_TRACE_DIR) ----
  * Every op's start and end on its stream, written at exit as DIR/trace-PID.json in the Chrome trace-event format
- * (chrome://tracing, Perfetto: one row per stream), to see what overlaps what. At most TRACE_MAX ops are kept
- * (32 bytes each: 32 MiB); later ones are counted and dropped. */
+ * (chrome://tracing, Perfetto: one row per stream), to see what overlaps what. The host's waits for the device
+ * (stream, device and event synchronisations, synchronous copies) are events too, category "host_wait", on the
+ * waiting thread's row with args.main_thread: what a step costs in host round trips. At most TRACE_MAX events
+ * are kept (32 bytes each: 32 MiB); later ones are counted and dropped. */
 #define TRACE_MAX 1000000
 
 struct trace_event {
     const char *what; /* the op's static name */
-    int stream;
+    int stream;       /* a stream's id, or the waiting thread's id for a host wait */
+    bool host_wait, main_thread;
     double t0, t1;
 };
 
@@ -145,14 +148,24 @@ static size_t trace_n, trace_dropped;
 static double trace_origin;
 static char trace_dir[4096];
 
-static void trace_add(const char *what, int stream, double t0, double t1)
+static void trace_add(const struct trace_event *e)
 {
     pthread_mutex_lock(&mu);
     if (trace_n < TRACE_MAX)
-        trace[trace_n++] = (struct trace_event){what, stream, t0, t1};
+        trace[trace_n++] = *e;
     else
         trace_dropped++;
     pthread_mutex_unlock(&mu);
+}
+
+/* A host thread waited for the device from t0 until now. */
+static void trace_host_wait(const char *what, double t0)
+{
+    if (!trace_on)
+        return;
+    pid_t tid = gettid();
+    trace_add(&(struct trace_event){.what = what, .stream = (int)tid, .host_wait = true,
+                                    .main_thread = tid == getpid(), .t0 = t0, .t1 = clock_now_s()});
 }
 
 /* JSON string of an op's name: the names are the sources' own (kernel templates, API names), quotes escaped. */
@@ -183,8 +196,11 @@ static void trace_write(void)
         const struct trace_event *e = &trace[i];
         fprintf(f, "%s\n{\"name\":", i ? "," : "");
         trace_name(f, e->what);
-        fprintf(f, ",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}", (int)getpid(), e->stream,
+        fprintf(f, ",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f", (int)getpid(), e->stream,
                 (e->t0 - trace_origin) * 1e6, (e->t1 - e->t0) * 1e6);
+        if (e->host_wait)
+            fprintf(f, ",\"cat\":\"host_wait\",\"args\":{\"main_thread\":%s}", e->main_thread ? "true" : "false");
+        fputc('}', f);
     }
     pthread_mutex_unlock(&mu);
     fprintf(f, "\n]}\n");
@@ -228,7 +244,7 @@ static void *worker_main(void *arg)
         double t0 = trace_on ? clock_now_s() : 0;
         op->run(op->arg);
         if (trace_on)
-            trace_add(op->what, s->id, t0, clock_now_s());
+            trace_add(&(struct trace_event){.what = op->what, .stream = s->id, .t0 = t0, .t1 = clock_now_s()});
         emu_current_op = NULL;
         if (op->release)
             op->release(op->arg);
@@ -360,10 +376,12 @@ cudaError_t emu_stream_wait(cudaStream_t stream, uint64_t seq)
     struct CUstream_st *s = stream_of(stream);
     if (!s)
         return cudaErrorInvalidResourceHandle;
+    double t0 = trace_on ? clock_now_s() : 0;
     pthread_mutex_lock(&mu);
     bool ok = wait_until(stream_reached, s, seq);
     const char *running = s->running;
     pthread_mutex_unlock(&mu);
+    trace_host_wait("host waits for a stream", t0);
     if (!ok) {
         emu_fail(cudaErrorLaunchTimeout, "stream %d: the op '%s' has not finished after %.0f s (a wait for an event "
                  "that is never recorded, or a collective whose peers never come?)", s->id,
@@ -564,9 +582,11 @@ cudaError_t cudaEventSynchronize(cudaEvent_t ev)
 {
     if (!ev)
         return cudaErrorInvalidResourceHandle;
+    double t0 = trace_on ? clock_now_s() : 0;
     pthread_mutex_lock(&mu);
     bool ok = wait_until(event_reached, ev, ev->recorded);
     pthread_mutex_unlock(&mu);
+    trace_host_wait("host waits for an event", t0);
     if (!ok) {
         emu_fail(cudaErrorLaunchTimeout, "cudaEventSynchronize: the event has not completed after %.0f s", HANG_S);
         return cudaErrorLaunchTimeout;

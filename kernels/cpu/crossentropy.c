@@ -102,11 +102,11 @@ static double xent_row(float *losses, float *dlogits, const float *logits, const
     return loss;
 }
 
-/* Rows are summed in a fixed number of blocks, added in order, so loss_sum has the same bits for any
+/* Rows are summed in a fixed number of blocks, added in order, so the loss sum has the same bits for any
  * thread count. */
 #define XENT_BLOCKS 64
 
-int cpu_crossentropy_forward_backward(float *losses, double *loss_sum, float *dlogits,
+int cpu_crossentropy_forward_backward(float *losses, double *loss_acc, float *dlogits,
                                       const float *logits, const int32_t *targets, int n, int v, int vp,
                                       float dloss)
 {
@@ -130,7 +130,7 @@ int cpu_crossentropy_forward_backward(float *losses, double *loss_sum, float *dl
     double total = 0.0;
     for (int blk = 0; blk < XENT_BLOCKS; blk++)
         total += part[blk];
-    if (loss_sum)
-        *loss_sum = total;
+    if (loss_acc)
+        *loss_acc += total;
     return 0;
 }

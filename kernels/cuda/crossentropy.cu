@@ -69,8 +69,10 @@ __global__ void __launch_bounds__(XENT_THREADS)
     }
 }
 
-/* One block adds the row losses in a fixed order: the same bits on every run. */
-__global__ void xent_sum_kernel(double *row_loss, int n)
+/* One block adds the row losses in a fixed order (the same bits on every run) and the total to the caller's
+ * device accumulator: the loss never leaves the device here, so the step's backward is queued behind the
+ * forward without a host round trip. */
+__global__ void xent_sum_kernel(double *acc, const double *row_loss, int n)
 {
     __shared__ double sh[32];
     double s = 0.0;
@@ -78,33 +80,26 @@ __global__ void xent_sum_kernel(double *row_loss, int n)
         s += row_loss[i];
     s = cuda_block_sum(s, sh);
     if (threadIdx.x == 0)
-        row_loss[0] = s;
+        *acc += s;
 }
 
-int cuda_crossentropy_forward_backward(float *losses, double *loss_sum, float *dlogits, const float *logits,
+int cuda_crossentropy_forward_backward(float *losses, double *loss_acc, float *dlogits, const float *logits,
                                        const int32_t *targets, int n, int v, int vp, float dloss)
 {
     if (n < 0 || v <= 0 || vp < v)
         return error_set(FSDP_EINVAL, "kernels cuda: crossentropy: bad shape n=%d v=%d vp=%d (need vp >= v)", n,
                          v, vp);
-    if (loss_sum)
-        *loss_sum = 0.0;
     FSDP_TRY(cuda_check_ids("crossentropy", "target (or -1 to ignore)", targets, n, -1, v));
     if (n == 0)
         return 0;
     void *row_loss = NULL;
-    if (loss_sum)
+    if (loss_acc)
         FSDP_TRY(cuda_scratch("crossentropy", &row_loss, (size_t)n * sizeof(double)));
     xent_kernel<<<n, XENT_THREADS, 0, cuda_ctx.stream>>>(losses, (double *)row_loss, dlogits, logits, targets, v,
                                                          vp, dloss);
     FSDP_TRY(cuda_check_launch("crossentropy"));
-    if (!loss_sum)
+    if (!loss_acc)
         return 0;
-    xent_sum_kernel<<<1, 1024, 0, cuda_ctx.stream>>>((double *)row_loss, n);
-    FSDP_TRY(cuda_check_launch("crossentropy (loss sum)"));
-    FSDP_TRY(cuda_check("crossentropy", cudaMemcpyAsync(cuda_ctx.scalar_host, row_loss, sizeof *loss_sum,
-                                                        cudaMemcpyDeviceToHost, cuda_ctx.stream)));
-    FSDP_TRY(cuda_sync("crossentropy"));
-    *loss_sum = cuda_ctx.scalar_host[0];
-    return 0;
+    xent_sum_kernel<<<1, 1024, 0, cuda_ctx.stream>>>(loss_acc, (const double *)row_loss, n);
+    return cuda_check_launch("crossentropy (loss sum)");
 }

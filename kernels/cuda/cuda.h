@@ -60,7 +60,7 @@ int cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte, 
 int cuda_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int b,
                             int t, int c, int vocab);
 
-int cuda_crossentropy_forward_backward(float *losses, double *loss_sum, float *dlogits,
+int cuda_crossentropy_forward_backward(float *losses, double *loss_acc, float *dlogits,
                                        const float *logits, const int32_t *targets, int n, int v, int vp,
                                        float dloss);
 

@@ -17,7 +17,9 @@ extern "C" {
 
 /* Range checks of ids waiting to be read at the next synchronising call (cuda_check_ids). */
 #define CUDA_CHECK_SLOTS 256
-/* The pinned staging ring of host copies: chunks used in turn, each free again once its event fired. */
+/* The pinned staging ring of host copies: chunks used in turn, each free again once its event fired. Small
+ * copies share a chunk (stage_used bytes of chunk stage_next - 1 are taken), so a step's few small copies (a
+ * micro-batch's tokens and targets, a loss read back) never wait for the device. */
 #define CUDA_STAGE_CHUNKS 4
 #define CUDA_STAGE_BYTES ((size_t)4 << 20)
 
@@ -50,8 +52,9 @@ struct cuda_ctx {
     int n_checks;
     char *stage; /* pinned, CUDA_STAGE_CHUNKS x CUDA_STAGE_BYTES */
     cudaEvent_t stage_done[CUDA_STAGE_CHUNKS];
-    int stage_next;
-    double *scalar_host; /* pinned, CUDA_SCALARS: scalars the host reads back (sqnorms, loss sums) */
+    int stage_next;    /* the chunk taken next when the current one is full */
+    size_t stage_used; /* bytes taken of the current chunk (stage_next - 1); CUDA_STAGE_BYTES: none current */
+    double *scalar_host; /* pinned, CUDA_SCALARS: scalars the host reads back (sqnorms) */
 };
 
 extern struct cuda_ctx cuda_ctx;

@@ -65,15 +65,33 @@ void cuda_host_free(void *ptr)
     }
 }
 
-/* The next chunk of the pinned staging ring, once the copy that last used it is done (a chunk whose event
- * was never recorded is free). */
+/* A whole chunk of the pinned staging ring, the next one, once the copies that last used it are done (a chunk
+ * whose event was never recorded is free). The caller records stage_done[*slot] after its copy. */
 static int stage_take(char **chunk, int *slot)
 {
     int i = cuda_ctx.stage_next;
     cuda_ctx.stage_next = (i + 1) % CUDA_STAGE_CHUNKS;
+    cuda_ctx.stage_used = CUDA_STAGE_BYTES; /* taken whole: the next small copy starts a chunk of its own */
     FSDP_TRY(cuda_check("mem_copy", cudaEventSynchronize(cuda_ctx.stage_done[i])));
     *chunk = cuda_ctx.stage + (size_t)i * CUDA_STAGE_BYTES;
     *slot = i;
+    return 0;
+}
+
+/* len (<= CUDA_STAGE_BYTES) bytes of staging: the rest of the current chunk when they fit (64-byte aligned),
+ * else the next chunk (stage_take's wait). Re-recording the chunk's event after each copy is what frees it:
+ * stream order makes the last record cover every copy out of the chunk before it. */
+static int stage_reserve(size_t len, char **p, int *slot)
+{
+    size_t at = (cuda_ctx.stage_used + 63) & ~(size_t)63;
+    if (at > CUDA_STAGE_BYTES || len > CUDA_STAGE_BYTES - at) {
+        FSDP_TRY(stage_take(p, slot));
+        cuda_ctx.stage_used = len;
+        return 0;
+    }
+    *slot = (cuda_ctx.stage_next + CUDA_STAGE_CHUNKS - 1) % CUDA_STAGE_CHUNKS;
+    *p = cuda_ctx.stage + (size_t)*slot * CUDA_STAGE_BYTES + at;
+    cuda_ctx.stage_used = at + len;
     return 0;
 }
 
@@ -123,7 +141,7 @@ static int copy_h2d(char *d, const char *s, size_t bytes)
         size_t len = bytes - off < CUDA_STAGE_BYTES ? bytes - off : CUDA_STAGE_BYTES;
         char *chunk;
         int i;
-        FSDP_TRY(stage_take(&chunk, &i));
+        FSDP_TRY(stage_reserve(len, &chunk, &i));
         memcpy(chunk, s + off, len);
         FSDP_TRY(cuda_check("mem_copy", cudaMemcpyAsync(d + off, chunk, len, cudaMemcpyHostToDevice,
                                                         cuda_ctx.stream)));
@@ -141,6 +159,17 @@ static int copy_d2h(char *d, const char *s, size_t bytes)
     if (pinned(d)) {
         FSDP_TRY(cuda_check("mem_copy", cudaMemcpyAsync(d, s, bytes, cudaMemcpyDeviceToHost, cuda_ctx.stream)));
         return cuda_sync("mem_copy");
+    }
+    if (bytes <= CUDA_STAGE_BYTES) {
+        /* one piece: the stream's synchronisation (cuda_sync) covers the copy, one wait in all */
+        char *chunk;
+        int i;
+        FSDP_TRY(stage_reserve(bytes, &chunk, &i));
+        FSDP_TRY(cuda_check("mem_copy", cudaMemcpyAsync(chunk, s, bytes, cudaMemcpyDeviceToHost, cuda_ctx.stream)));
+        FSDP_TRY(cuda_check("mem_copy", cudaEventRecord(cuda_ctx.stage_done[i], cuda_ctx.stream)));
+        FSDP_TRY(cuda_sync("mem_copy"));
+        memcpy(d, chunk, bytes);
+        return 0;
     }
     struct {
         char *chunk;

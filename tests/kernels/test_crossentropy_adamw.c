@@ -1,6 +1,7 @@
 /* Fused softmax cross-entropy (padded vocabulary, ignored targets, in-place gradient) against a double
  * reference and finite differences; AdamW against a hand computation and a reference loop. */
 #include "tests/kernels/ktest.h"
+#include "tests/util/tu_kernels.h"
 
 static double ref_row_lse(const float *x, int v)
 {
@@ -30,7 +31,7 @@ static void check_xent(int n, int v, int vp, int inplace, float spread, uint64_t
     int32_t *dt = kt_dev_from(k, tg, n * sizeof *tg);
     double sum = -1;
     const float dloss = 1.0f / 7.0f;
-    cr_assert_eq(k->crossentropy_forward_backward(dloss_rows, &sum, dgrad, dl, dt, n, v, vp, dloss), 0, "%s",
+    cr_assert_eq(tu_xent(k, dloss_rows, &sum, dgrad, dl, dt, n, v, vp, dloss), 0, "%s",
                  error_message());
     float *rows = kt_down(k, dloss_rows, n), *grad = kt_down(k, dgrad, nl);
     double *rrows = kt_dzeros(n), *rgrad = kt_dzeros(nl), rsum = 0;
@@ -79,12 +80,34 @@ Test(kernels_xent, forward_only_and_errors)
     float *dl = kt_devf(k, lg, 6);
     int32_t *dt = kt_dev_from(k, tg, sizeof tg), *db = kt_dev_from(k, bad, sizeof bad);
     double sum = 0;
-    cr_assert_eq(k->crossentropy_forward_backward(NULL, &sum, NULL, dl, dt, 2, 3, 3, 1.0f), 0);
+    cr_assert_eq(tu_xent(k, NULL, &sum, NULL, dl, dt, 2, 3, 3, 1.0f), 0);
     double want = log(exp(1) + exp(2) + exp(3)) - 3;
     cr_assert(fabs(sum - want) < 1e-6, "sum %.9g want %.9g", sum, want);
-    cr_assert_eq(k->crossentropy_forward_backward(NULL, &sum, NULL, dl, db, 2, 3, 3, 1.0f), FSDP_ERANGE);
-    cr_assert_eq(k->crossentropy_forward_backward(NULL, &sum, NULL, dl, dt, 2, 3, 2, 1.0f), FSDP_EINVAL);
+    cr_assert_eq(tu_xent(k, NULL, &sum, NULL, dl, db, 2, 3, 3, 1.0f), FSDP_ERANGE);
+    cr_assert_eq(tu_xent(k, NULL, &sum, NULL, dl, dt, 2, 3, 2, 1.0f), FSDP_EINVAL);
     k->mem_free(dl), k->mem_free(dt), k->mem_free(db);
+}
+
+Test(kernels_xent, loss_sum_accumulates_in_device_memory)
+{
+    /* The sum is added to a device double that the caller owns: two calls leave twice one call's sum, and no
+     * host value is written (the micro-batches of a step add up without a host round trip). */
+    const struct kernels *k = kt_backend();
+    float lg[6] = {1, 2, 3, 4, 5, 6};
+    int32_t tg[2] = {2, 0};
+    float *dl = kt_devf(k, lg, 6);
+    int32_t *dt = kt_dev_from(k, tg, sizeof tg);
+    double one = 0, two = 0;
+    cr_assert_eq(tu_xent(k, NULL, &one, NULL, dl, dt, 2, 3, 3, 1.0f), 0, "%s", error_message());
+    double *acc = kt_dev_from(k, NULL, sizeof(double));
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(k->crossentropy_forward_backward(NULL, acc, NULL, dl, dt, 2, 3, 3, 1.0f), 0, "%s",
+                     error_message());
+    cr_assert_eq(k->mem_copy(&two, acc, sizeof two, KERNELS_COPY_D2H), 0, "%s", error_message());
+    double want = 2 * (log(exp(1) + exp(2) + exp(3)) - 3 + log(exp(4) + exp(5) + exp(6)) - 4);
+    cr_assert(fabs(one * 2 - want) < 1e-5 && two == one + one, "one call %.17g, two calls %.17g, want %.17g", one,
+              two, want);
+    k->mem_free(dl), k->mem_free(dt), k->mem_free(acc);
 }
 
 Test(kernels_xent, finite_differences)
@@ -96,7 +119,7 @@ Test(kernels_xent, finite_differences)
     float *dl = kt_devf(k, lg, n * vp), *dg = kt_devf(k, NULL, n * vp);
     int32_t *dt = kt_dev_from(k, tg, sizeof tg);
     double sum;
-    cr_assert_eq(k->crossentropy_forward_backward(NULL, &sum, dg, dl, dt, n, v, vp, 1.0f), 0);
+    cr_assert_eq(tu_xent(k, NULL, &sum, dg, dl, dt, n, v, vp, 1.0f), 0);
     float *g = kt_down(k, dg, n * vp);
     const float h = 1e-2f;
     for (int e = 0; e < n * vp; e++) {
@@ -105,7 +128,7 @@ Test(kernels_xent, finite_differences)
             float saved = lg[e];
             lg[e] = saved + (sgn ? -h : h);
             k->mem_copy(dl, lg, n * vp * sizeof(float), KERNELS_COPY_H2D);
-            cr_assert_eq(k->crossentropy_forward_backward(NULL, &lv[sgn], NULL, dl, dt, n, v, vp, 1.0f), 0);
+            cr_assert_eq(tu_xent(k, NULL, &lv[sgn], NULL, dl, dt, n, v, vp, 1.0f), 0);
             lg[e] = saved;
         }
         double fd = (lv[0] - lv[1]) / (2 * h);

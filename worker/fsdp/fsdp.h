@@ -127,11 +127,14 @@ int fsdp_check_finite(const struct model_layout *l, int p, size_t begin, const f
 uint64_t fsdp_init_bytes_read(const struct fsdp *f);
 
 /* One micro-batch (set on the model with model_set_batch): forward, backward with dloss, gradients
- * accumulated into the shards. last = the last micro-batch of the step (starts the replicate all-reduce).
- * *loss_sum = this rank's sum of per-token losses. */
-int fsdp_forward_backward(struct fsdp *f, float dloss, bool last, double *loss_sum);
-/* Forward only (evaluation); *loss_sum as above. */
-int fsdp_forward_eval(struct fsdp *f, double *loss_sum);
+ * accumulated into the shards. last = the last micro-batch of the step (starts the replicate all-reduce). */
+int fsdp_forward_backward(struct fsdp *f, float dloss, bool last);
+/* Forward only (evaluation); its loss is accumulated like forward_backward's. */
+int fsdp_forward_eval(struct fsdp *f);
+/* *local = this rank's sum of per-token losses since the last call (forward_backward and forward_eval add
+ * to it on the device; reading it waits for the device, so a step reads it once, after its last micro-batch
+ * and the optimizer step). */
+int fsdp_take_loss(struct fsdp *f, double *local);
 
 struct fsdp_step_result {
     double grad_norm; /* global norm before clipping (unscaled) */

@@ -610,19 +610,18 @@ static int forward_blocks(struct fsdp *f, bool eval)
     return 0;
 }
 
-int fsdp_forward_backward(struct fsdp *f, float dloss, bool last, double *loss_sum)
+int fsdp_forward_backward(struct fsdp *f, float dloss, bool last)
 {
     const struct model_layout *l = f->layout;
     bool pre = f->wc.fsdp.backward_prefetch == WORKER_BACKWARD_PRE;
     bool post = f->wc.fsdp.backward_prefetch == WORKER_BACKWARD_POST;
-    double sum = 0;
     int rc = 0;
     FSDP_TRY_GOTO(fsdp_gather_wait(f, 0), rc, out);
     if (f->wc.fsdp.forward_prefetch && f->n_units > 1)
         FSDP_TRY_GOTO(fsdp_gather_issue(f, 1), rc, out);
     FSDP_TRY_GOTO(model_forward_embed(f->model, mu_params(f, 0)), rc, out);
     FSDP_TRY_GOTO(forward_blocks(f, false), rc, out);
-    FSDP_TRY_GOTO(model_forward_head(f->model, mu_params(f, 0), dloss, &sum), rc, out);
+    FSDP_TRY_GOTO(model_forward_head(f->model, mu_params(f, 0), dloss), rc, out);
     FSDP_TRY_GOTO(grads_begin(f, 0), rc, out);
     FSDP_TRY_GOTO(model_backward_head(f->model, mu_params(f, 0), mu_grads(f, 0)), rc, out);
     for (int mu = l->n_units - 1; mu >= 1; mu--) {
@@ -648,26 +647,23 @@ int fsdp_forward_backward(struct fsdp *f, float dloss, bool last, double *loss_s
     FSDP_TRY_GOTO(model_backward_embed(f->model, mu_params(f, 0), mu_grads(f, 0)), rc, out);
     FSDP_TRY_GOTO(grads_reduce(f, 0, last), rc, out);
 out:
-    if (loss_sum)
-        *loss_sum = sum;
     f->grads_dirty = true;
     return rc;
 }
 
-int fsdp_forward_eval(struct fsdp *f, double *loss_sum)
+int fsdp_forward_eval(struct fsdp *f)
 {
-    double sum = 0;
-    int rc = 0;
-    FSDP_TRY_GOTO(fsdp_gather_wait(f, 0), rc, out);
+    FSDP_TRY(fsdp_gather_wait(f, 0));
     if (f->wc.fsdp.forward_prefetch && f->n_units > 1)
-        FSDP_TRY_GOTO(fsdp_gather_issue(f, 1), rc, out);
-    FSDP_TRY_GOTO(model_forward_embed(f->model, mu_params(f, 0)), rc, out);
-    FSDP_TRY_GOTO(forward_blocks(f, true), rc, out);
-    FSDP_TRY_GOTO(model_forward_head(f->model, mu_params(f, 0), 0.0f, &sum), rc, out);
-out:
-    if (loss_sum)
-        *loss_sum = sum;
-    return rc;
+        FSDP_TRY(fsdp_gather_issue(f, 1));
+    FSDP_TRY(model_forward_embed(f->model, mu_params(f, 0)));
+    FSDP_TRY(forward_blocks(f, true));
+    return model_forward_head(f->model, mu_params(f, 0), 0.0f);
+}
+
+int fsdp_take_loss(struct fsdp *f, double *local)
+{
+    return model_take_loss(f->model, local);
 }
 
 /* ---- accessors ---- */

@@ -226,10 +226,14 @@ int model_batch_targets(const struct model *m);
  * gradients are ADDED (+=) so micro-batches accumulate; the caller zeroes them.
  * forward_head: dloss != 0 also prepares backward (dloss = d total loss / d loss of one target row,
  * e.g. 1 / valid targets for a mean); dloss == 0 keeps the logits (model_logits) and allows no backward.
- * *loss_sum (host, may be NULL) = sum of per-row losses over valid targets. */
+ * The sum of per-row losses over valid targets is added to the model's accumulator on the device, where it
+ * stays until model_take_loss: a step's micro-batches cost no host round trip. */
 int model_forward_embed(struct model *m, const float *root);
 int model_forward_block(struct model *m, int layer, const float *block);
-int model_forward_head(struct model *m, const float *root, float dloss, double *loss_sum);
+int model_forward_head(struct model *m, const float *root, float dloss);
+/* *sum (host) = the loss sum accumulated by forward_head since the last call, which resets it; it waits for
+ * the device. */
+int model_take_loss(struct model *m, double *sum);
 int model_backward_head(struct model *m, const float *root, float *root_grads);
 int model_backward_block(struct model *m, int layer, const float *block, float *block_grads);
 int model_backward_embed(struct model *m, const float *root, float *root_grads);

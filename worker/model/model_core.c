@@ -4,7 +4,7 @@
  * root unit either way) and the fused softmax cross-entropy. A family brings its block: its activations,
  * its scratch, its forward and backward, and a setup step after carving (Llama's rotary table).
  *
- * Arena order: tokens, targets, the family's persistent tensors, x_0..x_L, the block activations (L sets,
+ * Arena order: tokens, targets, the loss accumulator, the family's persistent tensors, x_0..x_L, the block activations (L sets,
  * or one with checkpointing: then only the residual stream is kept and a block's activations are recomputed
  * from x_i right before its backward, with the same kernels in the same order, so gradients are
  * bit-identical), the head (normed x_L, its statistics, logits), dres / tmp / dln, the family's scratch,
@@ -45,6 +45,9 @@ static size_t plan(const struct model_decoder *d, const struct model_config *cfg
         *tokens = tk;
         *targets = tg;
     }
+    double *acc = model_carve(&c, sizeof(double));
+    if (base)
+        s->loss_acc = acc;
     if (d->plan_persistent)
         d->plan_persistent(cfg, b, t, &c, fam);
     s->resid = model_carve(&c, (L + 1) * N * C * F);
@@ -109,7 +112,9 @@ int model_core_create(struct model *m)
     }
     plan(d, cfg, m->b, m->t, ckpt, ws, s->arena, s, &m->tokens, &m->targets);
     m->family = s;
-    int rc = d->setup ? d->setup(m) : 0;
+    int rc = m->k->mem_set(s->loss_acc, 0, sizeof *s->loss_acc);
+    if (rc == 0 && d->setup)
+        rc = d->setup(m);
     if (rc) {
         core_free(m, s);
         m->family = NULL;
@@ -164,7 +169,7 @@ static int norm_forward(const struct model *m, const float *root, const float *x
     return m->k->rmsnorm_forward(s->hn, s->hn_rstd, x, w, N, C, d->norm_eps(c));
 }
 
-int model_core_forward_head(struct model *m, const float *root, float dloss, double *loss_sum)
+int model_core_forward_head(struct model *m, const float *root, float dloss)
 {
     struct model_core *s = m->family;
     const struct kernels *k = m->k;
@@ -174,14 +179,23 @@ int model_core_forward_head(struct model *m, const float *root, float dloss, dou
     /* logits = hn W^T, W (vocab_padded, C): the untied head or the tied embedding */
     FSDP_TRY(k->gemm(0, 1, N, vp, C, 1.0f, s->hn, C, model_unit_param(m, 0, root, m->decoder->root_head(c)), C, 0.0f,
                      s->logits, vp));
-    double sum = 0;
     /* With dloss the logits are overwritten in place by their gradient: the (N, Vp) matrix is the largest
-     * activation and a second copy would double it. */
-    FSDP_TRY(k->crossentropy_forward_backward(NULL, &sum, dloss != 0 ? s->logits : NULL, s->logits, m->targets, N,
-                                              c->vocab_size, vp, dloss));
+     * activation and a second copy would double it. The loss is added on the device (no host round trip
+     * between this forward and its backward). */
+    FSDP_TRY(k->crossentropy_forward_backward(NULL, s->loss_acc, dloss != 0 ? s->logits : NULL, s->logits,
+                                              m->targets, N, c->vocab_size, vp, dloss));
     s->head_grad_ready = dloss != 0;
-    if (loss_sum)
-        *loss_sum = sum;
+    return 0;
+}
+
+int model_core_take_loss(struct model *m, double *sum)
+{
+    struct model_core *s = m->family;
+    double v = 0;
+    /* the read waits for the device: the one synchronisation a step's loss costs */
+    FSDP_TRY(m->k->mem_copy(&v, s->loss_acc, sizeof v, KERNELS_COPY_D2H));
+    FSDP_TRY(m->k->mem_set(s->loss_acc, 0, sizeof *s->loss_acc));
+    *sum = v;
     return 0;
 }
 

@@ -100,6 +100,7 @@ struct model_core {
     float *dres;                  /* (N, C) gradient of the residual stream, from the head to the embeddings */
     float *tmp, *dln;             /* (N, C) scratch */
     void *attn_ws;
+    double *loss_acc;             /* device: the sum of the heads' losses since the last model_take_loss */
     bool ckpt, head_grad_ready;
 };
 
@@ -157,7 +158,8 @@ int model_core_create(struct model *m);
 void model_core_destroy(struct model *m);
 int model_core_forward_embed(struct model *m, const float *root);
 int model_core_forward_block(struct model *m, int layer, const float *block);
-int model_core_forward_head(struct model *m, const float *root, float dloss, double *loss_sum);
+int model_core_forward_head(struct model *m, const float *root, float dloss);
+int model_core_take_loss(struct model *m, double *sum);
 int model_core_backward_head(struct model *m, const float *root, float *root_grads);
 int model_core_backward_block(struct model *m, int layer, const float *block, float *block_grads);
 int model_core_backward_embed(struct model *m, const float *root, float *root_grads);

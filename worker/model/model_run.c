@@ -174,9 +174,14 @@ int model_forward_block(struct model *m, int layer, const float *block)
     return model_core_forward_block(m, layer, block);
 }
 
-int model_forward_head(struct model *m, const float *root, float dloss, double *loss_sum)
+int model_forward_head(struct model *m, const float *root, float dloss)
 {
-    return model_core_forward_head(m, root, dloss, loss_sum);
+    return model_core_forward_head(m, root, dloss);
+}
+
+int model_take_loss(struct model *m, double *sum)
+{
+    return model_core_take_loss(m, sum);
 }
 
 int model_backward_head(struct model *m, const float *root, float *root_grads)
@@ -207,7 +212,8 @@ static int forward_all(struct model *m, const float *params, float dloss, float 
     for (int i = 0; i < l->config.n_layer; i++)
         FSDP_TRY(model_forward_block(m, i, params + l->units[1 + i].offset));
     double sum = 0;
-    FSDP_TRY(model_forward_head(m, params + l->units[0].offset, dloss, &sum));
+    FSDP_TRY(model_forward_head(m, params + l->units[0].offset, dloss));
+    FSDP_TRY(model_take_loss(m, &sum));
     if (loss)
         *loss = m->n_valid ? (float)(sum / m->n_valid) : 0.0f;
     return 0;

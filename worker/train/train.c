@@ -107,11 +107,10 @@ static int evaluate(struct trainer *t, double *val_loss)
     int rc = 0;
     for (int64_t e = 0; e < t->wc->train.eval_steps; e++)
         for (int a = 0; a < t->accum; a++) {
-            double s = 0;
             FSDP_TRY_GOTO(load_micro(t, t->val, e, a), rc, out);
-            FSDP_TRY_GOTO(fsdp_forward_eval(t->fsdp, &s), rc, out);
-            local += s;
+            FSDP_TRY_GOTO(fsdp_forward_eval(t->fsdp), rc, out);
         }
+    FSDP_TRY_GOTO(fsdp_take_loss(t->fsdp, &local), rc, out);
     FSDP_TRY_GOTO(fsdp_sum_world(t->fsdp, local, &sum), rc, out);
 out:
     *val_loss = sum / (t->tokens_per_step * (double)t->wc->train.eval_steps);
@@ -215,7 +214,8 @@ static void fault_maybe_kill(const struct train_env *env, int64_t step)
 }
 
 /* One optimizer step: this rank's micro-batches of the step through forward and backward, the sharded
- * AdamW step, and the step's loss (the mean over every token of the global batch). */
+ * AdamW step, and the step's loss (the mean over every token of the global batch). The loss stays on the
+ * device until the optimizer step has been queued: nothing in the step waits for it. */
 static int train_step(struct trainer *t, int64_t step, double lr, double *loss, struct fsdp_step_result *res)
 {
     float dloss = (float)(fsdp_loss_scale(t->fsdp) / t->tokens_per_step);
@@ -223,12 +223,11 @@ static int train_step(struct trainer *t, int64_t step, double lr, double *loss, 
     double sum = 0;
     int rc = 0;
     for (int a = 0; a < t->accum; a++) {
-        double ls = 0;
         FSDP_TRY_GOTO(load_micro(t, t->train, step, a), rc, out);
-        FSDP_TRY_GOTO(fsdp_forward_backward(t->fsdp, dloss, a == t->accum - 1, &ls), rc, out);
-        local += ls;
+        FSDP_TRY_GOTO(fsdp_forward_backward(t->fsdp, dloss, a == t->accum - 1), rc, out);
     }
     FSDP_TRY_GOTO(fsdp_optimizer_step(t->fsdp, lr, step + 1, res), rc, out);
+    FSDP_TRY_GOTO(fsdp_take_loss(t->fsdp, &local), rc, out);
     FSDP_TRY_GOTO(fsdp_sum_world(t->fsdp, local, &sum), rc, out);
 out:
     *loss = sum / t->tokens_per_step;

@@ -190,10 +190,10 @@ static int p_embedding_backward(float *dwte, float *dwpe, const float *dout, con
 {
     PROF(P_EMB_B, 0, real->embedding_backward(dwte, dwpe, dout, tokens, b, t, c, vocab));
 }
-static int p_crossentropy(float *losses, double *loss_sum, float *dlogits, const float *logits,
+static int p_crossentropy(float *losses, double *loss_acc, float *dlogits, const float *logits,
                           const int32_t *targets, int n, int v, int vp, float dloss)
 {
-    PROF(P_XENT, 0, real->crossentropy_forward_backward(losses, loss_sum, dlogits, logits, targets, n, v, vp, dloss));
+    PROF(P_XENT, 0, real->crossentropy_forward_backward(losses, loss_acc, dlogits, logits, targets, n, v, vp, dloss));
 }
 static int p_adamw(float *param, const float *grad, float *m, float *v, size_t n,
                    const struct kernels_adamw_params *hp)

@@ -248,3 +248,67 @@ Test(emu_train, stream_trace_shows_collectives_beside_kernels, .timeout = 300)
     cr_assert_eq(files, 2, "%d trace files in %s, want one per rank", files, dir);
     tt_teardown(&c);
 }
+
+/* The main thread's waits for the device (the trace's "host_wait" events) in a run of `steps` steps. */
+static int main_thread_waits(const struct tt_ctx *c, const char *tag, const char *micro, int steps)
+{
+    char dir[2300], envv[2400], ms[64];
+    snprintf(dir, sizeof dir, "%s/trace-%s", c->dir, tag);
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    snprintf(envv, sizeof envv, "FSDP_GPU_EMU_TRACE_DIR=%s", dir);
+    snprintf(ms, sizeof ms, "--train.max_steps=%d", steps);
+    const char *x[] = {cuda_dev, fp32, ms, micro, NULL};
+    const char *env[] = {envv, NULL};
+    struct tt_result r;
+    tt_run_ini_env(c, c->ini, 1, tag, x, env, &r);
+    cr_assert_eq(r.code, 0, "run %s exited with %d:\n%s", tag, r.code, r.err);
+    tt_result_free(&r);
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d);
+    int waits = -1;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strncmp(e->d_name, "trace-", 6) != 0)
+            continue;
+        cr_assert_eq(waits, -1, "more than one trace file in %s", dir);
+        char path[2600];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        char *text = tu_slurp(path);
+        cJSON *o = cJSON_Parse(text);
+        cr_assert_not_null(o, "%s is not JSON", path);
+        waits = 0;
+        const cJSON *it;
+        cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(o, "traceEvents")) {
+            const cJSON *cat = cJSON_GetObjectItemCaseSensitive(it, "cat");
+            const cJSON *args = cJSON_GetObjectItemCaseSensitive(it, "args");
+            if (cJSON_IsString(cat) && !strcmp(cat->valuestring, "host_wait") &&
+                cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(args, "main_thread")))
+                waits++;
+        }
+        cJSON_Delete(o);
+        free(text);
+    }
+    closedir(d);
+    cr_assert_geq(waits, 0, "no trace file in %s", dir);
+    return waits;
+}
+
+/* The loss stays on the device through a step's micro-batches (kernels.h, crossentropy's loss_acc) and a
+ * micro-batch's tokens and targets share a staging chunk (kernels/cuda/memory.cu): the host waits for the device
+ * as often in a step of 4 micro-batches as in a step of 1, and at world 1 twice a step (the gradient norm and
+ * the loss, read after the optimizer step is queued). Counting the difference between runs of 2 and 4 steps
+ * leaves out the start and the end (initialisation, the final checkpoint). */
+Test(emu_train, host_waits_per_step_do_not_grow_with_micro_batches, .timeout = 300)
+{
+    struct tt_ctx c;
+    tt_setup(&c);
+    const char *one = "--train.micro_batch=12", *four = "--train.micro_batch=3"; /* train_batch 12, world 1 */
+    int w1 = main_thread_waits(&c, "accum1-s2", one, 2), w1b = main_thread_waits(&c, "accum1-s4", one, 4);
+    int w4 = main_thread_waits(&c, "accum4-s2", four, 2), w4b = main_thread_waits(&c, "accum4-s4", four, 4);
+    double per1 = (w1b - w1) / 2.0, per4 = (w4b - w4) / 2.0;
+    fprintf(stderr, "host waits per step: %.1f with 1 micro-batch, %.1f with 4 (runs of 2 and 4 steps: %d %d, %d %d)\n",
+            per1, per4, w1, w1b, w4, w4b);
+    cr_assert(per4 <= per1, "a step of 4 micro-batches waits for the device %.1f times, a step of 1 %.1f times: "
+              "something in the micro-batch loop reads the device", per4, per1);
+    cr_assert(per1 <= 2, "%.1f host waits per step at world 1, want 2 (the gradient norm and the loss)", per1);
+    tt_teardown(&c);
+}
