@@ -23,6 +23,7 @@
 #ifndef FSDP_KERNELS_KERNELS_H
 #define FSDP_KERNELS_KERNELS_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -56,7 +57,31 @@ struct kernels_adamw_params {
     float weight_decay; /* decoupled: param -= lr * weight_decay * param; 0 disables (biases, norms) */
     float grad_scale;   /* grad is multiplied by this first (gradient clipping, loss scaling); 1 = none */
     int step;           /* 1-based step count, for the bias corrections 1 - beta^step */
+    /* Optional, the table's memory (grad_clip's output): grad is also multiplied by *grad_scale_dev, read on the
+     * device, so the host need not know the clip coefficient; NaN there skips the update (nothing changes). */
+    const float *grad_scale_dev;
 };
+
+/* grad_clip's output, in the table's memory. */
+struct kernels_grad_clip {
+    double norm;       /* the global gradient norm before clipping, unscaled */
+    float grad_scale;  /* what adamw's grad_scale_dev multiplies the gradients by; NaN: the norm is not finite */
+};
+
+/* grad_clip's arithmetic from the summed squared norm, shared by the tables (host and device code) so every
+ * table gives the same bits. */
+static inline DTYPE_HD void kernels_grad_clip_finish(struct kernels_grad_clip *out, double sq, double loss_scale,
+                                                     double max_norm)
+{
+    double norm = sqrt(sq) / loss_scale;
+    out->norm = norm;
+    if (!isfinite(norm)) {
+        out->grad_scale = NAN;
+        return;
+    }
+    double coef = max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+    out->grad_scale = (float)(coef / loss_scale);
+}
 
 /* Shapes of a context-parallel attention call: b sequences, tq local query rows at global positions
  * qpos[0..tq), tk key/value rows at global positions kpos[0..tk), width c in nh query heads, row stride ld.
@@ -206,10 +231,15 @@ struct kernels {
     int (*scale)(float *x, float s, size_t n);
     /* *result (host) = sum of x[i]^2, accumulated in double. */
     int (*sqnorm)(double *result, const float *x, size_t n);
-    /* results[i] (host) = sqnorm of xs[i][0..ns[i]) for each i < count, the same bits sqnorm gives each, with
-     * one synchronisation (per 256 buffers) on a device instead of one per buffer: the gradient norm of an
-     * optimizer step over all its units. */
-    int (*sqnorm_many)(double *results, const float *const *xs, const size_t *ns, int count);
+    /* *total (the table's memory, one double) = the sum over i < count, added in order from 0, of the sqnorm of
+     * xs[i][0..ns[i]) (each term the bits sqnorm gives it): the squared gradient norm of an optimizer step
+     * over all its units, left on the device (no synchronisation). */
+    int (*sqnorm_sum)(double *total, const float *const *xs, const size_t *ns, int count);
+    /* The gradient clip on the device. sq (the table's memory): the n squared norms of the ranks that share
+     * the shards, added in order from 0. out->norm = sqrt(sum) / loss_scale; out->grad_scale = c / loss_scale
+     * with c = max_norm / (norm + 1e-6) when max_norm > 0 and norm > max_norm, else 1 (all in double, then
+     * rounded); NaN when the norm is not finite. */
+    int (*grad_clip)(struct kernels_grad_clip *out, const double *sq, int n, double loss_scale, double max_norm);
     /* dst[i] = src[i] converted; float -> bf16/f16 rounds to nearest even, keeps inf/nan (quiet),
      * f16 overflow gives inf, subnormals are produced and read exactly. Same dtype = copy. */
     int (*cast)(void *dst, enum dtype dst_dtype, const void *src, enum dtype src_dtype,

@@ -34,11 +34,14 @@ int cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n,
                          "[0, 1), eps >= 0)");
     if (n && (!param || !grad || !m || !v))
         return error_set(FSDP_EINVAL, "kernels cpu: adamw: NULL buffer");
+    float gsd = hp->grad_scale_dev ? *hp->grad_scale_dev : 1.0f;
+    if (gsd != gsd)
+        return 0; /* grad_clip found the norm non-finite: the step is skipped */
     /* Bias corrections in double: 1 - beta2^step is tiny for small steps and matters to the first
      * updates. */
     struct adamw_consts k = {
         .lr = hp->lr, .b1 = hp->beta1, .b2 = hp->beta2, .eps = hp->eps, .wd = hp->weight_decay,
-        .gs = hp->grad_scale,
+        .gs = hp->grad_scale * gsd,
         .inv_bc1 = (float)(1.0 / (1.0 - pow((double)hp->beta1, hp->step))),
         .inv_bc2 = (float)(1.0 / (1.0 - pow((double)hp->beta2, hp->step))),
     };

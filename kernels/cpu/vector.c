@@ -81,13 +81,30 @@ int cpu_axpy(float *y, float a, const float *x, size_t n)
  * added in order: ranks running with different OMP_NUM_THREADS get the same bits. */
 #define SQNORM_BLOCKS 256
 
-/* Nothing to batch on the CPU: each buffer as sqnorm computes it. */
-int cpu_sqnorm_many(double *results, const float *const *xs, const size_t *ns, int count)
+/* Nothing to batch on the CPU: each buffer as sqnorm computes it, added in order. */
+int cpu_sqnorm_sum(double *total, const float *const *xs, const size_t *ns, int count)
 {
-    if (count < 0 || (count && (!results || !xs || !ns)))
-        return error_set(FSDP_EINVAL, "kernels cpu: sqnorm_many: NULL argument or negative count %d", count);
-    for (int i = 0; i < count; i++)
-        FSDP_TRY(cpu_sqnorm(&results[i], xs[i], ns[i]));
+    if (!total || count < 0 || (count && (!xs || !ns)))
+        return error_set(FSDP_EINVAL, "kernels cpu: sqnorm_sum: NULL argument or negative count %d", count);
+    double s = 0.0;
+    for (int i = 0; i < count; i++) {
+        double one;
+        FSDP_TRY(cpu_sqnorm(&one, xs[i], ns[i]));
+        s += one;
+    }
+    *total = s;
+    return 0;
+}
+
+int cpu_grad_clip(struct kernels_grad_clip *out, const double *sq, int n, double loss_scale, double max_norm)
+{
+    if (!out || n < 1 || !sq || !(loss_scale > 0))
+        return error_set(FSDP_EINVAL, "kernels cpu: grad_clip: NULL argument, %d norms or loss scale %g", n,
+                         loss_scale);
+    double s = 0.0;
+    for (int i = 0; i < n; i++)
+        s += sq[i];
+    kernels_grad_clip_finish(out, s, loss_scale, max_norm);
     return 0;
 }
 

@@ -9,8 +9,15 @@ struct adamw_consts {
     float lr, b1, b2, eps, wd, gs, inv_bc1, inv_bc2;
 };
 
-__global__ void adamw_kernel(float *p, const float *g, float *m, float *v, size_t n, struct adamw_consts k)
+__global__ void adamw_kernel(float *p, const float *g, float *m, float *v, size_t n, struct adamw_consts k,
+                             const float *gsd)
 {
+    if (gsd) {
+        float s = *gsd;
+        if (s != s)
+            return; /* grad_clip found the norm non-finite: the step is skipped */
+        k.gs *= s;
+    }
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float gi = g[i] * k.gs;
         float mi = k.b1 * m[i] + (1.0f - k.b1) * gi;
@@ -39,6 +46,6 @@ int cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n,
         (float)(1.0 / (1.0 - pow((double)hp->beta1, hp->step))),
         (float)(1.0 / (1.0 - pow((double)hp->beta2, hp->step))),
     };
-    adamw_kernel<<<cuda_grid(n), CUDA_THREADS, 0, cuda_ctx.stream>>>(param, grad, m, v, n, k);
+    adamw_kernel<<<cuda_grid(n), CUDA_THREADS, 0, cuda_ctx.stream>>>(param, grad, m, v, n, k, hp->grad_scale_dev);
     return cuda_check_launch("adamw");
 }

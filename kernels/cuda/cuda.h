@@ -51,7 +51,8 @@ int cuda_residual_forward(float *out, const float *a, const float *b, size_t n);
 int cuda_scale(float *x, float s, size_t n);
 int cuda_axpy(float *y, float a, const float *x, size_t n);
 int cuda_sqnorm(double *result, const float *x, size_t n);
-int cuda_sqnorm_many(double *results, const float *const *xs, const size_t *ns, int count);
+int cuda_sqnorm_sum(double *total, const float *const *xs, const size_t *ns, int count);
+int cuda_grad_clip(struct kernels_grad_clip *out, const double *sq, int n, double loss_scale, double max_norm);
 int cuda_cast(void *dst, enum dtype dst_dtype, const void *src, enum dtype src_dtype,
               size_t n);
 

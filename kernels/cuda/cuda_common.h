@@ -59,7 +59,7 @@ struct cuda_ctx {
 
 extern struct cuda_ctx cuda_ctx;
 
-/* Doubles of cuda_ctx.scalar_host: sqnorm_many reads back this many norms per synchronisation. */
+/* Doubles of cuda_ctx.scalar_host; sqnorm_sum also adds up this many buffers' norms per batch of its scratch. */
 #define CUDA_SCALARS 256
 
 /* Threads per block of the elementwise and reduction kernels. */

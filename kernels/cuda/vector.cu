@@ -79,26 +79,38 @@ __global__ void sqnorm_finish_kernel(double *part, int nparts)
         part[0] = s;
 }
 
-/* The partial and finishing kernels of each buffer into its own slice of the scratch (the sum in slot 0 of the
- * slice, as sqnorm's), then the slices' sums in one strided copy and one synchronisation per CUDA_SCALARS
- * buffers: an optimizer step asked the device once per unit before. */
-int cuda_sqnorm_many(double *results, const float *const *xs, const size_t *ns, int count)
+/* One thread adds m slices' sums (slot 0 of each, stride apart) in order to *total, from 0 on the first
+ * batch (the host's loop over the units did the same additions before). */
+__global__ void sqnorm_add_slices_kernel(double *total, const double *part, int m, size_t stride, int first)
 {
-    if (count < 0 || (count && (!results || !xs || !ns)))
-        return error_set(FSDP_EINVAL, "kernels cuda: sqnorm_many: NULL argument or negative count %d", count);
+    double s = first ? 0.0 : *total;
+    for (int i = 0; i < m; i++)
+        s += part[(size_t)i * stride];
+    *total = s;
+}
+
+/* The partial and finishing kernels of each buffer into its own slice of the scratch (the sum in slot 0 of the
+ * slice, as sqnorm's), then one thread adds the slices in order, CUDA_SCALARS buffers at a time: the step's
+ * squared norm never leaves the device (an optimizer step read it back once per unit, then once per step). */
+int cuda_sqnorm_sum(double *total, const float *const *xs, const size_t *ns, int count)
+{
+    if (!total || count < 0 || (count && (!xs || !ns)))
+        return error_set(FSDP_EINVAL, "kernels cuda: sqnorm_sum: NULL argument or negative count %d", count);
+    if (count == 0)
+        return cuda_check("sqnorm_sum", cudaMemsetAsync(total, 0, sizeof *total, cuda_ctx.stream));
     for (int lo = 0; lo < count; lo += CUDA_SCALARS) {
         int m = count - lo < CUDA_SCALARS ? count - lo : CUDA_SCALARS;
         void *scratch;
-        FSDP_TRY(cuda_scratch("sqnorm_many", &scratch, (size_t)m * SQNORM_MAX_BLOCKS * sizeof(double)));
+        FSDP_TRY(cuda_scratch("sqnorm_sum", &scratch, (size_t)m * SQNORM_MAX_BLOCKS * sizeof(double)));
         double *part = (double *)scratch;
-        FSDP_TRY(cuda_check("sqnorm_many", cudaMemsetAsync(part, 0, (size_t)m * SQNORM_MAX_BLOCKS * sizeof(double),
-                                                           cuda_ctx.stream)));
+        FSDP_TRY(cuda_check("sqnorm_sum", cudaMemsetAsync(part, 0, (size_t)m * SQNORM_MAX_BLOCKS * sizeof(double),
+                                                          cuda_ctx.stream)));
         for (int i = 0; i < m; i++) {
             size_t n = ns[lo + i];
             if (n == 0)
                 continue; /* its slot stays 0 */
             if (!xs[lo + i])
-                return error_set(FSDP_EINVAL, "kernels cuda: sqnorm_many: NULL buffer %d", lo + i);
+                return error_set(FSDP_EINVAL, "kernels cuda: sqnorm_sum: NULL buffer %d", lo + i);
             unsigned blocks = cuda_grid(n);
             if (blocks > SQNORM_MAX_BLOCKS)
                 blocks = SQNORM_MAX_BLOCKS;
@@ -106,14 +118,28 @@ int cuda_sqnorm_many(double *results, const float *const *xs, const size_t *ns, 
             sqnorm_partial_kernel<<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>(slice, xs[lo + i], n);
             sqnorm_finish_kernel<<<1, CUDA_THREADS, 0, cuda_ctx.stream>>>(slice, (int)blocks);
         }
-        FSDP_TRY(cuda_check_launch("sqnorm_many"));
-        FSDP_TRY(cuda_check("sqnorm_many", cudaMemcpy2DAsync(cuda_ctx.scalar_host, sizeof(double), part,
-                                                             SQNORM_MAX_BLOCKS * sizeof(double), sizeof(double),
-                                                             (size_t)m, cudaMemcpyDeviceToHost, cuda_ctx.stream)));
-        FSDP_TRY(cuda_sync("sqnorm_many"));
-        memcpy(results + lo, cuda_ctx.scalar_host, (size_t)m * sizeof(double));
+        sqnorm_add_slices_kernel<<<1, 1, 0, cuda_ctx.stream>>>(total, part, m, SQNORM_MAX_BLOCKS, lo == 0);
+        FSDP_TRY(cuda_check_launch("sqnorm_sum"));
     }
     return 0;
+}
+
+__global__ void grad_clip_kernel(struct kernels_grad_clip *out, const double *sq, int n, double loss_scale,
+                                 double max_norm)
+{
+    double s = 0.0;
+    for (int i = 0; i < n; i++)
+        s += sq[i];
+    kernels_grad_clip_finish(out, s, loss_scale, max_norm);
+}
+
+int cuda_grad_clip(struct kernels_grad_clip *out, const double *sq, int n, double loss_scale, double max_norm)
+{
+    if (!out || n < 1 || !sq || !(loss_scale > 0))
+        return error_set(FSDP_EINVAL, "kernels cuda: grad_clip: NULL argument, %d norms or loss scale %g", n,
+                         loss_scale);
+    grad_clip_kernel<<<1, 1, 0, cuda_ctx.stream>>>(out, sq, n, loss_scale, max_norm);
+    return cuda_check_launch("grad_clip");
 }
 
 int cuda_sqnorm(double *result, const float *x, size_t n)

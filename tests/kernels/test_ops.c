@@ -305,9 +305,9 @@ Test(kernels_ops, gelu_forward_backward)
 
 /* ---------- vector ops ---------- */
 
-/* sqnorm_many gives each buffer the bits sqnorm gives it: empty, tiny and large buffers, and 300 of them (more
- * than one batch of the CUDA table's 256 read-backs). */
-Test(kernels_ops, sqnorm_many_gives_each_buffers_sqnorm)
+/* sqnorm_sum adds, in order from 0, the bits sqnorm gives each buffer: empty, tiny and large buffers, and 300
+ * of them (more than one batch of the CUDA table's 256), into device memory. */
+Test(kernels_ops, sqnorm_sum_adds_each_buffers_sqnorm_in_order)
 {
     const struct kernels *k = kt_backend();
     enum { COUNT = 300 };
@@ -322,18 +322,76 @@ Test(kernels_ops, sqnorm_many_gives_each_buffers_sqnorm)
         xs[i] = dev[i];
         free(h);
     }
-    double got[COUNT];
-    cr_assert_eq(k->sqnorm_many(got, xs, ns, COUNT), 0, "%s", error_message());
+    double *dt = kt_dev_from(k, NULL, sizeof(double));
+    double got = -1, want = 0;
+    cr_assert_eq(k->sqnorm_sum(dt, xs, ns, COUNT), 0, "%s", error_message());
+    cr_assert_eq(k->mem_copy(&got, dt, sizeof got, KERNELS_COPY_D2H), 0, "%s", error_message());
     for (int i = 0; i < COUNT; i++) {
         double one = -1;
         cr_assert_eq(k->sqnorm(&one, xs[i], ns[i]), 0);
-        cr_assert(got[i] == one, "buffer %d (%zu floats): sqnorm_many %.17g, sqnorm %.17g", i, ns[i], got[i], one);
+        want += one;
     }
-    cr_assert_eq(k->sqnorm_many(NULL, NULL, NULL, 0), 0);
-    cr_assert_neq(k->sqnorm_many(got, xs, ns, -1), 0);
+    cr_assert(got == want, "sqnorm_sum %.17g, the sqnorms added in order %.17g", got, want);
+    cr_assert_eq(k->sqnorm_sum(dt, xs, ns, 0), 0);
+    cr_assert_eq(k->mem_copy(&got, dt, sizeof got, KERNELS_COPY_D2H), 0);
+    cr_assert(got == 0, "no buffers: %g", got);
+    cr_assert_neq(k->sqnorm_sum(dt, xs, ns, -1), 0);
     for (int i = 0; i < COUNT; i++)
         if (dev[i])
             k->mem_free(dev[i]);
+    k->mem_free(dt);
+}
+
+/* grad_clip on the device: the squared norms added in order, the norm unscaled, the clip coefficient divided by
+ * the loss scale, and NaN (AdamW then skips) for a non-finite norm; adamw with grad_scale_dev multiplies by it
+ * (the same bits as passing it in grad_scale) or changes nothing on NaN. */
+Test(kernels_ops, grad_clip_and_adamw_on_device_scale)
+{
+    const struct kernels *k = kt_backend();
+    struct kernels_grad_clip *dc = kt_dev_from(k, NULL, sizeof *dc), c;
+    double parts[3] = {9.0, 16.0, 0.0}; /* norm 5 before unscaling */
+    double *dp = kt_dev_from(k, parts, sizeof parts);
+    cr_assert_eq(k->grad_clip(dc, dp, 3, 2.0, 1.0), 0, "%s", error_message());
+    cr_assert_eq(k->mem_copy(&c, dc, sizeof c, KERNELS_COPY_D2H), 0);
+    double coef = 1.0 / (2.5 + 1e-6);
+    cr_assert(c.norm == 2.5 && c.grad_scale == (float)(coef / 2.0), "norm %.17g scale %.9g", c.norm,
+              (double)c.grad_scale);
+    cr_assert_eq(k->grad_clip(dc, dp, 3, 1.0, 0.0), 0);
+    cr_assert_eq(k->mem_copy(&c, dc, sizeof c, KERNELS_COPY_D2H), 0);
+    cr_assert(c.norm == 5.0 && c.grad_scale == 1.0f, "no clip: norm %g scale %g", c.norm, (double)c.grad_scale);
+    /* adamw reads the scale on the device */
+    enum { N = 1000 };
+    float *p0 = kt_host_rand(N, 71, -1, 1), *g0 = kt_host_rand(N, 72, -1, 1);
+    float *p[2], *g[2], *m[2], *v[2];
+    for (int i = 0; i < 2; i++) {
+        p[i] = kt_devf(k, p0, N), g[i] = kt_devf(k, g0, N), m[i] = kt_devf(k, NULL, N), v[i] = kt_devf(k, NULL, N);
+    }
+    cr_assert_eq(k->grad_clip(dc, dp, 3, 2.0, 1.0), 0);
+    struct kernels_adamw_params hp = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                                      .grad_scale = (float)(coef / 2.0), .step = 1};
+    cr_assert_eq(k->adamw(p[0], g[0], m[0], v[0], N, &hp), 0);
+    hp.grad_scale = 1.0f;
+    hp.grad_scale_dev = &dc->grad_scale;
+    cr_assert_eq(k->adamw(p[1], g[1], m[1], v[1], N, &hp), 0, "%s", error_message());
+    float *a = kt_down(k, p[0], N), *b = kt_down(k, p[1], N);
+    cr_assert_arr_eq(a, b, N * sizeof(float), "adamw with grad_scale_dev differs from grad_scale");
+    free(a), free(b);
+    /* a non-finite norm: NaN scale, and adamw leaves param and moments as they were */
+    parts[1] = INFINITY;
+    cr_assert_eq(k->mem_copy(dp, parts, sizeof parts, KERNELS_COPY_H2D), 0);
+    cr_assert_eq(k->grad_clip(dc, dp, 3, 1.0, 1.0), 0);
+    cr_assert_eq(k->mem_copy(&c, dc, sizeof c, KERNELS_COPY_D2H), 0);
+    cr_assert(isinf(c.norm) && isnan(c.grad_scale), "norm %g scale %g", c.norm, (double)c.grad_scale);
+    float *before = kt_down(k, p[1], N), *mb = kt_down(k, m[1], N);
+    hp.step = 2;
+    cr_assert_eq(k->adamw(p[1], g[1], m[1], v[1], N, &hp), 0);
+    float *after = kt_down(k, p[1], N), *ma = kt_down(k, m[1], N);
+    cr_assert_arr_eq(before, after, N * sizeof(float), "a skipped step changed the parameters");
+    cr_assert_arr_eq(mb, ma, N * sizeof(float), "a skipped step changed the moments");
+    free(before), free(after), free(mb), free(ma), free(p0), free(g0);
+    for (int i = 0; i < 2; i++)
+        k->mem_free(p[i]), k->mem_free(g[i]), k->mem_free(m[i]), k->mem_free(v[i]);
+    k->mem_free(dc), k->mem_free(dp);
 }
 
 Test(kernels_ops, residual_scale_axpy_sqnorm)

@@ -142,8 +142,13 @@ struct fsdp_step_result {
     double loss_scale;
 };
 /* Finishes gradient reduction, clips by the global norm, runs AdamW on the shards, refreshes the
- * low-precision parameter shards and zeroes the gradients. step is 1-based (bias correction). */
-int fsdp_optimizer_step(struct fsdp *f, double lr, int64_t step, struct fsdp_step_result *res);
+ * low-precision parameter shards and zeroes the gradients. step is 1-based (bias correction). The norm, the
+ * clip and the non-finite check happen on the device: nothing here waits for it (offloading aside). */
+int fsdp_optimizer_step(struct fsdp *f, double lr, int64_t step);
+/* After fsdp_optimizer_step: the step's outcome and this rank's loss sum since the last read, in one read
+ * from the device. A non-finite norm skipped the update: FSDP_ERANGE ("the loss diverged"), or with fp16 a
+ * skipped step (res->skipped) and a lower loss scale. */
+int fsdp_finish_step(struct fsdp *f, int64_t step, struct fsdp_step_result *res, double *local_loss);
 
 /* Sum of x over all ranks, added in rank order (every rank gets the same bits). */
 int fsdp_sum_world(struct fsdp *f, double x, double *sum);

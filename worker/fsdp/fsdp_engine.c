@@ -53,6 +53,7 @@ static int alloc_state(struct fsdp *f)
         size_t b = SLICE(f->units[i].shard * sizeof(float));
         total += 4 * b + (f->param_dtype != DTYPE_F32 ? SLICE(f->units[i].shard * es) : 0);
     }
+    total += SLICE(sizeof(struct fsdp_step_stats));
     /* Offloaded state lives in the device's pinned host memory: the per-unit H2D/D2H copies of offload then
      * run at bus speed (plain host memory on the CPU backend). */
     f->arena = f->offload ? f->k->host_alloc(total ? total : 64) : fsdp_raw_alloc(f, total);
@@ -92,6 +93,7 @@ static int alloc_state(struct fsdp *f)
             fsdp_mem_add(f, FSDP_MEM_PARAMS, (ptrdiff_t)SLICE(u->shard * es));
         }
     }
+    f->stats = (struct fsdp_step_stats *)at;
 #undef SLICE
     for (size_t i = 0; i < f->n_pieces; i++) {
         struct fsdp_piece *p = &f->pieces[i];

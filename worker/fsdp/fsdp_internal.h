@@ -61,6 +61,12 @@ struct fsdp_pending {
 
 #define FSDP_MAX_PENDING 256
 
+/* What a step leaves on the device for fsdp_finish_step to read in one copy (the state's memory). */
+struct fsdp_step_stats {
+    struct kernels_grad_clip clip;
+    double loss; /* this rank's loss sum, moved here from the model's accumulator */
+};
+
 struct fsdp_pool_buf {
     void *ptr;
     size_t bytes;
@@ -77,6 +83,7 @@ struct fsdp {
     bool offload;             /* offload_params on a device: shards in host memory, optimizer on the host */
     struct comm *reg;         /* buffers come from comm_mem_alloc of this communicator (NULL: k->mem_alloc) */
     void *arena;              /* all persistent state of this rank, one allocation */
+    struct fsdp_step_stats *stats; /* in the arena */
     float *host_stage;        /* offload: pinned host memory for a unit's device gradients (largest unit) */
     struct fsdp_groups g;
     struct comm *shard_comm, *rep_comm; /* NULL for one-rank groups */

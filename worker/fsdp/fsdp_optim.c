@@ -69,57 +69,61 @@ static int zero_grads(struct fsdp *f)
     return 0;
 }
 
-int fsdp_optimizer_step(struct fsdp *f, double lr, int64_t step, struct fsdp_step_result *res)
+/* The squared gradient norm of this rank's shards, summed over the shard group into the group's n slots of
+ * sq (device memory: the all-gather's), without the host reading anything. */
+static int norm_parts(struct fsdp *f, double *sq, int r)
 {
-    FSDP_TRY(fsdp_pending_drain(f, 0));
-    /* every unit's norm in one request to the device (one synchronisation, not one per unit), added in unit
-     * order as before */
     size_t nu = f->n_units > 0 ? (size_t)f->n_units : 1;
-    char *buf = malloc(nu * (sizeof(const float *) + sizeof(size_t) + sizeof(double)));
+    char *buf = malloc(nu * (sizeof(const float *) + sizeof(size_t)));
     if (!buf)
         return error_set(FSDP_ENOMEM, "optimizer step: out of memory for %d unit norms", f->n_units);
-    double *norms = (double *)buf;
-    size_t *sizes = (size_t *)(norms + nu);
+    size_t *sizes = (size_t *)buf;
     const float **grads = (const float **)(sizes + nu);
     for (int i = 0; i < f->n_units; i++) {
         grads[i] = f->units[i].grad;
         sizes[i] = f->units[i].shard;
     }
-    int nrc = f->sk->sqnorm_many(norms, grads, sizes, f->n_units);
-    double local = 0;
-    for (int i = 0; i < f->n_units && nrc == 0; i++)
-        local += norms[i];
+    /* Offloaded shards are in host memory: the host's sum goes up to the device for the all-gather. */
+    double host = 0;
+    int rc = f->sk->sqnorm_sum(f->offload ? &host : sq + r, grads, sizes, f->n_units);
     free(buf);
-    FSDP_TRY(nrc);
-    double sq = 0;
-    FSDP_TRY(fsdp_sum_over(f, f->shard_comm, local, &sq));
-    double scale = f->loss_scale;
-    double norm = sqrt(sq) / scale;
-    memset(res, 0, sizeof *res);
-    res->grad_norm = norm;
-    if (!isfinite(norm)) {
-        if (f->param_dtype == DTYPE_F16) {
-            /* every rank computed the same norm, so every rank skips together */
-            f->loss_scale *= SCALER_BACKOFF;
-            f->scaler_good = 0;
-            res->skipped = true;
-            res->loss_scale = f->loss_scale;
-            log_warn("step %lld: non-finite gradients at loss scale %g; step skipped, scale now %g", (long long)step,
-                     scale, f->loss_scale);
-            int rc = zero_grads(f);
-            for (int i = 0; i < f->n_units; i++)
-                fsdp_release(f, i);
-            return rc;
-        }
-        return error_set(FSDP_ERANGE, "step %lld: the gradient norm is %g (the loss diverged); lower optim.lr or "
-                         "set optim.grad_clip", (long long)step, norm);
+    FSDP_TRY(rc);
+    if (f->offload)
+        FSDP_TRY(f->k->mem_copy(sq + r, &host, sizeof host, KERNELS_COPY_H2D));
+    if (f->shard_comm)
+        FSDP_TRY(comm_all_gather(f->shard_comm, sq + r, sq, 2, DTYPE_F32));
+    return 0;
+}
+
+int fsdp_optimizer_step(struct fsdp *f, double lr, int64_t step)
+{
+    FSDP_TRY(fsdp_pending_drain(f, 0));
+    /* The global norm, the clip coefficient and the loss-scale check stay on the device: AdamW reads the
+     * coefficient there (grad_scale_dev) and skips when the norm is not finite, so nothing in the step waits
+     * for the host. fsdp_finish_step reads the outcome once the whole step is queued. */
+    int n = f->shard_comm ? comm_size(f->shard_comm) : 1, r = f->shard_comm ? comm_rank(f->shard_comm) : 0;
+    double *sq = fsdp_buf_get(f, (size_t)n * sizeof(double), FSDP_MEM_COMM);
+    if (!sq)
+        return error_set(FSDP_ENOMEM, "fsdp: out of memory");
+    int rc = norm_parts(f, sq, r);
+    const double *parts = sq;
+    double host_parts[256], *hp_all = NULL;
+    if (rc == 0 && f->offload) { /* the clip runs where the offloaded optimizer does: on the host */
+        hp_all = n <= 256 ? host_parts : malloc((size_t)n * sizeof(double));
+        rc = hp_all ? f->k->mem_copy(hp_all, sq, (size_t)n * sizeof(double), KERNELS_COPY_D2H)
+                    : error_set(FSDP_ENOMEM, "fsdp: out of memory");
+        parts = hp_all;
     }
-    double clip = f->wc.optim.grad_clip;
-    double coef = clip > 0 && norm > clip ? clip / (norm + 1e-6) : 1.0;
+    if (rc == 0)
+        rc = f->sk->grad_clip(&f->stats->clip, parts, n, f->loss_scale, f->wc.optim.grad_clip);
+    if (hp_all && hp_all != host_parts)
+        free(hp_all);
+    fsdp_buf_put(f, sq);
+    FSDP_TRY(rc);
     struct kernels_adamw_params hp = {.lr = (float)lr, .beta1 = (float)f->wc.optim.beta1,
                                       .beta2 = (float)f->wc.optim.beta2, .eps = (float)f->wc.optim.eps,
-                                      .grad_scale = (float)(coef / scale), .step = (int)step};
-    int rc = 0;
+                                      .grad_scale = 1.0f, .step = (int)step,
+                                      .grad_scale_dev = &f->stats->clip.grad_scale};
     for (size_t i = 0; i < f->n_pieces; i++) {
         const struct fsdp_piece *p = &f->pieces[i];
         struct fsdp_unit *u = &f->units[p->unit];
@@ -130,12 +134,45 @@ int fsdp_optimizer_step(struct fsdp *f, double lr, int64_t step, struct fsdp_ste
     }
     FSDP_TRY_GOTO(zero_grads(f), rc, out);
     /* No all-gather is in flight after a backward: the low-precision copies they read can be refreshed
-     * before the gathered copies are dropped. */
+     * before the gathered copies are dropped (a skipped step refreshes them from unchanged masters). */
     FSDP_TRY_GOTO(fsdp_refresh_lp(f), rc, out);
 out:
     /* the update made the gathered copies stale (a failed update too) */
     for (int i = 0; i < f->n_units; i++)
         fsdp_release(f, i);
+    f->grads_dirty = false;
+    return rc;
+}
+
+int fsdp_finish_step(struct fsdp *f, int64_t step, struct fsdp_step_result *res, double *local_loss)
+{
+    struct fsdp_step_stats st;
+    /* One read for the step: the loss moves next to the clip's outcome on the device first (the same memory
+     * unless the optimizer was offloaded to the host). */
+    if (!f->offload) {
+        FSDP_TRY(model_move_loss(f->model, &f->stats->loss));
+        FSDP_TRY(f->k->mem_copy(&st, f->stats, sizeof st, KERNELS_COPY_D2H));
+    } else {
+        FSDP_TRY(model_take_loss(f->model, &st.loss));
+        memcpy(&st.clip, &f->stats->clip, sizeof st.clip);
+    }
+    *local_loss = st.loss;
+    double scale = f->loss_scale, norm = st.clip.norm;
+    memset(res, 0, sizeof *res);
+    res->grad_norm = norm;
+    if (!isfinite(norm)) {
+        if (f->param_dtype != DTYPE_F16)
+            return error_set(FSDP_ERANGE, "step %lld: the gradient norm is %g (the loss diverged); lower optim.lr "
+                             "or set optim.grad_clip", (long long)step, norm);
+        /* every rank computed the same norm, so every rank skipped the update together */
+        f->loss_scale *= SCALER_BACKOFF;
+        f->scaler_good = 0;
+        res->skipped = true;
+        res->loss_scale = f->loss_scale;
+        log_warn("step %lld: non-finite gradients at loss scale %g; step skipped, scale now %g", (long long)step,
+                 scale, f->loss_scale);
+        return 0;
+    }
     if (f->param_dtype == DTYPE_F16 && ++f->scaler_good >= SCALER_INTERVAL) {
         f->loss_scale *= SCALER_GROWTH;
         f->scaler_good = 0;
@@ -144,6 +181,5 @@ out:
                  f->loss_scale);
     }
     res->loss_scale = f->loss_scale;
-    f->grads_dirty = false;
-    return rc;
+    return 0;
 }

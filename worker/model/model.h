@@ -234,6 +234,8 @@ int model_forward_head(struct model *m, const float *root, float dloss);
 /* *sum (host) = the loss sum accumulated by forward_head since the last call, which resets it; it waits for
  * the device. */
 int model_take_loss(struct model *m, double *sum);
+/* *dst (device memory of the model's table) = that sum, which is reset: no wait for the device. */
+int model_move_loss(struct model *m, double *dst);
 int model_backward_head(struct model *m, const float *root, float *root_grads);
 int model_backward_block(struct model *m, int layer, const float *block, float *block_grads);
 int model_backward_embed(struct model *m, const float *root, float *root_grads);

@@ -199,6 +199,13 @@ int model_core_take_loss(struct model *m, double *sum)
     return 0;
 }
 
+int model_core_move_loss(struct model *m, double *dst)
+{
+    struct model_core *s = m->family;
+    FSDP_TRY(m->k->mem_copy(dst, s->loss_acc, sizeof *dst, KERNELS_COPY_D2D));
+    return m->k->mem_set(s->loss_acc, 0, sizeof *s->loss_acc);
+}
+
 int model_operand_hold(const struct kernels *k, const float *x, size_t n)
 {
     return k->lowp_hold ? k->lowp_hold(x, n) : 0;

@@ -160,6 +160,7 @@ int model_core_forward_embed(struct model *m, const float *root);
 int model_core_forward_block(struct model *m, int layer, const float *block);
 int model_core_forward_head(struct model *m, const float *root, float dloss);
 int model_core_take_loss(struct model *m, double *sum);
+int model_core_move_loss(struct model *m, double *dst);
 int model_core_backward_head(struct model *m, const float *root, float *root_grads);
 int model_core_backward_block(struct model *m, int layer, const float *block, float *block_grads);
 int model_core_backward_embed(struct model *m, const float *root, float *root_grads);

@@ -184,6 +184,11 @@ int model_take_loss(struct model *m, double *sum)
     return model_core_take_loss(m, sum);
 }
 
+int model_move_loss(struct model *m, double *dst)
+{
+    return model_core_move_loss(m, dst);
+}
+
 int model_backward_head(struct model *m, const float *root, float *root_grads)
 {
     return model_core_backward_head(m, root, root_grads);

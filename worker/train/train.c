@@ -214,8 +214,8 @@ static void fault_maybe_kill(const struct train_env *env, int64_t step)
 }
 
 /* One optimizer step: this rank's micro-batches of the step through forward and backward, the sharded
- * AdamW step, and the step's loss (the mean over every token of the global batch). The loss stays on the
- * device until the optimizer step has been queued: nothing in the step waits for it. */
+ * AdamW step, and the step's loss (the mean over every token of the global batch). The loss and the gradient
+ * norm stay on the device until the whole step is queued: one read then (fsdp_finish_step). */
 static int train_step(struct trainer *t, int64_t step, double lr, double *loss, struct fsdp_step_result *res)
 {
     float dloss = (float)(fsdp_loss_scale(t->fsdp) / t->tokens_per_step);
@@ -226,8 +226,8 @@ static int train_step(struct trainer *t, int64_t step, double lr, double *loss, 
         FSDP_TRY_GOTO(load_micro(t, t->train, step, a), rc, out);
         FSDP_TRY_GOTO(fsdp_forward_backward(t->fsdp, dloss, a == t->accum - 1), rc, out);
     }
-    FSDP_TRY_GOTO(fsdp_optimizer_step(t->fsdp, lr, step + 1, res), rc, out);
-    FSDP_TRY_GOTO(fsdp_take_loss(t->fsdp, &local), rc, out);
+    FSDP_TRY_GOTO(fsdp_optimizer_step(t->fsdp, lr, step + 1), rc, out);
+    FSDP_TRY_GOTO(fsdp_finish_step(t->fsdp, step + 1, res, &local), rc, out);
     FSDP_TRY_GOTO(fsdp_sum_world(t->fsdp, local, &sum), rc, out);
 out:
     *loss = sum / t->tokens_per_step;
