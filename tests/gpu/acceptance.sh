@@ -7,7 +7,7 @@
 #                           [--build DIR] [--fail STAGE] [--list-binaries]
 #
 # Two commands of at most 5 minutes each on an H100 (README.md gives the times):
-#   --stages env,kernels,nccl,train     then     --stages env,bench      (same --out: one acceptance.json)
+#   --stages env,kernels,nccl,train     then     --stages env,bench,llama      (same --out: one acceptance.json)
 # Stages (--stages picks some, comma-separated; each has its own time limit, below):
 #   env      GPU, driver, CUDA runtime, cuBLAS, NCCL, cuDNN, PyTorch and transformers versions, where each
 #            library was found; every ELF file of the kit resolves its libraries; the module has code for
@@ -25,6 +25,9 @@
 #   bench    GPT-2 124M, T = 1024, bf16: fsdpc's tokens/s, ms/step, peak memory, MFU (llm.c's formula),
 #            and in the same command on the same GPU and shapes llm.c (train_gpt2cu) and PyTorch
 #            (eager and torch.compile, tests/gpu/torch_gpt2_peer.py)
+#   llama    a Llama 3.2 1B shape (16 x 2048, 32 heads, 8 KV heads, FFN 8192, vocabulary 128256, tied),
+#            T = 2048, batch 4, bf16, random init: fsdpc's tokens/s and MFU beside PyTorch + transformers'
+#            LlamaForCausalLM, eager and torch.compile (torch_gpt2_peer.py --family llama), same tokens
 # OUT/acceptance.json: per stage PASS, FAIL or SKIPPED with its reason and time, the versions, every figure
 # and every tool the run did not have; OUT/summary.txt one line per stage; OUT/<stage>.log each stage's
 # output. The exit code is the number of FAILed stages.
@@ -55,7 +58,7 @@ kit_binaries() {
 expected_gpu_skips='^kernels_attention::context_parallel_[a-z0-9_]+\|the cuda kernels have no context-parallel attention on host memory$
 ^comm_nccl::[a-z0-9_]+\|needs 2 or more ranks'
 
-dry=0 build="" out="" stages="env,kernels,nccl,train,bench" fail_stage="" only="" batch=8
+dry=0 build="" out="" stages="env,kernels,nccl,train,bench,llama" fail_stage="" only="" batch=8
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry=1 ;;
@@ -72,8 +75,8 @@ while [ $# -gt 0 ]; do
   shift
 done
 for s in ${stages//,/ }; do
-  case "$s" in env|kernels|nccl|train|bench) ;;
-    *) echo "acceptance: unknown stage '$s' in --stages (allowed: env,kernels,nccl,train,bench)" >&2; exit 2 ;;
+  case "$s" in env|kernels|nccl|train|bench|llama) ;;
+    *) echo "acceptance: unknown stage '$s' in --stages (allowed: env,kernels,nccl,train,bench,llama)" >&2; exit 2 ;;
   esac
 done
 if [ -n "$fail_stage" ] && [ "$dry" = 0 ]; then
@@ -562,6 +565,80 @@ EOF
   note "$( [ "$dry" = 1 ] && echo "dry run (tiny model on the CPU): " )$(grep '^ratios ' "$out/bench.figures" | sed 's/^ratios //')"
 }
 
+# The same job as the bench stage's for a Llama of about 1B (Llama 3.2 1B's shape, random init): fsdpc, then
+# PyTorch + transformers (eager and torch.compile) on the same tokens (llm.c's uint32 format: 128256 ids).
+stage_llama() {
+  facts; kit_env
+  local dir=$out/llama rc=0
+  rm -rf "$dir"; mkdir -p "$dir"
+  local L=16 H=32 KV=8 C=2048 F=8192 T=2048 V=128256 B=4 steps=10 skip=3 dev=cuda
+  if [ "$dry" = 1 ]; then L=2; H=4; KV=2; C=64; F=128; T=64; V=70000; B=2; steps=4; skip=1; dev=cpu; export OMP_NUM_THREADS=1; fi
+  local p pk
+  p=$(peaks_for "$gpu_name"); pk=${p% *}
+  [ "$dry" = 1 ] && pk=1
+  echo "llama_shape=Llama L=$L C=$C heads=$H kv_heads=$KV ffn=$F T=$T B=$B vocab=$V peak_tflops_bf16=$pk" > "$out/llama.figures"
+  $tools tokens "$dir/train.bin" --count $((B * T * (steps + 3) + 1)) --vocab $V --uint32 || { note "token files"; return 1; }
+  cat > "$dir/llama.ini" <<EOF
+[model]
+model_family = llama
+n_layer = $L
+n_head = $H
+n_kv_head = $KV
+n_embd = $C
+intermediate_size = $F
+vocab_size = $V
+block_size = $T
+rope_theta = 500000
+tie_word_embeddings = true
+[train]
+train_batch = $B
+micro_batch = $B
+max_steps = $steps
+eval_interval = 0
+[optim]
+lr = 0.0003
+warmup_steps = 2
+[data]
+train_file = $dir/train.bin
+[log]
+interval = 1
+[checkpoint]
+interval = -1
+EOF
+  echo "== fsdpc: Llama $L x $C ($KV KV heads), T $T, batch $B, bf16 on $dev"
+  local memlog=$dir/mem.txt poller=""
+  if [ "$dry" = 0 ]; then
+    ( while :; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1; sleep 0.5; done ) \
+      > "$memlog" &
+    poller=$!
+  fi
+  FSDP_CUDA_TF32=1 timeout 60 "$worker" "$dir/llama.ini" --train.device=$dev --fsdp.mixed_precision=bf16 \
+    --log.dir="$dir/fsdpc/log" --checkpoint.dir="$dir/fsdpc/ckpt" > "$dir/fsdpc.out" 2>&1 ||
+    { tail -5 "$dir/fsdpc.out"; echo "fsdpc Llama run failed"; rc=1; }
+  [ -n "$poller" ] && kill "$poller" 2>/dev/null
+  local mem=0
+  [ -s "$memlog" ] && mem=$(sort -n "$memlog" | tail -1 | awk '{print $1 * 1048576}')
+  [ "$rc" = 0 ] && { $tools bench "$dir/fsdpc/log" --name fsdpc_llama_1b_bf16 --dtype bf16 --peak-tflops "$pk" \
+      --mem-bytes "$mem" --skip $skip | tee -a "$out/llama.figures" || rc=1; }
+  local py mode
+  if py=$(torch_python); then
+    for mode in eager compile; do
+      echo "== PyTorch + transformers $mode ($py)"
+      env -u LD_LIBRARY_PATH timeout $([ $mode = compile ] && echo 70 || echo 30) "$py" "$here/torch_gpt2_peer.py" \
+        --family llama --mode $mode --device "$dev" --batch "$B" --seq "$T" --steps $((steps - skip)) --warmup "$skip" \
+        --layers $L --heads $H --kv-heads $KV --embd $C --ffn $F --vocab $V --rope-theta 500000 \
+        --tokens "$dir/train.bin" --peak-tflops "$pk" --json "$dir/torch_$mode.json" > "$dir/torch_$mode.out" 2>&1
+      tail -3 "$dir/torch_$mode.out"
+      grep '^bench=' "$dir/torch_$mode.out" >> "$out/llama.figures" || echo "PyTorch $mode gave no bench line"
+    done
+  else
+    missing "python3 with torch: the PyTorch peers of the llama stage did not run"
+  fi
+  $tools ratios "$out/llama.figures" --family llama | tee -a "$out/llama.figures"
+  [ "$rc" = 0 ] || { note "the fsdpc Llama run failed (see llama.log)"; return 1; }
+  note "$( [ "$dry" = 1 ] && echo "dry run (tiny model on the CPU): " )$(grep '^ratios ' "$out/llama.figures" | sed 's/^ratios //')"
+}
+
 # ---- one stage in this process (--stage-only), or the stages asked for ------------------------------------
 
 if [ -n "$only" ]; then
@@ -570,11 +647,11 @@ if [ -n "$only" ]; then
 fi
 
 # Each stage's time limit (s): the two commands of a GPU window stay under 5 minutes each (README.md).
-limit_of() { case "$1" in env) echo 40 ;; kernels) echo 200 ;; nccl) echo 60 ;; train) echo 160 ;; bench) echo 260 ;; esac; }
+limit_of() { case "$1" in env) echo 40 ;; kernels) echo 200 ;; nccl) echo 60 ;; train) echo 160 ;; bench) echo 150 ;; llama) echo 140 ;; esac; }
 : > "$out/summary.txt"
 
 failures=0
-for stage in env kernels nccl train bench; do
+for stage in env kernels nccl train bench llama; do
   case ",$stages," in *",$stage,"*) ;; *) continue ;; esac
   rm -f "$out/$stage.note" "$out/$stage.figures" "$out/$stage.missing"
   t0=$(date +%s)

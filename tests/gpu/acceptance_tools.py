@@ -5,9 +5,11 @@
       per-step losses of run A against run B (rows matched by "step"): exit 0 when every step both have,
       from S on, differs by at most REL relative (--exact: bit for bit, as printed), printing the largest
       difference as a `compare=` line.
-  acceptance_tools.py tokens FILE --count N --vocab V [--seed S] [--llmc FILE2]
+  acceptance_tools.py tokens FILE --count N --vocab V [--seed S] [--llmc FILE2] [--uint32]
       N random tokens below V as little-endian uint16 (nanoGPT's format), reproducibly; --llmc also writes
-      the same tokens in llm.c's format (256 x int32 header: 20240520, 1, N; then uint16 tokens).
+      the same tokens in llm.c's format (256 x int32 header: 20240520, 1, N; then uint16 tokens); --uint32
+      writes FILE in llm.c's uint32 format instead (header 20240801, 7, N; then uint32 tokens), for
+      vocabularies above 65,536 ids.
   acceptance_tools.py criterion REPORT.json --name N --exit-code C [--allow-skips FILE] [--skips-ok]
       a Criterion binary's --json report (its messages are not JSON-escaped: read line by line): counts,
       every failure and every skip not matched by a line of FILE (`suite::test|message` regexes); writes
@@ -22,7 +24,8 @@
   acceptance_tools.py llmc LOG --peak-tflops P [--skip K] [--params-of LOGDIR]
       a `bench=llmc_...` line from llm.c's per-step lines (mean tok/s after the first K steps; MFU by the
       same formula as ours, with the parameter count of fsdpc's run of the same model)
-  acceptance_tools.py ratios FIGURES      the `ratios ...` line: fsdpc's tokens/s over each peer's
+  acceptance_tools.py ratios FIGURES [--family llama]      the `ratios ...` line: fsdpc's tokens/s over each
+      peer's (llama: the llama stage's figures, PyTorch + transformers eager and compiled)
   acceptance_tools.py bench LOGDIR --name N --dtype D --peak-tflops P [--mem-bytes B] [--skip K]
       one `bench=` line from a run's metrics.jsonl and run summary: tokens/s and ms/step (mean over the steps
       after the first K), MFU by llm.c's formula (flops per token 6 N + 6 L C T, N the parameter count; llm.c,
@@ -86,6 +89,14 @@ def cmd_compare(a):
 def cmd_tokens(a):
     rng = random.Random(a.seed)
     toks = [rng.randrange(a.vocab) for _ in range(a.count)]
+    if a.uint32:
+        with open(a.file, "wb") as f:
+            f.write(struct.pack("<256i", *([20240801, 7, len(toks)] + [0] * 253)))
+            f.write(struct.pack(f"<{len(toks)}I", *toks))
+        return 0
+    if a.vocab > 65536:
+        print(f"tokens: --vocab {a.vocab} does not fit uint16; use --uint32", file=sys.stderr)
+        return 2
     body = struct.pack(f"<{len(toks)}H", *toks)
     with open(a.file, "wb") as f:
         f.write(body)
@@ -284,10 +295,41 @@ def bench_summary(figures):
     return out
 
 
+def llama_summary(figures):
+    """The llama stage's figures: fsdpc's tokens/s and MFU against PyTorch + transformers."""
+    by = {}
+    for ln in figures:
+        if ln.startswith("bench="):
+            f = bench_fields(ln)
+            by[f["bench"]] = f
+    def num(name, key):
+        try:
+            return float(by[name][key])
+        except (KeyError, ValueError):
+            return None
+    out = {"fsdpc_tok_s": num("fsdpc_llama_1b_bf16", "tokens_per_s"), "fsdpc_mfu": num("fsdpc_llama_1b_bf16", "mfu"),
+           "fsdpc_ms_per_step": num("fsdpc_llama_1b_bf16", "ms_per_step"),
+           "fsdpc_peak_mem_gib": num("fsdpc_llama_1b_bf16", "peak_mem_gib"),
+           "torch_eager_tok_s": num("torch_llama_eager", "tokens_per_s"),
+           "torch_compile_tok_s": num("torch_llama_compile", "tokens_per_s"),
+           "torch_compile_mfu": num("torch_llama_compile", "mfu")}
+    for peer in ("torch_eager", "torch_compile"):
+        p = out[peer + "_tok_s"]
+        out[f"fsdpc_over_{peer}"] = out["fsdpc_tok_s"] / p if p and out["fsdpc_tok_s"] else None
+    return out
+
+
 def cmd_ratios(a):
-    b = bench_summary(lines_of(a.figures))
     def fmt(x):
         return "none" if x is None else f"{x:.3g}"
+    if a.family == "llama":
+        b = llama_summary(lines_of(a.figures))
+        print(f"ratios fsdpc_tok_s={fmt(b['fsdpc_tok_s'])} fsdpc_mfu={fmt(b['fsdpc_mfu'])} "
+              f"torch_eager_tok_s={fmt(b['torch_eager_tok_s'])} torch_compile_tok_s={fmt(b['torch_compile_tok_s'])} "
+              f"fsdpc/torch_eager={fmt(b['fsdpc_over_torch_eager'])} "
+              f"fsdpc/torch_compile={fmt(b['fsdpc_over_torch_compile'])}")
+        return 0
+    b = bench_summary(lines_of(a.figures))
     print(f"ratios fsdpc_tok_s={fmt(b['fsdpc_tok_s'])} fsdpc_mfu={fmt(b['fsdpc_mfu'])} "
           f"llmc_tok_s={fmt(b['llmc_tok_s'])} torch_eager_tok_s={fmt(b['torch_eager_tok_s'])} "
           f"torch_compile_tok_s={fmt(b['torch_compile_tok_s'])} fsdpc/llmc={fmt(b['fsdpc_over_llmc'])} "
@@ -336,12 +378,13 @@ def cmd_report(a):
     manifest = json.load(open(a.manifest)) if a.manifest and os.path.exists(a.manifest) else None
     missing = sorted({m for s in stages.values() for m in s.get("missing", [])})
     bench = bench_summary(stages["bench"]["figures"]) if "bench" in stages else {}
-    order = ["env", "kernels", "nccl", "train", "bench"]
+    llama = llama_summary(stages["llama"]["figures"]) if "llama" in stages else {}
+    order = ["env", "kernels", "nccl", "train", "bench", "llama"]
     results = [stages[s]["result"] for s in order if s in stages]
     verdict = "FAIL" if "FAIL" in results else ("PASS" if len(results) == len(order) else "INCOMPLETE")
     rep = {"verdict": verdict, "dry_run": a.dry_run, "stages_run": [s for s in order if s in stages],
            "kit": manifest, "env": env, "stages": {s: stages[s] for s in order if s in stages},
-           "bench": bench, "missing_tools": missing}
+           "bench": bench, "llama": llama, "missing_tools": missing}
     with open(os.path.join(a.out, "acceptance.json.part"), "w") as f:
         json.dump(rep, f, indent=1)
     os.replace(os.path.join(a.out, "acceptance.json.part"), os.path.join(a.out, "acceptance.json"))
@@ -368,6 +411,7 @@ def main():
     t.add_argument("--vocab", type=int, required=True)
     t.add_argument("--seed", type=int, default=1234)
     t.add_argument("--llmc")
+    t.add_argument("--uint32", action="store_true")
     b = sub.add_parser("bench")
     b.add_argument("logdir")
     b.add_argument("--name", required=True)
@@ -402,6 +446,7 @@ def main():
     m.add_argument("--params-of")
     q = sub.add_parser("ratios")
     q.add_argument("figures")
+    q.add_argument("--family", choices=("gpt2", "llama"), default="gpt2")
     a = ap.parse_args()
     return {"compare": cmd_compare, "tokens": cmd_tokens, "bench": cmd_bench, "criterion": cmd_criterion,
             "envjson": cmd_envjson, "stage": cmd_stage, "report": cmd_report, "llmc": cmd_llmc,

@@ -4,6 +4,12 @@
   torch_gpt2_peer.py --mode eager|compile [--batch 8] [--seq 1024] [--steps 20] [--warmup 5]
                      [--tokens FILE] [--json OUT.json] [--layers 12 --heads 12 --embd 768 --vocab 50257]
                      [--peak-tflops 989] [--seed 1337] [--device cuda|cpu]
+                     [--family llama --kv-heads 8 --ffn 8192 --rope-theta 500000]
+
+--family llama trains transformers' LlamaForCausalLM instead (built from a LlamaConfig with random weights:
+nothing is downloaded; tied embeddings, SDPA attention), the peer of acceptance.sh's llama stage; its line is
+`bench=torch_llama_<mode>`. The token file may be nanoGPT's (headerless uint16) or llm.c's (uint16 or, for
+vocabularies above 65,536, uint32 after a 256 x int32 header), as fsdpc reads them.
 
 tests/gpu/acceptance.sh's bench stage measures fsdpc training GPT-2 124M (12 x 768, T = 1024) on the GPU,
 then runs this script twice (--mode eager, --mode compile) with the same shapes, batch, peak TFLOP/s and
@@ -108,7 +114,58 @@ class GPT2(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+class Llama(nn.Module):
+    """transformers' LlamaForCausalLM with the same (idx, targets) -> loss call as GPT2, the loss in fp32."""
+
+    def __init__(self, a):
+        super().__init__()
+        try:
+            from transformers import LlamaConfig, LlamaForCausalLM
+        except ImportError as e:
+            fail(f"--family llama needs transformers ({e})")
+        cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=a.embd, intermediate_size=a.ffn,
+                          num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
+                          max_position_embeddings=a.seq, rope_theta=a.rope_theta, rms_norm_eps=1e-5,
+                          tie_word_embeddings=True, attn_implementation="sdpa")
+        self.m = LlamaForCausalLM(cfg)
+
+    def forward(self, idx, targets):
+        logits = self.m(input_ids=idx, use_cache=False).logits
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
 # ---- data -------------------------------------------------------------------------------------------------
+
+LLMC_MAGIC16, LLMC_MAGIC32 = 20240520, 20240801
+
+
+def read_tokens(path, need):
+    """The first `need` tokens of a token file as an int64 tensor: nanoGPT's headerless uint16, or llm.c's
+    256 x int32 header (magic 20240520: uint16 tokens; 20240801: uint32) and its tokens."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1024)
+            hdr = array.array("i")
+            hdr.frombytes(head[:1024] if len(head) == 1024 else b"")
+            if sys.byteorder != "little":
+                hdr.byteswap()
+            width, start = 2, 0
+            if len(hdr) == 256 and hdr[0] in (LLMC_MAGIC16, LLMC_MAGIC32):
+                width, start = (4 if hdr[0] == LLMC_MAGIC32 else 2), 1024
+            f.seek(start)
+            raw = f.read(width * need)
+    except OSError as e:
+        fail(f"cannot read token file {path}: {e}")
+    raw = raw[:len(raw) // width * width]
+    toks = array.array("I" if width == 4 else "H")
+    if toks.itemsize != width:
+        toks = array.array("L" if width == 4 else "H")
+    toks.frombytes(raw)
+    if sys.byteorder != "little":
+        toks.byteswap()
+    return torch.tensor(toks.tolist(), dtype=torch.int64)
+
+
 
 def token_batches(a, n_batches, device):
     """n_batches (inputs, targets) pairs of shape (B, T), already on the device.
@@ -122,21 +179,9 @@ def token_batches(a, n_batches, device):
     if a.tokens:
         # Only the prefix the windows can reach is read: a corpus may be far larger than this run needs.
         need = (n_batches - 1) * B * T + win
-        try:
-            with open(a.tokens, "rb") as f:
-                raw = f.read(2 * need)
-        except OSError as e:
-            fail(f"cannot read token file {a.tokens}: {e}")
-        if len(raw) % 2:
-            raw = raw[:-1]
-        toks = array.array("H")
-        toks.frombytes(raw)
-        if sys.byteorder != "little":
-            toks.byteswap()
-        if len(toks) < win:
-            fail(f"token file {a.tokens} holds {len(toks)} tokens; one batch needs B*T+1 = {win}")
-        # int16 view of the uint16 data, widened and masked back to 0..65535 (portable across torch versions)
-        data = torch.frombuffer(toks, dtype=torch.int16).to(torch.int64) & 0xFFFF
+        data = read_tokens(a.tokens, need)
+        if len(data) < win:
+            fail(f"token file {a.tokens} holds {len(data)} tokens; one batch needs B*T+1 = {win}")
         top = int(data.max())
         if top >= a.vocab:
             fail(f"token file {a.tokens} has token {top}, not below --vocab {a.vocab}")
@@ -175,6 +220,10 @@ def parse_args(argv):
                     help="device peak for MFU, TFLOP/s (989: H100/H200 SXM dense bf16); 0 prints mfu=nan")
     ap.add_argument("--seed", type=int, default=1337, help="seed of the weight initialisation")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--family", choices=("gpt2", "llama"), default="gpt2")
+    ap.add_argument("--kv-heads", type=int, default=8, help="llama: key/value heads (grouped-query attention)")
+    ap.add_argument("--ffn", type=int, default=8192, help="llama: the SwiGLU MLP's intermediate size")
+    ap.add_argument("--rope-theta", type=float, default=500000.0, help="llama: the rotary base")
     a = ap.parse_args(argv)
     for name in ("batch", "seq", "steps", "layers", "heads", "embd", "vocab"):
         if getattr(a, name) < 1:
@@ -183,6 +232,8 @@ def parse_args(argv):
         ap.error("--warmup must not be negative")
     if a.embd % a.heads:
         ap.error(f"--embd {a.embd} is not a multiple of --heads {a.heads}")
+    if a.family == "llama" and (a.kv_heads < 1 or a.heads % a.kv_heads or a.ffn < 1):
+        ap.error(f"--kv-heads {a.kv_heads} must divide --heads {a.heads}, and --ffn must be at least 1")
     return a
 
 
@@ -201,7 +252,11 @@ def main(argv=None):
 
     # Initialise on the CPU from the seed, then move: the same weights whichever device trains them.
     torch.manual_seed(a.seed)
-    model = GPT2(a.layers, a.heads, a.embd, a.vocab, a.seq).to(dev)
+    if a.family == "llama":
+        with torch.device(dev):  # a 1B model is made where it trains: initialising it on the CPU takes long
+            model = Llama(a)
+    else:
+        model = GPT2(a.layers, a.heads, a.embd, a.vocab, a.seq).to(dev)
     n_params = sum(p.numel() for p in model.parameters())
     params = list(model.parameters())
     decay = [p for p in params if p.dim() >= 2]
@@ -258,7 +313,7 @@ def main(argv=None):
     peak_mem = torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else None
 
     fields = {
-        "bench": f"torch_gpt2_{a.mode}", "batch": a.batch, "T": a.seq, "params": n_params,
+        "bench": f"torch_{a.family}_{a.mode}", "batch": a.batch, "T": a.seq, "params": n_params,
         "steps_timed": len(times), "tokens_per_s": round(tokens_per_s), "ms_per_step": round(1000 * mean_s, 1),
         "mfu": round(mfu, 3) if math.isfinite(mfu) else None,
         "peak_mem_gib": round(peak_mem, 2) if peak_mem is not None else None,

@@ -6,13 +6,13 @@
 #   tests/gpu/window.sh KIT.tar.xz 1|2|both RESULTS_DIR
 #
 #   1     env, kernels, nccl, train   (about 3 minutes on an H200; limit 5)
-#   2     env, bench                  (about 3 minutes; limit 5)
+#   2     env, bench, llama           (about 4 minutes; limit 5)
 # RESULTS_DIR gets acceptance.json (both commands' stages once the second has run), summary.txt and
 # logs.tar.xz (every stage's log and report, without checkpoints and token files).
 set -u
 kit_file=$1 part=$2 results=$3 extra=${4:-}  # extra: --dry-run, to try it without a GPU
 root=/tmp/fsdpc-window
-case "$part" in 1) stages=env,kernels,nccl,train ;; 2) stages=env,bench ;; both) stages=env,kernels,nccl,train,bench ;;
+case "$part" in 1) stages=env,kernels,nccl,train ;; 2) stages=env,bench,llama ;; both) stages=env,kernels,nccl,train,bench,llama ;;
   *) echo "window: the part must be 1, 2 or both, not '$part'" >&2; exit 2 ;; esac
 acc=$root/acceptance
 mkdir -p "$root" "$results"
@@ -26,7 +26,7 @@ if [ "$(cat "$root/kit.sha" 2>/dev/null)" != "$sum" ]; then
   echo "$sum" > "$root/kit.sha"
 fi
 # the second command on the machine that ran the first needs no second env stage
-[ "$part" = 2 ] && [ -f "$acc/env.json" ] && grep -q '^PASS env' "$acc/summary.txt" 2>/dev/null && stages=bench
+[ "$part" = 2 ] && [ -f "$acc/env.json" ] && grep -q '^PASS env' "$acc/summary.txt" 2>/dev/null && stages=bench,llama
 "$root/fsdpc-gpu-kit/src/tests/gpu/acceptance.sh" --stages "$stages" --out "$acc" $extra
 code=$?
 cp "$acc/acceptance.json" "$acc/summary.txt" "$results/" 2>/dev/null
