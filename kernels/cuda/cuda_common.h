@@ -70,6 +70,19 @@ int cuda_check(const char *op, cudaError_t e);
 /* Checks the launch that was just queued (bad configuration, missing sm_XX code). */
 int cuda_check_launch(const char *op);
 int cuda_check_blas(const char *op, cublasStatus_t s);
+/* A GEMM's operands as it reads them (matmul.cu): the fp32 ones, or their bf16/fp16 copies in the scratch in
+ * a 16-bit matmul mode, with the cuBLAS types and compute type for them. */
+struct cuda_gemm_operands {
+    const void *a, *b;
+    cudaDataType_t type;
+    cublasComputeType_t compute;
+};
+int cuda_gemm_operands(const char *op, int ta, int tb, int m, int n, int k, const float *a, int lda,
+                       const float *b, int ldb, struct cuda_gemm_operands *g);
+/* Row-major C(m, n) = op(A) op(B) + beta C (+ bias[j] on every row when bias is not NULL: n floats) through
+ * cuBLASLt with the bias as its epilogue (matmul_lt.cu). */
+int cuda_lt_matmul(const char *op, int ta, int tb, int m, int n, int k, const float *a, int lda, const float *b,
+                   int ldb, float beta, float *c, int ldc, const float *bias);
 /* Device scratch of at least bytes, valid for the work queued until the next call. It grows (when a
  * bigger size is first needed; the sizes depend on shapes, so it stops after the first step) by a
  * stream-ordered free and allocation: work queued before still reads the old buffer, and nothing waits. */

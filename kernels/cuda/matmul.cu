@@ -22,20 +22,17 @@ static size_t gemm_span(int rows, int cols, int ld)
     return rows == 0 || cols == 0 ? 0 : (size_t)(rows - 1) * ld + cols;
 }
 
-/* Row-major C(m, n) = alpha op(A) op(B) + beta C. In bf16 (fp16) mode the operands are rounded to bf16
- * (fp16) in scratch and cuBLAS multiplies those: CUBLAS_COMPUTE_32F_FAST_16BF on fp32 operands was seen to
- * give TF32's bits on an H200 (cuBLAS 13.1), not the bf16 rounding of the CPU table and of bf16 autocast. */
-static int gemm_rm(const char *op, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
-                   const float *b, int ldb, float beta, float *c, int ldc)
+/* The operands of a row-major op(A) op(B) as the GEMM reads them. In bf16 (fp16) mode they are rounded to
+ * bf16 (fp16) in scratch and cuBLAS multiplies those: CUBLAS_COMPUTE_32F_FAST_16BF on fp32 operands was seen
+ * to give TF32's bits on an H200 (cuBLAS 13.1), not the bf16 rounding of the CPU table and of bf16 autocast. */
+int cuda_gemm_operands(const char *op, int ta, int tb, int m, int n, int k, const float *a, int lda,
+                       const float *b, int ldb, struct cuda_gemm_operands *g)
 {
-    if (m == 0 || n == 0)
-        return 0;
-    cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     enum dtype lowp = cuda_ctx.matmul_dtype;
-    if (lowp == DTYPE_F32 || k == 0)
-        return cuda_check_blas(op, cublasGemmEx(cuda_ctx.blas, opb, opa, n, m, k, &alpha, b, CUDA_R_32F, ldb, a,
-                                                CUDA_R_32F, lda, &beta, c, CUDA_R_32F, ldc, cuda_ctx.gemm_compute,
-                                                CUBLAS_GEMM_DEFAULT));
+    if (lowp == DTYPE_F32 || k == 0) {
+        *g = (struct cuda_gemm_operands){a, b, CUDA_R_32F, cuda_ctx.gemm_f32};
+        return 0;
+    }
     size_t na = ta ? gemm_span(k, m, lda) : gemm_span(m, k, lda);
     size_t nb = tb ? gemm_span(n, k, ldb) : gemm_span(k, n, ldb);
     size_t na_padded = (na + 7) & ~(size_t)7; /* b's copy 16-byte aligned, as cuBLAS prefers */
@@ -52,8 +49,21 @@ static int gemm_rm(const char *op, int ta, int tb, int m, int n, int k, float al
         gemm_round_kernel<DTYPE_F16><<<cuda_grid(nb), CUDA_THREADS, 0, s>>>(b16, b, nb);
     }
     FSDP_TRY(cuda_check_launch(op));
-    return cuda_check_blas(op, cublasGemmEx(cuda_ctx.blas, opb, opa, n, m, k, &alpha, b16, t16, ldb, a16, t16, lda,
-                                            &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    *g = (struct cuda_gemm_operands){a16, b16, t16, CUBLAS_COMPUTE_32F};
+    return 0;
+}
+
+/* Row-major C(m, n) = alpha op(A) op(B) + beta C. */
+static int gemm_rm(const char *op, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                   const float *b, int ldb, float beta, float *c, int ldc)
+{
+    if (m == 0 || n == 0)
+        return 0;
+    cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    struct cuda_gemm_operands g;
+    FSDP_TRY(cuda_gemm_operands(op, ta, tb, m, n, k, a, lda, b, ldb, &g));
+    return cuda_check_blas(op, cublasGemmEx(cuda_ctx.blas, opb, opa, n, m, k, &alpha, g.b, g.type, ldb, g.a, g.type,
+                                            lda, &beta, c, CUDA_R_32F, ldc, g.compute, CUBLAS_GEMM_DEFAULT));
 }
 
 int cuda_set_matmul_dtype(enum dtype dtype)
@@ -89,27 +99,16 @@ static int check_dims(const char *op, int n, int in, int out)
     return 0;
 }
 
-__global__ void bias_fill_kernel(float *y, const float *b, size_t n, int out)
-{
-    size_t total = n * (size_t)out;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
-        y[i] = b[i % out];
-}
-
 int cuda_matmul_forward(float *y, const float *x, const float *w, const float *b, int n, int in, int out)
 {
     FSDP_TRY(check_dims("matmul_forward", n, in, out));
     if (n == 0)
         return 0;
-    float beta = 0.0f;
-    if (b) {
-        /* Seed y with the bias and let the GEMM accumulate (beta = 1): the epilogue costs one write. */
-        size_t total = (size_t)n * out;
-        bias_fill_kernel<<<cuda_grid(total), CUDA_THREADS, 0, cuda_ctx.stream>>>(y, b, (size_t)n, out);
-        FSDP_TRY(cuda_check_launch("matmul_forward (bias)"));
-        beta = 1.0f;
-    }
-    return gemm_rm("matmul_forward", 0, 0, n, out, in, 1.0f, x, in, w, out, beta, y, out);
+    /* The bias is cuBLASLt's epilogue, added as the product is written (matmul_lt.cu): it was a fill kernel
+     * writing y and a GEMM reading it back with beta = 1. */
+    if (b)
+        return cuda_lt_matmul("matmul_forward", 0, 0, n, out, in, x, in, w, out, 0.0f, y, out, b);
+    return gemm_rm("matmul_forward", 0, 0, n, out, in, 1.0f, x, in, w, out, 0.0f, y, out);
 }
 
 int cuda_matmul_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
