@@ -201,7 +201,8 @@ struct kernels {
      * columns h*hs .. h*hs+hs-1 and the k and v columns of key/value head h / (nh/nkv).
      * out: (b*t, c), head h at columns h*hs ... lse: (b, nh, t) log-sum-exp of each row of scaled scores
      * (scale 1/sqrt(hs)), saved for backward.
-     * Memory is O(t) per head: no t x t matrix is stored; backward recomputes scores from q, k, v. */
+     * Memory is O(t) per head: no t x t matrix is kept between calls; backward recomputes scores from q, k,
+     * v. (CUDA's bf16 path on tensor cores holds one sequence's t x t scores in its scratch during a call.) */
     size_t (*attention_workspace_bytes)(int b, int t, int c, int nh, int nkv);
     int (*attention_forward)(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv,
                              void *workspace);

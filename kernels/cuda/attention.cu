@@ -23,7 +23,9 @@
  * the operands of P V, P^T dO, dS K and dS^T Q; D = rowsum(dO O) takes the rounded dO (the one dP = dO V^T
  * reads) and the forward's O as it is. Rounding is common/dtype.h's (nearest even, bit for bit the CPU's).
  * The mode is a template parameter (BF16): the fp32 kernels are the same code as without it. fp16 mode
- * computes in fp32, as the CPU's attention does. */
+ * computes in fp32, as the CPU's attention does. In bf16 mode a head size that is a multiple of 8 goes to
+ * tensor cores instead (attention_gemm.cu: the same rounding, GEMMs and a t x t score matrix in scratch);
+ * these kernels keep the other head sizes and fp32. */
 #include <math.h>
 
 #include "kernels/cuda/cuda.h"
@@ -420,14 +422,21 @@ static int att_forward_hs(float *out, float *lse, const float *qkv, int b, int t
     return att_forward_launch<8, BF16>(out, lse, qkv, b, t, c, nh, nkv);
 }
 
+/* D = rowsum(dO O) into dsum, (b, nh, t) as lse. */
 template <bool BF16>
-static int att_backward_hs(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                           float *dsum, int b, int t, int c, int nh, int nkv)
+static int att_rowdot(float *dsum, const float *dout, const float *out, int b, int t, int c, int nh)
 {
     size_t warps = (size_t)b * nh * t;
     att_rowdot_kernel<BF16><<<(unsigned)((warps * 32 + CUDA_THREADS - 1) / CUDA_THREADS), CUDA_THREADS, 0,
                               cuda_ctx.stream>>>(dsum, dout, out, b, t, c, nh);
-    FSDP_TRY(cuda_check_launch("attention_backward (rowdot)"));
+    return cuda_check_launch("attention_backward (rowdot)");
+}
+
+template <bool BF16>
+static int att_backward_hs(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                           float *dsum, int b, int t, int c, int nh, int nkv)
+{
+    FSDP_TRY(att_rowdot<BF16>(dsum, dout, out, b, t, c, nh));
     const int hs = c / nh;
     if (hs <= 32)
         return att_backward_launch<1, BF16>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv);
@@ -455,6 +464,8 @@ int cuda_attention_forward(float *out, float *lse, const float *qkv, int b, int 
     FSDP_TRY(check_shape("attention_forward", b, t, c, nh, nkv));
     if (b == 0 || t == 0)
         return 0;
+    if (cuda_attention_gemm_applies(c, nh)) /* bf16 on tensor cores (attention_gemm.cu) */
+        return cuda_attention_gemm_forward(out, lse, qkv, b, t, c, nh, nkv);
     if (cuda_ctx.matmul_dtype == DTYPE_BF16)
         return att_forward_hs<true>(out, lse, qkv, b, t, c, nh, nkv);
     return att_forward_hs<false>(out, lse, qkv, b, t, c, nh, nkv);
@@ -470,6 +481,10 @@ int cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, co
         return error_set(FSDP_EINVAL, "kernels cuda: attention_backward: NULL workspace (size it with "
                                       "attention_workspace_bytes)");
     float *dsum = (float *)workspace;
+    if (cuda_attention_gemm_applies(c, nh)) {
+        FSDP_TRY(att_rowdot<true>(dsum, dout, out, b, t, c, nh));
+        return cuda_attention_gemm_backward(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv);
+    }
     /* the mode now, as on the CPU: a step's forward and backward run in the same one */
     if (cuda_ctx.matmul_dtype == DTYPE_BF16)
         return att_backward_hs<true>(dqkv, dout, qkv, out, lse, dsum, b, t, c, nh, nkv);

@@ -709,8 +709,12 @@ Test(kernels_attention, context_parallel_any_positions)
 
 /* bf16 mode rounds what the bf16 attention rounds: context-parallel attention over a whole sequence (every
  * query and key at its own position) against attention_forward / attention_backward in bf16 mode, both on
- * bf16-rounded q, k, v and dO with P and dS rounded as product operands. The two differ only in summation
- * order, far below what one unrounded operand moves (2^-8 relative). */
+ * bf16-rounded q, k, v and dO with P and dS rounded as product operands. lse differs only in summation order
+ * (2e-5). out and dqkv may differ by the bf16 bound's order (2^-7 relative to 1 + |x|): P is rounded once in
+ * each, but not necessarily at the same place. The CPU's AVX-512 tiles and CUDA's flash kernels round the
+ * running tile's exponentials in both entries (they then agree to 0 here), CUDA's tensor-core attention
+ * (head sizes that are multiples of 8, attention_gemm.cu) rounds the normalised P (they differ by up to
+ * 0.005). */
 static void check_attention_cp_bf16_as_attention(int B, int T, int NH, int NKV, uint64_t seed)
 {
     const struct kernels *k = kt_backend();
@@ -756,7 +760,7 @@ static void check_attention_cp_bf16_as_attention(int B, int T, int NH, int NKV, 
         const float *x, *y;
         size_t n;
         double tol;
-    } cmp[] = {{"out", o1, o2, no, 2e-5}, {"lse", l1, l2, nl, 2e-5}, {"dqkv", d1, d2, nq, 1e-4}};
+    } cmp[] = {{"out", o1, o2, no, 1.0 / 128}, {"lse", l1, l2, nl, 2e-5}, {"dqkv", d1, d2, nq, 1.0 / 128}};
     for (size_t c = 0; c < 3; c++) {
         double worst = 0;
         for (size_t i = 0; i < cmp[c].n; i++) {
