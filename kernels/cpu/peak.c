@@ -4,14 +4,8 @@
  * OpenMP threads it was given). */
 #include <time.h>
 
+#include "common/clock.h"
 #include "kernels/cpu/cpu.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 double cpu_peak_flops(void)
 {
@@ -27,15 +21,15 @@ double cpu_peak_flops(void)
         a[i] = (float)(i % 7) * 0.01f;
     if (h)
         cpu_round_bf16(h, a, 2, N * N, N * N);
-    double best = 0, t_end = now_s() + 0.15;
-    while (now_s() < t_end) {
-        double t0 = now_s();
+    double best = 0, t_end = clock_now_s() + 0.15;
+    while (clock_now_s() < t_end) {
+        double t0 = clock_now_s();
         /* bf16: the product of operands already in bf16, as the gathered weights are */
         if (h)
             cpu_onednn_matmul(DTYPE_BF16, 0, 0, N, N, N, 1.0f, h, N, h + N * N, N, 0.0f, a + 2 * N * N, N, NULL);
         else
             cpu_gemm(0, 0, N, N, N, 1.0f, a, N, a + N * N, N, 0.0f, a + 2 * N * N, N);
-        double dt_s = now_s() - t0;
+        double dt_s = clock_now_s() - t0;
         double fl = 2.0 * N * N * N / dt_s;
         best = fl > best ? fl : best;
     }

@@ -9,8 +9,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/rss.h"
 
 struct status_report {
     struct store_client *client;
@@ -25,28 +27,6 @@ static double mono_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static double wall_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* Peak resident bytes of this process (VmHWM), 0 when unknown. */
-static double peak_rss_bytes(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f)
-        return 0;
-    char line[256];
-    double kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "VmHWM: %lf kB", &kb) == 1)
-            break;
-    fclose(f);
-    return kb * 1024;
 }
 
 int status_report_open(struct store_client *store, int rank, int restart_count, struct status_report **out)
@@ -108,11 +88,11 @@ void status_report_step(struct status_report *r, const struct status_report_step
         for (int c = 0; c < FSDP_MEM_COUNT; c++)
             cJSON_AddNumberToObject(mem, fsdp_mem_name((enum fsdp_mem)c), (double)ms->now[c]);
     cJSON_AddNumberToObject(o, "memory_peak_bytes", ms ? (double)ms->peak_total : 0);
-    cJSON_AddNumberToObject(o, "peak_rss_bytes", peak_rss_bytes());
+    cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)rss_peak());
     const struct fsdp_timing *ft = f ? fsdp_get_timing(f) : NULL;
     cJSON_AddNumberToObject(o, "gather_wait_s", ft ? ft->gather_wait_s : 0);
     cJSON_AddNumberToObject(o, "reduce_wait_s", ft ? ft->reduce_wait_s : 0);
-    cJSON_AddNumberToObject(o, "time", wall_s());
+    cJSON_AddNumberToObject(o, "time", clock_wall_s());
     char *text = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     if (!text)

@@ -14,29 +14,24 @@
 #include <unistd.h>
 
 #include "comm/comm.h"
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/fs.h"
 #include "common/log.h"
+#include "common/rss.h"
 #include "common/settings.h"
-#include "worker/train/data.h"
 #include "worker/fsdp/fsdp.h"
+#include "worker/model/model.h"
+#include "worker/train/data.h"
 #include "worker/train/lr_schedule.h"
 #include "worker/train/metrics.h"
-#include "worker/model/model.h"
 #include "worker/train/progress.h"
 #include "worker/train/run_summary.h"
 #include "worker/train/status_report.h"
 #include "worker/train/train.h"
-#include "worker/train/train_cp.h"
 #include "worker/train/train_ckpt.h"
+#include "worker/train/train_cp.h"
 #include "worker/train/train_device.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Peak FLOP/s of this rank for the MFU: FSDP_PEAK_TFLOPS when set, else the backend's probe (on CPU a short
  * SGEMM measured now, every rank at once); unknown (-1) where the backend has none. */
@@ -46,19 +41,6 @@ static double peak_flops(const struct kernels *k)
     if (tflops > 0)
         return tflops * 1e12;
     return k->peak_flops ? k->peak_flops() : -1;
-}
-
-/* Resident bytes now (not the peak): the growth across allocating the shards is what sharding saves. */
-static size_t rss_now(void)
-{
-    FILE *f = fopen("/proc/self/statm", "r");
-    unsigned long size = 0, res = 0;
-    if (f) {
-        if (fscanf(f, "%lu %lu", &size, &res) != 2)
-            res = 0;
-        fclose(f);
-    }
-    return (size_t)res * (size_t)sysconf(_SC_PAGESIZE);
 }
 
 struct trainer {
@@ -320,18 +302,18 @@ static int run_loop(struct trainer *t, int64_t first_step)
     FSDP_TRY(log_open(t, first_step));
     if (status_report_open(t->env->store, t->env->rank, t->env->restart_count, &t->status))
         log_warn("no live status for fsdp-launch's status page: %s", error_message());
-    double t_start = now_s();
+    double t_start = clock_now_s();
     int rc = 0;
     for (int64_t s = first_step; s < wc->train.max_steps; s++) {
         fault_maybe_kill(t->env, s);
-        double t0 = now_s();
+        double t0 = clock_now_s();
         struct metrics_row row = {.step = s, .lr = lr_schedule_at(&sched, s)};
         struct fsdp_step_result res;
         double scale = fsdp_loss_scale(t->fsdp);
         FSDP_TRY_GOTO(train_step(t, s, row.lr, &row.loss, &res), rc, out);
         run_summary_note_step(&t->summary, s + 1, scale, &res);
         row.grad_norm = res.grad_norm;
-        row.tokens_per_s = t->tokens_per_step / (now_s() - t0);
+        row.tokens_per_s = t->tokens_per_step / (clock_now_s() - t0);
         if (eval_due(t, s)) {
             FSDP_TRY_GOTO(evaluate(t, &row.val_loss), rc, out);
             row.has_val = 1;
@@ -343,7 +325,7 @@ static int run_loop(struct trainer *t, int64_t first_step)
 out:
     status_report_close(t->status);
     t->status = NULL;
-    log_close(t, first_step, now_s() - t_start, rc == 0);
+    log_close(t, first_step, clock_now_s() - t_start, rc == 0);
     return rc;
 }
 

@@ -25,6 +25,7 @@
 #include "common/error.h"
 #include "common/fs.h"
 #include "common/log.h"
+#include "common/rss.h"
 #include "worker/ckpt/ckpt.h"
 #include "worker/train/train_ckpt.h"
 #include "worker/train/train_sources.h"
@@ -34,36 +35,6 @@
 _Static_assert((int)CKPT_PARAM == (int)FSDP_STATE_PARAM && (int)CKPT_EXP_AVG == (int)FSDP_STATE_EXP_AVG &&
                    (int)CKPT_EXP_AVG_SQ == (int)FSDP_STATE_EXP_AVG_SQ && CKPT_KINDS == 3,
                "enum ckpt_kind and enum fsdp_state_kind list the same kinds in the same order");
-
-/* Resets the kernel's peak-RSS mark (VmHWM) and returns the resident bytes now, so that the peak read after
- * a save is the save's own. */
-static size_t status_kib(const char *field)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    size_t kib = 0, n = strlen(field);
-    while (f && fgets(line, sizeof line, f))
-        if (strncmp(line, field, n) == 0)
-            kib = strtoull(line + n, NULL, 10);
-    if (f)
-        fclose(f);
-    return kib * 1024;
-}
-
-static size_t rss_peak_reset(void)
-{
-    FILE *f = fopen("/proc/self/clear_refs", "w");
-    if (f) {
-        fputs("5", f);
-        fclose(f);
-    }
-    return status_kib("VmRSS:");
-}
-
-static size_t rss_peak(void)
-{
-    return status_kib("VmHWM:");
-}
 
 static void fill_state(struct ckpt_state *st, const struct train_ckpt *c, struct fsdp *f,
                        const struct worker_config *wc, int64_t step, int writers)

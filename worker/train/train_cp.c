@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "worker/train/train_cp.h"
 
@@ -11,16 +12,9 @@ struct train_cp {
     int64_t calls;
 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int timed(struct train_cp *g, double t0, int rc)
 {
-    g->seconds += now_s() - t0;
+    g->seconds += clock_now_s() - t0;
     g->calls++;
     return rc;
 }
@@ -28,21 +22,21 @@ static int timed(struct train_cp *g, double t0, int rc)
 static int cp_all_gather(void *ctx, const float *in, float *out, size_t count)
 {
     struct train_cp *g = ctx;
-    double t0 = now_s();
+    double t0 = clock_now_s();
     return timed(g, t0, comm_all_gather(g->comm, in, out, count, DTYPE_F32));
 }
 
 static int cp_reduce_scatter(void *ctx, const float *in, float *out, size_t count)
 {
     struct train_cp *g = ctx;
-    double t0 = now_s();
+    double t0 = clock_now_s();
     return timed(g, t0, comm_reduce_scatter(g->comm, in, out, count, DTYPE_F32, COMM_SUM));
 }
 
 static int cp_all_to_all(void *ctx, const float *in, float *out, size_t count)
 {
     struct train_cp *g = ctx;
-    double t0 = now_s();
+    double t0 = clock_now_s();
     return timed(g, t0, comm_all_to_all(g->comm, in, out, count, DTYPE_F32));
 }
 
