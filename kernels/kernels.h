@@ -226,6 +226,12 @@ struct kernels {
     int (*gelu_forward)(float *out, const float *inp, size_t n);
     /* dinp += gelu'(inp) * dout. */
     int (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
+    /* Optional (NULL: matmul_forward then gelu_forward): pre(n, out) = x W + b (b may be NULL) and
+     * y(n, out) = gelu(pre), GPT-2's MLP up-projection in one pass: a table that can apply the GELU as the
+     * product is written (cuBLASLt's epilogue) saves reading pre back. Both are written: backward reads pre.
+     * y must alias neither pre nor x. */
+    int (*matmul_forward_gelu)(float *pre, float *y, const float *x, const float *w, const float *b, int n, int in,
+                               int out);
     /* out = a + b (residual add); out may alias a or b. */
     int (*residual_forward)(float *out, const float *a, const float *b, size_t n);
     /* x *= s. */

@@ -79,16 +79,17 @@ struct cuda_gemm_operands {
 };
 int cuda_gemm_operands(const char *op, int ta, int tb, int m, int n, int k, const float *a, int lda,
                        const float *b, int ldb, struct cuda_gemm_operands *g);
-/* Row-major C(m, n) = op(A) op(B) + beta C (+ bias[j] on every row when bias is not NULL: n floats) through
- * cuBLASLt with the bias as its epilogue (matmul_lt.cu). */
 /* Causal attention in bf16 mode on tensor cores (attention_gemm.cu), for head sizes that are multiples of 8:
  * applies says whether the mode and shape are its; the entries take attention.cu's checked arguments. */
 bool cuda_attention_gemm_applies(int c, int nh);
 int cuda_attention_gemm_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv);
 int cuda_attention_gemm_backward(float *dqkv, const float *dout, const float *qkv, const float *lse,
                                  const float *dsum, int b, int t, int c, int nh, int nkv);
+/* Row-major C(m, n) = op(A) op(B) + beta C (+ bias[j] on every row when bias is not NULL: n floats) through
+ * cuBLASLt with the bias as its epilogue (matmul_lt.cu). With gelu_pre, that sum goes to gelu_pre (laid out
+ * as C) and C gets its GELU (the tanh form). */
 int cuda_lt_matmul(const char *op, int ta, int tb, int m, int n, int k, const float *a, int lda, const float *b,
-                   int ldb, float beta, float *c, int ldc, const float *bias);
+                   int ldb, float beta, float *c, int ldc, const float *bias, float *gelu_pre);
 /* Device scratch of at least bytes, valid for the work queued until the next call. It grows (when a
  * bigger size is first needed; the sizes depend on shapes, so it stops after the first step) by a
  * stream-ordered free and allocation: work queued before still reads the old buffer, and nothing waits. */

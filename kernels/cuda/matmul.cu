@@ -107,8 +107,20 @@ int cuda_matmul_forward(float *y, const float *x, const float *w, const float *b
     /* The bias is cuBLASLt's epilogue, added as the product is written (matmul_lt.cu): it was a fill kernel
      * writing y and a GEMM reading it back with beta = 1. */
     if (b)
-        return cuda_lt_matmul("matmul_forward", 0, 0, n, out, in, x, in, w, out, 0.0f, y, out, b);
+        return cuda_lt_matmul("matmul_forward", 0, 0, n, out, in, x, in, w, out, 0.0f, y, out, b, NULL);
     return gemm_rm("matmul_forward", 0, 0, n, out, in, 1.0f, x, in, w, out, 0.0f, y, out);
+}
+
+int cuda_matmul_forward_gelu(float *pre, float *y, const float *x, const float *w, const float *b, int n, int in,
+                             int out)
+{
+    FSDP_TRY(check_dims("matmul_forward_gelu", n, in, out));
+    if (n == 0)
+        return 0;
+    if (!pre || pre == y || y == x)
+        return error_set(FSDP_EINVAL, "kernels cuda: matmul_forward_gelu: y must alias neither pre nor x");
+    /* cuBLASLt's GELU_AUX(_BIAS) epilogue: pre written as the GELU's input, y as its output */
+    return cuda_lt_matmul("matmul_forward_gelu", 0, 0, n, out, in, x, in, w, out, 0.0f, y, out, b, pre);
 }
 
 int cuda_matmul_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,

@@ -1,5 +1,6 @@
 /* Row-major matmuls through cuBLASLt, for what plain cuBLAS cannot fuse: an epilogue (the bias added as the
- * product is written, instead of a fill kernel and a GEMM that reads the filled matrix back with beta = 1).
+ * product is written, instead of a fill kernel and a GEMM that reads the filled matrix back with beta = 1;
+ * the GELU applied as it is written, keeping its input for backward).
  * The same operand swap as matmul.cu's gemm_rm: a row-major C = op(A) op(B) is the column-major
  * C^T = op(B)^T op(A)^T, so D has n rows (the bias runs along them) and m columns.
  *
@@ -79,14 +80,15 @@ static void lt_remember(const struct lt_key *k, const cublasLtMatmulAlgo_t *algo
 }
 
 int cuda_lt_matmul(const char *op, int ta, int tb, int m, int n, int k, const float *a, int lda, const float *b,
-                   int ldb, float beta, float *c, int ldc, const float *bias)
+                   int ldb, float beta, float *c, int ldc, const float *bias, float *gelu_pre)
 {
     if (m == 0 || n == 0)
         return 0;
     FSDP_TRY(lt_init(op));
     struct cuda_gemm_operands g;
     FSDP_TRY(cuda_gemm_operands(op, ta, tb, m, n, k, a, lda, b, ldb, &g));
-    cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    cublasLtEpilogue_t epi = gelu_pre ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                             : (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
     /* ints only, no padding: compared as bytes */
     struct lt_key key = {ta, tb, m, n, k, lda, ldb, ldc, (int)g.type, (int)g.compute, (int)epi};
     cublasLtMatmulDesc_t desc = NULL;
@@ -106,6 +108,16 @@ int cuda_lt_matmul(const char *op, int ta, int tb, int m, int n, int k, const fl
     if (rc == 0 && bias)
         rc = lt_status(op, "the bias pointer",
                        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    /* the GELU's input (after the bias) goes to gelu_pre, laid out as D (n rows of ldc in cuBLASLt's terms) */
+    int64_t aux_ld = ldc;
+    if (rc == 0 && gelu_pre)
+        rc = lt_status(op, "the GELU input pointer",
+                       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &gelu_pre,
+                                                      sizeof gelu_pre));
+    if (rc == 0 && gelu_pre)
+        rc = lt_status(op, "the GELU input's leading dimension",
+                       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                                      sizeof aux_ld));
     /* the swap: cuBLASLt's A is our b (row-major k x n, or n x k transposed), its B our a, D is n x m */
     if (rc == 0)
         rc = lt_status(op, "a layout", lt_layout(&la, g.type, tb ? n : k, tb ? k : n, ldb));

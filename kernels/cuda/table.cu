@@ -37,6 +37,7 @@ static const struct kernels cuda_table = {
     .attention_cp_backward = cuda_attention_cp_backward,
     .gelu_forward = cuda_gelu_forward,
     .gelu_backward = cuda_gelu_backward,
+    .matmul_forward_gelu = cuda_matmul_forward_gelu,
     .residual_forward = cuda_residual_forward,
     .scale = cuda_scale,
     .sqnorm = cuda_sqnorm,

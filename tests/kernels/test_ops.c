@@ -82,6 +82,48 @@ Test(kernels_ops, matmul_odd_shapes)
 
 /* Central differences of L = sum(y * r) through the backend's own forward: checks backward against the
  * forward actually shipped, not just against the test's reference. */
+/* matmul_forward_gelu (where the table has it: CUDA's cuBLASLt epilogue) writes what matmul_forward then
+ * gelu_forward write: pre as the product plus the bias, y its GELU; with and without a bias, odd shapes, and
+ * in bf16 mode (the same rounded operands either way). */
+static void check_matmul_gelu(const struct kernels *k, int n, int in, int out, bool bias, uint64_t seed)
+{
+    float *x = kt_host_rand((size_t)n * in, seed, -1, 1), *w = kt_host_rand((size_t)in * out, seed + 1, -0.5f, 0.5f);
+    float *b = kt_host_rand((size_t)out, seed + 2, -1, 1);
+    float *dx = kt_devf(k, x, (size_t)n * in), *dw = kt_devf(k, w, (size_t)in * out), *db = kt_devf(k, b, out);
+    size_t no = (size_t)n * out;
+    float *pre = kt_devf(k, NULL, no), *y = kt_devf(k, NULL, no), *rpre = kt_devf(k, NULL, no), *ry = kt_devf(k, NULL, no);
+    cr_assert_eq(k->matmul_forward_gelu(pre, y, dx, dw, bias ? db : NULL, n, in, out), 0, "%s", error_message());
+    cr_assert_eq(k->matmul_forward(rpre, dx, dw, bias ? db : NULL, n, in, out), 0);
+    cr_assert_eq(k->gelu_forward(ry, rpre, no), 0);
+    float *g[2] = {kt_down(k, pre, no), kt_down(k, y, no)}, *r[2] = {kt_down(k, rpre, no), kt_down(k, ry, no)};
+    double *want = kt_dzeros(no);
+    for (int t = 0; t < 2; t++) {
+        for (size_t i = 0; i < no; i++)
+            want[i] = r[t][i];
+        kt_check(t ? "matmul_forward_gelu y" : "matmul_forward_gelu pre", g[t], want, no, 1e-5, 1e-5);
+        free(g[t]), free(r[t]);
+    }
+    free(want), free(x), free(w), free(b);
+    k->mem_free(dx), k->mem_free(dw), k->mem_free(db), k->mem_free(pre), k->mem_free(y), k->mem_free(rpre);
+    k->mem_free(ry);
+}
+
+Test(kernels_ops, matmul_forward_gelu_is_matmul_then_gelu)
+{
+    const struct kernels *k = kt_backend();
+    if (!k->matmul_forward_gelu)
+        cr_skip_test("the %s table has no fused matmul_forward_gelu (the model runs matmul_forward, gelu_forward)",
+                     k->name);
+    check_matmul_gelu(k, 37, 48, 200, true, 300);
+    check_matmul_gelu(k, 5, 7, 13, false, 301);
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_BF16), 0);
+    check_matmul_gelu(k, 64, 96, 384, true, 302);
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_F32), 0);
+    float *p = kt_devf(k, NULL, 4);
+    cr_assert_neq(k->matmul_forward_gelu(p, p, p, p, NULL, 1, 2, 2), 0, "y aliasing pre is refused");
+    k->mem_free(p);
+}
+
 Test(kernels_ops, matmul_finite_differences)
 {
     const struct kernels *k = kt_backend();

@@ -73,8 +73,12 @@ static int gpt2_forward_block(struct model *m, int layer, const float *w, void *
     FSDP_TRY(k->residual_forward(a->xmid, x, s->tmp, NC));
     FSDP_TRY(k->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->xmid, up(m, u, w, LN2_W), up(m, u, w, LN2_B),
                              N, C, LN_EPS));
-    FSDP_TRY(k->matmul_forward(a->fc, a->ln2, up(m, u, w, FC_W), up(m, u, w, FC_B), N, C, 4 * C));
-    FSDP_TRY(k->gelu_forward(a->fcg, a->fc, 4 * NC));
+    if (k->matmul_forward_gelu) { /* one pass: the GELU applied as the product is written */
+        FSDP_TRY(k->matmul_forward_gelu(a->fc, a->fcg, a->ln2, up(m, u, w, FC_W), up(m, u, w, FC_B), N, C, 4 * C));
+    } else {
+        FSDP_TRY(k->matmul_forward(a->fc, a->ln2, up(m, u, w, FC_W), up(m, u, w, FC_B), N, C, 4 * C));
+        FSDP_TRY(k->gelu_forward(a->fcg, a->fc, 4 * NC));
+    }
     FSDP_TRY(k->matmul_forward(s->tmp, a->fcg, up(m, u, w, MPROJ_W), up(m, u, w, MPROJ_B), N, 4 * C, C));
     return k->residual_forward(y, a->xmid, s->tmp, NC);
 }
