@@ -544,7 +544,7 @@ Test(worker_binary, help_env_prints_docs_environment_md, .timeout = 60)
 Test(worker_config, schema_has_every_section_and_key)
 {
     static const char *const want[] = {
-        "model.model_family", "model.n_layer", "model.n_head", "model.n_kv_head", "model.n_embd",
+        "model.model_family", "model.n_layer", "model.n_head", "model.head_dim", "model.n_kv_head", "model.n_embd",
         "model.intermediate_size", "model.rope_theta", "model.rope_scaling", "model.rope_scaling_factor",
         "model.rope_low_freq_factor", "model.rope_high_freq_factor", "model.rope_original_max_position_embeddings",
         "model.rms_norm_eps", "model.tie_word_embeddings",

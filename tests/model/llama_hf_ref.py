@@ -5,9 +5,10 @@ Modes:
          and a batch (--batch: int32 "tokens" and "targets", target -1 = ignored); writes --out
          (safetensors): "loss" (mean over valid targets), "logits" (B*T, vocab) and "grad.<name>" for every
          parameter. --fp64 runs in double precision.
-  train  builds LlamaForCausalLM (--qwen2: Qwen2ForCausalLM) with transformers' own init (seeded by --seed), writes it to --init_out
-         (safetensors, Hugging Face names; a tied lm_head.weight is left out as save_pretrained does) for
-         fsdpc's model.init_from, then trains --steps steps of fp32 on --data (nanoGPT uint16 or llm.c .bin)
+  train  builds LlamaForCausalLM (--family qwen2, qwen3, mistral: Qwen2ForCausalLM, Qwen3ForCausalLM,
+         MistralForCausalLM; --qwen2 = --family qwen2) with transformers' own init (seeded by --seed), writes
+         it to --init_out (safetensors, Hugging Face names; a tied lm_head.weight is left out as save_pretrained
+         does) or with --save_dir as save_pretrained writes a directory, for fsdpc's model.init_from, then trains --steps steps of fp32 on --data (nanoGPT uint16 or llm.c .bin)
          reading exactly the rows fsdpc's data.order = sequential reads: row r of step s starts at token
          ((s * batch + r) * block_size) mod (N - block_size). torch.optim.AdamW (decay on 2-D tensors only),
          clip_grad_norm_, constant lr. Prints one JSON line per step: {"step": s, "loss": l}.
@@ -23,7 +24,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 
 def parse():
@@ -41,6 +43,10 @@ def parse():
     p.add_argument("--tie", action="store_true", help="tie_word_embeddings")
     p.add_argument("--qwen2", action="store_true",
                    help="Qwen2ForCausalLM (q/k/v biases, given random values so that they count from step 1)")
+    p.add_argument("--family", choices=["llama", "qwen2", "qwen3", "mistral"], default="llama")
+    p.add_argument("--head_dim", type=int, default=0, help="0: n_embd / n_head")
+    p.add_argument("--sliding_window", type=int, default=0,
+                   help="mistral, qwen2, qwen3: keys more than this many positions back are masked; 0: none")
     p.add_argument("--init_std", type=float, default=0.02)
     # grads
     p.add_argument("--weights")
@@ -49,6 +55,7 @@ def parse():
     p.add_argument("--fp64", action="store_true")
     # train
     p.add_argument("--init_out")
+    p.add_argument("--save_dir", help="train: save_pretrained the initial model here (instead of --init_out)")
     p.add_argument("--data")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--global_batch", type=int, default=12)
@@ -64,26 +71,34 @@ def parse():
 
 def build(a):
     if a.qwen2:
-        cfg = Qwen2Config(
-            vocab_size=a.vocab, hidden_size=a.n_embd, intermediate_size=a.intermediate_size,
-            num_hidden_layers=a.n_layer, num_attention_heads=a.n_head, num_key_value_heads=a.n_kv_head,
-            max_position_embeddings=a.block_size, rms_norm_eps=a.rms_norm_eps,
-            rope_parameters={"rope_type": "default", "rope_theta": a.rope_theta},
-            tie_word_embeddings=a.tie, initializer_range=a.init_std, use_sliding_window=False,
-            hidden_act="silu", use_cache=False)
+        a.family = "qwen2"
+    common = dict(
+        vocab_size=a.vocab, hidden_size=a.n_embd, intermediate_size=a.intermediate_size,
+        num_hidden_layers=a.n_layer, num_attention_heads=a.n_head, num_key_value_heads=a.n_kv_head,
+        head_dim=a.head_dim or a.n_embd // a.n_head, max_position_embeddings=a.block_size,
+        rms_norm_eps=a.rms_norm_eps, rope_parameters={"rope_type": "default", "rope_theta": a.rope_theta},
+        tie_word_embeddings=a.tie, initializer_range=a.init_std, hidden_act="silu", use_cache=False)
+    window = a.sliding_window or None
+    if a.family == "mistral":
+        return MistralForCausalLM(MistralConfig(sliding_window=window, **common))
+    if a.family == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(use_sliding_window=window is not None, sliding_window=window,
+                                             max_window_layers=0, attention_bias=False, **common))
+        with torch.no_grad():  # the q/k norm gains start at 1: move them so that they count
+            for n, p in model.named_parameters():
+                if n.endswith(("q_norm.weight", "k_norm.weight")):
+                    p.add_(torch.randn_like(p) * 0.2)
+        return model
+    if a.family == "qwen2":
+        cfg = Qwen2Config(use_sliding_window=window is not None, sliding_window=window, max_window_layers=0,
+                          **common)
         model = Qwen2ForCausalLM(cfg)
         with torch.no_grad():
             for n, p in model.named_parameters():
                 if n.endswith("_proj.bias"):
                     p.normal_(0.0, 0.1)
         return model
-    cfg = LlamaConfig(
-        vocab_size=a.vocab, hidden_size=a.n_embd, intermediate_size=a.intermediate_size,
-        num_hidden_layers=a.n_layer, num_attention_heads=a.n_head, num_key_value_heads=a.n_kv_head,
-        max_position_embeddings=a.block_size, rms_norm_eps=a.rms_norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": a.rope_theta},
-        tie_word_embeddings=a.tie, initializer_range=a.init_std, attention_bias=False, mlp_bias=False,
-        hidden_act="silu", use_cache=False)
+    cfg = LlamaConfig(attention_bias=False, mlp_bias=False, **common)
     return LlamaForCausalLM(cfg)
 
 
@@ -132,7 +147,10 @@ def read_tokens(path):
 def train(a):
     torch.manual_seed(a.seed)
     model = build(a)
-    save_file(file_state(model, a.tie), a.init_out, metadata={"format": "pt"})
+    if a.save_dir:
+        model.save_pretrained(a.save_dir)
+    else:
+        save_file(file_state(model, a.tie), a.init_out, metadata={"format": "pt"})
     tok = read_tokens(a.data)
     N, T, R = tok.size, a.block_size, a.global_batch
     decay = [p for p in model.parameters() if p.dim() == 2]

@@ -526,7 +526,7 @@ static void inter_neg(struct model_config *c) { c->intermediate_size = -3; }
 Test(model, llama_rejects_bad_config)
 {
     expect_llama_reject(kv_3, "n_kv_head (3) must divide n_head (4)");
-    expect_llama_reject(head_odd, "head size n_embd / n_head = 36 / 4 = 9 must be even");
+    expect_llama_reject(head_odd, "head size head_dim = 9 must be even");
     expect_llama_reject(theta_0, "rope_theta must be above 0");
     expect_llama_reject(eps_neg, "rms_norm_eps must be >= 0");
     expect_llama_reject(inter_neg, "intermediate_size must be in");

@@ -515,11 +515,20 @@ Test(model_hf, llama_config_json)
          "\"high_freq_factor\":4}}", "\"original_max_position_embeddings\" is missing"},
         {"{\"model_type\":\"llama\",\"rope_scaling\":\"llama3\"}", "must be an object or null"},
         {"{\"model_type\":\"llama\",\"attention_bias\":true}", "no biases"},
-        {"{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,\"head_dim\":32}", "head_dim"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         write_text(sub("config.json"), bad[i].json);
         cr_assert_neq(model_hf_config_read(dir, &c), 0, "accepted %s", bad[i].json);
         cr_assert(strstr(error_message(), bad[i].frag), "%s: %s", bad[i].json, error_message());
     }
+    /* head_dim independent of hidden_size / num_attention_heads (Qwen3's 128 with 1024 / 16) is read, and
+     * recorded as the [model] setting */
+    write_text(sub("config.json"), "{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,"
+                                   "\"head_dim\":32}");
+    cr_assert_eq(model_hf_config_read(dir, &c), 0, "%s", error_message());
+    cr_assert_eq(c.config.head_dim, 32);
+    bool recorded = false;
+    for (int i = 0; i < c.n_settings; i++)
+        recorded |= strcmp(c.settings[i].key, "head_dim") == 0 && strcmp(c.settings[i].value, "32") == 0;
+    cr_assert(recorded, "no [model] head_dim = 32 setting");
 }

@@ -3,7 +3,7 @@
  * the same weights (written by fsdpc under LlamaForCausalLM's names, loaded by transformers) and batch give
  * the same loss, logits and gradient of every parameter, relative error max|a - b| / max|b| <= 1e-5 per
  * tensor, for grouped-query, multi-query and multi-head attention, tied and untied heads, head size 64 (the
- * CPU's AVX-512 attention tiles) and ignored targets. */
+ * CPU's AVX-512 attention tiles), a head_dim other than n_embd / n_head, and ignored targets. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -24,6 +24,8 @@ struct shape {
     int n_layer, n_head, n_kv_head, n_embd, inter, vocab, block, t, b;
     float rope_theta, eps;
     bool tie, ignore_some;
+    const char *family; /* NULL: llama */
+    int head_dim;       /* 0: n_embd / n_head */
 };
 
 static double rel_err(const float *a, const float *b, size_t n)
@@ -49,7 +51,8 @@ static float urand(void)
 static void make_config(struct model_config *c, const struct shape *s)
 {
     model_config_default(c);
-    strcpy(c->model_family, "llama");
+    snprintf(c->model_family, sizeof c->model_family, "%s", s->family ? s->family : "llama");
+    c->head_dim = s->head_dim;
     c->n_layer = s->n_layer;
     c->n_head = s->n_head;
     c->n_kv_head = s->n_kv_head;
@@ -117,9 +120,9 @@ static void check_shape(const struct shape *s)
     snprintf(cmd, sizeof cmd,
              "OMP_NUM_THREADS=1 '%s' %s/tests/model/llama_hf_ref.py grads --n_layer %d --n_head %d --n_kv_head %d "
              "--n_embd %d --intermediate_size %d --vocab %d --block_size %d --rope_theta %.9g --rms_norm_eps %.9g "
-             "%s --weights %s --batch %s --out %s --fp64 > %s/ref.log 2>&1",
+             "--family %s --head_dim %d %s --weights %s --batch %s --out %s --fp64 > %s/ref.log 2>&1",
              py, src ? src : ".", s->n_layer, s->n_head, l->config.n_kv_head, s->n_embd, l->config.intermediate_size,
-             s->vocab, s->block, (double)s->rope_theta, (double)s->eps, s->tie ? "--tie" : "", wpath, bpath, opath,
+             s->vocab, s->block, (double)s->rope_theta, (double)s->eps, l->config.model_family, l->config.head_dim, s->tie ? "--tie" : "", wpath, bpath, opath,
              dir);
     int rc = system(cmd);
     if (rc != 0) {
@@ -166,9 +169,9 @@ static void check_shape(const struct shape *s)
     }
     /* tied, transformers' lm_head.weight is embed_tokens (one parameter, one gradient), as here */
     cr_assert_eq(safetensors_find(f, "grad.lm_head.weight") != NULL, !s->tie);
-    cr_log_info("llama L%d C%d H%d/%d I%d V%d T%d B%d %s: loss %.6f, logits %.2g, worst gradient relative error "
+    cr_log_info("%s L%d C%d H%d/%d I%d V%d T%d B%d %s: loss %.6f, logits %.2g, worst gradient relative error "
                 "%.2g",
-                s->n_layer, s->n_embd, s->n_head, l->config.n_kv_head, l->config.intermediate_size, s->vocab, s->t,
+                l->config.model_family, s->n_layer, s->n_embd, s->n_head, l->config.n_kv_head, l->config.intermediate_size, s->vocab, s->t,
                 s->b, s->tie ? "tied" : "untied", loss, e_logits, worst);
     safetensors_close(f);
     k->mem_free(p);
@@ -213,5 +216,22 @@ Test(model_llama_hf, multi_query_head_size_64, .timeout = 180)
 {
     struct shape s = {.n_layer = 2, .n_head = 2, .n_kv_head = 1, .n_embd = 128, .inter = 200, .vocab = 70,
                       .block = 80, .t = 70, .b = 2, .rope_theta = 10000, .eps = 1e-6f, .tie = true};
+    check_shape(&s);
+}
+
+/* head_dim independent of n_embd / n_head: q is n_head x head_dim = 48 wide on a 32-wide stream (o_proj
+ * (32, 48)), grouped-query, untied; then narrower heads (4 x 6 = 24 < 32) with the AVX-512 tile width 64
+ * not reached. */
+Test(model_llama_hf, head_dim_wider_than_n_embd_over_n_head, .timeout = 120)
+{
+    struct shape s = {.n_layer = 2, .n_head = 4, .n_kv_head = 2, .n_embd = 32, .inter = 56, .vocab = 77,
+                      .block = 16, .t = 16, .b = 2, .rope_theta = 10000, .eps = 1e-6f, .head_dim = 12};
+    check_shape(&s);
+}
+
+Test(model_llama_hf, head_dim_narrower_tied, .timeout = 120)
+{
+    struct shape s = {.n_layer = 1, .n_head = 4, .n_kv_head = 4, .n_embd = 32, .inter = 40, .vocab = 64,
+                      .block = 12, .t = 12, .b = 2, .rope_theta = 10000, .eps = 1e-6f, .tie = true, .head_dim = 6};
     check_shape(&s);
 }

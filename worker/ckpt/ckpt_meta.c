@@ -121,6 +121,7 @@ static cJSON *build(const struct ckpt_meta *m, const struct model_layout *l)
     cJSON_AddNumberToObject(model, "n_layer", s->model.n_layer);
     cJSON_AddNumberToObject(model, "n_head", s->model.n_head);
     cJSON_AddNumberToObject(model, "n_embd", s->model.n_embd);
+    cJSON_AddNumberToObject(model, "head_dim", model_head_dim(&s->model));
     cJSON_AddNumberToObject(model, "vocab_size", s->model.vocab_size);
     cJSON_AddNumberToObject(model, "vocab_padded", l->vocab_padded);
     cJSON_AddNumberToObject(model, "block_size", s->model.block_size);
@@ -348,6 +349,10 @@ static int parse(const char *path, const cJSON *root, struct ckpt_meta *m, char 
     if (cJSON_IsString(seed))
         s->model.seed = strtoull(seed->valuestring, NULL, 10);
     /* optional: absent from checkpoints of families without them */
+    /* absent from checkpoints written before head_dim was a key: n_embd / n_head */
+    if (cJSON_GetObjectItemCaseSensitive(model, "head_dim") &&
+        (get_int(model, "head_dim", &s->model.head_dim) || s->model.head_dim < 1))
+        return error_set(FSDP_EINVAL, "%s: malformed model.head_dim", path);
     double theta, eps;
     const cJSON *tie = cJSON_GetObjectItemCaseSensitive(model, "tie_word_embeddings");
     if ((cJSON_GetObjectItemCaseSensitive(model, "n_kv_head") && get_int(model, "n_kv_head", &s->model.n_kv_head)) ||

@@ -58,6 +58,8 @@ static void describe(char *out, size_t cap, const struct model_config *c)
 {
     int n = snprintf(out, cap, "%s n_layer %d, n_head %d, n_embd %d, vocab_size %d, block_size %d", c->model_family,
                      c->n_layer, c->n_head, c->n_embd, c->vocab_size, c->block_size);
+    if (c->n_head > 0 && model_head_dim(c) * c->n_head != c->n_embd && n > 0 && (size_t)n < cap)
+        n += snprintf(out + n, cap - (size_t)n, ", head_dim %d", model_head_dim(c));
     if (c->n_kv_head && n > 0 && (size_t)n < cap) /* a family that reads the Llama keys */
         snprintf(out + n, cap - (size_t)n, ", n_kv_head %d, intermediate_size %d, %s head", c->n_kv_head,
                  c->intermediate_size, c->tie_word_embeddings ? "tied" : "untied");
@@ -67,7 +69,7 @@ static int check_model(struct ckpt_reader *r, const struct model_layout *l)
 {
     const struct model_config *a = &r->meta.state.model, *b = &l->config;
     if (strcmp(a->model_family, b->model_family) == 0 && a->n_layer == b->n_layer && a->n_head == b->n_head &&
-        a->n_embd == b->n_embd && a->vocab_size == b->vocab_size && a->block_size == b->block_size &&
+        a->n_embd == b->n_embd && model_head_dim(a) == model_head_dim(b) && a->vocab_size == b->vocab_size && a->block_size == b->block_size &&
         a->n_kv_head == b->n_kv_head && a->intermediate_size == b->intermediate_size &&
         a->tie_word_embeddings == b->tie_word_embeddings &&
         (!r->meta.sharded || r->meta.vocab_padded == l->vocab_padded)) /* full files hold real rows only */

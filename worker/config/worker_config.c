@@ -37,6 +37,9 @@ static const struct config_key keys[] = {
      .help = "Number of decoder blocks"},
     {.section = "model", .name = "n_head", .type = CONFIG_INT, .def = "4", .min = 1, .max = 1024,
      .help = "Attention (query) heads per block (must divide n_embd)"},
+    {.section = "model", .name = "head_dim", .type = CONFIG_INT, .def = "", .min = 1, .max = 65536,
+     .help = "Width of one attention head; unset = n_embd / n_head. Llama-style families take any even width "
+             "(q is n_head x head_dim wide; Qwen3 checkpoints differ from n_embd / n_head); gpt2 only n_embd / n_head"},
     {.section = "model", .name = "n_kv_head", .type = CONFIG_INT, .def = "", .min = 1, .max = 1024,
      .help = "llama: key/value heads (grouped-query attention; must divide n_head); unset = n_head"},
     {.section = "model", .name = "n_embd", .type = CONFIG_INT, .def = "128", .min = 1, .max = 65536,
@@ -292,6 +295,7 @@ int worker_config_view(const struct config *cfg, struct worker_config *out)
     out->model.block_size = (int)I(model, block_size);
     /* unset: 0 (the model derives them) and Llama's defaults */
     out->model.n_kv_head = (int)I(model, n_kv_head);
+    out->model.head_dim = (int)I(model, head_dim); /* unset: 0 = n_embd / n_head */
     out->model.intermediate_size = (int)I(model, intermediate_size);
     out->model.rope_theta = config_is_set(cfg, "model", "rope_theta") ? F(model, rope_theta) : 10000.0;
     out->model.rms_norm_eps = config_is_set(cfg, "model", "rms_norm_eps") ? F(model, rms_norm_eps) : 1e-6;
@@ -370,16 +374,23 @@ int worker_config_view(const struct config *cfg, struct worker_config *out)
 
 int worker_config_validate(const struct worker_config *wc)
 {
-    if (wc->model.n_embd % wc->model.n_head != 0)
-        return error_set(FSDP_EINVAL, "model.n_embd (%d) must be a multiple of model.n_head (%d)", wc->model.n_embd,
-                         wc->model.n_head);
+    if (!wc->model.head_dim && wc->model.n_embd % wc->model.n_head != 0)
+        return error_set(FSDP_EINVAL,
+                         "model.n_embd (%d) must be a multiple of model.n_head (%d), or model.head_dim set (the width "
+                         "of one head)",
+                         wc->model.n_embd, wc->model.n_head);
     if (reads_llama_keys(wc->model.family)) {
-        int hs = wc->model.n_embd / wc->model.n_head;
+        int hs = wc->model.head_dim ? wc->model.head_dim : wc->model.n_embd / wc->model.n_head;
         if (wc->model.n_kv_head > 0 && wc->model.n_head % wc->model.n_kv_head != 0)
             return error_set(FSDP_EINVAL,
                              "model.n_kv_head (%d) must divide model.n_head (%d): each key/value head serves the same "
                              "number of query heads",
                              wc->model.n_kv_head, wc->model.n_head);
+        if (hs % 2 != 0 && wc->model.head_dim)
+            return error_set(FSDP_EINVAL,
+                             "model_family = %s: the head size model.head_dim = %d must be even for rotary position "
+                             "embeddings",
+                             worker_model_family_name(wc->model.family), hs);
         if (hs % 2 != 0)
             return error_set(FSDP_EINVAL,
                              "model_family = %s: the head size model.n_embd / model.n_head = %d / %d = %d must be "

@@ -32,6 +32,7 @@ struct worker_config {
     struct {
         enum worker_model_family family;
         int n_layer, n_head, n_embd, vocab_size, block_size;
+        int head_dim; /* every family; unset: 0 = n_embd / n_head */
         /* Llama only (an error when set for gpt2); unset: n_kv_head and intermediate_size 0 (the model
          * derives them: n_head, 8 n_embd / 3 rounded up to 256), rope_theta 10000, rms_norm_eps 1e-6,
          * tie_word_embeddings false. */

@@ -27,8 +27,12 @@
 enum model_rope_scaling { MODEL_ROPE_DEFAULT = 0, MODEL_ROPE_LLAMA3 = 1 };
 
 struct model_config {
-    char model_family[32]; /* registry name: "gpt2" or "llama" */
+    char model_family[32]; /* registry name: "gpt2", "llama", "qwen2", ... */
     int n_layer, n_head, n_embd;
+    /* Width of one attention head; 0 = n_embd / n_head. Independent of n_embd / n_head where the family
+     * allows it (the Llama-style families: q is n_head x head_dim wide, o_proj maps it back to n_embd);
+     * model_layout_build puts the value in effect in layout.config. */
+    int head_dim;
     /* Llama only (GPT-2 ignores them); model_layout_build puts the family's effective values in
      * layout.config. */
     int n_kv_head;            /* key/value heads, dividing n_head; 0 = n_head */
@@ -103,6 +107,11 @@ struct model_layout {
 /* Checks cfg and builds the layout of its family; unknown family: FSDP_EINVAL listing the known ones. */
 int model_layout_build(struct model_layout *out, const struct model_config *cfg);
 void model_layout_free(struct model_layout *layout);
+/* The head width in effect: head_dim, or n_embd / n_head when it is 0 (an unresolved config). */
+static inline int model_head_dim(const struct model_config *c)
+{
+    return c->head_dim > 0 ? c->head_dim : (c->n_head > 0 ? c->n_embd / c->n_head : 0);
+}
 /* Comma-separated registry names ("gpt2, llama"). */
 const char *model_family_names(void);
 /* What a family adds to the generic description of a model (its own config values in effect), for the log
@@ -118,7 +127,8 @@ void model_describe(const struct model_layout *layout, char *out, size_t cap);
 /* Fills up to cap fields; returns how many the family has. */
 int model_summary_fields(const struct model_layout *layout, struct model_field *out, int cap);
 /* Model FLOPs per token of a training step (the PaLM count): 6 x the parameters that enter matmuls (not the
- * lookup-only tables) + 12 x n_layer x n_embd x block_size (causal attention, forward and backward). */
+ * lookup-only tables) + 12 x n_layer x n_head x head_dim x block_size (causal attention, forward and
+ * backward). */
 double model_flops_per_token(const struct model_layout *layout);
 /* Index of the parameter with this name, or -1. */
 int model_layout_find(const struct model_layout *layout, const char *name);

@@ -64,7 +64,8 @@ static size_t plan(const struct model_decoder *d, const struct model_config *cfg
     d->plan_scratch(cfg, b, t, &c, fam);
     /* k NULL: context-parallel attention (model_cp.c), which needs no workspace of attention_forward's */
     int nkv = d->grouped_query && cfg->n_kv_head > 0 ? cfg->n_kv_head : cfg->n_head;
-    s->attn_ws = model_carve(&c, k ? k->attention_workspace_bytes(b, t, cfg->n_embd, cfg->n_head, nkv) : 0);
+    int qw = cfg->n_head * model_head_dim(cfg); /* the attention's width: n_head heads of head_dim */
+    s->attn_ws = model_carve(&c, k ? k->attention_workspace_bytes(b, t, qw, cfg->n_head, nkv) : 0);
     return c.off;
 }
 

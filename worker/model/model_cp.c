@@ -25,9 +25,11 @@ struct cp_dims {
 static struct cp_dims dims(const struct model *m)
 {
     const struct model_config *c = &m->layout.config;
-    struct cp_dims d = {.b = m->b, .t = m->t, .T = m->t_seq, .C = c->n_embd, .nh = c->n_head,
+    /* C: the width of q and of the attention's output, n_head heads of head_dim (not n_embd where the two
+     * differ) */
+    struct cp_dims d = {.b = m->b, .t = m->t, .T = m->t_seq, .C = c->n_head * model_head_dim(c), .nh = c->n_head,
                         .nkv = c->n_kv_head > 0 ? c->n_kv_head : c->n_head, .S = m->cp.size};
-    d.hs = d.C / d.nh;
+    d.hs = model_head_dim(c);
     d.kvw = d.nkv * d.hs;
     d.ld = d.C + 2 * d.kvw;
     return d;

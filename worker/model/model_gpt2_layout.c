@@ -7,6 +7,17 @@
 #include "common/error.h"
 #include "worker/model/model_internal.h"
 
+/* GPT-2's c_attn is (C, 3C): its heads are n_embd / n_head wide, and an explicit head_dim must say so. */
+int model_gpt2_check(const struct model_config *c)
+{
+    if (c->n_embd % c->n_head != 0 || c->head_dim * c->n_head != c->n_embd)
+        return error_set(FSDP_EINVAL,
+                         "model: head_dim is %d, but a gpt2 model's heads are n_embd / n_head = %d / %d wide (c_attn "
+                         "is (n_embd, 3 n_embd)); unset head_dim, or use a Llama-style family",
+                         c->head_dim, c->n_embd, c->n_head);
+    return 0;
+}
+
 int model_gpt2_layout_build(struct model_layout *l, const struct model_config *c)
 {
     int C = c->n_embd, L = c->n_layer;

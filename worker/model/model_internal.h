@@ -167,6 +167,7 @@ int model_core_backward_embed(struct model *m, const float *root, float *root_gr
 const float *model_core_logits(const struct model *m);
 
 /* The GPT-2 family (model_gpt2_layout.c, model_gpt2.c). */
+int model_gpt2_check(const struct model_config *cfg);
 int model_gpt2_layout_build(struct model_layout *out, const struct model_config *cfg);
 extern const struct model_decoder model_gpt2_decoder;
 

@@ -27,6 +27,7 @@ struct llama_state {
     int32_t *pos;        /* (N) rotary position of each row */
     float *freqs;        /* (block_size, hs) cos | sin */
     float *dact, *dwide; /* (N, I) and (N, max(2I, qkv width)) */
+    float *datt;         /* (N, Q): the attention output's gradient where Q > C (else the core's tmp) */
 };
 
 /* Index of each tensor among a block unit's 9 parameters and the root unit's (model_llama_layout.c); with
@@ -46,13 +47,14 @@ static struct block_ix ix_of(const struct model_config *c)
 }
 
 struct dims {
-    int N, C, nh, nkv, hs, qkv, I, vp;
+    int N, C, nh, nkv, hs, Q, qkv, I, vp; /* Q: q's width and the attention output's, nh x hs */
 };
 
 static struct dims dims_of(const struct model_config *c, int b, int t)
 {
-    struct dims d = {.N = b * t, .C = c->n_embd, .nh = c->n_head, .nkv = c->n_kv_head, .hs = c->n_embd / c->n_head,
+    struct dims d = {.N = b * t, .C = c->n_embd, .nh = c->n_head, .nkv = c->n_kv_head, .hs = model_head_dim(c),
                      .I = c->intermediate_size};
+    d.Q = d.nh * d.hs;
     d.qkv = (d.nh + 2 * d.nkv) * d.hs;
     d.vp = (c->vocab_size + MODEL_VOCAB_ALIGN - 1) / MODEL_VOCAB_ALIGN * MODEL_VOCAB_ALIGN;
     return d;
@@ -76,7 +78,7 @@ static void llama_plan_acts(const struct model_config *cfg, int b, int t, struct
     a->h1 = model_carve(c, N * C * F);
     a->rstd1 = model_carve(c, N * F);
     a->qkv = model_carve(c, N * (size_t)d.qkv * F);
-    a->att = model_carve(c, N * C * F);
+    a->att = model_carve(c, N * (size_t)d.Q * F);
     a->lse = model_carve(c, N * (size_t)d.nh * F);
     a->xmid = model_carve(c, N * C * F);
     a->h2 = model_carve(c, N * C * F);
@@ -92,6 +94,7 @@ static void llama_plan_scratch(const struct model_config *cfg, int b, int t, str
     size_t N = (size_t)d.N, F = sizeof(float), I = (size_t)d.I;
     s->dact = model_carve(c, N * I * F);
     s->dwide = model_carve(c, N * (2 * I > (size_t)d.qkv ? 2 * I : (size_t)d.qkv) * F);
+    s->datt = d.Q > d.C ? model_carve(c, N * (size_t)d.Q * F) : NULL;
 }
 
 /* Llama 3.1's frequency scaling of one inverse frequency, in transformers' float32 arithmetic
@@ -135,7 +138,7 @@ static int llama_setup(struct model *m)
 {
     struct llama_state *s = model_core_of(m)->fam;
     const struct model_config *cfg = &m->layout.config;
-    int hs = cfg->n_embd / cfg->n_head, N = m->b * m->t;
+    int hs = model_head_dim(cfg), N = m->b * m->t;
     size_t tab = (size_t)cfg->block_size * hs;
     float *host = malloc(tab * sizeof *host);
     int32_t *pos = malloc((size_t)N * sizeof *pos);
@@ -239,8 +242,8 @@ static int llama_forward_block(struct model *m, int layer, const float *w, void 
     if (m->cp.size > 1)
         FSDP_TRY(model_cp_attention_forward(m, a->att, a->lse, a->qkv));
     else
-        FSDP_TRY(k->attention_forward(a->att, a->lse, a->qkv, m->b, m->t, C, d.nh, d.nkv, s->attn_ws));
-    FSDP_TRY(linear_forward(k, s->tmp, a->att, up(m, u, w, O_W + x.shift), N, C, C));
+        FSDP_TRY(k->attention_forward(a->att, a->lse, a->qkv, m->b, m->t, d.Q, d.nh, d.nkv, s->attn_ws));
+    FSDP_TRY(linear_forward(k, s->tmp, a->att, up(m, u, w, O_W + x.shift), N, d.Q, C));
     FSDP_TRY(k->residual_forward(a->xmid, xin, s->tmp, NC));
     FSDP_TRY(k->rmsnorm_forward(a->h2, a->rstd2, a->xmid, up(m, u, w, POST_NORM_W + x.shift), N, C, c->rms_norm_eps));
     /* gate_proj and up_proj are adjacent: one (2I, C) matrix giving [gate | up] rows */
@@ -270,12 +273,13 @@ static int llama_backward_block(struct model *m, int layer, const float *w, floa
     FSDP_TRY(linear_backward(k, s->dln, upg(m, u, g, GATE_W + x.shift), ls->dwide, a->h2, up(m, u, w, GATE_W + x.shift), N, C, 2 * d.I));
     FSDP_TRY(k->rmsnorm_backward(s->dres, upg(m, u, g, POST_NORM_W + x.shift), s->dln, a->xmid, up(m, u, w, POST_NORM_W + x.shift), a->rstd2,
                             N, C));
-    FSDP_TRY(linear_backward(k, s->tmp, upg(m, u, g, O_W + x.shift), s->dres, a->att, up(m, u, w, O_W + x.shift), N, C, C));
+    float *datt = ls->datt ? ls->datt : s->tmp;
+    FSDP_TRY(linear_backward(k, datt, upg(m, u, g, O_W + x.shift), s->dres, a->att, up(m, u, w, O_W + x.shift), N, d.Q, C));
     if (m->cp.size > 1) {
-        FSDP_TRY(model_cp_attention_backward(m, ls->dwide, s->tmp, a->qkv, a->att, a->lse));
+        FSDP_TRY(model_cp_attention_backward(m, ls->dwide, datt, a->qkv, a->att, a->lse));
     } else {
         FSDP_TRY(k->mem_set(ls->dwide, 0, (size_t)N * d.qkv * F));
-        FSDP_TRY(k->attention_backward(ls->dwide, s->tmp, a->qkv, a->att, a->lse, m->b, m->t, C, d.nh, d.nkv,
+        FSDP_TRY(k->attention_backward(ls->dwide, datt, a->qkv, a->att, a->lse, m->b, m->t, d.Q, d.nh, d.nkv,
                                        s->attn_ws));
     }
     /* the gradient of q and k before rope: the transposed rotation */

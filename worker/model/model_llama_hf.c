@@ -3,8 +3,8 @@
  * and nn.Linear weights are stored (out, in) in both, so there is no prefix and no transpose. The rotary
  * base and scaling are "rope_parameters": {"rope_theta", "rope_type", ...} in transformers 5 and a top-level
  * "rope_theta" with "rope_scaling" in 4.x: both are read and written; rope types "default" and "llama3"
- * (Llama 3.1+). Keys the model computes one way only (SiLU, no biases, the head size n_embd / n_head) must
- * say so. */
+ * (Llama 3.1+). head_dim is read (default hidden_size / num_attention_heads). Keys the model computes one
+ * way only (SiLU, no biases) must say so. */
 #include <stdio.h>
 #include <string.h>
 
@@ -111,14 +111,10 @@ static int style_config_read(struct model_hf_json *j, struct model_config *c, co
         FSDP_TRY(model_hf_json_expect_bool(j, "attention_bias", false, "fsdpc's Llama has no biases"));
         FSDP_TRY(model_hf_json_expect_bool(j, "mlp_bias", false, "fsdpc's Llama has no biases"));
     }
-    int head_dim = 0;
+    /* transformers' default is hidden_size / num_attention_heads; any even width is computed (Qwen3's 128 with
+     * a 1024-wide Qwen3-0.6B, for one) */
     if (c->n_head > 0)
-        FSDP_TRY(model_hf_json_int(j, "head_dim", NULL, c->n_embd / c->n_head, 0, &head_dim));
-    if (c->n_head > 0 && head_dim * c->n_head != c->n_embd)
-        return error_set(FSDP_EUNSUPPORTED,
-                         "%s: \"head_dim\" is %d, but fsdpc's Llama heads are hidden_size / num_attention_heads = %d "
-                         "wide",
-                         j->path, head_dim, c->n_embd / c->n_head);
+        FSDP_TRY(model_hf_json_int(j, "head_dim", "head_dim", c->n_embd / c->n_head, 0, &c->head_dim));
     return 0;
 }
 
@@ -181,7 +177,7 @@ static int style_config_write(const struct model_config *c, const struct model_h
         ok = ok && cJSON_AddBoolToObject(o, "attention_bias", false) && cJSON_AddBoolToObject(o, "mlp_bias", false);
     ok = ok && cJSON_AddNumberToObject(o, "attention_dropout", 0.0) &&
          cJSON_AddNumberToObject(o, "bos_token_id", bos) && cJSON_AddNumberToObject(o, "eos_token_id", eos) &&
-         cJSON_AddNumberToObject(o, "head_dim", c->n_embd / c->n_head) && cJSON_AddStringToObject(o, "hidden_act", "silu") &&
+         cJSON_AddNumberToObject(o, "head_dim", model_head_dim(c)) && cJSON_AddStringToObject(o, "hidden_act", "silu") &&
          cJSON_AddNumberToObject(o, "hidden_size", c->n_embd) &&
          model_hf_json_add_float(o, "initializer_range", c->init_std) == 0 &&
          cJSON_AddNumberToObject(o, "intermediate_size", c->intermediate_size) &&

@@ -23,11 +23,9 @@ int model_llama_check(const struct model_config *c)
 {
     if (c->n_kv_head < 1 || c->n_head % c->n_kv_head != 0)
         return error_set(FSDP_EINVAL, "model: n_kv_head (%d) must divide n_head (%d)", c->n_kv_head, c->n_head);
-    if ((c->n_embd / c->n_head) % 2 != 0)
-        return error_set(FSDP_EINVAL,
-                         "model: the head size n_embd / n_head = %d / %d = %d must be even for rotary position "
-                         "embeddings",
-                         c->n_embd, c->n_head, c->n_embd / c->n_head);
+    if (c->head_dim % 2 != 0)
+        return error_set(FSDP_EINVAL, "model: the head size head_dim = %d must be even for rotary position embeddings",
+                         c->head_dim);
     if (c->intermediate_size < 1 || (long long)c->intermediate_size * 2 > 1 << 30)
         return error_set(FSDP_EINVAL, "model: intermediate_size must be in [1, %d] (got %d)", 1 << 29,
                          c->intermediate_size);
@@ -77,7 +75,7 @@ int model_qwen2_layout_build(struct model_layout *l, const struct model_config *
 
 static int layout_build(struct model_layout *l, const struct model_config *c, const struct llama_classes *cls)
 {
-    int C = c->n_embd, L = c->n_layer, hs = c->n_embd / c->n_head, I = c->intermediate_size;
+    int C = c->n_embd, L = c->n_layer, hs = c->head_dim, I = c->intermediate_size;
     int q_rows = c->n_head * hs, kv_rows = c->n_kv_head * hs;
     float std = c->init_std;
     l->vocab_padded = (c->vocab_size + MODEL_VOCAB_ALIGN - 1) / MODEL_VOCAB_ALIGN * MODEL_VOCAB_ALIGN;

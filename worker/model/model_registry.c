@@ -33,7 +33,7 @@ static const struct model_class_names qwen2_names[] = {
 };
 
 static const struct model_family families[] = {
-    {.name = "gpt2", .layout_build = model_gpt2_layout_build, .decoder = &model_gpt2_decoder, .class_names = gpt2_names,
+    {.name = "gpt2", .check = model_gpt2_check, .layout_build = model_gpt2_layout_build, .decoder = &model_gpt2_decoder, .class_names = gpt2_names,
      .hf = &model_gpt2_hf},
     {.name = "llama", .resolve = model_llama_resolve, .check = model_llama_check,
      .layout_build = model_llama_layout_build, .decoder = &model_llama_decoder, .class_names = llama_names,
@@ -104,7 +104,7 @@ double model_flops_per_token(const struct model_layout *l)
         if (!l->params[i].lookup_only)
             matmul += (double)l->params[i].init_rows * l->params[i].shape[1];
     const struct model_config *c = &l->config;
-    return 6.0 * matmul + 12.0 * c->n_layer * (double)c->n_embd * c->block_size;
+    return 6.0 * matmul + 12.0 * c->n_layer * (double)c->n_head * model_head_dim(c) * c->block_size;
 }
 
 void model_config_default(struct model_config *cfg)
@@ -129,9 +129,14 @@ static int check_config(const struct model_config *c)
                          "model: n_layer, n_head, n_embd, vocab_size and block_size must all be >= 1 "
                          "(got %d, %d, %d, %d, %d)",
                          c->n_layer, c->n_head, c->n_embd, c->vocab_size, c->block_size);
-    if (c->n_embd % c->n_head != 0)
-        return error_set(FSDP_EINVAL, "model: n_embd (%d) must be a multiple of n_head (%d)", c->n_embd,
-                         c->n_head);
+    if (c->head_dim < 0 || (long long)c->head_dim * c->n_head * 4 > 1 << 30)
+        return error_set(FSDP_EINVAL, "model: head_dim must be in [1, %d] for %d heads (got %d)",
+                         (1 << 28) / c->n_head, c->n_head, c->head_dim);
+    if (c->head_dim == 0 && c->n_embd % c->n_head != 0)
+        return error_set(FSDP_EINVAL,
+                         "model: n_embd (%d) must be a multiple of n_head (%d), or head_dim set (the width of one "
+                         "head)",
+                         c->n_embd, c->n_head);
     if (!(c->init_std >= 0))
         return error_set(FSDP_EINVAL, "model: init_std must be >= 0 (got %g)", (double)c->init_std);
     /* Sizes are int in the kernels: keep every tensor's element count and the padded vocab in range. */
@@ -152,6 +157,7 @@ int model_layout_build(struct model_layout *out, const struct model_config *cfg)
         f->resolve(&out->config);
     int rc = 0;
     FSDP_TRY_GOTO(check_config(&out->config), rc, fail);
+    out->config.head_dim = model_head_dim(&out->config); /* the value in effect, for checkpoints and summaries */
     if (f->check)
         FSDP_TRY_GOTO(f->check(&out->config), rc, fail);
     FSDP_TRY_GOTO(f->layout_build(out, &out->config), rc, fail);

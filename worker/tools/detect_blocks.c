@@ -365,8 +365,9 @@ static int cache_save(const char *path, cJSON *root)
 
 static void cache_key(const struct model_config *mc, const char *id, char *out, size_t cap)
 {
-    snprintf(out, cap, "%s|n_layer=%d,n_head=%d,n_embd=%d,vocab_size=%d,block_size=%d|%s", mc->model_family,
-             mc->n_layer, mc->n_head, mc->n_embd, mc->vocab_size, mc->block_size, id);
+    snprintf(out, cap, "%s|n_layer=%d,n_head=%d,n_embd=%d,head_dim=%d,vocab_size=%d,block_size=%d|%s",
+             mc->model_family, mc->n_layer, mc->n_head, mc->n_embd, model_head_dim(mc), mc->vocab_size,
+             mc->block_size, id);
 }
 
 /* ---- the command ----------------------------------------------------------------------------------- */

@@ -95,6 +95,7 @@ static void add_model(struct builder *b, cJSON *root, const struct run_summary_f
     num(b, m, "n_layer", wc->model.n_layer);
     num(b, m, "n_head", wc->model.n_head);
     num(b, m, "n_embd", wc->model.n_embd);
+    num(b, m, "head_dim", l->config.head_dim); /* in effect: n_embd / n_head unless set */
     num(b, m, "vocab_size", wc->model.vocab_size);
     num(b, m, "block_size", wc->model.block_size);
     /* the family's own values in effect, defaults resolved */

@@ -334,6 +334,7 @@ void train_model_config(const struct worker_config *wc, struct model_config *mc)
     model_config_default(mc);
     snprintf(mc->model_family, sizeof mc->model_family, "%s", worker_model_family_name(wc->model.family));
     mc->n_kv_head = wc->model.n_kv_head;
+    mc->head_dim = wc->model.head_dim;
     mc->intermediate_size = wc->model.intermediate_size;
     mc->rope_theta = (float)wc->model.rope_theta;
     mc->rms_norm_eps = (float)wc->model.rms_norm_eps;
