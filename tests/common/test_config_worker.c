@@ -259,7 +259,7 @@ Test(worker_config, llama_cross_key_checks_name_the_keys)
     for (const char *const *k = llama_only; k[0]; k += 2) {
         char key[64], want[256];
         snprintf(key, sizeof key, "model.%s", k[0]);
-        snprintf(want, sizeof want, "%s applies only to model_family = llama or qwen2, but model_family is gpt2", key);
+        snprintf(want, sizeof want, "%s applies only to model_family = llama, qwen2 or qwen3, but model_family is gpt2", key);
         expect_llama_invalid((const char *const[]){key, k[1], NULL}, want);
     }
     /* from a file, the message names the file and line */
@@ -272,7 +272,7 @@ Test(worker_config, llama_cross_key_checks_name_the_keys)
     struct worker_config wc;
     cr_assert_eq(worker_config_view(cfg, &wc), FSDP_EINVAL);
     char want[160];
-    snprintf(want, sizeof want, "model.rope_theta (%s line 3) applies only to model_family = llama or qwen2", path);
+    snprintf(want, sizeof want, "model.rope_theta (%s line 3) applies only to model_family = llama, qwen2 or qwen3", path);
     cr_assert(strstr(error_message(), want), "%s", error_message());
     config_destroy(cfg);
     unlink(path);

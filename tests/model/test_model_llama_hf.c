@@ -235,3 +235,22 @@ Test(model_llama_hf, head_dim_narrower_tied, .timeout = 120)
                       .block = 12, .t = 12, .b = 2, .rope_theta = 10000, .eps = 1e-6f, .tie = true, .head_dim = 6};
     check_shape(&s);
 }
+
+/* Qwen3ForCausalLM: q_norm and k_norm (one head_dim gain each, perturbed from 1 here) before rope, no biases,
+ * head_dim 12 on a 32-wide stream of 4 query and 2 key/value heads. */
+Test(model_llama_hf, qwen3_qk_norm_head_dim, .timeout = 120)
+{
+    struct shape s = {.n_layer = 2, .n_head = 4, .n_kv_head = 2, .n_embd = 32, .inter = 56, .vocab = 77,
+                      .block = 16, .t = 16, .b = 2, .rope_theta = 10000, .eps = 1e-6f, .family = "qwen3",
+                      .head_dim = 12};
+    check_shape(&s);
+}
+
+/* Qwen3 with head size 64 (the CPU's AVX-512 attention tiles) over 2 heads of a 96-wide stream, tied. */
+Test(model_llama_hf, qwen3_head_size_64_tied, .timeout = 180)
+{
+    struct shape s = {.n_layer = 1, .n_head = 2, .n_kv_head = 1, .n_embd = 96, .inter = 128, .vocab = 70,
+                      .block = 70, .t = 70, .b = 2, .rope_theta = 10000, .eps = 1e-6f, .tie = true,
+                      .family = "qwen3", .head_dim = 64};
+    check_shape(&s);
+}

@@ -48,18 +48,21 @@ static const char hf_ini[] = "[model]\n"
                              "[log]\n"
                              "interval = 10\n";
 
-/* transformers' losses of the 20 steps, and its init written to init (both for the tied or untied model;
- * qwen2: Qwen2ForCausalLM, whose q/k/v biases the reference gives random values). */
-static void reference(const struct tt_ctx *c, const char *py, bool tie, bool qwen2, const char *init, double *loss)
+/* transformers' losses of the 20 steps, and its init written where flags say (--init_out FILE, or
+ * --save_dir DIR as save_pretrained writes it), for the tied or untied model; flags may choose another family
+ * (--family qwen2: Qwen2ForCausalLM, whose q/k/v biases the reference gives random values; qwen3, mistral) and
+ * shape (--head_dim, --sliding_window). tag names the output. */
+static void reference(const struct tt_ctx *c, const char *py, bool tie, const char *flags, const char *tag,
+                      double *loss)
 {
     char cmd[16384], out[2300];
-    snprintf(out, sizeof out, "%s/hf-%s%s.jsonl", c->dir, qwen2 ? "qwen2-" : "", tie ? "tied" : "untied");
+    snprintf(out, sizeof out, "%s/hf-%s%s.jsonl", c->dir, tag, tie ? "tied" : "untied");
     snprintf(cmd, sizeof cmd,
              "OMP_NUM_THREADS=1 '%s' %s/tests/model/llama_hf_ref.py train --n_layer 2 --n_head 6 --n_kv_head 2 "
              "--n_embd 48 --intermediate_size 96 --vocab 256 --block_size 16 --rope_theta 10000 --rms_norm_eps 1e-6 "
-             "%s %s --init_out %s --data %s/train.bin --steps %d --global_batch 12 --lr 0.003 --beta1 0.9 --beta2 0.95 "
+             "%s %s --data %s/train.bin --steps %d --global_batch 12 --lr 0.003 --beta1 0.9 --beta2 0.95 "
              "--eps 1e-8 --weight_decay 0.1 --grad_clip 1.0 --seed %d > %s 2> %s.err",
-             py, getenv("FSDP_SOURCE_ROOT"), tie ? "--tie" : "", qwen2 ? "--qwen2" : "", init, c->data, TT_STEPS,
+             py, getenv("FSDP_SOURCE_ROOT"), tie ? "--tie" : "", flags, c->data, TT_STEPS,
              tie ? 11 : 12, out, out);
     int rc = tu_sh(cmd);
     if (rc != 0) {
@@ -91,10 +94,11 @@ static void hf_parity(bool tie)
         cr_skip_test("%s", py);
     struct tt_ctx c;
     tt_setup_ini(&c, hf_ini);
-    char init[2300], initarg[2400];
+    char init[2300], initarg[2400], flags[2400];
     snprintf(init, sizeof init, "%s/init-%s.safetensors", c.dir, tie ? "tied" : "untied");
+    snprintf(flags, sizeof flags, "--init_out %s", init);
     double ref[TT_STEPS];
-    reference(&c, py, tie, false, init, ref);
+    reference(&c, py, tie, flags, "", ref);
     snprintf(initarg, sizeof initarg, "--model.init_from=%s", init);
     const char *strategies[] = {"FULL_SHARD", "HYBRID_SHARD"};
     double worst = 0;
@@ -136,10 +140,11 @@ Test(llama_hf, qwen2_qkv_biases, .timeout = 600)
         cr_skip_test("%s", py);
     struct tt_ctx c;
     tt_setup_ini(&c, hf_ini);
-    char init[2300], initarg[2400];
+    char init[2300], initarg[2400], flags[2400];
     snprintf(init, sizeof init, "%s/init-qwen2.safetensors", c.dir);
+    snprintf(flags, sizeof flags, "--family qwen2 --init_out %s", init);
     double ref[TT_STEPS];
-    reference(&c, py, false, true, init, ref);
+    reference(&c, py, false, flags, "qwen2-", ref);
     snprintf(initarg, sizeof initarg, "--model.init_from=%s", init);
     double worst = 0;
     for (int world = 1; world <= 4; world++) {
@@ -162,3 +167,45 @@ Test(llama_hf, qwen2_qkv_biases, .timeout = 600)
 
 Test(llama_hf, untied_head_gqa, .timeout = 600) { hf_parity(false); }
 Test(llama_hf, tied_head_gqa, .timeout = 600) { hf_parity(true); }
+
+/* A family from a save_pretrained directory (transformers' own init, random weights): fsdpc reads its
+ * config.json and weights with model.init_from = the directory (model_family on the command line, the rest from
+ * config.json) and trains 20 steps at worlds 1 to 4 under FULL_SHARD against transformers' AdamW. */
+static void dir_parity(const char *family, const char *ref_flags, const char *cls, const char *summary)
+{
+    char py[1200];
+    if (tu_torch_python(py, sizeof py) != 0)
+        cr_skip_test("%s", py);
+    struct tt_ctx c;
+    tt_setup_ini(&c, hf_ini);
+    char dir[2300], initarg[2400], flags[4800], famarg[96], tag[64];
+    snprintf(dir, sizeof dir, "%s/hf-%s", c.dir, family);
+    snprintf(flags, sizeof flags, "--family %s %s --save_dir %s", family, ref_flags, dir);
+    snprintf(tag, sizeof tag, "%s-", family);
+    double ref[TT_STEPS];
+    reference(&c, py, false, flags, tag, ref);
+    snprintf(initarg, sizeof initarg, "--model.init_from=%s", dir);
+    snprintf(famarg, sizeof famarg, "--model.model_family=%s", family);
+    double worst = 0;
+    for (int world = 1; world <= 4; world++) {
+        snprintf(tag, sizeof tag, "%s-w%d", family, world);
+        const char *extra[] = {initarg, famarg, NULL};
+        struct tt_result r;
+        tt_run_ok(&c, world, tag, extra, &r);
+        cr_assert(tt_summary_matches(&r, 0, summary), "%s", r.err);
+        double d = tt_assert_losses(&r, ref, HF_REL, tag);
+        worst = d > worst ? d : worst;
+        tt_result_free(&r);
+    }
+    fprintf(stderr, "%s vs transformers' %s: 4 runs x 20 steps, losses %.4f -> %.4f, largest relative difference %.3g "
+                    "(bound %.0e)\n",
+            family, cls, ref[0], ref[TT_STEPS - 1], worst, HF_REL);
+    cr_assert(ref[TT_STEPS - 1] < ref[0] - 0.5, "the reference did not learn: %g -> %g", ref[0], ref[TT_STEPS - 1]);
+    tt_teardown(&c);
+}
+
+/* Qwen3: q/k norms, no biases, head_dim 12 where hidden_size / num_attention_heads is 8. */
+Test(llama_hf, qwen3_qk_norm_head_dim_from_save_pretrained, .timeout = 600)
+{
+    dir_parity("qwen3", "--head_dim 12", "Qwen3ForCausalLM", "{\"model\":{\"family\":\"qwen3\",\"head_dim\":12}}");
+}

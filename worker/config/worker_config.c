@@ -17,7 +17,7 @@
 
 static const struct config_section sections[] = {
     {"model", "Model family, shape and initialisation. The defaults are a small byte-level GPT-2 that trains on a CPU; "
-              "model_family = llama (and qwen2) adds the Llama keys (n_kv_head ... tie_word_embeddings)."},
+              "model_family = llama (and qwen2, qwen3) adds the Llama keys (n_kv_head ... tie_word_embeddings)."},
     {"train", "Batch sizes, step counts and the device."},
     {"optim", "AdamW and the learning-rate schedule."},
     {"data", "Token files (nanoGPT uint16 or llm.c .bin)."},
@@ -28,11 +28,12 @@ static const struct config_section sections[] = {
 
 static const struct config_key keys[] = {
     /* [model] */
-    {.section = "model", .name = "model_family", .type = CONFIG_ENUM, .def = "gpt2", .values = LIST("gpt2", "llama", "qwen2"),
+    {.section = "model", .name = "model_family", .type = CONFIG_ENUM, .def = "gpt2", .values = LIST("gpt2", "llama", "qwen2", "qwen3"),
      .value_aliases = ALIASES({"GPT2LMHeadModel", "gpt2"}, {"LlamaForCausalLM", "llama"},
-                              {"Qwen2ForCausalLM", "qwen2"}),
+                              {"Qwen2ForCausalLM", "qwen2"}, {"Qwen3ForCausalLM", "qwen3"}),
      .help = "Model architecture: gpt2 (LayerNorm, GELU, learned positions, tied head), llama (RMSNorm, "
-             "SwiGLU, rotary positions, grouped-query attention) or qwen2 (llama with q/k/v biases)"},
+             "SwiGLU, rotary positions, grouped-query attention), qwen2 (llama with q/k/v biases) or qwen3 "
+             "(llama with a per-head RMSNorm of q and k)"},
     {.section = "model", .name = "n_layer", .type = CONFIG_INT, .def = "4", .min = 1, .max = 1024,
      .help = "Number of decoder blocks"},
     {.section = "model", .name = "n_head", .type = CONFIG_INT, .def = "4", .min = 1, .max = 1024,
@@ -245,10 +246,11 @@ static const char *const llama_only_keys[] = {"n_kv_head", "intermediate_size", 
                                               "rope_original_max_position_embeddings", "rms_norm_eps",
                                               "tie_word_embeddings", NULL};
 
-/* The families that read the Llama keys: Llama and Qwen2 (Llama's block with q/k/v biases). */
+/* The families that read the Llama keys: Llama, Qwen2 (Llama's block with q/k/v biases) and Qwen3 (with
+ * q/k norms). */
 static bool reads_llama_keys(enum worker_model_family family)
 {
-    return family == WORKER_MODEL_LLAMA || family == WORKER_MODEL_QWEN2;
+    return family == WORKER_MODEL_LLAMA || family == WORKER_MODEL_QWEN2 || family == WORKER_MODEL_QWEN3;
 }
 
 static int check_family_keys(const struct config *cfg, enum worker_model_family family)
@@ -266,7 +268,7 @@ static int check_family_keys(const struct config *cfg, enum worker_model_family 
         else if (v->source == CONFIG_SRC_CLI)
             snprintf(where, sizeof where, " (command line)");
         return error_set(FSDP_EINVAL,
-                         "%s%s applies only to model_family = llama or qwen2, but model_family is %s; remove it or "
+                         "%s%s applies only to model_family = llama, qwen2 or qwen3, but model_family is %s; remove it or "
                          "set model.model_family = llama",
                          name, where, worker_model_family_name(family));
     }
@@ -472,7 +474,7 @@ int worker_config_validate_cp(const struct worker_config *wc)
                          "context ranks, but model.n_head = %d is not divisible by %d; use "
                          "context_parallel_comm_strategy = allgather, or a context_parallel_size dividing %d",
                          c, wc->model.n_head, c, wc->model.n_head);
-    int nkv = wc->model.family == WORKER_MODEL_LLAMA && wc->model.n_kv_head > 0 ? wc->model.n_kv_head : 0;
+    int nkv = reads_llama_keys(wc->model.family) && wc->model.n_kv_head > 0 ? wc->model.n_kv_head : 0;
     if (wc->fsdp.context_parallel_comm_strategy == WORKER_CP_ALLTOALL && nkv && nkv % c != 0)
         return error_set(FSDP_EINVAL,
                          "fsdp.context_parallel_comm_strategy = alltoall splits the key/value heads across the %d "

@@ -9,7 +9,7 @@
 #include "common/config.h"
 
 /* Enum orders match the value lists of the schema (a config_get_enum index converts directly). */
-enum worker_model_family { WORKER_MODEL_GPT2 = 0, WORKER_MODEL_LLAMA, WORKER_MODEL_QWEN2 };
+enum worker_model_family { WORKER_MODEL_GPT2 = 0, WORKER_MODEL_LLAMA, WORKER_MODEL_QWEN2, WORKER_MODEL_QWEN3 };
 enum worker_device { WORKER_DEVICE_AUTO = 0, WORKER_DEVICE_CPU, WORKER_DEVICE_CUDA };
 enum worker_lr_schedule { WORKER_LR_COSINE = 0, WORKER_LR_LINEAR, WORKER_LR_CONSTANT };
 enum worker_data_order { WORKER_ORDER_SHUFFLED = 0, WORKER_ORDER_SEQUENTIAL };

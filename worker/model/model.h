@@ -47,6 +47,8 @@ struct model_config {
     float rms_norm_eps;
     bool tie_word_embeddings; /* the LM head is embed_tokens (no lm_head.weight) */
     bool qkv_bias;            /* q, k and v projections have biases: set by the family (qwen2), not a key */
+    bool qk_norm;             /* per-head RMSNorm of q and k before rope (head_dim gains each, shared by the
+                                 heads): set by the family (qwen3), not a key */
     int vocab_size; /* real vocabulary; the model pads it to MODEL_VOCAB_ALIGN internally */
     int block_size; /* maximum sequence length (rows of wpe; rotary positions) */
     float init_std;

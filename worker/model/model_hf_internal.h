@@ -64,5 +64,6 @@ int model_hf_json_add_float(cJSON *obj, const char *key, float v);
 extern const struct model_hf_family model_gpt2_hf;
 extern const struct model_hf_family model_llama_hf;
 extern const struct model_hf_family model_qwen2_hf;
+extern const struct model_hf_family model_qwen3_hf;
 
 #endif

@@ -183,4 +183,9 @@ extern const struct model_decoder model_llama_decoder;
 void model_qwen2_resolve(struct model_config *cfg);
 int model_qwen2_layout_build(struct model_layout *out, const struct model_config *cfg);
 
+/* The Qwen3 family: Llama's block and layout with a per-head RMSNorm of q and k (q_norm, k_norm) before rope,
+ * no biases, and Qwen3's class names. */
+void model_qwen3_resolve(struct model_config *cfg);
+int model_qwen3_layout_build(struct model_layout *out, const struct model_config *cfg);
+
 #endif

@@ -19,6 +19,7 @@
 
 struct llama_acts {
     float *h1, *rstd1, *qkv, *att, *lse, *xmid, *h2, *rstd2, *gu, *act;
+    float *qraw, *kraw, *qrstd, *krstd; /* q/k norm (qwen3): q and k before their norms, (N, Q) and (N, KV) */
 };
 
 /* Persistent: the rotary positions and table; scratch: the wide gradients. */
@@ -28,22 +29,38 @@ struct llama_state {
     float *freqs;        /* (block_size, hs) cos | sin */
     float *dact, *dwide; /* (N, I) and (N, max(2I, qkv width)) */
     float *datt;         /* (N, Q): the attention output's gradient where Q > C (else the core's tmp) */
+    float *nbuf, *nbuf2; /* (N, Q) each: q or k heads made contiguous for their norm, and its gradient */
 };
 
-/* Index of each tensor among a block unit's 9 parameters and the root unit's (model_llama_layout.c); with
- * q/k/v biases (qwen2) each of q_proj, k_proj and v_proj is followed by its bias: 12 parameters. */
-enum { Q_W, K_W, V_W, O_W, GATE_W, UP_W, DOWN_W, IN_NORM_W, POST_NORM_W, N_BLOCK };
+/* The root unit's tensors (model_llama_layout.c). */
 enum { EMB_W, NORM_W, HEAD_W };
 
+/* Index of each tensor among a block unit's parameters, in model_llama_layout.c's order: q_proj, k_proj,
+ * v_proj (each followed by its bias with qkv_bias, qwen2), o_proj, q_norm and k_norm (qk_norm, qwen3),
+ * gate_proj, up_proj, down_proj, input_layernorm, post_attention_layernorm. -1: the family has none. */
 struct block_ix {
-    int q_w, k_w, v_w, q_b, k_b, v_b, shift; /* biases -1 without; shift: how far the later tensors moved */
+    int q_w, k_w, v_w, q_b, k_b, v_b, o_w, q_n, k_n, gate, up, down, in_n, post_n;
 };
 
 static struct block_ix ix_of(const struct model_config *c)
 {
-    if (!c->qkv_bias)
-        return (struct block_ix){Q_W, K_W, V_W, -1, -1, -1, 0};
-    return (struct block_ix){0, 2, 4, 1, 3, 5, 3};
+    struct block_ix x;
+    int i = 0;
+    x.q_w = i++;
+    x.q_b = c->qkv_bias ? i++ : -1;
+    x.k_w = i++;
+    x.k_b = c->qkv_bias ? i++ : -1;
+    x.v_w = i++;
+    x.v_b = c->qkv_bias ? i++ : -1;
+    x.o_w = i++;
+    x.q_n = c->qk_norm ? i++ : -1;
+    x.k_n = c->qk_norm ? i++ : -1;
+    x.gate = i++;
+    x.up = i++;
+    x.down = i++;
+    x.in_n = i++;
+    x.post_n = i;
+    return x;
 }
 
 struct dims {
@@ -85,6 +102,12 @@ static void llama_plan_acts(const struct model_config *cfg, int b, int t, struct
     a->rstd2 = model_carve(c, N * F);
     a->gu = model_carve(c, 2 * N * I * F);
     a->act = model_carve(c, N * I * F);
+    if (cfg->qk_norm) {
+        a->qraw = model_carve(c, N * (size_t)d.Q * F);
+        a->kraw = model_carve(c, N * (size_t)d.nkv * d.hs * F);
+        a->qrstd = model_carve(c, N * (size_t)d.nh * F);
+        a->krstd = model_carve(c, N * (size_t)d.nkv * F);
+    }
 }
 
 static void llama_plan_scratch(const struct model_config *cfg, int b, int t, struct model_carver *c, void *fam)
@@ -95,6 +118,8 @@ static void llama_plan_scratch(const struct model_config *cfg, int b, int t, str
     s->dact = model_carve(c, N * I * F);
     s->dwide = model_carve(c, N * (2 * I > (size_t)d.qkv ? 2 * I : (size_t)d.qkv) * F);
     s->datt = d.Q > d.C ? model_carve(c, N * (size_t)d.Q * F) : NULL;
+    s->nbuf = cfg->qk_norm ? model_carve(c, N * (size_t)d.Q * F) : NULL;
+    s->nbuf2 = cfg->qk_norm ? model_carve(c, N * (size_t)d.Q * F) : NULL;
 }
 
 /* Llama 3.1's frequency scaling of one inverse frequency, in transformers' float32 arithmetic
@@ -190,8 +215,8 @@ static int qkv_forward(struct model *m, int u, const float *w, float *qkv, const
                        const struct block_ix *x, const float *ones)
 {
     const struct kernels *k = m->k;
-    if (x->q_b < 0)
-        return linear_forward(k, qkv, h, up(m, u, w, Q_W), d->N, d->C, d->qkv);
+    if (x->q_b < 0) /* q_proj, k_proj and v_proj adjacent: one (qkv, C) matrix */
+        return linear_forward(k, qkv, h, up(m, u, w, x->q_w), d->N, d->C, d->qkv);
     const int wi[3] = {x->q_w, x->k_w, x->v_w}, bi[3] = {x->q_b, x->k_b, x->v_b};
     const int rows[3] = {d->nh * d->hs, d->nkv * d->hs, d->nkv * d->hs}, off[3] = {0, rows[0], rows[0] + rows[1]};
     for (int i = 0; i < 3; i++) {
@@ -209,7 +234,7 @@ static int qkv_backward(struct model *m, int u, const float *w, float *g, const 
     const struct kernels *k = m->k;
     struct model_core *s = model_core_of(m);
     if (x->q_b < 0)
-        return linear_backward(k, s->dln, upg(m, u, g, Q_W), dqkv, h, up(m, u, w, Q_W), d->N, d->C, d->qkv);
+        return linear_backward(k, s->dln, upg(m, u, g, x->q_w), dqkv, h, up(m, u, w, x->q_w), d->N, d->C, d->qkv);
     const int wi[3] = {x->q_w, x->k_w, x->v_w}, bi[3] = {x->q_b, x->k_b, x->v_b};
     const int rows[3] = {d->nh * d->hs, d->nkv * d->hs, d->nkv * d->hs}, off[3] = {0, rows[0], rows[0] + rows[1]};
     for (int i = 0; i < 3; i++) {
@@ -219,6 +244,50 @@ static int qkv_backward(struct model *m, int u, const float *w, float *g, const 
             continue;
         FSDP_TRY(k->gemm(1, 0, rows[i], d->C, d->N, 1.0f, dqkv + off[i], d->qkv, h, d->C, 1.0f, upg(m, u, g, wi[i]), d->C));
         FSDP_TRY(k->gemm(1, 0, 1, rows[i], d->N, 1.0f, ones, 1, dqkv + off[i], d->qkv, 1.0f, upg(m, u, g, bi[i]), rows[i]));
+    }
+    return 0;
+}
+
+/* Qwen3's q/k norm: every head of q (then of k) is RMS-normalised over its head_dim values and scaled by one
+ * (head_dim) gain the heads share. The heads sit in the packed rows with stride qkv, so each part is copied
+ * out contiguous, (N x heads, head_dim) rows for rmsnorm, and the result copied back; the copy before the
+ * norm is kept for backward. */
+static int qk_norm_forward(struct model *m, int u, const float *w, struct llama_acts *a, const struct dims *d,
+                           const struct block_ix *x)
+{
+    const struct kernels *k = m->k;
+    struct llama_state *ls = model_core_of(m)->fam;
+    const struct model_config *c = &m->layout.config;
+    size_t F = sizeof(float), ld = (size_t)d->qkv * F;
+    const int heads[2] = {d->nh, d->nkv}, col[2] = {0, d->Q}, wi[2] = {x->q_n, x->k_n};
+    float *raw[2] = {a->qraw, a->kraw}, *rstd[2] = {a->qrstd, a->krstd};
+    for (int i = 0; i < 2; i++) {
+        size_t width = (size_t)heads[i] * d->hs * F;
+        FSDP_TRY(k->mem_copy2d(raw[i], width, a->qkv + col[i], ld, width, (size_t)d->N, KERNELS_COPY_D2D));
+        FSDP_TRY(k->rmsnorm_forward(ls->nbuf, rstd[i], raw[i], up(m, u, w, wi[i]), d->N * heads[i], d->hs,
+                                    c->rms_norm_eps));
+        FSDP_TRY(k->mem_copy2d(a->qkv + col[i], ld, ls->nbuf, width, width, (size_t)d->N, KERNELS_COPY_D2D));
+    }
+    return 0;
+}
+
+/* Its backward in place on dqkv's q and k columns (the gradient after the norms in, before them out); the
+ * gains' gradients are added. */
+static int qk_norm_backward(struct model *m, int u, const float *w, float *g, float *dqkv, struct llama_acts *a,
+                            const struct dims *d, const struct block_ix *x)
+{
+    const struct kernels *k = m->k;
+    struct llama_state *ls = model_core_of(m)->fam;
+    size_t F = sizeof(float), ld = (size_t)d->qkv * F;
+    const int heads[2] = {d->nh, d->nkv}, col[2] = {0, d->Q}, wi[2] = {x->q_n, x->k_n};
+    const float *raw[2] = {a->qraw, a->kraw}, *rstd[2] = {a->qrstd, a->krstd};
+    for (int i = 0; i < 2; i++) {
+        size_t width = (size_t)heads[i] * d->hs * F;
+        FSDP_TRY(k->mem_copy2d(ls->nbuf, width, dqkv + col[i], ld, width, (size_t)d->N, KERNELS_COPY_D2D));
+        FSDP_TRY(k->mem_set(ls->nbuf2, 0, (size_t)d->N * width));
+        FSDP_TRY(k->rmsnorm_backward(ls->nbuf2, upg(m, u, g, wi[i]), ls->nbuf, raw[i], up(m, u, w, wi[i]), rstd[i],
+                                     d->N * heads[i], d->hs));
+        FSDP_TRY(k->mem_copy2d(dqkv + col[i], ld, ls->nbuf2, width, width, (size_t)d->N, KERNELS_COPY_D2D));
     }
     return 0;
 }
@@ -236,20 +305,22 @@ static int llama_forward_block(struct model *m, int layer, const float *w, void 
     const float *xin = s->resid + (size_t)layer * NC;
     struct block_ix x = ix_of(c);
     float *y = s->resid + (size_t)(layer + 1) * NC;
-    FSDP_TRY(k->rmsnorm_forward(a->h1, a->rstd1, xin, up(m, u, w, IN_NORM_W + x.shift), N, C, c->rms_norm_eps));
+    FSDP_TRY(k->rmsnorm_forward(a->h1, a->rstd1, xin, up(m, u, w, x.in_n), N, C, c->rms_norm_eps));
     FSDP_TRY(qkv_forward(m, u, w, a->qkv, a->h1, &d, &x, ls->ones));
+    if (c->qk_norm)
+        FSDP_TRY(qk_norm_forward(m, u, w, a, &d, &x));
     FSDP_TRY(k->rope_forward(a->qkv, N, d.qkv, d.nh + d.nkv, d.hs, ls->pos, ls->freqs, c->block_size));
     if (m->cp.size > 1)
         FSDP_TRY(model_cp_attention_forward(m, a->att, a->lse, a->qkv));
     else
         FSDP_TRY(k->attention_forward(a->att, a->lse, a->qkv, m->b, m->t, d.Q, d.nh, d.nkv, s->attn_ws));
-    FSDP_TRY(linear_forward(k, s->tmp, a->att, up(m, u, w, O_W + x.shift), N, d.Q, C));
+    FSDP_TRY(linear_forward(k, s->tmp, a->att, up(m, u, w, x.o_w), N, d.Q, C));
     FSDP_TRY(k->residual_forward(a->xmid, xin, s->tmp, NC));
-    FSDP_TRY(k->rmsnorm_forward(a->h2, a->rstd2, a->xmid, up(m, u, w, POST_NORM_W + x.shift), N, C, c->rms_norm_eps));
+    FSDP_TRY(k->rmsnorm_forward(a->h2, a->rstd2, a->xmid, up(m, u, w, x.post_n), N, C, c->rms_norm_eps));
     /* gate_proj and up_proj are adjacent: one (2I, C) matrix giving [gate | up] rows */
-    FSDP_TRY(linear_forward(k, a->gu, a->h2, up(m, u, w, GATE_W + x.shift), N, C, 2 * d.I));
+    FSDP_TRY(linear_forward(k, a->gu, a->h2, up(m, u, w, x.gate), N, C, 2 * d.I));
     FSDP_TRY(k->swiglu_forward(a->act, a->gu, N, d.I));
-    FSDP_TRY(linear_forward(k, s->tmp, a->act, up(m, u, w, DOWN_W + x.shift), N, d.I, C));
+    FSDP_TRY(linear_forward(k, s->tmp, a->act, up(m, u, w, x.down), N, d.I, C));
     return k->residual_forward(y, a->xmid, s->tmp, NC);
 }
 
@@ -267,14 +338,14 @@ static int llama_backward_block(struct model *m, int layer, const float *w, floa
     struct block_ix x = ix_of(c);
     /* s->dres holds dL/dy on entry and dL/dx on return: the residual adds make it flow straight through,
      * and each norm's backward adds its branch into it. */
-    FSDP_TRY(linear_backward(k, ls->dact, upg(m, u, g, DOWN_W + x.shift), s->dres, a->act, up(m, u, w, DOWN_W + x.shift), N, d.I, C));
+    FSDP_TRY(linear_backward(k, ls->dact, upg(m, u, g, x.down), s->dres, a->act, up(m, u, w, x.down), N, d.I, C));
     FSDP_TRY(k->mem_set(ls->dwide, 0, (size_t)N * 2 * d.I * F));
     FSDP_TRY(k->swiglu_backward(ls->dwide, a->gu, ls->dact, N, d.I));
-    FSDP_TRY(linear_backward(k, s->dln, upg(m, u, g, GATE_W + x.shift), ls->dwide, a->h2, up(m, u, w, GATE_W + x.shift), N, C, 2 * d.I));
-    FSDP_TRY(k->rmsnorm_backward(s->dres, upg(m, u, g, POST_NORM_W + x.shift), s->dln, a->xmid, up(m, u, w, POST_NORM_W + x.shift), a->rstd2,
+    FSDP_TRY(linear_backward(k, s->dln, upg(m, u, g, x.gate), ls->dwide, a->h2, up(m, u, w, x.gate), N, C, 2 * d.I));
+    FSDP_TRY(k->rmsnorm_backward(s->dres, upg(m, u, g, x.post_n), s->dln, a->xmid, up(m, u, w, x.post_n), a->rstd2,
                             N, C));
     float *datt = ls->datt ? ls->datt : s->tmp;
-    FSDP_TRY(linear_backward(k, datt, upg(m, u, g, O_W + x.shift), s->dres, a->att, up(m, u, w, O_W + x.shift), N, d.Q, C));
+    FSDP_TRY(linear_backward(k, datt, upg(m, u, g, x.o_w), s->dres, a->att, up(m, u, w, x.o_w), N, d.Q, C));
     if (m->cp.size > 1) {
         FSDP_TRY(model_cp_attention_backward(m, ls->dwide, datt, a->qkv, a->att, a->lse));
     } else {
@@ -284,8 +355,10 @@ static int llama_backward_block(struct model *m, int layer, const float *w, floa
     }
     /* the gradient of q and k before rope: the transposed rotation */
     FSDP_TRY(k->rope_backward(ls->dwide, N, d.qkv, d.nh + d.nkv, d.hs, ls->pos, ls->freqs, c->block_size));
+    if (c->qk_norm)
+        FSDP_TRY(qk_norm_backward(m, u, w, g, ls->dwide, a, &d, &x));
     FSDP_TRY(qkv_backward(m, u, w, g, ls->dwide, a->h1, &d, &x, ls->ones));
-    return k->rmsnorm_backward(s->dres, upg(m, u, g, IN_NORM_W + x.shift), s->dln, xin, up(m, u, w, IN_NORM_W + x.shift),
+    return k->rmsnorm_backward(s->dres, upg(m, u, g, x.in_n), s->dln, xin, up(m, u, w, x.in_n),
                                a->rstd1, N, C);
 }
 

@@ -54,10 +54,13 @@ static int rope_dict_read(struct model_hf_json *j, const cJSON *dict, const char
 struct llama_style {
     const char *family;
     int layers, heads, hidden, intermediate, vocab, positions;
-    bool qwen2_keys;
+    int head_dim;    /* transformers' default; 0 = hidden_size / num_attention_heads */
+    bool qwen2_keys; /* use_sliding_window, max_window_layers, layer_types (else mlp_bias) */
+    bool bias_key;   /* attention_bias, which must be false */
 };
-static const struct llama_style llama_style = {"llama", 32, 32, 4096, 11008, 32000, 2048, false};
-static const struct llama_style qwen2_style = {"qwen2", 32, 32, 4096, 22016, 151936, 32768, true};
+static const struct llama_style llama_style = {"llama", 32, 32, 4096, 11008, 32000, 2048, 0, false, true};
+static const struct llama_style qwen2_style = {"qwen2", 32, 32, 4096, 22016, 151936, 32768, 0, true, false};
+static const struct llama_style qwen3_style = {"qwen3", 32, 32, 4096, 22016, 151936, 32768, 128, true, true};
 
 /* Qwen2's sliding window: fsdpc's attention is full causal, so a config must not use the window. */
 static int qwen2_window_check(struct model_hf_json *j)
@@ -105,16 +108,18 @@ static int style_config_read(struct model_hf_json *j, struct model_config *c, co
             return error_set(FSDP_EINVAL, "%s: \"rope_scaling\" must be an object or null", j->path);
     }
     FSDP_TRY(model_hf_json_expect_str(j, "hidden_act", silu, "fsdpc's Llama MLP is SwiGLU (\"silu\")"));
-    if (st->qwen2_keys) {
+    if (st->qwen2_keys)
         FSDP_TRY(qwen2_window_check(j));
-    } else {
-        FSDP_TRY(model_hf_json_expect_bool(j, "attention_bias", false, "fsdpc's Llama has no biases"));
+    else
         FSDP_TRY(model_hf_json_expect_bool(j, "mlp_bias", false, "fsdpc's Llama has no biases"));
-    }
+    if (st->bias_key)
+        FSDP_TRY(model_hf_json_expect_bool(j, "attention_bias", false,
+                                           st->qwen2_keys ? "fsdpc's Qwen3 has no q/k/v biases" : "fsdpc's Llama has no biases"));
     /* transformers' default is hidden_size / num_attention_heads; any even width is computed (Qwen3's 128 with
      * a 1024-wide Qwen3-0.6B, for one) */
     if (c->n_head > 0)
-        FSDP_TRY(model_hf_json_int(j, "head_dim", "head_dim", c->n_embd / c->n_head, 0, &c->head_dim));
+        FSDP_TRY(model_hf_json_int(j, "head_dim", "head_dim", st->head_dim ? st->head_dim : c->n_embd / c->n_head, 0,
+                                   &c->head_dim));
     return 0;
 }
 
@@ -128,8 +133,18 @@ static int qwen2_config_read(struct model_hf_json *j, struct model_config *c)
     return style_config_read(j, c, &qwen2_style);
 }
 
+static int qwen3_config_read(struct model_hf_json *j, struct model_config *c)
+{
+    return style_config_read(j, c, &qwen3_style);
+}
+
 static int style_config_write(const struct model_config *c, const struct model_hf_tokens *t, cJSON *o,
                               const struct llama_style *st);
+
+static int qwen3_config_write(const struct model_config *c, const struct model_hf_tokens *t, cJSON *o)
+{
+    return style_config_write(c, t, o, &qwen3_style);
+}
 
 static int llama_config_write(const struct model_config *c, const struct model_hf_tokens *t, cJSON *o)
 {
@@ -174,7 +189,9 @@ static int style_config_write(const struct model_config *c, const struct model_h
         ok = ok && cJSON_AddBoolToObject(o, "use_sliding_window", false) &&
              cJSON_AddNumberToObject(o, "max_window_layers", c->n_layer);
     else
-        ok = ok && cJSON_AddBoolToObject(o, "attention_bias", false) && cJSON_AddBoolToObject(o, "mlp_bias", false);
+        ok = ok && cJSON_AddBoolToObject(o, "mlp_bias", false);
+    if (st->bias_key)
+        ok = ok && cJSON_AddBoolToObject(o, "attention_bias", false);
     ok = ok && cJSON_AddNumberToObject(o, "attention_dropout", 0.0) &&
          cJSON_AddNumberToObject(o, "bos_token_id", bos) && cJSON_AddNumberToObject(o, "eos_token_id", eos) &&
          cJSON_AddNumberToObject(o, "head_dim", model_head_dim(c)) && cJSON_AddStringToObject(o, "hidden_act", "silu") &&
@@ -212,6 +229,15 @@ const struct model_hf_family model_qwen2_hf = {
     .prefix = "",
     .config_read = qwen2_config_read,
     .config_write = qwen2_config_write,
+    .ignored = llama_ignored,
+};
+
+const struct model_hf_family model_qwen3_hf = {
+    .architecture = "Qwen3ForCausalLM",
+    .model_type = "qwen3",
+    .prefix = "",
+    .config_read = qwen3_config_read,
+    .config_write = qwen3_config_write,
     .ignored = llama_ignored,
 };
 

@@ -50,18 +50,30 @@ int model_llama_check(const struct model_config *c)
 struct llama_classes {
     const char *causal_lm, *model, *layer, *attention, *mlp, *norm;
 };
+static int layout_build(struct model_layout *l, const struct model_config *c, const struct llama_classes *cls);
 static const struct llama_classes llama_classes = {"LlamaForCausalLM", "LlamaModel", "LlamaDecoderLayer",
                                                    "LlamaAttention", "LlamaMLP", "LlamaRMSNorm"};
 static const struct llama_classes qwen2_classes = {"Qwen2ForCausalLM", "Qwen2Model", "Qwen2DecoderLayer",
                                                    "Qwen2Attention", "Qwen2MLP", "Qwen2RMSNorm"};
+static const struct llama_classes qwen3_classes = {"Qwen3ForCausalLM", "Qwen3Model", "Qwen3DecoderLayer",
+                                                   "Qwen3Attention", "Qwen3MLP", "Qwen3RMSNorm"};
+
+void model_qwen3_resolve(struct model_config *c)
+{
+    model_llama_resolve(c);
+    c->qk_norm = true; /* Qwen3: per-head RMSNorm of q and k before rope; no biases */
+}
+
+int model_qwen3_layout_build(struct model_layout *l, const struct model_config *c)
+{
+    return layout_build(l, c, &qwen3_classes);
+}
 
 void model_qwen2_resolve(struct model_config *c)
 {
     model_llama_resolve(c);
     c->qkv_bias = true; /* Qwen2's q_proj, k_proj and v_proj have biases; o_proj and the MLP none */
 }
-
-static int layout_build(struct model_layout *l, const struct model_config *c, const struct llama_classes *cls);
 
 int model_llama_layout_build(struct model_layout *l, const struct model_config *c)
 {
@@ -101,6 +113,10 @@ static int layout_build(struct model_layout *l, const struct model_config *c, co
             snprintf(n, sizeof n, "model.layers.%d.%s", i, proj[j]);
             FSDP_TRY(model_layout_add_module(l, a, n, "Linear"));
         }
+        for (int j = 0; c->qk_norm && j < 2; j++) { /* Qwen3Attention registers them after o_proj */
+            snprintf(n, sizeof n, "model.layers.%d.self_attn.%s", i, j ? "k_norm" : "q_norm");
+            FSDP_TRY(model_layout_add_module(l, a, n, cls->norm));
+        }
         snprintf(n, sizeof n, "model.layers.%d.mlp", i);
         FSDP_TRY(m = model_layout_add_module(l, b, n, cls->mlp));
         for (int j = 4; j < 7; j++) {
@@ -128,9 +144,11 @@ static int layout_build(struct model_layout *l, const struct model_config *c, co
         FSDP_TRY(p = model_layout_add_param(l, head, u, "weight", 2, l->vocab_padded, C, true, std, 0));
         l->params[p].init_rows = c->vocab_size;
     }
-    /* Module offsets inside a layer: +0 layer, +1 self_attn, +2..+5 q/k/v/o, +6 mlp, +7..+9 gate/up/down,
-     * +10 input_layernorm, +11 post_attention_layernorm. transformers initialises every Linear and
-     * Embedding with normal(0, initializer_range) (no depth scaling) and the norms with 1. */
+    /* Module offsets inside a layer: +0 layer, +1 self_attn, +2..+5 q/k/v/o, (+6, +7 q_norm, k_norm: nq = 2),
+     * +6+nq mlp, +7+nq..+9+nq gate/up/down, +10+nq input_layernorm, +11+nq post_attention_layernorm.
+     * transformers initialises every Linear and Embedding with normal(0, initializer_range) (no depth
+     * scaling) and the norms with 1. */
+    int nq = c->qk_norm ? 2 : 0;
     for (int i = 0; i < L; i++) {
         int b = first + per_layer * i;
         FSDP_TRY(u = model_layout_add_unit(l, l->modules[b].name, b));
@@ -146,11 +164,13 @@ static int layout_build(struct model_layout *l, const struct model_config *c, co
         if (c->qkv_bias)
             FSDP_TRY(model_layout_add_param(l, b + 4, u, "bias", 1, kv_rows, 0, false, 0, 0));
         FSDP_TRY(model_layout_add_param(l, b + 5, u, "weight", 2, C, q_rows, true, std, 0));
-        FSDP_TRY(model_layout_add_param(l, b + 7, u, "weight", 2, I, C, true, std, 0));
-        FSDP_TRY(model_layout_add_param(l, b + 8, u, "weight", 2, I, C, true, std, 0));
-        FSDP_TRY(model_layout_add_param(l, b + 9, u, "weight", 2, C, I, true, std, 0));
-        FSDP_TRY(model_layout_add_param(l, b + 10, u, "weight", 1, C, 0, false, 0, 1));
-        FSDP_TRY(model_layout_add_param(l, b + 11, u, "weight", 1, C, 0, false, 0, 1));
+        for (int j = 0; j < nq; j++) /* q_norm, k_norm: one head_dim gain each, shared by the heads */
+            FSDP_TRY(model_layout_add_param(l, b + 6 + j, u, "weight", 1, hs, 0, false, 0, 1));
+        FSDP_TRY(model_layout_add_param(l, b + nq + 7, u, "weight", 2, I, C, true, std, 0));
+        FSDP_TRY(model_layout_add_param(l, b + nq + 8, u, "weight", 2, I, C, true, std, 0));
+        FSDP_TRY(model_layout_add_param(l, b + nq + 9, u, "weight", 2, C, I, true, std, 0));
+        FSDP_TRY(model_layout_add_param(l, b + nq + 10, u, "weight", 1, C, 0, false, 0, 1));
+        FSDP_TRY(model_layout_add_param(l, b + nq + 11, u, "weight", 1, C, 0, false, 0, 1));
     }
     return 0;
 }

@@ -32,6 +32,14 @@ static const struct model_class_names qwen2_names[] = {
     {"Embedding", "Embedding", NULL}, {"ModuleList", "ModuleList", NULL}, {NULL, NULL, NULL},
 };
 
+/* transformers' Qwen3ForCausalLM module classes (modeling_qwen3.py). */
+static const struct model_class_names qwen3_names[] = {
+    {"Qwen3ForCausalLM", "Qwen3ForCausalLM", NULL}, {"Qwen3Model", "Qwen3Model", NULL},
+    {"Qwen3DecoderLayer", "Qwen3DecoderLayer", "DecoderBlock"}, {"Qwen3Attention", "Qwen3Attention", NULL},
+    {"Qwen3MLP", "Qwen3MLP", NULL}, {"Qwen3RMSNorm", "Qwen3RMSNorm", NULL}, {"Linear", "Linear", NULL},
+    {"Embedding", "Embedding", NULL}, {"ModuleList", "ModuleList", NULL}, {NULL, NULL, NULL},
+};
+
 static const struct model_family families[] = {
     {.name = "gpt2", .check = model_gpt2_check, .layout_build = model_gpt2_layout_build, .decoder = &model_gpt2_decoder, .class_names = gpt2_names,
      .hf = &model_gpt2_hf},
@@ -42,6 +50,10 @@ static const struct model_family families[] = {
     {.name = "qwen2", .resolve = model_qwen2_resolve, .check = model_llama_check,
      .layout_build = model_qwen2_layout_build, .decoder = &model_llama_decoder, .class_names = qwen2_names,
      .hf = &model_qwen2_hf, .describe = model_llama_describe, .summary_fields = model_llama_summary_fields},
+    /* Qwen3: Llama's block with a per-head RMSNorm of q and k, head_dim its own */
+    {.name = "qwen3", .resolve = model_qwen3_resolve, .check = model_llama_check,
+     .layout_build = model_qwen3_layout_build, .decoder = &model_llama_decoder, .class_names = qwen3_names,
+     .hf = &model_qwen3_hf, .describe = model_llama_describe, .summary_fields = model_llama_summary_fields},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 

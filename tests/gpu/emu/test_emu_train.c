@@ -314,3 +314,23 @@ Test(emu_train, host_waits_per_step_do_not_grow_with_micro_batches, .timeout = 3
     cr_assert(per1 <= 1, "%.1f host waits per step at world 1, want 1 (the step's outcome and loss)", per1);
     tt_teardown(&c);
 }
+
+/* The Llama-style features past Llama's block on the emulated device against the CPU backend, world 1 and
+ * world 2 (FULL_SHARD): Qwen3's per-head q/k RMSNorm with head_dim 12 on a 32-wide stream of 4 heads. */
+Test(emu_train, qwen3_qk_norm_head_dim, .timeout = 600)
+{
+    struct tt_ctx c;
+    tt_setup_ini(&c, tt_llama_ini);
+    double ref[TT_STEPS], got[TT_STEPS];
+    const char *cpu[] = {"--train.device=cpu", fp32, "--model.model_family=qwen3", "--model.head_dim=12", NULL};
+    emu_losses(&c, 1, "qwen3-cpu", cpu, ref);
+    for (int world = 1; world <= 2; world++) {
+        char tag[32], what[96];
+        snprintf(tag, sizeof tag, "qwen3-w%d", world);
+        snprintf(what, sizeof what, "qwen3 head_dim 12 world %d, emulated cuda vs cpu", world);
+        const char *x[] = {cuda_dev, fp32, "--model.model_family=qwen3", "--model.head_dim=12", NULL};
+        emu_losses(&c, world, tag, x, got);
+        assert_close(got, ref, EMU_REL, what);
+    }
+    tt_teardown(&c);
+}
