@@ -232,6 +232,10 @@ struct kernels {
      * y must alias neither pre nor x. */
     int (*matmul_forward_gelu)(float *pre, float *y, const float *x, const float *w, const float *b, int n, int in,
                                int out);
+    /* Optional (NULL: gemm for dy W^T, then gelu_backward into a zeroed buffer): dpre(n, in) = (dy(n, out)
+     * W(in, out)^T) * gelu'(pre(n, in)), WRITTEN (not added): the gradient through the MLP's down-projection
+     * and its GELU in one pass (cuBLASLt's DGELU epilogue). dpre aliases neither dy nor pre. */
+    int (*matmul_dx_dgelu)(float *dpre, const float *dy, const float *w, const float *pre, int n, int in, int out);
     /* out = a + b (residual add); out may alias a or b. */
     int (*residual_forward)(float *out, const float *a, const float *b, size_t n);
     /* x *= s. */

@@ -87,9 +87,10 @@ int cuda_attention_gemm_backward(float *dqkv, const float *dout, const float *qk
                                  const float *dsum, int b, int t, int c, int nh, int nkv);
 /* Row-major C(m, n) = op(A) op(B) + beta C (+ bias[j] on every row when bias is not NULL: n floats) through
  * cuBLASLt with the bias as its epilogue (matmul_lt.cu). With gelu_pre, that sum goes to gelu_pre (laid out
- * as C) and C gets its GELU (the tanh form). */
+ * as C) and C gets its GELU (the tanh form); with dgelu_pre (laid out as C), C = the product times the GELU's
+ * derivative at dgelu_pre. */
 int cuda_lt_matmul(const char *op, int ta, int tb, int m, int n, int k, const float *a, int lda, const float *b,
-                   int ldb, float beta, float *c, int ldc, const float *bias, float *gelu_pre);
+                   int ldb, float beta, float *c, int ldc, const float *bias, float *gelu_pre, const float *dgelu_pre);
 /* Device scratch of at least bytes, valid for the work queued until the next call. It grows (when a
  * bigger size is first needed; the sizes depend on shapes, so it stops after the first step) by a
  * stream-ordered free and allocation: work queued before still reads the old buffer, and nothing waits. */

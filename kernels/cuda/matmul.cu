@@ -107,7 +107,7 @@ int cuda_matmul_forward(float *y, const float *x, const float *w, const float *b
     /* The bias is cuBLASLt's epilogue, added as the product is written (matmul_lt.cu): it was a fill kernel
      * writing y and a GEMM reading it back with beta = 1. */
     if (b)
-        return cuda_lt_matmul("matmul_forward", 0, 0, n, out, in, x, in, w, out, 0.0f, y, out, b, NULL);
+        return cuda_lt_matmul("matmul_forward", 0, 0, n, out, in, x, in, w, out, 0.0f, y, out, b, NULL, NULL);
     return gemm_rm("matmul_forward", 0, 0, n, out, in, 1.0f, x, in, w, out, 0.0f, y, out);
 }
 
@@ -120,7 +120,18 @@ int cuda_matmul_forward_gelu(float *pre, float *y, const float *x, const float *
     if (!pre || pre == y || y == x)
         return error_set(FSDP_EINVAL, "kernels cuda: matmul_forward_gelu: y must alias neither pre nor x");
     /* cuBLASLt's GELU_AUX(_BIAS) epilogue: pre written as the GELU's input, y as its output */
-    return cuda_lt_matmul("matmul_forward_gelu", 0, 0, n, out, in, x, in, w, out, 0.0f, y, out, b, pre);
+    return cuda_lt_matmul("matmul_forward_gelu", 0, 0, n, out, in, x, in, w, out, 0.0f, y, out, b, pre, NULL);
+}
+
+int cuda_matmul_dx_dgelu(float *dpre, const float *dy, const float *w, const float *pre, int n, int in, int out)
+{
+    FSDP_TRY(check_dims("matmul_dx_dgelu", n, in, out));
+    if (n == 0)
+        return 0;
+    if (!pre || dpre == dy || dpre == pre)
+        return error_set(FSDP_EINVAL, "kernels cuda: matmul_dx_dgelu: dpre must alias neither dy nor pre");
+    /* dy(n, out) W(in, out)^T with cuBLASLt's DGELU epilogue reading the forward's GELU input */
+    return cuda_lt_matmul("matmul_dx_dgelu", 0, 1, n, in, out, dy, out, w, out, 0.0f, dpre, in, NULL, NULL, pre);
 }
 
 int cuda_matmul_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,

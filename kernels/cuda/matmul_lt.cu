@@ -1,6 +1,7 @@
 /* Row-major matmuls through cuBLASLt, for what plain cuBLAS cannot fuse: an epilogue (the bias added as the
  * product is written, instead of a fill kernel and a GEMM that reads the filled matrix back with beta = 1;
- * the GELU applied as it is written, keeping its input for backward).
+ * the GELU applied as it is written, keeping its input for backward; in backward the GELU's derivative applied
+ * to dy W^T as it is written).
  * The same operand swap as matmul.cu's gemm_rm: a row-major C = op(A) op(B) is the column-major
  * C^T = op(B)^T op(A)^T, so D has n rows (the bias runs along them) and m columns.
  *
@@ -80,15 +81,18 @@ static void lt_remember(const struct lt_key *k, const cublasLtMatmulAlgo_t *algo
 }
 
 int cuda_lt_matmul(const char *op, int ta, int tb, int m, int n, int k, const float *a, int lda, const float *b,
-                   int ldb, float beta, float *c, int ldc, const float *bias, float *gelu_pre)
+                   int ldb, float beta, float *c, int ldc, const float *bias, float *gelu_pre, const float *dgelu_pre)
 {
     if (m == 0 || n == 0)
         return 0;
     FSDP_TRY(lt_init(op));
     struct cuda_gemm_operands g;
     FSDP_TRY(cuda_gemm_operands(op, ta, tb, m, n, k, a, lda, b, ldb, &g));
-    cublasLtEpilogue_t epi = gelu_pre ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+    cublasLtEpilogue_t epi = dgelu_pre ? CUBLASLT_EPILOGUE_DGELU
+                             : gelu_pre ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
                              : (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+    /* the aux matrix: the GELU's input, written by the forward epilogue or read by DGELU */
+    const void *aux = dgelu_pre ? (const void *)dgelu_pre : (const void *)gelu_pre;
     /* ints only, no padding: compared as bytes */
     struct lt_key key = {ta, tb, m, n, k, lda, ldb, ldc, (int)g.type, (int)g.compute, (int)epi};
     cublasLtMatmulDesc_t desc = NULL;
@@ -108,13 +112,13 @@ int cuda_lt_matmul(const char *op, int ta, int tb, int m, int n, int k, const fl
     if (rc == 0 && bias)
         rc = lt_status(op, "the bias pointer",
                        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-    /* the GELU's input (after the bias) goes to gelu_pre, laid out as D (n rows of ldc in cuBLASLt's terms) */
+    /* the GELU's input (after the bias), laid out as D (n rows of ldc in cuBLASLt's terms) */
     int64_t aux_ld = ldc;
-    if (rc == 0 && gelu_pre)
+    if (rc == 0 && aux)
         rc = lt_status(op, "the GELU input pointer",
-                       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &gelu_pre,
-                                                      sizeof gelu_pre));
-    if (rc == 0 && gelu_pre)
+                       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                                      sizeof aux));
+    if (rc == 0 && aux)
         rc = lt_status(op, "the GELU input's leading dimension",
                        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
                                                       sizeof aux_ld));

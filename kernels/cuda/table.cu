@@ -38,6 +38,7 @@ static const struct kernels cuda_table = {
     .gelu_forward = cuda_gelu_forward,
     .gelu_backward = cuda_gelu_backward,
     .matmul_forward_gelu = cuda_matmul_forward_gelu,
+    .matmul_dx_dgelu = cuda_matmul_dx_dgelu,
     .residual_forward = cuda_residual_forward,
     .scale = cuda_scale,
     .sqnorm = cuda_sqnorm,

@@ -124,6 +124,41 @@ Test(kernels_ops, matmul_forward_gelu_is_matmul_then_gelu)
     k->mem_free(p);
 }
 
+/* matmul_dx_dgelu (where the table has it) writes what gemm (dy W^T) then gelu_backward into zeros give. */
+static void check_dx_dgelu(const struct kernels *k, int n, int in, int out, uint64_t seed)
+{
+    size_t ni = (size_t)n * in;
+    float *dy = kt_host_rand((size_t)n * out, seed, -1, 1), *w = kt_host_rand((size_t)in * out, seed + 1, -0.5f, 0.5f);
+    float *pre = kt_host_rand(ni, seed + 2, -3, 3);
+    float *ddy = kt_devf(k, dy, (size_t)n * out), *dw = kt_devf(k, w, (size_t)in * out), *dpre_in = kt_devf(k, pre, ni);
+    float *got = kt_devf(k, NULL, ni), *mid = kt_devf(k, NULL, ni), *ref = kt_devf(k, NULL, ni);
+    cr_assert_eq(k->matmul_dx_dgelu(got, ddy, dw, dpre_in, n, in, out), 0, "%s", error_message());
+    cr_assert_eq(k->gemm(0, 1, n, in, out, 1.0f, ddy, out, dw, out, 0.0f, mid, in), 0);
+    cr_assert_eq(k->gelu_backward(ref, dpre_in, mid, ni), 0);
+    float *g = kt_down(k, got, ni), *r = kt_down(k, ref, ni);
+    double *want = kt_dzeros(ni);
+    for (size_t i = 0; i < ni; i++)
+        want[i] = r[i];
+    kt_check("matmul_dx_dgelu", g, want, ni, 1e-5, 1e-5);
+    free(g), free(r), free(want), free(dy), free(w), free(pre);
+    k->mem_free(ddy), k->mem_free(dw), k->mem_free(dpre_in), k->mem_free(got), k->mem_free(mid), k->mem_free(ref);
+}
+
+Test(kernels_ops, matmul_dx_dgelu_is_gemm_then_gelu_backward)
+{
+    const struct kernels *k = kt_backend();
+    if (!k->matmul_dx_dgelu)
+        cr_skip_test("the %s table has no fused matmul_dx_dgelu (the model runs gemm, then gelu_backward)", k->name);
+    check_dx_dgelu(k, 37, 200, 48, 310);
+    check_dx_dgelu(k, 5, 13, 7, 311);
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_BF16), 0);
+    check_dx_dgelu(k, 64, 384, 96, 312);
+    cr_assert_eq(k->set_matmul_dtype(DTYPE_F32), 0);
+    float *p = kt_devf(k, NULL, 4);
+    cr_assert_neq(k->matmul_dx_dgelu(p, p, p, p, 1, 2, 2), 0, "dpre aliasing dy is refused");
+    k->mem_free(p);
+}
+
 Test(kernels_ops, matmul_finite_differences)
 {
     const struct kernels *k = kt_backend();

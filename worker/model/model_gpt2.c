@@ -99,6 +99,20 @@ out:
     return rc;
 }
 
+/* linear_backward of the MLP's down-projection fused with the GELU's backward (the table's matmul_dx_dgelu):
+ * dpre = (dy W^T) * gelu'(pre) written at once, dW and db as linear_backward. */
+static int mlp_down_backward_fused(const struct kernels *k, float *dpre, float *dw, float *db, const float *dy,
+                                   const float *x, const float *pre, const float *w, int n, int in, int out)
+{
+    int rc = 0;
+    FSDP_TRY(model_operand_hold(k, dy, (size_t)n * out));
+    FSDP_TRY_GOTO(k->matmul_backward(NULL, dw, db, dy, x, w, n, in, out), rc, out);
+    FSDP_TRY_GOTO(k->matmul_dx_dgelu(dpre, dy, w, pre, n, in, out), rc, out);
+out:
+    model_operand_release(k, dy);
+    return rc;
+}
+
 static int gpt2_backward_block(struct model *m, int layer, const float *w, float *g, void *acts)
 {
     struct model_core *s = model_core_of(m);
@@ -111,10 +125,15 @@ static int gpt2_backward_block(struct model *m, int layer, const float *w, float
     const float *x = s->resid + (size_t)layer * NC;
     /* s->dres holds dL/dy on entry and dL/dx on return: the residual adds make it flow straight through,
      * and each layernorm backward adds its branch into it. */
-    FSDP_TRY(linear_backward(k, sc->dbig1, upg(m, u, g, MPROJ_W), upg(m, u, g, MPROJ_B), s->dres, a->fcg,
-                        up(m, u, w, MPROJ_W), N, 4 * C, C));
-    FSDP_TRY(k->mem_set(sc->dbig2, 0, 4 * NC * F));
-    FSDP_TRY(k->gelu_backward(sc->dbig2, a->fc, sc->dbig1, 4 * NC));
+    if (k->matmul_dx_dgelu) { /* the MLP's down-projection and its GELU backward in one pass */
+        FSDP_TRY(mlp_down_backward_fused(k, sc->dbig2, upg(m, u, g, MPROJ_W), upg(m, u, g, MPROJ_B), s->dres, a->fcg,
+                                         a->fc, up(m, u, w, MPROJ_W), N, 4 * C, C));
+    } else {
+        FSDP_TRY(linear_backward(k, sc->dbig1, upg(m, u, g, MPROJ_W), upg(m, u, g, MPROJ_B), s->dres, a->fcg,
+                                 up(m, u, w, MPROJ_W), N, 4 * C, C));
+        FSDP_TRY(k->mem_set(sc->dbig2, 0, 4 * NC * F));
+        FSDP_TRY(k->gelu_backward(sc->dbig2, a->fc, sc->dbig1, 4 * NC));
+    }
     FSDP_TRY(linear_backward(k, s->dln, upg(m, u, g, FC_W), upg(m, u, g, FC_B), sc->dbig2, a->ln2, up(m, u, w, FC_W), N,
                         C, 4 * C));
     FSDP_TRY(k->layernorm_backward(s->dres, upg(m, u, g, LN2_W), upg(m, u, g, LN2_B), s->dln, a->xmid,
