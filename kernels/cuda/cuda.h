@@ -25,6 +25,10 @@ int cuda_set_matmul_dtype(enum dtype dtype);
 int cuda_matmul_forward_gelu(float *pre, float *y, const float *x, const float *w, const float *b, int n, int in,
                              int out);
 int cuda_matmul_dx_dgelu(float *dpre, const float *dy, const float *w, const float *pre, int n, int in, int out);
+int cuda_lowp_bind(const float *f32, const void *lp, size_t n);
+int cuda_lowp_unbind(const float *f32);
+int cuda_lowp_hold(const float *x, size_t n);
+int cuda_lowp_release(const float *x);
 int cuda_matmul_forward(float *y, const float *x, const float *w, const float *b, int n, int in, int out);
 int cuda_matmul_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
                          int n, int in, int out);

@@ -79,6 +79,9 @@ struct cuda_gemm_operands {
 };
 int cuda_gemm_operands(const char *op, int ta, int tb, int m, int n, int k, const float *a, int lda,
                        const float *b, int ldb, struct cuda_gemm_operands *g);
+/* The 16-bit copy (dtype) that covers [p, p + span) at the same offset, bound or held (lowp.cu); NULL when
+ * none does. */
+const void *cuda_lowp_find(const float *p, size_t span, enum dtype dtype);
 /* Causal attention in bf16 mode on tensor cores (attention_gemm.cu), for head sizes that are multiples of 8:
  * applies says whether the mode and shape are its; the entries take attention.cu's checked arguments. */
 bool cuda_attention_gemm_applies(int c, int nh);

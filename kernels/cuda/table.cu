@@ -9,7 +9,7 @@ static const struct kernels cuda_table = {
     .host = kernels_cpu, /* offloaded state lives in pinned host memory, driven by the CPU table */
     .comm_backend = "nccl",
     .auto_dtype = DTYPE_BF16,
-    /* cuBLAS's FAST_16BF / _16F compute types round fp32 operands itself: no bound copies (lowp_bind NULL) */
+    /* 16-bit modes: matmul.cu rounds fp32 operands into scratch, or reads a bound or held copy (lowp.cu) */
     .matmul_dtypes = KERNELS_DTYPE_BIT(DTYPE_F32) | KERNELS_DTYPE_BIT(DTYPE_BF16) | KERNELS_DTYPE_BIT(DTYPE_F16),
     .peak_flops = NULL,
     .mem_alloc = cuda_mem_alloc,
@@ -21,10 +21,10 @@ static const struct kernels cuda_table = {
     .mem_set = cuda_mem_set,
     .synchronize = cuda_synchronize,
     .set_matmul_dtype = cuda_set_matmul_dtype,
-    .lowp_bind = NULL,
-    .lowp_unbind = NULL,
-    .lowp_hold = NULL,
-    .lowp_release = NULL,
+    .lowp_bind = cuda_lowp_bind,
+    .lowp_unbind = cuda_lowp_unbind,
+    .lowp_hold = cuda_lowp_hold,
+    .lowp_release = cuda_lowp_release,
     .matmul_forward = cuda_matmul_forward,
     .matmul_backward = cuda_matmul_backward,
     .gemm = cuda_gemm,

@@ -127,15 +127,9 @@ Test(kernels_cuda, unavailable_device_fails_cleanly)
         cr_assert_eq(k->auto_dtype, DTYPE_BF16);
         const void *const *fn = (const void *const *)&k->mem_alloc;
         size_t nfn = (sizeof *k - offsetof(struct kernels, mem_alloc)) / sizeof(void *);
-        /* lowp_bind .. lowp_release are optional, NULL where the table rounds its operands itself (kernels.h):
-         * cuBLAS does, from fp32 */
-        const size_t lowp_first = offsetof(struct kernels, lowp_bind), lowp_last = offsetof(struct kernels, lowp_release);
-        for (size_t i = 0; i < nfn; i++) {
-            size_t off = offsetof(struct kernels, mem_alloc) + i * sizeof(void *);
-            if (off >= lowp_first && off <= lowp_last)
-                continue;
+        /* every entry is there, the optional ones too (lowp_bind .. lowp_release, the fused matmuls) */
+        for (size_t i = 0; i < nfn; i++)
             cr_assert(fn[i], "cuda table entry %zu is NULL", i);
-        }
         float h[3] = {1, 2, 3}, back[3] = {0};
         float *d = up(k, h, sizeof h);
         cr_assert_eq(k->mem_copy(back, d, sizeof h, KERNELS_COPY_D2H), 0, "%s", error_message());
@@ -842,4 +836,85 @@ Test(kernels_cuda, matmul_bf16_inputs_accumulate_in_fp32)
     }
     kg->mem_free(xg), kg->mem_free(wg), kg->mem_free(yg);
     free(x), free(w);
+}
+
+/* A bound 16-bit copy is what a GEMM reads (kernels.h lowp_bind, kernels/cuda/lowp.cu): bind a unit to the
+ * bf16 of twice its values and a weight inside it multiplies as 2w would (same bits: the same rounded values
+ * through the same GEMM), as matmul_forward's W and as gemm's transposed B; unbound, w itself counts again.
+ * Overlapping binds and unknown unbinds are refused. */
+Test(kernels_cuda, bound_copy_is_read_as_is)
+{
+    const struct kernels *kg = gpu();
+    cr_assert_eq(kg->set_matmul_dtype(DTYPE_BF16), 0);
+    const int n = 20, in = 64, out = 48, pad = 100;
+    const size_t nw = (size_t)in * out, nu = 2 * pad + nw, ny = (size_t)n * out, nx = (size_t)n * in;
+    float *x = host_rand(nx, 11, -1, 1), *unit = host_rand(nu, 12, -1, 1), *u2 = malloc(nu * sizeof *u2);
+    uint16_t *lp = malloc(nu * sizeof *lp);
+    cr_assert(u2 && lp);
+    for (size_t i = 0; i < nu; i++) {
+        u2[i] = 2.0f * unit[i];
+        lp[i] = kernels_f32_to_bf16(u2[i]);
+    }
+    float *X = upf(kg, x, nx), *U = upf(kg, unit, nu), *U2 = upf(kg, u2, nu), *Y = upf(kg, NULL, ny);
+    float *R = upf(kg, NULL, ny), *XB = upf(kg, NULL, nx), *RB = upf(kg, NULL, nx);
+    void *LP = up(kg, lp, nu * sizeof *lp);
+    cr_assert_eq(kg->matmul_forward(R, X, U2 + pad, NULL, n, in, out), 0, "%s", error_message());
+    cr_assert_eq(kg->gemm(0, 1, n, in, out, 1.0f, R, out, U2 + pad, out, 0.0f, RB, in), 0);
+    cr_assert_eq(kg->lowp_bind(U, LP, nu), 0, "%s", error_message());
+    cr_assert_eq(kg->matmul_forward(Y, X, U + pad, NULL, n, in, out), 0, "%s", error_message());
+    cr_assert_eq(kg->gemm(0, 1, n, in, out, 1.0f, R, out, U + pad, out, 0.0f, XB, in), 0);
+    float *y = down(kg, Y, ny * 4), *r = down(kg, R, ny * 4), *xb = down(kg, XB, nx * 4), *rb = down(kg, RB, nx * 4);
+    cr_assert_eq(memcmp(y, r, ny * 4), 0, "matmul_forward did not read the bound copy (2w)");
+    cr_assert_eq(memcmp(xb, rb, nx * 4), 0, "gemm's transposed B did not read the bound copy (2w)");
+    cr_assert_eq(kg->lowp_bind(U + 10, LP, 5), FSDP_EEXIST, "an overlapping bind was accepted");
+    cr_assert_eq(kg->lowp_unbind(X), FSDP_ENOTFOUND);
+    cr_assert_eq(kg->lowp_unbind(U), 0, "%s", error_message());
+    cr_assert_eq(kg->matmul_forward(Y, X, U + pad, NULL, n, in, out), 0);
+    free(y);
+    y = down(kg, Y, ny * 4);
+    cr_assert_neq(memcmp(y, r, ny * 4), 0, "unbound, w still multiplied as 2w");
+    cr_assert_eq(kg->set_matmul_dtype(DTYPE_F32), 0);
+    free(x), free(unit), free(u2), free(lp), free(y), free(r), free(xb), free(rb);
+    kg->mem_free(X), kg->mem_free(U), kg->mem_free(U2), kg->mem_free(Y), kg->mem_free(R), kg->mem_free(XB);
+    kg->mem_free(RB), kg->mem_free(LP);
+}
+
+/* lowp_hold: a held operand is rounded once and read by every product until released, with the bits of
+ * rounding it per product; a held range refuses a bind until released; in fp32 a hold binds nothing. */
+Test(kernels_cuda, held_operand_same_bits)
+{
+    const struct kernels *kg = gpu();
+    const int n = 48, in = 40, out = 72;
+    const size_t ndy = (size_t)n * out, ndx = (size_t)n * in, ndw = (size_t)in * out;
+    float *dy = host_rand(ndy, 61, -1, 1), *w = host_rand(ndw, 62, -1, 1), *x = host_rand(ndx, 63, -1, 1);
+    float *DY = upf(kg, dy, ndy), *W = upf(kg, w, ndw), *X = upf(kg, x, ndx);
+    float *DX[2], *DW[2], *hx[2], *hw[2];
+    cr_assert_eq(kg->set_matmul_dtype(DTYPE_BF16), 0);
+    for (int h = 0; h < 2; h++) {
+        DX[h] = upf(kg, NULL, ndx), DW[h] = upf(kg, NULL, ndw);
+        if (h)
+            cr_assert_eq(kg->lowp_hold(DY, ndy), 0, "%s", error_message());
+        cr_assert_eq(kg->gemm(0, 1, n, in, out, 1.0f, DY, out, W, out, 0.0f, DX[h], in), 0, "%s", error_message());
+        cr_assert_eq(kg->matmul_backward(NULL, DW[h], NULL, DY, X, W, n, in, out), 0, "%s", error_message());
+        if (h) {
+            cr_assert_eq(kg->lowp_bind(DY, W, 4), FSDP_EEXIST, "a held range accepted a bind");
+            cr_assert_eq(kg->lowp_release(DY), 0, "%s", error_message());
+        }
+        hx[h] = down(kg, DX[h], ndx * 4), hw[h] = down(kg, DW[h], ndw * 4);
+    }
+    cr_assert_eq(memcmp(hx[0], hx[1], ndx * 4), 0, "held dy changed dx");
+    cr_assert_eq(memcmp(hw[0], hw[1], ndw * 4), 0, "held dy changed dw");
+    cr_assert_eq(kg->lowp_bind(DY, W, 4), 0, "released, binding is allowed again: %s", error_message());
+    cr_assert_eq(kg->lowp_unbind(DY), 0);
+    cr_assert_eq(kg->set_matmul_dtype(DTYPE_F32), 0);
+    cr_assert_eq(kg->lowp_hold(DY, ndy), 0);
+    cr_assert_eq(kg->lowp_bind(DY, W, 4), 0, "fp32 mode held something: %s", error_message());
+    cr_assert_eq(kg->lowp_unbind(DY), 0);
+    cr_assert_eq(kg->lowp_release(DY), 0);
+    for (int h = 0; h < 2; h++) {
+        free(hx[h]), free(hw[h]);
+        kg->mem_free(DX[h]), kg->mem_free(DW[h]);
+    }
+    free(dy), free(w), free(x);
+    kg->mem_free(DY), kg->mem_free(W), kg->mem_free(X);
 }
