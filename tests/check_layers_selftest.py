@@ -13,6 +13,7 @@ RULES = """# x
 | `low/` | | |
 | `high/a/` | `low/` | |
 | `high/b/` | `low/` | |
+| `worker/config/` | `low/` | |
 """
 
 
@@ -42,7 +43,9 @@ def main():
         if rc != 0:
             print('FAIL: a clean tree was refused:\n' + out)
             failures += 1
-        write(root, 'high/b/v.c', 'int f(int fam) { return fam == WORKER_MODEL_LLAMA; }\n'  # family branches
+        # family branches, also in worker/config (the registry in worker/model says what a family reads)
+        write(root, 'worker/config/c.c', 'int r(int fam) { return fam == WORKER_MODEL_QWEN2; }\n')
+        write(root, 'high/b/v.c', 'int f(int fam) { return fam == WORKER_MODEL_LLAMA; }\n'
                                   'int g(const char *a, const char *b) { return strcmp(a, b); }\n'
                                   'int h(struct c *c) { return !strcmp(c->model_family, "llama"); }\n')
         write(root, 'low/base.c', '#include "high/a/x.h"\n')          # upward
@@ -52,7 +55,8 @@ def main():
         for want in ('low/base.c: includes "high/a/x.h"', 'high/b/w.c: includes "high/a/x.h"',
                      'include cycle between modules: high/a/x <-> high/a/y',
                      'high/b/v.c:1: branches on a model family (WORKER_MODEL_LLAMA)',
-                     'high/b/v.c:3: branches on a model family'):
+                     'high/b/v.c:3: branches on a model family',
+                     'worker/config/c.c:1: branches on a model family (WORKER_MODEL_QWEN2)'):
             if want not in out:
                 print(f'FAIL: not reported: {want}\n' + out)
                 failures += 1

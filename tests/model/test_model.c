@@ -532,6 +532,38 @@ Test(model, llama_rejects_bad_config)
     expect_llama_reject(inter_neg, "intermediate_size must be in");
 }
 
+/* The registry says which family reads which [model] key (worker/config asks it): the Llama-style families
+ * read the Llama keys, gpt2 none of them, and keys no family declares are everybody's. */
+Test(model, families_declare_their_keys)
+{
+    cr_assert(!model_family_reads_key("gpt2", "n_kv_head"));
+    cr_assert(!model_family_reads_key("gpt2", "rope_theta"));
+    cr_assert(model_family_reads_key("llama", "rope_scaling"));
+    cr_assert(model_family_reads_key("qwen3", "tie_word_embeddings"));
+    cr_assert(model_family_reads_key("gpt2", "n_layer"));
+    char readers[128];
+    cr_assert_eq(model_families_reading("rms_norm_eps", readers, sizeof readers), 3);
+    cr_assert_str_eq(readers, "llama, qwen2 or qwen3");
+    cr_assert_eq(model_families_reading("n_layer", readers, sizeof readers), 0);
+    cr_assert_str_eq(readers, "");
+    /* a family's key checks see the keys as set: an unset n_kv_head (0) is n_head, an odd derived head size
+     * names n_embd / n_head */
+    struct model_config c;
+    llama_config(&c, 2, false);
+    snprintf(c.model_family, sizeof c.model_family, "qwen3");
+    c.n_kv_head = 0;
+    cr_assert_eq(model_config_check_keys(&c), 0, "%s", error_message());
+    c.n_kv_head = 3;
+    cr_assert_eq(model_config_check_keys(&c), FSDP_EINVAL);
+    cr_assert(strstr(error_message(), "model.n_kv_head (3) must divide model.n_head (4)"), "%s", error_message());
+    c.n_kv_head = 0, c.head_dim = 0, c.n_embd = 36;
+    cr_assert_eq(model_config_check_keys(&c), FSDP_EINVAL);
+    cr_assert(strstr(error_message(), "model_family = qwen3: the head size model.n_embd / model.n_head = 36 / 4 = 9"),
+              "%s", error_message());
+    snprintf(c.model_family, sizeof c.model_family, "gpt2");
+    cr_assert_eq(model_config_check_keys(&c), 0, "gpt2 declares no key checks: %s", error_message());
+}
+
 /* The wrap class is the family's decoder block, in its names (ours are transformers' for the Llama) or the
  * GPT-2 spelling DecoderBlock; the other family's class is refused naming this model's classes. */
 Test(model, llama_wrap_classes_and_class_table)

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "worker/model/model.h"
 
 #define LIST(...) ((const char *const[]){__VA_ARGS__, NULL})
 #define ALIASES(...) ((const struct config_alias[]){__VA_ARGS__, {NULL, NULL}})
@@ -231,7 +232,7 @@ static const struct config_schema schema = {
 
 const struct config_schema *worker_config_schema(void) { return &schema; }
 
-const char *worker_model_family_name(enum worker_model_family family)
+const char *worker_model_family_name(int family)
 {
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (strcmp(keys[i].section, "model") == 0 && strcmp(keys[i].name, "model_family") == 0)
@@ -239,27 +240,43 @@ const char *worker_model_family_name(enum worker_model_family family)
     return "?";
 }
 
-/* The [model] keys that only the llama family reads: setting one for gpt2 is a mistake worth stopping for
- * (a GPT-2 has no grouped heads, rotary positions or untied head). */
-static const char *const llama_only_keys[] = {"n_kv_head", "intermediate_size", "rope_theta", "rope_scaling",
-                                              "rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
-                                              "rope_original_max_position_embeddings", "rms_norm_eps",
-                                              "tie_word_embeddings", NULL};
-
-/* The families that read the Llama keys: Llama, Qwen2 (Llama's block with q/k/v biases) and Qwen3 (with
- * q/k norms). */
-static bool reads_llama_keys(enum worker_model_family family)
+void worker_config_model(const struct worker_config *wc, struct model_config *mc)
 {
-    return family == WORKER_MODEL_LLAMA || family == WORKER_MODEL_QWEN2 || family == WORKER_MODEL_QWEN3;
+    model_config_default(mc);
+    snprintf(mc->model_family, sizeof mc->model_family, "%s", worker_model_family_name(wc->model.family));
+    mc->n_kv_head = wc->model.n_kv_head;
+    mc->head_dim = wc->model.head_dim;
+    mc->intermediate_size = wc->model.intermediate_size;
+    mc->rope_theta = (float)wc->model.rope_theta;
+    mc->rms_norm_eps = (float)wc->model.rms_norm_eps;
+    mc->rope_scaling = wc->model.rope_scaling;
+    mc->rope_factor = (float)wc->model.rope_factor;
+    mc->rope_low_freq_factor = (float)wc->model.rope_low_freq_factor;
+    mc->rope_high_freq_factor = (float)wc->model.rope_high_freq_factor;
+    mc->rope_original_max_position = wc->model.rope_original_max_position;
+    mc->tie_word_embeddings = wc->model.tie_word_embeddings;
+    mc->n_layer = wc->model.n_layer;
+    mc->n_head = wc->model.n_head;
+    mc->n_embd = wc->model.n_embd;
+    mc->vocab_size = wc->model.vocab_size;
+    mc->block_size = wc->model.block_size;
+    mc->init_std = (float)wc->model.init_std;
+    mc->seed = wc->model.seed;
+    mc->activation_checkpointing = wc->model.activation_checkpointing;
+    snprintf(mc->init_from, sizeof mc->init_from, "%s", wc->model.init_from);
 }
 
-static int check_family_keys(const struct config *cfg, enum worker_model_family family)
+/* A [model] key that some families read but this one does not (a GPT-2 has no grouped heads, rotary
+ * positions or untied head) is a mistake worth stopping for; the model registry says which family reads
+ * what, so a new family's keys need nothing here. */
+static int check_family_keys(const struct config *cfg, const char *family)
 {
-    if (reads_llama_keys(family))
-        return 0;
-    for (const char *const *k = llama_only_keys; *k; k++) {
-        char name[64], where[CONFIG_MAX_VALUE + 64] = "";
-        snprintf(name, sizeof name, "model.%s", *k);
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const struct config_key *key = &keys[i];
+        if (strcmp(key->section, "model") != 0 || model_family_reads_key(family, key->name))
+            continue;
+        char name[64], where[CONFIG_MAX_VALUE + 64] = "", readers[256];
+        snprintf(name, sizeof name, "model.%s", key->name);
         const struct config_value *v = &cfg->values[config_find_key(cfg->schema, name)];
         if (!v->text)
             continue;
@@ -267,10 +284,11 @@ static int check_family_keys(const struct config *cfg, enum worker_model_family 
             snprintf(where, sizeof where, " (%s line %d)", cfg->file, v->line);
         else if (v->source == CONFIG_SRC_CLI)
             snprintf(where, sizeof where, " (command line)");
+        model_families_reading(key->name, readers, sizeof readers);
         return error_set(FSDP_EINVAL,
-                         "%s%s applies only to model_family = llama, qwen2 or qwen3, but model_family is %s; remove it or "
-                         "set model.model_family = llama",
-                         name, where, worker_model_family_name(family));
+                         "%s%s applies only to model_family = %s, but model_family is %s; remove it or set "
+                         "model.model_family = %.*s",
+                         name, where, readers, family, (int)strcspn(readers, ", "), readers);
     }
     return 0;
 }
@@ -289,7 +307,7 @@ int worker_config_view(const struct config *cfg, struct worker_config *out)
 #define F(s, k) config_get_float(cfg, #s, #k)
 #define B(s, k) config_get_bool(cfg, #s, #k)
 #define E(s, k) config_get_enum(cfg, #s, #k)
-    out->model.family = (enum worker_model_family)E(model, model_family);
+    out->model.family = (int)E(model, model_family);
     out->model.n_layer = (int)I(model, n_layer);
     out->model.n_head = (int)I(model, n_head);
     out->model.n_embd = (int)I(model, n_embd);
@@ -370,7 +388,7 @@ int worker_config_view(const struct config *cfg, struct worker_config *out)
 #undef F
 #undef B
 #undef E
-    FSDP_TRY(check_family_keys(cfg, out->model.family));
+    FSDP_TRY(check_family_keys(cfg, worker_model_family_name(out->model.family)));
     return worker_config_validate(out);
 }
 
@@ -381,35 +399,9 @@ int worker_config_validate(const struct worker_config *wc)
                          "model.n_embd (%d) must be a multiple of model.n_head (%d), or model.head_dim set (the width "
                          "of one head)",
                          wc->model.n_embd, wc->model.n_head);
-    if (reads_llama_keys(wc->model.family)) {
-        int hs = wc->model.head_dim ? wc->model.head_dim : wc->model.n_embd / wc->model.n_head;
-        if (wc->model.n_kv_head > 0 && wc->model.n_head % wc->model.n_kv_head != 0)
-            return error_set(FSDP_EINVAL,
-                             "model.n_kv_head (%d) must divide model.n_head (%d): each key/value head serves the same "
-                             "number of query heads",
-                             wc->model.n_kv_head, wc->model.n_head);
-        if (hs % 2 != 0 && wc->model.head_dim)
-            return error_set(FSDP_EINVAL,
-                             "model_family = %s: the head size model.head_dim = %d must be even for rotary position "
-                             "embeddings",
-                             worker_model_family_name(wc->model.family), hs);
-        if (hs % 2 != 0)
-            return error_set(FSDP_EINVAL,
-                             "model_family = %s: the head size model.n_embd / model.n_head = %d / %d = %d must be "
-                             "even for rotary position embeddings",
-                             worker_model_family_name(wc->model.family), wc->model.n_embd, wc->model.n_head, hs);
-        if (!(wc->model.rope_theta > 0))
-            return error_set(FSDP_EINVAL, "model.rope_theta must be above 0 (got %g)", wc->model.rope_theta);
-        if (wc->model.rope_scaling && !(wc->model.rope_high_freq_factor > wc->model.rope_low_freq_factor))
-            return error_set(FSDP_EINVAL,
-                             "model.rope_high_freq_factor (%g) must be above model.rope_low_freq_factor (%g) for "
-                             "rope_scaling = llama3",
-                             wc->model.rope_high_freq_factor, wc->model.rope_low_freq_factor);
-    } else if (wc->model.n_kv_head || wc->model.intermediate_size || wc->model.tie_word_embeddings) {
-        return error_set(FSDP_EINVAL,
-                         "model.n_kv_head, model.intermediate_size and model.tie_word_embeddings apply only to "
-                         "model_family = llama");
-    }
+    struct model_config mc;
+    worker_config_model(wc, &mc);
+    FSDP_TRY(model_config_check_keys(&mc));
     if (wc->train.micro_batch > wc->train.train_batch)
         return error_set(FSDP_EINVAL, "train.micro_batch (%d) must be at most train.train_batch (%d), the global batch",
                          wc->train.micro_batch, wc->train.train_batch);
@@ -474,7 +466,9 @@ int worker_config_validate_cp(const struct worker_config *wc)
                          "context ranks, but model.n_head = %d is not divisible by %d; use "
                          "context_parallel_comm_strategy = allgather, or a context_parallel_size dividing %d",
                          c, wc->model.n_head, c, wc->model.n_head);
-    int nkv = reads_llama_keys(wc->model.family) && wc->model.n_kv_head > 0 ? wc->model.n_kv_head : 0;
+    int nkv = model_family_reads_key(worker_model_family_name(wc->model.family), "n_kv_head") && wc->model.n_kv_head > 0
+                  ? wc->model.n_kv_head
+                  : 0;
     if (wc->fsdp.context_parallel_comm_strategy == WORKER_CP_ALLTOALL && nkv && nkv % c != 0)
         return error_set(FSDP_EINVAL,
                          "fsdp.context_parallel_comm_strategy = alltoall splits the key/value heads across the %d "

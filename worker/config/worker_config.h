@@ -9,7 +9,6 @@
 #include "common/config.h"
 
 /* Enum orders match the value lists of the schema (a config_get_enum index converts directly). */
-enum worker_model_family { WORKER_MODEL_GPT2 = 0, WORKER_MODEL_LLAMA, WORKER_MODEL_QWEN2, WORKER_MODEL_QWEN3 };
 enum worker_device { WORKER_DEVICE_AUTO = 0, WORKER_DEVICE_CPU, WORKER_DEVICE_CUDA };
 enum worker_lr_schedule { WORKER_LR_COSINE = 0, WORKER_LR_LINEAR, WORKER_LR_CONSTANT };
 enum worker_data_order { WORKER_ORDER_SHUFFLED = 0, WORKER_ORDER_SEQUENTIAL };
@@ -30,12 +29,14 @@ enum worker_state_dict { WORKER_SHARDED_STATE_DICT = 0, WORKER_FULL_STATE_DICT }
 
 struct worker_config {
     struct {
-        enum worker_model_family family;
+        /* index of model_family's value in the schema; worker_model_family_name gives the registry's name (no
+         * code outside worker/model branches on a family: the registry says what each reads and does) */
+        int family;
         int n_layer, n_head, n_embd, vocab_size, block_size;
         int head_dim; /* every family; unset: 0 = n_embd / n_head */
-        /* Llama only (an error when set for gpt2); unset: n_kv_head and intermediate_size 0 (the model
-         * derives them: n_head, 8 n_embd / 3 rounded up to 256), rope_theta 10000, rms_norm_eps 1e-6,
-         * tie_word_embeddings false. */
+        /* Keys of some families only (the model registry says which; an error when set for another family);
+         * unset: n_kv_head and intermediate_size 0 (the model derives them: n_head, 8 n_embd / 3 rounded up
+         * to 256), rope_theta 10000, rms_norm_eps 1e-6, tie_word_embeddings false. */
         int n_kv_head, intermediate_size;
         double rope_theta, rms_norm_eps;
         /* rope_scaling: 0 none, 1 llama3 (model.h's MODEL_ROPE_*), with Llama 3.1's parameters by default */
@@ -94,7 +95,10 @@ struct worker_config {
 
 const struct config_schema *worker_config_schema(void);
 /* The schema's name of a model family ("gpt2", "llama"): the model registry's name of it. */
-const char *worker_model_family_name(enum worker_model_family family);
+const char *worker_model_family_name(int family);
+struct model_config;
+/* The model's config from the worker's: the [model] keys as set (0 = unset, for the family to derive). */
+void worker_config_model(const struct worker_config *wc, struct model_config *mc);
 /* Fills out from cfg (which must use worker_config_schema) and runs worker_config_validate. */
 int worker_config_view(const struct config *cfg, struct worker_config *out);
 /* Checks that need only the config (n_embd % n_head, n_kv_head | n_head, micro_batch <= train_batch,

@@ -116,6 +116,17 @@ static inline int model_head_dim(const struct model_config *c)
 }
 /* Comma-separated registry names ("gpt2, llama"). */
 const char *model_family_names(void);
+/* The [model] keys of fsdp-worker's config that a family declares as its own (n_kv_head, rope_theta, ...;
+ * names without "model."): keys no family declares (n_layer, head_dim, ...) are every family's. Setting a
+ * family's key for a family that does not read it is refused by worker/config, which asks these. */
+bool model_family_reads_key(const char *family, const char *key);
+/* The families that declare key, in registry order, as prose ("llama, qwen2 or qwen3") into out ("" when
+ * none does); returns how many. */
+int model_families_reading(const char *key, char *out, size_t cap);
+/* The family's checks of its own keys on a config as the user set it (before the family's defaults are
+ * filled in: 0 = unset), each message naming the keys as fsdp-worker's config spells them
+ * ("model.n_kv_head (3) must divide model.n_head (4): ..."). Unknown family: an error listing the known. */
+int model_config_check_keys(const struct model_config *cfg);
 /* What a family adds to the generic description of a model (its own config values in effect), for the log
  * line ("; 2 key/value heads, intermediate 384, ...", "" for a family with none) and for the run summary
  * (name, value pairs; text values where str is set). */

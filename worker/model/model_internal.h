@@ -136,6 +136,11 @@ struct model_family {
     const struct model_decoder *decoder;
     const struct model_class_names *class_names; /* {NULL}-terminated; NULL = our names only */
     const struct model_hf_family *hf; /* NULL: no Hugging Face config.json / names for this family */
+    /* The [model] keys only some families read that this one does ({NULL}-terminated; NULL: none), and the
+     * checks of their values on a config as set, naming the keys (NULL: none); model.h's
+     * model_family_reads_key and model_config_check_keys. */
+    const char *const *keys;
+    int (*check_keys)(const struct model_config *as_set);
     /* model_describe / model_summary_fields for the family's own keys (NULL: none) */
     void (*describe)(const struct model_config *cfg, char *out, size_t cap);
     int (*summary_fields)(const struct model_config *cfg, struct model_field *out, int cap);
@@ -176,6 +181,9 @@ void model_llama_resolve(struct model_config *cfg);
 void model_llama_describe(const struct model_config *cfg, char *out, size_t cap);
 int model_llama_summary_fields(const struct model_config *cfg, struct model_field *out, int cap);
 int model_llama_check(const struct model_config *cfg);
+/* The [model] keys the Llama-style families read, and their checks on a config as set. */
+extern const char *const model_llama_keys[];
+int model_llama_check_keys(const struct model_config *as_set);
 int model_llama_layout_build(struct model_layout *out, const struct model_config *cfg);
 extern const struct model_decoder model_llama_decoder;
 

@@ -19,6 +19,43 @@ void model_llama_resolve(struct model_config *c)
         c->intermediate_size = (int)(((long long)8 * c->n_embd / 3 + 255) / 256 * 256);
 }
 
+/* Beyond the keys every family reads: grouped heads, SwiGLU width, rotary positions and their scaling,
+ * RMSNorm and an untied head, none of which a GPT-2 has. */
+const char *const model_llama_keys[] = {"n_kv_head", "intermediate_size", "rope_theta", "rope_scaling",
+                                        "rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+                                        "rope_original_max_position_embeddings", "rms_norm_eps",
+                                        "tie_word_embeddings", NULL};
+
+/* The rules between the keys as the user wrote them (an unset n_kv_head or head_dim is 0), so a message can
+ * say which key to change; model_llama_check repeats the ones a Hugging Face config.json can break too. */
+int model_llama_check_keys(const struct model_config *c)
+{
+    int hs = model_head_dim(c);
+    if (c->n_kv_head > 0 && c->n_head % c->n_kv_head != 0)
+        return error_set(FSDP_EINVAL,
+                         "model.n_kv_head (%d) must divide model.n_head (%d): each key/value head serves the same "
+                         "number of query heads",
+                         c->n_kv_head, c->n_head);
+    if (hs % 2 != 0 && c->head_dim)
+        return error_set(FSDP_EINVAL,
+                         "model_family = %s: the head size model.head_dim = %d must be even for rotary position "
+                         "embeddings",
+                         c->model_family, hs);
+    if (hs % 2 != 0)
+        return error_set(FSDP_EINVAL,
+                         "model_family = %s: the head size model.n_embd / model.n_head = %d / %d = %d must be "
+                         "even for rotary position embeddings",
+                         c->model_family, c->n_embd, c->n_head, hs);
+    if (!(c->rope_theta > 0))
+        return error_set(FSDP_EINVAL, "model.rope_theta must be above 0 (got %g)", (double)c->rope_theta);
+    if (c->rope_scaling != MODEL_ROPE_DEFAULT && !(c->rope_high_freq_factor > c->rope_low_freq_factor))
+        return error_set(FSDP_EINVAL,
+                         "model.rope_high_freq_factor (%g) must be above model.rope_low_freq_factor (%g) for "
+                         "rope_scaling = llama3",
+                         (double)c->rope_high_freq_factor, (double)c->rope_low_freq_factor);
+    return 0;
+}
+
 int model_llama_check(const struct model_config *c)
 {
     if (c->n_kv_head < 1 || c->n_head % c->n_kv_head != 0)

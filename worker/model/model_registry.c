@@ -1,5 +1,6 @@
 /* The model-family registry: model_config.model_family names one entry; adding a family is adding a
- * line here plus its layout builder, its decoder block (model_core.c runs the rest) and (for Hugging Face
+ * line here plus its layout builder, its decoder block (model_core.c runs the rest), the [model] keys it
+ * reads with their checks (worker/config asks here which family reads which key) and (for Hugging Face
  * config.json and names) its HF entry. */
 #include <stdio.h>
 #include <string.h>
@@ -44,15 +45,15 @@ static const struct model_family families[] = {
     {.name = "gpt2", .check = model_gpt2_check, .layout_build = model_gpt2_layout_build, .decoder = &model_gpt2_decoder, .class_names = gpt2_names,
      .hf = &model_gpt2_hf},
     {.name = "llama", .resolve = model_llama_resolve, .check = model_llama_check,
-     .layout_build = model_llama_layout_build, .decoder = &model_llama_decoder, .class_names = llama_names,
+     .keys = model_llama_keys, .check_keys = model_llama_check_keys, .layout_build = model_llama_layout_build, .decoder = &model_llama_decoder, .class_names = llama_names,
      .hf = &model_llama_hf, .describe = model_llama_describe, .summary_fields = model_llama_summary_fields},
     /* Qwen2 and Qwen2.5: Llama's block with q/k/v biases */
     {.name = "qwen2", .resolve = model_qwen2_resolve, .check = model_llama_check,
-     .layout_build = model_qwen2_layout_build, .decoder = &model_llama_decoder, .class_names = qwen2_names,
+     .keys = model_llama_keys, .check_keys = model_llama_check_keys, .layout_build = model_qwen2_layout_build, .decoder = &model_llama_decoder, .class_names = qwen2_names,
      .hf = &model_qwen2_hf, .describe = model_llama_describe, .summary_fields = model_llama_summary_fields},
     /* Qwen3: Llama's block with a per-head RMSNorm of q and k, head_dim its own */
     {.name = "qwen3", .resolve = model_qwen3_resolve, .check = model_llama_check,
-     .layout_build = model_qwen3_layout_build, .decoder = &model_llama_decoder, .class_names = qwen3_names,
+     .keys = model_llama_keys, .check_keys = model_llama_check_keys, .layout_build = model_qwen3_layout_build, .decoder = &model_llama_decoder, .class_names = qwen3_names,
      .hf = &model_qwen3_hf, .describe = model_llama_describe, .summary_fields = model_llama_summary_fields},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
@@ -64,6 +65,50 @@ const char *model_family_names(void)
         for (size_t i = 0; i < N_FAMILIES; i++)
             snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "%s%s", i ? ", " : "", families[i].name);
     return buf;
+}
+
+static bool declares(const struct model_family *f, const char *key)
+{
+    for (const char *const *k = f->keys; k && *k; k++)
+        if (strcmp(*k, key) == 0)
+            return true;
+    return false;
+}
+
+bool model_family_reads_key(const char *family, const char *key)
+{
+    int declared = 0;
+    for (size_t i = 0; i < N_FAMILIES; i++)
+        if (declares(&families[i], key)) {
+            declared++;
+            if (strcmp(families[i].name, family) == 0)
+                return true;
+        }
+    return declared == 0;
+}
+
+int model_families_reading(const char *key, char *out, size_t cap)
+{
+    int n = 0, total = 0;
+    for (size_t i = 0; i < N_FAMILIES; i++)
+        total += declares(&families[i], key);
+    if (cap)
+        out[0] = '\0';
+    for (size_t i = 0; i < N_FAMILIES && cap; i++)
+        if (declares(&families[i], key)) {
+            size_t len = strlen(out);
+            n++;
+            snprintf(out + len, cap - len, "%s%s", n == 1 ? "" : n == total ? " or " : ", ", families[i].name);
+        }
+    return total;
+}
+
+int model_config_check_keys(const struct model_config *cfg)
+{
+    const struct model_family *f = model_family_find(cfg->model_family);
+    if (!f)
+        return FSDP_EINVAL;
+    return f->check_keys ? f->check_keys(cfg) : 0;
 }
 
 const struct model_family *model_family_find(const char *name)

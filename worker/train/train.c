@@ -329,31 +329,7 @@ out:
     return rc;
 }
 
-void train_model_config(const struct worker_config *wc, struct model_config *mc)
-{
-    model_config_default(mc);
-    snprintf(mc->model_family, sizeof mc->model_family, "%s", worker_model_family_name(wc->model.family));
-    mc->n_kv_head = wc->model.n_kv_head;
-    mc->head_dim = wc->model.head_dim;
-    mc->intermediate_size = wc->model.intermediate_size;
-    mc->rope_theta = (float)wc->model.rope_theta;
-    mc->rms_norm_eps = (float)wc->model.rms_norm_eps;
-    mc->rope_scaling = wc->model.rope_scaling;
-    mc->rope_factor = (float)wc->model.rope_factor;
-    mc->rope_low_freq_factor = (float)wc->model.rope_low_freq_factor;
-    mc->rope_high_freq_factor = (float)wc->model.rope_high_freq_factor;
-    mc->rope_original_max_position = wc->model.rope_original_max_position;
-    mc->tie_word_embeddings = wc->model.tie_word_embeddings;
-    mc->n_layer = wc->model.n_layer;
-    mc->n_head = wc->model.n_head;
-    mc->n_embd = wc->model.n_embd;
-    mc->vocab_size = wc->model.vocab_size;
-    mc->block_size = wc->model.block_size;
-    mc->init_std = (float)wc->model.init_std;
-    mc->seed = wc->model.seed;
-    mc->activation_checkpointing = wc->model.activation_checkpointing;
-    snprintf(mc->init_from, sizeof mc->init_from, "%s", wc->model.init_from);
-}
+void train_model_config(const struct worker_config *wc, struct model_config *mc) { worker_config_model(wc, mc); }
 
 int train_run(const struct worker_config *wc, const char *config_text, struct train_env *env)
 {
