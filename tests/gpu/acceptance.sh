@@ -474,6 +474,27 @@ peaks_for() {
   esac
 }
 
+# fsdpc_bench DIR INI LIMIT NAME PEAK SKIP FIGURES: fsdp-worker on DIR/INI in bf16 on the stage's device (at
+# most LIMIT seconds, the GPU's memory polled meanwhile), then its `bench=NAME` line appended to FIGURES.
+fsdpc_bench() {
+  local d=$1 ini=$2 lim=$3 name=$4 peak=$5 skip=$6 fig=$7 memlog=$1/mem.txt poller="" mem=0
+  if [ "$dry" = 0 ]; then
+    ( while :; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1; sleep 0.5; done ) \
+      > "$memlog" &
+    poller=$!
+  fi
+  local ok=0
+  FSDP_CUDA_TF32=1 timeout "$lim" "$worker" "$d/$ini" --train.device=$dev --fsdp.mixed_precision=bf16 \
+    --log.dir="$d/fsdpc/log" --checkpoint.dir="$d/fsdpc/ckpt" > "$d/fsdpc.out" 2>&1 ||
+    { tail -5 "$d/fsdpc.out"; echo "fsdpc run $name failed"; ok=1; }
+  [ -n "$poller" ] && kill "$poller" 2>/dev/null
+  [ -s "$memlog" ] && mem=$(sort -n "$memlog" | tail -1 | awk '{print $1 * 1048576}')
+  [ "$ok" = 0 ] || return 1
+  $tools bench "$d/fsdpc/log" --name "$name" --dtype bf16 --peak-tflops "$peak" --mem-bytes "$mem" --skip "$skip" |
+    tee -a "$fig"
+  return "${PIPESTATUS[0]}"
+}
+
 stage_bench() {
   facts; kit_env
   local dir=$out/bench rc=0
@@ -511,20 +532,7 @@ interval = 1
 interval = -1
 EOF
   echo "== fsdpc: GPT-2 $L x $C, T $T, batch $B, bf16 on $dev"
-  local memlog=$dir/mem.txt poller=""
-  if [ "$dry" = 0 ]; then
-    ( while :; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1; sleep 0.5; done ) \
-      > "$memlog" &
-    poller=$!
-  fi
-  FSDP_CUDA_TF32=1 timeout 90 "$worker" "$dir/bench.ini" --train.device=$dev --fsdp.mixed_precision=bf16 \
-    --log.dir="$dir/fsdpc/log" --checkpoint.dir="$dir/fsdpc/ckpt" > "$dir/fsdpc.out" 2>&1 ||
-    { tail -5 "$dir/fsdpc.out"; echo "fsdpc bench run failed"; rc=1; }
-  [ -n "$poller" ] && kill "$poller" 2>/dev/null
-  local mem=0
-  [ -s "$memlog" ] && mem=$(sort -n "$memlog" | tail -1 | awk '{print $1 * 1048576}')
-  [ "$rc" = 0 ] && { $tools bench "$dir/fsdpc/log" --name fsdpc_gpt2_124m_bf16 --dtype bf16 --peak-tflops "$pk" \
-      --mem-bytes "$mem" --skip $skip | tee -a "$out/bench.figures" || rc=1; }
+  fsdpc_bench "$dir" bench.ini 90 fsdpc_gpt2_124m_bf16 "$pk" "$skip" "$out/bench.figures" || rc=1
   # llm.c: the kit's train_gpt2cu (built for this arch by bundle.sh), else built here by run_llmc.sh.
   if [ "$dry" = 1 ]; then
     echo "llm.c: dry run, no GPU"; echo "llmc=skipped_dry_run" >> "$out/bench.figures"
@@ -606,20 +614,7 @@ interval = 1
 interval = -1
 EOF
   echo "== fsdpc: Llama $L x $C ($KV KV heads), T $T, batch $B, bf16 on $dev"
-  local memlog=$dir/mem.txt poller=""
-  if [ "$dry" = 0 ]; then
-    ( while :; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1; sleep 0.5; done ) \
-      > "$memlog" &
-    poller=$!
-  fi
-  FSDP_CUDA_TF32=1 timeout 60 "$worker" "$dir/llama.ini" --train.device=$dev --fsdp.mixed_precision=bf16 \
-    --log.dir="$dir/fsdpc/log" --checkpoint.dir="$dir/fsdpc/ckpt" > "$dir/fsdpc.out" 2>&1 ||
-    { tail -5 "$dir/fsdpc.out"; echo "fsdpc Llama run failed"; rc=1; }
-  [ -n "$poller" ] && kill "$poller" 2>/dev/null
-  local mem=0
-  [ -s "$memlog" ] && mem=$(sort -n "$memlog" | tail -1 | awk '{print $1 * 1048576}')
-  [ "$rc" = 0 ] && { $tools bench "$dir/fsdpc/log" --name fsdpc_llama_1b_bf16 --dtype bf16 --peak-tflops "$pk" \
-      --mem-bytes "$mem" --skip $skip | tee -a "$out/llama.figures" || rc=1; }
+  fsdpc_bench "$dir" llama.ini 60 fsdpc_llama_1b_bf16 "$pk" "$skip" "$out/llama.figures" || rc=1
   local py mode
   if py=$(torch_python); then
     for mode in eager compile; do

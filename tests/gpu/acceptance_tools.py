@@ -272,51 +272,52 @@ def bench_fields(line):
     return dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
 
 
-def bench_summary(figures):
+def bench_lines(figures):
+    """The `bench=NAME ...` lines of a figures file, by name, and a reader of one number of one of them."""
     by = {}
     for ln in figures:
         if ln.startswith("bench="):
             f = bench_fields(ln)
             by[f["bench"]] = f
+
     def num(name, key):
         try:
             return float(by[name][key])
         except (KeyError, ValueError):
             return None
-    fs = next((k for k in by if k.startswith("fsdpc_")), None)
-    out = {"fsdpc_tok_s": num(fs, "tokens_per_s"), "fsdpc_mfu": num(fs, "mfu"),
-           "fsdpc_ms_per_step": num(fs, "ms_per_step"), "fsdpc_peak_mem_gib": num(fs, "peak_mem_gib"),
-           "llmc_tok_s": num("llmc_gpt2_124m_bf16", "tokens_per_s"), "llmc_mfu": num("llmc_gpt2_124m_bf16", "mfu"),
-           "torch_eager_tok_s": num("torch_gpt2_eager", "tokens_per_s"),
-           "torch_compile_tok_s": num("torch_gpt2_compile", "tokens_per_s")}
-    for peer in ("llmc", "torch_eager", "torch_compile"):
+    return by, num
+
+
+def with_ratios(out, peers):
+    for peer in peers:
         p = out[peer + "_tok_s"]
         out[f"fsdpc_over_{peer}"] = out["fsdpc_tok_s"] / p if p and out["fsdpc_tok_s"] else None
     return out
+
+
+def fsdpc_fields(num, name):
+    return {"fsdpc_tok_s": num(name, "tokens_per_s"), "fsdpc_mfu": num(name, "mfu"),
+            "fsdpc_ms_per_step": num(name, "ms_per_step"), "fsdpc_peak_mem_gib": num(name, "peak_mem_gib")}
+
+
+def bench_summary(figures):
+    by, num = bench_lines(figures)
+    fs = next((k for k in by if k.startswith("fsdpc_")), None)
+    out = fsdpc_fields(num, fs)
+    out.update({"llmc_tok_s": num("llmc_gpt2_124m_bf16", "tokens_per_s"), "llmc_mfu": num("llmc_gpt2_124m_bf16", "mfu"),
+                "torch_eager_tok_s": num("torch_gpt2_eager", "tokens_per_s"),
+                "torch_compile_tok_s": num("torch_gpt2_compile", "tokens_per_s")})
+    return with_ratios(out, ("llmc", "torch_eager", "torch_compile"))
 
 
 def llama_summary(figures):
     """The llama stage's figures: fsdpc's tokens/s and MFU against PyTorch + transformers."""
-    by = {}
-    for ln in figures:
-        if ln.startswith("bench="):
-            f = bench_fields(ln)
-            by[f["bench"]] = f
-    def num(name, key):
-        try:
-            return float(by[name][key])
-        except (KeyError, ValueError):
-            return None
-    out = {"fsdpc_tok_s": num("fsdpc_llama_1b_bf16", "tokens_per_s"), "fsdpc_mfu": num("fsdpc_llama_1b_bf16", "mfu"),
-           "fsdpc_ms_per_step": num("fsdpc_llama_1b_bf16", "ms_per_step"),
-           "fsdpc_peak_mem_gib": num("fsdpc_llama_1b_bf16", "peak_mem_gib"),
-           "torch_eager_tok_s": num("torch_llama_eager", "tokens_per_s"),
-           "torch_compile_tok_s": num("torch_llama_compile", "tokens_per_s"),
-           "torch_compile_mfu": num("torch_llama_compile", "mfu")}
-    for peer in ("torch_eager", "torch_compile"):
-        p = out[peer + "_tok_s"]
-        out[f"fsdpc_over_{peer}"] = out["fsdpc_tok_s"] / p if p and out["fsdpc_tok_s"] else None
-    return out
+    _, num = bench_lines(figures)
+    out = fsdpc_fields(num, "fsdpc_llama_1b_bf16")
+    out.update({"torch_eager_tok_s": num("torch_llama_eager", "tokens_per_s"),
+                "torch_compile_tok_s": num("torch_llama_compile", "tokens_per_s"),
+                "torch_compile_mfu": num("torch_llama_compile", "mfu")})
+    return with_ratios(out, ("torch_eager", "torch_compile"))
 
 
 def cmd_ratios(a):
