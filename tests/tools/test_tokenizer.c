@@ -373,11 +373,22 @@ Test(tokenizer, refusals_name_the_key)
     cr_assert(strstr(refuse("{\"model\":{\"type\":\"WordPiece\",\"vocab\":{}}}"), "model.type is WordPiece"));
     cr_assert(strstr(refuse("{\"model\":{\"vocab\":{\"a\":0}},\"pre_tokenizer\":{\"type\":\"ByteLevel\"}}"),
                      "add_prefix_space must be"));
-    cr_assert(strstr(refuse("{\"model\":{\"vocab\":{\"a\":0}},\"pre_tokenizer\":null}"), "pre_tokenizer is null"));
+    cr_assert(strstr(refuse("{\"model\":{\"vocab\":{\"a\":0}},\"pre_tokenizer\":{\"type\":\"Sequence\","
+                            "\"pretokenizers\":[{\"type\":\"Metaspace\"}," BL "]}}"),
+                     "ByteLevel after Metaspace"));
+    cr_assert(strstr(refuse("{\"model\":{\"vocab\":{\"a\":0}},\"pre_tokenizer\":{\"type\":\"Metaspace\","
+                            "\"replacement\":\"_\"}}"),
+                     "pre_tokenizer.replacement must be"));
+    cr_assert(strstr(refuse("{\"model\":{\"vocab\":{\"a\":0}},\"pre_tokenizer\":{\"type\":\"Metaspace\","
+                            "\"prepend_scheme\":\"sometimes\"}}"),
+                     "prepend_scheme must be first, always or never"));
     cr_assert(strstr(refuse("{\"model\":{\"vocab\":{\"a\":0}},\"pre_tokenizer\":{\"type\":\"Whitespace\"}}"),
                      "Whitespace pre-tokenizer"));
-    cr_assert(strstr(refuse("{\"model\":{\"vocab\":{\"a\":0}},\"normalizer\":{\"type\":\"NFC\"},"
-                            "\"pre_tokenizer\":" BL "}"), "normalizer is NFC"));
+    cr_assert(strstr(refuse("{\"model\":{\"vocab\":{\"a\":0}},\"normalizer\":{\"type\":\"Lowercase\"},"
+                            "\"pre_tokenizer\":" BL "}"), "normalizer is Lowercase: supported normalizers are NFC"));
+    cr_assert(strstr(refuse("{\"model\":{\"vocab\":{\"a\":0}},\"normalizer\":{\"type\":\"Sequence\","
+                            "\"normalizers\":[{\"type\":\"NFC\"},{\"type\":\"Replace\",\"pattern\":{\"Regex\":\" +\"},"
+                            "\"content\":\" \"}]}}"), "normalizer.normalizers[1].pattern must be {\"String\""));
     cr_assert(strstr(refuse(WITH_MODEL("\"vocab\":{\"a\":0,\"b\":1},\"merges\":[\"a b\"]")), "model.merges[0]"));
     cr_assert(strstr(refuse(WITH_MODEL("\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b\",[\"a\",\"b\"]]")),
                      "mixes"));
@@ -388,9 +399,6 @@ Test(tokenizer, refusals_name_the_key)
     cr_assert(strstr(refuse("{\"model\":{\"vocab\":{\"a\":0}},\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":"
                             "{\"Regex\":\"(\"},\"behavior\":\"Isolated\"}}"),
                      "pre_tokenizer.pattern: the pattern does not compile"));
-    cr_assert(strstr(refuse("{\"model\":{\"vocab\":{\"a\":0}},\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":"
-                            "{\"Regex\":\"a\"},\"behavior\":\"Isolated\"}}"),
-                     "no ByteLevel step"));
     cr_assert(strstr(refuse("{\"model\":{\"vocab\":{\"a\":0}},\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":"
                             "{\"Regex\":\"a\"},\"behavior\":\"Sideways\"}}"),
                      "behavior must be one of"));
@@ -564,4 +572,32 @@ Test(tokenizer, example_scan_heap_cache_and_runs_agree)
     tokenizer_ids_free(&heap);
     tokenizer_free(t);
     free(text);
+}
+
+/* Decoders: none joins the token texts with spaces (as tokenizers does); one this tokenizer cannot run
+ * fails decode with the list of those it can, while encoding still works. */
+Test(tokenizer, decoder_null_and_unsupported)
+{
+    const char *base = "{\"model\":{\"vocab\":{\"a\":0,\"b\":1}},\"pre_tokenizer\":null,\"decoder\":%s}";
+    char json[512];
+    struct tokenizer *t;
+    snprintf(json, sizeof json, base, "null");
+    cr_assert_eq(tokenizer_load_string(json, strlen(json), "t.json", &t), 0, "%s", error_message());
+    uint32_t ids[] = {0, 1, 0};
+    char *out;
+    size_t n;
+    cr_assert_eq(tokenizer_decode(t, ids, 3, false, &out, &n), 0, "%s", error_message());
+    cr_expect_str_eq(out, "a b a");
+    free(out);
+    tokenizer_free(t);
+    snprintf(json, sizeof json, base, "{\"type\":\"WordPiece\",\"prefix\":\"##\"}");
+    cr_assert_eq(tokenizer_load_string(json, strlen(json), "t.json", &t), 0, "%s", error_message());
+    struct tokenizer_ids enc = {0};
+    cr_assert_eq(tokenizer_encode(t, "ab", 2, &enc), 0, "%s", error_message());
+    cr_expect_eq(enc.n, 2);
+    tokenizer_ids_free(&enc);
+    cr_assert_lt(tokenizer_decode(t, ids, 3, false, &out, &n), 0);
+    cr_expect(strstr(error_message(), "decoder is WordPiece: supported decoders are ByteLevel"), "%s",
+              error_message());
+    tokenizer_free(t);
 }

@@ -1,7 +1,11 @@
-/* A byte-level BPE tokenizer read from a Hugging Face tokenizer.json (docs/data.md, "Tokenizer"): the
- * GPT-2 style (ByteLevel pre-tokenizer with its regex) and the Llama 3 / tiktoken style (Split with a
- * Unicode-class regex, then ByteLevel), merges in both JSON forms, added and special tokens with their
- * lstrip/rstrip/single_word flags, and the ByteLevel decoder. The ids are those `tokenizers` gives for
+/* A BPE tokenizer read from a Hugging Face tokenizer.json (docs/data.md, "Tokenizer"). Byte-level: the
+ * GPT-2 style (ByteLevel pre-tokenizer with its regex), the Llama 3 / tiktoken style (Split with a
+ * Unicode-class regex, then ByteLevel) and Qwen2's (an NFC normalizer, then the same with single
+ * digits). SentencePiece-style, as Llama 2, Mistral and Gemma ship it: characters as symbols with
+ * byte_fallback to <0xXX> tokens, a Metaspace pre-tokenizer or the Prepend/Replace normalizers, and the
+ * Replace/ByteFallback/Fuse/Strip decoders. Normalizers NFC, NFKC, NFD, NFKD (utf8proc), Prepend,
+ * Replace; merges in both JSON forms; added and special tokens with their lstrip/rstrip/single_word
+ * flags. The ids are those `tokenizers` gives for
  * `encode(text, add_special_tokens=False)`: the post-processor (a BOS template) is not applied.
  *
  * Regexes run on PCRE2 (JIT where the build has it) with UTF and UCP; what Oniguruma, the engine of
@@ -19,7 +23,7 @@
 struct tokenizer;
 
 /* Reads and checks tokenizer.json; every error names the file and the JSON key that is wrong or not
- * supported (a normalizer, a model other than BPE, a pre-tokenizer without ByteLevel, ...). */
+ * supported (a Lowercase normalizer, a model other than BPE, a Whitespace pre-tokenizer, ...). */
 int tokenizer_load(const char *path, struct tokenizer **out);
 /* The same from JSON text in memory; `name` is used in messages. */
 int tokenizer_load_string(const char *json, size_t len, const char *name, struct tokenizer **out);
@@ -31,7 +35,9 @@ uint32_t tokenizer_vocab_size(const struct tokenizer *t);
 /* Number of merges and of added tokens, for reports. */
 size_t tokenizer_merge_count(const struct tokenizer *t);
 size_t tokenizer_added_count(const struct tokenizer *t);
-/* "ByteLevel" (GPT-2) or "Split+ByteLevel" (Llama 3 style), for reports. */
+/* The normalizers and pre-tokenizer steps joined with "+", for reports: "ByteLevel" (GPT-2),
+ * "Split+ByteLevel" (Llama 3), "NFC+Split+ByteLevel" (Qwen2), "Metaspace+SentencePiece" (Llama 2,
+ * Mistral), "Prepend+Replace+SentencePiece" (older Llama 2 files), "Replace+Split+SentencePiece" (Gemma). */
 const char *tokenizer_style(const struct tokenizer *t);
 /* The id of a token given by its content: an added token first, then the vocabulary (as in `tokenizers`'
  * token_to_id). FSDP_ENOTFOUND (without a message) when there is none. */
@@ -56,12 +62,16 @@ int tokenizer_encode_runs(struct tokenizer *t, const char *text, size_t len, siz
 typedef int (*tokenizer_piece_fn)(void *ctx, const char *piece, size_t len, bool is_added);
 int tokenizer_pieces(struct tokenizer *t, const char *text, size_t len, tokenizer_piece_fn fn, void *ctx);
 
-/* The bytes a token decodes to (the ByteLevel decoder: a token whose characters all belong to the byte
- * map becomes those bytes, any other token its UTF-8 text). NULL for an id that has no token. */
+/* The bytes a token decodes to alone (the ByteLevel decoder: a token whose characters all belong to the
+ * byte map becomes those bytes, any other token its UTF-8 text; a decoder chain: a <0xXX> token its byte
+ * under ByteFallback, else its text with the chain's Replace/Metaspace applied, "▁" -> " "). NULL for an
+ * id that has no token. */
 const unsigned char *tokenizer_token_bytes(const struct tokenizer *t, uint32_t id, size_t *len);
-/* Decodes ids into a malloc'ed byte string (NUL-terminated; *len excludes the NUL). Special tokens are kept
- * unless skip_special (`tokenizers`' decode drops them by default); unknown ids are an error naming the
- * id. The bytes are not repaired: a run of ids that ends inside a UTF-8 character gives its first bytes. */
+/* Decodes ids into a malloc'ed byte string (NUL-terminated; *len excludes the NUL), as `tokenizers`'
+ * decode does. Special tokens are kept unless skip_special (`tokenizers`' decode drops them by default);
+ * unknown ids are an error naming the id. With the ByteLevel decoder alone the bytes are not repaired: a
+ * run of ids that ends inside a UTF-8 character gives its first bytes (a chain's ByteFallback gives
+ * U+FFFD, as there). */
 int tokenizer_decode(const struct tokenizer *t, const uint32_t *ids, size_t n, bool skip_special, char **out,
                      size_t *len);
 

@@ -1,4 +1,5 @@
-/* Byte-level BPE on one pre-token: its bytes become the ids of their ByteLevel characters, then the
+/* BPE on one pre-token: its bytes become the ids of their ByteLevel characters (a SentencePiece-style
+ * model: its characters the ids of their tokens, or byte-fallback tokens), then the
  * adjacent pair with the lowest merge rank is merged (the leftmost of equal ranks), one merge at a time,
  * a new pair competing at once, until no pair has a merge. Short pieces use a scan of a rank array,
  * long ones a heap ordered by (rank, position) as `tokenizers` does; both give the same ids. Results
@@ -42,7 +43,8 @@ int tok_bpe_init(struct tok_bpe *b)
 {
     memset(b, 0, sizeof *b);
     for (int i = 0; i < 256; i++)
-        b->byte_id[i] = -1;
+        b->byte_id[i] = b->byte_token[i] = -1;
+    b->byte_level = true;
     b->unk_id = -1;
     b->cache_on = true;
     b->heap_threshold = 64;
@@ -239,6 +241,46 @@ static int merge_heap(struct tok_bpe *b, uint32_t *sym, size_t *m_io)
  * missing from the vocabulary becomes its <0xXX> fallback tokens, else an unknown token (fused with
  * the one before when fuse_unk; a pending unknown is added only when a known character or the end comes,
  * so it lands after fallback tokens, as there), else nothing. */
+static size_t initial_symbols(const struct tok_bpe *b, const unsigned char *p, size_t n, uint32_t *sym);
+
+/* The same for a SentencePiece-style BPE: the symbols are the piece's characters as vocabulary tokens;
+ * a character the vocabulary lacks becomes the <0xXX> tokens of its UTF-8 bytes when all of them exist
+ * (byte_fallback), else the unknown token. */
+static size_t initial_chars(const struct tok_bpe *b, const unsigned char *p, size_t n, uint32_t *sym)
+{
+    size_t m = 0;
+    bool unk = false;
+    for (size_t i = 0; i < n;) {
+        size_t k = 1;
+        if (p[i] >= 0x80)
+            tok_utf8_next(p + i, n - i, &k);
+        const struct tok_map_entry *e = tok_map_get(b->vocab, p + i, k, tok_hash(p + i, k));
+        if (e) {
+            if (unk)
+                sym[m++] = (uint32_t)b->unk_id;
+            unk = false;
+            sym[m++] = e->a;
+            i += k;
+            continue;
+        }
+        bool all = b->byte_fallback;
+        for (size_t j = 0; j < k && all; j++)
+            all = b->byte_token[p[i + j]] >= 0;
+        if (all) {
+            for (size_t j = 0; j < k; j++)
+                sym[m++] = (uint32_t)b->byte_token[p[i + j]];
+        } else if (b->unk_id >= 0) {
+            if (unk && !b->fuse_unk)
+                sym[m++] = (uint32_t)b->unk_id;
+            unk = true;
+        }
+        i += k;
+    }
+    if (unk)
+        sym[m++] = (uint32_t)b->unk_id;
+    return m;
+}
+
 static size_t initial_symbols(const struct tok_bpe *b, const unsigned char *p, size_t n, uint32_t *sym)
 {
     size_t m = 0;
@@ -298,7 +340,7 @@ int tok_bpe_piece(struct tok_bpe *b, const unsigned char *p, size_t n, struct to
     uint64_t h = 0;
     if (b->ignore_merges) {
         h = tok_hash(p, n);
-        const struct tok_map_entry *e = tok_map_get(&b->vocab_bytes, p, n, h);
+        const struct tok_map_entry *e = tok_map_get(b->byte_level ? &b->vocab_bytes : b->vocab, p, n, h);
         if (e)
             return tokenizer_ids_push(out, e->a);
     }
@@ -317,7 +359,7 @@ int tok_bpe_piece(struct tok_bpe *b, const unsigned char *p, size_t n, struct to
     }
     b->misses++;
     FSDP_TRY(scratch_reserve(b, 3 * n + 1));
-    size_t m = initial_symbols(b, p, n, b->sym);
+    size_t m = b->byte_level ? initial_symbols(b, p, n, b->sym) : initial_chars(b, p, n, b->sym);
     if (m > b->heap_threshold)
         FSDP_TRY(merge_heap(b, b->sym, &m));
     else

@@ -28,16 +28,65 @@ struct tok_regex {
     bool jit;
 };
 
-/* One step of the pre-tokenizer: a Split, or a ByteLevel (its regex when use_regex, isolated). The last
- * step is always the ByteLevel one. */
+/* Metaspace's prepend_scheme: when "▁" is put before a piece that does not start with one. */
+enum tok_prepend {
+    TOK_PREPEND_NEVER = 0,
+    TOK_PREPEND_FIRST, /* only the piece at offset 0 of the text */
+    TOK_PREPEND_ALWAYS,
+};
+
+/* One step of the pre-tokenizer: a Split, a Metaspace (spaces to "▁", the prepend, then when split a
+ * split before each "▁"), or a ByteLevel (its regex when use_regex, isolated), which is then the last
+ * step and makes the model byte-level. */
 struct tok_step {
-    struct tok_regex re; /* code NULL: no split (ByteLevel with use_regex false) */
+    struct tok_regex re; /* code NULL: no split (ByteLevel with use_regex false, Metaspace with split false) */
     enum tok_behavior behavior;
     bool invert;
     bool add_prefix_space; /* ByteLevel: prepend " " to each piece that does not start with one */
+    bool metaspace;
+    enum tok_prepend prepend;
 };
 
 #define TOK_MAX_STEPS 8
+
+/* One normalizer (tokenizer_normalize.c): a Unicode normal form through utf8proc, or Prepend / Replace
+ * of a literal string. A Sequence is these in order. */
+enum tok_norm_kind {
+    TOK_NORM_NFC = 0,
+    TOK_NORM_NFKC,
+    TOK_NORM_NFD,
+    TOK_NORM_NFKD,
+    TOK_NORM_PREPEND, /* a: the string put before a non-empty text */
+    TOK_NORM_REPLACE, /* every a (non-empty, leftmost first, not overlapping) becomes b */
+};
+
+struct tok_norm {
+    enum tok_norm_kind kind;
+    char *a, *b;
+    size_t an, bn;
+};
+
+#define TOK_MAX_NORMS 8
+
+/* One decoder of a Sequence (tokenizer_decode.c), applied to the list of token strings in order. */
+enum tok_dec_kind {
+    TOK_DEC_REPLACE = 0, /* a -> b in each token */
+    TOK_DEC_BYTE_FALLBACK, /* runs of <0xXX> tokens -> their bytes (U+FFFD per byte when not UTF-8) */
+    TOK_DEC_FUSE,          /* all tokens -> one */
+    TOK_DEC_STRIP,         /* up to start leading and stop trailing characters a off each token */
+    TOK_DEC_METASPACE,     /* "▁" -> " ", and dropped from the first token unless prepend is never */
+    TOK_DEC_BYTE_LEVEL,    /* the ByteLevel characters -> bytes, all tokens -> one */
+};
+
+struct tok_dec {
+    enum tok_dec_kind kind;
+    char *a, *b;
+    size_t an, bn;
+    size_t start, stop;
+    bool prepend;
+};
+
+#define TOK_MAX_DECS 8
 
 struct tok_added {
     uint32_t id;
@@ -62,6 +111,11 @@ struct tok_bpe {
     struct tok_pairs merges;   /* (left id, right id) -> (rank, merged id) */
     struct tok_map vocab_bytes; /* raw bytes of a vocabulary token -> id (ignore_merges) */
     bool ignore_merges, byte_fallback, fuse_unk;
+    /* false: a SentencePiece-style BPE, whose symbols are the characters of the piece looked up in vocab
+     * (the pre-tokenizer has no ByteLevel), byte_fallback to the <0xXX> tokens of byte_token */
+    bool byte_level;
+    const struct tok_map *vocab; /* token text -> id, the tokenizer's vocab_text */
+    int64_t byte_token[256];     /* id of <0xXX>, -1 when missing */
     int64_t unk_id; /* -1: none */
     size_t n_merges;
     /* cache: piece bytes -> (offset, count) of its ids in cache_ids */
@@ -83,7 +137,12 @@ struct tokenizer {
     char *name; /* the file, for messages */
     struct tok_step steps[TOK_MAX_STEPS];
     int n_steps;
+    struct tok_norm norms[TOK_MAX_NORMS];
+    int n_norms;
+    char *norm_buf[2]; /* scratch of the normalizers: the text goes back and forth between the two */
+    size_t norm_cap[2];
     const char *style;
+    char style_buf[160];
     struct tok_bpe bpe;
     /* every id: its token text (UTF-8, as in the JSON) and the bytes it decodes to */
     uint32_t n_ids;          /* max id + 1 */
@@ -91,7 +150,10 @@ struct tokenizer {
     unsigned char **id_bytes;
     size_t *id_bytes_len;
     bool *id_special;
-    bool decoder_bytelevel; /* false: decode joins the token texts */
+    bool decoder_bytelevel; /* the decoder is ByteLevel alone: decode is a concatenation of id_bytes */
+    bool decoder_null;      /* no decoder: tokenizers joins the token texts with spaces */
+    struct tok_dec decs[TOK_MAX_DECS]; /* otherwise this chain, on the token texts */
+    int n_decs;
     bool decoder_ok;        /* false: decode is refused with decoder_error */
     char decoder_error[160];
     struct tok_map vocab_text; /* token text -> id (model vocabulary) */
@@ -127,6 +189,17 @@ void tok_regex_free(struct tok_regex *re);
  * end: offset in text just past the piece's last byte (pieces are in order). */
 typedef int (*tok_emit_fn)(void *ctx, const unsigned char *p, size_t n, bool is_added, uint32_t id, size_t end);
 int tok_pretok_run(struct tokenizer *t, const unsigned char *text, size_t len, tok_emit_fn emit, void *ctx);
+
+/* ---- decoding (tokenizer_decode.c) ---- */
+/* What one token decodes to alone under a decoder chain (tokenizer_token_bytes): a <0xXX> token its byte
+ * when the chain has ByteFallback, else its text through the chain's Replace and Metaspace steps. */
+int tok_dec_token_bytes(const struct tokenizer *t, const char *text, size_t n, char **out, size_t *out_n);
+
+/* ---- normalizers (tokenizer_normalize.c) ---- */
+/* The text after every normalizer of t, in one of t's scratch buffers (valid until the next call), or s
+ * itself when nothing changes it. */
+int tok_normalize(struct tokenizer *t, const unsigned char *s, size_t n, const unsigned char **out, size_t *out_n);
+void tok_norm_free(struct tokenizer *t);
 
 /* ---- UTF-8 helpers (tokenizer_utf8.c); the text is valid UTF-8 ---- */
 /* The code point at s (n > 0 bytes left); *k its length in bytes. */

@@ -283,7 +283,69 @@ static int add_step(struct tokenizer *t, const char *where)
     return 0;
 }
 
-static int parse_pretok_one(struct tokenizer *t, const cJSON *p, const char *where, bool *byte_level)
+/* A JSON string key that must be there, copied. */
+static int get_string(const struct tokenizer *t, const cJSON *o, const char *k, const char *where, char **out,
+                      size_t *n)
+{
+    const cJSON *v = key(o, k);
+    if (!cJSON_IsString(v))
+        return error_set(FSDP_EINVAL, "%s: %s.%s must be a string", t->name, where, k);
+    *n = strlen(v->valuestring);
+    if (!(*out = strdup(v->valuestring)))
+        return error_set(FSDP_ENOMEM, "out of memory");
+    return 0;
+}
+
+/* Replace's pattern: only {"String": ...} (a regex replacement has not been needed by a known model). */
+static int get_literal_pattern(const struct tokenizer *t, const cJSON *o, const char *where, char **out, size_t *n)
+{
+    const cJSON *pat = key(o, "pattern");
+    const cJSON *str = pat ? key(pat, "String") : NULL;
+    if (!cJSON_IsString(str) || !str->valuestring[0])
+        return error_set(FSDP_EUNSUPPORTED, "%s: %s.pattern must be {\"String\": \"...\"}, not empty (a Regex pattern "
+                         "is not supported in Replace)", t->name, where);
+    *n = strlen(str->valuestring);
+    if (!(*out = strdup(str->valuestring)))
+        return error_set(FSDP_ENOMEM, "out of memory");
+    return 0;
+}
+
+static const char meta_char[] = "\xe2\x96\x81"; /* U+2581 */
+
+static int parse_metaspace(struct tokenizer *t, const cJSON *p, const char *where, struct tok_step *st)
+{
+    const cJSON *rep = key(p, "replacement"), *scheme = key(p, "prepend_scheme");
+    if (rep && !(cJSON_IsString(rep) && strcmp(rep->valuestring, meta_char) == 0))
+        return error_set(FSDP_EUNSUPPORTED, "%s: %s.replacement must be \"%s\" (U+2581), as SentencePiece's", t->name,
+                         where, meta_char);
+    st->metaspace = true;
+    if (cJSON_IsString(scheme)) {
+        static const char *const names[] = {"never", "first", "always"};
+        int i = 0;
+        while (i < 3 && strcmp(scheme->valuestring, names[i]) != 0)
+            i++;
+        if (i == 3)
+            return error_set(FSDP_EINVAL, "%s: %s.prepend_scheme must be first, always or never", t->name, where);
+        st->prepend = (enum tok_prepend)i;
+    } else {
+        /* files from before prepend_scheme: add_prefix_space */
+        bool prefix = true;
+        FSDP_TRY(get_bool(t, p, "add_prefix_space", where, true, &prefix));
+        st->prepend = prefix ? TOK_PREPEND_ALWAYS : TOK_PREPEND_NEVER;
+    }
+    bool split = true;
+    FSDP_TRY(get_bool(t, p, "split", where, true, &split));
+    if (split) {
+        st->behavior = TOK_MERGED_WITH_NEXT;
+        char what[96];
+        snprintf(what, sizeof what, "%s.replacement", where);
+        FSDP_TRY(tok_regex_compile(&st->re, meta_char, 3, true, t->name, what));
+    }
+    return 0;
+}
+
+static int parse_pretok_one(struct tokenizer *t, const cJSON *p, const char *where, bool *byte_level,
+                            bool *metaspace)
 {
     const cJSON *type = key(p, "type");
     if (!cJSON_IsString(type))
@@ -292,6 +354,9 @@ static int parse_pretok_one(struct tokenizer *t, const cJSON *p, const char *whe
         return error_set(FSDP_EUNSUPPORTED, "%s: %s (%s) comes after ByteLevel: a byte-level BPE ends its "
                          "pre-tokenizer with ByteLevel", t->name, where, type->valuestring);
     if (strcmp(type->valuestring, "ByteLevel") == 0) {
+        if (*metaspace)
+            return error_set(FSDP_EUNSUPPORTED, "%s: %s: ByteLevel after Metaspace: a BPE is either byte-level or "
+                             "SentencePiece-style, not both", t->name, where);
         bool use_regex = true, prefix = true;
         if (!cJSON_IsBool(key(p, "add_prefix_space")))
             return error_set(FSDP_EINVAL, "%s: %s.add_prefix_space must be true or false (tokenizers requires it)",
@@ -306,6 +371,11 @@ static int parse_pretok_one(struct tokenizer *t, const cJSON *p, const char *whe
             FSDP_TRY(tok_regex_compile(&st->re, gpt2_pattern, strlen(gpt2_pattern), false, t->name, where));
         *byte_level = true;
         return 0;
+    }
+    if (strcmp(type->valuestring, "Metaspace") == 0) {
+        FSDP_TRY(add_step(t, where));
+        *metaspace = true;
+        return parse_metaspace(t, p, where, &t->steps[t->n_steps - 1]);
     }
     if (strcmp(type->valuestring, "Split") == 0) {
         const cJSON *pat = key(p, "pattern"), *beh = key(p, "behavior");
@@ -333,32 +403,86 @@ static int parse_pretok_one(struct tokenizer *t, const cJSON *p, const char *whe
         snprintf(what, sizeof what, "%s.pattern", where);
         return tok_regex_compile(&st->re, s, strlen(s), !cJSON_IsString(rx), t->name, what);
     }
-    return error_set(FSDP_EUNSUPPORTED, "%s: %s is a %s pre-tokenizer: supported are ByteLevel, Split and a Sequence "
-                     "of them ending with ByteLevel", t->name, where, type->valuestring);
+    return error_set(FSDP_EUNSUPPORTED, "%s: %s is a %s pre-tokenizer: supported are ByteLevel, Split, Metaspace and "
+                     "a Sequence of them (ByteLevel last)", t->name, where, type->valuestring);
 }
 
+static void style_add(struct tokenizer *t, const char *name)
+{
+    size_t n = strlen(t->style_buf);
+    snprintf(t->style_buf + n, sizeof t->style_buf - n, "%s%s", n ? "+" : "", name);
+}
+
+/* Without a ByteLevel step the model is SentencePiece-style: its symbols are characters. */
 static int parse_pretok(struct tokenizer *t, const cJSON *p)
 {
-    if (!p || cJSON_IsNull(p))
-        return error_set(FSDP_EUNSUPPORTED, "%s: pre_tokenizer is null: not a byte-level BPE (its pre_tokenizer is "
-                         "ByteLevel, or a Sequence ending with ByteLevel)", t->name);
-    bool byte_level = false;
-    const cJSON *type = key(p, "type");
-    if (cJSON_IsString(type) && strcmp(type->valuestring, "Sequence") == 0) {
-        const cJSON *list = key(p, "pretokenizers"), *e;
+    bool byte_level = false, metaspace = false;
+    if (p && !cJSON_IsNull(p)) {
+        const cJSON *type = key(p, "type");
+        if (cJSON_IsString(type) && strcmp(type->valuestring, "Sequence") == 0) {
+            const cJSON *list = key(p, "pretokenizers"), *e;
+            size_t i = 0;
+            cJSON_ArrayForEach(e, list)
+            {
+                char where[64];
+                snprintf(where, sizeof where, "pre_tokenizer.pretokenizers[%zu]", i++);
+                FSDP_TRY(parse_pretok_one(t, e, where, &byte_level, &metaspace));
+            }
+        } else {
+            FSDP_TRY(parse_pretok_one(t, p, "pre_tokenizer", &byte_level, &metaspace));
+        }
+    }
+    t->bpe.byte_level = byte_level;
+    for (int i = 0; i < t->n_steps; i++)
+        style_add(t, t->steps[i].metaspace ? "Metaspace" : i == t->n_steps - 1 && byte_level ? "ByteLevel" : "Split");
+    if (!byte_level)
+        style_add(t, "SentencePiece");
+    t->style = t->style_buf;
+    return 0;
+}
+
+static int parse_norm_one(struct tokenizer *t, const cJSON *n, const char *where)
+{
+    const cJSON *type = key(n, "type");
+    if (!cJSON_IsString(type))
+        return error_set(FSDP_EINVAL, "%s: %s has no \"type\"", t->name, where);
+    const char *ty = type->valuestring;
+    if (strcmp(ty, "Sequence") == 0) {
+        const cJSON *list = key(n, "normalizers"), *e;
+        if (list && !cJSON_IsArray(list))
+            return error_set(FSDP_EINVAL, "%s: %s.normalizers must be a list", t->name, where);
         size_t i = 0;
         cJSON_ArrayForEach(e, list)
         {
-            char where[64];
-            snprintf(where, sizeof where, "pre_tokenizer.pretokenizers[%zu]", i++);
-            FSDP_TRY(parse_pretok_one(t, e, where, &byte_level));
+            char w[96];
+            snprintf(w, sizeof w, "%s.normalizers[%zu]", where, i++);
+            FSDP_TRY(parse_norm_one(t, e, w));
         }
-    } else {
-        FSDP_TRY(parse_pretok_one(t, p, "pre_tokenizer", &byte_level));
+        return 0;
     }
-    if (!byte_level)
-        return error_set(FSDP_EUNSUPPORTED, "%s: pre_tokenizer has no ByteLevel step: not a byte-level BPE", t->name);
-    t->style = t->n_steps == 1 ? "ByteLevel" : "Split+ByteLevel";
+    static const char *const forms[] = {"NFC", "NFKC", "NFD", "NFKD"};
+    int kind = -1;
+    for (int i = 0; i < 4; i++)
+        if (strcmp(ty, forms[i]) == 0)
+            kind = i;
+    if (strcmp(ty, "Prepend") == 0)
+        kind = TOK_NORM_PREPEND;
+    if (strcmp(ty, "Replace") == 0)
+        kind = TOK_NORM_REPLACE;
+    if (kind < 0)
+        return error_set(FSDP_EUNSUPPORTED, "%s: %s is %s: supported normalizers are NFC, NFKC, NFD, NFKD, Prepend, "
+                         "Replace (of a String) and a Sequence of them", t->name, where, ty);
+    if (t->n_norms == TOK_MAX_NORMS)
+        return error_set(FSDP_EUNSUPPORTED, "%s: %s: more than %d normalizers", t->name, where, TOK_MAX_NORMS);
+    struct tok_norm *nm = &t->norms[t->n_norms++];
+    nm->kind = (enum tok_norm_kind)kind;
+    if (kind == TOK_NORM_PREPEND)
+        FSDP_TRY(get_string(t, n, "prepend", where, &nm->a, &nm->an));
+    if (kind == TOK_NORM_REPLACE) {
+        FSDP_TRY(get_literal_pattern(t, n, where, &nm->a, &nm->an));
+        FSDP_TRY(get_string(t, n, "content", where, &nm->b, &nm->bn));
+    }
+    style_add(t, ty);
     return 0;
 }
 
@@ -366,27 +490,76 @@ static int parse_normalizer(struct tokenizer *t, const cJSON *n)
 {
     if (!n || cJSON_IsNull(n))
         return 0;
-    const cJSON *type = key(n, "type"), *list = key(n, "normalizers");
-    if (cJSON_IsString(type) && strcmp(type->valuestring, "Sequence") == 0 && cJSON_GetArraySize(list) == 0)
-        return 0;
-    return error_set(FSDP_EUNSUPPORTED, "%s: normalizer is %s: only a null normalizer is supported (byte-level BPE "
-                     "tokenizers such as GPT-2's and Llama 3's have none)", t->name,
-                     cJSON_IsString(type) ? type->valuestring : "set");
+    return parse_norm_one(t, n, "normalizer");
 }
 
-static void parse_decoder(struct tokenizer *t, const cJSON *d)
+/* A decoder this tokenizer cannot run makes decode fail with why (encoding still works). */
+static int parse_dec_one(struct tokenizer *t, const cJSON *d, const char *where)
+{
+    const cJSON *type = key(d, "type");
+    const char *ty = cJSON_IsString(type) ? type->valuestring : "(no type)";
+    if (strcmp(ty, "Sequence") == 0) {
+        const cJSON *list = key(d, "decoders"), *e;
+        size_t i = 0;
+        cJSON_ArrayForEach(e, list)
+        {
+            char w[96];
+            snprintf(w, sizeof w, "%s.decoders[%zu]", where, i++);
+            FSDP_TRY(parse_dec_one(t, e, w));
+        }
+        return 0;
+    }
+    static const char *const names[] = {"Replace", "ByteFallback", "Fuse", "Strip", "Metaspace", "ByteLevel"};
+    int kind = -1;
+    for (int i = 0; i < 6; i++)
+        if (strcmp(ty, names[i]) == 0)
+            kind = i;
+    if (kind < 0 || t->n_decs == TOK_MAX_DECS) {
+        snprintf(t->decoder_error, sizeof t->decoder_error, "%s: %s is %s: supported decoders are ByteLevel, "
+                 "Replace, ByteFallback, Fuse, Strip, Metaspace and a Sequence of them", t->name, where, ty);
+        return 1;
+    }
+    struct tok_dec *dc = &t->decs[t->n_decs++];
+    dc->kind = (enum tok_dec_kind)kind;
+    if (kind == TOK_DEC_REPLACE) {
+        FSDP_TRY(get_literal_pattern(t, d, where, &dc->a, &dc->an));
+        FSDP_TRY(get_string(t, d, "content", where, &dc->b, &dc->bn));
+    } else if (kind == TOK_DEC_STRIP) {
+        FSDP_TRY(get_string(t, d, "content", where, &dc->a, &dc->an));
+        const cJSON *a = key(d, "start"), *b = key(d, "stop");
+        if (!cJSON_IsNumber(a) || !cJSON_IsNumber(b) || a->valuedouble < 0 || b->valuedouble < 0 || dc->an == 0)
+            return error_set(FSDP_EINVAL, "%s: %s needs a content character and start and stop counts", t->name,
+                             where);
+        dc->start = (size_t)a->valuedouble;
+        dc->stop = (size_t)b->valuedouble;
+    } else if (kind == TOK_DEC_METASPACE) {
+        struct tok_step st = {0};
+        FSDP_TRY(parse_metaspace(t, d, where, &st));
+        tok_regex_free(&st.re);
+        dc->prepend = st.prepend != TOK_PREPEND_NEVER;
+        if (!(dc->a = strdup(meta_char)))
+            return error_set(FSDP_ENOMEM, "out of memory");
+        dc->an = 3;
+    }
+    return 0;
+}
+
+static int parse_decoder(struct tokenizer *t, const cJSON *d)
 {
     t->decoder_ok = true;
-    if (!d || cJSON_IsNull(d))
-        return;
+    if (!d || cJSON_IsNull(d)) {
+        t->decoder_null = true;
+        return 0;
+    }
     const cJSON *type = key(d, "type");
     if (cJSON_IsString(type) && strcmp(type->valuestring, "ByteLevel") == 0) {
         t->decoder_bytelevel = true;
-        return;
+        return 0;
     }
-    t->decoder_ok = false;
-    snprintf(t->decoder_error, sizeof t->decoder_error, "%s: decoder %s is not supported (ByteLevel or null)",
-             t->name, cJSON_IsString(type) ? type->valuestring : "(no type)");
+    int rc = parse_dec_one(t, d, "decoder");
+    if (rc > 0)
+        t->decoder_ok = false;
+    return rc < 0 ? rc : 0;
 }
 
 /* The per-id tables: text, decoded bytes, special flag. */
@@ -450,6 +623,12 @@ static int build_ids(struct tokenizer *t, uint32_t max_id)
         uint32_t vid;
         if (bytes && vocab_lookup(t, s, n, &vid) == 0 && vid == id)
             FSDP_TRY_GOTO(tok_map_put(&t->bpe.vocab_bytes, buf, k, tok_hash(buf, k), id, 0), rc, out);
+        if (t->n_decs && !t->decoder_bytelevel) {
+            char *d;
+            FSDP_TRY_GOTO(tok_dec_token_bytes(t, s, n, &d, &t->id_bytes_len[id]), rc, out);
+            t->id_bytes[id] = (unsigned char *)d;
+            continue;
+        }
         const void *src = bytes && t->decoder_bytelevel ? (const void *)buf : (const void *)s;
         size_t len = bytes && t->decoder_bytelevel ? k : n;
         if (!(t->id_bytes[id] = malloc(len + 1))) {
@@ -482,7 +661,11 @@ static void build_bytes(struct tokenizer *t)
         }
         if (all)
             b->fallback_n[c] = (uint8_t)n;
+        char name[8];
+        snprintf(name, sizeof name, "<0x%02X>", (unsigned)c);
+        b->byte_token[c] = vocab_lookup(t, name, strlen(name), &id) == 0 ? (int64_t)id : -1;
     }
+    b->vocab = &t->vocab_text;
 }
 
 int tokenizer_load_string(const char *json, size_t len, const char *name, struct tokenizer **out)
@@ -513,7 +696,7 @@ int tokenizer_load_string(const char *json, size_t len, const char *name, struct
     FSDP_TRY_GOTO(build_sets(t), rc, done);
     FSDP_TRY_GOTO(parse_normalizer(t, key(root, "normalizer")), rc, done);
     FSDP_TRY_GOTO(parse_pretok(t, key(root, "pre_tokenizer")), rc, done);
-    parse_decoder(t, key(root, "decoder"));
+    FSDP_TRY_GOTO(parse_decoder(t, key(root, "decoder")), rc, done);
     FSDP_TRY_GOTO(build_ids(t, max_id), rc, done);
     build_bytes(t);
     /* Rust's \w, which tokenizers' single_word test uses */
@@ -575,6 +758,11 @@ void tokenizer_free(struct tokenizer *t)
     }
     tok_regex_free(&t->word_re);
     tok_bpe_free(&t->bpe);
+    tok_norm_free(t);
+    for (int i = 0; i < t->n_decs; i++) {
+        free(t->decs[i].a);
+        free(t->decs[i].b);
+    }
     for (uint32_t i = 0; t->id_text && i < t->n_ids; i++) {
         free(t->id_text[i]);
         free(t->id_bytes[i]);

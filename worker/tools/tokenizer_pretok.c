@@ -225,9 +225,13 @@ struct pt {
     struct tokenizer *t;
     tok_emit_fn emit;
     void *ctx;
+    /* while a normalized stretch is cut: its end in the raw text. Offsets inside it are offsets of the
+     * normalized text, which is longer or shorter; reported ends are held at or below this, so they stay
+     * in order and the runs of tokenizer_encode_runs still add up to the raw text's length. */
+    size_t clamp;
 };
 
-static int run_step(struct pt *c, int k, const unsigned char *p, size_t n, size_t end);
+static int run_step(struct pt *c, int k, const unsigned char *p, size_t n, size_t end, bool first);
 
 /* The elements of one Split, folded by its behavior with at most one element held back. */
 struct fold {
@@ -236,6 +240,7 @@ struct fold {
     const unsigned char *p;
     size_t n, end;
     enum tok_behavior behavior;
+    bool first; /* p starts at offset 0 of the text */
     bool has, held_match, prev_match;
     size_t a, b;
 };
@@ -244,7 +249,7 @@ static int out(struct fold *f, size_t a, size_t b)
 {
     if (b <= a)
         return 0; /* empty pieces are dropped, as tokenizers' split does */
-    return run_step(f->c, f->k + 1, f->p + a, b - a, f->end - (f->n - b));
+    return run_step(f->c, f->k + 1, f->p + a, b - a, f->end - (f->n - b), f->first && a == 0);
 }
 
 static int flush(struct fold *f)
@@ -296,29 +301,72 @@ static int element(struct fold *f, size_t a, size_t b, bool is_match)
     return 0;
 }
 
-static int run_step(struct pt *c, int k, const unsigned char *p, size_t n, size_t end)
+static int prefix_reserve(struct tokenizer *t, int k, size_t n)
+{
+    if (t->prefix_cap[k] >= n)
+        return 0;
+    size_t cap = 2 * n;
+    char *b = realloc(t->prefix_buf[k], cap);
+    if (!b)
+        return error_set(FSDP_ENOMEM, "out of memory for a piece of %zu bytes", n);
+    t->prefix_buf[k] = b;
+    t->prefix_cap[k] = cap;
+    return 0;
+}
+
+static const char meta[] = "\xe2\x96\x81"; /* U+2581, SentencePiece's word boundary */
+
+/* Metaspace: every space becomes "▁", then "▁" goes before the piece when the scheme says so and the
+ * piece does not start with one (tokenizers' Metaspace::pre_tokenize). */
+static int metaspace(struct tokenizer *t, int k, const unsigned char **p_io, size_t *n_io, bool first)
+{
+    const unsigned char *p = *p_io;
+    size_t n = *n_io, spaces = 0;
+    for (size_t i = 0; i < n; i++)
+        spaces += p[i] == ' ';
+    bool starts = n >= 3 ? memcmp(p, meta, 3) == 0 || p[0] == ' ' : n > 0 && p[0] == ' ';
+    const struct tok_step *st = &t->steps[k];
+    bool prepend = !starts && (st->prepend == TOK_PREPEND_ALWAYS || (st->prepend == TOK_PREPEND_FIRST && first));
+    if (!spaces && !prepend)
+        return 0;
+    FSDP_TRY(prefix_reserve(t, k, n + 2 * spaces + 3 + 1));
+    char *d = t->prefix_buf[k];
+    size_t m = 0;
+    if (prepend) {
+        memcpy(d, meta, 3);
+        m = 3;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] == ' ') {
+            memcpy(d + m, meta, 3);
+            m += 3;
+        } else {
+            d[m++] = (char)p[i];
+        }
+    }
+    *p_io = (const unsigned char *)d;
+    *n_io = m;
+    return 0;
+}
+
+static int run_step(struct pt *c, int k, const unsigned char *p, size_t n, size_t end, bool first)
 {
     struct tokenizer *t = c->t;
     if (k == t->n_steps)
-        return n ? c->emit(c->ctx, p, n, false, 0, end) : 0;
+        return n ? c->emit(c->ctx, p, n, false, 0, end < c->clamp ? end : c->clamp) : 0;
     struct tok_step *st = &t->steps[k];
-    if (st->add_prefix_space && (n == 0 || p[0] != ' ')) {
-        if (t->prefix_cap[k] < n + 1) {
-            size_t cap = 2 * (n + 1);
-            char *b = realloc(t->prefix_buf[k], cap);
-            if (!b)
-                return error_set(FSDP_ENOMEM, "out of memory for a piece of %zu bytes", n);
-            t->prefix_buf[k] = b;
-            t->prefix_cap[k] = cap;
-        }
+    if (st->metaspace) {
+        FSDP_TRY(metaspace(t, k, &p, &n, first));
+    } else if (st->add_prefix_space && (n == 0 || p[0] != ' ')) {
+        FSDP_TRY(prefix_reserve(t, k, n + 1));
         t->prefix_buf[k][0] = ' ';
         memcpy(t->prefix_buf[k] + 1, p, n);
         p = (const unsigned char *)t->prefix_buf[k];
         n++;
     }
     if (!st->re.code)
-        return run_step(c, k + 1, p, n, end);
-    struct fold f = {.c = c, .k = k, .p = p, .n = n, .end = end, .behavior = st->behavior};
+        return run_step(c, k + 1, p, n, end, first);
+    struct fold f = {.c = c, .k = k, .p = p, .n = n, .end = end, .behavior = st->behavior, .first = first};
     /* Oniguruma's iteration (tokenizers' SysRegex::find_iter): an empty match right where the previous
      * match ended is skipped by moving the search on one character. */
     size_t from = 0, prev = 0, last_match_end = SIZE_MAX;
@@ -389,13 +437,23 @@ static bool is_word_char(struct tokenizer *t, const unsigned char *s, size_t n)
 
 static int segment(struct pt *c, int pass, const unsigned char *s, size_t n, size_t base);
 
+/* A stretch without added tokens: after the raw pass, it is normalized and searched for the added tokens
+ * matched on normalized text; after that, pre-tokenized. */
 static int gap(struct pt *c, int pass, const unsigned char *s, size_t n, size_t base)
 {
     if (n == 0)
         return 0;
-    if (pass == 0)
+    if (pass == 1)
+        return run_step(c, 0, s, n, base + n, base == 0);
+    if (c->t->n_norms == 0)
         return segment(c, 1, s, n, base);
-    return run_step(c, 0, s, n, base + n);
+    const unsigned char *ns;
+    size_t nn;
+    FSDP_TRY(tok_normalize(c->t, s, n, &ns, &nn));
+    c->clamp = base + n;
+    int rc = nn ? segment(c, 1, ns, nn, base) : 0;
+    c->clamp = SIZE_MAX;
+    return rc;
 }
 
 /* tokenizers' AddedVocabulary::find_matches on one stretch of text. */
@@ -443,7 +501,8 @@ static int segment(struct pt *c, int pass, const unsigned char *s, size_t n, siz
         }
         if (done < start)
             FSDP_TRY(gap(c, pass, s + done, start - done, base + done));
-        FSDP_TRY(c->emit(c->ctx, s + start, stop - start, true, tok->id, base + stop));
+        FSDP_TRY(c->emit(c->ctx, s + start, stop - start, true, tok->id,
+                         base + stop < c->clamp ? base + stop : c->clamp));
         done = stop;
     }
     return done < n ? gap(c, pass, s + done, n - done, base + done) : 0;
@@ -451,6 +510,6 @@ static int segment(struct pt *c, int pass, const unsigned char *s, size_t n, siz
 
 int tok_pretok_run(struct tokenizer *t, const unsigned char *text, size_t len, tok_emit_fn emit, void *ctx)
 {
-    struct pt c = {.t = t, .emit = emit, .ctx = ctx};
+    struct pt c = {.t = t, .emit = emit, .ctx = ctx, .clamp = SIZE_MAX};
     return segment(&c, 0, text, len, 0);
 }
