@@ -126,9 +126,8 @@ def encode_all(outdir, names, texts):
                 f.write(tok.decode(ids, skip_special_tokens=False).encode('utf-8'))
 
 
-def main():
-    outdir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, 'data', 'fixtures')
-    texts = sys.argv[2:] or TEXTS
+def build(outdir, texts):
+    """Every tokenizer and its ids and decode of each text into outdir; returns the tokenizer names."""
     os.makedirs(outdir, exist_ok=True)
     cpath = os.path.join(outdir, 'corpus.tmp')
     corpus(cpath)
@@ -141,7 +140,12 @@ def main():
         with open(os.path.join(outdir, name + '.json'), 'w', encoding='utf-8') as f:
             json.dump(j, f, ensure_ascii=False, separators=(',', ':'))
     encode_all(outdir, sorted(toks), texts)
-    print(' '.join(sorted(toks)))
+    return sorted(toks)
+
+
+def main():
+    outdir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, 'data', 'fixtures')
+    print(' '.join(build(outdir, sys.argv[2:] or TEXTS)))
 
 
 if __name__ == '__main__':

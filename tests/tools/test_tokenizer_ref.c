@@ -204,3 +204,55 @@ Test(tokenizer_ref, autotokenizer_reads_the_prepared_directory, .timeout = 240)
     free(ids);
     free(tt_ref(python, "autotokenizer '%s' '%s' '%s'", out, in, p));
 }
+
+/* The Qwen2 and SentencePiece styles (tests/tools/make_fixtures.py: Qwen2 with NFC and NFKC, Llama 2's
+ * Metaspace with split false and true, prepend always with the Metaspace decoder, the older Prepend +
+ * Replace normalizers, Gemma's Replace, NFKC), trained afresh: ids and decode equal tokenizers' on the
+ * test texts and on generated multi-script text. */
+Test(tokenizer_ref, qwen2_and_sentencepiece_styles_equal_tokenizers, .timeout = 240)
+{
+    need("tokenizers");
+    char ms[256], mixed[1024], edges[1024], out[256];
+    free(tt_ref(python, "multiscript '%s' --bytes 200000 --seed 13", tt_path(ms, sizeof ms, "multiscript.txt")));
+    tt_src(mixed, sizeof mixed, "tests/tools/data/mixed.txt");
+    tt_src(edges, sizeof edges, "tests/tools/data/edges.txt");
+    tt_path(out, sizeof out, "fx");
+    char *names = tt_ref(python, "fixtures '%s' '%s' '%s' '%s'", out, mixed, edges, ms);
+    const char *paths[] = {mixed, edges, ms}, *stems[] = {"mixed", "edges", "multiscript"};
+    int count = 0;
+    for (char *save = NULL, *name = strtok_r(names, " \n", &save); name; name = strtok_r(NULL, " \n", &save)) {
+        char p[512];
+        snprintf(p, sizeof p, "%s/%s.json", out, name);
+        struct tokenizer *t;
+        cr_assert_eq(tokenizer_load(p, &t), 0, "%s", error_message());
+        for (int j = 0; j < 3; j++) {
+            size_t len, rlen, dlen;
+            char *text = tt_read(paths[j], &len);
+            snprintf(p, sizeof p, "%s/%s__%s.ids", out, name, stems[j]);
+            uint32_t *ref = (uint32_t *)tt_read(p, &rlen);
+            snprintf(p, sizeof p, "%s/%s__%s.decoded", out, name, stems[j]);
+            char *want = tt_read(p, &dlen);
+            struct tokenizer_ids ids = {0};
+            cr_assert_eq(tokenizer_encode(t, text, len, &ids), 0, "%s", error_message());
+            size_t n = rlen / 4, first = 0;
+            while (first < n && first < ids.n && ids.v[first] == ref[first])
+                first++;
+            cr_expect(ids.n == n && first == n, "%s on %s: %zu ids, tokenizers %zu; first difference at %zu", name,
+                      stems[j], ids.n, n, first);
+            char *back;
+            size_t blen;
+            cr_assert_eq(tokenizer_decode(t, ids.v, ids.n, false, &back, &blen), 0, "%s", error_message());
+            cr_expect(blen == dlen && memcmp(back, want, dlen) == 0, "%s on %s: decode differs from tokenizers'",
+                      name, stems[j]);
+            free(back);
+            free(want);
+            free(ref);
+            free(text);
+            tokenizer_ids_free(&ids);
+        }
+        tokenizer_free(t);
+        count++;
+    }
+    cr_expect_geq(count, 8, "%d tokenizers", count);
+    free(names);
+}

@@ -24,6 +24,9 @@ Subcommands (all paths are files; nothing is downloaded):
       and extension).
   autotokenizer DIR TEXT IDS
       transformers' AutoTokenizer.from_pretrained(DIR) encodes TEXT to exactly the uint32 ids in IDS.
+  fixtures OUTDIR TEXT...
+      The Qwen2 and SentencePiece style tokenizers of make_fixtures.py, trained afresh, with their ids
+      (T__X.ids) and decode (T__X.decoded) of each text; prints the tokenizer names.
   bench TOKENIZER.json TEXT IDS [--repeat R]
       One thread (RAYON_NUM_THREADS=1): prints `mb_s=X method=M`, the fastest of encode() of the whole
       text and encode_batch_fast() of its paragraphs, and writes encode()'s ids to IDS (uint32).
@@ -294,6 +297,11 @@ def cmd_autotokenizer(a):
     print('ok %d ids' % len(got))
 
 
+def cmd_fixtures(a):
+    import make_fixtures
+    print(' '.join(make_fixtures.build(a.outdir, a.texts)))
+
+
 def cmd_bench(a):
     os.environ['RAYON_NUM_THREADS'] = '1'
     os.environ['TOKENIZERS_PARALLELISM'] = 'false'
@@ -353,6 +361,9 @@ def main():
     c.add_argument('dir')
     c.add_argument('text')
     c.add_argument('ids')
+    c = sub.add_parser('fixtures')
+    c.add_argument('outdir')
+    c.add_argument('texts', nargs='+')
     c = sub.add_parser('bench')
     c.add_argument('tokenizer')
     c.add_argument('text')
