@@ -408,3 +408,46 @@ Test(prepare_bpe, progress_bar_on_request)
     cr_assert_null(strstr(log, "encoding ["), "%s", log);
     free(log);
 }
+
+/* The Qwen2 and SentencePiece fixtures (tests/tools/data/fixtures/): each file's ids are tokenizers' (the
+ * committed .ids) then the end-of-text token, <|endoftext|> for Qwen2 and </s> for Llama 2 style, found
+ * without a tokenizer_config.json; meta.json names the style and counts the raw text bytes. */
+Test(prepare_bpe, qwen2_and_sentencepiece_fixtures)
+{
+    paths();
+    static const char *const names[] = {"qwen2", "spm", "spm_legacy"};
+    static const char *const styles[] = {"NFC+Split+ByteLevel", "Metaspace+SentencePiece",
+                                         "Prepend+Replace+SentencePiece"};
+    static const uint32_t eots[] = {0, 2, 2};
+    char in[256], src[1024], rel[256];
+    tt_path(in, sizeof in, "in.txt");
+    size_t len;
+    free(tt_read(tt_src(src, sizeof src, "tests/tools/data/mixed.txt"), &len));
+    tt_copy(src, in);
+    for (int k = 0; k < 3; k++) {
+        char tok[1024], out[256], p[512], stem[64];
+        snprintf(rel, sizeof rel, "tests/tools/data/fixtures/%s.json", names[k]);
+        tt_src(tok, sizeof tok, rel);
+        snprintf(stem, sizeof stem, "out_%s", names[k]);
+        tt_path(out, sizeof out, stem);
+        const char *argv[] = {exe, "--tokenizer", tok, "--val-fraction", "0", "-o", out, in, NULL};
+        char *log;
+        cr_assert_eq(tt_run(argv, &log), 0, "%s", log);
+        free(log);
+        snprintf(rel, sizeof rel, "tests/tools/data/fixtures/%s__mixed.ids", names[k]);
+        size_t rlen, n;
+        uint32_t *ref = (uint32_t *)tt_read(tt_src(src, sizeof src, rel), &rlen);
+        snprintf(p, sizeof p, "%s/train.bin", out);
+        enum data_format fmt;
+        uint32_t *got = tt_tokens(p, &n, &fmt);
+        cr_assert_eq(n, rlen / 4 + 1, "%s: %zu ids, tokenizers %zu + 1", names[k], n, rlen / 4);
+        cr_expect_arr_eq(got, ref, rlen, "%s: ids", names[k]);
+        cr_expect_eq(got[n - 1], eots[k], "%s: end-of-text", names[k]);
+        cJSON *m = meta(out);
+        cr_expect_str_eq(cJSON_GetObjectItemCaseSensitive(m, "tokenizer_style")->valuestring, styles[k]);
+        cr_expect_eq(num(m, "files", "train.bin", "text_bytes"), (double)len);
+        cJSON_Delete(m);
+        free(got);
+        free(ref);
+    }
+}

@@ -132,7 +132,7 @@ static void usage(FILE *f)
             "                           a directory holding one; it is copied to OUT with tokenizer_config.json\n"
             "      --eot TOKEN          the token after each document: default the eos_token of the\n"
             "                           tokenizer_config.json beside the tokenizer, else <|endoftext|>, else\n"
-            "                           <|end_of_text|>; `none` for no separator\n"
+            "                           <|end_of_text|>, else </s>; `none` for no separator\n"
             "      --bos TOKEN          also put TOKEN before each document (default: none)\n"
             "      --text-field NAME    JSON Lines inputs (.jsonl, .json): the field of each line that holds the\n"
             "                           document (default text); each document is followed by the end-of-text token\n"
@@ -239,8 +239,8 @@ static int setup_tokenizer(const struct prep_options *opt, struct tok_setup *s)
                        "of its tokens: name the end-of-text token with --eot TOKEN", s->path, cfg_eos);
         goto out;
     }
-    const char *cands[] = {cfg_eos, "<|endoftext|>", "<|end_of_text|>"};
-    for (int i = 0; i < 3 && s->eot < 0; i++) {
+    const char *cands[] = {cfg_eos, "<|endoftext|>", "<|end_of_text|>", "</s>"};
+    for (int i = 0; i < 4 && s->eot < 0; i++) {
         if (cands[i] && tokenizer_token_id(s->tok, cands[i], &v) == 0) {
             s->eot = v;
             s->eot_text = strdup(cands[i]);
@@ -248,7 +248,7 @@ static int setup_tokenizer(const struct prep_options *opt, struct tok_setup *s)
     }
     if (s->eot < 0)
         rc = error_set(FSDP_EINVAL, "%s has no end-of-text token (no eos_token in a tokenizer_config.json beside it, "
-                       "no <|endoftext|>, no <|end_of_text|>): name one with --eot TOKEN, or --eot none", s->path);
+                       "no <|endoftext|>, no <|end_of_text|>, no </s>): name one with --eot TOKEN, or --eot none", s->path);
 out:
     free(cfg_eos);
     return rc;
