@@ -14,6 +14,7 @@ a venv; tests/tools/test_tokenizer_ref.c regenerates them at test time when the 
 Nothing is downloaded. Run it from the repository root with the venv's python after changing a style or
 a text, and commit what it writes.
 """
+import collections
 import json
 import os
 import struct
@@ -25,18 +26,17 @@ import tokenizer_ref  # noqa: E402  (the multi-script text generator)
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 HERE = os.path.dirname(os.path.abspath(__file__))
-TEXTS = [os.path.join(HERE, 'data', 'mixed.txt'), os.path.join(HERE, 'data', 'edges.txt')]
+TEXTS = [os.path.join(HERE, 'data', name) for name in ('mixed.txt', 'edges.txt', 'special_start.txt')]
 
 
 def corpus(path):
-    text = tokenizer_ref.multiscript(120000, 5)
-    with open(os.path.join(HERE, '..', '..', 'docs', 'data.md'), encoding='utf-8') as f:
-        text += f.read()
+    """Generated text only (seeded), so the fixtures change only when this script does."""
+    text = tokenizer_ref.multiscript(150000, 5)
     with open(path, 'w', encoding='utf-8') as f:
         f.write(text)
 
 
-def qwen2(corpus_path):
+def qwen2(corpus_path, vocab=900):
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE(dropout=None, unk_token=None, continuing_subword_prefix='', end_of_word_suffix='',
                                fuse_unk=False, byte_fallback=False))
@@ -45,20 +45,25 @@ def qwen2(corpus_path):
         pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior='isolated', invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=900, special_tokens=['<|endoftext|>', '<|im_start|>', '<|im_end|>'],
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=['<|endoftext|>', '<|im_start|>', '<|im_end|>'],
                                   show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train([corpus_path], trainer)
     return json.loads(tok.to_str())
 
 
-def sentencepiece(corpus_path):
+def sentencepiece(corpus_path, vocab=900, limit_alphabet=250):
     """Llama 2 as transformers 5 builds it: Metaspace (first, split false), BPE with byte_fallback and
     fuse_unk, <unk> <s> </s> then the 256 <0xXX> tokens, decoder Replace/ByteFallback/Fuse/Strip."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE(unk_token='<unk>', fuse_unk=True, byte_fallback=True, dropout=None))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement='▁', prepend_scheme='first', split=True)
-    trainer = trainers.BpeTrainer(vocab_size=900, special_tokens=['<unk>', '<s>', '</s>'], show_progress=False,
-                                  limit_alphabet=250)
+    # the most frequent characters, ties by code point: the trainer's own limit_alphabet breaks ties in hash
+    # order, which would make the fixtures differ run to run; the rest go through byte_fallback
+    with open(corpus_path, encoding='utf-8') as f:
+        counts = collections.Counter(f.read().replace(' ', '▁'))
+    alphabet = sorted(sorted(counts), key=lambda c: -counts[c])[:limit_alphabet]
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=['<unk>', '<s>', '</s>'], show_progress=False,
+                                  initial_alphabet=alphabet, limit_alphabet=len(alphabet))
     tok.train([corpus_path], trainer)
     j = json.loads(tok.to_str())
     # SentencePiece's layout: the three specials, the byte tokens, then the pieces
@@ -108,6 +113,13 @@ def variants(spm):
     v = json.loads(json.dumps(spm))
     v['normalizer'] = {'type': 'NFKC'}
     out['spm_nfkc'] = v
+    # without byte_fallback a character outside the vocabulary is <unk>, a run of them one <unk> (fuse_unk)
+    v = json.loads(json.dumps(spm))
+    v['model']['byte_fallback'] = False
+    out['spm_unk_fused'] = v
+    v = json.loads(json.dumps(v))
+    v['model']['fuse_unk'] = False
+    out['spm_unk'] = v
     return out
 
 

@@ -1,7 +1,7 @@
 /* The Qwen2 and SentencePiece styles (Llama 2 / Mistral Metaspace, the older Prepend + Replace normalizer
- * form, Gemma's Replace, NFKC) against committed fixtures: tests/tools/data/fixtures/ holds small
+ * form, Gemma's Replace, NFKC, <unk> without byte_fallback) against committed fixtures: tests/tools/data/fixtures/ holds small
  * tokenizer.json files of each style and the ids and decode Hugging Face `tokenizers` gave for
- * tests/tools/data/mixed.txt and edges.txt (written by tests/tools/make_fixtures.py; test_tokenizer_ref
+ * tests/tools/data/mixed.txt, edges.txt and special_start.txt (written by tests/tools/make_fixtures.py; test_tokenizer_ref
  * checks them against the venv's tokenizers again). No venv needed. Also: the runs of an encoding of
  * normalized text add up to the raw text, and a whole document that is one pre-token (Metaspace with
  * split false) is merged in O(n log n): the same ids as the quadratic scan, and a megabyte in seconds. */
@@ -14,8 +14,8 @@
 TestSuite(tokenizer_fixtures, .init = tt_setup, .fini = tt_teardown);
 
 static const char *const toks[] = {"qwen2", "qwen2_nfkc", "spm", "spm_split", "spm_always_metaspace_decoder",
-                                   "spm_legacy", "spm_gemma", "spm_nfkc"};
-static const char *const texts[] = {"mixed", "edges"};
+                                   "spm_legacy", "spm_gemma", "spm_nfkc", "spm_unk_fused", "spm_unk"};
+static const char *const texts[] = {"mixed", "edges", "special_start"};
 
 static struct tokenizer *load(const char *name)
 {

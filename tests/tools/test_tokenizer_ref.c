@@ -212,20 +212,21 @@ Test(tokenizer_ref, autotokenizer_reads_the_prepared_directory, .timeout = 240)
 Test(tokenizer_ref, qwen2_and_sentencepiece_styles_equal_tokenizers, .timeout = 240)
 {
     need("tokenizers");
-    char ms[256], mixed[1024], edges[1024], out[256];
+    char ms[256], mixed[1024], edges[1024], start[1024], out[256];
     free(tt_ref(python, "multiscript '%s' --bytes 200000 --seed 13", tt_path(ms, sizeof ms, "multiscript.txt")));
     tt_src(mixed, sizeof mixed, "tests/tools/data/mixed.txt");
     tt_src(edges, sizeof edges, "tests/tools/data/edges.txt");
+    tt_src(start, sizeof start, "tests/tools/data/special_start.txt");
     tt_path(out, sizeof out, "fx");
-    char *names = tt_ref(python, "fixtures '%s' '%s' '%s' '%s'", out, mixed, edges, ms);
-    const char *paths[] = {mixed, edges, ms}, *stems[] = {"mixed", "edges", "multiscript"};
+    char *names = tt_ref(python, "fixtures '%s' '%s' '%s' '%s' '%s'", out, mixed, edges, start, ms);
+    const char *paths[] = {mixed, edges, start, ms}, *stems[] = {"mixed", "edges", "special_start", "multiscript"};
     int count = 0;
     for (char *save = NULL, *name = strtok_r(names, " \n", &save); name; name = strtok_r(NULL, " \n", &save)) {
         char p[512];
         snprintf(p, sizeof p, "%s/%s.json", out, name);
         struct tokenizer *t;
         cr_assert_eq(tokenizer_load(p, &t), 0, "%s", error_message());
-        for (int j = 0; j < 3; j++) {
+        for (int j = 0; j < 4; j++) {
             size_t len, rlen, dlen;
             char *text = tt_read(paths[j], &len);
             snprintf(p, sizeof p, "%s/%s__%s.ids", out, name, stems[j]);

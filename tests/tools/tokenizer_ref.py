@@ -10,9 +10,10 @@ Subcommands (all paths are files; nothing is downloaded):
       character boundary.
   multiscript OUT --bytes N [--seed S]
       Only the generated multi-script text.
-  train --style gpt2|llama3 --vocab N --out TOKENIZER.json [--special TOK ...] FILE...
-      Trains a byte-level BPE: gpt2 = ByteLevel pre-tokenizer with its regex; llama3 = Split with the
-      Llama 3 pattern, then ByteLevel without regex, ignore_merges on.
+  train --style gpt2|llama3|qwen2|spm --vocab N --out TOKENIZER.json [--special TOK ...] FILE...
+      Trains a BPE: gpt2 = ByteLevel pre-tokenizer with its regex; llama3 = Split with the Llama 3
+      pattern, then ByteLevel without regex, ignore_merges on; qwen2 and spm = make_fixtures.py's Qwen2
+      and Llama 2 (Metaspace, split false, byte_fallback) styles (one FILE; --special ignored).
   variants TOKENIZER.json OUTDIR
       Writes tokenizer.json variants that exercise the rest of the format (Split behaviours, invert,
       String patterns, add_prefix_space, added tokens with lstrip/rstrip/single_word/normalized,
@@ -157,6 +158,13 @@ def cmd_multiscript(a):
 
 def cmd_train(a):
     from tokenizers import Tokenizer, Regex, decoders, models, pre_tokenizers, trainers
+    if a.style in ('qwen2', 'spm'):
+        import make_fixtures
+        j = make_fixtures.qwen2(a.files[0], a.vocab) if a.style == 'qwen2' else \
+            make_fixtures.sentencepiece(a.files[0], a.vocab - 256, 1000)
+        with open(a.out, 'w', encoding='utf-8') as f:
+            json.dump(j, f, ensure_ascii=False)
+        return
     if a.style == 'gpt2':
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -345,7 +353,7 @@ def main():
     c.add_argument('--bytes', type=int, required=True)
     c.add_argument('--seed', type=int, default=1)
     c = sub.add_parser('train')
-    c.add_argument('--style', choices=['gpt2', 'llama3'], required=True)
+    c.add_argument('--style', choices=['gpt2', 'llama3', 'qwen2', 'spm'], required=True)
     c.add_argument('--vocab', type=int, required=True)
     c.add_argument('--out', required=True)
     c.add_argument('--special', action='append')

@@ -333,21 +333,13 @@ static int cache_put(struct tok_bpe *b, const unsigned char *p, size_t n, uint64
     return 0;
 }
 
-int tok_bpe_piece(struct tok_bpe *b, const unsigned char *p, size_t n, struct tokenizer_ids *out)
+/* The merges of one word: from the cache, or merged and cached. */
+static int bpe_word(struct tok_bpe *b, const unsigned char *p, size_t n, struct tokenizer_ids *out)
 {
-    if (n == 0)
-        return 0;
     uint64_t h = 0;
-    if (b->ignore_merges) {
-        h = tok_hash(p, n);
-        const struct tok_map_entry *e = tok_map_get(b->byte_level ? &b->vocab_bytes : b->vocab, p, n, h);
-        if (e)
-            return tokenizer_ids_push(out, e->a);
-    }
     bool cacheable = b->cache_on && n <= CACHE_MAX_KEY;
     if (cacheable) {
-        if (!h)
-            h = tok_hash(p, n);
+        h = tok_hash(p, n);
         const struct tok_map_entry *e = tok_map_get(&b->cache, p, n, h);
         if (e) {
             b->hits++;
@@ -368,6 +360,44 @@ int tok_bpe_piece(struct tok_bpe *b, const unsigned char *p, size_t n, struct to
     memcpy(out->v + out->n, b->sym, m * sizeof *out->v);
     out->n += m;
     return cacheable ? cache_put(b, p, n, h, b->sym, m) : 0;
+}
+
+static const unsigned char meta[3] = {0xe2, 0x96, 0x81}; /* U+2581 */
+
+/* A long SentencePiece-style pre-token (a whole document under Metaspace with split false) cut into words
+ * before each "▁" that follows a character other than "▁". When split_meta holds (load checked that
+ * every merge whose right side starts with "▁" has a left side made of "▁" only, and "▁" is a token), no
+ * merge can join a symbol ending before such a "▁" to the one starting at it, so merging each word alone
+ * gives the whole piece's merges, and the words hit the cache as a byte-level text's words do. */
+static int bpe_words(struct tok_bpe *b, const unsigned char *p, size_t n, struct tokenizer_ids *out)
+{
+    size_t start = 0;
+    for (size_t i = 3; i + 3 <= n;) {
+        const unsigned char *hit = memchr(p + i, 0xe2, n - i - 2);
+        if (!hit)
+            break;
+        i = (size_t)(hit - p);
+        if (memcmp(hit, meta, 3) == 0 && memcmp(hit - 3, meta, 3) != 0) {
+            FSDP_TRY(bpe_word(b, p + start, i - start, out));
+            start = i;
+        }
+        i++;
+    }
+    return bpe_word(b, p + start, n - start, out);
+}
+
+int tok_bpe_piece(struct tok_bpe *b, const unsigned char *p, size_t n, struct tokenizer_ids *out)
+{
+    if (n == 0)
+        return 0;
+    if (b->ignore_merges) {
+        const struct tok_map_entry *e = tok_map_get(b->byte_level ? &b->vocab_bytes : b->vocab, p, n, tok_hash(p, n));
+        if (e)
+            return tokenizer_ids_push(out, e->a);
+    }
+    if (b->split_meta && n > CACHE_MAX_KEY)
+        return bpe_words(b, p, n, out);
+    return bpe_word(b, p, n, out);
 }
 
 void tokenizer_cache_stats(const struct tokenizer *t, uint64_t *hits, uint64_t *misses)

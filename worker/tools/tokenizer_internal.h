@@ -116,6 +116,8 @@ struct tok_bpe {
     bool byte_level;
     const struct tok_map *vocab; /* token text -> id, the tokenizer's vocab_text */
     int64_t byte_token[256];     /* id of <0xXX>, -1 when missing */
+    bool merge_right_meta;       /* a merge whose right side starts with "▁" has a left side not all "▁" */
+    bool split_meta;             /* SentencePiece-style, "▁" a token, !merge_right_meta: see bpe_words */
     int64_t unk_id; /* -1: none */
     size_t n_merges;
     /* cache: piece bytes -> (offset, count) of its ids in cache_ids */

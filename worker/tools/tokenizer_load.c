@@ -172,6 +172,12 @@ static int parse_model(struct tokenizer *t, const cJSON *model, uint32_t *max_id
             goto out;
         }
         FSDP_TRY_GOTO(tok_pairs_put(&b->merges, li, ri, (uint32_t)rank, mi), rc, out);
+        if (rn >= 3 && memcmp(r, "\xe2\x96\x81", 3) == 0) {
+            size_t k = 0;
+            while (k + 3 <= ln && memcmp(l + k, "\xe2\x96\x81", 3) == 0)
+                k += 3;
+            b->merge_right_meta |= k != ln;
+        }
         rank++;
     }
 out:
@@ -666,6 +672,8 @@ static void build_bytes(struct tokenizer *t)
         b->byte_token[c] = vocab_lookup(t, name, strlen(name), &id) == 0 ? (int64_t)id : -1;
     }
     b->vocab = &t->vocab_text;
+    uint32_t id;
+    b->split_meta = !b->byte_level && !b->merge_right_meta && vocab_lookup(t, "\xe2\x96\x81", 3, &id) == 0;
 }
 
 int tokenizer_load_string(const char *json, size_t len, const char *name, struct tokenizer **out)

@@ -2,7 +2,10 @@
  * tests/tools/tokenizer_ref.py with RAYON_NUM_THREADS=1), measured in the same run on the same text.
  * Tokenizers are trained here with `tokenizers` on local text (this repository's docs and sources,
  * Python's standard library) and generated multi-script text, nothing downloaded: GPT-2 style with a
- * GPT-2-sized vocabulary (50,257) and a small one (1,200, the issue's figure), and Llama 3 style at 50,257.
+ * GPT-2-sized vocabulary (50,257) and a small one (1,200, the issue's figure), Llama 3 style at 50,257,
+ * and at 32,000 Qwen2 style (NFC, single digits) and Llama 2 / Mistral SentencePiece style (Metaspace with
+ * split false: each text is one pre-token of megabytes, tokenizers' encode() then merges the whole text,
+ * its encode_batch_fast() each paragraph).
  * Each is timed on two texts it was not trained on: code and docs (English), and multi-script text.
  * Output, one line per tokenizer and text:
  *   bench=tokenizer style=gpt2 vocab=50257 text=code_docs mb=... ours_mb_s=... ours_cold_mb_s=...
@@ -187,8 +190,8 @@ int main(void)
     static const struct {
         const char *style;
         int vocab;
-    } toks[] = {{"gpt2", 50257}, {"gpt2", 1200}, {"llama3", 50257}};
-    for (int i = 0; i < 3; i++) {
+    } toks[] = {{"gpt2", 50257}, {"gpt2", 1200}, {"llama3", 50257}, {"qwen2", 32000}, {"spm", 32000}};
+    for (int i = 0; i < 5; i++) {
         snprintf(p, sizeof p, "%s/%s_%d.json", dir, toks[i].style, toks[i].vocab);
         double t0 = tu_now();
         if (ref(NULL, 0, "train --style %s --vocab %d --out '%s' '%s'", toks[i].style, toks[i].vocab, p, train) !=
