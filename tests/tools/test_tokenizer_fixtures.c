@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "tests/tools/tooltest.h"
 #include "worker/tools/tokenizer.h"
+#include "worker/tools/tokenizer_internal.h"
 
 #include <time.h>
 
@@ -175,4 +176,47 @@ Test(tokenizer_fixtures, one_long_pre_token_merges_in_n_log_n, .timeout = 60)
     tokenizer_ids_free(&b);
     free(d);
     tokenizer_free(t);
+}
+
+/* Word by word (split_meta) and whole-piece merging agree on a long natural text, and a vocabulary with a
+ * merge that crosses a "▁" after a letter turns word-by-word merging off. */
+Test(tokenizer_fixtures, word_by_word_merging_only_where_no_merge_crosses)
+{
+    struct tokenizer *t = load("spm");
+    cr_assert(t->bpe.split_meta, "the spm fixture's merges never cross a ▁ after a letter");
+    size_t len;
+    char *base = text_of("mixed", &len);
+    char *d = malloc(3 * len + 1);
+    for (int i = 0; i < 3; i++)
+        memcpy(d + i * len, base, len);
+    struct tokenizer_ids a = {0}, b = {0};
+    cr_assert_eq(tokenizer_encode(t, d, 3 * len, &a), 0, "%s", error_message());
+    t->bpe.split_meta = false;
+    tokenizer_set_cache(t, false);
+    cr_assert_eq(tokenizer_encode(t, d, 3 * len, &b), 0, "%s", error_message());
+    cr_expect(a.n == b.n && memcmp(a.v, b.v, a.n * sizeof *a.v) == 0, "word by word: %zu ids, whole: %zu", a.n, b.n);
+    tokenizer_free(t);
+    free(d);
+    free(base);
+    /* "a ▁b" is a merge: cutting "▁a▁b..." before the second ▁ would give a, ▁b instead of a▁b */
+#define M "\xe2\x96\x81"
+    static const char json[] =
+        "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"" M "\":1,\"b\":2,\"" M "b\":3,\"a" M "b\":4},"
+        "\"merges\":[\"" M " b\",\"a " M "b\"]},\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"" M
+        "\",\"prepend_scheme\":\"first\",\"split\":false}}";
+#undef M
+    cr_assert_eq(tokenizer_load_string(json, strlen(json), "cross.json", &t), 0, "%s", error_message());
+    cr_expect_not(t->bpe.split_meta);
+    char text[128] = "";
+    for (int i = 0; i < 40; i++)
+        strcat(text, "a b");
+    a.n = 0;
+    cr_assert_eq(tokenizer_encode(t, text, strlen(text), &a), 0, "%s", error_message());
+    cr_assert_eq(a.n, 41);
+    cr_expect_eq(a.v[0], 1);
+    for (size_t i = 1; i < a.n; i++)
+        cr_expect_eq(a.v[i], 4, "id %zu: %u", i, a.v[i]);
+    tokenizer_free(t);
+    tokenizer_ids_free(&a);
+    tokenizer_ids_free(&b);
 }
