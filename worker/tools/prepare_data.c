@@ -1,6 +1,6 @@
 /* fsdp-prepare-data: turns text files and directories into token files train.bin and val.bin. Without a
  * tokenizer a token is a byte (vocab 256), so a run needs no tokenizer and no download; with
- * --tokenizer tokenizer.json the text is encoded with that byte-level BPE, each document (input file)
+ * --tokenizer tokenizer.json the text is encoded with that BPE, each document (input file)
  * followed by the end-of-text token, and the tokenizer's files are copied beside the token files, where
  * fsdp-ckpt finds them. Files are visited in sorted path order and cut into chunks; whole chunks go to
  * val.bin at a steady rate (about one in 1/fraction by bytes), so the split is deterministic and val covers
@@ -119,7 +119,7 @@ static void usage(FILE *f)
             "Turns text files, JSON Lines files and directories (recursively; hidden entries and binary files are\n"
             "skipped; .gz and .zst inputs are decompressed) into\n"
             "token files OUT/train.bin and OUT/val.bin: byte-level tokens (vocab_size 256, token = byte value), or\n"
-            "with --tokenizer the ids of a byte-level BPE tokenizer.json, each file followed by the end-of-text\n"
+            "with --tokenizer the ids of a BPE tokenizer.json, each file followed by the end-of-text\n"
             "token. OUT/meta.json records what was made (docs/data.md).\n"
             "  -o, --out DIR            output directory (created if missing; default .)\n"
             "  -v, --val-fraction F     share of the corpus for val.bin, 0 <= F < 1 (default 0.1)\n"
@@ -128,7 +128,8 @@ static void usage(FILE *f)
             "                           is then the default)\n"
             "  -c, --chunk-size BYTES   files are split into chunks of about this size for the train/val split\n"
             "                           (default 16384; with a tokenizer a chunk ends on a pre-token boundary)\n"
-            "  -t, --tokenizer FILE     a Hugging Face tokenizer.json (byte-level BPE: GPT-2 or Llama 3 style), or\n"
+            "  -t, --tokenizer FILE     a Hugging Face tokenizer.json (BPE: GPT-2, Llama 3, Qwen2, Llama 2, Mistral\n"
+            "                           or Gemma style), or\n"
             "                           a directory holding one; it is copied to OUT with tokenizer_config.json\n"
             "      --eot TOKEN          the token after each document: default the eos_token of the\n"
             "                           tokenizer_config.json beside the tokenizer, else <|endoftext|>, else\n"
