@@ -11,6 +11,8 @@
 #include "worker/tools/tokenizer.h"
 #include "worker/tools/tokenizer_internal.h"
 
+#include <utf8proc.h>
+
 /* ---- building tokenizer.json text ---- */
 
 struct jb {
@@ -600,4 +602,49 @@ Test(tokenizer, decoder_null_and_unsupported)
     cr_expect(strstr(error_message(), "decoder is WordPiece: supported decoders are ByteLevel"), "%s",
               error_message());
     tokenizer_free(t);
+}
+
+/* The normal forms cut the text between ASCII characters and normalize only the spans between: on random
+ * text dense in the cases that matter (combining marks after ASCII letters, at the start and the end,
+ * Hangul jamo, precomposed and compatibility characters) the result is utf8proc's on the whole text. */
+Test(tokenizer, normal_forms_by_spans_equal_whole_text)
+{
+    static const char *const pieces[] = {"a", "e", "A", " ", "  ", "\n", "x", "1", "\xcc\x81", "\xcc\x80",
+                                         "\xcc\xa7", "\xcd\x85", "\xc3\xa9", "\xe1\x84\x80", "\xe1\x85\xa1",
+                                         "\xe1\x86\xa8", "\xea\xb0\x80", "\xef\xac\x81", "\xe2\x91\xa0",
+                                         "\xef\xbc\xa1", "\xe2\x84\xab", "\xe4\xb8\xad", "\xf0\x9f\x98\x80"};
+    static const char *const forms[] = {"NFC", "NFKC", "NFD", "NFKD"};
+    static const utf8proc_option_t opts[] = {UTF8PROC_COMPOSE, UTF8PROC_COMPOSE | UTF8PROC_COMPAT, UTF8PROC_DECOMPOSE,
+                                             UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT};
+    const size_t np = sizeof pieces / sizeof *pieces;
+    unsigned seed = 12345;
+    for (int f = 0; f < 4; f++) {
+        char json[256];
+        snprintf(json, sizeof json, "{\"model\":{\"vocab\":{\"a\":0}},\"normalizer\":{\"type\":\"%s\"},"
+                 "\"pre_tokenizer\":null}", forms[f]);
+        struct tokenizer *t;
+        cr_assert_eq(tokenizer_load_string(json, strlen(json), "nf.json", &t), 0, "%s", error_message());
+        for (int round = 0; round < 400; round++) {
+            char text[512];
+            size_t n = 0;
+            int k = 1 + (int)(seed % 40);
+            for (int i = 0; i < k; i++) {
+                seed = seed * 1103515245u + 12345u;
+                const char *p = pieces[(seed >> 8) % np];
+                memcpy(text + n, p, strlen(p));
+                n += strlen(p);
+            }
+            const unsigned char *got;
+            size_t gn;
+            cr_assert_eq(tok_normalize(t, (const unsigned char *)text, n, &got, &gn), 0, "%s", error_message());
+            utf8proc_uint8_t *want = NULL;
+            utf8proc_ssize_t wn = utf8proc_map((const utf8proc_uint8_t *)text, (utf8proc_ssize_t)n, &want,
+                                               UTF8PROC_STABLE | opts[f]);
+            cr_assert_geq(wn, 0);
+            cr_expect(gn == (size_t)wn && memcmp(got, want, gn) == 0, "%s of \"%.*s\": \"%.*s\", utf8proc \"%s\"",
+                      forms[f], (int)n, text, (int)gn, got, want);
+            free(want);
+        }
+        tokenizer_free(t);
+    }
 }

@@ -143,6 +143,8 @@ struct tokenizer {
     int n_norms;
     char *norm_buf[2]; /* scratch of the normalizers: the text goes back and forth between the two */
     size_t norm_cap[2];
+    int32_t *norm_cp; /* code points of a span being normalized */
+    size_t norm_cp_cap;
     const char *style;
     char style_buf[160];
     struct tok_bpe bpe;

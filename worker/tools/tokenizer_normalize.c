@@ -24,20 +24,46 @@ static int reserve(struct tokenizer *t, int which, size_t n)
     return 0;
 }
 
-static bool all_ascii(const unsigned char *s, size_t n)
+/* Normalizes s[0..n) with utf8proc and appends the UTF-8 to buffer `which` at *k. The code points go
+ * through t->norm_cp, reused, so most calls allocate nothing. */
+static int normalize_span(struct tokenizer *t, utf8proc_option_t opt, const unsigned char *s, size_t n, int which,
+                          size_t *k)
 {
-    unsigned char acc = 0;
-    for (size_t i = 0; i < n; i++)
-        acc |= s[i];
-    return acc < 0x80;
+    utf8proc_ssize_t m = utf8proc_decompose(s, (utf8proc_ssize_t)n, t->norm_cp, (utf8proc_ssize_t)t->norm_cp_cap, opt);
+    if (m >= 0 && (size_t)m > t->norm_cp_cap) {
+        size_t cap = t->norm_cp_cap ? t->norm_cp_cap : 1024;
+        while (cap < (size_t)m)
+            cap *= 2;
+        int32_t *cp = realloc(t->norm_cp, cap * sizeof *cp);
+        if (!cp)
+            return error_set(FSDP_ENOMEM, "out of memory normalizing a text of %zu bytes", n);
+        t->norm_cp = cp;
+        t->norm_cp_cap = cap;
+        m = utf8proc_decompose(s, (utf8proc_ssize_t)n, t->norm_cp, (utf8proc_ssize_t)t->norm_cp_cap, opt);
+    }
+    /* composes (NFC, NFKC) and writes UTF-8 over the code points, which have room for it */
+    if (m >= 0)
+        m = utf8proc_reencode(t->norm_cp, m, opt);
+    if (m < 0)
+        return error_set(m == UTF8PROC_ERROR_NOMEM ? FSDP_ENOMEM : FSDP_EINVAL, "%s: normalizing a text of %zu "
+                         "bytes: %s", t->name, n, utf8proc_errmsg(m));
+    FSDP_TRY(reserve(t, which, *k + (size_t)m + 1));
+    memcpy(t->norm_buf[which] + *k, t->norm_cp, (size_t)m);
+    *k += (size_t)m;
+    return 0;
 }
 
-/* One normal form into buffer `which`. ASCII text is in every normal form already: the common case costs
- * one pass over the bytes. */
+/* One normal form into buffer `which`. ASCII is in every normal form and no ASCII character combines
+ * with the character before it, so the text is cut between any two ASCII characters and only the spans
+ * holding other characters (with the ASCII character before them, which may be the first half of a
+ * composition) go through utf8proc: mostly-ASCII text costs a pass over its bytes. */
 static int normal_form(struct tokenizer *t, enum tok_norm_kind kind, const unsigned char *s, size_t n, int which,
                        const unsigned char **out, size_t *out_n)
 {
-    if (all_ascii(s, n)) {
+    size_t j = 0;
+    while (j < n && s[j] < 0x80)
+        j++;
+    if (j == n) {
         *out = s;
         *out_n = n;
         return 0;
@@ -46,19 +72,29 @@ static int normal_form(struct tokenizer *t, enum tok_norm_kind kind, const unsig
     opt |= kind == TOK_NORM_NFC || kind == TOK_NORM_NFKC ? UTF8PROC_COMPOSE : UTF8PROC_DECOMPOSE;
     if (kind == TOK_NORM_NFKC || kind == TOK_NORM_NFKD)
         opt |= UTF8PROC_COMPAT;
-    utf8proc_uint8_t *dst = NULL;
-    utf8proc_ssize_t k = utf8proc_map(s, (utf8proc_ssize_t)n, &dst, opt);
-    if (k < 0)
-        return error_set(k == UTF8PROC_ERROR_NOMEM ? FSDP_ENOMEM : FSDP_EINVAL, "%s: normalizing a text of %zu bytes: "
-                         "%s", t->name, n, utf8proc_errmsg(k));
-    int rc = reserve(t, which, (size_t)k + 1);
-    if (rc == 0) {
-        memcpy(t->norm_buf[which], dst, (size_t)k);
-        *out = (const unsigned char *)t->norm_buf[which];
-        *out_n = (size_t)k;
+    FSDP_TRY(reserve(t, which, n + 1));
+    size_t k = 0, i = 0;
+    while (i < n) {
+        while (j < n && s[j] < 0x80)
+            j++;
+        size_t start = j > i ? j - 1 : j; /* j == i only at the start of the text */
+        if (j == n)
+            start = n;
+        FSDP_TRY(reserve(t, which, k + (start - i) + 1));
+        memcpy(t->norm_buf[which] + k, s + i, start - i);
+        k += start - i;
+        if (start == n)
+            break;
+        /* the span ends at an ASCII character followed by another or by the end */
+        size_t e = j;
+        while (e < n && !(s[e] < 0x80 && (e + 1 == n || s[e + 1] < 0x80)))
+            e++;
+        FSDP_TRY(normalize_span(t, opt, s + start, e - start, which, &k));
+        i = j = e;
     }
-    free(dst);
-    return rc;
+    *out = (const unsigned char *)t->norm_buf[which];
+    *out_n = k;
+    return 0;
 }
 
 /* Prepend or Replace into buffer `which`. */
@@ -138,6 +174,9 @@ void tok_norm_free(struct tokenizer *t)
         free(t->norms[i].a);
         free(t->norms[i].b);
     }
+    free(t->norm_cp);
+    t->norm_cp = NULL;
+    t->norm_cp_cap = 0;
     for (int i = 0; i < 2; i++) {
         free(t->norm_buf[i]);
         t->norm_buf[i] = NULL;
