@@ -602,6 +602,12 @@ Test(tokenizer, decoder_null_and_unsupported)
     cr_expect(strstr(error_message(), "decoder is WordPiece: supported decoders are ByteLevel"), "%s",
               error_message());
     tokenizer_free(t);
+    snprintf(json, sizeof json, base, "{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Replace\",\"pattern\":"
+             "{\"Regex\":\" +\"},\"content\":\" \"}]}");
+    cr_assert_eq(tokenizer_load_string(json, strlen(json), "t.json", &t), 0, "%s", error_message());
+    cr_assert_lt(tokenizer_decode(t, ids, 3, false, &out, &n), 0);
+    cr_expect(strstr(error_message(), "decoder.decoders[0].pattern is not a non-empty"), "%s", error_message());
+    tokenizer_free(t);
 }
 
 /* The normal forms cut the text between ASCII characters and normalize only the spans between: on random

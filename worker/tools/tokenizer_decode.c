@@ -69,9 +69,13 @@ static char *dup_bytes(const void *p, size_t n)
     return s;
 }
 
-/* Every a in s replaced by b (a non-empty), into a new string. */
+/* Every a in s replaced by b, into a new string (a copy when a is empty). */
 static char *replace_all(const char *s, size_t n, const char *a, size_t an, const char *b, size_t bn, size_t *out_n)
 {
+    if (an == 0) {
+        *out_n = n;
+        return dup_bytes(s, n);
+    }
     size_t count = 0;
     for (size_t i = 0; i + an <= n;)
         if (memcmp(s + i, a, an) == 0) {

@@ -511,7 +511,9 @@ static int parse_dec_one(struct tokenizer *t, const cJSON *d, const char *where)
         {
             char w[96];
             snprintf(w, sizeof w, "%s.decoders[%zu]", where, i++);
-            FSDP_TRY(parse_dec_one(t, e, w));
+            int rc = parse_dec_one(t, e, w);
+            if (rc != 0)
+                return rc; /* an error, or 1: a decoder that cannot run */
         }
         return 0;
     }
@@ -524,6 +526,15 @@ static int parse_dec_one(struct tokenizer *t, const cJSON *d, const char *where)
         snprintf(t->decoder_error, sizeof t->decoder_error, "%s: %s is %s: supported decoders are ByteLevel, "
                  "Replace, ByteFallback, Fuse, Strip, Metaspace and a Sequence of them", t->name, where, ty);
         return 1;
+    }
+    if (kind == TOK_DEC_REPLACE) {
+        const cJSON *pat = key(d, "pattern");
+        const cJSON *str = pat ? key(pat, "String") : NULL;
+        if (!cJSON_IsString(str) || !str->valuestring[0]) {
+            snprintf(t->decoder_error, sizeof t->decoder_error, "%s: %s.pattern is not a non-empty {\"String\": "
+                     "...}: a Regex Replace decoder is not supported", t->name, where);
+            return 1;
+        }
     }
     struct tok_dec *dc = &t->decs[t->n_decs++];
     dc->kind = (enum tok_dec_kind)kind;
@@ -564,7 +575,7 @@ static int parse_decoder(struct tokenizer *t, const cJSON *d)
     }
     int rc = parse_dec_one(t, d, "decoder");
     if (rc > 0)
-        t->decoder_ok = false;
+        t->decoder_ok = false; /* decode is refused; the per-id bytes are the token texts */
     return rc < 0 ? rc : 0;
 }
 
@@ -629,7 +640,7 @@ static int build_ids(struct tokenizer *t, uint32_t max_id)
         uint32_t vid;
         if (bytes && vocab_lookup(t, s, n, &vid) == 0 && vid == id)
             FSDP_TRY_GOTO(tok_map_put(&t->bpe.vocab_bytes, buf, k, tok_hash(buf, k), id, 0), rc, out);
-        if (t->n_decs && !t->decoder_bytelevel) {
+        if (t->decoder_ok && t->n_decs && !t->decoder_bytelevel) {
             char *d;
             FSDP_TRY_GOTO(tok_dec_token_bytes(t, s, n, &d, &t->id_bytes_len[id]), rc, out);
             t->id_bytes[id] = (unsigned char *)d;
