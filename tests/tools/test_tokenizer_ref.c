@@ -257,3 +257,71 @@ Test(tokenizer_ref, qwen2_and_sentencepiece_styles_equal_tokenizers, .timeout = 
     cr_expect_geq(count, 8, "%d tokenizers", count);
     free(names);
 }
+
+/* Short texts drawn from the characters where a tokenizer goes wrong (tokenizer_ref.py adversarial:
+ * combining marks after ASCII, ▁ and its runs, special-token strings next to spaces, CRLF, NUL, Hangul
+ * jamo, compatibility characters, "<0x41>" typed as text), through every committed fixture: ids and decode
+ * equal tokenizers'. */
+Test(tokenizer_ref, adversarial_texts_equal_tokenizers_for_the_fixtures, .timeout = 240)
+{
+    need("tokenizers");
+    static const char *const names[] = {"qwen2", "qwen2_nfkc", "spm", "spm_split", "spm_always_metaspace_decoder",
+                                        "spm_legacy", "spm_gemma", "spm_nfkc", "spm_unk_fused", "spm_unk"};
+    const int nt = (int)(sizeof names / sizeof *names);
+    static char list[8192];
+    char out[256], src[1024], rel[256];
+    tt_path(out, sizeof out, "adv");
+    cr_assert_eq(mkdir(out, 0755), 0);
+    size_t k = 0;
+    for (int i = 0; i < nt; i++) {
+        snprintf(rel, sizeof rel, "tests/tools/data/fixtures/%s.json", names[i]);
+        k += (size_t)snprintf(list + k, sizeof list - k, " '%s'", tt_src(src, sizeof src, rel));
+    }
+    free(tt_ref(python, "adversarial '%s' --seed 7 --count 2000 %s", out, list));
+    char p[512];
+    snprintf(p, sizeof p, "%s/texts.bin", out);
+    size_t tn;
+    unsigned char *texts = (unsigned char *)tt_read(p, &tn);
+    for (int i = 0; i < nt; i++) {
+        snprintf(rel, sizeof rel, "tests/tools/data/fixtures/%s.json", names[i]);
+        struct tokenizer *t;
+        cr_assert_eq(tokenizer_load(tt_src(src, sizeof src, rel), &t), 0, "%s", error_message());
+        snprintf(p, sizeof p, "%s/%s.adv", out, names[i]);
+        size_t rn;
+        unsigned char *ref = (unsigned char *)tt_read(p, &rn);
+        size_t ti = 0, ri = 0;
+        int count = 0, bad = 0;
+        while (ti + 4 <= tn) {
+            uint32_t len, n, dlen;
+            memcpy(&len, texts + ti, 4);
+            const char *text = (const char *)texts + ti + 4;
+            ti += 4 + len;
+            cr_assert_leq(ri + 4, rn);
+            memcpy(&n, ref + ri, 4);
+            const unsigned char *ids_ref = ref + ri + 4;
+            ri += 4 + 4 * (size_t)n;
+            memcpy(&dlen, ref + ri, 4);
+            const char *dec = (const char *)ref + ri + 4;
+            ri += 4 + dlen;
+            struct tokenizer_ids ids = {0};
+            cr_assert_eq(tokenizer_encode(t, text, len, &ids), 0, "%s", error_message());
+            bool ok = ids.n == n && (n == 0 || memcmp(ids.v, ids_ref, 4 * (size_t)n) == 0);
+            char *back = NULL;
+            size_t blen = 0;
+            if (ok) {
+                cr_assert_eq(tokenizer_decode(t, ids.v, ids.n, false, &back, &blen), 0, "%s", error_message());
+                ok = blen == dlen && memcmp(back, dec, dlen) == 0;
+            }
+            if (!ok && bad++ < 3)
+                cr_log_error("%s on \"%.*s\": %s differ", names[i], (int)len, text, back ? "decodes" : "ids");
+            free(back);
+            tokenizer_ids_free(&ids);
+            count++;
+        }
+        cr_expect_eq(bad, 0, "%s: %d of %d texts differ from tokenizers", names[i], bad, count);
+        cr_expect_eq(count, 2000);
+        free(ref);
+        tokenizer_free(t);
+    }
+    free(texts);
+}

@@ -25,6 +25,12 @@ Subcommands (all paths are files; nothing is downloaded):
       and extension).
   autotokenizer DIR TEXT IDS
       transformers' AutoTokenizer.from_pretrained(DIR) encodes TEXT to exactly the uint32 ids in IDS.
+  adversarial OUTDIR --seed S --count N TOKENIZER.json...
+      N short texts drawn from the characters where tokenizers go wrong (combining marks, ▁ and its runs,
+      special-token strings, space kinds, CRLF, NUL, Hangul jamo, compatibility characters, ZWJ, digits),
+      written to OUTDIR/texts.bin (u32 length + UTF-8 each), and for each tokenizer T OUTDIR/T.adv: per
+      text, u32 n + n uint32 ids (add_special_tokens=False), then u32 length + the UTF-8 of decode(ids,
+      skip_special_tokens=False).
   fixtures OUTDIR TEXT...
       The Qwen2 and SentencePiece style tokenizers of make_fixtures.py, trained afresh, with their ids
       (T__X.ids) and decode (T__X.decoded) of each text; prints the tokenizer names.
@@ -305,6 +311,30 @@ def cmd_autotokenizer(a):
     print('ok %d ids' % len(got))
 
 
+ADVERSARIAL = ['a', 'b', 'e', 'x', ' ', '  ', '\t', '\n', '\r\n', '\r', '\u0301', '\u0300', '\u0327', '\u2581',
+               '\u2581\u2581', '<s>', '</s>', '<unk>', '<|endoftext|>', '<|im_start|>', '1', '23', '456', '\u4e2d',
+               '\u6587', '\uac00', '\u1100', '\u1161', '\u11a8', '\ufb01', '\uff21', '\u2460', '\U0001F600', '\u200d',
+               '\u00e9', '\u0915', '\u094d', '\u0937', '.', ',', "'s", "'S", '\u00a0', '\u3000', '\u180e', '\x00',
+               '\ufeff', '\u212b', '<0x41>']
+
+
+def cmd_adversarial(a):
+    from tokenizers import Tokenizer
+    rng = random.Random(a.seed)
+    texts = [''.join(rng.choice(ADVERSARIAL) for _ in range(rng.randint(0, 60))) for _ in range(a.count)]
+    with open(os.path.join(a.outdir, 'texts.bin'), 'wb') as f:
+        for t in texts:
+            b = t.encode()
+            f.write(struct.pack('<I', len(b)) + b)
+    for path in a.tokenizers:
+        tok = Tokenizer.from_file(path)
+        with open(os.path.join(a.outdir, _stem(path) + '.adv'), 'wb') as f:
+            for t in texts:
+                ids = tok.encode(t, add_special_tokens=False).ids
+                d = tok.decode(ids, skip_special_tokens=False).encode()
+                f.write(struct.pack('<I%dI' % len(ids), len(ids), *ids) + struct.pack('<I', len(d)) + d)
+
+
 def cmd_fixtures(a):
     import make_fixtures
     print(' '.join(make_fixtures.build(a.outdir, a.texts)))
@@ -369,6 +399,11 @@ def main():
     c.add_argument('dir')
     c.add_argument('text')
     c.add_argument('ids')
+    c = sub.add_parser('adversarial')
+    c.add_argument('outdir')
+    c.add_argument('--seed', type=int, default=1)
+    c.add_argument('--count', type=int, default=1000)
+    c.add_argument('tokenizers', nargs='+')
     c = sub.add_parser('fixtures')
     c.add_argument('outdir')
     c.add_argument('texts', nargs='+')
