@@ -1,6 +1,7 @@
 /* tokenizer.json -> struct tokenizer: the BPE model (vocab, merges in both JSON forms, unk/byte
- * fallback/ignore_merges), the added tokens with the ids `tokenizers` gives them, the pre-tokenizer
- * steps and the decoder. Anything this tokenizer would not encode exactly as `tokenizers` does is
+ * fallback/ignore_merges), the added tokens with the ids `tokenizers` gives them, the normalizers, the
+ * pre-tokenizer steps (a ByteLevel step makes the model byte-level, else it is SentencePiece-style) and
+ * the decoder or decoder chain. Anything this tokenizer would not encode exactly as `tokenizers` does is
  * refused with the key that says so. */
 #include "worker/tools/tokenizer_internal.h"
 

@@ -1,7 +1,7 @@
 /* From raw text to pre-tokens: added tokens are cut out first (leftmost, longest at that start; the
- * tokens matched on raw text, then those matched on normalized text, as `tokenizers` does), then each
- * stretch between them goes through the pre-tokenizer steps (Split patterns, ByteLevel's regex), and
- * each resulting piece is handed on. Patterns run on PCRE2 with UTF and UCP; Oniguruma's meaning of
+ * tokens matched on raw text, then, after the normalizers (tokenizer_normalize.c), those matched on
+ * normalized text, as `tokenizers` does), then each stretch between them goes through the pre-tokenizer
+ * steps (Split patterns, Metaspace, ByteLevel's regex), and each resulting piece is handed on. Patterns run on PCRE2 with UTF and UCP; Oniguruma's meaning of
  * \s (the 25 White_Space characters; PCRE2 adds U+180E), \w (letters, marks, numbers, connector
  * punctuation) and \h (a hex digit) is written out as classes before compiling, and ^ $ are line
  * anchors, as in Oniguruma's Ruby syntax. */
