@@ -19,10 +19,12 @@
 #define STORE_MAX_VALUE_BYTES (16u << 20)  /* 16 MiB; longer values (and APPEND results) refused */
 #define STORE_MAX_KEYS 131072u             /* keys of one CHECK / WAIT (c10d's MAX_KEY_COUNT) */
 
-/* Defaults of the limits on what PyTorch clients (no fsdpc token) may make the server hold. */
-#define STORE_TORCH_BYTES_MAX (64u << 20)
+/* The one budget of what connections without the job's token (PyTorch clients, handshakes) may make the
+ * server hold: their keys, values and queued items, their waiting requests, their requests being received
+ * past the read window, their unsent replies (docs/store.md, "Limits"). */
+#define STORE_UNAUTH_BYTES_MAX (64u << 20)
+/* Of that budget, PyTorch clients' keys charged to one connection (their latest writer). */
 #define STORE_TORCH_CONN_BYTES_MAX (16u << 20)
-#define STORE_UNAUTH_INFLIGHT_MAX (64u << 20)
 #define STORE_OUT_MAX (1u << 20)
 /* Connections that have not proven the job's token (still in their handshake, or PyTorch clients) kept at
  * once; past it the server closes the one idle longest to make room (docs/store.md, "Connections"). */
@@ -39,9 +41,9 @@ struct store_server_options {
     double idle_timeout_s; /* a connection that has not completed its handshake by then is closed, and so is
                             * one that leaves a request half sent this long; 0 = 10 s */
     bool torch_off;        /* refuse PyTorch TCPStore clients (fsdp-launch --no_torch_store) */
-    /* Limits for clients without the token (0 = the STORE_* default above): bytes PyTorch clients' keys
-     * and values may hold in all and per connection, and bytes of partly received requests over 64 KiB. */
-    size_t torch_bytes_max, torch_conn_bytes_max, unauth_inflight_max;
+    /* Limits for clients without the token (0 = the STORE_* default above): the budget of everything they
+     * make the server hold, and the bytes of PyTorch clients' keys charged to one connection. */
+    size_t unauth_bytes_max, torch_conn_bytes_max;
     size_t out_max; /* unsent reply bytes of a connection beyond which its next requests wait; 0 = 1 MiB */
     /* Connections without the token kept at once; 0 = STORE_MAX_UNAUTH_CONNS. Lowered to half the open-files
      * limit, so the cap is met before descriptors run out; authenticated connections are not counted. */
@@ -52,6 +54,17 @@ struct store_server_options {
  * message naming the address and port when the port is in use. */
 int store_server_start(const struct store_server_options *opts, struct store_server **out);
 int store_server_port(const struct store_server *s);
+/* What the server holds for connections without the token, and what the AUTH throttle did; safe to read
+ * from any thread (each field on its own, not as one snapshot). */
+struct store_server_stats {
+    size_t unauth_bytes;      /* charged to the budget now */
+    size_t unauth_bytes_max;  /* the budget */
+    size_t unauth_bytes_peak; /* the most charged at once since start */
+    uint64_t budget_refusals; /* connections closed because a reply, wait, key or request did not fit */
+    uint64_t auth_failures;   /* AUTHs with a wrong MAC */
+    uint64_t auth_delayed;    /* of those, answered late by the throttle */
+};
+void store_server_stats(const struct store_server *s, struct store_server_stats *out);
 /* Stops the thread, closes every connection, frees everything. NULL is accepted. */
 void store_server_stop(struct store_server *s);
 

@@ -1,8 +1,9 @@
 /* The store server: one thread running its own event_base, so the launcher that hosts it keeps its main
  * loop; the listener, the connections, reading and parsing their requests and the limits on what a peer
  * can make the server hold live here, the handshakes in store_server_auth.c, the ops in
- * store_server_ops.c, what all of them share about a connection in store_server_conn.c. Requests of a connection are answered in order: while one waits (WAIT, BARRIER)
- * the ones behind it stay unread, except a CANCEL_WAIT right behind it. */
+ * store_server_ops.c, what all of them share about a connection in store_server_conn.c, what connections
+ * without the token hold in store_server_budget.c. Requests of a connection are answered in order: while
+ * one waits (WAIT, BARRIER) the ones behind it stay unread, except a CANCEL_WAIT right behind it. */
 #include "rendezvous/store.h"
 
 #include <errno.h>
@@ -33,9 +34,12 @@
 #include "common/log.h"
 #include "rendezvous/store_server_internal.h"
 
-/* What a connection may have buffered of a request before it counts against the shared budget of
- * unauthenticated connections (fsdpc clients are trusted up to STORE_MAX_REQUEST_BYTES). */
+/* What a connection may have buffered of a request before a larger one is reserved: for authenticated
+ * connections (trusted up to STORE_MAX_REQUEST_BYTES, never charged) and, smaller, for the others, whose
+ * larger requests draw on their budget while they arrive. The latter window is the one cost of such a
+ * connection outside the budget, so it is kept to c10d's usual request sizes. */
 #define SMALL_REQUEST_BYTES (64u * 1024u)
+#define UNAUTH_WINDOW_BYTES STORE_HANDSHAKE_MAX_BYTES
 
 static void set_watermark(struct store_conn *c, size_t high)
 {
@@ -47,15 +51,14 @@ static void set_watermark(struct store_conn *c, size_t high)
 
 static size_t default_watermark(const struct store_conn *c)
 {
-    return store_server_limits(c)->max_request == STORE_HANDSHAKE_MAX_BYTES ? STORE_HANDSHAKE_MAX_BYTES
-                                                                            : SMALL_REQUEST_BYTES;
+    return store_budget_counts(c) ? UNAUTH_WINDOW_BYTES : SMALL_REQUEST_BYTES;
 }
 
 /* ---- connection lifetime ---- */
 
 static void release_inflight(struct store_conn *c)
 {
-    c->srv->unauth_inflight -= c->inflight;
+    store_budget_sub(c->srv, c->inflight);
     c->inflight = 0;
 }
 
@@ -76,9 +79,12 @@ static void conn_free(struct store_conn *c)
         c->next->prev = c->prev;
     if (c->stall_timer)
         event_free(c->stall_timer);
-    if (c->bev)
+    if (c->bev) {
+        store_budget_unwatch_output(c);
         bufferevent_free(c->bev);
+    }
     free(c);
+    store_budget_trim(s);
 }
 
 /* Lets the peer read why it is dropped before the socket goes. */
@@ -106,6 +112,11 @@ static void conn_event_cb(struct bufferevent *bev, short what, void *arg)
         if (c->waiter)
             log_debug("store: %s disconnected while waiting", c->peer);
         conn_free(c);
+    } else if (what & BEV_EVENT_TIMEOUT) {
+        /* the write timeout of a connection without the token: its peer let replies sit unread */
+        store_server_log_limited(&c->srv->out_log, "store: closing %s: its replies were not read for %.1f s", c->peer,
+                                 (double)c->srv->idle_tv.tv_sec + c->srv->idle_tv.tv_usec / 1e6);
+        conn_free(c);
     }
 }
 
@@ -114,6 +125,12 @@ static void conn_stall_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     struct store_conn *c = arg;
+    if (c->penalized && !c->closing) {
+        /* the throttle's wait for a failed AUTH's verdict is over */
+        store_server_auth_refuse(c);
+        conn_close_after_flush(c);
+        return;
+    }
     if (!c->closing)
         log_warn("store: closing %s: %s within %.1f s", c->peer,
                  store_server_greeted(c) ? "a started request was not completed" : "no handshake",
@@ -129,24 +146,18 @@ static void arm_stall(struct store_conn *c)
         event_add(c->stall_timer, &c->srv->idle_tv);
 }
 
-/* A request of `need` bytes is coming: let the input buffer hold it. Past SMALL_REQUEST_BYTES, a
- * connection without the token draws on the budget all of them share; returns false (connection closed)
- * when that is spent. */
+/* A request of `need` bytes is coming: let the input buffer hold it. Past its read window, a connection
+ * without the token reserves the request from the budget all of them share (held until the request is
+ * done); returns false (connection closed) when it does not fit. */
 static bool reserve(struct store_conn *c, size_t need)
 {
-    struct store_server *s = c->srv;
     if (need <= c->watermark)
         return true;
-    if (c->state != CONN_FSDP) {
-        size_t more = need - c->inflight;
-        if (s->unauth_inflight + more > s->unauth_inflight_max) {
-            store_server_refuse(c, STORE_ST_TOO_LARGE, "a %zu-byte request while connections without fsdpc's token "
-                                "already have %zu bytes of requests in flight (limit %zu)", need,
-                                s->unauth_inflight, s->unauth_inflight_max);
+    if (store_budget_counts(c)) {
+        if (!store_budget_take(c, need - c->inflight, "a request being received")) {
             conn_close_after_flush(c);
             return false;
         }
-        s->unauth_inflight += more;
         c->inflight = need;
     }
     set_watermark(c, need);
@@ -157,7 +168,7 @@ static void conn_process(struct store_conn *c)
 {
     struct store_server *s = c->srv;
     struct evbuffer *in = bufferevent_get_input(c->bev);
-    while (!c->closing) {
+    while (!c->closing && !c->penalized) {
         size_t avail = evbuffer_get_length(in);
         if (avail == 0) {
             if (store_server_greeted(c))
@@ -197,6 +208,8 @@ static void conn_process(struct store_conn *c)
         if (c->waiter && req.op != STORE_OP_CANCEL_WAIT)
             return; /* answered in order: it waits behind the WAIT */
         c->need = 1;
+        /* Given back before the op, which may store a copy of it: the request's own bytes live on only
+         * until the drain below, one request at a time (the server is one thread). */
         release_inflight(c);
         if (store_server_greeted(c))
             event_del(c->stall_timer);
@@ -250,16 +263,21 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
     c->state = CONN_NEW;
     c->tier = TIER_NONE;
     c->need = 1;
+    c->peer_family = -1;
     char host[INET6_ADDRSTRLEN] = "?";
     int port = 0;
     if (sa->sa_family == AF_INET) {
         struct sockaddr_in *in = (struct sockaddr_in *)sa;
         inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
         port = ntohs(in->sin_port);
+        memcpy(c->peer_addr, &in->sin_addr, 4);
+        c->peer_family = AF_INET;
     } else if (sa->sa_family == AF_INET6) {
         struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)sa;
         inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
         port = ntohs(in6->sin6_port);
+        memcpy(c->peer_addr, &in6->sin6_addr, 16);
+        c->peer_family = AF_INET6;
     }
     snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
     int one = 1;
@@ -276,6 +294,7 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
         conn_free(c);
         return;
     }
+    store_budget_watch_output(c);
     /* Counted before anything is known of it; past the cap someone idle makes room (store_server_cap.c):
      * refusing the newcomer could lock out a rank of the job. */
     store_server_cap_touch(c);
@@ -288,6 +307,9 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
     /* Bounds what one peer can make us buffer before it has said who it is. */
     set_watermark(c, default_watermark(c));
     bufferevent_setwatermark(c->bev, EV_WRITE, s->out_max / 2, 0);
+    /* Unsent replies hold the budget: a peer without the token that reads none of them for the idle
+     * timeout is closed (the job's connections lose this timeout at AUTH). */
+    bufferevent_set_timeouts(c->bev, NULL, &s->idle_tv);
     bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
     if (bufferevent_enable(c->bev, EV_READ | EV_WRITE) != 0 || event_add(c->stall_timer, &s->idle_tv) != 0)
         conn_free(c);
@@ -452,9 +474,8 @@ int store_server_start(const struct store_server_options *opts, struct store_ser
     s->run_id = strdup(opts->run_id);
     store_auth_key(opts->run_id, opts->secret, s->key);
     s->torch_off = opts->torch_off;
-    s->torch_bytes_max = or_default(opts->torch_bytes_max, STORE_TORCH_BYTES_MAX);
+    s->unauth_bytes_max = or_default(opts->unauth_bytes_max, STORE_UNAUTH_BYTES_MAX);
     s->torch_conn_bytes_max = or_default(opts->torch_conn_bytes_max, STORE_TORCH_CONN_BYTES_MAX);
-    s->unauth_inflight_max = or_default(opts->unauth_inflight_max, STORE_UNAUTH_INFLIGHT_MAX);
     s->out_max = or_default(opts->out_max, STORE_OUT_MAX);
     s->max_unauth_conns = unauth_cap(opts->max_unauth_conns, nofile);
     int fd = -1;
@@ -524,6 +545,8 @@ void store_server_stop(struct store_server *s)
         event_free(s->stop_ev);
     if (s->accept_resume)
         event_free(s->accept_resume);
+    if (s->trim_ev)
+        event_free(s->trim_ev);
     if (s->base)
         event_base_free(s->base);
     store_table_free(&s->table);

@@ -1,8 +1,10 @@
 /* The start of every connection: c10d's VALIDATE, then either PyTorch's first op (a torch client, when the
  * torch protocol is on) or fsdpc's handshake: HELLO (run id, client nonce) answered with the server's
- * nonce, then AUTH, a MAC over both nonces under the job's key, answered with the server's own MAC. */
+ * nonce, then AUTH, a MAC over both nonces under the job's key, answered with the server's own MAC. A
+ * wrong MAC's verdict may wait (store_server_throttle.c); a right one is answered at once. */
 #include <string.h>
 
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 
 #include "common/log.h"
@@ -12,9 +14,20 @@ static bool reply_status(struct store_conn *c, struct store_buf *b)
 {
     if (b->failed)
         return store_server_refuse(c, STORE_ST_INVALID, "store server out of memory");
+    if (!store_budget_room(c, b->len, "a handshake reply"))
+        return false;
     store_server_write(c, b->data, b->len);
     return true;
 }
+
+/* The message names what to check on the client's side; a guesser repeats it, so the line is limited. */
+static bool refuse_token(struct store_conn *c)
+{
+    return store_server_refuse_limited(c, &c->srv->auth_log, STORE_ST_REFUSED,
+                                       "belongs to another job (token differs): check --rdzv_id / FSDP_RDZV_TOKEN");
+}
+
+void store_server_auth_refuse(struct store_conn *c) { refuse_token(c); }
 
 static bool hello(struct store_conn *c, const struct store_request *req)
 {
@@ -53,13 +66,26 @@ static bool auth(struct store_conn *c, const struct store_request *req)
     uint8_t want[STORE_MAC_BYTES];
     store_auth_mac(s->key, 'c', s->run_id, strlen(s->run_id), c->client_nonce, c->client_nonce_len, c->server_nonce,
                    sizeof c->server_nonce, want);
-    if (req->value_len != STORE_MAC_BYTES || !store_auth_equal(req->value, want, STORE_MAC_BYTES))
-        return store_server_refuse(c, STORE_ST_REFUSED,
-                                   "belongs to another job (token differs): check --rdzv_id / FSDP_RDZV_TOKEN");
+    if (req->value_len != STORE_MAC_BYTES || !store_auth_equal(req->value, want, STORE_MAC_BYTES)) {
+        __atomic_add_fetch(&s->auth_failures, 1, __ATOMIC_RELAXED);
+        double wait = store_throttle_auth_failure(c);
+        if (wait <= 0)
+            return refuse_token(c);
+        /* The verdict waits on the connection's timer (store_server.c then calls store_server_auth_refuse);
+         * nothing more is read from it meanwhile. */
+        __atomic_add_fetch(&s->auth_delayed, 1, __ATOMIC_RELAXED);
+        c->penalized = true;
+        bufferevent_disable(c->bev, EV_READ);
+        struct timeval tv = {.tv_sec = (time_t)wait, .tv_usec = (suseconds_t)((wait - (double)(time_t)wait) * 1e6)};
+        event_add(c->stall_timer, &tv);
+        return true;
+    }
     uint8_t mine[STORE_MAC_BYTES];
     store_auth_mac(s->key, 's', s->run_id, strlen(s->run_id), c->client_nonce, c->client_nonce_len, c->server_nonce,
                    sizeof c->server_nonce, mine);
     c->state = CONN_FSDP;
+    store_budget_unwatch_output(c); /* the job's own: never charged, and may read its replies slowly */
+    bufferevent_set_timeouts(c->bev, NULL, NULL);
     event_del(c->stall_timer);
     log_debug("store: %s authenticated", c->peer);
     struct store_buf *b = &s->out;
@@ -88,6 +114,8 @@ bool store_server_handshake(struct store_conn *c, const struct store_request *re
         if (req->op == STORE_OP_PING) {
             uint8_t echo[4] = {(uint8_t)req->u32, (uint8_t)(req->u32 >> 8), (uint8_t)(req->u32 >> 16),
                                (uint8_t)(req->u32 >> 24)};
+            if (!store_budget_room(c, sizeof echo, "a PING reply"))
+                return false;
             store_server_write(c, echo, sizeof echo);
             return true;
         }

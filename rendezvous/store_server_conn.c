@@ -1,5 +1,6 @@
 /* What the parts of the store server share about a connection: its state's limits, writing to it,
- * refusing it, and reading on after a wait. Calls nothing of the server's other files. */
+ * refusing it (its log line limited, for what a flood repeats), and reading on after a wait. Calls nothing
+ * of the server's other files. */
 #include <stdarg.h>
 #include <stdio.h>
 
@@ -7,6 +8,7 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "rendezvous/store_server_internal.h"
 
@@ -27,14 +29,34 @@ const struct store_parse_limits *store_server_limits(const struct store_conn *c)
 
 void store_server_write(struct store_conn *c, const void *p, size_t n) { bufferevent_write(c->bev, p, n); }
 
-bool store_server_refuse(struct store_conn *c, uint8_t status, const char *fmt, ...)
+void store_server_log_limited(struct store_log_limit *lim, const char *fmt, ...)
 {
-    char msg[512];
+    double now = clock_now_s();
+    if (lim->last_s != 0 && now - lim->last_s < 1.0) {
+        lim->quiet++;
+        return;
+    }
+    char msg[600];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    log_warn("store: closing %s: %s", c->peer, msg);
+    if (lim->quiet)
+        log_warn("%s (and %lu more such lines left out since the last one)", msg, lim->quiet);
+    else
+        log_warn("%s", msg);
+    lim->last_s = now;
+    lim->quiet = 0;
+}
+
+static bool refuse_v(struct store_conn *c, struct store_log_limit *lim, uint8_t status, const char *fmt, va_list ap)
+{
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (lim)
+        store_server_log_limited(lim, "store: closing %s: %s", c->peer, msg);
+    else
+        log_warn("store: closing %s: %s", c->peer, msg);
     if (c->fsdp_client) {
         struct store_buf *b = &c->srv->out;
         store_buf_reset(b);
@@ -43,6 +65,25 @@ bool store_server_refuse(struct store_conn *c, uint8_t status, const char *fmt, 
         if (!b->failed)
             store_server_write(c, b->data, b->len);
     }
+    return false;
+}
+
+bool store_server_refuse(struct store_conn *c, uint8_t status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    refuse_v(c, NULL, status, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+bool store_server_refuse_limited(struct store_conn *c, struct store_log_limit *lim, uint8_t status, const char *fmt,
+                                 ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    refuse_v(c, lim, status, fmt, ap);
+    va_end(ap);
     return false;
 }
 

@@ -27,7 +27,8 @@ struct store_wait_link {
 
 struct store_waiter {
     struct store_conn *conn;
-    uint8_t op; /* WAIT or BARRIER */
+    size_t charged; /* bytes of the budget of connections without the token it holds (0: authenticated) */
+    uint8_t op;     /* WAIT or BARRIER */
     size_t missing;
     size_t nlinks;
     struct store_wait_link links[];
@@ -54,6 +55,27 @@ struct store_conn_queue {
     struct store_conn *head, *tail; /* head: idle longest */
 };
 
+/* A log line that may come once per connection of a flood: logged at most once a second, with the count of
+ * the ones left out since. */
+struct store_log_limit {
+    double last_s; /* 0 = never logged */
+    unsigned long quiet;
+};
+
+/* Failed AUTHs a source may have answered without delay: a token bucket (store_server_throttle.c). */
+struct store_auth_bucket {
+    double tokens; /* below 0: the next failure waits -tokens / rate */
+    double at_s;   /* when tokens was last brought up to date */
+};
+
+struct store_auth_peer {
+    uint8_t addr[16]; /* IPv4 in the first 4 bytes, or IPv6 */
+    int family;       /* 0: slot unused */
+    struct store_auth_bucket bucket;
+};
+
+#define STORE_AUTH_PEERS 256
+
 struct store_conn {
     struct store_server *srv;
     struct store_conn *prev, *next;
@@ -69,8 +91,13 @@ struct store_conn {
     bool closing;     /* the last reply is being flushed, then the connection goes */
     bool out_blocked; /* unsent replies over the limit: requests wait until they drain */
     bool fsdp_client; /* sent HELLO: replies (refusals too) start with a status byte */
+    bool penalized;   /* its AUTH failed and the throttle holds the verdict: nothing more is read */
     size_t need;      /* bytes the next request needs before it is worth parsing again */
-    size_t inflight;  /* bytes of srv->unauth_inflight this connection's partial request holds */
+    size_t inflight;  /* bytes of the budget a request larger than the read window holds while it arrives */
+    size_t out_charged;                   /* bytes of the budget its unsent replies hold */
+    struct evbuffer_cb_entry *out_watch;  /* charges them as the output buffer grows and drains */
+    uint8_t peer_addr[16];                /* the peer's address, for the AUTH throttle */
+    int peer_family;
     size_t held;      /* bytes PyTorch clients' entries charged to this connection hold */
     size_t watermark; /* the read high-watermark set on bev */
     uint8_t client_nonce[STORE_NONCE_MAX_BYTES], server_nonce[STORE_NONCE_BYTES];
@@ -92,9 +119,17 @@ struct store_server {
     char *run_id;
     uint8_t key[STORE_KEY_BYTES];
     bool torch_off;
-    size_t torch_bytes, torch_bytes_max, torch_conn_bytes_max;
-    size_t unauth_inflight, unauth_inflight_max;
+    /* The budget of connections without the token (store_server_budget.c): read from other threads by
+     * store_server_stats, so these are touched with atomics. */
+    size_t unauth_bytes, unauth_bytes_max, unauth_bytes_peak;
+    uint64_t budget_refusals, auth_failures, auth_delayed;
+    struct store_log_limit budget_log, auth_log, out_log;
+    struct event *trim_ev; /* gives freed memory back to the system after a burst of closes */
+    size_t torch_conn_bytes_max;
     size_t out_max;
+    /* the AUTH throttle (store_server_throttle.c) */
+    struct store_auth_bucket auth_all;
+    struct store_auth_peer auth_peers[STORE_AUTH_PEERS];
     /* the cap on connections without the token (store_server_cap.c) */
     struct store_conn_queue idle[TIER_COUNT];
     size_t unauth_conns, max_unauth_conns;
@@ -121,6 +156,36 @@ bool store_server_greeted(const struct store_conn *c);
 bool store_server_refuse(struct store_conn *c, uint8_t status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Logs like log_warn, at most once a second per limiter; a line says how many were left out before it. */
+void store_server_log_limited(struct store_log_limit *lim, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* store_server_refuse, its log line through the limiter. */
+bool store_server_refuse_limited(struct store_conn *c, struct store_log_limit *lim, uint8_t status, const char *fmt,
+                                 ...) __attribute__((format(printf, 4, 5)));
+
+/* ---- store_server_budget.c: what connections without the token make the server hold ---- */
+
+/* Is c a connection whose bytes count against the budget (not authenticated)? */
+bool store_budget_counts(const struct store_conn *c);
+/* Charges n bytes for c if it counts and they fit; else, if it counts, refuses it (logged, limited) naming
+ * what did not fit and returns false: the caller closes it. Authenticated connections always get true. */
+bool store_budget_take(struct store_conn *c, size_t n, const char *what);
+/* Charges n bytes without a check (for what cannot be refused any more, or has been checked). */
+void store_budget_add(struct store_server *s, size_t n);
+void store_budget_sub(struct store_server *s, size_t n);
+/* Would n more bytes fit? (For a reply: it is charged when written, by the output watch.) */
+bool store_budget_room(struct store_conn *c, size_t n, const char *what);
+/* Starts charging c's unsent replies (after accepting it). */
+void store_budget_watch_output(struct store_conn *c);
+/* Stops charging c's unsent replies and gives back what they held (it authenticated, or is being freed). */
+void store_budget_unwatch_output(struct store_conn *c);
+/* After a connection without the token went: gives freed memory back to the system now and then. */
+void store_budget_trim(struct store_server *s);
+
+/* ---- store_server_throttle.c: failed AUTHs per source address and in all ---- */
+
+/* One more failed AUTH from c's peer: how long its verdict waits (0: answer now). */
+double store_throttle_auth_failure(struct store_conn *c);
+
 /* ---- store_server_cap.c ---- */
 
 /* Queues the connection by its state and time of its last request (call after accepting it and after each
@@ -136,6 +201,8 @@ struct store_conn *store_server_cap_victim(struct store_server *s);
 /* A request of a connection that is not yet a torch client nor authenticated. *handled is false when the
  * request is a torch client's first op, which the caller then runs as one. */
 bool store_server_handshake(struct store_conn *c, const struct store_request *req, bool *handled);
+/* The verdict on a failed AUTH the throttle held back: the refusal (the caller closes the connection). */
+void store_server_auth_refuse(struct store_conn *c);
 
 /* ---- store_server_ops.c ---- */
 

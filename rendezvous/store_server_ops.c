@@ -2,8 +2,10 @@
  * c10d's own server does) and for authenticated fsdpc clients (a status byte before each reply; most
  * errors are a status and the connection stays). A request that must wait (WAIT on missing keys, BARRIER
  * before the last arrival) parks one link per key on that key's entry; a write to the key walks exactly
- * those links. PyTorch clients' keys count against byte limits, overall and per connection. All of it
- * runs on the server thread, so nothing here locks. */
+ * those links. What a PyTorch client makes the server hold (its keys, its waits, its replies) is charged
+ * to the budget of connections without the token (store_server_budget.c) and checked before it is made;
+ * its keys also against a limit per connection. All of it runs on the server thread, so nothing here
+ * locks. */
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -55,9 +57,40 @@ static bool reply_send(struct store_conn *c)
     struct store_buf *b = &c->srv->out;
     if (b->failed)
         return fail(c, STORE_ST_INVALID, "store server out of memory building a reply");
+    if (!store_budget_room(c, b->len, "a reply"))
+        return false;
     if (b->len)
         store_server_write(c, b->data, b->len);
     return true;
+}
+
+/* A reply that carries stored values (GET, COMPARE_SET, QUEUE_POP, MULTI_GET, LIST_KEYS), `body` bytes
+ * after the status byte: checked against the budget before anything is built, then written straight into
+ * the connection's output, piece by piece (the scratch buffer would keep the largest reply's size). */
+static bool big_begin(struct store_conn *c, uint64_t body, const char *what)
+{
+    if (!store_budget_room(c, (size_t)body + 1, what))
+        return false;
+    if (is_fsdp(c)) {
+        uint8_t ok = STORE_ST_OK;
+        store_server_write(c, &ok, 1);
+    }
+    return true;
+}
+
+static void big_put_u64(struct store_conn *c, uint64_t v)
+{
+    uint8_t le[8];
+    for (int i = 0; i < 8; i++)
+        le[i] = (uint8_t)(v >> (8 * i));
+    store_server_write(c, le, sizeof le);
+}
+
+static void big_put_bytes(struct store_conn *c, const void *p, size_t n)
+{
+    big_put_u64(c, n);
+    if (n)
+        store_server_write(c, p, n);
 }
 
 /* The reply of ops whose c10d reply is empty (SET, APPEND, MULTI_SET, QUEUE_PUSH). */
@@ -71,30 +104,31 @@ static bool reply_oom(struct store_conn *c) { return fail(c, STORE_ST_INVALID, "
 
 /* ---- what PyTorch clients' keys hold ---- */
 
-/* Would entry e holding new_bytes keep PyTorch clients within their limits when c writes it? When not,
- * the connection (a PyTorch client's) is refused: false. */
+/* Would entry e holding new_bytes keep PyTorch clients within their limits when c writes it (the budget
+ * of connections without the token, and the keys charged to c)? When not, the connection (a PyTorch
+ * client's) is refused: false. */
 static bool torch_room(struct store_conn *c, const struct store_entry *e, size_t new_bytes)
 {
     struct store_server *s = c->srv;
     if (e->ns != STORE_NS_TORCH || new_bytes <= e->charged)
         return true;
-    if (s->torch_bytes - e->charged + new_bytes > s->torch_bytes_max)
-        return fail(c, STORE_ST_TOO_LARGE, "PyTorch clients' keys would hold %zu bytes, over the store's limit of "
-                    "%zu", s->torch_bytes - e->charged + new_bytes, s->torch_bytes_max);
     size_t mine = e->owner == c ? e->charged : 0;
     if (c->held - mine + new_bytes > s->torch_conn_bytes_max)
         return fail(c, STORE_ST_TOO_LARGE, "keys written by this connection would hold %zu bytes, over the limit "
                     "of %zu per connection", c->held - mine + new_bytes, s->torch_conn_bytes_max);
-    return true;
+    return store_budget_room(c, new_bytes - e->charged, "a key");
 }
 
-/* Charges e's bytes to its latest writer c (NULL: nobody). */
+/* Charges e's bytes to its latest writer c (NULL: nobody), and to the budget. */
 static void charge(struct store_server *s, struct store_conn *c, struct store_entry *e)
 {
     if (e->ns != STORE_NS_TORCH)
         return;
     size_t now = store_table_entry_bytes(e);
-    s->torch_bytes = s->torch_bytes - e->charged + now;
+    if (now > e->charged)
+        store_budget_add(s, now - e->charged);
+    else
+        store_budget_sub(s, e->charged - now);
     if (e->owner)
         ((struct store_conn *)e->owner)->held -= e->charged;
     e->owner = now && c ? c : NULL;
@@ -140,6 +174,7 @@ void store_server_free_waiter(struct store_server *s, struct store_waiter *w)
         l->entry = NULL;
         store_table_release_if_unused(&s->table, e);
     }
+    store_budget_sub(s, w->charged);
     w->conn->waiter = NULL;
     free(w);
 }
@@ -190,12 +225,24 @@ static void entry_wake_one(struct store_entry *e)
     }
 }
 
-/* Parks the request on the n entries; false when out of memory. */
-static bool waiter_park(struct store_conn *c, uint8_t op, struct store_entry **entries, size_t n)
+/* What a waiter on n keys costs, with keys_bytes the bytes of those keys: the waiter, and per key its link
+ * and a placeholder entry (charged even where another waiter made it: that one may go first). */
+static size_t waiter_cost(size_t n, size_t keys_bytes)
+{
+    return sizeof(struct store_waiter) + n * (sizeof(struct store_wait_link) + STORE_ENTRY_OVERHEAD) + keys_bytes;
+}
+
+/* Parks the request on the n entries, charging `cost` (checked by the caller) unless it is authenticated;
+ * false when out of memory. */
+static bool waiter_park(struct store_conn *c, uint8_t op, struct store_entry **entries, size_t n, size_t cost)
 {
     struct store_waiter *w = calloc(1, sizeof *w + n * sizeof w->links[0]);
     if (!w)
         return false;
+    if (store_budget_counts(c)) {
+        w->charged = cost;
+        store_budget_add(c->srv, cost);
+    }
     w->conn = c;
     w->op = op;
     w->missing = n;
@@ -243,12 +290,12 @@ static bool op_get(struct store_conn *c, const struct store_request *r)
     struct store_entry *e = store_table_find(&c->srv->table, conn_ns(c), r->key, r->key_len);
     if (is_fsdp(c) && !(e && e->has_value))
         return fail(c, STORE_ST_NOT_FOUND, "key missing");
-    struct store_buf *b = reply_begin(c);
-    if (e && e->has_value)
-        store_buf_put_bytes(b, e->value, e->value_len);
-    else
-        store_buf_put_u64(b, 0); /* c10d answers a missing key with an empty value */
-    return reply_send(c);
+    /* c10d answers a missing key with an empty value */
+    size_t n = e && e->has_value ? e->value_len : 0;
+    if (!big_begin(c, 8 + (uint64_t)n, "a GET reply"))
+        return false;
+    big_put_bytes(c, n ? e->value : NULL, n);
+    return true;
 }
 
 static bool op_add(struct store_conn *c, const struct store_request *r)
@@ -308,13 +355,14 @@ static bool op_compare_set(struct store_conn *c, const struct store_request *r)
         store_table_release_if_unused(&s->table, e);
         if (is_fsdp(c))
             return fail(c, STORE_ST_NOT_FOUND, "key missing");
-        struct store_buf *b = reply_begin(c);
-        store_buf_put_bytes(b, r->expected, r->expected_len);
-        return reply_send(c);
+        if (!big_begin(c, 8 + r->expected_len, "a COMPARE_SET reply"))
+            return false;
+        big_put_bytes(c, r->expected, r->expected_len);
+        return true;
     }
-    struct store_buf *b = reply_begin(c);
-    store_buf_put_bytes(b, e->value, e->value_len);
-    bool keep = reply_send(c);
+    bool keep = big_begin(c, 8 + (uint64_t)e->value_len, "a COMPARE_SET reply");
+    if (keep)
+        big_put_bytes(c, e->value, e->value_len);
     if (match)
         entry_wake(e);
     return keep;
@@ -339,21 +387,37 @@ static bool op_wait(struct store_conn *c, const struct store_request *r)
     struct store_entry **missing = malloc((r->count ? r->count : 1) * sizeof *missing);
     if (!missing)
         return reply_oom(c);
-    size_t n = 0;
+    size_t n = 0, keys_bytes = 0;
     bool oom = false;
     struct store_item_iter it = {0};
     const uint8_t *k;
     uint64_t kl;
+    /* What it would hold, checked before any placeholder is made. */
+    if (store_budget_counts(c)) {
+        while (store_request_item(r, &it, &k, &kl, NULL, NULL))
+            if (!store_table_entry_present(store_table_find(&s->table, conn_ns(c), k, kl))) {
+                n++;
+                keys_bytes += kl;
+            }
+        if (n > 0 && !store_budget_room(c, waiter_cost(n, keys_bytes), "a WAIT")) {
+            free(missing);
+            return false;
+        }
+        n = keys_bytes = 0;
+        it = (struct store_item_iter){0};
+    }
     /* A key listed twice is parked twice and woken twice: the count stays right without a search. */
     while (!oom && store_request_item(r, &it, &k, &kl, NULL, NULL)) {
         struct store_entry *e = store_table_get_or_add(&s->table, conn_ns(c), k, kl);
         if (!e)
             oom = true;
-        else if (!store_table_entry_present(e))
+        else if (!store_table_entry_present(e)) {
             missing[n++] = e;
+            keys_bytes += kl;
+        }
     }
     bool keep = true;
-    if (oom || (n > 0 && !waiter_park(c, STORE_OP_WAIT, missing, n))) {
+    if (oom || (n > 0 && !waiter_park(c, STORE_OP_WAIT, missing, n, waiter_cost(n, keys_bytes)))) {
         for (size_t i = 0; i < n; i++)
             store_table_release_if_unused(&s->table, missing[i]);
         keep = reply_oom(c);
@@ -430,16 +494,17 @@ static bool op_multi_get(struct store_conn *c, const struct store_request *r)
     if (total > STORE_MAX_REPLY_BYTES)
         return fail(c, STORE_ST_TOO_LARGE, "MULTI_GET reply of %llu bytes exceeds the limit of %u",
                     (unsigned long long)total, STORE_MAX_REPLY_BYTES);
-    struct store_buf *b = reply_begin(c);
+    if (!big_begin(c, total, "a MULTI_GET reply"))
+        return false;
     it = (struct store_item_iter){0};
     while (store_request_item(r, &it, &k, &kl, NULL, NULL)) {
         struct store_entry *e = store_table_find(&s->table, conn_ns(c), k, kl);
         if (e && e->has_value)
-            store_buf_put_bytes(b, e->value, e->value_len);
+            big_put_bytes(c, e->value, e->value_len);
         else
-            store_buf_put_u64(b, 0);
+            big_put_u64(c, 0);
     }
-    return reply_send(c);
+    return true;
 }
 
 static bool op_multi_set(struct store_conn *c, const struct store_request *r)
@@ -502,16 +567,18 @@ static bool op_queue_pop(struct store_conn *c, const struct store_request *r)
 {
     struct store_server *s = c->srv;
     struct store_entry *e = store_table_find(&s->table, conn_ns(c), r->key, r->key_len);
-    struct store_buf *b = reply_begin(c);
-    store_buf_put_u64(b, e ? (uint64_t)e->qlen : 0);
+    uint64_t qlen = e ? (uint64_t)e->qlen : 0;
+    if (!big_begin(c, 8 + (qlen ? 8 + e->qhead->len : 0), "a QUEUE_POP reply"))
+        return false;
+    big_put_u64(c, qlen);
     struct store_qitem *q = e ? store_table_queue_pop(e) : NULL;
     if (q) {
-        store_buf_put_bytes(b, q->data, q->len);
+        big_put_bytes(c, q->data, q->len);
         free(q);
         charge(s, e->owner, e);
         store_table_release_if_unused(&s->table, e);
     }
-    return reply_send(c);
+    return true;
 }
 
 static bool op_queue_len(struct store_conn *c, const struct store_request *r)
@@ -523,7 +590,7 @@ static bool op_queue_len(struct store_conn *c, const struct store_request *r)
 }
 
 struct list_walk {
-    struct store_buf *b;
+    struct store_conn *c;
     uint64_t n, bytes;
 };
 
@@ -540,7 +607,7 @@ static void list_put(struct store_entry *e, void *arg)
 {
     struct list_walk *w = arg;
     if (e->has_value)
-        store_buf_put_bytes(w->b, e->key, e->key_len);
+        big_put_bytes(w->c, e->key, e->key_len);
 }
 
 static bool op_list_keys(struct store_conn *c)
@@ -551,10 +618,12 @@ static bool op_list_keys(struct store_conn *c)
     if (w.bytes > STORE_MAX_REPLY_BYTES)
         return fail(c, STORE_ST_TOO_LARGE, "LIST_KEYS reply of %llu bytes exceeds the limit of %u",
                     (unsigned long long)w.bytes, STORE_MAX_REPLY_BYTES);
-    w.b = reply_begin(c);
-    store_buf_put_u64(w.b, w.n);
+    if (!big_begin(c, 8 + w.bytes, "a LIST_KEYS reply"))
+        return false;
+    w.c = c;
+    big_put_u64(c, w.n);
     store_table_each(&s->table, conn_ns(c), list_put, &w);
-    return reply_send(c);
+    return true;
 }
 
 /* c10d's BARRIER: the counter at key goes up by one; the arrival that takes it to world_size releases
@@ -585,7 +654,10 @@ static bool op_barrier(struct store_conn *c, const struct store_request *r)
     charge(s, c, e);
     if (v < r->number) {
         struct store_entry *one[1] = {e};
-        return waiter_park(c, STORE_OP_BARRIER, one, 1) ? true : reply_oom(c);
+        size_t cost = waiter_cost(1, 0); /* its entry holds a value, charged as a key */
+        if (!store_budget_room(c, cost, "a BARRIER"))
+            return false;
+        return waiter_park(c, STORE_OP_BARRIER, one, 1, cost) ? true : reply_oom(c);
     }
     entry_wake(e);
     struct store_buf *b = reply_begin(c);

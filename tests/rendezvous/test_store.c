@@ -728,11 +728,12 @@ Test(store, torch_off_refuses_plain_clients)
     store_server_stop(s);
 }
 
-/* PyTorch clients' keys hold at most torch_conn_bytes_max per connection and torch_bytes_max in all; the
- * connection that would pass a limit is dropped, what was stored stays. */
+/* PyTorch clients' keys hold at most torch_conn_bytes_max per connection, and with everything else they make
+ * the store hold (here: the next SET while it is received) at most unauth_bytes_max in all; the connection
+ * that would pass a limit is dropped, what was stored stays. */
 Test(store, torch_key_space_limits)
 {
-    struct store_server_options o = {.run_id = "job", .torch_conn_bytes_max = 100000, .torch_bytes_max = 250000};
+    struct store_server_options o = {.run_id = "job", .torch_conn_bytes_max = 100000, .unauth_bytes_max = 250000};
     struct store_server *s = test_server_opts(&o);
     int port = store_server_port(s);
     static char val[30000];

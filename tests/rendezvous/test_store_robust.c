@@ -375,11 +375,11 @@ Test(store_robust, pipelined_requests_answered_in_order)
     store_server_stop(s);
 }
 
-/* Connections without fsdpc's token share one budget for requests over 64 KiB still being received; one
- * that would pass it is closed at once, the others are not disturbed. */
+/* Connections without fsdpc's token reserve requests larger than their read window from their one budget
+ * while the requests arrive; one that would pass it is closed at once, the others are not disturbed. */
 Test(store_robust, unauthenticated_big_requests_share_a_budget)
 {
-    struct store_server_options o = {.run_id = "job", .unauth_inflight_max = 1 << 20};
+    struct store_server_options o = {.run_id = "job", .unauth_bytes_max = 1 << 20};
     struct store_server *s = test_server_opts(&o);
     struct store_client *c = test_client(s);
     int fd[3];
