@@ -69,7 +69,8 @@ const struct launch_opt launch_opts[O_COUNT] = {
                        "node 0 serves the live status page, /api/status and /metrics on this port (0 = a free "
                        "one, printed; default off)"},
     [O_STATUS_ADDR] = {"status_addr", {0}, K_VALUE,
-                       "address the status page binds (default 127.0.0.1; others need the job's token)"},
+                       "address the status page binds (default 127.0.0.1; others need FSDP_RDZV_TOKEN, and "
+                       "their clients the printed read-only status token)"},
     [O_STATUS_STALE] = {"status_stale_timeout", {0}, K_VALUE,
                         "seconds without a new record before the page shows a rank stale (default 30)"},
     [O_LOG_LEVEL] = {"log_level", {0}, K_VALUE, "debug, info, warn, error or off (default info)"},

@@ -259,7 +259,12 @@ static int run(struct launch_args *pa, struct launch_command *pcmd)
             goto out;
         }
         /* Printed whatever the log level, like the store's port: scripts and users need it. */
-        dprintf(2, "fsdp-launch: status page on http://%s:%d/\n", a.status_addr, status_server_port(status));
+        if (status_server_public(status) && status_server_token(status)[0])
+            /* the page's read-only token, never the store secret: this line lands in job logs */
+            dprintf(2, "fsdp-launch: status page on http://%s:%d/?token=%s (a read-only token for other hosts)\n",
+                    a.status_addr, status_server_port(status), status_server_token(status));
+        else
+            dprintf(2, "fsdp-launch: status page on http://%s:%d/\n", a.status_addr, status_server_port(status));
     }
     struct agent ag = {.a = &a, .r = r, .sigfd = sigfd, .host = host, .program = cmd.program, .argv = cmd.argv,
                        .launch_config = launch_config, .secret = secret, .omp_threads = omp_threads,

@@ -66,6 +66,7 @@ struct rank_state {
 struct status_server {
     struct status_server_options o;
     char *run_id, *secret, *store_host, bind_addr[64];
+    char page_token[STORE_STATUS_TOKEN_CHARS + 1]; /* "" without a secret: then only loopback clients */
     struct event_base *base;
     struct evhttp *http;
     struct event *stop_ev, *poll_ev;
@@ -320,6 +321,15 @@ static bool is_loopback(const char *addr)
     return strncmp(addr, "127.", 4) == 0 || strcmp(addr, "::1") == 0;
 }
 
+/* Whether t is the page's token: compared in constant time, so timing tells nothing about its digits. */
+static bool page_token_is(const struct status_server *s, const char *t)
+{
+    return s->page_token[0] && t && strlen(t) == STORE_STATUS_TOKEN_CHARS &&
+           store_auth_equal((const uint8_t *)t, (const uint8_t *)s->page_token, STORE_STATUS_TOKEN_CHARS);
+}
+
+/* Loopback clients need nothing; others the page's own read-only token (store_auth_status_token), never the
+ * store secret: whatever crosses this cleartext HTTP can be sniffed, and the secret would open the store. */
 static bool token_ok(struct status_server *s, struct evhttp_request *req, const struct evhttp_uri *uri)
 {
     char *peer = NULL;
@@ -327,17 +337,16 @@ static bool token_ok(struct status_server *s, struct evhttp_request *req, const 
     evhttp_connection_get_peer(evhttp_request_get_connection(req), &peer, &pport);
     if (is_loopback(peer))
         return true;
-    if (!s->secret)
+    if (!s->page_token[0])
         return false;
     const char *auth = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
-    if (auth && strncmp(auth, "Bearer ", 7) == 0 && strcmp(auth + 7, s->secret) == 0)
+    if (auth && strncmp(auth, "Bearer ", 7) == 0 && page_token_is(s, auth + 7))
         return true;
     const char *q = evhttp_uri_get_query(uri);
     bool ok = false;
     struct evkeyvalq params;
     if (q && evhttp_parse_query_str(q, &params) == 0) {
-        const char *t = evhttp_find_header(&params, "token");
-        ok = t && strcmp(t, s->secret) == 0;
+        ok = page_token_is(s, evhttp_find_header(&params, "token"));
         evhttp_clear_headers(&params);
     }
     return ok;
@@ -745,6 +754,8 @@ int status_server_start(const struct status_server_options *opts, struct status_
     s->run_id = strdup(opts->run_id ? opts->run_id : "");
     s->store_host = strdup(opts->store_host ? opts->store_host : "127.0.0.1");
     s->secret = opts->secret ? strdup(opts->secret) : NULL;
+    if (opts->secret && *opts->secret)
+        store_auth_status_token(s->run_id ? s->run_id : "", opts->secret, s->page_token);
     s->ranks = calloc((size_t)(opts->world_size > 0 ? opts->world_size : 1), sizeof *s->ranks);
     int rc = 0;
     if (!s->run_id || !s->store_host || (opts->secret && !s->secret) || !s->ranks) {
@@ -801,6 +812,13 @@ fail:
 }
 
 int status_server_port(const struct status_server *s) { return s ? s->port : -1; }
+
+const char *status_server_token(const struct status_server *s) { return s ? s->page_token : ""; }
+
+bool status_server_public(const struct status_server *s)
+{
+    return s && !is_loopback(s->bind_addr) && strcmp(s->bind_addr, "localhost") != 0;
+}
 
 void status_server_note_attempt(struct status_server *s, int generation, int restarts)
 {

@@ -10,6 +10,7 @@
 #include "common/error.h"
 
 static const char key_label[] = "fsdpc store key v2";
+static const char status_label[] = "fsdpc status page v1";
 
 void store_auth_key(const char *run_id, const char *secret, uint8_t key[STORE_KEY_BYTES])
 {
@@ -19,6 +20,23 @@ void store_auth_key(const char *run_id, const char *secret, uint8_t key[STORE_KE
     hmac_sha256_update(&ctx, sizeof key_label, (const uint8_t *)key_label); /* with its NUL: a separator */
     hmac_sha256_update(&ctx, strlen(run_id), (const uint8_t *)run_id);
     hmac_sha256_digest(&ctx, STORE_KEY_BYTES, key);
+}
+
+void store_auth_status_token(const char *run_id, const char *secret, char out[STORE_STATUS_TOKEN_CHARS + 1])
+{
+    struct hmac_sha256_ctx ctx;
+    const char *sec = secret ? secret : "";
+    uint8_t mac[SHA256_DIGEST_SIZE];
+    hmac_sha256_set_key(&ctx, strlen(sec), (const uint8_t *)sec);
+    hmac_sha256_update(&ctx, sizeof status_label, (const uint8_t *)status_label); /* with its NUL */
+    hmac_sha256_update(&ctx, strlen(run_id), (const uint8_t *)run_id);
+    hmac_sha256_digest(&ctx, sizeof mac, mac);
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < sizeof mac; i++) {
+        out[2 * i] = hex[mac[i] >> 4];
+        out[2 * i + 1] = hex[mac[i] & 15];
+    }
+    out[STORE_STATUS_TOKEN_CHARS] = 0;
 }
 
 /* Length-prefixed, so no two different inputs run together into the same bytes. */

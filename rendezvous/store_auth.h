@@ -23,6 +23,13 @@ bool store_auth_equal(const uint8_t *a, const uint8_t *b, size_t n);
 /* n random bytes (getrandom); 0 or FSDP_EIO. */
 int store_auth_random(uint8_t *out, size_t n);
 
+/* The status page's read-only credential (fsdp-launch --status_port): 64 hex digits of
+ * HMAC-SHA256(secret, "fsdpc status page v1\0" + run id). One-way, and under another label than the store's
+ * key, so whoever sniffs it off the page's cleartext HTTP learns neither the secret nor the key: it opens
+ * no store session (docs/store.md, docs/launcher.md). */
+#define STORE_STATUS_TOKEN_CHARS 64u
+void store_auth_status_token(const char *run_id, const char *secret, char out[STORE_STATUS_TOKEN_CHARS + 1]);
+
 /* ---- store_secret.c: where the secret comes from ---- */
 
 enum store_secret_source { STORE_SECRET_NONE, STORE_SECRET_ENV, STORE_SECRET_FILE };

@@ -2,8 +2,10 @@
  * /api/status and /metrics while it runs, the root cause after a rank is SIGKILLed and the job restarted,
  * escaping of a hostile run id, malformed and oversized requests, many concurrent clients, a client that
  * never reads (the job still finishes), a non-loopback bind without a token refused, slowloris and silent
- * clients dropped by the request deadline, and the connection cap. */
+ * clients dropped by the request deadline, the connection cap, and clients of another host (a second
+ * network namespace) let in by the page's own read-only token only, never by the store secret. */
 #include "tests/util/launch_util.h"
+#include "tests/util/tu_netns.h"
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
@@ -833,3 +835,116 @@ Test(launch_status, connections_past_the_cap_wait_and_the_cap_is_logged_once_a_s
     lu_rm_rf(dir);
     free(dir);
 }
+
+/* ---- clients of other hosts: the page's own token, never the store secret (docs/launcher.md) ---- */
+
+/* A GET from a forked child (no cr_*): the status code, or -1 when no answer came within 10 s. */
+static int child_get(const char *addr, int port, const char *path, const char *bearer)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    if (fd < 0 || inet_pton(AF_INET, addr, &a.sin_addr) != 1 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0)
+        return -1;
+    char req[1024];
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: %s\r\n%s%s%sConnection: close\r\n\r\n", path,
+                     addr, bearer ? "Authorization: Bearer " : "", bearer ? bearer : "", bearer ? "\r\n" : "");
+    if (send(fd, req, (size_t)n, MSG_NOSIGNAL) != n)
+        return -1;
+    char buf[64] = "";
+    size_t got = 0;
+    double end = tu_now() + 10;
+    while (got < 12 && tu_now() < end) {
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        if (poll(&pf, 1, 100) <= 0)
+            continue;
+        ssize_t r = recv(fd, buf + got, sizeof buf - 1 - got, 0);
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    close(fd);
+    buf[got] = 0;
+    return strncmp(buf, "HTTP/1.", 7) == 0 ? atoi(buf + 9) : -1;
+}
+
+Test(launch_status, other_hosts_need_the_page_token_never_the_store_secret, .timeout = 90)
+{
+    struct tu_netns_pair np;
+    if (tu_netns_pair_make(&np, 's', 214) != 0)
+        cr_skip_test("cannot create network namespaces and a veth pair here (needs root and iproute2)");
+    char *dir = lu_tmpdir();
+    const char *secret = "s3cret-of-the-store";
+    const char *argv[] = {"/usr/bin/ip", "netns", "exec", np.ns[0], LU_LAUNCH, "--standalone", "--nproc_per_node",
+                          "1", "--status_port", "0", "--status_addr", "0.0.0.0", "--run_id", "tokjob", LU_PROBE,
+                          "sleep", dir, NULL};
+    const char *env[] = {"FSDP_RDZV_TOKEN=s3cret-of-the-store", NULL};
+    g_sleeping = lu_spawn(argv, dir, "job", env);
+    const char *mark = "fsdp-launch: status page on http://0.0.0.0:";
+    int port = -1;
+    char token[128] = "";
+    double end = tu_now() + 30;
+    while (port < 0 && tu_now() < end) {
+        char *s = lu_slurp_tag(dir, "job", "err");
+        char *at = strstr(s, mark), *t = at ? strstr(at, "/?token=") : NULL;
+        if (at && t && strchr(at, '\n')) {
+            port = atoi(at + strlen(mark));
+            snprintf(token, sizeof token, "%.*s", (int)strcspn(t + 8, " \n"), t + 8);
+        }
+        free(s);
+        if (port < 0)
+            tu_nap(0.02);
+    }
+    char *err = lu_slurp_tag(dir, "job", "err");
+    if (port < 0) {
+        stop_sleeping_job();
+        tu_netns_pair_remove(&np);
+        cr_assert_fail("no status page address with a token printed: %s", err);
+    }
+    cr_assert_null(strstr(err, secret), "the launcher printed the store secret: %s", err);
+    cr_assert_eq(strlen(token), 64, "token %s", token);
+    char bad[128];
+    snprintf(bad, sizeof bad, "%.63s0", token);
+    if (strcmp(bad, token) == 0)
+        bad[62] = bad[62] == '0' ? '1' : '0';
+    /* the asks, each from the other namespace (so not loopback), and the codes they must get */
+    char q_tok[256], q_secret[256], q_bad[256], page[256];
+    snprintf(q_tok, sizeof q_tok, "/api/status?token=%s", token);
+    snprintf(q_secret, sizeof q_secret, "/api/status?token=%s", secret);
+    snprintf(q_bad, sizeof q_bad, "/api/status?token=%s", bad);
+    snprintf(page, sizeof page, "/?token=%s", token);
+    struct ask {
+        const char *path, *bearer;
+        int want;
+    } asks[] = {{"/api/status", NULL, 401},   {q_secret, NULL, 401},     {"/metrics", secret, 401},
+                {q_bad, NULL, 401},           {"/api/status", bad, 401}, {q_tok, NULL, 200},
+                {"/api/status", token, 200},  {"/metrics", token, 200},  {page, NULL, 200}};
+    enum { NASK = sizeof asks / sizeof asks[0] };
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t c = fork();
+    cr_assert(c >= 0);
+    if (c == 0) {
+        int codes[NASK];
+        bool in = tu_netns_enter(np.ns[1]) == 0;
+        for (int i = 0; i < NASK; i++)
+            codes[i] = in ? child_get(np.addr[0], port, asks[i].path, asks[i].bearer) : -2;
+        ssize_t w = write(fds[1], codes, sizeof codes);
+        _exit(w == (ssize_t)sizeof codes ? 0 : 1);
+    }
+    close(fds[1]);
+    int codes[NASK];
+    ssize_t got = read(fds[0], codes, sizeof codes);
+    close(fds[0]);
+    lu_wait(c, 30);
+    stop_sleeping_job();
+    tu_netns_pair_remove(&np);
+    cr_assert_eq(got, (ssize_t)sizeof codes, "the client in the other namespace gave no answers");
+    for (int i = 0; i < NASK; i++)
+        cr_expect_eq(codes[i], asks[i].want, "GET %s%s%s answered %d, not %d", asks[i].path,
+                     asks[i].bearer ? " with Bearer " : "", asks[i].bearer ? asks[i].bearer : "", codes[i],
+                     asks[i].want);
+    free(err);
+    lu_rm_rf(dir);
+    free(dir);
+}
+

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 
+#include "rendezvous/store_auth.h"
 #include "store_test_util.h"
 
 static void get_str(struct store_client *c, const char *key, const char *expect)
@@ -354,6 +355,40 @@ Test(store, wrong_run_id_or_secret_refused)
     rc = test_connect_opts(port, "job", "s3cret", 5, &c);
     cr_assert_eq(rc, 0, "%s", error_message());
     cr_assert_eq(store_client_ping(c), 0);
+    store_client_close(c);
+    store_server_stop(s);
+}
+
+/* The status page's token (docs/launcher.md) is what a sniffer of its cleartext HTTP gets: used as the
+ * store secret it opens no session, and it gives away neither the secret nor the store key. */
+Test(store, status_page_token_opens_no_store_session)
+{
+    struct store_server *s = test_server("job", "s3cret", 0);
+    int port = store_server_port(s);
+    char tok[STORE_STATUS_TOKEN_CHARS + 1], again[STORE_STATUS_TOKEN_CHARS + 1], other[STORE_STATUS_TOKEN_CHARS + 1];
+    store_auth_status_token("job", "s3cret", tok);
+    store_auth_status_token("job", "s3cret", again);
+    store_auth_status_token("other-job", "s3cret", other);
+    cr_assert_eq(strlen(tok), STORE_STATUS_TOKEN_CHARS);
+    cr_assert_eq(strspn(tok, "0123456789abcdef"), STORE_STATUS_TOKEN_CHARS, "%s", tok);
+    cr_assert_str_eq(tok, again, "derived, so every launcher of the job gives the same");
+    cr_assert_str_neq(tok, other, "each run id has its own");
+    cr_assert_null(strstr(tok, "s3cret"));
+    uint8_t key[STORE_KEY_BYTES];
+    store_auth_key("job", "s3cret", key);
+    char key_hex[2 * STORE_KEY_BYTES + 1];
+    for (unsigned i = 0; i < STORE_KEY_BYTES; i++)
+        snprintf(key_hex + 2 * i, 3, "%02x", key[i]);
+    cr_assert_str_neq(tok, key_hex, "the page's token must not be the store's key");
+    struct store_client *c = NULL;
+    int rc = test_connect_opts(port, "job", tok, 5, &c);
+    cr_assert_eq(rc, FSDP_EREFUSED, "the status token opened a store session: rc %d %s", rc, error_message());
+    cr_assert_null(c);
+    cr_assert(strstr(error_message(), "token differs"), "%s", error_message());
+    rc = test_connect_opts(port, "job", key_hex, 5, &c);
+    cr_assert_eq(rc, FSDP_EREFUSED);
+    rc = test_connect_opts(port, "job", "s3cret", 5, &c);
+    cr_assert_eq(rc, 0, "%s", error_message());
     store_client_close(c);
     store_server_stop(s);
 }
