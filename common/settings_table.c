@@ -56,7 +56,8 @@ static const struct setting table[SETTING_COUNT] = {
             "value not allowed stops the worker."},
     {.id = SETTING_HEARTBEAT_TIMEOUT, .name = "FSDP_HEARTBEAT_TIMEOUT", .type = SETTING_DOUBLE, .def = "10",
      .min = 0, .min_exclusive = true, .readers = SETTING_BY_LAUNCH,
-     .doc = "Seconds without a heartbeat before a node is declared lost; at least 3 x `--monitor_interval`."},
+     .doc = "Seconds without a heartbeat before a node is declared lost, or a rank of fsdp-worker whose process "
+            "lives is declared stopped; at least 3 x `--monitor_interval`."},
 
     /* the worker */
     {.id = SETTING_GPU_MODULE, .name = "FSDP_GPU_MODULE", .type = SETTING_STRING, .format = "a path",
@@ -201,6 +202,10 @@ static const struct setting table[SETTING_COUNT] = {
      .def_doc = "unset: none", .readers = SETTING_BY_WORKER, .launcher_sets = true,
      .doc = "Worker settings from fsdp-launch's `--config_file` (accelerate YAML, applied under the INI file) "
             "and its accelerate-style flags (applied over it); docs/launcher.md has the format."},
+    {.id = SETTING_HEARTBEAT_FD, .name = "FSDP_HEARTBEAT_FD", .type = SETTING_INT, .min = 0, .max = 1 << 20,
+     .def_doc = "unset: none", .readers = SETTING_BY_WORKER, .launcher_sets = true,
+     .doc = "The pipe on which fsdp-worker sends fsdp-launch a heartbeat every 0.5 s, so that a rank whose "
+            "process lives but stops (SIGSTOP, frozen) is named within FSDP_HEARTBEAT_TIMEOUT."},
 };
 
 const struct setting *settings_entry(enum setting_id id)

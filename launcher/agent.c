@@ -60,10 +60,21 @@ static char *make_record(struct agent *ag, const char *reason, const struct work
     cJSON_AddNumberToObject(o, "generation", generation);
     cJSON_AddNumberToObject(o, "exitcode", exitcode);
     cJSON_AddBoolToObject(o, "fatal", fatal);
-    cJSON_AddNumberToObject(o, "time", w ? w->exit_wall_s : clock_wall_s());
+    /* a rank whose heartbeat stopped is still running: its time is that of its last beat */
+    double now = clock_now_s();
+    cJSON_AddNumberToObject(o, "time", w && !w->running          ? w->exit_wall_s
+                                       : w && w->hb_silent_s > 0 ? clock_wall_s() - (now - w->last_beat_s)
+                                                                 : clock_wall_s());
     if (w) {
-        char st[64];
-        workers_describe_status(w->status, st, sizeof st);
+        char st[256];
+        if (w->hb_silent_s > 0) {
+            char why[160];
+            workers_describe_proc_state(w->pid, why, sizeof why);
+            snprintf(st, sizeof st, "no heartbeat for %.1f s while %s", w->hb_silent_s, why);
+            cJSON_AddNumberToObject(o, "heartbeat_age_s", w->hb_silent_s);
+        } else {
+            workers_describe_status(w->status, st, sizeof st);
+        }
         cJSON_AddNumberToObject(o, "rank", w->rank);
         cJSON_AddNumberToObject(o, "local_rank", w->local_rank);
         cJSON_AddNumberToObject(o, "pid", w->pid);
@@ -146,12 +157,14 @@ static bool record_fatal(const char *record)
  * first worker seen failing in this call, or -1. */
 static int wait_events(struct agent *ag, struct worker_group *g, double deadline, bool *child_seen)
 {
-    struct pollfd *pf = calloc((size_t)(2 * g->n + 1), sizeof *pf);
-    struct out_stream **who = calloc((size_t)(2 * g->n + 1), sizeof *who);
+    struct pollfd *pf = calloc((size_t)(3 * g->n + 1), sizeof *pf);
+    struct out_stream **who = calloc((size_t)(3 * g->n + 1), sizeof *who);
+    struct worker **beats = calloc((size_t)(3 * g->n + 1), sizeof *beats); /* the heartbeat pipes' ranks */
     int first_failed = -1;
-    if (!pf || !who) {
+    if (!pf || !who || !beats) {
         free(pf);
         free(who);
+        free(beats);
         sleep(0);
         return -1;
     }
@@ -164,6 +177,10 @@ static int wait_events(struct agent *ag, struct worker_group *g, double deadline
                 who[n] = s[k];
                 pf[n++] = (struct pollfd){.fd = s[k]->fd, .events = POLLIN};
             }
+        if (g->w[i].hb_fd >= 0) {
+            beats[n] = &g->w[i];
+            pf[n++] = (struct pollfd){.fd = g->w[i].hb_fd, .events = POLLIN};
+        }
     }
     int timeout_ms = -1;
     if (isfinite(deadline)) {
@@ -172,8 +189,11 @@ static int wait_events(struct agent *ag, struct worker_group *g, double deadline
     }
     int pr = poll(pf, (nfds_t)n, timeout_ms);
     if (pr > 0) {
+        double now = clock_now_s();
         for (int i = 1; i < n; i++)
-            if (pf[i].revents)
+            if (pf[i].revents && beats[i])
+                workers_pump_heartbeat(beats[i], now);
+            else if (pf[i].revents)
                 output_pump(who[i]);
         if (pf[0].revents) {
             bool child = false;
@@ -190,14 +210,17 @@ static int wait_events(struct agent *ag, struct worker_group *g, double deadline
     workers_reap(g, &first_failed);
     free(pf);
     free(who);
+    free(beats);
     return first_failed;
 }
 
 /* SIGTERM (unless a forwarded signal already asked them), then SIGKILL after --shutdown_timeout. */
 static void teardown(struct agent *ag, struct worker_group *g, bool already_signalled)
 {
-    if (g->running > 0 && !already_signalled)
+    if (g->running > 0 && !already_signalled) {
         workers_signal(g, SIGTERM);
+        workers_signal(g, SIGCONT); /* a stopped rank (SIGSTOP) acts on the SIGTERM only once continued */
+    }
     double kill_at = clock_now_s() + ag->a->shutdown_timeout_s;
     bool killed = false;
     int seen_signal = ag->pending_signal;
@@ -220,7 +243,13 @@ static void teardown(struct agent *ag, struct worker_group *g, bool already_sign
         char st[64];
         workers_describe_status(g->w[i].status, st, sizeof st);
         log_debug("rank %d (local rank %d, pid %d) ended: %s", g->w[i].rank, g->w[i].local_rank, (int)g->w[i].pid, st);
-        status_server_note_exit(ag->status, g->w[i].rank, st, workers_exit_code(g->w[i].status) == 0);
+        char shown[128];
+        if (g->w[i].hb_silent_s > 0)
+            snprintf(shown, sizeof shown, "no heartbeat for %.1f s, then %s", g->w[i].hb_silent_s, st);
+        else
+            snprintf(shown, sizeof shown, "%s", st);
+        status_server_note_exit(ag->status, g->w[i].rank, shown,
+                                workers_exit_code(g->w[i].status) == 0 && g->w[i].hb_silent_s <= 0);
     }
     /* Let the pipes give their last lines (writers may be grandchildren: bounded). */
     double drain_until = clock_now_s() + 1.0;
@@ -319,6 +348,33 @@ static char *root_await_remote(struct agent *ag, struct worker_group *g, int gen
     return NULL;
 }
 
+/* A failure of exit code 2 (a training error, such as a collective's timeout) or 3 (a peer failed) while a
+ * local rank has missed this many seconds of fsdp-worker's 0.5 s heartbeats is taken to follow from that
+ * rank: it stopped (SIGSTOP, frozen), and its peers timed out waiting on it. */
+#define RANK_SUSPECT_SILENT_S 2.0
+
+/* The root cause when a local rank's heartbeat stopped while its process lives (docs/launcher.md, "Ranks'
+ * heartbeats"): names the rank, its node, how long it has been silent and what its process is doing. */
+static struct run_result heartbeat_lost(struct agent *ag, struct worker_group *g, int gen, int silent,
+                                        const struct worker *after)
+{
+    struct worker *w = &g->w[silent];
+    w->hb_silent_s = clock_now_s() - w->last_beat_s;
+    char why[160];
+    workers_describe_proc_state(w->pid, why, sizeof why);
+    char follow[128] = "";
+    if (after) {
+        char st[64];
+        workers_describe_status(after->status, st, sizeof st);
+        snprintf(follow, sizeof follow, "; rank %d's failure (%s) followed from it", after->rank, st);
+    }
+    log_error("rank %d (local rank %d, pid %d) on node %d sent no heartbeat for %.1f s while %s%s; stopping every "
+              "rank", w->rank, w->local_rank, (int)w->pid, ag->a->node_rank, w->hb_silent_s, why, follow);
+    struct run_result res = {OUT_FAILED, NULL};
+    res.root = publish(ag, gen, make_record(ag, "rank stopped sending heartbeats", w, 1, false, gen));
+    return res;
+}
+
 static struct run_result supervise(struct agent *ag, struct worker_group *g, int gen)
 {
     const struct launch_args *a = ag->a;
@@ -327,8 +383,15 @@ static struct run_result supervise(struct agent *ag, struct worker_group *g, int
     bool done_marked = false;
     double next_tick = clock_now_s() + a->monitor_interval_s;
     for (;;) {
-        int failed = wait_events(ag, g, multi ? next_tick : INFINITY, NULL);
+        /* single node too: the ranks' heartbeats are checked every --monitor_interval */
+        int failed = wait_events(ag, g, next_tick, NULL);
         if (failed >= 0) {
+            int code = workers_exit_code(g->w[failed].status);
+            int silent = code == 2 || code == EXIT_PEER_FAILED
+                             ? workers_silent(g, clock_now_s(), RANK_SUSPECT_SILENT_S)
+                             : -1;
+            if (silent >= 0)
+                return heartbeat_lost(ag, g, gen, silent, &g->w[failed]);
             failed = root_find(ag, g, failed);
             if (multi && workers_exit_code(g->w[failed].status) == EXIT_PEER_FAILED) {
                 char *remote = root_await_remote(ag, g, gen, &failed);
@@ -364,6 +427,9 @@ static struct run_result supervise(struct agent *ag, struct worker_group *g, int
             res.root = publish(ag, gen, make_record(ag, reason, NULL, 128 + ag->pending_signal, true, gen));
             return res;
         }
+        int silent = workers_silent(g, clock_now_s(), ag->heartbeat_timeout_s);
+        if (silent >= 0)
+            return heartbeat_lost(ag, g, gen, silent, NULL);
         if (g->running == 0 && !done_marked) {
             done_marked = true;
             if (!multi)
@@ -375,9 +441,11 @@ static struct run_result supervise(struct agent *ag, struct worker_group *g, int
             log_info("all %d local workers succeeded; waiting for the other nodes", g->n);
             next_tick = clock_now_s();
         }
-        if (!multi || clock_now_s() < next_tick)
+        if (clock_now_s() < next_tick)
             continue;
         next_tick = clock_now_s() + a->monitor_interval_s;
+        if (!multi)
+            continue;
         struct rdzv_status st;
         if (rdzv_poll(ag->r, gen, &st)) {
             res.outcome = OUT_STORE_LOST;

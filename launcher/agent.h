@@ -19,6 +19,7 @@ struct agent {
     const char *omp_threads;
     int pending_signal;   /* a terminating signal received, 0 if none */
     struct status_server *status; /* --status_port on node 0, else NULL */
+    double heartbeat_timeout_s;   /* a rank (as a node) silent this long is declared stopped */
 };
 
 /* Runs the job to the end; returns the launcher's exit code. */

@@ -216,15 +216,15 @@ static int run(struct launch_args *pa, struct launch_command *pcmd)
 
     /* The store listens on --local_addr, else on --master_addr (the address the other nodes use), never on
      * every interface unless asked to (0.0.0.0). */
+    double hb_timeout = heartbeat_timeout(a.heartbeat_timeout_s > 0 ? a.heartbeat_timeout_s
+                                                                    : settings_double(SETTING_HEARTBEAT_TIMEOUT),
+                                          a.monitor_interval_s);
     struct rdzv_options ro = {.master_addr = a.master_addr, .master_port = a.master_port,
                               .bind_addr = bind_addr, .torch_off = a.no_torch_store, .run_id = a.run_id,
                               .secret = secret,
                               .nnodes = a.nnodes, .node_rank = a.node_rank, .nproc_per_node = a.nproc_per_node,
                               .host = host, .timeout_s = a.rdzv_timeout_s,
-                              .heartbeat_timeout_s = heartbeat_timeout(a.heartbeat_timeout_s > 0
-                                                                           ? a.heartbeat_timeout_s
-                                                                           : settings_double(SETTING_HEARTBEAT_TIMEOUT),
-                                                                       a.monitor_interval_s),
+                              .heartbeat_timeout_s = hb_timeout,
                               .node_hosts = a.slurm_nhosts >= a.nnodes ? (const char *const *)a.slurm_hosts : NULL};
     struct early_stop es = {.sigfd = sigfd};
     ro.should_stop = stop_requested;
@@ -268,7 +268,7 @@ static int run(struct launch_args *pa, struct launch_command *pcmd)
     }
     struct agent ag = {.a = &a, .r = r, .sigfd = sigfd, .host = host, .program = cmd.program, .argv = cmd.argv,
                        .launch_config = launch_config, .secret = secret, .omp_threads = omp_threads,
-                       .pending_signal = es.signo, .status = status};
+                       .pending_signal = es.signo, .status = status, .heartbeat_timeout_s = hb_timeout};
     code = agent_run(&ag);
 out:
     /* The status server and the store use the secret (loaded): they stop first. */

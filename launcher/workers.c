@@ -45,7 +45,7 @@ static const char *const overridden[] = {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_NAME",
     "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "FSDP_RDZV_TOKEN",
-    "FSDP_STORE_PREFIX", "OMP_NUM_THREADS", "FSDP_LOG_LEVEL", "FSDP_LAUNCH_CONFIG", NULL};
+    "FSDP_STORE_PREFIX", "OMP_NUM_THREADS", "FSDP_LOG_LEVEL", "FSDP_LAUNCH_CONFIG", "FSDP_HEARTBEAT_FD", NULL};
 
 static bool is_overridden(const char *entry)
 {
@@ -68,7 +68,7 @@ static char *strdup_prefixed(const char *prefix, const char *value)
 /* Built in the parent: after fork only async-signal-safe calls are allowed (the store server thread
  * may hold malloc's lock at the moment of fork), so the child only calls execve. */
 static char **build_env(const struct launch_args *a, const struct rdzv_assignment *as, const struct spawn_env *e,
-                        int local_rank)
+                        int local_rank, int hb_fd)
 {
     size_t n = 0;
     for (char **p = environ; *p; p++)
@@ -110,6 +110,7 @@ static char **build_env(const struct launch_args *a, const struct rdzv_assignmen
     if (!getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING"))
         ADD("TORCH_NCCL_ASYNC_ERROR_HANDLING=1");
     ADD("FSDP_STORE_PREFIX=%s", as->prefix);
+    ADD("FSDP_HEARTBEAT_FD=%d", hb_fd);
     /* --log_level (else the launcher's own FSDP_LOG_LEVEL) reaches the workers: one knob for the job. */
     static const char *const level_names[] = {"debug", "info", "warn", "error", "off"};
     ADD("FSDP_LOG_LEVEL=%s", level_names[a->log_level >= LOG_DEBUG && a->log_level <= LOG_OFF ? a->log_level
@@ -205,7 +206,7 @@ static int open_log(const char *dir, const char *name)
 static int spawn_one(struct worker *w, const struct launch_args *a, const struct rdzv_assignment *as,
                      const struct spawn_env *e)
 {
-    int outp[2] = {-1, -1}, errp[2] = {-1, -1};
+    int outp[2] = {-1, -1}, errp[2] = {-1, -1}, hbp[2] = {-1, -1};
     int log_out = -1, log_err = -1;
     char **env = NULL;
     int rc = 0;
@@ -223,11 +224,11 @@ static int spawn_one(struct worker *w, const struct launch_args *a, const struct
             goto fail;
         }
     }
-    if (pipe2(outp, O_CLOEXEC) || pipe2(errp, O_CLOEXEC)) {
+    if (pipe2(outp, O_CLOEXEC) || pipe2(errp, O_CLOEXEC) || pipe2(hbp, O_CLOEXEC)) {
         rc = error_set(FSDP_EIO, "pipe: %s", strerror(errno));
         goto fail;
     }
-    env = build_env(a, as, e, w->local_rank);
+    env = build_env(a, as, e, w->local_rank, hbp[1]);
     if (!env) {
         rc = error_set(FSDP_ENOMEM, "out of memory building the worker environment");
         goto fail;
@@ -261,6 +262,7 @@ static int spawn_one(struct worker *w, const struct launch_args *a, const struct
         sigprocmask(SIG_SETMASK, &none, NULL);
         dup2(outp[1], 1);
         dup2(errp[1], 2);
+        fcntl(hbp[1], F_SETFD, 0); /* the heartbeat's end, the only pipe kept across execve */
         execve(e->program, e->argv, env);
         exec_failed(e->program, errno);
         _exit(127);
@@ -270,6 +272,9 @@ static int spawn_one(struct worker *w, const struct launch_args *a, const struct
     free_env(env);
     close(outp[1]);
     close(errp[1]);
+    close(hbp[1]);
+    fcntl(hbp[0], F_SETFL, O_NONBLOCK);
+    w->hb_fd = hbp[0];
     fcntl(outp[0], F_SETFL, O_NONBLOCK);
     fcntl(errp[0], F_SETFL, O_NONBLOCK);
     int rank = w->rank;
@@ -303,6 +308,8 @@ fail:
             close(outp[i]);
         if (errp[i] >= 0)
             close(errp[i]);
+        if (hbp[i] >= 0)
+            close(hbp[i]);
     }
     if (log_out >= 0)
         close(log_out);
@@ -391,7 +398,7 @@ int workers_spawn(struct worker_group *g, const struct launch_args *a, const str
         struct worker *w = &g->w[i];
         w->local_rank = i;
         w->rank = as->rank_base + i;
-        w->out.fd = w->err.fd = w->out.log_fd = w->err.log_fd = -1;
+        w->out.fd = w->err.fd = w->out.log_fd = w->err.log_fd = w->hb_fd = -1;
         int rc = spawn_one(w, a, as, e);
         if (rc) {
             g->n = i;
@@ -453,6 +460,8 @@ void workers_release(struct worker_group *g)
         }
         output_close(&w->out);
         output_close(&w->err);
+        if (w->hb_fd >= 0)
+            close(w->hb_fd);
     }
     for (int k = 0; k < 2; k++) {
         if (g->filtered_fd[k] >= 0)
@@ -462,6 +471,67 @@ void workers_release(struct worker_group *g)
     free(g->w);
     memset(g, 0, sizeof *g);
     g->filtered_fd[0] = g->filtered_fd[1] = -1;
+}
+
+void workers_pump_heartbeat(struct worker *w, double now)
+{
+    char buf[256];
+    for (;;) {
+        ssize_t n = read(w->hb_fd, buf, sizeof buf);
+        if (n > 0) {
+            w->beating = true;
+            w->last_beat_s = now;
+            if (memchr(buf, 'e', (size_t)n)) {
+                /* the rank ended (exit): what started it may live on, holding the pipe, and beat no more */
+                close(w->hb_fd);
+                w->hb_fd = -1;
+                w->beating = false;
+                return;
+            }
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+            /* its writer is gone: the rank is ending (its exit tells the rest) */
+            close(w->hb_fd);
+            w->hb_fd = -1;
+            w->beating = false;
+        }
+        return;
+    }
+}
+
+int workers_silent(const struct worker_group *g, double now, double limit_s)
+{
+    int best = -1;
+    for (int i = 0; i < g->n; i++) {
+        const struct worker *w = &g->w[i];
+        if (w->running && w->beating && w->hb_fd >= 0 && now - w->last_beat_s > limit_s &&
+            (best < 0 || w->last_beat_s < g->w[best].last_beat_s))
+            best = i;
+    }
+    return best;
+}
+
+void workers_describe_proc_state(pid_t pid, char *buf, size_t cap)
+{
+    char path[64], text[512] = "";
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? read(fd, text, sizeof text - 1) : -1;
+    if (fd >= 0)
+        close(fd);
+    /* "pid (comm) S ...": the state follows the last ')' (comm may hold any byte) */
+    const char *rp = n > 0 ? strrchr(text, ')') : NULL;
+    char st = rp && rp[1] == ' ' ? rp[2] : '?';
+    const char *what = st == 'T'   ? "its process is stopped by a signal (SIGSTOP or SIGTSTP)"
+                       : st == 't' ? "its process is stopped by a debugger"
+                       : st == 'D' ? "its process is in uninterruptible sleep (disk or device I/O)"
+                       : st == 'Z' ? "its process is exiting"
+                       : st == '?' ? "its process state is unknown"
+                                   : "its process runs, but its heartbeat thread is not scheduled (overloaded host?)";
+    snprintf(buf, cap, "%s", what);
 }
 
 void workers_describe_status(int status, char *buf, size_t cap)

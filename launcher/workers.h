@@ -18,6 +18,12 @@ struct worker {
     int status;         /* waitpid status once exited */
     double exit_wall_s; /* time of the exit (epoch seconds), for the summary */
     struct out_stream out, err;
+    /* The rank's heartbeat pipe (FSDP_HEARTBEAT_FD; fsdp-worker beats, other programs do not): -1 once
+     * closed. Watched only once the first beat came, so a program that never beats is never suspected. */
+    int hb_fd;
+    bool beating;
+    double last_beat_s;  /* clock_now_s() of the last beat */
+    double hb_silent_s;  /* > 0 once the launcher declared its heartbeat stopped: silent this long */
 };
 
 struct worker_group {
@@ -50,6 +56,14 @@ int workers_reap(struct worker_group *g, int *first_failed);
 void workers_signal(struct worker_group *g, int sig);
 /* Kills what is left in every worker's process group and frees the group (pipes drained first). */
 void workers_release(struct worker_group *g);
+
+/* Reads what the rank's heartbeat pipe holds: a beat (now) or its end (the fd closed). */
+void workers_pump_heartbeat(struct worker *w, double now);
+/* The running rank that beat before and has been silent longest, when that is over limit_s; -1 if none. */
+int workers_silent(const struct worker_group *g, double now, double limit_s);
+/* What the kernel says the process is doing, for a rank that stopped beating: "stopped by a signal
+ * (SIGSTOP or SIGTSTP)", "in uninterruptible sleep (D)", ... */
+void workers_describe_proc_state(pid_t pid, char *buf, size_t cap);
 
 /* "exit code 3" or "signal 9 (SIGKILL)" */
 void workers_describe_status(int status, char *buf, size_t cap);

@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/settings.h"
+#include "worker/train/heartbeat.h"
 #include "worker/train/train.h"
 #include "worker/train/train_sources.h"
 #include "worker/config/worker_config.h"
@@ -66,6 +67,8 @@ int main(int argc, char **argv)
 
     if (detect_blocks_wanted(argc, argv))
         return detect_blocks_main(argc, argv);
+    /* from the start: a rank stopped while it loads its config or data is as stuck as one stopped in a step */
+    heartbeat_start();
     const struct config_schema *schema = worker_config_schema();
     struct config_cli cli;
     struct config *cfg = NULL;

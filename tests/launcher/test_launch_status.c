@@ -3,7 +3,8 @@
  * escaping of a hostile run id, malformed and oversized requests, many concurrent clients, a client that
  * never reads (the job still finishes), a non-loopback bind without a token refused, slowloris and silent
  * clients dropped by the request deadline, the connection cap, and clients of another host (a second
- * network namespace) let in by the page's own read-only token only, never by the store secret. */
+ * network namespace) let in by the page's own read-only token only, never by the store secret, and a
+ * SIGSTOPped rank named by its stopped heartbeat, also when its peer's collective times out first. */
 #include "tests/util/launch_util.h"
 #include "tests/util/tu_netns.h"
 
@@ -948,3 +949,76 @@ Test(launch_status, other_hosts_need_the_page_token_never_the_store_secret, .tim
     free(dir);
 }
 
+/* ---- a rank whose heartbeat stops while its process lives (docs/launcher.md, "Ranks' heartbeats") ---- */
+
+/* SIGSTOPs rank 1 once both ranks run; returns the /api/status snapshot once the job has restarted (its
+ * previous_failure is the root cause), with *took_s the seconds from the stop to that. */
+static cJSON *stop_rank1_until_restart(struct job *j, double limit_s, double *took_s)
+{
+    cJSON *o = wait_running(j, 2, 0, 120);
+    int pid1 = (int)jnum(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "ranks"), 1), "pid");
+    cJSON_Delete(o);
+    cr_assert_gt(pid1, 0);
+    double t0 = tu_now();
+    kill(pid1, SIGSTOP);
+    while (tu_now() < t0 + limit_s) {
+        o = get_status(j->port);
+        if (jnum(o, "restarts") >= 1 && cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(o, "previous_failure"))) {
+            *took_s = tu_now() - t0;
+            cr_assert(!lu_pid_alive(pid1), "the stopped rank (pid %d) outlived its attempt", pid1);
+            return o;
+        }
+        cJSON_Delete(o);
+        tu_nap(0.1);
+    }
+    kill(pid1, SIGCONT);
+    cr_assert_fail("rank 1 stopped %.0f s ago and the job did not restart: %s", limit_s,
+                   lu_slurp_tag(j->dir, "job", "err"));
+    return NULL;
+}
+
+static void expect_rank1_named(const cJSON *o, const struct job *j)
+{
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, "previous_failure");
+    char *text = cJSON_PrintUnformatted(f);
+    cr_expect_eq(jnum(f, "rank"), 1, "root cause %s\n%s", text, lu_slurp_tag(j->dir, "job", "err"));
+    cr_expect_eq(jnum(f, "node"), 0, "%s", text);
+    cr_expect_str_eq(jstr(f, "reason"), "rank stopped sending heartbeats", "%s", text);
+    cr_expect(strstr(jstr(f, "status"), "stopped by a signal"), "%s", text);
+    cr_expect_geq(jnum(f, "heartbeat_age_s"), 2, "%s", text);
+    const cJSON *r1 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "ranks"), 1);
+    cr_expect(strncmp(jstr(r1, "previous_exit"), "no heartbeat for ", 17) == 0, "rank 1's previous_exit: %s",
+              jstr(r1, "previous_exit"));
+    free(text);
+}
+
+Test(launch_status, a_sigstopped_rank_is_named_within_the_heartbeat_timeout, .timeout = 240)
+{
+    struct job j;
+    const char *env[] = {"FSDP_HEARTBEAT_TIMEOUT=3", NULL};
+    job_start(&j, 100000, "hbstop", env, "30");
+    double took = 0;
+    cJSON *o = stop_rank1_until_restart(&j, 30, &took);
+    /* silence counts from the last beat, up to 0.5 s before the stop */
+    cr_expect_geq(took, 2.4, "declared before the 3 s heartbeat timeout: %.2f s", took);
+    expect_rank1_named(o, &j);
+    cJSON_Delete(o);
+    kill(j.pid, SIGTERM);
+    job_finish(&j, 128 + SIGTERM);
+}
+
+/* With the collectives' timeout (5 s) shorter than the heartbeat timeout (60 s), rank 0 fails first, on its
+ * timeout waiting for rank 1: the root cause is still rank 1, whose heartbeat stopped. */
+Test(launch_status, a_peer_timing_out_on_a_stopped_rank_names_the_stopped_one, .timeout = 240)
+{
+    struct job j;
+    const char *env[] = {"FSDP_HEARTBEAT_TIMEOUT=60", "FSDP_COMM_TIMEOUT_S=5", NULL};
+    job_start(&j, 100000, "hbpeer", env, "30");
+    double took = 0;
+    cJSON *o = stop_rank1_until_restart(&j, 45, &took);
+    cr_expect_lt(took, 40, "named by the heartbeat timeout (60 s) rather than at rank 0's failure: %.1f s", took);
+    expect_rank1_named(o, &j);
+    cJSON_Delete(o);
+    kill(j.pid, SIGTERM);
+    job_finish(&j, 128 + SIGTERM);
+}
