@@ -5,20 +5,22 @@
 #include <fcntl.h>
 #include <stdlib.h>
 
+#include "common/rss.h"
 #include "store_test_util.h"
 
 static long rss_kb(void)
 {
-    FILE *f = fopen("/proc/self/status", "r");
-    cr_assert_not_null(f);
-    char line[256];
-    long kb = -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
-            break;
-    fclose(f);
-    return kb;
+    return (long)(rss_now() / 1024);
 }
+
+/* Under AddressSanitizer freed memory sits in its quarantine and every allocation has shadow and redzones, so
+ * RSS says nothing about what the store holds: there the tests check the charged bytes (store_server_stats)
+ * only, and the plain build checks RSS too. */
+#ifdef __SANITIZE_ADDRESS__
+#define RSS_MEANS_HELD false
+#else
+#define RSS_MEANS_HELD true
+#endif
 
 static struct store_server_stats stats_of(struct store_server *s)
 {
@@ -150,7 +152,7 @@ Test(store_budget, multi_get_bombs_stay_within_the_budget, .timeout = 60)
     cr_assert_leq(st.unauth_bytes_peak, st.unauth_bytes_max, "peak %zu over the budget", st.unauth_bytes_peak);
     cr_assert_geq(st.budget_refusals, BOMBS - 3, "only %llu of %d bombs refused",
                   (unsigned long long)st.budget_refusals, BOMBS);
-    cr_assert_lt(peak - base, 32 * 1024, "RSS went from %ld to %ld kB", base, peak);
+    cr_assert(!RSS_MEANS_HELD || peak - base < 32 * 1024, "RSS went from %ld to %ld kB", base, peak);
     for (int i = 0; i < BOMBS; i++)
         close(fd[i]);
     size_t left = budget_settles_at(s, keys);
@@ -214,7 +216,7 @@ Test(store_budget, wait_bombs_stay_within_the_budget, .timeout = 60)
     cr_assert_gt(st.unauth_bytes, 4u << 20, "the waits that fit are charged (%zu)", st.unauth_bytes);
     cr_assert_geq(st.budget_refusals, BOMBS - 5, "only %llu of %d WAIT bombs refused",
                   (unsigned long long)st.budget_refusals, BOMBS);
-    cr_assert_lt(peak - base, 32 * 1024, "RSS went from %ld to %ld kB", base, peak);
+    cr_assert(!RSS_MEANS_HELD || peak - base < 32 * 1024, "RSS went from %ld to %ld kB", base, peak);
     /* the job's waits are not charged */
     cr_assert_eq(store_client_set(c, "k", "v", 1), 0, "%s", error_message());
     for (int i = 0; i < BOMBS; i++)
@@ -243,14 +245,14 @@ Test(store_budget, wait_memory_is_given_back_when_connections_close, .timeout = 
     cr_assert_eq(st.budget_refusals, 0);
     cr_assert_gt(st.unauth_bytes, (size_t)BOMBS * 2 * 1000 * 1000, "the waits are charged (%zu)", st.unauth_bytes);
     long held = rss_kb();
-    cr_assert_gt(held - base, 30 * 1024, "the waits hold memory (RSS %ld -> %ld kB)", base, held);
+    cr_assert(!RSS_MEANS_HELD || held - base > 30 * 1024, "the waits hold memory (RSS %ld -> %ld kB)", base, held);
     for (int i = 0; i < BOMBS; i++)
         close(fd[i]);
     cr_assert_eq(budget_settles_at(s, 0), 0, "the waits were not given back when their connections closed");
     test_sleep(0.5);
     long after = rss_kb();
-    cr_assert_lt(after - base, 12 * 1024, "RSS %ld kB after the connections closed (from %ld, %ld while held)",
-                 after, base, held);
+    cr_assert(!RSS_MEANS_HELD || after - base < 12 * 1024,
+              "RSS %ld kB after the connections closed (from %ld, %ld while held)", after, base, held);
     store_server_stop(s);
 }
 
