@@ -21,7 +21,11 @@ TestSuite(prepare_data, .init = setup, .fini = teardown);
 
 /* Runs fsdp-prepare-data with argv (NULL-terminated, without argv[0]); returns the exit code and the
  * combined stdout+stderr in out. */
-static int run_prepare(char *out, size_t cap, const char **args)
+static int run_prepare_env(char *out, size_t cap, const char **args, const char *const *env);
+static int run_prepare(char *out, size_t cap, const char **args) { return run_prepare_env(out, cap, args, NULL); }
+
+/* The same with env ("NAME=value" pairs, NULL-terminated; may be NULL) added in the child. */
+static int run_prepare_env(char *out, size_t cap, const char **args, const char *const *env)
 {
     const char *root = getenv("FSDP_BUILD_ROOT");
     cr_assert(root, "FSDP_BUILD_ROOT is not set (run through meson test)");
@@ -35,6 +39,8 @@ static int run_prepare(char *out, size_t cap, const char **args)
         int fd = open(outpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(fd, 1);
         dup2(fd, 2);
+        for (int i = 0; env && env[i]; i++)
+            putenv((char *)env[i]);
         const char *argv[32] = {exe};
         for (int i = 0; args[i] && i < 30; i++)
             argv[i + 1] = args[i];
@@ -338,4 +344,58 @@ Test(prepare_data, json_lines_bad_lines_and_field)
     int64_t n;
     free(read_tokens(bin, 0, &n));
     cr_assert_eq(n, 2, "the body field's document");
+}
+
+/* Issue 28: a file that grows while it is read. Only the bytes it held when it was opened are used, and a
+ * warning says so. tests/worker/grow_on_read.c, preloaded, appends to the input after the program opened it
+ * and before its first read returns (a real writer would race a read of microseconds): a text file gets a
+ * line, a gzip file a whole second gzip member, which a reader that reads to the end would decompress too. */
+Test(prepare_data, input_that_grows_while_read_gives_its_size_at_open)
+{
+    const char *module = getenv("FSDP_TEST_GROW_MODULE");
+    if (!module || !*module)
+        cr_skip_test("no grow_on_read module: the sanitizer build cannot preload it (ASan's runtime must come first)");
+    const char *extra = "APPENDED WHILE READ\n";
+    char with_txt[256], with_gz[256], marker_gz[64], p[512], out[8192];
+    snprintf(with_txt, sizeof with_txt, "%s/with.txt", tmpdir);
+    wtest_write_file(with_txt, extra, strlen(extra));
+    snprintf(marker_gz, sizeof marker_gz, "with.gz");
+    put_gzip(marker_gz, extra, strlen(extra));
+    snprintf(with_gz, sizeof with_gz, "%s/with.gz", tmpdir);
+    const char *preload = getenv("LD_PRELOAD");
+    char env_preload[1024], env_file[300], env_with[300];
+    snprintf(env_preload, sizeof env_preload, "LD_PRELOAD=%s%s%s", preload ? preload : "", preload ? ":" : "", module);
+    for (int gz = 0; gz < 2; gz++) {
+        mk(gz ? "in_gz" : "in_txt");
+        char *orig = put(gz ? "orig.txt" : "in_txt/a.txt", 200000, 3);
+        if (gz)
+            put_gzip("in_gz/a.txt.gz", orig, 200000);
+        char input[256], outdir[256];
+        snprintf(input, sizeof input, "%s/%s", tmpdir, gz ? "in_gz/a.txt.gz" : "in_txt/a.txt");
+        snprintf(outdir, sizeof outdir, "%s/out%d", tmpdir, gz);
+        struct stat before, after;
+        cr_assert_eq(stat(input, &before), 0);
+        snprintf(env_file, sizeof env_file, "FSDP_TEST_GROW_FILE=%s", input);
+        snprintf(env_with, sizeof env_with, "FSDP_TEST_GROW_WITH=%s", gz ? with_gz : with_txt);
+        const char *env[] = {env_preload, env_file, env_with, NULL};
+        const char *args[] = {"--val-fraction", "0", "-o", outdir, input, NULL};
+        int rc = run_prepare_env(out, sizeof out, args, env);
+        cr_assert_eq(rc, 0, "%s", out);
+        cr_assert_eq(stat(input, &after), 0);
+        cr_assert_gt(after.st_size, before.st_size, "the hook did not append to %s: the test tested nothing", input);
+        cr_assert(strstr(out, "grew while it was read"), "no warning about the growth:\n%s", out);
+        snprintf(p, sizeof p, "%s/train.bin", outdir);
+        int64_t n;
+        uint16_t *t = read_tokens(p, 0, &n);
+        cr_assert_eq(n, 200000, "%s: %lld tokens, the file had 200000 bytes when opened (%lld with the appended "
+                     "part)", gz ? "gzip" : "text", (long long)n, (long long)(200000 + strlen(extra)));
+        for (int64_t i = 0; i < n; i++)
+            cr_assert_eq(t[i], (unsigned char)orig[i], "token %lld", (long long)i);
+        cJSON *m = read_json((snprintf(p, sizeof p, "%s/meta.json", outdir), p));
+        const cJSON *in = cJSON_GetObjectItemCaseSensitive(m, "inputs");
+        cr_assert_eq(cJSON_GetObjectItemCaseSensitive(in, "bytes")->valuedouble, 200000);
+        cJSON_Delete(m);
+        free(t);
+        free(orig);
+    }
 }

@@ -1,14 +1,20 @@
 /* fsdp-prepare-data's inputs (prepare_input.h): compressed files read through zlib and libzstd, JSON Lines
- * through cJSON. */
+ * through cJSON. A file is read once, up to the size it had when opened; compressed data is decompressed
+ * from those bytes. */
 #include "worker/tools/prepare_input.h"
 
 #include "common/error.h"
+#include "common/fs.h"
+#include "common/log.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 #include <zstd.h>
 
@@ -31,59 +37,92 @@ static int grow(unsigned char **buf, size_t *cap, size_t need, size_t max, const
     return 0;
 }
 
+/* Reads at most the size the file had when it was opened (fstat on the descriptor): a file that grows while
+ * it is read (a log being written, a download still running) would otherwise be read for as long as it grows,
+ * and its tail would be a partial record. What was appended is left out, with a warning. */
 static int read_raw(const char *path, size_t max, unsigned char **data, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return error_set(FSDP_EIO, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 0;
+    int fd = fs_open_regular(path, "input file");
+    if (fd < 0)
+        return fd;
+    struct stat st;
     int rc = 0;
-    for (;;) {
-        FSDP_TRY_GOTO(grow(data, &cap, *len + 1, max + 1, path), rc, out);
-        size_t k = fread(*data + *len, 1, cap - *len, f);
-        *len += k;
-        if (k == 0)
-            break;
-        if (*len > max) {
-            rc = error_set(FSDP_ERANGE, "%s: more than %zu bytes (the bound on one input file)", path, max);
+    if (fstat(fd, &st) != 0) {
+        rc = error_set(FSDP_EIO, "input file %s: cannot stat: %s", path, strerror(errno));
+        goto out;
+    }
+    size_t size = (size_t)st.st_size;
+    if ((uint64_t)st.st_size > (uint64_t)max) {
+        rc = error_set(FSDP_ERANGE, "%s: more than %zu bytes (the bound on one input file)", path, max);
+        goto out;
+    }
+    if (!(*data = malloc(size ? size : 1))) {
+        rc = error_set(FSDP_ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    while (*len < size) {
+        ssize_t k = read(fd, *data + *len, size - *len);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0) {
+            rc = error_set(FSDP_EIO, "%s: read error: %s", path, strerror(errno));
             goto out;
         }
+        if (k == 0)
+            break; /* truncated while read: what is there is the file */
+        *len += (size_t)k;
     }
-    if (ferror(f))
-        rc = error_set(FSDP_EIO, "%s: read error", path);
+    struct stat now;
+    if (fstat(fd, &now) == 0 && now.st_size > st.st_size)
+        log_warn("%s grew while it was read (from %lld to %lld bytes): only its first %lld bytes, its size when it "
+                 "was opened, are used", path, (long long)st.st_size, (long long)now.st_size, (long long)st.st_size);
 out:
-    fclose(f);
+    close(fd);
     return rc;
 }
 
-/* gzip members, concatenated ones too (gzread reads on through them). */
-static int read_gzip(const char *path, size_t max, unsigned char **data, size_t *len)
+/* gzip members, concatenated ones too, from the bytes read; after the last member anything that is not
+ * another member is ignored, as gzip -d and zlib's gzread do. */
+static int read_gzip(const char *path, size_t max, const unsigned char *src, size_t src_len, unsigned char **data,
+                     size_t *len)
 {
-    gzFile g = gzopen(path, "rb");
-    if (!g)
-        return error_set(FSDP_EIO, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 0;
-    int rc = 0;
+    z_stream z = {0};
+    if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK)
+        return error_set(FSDP_ENOMEM, "%s: out of memory", path);
+    size_t cap = 0, pos = 0;
+    int rc = 0, zr = Z_OK;
     for (;;) {
         FSDP_TRY_GOTO(grow(data, &cap, *len + 65536, max + 65536, path), rc, out);
-        size_t want = cap - *len > (1u << 30) ? (1u << 30) : cap - *len;
-        int k = gzread(g, *data + *len, (unsigned)want);
-        if (k < 0) {
-            int err;
-            const char *msg = gzerror(g, &err);
-            rc = error_set(FSDP_EIO, "%s: not valid gzip: %s", path, msg ? msg : "read error");
-            goto out;
-        }
-        if (k == 0)
-            break;
-        *len += (size_t)k;
+        size_t in_n = src_len - pos > (1u << 30) ? (1u << 30) : src_len - pos;
+        size_t out_n = cap - *len > (1u << 30) ? (1u << 30) : cap - *len;
+        z.next_in = (unsigned char *)src + pos;
+        z.avail_in = (uInt)in_n;
+        z.next_out = *data + *len;
+        z.avail_out = (uInt)out_n;
+        zr = inflate(&z, Z_NO_FLUSH);
+        pos += in_n - z.avail_in;
+        *len += out_n - z.avail_out;
         if (*len > max) {
             rc = grow(data, &cap, *len, max, path);
             goto out;
         }
+        if (zr == Z_STREAM_END) {
+            if (src_len - pos < 2 || src[pos] != 0x1f || src[pos + 1] != 0x8b)
+                break;
+            inflateReset(&z);
+            continue;
+        }
+        if (zr != Z_OK && zr != Z_BUF_ERROR) {
+            rc = error_set(FSDP_EIO, "%s: not valid gzip: %s", path, z.msg ? z.msg : "data error");
+            goto out;
+        }
+        if (pos == src_len && z.avail_out > 0) {
+            rc = error_set(FSDP_EIO, "%s: not valid gzip: unexpected end of file", path);
+            goto out;
+        }
     }
 out:
-    gzclose(g);
+    inflateEnd(&z);
     return rc;
 }
 
@@ -131,8 +170,8 @@ int prepare_input_read(const char *path, size_t max_bytes, unsigned char **data,
     }
     static const unsigned char gz[2] = {0x1f, 0x8b}, zst[4] = {0x28, 0xb5, 0x2f, 0xfd};
     if (raw_len >= 2 && memcmp(raw, gz, 2) == 0) {
+        rc = read_gzip(path, max_bytes, raw, raw_len, data, len);
         free(raw);
-        rc = read_gzip(path, max_bytes, data, len);
     } else if (raw_len >= 4 && memcmp(raw, zst, 4) == 0) {
         rc = read_zstd(path, max_bytes, raw, raw_len, data, len);
         free(raw);

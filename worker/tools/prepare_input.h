@@ -7,9 +7,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* The whole content of path, decompressed (gzip through zlib, zstd through libzstd, frames concatenated);
- * *data is malloc'd. The decompressed size is bounded by max_bytes (a decompression bomb is an error
- * naming the file and the bound). */
+/* The whole content of path, decompressed (gzip through zlib, zstd through libzstd, members and frames
+ * concatenated); *data is malloc'd. path must be a regular file (a FIFO is refused, never waited on), and
+ * only the bytes it held when it was opened are read: what is appended while it is read is left out, with
+ * a warning. Both the file and the decompressed size are bounded by max_bytes (a decompression bomb is an
+ * error naming the file and the bound). */
 int prepare_input_read(const char *path, size_t max_bytes, unsigned char **data, size_t *len);
 
 /* True when path names JSON Lines: `.jsonl` or `.json`, before an optional `.gz` or `.zst`. */
