@@ -6,18 +6,23 @@
  * val.bin at a steady rate (about one in 1/fraction by bytes), so the split is deterministic and val covers
  * the whole corpus rather than only the files that sort last. With a tokenizer a chunk ends on a
  * pre-token boundary, so the ids of a file are the tokenizer's ids of the whole file, whichever side each
- * chunk lands on. See docs/data.md. */
+ * chunk lands on. The encoding runs on -j threads (prepare_pool.h), a chunk of whole documents each
+ * (prepare_chunk.h); this file reads the inputs and writes the split on one thread, both in input order, so
+ * the output is the same for any -j. See docs/data.md. */
 #include "common/error.h"
 #include "common/fs.h"
 #include "common/log.h"
 #include "worker/tools/byte_progress.h"
+#include "worker/tools/prepare_chunk.h"
 #include "worker/tools/prepare_input.h"
 #include "worker/tools/prepare_meta.h"
+#include "worker/tools/prepare_pool.h"
 #include "worker/tools/token_file.h"
 #include "worker/tools/tokenizer.h"
 #include "worker/train/data.h"
 
 #include <dirent.h>
+#include <sched.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -96,8 +101,6 @@ static int is_text(const unsigned char *data, size_t len)
 /* One input file is read whole (decompressed); this bounds what one file can make the tool hold. */
 #define PREPARE_MAX_FILE_BYTES ((size_t)8 << 30)
 
-enum invalid_utf8 { UTF8_ERROR = 0, UTF8_REPLACE, UTF8_SKIP };
-
 struct prep_options {
     const char *out_dir;
     double val_fraction;
@@ -106,11 +109,30 @@ struct prep_options {
     size_t chunk_size;
     const char *tokenizer; /* NULL: byte-level */
     const char *eot, *bos;
-    enum invalid_utf8 invalid_utf8;
+    enum prepare_invalid_utf8 invalid_utf8;
     int progress; /* -1: on a terminal */
     const char *text_field; /* JSON Lines: the field that holds each document */
     bool skip_bad_lines;
+    int threads; /* -j: the threads that encode */
 };
+
+/* -j's bound: each thread holds its own copy of the tokenizer (tens of MB for a large vocabulary). */
+#define PREPARE_MAX_THREADS 256
+
+/* The cores this process may run on (its affinity mask: a taskset or a container's cpuset), at most -j's
+ * bound. */
+static int default_threads(void)
+{
+    cpu_set_t set;
+    int n = 0;
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        n = CPU_COUNT(&set);
+    if (n < 1) {
+        long k = sysconf(_SC_NPROCESSORS_ONLN);
+        n = k > 0 ? (int)k : 1;
+    }
+    return n < PREPARE_MAX_THREADS ? n : PREPARE_MAX_THREADS;
+}
 
 static void usage(FILE *f)
 {
@@ -141,8 +163,10 @@ static void usage(FILE *f)
             "                           an error naming file:line)\n"
             "      --invalid-utf8 MODE  a file that is not UTF-8 (with --tokenizer): error (default), replace\n"
             "                           (each bad sequence becomes U+FFFD, as Python's errors=\"replace\") or skip\n"
+            "  -j, --jobs N             encode on N threads, 1 to %d (default: the cores this process may run on,\n"
+            "                           %d here); the output is the same for any N\n"
             "      --progress, --no-progress   draw a progress bar (default: when stderr is a terminal)\n"
-            "  -h, --help               this text\n");
+            "  -h, --help               this text\n", PREPARE_MAX_THREADS, default_threads());
 }
 
 struct split {
@@ -173,9 +197,8 @@ struct doc {
     struct token_file *last;
 };
 
-static int doc_run(void *ctx, const uint32_t *ids, size_t n, size_t text_bytes)
+static int doc_run(struct doc *d, const uint32_t *ids, size_t n, size_t text_bytes)
 {
-    struct doc *d = ctx;
     struct token_file *f = split_side(d->split, text_bytes);
     if (d->first && d->bos >= 0) {
         uint32_t b = (uint32_t)d->bos;
@@ -192,6 +215,8 @@ static int doc_run(void *ctx, const uint32_t *ids, size_t n, size_t text_bytes)
 struct tok_setup {
     struct tokenizer *tok;
     char *path;       /* the tokenizer.json read */
+    char *json;       /* its text, read once: every thread's tokenizer is made from it */
+    size_t json_len;
     int64_t eot, bos; /* -1: none */
     char *eot_text, *bos_text;
 };
@@ -204,6 +229,36 @@ static int resolve_token(const struct tokenizer *t, const char *path, const char
         return error_set(FSDP_EINVAL, "%s \"%s\": not a token of %s", flag, text, path);
     *id = v;
     return 0;
+}
+
+/* The tokenizer.json's bytes; the messages are the tokenizer loader's. */
+static int read_tokenizer_json(struct tok_setup *s)
+{
+    FILE *f = fopen(s->path, "rb");
+    if (!f)
+        return error_set(errno == ENOENT ? FSDP_ENOTFOUND : FSDP_EIO, "%s: cannot open the tokenizer: %s", s->path,
+                         strerror(errno));
+    size_t cap = 0;
+    int rc = 0;
+    for (;;) {
+        if (s->json_len == cap) {
+            cap = cap ? 2 * cap : 1 << 20;
+            char *b = realloc(s->json, cap);
+            if (!b) {
+                rc = error_set(FSDP_ENOMEM, "%s: out of memory", s->path);
+                break;
+            }
+            s->json = b;
+        }
+        size_t k = fread(s->json + s->json_len, 1, cap - s->json_len, f);
+        s->json_len += k;
+        if (k == 0)
+            break;
+    }
+    if (rc == 0 && ferror(f))
+        rc = error_set(FSDP_EIO, "%s: read error", s->path);
+    fclose(f);
+    return rc;
 }
 
 static int setup_tokenizer(const struct prep_options *opt, struct tok_setup *s)
@@ -219,7 +274,8 @@ static int setup_tokenizer(const struct prep_options *opt, struct tok_setup *s)
     } else if (!(s->path = strdup(opt->tokenizer))) {
         return error_set(FSDP_ENOMEM, "out of memory");
     }
-    FSDP_TRY(tokenizer_load(s->path, &s->tok));
+    FSDP_TRY(read_tokenizer_json(s));
+    FSDP_TRY(tokenizer_load_string(s->json, s->json_len, s->path, &s->tok));
     if (opt->bos) {
         FSDP_TRY(resolve_token(s->tok, s->path, "--bos", opt->bos, &s->bos));
         s->bos_text = strdup(opt->bos);
@@ -259,43 +315,9 @@ static void free_setup(struct tok_setup *s)
 {
     tokenizer_free(s->tok);
     free(s->path);
+    free(s->json);
     free(s->eot_text);
     free(s->bos_text);
-}
-
-/* One text file with a tokenizer: its UTF-8 checked (or repaired), encoded in runs, then the EOT. */
-static int encode_file(const struct prep_options *opt, const struct tok_setup *ts, struct doc *d, const char *path,
-                       unsigned char *data, size_t len, struct prepare_stats *stats)
-{
-    char *text = (char *)data, *repaired = NULL;
-    size_t n = len, bad_at = tokenizer_utf8_check(text, len);
-    if (bad_at < len) {
-        if (opt->invalid_utf8 == UTF8_SKIP) {
-            stats->utf8_skipped++;
-            return 1;
-        }
-        if (opt->invalid_utf8 == UTF8_ERROR)
-            return error_set(FSDP_EINVAL, "%s: not UTF-8 (invalid byte 0x%02x at offset %zu); convert it (iconv), or "
-                             "pass --invalid-utf8 replace (U+FFFD, as Python's errors=\"replace\") or --invalid-utf8 "
-                             "skip", path, data[bad_at], bad_at);
-        size_t replaced;
-        FSDP_TRY(tokenizer_utf8_repair(text, len, &repaired, &n, &replaced));
-        stats->utf8_replaced += replaced;
-        text = repaired;
-    }
-    d->first = true;
-    d->last = NULL;
-    uint64_t done0 = d->done;
-    int rc = 0;
-    FSDP_TRY_GOTO(tokenizer_encode_runs(ts->tok, text, n, opt->chunk_size, doc_run, d), rc, out);
-    if (ts->eot >= 0) {
-        uint32_t e = (uint32_t)ts->eot;
-        FSDP_TRY_GOTO(token_file_put(d->last ? d->last : d->split->train, &e, 1), rc, out);
-    }
-out:
-    d->done = done0 + len; /* a repaired text is longer than the file: the bar counts the file's bytes */
-    free(repaired);
-    return rc;
 }
 
 /* Byte-level tokens of one text: whole chunks to one side of the split. */
@@ -310,72 +332,247 @@ static int put_bytes(const struct prep_options *opt, struct doc *d, const unsign
     return 0;
 }
 
-/* A JSON Lines document, as a text file would be: byte-level tokens, or the tokenizer's ids then the EOT. */
-struct jsonl_ctx {
-    const struct prep_options *opt;
+/* ---- the threads: one tokenizer each (thread 0 uses the one already loaded) ---- */
+
+struct pool_ctx {
     const struct tok_setup *ts;
-    struct doc *doc;
-    const char *path;
-    struct prepare_stats *stats;
+    struct prepare_encode_opts enc;
 };
 
-static int jsonl_doc(void *ctx, const struct prepare_doc *d)
+struct thread_state {
+    struct tokenizer *tok; /* NULL: byte-level */
+    const struct prepare_encode_opts *enc;
+};
+
+static int thread_init(void *ctx, int thread, void **state)
 {
-    struct jsonl_ctx *j = ctx;
-    j->stats->documents++;
-    if (!j->ts->tok)
-        return put_bytes(j->opt, j->doc, (const unsigned char *)d->text, d->len);
-    uint64_t done0 = j->doc->done;
-    int rc = encode_file(j->opt, j->ts, j->doc, j->path, (unsigned char *)d->text, d->len, j->stats);
-    j->doc->done = done0; /* the bar counts the file's bytes once, after the file */
-    return rc < 0 ? rc : 0;
+    struct pool_ctx *pc = ctx;
+    struct thread_state *s = calloc(1, sizeof *s);
+    if (!s)
+        return error_set(FSDP_ENOMEM, "out of memory");
+    s->enc = &pc->enc;
+    s->tok = pc->ts->tok;
+    if (pc->ts->tok && thread > 0) {
+        int rc = tokenizer_load_string(pc->ts->json, pc->ts->json_len, pc->ts->path, &s->tok);
+        if (rc < 0) {
+            free(s);
+            return rc;
+        }
+    }
+    *state = s;
+    return 0;
 }
 
-/* Every input file into the split, with the bar. */
+static void thread_fini(void *ctx, int thread, void *state)
+{
+    (void)ctx;
+    struct thread_state *s = state;
+    if (thread > 0)
+        tokenizer_free(s->tok);
+    free(s);
+}
+
+static void thread_work(void *state, void *job)
+{
+    struct thread_state *s = state;
+    prepare_chunk_encode(s->tok, s->enc, job);
+}
+
+/* ---- reading (in file order) and writing (in the same order) ---- */
+
+/* One input file's bytes, shared by its chunks: freed when the last of them is written. */
+struct file_data {
+    unsigned char *data;
+    size_t refs;
+};
+
+static void file_data_release(struct file_data *f)
+{
+    if (f && --f->refs == 0) {
+        free(f->data);
+        free(f);
+    }
+}
+
+static void chunk_release(struct prepare_chunk *c)
+{
+    prepare_chunk_free_output(c);
+    file_data_release(c->owner);
+    free(c);
+}
+
+/* JSON Lines files are cut into chunks of whole lines of about this many bytes: small enough to keep every
+ * thread busy on a file of a few MB, large enough that handing them over costs nothing measurable. */
+#define PREPARE_JSONL_CHUNK_BYTES ((size_t)256 << 10)
+/* In flight between reading and writing: at most this many chunks per thread, and this much input. */
+#define PREPARE_CHUNKS_PER_THREAD 4
+#define PREPARE_INFLIGHT_BYTES ((size_t)64 << 20)
+
+struct fill {
+    const struct prep_options *opt;
+    const struct tok_setup *ts;
+    struct prepare_stats *stats;
+    struct prepare_pool *pool;
+    struct doc doc;
+    bool write_failed; /* the output is abandoned: what is still in flight is not written */
+};
+
+/* A chunk's documents into the split, in order; the first error of the input is the one reported. */
+static int write_chunk(struct fill *f, const struct prepare_chunk *c)
+{
+    if (c->rc < 0)
+        return error_set(c->rc, "%s", c->error ? c->error : "out of memory");
+    struct doc *d = &f->doc;
+    uint64_t done0 = d->done;
+    for (size_t i = 0; i < c->n_docs; i++) {
+        const struct prepare_chunk_doc *doc = &c->docs[i];
+        if (doc->skipped)
+            continue;
+        if (!f->ts->tok) {
+            FSDP_TRY(put_bytes(f->opt, d, (doc->in_input ? c->data : c->bytes) + doc->off, doc->len));
+            continue;
+        }
+        d->first = true;
+        d->last = NULL;
+        const uint32_t *ids = c->ids;
+        for (size_t r = 0; r < doc->first_run; r++)
+            ids += c->runs[r].n;
+        for (size_t r = doc->first_run; r < doc->first_run + doc->n_runs; r++) {
+            FSDP_TRY(doc_run(d, ids, c->runs[r].n, c->runs[r].text_bytes));
+            ids += c->runs[r].n;
+        }
+        if (f->ts->eot >= 0) {
+            uint32_t e = (uint32_t)f->ts->eot;
+            FSDP_TRY(token_file_put(d->last ? d->last : d->split->train, &e, 1));
+        }
+    }
+    struct prepare_stats *s = f->stats;
+    s->documents += c->documents;
+    s->text_files += c->kind == PREPARE_CHUNK_TEXT ? c->documents : 0;
+    s->bad_lines += c->bad_lines;
+    s->utf8_skipped += c->utf8_skipped;
+    s->utf8_replaced += c->utf8_replaced;
+    d->done = done0 + c->len; /* a repaired text is longer than the file: the bar counts the file's bytes */
+    byte_progress_update(d->progress, d->done);
+    return 0;
+}
+
+static int write_next(struct fill *f, bool wait)
+{
+    struct prepare_chunk *c = prepare_pool_pop(f->pool, wait);
+    if (!c)
+        return 0;
+    int rc = write_chunk(f, c);
+    chunk_release(c);
+    f->write_failed |= rc < 0;
+    return rc < 0 ? rc : 1;
+}
+
+/* Hands a chunk to the threads, first writing the oldest ones while the pool is full. */
+static int submit(struct fill *f, struct file_data *fd, enum prepare_chunk_kind kind, const char *path,
+                  size_t off, size_t len, size_t first_line)
+{
+    int rc = 0;
+    while (!prepare_pool_has_room(f->pool, len))
+        FSDP_TRY(write_next(f, true));
+    struct prepare_chunk *c = calloc(1, sizeof *c);
+    if (!c)
+        return error_set(FSDP_ENOMEM, "out of memory");
+    *c = (struct prepare_chunk){.kind = kind, .path = path, .data = fd->data + off, .len = len,
+                                .first_line = first_line, .owner = fd};
+    fd->refs++;
+    prepare_pool_push(f->pool, c, len);
+    while ((rc = write_next(f, false)) > 0)
+        ;
+    return rc;
+}
+
+/* A JSON Lines file in chunks of whole lines. */
+static int submit_jsonl(struct fill *f, struct file_data *fd, const char *path, size_t len)
+{
+    size_t off = 0, line = 1;
+    while (off < len) {
+        size_t end = off + PREPARE_JSONL_CHUNK_BYTES < len ? off + PREPARE_JSONL_CHUNK_BYTES : len;
+        if (end < len) {
+            const unsigned char *nl = memchr(fd->data + end, '\n', len - end);
+            end = nl ? (size_t)(nl - fd->data) + 1 : len;
+        }
+        FSDP_TRY(submit(f, fd, PREPARE_CHUNK_JSONL, path, off, end - off, line));
+        for (const unsigned char *p = fd->data + off; (p = memchr(p, '\n', (size_t)(fd->data + end - p))); p++)
+            line++;
+        off = end;
+    }
+    return 0;
+}
+
+/* One input file, read whole, into chunks. */
+static int read_file(struct fill *f, const char *path)
+{
+    struct file_data *fd = calloc(1, sizeof *fd);
+    if (!fd)
+        return error_set(FSDP_ENOMEM, "out of memory");
+    fd->refs = 1; /* the reader's, until every chunk is submitted */
+    size_t len;
+    int rc = 0;
+    FSDP_TRY_GOTO(prepare_input_read(path, PREPARE_MAX_FILE_BYTES, &fd->data, &len), rc, out);
+    struct prepare_stats *s = f->stats;
+    if (len > 0 && prepare_input_is_jsonl(path)) {
+        s->input_bytes += len;
+        s->text_files++;
+        rc = submit_jsonl(f, fd, path, len);
+    } else if (len == 0 || !is_text(fd->data, len)) {
+        s->binary_skipped += len != 0;
+        rc = submit(f, fd, PREPARE_CHUNK_SKIP, path, 0, len, 0);
+    } else {
+        s->input_bytes += len;
+        rc = submit(f, fd, PREPARE_CHUNK_TEXT, path, 0, len, 0);
+    }
+out:
+    file_data_release(fd);
+    return rc;
+}
+
+/* Every input file into the split, with the bar: read here in order, encoded on opt->threads threads,
+ * written here in order. */
 static int fill(const struct prep_options *opt, const struct tok_setup *ts, const struct path_list *files,
                 struct split *split, struct prepare_stats *stats)
 {
     struct byte_progress bar;
     byte_progress_init(&bar, stderr, opt->progress, "encoding", files->bytes);
-    struct doc doc = {.split = split, .progress = &bar, .bos = ts->bos};
-    unsigned char *data = NULL;
-    int rc = 0;
+    struct fill f = {.opt = opt, .ts = ts, .stats = stats,
+                     .doc = {.split = split, .progress = &bar, .bos = ts->bos}};
+    struct pool_ctx pc = {.ts = ts, .enc = {.run_bytes = opt->chunk_size, .invalid_utf8 = opt->invalid_utf8,
+                                            .text_field = opt->text_field, .skip_bad_lines = opt->skip_bad_lines}};
+    struct prepare_pool_config cfg = {.threads = opt->threads,
+                                      .max_jobs = (size_t)PREPARE_CHUNKS_PER_THREAD * (size_t)opt->threads,
+                                      .max_bytes = PREPARE_INFLIGHT_BYTES, .init = thread_init,
+                                      .fini = thread_fini, .work = thread_work, .ctx = &pc};
     double t0 = log_elapsed_s();
-    for (size_t i = 0; i < files->n; i++) {
-        size_t len;
-        FSDP_TRY_GOTO(prepare_input_read(files->v[i], PREPARE_MAX_FILE_BYTES, &data, &len), rc, out);
-        if (len > 0 && prepare_input_is_jsonl(files->v[i])) {
-            stats->input_bytes += len;
-            stats->text_files++;
-            uint64_t done0 = doc.done;
-            struct jsonl_ctx j = {.opt = opt, .ts = ts, .doc = &doc, .path = files->v[i], .stats = stats};
-            FSDP_TRY_GOTO(prepare_input_jsonl(files->v[i], data, len, opt->text_field, opt->skip_bad_lines,
-                                              &stats->bad_lines, jsonl_doc, &j),
-                          rc, out);
-            doc.done = done0 + len;
-            byte_progress_update(&bar, doc.done);
-        } else if (len == 0 || !is_text(data, len)) {
-            stats->binary_skipped += len != 0;
-            doc.done += len;
-        } else if (!ts->tok) {
-            stats->input_bytes += len;
-            stats->text_files++;
-            stats->documents++;
-            FSDP_TRY_GOTO(put_bytes(opt, &doc, data, len), rc, out);
-        } else {
-            stats->input_bytes += len;
-            int done = encode_file(opt, ts, &doc, files->v[i], data, len, stats);
-            FSDP_TRY_GOTO(done, rc, out);
-            stats->text_files += done == 0; /* 1: skipped, not UTF-8 */
-            stats->documents += done == 0;
-        }
-        free(data);
-        data = NULL;
+    int rc = prepare_pool_start(&cfg, &f.pool);
+    if (rc < 0)
+        return rc;
+    for (size_t i = 0; i < files->n && rc == 0; i++)
+        rc = read_file(&f, files->v[i]);
+    /* The chunks before the point of failure are written first: an error of an earlier file, found by a
+     * thread, is the one the run reports, as it would be on one thread. */
+    char *read_error = rc < 0 && !f.write_failed ? strdup(error_message()) : NULL;
+    int wrc = 0;
+    while (!f.write_failed && (wrc = write_next(&f, true)) > 0)
+        ;
+    if (wrc < 0)
+        rc = wrc;
+    else if (read_error)
+        error_set(rc, "%s", read_error);
+    if (f.write_failed) {
+        prepare_pool_cancel(f.pool);
+        struct prepare_chunk *c;
+        while ((c = prepare_pool_pop(f.pool, true)))
+            chunk_release(c);
     }
-out:
-    free(data);
+    free(read_error);
+    prepare_pool_stop(f.pool);
     stats->seconds = log_elapsed_s() - t0;
-    byte_progress_finish(&bar, doc.done);
+    byte_progress_finish(&bar, f.doc.done);
     return rc;
 }
 
@@ -481,7 +678,7 @@ int main(int argc, char **argv)
 {
     log_init("fsdp-prepare-data");
     struct prep_options opt = {.out_dir = ".", .val_fraction = 0.1, .format = DATA_FORMAT_NANOGPT,
-                               .chunk_size = 16384, .progress = -1, .text_field = "text"};
+                               .chunk_size = 16384, .progress = -1, .text_field = "text", .threads = 0};
     enum { OPT_EOT = 256, OPT_BOS, OPT_UTF8, OPT_PROGRESS, OPT_NO_PROGRESS, OPT_TEXT_FIELD, OPT_SKIP_BAD };
     static const struct option longopts[] = {
         {"out", required_argument, NULL, 'o'},        {"val-fraction", required_argument, NULL, 'v'},
@@ -490,10 +687,11 @@ int main(int argc, char **argv)
         {"bos", required_argument, NULL, OPT_BOS},    {"invalid-utf8", required_argument, NULL, OPT_UTF8},
         {"progress", no_argument, NULL, OPT_PROGRESS}, {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
         {"text-field", required_argument, NULL, OPT_TEXT_FIELD}, {"skip-bad-lines", no_argument, NULL, OPT_SKIP_BAD},
-        {"help", no_argument, NULL, 'h'},             {NULL, 0, NULL, 0},
+        {"jobs", required_argument, NULL, 'j'},       {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     int c;
-    while ((c = getopt_long(argc, argv, "o:v:f:c:t:h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "o:v:f:c:t:j:h", longopts, NULL)) != -1) {
         char *end;
         switch (c) {
         case 'o':
@@ -529,6 +727,16 @@ int main(int argc, char **argv)
         case 't':
             opt.tokenizer = optarg;
             break;
+        case 'j': {
+            long long v = strtoll(optarg, &end, 10);
+            if (*end || end == optarg || v < 1 || v > PREPARE_MAX_THREADS) {
+                log_error("-j/--jobs %s: use a whole number of threads from 1 to %d (default: the cores this "
+                          "process may run on, %d here)", optarg, PREPARE_MAX_THREADS, default_threads());
+                return 2;
+            }
+            opt.threads = (int)v;
+            break;
+        }
         case OPT_EOT:
             opt.eot = optarg;
             break;
@@ -537,11 +745,11 @@ int main(int argc, char **argv)
             break;
         case OPT_UTF8:
             if (strcmp(optarg, "error") == 0) {
-                opt.invalid_utf8 = UTF8_ERROR;
+                opt.invalid_utf8 = PREPARE_UTF8_ERROR;
             } else if (strcmp(optarg, "replace") == 0) {
-                opt.invalid_utf8 = UTF8_REPLACE;
+                opt.invalid_utf8 = PREPARE_UTF8_REPLACE;
             } else if (strcmp(optarg, "skip") == 0) {
-                opt.invalid_utf8 = UTF8_SKIP;
+                opt.invalid_utf8 = PREPARE_UTF8_SKIP;
             } else {
                 log_error("--invalid-utf8 %s: use error, replace or skip", optarg);
                 return 2;
@@ -578,6 +786,8 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (opt.threads == 0)
+        opt.threads = default_threads();
     int rc = prepare(&opt, argv + optind, argc - optind);
     if (rc < 0) {
         log_error("%s", error_message());

@@ -204,10 +204,10 @@ bool prepare_input_is_jsonl(const char *path)
     return ends_with(path, n, ".jsonl") || ends_with(path, n, ".json");
 }
 
-int prepare_input_jsonl(const char *path, const unsigned char *data, size_t len, const char *field, bool skip_bad,
-                        size_t *bad, int (*fn)(void *ctx, const struct prepare_doc *doc), void *ctx)
+int prepare_input_jsonl(const char *path, const unsigned char *data, size_t len, size_t first_line, const char *field,
+                        bool skip_bad, size_t *bad, int (*fn)(void *ctx, const struct prepare_doc *doc), void *ctx)
 {
-    size_t line = 0, pos = 0;
+    size_t line = first_line - 1, pos = 0;
     char *buf = NULL;
     size_t buf_cap = 0;
     int rc = 0;

@@ -23,10 +23,11 @@ struct prepare_doc {
     size_t len;
 };
 
-/* Calls fn for each line's field value in order. Blank lines are skipped. A line that is not a JSON object,
- * or lacks the field as a string, is an error naming path:line and the field, unless skip_bad is set: then
- * it is counted in *bad and skipped. fn's error stops the walk. */
-int prepare_input_jsonl(const char *path, const unsigned char *data, size_t len, const char *field, bool skip_bad,
-                        size_t *bad, int (*fn)(void *ctx, const struct prepare_doc *doc), void *ctx);
+/* Calls fn for each line's field value in order; data's first line is line first_line of path (a part of a
+ * file cut on line ends is walked alone). Blank lines are skipped. A line that is not a JSON object, or
+ * lacks the field as a string, is an error naming path:line and the field, unless skip_bad is set: then it
+ * is counted in *bad and skipped. fn's error stops the walk. */
+int prepare_input_jsonl(const char *path, const unsigned char *data, size_t len, size_t first_line, const char *field,
+                        bool skip_bad, size_t *bad, int (*fn)(void *ctx, const struct prepare_doc *doc), void *ctx);
 
 #endif
