@@ -1,12 +1,13 @@
 /* fsdp-prepare-data's threads: tokens/s at -j 1 and -j 2 on the same input, in one run, with their ratio, and
- * whether the two outputs are byte-identical (they must be). The input is a JSON Lines corpus made here from
- * this repository's docs and sources, one paragraph a document (about 24 MB, some 200,000 documents), and the
- * tokenizer is the committed examples/tokenizer.json (GPT-2 style); nothing is downloaded. Each -j is run 3
- * times, alternating, and the fastest run of each counts (the whole process: start, read, encode, write, fsync).
+ * whether the two outputs are byte-identical (they must be). The inputs are made here from this repository's
+ * docs and sources, about 25 MB each: a JSON Lines file, one paragraph a document (input=jsonl), and a
+ * directory of text files, one source file a document (input=text_files). The tokenizer is the committed
+ * examples/tokenizer.json (GPT-2 style); nothing is downloaded. Each -j is run 3 times, alternating, and the
+ * fastest run of each counts (the whole process: start, read, encode, write, fsync).
  * On a shared machine other work takes cores from the threads, so the run also says what this machine gives
  * two processes: two_processes_ratio = 2 x (-j 1 alone) / (two -j 1 runs at once), 2.0 with two free cores,
  * the ceiling of ratio; and the 1-minute load average before and after:
- *   bench=prepare_data_threads input=jsonl mb=24.0 documents=... tokens=... cpus=2 load1_before=...
+ *   bench=prepare_data_threads input=jsonl|text_files mb=25.2 documents=... tokens=... cpus=2 load1_before=...
  *         j1_s=... j2_s=... j1_tokens_s=... j2_tokens_s=... ratio=... two_processes_ratio=... identical=1
  *         load1_after=...
  * Exit 1 when the outputs differ or a run fails. */
@@ -29,7 +30,8 @@
 static char dir[64];
 
 struct corpus {
-    FILE *out;
+    FILE *out;         /* JSON Lines: one paragraph a document */
+    const char *files; /* or a directory: one text file a source file */
     size_t bytes, docs, pass;
 };
 
@@ -51,6 +53,18 @@ static void put_doc(struct corpus *c, const char *text, size_t len)
 static void put_file(struct corpus *c, const char *path)
 {
     char *s = tu_slurp(path);
+    if (c->files) {
+        char name[512];
+        snprintf(name, sizeof name, "%s/%06zu.txt", c->files, c->docs);
+        FILE *f = fopen(name, "w");
+        if (f) {
+            c->bytes += (size_t)fprintf(f, "%s (%zu)\n", s, c->pass);
+            c->docs++;
+            fclose(f);
+        }
+        free(s);
+        return;
+    }
     for (char *p = s; *p && c->bytes < CORPUS_BYTES;) {
         char *e = strstr(p, "\n\n");
         size_t n = e ? (size_t)(e - p) : strlen(p);
@@ -146,6 +160,49 @@ static double run(const char *exe, const char *tok, const char *input, int j, in
     return bad ? -1 : s;
 }
 
+/* -j 1 and -j 2 (and two -j 1 at once) on one input, 3 times each; the line; 0 when the outputs agree. */
+static int bench(const char *exe, const char *tok, const char *kind, const char *input, const struct corpus *c)
+{
+    cpu_set_t set;
+    int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+    /* best[1], best[2]: -j 1 and -j 2; best[0]: two -j 1 runs at once, which tells how much of a second core
+     * this machine gives right now (2 x best[1] / best[0] is 2 on two free cores) */
+    double before = load1(), best[3] = {1e30, 1e30, 1e30};
+    for (int rep = 0; rep < 3; rep++) {
+        for (int j = 0; j <= 2; j++) {
+            double s = run(exe, tok, input, j ? j : 1, j ? 1 : 2);
+            if (s < 0)
+                return 1;
+            best[j] = s < best[j] ? s : best[j];
+        }
+    }
+    char p1[256], p2[256];
+    snprintf(p1, sizeof p1, "%s/out1/train.bin", dir);
+    snprintf(p2, sizeof p2, "%s/out2/train.bin", dir);
+    bool identical = same_file(p1, p2);
+    snprintf(p1, sizeof p1, "%s/out1/val.bin", dir);
+    snprintf(p2, sizeof p2, "%s/out2/val.bin", dir);
+    identical = identical && same_file(p1, p2);
+    snprintf(p1, sizeof p1, "%s/out1", dir);
+    long long tokens = meta_tokens(p1);
+    printf("bench=prepare_data_threads input=%s mb=%.1f documents=%zu tokens=%lld cpus=%d load1_before=%.2f "
+           "j1_s=%.3f j2_s=%.3f j1_tokens_s=%.0f j2_tokens_s=%.0f ratio=%.2f two_processes_ratio=%.2f identical=%d "
+           "load1_after=%.2f\n",
+           kind, (double)c->bytes / 1e6, c->docs, tokens, cpus, before, best[1], best[2], (double)tokens / best[1],
+           (double)tokens / best[2], best[1] / best[2], 2 * best[1] / best[0], identical, load1());
+    fflush(stdout);
+    return identical && tokens > 0 ? 0 : 1;
+}
+
+static const char *subs[] = {"docs", "worker/tools", "worker/train", "worker/model", "common", "launcher"};
+
+static void fill_corpus(struct corpus *c, const char *src)
+{
+    for (c->pass = 0; c->bytes < CORPUS_BYTES; c->pass++)
+        for (size_t i = 0; i < sizeof subs / sizeof *subs && c->bytes < CORPUS_BYTES; i++)
+            put_dir(c, src, subs[i]);
+}
+
 int main(void)
 {
     const char *src = getenv("FSDP_SOURCE_ROOT"), *build = getenv("FSDP_BUILD_ROOT");
@@ -156,49 +213,21 @@ int main(void)
     strcpy(dir, "/tmp/fsdp-bench-prep-XXXXXX");
     if (!mkdtemp(dir))
         return 1;
-    char exe[1024], tok[1024], input[256], p1[256], p2[256];
+    char exe[1024], tok[1024], input[256];
     snprintf(exe, sizeof exe, "%s/worker/fsdp-prepare-data", build);
     snprintf(tok, sizeof tok, "%s/examples/tokenizer.json", src);
     snprintf(input, sizeof input, "%s/corpus.jsonl", dir);
     struct corpus c = {.out = fopen(input, "w")};
     if (!c.out)
         return 1;
-    static const char *subs[] = {"docs", "worker/tools", "worker/train", "worker/model", "common", "launcher"};
-    for (c.pass = 0; c.bytes < CORPUS_BYTES; c.pass++)
-        for (size_t i = 0; i < sizeof subs / sizeof *subs && c.bytes < CORPUS_BYTES; i++)
-            put_dir(&c, src, subs[i]);
+    fill_corpus(&c, src);
     fclose(c.out);
-    cpu_set_t set;
-    int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
-    /* best[1], best[2]: -j 1 and -j 2; best[0]: two -j 1 runs at once, which tells how much of a second core
-     * this machine gives right now (2 x best[1] / best[0] is 2 on two free cores) */
-    double before = load1(), best[3] = {1e30, 1e30, 1e30};
-    int rc = 0;
-    for (int rep = 0; rep < 3 && rc == 0; rep++) {
-        for (int j = 0; j <= 2; j++) {
-            double s = run(exe, tok, input, j ? j : 1, j ? 1 : 2);
-            if (s < 0) {
-                rc = 1;
-                break;
-            }
-            best[j] = s < best[j] ? s : best[j];
-        }
-    }
-    if (rc == 0) {
-        snprintf(p1, sizeof p1, "%s/out1/train.bin", dir);
-        snprintf(p2, sizeof p2, "%s/out2/train.bin", dir);
-        bool identical = same_file(p1, p2);
-        snprintf(p1, sizeof p1, "%s/out1/val.bin", dir);
-        snprintf(p2, sizeof p2, "%s/out2/val.bin", dir);
-        identical = identical && same_file(p1, p2);
-        snprintf(p1, sizeof p1, "%s/out1", dir);
-        long long tokens = meta_tokens(p1);
-        printf("bench=prepare_data_threads input=jsonl mb=%.1f documents=%zu tokens=%lld cpus=%d load1_before=%.2f "
-               "j1_s=%.3f j2_s=%.3f j1_tokens_s=%.0f j2_tokens_s=%.0f ratio=%.2f two_processes_ratio=%.2f identical=%d "
-               "load1_after=%.2f\n",
-               (double)c.bytes / 1e6, c.docs, tokens, cpus, before, best[1], best[2], (double)tokens / best[1],
-               (double)tokens / best[2], best[1] / best[2], 2 * best[1] / best[0], identical, load1());
-        rc = identical && tokens > 0 ? 0 : 1;
+    int rc = bench(exe, tok, "jsonl", input, &c);
+    snprintf(input, sizeof input, "%s/files", dir);
+    struct corpus f = {.files = input};
+    if (rc == 0 && mkdir(input, 0755) == 0) {
+        fill_corpus(&f, src);
+        rc = bench(exe, tok, "text_files", input, &f);
     }
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
