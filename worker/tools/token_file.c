@@ -57,23 +57,40 @@ static int flush(struct token_file *f)
     return rc;
 }
 
-/* Little-endian hosts only (the build targets x86-64 and arm64): the in-memory integers are the format. */
+/* Little-endian hosts only (the build targets x86-64 and arm64): the in-memory integers are the format.
+ * Whole buffers at a time, in loops the compiler vectorizes: with -j this runs on the one writing thread,
+ * beside the encoding threads, and was its largest cost. */
 int token_file_put(struct token_file *f, const uint32_t *ids, size_t n)
 {
-    int tb = data_format_token_bytes(f->format);
-    for (size_t i = 0; i < n; i++) {
-        if (tb == 2 && ids[i] > UINT16_MAX)
-            return error_set(FSDP_ERANGE, "%s: token id %u does not fit the uint16 tokens of the %s format",
-                             f->final_path, ids[i], data_format_name(f->format));
-        if (sizeof f->buf - f->buffered < (size_t)tb)
+    size_t tb = (size_t)data_format_token_bytes(f->format);
+    for (size_t done = 0; done < n;) {
+        if (sizeof f->buf - f->buffered < tb)
             FSDP_TRY(flush(f));
-        if (tb == 2) {
-            uint16_t v = (uint16_t)ids[i];
-            memcpy(f->buf + f->buffered, &v, 2);
+        size_t k = (sizeof f->buf - f->buffered) / tb;
+        if (k > n - done)
+            k = n - done;
+        const uint32_t *src = ids + done;
+        unsigned char *dst = f->buf + f->buffered;
+        if (tb == 4) {
+            memcpy(dst, src, k * 4);
         } else {
-            memcpy(f->buf + f->buffered, &ids[i], 4);
+            uint32_t high = 0;
+            for (size_t i = 0; i < k; i++)
+                high |= src[i];
+            if (high > UINT16_MAX) {
+                size_t i = 0;
+                while (src[i] <= UINT16_MAX)
+                    i++;
+                return error_set(FSDP_ERANGE, "%s: token id %u does not fit the uint16 tokens of the %s format",
+                                 f->final_path, src[i], data_format_name(f->format));
+            }
+            for (size_t i = 0; i < k; i++) {
+                uint16_t v = (uint16_t)src[i];
+                memcpy(dst + 2 * i, &v, 2);
+            }
         }
-        f->buffered += (size_t)tb;
+        f->buffered += k * tb;
+        done += k;
     }
     f->tokens += (int64_t)n;
     return 0;
