@@ -283,6 +283,14 @@ Test(prepare_bpe, refusals)
     cr_assert_eq(tt_run(utf, &log), 2);
     cr_assert(strstr(log, "--invalid-utf8 maybe: use error, replace or skip"), "%s", log);
     free(log);
+    /* a FIFO given as the tokenizer is refused, not waited on for a writer that never comes */
+    char fifo[256];
+    tt_path(fifo, sizeof fifo, "tokenizer.fifo");
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    const char *pipe_tok[] = {exe, "-t", fifo, "-o", out, in, NULL};
+    cr_assert_eq(tt_run(pipe_tok, &log), 1);
+    cr_assert(strstr(log, "tokenizer.fifo is not a regular file (it is a FIFO)"), "%s", log);
+    free(log);
 }
 
 Test(prepare_bpe, invalid_utf8_error_replace_or_skip)

@@ -116,7 +116,7 @@ struct prep_options {
     int threads; /* -j: the threads that encode */
 };
 
-/* -j's bound: each thread holds its own copy of the tokenizer (tens of MB for a large vocabulary). */
+/* -j's bound: each thread holds its own copy of the tokenizer. */
 #define PREPARE_MAX_THREADS 256
 
 /* The cores this process may run on (its affinity mask: a taskset or a container's cpuset), at most -j's
@@ -231,35 +231,8 @@ static int resolve_token(const struct tokenizer *t, const char *path, const char
     return 0;
 }
 
-/* The tokenizer.json's bytes; the messages are the tokenizer loader's. */
-static int read_tokenizer_json(struct tok_setup *s)
-{
-    FILE *f = fopen(s->path, "rb");
-    if (!f)
-        return error_set(errno == ENOENT ? FSDP_ENOTFOUND : FSDP_EIO, "%s: cannot open the tokenizer: %s", s->path,
-                         strerror(errno));
-    size_t cap = 0;
-    int rc = 0;
-    for (;;) {
-        if (s->json_len == cap) {
-            cap = cap ? 2 * cap : 1 << 20;
-            char *b = realloc(s->json, cap);
-            if (!b) {
-                rc = error_set(FSDP_ENOMEM, "%s: out of memory", s->path);
-                break;
-            }
-            s->json = b;
-        }
-        size_t k = fread(s->json + s->json_len, 1, cap - s->json_len, f);
-        s->json_len += k;
-        if (k == 0)
-            break;
-    }
-    if (rc == 0 && ferror(f))
-        rc = error_set(FSDP_EIO, "%s: read error", s->path);
-    fclose(f);
-    return rc;
-}
+/* A tokenizer.json is read whole, once; every thread's tokenizer is made from those bytes. */
+#define PREPARE_MAX_TOKENIZER_BYTES ((size_t)1 << 30)
 
 static int setup_tokenizer(const struct prep_options *opt, struct tok_setup *s)
 {
@@ -274,7 +247,8 @@ static int setup_tokenizer(const struct prep_options *opt, struct tok_setup *s)
     } else if (!(s->path = strdup(opt->tokenizer))) {
         return error_set(FSDP_ENOMEM, "out of memory");
     }
-    FSDP_TRY(read_tokenizer_json(s));
+    FSDP_TRY(prepare_input_read_file(s->path, "tokenizer", PREPARE_MAX_TOKENIZER_BYTES, (unsigned char **)&s->json,
+                                     &s->json_len));
     FSDP_TRY(tokenizer_load_string(s->json, s->json_len, s->path, &s->tok));
     if (opt->bos) {
         FSDP_TRY(resolve_token(s->tok, s->path, "--bos", opt->bos, &s->bos));

@@ -40,15 +40,17 @@ static int grow(unsigned char **buf, size_t *cap, size_t need, size_t max, const
 /* Reads at most the size the file had when it was opened (fstat on the descriptor): a file that grows while
  * it is read (a log being written, a download still running) would otherwise be read for as long as it grows,
  * and its tail would be a partial record. What was appended is left out, with a warning. */
-static int read_raw(const char *path, size_t max, unsigned char **data, size_t *len)
+int prepare_input_read_file(const char *path, const char *what, size_t max, unsigned char **data, size_t *len)
 {
-    int fd = fs_open_regular(path, "input file");
+    *data = NULL;
+    *len = 0;
+    int fd = fs_open_regular(path, what);
     if (fd < 0)
         return fd;
     struct stat st;
     int rc = 0;
     if (fstat(fd, &st) != 0) {
-        rc = error_set(FSDP_EIO, "input file %s: cannot stat: %s", path, strerror(errno));
+        rc = error_set(FSDP_EIO, "%s %s: cannot stat: %s", what, path, strerror(errno));
         goto out;
     }
     size_t size = (size_t)st.st_size;
@@ -78,6 +80,11 @@ static int read_raw(const char *path, size_t max, unsigned char **data, size_t *
                  "was opened, are used", path, (long long)st.st_size, (long long)now.st_size, (long long)st.st_size);
 out:
     close(fd);
+    if (rc < 0) {
+        free(*data);
+        *data = NULL;
+        *len = 0;
+    }
     return rc;
 }
 
@@ -161,13 +168,11 @@ int prepare_input_read(const char *path, size_t max_bytes, unsigned char **data,
 {
     *data = NULL;
     *len = 0;
-    unsigned char *raw = NULL;
-    size_t raw_len = 0;
-    int rc = read_raw(path, max_bytes, &raw, &raw_len);
-    if (rc < 0) {
-        free(raw);
+    unsigned char *raw;
+    size_t raw_len;
+    int rc = prepare_input_read_file(path, "input file", max_bytes, &raw, &raw_len);
+    if (rc < 0)
         return rc;
-    }
     static const unsigned char gz[2] = {0x1f, 0x8b}, zst[4] = {0x28, 0xb5, 0x2f, 0xfd};
     if (raw_len >= 2 && memcmp(raw, gz, 2) == 0) {
         rc = read_gzip(path, max_bytes, raw, raw_len, data, len);

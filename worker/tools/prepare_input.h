@@ -13,6 +13,9 @@
  * a warning. Both the file and the decompressed size are bounded by max_bytes (a decompression bomb is an
  * error naming the file and the bound). */
 int prepare_input_read(const char *path, size_t max_bytes, unsigned char **data, size_t *len);
+/* The bytes of the regular file path as they are (no decompression), up to its size when it was opened, as
+ * prepare_input_read reads them; `what` names the file in messages ("tokenizer FILE: cannot open: ..."). */
+int prepare_input_read_file(const char *path, const char *what, size_t max, unsigned char **data, size_t *len);
 
 /* True when path names JSON Lines: `.jsonl` or `.json`, before an optional `.gz` or `.zst`. */
 bool prepare_input_is_jsonl(const char *path);
