@@ -238,6 +238,13 @@ struct kernels {
     int (*matmul_dx_dgelu)(float *dpre, const float *dy, const float *w, const float *pre, int n, int in, int out);
     /* out = a + b (residual add); out may alias a or b. */
     int (*residual_forward)(float *out, const float *a, const float *b, size_t n);
+    /* Optional (NULL: residual_forward, then layernorm_forward): res = a + b, then out, mean, rstd as
+     * layernorm_forward(out, mean, rstd, res, ...) writes them, with the same bits; the block's residual add
+     * and the norm after it in one pass over the rows, so res is not read back from memory a third time.
+     * res may alias a or b; out aliases none of res, a, b. */
+    int (*residual_layernorm_forward)(float *res, float *out, float *mean, float *rstd, const float *a,
+                                      const float *b, const float *weight, const float *bias, int n, int c,
+                                      float eps);
     /* x *= s. */
     int (*scale)(float *x, float s, size_t n);
     /* *result (host) = sum of x[i]^2, accumulated in double. */
@@ -299,6 +306,11 @@ struct kernels {
      * row, saved for backward. out, inp: (n, c); weight: (c); rstd: (n). out must not alias inp. */
     int (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *weight, int n, int c,
                            float eps);
+    /* Optional (NULL: residual_forward, then rmsnorm_forward): res = a + b, then out and rstd as
+     * rmsnorm_forward(out, rstd, res, ...) writes them, with the same bits, in one pass over the rows. res may
+     * alias a or b; out aliases none of res, a, b. */
+    int (*residual_rmsnorm_forward)(float *res, float *out, float *rstd, const float *a, const float *b,
+                                    const float *weight, int n, int c, float eps);
     /* dinp += ..., dweight += ...; either may be NULL. inp and rstd are forward's. */
     int (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const float *inp,
                             const float *weight, const float *rstd, int n, int c);

@@ -127,6 +127,10 @@ int cpu_attention_cp_backward(float *dq, float *dk, float *dv, const float *dout
 int cpu_gelu_forward(float *out, const float *inp, size_t n);
 int cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 int cpu_residual_forward(float *out, const float *a, const float *b, size_t n);
+int cpu_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
+                                   const float *weight, const float *bias, int n, int c, float eps);
+int cpu_residual_rmsnorm_forward(float *res, float *out, float *rstd, const float *a, const float *b,
+                                 const float *weight, int n, int c, float eps);
 int cpu_scale(float *x, float s, size_t n);
 int cpu_axpy(float *y, float a, const float *x, size_t n);
 int cpu_sqnorm(double *result, const float *x, size_t n);

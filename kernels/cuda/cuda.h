@@ -35,6 +35,10 @@ int cuda_matmul_backward(float *dx, float *dw, float *db, const float *dy, const
 int cuda_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
               const float *b, int ldb, float beta, float *c, int ldc);
 
+int cuda_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
+                                    const float *weight, const float *bias, int n, int c, float eps);
+int cuda_residual_rmsnorm_forward(float *res, float *out, float *rstd, const float *a, const float *b,
+                                  const float *weight, int n, int c, float eps);
 int cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
                            const float *bias, int n, int c, float eps);
 int cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,

@@ -36,6 +36,40 @@ __global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, c
     }
 }
 
+/* The residual add and the norm in one launch: the first pass writes res = a + b and sums it, the later
+ * passes read res back (the lane's own writes, mostly from cache), so the stream is read once less than
+ * residual_forward + layernorm_forward, with the same arithmetic in the same order (the same bits). */
+__global__ void residual_layernorm_forward_kernel(float *res, float *out, float *mean, float *rstd, const float *a,
+                                                  const float *b, const float *w, const float *bias, int n, int c,
+                                                  float eps)
+{
+    int row = blockIdx.x * LN_ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= n)
+        return;
+    size_t o = (size_t)row * c;
+    float *x = res + o;
+    double sum = 0.0;
+    for (int j = lane; j < c; j += 32) {
+        float r = a[o + j] + b[o + j];
+        x[j] = r;
+        sum += r;
+    }
+    float mu = (float)(cuda_warp_sum(sum) / c);
+    float var = 0.0f;
+    for (int j = lane; j < c; j += 32) {
+        float d = x[j] - mu;
+        var += d * d;
+    }
+    float rs = rsqrtf(cuda_warp_sum(var) / (float)c + eps);
+    float *y = out + o;
+    for (int j = lane; j < c; j += 32)
+        y[j] = (x[j] - mu) * rs * w[j] + bias[j];
+    if (lane == 0) {
+        mean[row] = mu;
+        rstd[row] = rs;
+    }
+}
+
 __global__ void layernorm_backward_dinp_kernel(float *dinp, const float *dout, const float *inp, const float *w,
                                                const float *mean, const float *rstd, int n, int c)
 {
@@ -105,6 +139,22 @@ int cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *in
     layernorm_forward_kernel<<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>(out, mean, rstd, inp, weight, bias, n, c,
                                                                            eps);
     return cuda_check_launch("layernorm_forward");
+}
+
+int cuda_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
+                                    const float *weight, const float *bias, int n, int c, float eps)
+{
+    if (n < 0 || c <= 0 || !(eps >= 0.0f))
+        return error_set(FSDP_EINVAL, "kernels cuda: residual_layernorm_forward: bad n=%d c=%d eps=%g", n, c,
+                         (double)eps);
+    if (out == res || out == a || out == b)
+        return error_set(FSDP_EINVAL, "kernels cuda: residual_layernorm_forward: out aliases res, a or b");
+    if (n == 0)
+        return 0;
+    unsigned blocks = (unsigned)((n + LN_ROWS_PER_BLOCK - 1) / LN_ROWS_PER_BLOCK);
+    residual_layernorm_forward_kernel<<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>(res, out, mean, rstd, a, b, weight,
+                                                                                    bias, n, c, eps);
+    return cuda_check_launch("residual_layernorm_forward");
 }
 
 int cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,

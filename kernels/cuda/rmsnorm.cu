@@ -25,6 +25,30 @@ __global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *inp
         rstd[row] = rs;
 }
 
+/* The residual add and the norm in one launch: the first pass writes res = a + b and sums its squares, the
+ * second reads res back (the lane's own writes), with rmsnorm_forward_kernel's arithmetic (the same bits). */
+__global__ void residual_rmsnorm_forward_kernel(float *res, float *out, float *rstd, const float *a, const float *b,
+                                                const float *w, int n, int c, float eps)
+{
+    int row = blockIdx.x * RMS_ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= n)
+        return;
+    size_t o = (size_t)row * c;
+    float *x = res + o;
+    float ss = 0.0f;
+    for (int j = lane; j < c; j += 32) {
+        float r = a[o + j] + b[o + j];
+        x[j] = r;
+        ss += r * r;
+    }
+    float rs = rsqrtf(cuda_warp_sum(ss) / (float)c + eps);
+    float *y = out + o;
+    for (int j = lane; j < c; j += 32)
+        y[j] = (x[j] * rs) * w[j];
+    if (lane == 0)
+        rstd[row] = rs;
+}
+
 /* With nrm = x rstd: dx += rstd (dy w - nrm mean(dy w nrm)). */
 __global__ void rmsnorm_backward_dinp_kernel(float *dinp, const float *dout, const float *inp, const float *w,
                                              const float *rstd, int n, int c)
@@ -76,6 +100,22 @@ int cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float 
     unsigned blocks = (unsigned)((n + RMS_ROWS_PER_BLOCK - 1) / RMS_ROWS_PER_BLOCK);
     rmsnorm_forward_kernel<<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>(out, rstd, inp, weight, n, c, eps);
     return cuda_check_launch("rmsnorm_forward");
+}
+
+int cuda_residual_rmsnorm_forward(float *res, float *out, float *rstd, const float *a, const float *b,
+                                  const float *weight, int n, int c, float eps)
+{
+    if (n < 0 || c <= 0 || !(eps >= 0.0f))
+        return error_set(FSDP_EINVAL, "kernels cuda: residual_rmsnorm_forward: bad n=%d c=%d eps=%g", n, c,
+                         (double)eps);
+    if (out == res || out == a || out == b)
+        return error_set(FSDP_EINVAL, "kernels cuda: residual_rmsnorm_forward: out aliases res, a or b");
+    if (n == 0)
+        return 0;
+    unsigned blocks = (unsigned)((n + RMS_ROWS_PER_BLOCK - 1) / RMS_ROWS_PER_BLOCK);
+    residual_rmsnorm_forward_kernel<<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>(res, out, rstd, a, b, weight, n, c,
+                                                                                  eps);
+    return cuda_check_launch("residual_rmsnorm_forward");
 }
 
 int cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,

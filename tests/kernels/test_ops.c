@@ -519,6 +519,65 @@ Test(kernels_ops, residual_scale_axpy_sqnorm)
     k->mem_free(da), k->mem_free(db), k->mem_free(dout), k->mem_free(d2), k->mem_free(dt);
 }
 
+/* The fused residual + norm ops (where the table has them) write the bits residual_forward and then
+ * layernorm_forward / rmsnorm_forward write: rows of a residual stream with a common offset, a row width that
+ * is no multiple of the lanes, res aliasing a (in place) or not; an out that aliases an input is refused. */
+static void check_residual_norms(const struct kernels *k, int n, int c, bool in_place, uint64_t seed)
+{
+    size_t nc = (size_t)n * c;
+    float *a = kt_host_rand(nc, seed, 40, 44), *b = kt_host_rand(nc, seed + 1, -1, 1);
+    float *w = kt_host_rand((size_t)c, seed + 2, 0.5f, 1.5f), *bias = kt_host_rand((size_t)c, seed + 3, -1, 1);
+    float *da = kt_devf(k, a, nc), *db = kt_devf(k, b, nc), *dw = kt_devf(k, w, c), *dbias = kt_devf(k, bias, c);
+    float *res = in_place ? da : kt_devf(k, NULL, nc), *out = kt_devf(k, NULL, nc);
+    float *mean = kt_devf(k, NULL, n), *rstd = kt_devf(k, NULL, n);
+    float *rres = kt_devf(k, NULL, nc), *rout = kt_devf(k, NULL, nc), *rmean = kt_devf(k, NULL, n);
+    float *rrstd = kt_devf(k, NULL, n);
+    cr_assert_eq(k->residual_forward(rres, da, db, nc), 0);
+    for (int norm = 0; norm < 2; norm++) {
+        if (norm == 0) {
+            cr_assert_eq(k->layernorm_forward(rout, rmean, rrstd, rres, dw, dbias, n, c, 1e-5f), 0);
+            cr_assert_eq(k->residual_layernorm_forward(res, out, mean, rstd, da, db, dw, dbias, n, c, 1e-5f), 0, "%s",
+                         error_message());
+        } else {
+            cr_assert_eq(k->rmsnorm_forward(rout, rrstd, rres, dw, n, c, 1e-6f), 0);
+            cr_assert_eq(k->residual_rmsnorm_forward(res, out, rstd, da, db, dw, n, c, 1e-6f), 0, "%s",
+                         error_message());
+        }
+        float *g[4] = {kt_down(k, res, nc), kt_down(k, out, nc), kt_down(k, rstd, n), kt_down(k, mean, n)};
+        float *r[4] = {kt_down(k, rres, nc), kt_down(k, rout, nc), kt_down(k, rrstd, n), kt_down(k, rmean, n)};
+        size_t len[4] = {nc, nc, (size_t)n, (size_t)n};
+        const char *what[4] = {"res", "out", "rstd", "mean"};
+        for (int t = 0; t < (norm == 0 ? 4 : 3); t++)
+            for (size_t i = 0; i < len[t]; i++)
+                cr_assert_eq(g[t][i], r[t][i], "%s norm %d: %s[%zu] %.9g, the two ops give %.9g", k->name, norm,
+                             what[t], i, (double)g[t][i], (double)r[t][i]);
+        for (int t = 0; t < 4; t++)
+            free(g[t]), free(r[t]);
+        if (in_place) /* the next norm starts again from a */
+            k->mem_copy(da, a, nc * sizeof(float), KERNELS_COPY_H2D);
+    }
+    cr_assert_neq(k->residual_layernorm_forward(res, da, mean, rstd, da, db, dw, dbias, n, c, 1e-5f), 0,
+                  "out aliasing a is refused");
+    cr_assert_neq(k->residual_rmsnorm_forward(res, res, rstd, da, db, dw, n, c, 1e-6f), 0, "out aliasing res is refused");
+    free(a), free(b), free(w), free(bias);
+    if (!in_place)
+        k->mem_free(res);
+    float *bufs[] = {da, db, dw, dbias, out, mean, rstd, rres, rout, rmean, rrstd};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        k->mem_free(bufs[i]);
+}
+
+Test(kernels_ops, residual_norms_fused_equal_the_two_ops)
+{
+    const struct kernels *k = kt_backend();
+    if (!k->residual_layernorm_forward || !k->residual_rmsnorm_forward)
+        cr_skip_test("the %s table has no fused residual + norm (the model runs residual_forward, then the norm)",
+                     k->name);
+    check_residual_norms(k, 37, 768, false, 700);
+    check_residual_norms(k, 64, 129, true, 710);
+    check_residual_norms(k, 3, 5, false, 720);
+}
+
 /* ---------- embeddings ---------- */
 
 Test(kernels_ops, embedding_forward_backward)

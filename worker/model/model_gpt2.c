@@ -70,9 +70,14 @@ static int gpt2_forward_block(struct model *m, int layer, const float *w, void *
     else
         FSDP_TRY(k->attention_forward(a->atty, a->lse, a->qkv, m->b, m->t, C, c->n_head, c->n_head, s->attn_ws));
     FSDP_TRY(k->matmul_forward(s->tmp, a->atty, up(m, u, w, APROJ_W), up(m, u, w, APROJ_B), N, C, C));
-    FSDP_TRY(k->residual_forward(a->xmid, x, s->tmp, NC));
-    FSDP_TRY(k->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->xmid, up(m, u, w, LN2_W), up(m, u, w, LN2_B),
-                             N, C, LN_EPS));
+    if (k->residual_layernorm_forward) { /* one pass: the residual add and ln_2, the same bits */
+        FSDP_TRY(k->residual_layernorm_forward(a->xmid, a->ln2, a->ln2_mean, a->ln2_rstd, x, s->tmp,
+                                               up(m, u, w, LN2_W), up(m, u, w, LN2_B), N, C, LN_EPS));
+    } else {
+        FSDP_TRY(k->residual_forward(a->xmid, x, s->tmp, NC));
+        FSDP_TRY(k->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->xmid, up(m, u, w, LN2_W),
+                                      up(m, u, w, LN2_B), N, C, LN_EPS));
+    }
     if (k->matmul_forward_gelu) { /* one pass: the GELU applied as the product is written */
         FSDP_TRY(k->matmul_forward_gelu(a->fc, a->fcg, a->ln2, up(m, u, w, FC_W), up(m, u, w, FC_B), N, C, 4 * C));
     } else {

@@ -315,8 +315,13 @@ static int llama_forward_block(struct model *m, int layer, const float *w, void 
     else
         FSDP_TRY(k->attention_forward(a->att, a->lse, a->qkv, m->b, m->t, d.Q, d.nh, d.nkv, s->attn_ws));
     FSDP_TRY(linear_forward(k, s->tmp, a->att, up(m, u, w, x.o_w), N, d.Q, C));
-    FSDP_TRY(k->residual_forward(a->xmid, xin, s->tmp, NC));
-    FSDP_TRY(k->rmsnorm_forward(a->h2, a->rstd2, a->xmid, up(m, u, w, x.post_n), N, C, c->rms_norm_eps));
+    if (k->residual_rmsnorm_forward) { /* one pass: the residual add and post_attention_layernorm, the same bits */
+        FSDP_TRY(k->residual_rmsnorm_forward(a->xmid, a->h2, a->rstd2, xin, s->tmp, up(m, u, w, x.post_n), N, C,
+                                             c->rms_norm_eps));
+    } else {
+        FSDP_TRY(k->residual_forward(a->xmid, xin, s->tmp, NC));
+        FSDP_TRY(k->rmsnorm_forward(a->h2, a->rstd2, a->xmid, up(m, u, w, x.post_n), N, C, c->rms_norm_eps));
+    }
     /* gate_proj and up_proj are adjacent: one (2I, C) matrix giving [gate | up] rows */
     FSDP_TRY(linear_forward(k, a->gu, a->h2, up(m, u, w, x.gate), N, C, 2 * d.I));
     FSDP_TRY(k->swiglu_forward(a->act, a->gu, N, d.I));
