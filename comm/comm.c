@@ -10,14 +10,18 @@
 #include "rendezvous/store.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 struct comm_work {
     struct comm_req req;
     struct comm *comm;
     struct comm_work *next;
+    bool launched; /* comm_backend.launch has queued it (or it failed before it could run: status is set) */
+    bool polled;   /* the oldest launched work: its deadline now runs */
     bool done;
     int status;
     void *mem;     /* COMM_K_MEM_ALLOC: the buffer */
@@ -32,6 +36,8 @@ struct comm_queue {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     struct comm_work *head, *tail;
+    /* The first work not yet launched or run; those before it (from head) are launched and in flight. */
+    struct comm_work *next_run;
     bool stop;
     int refs;
 };
@@ -85,54 +91,173 @@ static int run_work(struct comm *c, struct comm_work *w)
     }
 }
 
-static void *progress_main(void *arg)
+/* With q->mu held: w (the queue's oldest) has finished with rc; a failed operation or split breaks its group. */
+static void work_complete(struct comm_queue *q, struct comm_work *w, int rc)
 {
-    struct comm_queue *q = arg;
-    pthread_mutex_lock(&q->mu);
-    for (;;) {
-        while (!q->head && !q->stop)
-            pthread_cond_wait(&q->cv, &q->mu);
-        if (!q->head)
-            break;
-        struct comm_work *w = q->head;
-        struct comm *c = w->comm;
-        int broken = core_step(w->req.kind) ? 0 : c->broken;
+    struct comm *c = w->comm;
+    /* Only operations and splits break a group: a failed allocation, free, init or destroy leaves the
+     * peers in step (and is reported to its caller). */
+    if (rc && !c->broken && (!core_step(w->req.kind) || w->req.kind == COMM_K_SPLIT)) {
+        c->broken = rc;
+        snprintf(c->broken_msg, sizeof(c->broken_msg), "%s", w->msg);
+        log_error("%s", w->msg);
+    }
+    q->head = w->next;
+    if (!q->head)
+        q->tail = NULL;
+    if (q->next_run == w)
+        q->next_run = w->next;
+    c->pending--;
+    w->status = rc;
+    w->done = true;
+    pthread_cond_broadcast(&q->cv);
+}
+
+static void work_fail_msg(struct comm_work *w, int rc)
+{
+    struct comm *c = w->comm;
+    if (rc)
+        snprintf(w->msg, sizeof(w->msg), "comm: %s #%llu in group '%s' failed on rank %d of %d (%s backend, timeout "
+                 "%.0f s): %s", comm_kind_name(w->req.kind), (unsigned long long)w->req.seq, c->info.group,
+                 c->info.rank, c->info.size, c->be->name, c->info.timeout_s, error_message());
+}
+
+/* With q->mu held: the status of a work of a broken group, which is not run. */
+static int work_skip(struct comm_work *w)
+{
+    struct comm *c = w->comm;
+    if (c->be->release)
+        c->be->release(c->state, &w->req);
+    snprintf(w->msg, sizeof(w->msg), "comm: %s #%llu in group '%s' not run (rank %d): an earlier collective failed: "
+             "%.600s", comm_kind_name(w->req.kind), (unsigned long long)w->req.seq, c->info.group, c->info.rank,
+             c->broken_msg);
+    return c->broken;
+}
+
+/* Runs q->next_run to completion (mu held on entry and return; released while it runs). */
+static void progress_run(struct comm_queue *q, struct comm_work *w)
+{
+    struct comm *c = w->comm;
+    int rc = core_step(w->req.kind) ? 0 : c->broken;
+    if (rc) {
+        rc = work_skip(w);
+    } else {
         pthread_mutex_unlock(&q->mu);
-
-        int rc;
-        if (broken) {
-            rc = broken;
-            if (c->be->release)
-                c->be->release(c->state, &w->req);
-            snprintf(w->msg, sizeof(w->msg), "comm: %s #%llu in group '%s' not run (rank %d): an earlier "
-                     "collective failed: %.600s", comm_kind_name(w->req.kind), (unsigned long long)w->req.seq,
-                     c->info.group, c->info.rank, c->broken_msg);
-        } else {
-            w->req.deadline = comm_now_s() + c->info.timeout_s;
-            error_clear();
-            rc = run_work(c, w);
-            if (rc)
-                snprintf(w->msg, sizeof(w->msg), "comm: %s #%llu in group '%s' failed on rank %d of %d "
-                         "(%s backend, timeout %.0f s): %s", comm_kind_name(w->req.kind),
-                         (unsigned long long)w->req.seq, c->info.group, c->info.rank, c->info.size, c->be->name,
-                         c->info.timeout_s, error_message());
-        }
-
+        w->req.deadline = comm_now_s() + c->info.timeout_s;
+        error_clear();
+        rc = run_work(c, w);
+        work_fail_msg(w, rc);
         pthread_mutex_lock(&q->mu);
-        /* Only operations and splits break a group: a failed allocation, free, init or destroy leaves the
-         * peers in step (and is reported to its caller). */
-        if (rc && !c->broken && (!core_step(w->req.kind) || w->req.kind == COMM_K_SPLIT)) {
+    }
+    work_complete(q, w, rc);
+}
+
+/* Launches q->next_run (mu held on entry and return). A failure, or a broken group, leaves it launched with
+ * its status set: it completes, in order, when it is the oldest. */
+static void progress_launch(struct comm_queue *q, struct comm_work *w)
+{
+    struct comm *c = w->comm;
+    q->next_run = w->next;
+    int rc = c->broken;
+    if (rc) {
+        rc = work_skip(w);
+    } else {
+        pthread_mutex_unlock(&q->mu);
+        w->req.deadline = comm_now_s() + c->info.timeout_s; /* for the enqueue itself */
+        error_clear();
+        rc = c->be->launch(c->state, &w->req);
+        work_fail_msg(w, rc);
+        pthread_mutex_lock(&q->mu);
+        if (rc && !c->broken) { /* later operations of the group fail fast, as after a failed run() */
             c->broken = rc;
             snprintf(c->broken_msg, sizeof(c->broken_msg), "%s", w->msg);
             log_error("%s", w->msg);
         }
-        q->head = w->next;
-        if (!q->head)
-            q->tail = NULL;
-        c->pending--;
-        w->status = rc;
-        w->done = true;
-        pthread_cond_broadcast(&q->cv);
+    }
+    w->status = rc;
+    w->launched = true;
+    pthread_cond_broadcast(&q->cv);
+}
+
+/* Polls the oldest launched work once (mu held on entry and return): true if it completed. Its deadline
+ * starts when it becomes the oldest, as a run() operation's starts when the one before it ends. */
+static bool progress_poll(struct comm_queue *q, struct comm_work *w)
+{
+    struct comm *c = w->comm;
+    if (w->status) {
+        work_complete(q, w, w->status);
+        return true;
+    }
+    if (!w->polled) {
+        w->polled = true;
+        w->req.deadline = comm_now_s() + c->info.timeout_s;
+    }
+    pthread_mutex_unlock(&q->mu);
+    bool done = false;
+    error_clear();
+    int rc = c->be->poll(c->state, &w->req, &done);
+    work_fail_msg(w, rc);
+    pthread_mutex_lock(&q->mu);
+    if (rc || done) {
+        work_complete(q, w, rc);
+        return true;
+    }
+    return false;
+}
+
+/* Sleeps on the queue's condition (so a new work wakes it at once) between polls of the oldest launched
+ * work: yields for its first 100 us (most collectives of a step end within that), then naps of 20 us
+ * doubling to 1 ms. */
+static void progress_nap(struct comm_queue *q, double t0, long *nap_ns)
+{
+    if (comm_now_s() - t0 < 1e-4) {
+        pthread_mutex_unlock(&q->mu);
+        sched_yield();
+        pthread_mutex_lock(&q->mu);
+        return;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += *nap_ns;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&q->cv, &q->mu, &ts);
+    *nap_ns = *nap_ns < 500000 ? 2 * *nap_ns : 1000000;
+}
+
+/* The progress thread. Operations of a backend with launch() are launched as they come and completed in
+ * order as poll() sees them end; anything else (a backend without it, the core's own steps) runs to the end
+ * with run_work() once every launched operation before it has completed, so allocations, splits and
+ * finalize never overlap the backend's operations. */
+static void *progress_main(void *arg)
+{
+    struct comm_queue *q = arg;
+    struct comm_work *oldest = NULL;
+    double t0 = 0;
+    long nap_ns = 20000;
+    pthread_mutex_lock(&q->mu);
+    for (;;) {
+        struct comm_work *w = q->next_run;
+        bool inflight = q->head && q->head != q->next_run;
+        if (w && w->comm->be->launch && !core_step(w->req.kind)) {
+            progress_launch(q, w);
+        } else if (inflight) {
+            if (q->head != oldest) {
+                oldest = q->head;
+                t0 = comm_now_s();
+                nap_ns = 20000;
+            }
+            if (!progress_poll(q, q->head))
+                progress_nap(q, t0, &nap_ns);
+        } else if (w) {
+            progress_run(q, w);
+        } else if (q->stop) {
+            break;
+        } else {
+            pthread_cond_wait(&q->cv, &q->mu);
+        }
     }
     pthread_mutex_unlock(&q->mu);
     return NULL;
@@ -450,6 +575,8 @@ static int enqueue(struct comm *c, const struct comm_req *req, struct comm_work 
     else
         q->head = w;
     q->tail = w;
+    if (!q->next_run)
+        q->next_run = w;
     c->pending++;
     pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);
@@ -529,6 +656,9 @@ static int work_wait(struct comm_work *w, void **mem)
         error_set(rc, "%s", w->msg);
     if (mem)
         *mem = w->mem;
+    struct comm *c = w->comm;
+    if (w->launched && c->be->release)
+        c->be->release(c->state, &w->req);
     free((void *)w->req.p2p);
     free(w);
     return rc;
@@ -539,6 +669,24 @@ int comm_work_wait(struct comm_work *w)
     if (!w)
         return error_set(FSDP_EINVAL, "comm_work_wait: NULL handle");
     return work_wait(w, NULL);
+}
+
+int comm_work_order(struct comm_work *w)
+{
+    if (!w)
+        return error_set(FSDP_EINVAL, "comm_work_order: NULL handle");
+    struct comm *c = w->comm;
+    struct comm_queue *q = c->q;
+    pthread_mutex_lock(&q->mu);
+    /* launched comes at once unless the thread is running a core step; a backend without launch() is done */
+    while (!w->done && !w->launched)
+        pthread_cond_wait(&q->cv, &q->mu);
+    bool done = w->done;
+    int rc = w->status;
+    pthread_mutex_unlock(&q->mu);
+    if (rc)
+        return error_set(rc, "%s", w->msg);
+    return done ? 0 : c->be->order(c->state, &w->req);
 }
 
 int comm_work_test(struct comm_work *w, bool *done)

@@ -134,6 +134,12 @@ int comm_sendrecv_async(struct comm *comm, const struct comm_p2p *ops, int n, st
 /* Blocks until the operation finished (each operation is bounded by the communicator's timeout), returns
  * its status and frees the handle. */
 int comm_work_wait(struct comm_work *work);
+/* Orders the caller's device work after the operation without waiting for it on the host, where the
+ * backend can (NCCL: the CUDA table's compute stream waits for the collective's event); elsewhere waits
+ * until it finished. The handle is kept: comm_work_wait still has to be called, later (it gives the status
+ * and frees it); the operation's buffers are the operation's until then, except to device work queued after
+ * this call. An error here (a failure already known) is also what that wait returns. */
+int comm_work_order(struct comm_work *work);
 /* *done = finished; never blocks. The handle still has to be waited for (which then returns at once). */
 int comm_work_test(struct comm_work *work, bool *done);
 /* Sequence number of the operation (1-based per communicator), as named in error messages. */

@@ -5,6 +5,7 @@
 
 #include "comm/comm.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,9 +36,12 @@ struct comm_req {
     int color, key;
     const struct comm_info *child;
     void **child_state;
-    /* Set by comm_backend.issue on the issuing thread, consumed by run() (NCCL: the compute-stream event
-     * the collective waits for). */
+    /* Set by comm_backend.issue on the issuing thread, consumed by run() or launch() (NCCL: the compute-stream
+     * event the collective waits for; launch() sets it back to NULL once it is consumed). */
     void *ready;
+    /* Set by comm_backend.launch: what poll() and order() read (NCCL: an event recorded on the communicator's
+     * stream after the operation); freed by comm_backend.release when the work is freed. */
+    void *done;
 };
 
 /* What a backend sees of its communicator. */
@@ -72,9 +76,20 @@ struct comm_backend {
      * here, and run() makes the collective wait for exactly the kernels queued before the call. Must not
      * touch what run() owns; may set req->ready. */
     int (*issue)(void *state, struct comm_req *req);
-    /* Optional: frees what issue() attached to a request that will never reach run() (its communicator broke
-     * first, or queuing it failed). Called on whichever thread drops the request. */
+    /* Optional: frees what issue() attached to a request that will never reach run() or launch() (its
+     * communicator broke first, or queuing it failed), and what launch() attached, once the work is freed.
+     * Called on whichever thread drops the request. */
     void (*release)(void *state, struct comm_req *req);
+    /* Optional, all three together: run() in two halves, so the progress thread never sits on a device while
+     * later operations wait to be queued behind it. launch() queues the operation on the backend's stream and
+     * returns (it may wait, up to req->deadline, for the enqueue itself); the progress thread launches each
+     * operation as it comes and polls the oldest: poll() sets *done once it has completed, or fails as run()
+     * would (a peer's error, req->deadline passed: the backend aborts). order(), on the issuing thread after
+     * launch(), makes the caller's device work wait for the operation on the device (comm_work_order): the
+     * host does not wait. A backend with launch() needs no run(). */
+    int (*launch)(void *state, struct comm_req *req);
+    int (*poll)(void *state, struct comm_req *req, bool *done);
+    int (*order)(void *state, const struct comm_req *req);
     /* Every operation of every communicator of this backend in the process runs on one progress thread, in
      * issue order, and so do their init, split and fini and comm_mem_alloc/comm_mem_free: NCCL needs one
      * launch order on all ranks across communicators used together (a HYBRID_SHARD rank's shard and

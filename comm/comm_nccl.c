@@ -9,9 +9,12 @@
  * ncclCommSplit waits with no deadline for a rank that never joins, so each NCCL call that answers
  * ncclInProgress is settled by nccl_settle against the communicator's timeout, then aborted.
  * Each collective waits on its own stream for an event recorded on the compute stream when it was issued
- * (nccl_issue). Completion is watched by the progress thread: it polls the stream and
- * ncclCommGetAsyncError (yielding, then in sleeps of at most 1 ms) until the deadline, then aborts the
- * NCCL communicator so nothing hangs on a dead peer. A batch of sends and receives (comm_sendrecv) is one
+ * (nccl_issue), and records an event of its own after it (nccl_launch). The progress thread launches
+ * collectives as they are issued, without waiting for the ones before, and watches the oldest's event and
+ * ncclCommGetAsyncError (yielding, then naps of at most 1 ms) until its deadline, then aborts the NCCL
+ * communicator so nothing hangs on a dead peer. comm_work_order makes the compute stream wait for a
+ * collective's event (nccl_order): the engine queues the kernels that read its result without the host
+ * waiting. A batch of sends and receives (comm_sendrecv) is one
  * NCCL group. */
 #include "comm/comm_internal.h"
 #include "comm/comm_nccl.h"
@@ -154,8 +157,8 @@ static void nccl_fini(void *state)
     free(st);
 }
 
-/* What every communicator of this backend owns besides its ncclComm: the device and its own stream, which
- * wait_stream watches. Shared by nccl_init and nccl_split so a child is set up exactly like a group. */
+/* What every communicator of this backend owns besides its ncclComm: the device and its own stream, on which
+ * each collective records the event nccl_poll watches. Shared by nccl_init and nccl_split so a child is set up exactly like a group. */
 static int nccl_state_new(const struct comm_info *info, struct nccl_state **out)
 {
     *out = NULL;
@@ -327,43 +330,37 @@ static ncclRedOp_t nccl_op(enum comm_op op)
     return op == COMM_AVG ? ncclAvg : op == COMM_MAX ? ncclMax : ncclSum;
 }
 
-/* Waits for the stream with 1 ms sleeps (a device wait cannot take a timeout), watching NCCL's async
- * error; at the deadline the communicator is aborted so the kernels of this rank stop. */
-static int wait_stream(struct nccl_state *st, const struct comm_req *q)
+/* comm_backend.poll: the collective's event (recorded after it on the communicator's stream) says whether it
+ * has ended; while it has not, NCCL's async error and the deadline are checked, and either aborts the
+ * communicator so the kernels of this rank stop (a device wait cannot take a timeout). */
+static int nccl_poll(void *state, struct comm_req *q, bool *done)
 {
-    /* Yield for the first 100 us (most collectives of a training step end within that), then sleep
-     * 20 us, doubling up to 1 ms: a fixed 1 ms sleep would add up to 1 ms to every collective, dozens per
-     * step, while the deadline and NCCL's async errors are still checked at least every millisecond. */
-    double t0 = comm_now_s();
-    long nap_ns = 20000;
-    for (;;) {
-        cudaError_t ce = cudaStreamQuery(st->stream);
-        if (ce == cudaSuccess)
-            return 0;
-        if (ce != cudaErrorNotReady)
-            return error_set(FSDP_EIO, "CUDA error: %s", cudaGetErrorString(ce));
-        ncclResult_t ar = ncclSuccess;
-        ncclCommGetAsyncError(st->comm, &ar);
-        if (ar != ncclSuccess && ar != ncclInProgress) {
-            ncclCommAbort(st->comm);
-            st->comm = NULL;
-            return error_set(FSDP_ECLOSED, "NCCL reported %s (a peer probably died); communicator aborted",
-                             ncclGetErrorString(ar));
-        }
-        if (comm_now_s() >= q->deadline) {
-            ncclCommAbort(st->comm);
-            st->comm = NULL;
-            return error_set(FSDP_ETIMEDOUT, "NCCL did not complete in time (some rank did not arrive; NCCL cannot "
-                             "say which: look for the rank whose log stops first); communicator aborted");
-        }
-        if (comm_now_s() - t0 < 1e-4) {
-            sched_yield();
-            continue;
-        }
-        struct timespec ts = {0, nap_ns};
-        nanosleep(&ts, NULL);
-        nap_ns = nap_ns < 500000 ? 2 * nap_ns : 1000000;
+    struct nccl_state *st = state;
+    *done = false;
+    if (!st->comm)
+        return error_set(FSDP_EABORTED, "the NCCL communicator was aborted by an earlier failure");
+    cudaError_t ce = cudaEventQuery((cudaEvent_t)q->done);
+    if (ce == cudaSuccess) {
+        *done = true;
+        return 0;
     }
+    if (ce != cudaErrorNotReady)
+        return error_set(FSDP_EIO, "CUDA error: %s", cudaGetErrorString(ce));
+    ncclResult_t ar = ncclSuccess;
+    ncclCommGetAsyncError(st->comm, &ar);
+    if (ar != ncclSuccess && ar != ncclInProgress) {
+        ncclCommAbort(st->comm);
+        st->comm = NULL;
+        return error_set(FSDP_ECLOSED, "NCCL reported %s (a peer probably died); communicator aborted",
+                         ncclGetErrorString(ar));
+    }
+    if (comm_now_s() >= q->deadline) {
+        ncclCommAbort(st->comm);
+        st->comm = NULL;
+        return error_set(FSDP_ETIMEDOUT, "NCCL did not complete in time (some rank did not arrive; NCCL cannot "
+                         "say which: look for the rank whose log stops first); communicator aborted");
+    }
+    return 0;
 }
 
 /* On the issuing thread (comm_backend.issue): an event on the compute stream now, so the collective waits
@@ -421,15 +418,43 @@ static void nccl_release(void *state, struct comm_req *q)
     (void)state;
     if (q->ready)
         cudaEventDestroy((cudaEvent_t)q->ready);
+    if (q->done)
+        cudaEventDestroy((cudaEvent_t)q->done);
     q->ready = NULL;
+    q->done = NULL;
 }
 
-static int nccl_run(void *state, const struct comm_req *q)
+/* comm_backend.order: the CUDA table's compute stream waits, on the device, for the collective's event; the
+ * host goes on queuing. */
+static int nccl_order(void *state, const struct comm_req *q)
+{
+    (void)state;
+    cudaStream_t cs;
+    int cdev, cur = -1;
+    if (fsdp_cuda_compute_stream(&cs, &cdev) != 0 || !q->done)
+        return 0;
+    cudaError_t ce = cudaGetDevice(&cur);
+    if (ce == cudaSuccess && cur != cdev)
+        ce = cudaSetDevice(cdev);
+    if (ce == cudaSuccess)
+        ce = cudaStreamWaitEvent(cs, (cudaEvent_t)q->done, 0);
+    if (cur >= 0 && cur != cdev)
+        cudaSetDevice(cur);
+    if (ce != cudaSuccess)
+        return error_set(FSDP_EIO, "NCCL %s: cannot order the compute stream after it: %s", comm_kind_name(q->kind),
+                         cudaGetErrorString(ce));
+    return 0;
+}
+
+/* comm_backend.launch: the collective on the communicator's stream, after the compute stream's event of its
+ * issue, and an event after it for poll() and order(). */
+static int nccl_launch(void *state, struct comm_req *q)
 {
     struct nccl_state *st = state;
     if (!st->comm) {
         if (q->ready)
             cudaEventDestroy((cudaEvent_t)q->ready);
+        q->ready = NULL;
         return error_set(FSDP_EABORTED, "the NCCL communicator was aborted by an earlier failure");
     }
     /* No event means no compute stream existed when the collective was issued: nothing to wait for. */
@@ -437,6 +462,7 @@ static int nccl_run(void *state, const struct comm_req *q)
         cudaSetDevice(st->device);
         cudaError_t ce = cudaStreamWaitEvent(st->stream, (cudaEvent_t)q->ready, 0);
         cudaEventDestroy((cudaEvent_t)q->ready); /* released once it has completed */
+        q->ready = NULL;
         if (ce != cudaSuccess)
             return error_set(FSDP_EIO, "cannot order the NCCL stream after the compute stream: %s",
                              cudaGetErrorString(ce));
@@ -493,10 +519,10 @@ static int nccl_run(void *state, const struct comm_req *q)
     case COMM_K_FINI:
     case COMM_K_MEM_ALLOC:
     case COMM_K_MEM_FREE:
-        return error_set(FSDP_EINVAL, "nccl backend: a %s request reached run()", comm_kind_name(q->kind));
+        return error_set(FSDP_EINVAL, "nccl backend: a %s request reached launch()", comm_kind_name(q->kind));
     }
     /* On a nonblocking communicator the enqueue itself may still be going on: the stream is empty until it
-     * is done, so wait_stream could see it idle and call the collective complete. */
+     * is done, so an event recorded now would complete before the collective. */
     if (r == ncclInProgress)
         r = nccl_settle(st->comm, q->deadline);
     if (r == ncclInProgress) {
@@ -508,7 +534,18 @@ static int nccl_run(void *state, const struct comm_req *q)
     }
     if (r != ncclSuccess)
         return error_set(FSDP_EIO, "NCCL %s: %s", comm_kind_name(q->kind), ncclGetErrorString(r));
-    return wait_stream(st, q);
+    cudaEvent_t done = NULL;
+    cudaError_t ce = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+    if (ce == cudaSuccess)
+        ce = cudaEventRecord(done, st->stream);
+    if (ce != cudaSuccess) {
+        if (done)
+            cudaEventDestroy(done);
+        return error_set(FSDP_EIO, "NCCL %s: cannot record its end on the stream: %s", comm_kind_name(q->kind),
+                         cudaGetErrorString(ce));
+    }
+    q->done = done;
+    return 0;
 }
 
 /* ncclMemAlloc rather than cudaMalloc: its memory can be registered with NCCL (NVLS, zero-copy
@@ -535,8 +572,9 @@ static int nccl_mem_free(void *state, void *p)
 }
 
 static const struct comm_backend nccl_backend = {
-    .name = "nccl", .init = nccl_init, .run = nccl_run, .fini = nccl_fini, .mem_alloc = nccl_mem_alloc,
-    .mem_free = nccl_mem_free, .split = nccl_split, .issue = nccl_issue, .release = nccl_release, .serial = true};
+    .name = "nccl", .init = nccl_init, .fini = nccl_fini, .mem_alloc = nccl_mem_alloc, .mem_free = nccl_mem_free,
+    .split = nccl_split, .issue = nccl_issue, .release = nccl_release, .launch = nccl_launch, .poll = nccl_poll,
+    .order = nccl_order, .serial = true};
 
 const struct comm_backend *comm_backend_nccl(void)
 {

@@ -65,6 +65,7 @@ struct fsdp_mem_stats {
 struct fsdp_timing {
     double gather_wait_s, reduce_wait_s;
     int64_t gathers, prefetched;
+    int64_t ordered; /* collectives whose readers the device ordered after them, without a host wait */
 };
 
 /* Checks the fsdp and train sections against the world (shard size, batch divisibility, precision on

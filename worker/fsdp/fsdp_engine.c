@@ -159,6 +159,8 @@ void fsdp_destroy(struct fsdp *f)
     if (!f)
         return;
     fsdp_pending_drain(f, 0);
+    fsdp_ordered_drain(f);
+    free(f->ordered);
     for (int i = 0; f->units && i < f->n_units; i++)
         fsdp_release(f, i);
     if (f->offload) {
@@ -309,7 +311,7 @@ int fsdp_gather_wait(struct fsdp *f, int ui)
     if (u->gstate != FSDP_GATHER_INFLIGHT)
         return 0;
     double t0 = clock_now_s();
-    int rc = 0, waited = comm_work_wait(u->gwork);
+    int rc = 0, waited = fsdp_comm_order(f, u->gwork); /* the unpack and the forward wait on the device */
     f->timing.gather_wait_s += clock_now_s() - t0;
     u->gwork = NULL;
     FSDP_TRY_GOTO(waited, rc, out);
@@ -411,7 +413,7 @@ fail:
 static int pending_finish(struct fsdp *f, struct fsdp_pending *p)
 {
     double t0 = clock_now_s();
-    int rc = 0, waited = comm_work_wait(p->work);
+    int rc = 0, waited = fsdp_comm_order(f, p->work); /* the accumulation waits on the device */
     f->timing.reduce_wait_s += clock_now_s() - t0;
     struct fsdp_unit *u = &f->units[p->unit];
     const struct kernels *k = f->k;

@@ -104,6 +104,9 @@ struct fsdp {
 
     struct fsdp_pending pending[FSDP_MAX_PENDING];
     int n_pending;
+    /* fsdp_order.c: collectives the device waits for, whose status the host takes at the end of the step */
+    struct comm_work **ordered;
+    int n_ordered, cap_ordered;
 
     struct fsdp_pool_buf *pool;
     int n_pool, cap_pool;
@@ -144,6 +147,11 @@ int fsdp_gather_issue(struct fsdp *f, int u);
 int fsdp_gather_wait(struct fsdp *f, int u);
 void fsdp_release(struct fsdp *f, int u);
 int fsdp_pending_drain(struct fsdp *f, int keep);
+/* fsdp_order.c: orders the device work queued after this call behind w (comm_work_order) and keeps w until
+ * fsdp_ordered_drain, which waits for every kept handle and returns the first failure. On failure w is already
+ * waited for and freed. */
+int fsdp_comm_order(struct fsdp *f, struct comm_work *w);
+int fsdp_ordered_drain(struct fsdp *f);
 
 /* fsdp_optim.c: sum of one double per rank of c (NULL = just x), in rank order */
 int fsdp_sum_over(struct fsdp *f, struct comm *c, double x, double *sum);

@@ -90,8 +90,11 @@ static int norm_parts(struct fsdp *f, double *sq, int r)
     FSDP_TRY(rc);
     if (f->offload)
         FSDP_TRY(f->k->mem_copy(sq + r, &host, sizeof host, KERNELS_COPY_H2D));
-    if (f->shard_comm)
-        FSDP_TRY(comm_all_gather(f->shard_comm, sq + r, sq, 2, DTYPE_F32));
+    if (f->shard_comm) { /* grad_clip reads it on the device */
+        struct comm_work *w;
+        FSDP_TRY(comm_all_gather_async(f->shard_comm, sq + r, sq, 2, DTYPE_F32, &w));
+        FSDP_TRY(fsdp_comm_order(f, w));
+    }
     return 0;
 }
 
@@ -147,6 +150,9 @@ out:
 int fsdp_finish_step(struct fsdp *f, int64_t step, struct fsdp_step_result *res, double *local_loss)
 {
     struct fsdp_step_stats st;
+    /* The step's collectives first: a failed one (a dead peer: aborted at its deadline) is the step's error,
+     * before anything it fed is read. */
+    FSDP_TRY(fsdp_ordered_drain(f));
     /* One read for the step: the loss moves next to the clip's outcome on the device first (the same memory
      * unless the optimizer was offloaded to the host). */
     if (!f->offload) {

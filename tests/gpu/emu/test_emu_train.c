@@ -238,9 +238,20 @@ Test(emu_train, stream_trace_shows_collectives_beside_kernels, .timeout = 300)
         cr_assert(kernels > 100 && collectives >= 8, "%s: %d kernels, %d all-gathers/reduce-scatters", path, kernels,
                   collectives);
         cr_assert_neq(kstream, cstream, "%s: kernels and collectives on one stream", path);
+        /* The kernels that read a collective's result wait for it on the device (comm_work_order), not behind a
+         * host wait: the kernels' stream has an event wait per gather and reduce-scatter a step reads (before,
+         * it had none). The rest are the final checkpoint's all-gathers, which the host reads. */
+        int kwaits = 0;
+        cJSON_ArrayForEach(it, ev) {
+            if (cJSON_GetObjectItemCaseSensitive(it, "tid")->valueint == kstream &&
+                !strcmp(cJSON_GetObjectItemCaseSensitive(it, "name")->valuestring, "cudaStreamWaitEvent"))
+                kwaits++;
+        }
+        cr_assert_geq(4 * kwaits, 3 * collectives, "%s: the kernels' stream waited for %d events, for %d "
+                      "collectives: the host, not the device, waits for collectives", path, kwaits, collectives);
         cr_assert_gt(coll_overlap, 0, "%s: no all-gather ran while a kernel did", path);
-        fprintf(stderr, "%s: %d kernel ops, %d collectives, %.0f us of all-gather beside kernels\n", e->d_name, kernels,
-                collectives, coll_overlap);
+        fprintf(stderr, "%s: %d kernel ops, %d collectives, %d device waits for them, %.0f us of all-gather beside "
+                "kernels\n", e->d_name, kernels, collectives, kwaits, coll_overlap);
         cJSON_Delete(o);
         free(text);
     }
