@@ -107,6 +107,9 @@ int cuda_check_ids(const char *op, const char *what, const int32_t *ids, int n, 
 /* Waits for the stream, then reports a failed deferred range check (clearing them all): the synchronising
  * calls of the table (synchronize, device-to-host copies, sqnorm, a loss sum) end with it. */
 int cuda_sync(const char *op);
+/* Rows per partial of a deterministic column reduction of rows x cols (cuda_colsum_add, the norms' parameter
+ * gradients): enough chunks to give a large GPU a few blocks per SM, from the shape alone. */
+int cuda_chunk_rows(int rows, int cols);
 /* Adds the column sums of a (rows, cols) matrix, computed by cuda_colsum_*, in a fixed order into dst:
  * partial sums over fixed row chunks, then the chunks in order, so results are run-to-run identical. */
 int cuda_colsum_add(const char *op, float *dst, const float *src, int rows, int cols);

@@ -6,7 +6,6 @@
 #include "kernels/cuda/cuda_common.h"
 
 #define LN_ROWS_PER_BLOCK (CUDA_THREADS / 32)
-#define LN_CHUNK_ROWS 256
 
 __global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *inp,
                                          const float *w, const float *b, int n, int c, float eps)
@@ -95,12 +94,12 @@ __global__ void layernorm_backward_dinp_kernel(float *dinp, const float *dout, c
 /* part: [2][chunks][c], the dweight then the dbias partial of each row chunk. */
 __global__ void layernorm_backward_params_partial_kernel(float *part, const float *dout, const float *inp,
                                                          const float *mean, const float *rstd, int n, int c,
-                                                         int chunks)
+                                                         int chunks, int chunk_rows)
 {
     int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= c)
         return;
-    int r0 = blockIdx.y * LN_CHUNK_ROWS, r1 = min(r0 + LN_CHUNK_ROWS, n);
+    int r0 = blockIdx.y * chunk_rows, r1 = min(r0 + chunk_rows, n);
     float aw = 0.0f, ab = 0.0f;
     for (int i = r0; i < r1; i++) {
         float g = dout[(size_t)i * c + j];
@@ -171,12 +170,12 @@ int cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const flo
         FSDP_TRY(cuda_check_launch("layernorm_backward dinp"));
     }
     if (dweight || dbias) {
-        int chunks = (n + LN_CHUNK_ROWS - 1) / LN_CHUNK_ROWS;
+        int chunk_rows = cuda_chunk_rows(n, c), chunks = (n + chunk_rows - 1) / chunk_rows;
         void *part;
         FSDP_TRY(cuda_scratch("layernorm_backward", &part, 2 * (size_t)chunks * c * sizeof(float)));
         dim3 grid((c + CUDA_THREADS - 1) / CUDA_THREADS, chunks);
         layernorm_backward_params_partial_kernel<<<grid, CUDA_THREADS, 0, cuda_ctx.stream>>>(
-            (float *)part, dout, inp, mean, rstd, n, c, chunks);
+            (float *)part, dout, inp, mean, rstd, n, c, chunks, chunk_rows);
         layernorm_backward_params_finish_kernel<<<grid.x, CUDA_THREADS, 0, cuda_ctx.stream>>>(
             dweight, dbias, (const float *)part, c, chunks);
         FSDP_TRY(cuda_check_launch("layernorm_backward dweight/dbias"));

@@ -5,7 +5,6 @@
 #include "kernels/cuda/cuda_common.h"
 
 #define RMS_ROWS_PER_BLOCK (CUDA_THREADS / 32)
-#define RMS_CHUNK_ROWS 256
 
 __global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *inp, const float *w, int n, int c,
                                        float eps)
@@ -68,12 +67,12 @@ __global__ void rmsnorm_backward_dinp_kernel(float *dinp, const float *dout, con
 
 /* part: [chunks][c], the dweight partial of each row chunk. */
 __global__ void rmsnorm_backward_weight_partial_kernel(float *part, const float *dout, const float *inp,
-                                                       const float *rstd, int n, int c)
+                                                       const float *rstd, int n, int c, int chunk_rows)
 {
     int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= c)
         return;
-    int r0 = blockIdx.y * RMS_CHUNK_ROWS, r1 = min(r0 + RMS_CHUNK_ROWS, n);
+    int r0 = blockIdx.y * chunk_rows, r1 = min(r0 + chunk_rows, n);
     float aw = 0.0f;
     for (int i = r0; i < r1; i++)
         aw += dout[(size_t)i * c + j] * (inp[(size_t)i * c + j] * rstd[i]);
@@ -132,12 +131,12 @@ int cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const 
         FSDP_TRY(cuda_check_launch("rmsnorm_backward dinp"));
     }
     if (dweight) {
-        int chunks = (n + RMS_CHUNK_ROWS - 1) / RMS_CHUNK_ROWS;
+        int chunk_rows = cuda_chunk_rows(n, c), chunks = (n + chunk_rows - 1) / chunk_rows;
         void *part;
         FSDP_TRY(cuda_scratch("rmsnorm_backward", &part, (size_t)chunks * c * sizeof(float)));
         dim3 grid((c + CUDA_THREADS - 1) / CUDA_THREADS, chunks);
         rmsnorm_backward_weight_partial_kernel<<<grid, CUDA_THREADS, 0, cuda_ctx.stream>>>((float *)part, dout, inp,
-                                                                                           rstd, n, c);
+                                                                                           rstd, n, c, chunk_rows);
         rmsnorm_backward_weight_finish_kernel<<<grid.x, CUDA_THREADS, 0, cuda_ctx.stream>>>(
             dweight, (const float *)part, c, chunks);
         FSDP_TRY(cuda_check_launch("rmsnorm_backward dweight"));
