@@ -158,7 +158,8 @@ static void nccl_fini(void *state)
 }
 
 /* What every communicator of this backend owns besides its ncclComm: the device and its own stream, on which
- * each collective records the event nccl_poll watches. Shared by nccl_init and nccl_split so a child is set up exactly like a group. */
+ * each collective records the event nccl_poll watches. Shared by nccl_init and nccl_split so a child is set up
+ * exactly like a group. */
 static int nccl_state_new(const struct comm_info *info, struct nccl_state **out)
 {
     *out = NULL;

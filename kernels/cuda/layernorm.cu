@@ -7,18 +7,12 @@
 
 #define LN_ROWS_PER_BLOCK (CUDA_THREADS / 32)
 
-__global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *inp,
-                                         const float *w, const float *b, int n, int c, float eps)
+/* A row's norm from its lane's part of the row sum: the mean (the sum in double, as on the CPU: residual rows
+ * can carry a large common offset that a float sum would lose), the variance from deviations (a second pass,
+ * not E[x^2]-E[x]^2, which cancels badly for such rows), the output. */
+static __device__ void ln_row_finish(float *y, float *mean, float *rstd, const float *x, const float *w, const float *b,
+                                     int c, float eps, int row, int lane, double sum)
 {
-    int row = blockIdx.x * LN_ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= n)
-        return;
-    const float *x = inp + (size_t)row * c;
-    /* Mean in double and variance from deviations (two passes), as on the CPU: residual rows can carry a
-     * large common offset that a float sum or E[x^2]-E[x]^2 would lose. */
-    double sum = 0.0;
-    for (int j = lane; j < c; j += 32)
-        sum += x[j];
     float mu = (float)(cuda_warp_sum(sum) / c);
     float var = 0.0f;
     for (int j = lane; j < c; j += 32) {
@@ -26,13 +20,25 @@ __global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, c
         var += d * d;
     }
     float rs = rsqrtf(cuda_warp_sum(var) / (float)c + eps);
-    float *o = out + (size_t)row * c;
     for (int j = lane; j < c; j += 32)
-        o[j] = (x[j] - mu) * rs * w[j] + b[j];
+        y[j] = (x[j] - mu) * rs * w[j] + b[j];
     if (lane == 0) {
         mean[row] = mu;
         rstd[row] = rs;
     }
+}
+
+__global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *inp,
+                                         const float *w, const float *b, int n, int c, float eps)
+{
+    int row = blockIdx.x * LN_ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= n)
+        return;
+    const float *x = inp + (size_t)row * c;
+    double sum = 0.0;
+    for (int j = lane; j < c; j += 32)
+        sum += x[j];
+    ln_row_finish(out + (size_t)row * c, mean, rstd, x, w, b, c, eps, row, lane, sum);
 }
 
 /* The residual add and the norm in one launch: the first pass writes res = a + b and sums it, the later
@@ -46,27 +52,13 @@ __global__ void residual_layernorm_forward_kernel(float *res, float *out, float 
     if (row >= n)
         return;
     size_t o = (size_t)row * c;
-    float *x = res + o;
     double sum = 0.0;
     for (int j = lane; j < c; j += 32) {
         float r = a[o + j] + b[o + j];
-        x[j] = r;
+        res[o + j] = r;
         sum += r;
     }
-    float mu = (float)(cuda_warp_sum(sum) / c);
-    float var = 0.0f;
-    for (int j = lane; j < c; j += 32) {
-        float d = x[j] - mu;
-        var += d * d;
-    }
-    float rs = rsqrtf(cuda_warp_sum(var) / (float)c + eps);
-    float *y = out + o;
-    for (int j = lane; j < c; j += 32)
-        y[j] = (x[j] - mu) * rs * w[j] + bias[j];
-    if (lane == 0) {
-        mean[row] = mu;
-        rstd[row] = rs;
-    }
+    ln_row_finish(out + o, mean, rstd, res + o, w, bias, c, eps, row, lane, sum);
 }
 
 __global__ void layernorm_backward_dinp_kernel(float *dinp, const float *dout, const float *inp, const float *w,

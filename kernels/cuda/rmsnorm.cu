@@ -6,6 +6,17 @@
 
 #define RMS_ROWS_PER_BLOCK (CUDA_THREADS / 32)
 
+/* A row's norm from its lane's part of the sum of squares. */
+static __device__ void rms_row_finish(float *y, float *rstd, const float *x, const float *w, int c, float eps, int row,
+                                      int lane, float ss)
+{
+    float rs = rsqrtf(cuda_warp_sum(ss) / (float)c + eps);
+    for (int j = lane; j < c; j += 32)
+        y[j] = (x[j] * rs) * w[j];
+    if (lane == 0)
+        rstd[row] = rs;
+}
+
 __global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *inp, const float *w, int n, int c,
                                        float eps)
 {
@@ -16,12 +27,7 @@ __global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *inp
     float ss = 0.0f;
     for (int j = lane; j < c; j += 32)
         ss += x[j] * x[j];
-    float rs = rsqrtf(cuda_warp_sum(ss) / (float)c + eps);
-    float *o = out + (size_t)row * c;
-    for (int j = lane; j < c; j += 32)
-        o[j] = (x[j] * rs) * w[j];
-    if (lane == 0)
-        rstd[row] = rs;
+    rms_row_finish(out + (size_t)row * c, rstd, x, w, c, eps, row, lane, ss);
 }
 
 /* The residual add and the norm in one launch: the first pass writes res = a + b and sums its squares, the
@@ -33,19 +39,13 @@ __global__ void residual_rmsnorm_forward_kernel(float *res, float *out, float *r
     if (row >= n)
         return;
     size_t o = (size_t)row * c;
-    float *x = res + o;
     float ss = 0.0f;
     for (int j = lane; j < c; j += 32) {
         float r = a[o + j] + b[o + j];
-        x[j] = r;
+        res[o + j] = r;
         ss += r * r;
     }
-    float rs = rsqrtf(cuda_warp_sum(ss) / (float)c + eps);
-    float *y = out + o;
-    for (int j = lane; j < c; j += 32)
-        y[j] = (x[j] * rs) * w[j];
-    if (lane == 0)
-        rstd[row] = rs;
+    rms_row_finish(out + o, rstd, res + o, w, c, eps, row, lane, ss);
 }
 
 /* With nrm = x rstd: dx += rstd (dy w - nrm mean(dy w nrm)). */

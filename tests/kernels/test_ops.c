@@ -558,7 +558,8 @@ static void check_residual_norms(const struct kernels *k, int n, int c, bool in_
     }
     cr_assert_neq(k->residual_layernorm_forward(res, da, mean, rstd, da, db, dw, dbias, n, c, 1e-5f), 0,
                   "out aliasing a is refused");
-    cr_assert_neq(k->residual_rmsnorm_forward(res, res, rstd, da, db, dw, n, c, 1e-6f), 0, "out aliasing res is refused");
+    cr_assert_neq(k->residual_rmsnorm_forward(res, res, rstd, da, db, dw, n, c, 1e-6f), 0,
+                  "out aliasing res is refused");
     free(a), free(b), free(w), free(bias);
     if (!in_place)
         k->mem_free(res);
