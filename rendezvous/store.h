@@ -54,15 +54,17 @@ struct store_server_options {
  * message naming the address and port when the port is in use. */
 int store_server_start(const struct store_server_options *opts, struct store_server **out);
 int store_server_port(const struct store_server *s);
-/* What the server holds for connections without the token, and what the AUTH throttle did; safe to read
+/* What the server holds for connections without the token, and what the AUTH throttle did and holds; safe to read
  * from any thread (each field on its own, not as one snapshot). */
 struct store_server_stats {
     size_t unauth_bytes;      /* charged to the budget now */
     size_t unauth_bytes_max;  /* the budget */
     size_t unauth_bytes_peak; /* the most charged at once since start */
     uint64_t budget_refusals; /* connections closed because a reply, wait, key or request did not fit */
-    uint64_t auth_failures;   /* AUTHs with a wrong MAC */
-    uint64_t auth_delayed;    /* of those, answered late by the throttle */
+    uint64_t auth_failures;   /* AUTHs checked and found wrong */
+    uint64_t auth_delayed;    /* AUTHs that waited for the throttle before being checked */
+    uint64_t auth_dropped;    /* of those, closed unchecked (handshake deadline, cap, peer gone) */
+    size_t auth_waiting;      /* AUTHs waiting for the throttle now */
 };
 void store_server_stats(const struct store_server *s, struct store_server_stats *out);
 /* Stops the thread, closes every connection, frees everything. NULL is accepted. */

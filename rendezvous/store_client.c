@@ -368,7 +368,8 @@ static int connect_once(const char *host, int port, int *fd_out, double deadline
 }
 
 /* VALIDATE and PING as PyTorch's client sends them, then (not plain) HELLO and AUTH. *answered turns true
- * once the peer echoed the PING: from then on a failure is an answer, not a server still starting. */
+ * once the peer echoed the PING: from then on a failure is an answer, not a server still starting, except
+ * a close without a verdict on AUTH. */
 static int client_handshake(struct store_client *c, double wait_s, bool *answered)
 {
     const char *what = "joining (handshake)";
@@ -418,7 +419,12 @@ static int client_handshake(struct store_client *c, double wait_s, bool *answere
     void *smac = NULL;
     size_t sml = 0;
     FSDP_TRY(client_send(c, r.deadline, what));
-    FSDP_TRY(rd_status(&r));
+    rc = rd_status(&r);
+    /* Closed without a verdict: its AUTH waited for the server's throttle on AUTHs past the handshake
+     * deadline, or the cap on connections without the token made room (docs/store.md): try again. */
+    if (rc == FSDP_ECLOSED)
+        *answered = false;
+    FSDP_TRY(rc);
     FSDP_TRY(rd_bytes(&r, STORE_NONCE_MAX_BYTES, &smac, &sml));
     bool ok = sml == STORE_MAC_BYTES && store_auth_equal(smac, want, STORE_MAC_BYTES);
     free(smac);

@@ -30,6 +30,7 @@
 #include <event2/listener.h>
 #include <event2/thread.h>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "rendezvous/store_server_internal.h"
@@ -70,6 +71,9 @@ static void conn_free(struct store_conn *c)
     if (c->held)
         store_server_forget_owner(s, c);
     release_inflight(c);
+    if (c->auth_waiting)
+        __atomic_add_fetch(&s->auth_dropped, 1, __ATOMIC_RELAXED);
+    store_throttle_auth_forget(c);
     store_server_cap_forget(c);
     if (c->prev)
         c->prev->next = c->next;
@@ -125,10 +129,12 @@ static void conn_stall_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     struct store_conn *c = arg;
-    if (c->penalized && !c->closing) {
-        /* the throttle's wait for a failed AUTH's verdict is over */
-        store_server_auth_refuse(c);
-        conn_close_after_flush(c);
+    if (c->auth_waiting) {
+        /* the handshake's deadline passed while its AUTH waited its turn: closed unchecked */
+        store_server_log_limited(&c->srv->auth_wait_log, "store: closing %s: its AUTH waited %.1f s for its turn "
+                                 "(the throttle on AUTHs; %zu waiting)", c->peer,
+                                 clock_now_s() - c->auth_waiting_since_s, c->srv->auth_waiting);
+        conn_free(c);
         return;
     }
     if (!c->closing)
@@ -168,7 +174,7 @@ static void conn_process(struct store_conn *c)
 {
     struct store_server *s = c->srv;
     struct evbuffer *in = bufferevent_get_input(c->bev);
-    while (!c->closing && !c->penalized) {
+    while (!c->closing && !c->auth_waiting) {
         size_t avail = evbuffer_get_length(in);
         if (avail == 0) {
             if (store_server_greeted(c))
@@ -298,8 +304,8 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
     /* Counted before anything is known of it; past the cap someone idle makes room (store_server_cap.c):
      * refusing the newcomer could lock out a rank of the job. */
     store_server_cap_touch(c);
-    struct store_conn *victim = store_server_cap_victim(s);
-    bool self = victim == c; /* never: the newcomer is the youngest */
+    struct store_conn *victim = store_server_cap_victim(s, c);
+    bool self = victim == c; /* when nothing else may go */
     if (victim)
         conn_free(victim);
     if (self)
@@ -351,6 +357,24 @@ static void accept_error_cb(struct evconnlistener *l, void *arg)
     struct timeval pause = {.tv_sec = 0, .tv_usec = 100 * 1000};
     if (evconnlistener_disable(l) == 0 && event_add(s->accept_resume, &pause) != 0)
         evconnlistener_enable(l);
+}
+
+/* The throttle lets the next waiting AUTHs be checked (store_server_throttle.c). */
+static void auth_turn_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct store_server *s = arg;
+    struct store_conn *c;
+    while ((c = store_throttle_auth_next(s))) {
+        bool keep = store_server_auth_check(c);
+        store_server_cap_touch(c);
+        if (!keep) {
+            conn_close_after_flush(c);
+            continue;
+        }
+        store_server_resume(c);
+    }
 }
 
 static void stop_cb(evutil_socket_t fd, short what, void *arg)
@@ -489,10 +513,11 @@ int store_server_start(const struct store_server_options *opts, struct store_ser
     if (s->base) {
         s->stop_ev = event_new(s->base, -1, 0, stop_cb, s);
         s->accept_resume = evtimer_new(s->base, accept_resume_cb, s);
+        s->auth_ev = evtimer_new(s->base, auth_turn_cb, s);
     }
     /* backlog 0: the socket already listens with 4096; -1 would make libevent listen again with 128, too
      * few for 1024 clients connecting at once */
-    if (s->stop_ev && s->accept_resume)
+    if (s->stop_ev && s->accept_resume && s->auth_ev)
         s->listener = evconnlistener_new(s->base, accept_cb, s, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, 0, fd);
     if (!s->listener) {
         close(fd);
@@ -547,6 +572,8 @@ void store_server_stop(struct store_server *s)
         event_free(s->accept_resume);
     if (s->trim_ev)
         event_free(s->trim_ev);
+    if (s->auth_ev)
+        event_free(s->auth_ev);
     if (s->base)
         event_base_free(s->base);
     store_table_free(&s->table);

@@ -1,7 +1,8 @@
 /* The start of every connection: c10d's VALIDATE, then either PyTorch's first op (a torch client, when the
  * torch protocol is on) or fsdpc's handshake: HELLO (run id, client nonce) answered with the server's
- * nonce, then AUTH, a MAC over both nonces under the job's key, answered with the server's own MAC. A
- * wrong MAC's verdict may wait (store_server_throttle.c); a right one is answered at once. */
+ * nonce, then AUTH, a MAC over both nonces under the job's key, answered with the server's own MAC. The
+ * MAC is checked when the throttle lets it (store_server_throttle.c): at once unless AUTHs are being
+ * guessed, and then in turn; the verdict is sent as soon as it is checked. */
 #include <string.h>
 
 #include <event2/bufferevent.h>
@@ -26,8 +27,6 @@ static bool refuse_token(struct store_conn *c)
     return store_server_refuse_limited(c, &c->srv->auth_log, STORE_ST_REFUSED,
                                        "belongs to another job (token differs): check --rdzv_id / FSDP_RDZV_TOKEN");
 }
-
-void store_server_auth_refuse(struct store_conn *c) { refuse_token(c); }
 
 static bool hello(struct store_conn *c, const struct store_request *req)
 {
@@ -60,25 +59,17 @@ static bool hello(struct store_conn *c, const struct store_request *req)
     return reply_status(c, b);
 }
 
-static bool auth(struct store_conn *c, const struct store_request *req)
+bool store_server_auth_check(struct store_conn *c)
 {
     struct store_server *s = c->srv;
     uint8_t want[STORE_MAC_BYTES];
     store_auth_mac(s->key, 'c', s->run_id, strlen(s->run_id), c->client_nonce, c->client_nonce_len, c->server_nonce,
                    sizeof c->server_nonce, want);
-    if (req->value_len != STORE_MAC_BYTES || !store_auth_equal(req->value, want, STORE_MAC_BYTES)) {
+    bool ok = c->auth_mac_ok && store_auth_equal(c->auth_mac, want, STORE_MAC_BYTES);
+    store_throttle_auth_done(c, !ok);
+    if (!ok) {
         __atomic_add_fetch(&s->auth_failures, 1, __ATOMIC_RELAXED);
-        double wait = store_throttle_auth_failure(c);
-        if (wait <= 0)
-            return refuse_token(c);
-        /* The verdict waits on the connection's timer (store_server.c then calls store_server_auth_refuse);
-         * nothing more is read from it meanwhile. */
-        __atomic_add_fetch(&s->auth_delayed, 1, __ATOMIC_RELAXED);
-        c->penalized = true;
-        bufferevent_disable(c->bev, EV_READ);
-        struct timeval tv = {.tv_sec = (time_t)wait, .tv_usec = (suseconds_t)((wait - (double)(time_t)wait) * 1e6)};
-        event_add(c->stall_timer, &tv);
-        return true;
+        return refuse_token(c);
     }
     uint8_t mine[STORE_MAC_BYTES];
     store_auth_mac(s->key, 's', s->run_id, strlen(s->run_id), c->client_nonce, c->client_nonce_len, c->server_nonce,
@@ -93,6 +84,22 @@ static bool auth(struct store_conn *c, const struct store_request *req)
     store_buf_put_u8(b, STORE_ST_OK);
     store_buf_put_bytes(b, mine, sizeof mine);
     return reply_status(c, b);
+}
+
+static bool auth(struct store_conn *c, const struct store_request *req)
+{
+    struct store_server *s = c->srv;
+    c->auth_mac_ok = req->value_len == STORE_MAC_BYTES;
+    memset(c->auth_mac, 0, sizeof c->auth_mac);
+    if (c->auth_mac_ok)
+        memcpy(c->auth_mac, req->value, STORE_MAC_BYTES);
+    if (store_throttle_auth_admit(c))
+        return store_server_auth_check(c);
+    /* Its turn comes on s->auth_ev (store_server.c); the handshake deadline started by HELLO still runs.
+     * Meanwhile its requests are not run, but the socket is still read (up to the read window), so a peer
+     * that goes away leaves the queue at once instead of holding its place. */
+    __atomic_add_fetch(&s->auth_delayed, 1, __ATOMIC_RELAXED);
+    return true;
 }
 
 bool store_server_handshake(struct store_conn *c, const struct store_request *req, bool *handled)

@@ -121,4 +121,6 @@ void store_server_stats(const struct store_server *s, struct store_server_stats 
     out->budget_refusals = __atomic_load_n(&s->budget_refusals, __ATOMIC_RELAXED);
     out->auth_failures = __atomic_load_n(&s->auth_failures, __ATOMIC_RELAXED);
     out->auth_delayed = __atomic_load_n(&s->auth_delayed, __ATOMIC_RELAXED);
+    out->auth_dropped = __atomic_load_n(&s->auth_dropped, __ATOMIC_RELAXED);
+    out->auth_waiting = load(&s->auth_waiting);
 }

@@ -3,20 +3,24 @@
  * Every connection starts without the token, so nobody can tell a rank of the job from a hostile client
  * at accept time: refusing newcomers at the cap would lock the job out as surely as running out of
  * descriptors does. So a newcomer is always accepted, and when that takes the count past the cap the
- * server closes the connection that is the least likely to be the job's and the most idle:
- *   1. one still in its handshake (nothing sent, or only VALIDATE and PINGs, or HELLO without AUTH) that
- *      has been idle for SUSPECT_IDLE_S: a real client, fsdpc's or PyTorch's, sends its next handshake
- *      request within a round trip, so this is an idle probe (the first to go);
- *   2. else the PyTorch client idle longest (they carry no credential: under torchrun any process that
- *      reaches the port is one, and a PyTorch job's own workers are protected only as far as the cap
- *      exceeds the job's own connections, which fsdp-launch sizes it for);
- *   3. else the connection in its handshake idle longest (a flood of fresh connections).
- * A connection that authenticates leaves the count at once and is never closed for the cap, so the job's
- * fsdpc ranks, launchers and a restart's new workers always get in: a rank's handshake is two round trips
- * during which its connection is the freshest one, and it would be closed only if more than the cap of
- * other connections arrived or made a request within that time. "Idle" counts from the last complete
- * request (or the accept), so trickling a request's bytes does not keep a connection young (and the
- * stall timer closes it anyway). */
+ * server closes the connection that is the least likely to be the job's, in this order:
+ *   1. one in its handshake, not waiting for the AUTH throttle, idle for SUSPECT_IDLE_S (nothing sent,
+ *      or only VALIDATE and PINGs, or HELLO without AUTH): a real client, fsdpc's or PyTorch's, sends its
+ *      next handshake request within a round trip, so this is an idle probe, the idlest first;
+ *   2. the PyTorch client idle longest (they carry no credential: under torchrun any process that reaches
+ *      the port is one, and a PyTorch job's own workers are protected only as far as the cap exceeds the
+ *      job's own connections, which fsdp-launch sizes it for);
+ *   3. the connection idle longest that has sent nothing valid yet, other than the newcomer (a flood of
+ *      idle connections);
+ *   4. the newest waiting AUTH of the source address with the most AUTHs waiting for the throttle (a
+ *      guesser's: a rank's AUTH waits only while others guess, and behind fewer of its own address);
+ *   5. else the newcomer itself (its client retries).
+ * A connection on its way through the handshake (VALIDATE or HELLO answered, for less than
+ * SUSPECT_IDLE_S) is never closed for the cap, and one that authenticates leaves the count at once: so a
+ * rank that connects and authenticates promptly is not closed however many idle connections others open
+ * around its handshake, and the job's ranks, launchers and a restart's new workers get in. "Idle" counts
+ * from the last complete request (or the accept), so trickling a request's bytes does not keep a
+ * connection young (and the stall timer closes it anyway). */
 #include <stdio.h>
 
 #include "common/clock.h"
@@ -52,7 +56,10 @@ void store_server_cap_touch(struct store_conn *c)
     queue_remove(s, c);
     if (c->state == CONN_FSDP)
         return;
-    c->tier = c->state == CONN_TORCH ? TIER_TORCH : TIER_HANDSHAKE;
+    c->tier = c->state == CONN_TORCH ? TIER_TORCH
+              : c->auth_waiting      ? TIER_AUTH
+              : c->state == CONN_NEW ? TIER_SILENT
+                                     : TIER_HANDSHAKE;
     c->active_s = clock_now_s();
     struct store_conn_queue *q = &s->idle[c->tier];
     c->idle_prev = q->tail;
@@ -65,13 +72,46 @@ void store_server_cap_touch(struct store_conn *c)
     s->unauth_conns++;
 }
 
-struct store_conn *store_server_cap_victim(struct store_server *s)
+static const char *what_it_is(const struct store_conn *c, const struct store_conn *newcomer)
+{
+    if (c == newcomer)
+        return "the newcomer (nothing else may go)";
+    switch (c->tier) {
+    case TIER_TORCH: return "a PyTorch client";
+    case TIER_AUTH: return "an AUTH waiting for the throttle";
+    case TIER_SILENT: return "a connection that sent nothing valid";
+    default: return "a connection still in its handshake";
+    }
+}
+
+/* The idlest of two queue heads (either may be NULL). */
+static struct store_conn *idler(struct store_conn *a, struct store_conn *b)
+{
+    return !a ? b : !b ? a : a->active_s <= b->active_s ? a : b;
+}
+
+static struct store_conn *pick(struct store_server *s, struct store_conn *newcomer, double now)
+{
+    struct store_conn *probe = idler(s->idle[TIER_SILENT].head, s->idle[TIER_HANDSHAKE].head);
+    if (probe && probe != newcomer && now - probe->active_s >= SUSPECT_IDLE_S)
+        return probe;
+    if (s->idle[TIER_TORCH].head)
+        return s->idle[TIER_TORCH].head;
+    struct store_conn *silent = s->idle[TIER_SILENT].head;
+    if (silent == newcomer)
+        silent = silent->idle_next;
+    if (silent)
+        return silent;
+    struct store_conn *guess = store_throttle_auth_crowded(s);
+    return guess ? guess : newcomer;
+}
+
+struct store_conn *store_server_cap_victim(struct store_server *s, struct store_conn *newcomer)
 {
     if (s->unauth_conns <= s->max_unauth_conns)
         return NULL;
     double now = clock_now_s();
-    struct store_conn *hs = s->idle[TIER_HANDSHAKE].head, *torch = s->idle[TIER_TORCH].head;
-    struct store_conn *v = hs && now - hs->active_s >= SUSPECT_IDLE_S ? hs : torch ? torch : hs;
+    struct store_conn *v = pick(s, newcomer, now);
     if (!v)
         return NULL;
     if (s->cap_warned_s == 0 || now - s->cap_warned_s >= CAP_WARN_INTERVAL_S) {
@@ -79,8 +119,7 @@ struct store_conn *store_server_cap_victim(struct store_server *s)
         if (s->cap_quiet)
             snprintf(more, sizeof more, " (and %lu more since the last such line)", s->cap_quiet);
         log_warn("store: connections without the job's token reached the cap (%zu): closing %s, %s idle for %.1f s, "
-                 "to make room%s", s->max_unauth_conns, v->peer,
-                 v->tier == TIER_TORCH ? "a PyTorch client" : "a connection still in its handshake",
+                 "to make room%s", s->max_unauth_conns, v->peer, what_it_is(v, newcomer),
                  now - v->active_s, more);
         s->cap_warned_s = now;
         s->cap_quiet = 0;

@@ -45,7 +45,9 @@ enum store_conn_state {
 /* The queues of connections without the job's token, each in the order of their last complete request
  * (store_server_cap.c): who makes room when the cap is reached. */
 enum store_conn_tier {
-    TIER_HANDSHAKE, /* NEW, VALIDATED, HELLO: not yet a client of either kind */
+    TIER_SILENT,    /* NEW: nothing valid received yet */
+    TIER_HANDSHAKE, /* VALIDATED, HELLO: on the way, not yet a client of either kind */
+    TIER_AUTH,      /* its AUTH waits for the throttle (store_server_throttle.c) */
     TIER_TORCH,     /* PyTorch clients */
     TIER_COUNT,
     TIER_NONE = -1, /* authenticated (never counted), or not queued */
@@ -62,9 +64,9 @@ struct store_log_limit {
     unsigned long quiet;
 };
 
-/* Failed AUTHs a source may have answered without delay: a token bucket (store_server_throttle.c). */
+/* Failed AUTHs a source may have checked: a token bucket (store_server_throttle.c). */
 struct store_auth_bucket {
-    double tokens; /* below 0: the next failure waits -tokens / rate */
+    double tokens; /* an AUTH is checked only while this is 1 or more */
     double at_s;   /* when tokens was last brought up to date */
 };
 
@@ -72,6 +74,8 @@ struct store_auth_peer {
     uint8_t addr[16]; /* IPv4 in the first 4 bytes, or IPv6 */
     int family;       /* 0: slot unused */
     struct store_auth_bucket bucket;
+    struct store_conn *head, *tail; /* its AUTHs waiting for their turn, oldest first */
+    size_t queued;
 };
 
 #define STORE_AUTH_PEERS 256
@@ -91,13 +95,18 @@ struct store_conn {
     bool closing;     /* the last reply is being flushed, then the connection goes */
     bool out_blocked; /* unsent replies over the limit: requests wait until they drain */
     bool fsdp_client; /* sent HELLO: replies (refusals too) start with a status byte */
-    bool penalized;   /* its AUTH failed and the throttle holds the verdict: nothing more is read */
+    bool auth_waiting; /* its AUTH waits for the throttle, unchecked: nothing more is read */
     size_t need;      /* bytes the next request needs before it is worth parsing again */
     size_t inflight;  /* bytes of the budget a request larger than the read window holds while it arrives */
     size_t out_charged;                   /* bytes of the budget its unsent replies hold */
     struct evbuffer_cb_entry *out_watch;  /* charges them as the output buffer grows and drains */
     uint8_t peer_addr[16];                /* the peer's address, for the AUTH throttle */
     int peer_family;
+    struct store_auth_peer *auth_peer;         /* while its AUTH waits or is being checked */
+    struct store_conn *auth_prev, *auth_next;  /* in auth_peer's queue */
+    double auth_waiting_since_s;
+    uint8_t auth_mac[STORE_MAC_BYTES];         /* the waiting AUTH's MAC */
+    bool auth_mac_ok;                          /* it had the MAC's length */
     size_t held;      /* bytes PyTorch clients' entries charged to this connection hold */
     size_t watermark; /* the read high-watermark set on bev */
     uint8_t client_nonce[STORE_NONCE_MAX_BYTES], server_nonce[STORE_NONCE_BYTES];
@@ -122,14 +131,17 @@ struct store_server {
     /* The budget of connections without the token (store_server_budget.c): read from other threads by
      * store_server_stats, so these are touched with atomics. */
     size_t unauth_bytes, unauth_bytes_max, unauth_bytes_peak;
-    uint64_t budget_refusals, auth_failures, auth_delayed;
-    struct store_log_limit budget_log, auth_log, out_log;
+    uint64_t budget_refusals, auth_failures, auth_delayed, auth_dropped;
+    size_t auth_waiting; /* AUTHs waiting for the throttle now */
+    struct store_log_limit budget_log, auth_log, auth_wait_log, out_log;
     struct event *trim_ev; /* gives freed memory back to the system after a burst of closes */
     size_t torch_conn_bytes_max;
     size_t out_max;
     /* the AUTH throttle (store_server_throttle.c) */
     struct store_auth_bucket auth_all;
     struct store_auth_peer auth_peers[STORE_AUTH_PEERS];
+    size_t auth_turn;       /* the slot whose waiting AUTH goes next, round robin */
+    struct event *auth_ev;  /* when the next waiting AUTH may be checked (store_server.c's callback) */
     /* the cap on connections without the token (store_server_cap.c) */
     struct store_conn_queue idle[TIER_COUNT];
     size_t unauth_conns, max_unauth_conns;
@@ -181,10 +193,20 @@ void store_budget_unwatch_output(struct store_conn *c);
 /* After a connection without the token went: gives freed memory back to the system now and then. */
 void store_budget_trim(struct store_server *s);
 
-/* ---- store_server_throttle.c: failed AUTHs per source address and in all ---- */
+/* ---- store_server_throttle.c: how fast AUTHs are checked, per source address and in all ---- */
 
-/* One more failed AUTH from c's peer: how long its verdict waits (0: answer now). */
-double store_throttle_auth_failure(struct store_conn *c);
+/* c's AUTH came: true when it may be checked now (then call store_throttle_auth_done with the verdict);
+ * else it waits in its source's queue (c->auth_waiting) and s->auth_ev is armed. */
+bool store_throttle_auth_admit(struct store_conn *c);
+/* c's AUTH was checked: a failure takes its tokens. */
+void store_throttle_auth_done(struct store_conn *c, bool failed);
+/* The next waiting AUTH whose turn it is (out of its queue; check it, then store_throttle_auth_done), or
+ * NULL, with s->auth_ev armed for when the next one may go. */
+struct store_conn *store_throttle_auth_next(struct store_server *s);
+/* c goes away: out of its queue. */
+void store_throttle_auth_forget(struct store_conn *c);
+/* The newest waiting AUTH of the source with the most of them (to make room at the cap), or NULL. */
+struct store_conn *store_throttle_auth_crowded(struct store_server *s);
 
 /* ---- store_server_cap.c ---- */
 
@@ -193,16 +215,18 @@ double store_throttle_auth_failure(struct store_conn *c);
 void store_server_cap_touch(struct store_conn *c);
 /* Takes the connection out of the count (it is being freed). */
 void store_server_cap_forget(struct store_conn *c);
-/* Over the cap: the connection to close to make room (logged, at most once a second), else NULL. */
-struct store_conn *store_server_cap_victim(struct store_server *s);
+/* Over the cap after accepting newcomer: the connection to close to make room (logged, at most once a
+ * second; the newcomer itself when nothing else may go), else NULL. */
+struct store_conn *store_server_cap_victim(struct store_server *s, struct store_conn *newcomer);
 
 /* ---- store_server_auth.c: returns false when the connection must be closed after flushing ---- */
 
 /* A request of a connection that is not yet a torch client nor authenticated. *handled is false when the
  * request is a torch client's first op, which the caller then runs as one. */
 bool store_server_handshake(struct store_conn *c, const struct store_request *req, bool *handled);
-/* The verdict on a failed AUTH the throttle held back: the refusal (the caller closes the connection). */
-void store_server_auth_refuse(struct store_conn *c);
+/* Checks the AUTH that waited on c for the throttle (its MAC is in c): answers it; returns false when the
+ * connection must be closed after flushing (a wrong MAC). */
+bool store_server_auth_check(struct store_conn *c);
 
 /* ---- store_server_ops.c ---- */
 

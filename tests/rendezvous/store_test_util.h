@@ -89,6 +89,42 @@ static inline int raw_connect(int port)
     return fd;
 }
 
+/* The same from 127.0.0.N (loopback has the whole /8), so a test can play several source addresses. */
+static inline int raw_connect_from(int port, int n)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert_geq(fd, 0);
+    struct sockaddr_in me = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK + (uint32_t)n - 1)};
+    cr_assert_eq(bind(fd, (struct sockaddr *)&me, sizeof me), 0, "bind 127.0.0.%d: %s", n, strerror(errno));
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0, "connect: %s", strerror(errno));
+    return fd;
+}
+
+/* A guess that waits for nothing: VALIDATE, HELLO and a wrong AUTH for run id "job" in one send, from
+ * 127.0.0.src (a guesser that reads an immediate OK as success needs no verdict to go on). */
+static inline int raw_fire_guess(int port, int src)
+{
+    int fd = raw_connect_from(port, src);
+    uint8_t nonce[32] = {5}, mac[32] = {(uint8_t)fd};
+    struct store_buf b;
+    store_buf_init(&b);
+    store_buf_put_u8(&b, STORE_OP_VALIDATE);
+    store_buf_put_u32(&b, STORE_VALIDATE_MAGIC);
+    store_buf_put_u8(&b, STORE_OP_HELLO);
+    store_buf_put_u32(&b, STORE_HELLO_MAGIC);
+    store_buf_put_u16(&b, STORE_PROTOCOL_VERSION);
+    store_buf_put_str(&b, "job");
+    store_buf_put_bytes(&b, nonce, sizeof nonce);
+    store_buf_put_u8(&b, STORE_OP_AUTH);
+    store_buf_put_bytes(&b, mac, sizeof mac);
+    cr_assert(!b.failed);
+    cr_assert_eq(send(fd, b.data, b.len, MSG_NOSIGNAL), (ssize_t)b.len, "send: %s", strerror(errno));
+    store_buf_free(&b);
+    return fd;
+}
+
 static inline void raw_send(int fd, const void *p, size_t n)
 {
     cr_assert_eq(send(fd, p, n, MSG_NOSIGNAL), (ssize_t)n, "send: %s", strerror(errno));

@@ -1,12 +1,15 @@
 /* Load and fault test: a 2-rank fsdp-worker job trains under fsdp-launch while, on loopback, hostile
- * clients attack its store and status page (1000 idle connections, 40 MULTI_GET bombs that never read, 20
- * WAIT bombs, 50 slowloris HTTP clients, AUTH guessing); they stop by themselves. The job must end with the
- * losses of an undisturbed run and the logs stay under 1 MB. The launcher's RSS peak is printed against the
+ * clients attack its store and status page (1000 idle connections, then one more every 10 ms, 40 MULTI_GET
+ * bombs that never read, 20 WAIT bombs, 50 slowloris HTTP clients, AUTH guessing); they stop by themselves.
+ * The attack is under way before the ranks start, so their handshakes meet it (the store's cap on
+ * connections without the token is passed all along). The job must end with the losses of an undisturbed
+ * run and the logs stay under 1 MB. The launcher's RSS peak is printed against the
  * issue's bound, the store's documented budget (64 MiB plus 8 KiB per connection without the token, 1024 of
  * them) plus 64 MiB, but not asserted: some runs exceed it (below). Prints the figures as a bench= line. */
 #include "tests/util/launch_util.h"
 
 #include <arpa/inet.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -72,7 +75,8 @@ static void h_request(struct store_buf *b, uint8_t op)
     store_buf_put_u8(b, op);
 }
 
-static void hostile(int store_port, int status_port, const char *run_id)
+/* ready: written once the flood, the bombs and the slowloris clients are in place */
+static void hostile(int store_port, int status_port, const char *run_id, int ready)
 {
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
@@ -129,7 +133,10 @@ static void hostile(int store_port, int status_port, const char *run_id)
         if (slow[i] >= 0)
             (void)!send(slow[i], head, strlen(head), MSG_NOSIGNAL);
     }
-    /* AUTH guessing until the end, one header byte per slowloris client every half second */
+    (void)!write(ready, "r", 1);
+    close(ready);
+    /* AUTH guessing until the end, one header byte per slowloris client every half second, and one more
+     * idle connection per guess (the store stays over its cap while the ranks join) */
     double next_drip = tu_now();
     uint8_t nonce[32] = {7}, mac[32] = {0};
     while (tu_now() < end) {
@@ -148,6 +155,7 @@ static void hostile(int store_port, int status_port, const char *run_id)
         store_buf_put_u8(&b, STORE_OP_AUTH);
         store_buf_put_bytes(&b, mac, sizeof mac);
         h_send(fd, &b);
+        (void)h_connect(store_port);
         tu_nap(0.01);
         if (fd >= 0)
             close(fd);
@@ -162,17 +170,30 @@ struct run {
     pid_t pid;
 };
 
+/* The ranks start once the file `go` exists in the run's directory (at most 30 s): the test lets them
+ * join when it wants, here once the attack is under way. */
 static void run_start(struct run *r, const char *root, const char *tag, const char *ini)
 {
     snprintf(r->dir, sizeof r->dir, "%s/%s", root, tag);
     mkdir(r->dir, 0700);
-    char logdir[2100], ckdir[2100];
+    char logdir[2100], ckdir[2100], wait_go[2300];
     snprintf(logdir, sizeof logdir, "--log.dir=%s/logs", r->dir);
     snprintf(ckdir, sizeof ckdir, "--checkpoint.dir=%s/ck", r->dir);
+    snprintf(wait_go, sizeof wait_go,
+             "i=0; while [ ! -e '%s/go' ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; exec \"$0\" \"$@\"",
+             r->dir);
     const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "2", "--master_port", "0", "--status_port",
-                          "0", "--run_id", tag, lu_build_path("worker/fsdp-worker"), ini, logdir, ckdir, NULL};
+                          "0", "--run_id", tag, "/bin/sh", "-c", wait_go, lu_build_path("worker/fsdp-worker"), ini,
+                          logdir, ckdir, NULL};
     const char *env[] = {"OMP_NUM_THREADS=1", NULL};
     r->pid = lu_spawn(argv, r->dir, "job", env);
+}
+
+static void run_go(const struct run *r)
+{
+    char go[2100];
+    snprintf(go, sizeof go, "%s/go", r->dir);
+    lu_write_text(go, "");
 }
 
 /* The "loss" fields of metrics.jsonl, in order, as one string. */
@@ -237,6 +258,7 @@ Test(store_load, job_trains_through_hostile_clients, .timeout = 180)
 
     struct run quiet, loud;
     run_start(&quiet, root, "quiet", ini);
+    run_go(&quiet);
     int qc = lu_exit_code(lu_wait(quiet.pid, 120));
     cr_assert_eq(qc, 0, "the undisturbed job exited %d: %s", qc, lu_slurp_tag(quiet.dir, "job", "err"));
 
@@ -244,19 +266,21 @@ Test(store_load, job_trains_through_hostile_clients, .timeout = 180)
     int store_port = lu_read_port(loud.dir, "job", 60), status_port = status_port_of(loud.dir);
     cr_assert_gt(store_port, 0, "no store port: %s", lu_slurp_tag(loud.dir, "job", "err"));
     cr_assert_gt(status_port, 0, "no status port: %s", lu_slurp_tag(loud.dir, "job", "err"));
-    /* The attack starts once the ranks train (a flood during the ranks' own handshakes is another story:
-     * see docs/store.md, "Connections"). */
-    char metrics[2100];
-    snprintf(metrics, sizeof metrics, "%s/logs/metrics.jsonl", loud.dir);
-    double w0 = tu_now();
-    struct stat sb;
-    while ((stat(metrics, &sb) != 0 || sb.st_size == 0) && tu_now() - w0 < 60)
-        tu_nap(0.01);
-    cr_assert_gt(sb.st_size, 0, "the job did not start training: %s", lu_slurp_tag(loud.dir, "job", "err"));
+    /* The attack starts before the ranks do: their handshakes meet the flood. */
+    int ready[2];
+    cr_assert_eq(pipe(ready), 0);
     pid_t h = fork();
     cr_assert_geq(h, 0);
-    if (h == 0)
-        hostile(store_port, status_port, "loud");
+    if (h == 0) {
+        close(ready[0]);
+        hostile(store_port, status_port, "loud", ready[1]);
+    }
+    close(ready[1]);
+    struct pollfd pf = {.fd = ready[0], .events = POLLIN};
+    char byte = 0;
+    cr_assert(poll(&pf, 1, 60000) == 1 && read(ready[0], &byte, 1) == 1, "the hostile clients did not get going");
+    close(ready[0]);
+    run_go(&loud);
     long peak = 0;
     int st = 0;
     double t0 = tu_now();

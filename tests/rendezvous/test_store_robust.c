@@ -890,6 +890,45 @@ Test(store_robust, authenticated_connections_are_not_counted)
     store_server_stop(s);
 }
 
+/* A rank in the middle of its handshake (HELLO answered, AUTH about to go) while, in that round trip, far
+ * more than the cap of new connections arrive: idle ones that send nothing and guessers from another
+ * address whose AUTHs wait for the throttle. Room is made by closing those, never the rank's connection:
+ * its AUTH is answered. The cap used to close the connection in its handshake idle longest, which was the
+ * rank's, and the job lost a rank to a flood during its handshakes. */
+Test(store_robust, a_rank_in_its_handshake_outlives_a_flood_at_the_cap, .timeout = 60)
+{
+    struct store_server_options o = {.run_id = "job", .secret = "s3cret", .idle_timeout_s = 60,
+                                     .max_unauth_conns = 16};
+    struct store_server *s = test_server_opts(&o);
+    int port = store_server_port(s);
+    int rank = raw_connect(port);
+    uint8_t cn[32] = {1, 2, 3}, sn[32];
+    cr_assert_eq(raw_hello(rank, STORE_PROTOCOL_VERSION, "job", cn, sn, NULL, 0), STORE_ST_OK);
+    enum { SILENT = 100, GUESSES = 100 };
+    int flood[SILENT + GUESSES];
+    for (int i = 0; i < SILENT; i++)
+        flood[i] = raw_connect(port);
+    for (int i = 0; i < GUESSES; i++)
+        flood[SILENT + i] = raw_fire_guess(port, 2);
+    test_sleep(0.2); /* the server has taken them all in */
+    uint8_t key[STORE_KEY_BYTES], mac[32];
+    store_auth_key("job", "s3cret", key);
+    store_auth_mac(key, 'c', "job", 3, cn, 32, sn, 32, mac);
+    struct store_buf b;
+    store_buf_init(&b);
+    store_buf_put_u8(&b, STORE_OP_AUTH);
+    store_buf_put_bytes(&b, mac, 32);
+    raw_send_buf(rank, &b);
+    store_buf_free(&b);
+    uint8_t st = 0xff;
+    cr_assert_eq(raw_recv(rank, &st, 1, 10), 1, "the rank's connection was closed in its handshake");
+    cr_assert_eq(st, STORE_ST_OK);
+    for (int i = 0; i < SILENT + GUESSES; i++)
+        close(flood[i]);
+    close(rank);
+    store_server_stop(s);
+}
+
 /* The attacker of the next test: in a child (no cr_* here), its own open-files limit. Opens `hold`
  * connections that validate and go idle, says so on `ready`, then opens one more every 10 ms until `stop`
  * closes (or 20 s pass). */
