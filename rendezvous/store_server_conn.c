@@ -27,7 +27,22 @@ const struct store_parse_limits *store_server_limits(const struct store_conn *c)
     }
 }
 
-void store_server_write(struct store_conn *c, const void *p, size_t n) { bufferevent_write(c->bev, p, n); }
+/* libevent gives each piece added to a buffer that does not fit its last chain a chain of its own, rounded
+ * up to a power of two with its header: a 1 MiB value would take 2 MiB, and the budget (which counts the
+ * bytes queued) would see half the memory unsent replies hold. Pieces of a power of two less the header
+ * room get chains of about their size. */
+#define WRITE_PIECE_BYTES ((64u << 10) - 256u)
+
+void store_server_write(struct store_conn *c, const void *p, size_t n)
+{
+    const uint8_t *at = p;
+    while (n > 0) {
+        size_t piece = n < WRITE_PIECE_BYTES ? n : WRITE_PIECE_BYTES;
+        bufferevent_write(c->bev, at, piece);
+        at += piece;
+        n -= piece;
+    }
+}
 
 void store_server_log_limited(struct store_log_limit *lim, const char *fmt, ...)
 {

@@ -3,9 +3,9 @@
  * bombs that never read, 20 WAIT bombs, 50 slowloris HTTP clients, AUTH guessing); they stop by themselves.
  * The attack is under way before the ranks start, so their handshakes meet it (the store's cap on
  * connections without the token is passed all along). The job must end with the losses of an undisturbed
- * run and the logs stay under 1 MB. The launcher's RSS peak is printed against the
- * issue's bound, the store's documented budget (64 MiB plus 8 KiB per connection without the token, 1024 of
- * them) plus 64 MiB, but not asserted: some runs exceed it (below). Prints the figures as a bench= line. */
+ * run, the logs stay under 1 MB and the launcher's RSS, watched from the attack's start, under the store's
+ * documented budget (64 MiB plus 8 KiB per connection without the token, 1024 of them) plus 64 MiB (in the
+ * plain build). Prints the figures as a bench= line. */
 #include "tests/util/launch_util.h"
 
 #include <arpa/inet.h>
@@ -26,7 +26,12 @@
 
 #define BUDGET_KB ((64L << 10) + 1024L * 8)
 #define SLACK_KB (64L << 10)
-#define HOSTILE_S 30.0 /* the hostile clients' own end, should the job outlive it */
+#define HOSTILE_S 30.0
+#ifdef __SANITIZE_ADDRESS__
+#define RSS_MEANS_HELD false
+#else
+#define RSS_MEANS_HELD true
+#endif /* the hostile clients' own end, should the job outlive it */
 
 static long rss_kb(pid_t pid)
 {
@@ -276,12 +281,18 @@ Test(store_load, job_trains_through_hostile_clients, .timeout = 180)
         hostile(store_port, status_port, "loud", ready[1]);
     }
     close(ready[1]);
+    /* the launcher's RSS is watched from the attack's start */
+    long peak = 0;
     struct pollfd pf = {.fd = ready[0], .events = POLLIN};
+    double r0 = tu_now();
+    while (poll(&pf, 1, 10) == 0 && tu_now() - r0 < 60) {
+        long r = rss_kb(loud.pid);
+        peak = r > peak ? r : peak;
+    }
     char byte = 0;
-    cr_assert(poll(&pf, 1, 60000) == 1 && read(ready[0], &byte, 1) == 1, "the hostile clients did not get going");
+    cr_assert(read(ready[0], &byte, 1) == 1, "the hostile clients did not get going");
     close(ready[0]);
     run_go(&loud);
-    long peak = 0;
     int st = 0;
     double t0 = tu_now();
     pid_t done = 0;
@@ -305,12 +316,10 @@ Test(store_load, job_trains_through_hostile_clients, .timeout = 180)
            "same_losses=%d\n", took, peak, BUDGET_KB + SLACK_KB, log_bytes, strcmp(lq, ll) == 0);
     fflush(stdout);
     cr_assert_str_eq(ll, lq, "the losses under load differ");
-    /* Not asserted yet: the issue's bound (the documented budget + 64 MB) held in most runs (about 96 MB) but
-     * the peak reached 140 MB in some (glibc keeping freed evbuffer chunks is the suspect, not yet shown), so
-     * the figure is reported above and the bound stays an open point of the hardening issue. */
-    if (peak >= BUDGET_KB + SLACK_KB)
-        fprintf(stderr, "store_load: the launcher's RSS reached %ld kB, over the %ld kB the issue asks\n", peak,
-                (long)(BUDGET_KB + SLACK_KB));
+    /* Under AddressSanitizer (quarantine, shadow memory, redzones) RSS says nothing about what the store
+     * holds: the bound is held in the plain build. */
+    cr_assert(!RSS_MEANS_HELD || peak < BUDGET_KB + SLACK_KB, "the launcher's RSS reached %ld kB, over the %ld kB of "
+              "the store's budget plus 64 MiB", peak, (long)(BUDGET_KB + SLACK_KB));
     cr_assert_lt(log_bytes, 1000 * 1000, "%ld bytes of log", log_bytes);
     free(lq);
     free(ll);
