@@ -10,10 +10,8 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 #include <event2/listener.h>
-#include <event2/thread.h>
 #include <math.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +21,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "launcher/status_render.h"
+#include "rendezvous/evloop.h"
 #include "rendezvous/store.h"
 #include "rendezvous/store_auth.h"
 
@@ -67,9 +66,10 @@ struct status_server {
     struct status_server_options o;
     char *run_id, *secret, *store_host, bind_addr[64];
     char page_token[STORE_STATUS_TOKEN_CHARS + 1]; /* "" without a secret: then only loopback clients */
-    struct event_base *base;
+    struct evloop loop;      /* the page's own thread and event_base */
+    struct event_base *base; /* loop.base */
     struct evhttp *http;
-    struct event *stop_ev, *poll_ev;
+    struct event *poll_ev;
     /* accept() out of descriptors: the listener paused (accept_resume re-enables it), one warning a second */
     struct evconnlistener *listener;
     struct event *accept_resume;
@@ -81,8 +81,6 @@ struct status_server {
     bool cap_paused, stopping;
     double cap_warned_s;
     unsigned long cap_quiet;
-    pthread_t thread;
-    bool thread_started;
     int port;
     struct store_client *client; /* used only on the server thread */
     pthread_mutex_t mu;          /* guards everything below */
@@ -689,24 +687,8 @@ static void accept_error_cb(struct evconnlistener *l, void *http)
         evconnlistener_enable(l);
 }
 
-static void stop_cb(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd;
-    (void)what;
-    event_base_loopbreak(((struct status_server *)arg)->base);
-}
-
-static void *server_thread(void *arg)
-{
-    struct status_server *s = arg;
-    poll_store(s);
-    event_base_dispatch(s->base);
-    return NULL;
-}
-
-static pthread_once_t g_threads_once = PTHREAD_ONCE_INIT;
-static int g_threads_rc;
-static void threads_init(void) { g_threads_rc = evthread_use_pthreads(); }
+/* The first thing on the page's thread: the store's state before the first request. */
+static void first_poll(void *arg) { poll_store(arg); }
 
 /* Whether secret is a token the user can give a client: FSDP_RDZV_TOKEN or the secret file (store_auth.h),
  * not empty. A one-node job without either runs with a random secret the launcher made up, which no
@@ -733,9 +715,6 @@ int status_server_start(const struct status_server_options *opts, struct status_
         return error_set(FSDP_EINVAL,
                          "--status_addr %s: a status page reachable from other hosts needs the job's token; set "
                          "FSDP_RDZV_TOKEN (the same on every node) or keep the default 127.0.0.1", addr);
-    pthread_once(&g_threads_once, threads_init);
-    if (g_threads_rc)
-        return error_set(FSDP_EIO, "libevent could not enable threads for the status page");
     struct status_server *s = calloc(1, sizeof *s);
     if (!s)
         return error_set(FSDP_ENOMEM, "out of memory starting the status page");
@@ -762,12 +741,12 @@ int status_server_start(const struct status_server_options *opts, struct status_
         rc = error_set(FSDP_ENOMEM, "out of memory starting the status page");
         goto fail;
     }
-    s->base = event_base_new();
-    s->http = s->base ? evhttp_new(s->base) : NULL;
-    s->stop_ev = s->base ? event_new(s->base, -1, 0, stop_cb, s) : NULL;
-    s->poll_ev = s->base ? event_new(s->base, -1, EV_PERSIST, poll_cb, s) : NULL;
-    s->accept_resume = s->base ? evtimer_new(s->base, accept_resume_cb, s) : NULL;
-    if (!s->http || !s->stop_ev || !s->poll_ev || !s->accept_resume) {
+    FSDP_TRY_GOTO(evloop_init(&s->loop, "the status page"), rc, fail);
+    s->base = s->loop.base;
+    s->http = evhttp_new(s->base);
+    s->poll_ev = event_new(s->base, -1, EV_PERSIST, poll_cb, s);
+    s->accept_resume = evtimer_new(s->base, accept_resume_cb, s);
+    if (!s->http || !s->poll_ev || !s->accept_resume) {
         rc = error_set(FSDP_EIO, "libevent could not set up the status page");
         goto fail;
     }
@@ -794,16 +773,7 @@ int status_server_start(const struct status_server_options *opts, struct status_
                                               : ((struct sockaddr_in *)&ss)->sin_port);
     struct timeval tv = {.tv_sec = (time_t)s->o.poll_s, .tv_usec = (suseconds_t)((s->o.poll_s - (time_t)s->o.poll_s) * 1e6)};
     event_add(s->poll_ev, &tv);
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int prc = pthread_create(&s->thread, NULL, server_thread, s);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (prc != 0) {
-        rc = error_set(FSDP_EIO, "cannot start the status page's thread: %s", strerror(prc));
-        goto fail;
-    }
-    s->thread_started = true;
+    FSDP_TRY_GOTO(evloop_start(&s->loop, "the status page", first_poll, s), rc, fail);
     *out = s;
     return 0;
 fail:
@@ -869,10 +839,7 @@ void status_server_stop(struct status_server *s)
 {
     if (!s)
         return;
-    if (s->thread_started) {
-        event_active(s->stop_ev, EV_READ, 0);
-        pthread_join(s->thread, NULL);
-    }
+    evloop_stop(&s->loop);
     servers_set(s, false);
     /* the listener goes with evhttp: closing connections must not re-enable it */
     s->stopping = true;
@@ -886,10 +853,7 @@ void status_server_stop(struct status_server *s)
         event_free(s->poll_ev);
     if (s->accept_resume)
         event_free(s->accept_resume);
-    if (s->stop_ev)
-        event_free(s->stop_ev);
-    if (s->base)
-        event_base_free(s->base);
+    evloop_free(&s->loop);
     store_client_close(s->client);
     for (int r = 0; s->ranks && r < s->o.world_size; r++) {
         cJSON_Delete(s->ranks[r].record);

@@ -12,8 +12,6 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,7 +26,6 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/listener.h>
-#include <event2/thread.h>
 
 #include "common/clock.h"
 #include "common/error.h"
@@ -377,20 +374,6 @@ static void auth_turn_cb(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-static void stop_cb(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd;
-    (void)what;
-    event_base_loopbreak(((struct store_server *)arg)->base);
-}
-
-static void *server_thread(void *arg)
-{
-    struct store_server *s = arg;
-    event_base_dispatch(s->base);
-    return NULL;
-}
-
 /* Every client holds one socket here; the default soft limit (1024) is below the 1024 clients we promise.
  * Returns the soft limit now in force (0 when unknown). */
 static rlim_t raise_nofile_limit(void)
@@ -424,10 +407,6 @@ static size_t unauth_cap(size_t asked, rlim_t nofile)
     }
     return cap;
 }
-
-static pthread_once_t g_threads_once = PTHREAD_ONCE_INIT;
-static int g_threads_rc;
-static void threads_init(void) { g_threads_rc = evthread_use_pthreads(); }
 
 static int bind_listener(const char *bind_addr, int port, int *fd_out)
 {
@@ -483,9 +462,6 @@ int store_server_start(const struct store_server_options *opts, struct store_ser
         return error_set(FSDP_EINVAL, "store_server_start: options with a run id are required");
     if (opts->port < 0 || opts->port > 65535)
         return error_set(FSDP_EINVAL, "store port %d is outside 0..65535", opts->port);
-    pthread_once(&g_threads_once, threads_init);
-    if (g_threads_rc != 0)
-        return error_set(FSDP_EIO, "libevent has no pthreads support");
     rlim_t nofile = raise_nofile_limit();
 
     struct store_server *s = calloc(1, sizeof *s);
@@ -509,15 +485,16 @@ int store_server_start(const struct store_server_options *opts, struct store_ser
         goto fail;
     }
     FSDP_TRY_GOTO(bind_listener(opts->bind_addr, opts->port, &fd), rc, fail);
-    s->base = event_base_new();
-    if (s->base) {
-        s->stop_ev = event_new(s->base, -1, 0, stop_cb, s);
-        s->accept_resume = evtimer_new(s->base, accept_resume_cb, s);
-        s->auth_ev = evtimer_new(s->base, auth_turn_cb, s);
+    if ((rc = evloop_init(&s->loop, "the store")) != 0) {
+        close(fd);
+        goto fail;
     }
+    s->base = s->loop.base;
+    s->accept_resume = evtimer_new(s->base, accept_resume_cb, s);
+    s->auth_ev = evtimer_new(s->base, auth_turn_cb, s);
     /* backlog 0: the socket already listens with 4096; -1 would make libevent listen again with 128, too
      * few for 1024 clients connecting at once */
-    if (s->stop_ev && s->accept_resume && s->auth_ev)
+    if (s->accept_resume && s->auth_ev)
         s->listener = evconnlistener_new(s->base, accept_cb, s, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, 0, fd);
     if (!s->listener) {
         close(fd);
@@ -532,18 +509,8 @@ int store_server_start(const struct store_server_options *opts, struct store_ser
                                               : ((struct sockaddr_in *)&ss)->sin_port);
     snprintf(s->addr, sizeof s->addr, "%s:%d", opts->bind_addr && *opts->bind_addr ? opts->bind_addr : "0.0.0.0",
              s->port);
-    /* The hosting launcher handles signals on its main thread; the server thread must never take one
-     * (and a write to a dead peer must give EPIPE, not kill the launcher with SIGPIPE). */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int prc = pthread_create(&s->thread, NULL, server_thread, s);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (prc != 0) {
-        rc = error_set(FSDP_EIO, "cannot start the store thread: %s", strerror(prc));
-        goto fail;
-    }
-    s->thread_started = true;
+    /* The server thread takes no signal (evloop.h): a write to a dead peer gives EPIPE, not SIGPIPE. */
+    FSDP_TRY_GOTO(evloop_start(&s->loop, "the store", NULL, NULL), rc, fail);
     log_info("store: listening on %s%s", s->addr, s->torch_off ? " (PyTorch TCPStore clients refused)" : "");
     *out = s;
     return 0;
@@ -558,24 +525,18 @@ void store_server_stop(struct store_server *s)
 {
     if (!s)
         return;
-    if (s->thread_started) {
-        event_active(s->stop_ev, EV_READ, 0);
-        pthread_join(s->thread, NULL);
-    }
+    evloop_stop(&s->loop);
     while (s->conns)
         conn_free(s->conns);
     if (s->listener)
         evconnlistener_free(s->listener);
-    if (s->stop_ev)
-        event_free(s->stop_ev);
     if (s->accept_resume)
         event_free(s->accept_resume);
     if (s->trim_ev)
         event_free(s->trim_ev);
     if (s->auth_ev)
         event_free(s->auth_ev);
-    if (s->base)
-        event_base_free(s->base);
+    evloop_free(&s->loop);
     store_table_free(&s->table);
     store_buf_free(&s->out);
     free(s->run_id);

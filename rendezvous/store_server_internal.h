@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <sys/time.h>
 
+#include "rendezvous/evloop.h"
 #include "rendezvous/store.h"
 #include "rendezvous/store_auth.h"
 #include "rendezvous/store_protocol.h"
@@ -115,14 +116,12 @@ struct store_conn {
 };
 
 struct store_server {
-    struct event_base *base;
+    struct evloop loop;
+    struct event_base *base; /* loop.base */
     struct evconnlistener *listener;
     struct event *accept_resume; /* re-enables accepting after running out of descriptors */
     double accept_warned_s;      /* monotonic time of the last "accept failed" warning; 0 = none yet */
     unsigned long accept_quiet;  /* accept failures since then, not logged */
-    struct event *stop_ev; /* activated from another thread: a loopbreak sent before the loop runs is lost */
-    pthread_t thread;
-    bool thread_started;
     struct store_table table;
     struct store_conn *conns;
     char *run_id;
