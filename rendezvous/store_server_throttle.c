@@ -160,7 +160,8 @@ struct store_conn *store_throttle_auth_next(struct store_server *s)
         }
         wait = soonest;
     }
-    struct timeval tv = {.tv_sec = (time_t)wait, .tv_usec = (suseconds_t)((wait - (double)(time_t)wait) * 1e6) + 1};
+    long long us = (long long)(wait * 1e6) + 1; /* not before the token is whole */
+    struct timeval tv = {.tv_sec = (time_t)(us / 1000000), .tv_usec = (suseconds_t)(us % 1000000)};
     event_add(s->auth_ev, &tv);
     return NULL;
 }
