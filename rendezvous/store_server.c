@@ -463,6 +463,7 @@ int store_server_start(const struct store_server_options *opts, struct store_ser
     if (opts->port < 0 || opts->port > 65535)
         return error_set(FSDP_EINVAL, "store port %d is outside 0..65535", opts->port);
     rlim_t nofile = raise_nofile_limit();
+    store_budget_init_allocator();
 
     struct store_server *s = calloc(1, sizeof *s);
     if (!s)

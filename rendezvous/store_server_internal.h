@@ -189,6 +189,8 @@ bool store_budget_room(struct store_conn *c, size_t n, const char *what);
 void store_budget_watch_output(struct store_conn *c);
 /* Stops charging c's unsent replies and gives back what they held (it authenticated, or is being freed). */
 void store_budget_unwatch_output(struct store_conn *c);
+/* Sets the allocator up so that large freed blocks go back to the system at once (once per process). */
+void store_budget_init_allocator(void);
 /* After a connection without the token went: gives freed memory back to the system now and then. */
 void store_budget_trim(struct store_server *s);
 
