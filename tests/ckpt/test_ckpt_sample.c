@@ -7,7 +7,7 @@
 
 #include "kernels/kernels.h"
 #include "tests/ckpt/ctest.h"
-#include "worker/tools/tokenizer.h"
+#include "worker/tokenizer/tokenizer.h"
 
 static char dir[64];
 static void setup(void) { ct_tmpdir(dir, sizeof dir); }

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "worker/tools/tokenizer.h"
-#include "worker/tools/tokenizer_internal.h"
+#include "worker/tokenizer/tokenizer.h"
+#include "worker/tokenizer/tokenizer_internal.h"
 
 static struct tokenizer *toks[3];
 static const char *const names[3] = {"qwen2", "spm", "spm_legacy"};

@@ -4,7 +4,7 @@
  * llm.c's uint32 files that the data reader takes, and bad input is refused with what to do. */
 #include "common/error.h"
 #include "tests/tools/tooltest.h"
-#include "worker/tools/tokenizer.h"
+#include "worker/tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>
 

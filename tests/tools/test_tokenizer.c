@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "common/error.h"
-#include "worker/tools/tokenizer.h"
-#include "worker/tools/tokenizer_internal.h"
+#include "worker/tokenizer/tokenizer.h"
+#include "worker/tokenizer/tokenizer_internal.h"
 
 #include <utf8proc.h>
 

@@ -7,8 +7,8 @@
  * split false) is merged in O(n log n): the same ids as the quadratic scan, and a megabyte in seconds. */
 #include "common/error.h"
 #include "tests/tools/tooltest.h"
-#include "worker/tools/tokenizer.h"
-#include "worker/tools/tokenizer_internal.h"
+#include "worker/tokenizer/tokenizer.h"
+#include "worker/tokenizer/tokenizer_internal.h"
 
 #include <time.h>
 

@@ -8,7 +8,7 @@
  * token, and transformers' AutoTokenizer reads the directory it writes. */
 #include "common/error.h"
 #include "tests/tools/tooltest.h"
-#include "worker/tools/tokenizer.h"
+#include "worker/tokenizer/tokenizer.h"
 
 TestSuite(tokenizer_ref, .init = tt_setup, .fini = tt_teardown);
 

@@ -11,10 +11,10 @@
 
 #include "common/error.h"
 #include "kernels/kernels.h"
+#include "worker/tokenizer/tokenizer.h"
 #include "worker/tools/ckpt_tool.h"
 #include "worker/tools/ckpt_tool_args.h"
 #include "worker/tools/run_tokenizer.h"
-#include "worker/tools/tokenizer.h"
 
 #include <sys/stat.h>
 

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "worker/tools/tokenizer.h"
+#include "worker/tokenizer/tokenizer.h"
 
 enum prepare_invalid_utf8 { PREPARE_UTF8_ERROR = 0, PREPARE_UTF8_REPLACE, PREPARE_UTF8_SKIP };
 

@@ -12,14 +12,14 @@
 #include "common/error.h"
 #include "common/fs.h"
 #include "common/log.h"
+#include "worker/data/data_format.h"
+#include "worker/data/token_file.h"
+#include "worker/tokenizer/tokenizer.h"
 #include "worker/tools/byte_progress.h"
 #include "worker/tools/prepare_chunk.h"
 #include "worker/tools/prepare_input.h"
 #include "worker/tools/prepare_meta.h"
 #include "worker/tools/prepare_pool.h"
-#include "worker/tools/token_file.h"
-#include "worker/tools/tokenizer.h"
-#include "worker/train/data.h"
 
 #include <dirent.h>
 #include <sched.h>

@@ -1,7 +1,7 @@
 #include "worker/tools/prepare_meta.h"
 
 #include "common/error.h"
-#include "worker/tools/token_file.h"
+#include "worker/data/token_file.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -8,8 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "worker/tools/tokenizer.h"
-#include "worker/train/data.h"
+#include "worker/data/data_format.h"
+#include "worker/tokenizer/tokenizer.h"
 
 #define PREPARE_META_FILE "meta.json"
 #define PREPARE_META_VERSION 1

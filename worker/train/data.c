@@ -4,7 +4,6 @@
 #include "common/log.h"
 
 #include <errno.h>
-#include <stdbool.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -87,11 +86,6 @@ static int data_check_size(const struct data_file *d, const char *when)
     return 0;
 }
 
-const char *data_format_name(enum data_format f)
-{
-    return f == DATA_FORMAT_LLMC ? "llm.c" : f == DATA_FORMAT_LLMC_U32 ? "llm.c uint32" : "nanoGPT";
-}
-int data_format_token_bytes(enum data_format f) { return f == DATA_FORMAT_LLMC_U32 ? 4 : 2; }
 const char *data_path(const struct data_file *d) { return d->path; }
 enum data_format data_format_of(const struct data_file *d) { return d->format; }
 int64_t data_num_tokens(const struct data_file *d) { return d->n_tokens; }
@@ -174,40 +168,12 @@ static int data_check_options(const char *path, const struct data_options *opt)
     return 0;
 }
 
-/* Decides the format from the first bytes: an llm.c header is trusted only if the rest of it agrees
- * (version and token count), so a nanoGPT file that happens to start with the magic is reported rather
- * than silently misread. */
+/* The format decides where the tokens start and how many there are (worker/data/data_format.c). */
 static int data_detect(struct data_file *d, size_t size)
 {
-    const uint8_t *bytes = d->map;
-    int32_t head[3] = {0, 0, 0};
-    if (size >= 12)
-        memcpy(head, bytes, sizeof head);
-    if (size >= 12 && (head[0] == DATA_LLMC_MAGIC || head[0] == DATA_LLMC_U32_MAGIC)) {
-        bool u32 = head[0] == DATA_LLMC_U32_MAGIC;
-        int version = u32 ? DATA_LLMC_U32_VERSION : DATA_LLMC_VERSION;
-        size_t hdr = DATA_LLMC_HEADER_INTS * sizeof(int32_t), tb = u32 ? 4 : 2;
-        if (head[1] != version)
-            return error_set(FSDP_EINVAL, "%s: llm.c header (magic %d) has version %d, expected %d", d->path,
-                             head[0], head[1], version);
-        if (size < hdr)
-            return error_set(FSDP_EINVAL, "%s: llm.c magic found but the file (%zu bytes) is shorter than the "
-                                          "%zu-byte header", d->path, size, hdr);
-        if (head[2] < 0 || (size - hdr) != (size_t)head[2] * tb)
-            return error_set(FSDP_EINVAL, "%s: llm.c header says %d tokens but the file holds %zu bytes of "
-                                          "uint%zu tokens (%zu tokens): truncated or corrupt", d->path, head[2],
-                             size - hdr, 8 * tb, (size - hdr) / tb);
-        d->format = u32 ? DATA_FORMAT_LLMC_U32 : DATA_FORMAT_LLMC;
-        d->tokens = bytes + hdr;
-        d->n_tokens = head[2];
-        return 0;
-    }
-    if (size % 2)
-        return error_set(FSDP_EINVAL, "%s: odd size (%zu bytes) for a file of uint16 tokens: truncated or "
-                                      "not a token file", d->path, size);
-    d->format = DATA_FORMAT_NANOGPT;
-    d->tokens = bytes;
-    d->n_tokens = (int64_t)(size / 2);
+    size_t hdr = 0;
+    FSDP_TRY(data_format_detect(d->map, size, d->path, &d->format, &hdr, &d->n_tokens));
+    d->tokens = (const uint8_t *)d->map + hdr;
     return 0;
 }
 

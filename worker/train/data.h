@@ -1,6 +1,6 @@
-/* Token data for training and evaluation: a memory-mapped file of tokens (nanoGPT's headerless uint16
- * format, llm.c's 1 KiB-header format with uint16 tokens, or its Llama 3 variant with uint32 tokens;
- * detected from the header) and the rule that maps (step, row) of
+/* Token data for training and evaluation: a memory-mapped token file (nanoGPT's headerless uint16, llm.c's
+ * 1 KiB header with uint16 tokens, or its Llama 3 variant with uint32 tokens: worker/data/data_format.h,
+ * told apart by the first bytes) and the rule that maps (step, row) of
  * the global batch to a token offset. The rule depends only on the step, the row and the options, never
  * on the world size or on earlier calls, so every rank reads exactly its rows of the same global batch and
  * a resumed run continues with the rows it would have seen. See docs/data.md. */
@@ -10,18 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "worker/data/data_format.h"
+
 /* Same order as the worker config's order values, so a config index converts by a cast. */
 enum data_order { DATA_ORDER_SHUFFLED = 0, DATA_ORDER_SEQUENTIAL };
-/* NANOGPT: headerless uint16. LLMC: llm.c's GPT-2 files (magic 20240520, version 1, uint16). LLMC_U32:
- * llm.c's Llama 3 files (magic 20240801, version 7, uint32), for vocabularies above 65,536. */
-enum data_format { DATA_FORMAT_NANOGPT = 0, DATA_FORMAT_LLMC, DATA_FORMAT_LLMC_U32 };
-
-#define DATA_LLMC_MAGIC 20240520
-#define DATA_LLMC_VERSION 1
-#define DATA_LLMC_U32_MAGIC 20240801
-#define DATA_LLMC_U32_VERSION 7
-#define DATA_LLMC_HEADER_INTS 256
-
 /* Separate random streams for the training file and the evaluation file, so the same seed does not make
  * validation rows mirror training rows when both files are the same. */
 enum data_stream { DATA_STREAM_TRAIN = 0, DATA_STREAM_VAL = 1 };
@@ -45,9 +37,6 @@ void data_close(struct data_file *d);
 
 const char *data_path(const struct data_file *d);
 enum data_format data_format_of(const struct data_file *d);
-const char *data_format_name(enum data_format f);
-/* Bytes per token of a format: 2, or 4 for DATA_FORMAT_LLMC_U32. */
-int data_format_token_bytes(enum data_format f);
 /* Number of tokens N in the file. */
 int64_t data_num_tokens(const struct data_file *d);
 

@@ -14,7 +14,7 @@
  * ours_cold_mb_s the first encode with a fresh tokenizer; ratio = ours_mb_s / tokenizers_mb_s. Without the
  * venv only the committed examples/tokenizer.json is timed, with no peer. */
 #include "common/error.h"
-#include "worker/tools/tokenizer.h"
+#include "worker/tokenizer/tokenizer.h"
 
 #include <stdarg.h>
 #include <stdio.h>

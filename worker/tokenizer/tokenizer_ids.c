@@ -1,4 +1,4 @@
-#include "worker/tools/tokenizer_ids.h"
+#include "worker/tokenizer/tokenizer_ids.h"
 
 #include "common/error.h"
 

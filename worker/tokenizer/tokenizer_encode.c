@@ -1,6 +1,6 @@
 /* Encoding: pre-tokens from tokenizer_pretok.c through BPE (tokenizer_bpe.c) into ids, whole or in runs
  * that end on pre-token boundaries. */
-#include "worker/tools/tokenizer_internal.h"
+#include "worker/tokenizer/tokenizer_internal.h"
 
 #include "common/error.h"
 

@@ -11,14 +11,14 @@
  * Regexes run on PCRE2 (JIT where the build has it) with UTF and UCP; what Oniguruma, the engine of
  * `tokenizers`, means by \s, \w and \h is spelled out before compiling, so both engines split alike.
  * Encoding keeps a cache of pieces it has seen, so a tokenizer is used by one thread at a time. */
-#ifndef FSDP_TOOLS_TOKENIZER_H
-#define FSDP_TOOLS_TOKENIZER_H
+#ifndef FSDP_TOKENIZER_H
+#define FSDP_TOKENIZER_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "worker/tools/tokenizer_ids.h"
+#include "worker/tokenizer/tokenizer_ids.h"
 
 struct tokenizer;
 

@@ -1,6 +1,6 @@
 /* A growing array of token ids, what the tokenizer appends to. */
-#ifndef FSDP_TOOLS_TOKENIZER_IDS_H
-#define FSDP_TOOLS_TOKENIZER_IDS_H
+#ifndef FSDP_TOKENIZER_IDS_H
+#define FSDP_TOKENIZER_IDS_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-#include "worker/tools/token_file.h"
+#include "worker/data/token_file.h"
 
 #include "common/error.h"
 

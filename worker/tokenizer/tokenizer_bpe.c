@@ -4,7 +4,7 @@
  * a new pair competing at once, until no pair has a merge. Short pieces use a scan of a rank array,
  * long ones a heap ordered by (rank, position) as `tokenizers` does; both give the same ids. Results
  * are cached by the piece's bytes: text repeats its words, so most pieces are one hash lookup. */
-#include "worker/tools/tokenizer_internal.h"
+#include "worker/tokenizer/tokenizer_internal.h"
 
 #include "common/error.h"
 

@@ -1,8 +1,8 @@
 /* UTF-8 checks (Unicode's Table 3-7 of well-formed byte sequences) and the repair Python's
  * errors="replace" makes, so text that is not UTF-8 is either refused or encoded as `tokenizers` would see
  * it after Python decoded it. */
-#include "worker/tools/tokenizer.h"
-#include "worker/tools/tokenizer_internal.h"
+#include "worker/tokenizer/tokenizer.h"
+#include "worker/tokenizer/tokenizer_internal.h"
 
 #include "common/error.h"
 

@@ -2,7 +2,7 @@
  * on raw text, as `tokenizers` does: the Unicode normal forms (NFC for Qwen2, NFKC, NFD, NFKD) through
  * utf8proc, whose tables follow the Unicode standard rather than a copy kept here, and the literal
  * Prepend and Replace that older SentencePiece conversions (Llama 2, Gemma) use instead of Metaspace. */
-#include "worker/tools/tokenizer_internal.h"
+#include "worker/tokenizer/tokenizer_internal.h"
 
 #include "common/error.h"
 

@@ -1,8 +1,8 @@
 /* The tokenizer's hash tables: byte strings -> two u32 values (vocabulary, added tokens, the piece cache)
  * and id pairs -> (rank, merged id) (the merges). Open addressing, linear probing, power-of-two sizes;
  * a table grows when half full. */
-#ifndef FSDP_TOOLS_TOKENIZER_HASH_H
-#define FSDP_TOOLS_TOKENIZER_HASH_H
+#ifndef FSDP_TOKENIZER_HASH_H
+#define FSDP_TOKENIZER_HASH_H
 
 #include <stdbool.h>
 #include <stddef.h>

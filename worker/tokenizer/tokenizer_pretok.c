@@ -5,7 +5,7 @@
  * \s (the 25 White_Space characters; PCRE2 adds U+180E), \w (letters, marks, numbers, connector
  * punctuation) and \h (a hex digit) is written out as classes before compiling, and ^ $ are line
  * anchors, as in Oniguruma's Ruby syntax. */
-#include "worker/tools/tokenizer_internal.h"
+#include "worker/tokenizer/tokenizer_internal.h"
 
 #include "common/error.h"
 

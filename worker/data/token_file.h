@@ -2,13 +2,13 @@
  * uint16, or llm.c's Llama 3 variant (magic 20240801, version 7) + uint32. A file is built under a
  * temporary name in its directory and renamed into place by token_file_commit after an fsync, so a reader
  * sees the old file or the complete new one. */
-#ifndef FSDP_TOOLS_TOKEN_FILE_H
-#define FSDP_TOOLS_TOKEN_FILE_H
+#ifndef FSDP_DATA_TOKEN_FILE_H
+#define FSDP_DATA_TOKEN_FILE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "worker/train/data.h"
+#include "worker/data/data_format.h"
 
 struct token_file {
     char *final_path, *tmp_path;

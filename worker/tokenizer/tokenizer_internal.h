@@ -1,14 +1,14 @@
 /* What the tokenizer's sources share: the loaded tokenizer and the tables its stages read. Load
  * (tokenizer_load.c) fills it; encoding runs added-token extraction and the pre-tokenizer steps
  * (tokenizer_pretok.c), then BPE (tokenizer_bpe.c) over hash tables (tokenizer_hash.c). */
-#ifndef FSDP_TOOLS_TOKENIZER_INTERNAL_H
-#define FSDP_TOOLS_TOKENIZER_INTERNAL_H
+#ifndef FSDP_TOKENIZER_INTERNAL_H
+#define FSDP_TOKENIZER_INTERNAL_H
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
-#include "worker/tools/tokenizer.h"
-#include "worker/tools/tokenizer_hash.h"
+#include "worker/tokenizer/tokenizer.h"
+#include "worker/tokenizer/tokenizer_hash.h"
 
 /* How a Split step treats the matches of its pattern (tokenizers' SplitDelimiterBehavior). */
 enum tok_behavior {

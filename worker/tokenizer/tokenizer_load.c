@@ -3,7 +3,7 @@
  * pre-tokenizer steps (a ByteLevel step makes the model byte-level, else it is SentencePiece-style) and
  * the decoder or decoder chain. Anything this tokenizer would not encode exactly as `tokenizers` does is
  * refused with the key that says so. */
-#include "worker/tools/tokenizer_internal.h"
+#include "worker/tokenizer/tokenizer_internal.h"
 
 #include "common/error.h"
 #include "common/log.h"

@@ -3,7 +3,7 @@
  * their token texts, each decoder of the Sequence rewrites that list (Replace, ByteFallback, Fuse,
  * Strip, Metaspace, ByteLevel), and the result is the list joined; without a decoder the texts are
  * joined with spaces. */
-#include "worker/tools/tokenizer_internal.h"
+#include "worker/tokenizer/tokenizer_internal.h"
 
 #include "common/error.h"
 

@@ -1,4 +1,4 @@
-#include "worker/tools/tokenizer_hash.h"
+#include "worker/tokenizer/tokenizer_hash.h"
 
 #include "common/error.h"
 
