@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "common/error.h"
+#include "tests/util/tu_check.h"
 #include "worker/ckpt/ckpt.h"
 #include "worker/model/model.h"
 
@@ -188,26 +189,6 @@ static inline void ct_check_read(struct ckpt_reader *r, const struct model_layou
                 free(got);
                 free(want);
             }
-}
-
-static inline void ct_tmpdir(char *dir, size_t cap)
-{
-    snprintf(dir, cap, "/tmp/ckpt_test_XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-}
-
-static inline void ct_rmdir(const char *dir)
-{
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", dir);
-}
-
-static inline int ct_exists(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0;
 }
 
 #endif

@@ -13,11 +13,11 @@
 static char dir[64];
 static void setup(void)
 {
-    ct_tmpdir(dir, sizeof dir);
+    tu_mkdtemp(dir, sizeof dir, "ckpt_test");
 }
 static void teardown(void)
 {
-    ct_rmdir(dir);
+    tu_rm_tree(dir);
 }
 
 TestSuite(ckpt, .init = setup, .fini = teardown);
@@ -123,9 +123,9 @@ Test(ckpt, full_round_trip_any_put_order_and_reshard)
     ct_save_full(dir, &l, 5, 3, 0);
     char path[256];
     snprintf(path, sizeof path, "%s/fsdp_cpt5/model.safetensors", dir);
-    cr_assert(ct_exists(path));
+    cr_assert(tu_exists(path));
     snprintf(path, sizeof path, "%s/fsdp_cpt5/optimizer.safetensors", dir);
-    cr_assert(ct_exists(path));
+    cr_assert(tu_exists(path));
     struct ckpt_reader *r;
     cr_assert_eq(ckpt_open(dir, "latest", &l, &r), 0, "%s", error_message());
     cr_assert_str_eq(ckpt_reader_format(r), "full");
@@ -182,9 +182,9 @@ Test(ckpt, full_commit_refuses_missing_tensor)
     cr_assert(strstr(error_message(), "never put"), "%s", error_message());
     char path[256];
     snprintf(path, sizeof path, "%s/.tmp_fsdp_cpt3", dir);
-    cr_assert(!ct_exists(path), "temporary directory left behind");
+    cr_assert(!tu_exists(path), "temporary directory left behind");
     snprintf(path, sizeof path, "%s/fsdp_cpt3", dir);
-    cr_assert(!ct_exists(path));
+    cr_assert(!tu_exists(path));
     free(t);
     model_layout_free(&l);
 }
@@ -208,10 +208,10 @@ Test(ckpt, latest_points_at_newest_and_resolves)
     ckpt_close(r);
     /* A root without any checkpoint: not found, saying so. */
     char empty[64];
-    ct_tmpdir(empty, sizeof empty);
+    tu_mkdtemp(empty, sizeof empty, "ckpt_test");
     cr_assert_eq(ckpt_resolve(empty, "latest", out, sizeof out), FSDP_ENOTFOUND);
     cr_assert(strstr(error_message(), "no checkpoint"), "%s", error_message());
-    ct_rmdir(empty);
+    tu_rm_tree(empty);
     model_layout_free(&l);
 }
 
@@ -243,9 +243,9 @@ Test(ckpt, keep_last_prunes_oldest_after_commit)
     }
     char path[256];
     snprintf(path, sizeof path, "%s/fsdp_sharded_cpt30", dir);
-    cr_assert(ct_exists(path), "%s", names);
+    cr_assert(tu_exists(path), "%s", names);
     snprintf(path, sizeof path, "%s/fsdp_sharded_cpt40", dir);
-    cr_assert(ct_exists(path), "%s", names);
+    cr_assert(tu_exists(path), "%s", names);
     /* keep_last 0 keeps everything. */
     ct_save_full(dir, &l, 50, 5, 0);
     cr_assert_eq(count_checkpoints(dir, names, sizeof names), 3, "%s", names);
@@ -274,7 +274,7 @@ Test(ckpt, unfinished_save_is_invisible_and_failed_commit_cleans_up)
     cr_assert(strstr(error_message(), "fsdp_sharded_cpt20_rank1") && strstr(error_message(), "rank 1"), "%s",
               error_message());
     snprintf(path, sizeof path, "%s/.tmp_fsdp_sharded_cpt20", dir);
-    cr_assert(!ct_exists(path), "temporary directory left after a failed commit");
+    cr_assert(!tu_exists(path), "temporary directory left after a failed commit");
     /* keep_last 1 must not have removed the previous checkpoint for a save that failed. */
     cr_assert_eq(ckpt_open(dir, "latest", &l, &r), 0, "%s", error_message());
     ct_check_read(r, &l, 2, 1);
@@ -302,7 +302,7 @@ Test(ckpt, same_step_saved_again_is_refused_and_the_first_kept)
               error_message());
     char path[256];
     snprintf(path, sizeof path, "%s/.tmp_fsdp_sharded_cpt10", dir);
-    cr_assert(!ct_exists(path), "the refused save left its temporary directory");
+    cr_assert(!tu_exists(path), "the refused save left its temporary directory");
     struct ckpt_reader *r;
     cr_assert_eq(ckpt_open(dir, "latest", &l, &r), 0, "%s", error_message());
     cr_assert_eq(ckpt_reader_state(r)->world_size, 2);
@@ -399,7 +399,7 @@ Test(ckpt, damaged_latest_pointer_resolves_to_the_newest_checkpoint)
     /* Saves in progress are not checkpoints; a dangling pointer in a directory without any: none, and the
      * note says so. */
     char empty[64];
-    ct_tmpdir(empty, sizeof empty);
+    tu_mkdtemp(empty, sizeof empty, "ckpt_test");
     struct ct_pieces ps = {0};
     ct_rank_pieces(&ps, &l, 2, 0, 2, 1);
     cr_assert_eq(ckpt_sharded_write_rank(empty, 40, 0, &l, ps.v, ps.n), 0, "%s", error_message());
@@ -409,7 +409,7 @@ Test(ckpt, damaged_latest_pointer_resolves_to_the_newest_checkpoint)
     cr_assert_str_eq(lt.path, "");
     cr_assert_eq(lt.step, -1);
     cr_assert(strstr(lt.note, "which does not exist") && strstr(lt.note, "holds no checkpoint"), "%s", lt.note);
-    ct_rmdir(empty);
+    tu_rm_tree(empty);
     /* A root that does not exist holds nothing (not an error). */
     cr_assert_eq(ckpt_find_latest("/nonexistent/fsdpc/ckpt", &lt), 0, "%s", error_message());
     cr_assert_str_eq(lt.path, "");
@@ -546,7 +546,7 @@ Test(ckpt, killed_mid_save_leaves_previous_latest_and_resave_works)
     cr_assert_eq(ckpt_resolve(dir, "latest", out, sizeof out), 0, "%s", error_message());
     cr_assert(strstr(out, "fsdp_sharded_cpt10"), "%s", out);
     snprintf(path, sizeof path, "%s/.tmp_fsdp_sharded_cpt20", dir);
-    cr_assert(ct_exists(path), "the crashed save should have left its temporary directory");
+    cr_assert(tu_exists(path), "the crashed save should have left its temporary directory");
     struct ckpt_reader *r;
     cr_assert_eq(ckpt_open(dir, "latest", &l, &r), 0, "%s", error_message());
     ct_check_read(r, &l, 3, 1);
@@ -554,7 +554,7 @@ Test(ckpt, killed_mid_save_leaves_previous_latest_and_resave_works)
     /* Re-save step 20 at world 1 (sharded) and as full: both replace the leftovers. */
     ct_save_sharded(dir, &l, 20, 1, 2, 3, 0);
     snprintf(path, sizeof path, "%s/fsdp_sharded_cpt20/fsdp_sharded_cpt20_rank1", dir);
-    cr_assert(!ct_exists(path), "a crashed attempt's rank file rode along into the checkpoint");
+    cr_assert(!tu_exists(path), "a crashed attempt's rank file rode along into the checkpoint");
     cr_assert_eq(ckpt_open(dir, "latest", &l, &r), 0, "%s", error_message());
     ct_check_read(r, &l, 2, 3);
     ckpt_close(r);
@@ -636,9 +636,9 @@ Test(ckpt, full_checkpoint_is_a_hugging_face_directory)
     fclose(f);
     cr_assert(strstr(text, "\"eos_token_id\":\t70"), "%s", text);
     snprintf(path, sizeof path, "%s/tokenizer.json", ck);
-    cr_assert(ct_exists(path));
+    cr_assert(tu_exists(path));
     snprintf(path, sizeof path, "%s/tokenizer_config.json", ck);
-    cr_assert(ct_exists(path));
+    cr_assert(tu_exists(path));
     struct safetensors_file *sf;
     snprintf(path, sizeof path, "%s/model.safetensors", ck);
     cr_assert_eq(safetensors_open(&sf, path), 0, "%s", error_message());

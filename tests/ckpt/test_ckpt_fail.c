@@ -16,11 +16,11 @@
 static char dir[64];
 static void setup(void)
 {
-    ct_tmpdir(dir, sizeof dir);
+    tu_mkdtemp(dir, sizeof dir, "ckpt_test");
 }
 static void teardown(void)
 {
-    ct_rmdir(dir);
+    tu_rm_tree(dir);
 }
 
 TestSuite(ckpt_fail, .init = setup, .fini = teardown);
@@ -348,7 +348,7 @@ static void disk_full_child(int fd, int format)
         goto out;
     char path[256], out[4096];
     snprintf(path, sizeof path, "%s/.tmp_%s2", dir, format == DF_FULL ? "fsdp_cpt" : "fsdp_sharded_cpt");
-    if (ct_exists(path)) {
+    if (tu_exists(path)) {
         snprintf(msg + strlen(msg), sizeof msg - strlen(msg), " | temp dir %s left behind", path);
         goto out;
     }

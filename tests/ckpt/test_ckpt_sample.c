@@ -10,8 +10,8 @@
 #include "worker/tokenizer/tokenizer.h"
 
 static char dir[64];
-static void setup(void) { ct_tmpdir(dir, sizeof dir); }
-static void teardown(void) { ct_rmdir(dir); }
+static void setup(void) { tu_mkdtemp(dir, sizeof dir, "ckpt_test"); }
+static void teardown(void) { tu_rm_tree(dir); }
 TestSuite(ckpt_sample, .init = setup, .fini = teardown);
 
 /* A byte-level tokenizer: the 256 byte characters, "ab" (256), "abc" (257), <|endoftext|> (258) and,

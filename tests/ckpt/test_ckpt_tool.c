@@ -20,11 +20,11 @@
 static char dir[64];
 static void setup(void)
 {
-    ct_tmpdir(dir, sizeof dir);
+    tu_mkdtemp(dir, sizeof dir, "ckpt_test");
 }
 static void teardown(void)
 {
-    ct_rmdir(dir);
+    tu_rm_tree(dir);
 }
 
 TestSuite(ckpt_tool, .init = setup, .fini = teardown);
@@ -457,12 +457,12 @@ Test(ckpt_tool, sample_greedy_matches_model_and_seed_repeats)
     model_layout_free(&l);
     struct model_layout small;
     char d2[64];
-    ct_tmpdir(d2, sizeof d2);
+    tu_mkdtemp(d2, sizeof d2, "ckpt_test");
     ct_layout(&small, 77);
     ct_save_full(d2, &small, 1, 1, 0);
     cr_assert_eq(run((char *[]){(char *)tool(), "sample", d2, "--prompt", "zzz", NULL}, out, sizeof out), 1);
     cr_assert(strstr(out, "vocab_size 77"), "%s", out);
-    ct_rmdir(d2);
+    tu_rm_tree(d2);
     model_layout_free(&small);
 }
 
@@ -630,7 +630,7 @@ Test(ckpt_tool, export_hugging_face_directory_sharded_and_not)
     cr_assert_eq(run((char *[]){(char *)tool(), "export", dir, out_dir, NULL}, out, sizeof out), 0, "%s", out);
     cr_assert_eq(count_shards(out_dir), 0);
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", out_dir);
-    cr_assert(!ct_exists(path));
+    cr_assert(!tu_exists(path));
     memset(got, 0, l.numel * sizeof *got);
     cr_assert_eq(model_weights_load(&l, out_dir, got), 0, "%s", error_message());
     for (int p = 0; p < l.n_params; p++)
@@ -925,11 +925,11 @@ Test(ckpt_tool, export_cleans_its_temp_files_and_a_failed_export_its_directory)
     cr_assert_eq(run((char *[]){(char *)tool(), "export", dir, hf, NULL}, out, sizeof out), 0, "%s", out);
     for (size_t i = 0; i < sizeof stale / sizeof *stale; i++) {
         snprintf(path, sizeof path, "%s/%s", hf, stale[i]);
-        cr_assert(!ct_exists(path), "%s was kept", path);
+        cr_assert(!tu_exists(path), "%s was kept", path);
     }
     for (size_t i = 0; i < sizeof kept / sizeof *kept; i++) {
         snprintf(path, sizeof path, "%s/%s", hf, kept[i]);
-        cr_assert(ct_exists(path), "%s (not an export's) was removed", path);
+        cr_assert(tu_exists(path), "%s (not an export's) was removed", path);
     }
     /* the bare-file export cleans its own temp names beside the file */
     char file[160], ftmp[192];
@@ -939,7 +939,7 @@ Test(ckpt_tool, export_cleans_its_temp_files_and_a_failed_export_its_directory)
     fputs("partial", f);
     fclose(f);
     cr_assert_eq(run((char *[]){(char *)tool(), "export", dir, file, NULL}, out, sizeof out), 0, "%s", out);
-    cr_assert(!ct_exists(ftmp) && ct_exists(file), "%s", out);
+    cr_assert(!tu_exists(ftmp) && tu_exists(file), "%s", out);
 
     /* a failed export into a new directory (two levels) leaves neither */
     char fresh[160], parent[128];
@@ -949,13 +949,13 @@ Test(ckpt_tool, export_cleans_its_temp_files_and_a_failed_export_its_directory)
                  out, sizeof out);
     cr_assert_eq(rc, 1, "%s", out);
     cr_assert(strstr(out, "/nonexistent/tokenizer.json"), "%s", out);
-    cr_assert(!ct_exists(fresh) && !ct_exists(parent), "a failed export left %s: %s", fresh, out);
+    cr_assert(!tu_exists(fresh) && !tu_exists(parent), "a failed export left %s: %s", fresh, out);
     /* into an existing directory: the directory and its earlier export stay */
     rc = run((char *[]){(char *)tool(), "export", dir, hf, "--tokenizer", "/nonexistent/tokenizer.json", NULL}, out,
              sizeof out);
     cr_assert_eq(rc, 1, "%s", out);
     snprintf(path, sizeof path, "%s/config.json", hf);
-    cr_assert(ct_exists(path), "a failed export removed an earlier export's %s", path);
+    cr_assert(tu_exists(path), "a failed export removed an earlier export's %s", path);
     model_layout_free(&l);
 }
 
@@ -973,7 +973,7 @@ Test(ckpt_tool, fifo_as_a_shard_is_refused, .timeout = 60)
                  0, "%s", out);
     snprintf(target, sizeof target, "%s/fsdp_sharded_cpt12", dir);
     snprintf(shard, sizeof shard, "%s/fsdp_sharded_cpt12_rank1", target);
-    cr_assert(ct_exists(shard), "no %s", shard);
+    cr_assert(tu_exists(shard), "no %s", shard);
     cr_assert_eq(unlink(shard), 0);
     cr_assert_eq(mkfifo(shard, 0644), 0, "mkfifo: %s", strerror(errno));
     int rc = run_with_alarm((char *[]){(char *)tool(), "inspect", target, NULL}, out, sizeof out, 20);

@@ -6,17 +6,8 @@
 
 #include "tests/util/launch_util.h"
 
-#define TINY                                                                                                   \
-    "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nvocab_size = 256\nblock_size = 16\n"                       \
-    "[train]\ndevice = cpu\ntrain_batch = 12\nmicro_batch = 1\nmax_steps = 20\neval_interval = 0\n"            \
-    "[optim]\nlr = 0.003\nwarmup_steps = 2\n"
-
-/* The tiny Llama: grouped-query attention, untied head; the tiny GPT's batch and schedule. */
-#define TINY_LLAMA                                                                                             \
-    "[model]\nmodel_family = llama\nn_layer = 2\nn_head = 4\nn_kv_head = 2\nn_embd = 32\n"                      \
-    "intermediate_size = 64\nvocab_size = 256\nblock_size = 16\n"                                                \
-    "[train]\ndevice = cpu\ntrain_batch = 12\nmicro_batch = 1\nmax_steps = 20\neval_interval = 0\n"                          \
-    "[optim]\nlr = 0.003\nwarmup_steps = 2\n"
+#define TINY LU_TINY_GPT
+#define TINY_LLAMA LU_TINY_LLAMA
 
 struct job {
     char *dir;
@@ -29,11 +20,7 @@ static inline void job_setup_model(struct job *j, const char *model)
 {
     j->dir = lu_tmpdir();
     snprintf(j->data, sizeof j->data, "%s/data", j->dir);
-    char docs[4200];
-    snprintf(docs, sizeof docs, "%s/tests/data/corpus", getenv("FSDP_SOURCE_ROOT"));
-    const char *argv[] = {lu_build_path("worker/fsdp-prepare-data"), "-o", j->data, docs, NULL};
-    pid_t p = lu_spawn(argv, j->dir, "prep", NULL);
-    cr_assert_eq(lu_exit_code(lu_wait(p, 60)), 0, "fsdp-prepare-data: %s", lu_slurp_tag(j->dir, "prep", "err"));
+    lu_prepare_corpus(j->dir, j->data);
     char text[8192];
     snprintf(text, sizeof text, "%s[data]\ntrain_file = %s/train.bin\n", model, j->data);
     snprintf(j->ini, sizeof j->ini, "%s/tiny.ini", j->dir);

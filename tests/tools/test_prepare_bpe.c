@@ -5,6 +5,7 @@
 #include "common/error.h"
 #include "tests/tools/tooltest.h"
 #include "worker/tokenizer/tokenizer.h"
+#include "worker/train/data.h"
 
 #include <cjson/cJSON.h>
 
@@ -14,8 +15,8 @@ static char exe[1024], example[1024];
 
 static void paths(void)
 {
-    tt_bin(exe, sizeof exe, "worker/fsdp-prepare-data");
-    tt_src(example, sizeof example, "examples/tokenizer.json");
+    tu_build_path(exe, sizeof exe, "worker/fsdp-prepare-data");
+    tu_source_path(example, sizeof example, "examples/tokenizer.json");
 }
 
 /* The library's ids of a file. */
@@ -33,7 +34,7 @@ static cJSON *meta(const char *out_dir)
 {
     char p[512];
     snprintf(p, sizeof p, "%s/meta.json", out_dir);
-    char *s = tt_read(p, NULL);
+    char *s = tu_read_ok(p, NULL);
     cJSON *j = cJSON_Parse(s);
     free(s);
     cr_assert_not_null(j, "meta.json is not JSON");
@@ -57,12 +58,12 @@ static void corpus(char *in, size_t cap, char **a, size_t *na, char **b, size_t 
     char src[1024], p[512];
     tt_path(in, cap, "in");
     cr_assert_eq(mkdir(in, 0755), 0);
-    *a = tt_read(tt_src(src, sizeof src, "tests/tools/data/mixed.txt"), na);
-    *b = tt_read(tt_src(src, sizeof src, "docs/architecture.md"), nb);
+    *a = tu_read_ok(tu_source_path(src, sizeof src, "tests/tools/data/mixed.txt"), na);
+    *b = tu_read_ok(tu_source_path(src, sizeof src, "docs/architecture.md"), nb);
     snprintf(p, sizeof p, "%s/a.txt", in);
-    tt_write(p, *a, *na);
+    tu_write_ok(p, *a, *na);
     snprintf(p, sizeof p, "%s/b.md", in);
-    tt_write(p, *b, *nb);
+    tu_write_ok(p, *b, *nb);
 }
 
 Test(prepare_bpe, whole_files_then_eot_and_files_beside)
@@ -101,14 +102,14 @@ Test(prepare_bpe, whole_files_then_eot_and_files_beside)
     cr_assert_eq(num(m, "inputs", "text_files", NULL), 2);
     cJSON_Delete(m);
     size_t l1, l2;
-    char *orig = tt_read(example, &l1);
+    char *orig = tu_read_ok(example, &l1);
     snprintf(p, sizeof p, "%s/tokenizer.json", out);
-    char *copy = tt_read(p, &l2);
+    char *copy = tu_read_ok(p, &l2);
     cr_assert(l1 == l2 && memcmp(orig, copy, l1) == 0, "tokenizer.json is not a copy");
     free(orig);
     free(copy);
     snprintf(p, sizeof p, "%s/tokenizer_config.json", out);
-    char *cfg = tt_read(p, NULL);
+    char *cfg = tu_read_ok(p, NULL);
     cJSON *c = cJSON_Parse(cfg);
     cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(c, "eos_token")->valuestring, "<|endoftext|>");
     cJSON_Delete(c);
@@ -193,12 +194,12 @@ Test(prepare_bpe, bos_eot_choices_and_directory_argument)
     paths();
     char in[256], out[256], p[512], dir[256];
     tt_path(in, sizeof in, "doc.txt");
-    tt_write(in, "hello world\n", 12);
+    tu_write_ok(in, "hello world\n", 12);
     /* a directory holding tokenizer.json, with a tokenizer_config.json whose eos_token is an object */
     tt_path(dir, sizeof dir, "tok");
     cr_assert_eq(mkdir(dir, 0755), 0);
     /* the example with one more special token, <|eos|> (id 2048) */
-    char *ex = tt_read(example, NULL);
+    char *ex = tu_read_ok(example, NULL);
     cJSON *j = cJSON_Parse(ex);
     free(ex);
     cJSON *tok = cJSON_CreateObject();
@@ -210,11 +211,11 @@ Test(prepare_bpe, bos_eot_choices_and_directory_argument)
     char *text = cJSON_Print(j);
     cJSON_Delete(j);
     snprintf(p, sizeof p, "%s/tokenizer.json", dir);
-    tt_write(p, text, strlen(text));
+    tu_write_ok(p, text, strlen(text));
     free(text);
     snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
     const char cfg[] = "{\"eos_token\": {\"content\": \"<|eos|>\", \"special\": true}}";
-    tt_write(p, cfg, sizeof cfg - 1);
+    tu_write_ok(p, cfg, sizeof cfg - 1);
     tt_path(out, sizeof out, "out");
     const char *argv[] = {exe, "-t", dir, "--bos", "<|endoftext|>", "--val-fraction", "0", "-o", out, in, NULL};
     char *log;
@@ -232,7 +233,7 @@ Test(prepare_bpe, bos_eot_choices_and_directory_argument)
     free(got);
     /* the tokenizer_config.json is copied, not generated */
     snprintf(p, sizeof p, "%s/tokenizer_config.json", out);
-    char *copy = tt_read(p, NULL);
+    char *copy = tu_read_ok(p, NULL);
     cr_assert_str_eq(copy, cfg);
     free(copy);
     /* --eot none: nothing between documents */
@@ -249,7 +250,7 @@ Test(prepare_bpe, bos_eot_choices_and_directory_argument)
     tokenizer_ids_free(&ids);
     /* an eos_token that is not a token is refused, not replaced by a guess */
     snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
-    tt_write(p, "{\"eos_token\": \"</s>\"}", 21);
+    tu_write_ok(p, "{\"eos_token\": \"</s>\"}", 21);
     const char *argv3[] = {exe, "-t", dir, "-o", out, in, NULL};
     cr_assert_eq(tt_run(argv3, &log), 1);
     cr_assert(strstr(log, "names eos_token \"</s>\", which is not one of its tokens"), "%s", log);
@@ -261,7 +262,7 @@ Test(prepare_bpe, refusals)
     paths();
     char in[256], out[256], bad[256];
     tt_path(in, sizeof in, "doc.txt");
-    tt_write(in, "hello\n", 6);
+    tu_write_ok(in, "hello\n", 6);
     tt_path(out, sizeof out, "out");
     char *log;
     const char *eot[] = {exe, "-t", example, "--eot", "<|nope|>", "-o", out, in, NULL};
@@ -274,7 +275,7 @@ Test(prepare_bpe, refusals)
     free(log);
     tt_path(bad, sizeof bad, "bad.json");
     const char unigram_json[] = "{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}";
-    tt_write(bad, unigram_json, sizeof unigram_json - 1);
+    tu_write_ok(bad, unigram_json, sizeof unigram_json - 1);
     const char *unigram[] = {exe, "-t", bad, "-o", out, in, NULL};
     cr_assert_eq(tt_run(unigram, &log), 1);
     cr_assert(strstr(log, "bad.json: model.type is Unigram"), "%s", log);
@@ -300,9 +301,9 @@ Test(prepare_bpe, invalid_utf8_error_replace_or_skip)
     tt_path(in, sizeof in, "in");
     cr_assert_eq(mkdir(in, 0755), 0);
     snprintf(p, sizeof p, "%s/a.txt", in);
-    tt_write(p, "ok text\n", 8);
+    tu_write_ok(p, "ok text\n", 8);
     snprintf(p, sizeof p, "%s/b.txt", in);
-    tt_write(p, "caf\xe9 latin-1\n", 13);
+    tu_write_ok(p, "caf\xe9 latin-1\n", 13);
     tt_path(out, sizeof out, "out");
     char *log;
     const char *err[] = {exe, "-t", example, "-o", out, "--val-fraction", "0", in, NULL};
@@ -353,7 +354,7 @@ static void big_vocab(const char *path)
         k += (size_t)snprintf(json + k, sizeof json - k, "\"\\u%04x\":%d,", cp, c);
     }
     snprintf(json + k, sizeof json - k, "\"\\u0120hello\":70000,\"<|endoftext|>\":70001}}}");
-    tt_write(path, json, strlen(json));
+    tu_write_ok(path, json, strlen(json));
 }
 
 Test(prepare_bpe, vocab_above_65536_gives_uint32_files)
@@ -362,7 +363,7 @@ Test(prepare_bpe, vocab_above_65536_gives_uint32_files)
     char tok[256], in[256], out[256], p[512];
     big_vocab(tt_path(tok, sizeof tok, "big.json"));
     tt_path(in, sizeof in, "doc.txt");
-    tt_write(in, "say hello hello\n", 16);
+    tu_write_ok(in, "say hello hello\n", 16);
     tt_path(out, sizeof out, "out");
     char *log;
     const char *argv[] = {exe, "-t", tok, "--val-fraction", "0", "-o", out, in, NULL};
@@ -403,7 +404,7 @@ Test(prepare_bpe, progress_bar_on_request)
     paths();
     char in[256], out[256];
     tt_path(in, sizeof in, "doc.txt");
-    tt_write(in, "hello world\n", 12);
+    tu_write_ok(in, "hello world\n", 12);
     tt_path(out, sizeof out, "out");
     char *log;
     const char *on[] = {exe, "-t", example, "--progress", "--val-fraction", "0", "-o", out, in, NULL};
@@ -430,12 +431,12 @@ Test(prepare_bpe, qwen2_and_sentencepiece_fixtures)
     char in[256], src[1024], rel[256];
     tt_path(in, sizeof in, "in.txt");
     size_t len;
-    free(tt_read(tt_src(src, sizeof src, "tests/tools/data/mixed.txt"), &len));
-    tt_copy(src, in);
+    free(tu_read_ok(tu_source_path(src, sizeof src, "tests/tools/data/mixed.txt"), &len));
+    tu_copy_ok(src, in);
     for (int k = 0; k < 3; k++) {
         char tok[1024], out[256], p[512], stem[64];
         snprintf(rel, sizeof rel, "tests/tools/data/fixtures/%s.json", names[k]);
-        tt_src(tok, sizeof tok, rel);
+        tu_source_path(tok, sizeof tok, rel);
         snprintf(stem, sizeof stem, "out_%s", names[k]);
         tt_path(out, sizeof out, stem);
         const char *argv[] = {exe, "--tokenizer", tok, "--val-fraction", "0", "-o", out, in, NULL};
@@ -444,7 +445,7 @@ Test(prepare_bpe, qwen2_and_sentencepiece_fixtures)
         free(log);
         snprintf(rel, sizeof rel, "tests/tools/data/fixtures/%s__mixed.ids", names[k]);
         size_t rlen, n;
-        uint32_t *ref = (uint32_t *)tt_read(tt_src(src, sizeof src, rel), &rlen);
+        uint32_t *ref = (uint32_t *)tu_read_ok(tu_source_path(src, sizeof src, rel), &rlen);
         snprintf(p, sizeof p, "%s/train.bin", out);
         enum data_format fmt;
         uint32_t *got = tt_tokens(p, &n, &fmt);

@@ -14,8 +14,8 @@ static char exe[1024], example[1024];
 
 static void paths(void)
 {
-    tt_bin(exe, sizeof exe, "worker/fsdp-prepare-data");
-    tt_src(example, sizeof example, "examples/tokenizer.json");
+    tu_build_path(exe, sizeof exe, "worker/fsdp-prepare-data");
+    tu_source_path(example, sizeof example, "examples/tokenizer.json");
 }
 
 static void put_gzip(const char *path, const char *data, size_t len)
@@ -32,7 +32,7 @@ static void put_zstd(const char *path, const char *data, size_t len)
     char *z = malloc(cap);
     size_t n = ZSTD_compress(z, cap, data, len, 3);
     cr_assert(!ZSTD_isError(n));
-    tt_write(path, z, n);
+    tu_write_ok(path, z, n);
     free(z);
 }
 
@@ -49,7 +49,7 @@ static size_t jsonl(const char *path, size_t bytes, size_t bad_every, size_t *ba
     for (int pass = 0; written < bytes; pass++) {
         for (int i = 0; i < 4 && written < bytes; i++) {
             char src[1024];
-            char *text = tt_read(tt_src(src, sizeof src, pages[i]), NULL);
+            char *text = tu_read_ok(tu_source_path(src, sizeof src, pages[i]), NULL);
             for (char *p = text; *p && written < bytes;) {
                 char *e = strstr(p, "\n\n");
                 size_t n = e ? (size_t)(e - p) : strlen(p);
@@ -87,9 +87,9 @@ static void corpus(const char *in, size_t *lines, size_t *bad)
     char src[1024], p[1024], q[1024];
     cr_assert_eq(mkdir(in, 0755), 0);
     snprintf(p, sizeof p, "%s/a.txt", in);
-    tt_copy(tt_src(src, sizeof src, "tests/tools/data/mixed.txt"), p);
+    tu_copy_ok(tu_source_path(src, sizeof src, "tests/tools/data/mixed.txt"), p);
     snprintf(p, sizeof p, "%s/b.md", in);
-    tt_copy(tt_src(src, sizeof src, "docs/architecture.md"), p);
+    tu_copy_ok(tu_source_path(src, sizeof src, "docs/architecture.md"), p);
     snprintf(p, sizeof p, "%s/c.jsonl", in);
     size_t b1, b2;
     *lines = jsonl(p, 1200000, 97, &b1);
@@ -97,18 +97,18 @@ static void corpus(const char *in, size_t *lines, size_t *bad)
     *lines += jsonl(q, 300000, 0, &b2);
     *bad = b1 + b2;
     size_t n;
-    char *d = tt_read(q, &n);
+    char *d = tu_read_ok(q, &n);
     snprintf(p, sizeof p, "%s/d.jsonl.gz", in);
     put_gzip(p, d, n);
     free(d);
-    d = tt_read(tt_src(src, sizeof src, "docs/data.md"), &n);
+    d = tu_read_ok(tu_source_path(src, sizeof src, "docs/data.md"), &n);
     snprintf(p, sizeof p, "%s/e.txt.zst", in);
     put_zstd(p, d, n);
     free(d);
     snprintf(p, sizeof p, "%s/f.txt", in);
-    tt_write(p, "", 0);
+    tu_write_ok(p, "", 0);
     snprintf(p, sizeof p, "%s/g.bin", in);
-    tt_write(p, "\0\1\2binary", 9);
+    tu_write_ok(p, "\0\1\2binary", 9);
 }
 
 /* meta.json without its timing. */
@@ -116,7 +116,7 @@ static char *meta_without_seconds(const char *out)
 {
     char p[1024];
     snprintf(p, sizeof p, "%s/meta.json", out);
-    char *s = tt_read(p, NULL);
+    char *s = tu_read_ok(p, NULL);
     cJSON *m = cJSON_Parse(s);
     free(s);
     cr_assert_not_null(m, "%s is not JSON", p);
@@ -129,7 +129,7 @@ static char *meta_without_seconds(const char *out)
 static void assert_same_file(const char *a, const char *b)
 {
     size_t na, nb;
-    char *x = tt_read(a, &na), *y = tt_read(b, &nb);
+    char *x = tu_read_ok(a, &na), *y = tu_read_ok(b, &nb);
     cr_assert(na == nb && memcmp(x, y, na) == 0, "%s (%zu bytes) and %s (%zu bytes) differ", a, na, b, nb);
     free(x);
     free(y);
@@ -139,7 +139,7 @@ static double inputs_num(const char *out, const char *key)
 {
     char p[1024];
     snprintf(p, sizeof p, "%s/meta.json", out);
-    char *s = tt_read(p, NULL);
+    char *s = tu_read_ok(p, NULL);
     cJSON *m = cJSON_Parse(s);
     free(s);
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(m, "inputs"), key);
@@ -217,7 +217,7 @@ Test(prepare_threads, first_error_of_the_input_whatever_j)
     fclose(f);
     cr_assert_gt((double)line, 9000);
     snprintf(q, sizeof q, "%s/b.jsonl.gz", in);
-    tt_write(q, "\x1f\x8b\x08\x00garbage", 12);
+    tu_write_ok(q, "\x1f\x8b\x08\x00garbage", 12);
     char want[600];
     snprintf(want, sizeof want, "%s:%zu: the line is not JSON", p, first_bad);
     for (int j = 1; j <= 3; j++) {
@@ -247,7 +247,7 @@ Test(prepare_threads, bad_j_refused)
     paths();
     char in[256], out[256];
     tt_path(in, sizeof in, "a.txt");
-    tt_write(in, "some text\n", 10);
+    tu_write_ok(in, "some text\n", 10);
     tt_path(out, sizeof out, "out");
     const char *bad[][2] = {{"-j", "0"}, {"-j", "-1"}, {"-j", "257"}, {"-j", "abc"}, {"-j", ""}, {"-j", "2x"},
                             {"--jobs", "1.5"}, {"--jobs=0", NULL}, {"--jobs", "99999999999999999999"}};

@@ -34,23 +34,23 @@ Test(run_tokenizer, checkpoint_dir_then_data_dir)
     cr_assert(strstr(error_message(), "no tokenizer at"), "%s", error_message());
     /* beside train_file, without meta.json */
     snprintf(p, sizeof p, "%s/tokenizer.json", data);
-    tt_write(p, "{}", 2);
+    tu_write_ok(p, "{}", 2);
     cr_assert_eq(run_tokenizer_find(ckpt, ini, found, sizeof found), 0, "%s", error_message());
     cr_assert_str_eq(found, p);
     /* meta.json names the file; null means bytes */
     snprintf(p, sizeof p, "%s/meta.json", data);
-    tt_write(p, "{\"tokenizer\": \"other.json\"}", 27);
+    tu_write_ok(p, "{\"tokenizer\": \"other.json\"}", 27);
     snprintf(p, sizeof p, "%s/other.json", data);
-    tt_write(p, "{}", 2);
+    tu_write_ok(p, "{}", 2);
     cr_assert_eq(run_tokenizer_find(ckpt, ini, found, sizeof found), 0, "%s", error_message());
     cr_assert_str_eq(found, p);
     snprintf(p, sizeof p, "%s/meta.json", data);
-    tt_write(p, "{\"tokenizer\": null}", 19);
+    tu_write_ok(p, "{\"tokenizer\": null}", 19);
     cr_assert_eq(run_tokenizer_find(ckpt, ini, found, sizeof found), FSDP_ENOTFOUND);
     cr_assert(strstr(error_message(), "bytes"), "%s", error_message());
     /* the checkpoint directory's own comes first */
     snprintf(p, sizeof p, "%s/tokenizer.json", ckpt);
-    tt_write(p, "{}", 2);
+    tu_write_ok(p, "{}", 2);
     cr_assert_eq(run_tokenizer_find(ckpt, ini, found, sizeof found), 0);
     cr_assert_str_eq(found, p);
     /* no train_file in the config */

@@ -23,7 +23,7 @@ static struct tokenizer *load(const char *name)
     char rel[256], p[1024];
     snprintf(rel, sizeof rel, "tests/tools/data/fixtures/%s.json", name);
     struct tokenizer *t;
-    cr_assert_eq(tokenizer_load(tt_src(p, sizeof p, rel), &t), 0, "%s", error_message());
+    cr_assert_eq(tokenizer_load(tu_source_path(p, sizeof p, rel), &t), 0, "%s", error_message());
     return t;
 }
 
@@ -31,7 +31,7 @@ static char *text_of(const char *stem, size_t *len)
 {
     char rel[256], p[1024];
     snprintf(rel, sizeof rel, "tests/tools/data/%s.txt", stem);
-    return tt_read(tt_src(p, sizeof p, rel), len);
+    return tu_read_ok(tu_source_path(p, sizeof p, rel), len);
 }
 
 struct runs {
@@ -59,9 +59,9 @@ Test(tokenizer_fixtures, ids_and_decode_equal_tokenizers)
             char *text = text_of(texts[j], &len);
             char rel[256], p[1024];
             snprintf(rel, sizeof rel, "tests/tools/data/fixtures/%s__%s.ids", toks[i], texts[j]);
-            uint32_t *ref = (uint32_t *)tt_read(tt_src(p, sizeof p, rel), &rlen);
+            uint32_t *ref = (uint32_t *)tu_read_ok(tu_source_path(p, sizeof p, rel), &rlen);
             snprintf(rel, sizeof rel, "tests/tools/data/fixtures/%s__%s.decoded", toks[i], texts[j]);
-            char *want = tt_read(tt_src(p, sizeof p, rel), &dlen);
+            char *want = tu_read_ok(tu_source_path(p, sizeof p, rel), &dlen);
             struct tokenizer_ids ids = {0};
             cr_assert_eq(tokenizer_encode(t, text, len, &ids), 0, "%s: %s", toks[i], error_message());
             size_t n = rlen / 4, first = 0;

@@ -27,7 +27,7 @@ static void train_both(int vocab, int corpus_bytes)
     char corpus[256], docs[1024], worker[1024], g[256], l[256];
     tt_path(corpus, sizeof corpus, "corpus.txt");
     free(tt_ref(python, "corpus '%s' --bytes %d --src '%s' --src '%s'", corpus, corpus_bytes,
-                tt_src(docs, sizeof docs, "docs"), tt_src(worker, sizeof worker, "worker")));
+                tu_source_path(docs, sizeof docs, "docs"), tu_source_path(worker, sizeof worker, "worker")));
     free(tt_ref(python, "train --style gpt2 --vocab %d --out '%s' '%s'", vocab, tt_path(g, sizeof g, "gpt2.json"),
                 corpus));
     free(tt_ref(python, "train --style llama3 --vocab %d --out '%s' '%s'", vocab,
@@ -41,21 +41,21 @@ static void compare(const char *tok_path, const char *tok_stem, const char *text
     struct tokenizer *t;
     cr_assert_eq(tokenizer_load(tok_path, &t), 0, "%s", error_message());
     size_t len;
-    char *text = tt_read(text_path, &len);
+    char *text = tu_read_ok(text_path, &len);
     cr_assert_eq(tokenizer_utf8_check(text, len), len);
     struct tokenizer_ids ids = {0};
     cr_assert_eq(tokenizer_encode(t, text, len, &ids), 0, "%s", error_message());
     char p[512];
     snprintf(p, sizeof p, "%s/ref/%s__%s.ids", tt_dir, tok_stem, text_stem);
     size_t rlen;
-    uint32_t *ref = (uint32_t *)tt_read(p, &rlen);
+    uint32_t *ref = (uint32_t *)tu_read_ok(p, &rlen);
     size_t n = rlen / 4, first = 0;
     while (first < n && first < ids.n && ids.v[first] == ref[first])
         first++;
     cr_expect(ids.n == n && first == n, "%s on %s: %zu ids, tokenizers %zu; first difference at %zu (%u vs %u)",
               tok_stem, text_stem, ids.n, n, first, first < ids.n ? ids.v[first] : 0, first < n ? ref[first] : 0);
     snprintf(p, sizeof p, "%s/ref/%s__%s.roundtrip", tt_dir, tok_stem, text_stem);
-    char *rt = tt_read(p, NULL);
+    char *rt = tu_read_ok(p, NULL);
     char *back;
     size_t blen;
     cr_assert_eq(tokenizer_decode(t, ids.v, ids.n, false, &back, &blen), 0, "%s", error_message());
@@ -80,7 +80,7 @@ Test(tokenizer_ref, ids_equal_tokenizers_for_both_styles_and_variants, .timeout 
     char *names_g = tt_ref(python, "variants '%s/gpt2.json' '%s'", tt_dir, vg);
     char *names_l = tt_ref(python, "variants '%s/llama3.json' '%s'", tt_dir, vl);
     free(tt_ref(python, "multiscript '%s' --bytes 300000 --seed 11", tt_path(ms, sizeof ms, "multiscript.txt")));
-    tt_src(mixed, sizeof mixed, "tests/tools/data/mixed.txt");
+    tu_source_path(mixed, sizeof mixed, "tests/tools/data/mixed.txt");
     cr_assert_eq(mkdir(tt_path(refdir, sizeof refdir, "ref"), 0755), 0);
     /* every tokenizer path for one python run */
     static char list[16384];
@@ -103,7 +103,7 @@ Test(tokenizer_ref, ids_equal_tokenizers_for_both_styles_and_variants, .timeout 
             snprintf(from, sizeof from, "%s/%s.json", dirs[d], name);
             snprintf(toks[nt].stem, sizeof toks[nt].stem, "%s_%s", d ? "llama3" : "gpt2", name);
             snprintf(toks[nt].path, sizeof toks[nt].path, "%s/%s.json", tt_dir, toks[nt].stem);
-            tt_copy(from, toks[nt].path);
+            tu_copy_ok(from, toks[nt].path);
             k += (size_t)snprintf(list + k, sizeof list - k, " '%s'", toks[nt].path);
             nt++;
         }
@@ -132,7 +132,7 @@ static void check_prepared(const char *out_dir, const char *stem, const char *co
     for (int i = 0; i < n_inputs; i++) {
         snprintf(p, sizeof p, "%s/ref/%s__%s.ids", tt_dir, stem, inputs[i]);
         size_t rlen;
-        uint32_t *ref = (uint32_t *)tt_read(p, &rlen);
+        uint32_t *ref = (uint32_t *)tu_read_ok(p, &rlen);
         size_t rn = rlen / 4;
         cr_assert_leq(at + rn + 1, n, "%s: train.bin ends inside %s", stem, inputs[i]);
         for (size_t j = 0; j < rn; j++)
@@ -153,18 +153,18 @@ Test(tokenizer_ref, prepare_data_holds_tokenizers_ids_of_whole_files, .timeout =
     tt_path(in, sizeof in, "in");
     cr_assert_eq(mkdir(in, 0755), 0);
     snprintf(p, sizeof p, "%s/a.txt", in);
-    tt_copy(tt_src(src, sizeof src, "tests/tools/data/mixed.txt"), p);
+    tu_copy_ok(tu_source_path(src, sizeof src, "tests/tools/data/mixed.txt"), p);
     snprintf(p, sizeof p, "%s/b.txt", in);
     free(tt_ref(python, "multiscript '%s' --bytes 60000 --seed 3", p));
     snprintf(p, sizeof p, "%s/c.md", in);
-    tt_copy(tt_src(src, sizeof src, "docs/data.md"), p);
-    tt_src(ex, sizeof ex, "examples/tokenizer.json");
+    tu_copy_ok(tu_source_path(src, sizeof src, "docs/data.md"), p);
+    tu_source_path(ex, sizeof ex, "examples/tokenizer.json");
     cr_assert_eq(mkdir(tt_path(refdir, sizeof refdir, "ref"), 0755), 0);
     free(tt_ref(python, "encode --out-dir '%s' --text '%s/a.txt' --text '%s/b.txt' --text '%s/c.md' '%s' "
                 "'%s/llama3.json'", refdir, in, in, in, ex, tt_dir));
     const char *inputs[] = {"a", "b", "c"};
     char exe[1024], out[256];
-    tt_bin(exe, sizeof exe, "worker/fsdp-prepare-data");
+    tu_build_path(exe, sizeof exe, "worker/fsdp-prepare-data");
     /* GPT-2 style (the committed example): documents end with <|endoftext|> (id 0) */
     tt_path(out, sizeof out, "out_gpt2");
     char *log;
@@ -186,10 +186,10 @@ Test(tokenizer_ref, autotokenizer_reads_the_prepared_directory, .timeout = 240)
     need("tokenizers, transformers");
     char in[256], src[1024], ex[1024], exe[1024], out[256], p[512];
     tt_path(in, sizeof in, "in.txt");
-    tt_copy(tt_src(src, sizeof src, "tests/tools/data/mixed.txt"), in);
-    tt_src(ex, sizeof ex, "examples/tokenizer.json");
+    tu_copy_ok(tu_source_path(src, sizeof src, "tests/tools/data/mixed.txt"), in);
+    tu_source_path(ex, sizeof ex, "examples/tokenizer.json");
     tt_path(out, sizeof out, "out");
-    const char *argv[] = {tt_bin(exe, sizeof exe, "worker/fsdp-prepare-data"), "--tokenizer", ex, "--val-fraction",
+    const char *argv[] = {tu_build_path(exe, sizeof exe, "worker/fsdp-prepare-data"), "--tokenizer", ex, "--val-fraction",
                           "0", "-o", out, in, NULL};
     char *log;
     cr_assert_eq(tt_run(argv, &log), 0, "%s", log);
@@ -200,7 +200,7 @@ Test(tokenizer_ref, autotokenizer_reads_the_prepared_directory, .timeout = 240)
     enum data_format fmt;
     uint32_t *ids = tt_tokens(p, &n, &fmt);
     snprintf(p, sizeof p, "%s/ids.bin", tt_dir);
-    tt_write(p, ids, (n - 1) * sizeof *ids);
+    tu_write_ok(p, ids, (n - 1) * sizeof *ids);
     free(ids);
     free(tt_ref(python, "autotokenizer '%s' '%s' '%s'", out, in, p));
 }
@@ -214,9 +214,9 @@ Test(tokenizer_ref, qwen2_and_sentencepiece_styles_equal_tokenizers, .timeout = 
     need("tokenizers");
     char ms[256], mixed[1024], edges[1024], start[1024], out[256];
     free(tt_ref(python, "multiscript '%s' --bytes 200000 --seed 13", tt_path(ms, sizeof ms, "multiscript.txt")));
-    tt_src(mixed, sizeof mixed, "tests/tools/data/mixed.txt");
-    tt_src(edges, sizeof edges, "tests/tools/data/edges.txt");
-    tt_src(start, sizeof start, "tests/tools/data/special_start.txt");
+    tu_source_path(mixed, sizeof mixed, "tests/tools/data/mixed.txt");
+    tu_source_path(edges, sizeof edges, "tests/tools/data/edges.txt");
+    tu_source_path(start, sizeof start, "tests/tools/data/special_start.txt");
     tt_path(out, sizeof out, "fx");
     char *names = tt_ref(python, "fixtures '%s' '%s' '%s' '%s' '%s'", out, mixed, edges, start, ms);
     const char *paths[] = {mixed, edges, start, ms}, *stems[] = {"mixed", "edges", "special_start", "multiscript"};
@@ -228,11 +228,11 @@ Test(tokenizer_ref, qwen2_and_sentencepiece_styles_equal_tokenizers, .timeout = 
         cr_assert_eq(tokenizer_load(p, &t), 0, "%s", error_message());
         for (int j = 0; j < 4; j++) {
             size_t len, rlen, dlen;
-            char *text = tt_read(paths[j], &len);
+            char *text = tu_read_ok(paths[j], &len);
             snprintf(p, sizeof p, "%s/%s__%s.ids", out, name, stems[j]);
-            uint32_t *ref = (uint32_t *)tt_read(p, &rlen);
+            uint32_t *ref = (uint32_t *)tu_read_ok(p, &rlen);
             snprintf(p, sizeof p, "%s/%s__%s.decoded", out, name, stems[j]);
-            char *want = tt_read(p, &dlen);
+            char *want = tu_read_ok(p, &dlen);
             struct tokenizer_ids ids = {0};
             cr_assert_eq(tokenizer_encode(t, text, len, &ids), 0, "%s", error_message());
             size_t n = rlen / 4, first = 0;
@@ -275,20 +275,20 @@ Test(tokenizer_ref, adversarial_texts_equal_tokenizers_for_the_fixtures, .timeou
     size_t k = 0;
     for (int i = 0; i < nt; i++) {
         snprintf(rel, sizeof rel, "tests/tools/data/fixtures/%s.json", names[i]);
-        k += (size_t)snprintf(list + k, sizeof list - k, " '%s'", tt_src(src, sizeof src, rel));
+        k += (size_t)snprintf(list + k, sizeof list - k, " '%s'", tu_source_path(src, sizeof src, rel));
     }
     free(tt_ref(python, "adversarial '%s' --seed 7 --count 2000 %s", out, list));
     char p[512];
     snprintf(p, sizeof p, "%s/texts.bin", out);
     size_t tn;
-    unsigned char *texts = (unsigned char *)tt_read(p, &tn);
+    unsigned char *texts = (unsigned char *)tu_read_ok(p, &tn);
     for (int i = 0; i < nt; i++) {
         snprintf(rel, sizeof rel, "tests/tools/data/fixtures/%s.json", names[i]);
         struct tokenizer *t;
-        cr_assert_eq(tokenizer_load(tt_src(src, sizeof src, rel), &t), 0, "%s", error_message());
+        cr_assert_eq(tokenizer_load(tu_source_path(src, sizeof src, rel), &t), 0, "%s", error_message());
         snprintf(p, sizeof p, "%s/%s.adv", out, names[i]);
         size_t rn;
-        unsigned char *ref = (unsigned char *)tt_read(p, &rn);
+        unsigned char *ref = (unsigned char *)tu_read_ok(p, &rn);
         size_t ti = 0, ri = 0;
         int count = 0, bad = 0;
         while (ti + 4 <= tn) {

@@ -1,10 +1,9 @@
-/* Helpers of the tests/tools tests: a temporary directory per test, whole files, running the tools and the
- * Python peer, reading token files. */
+/* Helpers of the tests/tools tests: a temporary directory per test, running the tools and the Python peer,
+ * reading token files (whole files and paths: tests/util/tu_check.h). */
 #ifndef FSDP_TESTS_TOOLS_TOOLTEST_H
 #define FSDP_TESTS_TOOLS_TOOLTEST_H
 
 #include <criterion/criterion.h>
-#include <ftw.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -13,82 +12,23 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/error.h"
+#include "tests/util/tu_check.h"
 #include "tests/util/tu_proc.h"
 #include "tests/util/tu_venv.h"
-#include "worker/train/data.h"
+#include "worker/data/data_format.h"
 
 static char tt_dir[64];
 
-static int tt_rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
+static inline void tt_setup(void) { tu_mkdtemp(tt_dir, sizeof tt_dir, "fsdp-tools"); }
 
-static inline void tt_setup(void)
-{
-    strcpy(tt_dir, "/tmp/fsdp-tools-XXXXXX");
-    cr_assert_not_null(mkdtemp(tt_dir));
-}
-
-static inline void tt_teardown(void) { nftw(tt_dir, tt_rm_one, 16, FTW_DEPTH | FTW_PHYS); }
+static inline void tt_teardown(void) { tu_rm_tree(tt_dir); }
 
 /* tt_dir/rel (a static buffer per call site is not needed: callers copy) */
 static inline const char *tt_path(char *buf, size_t cap, const char *rel)
 {
     snprintf(buf, cap, "%s/%s", tt_dir, rel);
     return buf;
-}
-
-static inline const char *tt_src(char *buf, size_t cap, const char *rel)
-{
-    const char *root = getenv("FSDP_SOURCE_ROOT");
-    cr_assert_not_null(root, "FSDP_SOURCE_ROOT is not set (run through meson test)");
-    snprintf(buf, cap, "%s/%s", root, rel);
-    return buf;
-}
-
-static inline const char *tt_bin(char *buf, size_t cap, const char *rel)
-{
-    const char *root = getenv("FSDP_BUILD_ROOT");
-    cr_assert_not_null(root, "FSDP_BUILD_ROOT is not set (run through meson test)");
-    snprintf(buf, cap, "%s/%s", root, rel);
-    return buf;
-}
-
-/* The whole file, NUL-terminated; *len its size (len may be NULL). */
-static inline char *tt_read(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    rewind(f);
-    char *s = malloc((size_t)n + 1);
-    cr_assert_eq(fread(s, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    s[n] = '\0';
-    if (len)
-        *len = (size_t)n;
-    return s;
-}
-
-static inline void tt_write(const char *path, const void *data, size_t len)
-{
-    FILE *f = fopen(path, "wb");
-    cr_assert_not_null(f, "cannot create %s", path);
-    cr_assert_eq(fwrite(data, 1, len, f), len);
-    fclose(f);
-}
-
-static inline void tt_copy(const char *from, const char *to)
-{
-    size_t n;
-    char *s = tt_read(from, &n);
-    tt_write(to, s, n);
-    free(s);
 }
 
 /* Runs argv (NULL-terminated) with stdout and stderr into tt_dir/.out; returns the exit code, the output in
@@ -100,7 +40,7 @@ static inline int tt_run(const char *const *argv, char **out)
     int rc = tu_run(argv, log, log, NULL);
     cr_assert_neq(rc, -1, "cannot start %s", argv[0]);
     if (out)
-        *out = tt_read(log, NULL);
+        *out = tu_read_ok(log, NULL);
     return rc;
 }
 
@@ -115,11 +55,11 @@ static inline char *tt_ref(const char *python, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(args, sizeof args, fmt, ap);
     va_end(ap);
-    tt_src(script, sizeof script, "tests/tools/tokenizer_ref.py");
+    tu_source_path(script, sizeof script, "tests/tools/tokenizer_ref.py");
     tt_path(log, sizeof log, ".py.out");
     snprintf(cmd, sizeof cmd, "'%s' '%s' %s > '%s' 2>&1", python, script, args, log);
     int rc = tu_sh(cmd);
-    char *out = tt_read(log, NULL);
+    char *out = tu_read_ok(log, NULL);
     cr_assert_eq(rc, 0, "tokenizer_ref.py %s failed:\n%s", args, out);
     return out;
 }
@@ -128,19 +68,11 @@ static inline char *tt_ref(const char *python, const char *fmt, ...)
 static inline uint32_t *tt_tokens(const char *path, size_t *n, enum data_format *fmt)
 {
     size_t len;
-    char *raw = tt_read(path, &len);
-    int32_t head[3] = {0, 0, 0};
-    if (len >= 12)
-        memcpy(head, raw, sizeof head);
-    size_t hdr = 0, tb = 2;
-    *fmt = DATA_FORMAT_NANOGPT;
-    if (head[0] == DATA_LLMC_MAGIC || head[0] == DATA_LLMC_U32_MAGIC) {
-        hdr = 1024;
-        tb = head[0] == DATA_LLMC_U32_MAGIC ? 4 : 2;
-        *fmt = tb == 4 ? DATA_FORMAT_LLMC_U32 : DATA_FORMAT_LLMC;
-        cr_assert_eq(head[1], tb == 4 ? DATA_LLMC_U32_VERSION : DATA_LLMC_VERSION);
-        cr_assert_eq((size_t)head[2] * tb, len - hdr, "%s: header count", path);
-    }
+    char *raw = tu_read_ok(path, &len);
+    size_t hdr;
+    int64_t count;
+    cr_assert_eq(data_format_detect(raw, len, path, fmt, &hdr, &count), 0, "%s", error_message());
+    size_t tb = (size_t)data_format_token_bytes(*fmt);
     *n = (len - hdr) / tb;
     uint32_t *ids = malloc((*n + 1) * sizeof *ids);
     for (size_t i = 0; i < *n; i++) {

@@ -14,48 +14,12 @@
 /* Generous: a loaded 2-core machine runs several of these at once, under ASan in CI. */
 #define TT_RUN_TIMEOUT_S 240.0
 
-/* The configuration the lead checked by hand: 20 steps of a 34k-parameter model, 12 sequences a step, on
- * the CPU whatever the host has (the suite runs as on a GPU host: FSDP_TEST_GPU_HOST, tests/meson.build). */
-static const char tt_tiny_ini[] = "[model]\n"
-                                  "n_layer = 2\n"
-                                  "n_head = 2\n"
-                                  "n_embd = 32\n"
-                                  "vocab_size = 256\n"
-                                  "block_size = 16\n"
-                                  "[train]\n"
-                                  "device = cpu\n"
-                                  "train_batch = 12\n"
-                                  "micro_batch = 1\n"
-                                  "max_steps = 20\n"
-                                  "eval_interval = 0\n"
-                                  "[optim]\n"
-                                  "lr = 0.003\n"
-                                  "warmup_steps = 2\n"
-                                  "[log]\n"
-                                  "interval = 10\n";
+/* The configuration the lead checked by hand (LU_TINY_GPT), a log line every 10 steps. */
+static const char tt_tiny_ini[] = LU_TINY_GPT "[log]\ninterval = 10\n";
 
 /* The tiny Llama: grouped-query attention (2 query heads per key/value head), untied head, and the tiny
  * GPT's batch and schedule. */
-static const char tt_llama_ini[] = "[model]\n"
-                                   "model_family = llama\n"
-                                   "n_layer = 2\n"
-                                   "n_head = 4\n"
-                                   "n_kv_head = 2\n"
-                                   "n_embd = 32\n"
-                                   "intermediate_size = 64\n"
-                                   "vocab_size = 256\n"
-                                   "block_size = 16\n"
-                                   "[train]\n"
-                                   "device = cpu\n"
-                                   "train_batch = 12\n"
-                                   "micro_batch = 1\n"
-                                   "max_steps = 20\n"
-                                   "eval_interval = 0\n"
-                                   "[optim]\n"
-                                   "lr = 0.003\n"
-                                   "warmup_steps = 2\n"
-                                   "[log]\n"
-                                   "interval = 10\n";
+static const char tt_llama_ini[] = LU_TINY_LLAMA "[log]\ninterval = 10\n";
 
 struct tt_ctx {
     char *dir;       /* mkdtemp; everything a test writes lives here */
@@ -75,18 +39,11 @@ struct tt_result {
 static inline void tt_setup_ini(struct tt_ctx *c, const char *base)
 {
     memset(c, 0, sizeof *c);
-    c->dir = strdup("/tmp/fsdp-train-test-XXXXXX");
-    cr_assert(c->dir && mkdtemp(c->dir), "mkdtemp failed");
-    const char *src = getenv("FSDP_SOURCE_ROOT");
-    cr_assert(src, "FSDP_SOURCE_ROOT not set: run through meson test");
-    char docs[2048];
-    snprintf(docs, sizeof docs, "%s/tests/data/corpus", src);
+    char dir[64];
+    c->dir = strdup(tu_mkdtemp(dir, sizeof dir, "fsdp-train-test"));
+    cr_assert_not_null(c->dir);
     snprintf(c->data, sizeof c->data, "%s/data", c->dir);
-    const char *argv[] = {lu_build_path("worker/fsdp-prepare-data"), "-o", c->data, docs, NULL};
-    int code = lu_exit_code(lu_wait(lu_spawn(argv, c->dir, "prepare", NULL), 120));
-    char *err = lu_slurp_tag(c->dir, "prepare", "err");
-    cr_assert_eq(code, 0, "fsdp-prepare-data failed (%d): %s", code, err);
-    free(err);
+    lu_prepare_corpus(c->dir, c->data);
     char text[8192];
     snprintf(text, sizeof text, "%s[data]\ntrain_file = %s/train.bin\nval_file = %s/val.bin\n", base, c->data,
              c->data);

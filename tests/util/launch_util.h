@@ -17,18 +17,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/util/tu_check.h"
 #include "tests/util/tu_file.h"
 #include "tests/util/tu_proc.h"
 
+/* tu_build_path in one of four rotating static buffers, so a few can sit in one argv. */
 static inline const char *lu_build_path(const char *rel)
 {
     static char buf[4][4096];
     static int k;
-    const char *root = getenv("FSDP_BUILD_ROOT");
-    cr_assert(root, "FSDP_BUILD_ROOT not set: run through meson test");
-    char *b = buf[k++ % 4];
-    snprintf(b, 4096, "%s/%s", root, rel);
-    return b;
+    return tu_build_path(buf[k++ % 4], sizeof buf[0], rel);
 }
 
 #define LU_LAUNCH lu_build_path("launcher/fsdp-launch")
@@ -36,9 +34,10 @@ static inline const char *lu_build_path(const char *rel)
 
 static inline char *lu_tmpdir(void)
 {
-    char *d = strdup("/tmp/fsdp-launch-test-XXXXXX");
-    cr_assert(d && mkdtemp(d), "mkdtemp failed");
-    return d;
+    char d[64];
+    char *s = strdup(tu_mkdtemp(d, sizeof d, "fsdp-launch-test"));
+    cr_assert_not_null(s);
+    return s;
 }
 
 /* Starts argv[0] with stdout/stderr to files under dir (named tag.out / tag.err); env_set entries are
@@ -170,15 +169,33 @@ static inline double lu_wait_pids_dead(const int *pids, int n, double timeout_s)
     return -1;
 }
 
-static inline void lu_rm_rf(const char *dir)
+/* tu_rm_tree under the name the integration tests of every folder call. */
+static inline void lu_rm_rf(const char *dir) { tu_rm_tree(dir); }
+
+/* The tiny models of the training and resume tests: 20 steps of 12 sequences on the CPU whatever the host
+ * has (the suite runs as on a GPU host: FSDP_TEST_GPU_HOST, tests/meson.build). GPT-2: 34k parameters;
+ * Llama: grouped-query attention (2 query heads per key/value head) and an untied head. A test appends its
+ * own sections ([data], [log], ...). */
+#define LU_TINY_TRAIN                                                                                          \
+    "[train]\ndevice = cpu\ntrain_batch = 12\nmicro_batch = 1\nmax_steps = 20\neval_interval = 0\n"          \
+    "[optim]\nlr = 0.003\nwarmup_steps = 2\n"
+#define LU_TINY_GPT                                                                                            \
+    "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nvocab_size = 256\nblock_size = 16\n" LU_TINY_TRAIN
+#define LU_TINY_LLAMA                                                                                          \
+    "[model]\nmodel_family = llama\nn_layer = 2\nn_head = 4\nn_kv_head = 2\nn_embd = 32\n"                    \
+    "intermediate_size = 64\nvocab_size = 256\nblock_size = 16\n" LU_TINY_TRAIN
+
+/* Byte-level token files (train.bin, val.bin) of the frozen text corpus (tests/data/corpus/) in data, made
+ * by the real fsdp-prepare-data; its streams go to dir/prepare.{out,err}. */
+static inline void lu_prepare_corpus(const char *dir, const char *data)
 {
-    pid_t pid = fork();
-    if (pid == 0) {
-        execl("/bin/rm", "rm", "-rf", dir, (char *)NULL);
-        _exit(127);
-    }
-    if (pid > 0)
-        waitpid(pid, NULL, 0);
+    char docs[4096];
+    tu_source_path(docs, sizeof docs, "tests/data/corpus");
+    const char *argv[] = {lu_build_path("worker/fsdp-prepare-data"), "-o", data, docs, NULL};
+    int code = lu_exit_code(lu_wait(lu_spawn(argv, dir, "prepare", NULL), 120));
+    char *err = lu_slurp_tag(dir, "prepare", "err");
+    cr_assert_eq(code, 0, "fsdp-prepare-data failed (%d): %s", code, err);
+    free(err);
 }
 
 #endif

@@ -1,6 +1,6 @@
 #include "common/error.h"
+#include "tests/util/tu_check.h"
 #include "worker/train/data.h"
-#include "wtest.h"
 
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
@@ -16,7 +16,7 @@ static void make_nanogpt(const char *path, int64_t n, int mod)
     uint16_t *t = malloc((size_t)n * 2 + 2);
     for (int64_t i = 0; i < n; i++)
         t[i] = tok(i, mod);
-    wtest_write_file(path, t, (size_t)n * 2);
+    tu_write_ok(path, t, (size_t)n * 2);
     free(t);
 }
 
@@ -30,7 +30,7 @@ static void make_llmc(const char *path, int64_t n, int32_t count, int mod)
         uint16_t v = tok(i, mod);
         memcpy(buf + 1024 + 2 * i, &v, 2);
     }
-    wtest_write_file(path, buf, len);
+    tu_write_ok(path, buf, len);
     free(buf);
 }
 
@@ -45,7 +45,7 @@ static void make_llmc_u32(const char *path, int64_t n, int32_t count, int32_t ve
         uint32_t v = 70000u + tok(i, mod);
         memcpy(buf + 1024 + 4 * i, &v, 4);
     }
-    wtest_write_file(path, buf, len);
+    tu_write_ok(path, buf, len);
     free(buf);
 }
 
@@ -59,7 +59,7 @@ static void setup(void)
     snprintf(path_a, sizeof path_a, "%s/a.bin", tmpdir);
 }
 
-static void teardown(void) { wtest_rm_tree(tmpdir); }
+static void teardown(void) { tu_rm_tree(tmpdir); }
 
 TestSuite(data, .init = setup, .fini = teardown);
 
@@ -257,7 +257,7 @@ Test(data, bad_files_rejected_with_their_names)
     expect_open_error(p, &o, FSDP_ENOTFOUND, "cannot open");
 
     snprintf(p, sizeof p, "%s/empty.bin", tmpdir);
-    wtest_write_file(p, "", 0);
+    tu_write_ok(p, "", 0);
     expect_open_error(p, &o, FSDP_EINVAL, "empty");
 
     snprintf(p, sizeof p, "%s/short.bin", tmpdir);
@@ -269,7 +269,7 @@ Test(data, bad_files_rejected_with_their_names)
     expect_open_error(p, &o, FSDP_EINVAL, "too few");
 
     snprintf(p, sizeof p, "%s/odd.bin", tmpdir);
-    wtest_write_file(p, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQ", 43);
+    tu_write_ok(p, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQ", 43);
     expect_open_error(p, &o, FSDP_EINVAL, "odd size");
 
     snprintf(p, sizeof p, "%s/count.bin", tmpdir);
@@ -278,7 +278,7 @@ Test(data, bad_files_rejected_with_their_names)
 
     snprintf(p, sizeof p, "%s/truncated_header.bin", tmpdir);
     int32_t head[3] = {DATA_LLMC_MAGIC, DATA_LLMC_VERSION, 5};
-    wtest_write_file(p, head, sizeof head);
+    tu_write_ok(p, head, sizeof head);
     expect_open_error(p, &o, FSDP_EINVAL, "shorter than");
 
     snprintf(p, sizeof p, "%s/version.bin", tmpdir);

@@ -2,8 +2,6 @@
  * counts from transformers' GPT2Model), model.init_from as a safetensors file, a Hugging Face directory or
  * an fsdpc checkpoint, and the JSON cache: hit, --refresh, keys by shape and checkpoint identity,
  * --clear-cache, a corrupt file replaced, the ~/.cache default. */
-#include "wtest.h"
-
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <sys/stat.h>
@@ -11,6 +9,7 @@
 #include <time.h>
 
 #include "tests/util/launch_util.h"
+#include "tests/util/tu_check.h"
 #include "tests/util/tu_venv.h"
 #include "worker/model/model.h"
 
@@ -173,7 +172,7 @@ Test(detect_blocks, cache_refresh_keys_clear_and_corruption, .timeout = 120)
     cr_expect(!cached(j), "another shape is another key");
     cr_expect_eq(num(row(j, "DecoderBlock"), "count"), 5);
     cJSON_Delete(j);
-    char *text = wtest_read_file(d.cache_file, NULL);
+    char *text = tu_read_ok(d.cache_file, NULL);
     cJSON *cache = cJSON_Parse(text);
     cr_assert_not_null(cache, "the cache is JSON: %s", text);
     cr_expect_eq(cJSON_GetArraySize(cJSON_GetObjectItem(cache, "entries")), 2, "%s", text);
@@ -186,7 +185,7 @@ Test(detect_blocks, cache_refresh_keys_clear_and_corruption, .timeout = 120)
     cr_expect(!cached(j));
     cJSON_Delete(j);
     cr_expect(strstr(lu_slurp_tag(d.dir, "db", "err"), "not a cache of this version (corrupt or old): replacing it"));
-    text = wtest_read_file(d.cache_file, NULL);
+    text = tu_read_ok(d.cache_file, NULL);
     cache = cJSON_Parse(text);
     cr_expect_not_null(cache, "replaced by a valid cache: %s", text);
     cJSON_Delete(cache);

@@ -1,7 +1,7 @@
 #include "common/error.h"
+#include "tests/util/tu_check.h"
 #include "tests/util/tu_summary.h"
 #include "worker/train/metrics.h"
-#include "wtest.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -15,7 +15,7 @@ static void setup(void)
     strcpy(tmpdir, "/tmp/fsdp-metrics-XXXXXX");
     cr_assert(mkdtemp(tmpdir));
 }
-static void teardown(void) { wtest_rm_tree(tmpdir); }
+static void teardown(void) { tu_rm_tree(tmpdir); }
 TestSuite(metrics, .init = setup, .fini = teardown);
 
 /* Significant digits of a JSON number's text: digits of the mantissa without leading zeros. */
@@ -78,7 +78,7 @@ Test(metrics, jsonl_holds_float32_values_and_events_written)
     char path[256];
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
     size_t len;
-    char *text = wtest_read_file(path, &len);
+    char *text = tu_read_ok(path, &len);
     metrics_close(m);
 
     int lines = 0;
@@ -103,7 +103,7 @@ Test(metrics, jsonl_holds_float32_values_and_events_written)
     /* float32 values in the fewest digits that read back to them. */
     cr_assert_eq(lines, 4);
     free(text);
-    text = wtest_read_file(path, NULL);
+    text = tu_read_ok(path, NULL);
     cr_assert(strstr(text, "\"loss\":10.987655,"), "%s", text);
     cr_assert(strstr(text, "\"loss\":0.33333334,"), "%s", text);
     cr_assert(strstr(text, "\"tokens_per_s\":1000}"), "%s", text);
@@ -119,7 +119,7 @@ Test(metrics, jsonl_holds_float32_values_and_events_written)
     struct metrics_row r = {.step = 40, .loss = 1, .lr = 1, .grad_norm = 1, .tokens_per_s = 1};
     cr_assert_eq(metrics_log(m, &r), 0);
     metrics_close(m);
-    text = wtest_read_file(path, &len);
+    text = tu_read_ok(path, &len);
     int nl = 0;
     for (size_t i = 0; i < len; i++)
         nl += text[i] == '\n';
@@ -127,7 +127,7 @@ Test(metrics, jsonl_holds_float32_values_and_events_written)
     free(text);
     cr_assert_eq(metrics_open(dir, 0, &m), 0);
     metrics_close(m);
-    text = wtest_read_file(path, &len);
+    text = tu_read_ok(path, &len);
     cr_assert_eq(len, 0);
     free(text);
 }

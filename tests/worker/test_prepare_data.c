@@ -1,6 +1,6 @@
 #include "common/error.h"
+#include "tests/util/tu_check.h"
 #include "worker/train/data.h"
-#include "wtest.h"
 
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
@@ -16,7 +16,7 @@ static void setup(void)
     strcpy(tmpdir, "/tmp/fsdp-prep-XXXXXX");
     cr_assert(mkdtemp(tmpdir));
 }
-static void teardown(void) { wtest_rm_tree(tmpdir); }
+static void teardown(void) { tu_rm_tree(tmpdir); }
 TestSuite(prepare_data, .init = setup, .fini = teardown);
 
 /* Runs fsdp-prepare-data with argv (NULL-terminated, without argv[0]); returns the exit code and the
@@ -49,7 +49,7 @@ static int run_prepare_env(char *out, size_t cap, const char **args, const char 
     }
     int st;
     cr_assert_eq(waitpid(pid, &st, 0), pid);
-    char *text = wtest_read_file(outpath, NULL);
+    char *text = tu_read_ok(outpath, NULL);
     snprintf(out, cap, "%s", text);
     free(text);
     unlink(outpath);
@@ -73,14 +73,14 @@ static char *put(const char *rel, size_t len, int seed)
         data[i] = (char)(' ' + (i * 31 + (size_t)seed * 7) % 95);
     if (len)
         data[len - 1] = '\n';
-    wtest_write_file(p, data, len);
+    tu_write_ok(p, data, len);
     data[len] = 0;
     return data;
 }
 
 static cJSON *read_json(const char *path)
 {
-    char *text = wtest_read_file(path, NULL);
+    char *text = tu_read_ok(path, NULL);
     cJSON *j = cJSON_Parse(text);
     free(text);
     cr_assert_not_null(j, "%s is not JSON", path);
@@ -90,7 +90,7 @@ static cJSON *read_json(const char *path)
 static uint16_t *read_tokens(const char *path, int llmc, int64_t *n)
 {
     size_t len;
-    char *raw = wtest_read_file(path, &len);
+    char *raw = tu_read_ok(path, &len);
     size_t hdr = llmc ? 1024 : 0;
     if (llmc) {
         int32_t head[3];
@@ -119,7 +119,7 @@ static void round_trip(int llmc)
     char p[256];
     snprintf(p, sizeof p, "%s/corpus/sub/image.bin", tmpdir);
     unsigned char bin[300] = {0x89, 'P', 'N', 'G', 0, 0, 1};
-    wtest_write_file(p, bin, sizeof bin);
+    tu_write_ok(p, bin, sizeof bin);
 
     char corpus[128], outdir[128], out[4096];
     snprintf(corpus, sizeof corpus, "%s/corpus", tmpdir);
@@ -248,7 +248,7 @@ static void put_zstd(const char *rel, const char *data, size_t len)
     cr_assert(!ZSTD_isError(n));
     char p[256];
     snprintf(p, sizeof p, "%s/%s", tmpdir, rel);
-    wtest_write_file(p, z, n);
+    tu_write_ok(p, z, n);
     free(z);
 }
 
@@ -265,13 +265,13 @@ Test(prepare_data, json_lines_plain_gzip_zstd)
     for (int i = 0; i < 3; i++)
         strcat(want, docs[i]);
     snprintf(p, sizeof p, "%s/c.jsonl", tmpdir);
-    wtest_write_file(p, jsonl, strlen(jsonl));
+    tu_write_ok(p, jsonl, strlen(jsonl));
     put_gzip("c.jsonl.gz", jsonl, strlen(jsonl));
     put_zstd("c.jsonl.zst", jsonl, strlen(jsonl));
     mk("docs");
     for (int i = 0; i < 3; i++) {
         snprintf(p, sizeof p, "%s/docs/%d.txt", tmpdir, i);
-        wtest_write_file(p, docs[i], strlen(docs[i]));
+        tu_write_ok(p, docs[i], strlen(docs[i]));
     }
     const char *names[] = {"c.jsonl", "c.jsonl.gz", "c.jsonl.zst"};
     char out[8192], in[256], dir[256], bin[300], meta[300];
@@ -308,7 +308,7 @@ Test(prepare_data, json_lines_plain_gzip_zstd)
     snprintf(ba, sizeof ba, "%s/train.bin", da);
     snprintf(bb, sizeof bb, "%s/train.bin", db);
     size_t la, lb;
-    char *xa = wtest_read_file(ba, &la), *xb = wtest_read_file(bb, &lb);
+    char *xa = tu_read_ok(ba, &la), *xb = tu_read_ok(bb, &lb);
     cr_assert(la == lb && memcmp(xa, xb, la) == 0, "JSON Lines ids differ from the same documents as files");
     free(xa);
     free(xb);
@@ -321,7 +321,7 @@ Test(prepare_data, json_lines_bad_lines_and_field)
     const char *jsonl = "{\"text\": \"aaaa\", \"body\": \"bb\"}\nnot json\n{\"other\": 1}\n{\"text\": \"cccc\"}\n";
     char p[256], dir[256], out[8192];
     snprintf(p, sizeof p, "%s/d.json", tmpdir);
-    wtest_write_file(p, jsonl, strlen(jsonl));
+    tu_write_ok(p, jsonl, strlen(jsonl));
     snprintf(dir, sizeof dir, "%s/o", tmpdir);
     const char *strict[] = {"--out", dir, "--val-fraction", "0", p, NULL};
     cr_assert_eq(run_prepare(out, sizeof out, strict), 1, "%s", out);
@@ -358,7 +358,7 @@ Test(prepare_data, input_that_grows_while_read_gives_its_size_at_open)
     const char *extra = "APPENDED WHILE READ\n";
     char with_txt[256], with_gz[256], marker_gz[64], p[512], out[8192];
     snprintf(with_txt, sizeof with_txt, "%s/with.txt", tmpdir);
-    wtest_write_file(with_txt, extra, strlen(extra));
+    tu_write_ok(with_txt, extra, strlen(extra));
     snprintf(marker_gz, sizeof marker_gz, "with.gz");
     put_gzip(marker_gz, extra, strlen(extra));
     snprintf(with_gz, sizeof with_gz, "%s/with.gz", tmpdir);
