@@ -1,5 +1,5 @@
 /* libFuzzer target: the tokenizer's encode and decode on any text (fsdp-prepare-data hands it whatever
- * files a user has), with the committed Qwen2 and SentencePiece fixtures (tests/tools/data/fixtures/).
+ * files a user has), with the committed Qwen2 and SentencePiece fixtures (tests/tokenizer/data/fixtures/).
  * The input, made UTF-8 as --invalid-utf8 replace does, must encode; beyond not crashing, the merge
  * strategies must agree (the heap and the quadratic scan; for SentencePiece, word by word and whole),
  * the runs of tokenizer_encode_runs must give the same ids and add up to the text's length, and the ids

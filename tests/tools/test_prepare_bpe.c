@@ -3,7 +3,7 @@
  * meta.json and the tokenizer files land beside the token files, vocabularies above 65,536 ids give
  * llm.c's uint32 files that the data reader takes, and bad input is refused with what to do. */
 #include "common/error.h"
-#include "tests/tools/tooltest.h"
+#include "tests/util/tooltest.h"
 #include "worker/tokenizer/tokenizer.h"
 #include "worker/train/data.h"
 
@@ -58,7 +58,7 @@ static void corpus(char *in, size_t cap, char **a, size_t *na, char **b, size_t 
     char src[1024], p[512];
     tt_path(in, cap, "in");
     cr_assert_eq(mkdir(in, 0755), 0);
-    *a = tu_read_ok(tu_source_path(src, sizeof src, "tests/tools/data/mixed.txt"), na);
+    *a = tu_read_ok(tu_source_path(src, sizeof src, "tests/tokenizer/data/mixed.txt"), na);
     *b = tu_read_ok(tu_source_path(src, sizeof src, "docs/architecture.md"), nb);
     snprintf(p, sizeof p, "%s/a.txt", in);
     tu_write_ok(p, *a, *na);
@@ -418,7 +418,7 @@ Test(prepare_bpe, progress_bar_on_request)
     free(log);
 }
 
-/* The Qwen2 and SentencePiece fixtures (tests/tools/data/fixtures/): each file's ids are tokenizers' (the
+/* The Qwen2 and SentencePiece fixtures (tests/tokenizer/data/fixtures/): each file's ids are tokenizers' (the
  * committed .ids) then the end-of-text token, <|endoftext|> for Qwen2 and </s> for Llama 2 style, found
  * without a tokenizer_config.json; meta.json names the style and counts the raw text bytes. */
 Test(prepare_bpe, qwen2_and_sentencepiece_fixtures)
@@ -431,11 +431,11 @@ Test(prepare_bpe, qwen2_and_sentencepiece_fixtures)
     char in[256], src[1024], rel[256];
     tt_path(in, sizeof in, "in.txt");
     size_t len;
-    free(tu_read_ok(tu_source_path(src, sizeof src, "tests/tools/data/mixed.txt"), &len));
+    free(tu_read_ok(tu_source_path(src, sizeof src, "tests/tokenizer/data/mixed.txt"), &len));
     tu_copy_ok(src, in);
     for (int k = 0; k < 3; k++) {
         char tok[1024], out[256], p[512], stem[64];
-        snprintf(rel, sizeof rel, "tests/tools/data/fixtures/%s.json", names[k]);
+        snprintf(rel, sizeof rel, "tests/tokenizer/data/fixtures/%s.json", names[k]);
         tu_source_path(tok, sizeof tok, rel);
         snprintf(stem, sizeof stem, "out_%s", names[k]);
         tt_path(out, sizeof out, stem);
@@ -443,7 +443,7 @@ Test(prepare_bpe, qwen2_and_sentencepiece_fixtures)
         char *log;
         cr_assert_eq(tt_run(argv, &log), 0, "%s", log);
         free(log);
-        snprintf(rel, sizeof rel, "tests/tools/data/fixtures/%s__mixed.ids", names[k]);
+        snprintf(rel, sizeof rel, "tests/tokenizer/data/fixtures/%s__mixed.ids", names[k]);
         size_t rlen, n;
         uint32_t *ref = (uint32_t *)tu_read_ok(tu_source_path(src, sizeof src, rel), &rlen);
         snprintf(p, sizeof p, "%s/train.bin", out);

@@ -2,7 +2,7 @@
  * timing, aside), on plain text, JSON Lines (cut into many chunks), gzip and zstd inputs, byte-level and with
  * a tokenizer; the first error of the input is the one reported whatever N; bad -j values are refused naming
  * the flag and what is allowed. */
-#include "tests/tools/tooltest.h"
+#include "tests/util/tooltest.h"
 
 #include <cjson/cJSON.h>
 #include <zlib.h>
@@ -41,7 +41,7 @@ static void put_zstd(const char *path, const char *data, size_t len)
  * the bad ones in *bad. */
 static size_t jsonl(const char *path, size_t bytes, size_t bad_every, size_t *bad)
 {
-    static const char *pages[] = {"docs/data.md", "docs/architecture.md", "docs/launcher.md", "tests/tools/data/mixed.txt"};
+    static const char *pages[] = {"docs/data.md", "docs/architecture.md", "docs/launcher.md", "tests/tokenizer/data/mixed.txt"};
     FILE *f = fopen(path, "wb");
     cr_assert_not_null(f);
     size_t written = 0, lines = 0;
@@ -87,7 +87,7 @@ static void corpus(const char *in, size_t *lines, size_t *bad)
     char src[1024], p[1024], q[1024];
     cr_assert_eq(mkdir(in, 0755), 0);
     snprintf(p, sizeof p, "%s/a.txt", in);
-    tu_copy_ok(tu_source_path(src, sizeof src, "tests/tools/data/mixed.txt"), p);
+    tu_copy_ok(tu_source_path(src, sizeof src, "tests/tokenizer/data/mixed.txt"), p);
     snprintf(p, sizeof p, "%s/b.md", in);
     tu_copy_ok(tu_source_path(src, sizeof src, "docs/architecture.md"), p);
     snprintf(p, sizeof p, "%s/c.jsonl", in);

@@ -1,7 +1,7 @@
 /* Finding a run's tokenizer from a checkpoint (worker/tools/run_tokenizer.h) and the byte progress bar's
  * line. */
 #include "common/error.h"
-#include "tests/tools/tooltest.h"
+#include "tests/util/tooltest.h"
 #include "worker/tools/byte_progress.h"
 #include "worker/tools/run_tokenizer.h"
 

@@ -1,6 +1,6 @@
 /* What a run leaves for its user: metrics.jsonl (one row per step: step, loss with 9 significant digits,
  * lr, grad_norm, tokens_per_s, and val_loss when evaluated), a TensorBoard event file that an independent
- * reader (tests/worker/read_tfevents.py) parses with the same values, rank 0's progress line, the plan,
+ * reader (tests/common/read_tfevents.py) parses with the same values, rank 0's progress line, the plan,
  * every rank's end-of-run "peak memory" line, and every rank's run summary with the same run's figures.
  * And on a learnable corpus the val loss falls. */
 #include "ttest.h"
@@ -93,7 +93,7 @@ Test(outputs, metrics_events_progress_memory, .timeout = 300)
     closedir(d);
     cr_assert(events[0], "no events.out.tfevents.* in %s", r.logdir);
     char reader[2048];
-    snprintf(reader, sizeof reader, "%s/tests/worker/read_tfevents.py", getenv("FSDP_SOURCE_ROOT"));
+    snprintf(reader, sizeof reader, "%s/tests/common/read_tfevents.py", getenv("FSDP_SOURCE_ROOT"));
     const char *argv[] = {"/usr/bin/python3", reader, events, NULL};
     int code = lu_exit_code(lu_wait(lu_spawn(argv, c.dir, "tfevents", NULL), 120));
     char *out = lu_slurp_tag(c.dir, "tfevents", "out"), *err = lu_slurp_tag(c.dir, "tfevents", "err");

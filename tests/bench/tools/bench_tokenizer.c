@@ -1,5 +1,5 @@
 /* Tokenizer throughput on one thread against Hugging Face `tokenizers` (the venv's, run by
- * tests/tools/tokenizer_ref.py with RAYON_NUM_THREADS=1), measured in the same run on the same text.
+ * tests/tokenizer/tokenizer_ref.py with RAYON_NUM_THREADS=1), measured in the same run on the same text.
  * Tokenizers are trained here with `tokenizers` on local text (this repository's docs and sources,
  * Python's standard library) and generated multi-script text, nothing downloaded: GPT-2 style with a
  * GPT-2-sized vocabulary (50,257) and a small one (1,200, the issue's figure), Llama 3 style at 50,257,
@@ -162,7 +162,7 @@ int main(void)
     strcpy(dir, "/tmp/fsdp-bench-tok-XXXXXX");
     if (!mkdtemp(dir))
         return 1;
-    snprintf(script, sizeof script, "%s/tests/tools/tokenizer_ref.py", src);
+    snprintf(script, sizeof script, "%s/tests/tokenizer/tokenizer_ref.py", src);
     char why[2048], example[1024], p[1024], docs[1024], worker[1024];
     snprintf(example, sizeof example, "%s/examples/tokenizer.json", src);
     snprintf(docs, sizeof docs, "%s/docs", src);

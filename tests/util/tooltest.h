@@ -1,7 +1,8 @@
-/* Helpers of the tests/tools tests: a temporary directory per test, running the tools and the Python peer,
- * reading token files (whole files and paths: tests/util/tu_check.h). */
-#ifndef FSDP_TESTS_TOOLS_TOOLTEST_H
-#define FSDP_TESTS_TOOLS_TOOLTEST_H
+/* Helpers of the tokenizer and tools tests (tests/tokenizer/, tests/tools/): a temporary directory per test,
+ * running the tools and the Python peer (tests/tokenizer/tokenizer_ref.py), reading token files (whole files
+ * and paths: tests/util/tu_check.h). */
+#ifndef FSDP_TESTS_UTIL_TOOLTEST_H
+#define FSDP_TESTS_UTIL_TOOLTEST_H
 
 #include <criterion/criterion.h>
 #include <stdarg.h>
@@ -44,7 +45,7 @@ static inline int tt_run(const char *const *argv, char **out)
     return rc;
 }
 
-/* The venv's python running tests/tools/tokenizer_ref.py with the arguments (printf-style); asserts exit 0
+/* The venv's python running tests/tokenizer/tokenizer_ref.py with the arguments (printf-style); asserts exit 0
  * and returns its output. */
 static inline char *tt_ref(const char *python, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static inline char *tt_ref(const char *python, const char *fmt, ...)
@@ -55,7 +56,7 @@ static inline char *tt_ref(const char *python, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(args, sizeof args, fmt, ap);
     va_end(ap);
-    tu_source_path(script, sizeof script, "tests/tools/tokenizer_ref.py");
+    tu_source_path(script, sizeof script, "tests/tokenizer/tokenizer_ref.py");
     tt_path(log, sizeof log, ".py.out");
     snprintf(cmd, sizeof cmd, "'%s' '%s' %s > '%s' 2>&1", python, script, args, log);
     int rc = tu_sh(cmd);

@@ -347,7 +347,7 @@ Test(prepare_data, json_lines_bad_lines_and_field)
 }
 
 /* Issue 28: a file that grows while it is read. Only the bytes it held when it was opened are used, and a
- * warning says so. tests/worker/grow_on_read.c, preloaded, appends to the input after the program opened it
+ * warning says so. tests/tools/grow_on_read.c, preloaded, appends to the input after the program opened it
  * and before its first read returns (a real writer would race a read of microseconds): a text file gets a
  * line, a gzip file a whole second gzip member, which a reader that reads to the end would decompress too. */
 Test(prepare_data, input_that_grows_while_read_gives_its_size_at_open)

@@ -1,12 +1,12 @@
 /* The Qwen2 and SentencePiece styles (Llama 2 / Mistral Metaspace, the older Prepend + Replace normalizer
- * form, Gemma's Replace, NFKC, <unk> without byte_fallback) against committed fixtures: tests/tools/data/fixtures/ holds small
+ * form, Gemma's Replace, NFKC, <unk> without byte_fallback) against committed fixtures: tests/tokenizer/data/fixtures/ holds small
  * tokenizer.json files of each style and the ids and decode Hugging Face `tokenizers` gave for
- * tests/tools/data/mixed.txt, edges.txt and special_start.txt (written by tests/tools/make_fixtures.py; test_tokenizer_ref
+ * tests/tokenizer/data/mixed.txt, edges.txt and special_start.txt (written by tests/tokenizer/make_fixtures.py; test_tokenizer_ref
  * checks them against the venv's tokenizers again). No venv needed. Also: the runs of an encoding of
  * normalized text add up to the raw text, and a whole document that is one pre-token (Metaspace with
  * split false) is merged in O(n log n): the same ids as the quadratic scan, and a megabyte in seconds. */
 #include "common/error.h"
-#include "tests/tools/tooltest.h"
+#include "tests/util/tooltest.h"
 #include "worker/tokenizer/tokenizer.h"
 #include "worker/tokenizer/tokenizer_internal.h"
 
@@ -21,7 +21,7 @@ static const char *const texts[] = {"mixed", "edges", "special_start"};
 static struct tokenizer *load(const char *name)
 {
     char rel[256], p[1024];
-    snprintf(rel, sizeof rel, "tests/tools/data/fixtures/%s.json", name);
+    snprintf(rel, sizeof rel, "tests/tokenizer/data/fixtures/%s.json", name);
     struct tokenizer *t;
     cr_assert_eq(tokenizer_load(tu_source_path(p, sizeof p, rel), &t), 0, "%s", error_message());
     return t;
@@ -30,7 +30,7 @@ static struct tokenizer *load(const char *name)
 static char *text_of(const char *stem, size_t *len)
 {
     char rel[256], p[1024];
-    snprintf(rel, sizeof rel, "tests/tools/data/%s.txt", stem);
+    snprintf(rel, sizeof rel, "tests/tokenizer/data/%s.txt", stem);
     return tu_read_ok(tu_source_path(p, sizeof p, rel), len);
 }
 
@@ -58,9 +58,9 @@ Test(tokenizer_fixtures, ids_and_decode_equal_tokenizers)
             size_t len, rlen, dlen;
             char *text = text_of(texts[j], &len);
             char rel[256], p[1024];
-            snprintf(rel, sizeof rel, "tests/tools/data/fixtures/%s__%s.ids", toks[i], texts[j]);
+            snprintf(rel, sizeof rel, "tests/tokenizer/data/fixtures/%s__%s.ids", toks[i], texts[j]);
             uint32_t *ref = (uint32_t *)tu_read_ok(tu_source_path(p, sizeof p, rel), &rlen);
-            snprintf(rel, sizeof rel, "tests/tools/data/fixtures/%s__%s.decoded", toks[i], texts[j]);
+            snprintf(rel, sizeof rel, "tests/tokenizer/data/fixtures/%s__%s.decoded", toks[i], texts[j]);
             char *want = tu_read_ok(tu_source_path(p, sizeof p, rel), &dlen);
             struct tokenizer_ids ids = {0};
             cr_assert_eq(tokenizer_encode(t, text, len, &ids), 0, "%s: %s", toks[i], error_message());

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""Writes the committed tokenizer fixtures of tests/tools/data/fixtures/ with Hugging Face `tokenizers`.
+"""Writes the committed tokenizer fixtures of tests/tokenizer/data/fixtures/ with Hugging Face `tokenizers`.
 
 The files are the Qwen2 and SentencePiece (Llama 2 / Mistral / Gemma) styles of tokenizer.json, built with
 the same normalizer, pre_tokenizer, model flags and decoder as transformers' Qwen2Tokenizer, LlamaTokenizer
 and GemmaTokenizer (and LlamaConverter's older legacy form), with a small vocabulary trained here on
-generated multi-script text; plus, for every tokenizer T and text X of tests/tools/data/, the ids
+generated multi-script text; plus, for every tokenizer T and text X of tests/tokenizer/data/, the ids
 tokenizers gives (T__X.ids, uint32 little-endian, add_special_tokens=False) and its decode of them
-(T__X.decoded, skip_special_tokens=False, UTF-8). tests/tools/test_tokenizer_fixtures.c reads them without
-a venv; tests/tools/test_tokenizer_ref.c regenerates them at test time when the venv is there.
+(T__X.decoded, skip_special_tokens=False, UTF-8). tests/tokenizer/test_tokenizer_fixtures.c reads them without
+a venv; tests/tokenizer/test_tokenizer_ref.c regenerates them at test time when the venv is there.
 
-  make_fixtures.py OUTDIR [TEXT ...]      (default: tests/tools/data/fixtures and the texts named below)
+  make_fixtures.py OUTDIR [TEXT ...]      (default: tests/tokenizer/data/fixtures and the texts named below)
 
 Nothing is downloaded. Run it from the repository root with the venv's python after changing a style or
 a text, and commit what it writes.

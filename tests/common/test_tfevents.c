@@ -232,7 +232,7 @@ Test(tfevents, python_reader_verifies_crcs)
     cr_assert(src, "FSDP_SOURCE_ROOT is not set (run through meson test)");
     cr_assert(access("/usr/bin/python3", X_OK) == 0, "/usr/bin/python3 is required by this test");
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s/tests/worker/read_tfevents.py' '%s'", src, path);
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s/tests/common/read_tfevents.py' '%s'", src, path);
     FILE *f = popen(cmd, "r");
     cr_assert(f);
     char out[4096];

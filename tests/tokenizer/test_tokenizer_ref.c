@@ -1,13 +1,13 @@
-/* The tokenizer against its peer, Hugging Face `tokenizers` from the venv (tests/tools/tokenizer_ref.py;
+/* The tokenizer against its peer, Hugging Face `tokenizers` from the venv (tests/tokenizer/tokenizer_ref.py;
  * skipped with a message without it): tokenizers trained here in both styles on local text (this
  * repository and Python's standard library) and generated multi-script text, plus variants covering
- * the rest of the format, must give identical ids on mixed-script text (tests/tools/data/mixed.txt:
+ * the rest of the format, must give identical ids on mixed-script text (tests/tokenizer/data/mixed.txt:
  * accents, CJK, Devanagari, Cyrillic, Arabic, emoji with ZWJ, combining marks, digits, whitespace runs,
  * CRLF, special tokens), and decode must give the bytes back exactly when tokenizers' does. Then
  * fsdp-prepare-data's files hold exactly tokenizers' ids of each whole file followed by the end-of-text
  * token, and transformers' AutoTokenizer reads the directory it writes. */
 #include "common/error.h"
-#include "tests/tools/tooltest.h"
+#include "tests/util/tooltest.h"
 #include "worker/tokenizer/tokenizer.h"
 
 TestSuite(tokenizer_ref, .init = tt_setup, .fini = tt_teardown);
@@ -80,7 +80,7 @@ Test(tokenizer_ref, ids_equal_tokenizers_for_both_styles_and_variants, .timeout 
     char *names_g = tt_ref(python, "variants '%s/gpt2.json' '%s'", tt_dir, vg);
     char *names_l = tt_ref(python, "variants '%s/llama3.json' '%s'", tt_dir, vl);
     free(tt_ref(python, "multiscript '%s' --bytes 300000 --seed 11", tt_path(ms, sizeof ms, "multiscript.txt")));
-    tu_source_path(mixed, sizeof mixed, "tests/tools/data/mixed.txt");
+    tu_source_path(mixed, sizeof mixed, "tests/tokenizer/data/mixed.txt");
     cr_assert_eq(mkdir(tt_path(refdir, sizeof refdir, "ref"), 0755), 0);
     /* every tokenizer path for one python run */
     static char list[16384];
@@ -153,7 +153,7 @@ Test(tokenizer_ref, prepare_data_holds_tokenizers_ids_of_whole_files, .timeout =
     tt_path(in, sizeof in, "in");
     cr_assert_eq(mkdir(in, 0755), 0);
     snprintf(p, sizeof p, "%s/a.txt", in);
-    tu_copy_ok(tu_source_path(src, sizeof src, "tests/tools/data/mixed.txt"), p);
+    tu_copy_ok(tu_source_path(src, sizeof src, "tests/tokenizer/data/mixed.txt"), p);
     snprintf(p, sizeof p, "%s/b.txt", in);
     free(tt_ref(python, "multiscript '%s' --bytes 60000 --seed 3", p));
     snprintf(p, sizeof p, "%s/c.md", in);
@@ -186,7 +186,7 @@ Test(tokenizer_ref, autotokenizer_reads_the_prepared_directory, .timeout = 240)
     need("tokenizers, transformers");
     char in[256], src[1024], ex[1024], exe[1024], out[256], p[512];
     tt_path(in, sizeof in, "in.txt");
-    tu_copy_ok(tu_source_path(src, sizeof src, "tests/tools/data/mixed.txt"), in);
+    tu_copy_ok(tu_source_path(src, sizeof src, "tests/tokenizer/data/mixed.txt"), in);
     tu_source_path(ex, sizeof ex, "examples/tokenizer.json");
     tt_path(out, sizeof out, "out");
     const char *argv[] = {tu_build_path(exe, sizeof exe, "worker/fsdp-prepare-data"), "--tokenizer", ex, "--val-fraction",
@@ -205,7 +205,7 @@ Test(tokenizer_ref, autotokenizer_reads_the_prepared_directory, .timeout = 240)
     free(tt_ref(python, "autotokenizer '%s' '%s' '%s'", out, in, p));
 }
 
-/* The Qwen2 and SentencePiece styles (tests/tools/make_fixtures.py: Qwen2 with NFC and NFKC, Llama 2's
+/* The Qwen2 and SentencePiece styles (tests/tokenizer/make_fixtures.py: Qwen2 with NFC and NFKC, Llama 2's
  * Metaspace with split false and true, prepend always with the Metaspace decoder, the older Prepend +
  * Replace normalizers, Gemma's Replace, NFKC), trained afresh: ids and decode equal tokenizers' on the
  * test texts and on generated multi-script text. */
@@ -214,9 +214,9 @@ Test(tokenizer_ref, qwen2_and_sentencepiece_styles_equal_tokenizers, .timeout = 
     need("tokenizers");
     char ms[256], mixed[1024], edges[1024], start[1024], out[256];
     free(tt_ref(python, "multiscript '%s' --bytes 200000 --seed 13", tt_path(ms, sizeof ms, "multiscript.txt")));
-    tu_source_path(mixed, sizeof mixed, "tests/tools/data/mixed.txt");
-    tu_source_path(edges, sizeof edges, "tests/tools/data/edges.txt");
-    tu_source_path(start, sizeof start, "tests/tools/data/special_start.txt");
+    tu_source_path(mixed, sizeof mixed, "tests/tokenizer/data/mixed.txt");
+    tu_source_path(edges, sizeof edges, "tests/tokenizer/data/edges.txt");
+    tu_source_path(start, sizeof start, "tests/tokenizer/data/special_start.txt");
     tt_path(out, sizeof out, "fx");
     char *names = tt_ref(python, "fixtures '%s' '%s' '%s' '%s' '%s'", out, mixed, edges, start, ms);
     const char *paths[] = {mixed, edges, start, ms}, *stems[] = {"mixed", "edges", "special_start", "multiscript"};
@@ -274,7 +274,7 @@ Test(tokenizer_ref, adversarial_texts_equal_tokenizers_for_the_fixtures, .timeou
     cr_assert_eq(mkdir(out, 0755), 0);
     size_t k = 0;
     for (int i = 0; i < nt; i++) {
-        snprintf(rel, sizeof rel, "tests/tools/data/fixtures/%s.json", names[i]);
+        snprintf(rel, sizeof rel, "tests/tokenizer/data/fixtures/%s.json", names[i]);
         k += (size_t)snprintf(list + k, sizeof list - k, " '%s'", tu_source_path(src, sizeof src, rel));
     }
     free(tt_ref(python, "adversarial '%s' --seed 7 --count 2000 %s", out, list));
@@ -283,7 +283,7 @@ Test(tokenizer_ref, adversarial_texts_equal_tokenizers_for_the_fixtures, .timeou
     size_t tn;
     unsigned char *texts = (unsigned char *)tu_read_ok(p, &tn);
     for (int i = 0; i < nt; i++) {
-        snprintf(rel, sizeof rel, "tests/tools/data/fixtures/%s.json", names[i]);
+        snprintf(rel, sizeof rel, "tests/tokenizer/data/fixtures/%s.json", names[i]);
         struct tokenizer *t;
         cr_assert_eq(tokenizer_load(tu_source_path(src, sizeof src, rel), &t), 0, "%s", error_message());
         snprintf(p, sizeof p, "%s/%s.adv", out, names[i]);

@@ -539,7 +539,7 @@ Test(tokenizer, example_scan_heap_cache_and_runs_agree)
 {
     cr_assert_not_null(getenv("FSDP_SOURCE_ROOT"), "run through meson test");
     size_t len;
-    char *text = read_text("tests/tools/data/mixed.txt", &len);
+    char *text = read_text("tests/tokenizer/data/mixed.txt", &len);
     cr_assert_eq(tokenizer_utf8_check(text, len), len);
     struct tokenizer *t = example();
     struct tokenizer_ids ref = {0}, again = {0}, heap = {0};
