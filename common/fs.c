@@ -3,7 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
-#include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,9 +14,22 @@
 #include "common/error.h"
 #include "common/fs.h"
 
+int fs_path_format(char *out, size_t cap, const char *what, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(out, cap, fmt, ap);
+    va_end(ap);
+    if (n >= 0 && (size_t)n < cap)
+        return 0;
+    /* out holds the path's first cap - 1 bytes: enough to say which one it is */
+    return error_set(FSDP_ERANGE, "%s: the path \"%.200s...\" is %d bytes, over the %zu a path may have here: "
+                     "use a shorter directory", what, cap ? out : "", n, cap ? cap - 1 : 0);
+}
+
 int fs_mkdir_p(const char *dir, const char *what)
 {
-    char tmp[PATH_MAX];
+    char tmp[FSDP_PATH_MAX];
     int n = snprintf(tmp, sizeof tmp, "%s", dir);
     if (n < 0 || (size_t)n >= sizeof tmp)
         return error_set(FSDP_ERANGE, "%s path too long: %s", what, dir);
@@ -81,7 +94,7 @@ int fs_commit_temp(int fd, const char *tmp, const char *path)
 
 int fs_write_atomic(const char *path, const void *data, size_t bytes)
 {
-    char tmp[PATH_MAX + 32];
+    char tmp[FSDP_PATH_MAX + 32]; /* path and fs_create_temp's ".tmp.<hex>" */
     int fd = fs_create_temp(path, tmp, sizeof tmp);
     if (fd < 0)
         return fd;

@@ -9,6 +9,12 @@
  * check snprintf's result and name the path that is too long rather than use a truncated one. */
 #define FSDP_PATH_MAX 4096
 
+/* snprintf into a path buffer of cap bytes (FSDP_PATH_MAX, or that plus room for a known suffix): 0, or
+ * FSDP_ERANGE with error_set saying that `what` ("checkpoint.dir", "the metrics file") would be longer than
+ * cap - 1 bytes, so no caller goes on with a truncated path. */
+int fs_path_format(char *out, size_t cap, const char *what, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* Creates dir and its missing parents (like mkdir -p; existing ones are fine). what names the directory's
  * role in the error ("log directory", "checkpoint.dir"), which says the path and the cause. */
 int fs_mkdir_p(const char *dir, const char *what);

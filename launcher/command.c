@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/fs.h"
 
 static bool is_exec_file(const char *path)
 {
@@ -41,13 +42,12 @@ int command_find_program(const char *prog, char *out, size_t cap)
         if (!is_exec_file(prog))
             return error_set(FSDP_ENOTFOUND, "program '%s' %s", prog,
                              access(prog, F_OK) == 0 ? "is not an executable file" : "does not exist");
-        snprintf(out, cap, "%s", prog);
-        return 0;
+        return fs_path_format(out, cap, "program", "%s", prog);
     }
     if (in_path(prog, out, cap))
         return 0;
     /* Next to fsdp-launch, so `fsdp-launch fsdp-worker cfg.ini` works from a build tree. */
-    char self[PATH_MAX];
+    char self[FSDP_PATH_MAX];
     ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
     self[sl > 0 ? sl : 0] = 0;
     char *slash = strrchr(self, '/');
@@ -93,7 +93,7 @@ int command_build(const struct launch_args *a, struct launch_command *out)
     const char *prog = a->prog_argv[0];
     bool python = a->mode == LAUNCH_MODULE || a->mode == LAUNCH_RUN_PATH;
     if (a->mode == LAUNCH_AUTO) {
-        char found[PATH_MAX];
+        char found[FSDP_PATH_MAX];
         if (ends_with(prog, ".py")) {
             python = true;
         } else if (command_find_program(prog, found, sizeof found) != 0) {

@@ -3,14 +3,14 @@
 #ifndef FSDP_LAUNCHER_COMMAND_H
 #define FSDP_LAUNCHER_COMMAND_H
 
-#include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "common/fs.h"
 #include "launcher/args.h"
 
 struct launch_command {
-    char program[PATH_MAX]; /* resolved path given to execve */
+    char program[FSDP_PATH_MAX]; /* resolved path given to execve */
     char **argv;            /* NULL-terminated (malloc'd array; the strings are a's or static) */
     bool python;            /* run through the interpreter */
 };

@@ -2,12 +2,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "launcher/console.h"
 
 void output_init(struct out_stream *s, int fd, int console_fd, int log_fd, bool prefix, int rank, bool keep_tail)
@@ -64,8 +64,9 @@ void output_set_rotation(struct out_stream *s, const char *path, unsigned long l
 
 static void rotate(struct out_stream *s)
 {
-    char old[PATH_MAX + 8];
-    snprintf(old, sizeof old, "%s.1", s->log_path);
+    char old[FSDP_PATH_MAX + 8]; /* the log's path (opened, so under FSDP_PATH_MAX) and ".1" */
+    if (fs_path_format(old, sizeof old, "the rotated log", "%s.1", s->log_path) != 0)
+        return; /* keep appending rather than lose lines */
     if (rename(s->log_path, old) != 0)
         return; /* keep appending rather than lose lines */
     int fd = open(s->log_path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);

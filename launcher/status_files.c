@@ -314,7 +314,11 @@ static void metrics_free(struct metrics_read *m)
 
 cJSON *status_files_snapshot(const char *dir)
 {
-    char path[4400];
+    char path[FSDP_PATH_MAX + 32]; /* dir and "/run_summary.rank<R>.json" */
+    /* the longest name read below: when it fits, no snprintf here truncates */
+    if (fs_path_format(path, sizeof path, "the run's log directory", "%s/run_summary.rank%d.json", dir,
+                       MAX_RANKS - 1) != 0)
+        return NULL;
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
     struct metrics_read mr = {0};
     char *run_id = NULL;

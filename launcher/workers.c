@@ -2,7 +2,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +25,7 @@ extern char **environ;
  * return static strings). */
 static void exec_failed(const char *path, int err)
 {
-    char msg[PATH_MAX + 256];
+    char msg[FSDP_PATH_MAX + 256]; /* the path and the words around it */
     size_t n = 0;
     const char *parts[] = {"fsdp-launch: cannot execute ", path, ": ", strerrordesc_np(err), " (",
                            strerrorname_np(err), ")", err == ENOEXEC ? ": not a binary, and no #! line" : "",
@@ -191,12 +190,9 @@ static void render_prefix(const char *tmpl, const char *role, int local_rank, in
 
 static int open_log(const char *dir, const char *name)
 {
-    char path[PATH_MAX + 32];
-    int n = snprintf(path, sizeof path, "%s/%s", dir, name);
-    if (n < 0 || (size_t)n >= sizeof path) {
-        error_set(FSDP_ERANGE, "log path too long under %s", dir);
+    char path[FSDP_PATH_MAX];
+    if (fs_path_format(path, sizeof path, "log file", "%s/%s", dir, name) != 0)
         return -1;
-    }
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0)
         error_set(FSDP_EIO, "cannot create log file %s: %s", path, strerror(errno));
@@ -210,12 +206,10 @@ static int spawn_one(struct worker *w, const struct launch_args *a, const struct
     int log_out = -1, log_err = -1;
     char **env = NULL;
     int rc = 0;
-    char logdir[PATH_MAX] = "";
+    char logdir[FSDP_PATH_MAX] = "";
     if (a->log_dir[0]) {
-        int n = snprintf(logdir, sizeof logdir, "%s/%s/attempt_%d/%d", a->log_dir, a->run_id, e->restart_count,
-                         w->local_rank);
-        if (n < 0 || (size_t)n >= sizeof logdir)
-            return error_set(FSDP_ERANGE, "log directory path too long under %s", a->log_dir);
+        FSDP_TRY(fs_path_format(logdir, sizeof logdir, "log directory", "%s/%s/attempt_%d/%d", a->log_dir, a->run_id,
+                                e->restart_count, w->local_rank));
         FSDP_TRY(fs_mkdir_p(logdir, "log directory"));
         log_out = open_log(logdir, "stdout.log");
         log_err = log_out >= 0 ? open_log(logdir, "stderr.log") : -1;
@@ -286,7 +280,7 @@ static int spawn_one(struct worker *w, const struct launch_args *a, const struct
     output_init(&w->out, outp[0], out_console ? 1 : -1, log_out, (tee & 1) != 0, rank, false);
     output_init(&w->err, errp[0], err_console ? 2 : -1, log_err, (tee & 2) != 0, rank, true);
     if (a->log_dir[0] && a->log_max_bytes > 0) {
-        char path[PATH_MAX + 64];
+        char path[FSDP_PATH_MAX]; /* fits: open_log opened these two above */
         snprintf(path, sizeof path, "%s/stdout.log", logdir);
         output_set_rotation(&w->out, path, (unsigned long long)a->log_max_bytes);
         snprintf(path, sizeof path, "%s/stderr.log", logdir);
@@ -366,10 +360,9 @@ static int open_filtered(struct worker_group *g, const struct launch_args *a, co
     for (int k = 0; k < 2; k++) {
         if (!a->dup_filters[k][0])
             continue;
-        char dir[PATH_MAX];
-        int n = snprintf(dir, sizeof dir, "%s/%s/attempt_%d", a->log_dir, a->run_id, e->restart_count);
-        if (n < 0 || (size_t)n >= sizeof dir)
-            return error_set(FSDP_ERANGE, "log directory path too long under %s", a->log_dir);
+        char dir[FSDP_PATH_MAX];
+        FSDP_TRY(fs_path_format(dir, sizeof dir, "log directory", "%s/%s/attempt_%d", a->log_dir, a->run_id,
+                                e->restart_count));
         FSDP_TRY(fs_mkdir_p(dir, "log directory"));
         g->filters[k] = split_needles(a->dup_filters[k]);
         if (!g->filters[k])

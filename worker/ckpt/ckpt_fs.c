@@ -31,7 +31,7 @@ void ckpt_pathf(char *out, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(out, CKPT_PATH_MAX, fmt, ap);
+    vsnprintf(out, FSDP_PATH_MAX, fmt, ap);
     va_end(ap);
 }
 
@@ -135,7 +135,7 @@ int ckpt_mkdir(const char *dir)
     if (mkdir(dir, 0755) == 0 || errno == EEXIST)
         return 0;
     /* The parent may be missing too (a fresh [checkpoint] dir two levels deep). */
-    char tmp[CKPT_PATH_MAX];
+    char tmp[FSDP_PATH_MAX];
     snprintf(tmp, sizeof tmp, "%s", dir);
     for (char *s = tmp + 1; *s; s++)
         if (*s == '/') {
@@ -184,13 +184,13 @@ int64_t ckpt_name_step(const char *name)
 
 static int write_latest(const char *root, const char *name)
 {
-    char tmp[CKPT_PATH_MAX], final[CKPT_PATH_MAX];
+    char tmp[FSDP_PATH_MAX], final[FSDP_PATH_MAX];
     snprintf(final, sizeof final, "%s/%s", root, CKPT_LATEST);
     snprintf(tmp, sizeof tmp, "%s/.%s.tmp", root, CKPT_LATEST);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return io_error(tmp, "create", errno);
-    char line[CKPT_PATH_MAX];
+    char line[FSDP_PATH_MAX];
     int n = snprintf(line, sizeof line, "%s\n", name);
     int rc = 0;
     FSDP_TRY_GOTO(ckpt_write_all(fd, line, (size_t)n, tmp), rc, fail);
@@ -258,7 +258,7 @@ static void prune(const char *root, const char *keep, int keep_last)
             kept++;
             continue;
         }
-        char path[CKPT_PATH_MAX];
+        char path[FSDP_PATH_MAX];
         snprintf(path, sizeof path, "%s/%s", root, list[i].name);
         log_info("checkpoint: removing %s (keep_last %d)", path, keep_last);
         ckpt_remove_tree(path);
@@ -269,7 +269,7 @@ static void prune(const char *root, const char *keep, int keep_last)
 
 int ckpt_commit_dir(const char *root, const char *tmp, const char *name, int keep_last)
 {
-    char final[CKPT_PATH_MAX];
+    char final[FSDP_PATH_MAX];
     snprintf(final, sizeof final, "%s/%s", root, name);
     FSDP_TRY(ckpt_fsync_dir(tmp));
     /* A committed checkpoint is never replaced: it may be the only copy of another run's (or an earlier
@@ -321,7 +321,7 @@ int ckpt_copy_tokenizer(const char *dir, const char *src)
 {
     if (!src || !*src)
         return 0;
-    char dst[CKPT_PATH_MAX], side[CKPT_PATH_MAX], parent[CKPT_PATH_MAX];
+    char dst[FSDP_PATH_MAX], side[FSDP_PATH_MAX], parent[FSDP_PATH_MAX];
     ckpt_pathf(dst, "%s/tokenizer.json", dir);
     FSDP_TRY(copy_file(src, dst));
     const char *slash = strrchr(src, '/');

@@ -21,8 +21,8 @@
 enum { FILE_MODEL, FILE_OPTIM, N_FILES };
 
 struct ckpt_full_writer {
-    char root[CKPT_PATH_MAX], tmp[CKPT_PATH_MAX], name[256];
-    char path[N_FILES][CKPT_PATH_MAX], file_name[N_FILES][300];
+    char root[FSDP_PATH_MAX], tmp[FSDP_PATH_MAX], name[256];
+    char path[N_FILES][FSDP_PATH_MAX], file_name[N_FILES][300];
     int64_t step;
     const struct model_layout *l;
     int fd[N_FILES];

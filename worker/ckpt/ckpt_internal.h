@@ -13,7 +13,6 @@
 #define CKPT_TMP_PREFIX ".tmp_"
 #define CKPT_FORMAT_NAME "fsdpc-checkpoint"
 #define CKPT_FORMAT_VERSION 1
-#define CKPT_PATH_MAX 4096
 
 struct ckpt_meta_piece {
     int kind, param, rank, file;
@@ -63,7 +62,7 @@ int ckpt_check_coverage(struct ckpt_meta_piece *pieces, size_t n, const struct m
                         const char *what);
 
 /* ---- file system (ckpt_fs.c) ---- */
-/* snprintf into a CKPT_PATH_MAX buffer; a path that does not fit is cut (and then fails to open with a
+/* snprintf into a FSDP_PATH_MAX buffer; a path that does not fit is cut (and then fails to open with a
  * message naming it) rather than overflowing. */
 void ckpt_pathf(char *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int ckpt_fsync_dir(const char *dir);

@@ -32,7 +32,7 @@ __attribute__((format(printf, 3, 4))) static void say(char *out, size_t cap, con
 /* The pointer's first line, when it is a checkpoint name; otherwise why not (for the note). */
 static bool read_pointer(const char *root, char *name, size_t cap, char *why, size_t why_cap)
 {
-    char path[CKPT_PATH_MAX];
+    char path[FSDP_PATH_MAX];
     ckpt_pathf(path, "%s/%s", root, CKPT_LATEST);
     /* O_NONBLOCK: a FIFO named `latest` must not hang the resume. */
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -109,7 +109,7 @@ static int scan(const char *root, struct entry **out, size_t *n)
         int64_t step = ckpt_name_step(e->d_name);
         if (step < 0 || strlen(e->d_name) >= sizeof list->name)
             continue;
-        char path[CKPT_PATH_MAX];
+        char path[FSDP_PATH_MAX];
         struct stat st;
         ckpt_pathf(path, "%s/%s", root, e->d_name);
         if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
@@ -207,7 +207,7 @@ int ckpt_list_after(const char *root, int64_t step, char *names, size_t cap)
 
 int ckpt_resolve(const char *root, const char *which, char *out, size_t cap)
 {
-    char name[CKPT_PATH_MAX];
+    char name[FSDP_PATH_MAX];
     struct stat st;
     FSDP_TRY(ckpt_check_resume_target(root, which));
     if (!which || !*which) {

@@ -28,7 +28,7 @@ static void holder_text(int fd, char *out, size_t cap)
 int ckpt_lock(const char *root, const char *owner, double wait_s, int *fd_out)
 {
     *fd_out = -1;
-    char path[CKPT_PATH_MAX];
+    char path[FSDP_PATH_MAX];
     ckpt_pathf(path, "%s/%s", root, CKPT_LOCK_FILE);
     int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
     if (fd < 0)

@@ -200,7 +200,7 @@ int ckpt_meta_write(const char *dir, const struct ckpt_meta *m, const struct mod
     char *at = strstr(text, crc_key);
     char *q = at ? strchr(at + sizeof crc_key - 1, '"') : NULL;
     size_t len = strlen(text);
-    char path[CKPT_PATH_MAX];
+    char path[FSDP_PATH_MAX];
     int rc = 0, fd = -1;
     if (!q) {
         rc = error_set(FSDP_EINVAL, "internal: metadata CRC field missing");
@@ -481,7 +481,7 @@ int ckpt_meta_read(const char *dir, struct ckpt_meta *m, char ***tensor_names, i
     memset(m, 0, sizeof *m);
     *tensor_names = NULL;
     *n_tensors = 0;
-    char path[CKPT_PATH_MAX];
+    char path[FSDP_PATH_MAX];
     snprintf(path, sizeof path, "%s/%s", dir, CKPT_META_FILE);
     char *text = NULL;
     size_t len = 0;

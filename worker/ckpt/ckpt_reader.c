@@ -19,7 +19,7 @@
 #define READ_BLOCKS 16
 
 struct ckpt_reader {
-    char dir[CKPT_PATH_MAX];
+    char dir[FSDP_PATH_MAX];
     struct ckpt_meta meta;
     struct model_layout own_layout;
     bool own;
@@ -194,7 +194,7 @@ int ckpt_open(const char *root, const char *which, const struct model_layout *la
         return error_set(FSDP_ENOMEM, "out of memory");
     int rc = 0;
     FSDP_TRY_GOTO(open_meta(r, root, which, layout), rc, fail);
-    char what[CKPT_PATH_MAX + 32];
+    char what[FSDP_PATH_MAX + 32]; /* the directory and "/metadata.json" */
     snprintf(what, sizeof what, "%s/%s", r->dir, CKPT_META_FILE);
     FSDP_TRY_GOTO(ckpt_check_coverage(r->meta.pieces, r->meta.n_pieces, r->l, !r->meta.sharded, what), rc, fail);
     FSDP_TRY_GOTO(open_files(r), rc, fail);

@@ -19,7 +19,7 @@
 static void sharded_names(const char *root, int64_t step, char *tmp, char *name, size_t cap)
 {
     snprintf(name, cap, "fsdp_sharded_cpt%" PRId64, step);
-    snprintf(tmp, CKPT_PATH_MAX, "%s/%s%s", root, CKPT_TMP_PREFIX, name);
+    snprintf(tmp, FSDP_PATH_MAX, "%s/%s%s", root, CKPT_TMP_PREFIX, name);
 }
 
 static void entry_name(char *out, size_t cap, int kind, const char *param, size_t begin)
@@ -117,7 +117,7 @@ int ckpt_sharded_write_rank(const char *root, int64_t step, int rank, const stru
                             const struct ckpt_piece *pieces, size_t n)
 {
     FSDP_TRY(check_pieces(l, pieces, n, rank));
-    char tmp[CKPT_PATH_MAX], name[256], path[CKPT_PATH_MAX];
+    char tmp[FSDP_PATH_MAX], name[256], path[FSDP_PATH_MAX];
     sharded_names(root, step, tmp, name, sizeof name);
     ckpt_pathf(path, "%s/%s_rank%d", tmp, name, rank);
     FSDP_TRY(ckpt_mkdir(root));
@@ -289,7 +289,7 @@ out:
 static void remove_extra_ranks(const char *tmp, const char *name, int world)
 {
     for (int r = world;; r++) {
-        char path[CKPT_PATH_MAX];
+        char path[FSDP_PATH_MAX];
         ckpt_pathf(path, "%s/%s_rank%d", tmp, name, r);
         if (unlink(path) != 0)
             break;
@@ -299,7 +299,7 @@ static void remove_extra_ranks(const char *tmp, const char *name, int world)
 int ckpt_sharded_commit(const char *root, int64_t step, int world, const struct model_layout *l,
                         const struct ckpt_state *state, int keep_last)
 {
-    char tmp[CKPT_PATH_MAX], name[256];
+    char tmp[FSDP_PATH_MAX], name[256];
     sharded_names(root, step, tmp, name, sizeof name);
     if (world < 1 || state->step != step)
         return error_set(FSDP_EINVAL, "checkpoint commit: %d writers / step %" PRId64 " (state step %" PRId64 ")",
@@ -314,7 +314,7 @@ int ckpt_sharded_commit(const char *root, int64_t step, int world, const struct 
     m.n_files = world; /* only with the array: ckpt_meta_free walks n_files entries */
     size_t cap = 0;
     for (int r = 0; r < world; r++) {
-        char path[CKPT_PATH_MAX];
+        char path[FSDP_PATH_MAX];
         ckpt_pathf(path, "%s/%s_rank%d", tmp, name, r);
         FSDP_TRY_GOTO(gather_rank(&m, &cap, path, r, step, l), rc, out);
     }
@@ -338,7 +338,7 @@ out:
 
 void ckpt_sharded_abort(const char *root, int64_t step)
 {
-    char tmp[CKPT_PATH_MAX], name[256];
+    char tmp[FSDP_PATH_MAX], name[256];
     sharded_names(root, step, tmp, name, sizeof name);
     ckpt_remove_tree(tmp);
 }

@@ -20,7 +20,7 @@ static bool has_suffix(const char *s, const char *suffix, size_t *stem)
 
 static bool is_checkpoint_dir(const char *dir)
 {
-    char p[CKPT_PATH_MAX + 32];
+    char p[FSDP_PATH_MAX + 32]; /* dir and "/metadata.json" */
     struct stat st;
     snprintf(p, sizeof p, "%s/%s", dir, CKPT_META_FILE);
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
@@ -45,7 +45,7 @@ int ckpt_check_resume_target(const char *root, const char *which)
                                "[checkpoint] dir, the one holding metadata.json) or latest";
     if (!which || !*which || strcmp(which, CKPT_LATEST) == 0)
         return 0;
-    char path[CKPT_PATH_MAX], stem[CKPT_PATH_MAX], parent[CKPT_PATH_MAX];
+    char path[FSDP_PATH_MAX], stem[FSDP_PATH_MAX], parent[FSDP_PATH_MAX];
     struct stat st;
     /* A bare name is looked up under root when it is not a path that exists as given. */
     if (root && which[0] != '/' && stat(which, &st) != 0)
@@ -68,7 +68,7 @@ int ckpt_check_resume_target(const char *root, const char *which)
                          which, pickles[i], hint);
     }
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-        char cfg[CKPT_PATH_MAX + 32];
+        char cfg[FSDP_PATH_MAX + 32]; /* path and "/config.json" */
         snprintf(cfg, sizeof cfg, "%s/config.json", path);
         if (!is_checkpoint_dir(path) && stat(cfg, &st) == 0)
             return error_set(FSDP_EINVAL,

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "common/fs.h"
 #include "common/log.h"
 #include "worker/fsdp/fsdp_internal.h"
 #include "worker/model/model_hf.h"
@@ -53,7 +54,7 @@ static int init_unit_values(const struct fsdp *f, const struct fsdp_unit *u, str
         int p = u->first_param + j;
         float *dst = host + (l->params[p].offset - u->offset);
         if (w) {
-            char src[4200];
+            char src[FSDP_PATH_MAX + 32]; /* "model.init_from" and its path */
             init_source(f, src, sizeof src);
             FSDP_TRY(model_weights_read(w, p, 0, l->params[p].numel, dst));
             FSDP_TRY(fsdp_check_finite(l, p, 0, dst, l->params[p].numel, src));
@@ -163,7 +164,7 @@ static int init_local(struct fsdp *f)
     for (size_t i = 0; i < f->n_pieces; i++) {
         const struct fsdp_piece *p = &f->pieces[i];
         if (w) {
-            char src[4200];
+            char src[FSDP_PATH_MAX + 32]; /* "model.init_from" and its path */
             init_source(f, src, sizeof src);
             FSDP_TRY_GOTO(model_weights_read(w, p->param, p->begin, p->count, tmp), rc, out);
             FSDP_TRY_GOTO(fsdp_check_finite(l, p->param, p->begin, tmp, p->count, src), rc, out);

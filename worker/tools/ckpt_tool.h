@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/fs.h"
 #include "worker/ckpt/ckpt.h"
 #include "worker/model/model_hf.h"
 
@@ -19,9 +20,9 @@ struct ckpt_tool_model {
     struct model_weights *hf;     /* set for a Hugging Face directory */
     struct model_layout own;      /* the layout built from config.json (hf) */
     const struct model_layout *l; /* the model's layout either way */
-    char path[4096];              /* the directory read */
+    char path[FSDP_PATH_MAX];     /* the directory read */
     int64_t step;                 /* the checkpoint's step; -1 for a Hugging Face directory */
-    char tokenizer[4200];         /* its tokenizer.json, "" when none was found */
+    char tokenizer[FSDP_PATH_MAX]; /* its tokenizer.json, "" when none was found */
 };
 /* A checkpoint directory that is also a Hugging Face directory (FULL_STATE_DICT) is read as a checkpoint,
  * so its CRCs are checked. The tokenizer is the run's (run_tokenizer.h): the one in the directory, else the

@@ -158,7 +158,7 @@ static void remove_stale_temps(const char *dir, const char *file)
 {
     DIR *d = opendir(dir);
     struct dirent *e;
-    char path[4400];
+    char path[FSDP_PATH_MAX + 256]; /* dir and an entry's name (at most 255 bytes) */
     while (d && (e = readdir(d))) {
         if (!is_export_temp(e->d_name, file))
             continue;
@@ -172,14 +172,14 @@ static void remove_stale_temps(const char *dir, const char *file)
 
 /* The directories of path that do not exist yet, deepest first in created[] (at most cap): what a failed
  * export removes again, so that it leaves no empty directory behind. Returns how many. */
-static int missing_dirs(const char *path, char created[][4096], int cap)
+static int missing_dirs(const char *path, char created[][FSDP_PATH_MAX], int cap)
 {
-    char p[4096];
+    char p[FSDP_PATH_MAX];
     snprintf(p, sizeof p, "%s", path);
     int n = 0;
     struct stat st;
     while (n < cap && p[0] && stat(p, &st) != 0 && errno == ENOENT) {
-        snprintf(created[n++], 4096, "%s", p);
+        snprintf(created[n++], FSDP_PATH_MAX, "%s", p);
         char *slash = strrchr(p, '/');
         while (slash && slash > p && slash[1] == '\0') { /* "a/b/" */
             *slash = '\0';
@@ -195,7 +195,7 @@ static int missing_dirs(const char *path, char created[][4096], int cap)
 /* Undoes what a failed export made in the directories it created (created[0] the deepest): the files in
  * it, then the directories, so a retry or a typo leaves nothing behind. A directory that existed before is
  * left alone (its earlier export, if any, is still consistent: every file is renamed into place whole). */
-static void remove_created(char created[][4096], int n)
+static void remove_created(char created[][FSDP_PATH_MAX], int n)
 {
     if (n == 0)
         return;
@@ -220,8 +220,9 @@ static size_t real_numel(const struct model_param *p)
 static int export_file(struct ckpt_tool_model *m, const struct export_opts *o)
 {
     const struct model_layout *l = m->l;
-    char dir[4096];
+    char dir[FSDP_PATH_MAX];
     const char *slash = strrchr(o->out, '/');
+    FSDP_TRY(fs_path_format(dir, sizeof dir, "the export file", "%s", o->out)); /* the whole path fits */
     snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - o->out) : 1, slash ? o->out : ".");
     remove_stale_temps(dir[0] ? dir : "/", slash ? slash + 1 : o->out);
     struct safetensors_entry *e = calloc((size_t)l->n_params, sizeof *e);
@@ -256,7 +257,7 @@ static void remove_stale(const char *dir, int n_shards)
 {
     DIR *d = opendir(dir);
     struct dirent *e;
-    char keep[64], path[4400];
+    char keep[64], path[FSDP_PATH_MAX + 256]; /* dir and an entry's name (at most 255 bytes) */
     snprintf(keep, sizeof keep, "-of-%05d.safetensors", n_shards);
     while (d && (e = readdir(d))) {
         const char *n = e->d_name;
@@ -298,8 +299,8 @@ static int write_index(const char *dir, const struct model_layout *l, char (*nam
         rc = error_set(FSDP_ENOMEM, "out of memory");
         goto out;
     }
-    char path[4400];
-    snprintf(path, sizeof path, "%s/%s", dir, MODEL_HF_INDEX);
+    char path[FSDP_PATH_MAX];
+    FSDP_TRY_GOTO(fs_path_format(path, sizeof path, "the export directory", "%s/%s", dir, MODEL_HF_INDEX), rc, out);
     size_t len = strlen(text);
     text[len] = '\n';
     FSDP_TRY_GOTO(fs_write_atomic(path, text, len + 1), rc, out);
@@ -313,7 +314,8 @@ out:
 static int export_dir(struct ckpt_tool_model *m, const struct export_opts *o, int *shards_out)
 {
     const struct model_layout *l = m->l;
-    char created[8][4096];
+    char created[8][FSDP_PATH_MAX];
+    FSDP_TRY(fs_path_format(created[0], sizeof created[0], "the export directory", "%s", o->out));
     int n_created = missing_dirs(o->out, created, 8);
     FSDP_TRY(fs_mkdir_p(o->out, "export directory"));
     remove_stale_temps(o->out, NULL);
@@ -356,11 +358,14 @@ static int export_dir(struct ckpt_tool_model *m, const struct export_opts *o, in
                                               .shape = {mp->init_rows, mp->ndim == 2 ? mp->shape[1] : 0}};
             param_of[k++] = p;
         }
-        char path[4400];
+        char path[FSDP_PATH_MAX];
         if (n_shards == 1)
-            snprintf(path, sizeof path, "%s/%s", o->out, MODEL_HF_WEIGHTS);
+            rc = fs_path_format(path, sizeof path, "the export directory", "%s/%s", o->out, MODEL_HF_WEIGHTS);
         else
-            snprintf(path, sizeof path, "%s/model-%05d-of-%05d.safetensors", o->out, s + 1, n_shards);
+            rc = fs_path_format(path, sizeof path, "the export directory", "%s/model-%05d-of-%05d.safetensors",
+                                o->out, s + 1, n_shards);
+        if (rc)
+            goto out;
         FSDP_TRY_GOTO(safetensors_write(path, e, k, meta, m->step >= 0 ? 2 : 1, export_fill, &c), rc, out);
     }
     if (n_shards > 1)
@@ -374,8 +379,9 @@ static int export_dir(struct ckpt_tool_model *m, const struct export_opts *o, in
                                               [SAFETENSORS_F16] = "float16"};
     FSDP_TRY_GOTO(model_hf_config_write(l, o->out, &tokens, torch_names[o->dtype]), rc, out);
     /* A directory exported from itself already holds its tokenizer. */
-    char here[4400];
-    snprintf(here, sizeof here, "%s/%s", o->out, MODEL_HF_TOKENIZER);
+    char here[FSDP_PATH_MAX];
+    FSDP_TRY_GOTO(fs_path_format(here, sizeof here, "the export directory", "%s/%s", o->out, MODEL_HF_TOKENIZER),
+                  rc, out);
     if (tok && strcmp(tok, here) != 0)
         FSDP_TRY_GOTO(ckpt_copy_tokenizer(o->out, tok), rc, out);
 out:

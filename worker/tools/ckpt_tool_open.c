@@ -8,6 +8,7 @@
 
 #include "common/config.h"
 #include "common/error.h"
+#include "common/fs.h"
 #include "worker/config/worker_config.h"
 #include "worker/ckpt/ckpt.h"
 #include "worker/tools/ckpt_tool.h"
@@ -15,14 +16,14 @@
 
 int ckpt_tool_open(const char *target, struct ckpt_reader **out)
 {
-    char root[4096];
-    snprintf(root, sizeof root, "%s", target);
+    char root[FSDP_PATH_MAX];
+    FSDP_TRY(fs_path_format(root, sizeof root, "checkpoint", "%s", target));
     size_t n = strlen(root);
     if (n > 7 && strcmp(root + n - 7, ":latest") == 0) {
         root[n - 7] = '\0';
         return ckpt_open(root, CKPT_LATEST, NULL, out);
     }
-    char meta[4200];
+    char meta[FSDP_PATH_MAX + 32]; /* root and "/metadata.json" or "/latest" */
     struct stat st;
     snprintf(meta, sizeof meta, "%s/metadata.json", root);
     if (stat(meta, &st) != 0) {
@@ -92,9 +93,10 @@ int ckpt_tool_model_open(const char *target, struct ckpt_tool_model *m)
 {
     memset(m, 0, sizeof *m);
     m->step = -1;
-    char meta[4200];
-    snprintf(meta, sizeof meta, "%s/metadata.json", target);
-    int rc = 0;
+    char meta[FSDP_PATH_MAX];
+    int rc = fs_path_format(meta, sizeof meta, "checkpoint", "%s/metadata.json", target);
+    if (rc)
+        return rc;
     struct stat st;
     size_t n = strlen(target);
     bool latest = n > 7 && strcmp(target + n - 7, ":latest") == 0;
@@ -109,7 +111,7 @@ int ckpt_tool_model_open(const char *target, struct ckpt_tool_model *m)
         goto fail;
     }
     if (model_hf_is_dir(target) && !is_file(meta)) {
-        snprintf(m->path, sizeof m->path, "%s", target);
+        FSDP_TRY_GOTO(fs_path_format(m->path, sizeof m->path, "model directory", "%s", target), rc, fail);
         FSDP_TRY_GOTO(open_hf(target, m), rc, fail);
     } else {
         FSDP_TRY_GOTO(ckpt_tool_open(target, &m->ckpt), rc, fail);

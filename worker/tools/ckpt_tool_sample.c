@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "common/fs.h"
 #include "kernels/kernels.h"
 #include "worker/tokenizer/tokenizer.h"
 #include "worker/tools/ckpt_tool.h"
@@ -113,11 +114,11 @@ static int open_tokenizer(const struct sample_opts *o, const struct ckpt_tool_mo
                           struct tokenizer **out)
 {
     *out = NULL;
-    char path[4096];
+    char path[FSDP_PATH_MAX];
     struct stat st;
     if (o->tokenizer) {
-        snprintf(path, sizeof path, "%s%s", o->tokenizer,
-                 stat(o->tokenizer, &st) == 0 && S_ISDIR(st.st_mode) ? "/tokenizer.json" : "");
+        FSDP_TRY(fs_path_format(path, sizeof path, "--tokenizer", "%s%s", o->tokenizer,
+                                stat(o->tokenizer, &st) == 0 && S_ISDIR(st.st_mode) ? "/tokenizer.json" : ""));
     } else {
         int rc = run_tokenizer_find(src->path, src->ckpt ? ckpt_reader_state(src->ckpt)->config_text : NULL, path,
                                     sizeof path);

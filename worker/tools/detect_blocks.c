@@ -28,7 +28,7 @@
 
 struct opts {
     bool json, refresh, clear;
-    char cache[PATH_MAX];
+    char cache[FSDP_PATH_MAX];
 };
 
 static bool is_flag(const char *arg, const char *name)
@@ -86,7 +86,7 @@ static bool file_in(const char *dir, const char *name, char *out, size_t cap)
 /* "realpath size mtime_ns" of a file: what says it is the same checkpoint as when it was cached. */
 static void identity_add(char *id, size_t cap, const char *path)
 {
-    char real[PATH_MAX];
+    char real[PATH_MAX]; /* realpath writes up to PATH_MAX bytes */
     struct stat st;
     size_t n = strlen(id);
     if (!realpath(path, real) || stat(real, &st) != 0) {
@@ -163,13 +163,13 @@ static int resolve_model(const struct worker_config *wc, struct model_config *mc
         snprintf(source, srccap, "the config (random init)");
         return 0;
     }
-    char file[PATH_MAX];
+    char file[FSDP_PATH_MAX];
     if (is_dir(from) && file_in(from, "metadata.json", file, sizeof file)) {
         struct ckpt_reader *r;
         int rc = ckpt_open(from, NULL, NULL, &r);
         if (rc)
             return rc;
-        char keep[MODEL_PATH_MAX];
+        char keep[sizeof mc->init_from];
         snprintf(keep, sizeof keep, "%s", mc->init_from);
         *mc = ckpt_reader_state(r)->model;
         snprintf(mc->init_from, sizeof mc->init_from, "%s", keep);
@@ -339,8 +339,8 @@ static cJSON *cache_load(const char *path)
 /* Written to a temporary file and renamed, so a reader never sees half a cache. */
 static int cache_save(const char *path, cJSON *root)
 {
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", path);
+    char dir[FSDP_PATH_MAX];
+    FSDP_TRY(fs_path_format(dir, sizeof dir, "block cache", "%s", path));
     char *slash = strrchr(dir, '/');
     if (slash)
         *slash = 0;
@@ -350,7 +350,7 @@ static int cache_save(const char *path, cJSON *root)
     char *text = cJSON_Print(root);
     if (!text)
         return error_set(FSDP_ENOMEM, "out of memory writing the block cache");
-    char tmp[PATH_MAX + 32];
+    char tmp[FSDP_PATH_MAX + 32]; /* path (it fits FSDP_PATH_MAX: checked above) and ".tmp.<pid>" */
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     FILE *f = fopen(tmp, "w");
     bool ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
@@ -438,7 +438,8 @@ int detect_blocks_main(int argc, char **argv)
     }
     struct worker_config wc;
     struct model_config mc;
-    char id[PATH_MAX * 2 + 128], source[PATH_MAX + 128], key[PATH_MAX * 2 + 256];
+    /* two paths and their sizes and times; one path and its kind; the id and the shapes */
+    char id[FSDP_PATH_MAX * 2 + 128], source[FSDP_PATH_MAX + 128], key[FSDP_PATH_MAX * 2 + 256];
     if (load_config(n, rest, &wc) != 0 || resolve_model(&wc, &mc, id, sizeof id, source, sizeof source) != 0) {
         log_error("--detect-blocks: %s", error_message());
         free(rest);

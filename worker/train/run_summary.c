@@ -284,9 +284,12 @@ int run_summary_write(const struct run_summary *s, const struct run_summary_fact
     cJSON_Delete(root);
     if (!text)
         return error_set(FSDP_ENOMEM, "run summary: out of memory");
-    char path[4400], tmp[4400];
-    snprintf(path, sizeof path, "%s/run_summary.rank%d.json", f->logdir, f->env->rank);
-    snprintf(tmp, sizeof tmp, "%s/.run_summary.rank%d.json.tmp", f->logdir, f->env->rank);
+    char path[FSDP_PATH_MAX], tmp[FSDP_PATH_MAX];
+    if (fs_path_format(path, sizeof path, "log.dir", "%s/run_summary.rank%d.json", f->logdir, f->env->rank) ||
+        fs_path_format(tmp, sizeof tmp, "log.dir", "%s/.run_summary.rank%d.json.tmp", f->logdir, f->env->rank)) {
+        free(text);
+        return FSDP_ERANGE;
+    }
     FILE *out = fopen(tmp, "w");
     if (!out) {
         free(text);

@@ -63,7 +63,7 @@ struct trainer {
     /* output of rank 0: metrics.jsonl + TensorBoard, the progress line, the MFU's terms */
     struct metrics *met;
     struct progress prog;
-    char logdir[4200];
+    char logdir[FSDP_PATH_MAX];
     char device_reason[640]; /* why this device (train_device_open), for the run summary */
     double peak_flops, flops_per_token;
     double last_loss, last_val;
@@ -158,9 +158,9 @@ static int write_summary(const struct trainer *t, int64_t first_step, size_t per
  * through a temporary file and rename, so a crash here loses nothing. */
 static int metrics_trim(const char *dir, int64_t first_step)
 {
-    char path[4400], tmp[4400];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
-    snprintf(tmp, sizeof tmp, "%s/.metrics.jsonl.tmp", dir);
+    char path[FSDP_PATH_MAX], tmp[FSDP_PATH_MAX];
+    FSDP_TRY(fs_path_format(path, sizeof path, "log.dir", "%s/metrics.jsonl", dir));
+    FSDP_TRY(fs_path_format(tmp, sizeof tmp, "log.dir", "%s/.metrics.jsonl.tmp", dir));
     FILE *in = fopen(path, "r");
     if (!in)
         return 0;
@@ -229,7 +229,7 @@ static int log_open(struct trainer *t, int64_t first_step)
 {
     const struct worker_config *wc = t->wc;
     t->last_loss = t->last_val = NAN;
-    train_expand_run_id(t->logdir, sizeof t->logdir, wc->log.dir, t->env->run_id);
+    FSDP_TRY(train_expand_run_id(t->logdir, sizeof t->logdir, wc->log.dir, t->env->run_id, "log.dir"));
     if (t->env->rank == 0) {
         FSDP_TRY(fs_mkdir_p(t->logdir, "log.dir"));
         if (first_step > 0)

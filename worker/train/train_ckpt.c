@@ -192,8 +192,9 @@ int train_ckpt_maybe_save(struct train_ckpt *c, struct fsdp *f, const struct wor
                                            : wc->checkpoint.interval > 0 && step % wc->checkpoint.interval == 0;
     if (!due)
         return 0;
-    char root[4352];
-    train_expand_run_id(root, sizeof root, wc->checkpoint.dir, env->run_id);
+    char root[FSDP_PATH_MAX];
+    /* every rank expands the same pattern: all return here alike, before any collective */
+    FSDP_TRY(train_expand_run_id(root, sizeof root, wc->checkpoint.dir, env->run_id, "checkpoint.dir"));
     int rc = env->rank == 0 ? fs_mkdir_p(root, "checkpoint.dir") : 0;
     FSDP_TRY(agree(f, rc, "creating checkpoint.dir"));
     bool sharded = wc->checkpoint.state_dict_type == WORKER_SHARDED_STATE_DICT;
@@ -303,7 +304,7 @@ static int load_from(struct train_ckpt *c, struct fsdp *f, const struct worker_c
         for (int kind = 0; kind < 3; kind++) {
             FSDP_TRY_GOTO(ckpt_read(r, kind, pieces[i].param, pieces[i].begin, pieces[i].count, tmp), rc, out);
             /* a checkpoint saved after its run diverged: say so here, not as this run's divergence later */
-            char src[4300];
+            char src[FSDP_PATH_MAX + 64]; /* "checkpoint", its path and a kind's name */
             snprintf(src, sizeof src, "checkpoint %s%s", ckpt_reader_path(r), KIND_NAME[kind]);
             FSDP_TRY_GOTO(fsdp_check_finite(fsdp_layout(f), pieces[i].param, pieces[i].begin, tmp, pieces[i].count,
                                             src),
@@ -349,12 +350,13 @@ int train_ckpt_maybe_load(struct train_ckpt *c, struct fsdp *f, const struct wor
     if (!train_tokenizer_find(wc->data.train_file, c->tokenizer, sizeof c->tokenizer))
         c->tokenizer[0] = '\0';
     bool saves = wc->checkpoint.interval >= 0;
-    char root[4352];
-    train_expand_run_id(root, sizeof root, wc->checkpoint.dir, env->run_id);
+    char root[FSDP_PATH_MAX];
+    /* every rank expands the same pattern: all return here alike, before any collective */
+    FSDP_TRY(train_expand_run_id(root, sizeof root, wc->checkpoint.dir, env->run_id, "checkpoint.dir"));
     FSDP_TRY(agree(f, saves && env->rank == 0 ? take_lock(c, env, root) : 0, "locking checkpoint.dir"));
     bool implicit;
     const char *which = what_to_load(wc, env, root, &implicit);
-    char latest_path[4352] = "", older[256] = "";
+    char latest_path[FSDP_PATH_MAX] = "", older[256] = "";
     if (strcmp(which, CKPT_LATEST) == 0) {
         struct ckpt_latest l;
         int lrc = ckpt_find_latest(root, &l);

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/fs.h"
 #include "worker/fsdp/fsdp.h"
 #include "worker/train/train_env.h"
 
@@ -16,7 +17,7 @@ struct train_ckpt_stats {
     int64_t save_step;               /* the newest of them: step, size, seconds */
     double save_mb, save_s;
     double full_peak_rss, full_rss_before, full_largest_unit; /* bytes, of the newest full save (rank 0) */
-    char resumed_from[4352];         /* the checkpoint loaded, "" for a fresh start */
+    char resumed_from[FSDP_PATH_MAX]; /* the checkpoint loaded, "" for a fresh start */
     int64_t resumed_step;
     double load_mb, load_s;
 };
@@ -25,7 +26,7 @@ struct train_ckpt_stats {
 struct train_ckpt {
     char *config_text;       /* the effective INI, recorded in the metadata of every save */
     int64_t last_saved_step; /* the step of the newest checkpoint of this run or the one resumed, else -1 */
-    char tokenizer[4352];    /* the run's tokenizer.json, copied into every checkpoint ("" = none) */
+    char tokenizer[FSDP_PATH_MAX]; /* the run's tokenizer.json, copied into every checkpoint ("" = none) */
     struct train_ckpt_stats stats;
     bool locked;             /* rank 0 of a saving run holds checkpoint.dir's lock through lock_fd */
     int lock_fd;

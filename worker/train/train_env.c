@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "common/fs.h"
 #include "common/log.h"
 #include "common/settings.h"
 #include "rendezvous/rendezvous.h"
@@ -61,7 +62,7 @@ int train_env_open(struct train_env *e)
     if (!addr || !*addr)
         return error_set(FSDP_EINVAL, "environment: WORLD_SIZE=%d but MASTER_ADDR is not set; start the workers with "
                          "fsdp-launch or torchrun", e->world_size);
-    char *secret = NULL, file[4096];
+    char *secret = NULL, file[FSDP_PATH_MAX];
     enum store_secret_source source;
     FSDP_TRY(store_secret_load(&secret, &source, file, sizeof file));
     bool multi_node = e->world_size > e->local_world_size;
@@ -105,11 +106,10 @@ void train_env_close(struct train_env *e)
 }
 
 /* "./runs/<run_id>" -> "./runs/<the run id>" */
-void train_expand_run_id(char *out, size_t cap, const char *pattern, const char *run_id)
+int train_expand_run_id(char *out, size_t cap, const char *pattern, const char *run_id, const char *key)
 {
     const char *at = strstr(pattern, "<run_id>");
     if (!at)
-        snprintf(out, cap, "%s", pattern);
-    else
-        snprintf(out, cap, "%.*s%s%s", (int)(at - pattern), pattern, run_id, at + strlen("<run_id>"));
+        return fs_path_format(out, cap, key, "%s", pattern);
+    return fs_path_format(out, cap, key, "%.*s%s%s", (int)(at - pattern), pattern, run_id, at + strlen("<run_id>"));
 }

@@ -22,7 +22,8 @@ struct train_env {
 int train_env_open(struct train_env *e);
 void train_env_close(struct train_env *e);
 
-/* pattern with "<run_id>" replaced by run_id (config paths such as log.dir and checkpoint.dir). */
-void train_expand_run_id(char *out, size_t cap, const char *pattern, const char *run_id);
+/* pattern with "<run_id>" replaced by run_id (config paths such as log.dir and checkpoint.dir): 0, or
+ * FSDP_ERANGE naming key when the result does not fit cap bytes. */
+int train_expand_run_id(char *out, size_t cap, const char *pattern, const char *run_id, const char *key);
 
 #endif

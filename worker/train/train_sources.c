@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "common/error.h"
+#include "common/fs.h"
 #include "worker/ckpt/ckpt.h"
 #include "worker/model/model_hf.h"
 
@@ -54,7 +55,7 @@ static int apply_setting(struct config *cfg, const struct model_hf_setting *s, c
         rc = config_set_index(cfg, k, s->value, CONFIG_SRC_API, 0);
     } else if (!same(key, cur, &hf) &&
                !(s->at_most && key->type == CONFIG_INT && cur->v.i < hf.v.i && cur->v.i >= 1)) {
-        char where[4200];
+        char where[FSDP_PATH_MAX + 32]; /* the config file's path and " line N" */
         describe_source(cfg, k, where, sizeof where);
         const char *place = cur->source == CONFIG_SRC_CLI ? "on the command line" : "in the config file";
         char fix[160];
@@ -101,8 +102,9 @@ int train_sources_apply(struct config *cfg)
  * -1 without a usable meta.json. The rule is run_tokenizer.c's, which tools use to find the same file. */
 static int tokenizer_from_meta(const char *data_dir, char *out, size_t cap)
 {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/meta.json", data_dir);
+    char path[FSDP_PATH_MAX];
+    if (snprintf(path, sizeof path, "%s/meta.json", data_dir) >= (int)sizeof path)
+        return -1; /* a path that long names no file here: as without a meta.json */
     FILE *f = fopen(path, "rb");
     if (!f)
         return -1;
@@ -113,8 +115,8 @@ static int tokenizer_from_meta(const char *data_dir, char *out, size_t cap)
     cJSON *root = cJSON_Parse(buf);
     const cJSON *tok = root ? cJSON_GetObjectItemCaseSensitive(root, "tokenizer") : NULL;
     int rc = cJSON_IsNull(tok) ? 0 : cJSON_IsString(tok) ? 1 : -1;
-    if (rc == 1)
-        snprintf(out, cap, "%s/%s", data_dir, tok->valuestring);
+    if (rc == 1 && snprintf(out, cap, "%s/%s", data_dir, tok->valuestring) >= (int)cap)
+        rc = -1; /* cut, it would name another file */
     cJSON_Delete(root);
     return rc;
 }
@@ -123,14 +125,16 @@ bool train_tokenizer_find(const char *train_file, char *out, size_t cap)
 {
     if (!train_file || !train_file[0])
         return false;
-    char dir[4200];
+    char dir[FSDP_PATH_MAX];
     const char *slash = strrchr(train_file, '/');
-    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - train_file) : 1, slash ? train_file : ".");
+    if (snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - train_file) : 1, slash ? train_file : ".") >=
+        (int)sizeof dir)
+        return false; /* longer than any path a file can have */
     int m = tokenizer_from_meta(dir, out, cap);
     if (m == 0)
         return false;
-    if (m < 0)
-        snprintf(out, cap, "%s/%s", dir, MODEL_HF_TOKENIZER);
+    if (m < 0 && snprintf(out, cap, "%s/%s", dir, MODEL_HF_TOKENIZER) >= (int)cap)
+        return false;
     struct stat st;
     return stat(out, &st) == 0 && S_ISREG(st.st_mode);
 }
