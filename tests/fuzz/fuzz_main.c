@@ -8,6 +8,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/fs.h"
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static int run_file(const char *path)
@@ -56,7 +58,7 @@ int main(int argc, char **argv)
         while (d && (e = readdir(d))) {
             if (e->d_name[0] == '.')
                 continue;
-            char p[4096];
+            char p[FSDP_PATH_MAX + 256]; /* a directory and an entry's name */
             snprintf(p, sizeof p, "%s/%s", argv[i], e->d_name);
             bad += run_file(p);
             files++;

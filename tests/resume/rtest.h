@@ -4,6 +4,7 @@
 #ifndef FSDP_TESTS_RESUME_RTEST_H
 #define FSDP_TESTS_RESUME_RTEST_H
 
+#include "common/fs.h"
 #include "tests/util/launch_util.h"
 
 #define TINY LU_TINY_GPT
@@ -11,7 +12,7 @@
 
 struct job {
     char *dir;
-    char ini[4200], data[4200];
+    char ini[FSDP_PATH_MAX], data[FSDP_PATH_MAX];
 };
 
 /* A temp dir with byte-level tokens of the frozen text corpus (tests/data/corpus) and the config model
@@ -65,7 +66,7 @@ static inline int job_run(struct job *j, const char *tag, int world, const char 
 /* Losses of metrics.jsonl of run `tag` as text (exact digits) and numbers; steps in file order. */
 static inline int losses(struct job *j, const char *tag, char text[][32], double *val, int cap)
 {
-    char p[4300];
+    char p[FSDP_PATH_MAX];
     snprintf(p, sizeof p, "%s/%s/metrics.jsonl", j->dir, tag);
     char *s = tu_slurp(p);
     int n = 0;
@@ -92,7 +93,7 @@ static inline int job_run_alone(struct job *j, const char *tag, const char *cons
 {
     const char *argv[40];
     int n = 0;
-    char logdir[4300];
+    char logdir[FSDP_PATH_MAX + 32]; /* + 32: "--key=" and a path */
     snprintf(logdir, sizeof logdir, "--log.dir=%s/%s", j->dir, tag);
     argv[n++] = lu_build_path("worker/fsdp-worker");
     argv[n++] = j->ini;

@@ -3,6 +3,7 @@
  * recovery from a SIGKILLed rank with --max_restarts, a disk that fills up during a save, and the exported
  * model evaluated by PyTorch against fsdp's evaluation of the same checkpoint. */
 #include "tests/resume/rtest.h"
+#include "common/fs.h"
 #include "tests/util/tu_summary.h"
 #include "tests/util/tu_venv.h"
 
@@ -69,7 +70,7 @@ Test(resume, interval_minus_one_saves_nothing, .timeout = 240)
     const char *args[] = {ck, "--checkpoint.interval=-1", "--train.max_steps=4", NULL};
     int rc = job_run(&j, "never", 2, args, NULL);
     cr_assert_eq(rc, 0, "run failed: %s", lu_slurp_tag(j.dir, "never", "err"));
-    char p[4400];
+    char p[FSDP_PATH_MAX];
     snprintf(p, sizeof p, "%s/ck-never", j.dir);
     struct stat st;
     cr_assert(stat(p, &st) != 0, "checkpoint.interval = -1, but %s was created", p);
@@ -96,7 +97,7 @@ Test(resume, full_state_dict_exact_and_resharded, .timeout = 240)
     struct job j;
     job_setup(&j);
     straight(&j, "ref", "FULL_STATE_DICT");
-    char p[4300];
+    char p[FSDP_PATH_MAX];
     snprintf(p, sizeof p, "%s/ck-ref/fsdp_cpt10/model.safetensors", j.dir);
     cr_assert_eq(access(p, R_OK), 0, "no %s", p);
     resume_and_compare(&j, "ref", "ck-ref/fsdp_cpt10", "same", 2, NULL, true);
@@ -146,7 +147,7 @@ Test(resume, sigkill_of_a_random_rank_recovers_from_latest, .timeout = 240)
  * as float32. */
 Test(resume, tensorboard_shows_each_step_once_after_a_crash, .timeout = 240)
 {
-    char py[4096], script[4200];
+    char py[FSDP_PATH_MAX], script[FSDP_PATH_MAX];
     if (!tu_venv_bin("python", py, sizeof py))
         cr_skip_test("no PyPI venv with tensorboard at %s (.ci/run makes it; FSDP_TORCH_VENV names another)", py);
     snprintf(script, sizeof script, "%s/tests/resume/tb_scalars.py", getenv("FSDP_SOURCE_ROOT"));
@@ -157,7 +158,7 @@ Test(resume, tensorboard_shows_each_step_once_after_a_crash, .timeout = 240)
     const char *env[] = {"FSDP_FAULT_KILL=13:1", NULL};
     int rc = job_run(&j, "tb", 2, args, env);
     cr_assert_eq(rc, 0, "the job did not recover: %s", lu_slurp_tag(j.dir, "tb", "err"));
-    char logdir[4300];
+    char logdir[FSDP_PATH_MAX];
     snprintf(logdir, sizeof logdir, "%s/tb", j.dir);
     int files = 0;
     DIR *d = opendir(logdir);
@@ -175,8 +176,8 @@ Test(resume, tensorboard_shows_each_step_once_after_a_crash, .timeout = 240)
     cr_assert_not_null(tb, "not JSON: %s", out);
 
     /* metrics.jsonl: one row per step 0..19 (trimmed at the resume point, then extended) */
-    char path[4400];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", logdir);
+    char path[FSDP_PATH_MAX];
+    tu_pathf(path, sizeof path, "%s/metrics.jsonl", logdir);
     char *text = tu_slurp(path);
     static const char *const keys[] = {"loss", "lr", "grad_norm", "tokens_per_s"};
     static const char *const tags[] = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s"};
@@ -247,7 +248,7 @@ static void disk_full_child(struct job *j, const char *ckdir, int pfd)
             snprintf(verdict, sizeof verdict, "the step-5 checkpoint is damaged: %s", error_message());
         ckpt_close(cr);
     }
-    char vf[4400];
+    char vf[FSDP_PATH_MAX];
     snprintf(vf, sizeof vf, "%s/disk.verdict", j->dir);
     FILE *f = fopen(vf, "w");
     if (f) {
@@ -261,7 +262,7 @@ Test(resume, disk_full_stops_training_and_keeps_the_earlier_checkpoint, .timeout
 {
     struct job j;
     job_setup(&j);
-    char ckdir[4300];
+    char ckdir[FSDP_PATH_MAX];
     snprintf(ckdir, sizeof ckdir, "%s/ck-full", j.dir);
     mkdir(ckdir, 0755);
     int pfd[2];
@@ -282,7 +283,7 @@ Test(resume, disk_full_stops_training_and_keeps_the_earlier_checkpoint, .timeout
     if (mode == 'x')
         cr_skip_test("cannot simulate a full disk here (no tmpfs mount in a namespace, no RLIMIT_FSIZE)");
     const char *how = mode == 't' ? "tmpfs" : "RLIMIT_FSIZE";
-    char vf[4400];
+    char vf[FSDP_PATH_MAX];
     snprintf(vf, sizeof vf, "%s/disk.verdict", j.dir);
     char *verdict = tu_slurp(vf);
     char *err = lu_slurp_tag(j.dir, "full", "err");
@@ -302,7 +303,7 @@ Test(resume, exported_model_matches_pytorch_logits, .timeout = 240)
     struct job j;
     job_setup(&j);
     straight(&j, "ref", "SHARDED_STATE_DICT");
-    char ck[4300], out[4300], batch[4300], ref[4300];
+    char ck[FSDP_PATH_MAX], out[FSDP_PATH_MAX], batch[FSDP_PATH_MAX], ref[FSDP_PATH_MAX];
     snprintf(ck, sizeof ck, "%s/ck-ref/fsdp_sharded_cpt20", j.dir);
     snprintf(out, sizeof out, "%s/export.safetensors", j.dir);
     snprintf(batch, sizeof batch, "%s/batch.safetensors", j.dir);
@@ -334,7 +335,7 @@ Test(resume, exported_model_matches_pytorch_logits, .timeout = 240)
     struct safetensors_entry e[2] = {{.name = "tokens", .dtype = SAFETENSORS_I32, .ndim = 2, .shape = {B, T}, .data = tok},
                                      {.name = "targets", .dtype = SAFETENSORS_I32, .ndim = 2, .shape = {B, T}, .data = tgt}};
     cr_assert_eq(safetensors_write(batch, e, 2, NULL, 0, NULL, NULL), 0, "%s", error_message());
-    char script[4300];
+    char script[FSDP_PATH_MAX];
     snprintf(script, sizeof script, "%s/tests/model/torch_ref.py", getenv("FSDP_SOURCE_ROOT"));
     const char *py[] = {"/usr/bin/python3", script, "--weights", out, "--batch", batch, "--n_head", "2", "--out", ref,
                         "--fp64", NULL};
@@ -421,7 +422,7 @@ Test(resume, llama_sharded_and_full_resharded, .timeout = 240)
     struct job f;
     job_setup_model(&f, TINY_LLAMA);
     straight(&f, "ref", "FULL_STATE_DICT");
-    char p[4300];
+    char p[FSDP_PATH_MAX];
     snprintf(p, sizeof p, "%s/ck-ref/fsdp_cpt10/model.safetensors", f.dir);
     struct safetensors_file *sf = NULL;
     cr_assert_eq(safetensors_open(&sf, p), 0, "%s", error_message());

@@ -3,6 +3,7 @@
  * committed checkpoints is refused before it starts, and a second job on a checkpoint directory in use is
  * refused naming the first one. Each case fails on a build that lacks the protection. */
 #include "tests/resume/rtest.h"
+#include "common/fs.h"
 #include "tests/util/tu_summary.h"
 
 /* Inode and modification time of a checkpoint's metadata.json: a checkpoint rewritten or replaced changes
@@ -14,7 +15,7 @@ struct stamp {
 
 static struct stamp stamp_of(const char *ckdir, const char *name)
 {
-    char p[4400];
+    char p[FSDP_PATH_MAX];
     snprintf(p, sizeof p, "%s/%s/metadata.json", ckdir, name);
     struct stat st;
     cr_assert_eq(stat(p, &st), 0, "%s: %s", p, strerror(errno));
@@ -50,11 +51,11 @@ Test(resume_guard, damaged_latest_resumes_from_the_newest_checkpoint, .timeout =
 {
     struct job j;
     job_setup(&j);
-    char ck[4300];
+    char ck[FSDP_PATH_MAX];
     two_checkpoints(&j, ck, sizeof ck);
     struct stamp s10 = stamp_of(ck, "fsdp_sharded_cpt10"), s20 = stamp_of(ck, "fsdp_sharded_cpt20");
-    char latest[4400];
-    snprintf(latest, sizeof latest, "%s/latest", ck);
+    char latest[FSDP_PATH_MAX];
+    tu_pathf(latest, sizeof latest, "%s/latest", ck);
     size_t big_n = 100 * 1024;
     char *big = malloc(big_n);
     memset(big, 'z', big_n);
@@ -77,7 +78,7 @@ Test(resume_guard, damaged_latest_resumes_from_the_newest_checkpoint, .timeout =
         int rc = job_run_alone(&j, cases[i].tag, args, NULL);
         char *err = lu_slurp_tag(j.dir, cases[i].tag, "err");
         cr_assert_eq(rc, 0, "%s: %s", cases[i].tag, err);
-        char logdir[4400];
+        char logdir[FSDP_PATH_MAX];
         snprintf(logdir, sizeof logdir, "%s/%s", j.dir, cases[i].tag);
         cJSON *sum = tu_summary_load(logdir, 0);
         const char *from = tu_json_str(sum, "checkpoint.resumed.path");
@@ -103,7 +104,7 @@ Test(resume_guard, a_run_that_would_overwrite_checkpoints_is_refused, .timeout =
 {
     struct job j;
     job_setup(&j);
-    char ck[4300];
+    char ck[FSDP_PATH_MAX];
     two_checkpoints(&j, ck, sizeof ck);
     struct stamp s10 = stamp_of(ck, "fsdp_sharded_cpt10"), s20 = stamp_of(ck, "fsdp_sharded_cpt20");
     char *dir = opt("--checkpoint.dir=%s%s", ck, "");
@@ -136,7 +137,7 @@ Test(resume_guard, a_run_that_would_overwrite_checkpoints_is_refused, .timeout =
 /* The first "step" of a metrics.jsonl (0-based: a run resumed from checkpoint N logs N first). */
 static long first_step(struct job *j, const char *tag)
 {
-    char p[4400];
+    char p[FSDP_PATH_MAX];
     snprintf(p, sizeof p, "%s/%s/metrics.jsonl", j->dir, tag);
     char *s = tu_slurp(p);
     const char *at = strstr(s, "\"step\":");
@@ -155,7 +156,7 @@ Test(resume_guard, restarts_with_a_damaged_latest_resume_from_the_newest, .timeo
     char *refck = opt("--checkpoint.dir=%s/ck-ref%s", j.dir, "");
     const char *ref_args[] = {refck, "--checkpoint.interval=10", "--checkpoint.keep_last=0", NULL};
     cr_assert_eq(job_run(&j, "ref", 2, ref_args, NULL), 0, "reference: %s", lu_slurp_tag(j.dir, "ref", "err"));
-    char ck[4300], cmd[20000];
+    char ck[FSDP_PATH_MAX], cmd[20000];
     snprintf(ck, sizeof ck, "%s/ck", j.dir);
     snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp -r '%s/ck-ref/fsdp_sharded_cpt10' '%s/' && printf 'x\\001y\\n' > "
              "'%s/latest'", ck, j.dir, ck, ck);
@@ -171,7 +172,7 @@ Test(resume_guard, restarts_with_a_damaged_latest_resume_from_the_newest, .timeo
     long first = first_step(&j, "crash");
     cr_assert_eq(first, 10, "the first attempt did not start at step 10 (first step logged: %ld): %s", first, err);
     assert_same(s10, stamp_of(ck, "fsdp_sharded_cpt10"), "fsdp_sharded_cpt10");
-    char logdir[4400];
+    char logdir[FSDP_PATH_MAX];
     snprintf(logdir, sizeof logdir, "%s/crash", j.dir);
     cJSON *sum = tu_summary_load(logdir, 0);
     const char *from = tu_json_str(sum, "checkpoint.resumed.path");
@@ -194,18 +195,18 @@ Test(resume_guard, a_second_job_on_the_same_checkpoint_dir_is_refused, .timeout 
 {
     struct job j;
     job_setup(&j);
-    char ck[4300];
+    char ck[FSDP_PATH_MAX];
     snprintf(ck, sizeof ck, "%s/ck", j.dir);
     char *dir = opt("--checkpoint.dir=%s%s", ck, "");
     const char *long_args[] = {dir, "--checkpoint.interval=1000", "--train.max_steps=1000000", NULL};
-    char logdir[4400];
+    char logdir[FSDP_PATH_MAX + 32]; /* + 32: "--key=" and a path */
     snprintf(logdir, sizeof logdir, "--log.dir=%s/a", j.dir);
     const char *argv[] = {lu_build_path("worker/fsdp-worker"), j.ini, logdir, long_args[0], long_args[1],
                           long_args[2], NULL};
     const char *envs[] = {"OMP_NUM_THREADS=1", NULL};
     pid_t a = lu_spawn(argv, j.dir, "a", envs);
-    char lock[4400], want[64];
-    snprintf(lock, sizeof lock, "%s/.lock", ck);
+    char lock[FSDP_PATH_MAX], want[64];
+    tu_pathf(lock, sizeof lock, "%s/.lock", ck);
     snprintf(want, sizeof want, "pid %d, run id local", (int)a);
     bool held = false;
     for (double end = tu_now() + 60; !held && tu_now() < end; tu_nap(0.05)) {
@@ -230,8 +231,8 @@ Test(resume_guard, a_second_job_on_the_same_checkpoint_dir_is_refused, .timeout 
     snprintf(holder, sizeof holder, "host %s, %s", host, want);
     cr_assert(strstr(err, "is in use by another job") && strstr(err, holder), "no refusal naming '%s': %s", holder,
               err);
-    char p[4400];
-    snprintf(p, sizeof p, "%s/fsdp_sharded_cpt1", ck);
+    char p[FSDP_PATH_MAX];
+    tu_pathf(p, sizeof p, "%s/fsdp_sharded_cpt1", ck);
     cr_assert(access(p, F_OK) != 0, "the refused job saved %s", p);
     free(err);
     free(dir);

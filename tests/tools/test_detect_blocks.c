@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <time.h>
 
+#include "common/fs.h"
 #include "tests/util/launch_util.h"
 #include "tests/util/tu_check.h"
 #include "tests/util/tu_venv.h"
@@ -17,7 +18,8 @@
 
 struct db {
     char *dir;
-    char ini[4200], cache_env[4300], cache_file[4400];
+    char ini[FSDP_PATH_MAX], cache_file[FSDP_PATH_MAX];
+    char cache_env[FSDP_PATH_MAX + 32]; /* "NAME=" and a path */
 };
 
 static void db_setup(struct db *d)
@@ -113,7 +115,7 @@ Test(detect_blocks, table_of_the_configured_model, .timeout = 120)
 /* transformers' GPT2Model of the same shape: per class, the module count and parameters (subtree) agree. */
 Test(detect_blocks, counts_match_transformers, .timeout = 120)
 {
-    char py[4096];
+    char py[FSDP_PATH_MAX];
     if (!tu_venv_bin("python", py, sizeof py))
         cr_skip_test("no PyPI venv with transformers at %s (.ci/run makes it; FSDP_TORCH_VENV names another)", py);
     struct db d;
@@ -198,11 +200,11 @@ Test(detect_blocks, cache_refresh_keys_clear_and_corruption, .timeout = 120)
     cr_expect_neq(access(d.cache_file, F_OK), 0, "--clear-cache left %s", d.cache_file);
 
     /* without XDG_CACHE_HOME: ~/.cache */
-    char home[4300], home_env[4400], want[4500];
+    char home[FSDP_PATH_MAX], want[FSDP_PATH_MAX], home_env[FSDP_PATH_MAX + 32]; /* + 32: "HOME=" */
     snprintf(home, sizeof home, "%s/home", d.dir);
     cr_assert_eq(mkdir(home, 0755), 0);
     snprintf(home_env, sizeof home_env, "HOME=%s", home);
-    snprintf(want, sizeof want, "%s/.cache/fsdpc/fsdp_block_cache.json", home);
+    tu_pathf(want, sizeof want, "%s/.cache/fsdpc/fsdp_block_cache.json", home);
     const char *env2[] = {"XDG_CACHE_HOME=", home_env, NULL};
     j = detect(&d, args, env2);
     cr_expect_str_eq(str(j, "cache_file"), want);
@@ -229,7 +231,7 @@ Test(detect_blocks, init_from_safetensors_hf_directory_and_checkpoint, .timeout 
     struct db d;
     db_setup(&d);
     /* a safetensors file: checked against the configured shape; its identity is part of the key */
-    char st[4300], arg[4400];
+    char st[FSDP_PATH_MAX], arg[FSDP_PATH_MAX + 32]; /* + 32: "--key=" and a path */
     snprintf(st, sizeof st, "%s/w.safetensors", d.dir);
     write_weights(st);
     snprintf(arg, sizeof arg, "--model.init_from=%s", st);
@@ -256,13 +258,13 @@ Test(detect_blocks, init_from_safetensors_hf_directory_and_checkpoint, .timeout 
     free(err);
 
     /* a Hugging Face directory: the shape comes from its config.json */
-    char hf[4300], cfg[4400], model[4400];
+    char hf[FSDP_PATH_MAX], cfg[FSDP_PATH_MAX], model[FSDP_PATH_MAX];
     snprintf(hf, sizeof hf, "%s/hf", d.dir);
     cr_assert_eq(mkdir(hf, 0755), 0);
-    snprintf(cfg, sizeof cfg, "%s/config.json", hf);
+    tu_pathf(cfg, sizeof cfg, "%s/config.json", hf);
     lu_write_text(cfg, "{\"model_type\": \"gpt2\", \"n_layer\": 3, \"n_head\": 2, \"n_embd\": 32, "
                        "\"vocab_size\": 100, \"n_positions\": 16}");
-    snprintf(model, sizeof model, "%s/model.safetensors", hf);
+    tu_pathf(model, sizeof model, "%s/model.safetensors", hf);
     write_weights(model);
     snprintf(arg, sizeof arg, "--model.init_from=%s", hf);
     const char *hfargs[] = {d.ini, arg, "--model.n_layer=7", NULL};
@@ -272,12 +274,13 @@ Test(detect_blocks, init_from_safetensors_hf_directory_and_checkpoint, .timeout 
     cJSON_Delete(j);
 
     /* an fsdpc checkpoint: the shape recorded in its metadata */
-    char data[4300], corpus[4300], ck[4400], log[4400];
+    char data[FSDP_PATH_MAX], corpus[FSDP_PATH_MAX];
+    char ck[FSDP_PATH_MAX + 32], log[FSDP_PATH_MAX + 32]; /* + 32: "--key=" and a path */
     snprintf(data, sizeof data, "%s/data", d.dir);
     snprintf(corpus, sizeof corpus, "%s/tests/data/corpus", getenv("FSDP_SOURCE_ROOT"));
     const char *prep[] = {lu_build_path("worker/fsdp-prepare-data"), "-o", data, corpus, NULL};
     cr_assert_eq(lu_exit_code(lu_wait(lu_spawn(prep, d.dir, "prep", NULL), 60)), 0);
-    char train_file[4400];
+    char train_file[FSDP_PATH_MAX + 32]; /* + 32: "--key=" and a path */
     snprintf(train_file, sizeof train_file, "--data.train_file=%s/train.bin", data);
     snprintf(ck, sizeof ck, "--checkpoint.dir=%s/ck", d.dir);
     snprintf(log, sizeof log, "--log.dir=%s/log", d.dir);

@@ -11,13 +11,14 @@
 #include <sys/stat.h>
 
 #include "common/error.h"
+#include "common/fs.h"
 #include "common/safetensors.h"
 #include "kernels/kernels.h"
 #include "tests/train/ttest.h"
 #include "tests/util/tu_venv.h"
 #include "worker/ckpt/ckpt.h"
 
-static char venv_python[4200];
+static char venv_python[FSDP_PATH_MAX];
 
 /* The venv's python with torch and transformers, or a skip naming what is missing. */
 static void need_venv(void)

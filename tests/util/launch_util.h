@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "tests/util/tu_check.h"
 #include "tests/util/tu_file.h"
 #include "tests/util/tu_proc.h"
@@ -44,7 +45,7 @@ static inline char *lu_tmpdir(void)
  * "NAME=value" (value empty with a trailing '=' means unset). */
 static inline pid_t lu_spawn(const char *const *argv, const char *dir, const char *tag, const char *const *env_set)
 {
-    char out[4200], err[4200];
+    char out[FSDP_PATH_MAX], err[FSDP_PATH_MAX];
     snprintf(out, sizeof out, "%s/%s.out", dir, tag);
     snprintf(err, sizeof err, "%s/%s.err", dir, tag);
     /* the test runner's own thread count is not the program's: unset unless env_set gives one */
@@ -91,7 +92,7 @@ static inline void lu_write_text(const char *path, const char *text)
 
 static inline char *lu_slurp_tag(const char *dir, const char *tag, const char *ext)
 {
-    char p[4200];
+    char p[FSDP_PATH_MAX];
     snprintf(p, sizeof p, "%s/%s.%s", dir, tag, ext);
     return tu_slurp(p);
 }
@@ -139,7 +140,7 @@ static inline int lu_read_pids(const char *dir, int n, int *pids, double timeout
     while (tu_now() < end) {
         found = 0;
         for (int r = 0; r < n; r++) {
-            char p[4200];
+            char p[FSDP_PATH_MAX];
             snprintf(p, sizeof p, "%s/pid.%d", dir, r);
             FILE *f = fopen(p, "r");
             if (f) {
@@ -189,7 +190,7 @@ static inline void lu_rm_rf(const char *dir) { tu_rm_tree(dir); }
  * by the real fsdp-prepare-data; its streams go to dir/prepare.{out,err}. */
 static inline void lu_prepare_corpus(const char *dir, const char *data)
 {
-    char docs[4096];
+    char docs[FSDP_PATH_MAX];
     tu_source_path(docs, sizeof docs, "tests/data/corpus");
     const char *argv[] = {lu_build_path("worker/fsdp-prepare-data"), "-o", data, docs, NULL};
     int code = lu_exit_code(lu_wait(lu_spawn(argv, dir, "prepare", NULL), 120));

@@ -6,6 +6,7 @@
 
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,18 @@ static inline const char *tu_build_path(char *buf, size_t cap, const char *rel)
     const char *root = getenv("FSDP_BUILD_ROOT");
     cr_assert_not_null(root, "FSDP_BUILD_ROOT is not set: run through meson test");
     cr_assert_lt((size_t)snprintf(buf, cap, "%s/%s", root, rel), cap, "path too long: %s/%s", root, rel);
+    return buf;
+}
+
+/* snprintf into a path buffer, asserting the path fits: a cut one would point the test at another file. */
+static inline char *tu_pathf(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static inline char *tu_pathf(char *buf, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, cap, fmt, ap);
+    va_end(ap);
+    cr_assert(n >= 0 && (size_t)n < cap, "path too long (%d bytes, room for %zu): %s...", n, cap - 1, buf);
     return buf;
 }
 

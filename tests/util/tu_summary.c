@@ -1,3 +1,4 @@
+#include "common/fs.h"
 #include "tests/util/tu_summary.h"
 
 #include <math.h>
@@ -9,7 +10,7 @@
 
 cJSON *tu_summary_load(const char *logdir, int rank)
 {
-    char path[4400];
+    char path[FSDP_PATH_MAX];
     snprintf(path, sizeof path, "%s/run_summary.rank%d.json", logdir, rank);
     char *text = tu_slurp(path);
     cJSON *o = text && *text ? cJSON_Parse(text) : NULL;
