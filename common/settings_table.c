@@ -196,6 +196,17 @@ static const struct setting table[SETTING_COUNT] = {
      .def_doc = "unset: one rank per visible GPU, at most 4", .readers = SETTING_BY_TESTS, .test_only = true,
      .doc = "Ranks of the NCCL tests (tests/comm/test_comm_nccl.c); rank r uses GPU r modulo the GPUs "
             "visible, so 2 on one GPU asks NCCL to put two ranks on one device."},
+    {.id = SETTING_TEST_GROW_MODULE, .name = "FSDP_TEST_GROW_MODULE", .type = SETTING_STRING, .format = "a path",
+     .def_doc = "set by `meson test`", .readers = SETTING_BY_TESTS, .test_only = true,
+     .doc = "The module (tests/tools/grow_on_read.c) that tools_prepare_data preloads into fsdp-prepare-data to "
+            "grow an input while it is read."},
+    {.id = SETTING_TEST_GROW_FILE, .name = "FSDP_TEST_GROW_FILE", .type = SETTING_STRING, .format = "a path",
+     .def_doc = "unset: nothing grows", .readers = SETTING_BY_TESTS, .test_only = true,
+     .doc = "For the preloaded grow_on_read module: the input that gets FSDP_TEST_GROW_WITH appended when it is "
+            "first read."},
+    {.id = SETTING_TEST_GROW_WITH, .name = "FSDP_TEST_GROW_WITH", .type = SETTING_STRING, .format = "a path",
+     .def_doc = "unset: nothing grows", .readers = SETTING_BY_TESTS, .test_only = true,
+     .doc = "For the preloaded grow_on_read module: the file whose bytes are appended to FSDP_TEST_GROW_FILE."},
 
     /* the launcher to the worker */
     {.id = SETTING_LAUNCH_CONFIG, .name = "FSDP_LAUNCH_CONFIG", .type = SETTING_STRING, .format = "JSON",
