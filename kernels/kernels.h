@@ -95,6 +95,9 @@ struct kernels_attention_cp {
     int b, tq, tk, c, nh, ld;
     const int *qpos, *kpos;
     int nkv, qblock, kblock, ldkv;
+    /* sliding window (attention_forward's): key j is also invisible when kpos[j] <= qpos[i] - window;
+     * 0 = full causal */
+    int window;
 };
 
 struct kernels {
@@ -201,14 +204,17 @@ struct kernels {
      * columns h*hs .. h*hs+hs-1 and the k and v columns of key/value head h / (nh/nkv).
      * out: (b*t, c), head h at columns h*hs ... lse: (b, nh, t) log-sum-exp of each row of scaled scores
      * (scale 1/sqrt(hs)), saved for backward.
+     * window: sliding-window attention (Mistral): key j is visible to query i when i - window < j <= i, the
+     * window tokens ending at the query itself (transformers' sliding_window convention); 0 = full causal.
+     * Key blocks entirely outside every query's window are skipped, not masked.
      * Memory is O(t) per head: no t x t matrix is kept between calls; backward recomputes scores from q, k,
      * v. (CUDA's bf16 path on tensor cores holds one sequence's t x t scores in its scratch during a call.) */
     size_t (*attention_workspace_bytes)(int b, int t, int c, int nh, int nkv);
     int (*attention_forward)(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv,
-                             void *workspace);
-    /* dqkv: (b*t, c + 2*nkv*hs) += gradient w.r.t. qkv. out and lse are forward's outputs. */
+                             int window, void *workspace);
+    /* dqkv: (b*t, c + 2*nkv*hs) += gradient w.r.t. qkv. out and lse are forward's outputs (same window). */
     int (*attention_backward)(float *dqkv, const float *dout, const float *qkv, const float *out,
-                              const float *lse, int b, int t, int c, int nh, int nkv, void *workspace);
+                              const float *lse, int b, int t, int c, int nh, int nkv, int window, void *workspace);
 
     /* ---- context-parallel attention (NULL where a backend lacks it) ----
      * A rank's query rows against the keys/values of the whole sequence, causal by global position:

@@ -38,12 +38,15 @@
 /* the AVX-512 path uses four 64 x 64 tiles of a slot */
 _Static_assert(ATT_SLOT_FLOATS >= 4 * 64 * 64, "attention workspace slot too small for the AVX-512 tiles");
 
-static int check_shape(const char *op, int b, int t, int c, int nh, int nkv)
+static int check_shape(const char *op, int b, int t, int c, int nh, int nkv, int window)
 {
     if (b < 0 || t < 0 || c <= 0 || nh <= 0 || c % nh != 0 || nkv <= 0 || nh % nkv != 0)
         return error_set(FSDP_EINVAL,
                          "kernels cpu: %s: bad shape b=%d t=%d c=%d nh=%d nkv=%d (c %% nh and nh %% nkv must be 0)",
                          op, b, t, c, nh, nkv);
+    if (window < 0)
+        return error_set(FSDP_EINVAL, "kernels cpu: %s: window %d must be >= 0 (0 = full causal attention)", op,
+                         window);
     return 0;
 }
 
@@ -88,25 +91,29 @@ static void att_round_copy(float *dst, const float *src, size_t ld, int t, int w
     }
 }
 
-/* One row of a score tile: fold the valid keys (the first jmax) into the running max m and sum l, turn
- * the row into unnormalised probabilities exp(s - m_new) (rounded to bf16 with round), zero the masked
- * tail, and rescale the output row already accumulated by exp(m_old - m_new). */
+/* One row of a score tile: fold the valid keys (jmin .. jmax - 1: the causal limit and the sliding window)
+ * into the running max m and sum l, turn the row into unnormalised probabilities exp(s - m_new) (rounded to
+ * bf16 with round), zero the masked head and tail, and rescale the output row already accumulated by
+ * exp(m_old - m_new). */
 CPU_SIMD_CLONES
-static void att_row_online(float *s, int nk, int jmax, float *m, float *l, float *o, int hs, int round)
+static void att_row_online(float *s, int nk, int jmin, int jmax, float *m, float *l, float *o, int hs, int round)
 {
-    if (jmax <= 0) {
+    jmin = jmin > 0 ? jmin : 0;
+    if (jmax <= jmin) {
         for (int j = 0; j < nk; j++)
             s[j] = 0.0f;
         return;
     }
-    float mx = s[0];
+    float mx = s[jmin];
 #pragma omp simd reduction(max : mx)
-    for (int j = 1; j < jmax; j++)
+    for (int j = jmin + 1; j < jmax; j++)
         mx = s[j] > mx ? s[j] : mx;
     float m_new = *m > mx ? *m : mx;
     float sum = 0.0f;
+    for (int j = 0; j < jmin; j++)
+        s[j] = 0.0f;
 #pragma omp simd reduction(+ : sum)
-    for (int j = 0; j < jmax; j++) {
+    for (int j = jmin; j < jmax; j++) {
         float p = fastmath_expf(s[j] - m_new);
         s[j] = p;
         sum += p;
@@ -122,7 +129,7 @@ static void att_row_online(float *s, int nk, int jmax, float *m, float *l, float
     *l = *l * alpha + sum;
     *m = m_new;
     if (round) /* P as the operand of P V; l keeps the unrounded sum */
-        att_round_row(s, jmax);
+        att_round_row(s + jmin, jmax - jmin);
 }
 
 /* One query head of one sequence: where its q, k, v columns (k and v of its key/value head) and its
@@ -169,8 +176,15 @@ static struct att_head att_head_at(const struct att_call *a, int bi, int h)
     return r;
 }
 
+/* The first key a query block starting at q0 can see: 0, or the first query's window start. Key blocks
+ * start there, so blocks wholly before every query's window are never computed. */
+static int att_first_key(int q0, int window)
+{
+    return window > 0 && q0 - window + 1 > 0 ? q0 - window + 1 : 0;
+}
+
 /* One pair on sgemm tiles (round: the P of P V rounded to bf16, the bf16 sgemm path). */
-static void att_forward_pair(const struct att_head *a, int t, int hs, float scale, float *ws, int round)
+static void att_forward_pair(const struct att_head *a, int t, int hs, int window, float scale, float *ws, int round)
 {
     const size_t ld = a->ld, ldo = a->ldo;
     float *s = ws, *m = ws + 2 * ATT_BQ * ATT_BK, *l = m + ATT_BQ;
@@ -184,15 +198,16 @@ static void att_forward_pair(const struct att_head *a, int t, int hs, float scal
             for (int d = 0; d < hs; d++)
                 o[(size_t)r * ldo + d] = 0.0f;
         }
-        for (int k0 = 0; k0 < q1; k0 += ATT_BK) {
+        for (int k0 = att_first_key(q0, window); k0 < q1; k0 += ATT_BK) {
             int k1 = k0 + ATT_BK < q1 ? k0 + ATT_BK : q1, nk = k1 - k0;
             const float *k = a->k + (size_t)k0 * ld, *v = a->v + (size_t)k0 * ld;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, scale, q, (int)ld, k, (int)ld, 0.0f,
                         s, ATT_BK);
             for (int r = 0; r < nq; r++) {
-                int jmax = q0 + r - k0 + 1; /* keys k0 .. q0+r are visible to query q0+r */
+                /* keys k0 .. q0+r are visible to query q0+r, from q0+r-window+1 on under a window */
+                int jmax = q0 + r - k0 + 1, jmin = window > 0 ? q0 + r - window + 1 - k0 : 0;
                 jmax = jmax < nk ? jmax : nk;
-                att_row_online(s + (size_t)r * ATT_BK, nk, jmax, m + r, l + r, o + (size_t)r * ldo, hs, round);
+                att_row_online(s + (size_t)r * ATT_BK, nk, jmin, jmax, m + r, l + r, o + (size_t)r * ldo, hs, round);
             }
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nk, 1.0f, s, ATT_BK, v, (int)ld, 1.0f,
                         o, (int)ldo);
@@ -269,7 +284,7 @@ static void att_pf_next(struct att_pf *pf, const struct att_pf *next, int q0, in
 }
 
 /* Workspace of a pair: forward qt | st | ot, backward qt | dot | pt | dpt (64 x 64 floats each). */
-ATT_TARGET static void att512_forward_pair(const struct att_head *a, int t, float scale, float *ws,
+ATT_TARGET static void att512_forward_pair(const struct att_head *a, int t, int window, float scale, float *ws,
                                            const struct att_pf *next)
 {
     const size_t ld = a->ld;
@@ -281,17 +296,20 @@ ATT_TARGET static void att512_forward_pair(const struct att_head *a, int t, floa
         int nq = t - q0 < 64 ? t - q0 : 64;
         att_transpose64(qt, a->q + (size_t)q0 * ld, ld, nq, scale);
         /* two tile calls of 64 / ATT_R register blocks per key block */
-        att_pf_next(&pf, next, q0, t, (q0 / 64 + 1) * 2 * (64 / ATT_R));
+        const int kfirst = att_window_k0(q0, window);
+        att_pf_next(&pf, next, q0, t, ((q0 - kfirst) / 64 + 1) * 2 * (64 / ATT_R));
         for (int r = 0; r < 64; r++)
             m[r] = -INFINITY, l[r] = 0.0f;
-        /* rows of ot past nq are computed too (from zero queries) and never written out */
-        for (int k0 = 0; k0 <= q0; k0 += 64) {
+        /* rows of ot past nq are computed too (from zero queries) and never written out; a query that sees no
+         * key of the first tile (its window starts later) keeps m = -inf and l = 0 until one it sees */
+        for (int k0 = kfirst; k0 <= q0; k0 += 64) {
             int diag = k0 == q0, nk = diag ? nq : 64;
             const float *k = a->k + (size_t)k0 * ld, *v = a->v + (size_t)k0 * ld;
-            att_tile_xyt(ATT_EPI_SCORES, st, k, ld, qt, nk, diag, NULL, NULL, 0.0f, &pf);
-            att_softmax_cols(st, nk, diag, m, l, alpha);
-            att_tile_acc(ot, 64, nq, st, 1, 64, v, ld, nk, diag ? ATT_TRIM_HI : ATT_TRIM_NONE, alpha, k0 == 0,
+            att_tile_xyt(ATT_EPI_SCORES, st, k, ld, qt, nk, diag, att_window_wo(q0, k0, window), NULL, NULL, 0.0f,
                          &pf);
+            att_softmax_cols(st, nk, diag, m, l, alpha);
+            att_tile_acc(ot, 64, nq, st, 1, 64, v, ld, nk, diag ? ATT_TRIM_HI : ATT_TRIM_NONE, alpha,
+                         k0 == kfirst, &pf);
         }
         for (int r = 0; r < nq; r++) {
             float inv = 1.0f / l[r], *o = a->out + (size_t)(q0 + r) * a->ldo;
@@ -302,7 +320,7 @@ ATT_TARGET static void att512_forward_pair(const struct att_head *a, int t, floa
     }
 }
 
-ATT_TARGET static void att512_backward_pair(const struct att_head *a, int t, float scale, float *ws,
+ATT_TARGET static void att512_backward_pair(const struct att_head *a, int t, int window, float scale, float *ws,
                                             const struct att_pf *next)
 {
     const size_t ld = a->ld, ldo = a->ldo;
@@ -316,8 +334,9 @@ ATT_TARGET static void att512_backward_pair(const struct att_head *a, int t, flo
         float *dq = a->dq + (size_t)q0 * ld;
         att_transpose64(qt, q, ld, nq, scale);
         att_transpose64(dot, dO, ldo, nq, 1.0f);
+        const int kfirst = att_window_k0(q0, window);
         /* five tile calls of 64 / ATT_R register blocks per key block */
-        att_pf_next(&pf, next, q0, t, (q0 / 64 + 1) * 5 * (64 / ATT_R));
+        att_pf_next(&pf, next, q0, t, ((q0 - kfirst) / 64 + 1) * 5 * (64 / ATT_R));
         for (int r = 0; r < 64; r++) {
             /* padding queries: lse +inf makes their probabilities exactly 0 */
             lsev[r] = r < nq ? a->lse_in[q0 + r] : INFINITY;
@@ -331,16 +350,17 @@ ATT_TARGET static void att512_backward_pair(const struct att_head *a, int t, flo
             }
             dsum[r] = s;
         }
-        for (int k0 = 0; k0 <= q0; k0 += 64) {
-            int diag = k0 == q0, nk = diag ? nq : 64;
+        for (int k0 = kfirst; k0 <= q0; k0 += 64) {
+            int diag = k0 == q0, nk = diag ? nq : 64, wo = att_window_wo(q0, k0, window);
             const float *k = a->k + (size_t)k0 * ld, *v = a->v + (size_t)k0 * ld;
             float *dk = a->dk + (size_t)k0 * ld, *dv = a->dv + (size_t)k0 * ld;
             enum att_trim by_key = diag ? ATT_TRIM_LO : ATT_TRIM_NONE, by_query = diag ? ATT_TRIM_HI : ATT_TRIM_NONE;
-            att_tile_xyt(ATT_EPI_PROBS, pt, k, ld, qt, nk, diag, lsev, NULL, 0.0f, &pf);
+            /* P is 0 outside the window, so the products need no trim of their own for it */
+            att_tile_xyt(ATT_EPI_PROBS, pt, k, ld, qt, nk, diag, wo, lsev, NULL, 0.0f, &pf);
             /* dV += P^T dO */
             att_tile_acc(dv, ld, nk, pt, 64, 1, dO, ldo, nq, by_key, NULL, 0, &pf);
             /* dS^T = P^T (dP^T - D) scale, dP^T = V dO^T */
-            att_tile_xyt(ATT_EPI_DS, dpt, v, ld, dot, nk, diag, dsum, pt, scale, &pf);
+            att_tile_xyt(ATT_EPI_DS, dpt, v, ld, dot, nk, diag, wo, dsum, pt, scale, &pf);
             /* dQ += dS K ; dK += dS^T Q */
             att_tile_acc(dq, ld, nq, dpt, 1, 64, k, ld, nk, by_query, NULL, 0, &pf);
             att_tile_acc(dk, ld, nk, dpt, 64, 1, q, ld, nq, by_key, NULL, 0, &pf);
@@ -361,15 +381,15 @@ static int att512_usable(int hs)
     return 0;
 }
 /* never called (att512_usable is 0), so the callers need no #if */
-static inline void att512_forward_pair(const struct att_head *a, int t, float scale, float *ws,
+static inline void att512_forward_pair(const struct att_head *a, int t, int window, float scale, float *ws,
                                        const struct att_pf *next)
 {
-    (void)a, (void)t, (void)scale, (void)ws, (void)next;
+    (void)a, (void)t, (void)window, (void)scale, (void)ws, (void)next;
 }
-static inline void att512_backward_pair(const struct att_head *a, int t, float scale, float *ws,
+static inline void att512_backward_pair(const struct att_head *a, int t, int window, float scale, float *ws,
                                         const struct att_pf *next)
 {
-    (void)a, (void)t, (void)scale, (void)ws, (void)next;
+    (void)a, (void)t, (void)window, (void)scale, (void)ws, (void)next;
 }
 #endif
 
@@ -381,9 +401,9 @@ static int att_threads(int pairs)
 }
 
 int cpu_attention_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv,
-                          void *workspace)
+                          int window, void *workspace)
 {
-    FSDP_TRY(check_shape("attention_forward", b, t, c, nh, nkv));
+    FSDP_TRY(check_shape("attention_forward", b, t, c, nh, nkv, window));
     if (b == 0 || t == 0)
         return 0;
     if (!workspace)
@@ -402,12 +422,12 @@ int cpu_attention_forward(float *out, float *lse, const float *qkv, int b, int t
         for (int p = 0; p < pairs; p++) {
             struct att_head a = att_head_at(&call, p / nh, p % nh);
             if (fast16) {
-                cpu_att16_forward_pair(a.out, a.ldo, a.lse, a.q, a.k, a.v, a.ld, t, scale, ws);
+                cpu_att16_forward_pair(a.out, a.ldo, a.lse, a.q, a.k, a.v, a.ld, t, window, scale, ws);
             } else if (fast) {
                 /* the pair this thread most likely takes next (the one its stride lands on) */
                 int pn = p + omp_get_num_threads();
                 struct att_pf next;
-                att512_forward_pair(&a, t, scale, ws, att_pf_head(&next, &call, pn / nh, pn % nh));
+                att512_forward_pair(&a, t, window, scale, ws, att_pf_head(&next, &call, pn / nh, pn % nh));
             } else if (bf16) {
                 /* the pair's q, k, v rounded, after the fp32 tiles of the slot */
                 float *r = ws + ATT_SLOT_FLOATS;
@@ -416,22 +436,24 @@ int cpu_attention_forward(float *out, float *lse, const float *qkv, int b, int t
                 att_round_copy(r + 2 * (size_t)t * hs, a.v, a.ld, t, hs);
                 struct att_head ra = a;
                 ra.q = r, ra.k = r + (size_t)t * hs, ra.v = r + 2 * (size_t)t * hs, ra.ld = (size_t)hs;
-                att_forward_pair(&ra, t, hs, scale, ws, 1);
+                att_forward_pair(&ra, t, hs, window, scale, ws, 1);
             } else {
-                att_forward_pair(&a, t, hs, scale, ws, 0);
+                att_forward_pair(&a, t, hs, window, scale, ws, 0);
             }
         }
     }
     return 0;
 }
 
-/* Recomputes one row of probabilities p = exp(s - lse) (0 where masked). */
+/* Recomputes one row of probabilities p = exp(s - lse) for keys jmin .. jmax - 1 (0 where masked). */
 CPU_SIMD_CLONES
-static void att_row_probs(float *s, int nk, int jmax, float lse)
+static void att_row_probs(float *s, int nk, int jmin, int jmax, float lse)
 {
-    int lim = jmax < 0 ? 0 : jmax;
+    int lo = jmin > 0 ? jmin : 0, lim = jmax < lo ? lo : jmax;
+    for (int j = 0; j < lo; j++)
+        s[j] = 0.0f;
 #pragma omp simd
-    for (int j = 0; j < lim; j++)
+    for (int j = lo; j < lim; j++)
         s[j] = fastmath_expf(s[j] - lse);
     for (int j = lim; j < nk; j++)
         s[j] = 0.0f;
@@ -459,7 +481,7 @@ static float att_row_dot(const float *a, const float *b, int n)
 /* One pair's backward on sgemm tiles: the head's q, k, v (ld) and dO (lddo) are the products' operands
  * (bf16-rounded copies with round), out (ldo) gives D = rowsum(dO O) with the same dO; dq, dk, dv (ldg)
  * accumulate. */
-static void att_backward_pair(const struct att_head *a, int t, int hs, float scale, float *ws, int round)
+static void att_backward_pair(const struct att_head *a, int t, int hs, int window, float scale, float *ws, int round)
 {
     const size_t ld = a->ld, ldg = a->ldg, ldo = a->ldo, lddo = a->lddo;
     float *p = ws, *dp = ws + ATT_BQ * ATT_BK, *dsum = ws + 2 * ATT_BQ * ATT_BK;
@@ -469,15 +491,15 @@ static void att_backward_pair(const struct att_head *a, int t, int hs, float sca
         float *dq = a->dq + (size_t)q0 * ldg;
         for (int r = 0; r < nq; r++)
             dsum[r] = att_row_dot(dO + (size_t)r * lddo, a->o + (size_t)(q0 + r) * ldo, hs);
-        for (int k0 = 0; k0 < q1; k0 += ATT_BK) {
+        for (int k0 = att_first_key(q0, window); k0 < q1; k0 += ATT_BK) {
             int k1 = k0 + ATT_BK < q1 ? k0 + ATT_BK : q1, nk = k1 - k0;
             const float *k = a->k + (size_t)k0 * ld, *v = a->v + (size_t)k0 * ld;
             float *dk = a->dk + (size_t)k0 * ldg, *dv = a->dv + (size_t)k0 * ldg;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, scale, q, (int)ld, k, (int)ld, 0.0f,
                         p, ATT_BK);
             for (int r = 0; r < nq; r++) {
-                int jmax = q0 + r - k0 + 1;
-                att_row_probs(p + (size_t)r * ATT_BK, nk, jmax < nk ? jmax : nk, a->lse_in[q0 + r]);
+                int jmax = q0 + r - k0 + 1, jmin = window > 0 ? q0 + r - window + 1 - k0 : 0;
+                att_row_probs(p + (size_t)r * ATT_BK, nk, jmin, jmax < nk ? jmax : nk, a->lse_in[q0 + r]);
             }
             /* dP = dO V^T; dS from the unrounded P */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, 1.0f, dO, (int)lddo, v, (int)ld, 0.0f,
@@ -502,9 +524,9 @@ static void att_backward_pair(const struct att_head *a, int t, int hs, float sca
 }
 
 int cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                           const float *lse, int b, int t, int c, int nh, int nkv, void *workspace)
+                           const float *lse, int b, int t, int c, int nh, int nkv, int window, void *workspace)
 {
-    FSDP_TRY(check_shape("attention_backward", b, t, c, nh, nkv));
+    FSDP_TRY(check_shape("attention_backward", b, t, c, nh, nkv, window));
     if (b == 0 || t == 0)
         return 0;
     if (!workspace)
@@ -526,14 +548,15 @@ int cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, con
             for (int h = h0; h < h0 + group; h++) {
                 struct att_head a = att_head_at(&call, bi, h);
                 if (fast16) {
-                    cpu_att16_backward_pair(a.dq, a.dk, a.dv, a.dout, a.q, a.k, a.v, a.o, a.ld, a.ldo, a.lse_in, t, scale, ws);
+                    cpu_att16_backward_pair(a.dq, a.dk, a.dv, a.dout, a.q, a.k, a.v, a.o, a.ld, a.ldo, a.lse_in, t, window,
+                                            scale, ws);
                 } else if (fast) {
                     /* next: the group's next query head, else the first of the group this thread's stride
                      * lands on */
                     int pn = p + omp_get_num_threads();
                     struct att_pf next, *np = h + 1 < h0 + group ? att_pf_head(&next, &call, bi, h + 1)
                                                                  : att_pf_head(&next, &call, pn / nkv, pn % nkv * group);
-                    att512_backward_pair(&a, t, scale, ws, np);
+                    att512_backward_pair(&a, t, window, scale, ws, np);
                 } else if (bf16) {
                     float *r = ws + ATT_SLOT_FLOATS, *rdo = r + 3 * (size_t)t * hs;
                     att_round_copy(r, a.q, a.ld, t, hs);
@@ -543,9 +566,9 @@ int cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, con
                     struct att_head ra = a;
                     ra.q = r, ra.k = r + (size_t)t * hs, ra.v = r + 2 * (size_t)t * hs, ra.ld = (size_t)hs;
                     ra.dout = rdo, ra.lddo = (size_t)hs;
-                    att_backward_pair(&ra, t, hs, scale, ws, 1);
+                    att_backward_pair(&ra, t, hs, window, scale, ws, 1);
                 } else {
-                    att_backward_pair(&a, t, hs, scale, ws, 0);
+                    att_backward_pair(&a, t, hs, window, scale, ws, 0);
                 }
             }
         }

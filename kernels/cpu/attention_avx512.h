@@ -85,6 +85,30 @@ static inline __mmask16 att_diag_mask(int j, int v)
     return sh <= 0 ? (__mmask16)0xFFFF : sh >= 16 ? (__mmask16)0 : (__mmask16)(0xFFFFu << sh);
 }
 
+/* Sliding window: query r of a tile (relative to its query block) sees key j (relative to its key block) only
+ * while r < j + wo, wo = k0 - q0 + window the tile's window offset; ATT_NO_WINDOW for full causal attention.
+ * The lanes of vector v that key row j may see under that rule. */
+#define ATT_NO_WINDOW (1 << 24)
+static inline __mmask16 att_window_mask(int j, int v, int wo)
+{
+    int sh = j + wo - 16 * v;
+    return sh >= 16 ? (__mmask16)0xFFFF : sh <= 0 ? (__mmask16)0 : (__mmask16)((1u << sh) - 1u);
+}
+
+/* A query block's first key tile (64-aligned) under a window: tiles whose last key is before every query's
+ * window are skipped whole. */
+static inline int att_window_k0(int q0, int window)
+{
+    int lo = q0 - window + 1; /* the first query's first visible key */
+    return window > 0 && lo > 0 ? lo / 64 * 64 : 0;
+}
+
+/* The window offset of the tile (q0, k0) for att_window_mask. */
+static inline int att_window_wo(int q0, int k0, int window)
+{
+    return window > 0 ? k0 - q0 + window : ATT_NO_WINDOW;
+}
+
 enum att_epi {
     ATT_EPI_SCORES, /* forward: store the scores, -inf where masked */
     ATT_EPI_PROBS,  /* backward: P = exp(s - lse[r]), 0 where masked */
@@ -168,8 +192,8 @@ ATT_TARGET static inline void att_softmax_cols(float *st, int nk, int diag, floa
  * V0 (queries before 16 V0) are masked for every row of the block on a diagonal tile: they are not
  * computed, only filled with the masked value. */
 ATT_INLINE void att_rows_xyt(const int R, const int V0, enum att_epi epi, float *dst, const float *x,
-                             size_t ldx, const float *yt, int j, int diag, const float *colv, const float *pt,
-                             float scale)
+                             size_t ldx, const float *yt, int j, int diag, int wo, const float *colv,
+                             const float *pt, float scale)
 {
     __m512 acc[ATT_R][4];
 #pragma GCC unroll 8
@@ -202,7 +226,7 @@ ATT_INLINE void att_rows_xyt(const int R, const int V0, enum att_epi epi, float 
                 _mm512_storeu_ps(o, masked);
                 continue;
             }
-            __mmask16 m = diag ? att_diag_mask(j + i, v) : (__mmask16)0xFFFF;
+            __mmask16 m = (diag ? att_diag_mask(j + i, v) : (__mmask16)0xFFFF) & att_window_mask(j + i, v, wo);
             __m512 s = acc[i][v];
             if (epi == ATT_EPI_SCORES)
                 s = _mm512_mask_mov_ps(masked, m, s);
@@ -246,7 +270,7 @@ ATT_UNUSED static inline void att_pf_issue(struct att_pf *pf)
 }
 
 ATT_TARGET ATT_UNUSED static void att_tile_xyt(enum att_epi epi, float *dst, const float *x, size_t ldx,
-                                               const float *yt, int n, int diag, const float *colv,
+                                               const float *yt, int n, int diag, int wo, const float *colv,
                                                const float *pt, float scale, struct att_pf *pf)
 {
     int j = 0;
@@ -254,17 +278,17 @@ ATT_TARGET ATT_UNUSED static void att_tile_xyt(enum att_epi epi, float *dst, con
         att_pf_issue(pf);
         /* on the diagonal, key j is invisible to queries r < j: whole vectors below j / 16 for the block */
         switch (diag ? j / 16 : 0) {
-        case 0: att_rows_xyt(ATT_R, 0, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
-        case 1: att_rows_xyt(ATT_R, 1, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
-        case 2: att_rows_xyt(ATT_R, 2, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
-        default: att_rows_xyt(ATT_R, 3, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
+        case 0: att_rows_xyt(ATT_R, 0, epi, dst, x, ldx, yt, j, diag, wo, colv, pt, scale); break;
+        case 1: att_rows_xyt(ATT_R, 1, epi, dst, x, ldx, yt, j, diag, wo, colv, pt, scale); break;
+        case 2: att_rows_xyt(ATT_R, 2, epi, dst, x, ldx, yt, j, diag, wo, colv, pt, scale); break;
+        default: att_rows_xyt(ATT_R, 3, epi, dst, x, ldx, yt, j, diag, wo, colv, pt, scale); break;
         }
     }
     /* the last few rows (t not a multiple of ATT_R) are computed whole */
     switch (n - j) {
-    case 3: att_rows_xyt(3, 0, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
-    case 2: att_rows_xyt(2, 0, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
-    case 1: att_rows_xyt(1, 0, epi, dst, x, ldx, yt, j, diag, colv, pt, scale); break;
+    case 3: att_rows_xyt(3, 0, epi, dst, x, ldx, yt, j, diag, wo, colv, pt, scale); break;
+    case 2: att_rows_xyt(2, 0, epi, dst, x, ldx, yt, j, diag, wo, colv, pt, scale); break;
+    case 1: att_rows_xyt(1, 0, epi, dst, x, ldx, yt, j, diag, wo, colv, pt, scale); break;
     default: break;
     }
 }

@@ -84,8 +84,8 @@ ATT16_TARGET static void att16_pair_rows(uint32_t *dst, const float *src, size_t
 /* Rows j .. j+R-1 of the transposed tile dst: dst[j][r] = sum_d x[j][d] yt[d][r], x the bf16 rows (32 pairs
  * each) of k or v, ytp the pair layout of the transposed (scaled) query or dO block; epilogue as att_rows_xyt's. */
 ATT16_INLINE void att16_rows_xyt(const int R, const int V0, enum att_epi epi, float *dst, const uint32_t *x,
-                                 const uint32_t *ytp, int j, int diag, const float *colv, const float *pt,
-                                 float scale)
+                                 const uint32_t *ytp, int j, int diag, int wo, const float *colv,
+                                 const float *pt, float scale)
 {
     __m512 acc[ATT_R][4];
 #pragma GCC unroll 8
@@ -117,7 +117,7 @@ ATT16_INLINE void att16_rows_xyt(const int R, const int V0, enum att_epi epi, fl
                 _mm512_storeu_ps(o, masked);
                 continue;
             }
-            __mmask16 m = diag ? att_diag_mask(j + i, v) : (__mmask16)0xFFFF;
+            __mmask16 m = (diag ? att_diag_mask(j + i, v) : (__mmask16)0xFFFF) & att_window_mask(j + i, v, wo);
             __m512 s = acc[i][v];
             if (epi == ATT_EPI_SCORES)
                 s = _mm512_mask_mov_ps(masked, m, s);
@@ -132,21 +132,21 @@ ATT16_INLINE void att16_rows_xyt(const int R, const int V0, enum att_epi epi, fl
 }
 
 ATT16_TARGET static void att16_tile_xyt(enum att_epi epi, float *dst, const uint32_t *x, const uint32_t *ytp, int n,
-                                        int diag, const float *colv, const float *pt, float scale)
+                                        int diag, int wo, const float *colv, const float *pt, float scale)
 {
     int j = 0;
     for (; j + ATT_R <= n; j += ATT_R) {
         switch (diag ? j / 16 : 0) {
-        case 0: att16_rows_xyt(ATT_R, 0, epi, dst, x, ytp, j, diag, colv, pt, scale); break;
-        case 1: att16_rows_xyt(ATT_R, 1, epi, dst, x, ytp, j, diag, colv, pt, scale); break;
-        case 2: att16_rows_xyt(ATT_R, 2, epi, dst, x, ytp, j, diag, colv, pt, scale); break;
-        default: att16_rows_xyt(ATT_R, 3, epi, dst, x, ytp, j, diag, colv, pt, scale); break;
+        case 0: att16_rows_xyt(ATT_R, 0, epi, dst, x, ytp, j, diag, wo, colv, pt, scale); break;
+        case 1: att16_rows_xyt(ATT_R, 1, epi, dst, x, ytp, j, diag, wo, colv, pt, scale); break;
+        case 2: att16_rows_xyt(ATT_R, 2, epi, dst, x, ytp, j, diag, wo, colv, pt, scale); break;
+        default: att16_rows_xyt(ATT_R, 3, epi, dst, x, ytp, j, diag, wo, colv, pt, scale); break;
         }
     }
     switch (n - j) {
-    case 3: att16_rows_xyt(3, 0, epi, dst, x, ytp, j, diag, colv, pt, scale); break;
-    case 2: att16_rows_xyt(2, 0, epi, dst, x, ytp, j, diag, colv, pt, scale); break;
-    case 1: att16_rows_xyt(1, 0, epi, dst, x, ytp, j, diag, colv, pt, scale); break;
+    case 3: att16_rows_xyt(3, 0, epi, dst, x, ytp, j, diag, wo, colv, pt, scale); break;
+    case 2: att16_rows_xyt(2, 0, epi, dst, x, ytp, j, diag, wo, colv, pt, scale); break;
+    case 1: att16_rows_xyt(1, 0, epi, dst, x, ytp, j, diag, wo, colv, pt, scale); break;
     default: break;
     }
 }
@@ -234,7 +234,7 @@ static void att16_carve(struct att16_ws *w, void *ws, int t)
 }
 
 ATT16_TARGET void cpu_att16_forward_pair(float *out, size_t ldo, float *lse, const float *q, const float *k,
-                                         const float *v, size_t ld, int t, float scale, void *ws)
+                                         const float *v, size_t ld, int t, int window, float scale, void *ws)
 {
     struct att16_ws w;
     att16_carve(&w, ws, t);
@@ -249,12 +249,15 @@ ATT16_TARGET void cpu_att16_forward_pair(float *out, size_t ldo, float *lse, con
         att16_pair_rows(qtp, qt, 64, 64, 64, 0);
         for (int r = 0; r < 64; r++)
             m[r] = -INFINITY, l[r] = 0.0f;
-        for (int k0 = 0; k0 <= q0; k0 += 64) {
+        /* key tiles before every query's window are skipped (att_window_k0 is 64-aligned: even for the pairs) */
+        const int kfirst = att_window_k0(q0, window);
+        for (int k0 = kfirst; k0 <= q0; k0 += 64) {
             int diag = k0 == q0, nk = diag ? nq : 64;
-            att16_tile_xyt(ATT_EPI_SCORES, st, kr + (size_t)k0 * 32, qtp, nk, diag, NULL, NULL, 0.0f);
+            att16_tile_xyt(ATT_EPI_SCORES, st, kr + (size_t)k0 * 32, qtp, nk, diag, att_window_wo(q0, k0, window),
+                           NULL, NULL, 0.0f);
             att_softmax_cols(st, nk, diag, m, l, alpha);
             att16_pair_rows(ptp, st, 64, nk, 64, 1);
-            att16_tile_acc(ot, 64, nq, ptp, 1, 64, vp + (size_t)(k0 / 2) * 64, nk, 0, diag, alpha, k0 == 0);
+            att16_tile_acc(ot, 64, nq, ptp, 1, 64, vp + (size_t)(k0 / 2) * 64, nk, 0, diag, alpha, k0 == kfirst);
         }
         for (int r = 0; r < nq; r++) {
             float inv = 1.0f / l[r], *o = out + (size_t)(q0 + r) * ldo;
@@ -268,7 +271,7 @@ ATT16_TARGET void cpu_att16_forward_pair(float *out, size_t ldo, float *lse, con
 ATT16_TARGET void cpu_att16_backward_pair(float *dq_all, float *dk_all, float *dv_all, const float *dout,
                                           const float *q_all, const float *k_all, const float *v_all,
                                           const float *out, size_t ld, size_t ldo, const float *lse, int t,
-                                          float scale, void *ws)
+                                          int window, float scale, void *ws)
 {
     struct att16_ws w;
     att16_carve(&w, ws, t);
@@ -307,15 +310,15 @@ ATT16_TARGET void cpu_att16_backward_pair(float *dq_all, float *dk_all, float *d
             }
             dsum[r] = s;
         }
-        for (int k0 = 0; k0 <= q0; k0 += 64) {
-            int diag = k0 == q0, nk = diag ? nq : 64;
+        for (int k0 = att_window_k0(q0, window); k0 <= q0; k0 += 64) {
+            int diag = k0 == q0, nk = diag ? nq : 64, wo = att_window_wo(q0, k0, window);
             float *dk = dk_all + (size_t)k0 * ld, *dv = dv_all + (size_t)k0 * ld;
-            att16_tile_xyt(ATT_EPI_PROBS, pt, kr + (size_t)k0 * 32, qtp, nk, diag, lsev, NULL, 0.0f);
+            att16_tile_xyt(ATT_EPI_PROBS, pt, kr + (size_t)k0 * 32, qtp, nk, diag, wo, lsev, NULL, 0.0f);
             /* dV += P^T dO: rows are keys, the contraction runs over queries (pairs along a row of pt) */
             att16_rows(pt16, pt, 64, nk, 64);
             att16_tile_acc(dv, ld, nk, pt16, 32, 1, dop + (size_t)(q0 / 2) * 64, nq, diag, 0, NULL, 0);
             /* dS^T = P^T (dP^T - D) scale, dP^T = V dO^T */
-            att16_tile_xyt(ATT_EPI_DS, dpt, vr + (size_t)k0 * 32, dotp, nk, diag, dsum, pt, scale);
+            att16_tile_xyt(ATT_EPI_DS, dpt, vr + (size_t)k0 * 32, dotp, nk, diag, wo, dsum, pt, scale);
             /* dQ += dS K (contraction over keys: pairs down the columns); dK += dS^T Q (over queries) */
             att16_pair_rows(dsp, dpt, 64, nk, 64, 0);
             att16_rows(ds16, dpt, 64, nk, 64);
@@ -340,17 +343,17 @@ int cpu_att16_usable(int hs)
 }
 
 void cpu_att16_forward_pair(float *out, size_t ldo, float *lse, const float *q, const float *k, const float *v,
-                            size_t ld, int t, float scale, void *ws)
+                            size_t ld, int t, int window, float scale, void *ws)
 {
-    (void)out, (void)ldo, (void)lse, (void)q, (void)k, (void)v, (void)ld, (void)t, (void)scale, (void)ws;
+    (void)out, (void)ldo, (void)lse, (void)q, (void)k, (void)v, (void)ld, (void)t, (void)window, (void)scale, (void)ws;
 }
 
 void cpu_att16_backward_pair(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                              const float *v, const float *out, size_t ld, size_t ldo, const float *lse, int t,
-                             float scale, void *ws)
+                             int window, float scale, void *ws)
 {
     (void)dq, (void)dk, (void)dv, (void)dout, (void)q, (void)k, (void)v, (void)out, (void)ld, (void)ldo, (void)lse;
-    (void)t, (void)scale, (void)ws;
+    (void)t, (void)window, (void)scale, (void)ws;
 }
 
 #endif

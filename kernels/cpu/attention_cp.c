@@ -30,6 +30,10 @@ static int check(const char *op, const struct kernels_attention_cp *a)
         return error_set(FSDP_EINVAL,
                          "%s: bad shape b=%d tq=%d tk=%d c=%d nh=%d nkv=%d ld=%d ldkv=%d qblock=%d kblock=%d", op, a->b,
                          a->tq, a->tk, a->c, a->nh, a->nkv, a->ld, a->ldkv, a->qblock, a->kblock);
+    /* the model refuses a sliding window with context parallelism before it gets here (worker/config) */
+    if (a->window)
+        return error_set(FSDP_EUNSUPPORTED, "%s: a sliding window (%d) is not computed by context-parallel "
+                         "attention; use context_parallel_size = 1", op, a->window);
     return 0;
 }
 
@@ -497,7 +501,7 @@ ATT_TARGET static int cp512_forward(float *out, float *lse, const float *q, cons
                         size_t kr0 = cp512_key_row(&kv, bb, j0, a);
                         const float *kt = kv.k + kr0 * kv.ld, *vt = kv.v + kr0 * kv.ld;
                         int diag = kind == CP_DIAG;
-                        att_tile_xyt(ATT_EPI_SCORES, st, kt, kv.ld, qt, nk, diag, NULL, NULL, 0.0f, NULL);
+                        att_tile_xyt(ATT_EPI_SCORES, st, kt, kv.ld, qt, nk, diag, ATT_NO_WINDOW, NULL, NULL, 0.0f, NULL);
                         if (kind == CP_CUT)
                             cp512_cut(st, nk, a->kpos + j0, qp64, -INFINITY);
                         att_softmax_cols(st, nk, diag, m, l, alpha);
@@ -585,11 +589,11 @@ ATT_TARGET static int cp512_backward(float *dq, float *dk, float *dv, const floa
                             int diag = kind == CP_DIAG;
                             enum att_trim by_key = diag ? ATT_TRIM_LO : ATT_TRIM_NONE;
                             enum att_trim by_query = diag ? ATT_TRIM_HI : ATT_TRIM_NONE;
-                            att_tile_xyt(ATT_EPI_PROBS, pt, kt, kv.ld, qt, nk, diag, lsev, NULL, 0.0f, NULL);
+                            att_tile_xyt(ATT_EPI_PROBS, pt, kt, kv.ld, qt, nk, diag, ATT_NO_WINDOW, lsev, NULL, 0.0f, NULL);
                             if (kind == CP_CUT)
                                 cp512_cut(pt, nk, a->kpos + j0, qp64, 0.0f);
                             /* dS^T = P^T (dP^T - D) scale, dP^T = V dO^T, from the unrounded P: 0 wherever P is */
-                            att_tile_xyt(ATT_EPI_DS, dpt, vt, kv.ld, dot_t, nk, diag, dsum, pt, scale, NULL);
+                            att_tile_xyt(ATT_EPI_DS, dpt, vt, kv.ld, dot_t, nk, diag, ATT_NO_WINDOW, dsum, pt, scale, NULL);
                             if (lp) {
                                 cp512_round_tile(pt, nk);
                                 cp512_round_tile(dpt, nk);

@@ -85,12 +85,13 @@ int cpu_att16_usable(int hs);
 size_t cpu_att16_slot_bytes(int t);
 /* One query head against its key/value head: q, k, v rows (and dq, dk, dv) at leading dimension ld, out and
  * dout rows at ldo, lse of the pair; ws = the pair's slot. Backward adds into dq, dk, dv, so the query heads
- * of a grouped key/value head run one after another into the same dk, dv. */
+ * of a grouped key/value head run one after another into the same dk, dv. window: attention_forward's (0 = full
+ * causal). */
 void cpu_att16_forward_pair(float *out, size_t ldo, float *lse, const float *q, const float *k, const float *v,
-                            size_t ld, int t, float scale, void *ws);
+                            size_t ld, int t, int window, float scale, void *ws);
 void cpu_att16_backward_pair(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                              const float *v, const float *out, size_t ld, size_t ldo, const float *lse, int t,
-                             float scale, void *ws);
+                             int window, float scale, void *ws);
 
 /* ---- matmul.c: the dtype the matmuls compute in now (set_matmul_dtype, what this CPU supports) ---- */
 enum dtype cpu_matmul_compute_dtype(void);
@@ -114,9 +115,10 @@ int cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const floa
 
 size_t cpu_attention_workspace_bytes(int b, int t, int c, int nh, int nkv);
 int cpu_attention_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv,
-                            void *workspace);
+                            int window, void *workspace);
 int cpu_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                             const float *lse, int b, int t, int c, int nh, int nkv, void *workspace);
+                             const float *lse, int b, int t, int c, int nh, int nkv, int window,
+                             void *workspace);
 
 int cpu_attention_cp_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                              const struct kernels_attention_cp *a);

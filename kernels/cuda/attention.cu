@@ -457,11 +457,21 @@ size_t cuda_attention_workspace_bytes(int b, int t, int c, int nh, int nkv)
     return (size_t)b * nh * t * sizeof(float);
 }
 
+/* The sliding window is computed by the CPU kernels only so far: refused here rather than ignored. */
+static int check_window(const char *op, int window)
+{
+    if (window != 0)
+        return error_set(FSDP_EUNSUPPORTED, "kernels cuda: %s: a sliding window (%d) is not computed on CUDA yet; "
+                         "train this model with train.device = cpu", op, window);
+    return 0;
+}
+
 int cuda_attention_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv,
-                           void *workspace)
+                           int window, void *workspace)
 {
     (void)workspace;
     FSDP_TRY(check_shape("attention_forward", b, t, c, nh, nkv));
+    FSDP_TRY(check_window("attention_forward", window));
     if (b == 0 || t == 0)
         return 0;
     if (cuda_attention_gemm_applies(c, nh)) /* bf16 on tensor cores (attention_gemm.cu) */
@@ -472,9 +482,10 @@ int cuda_attention_forward(float *out, float *lse, const float *qkv, int b, int 
 }
 
 int cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                            int b, int t, int c, int nh, int nkv, void *workspace)
+                            int b, int t, int c, int nh, int nkv, int window, void *workspace)
 {
     FSDP_TRY(check_shape("attention_backward", b, t, c, nh, nkv));
+    FSDP_TRY(check_window("attention_backward", window));
     if (b == 0 || t == 0)
         return 0;
     if (!workspace)

@@ -418,6 +418,9 @@ static int cp_check(const char *op, const struct kernels_attention_cp *a, cp_sha
                          "kernels cuda: %s: bad shape b=%d tq=%d tk=%d c=%d nh=%d nkv=%d ld=%d ldkv=%d qblock=%d "
                          "kblock=%d",
                          op, a->b, a->tq, a->tk, a->c, a->nh, a->nkv, a->ld, a->ldkv, a->qblock, a->kblock);
+    if (a->window)
+        return error_set(FSDP_EUNSUPPORTED, "kernels cuda: %s: a sliding window (%d) is not computed by "
+                         "context-parallel attention; use context_parallel_size = 1", op, a->window);
     if (a->c / a->nh > CP_MAX_HS)
         return error_set(FSDP_EUNSUPPORTED, "kernels cuda: %s: head size %d is above the supported %d", op,
                          a->c / a->nh, CP_MAX_HS);

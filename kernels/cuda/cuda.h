@@ -46,9 +46,10 @@ int cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const flo
 
 size_t cuda_attention_workspace_bytes(int b, int t, int c, int nh, int nkv);
 int cuda_attention_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv,
-                             void *workspace);
+                             int window, void *workspace);
 int cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                              const float *lse, int b, int t, int c, int nh, int nkv, void *workspace);
+                              const float *lse, int b, int t, int c, int nh, int nkv, int window,
+                             void *workspace);
 
 int cuda_attention_cp_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                               const struct kernels_attention_cp *a);

@@ -262,9 +262,22 @@ Test(worker_config, llama_cross_key_checks_name_the_keys)
     for (const char *const *k = llama_only; k[0]; k += 2) {
         char key[64], want[256];
         snprintf(key, sizeof key, "model.%s", k[0]);
-        snprintf(want, sizeof want, "%s applies only to model_family = llama, qwen2 or qwen3, but model_family is gpt2", key);
+        snprintf(want, sizeof want, "%s applies only to model_family = llama, qwen2, qwen3 or mistral, but model_family is gpt2", key);
         expect_llama_invalid((const char *const[]){key, k[1], NULL}, want);
     }
+    /* the window: Mistral's, Qwen2's and Qwen3's, not Llama's; max_window_layers Qwen2's and Qwen3's only, and
+     * only with a window */
+    expect_llama_invalid((const char *const[]){"model.model_family", "llama", "model.sliding_window", "64", NULL},
+                         "model.sliding_window applies only to model_family = qwen2, qwen3 or mistral, "
+                         "but model_family is llama; remove it or set model.model_family = qwen2");
+    expect_llama_invalid((const char *const[]){"model.model_family", "mistral", "model.max_window_layers", "1", NULL},
+                         "model.max_window_layers applies only to model_family = qwen2 or qwen3");
+    expect_llama_invalid((const char *const[]){"model.model_family", "qwen2", "model.max_window_layers", "1", NULL},
+                         "model.max_window_layers (1) needs model.sliding_window");
+    expect_llama_invalid((const char *const[]){"model.model_family", "mistral", "model.sliding_window", "64",
+                                               "fsdp.context_parallel_size", "2", NULL},
+                         "fsdp.context_parallel_size = 2 with model.sliding_window = 64: context-parallel attention "
+                         "does not compute a sliding window shorter than the sequence (model.block_size = 128)");
     /* from a file, the message names the file and line */
     char dir[] = "/tmp/fsdp-cfg-XXXXXX", path[64];
     cr_assert_not_null(mkdtemp(dir));
@@ -275,7 +288,7 @@ Test(worker_config, llama_cross_key_checks_name_the_keys)
     struct worker_config wc;
     cr_assert_eq(worker_config_view(cfg, &wc), FSDP_EINVAL);
     char want[160];
-    snprintf(want, sizeof want, "model.rope_theta (%s line 3) applies only to model_family = llama, qwen2 or qwen3", path);
+    snprintf(want, sizeof want, "model.rope_theta (%s line 3) applies only to model_family = llama, qwen2, qwen3 or mistral", path);
     cr_assert(strstr(error_message(), want), "%s", error_message());
     config_destroy(cfg);
     unlink(path);
@@ -550,7 +563,7 @@ Test(worker_config, schema_has_every_section_and_key)
         "model.model_family", "model.n_layer", "model.n_head", "model.head_dim", "model.n_kv_head", "model.n_embd",
         "model.intermediate_size", "model.rope_theta", "model.rope_scaling", "model.rope_scaling_factor",
         "model.rope_low_freq_factor", "model.rope_high_freq_factor", "model.rope_original_max_position_embeddings",
-        "model.rms_norm_eps", "model.tie_word_embeddings",
+        "model.rms_norm_eps", "model.tie_word_embeddings", "model.sliding_window", "model.max_window_layers",
         "model.vocab_size", "model.block_size", "model.init_std", "model.seed", "model.init_from", "model.activation_checkpointing",
         "train.train_batch", "train.micro_batch", "train.max_steps", "train.eval_interval", "train.eval_steps",
         "train.seed", "train.device", "optim.lr", "optim.beta1", "optim.beta2", "optim.eps", "optim.weight_decay",
@@ -591,23 +604,25 @@ Test(worker_binary, space_separated_values_and_flat_keys_in_a_file, .timeout = 6
     cleanup(dir);
 }
 
-/* The configs in examples/ load and pass every check (the Llama one as a Llama; the seed-guide shapes as
- * GPT-2s of their documented sizes; the long-context one with its context group of 2). */
+/* The configs in examples/ load and pass every check (the Llama one as a Llama, the Mistral one with its window;
+ * the seed-guide shapes as GPT-2s of their documented sizes; the long-context one with its context group of 2). */
 Test(worker_config, example_configs_are_valid)
 {
     const char *src = getenv("FSDP_SOURCE_ROOT");
     cr_assert(src, "FSDP_SOURCE_ROOT not set: run through meson test");
     static const char *const files[] = {"quickstart.ini", "llama_small.ini", "train90M_fsdp.ini", "train300M_fsdp.ini",
-                                        "long_context_cp.ini"};
-    static const int n_layer[] = {4, 4, 12, 20, 4}, n_embd[] = {128, 128, 640, 1024, 256};
-    for (int i = 0; i < 5; i++) {
+                                        "long_context_cp.ini", "mistral_small.ini"};
+    static const int n_layer[] = {4, 4, 12, 20, 4, 4}, n_embd[] = {128, 128, 640, 1024, 256, 128};
+    for (int i = 0; i < 6; i++) {
         char path[1024];
         snprintf(path, sizeof path, "%s/examples/%s", src, files[i]);
         struct config *cfg = make();
         cr_assert_eq(config_load_file(cfg, path), 0, "%s", error_message());
         struct worker_config wc;
         cr_assert_eq(worker_config_view(cfg, &wc), 0, "%s: %s", path, error_message());
-        cr_assert_str_eq(worker_model_family_name(wc.model.family), i == 1 ? "llama" : "gpt2", "%s", path);
+        cr_assert_str_eq(worker_model_family_name(wc.model.family), i == 1 ? "llama" : i == 5 ? "mistral" : "gpt2", "%s",
+                         path);
+        cr_assert_eq(wc.model.sliding_window, i == 5 ? 64 : 0, "%s", path);
         cr_assert_eq(wc.model.n_layer, n_layer[i], "%s", path);
         cr_assert_eq(wc.model.n_embd, n_embd[i], "%s", path);
         cr_assert_eq(wc.fsdp.context_parallel_size, i == 4 ? 2 : 1, "%s", path);

@@ -9,6 +9,9 @@ struct att_ref {
     double *out, *lse, *dqkv;
 };
 
+static struct att_ref ref_attention_window(const float *qkv, const float *dout, const float *dqkv0, int B, int T,
+                                           int C, int NH, int NKV, int mag, int window);
+
 /* qkv (B*T, C + 2*NKV*hs) packed [q (NH heads) | k (NKV heads) | v (NKV heads)], query head h reading
  * key/value head h / (NH/NKV); dout (B*T, C). Fills out, lse (B, NH, T) and dqkv (added to dqkv0).
  * With mag, out and dqkv are the magnitudes of the same sums (every term's absolute value, and for dS the
@@ -16,6 +19,13 @@ struct att_ref {
  * cause. */
 static struct att_ref ref_attention_ex(const float *qkv, const float *dout, const float *dqkv0, int B, int T,
                                        int C, int NH, int NKV, int mag)
+{
+    return ref_attention_window(qkv, dout, dqkv0, B, T, C, NH, NKV, mag, 0);
+}
+
+/* The same with a sliding window: query i sees keys i - window < j <= i (0 = every earlier key). */
+static struct att_ref ref_attention_window(const float *qkv, const float *dout, const float *dqkv0, int B, int T,
+                                           int C, int NH, int NKV, int mag, int window)
 {
     int hs = C / NH, W = C + 2 * NKV * hs, G = NH / NKV;
     double scale = 1.0 / sqrt((double)hs);
@@ -28,8 +38,9 @@ static struct att_ref ref_attention_ex(const float *qkv, const float *dout, cons
             const int kc = C + h / G * hs, vc = C + NKV * hs + h / G * hs;
             for (int i = 0; i < T; i++) {
                 const float *q = qkv + ((size_t)(b * T + i) * W) + h * hs;
+                const int j0 = window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;
                 double mx = -INFINITY;
-                for (int j = 0; j <= i; j++) {
+                for (int j = j0; j <= i; j++) {
                     const float *kk = qkv + ((size_t)(b * T + j) * W) + kc;
                     double d = 0;
                     for (int e = 0; e < hs; e++)
@@ -38,13 +49,13 @@ static struct att_ref ref_attention_ex(const float *qkv, const float *dout, cons
                     mx = s[j] > mx ? s[j] : mx;
                 }
                 double sum = 0;
-                for (int j = 0; j <= i; j++)
+                for (int j = j0; j <= i; j++)
                     sum += exp(s[j] - mx);
-                for (int j = 0; j <= i; j++)
+                for (int j = j0; j <= i; j++)
                     p[j] = exp(s[j] - mx) / sum;
                 r.lse[(size_t)(b * NH + h) * T + i] = mx + log(sum);
                 double *o = r.out + (size_t)(b * T + i) * C + h * hs;
-                for (int j = 0; j <= i; j++) {
+                for (int j = j0; j <= i; j++) {
                     const float *v = qkv + ((size_t)(b * T + j) * W) + vc;
                     for (int e = 0; e < hs; e++)
                         o[e] += mag ? p[j] * fabs(v[e]) : p[j] * v[e];
@@ -53,7 +64,7 @@ static struct att_ref ref_attention_ex(const float *qkv, const float *dout, cons
                     continue;
                 const float *g = dout + (size_t)(b * T + i) * C + h * hs;
                 double pdp = 0;
-                for (int j = 0; j <= i; j++) {
+                for (int j = j0; j <= i; j++) {
                     const float *v = qkv + ((size_t)(b * T + j) * W) + vc;
                     double *dv = r.dqkv + ((size_t)(b * T + j) * W) + vc;
                     dp[j] = 0;
@@ -69,7 +80,7 @@ static struct att_ref ref_attention_ex(const float *qkv, const float *dout, cons
                 double dmag = 0;
                 for (int e = 0; mag && e < hs; e++)
                     dmag += fabs((double)g[e]) * o[e];
-                for (int j = 0; j <= i; j++) {
+                for (int j = j0; j <= i; j++) {
                     double ds = mag ? p[j] * (fabs(dp[j] - pdp) + dmag) * scale : p[j] * (dp[j] - pdp) * scale;
                     const float *kk = qkv + ((size_t)(b * T + j) * W) + kc;
                     double *dk = r.dqkv + ((size_t)(b * T + j) * W) + kc;
@@ -90,7 +101,7 @@ static struct att_ref ref_attention(const float *qkv, const float *dout, const f
     return ref_attention_ex(qkv, dout, dqkv0, B, T, C, NH, NKV, 0);
 }
 
-static void check_gqa(int B, int T, int C, int NH, int NKV, float spread, uint64_t seed)
+static void check_gqa_window(int B, int T, int C, int NH, int NKV, int window, float spread, uint64_t seed)
 {
     const struct kernels *k = kt_backend();
     const int W = C + 2 * NKV * (C / NH);
@@ -106,16 +117,24 @@ static void check_gqa(int B, int T, int C, int NH, int NKV, float spread, uint64
      * bf16 copies of the pair's rows) */
     cr_assert(wsb <= (size_t)B * NH * (128u * 1024u + 1024u * (size_t)T) + 4096,
               "workspace %zu bytes for B=%d T=%d NH=%d", wsb, B, T, NH);
-    cr_assert_eq(k->attention_forward(dout_, dlse, dqkv_, B, T, C, NH, NKV, ws), 0, "%s", error_message());
-    cr_assert_eq(k->attention_backward(dg, ddout, dqkv_, dout_, dlse, B, T, C, NH, NKV, ws), 0, "%s",
+    int rc = k->attention_forward(dout_, dlse, dqkv_, B, T, C, NH, NKV, window, ws);
+    if (rc == FSDP_EUNSUPPORTED && window > 0) /* the CUDA kernels (emulated) compute no window yet */
+        cr_skip_test("%s", error_message());
+    cr_assert_eq(rc, 0, "%s", error_message());
+    cr_assert_eq(k->attention_backward(dg, ddout, dqkv_, dout_, dlse, B, T, C, NH, NKV, window, ws), 0, "%s",
                  error_message());
-    struct att_ref r = ref_attention(qkv, dout, g0, B, T, C, NH, NKV);
+    struct att_ref r = ref_attention_window(qkv, dout, g0, B, T, C, NH, NKV, 0, window);
     float *o = kt_down(k, dout_, no), *l = kt_down(k, dlse, nl), *g = kt_down(k, dg, nq);
     kt_check("att out", o, r.out, no, 2e-5, 1e-4);
     kt_check("att lse", l, r.lse, nl, 2e-5, 2e-5);
     kt_check("att dqkv", g, r.dqkv, nq, 1e-4, 2e-4);
     free(qkv), free(dout), free(g0), free(o), free(l), free(g), free(r.out), free(r.lse), free(r.dqkv);
     k->mem_free(dqkv_), k->mem_free(ddout), k->mem_free(dg), k->mem_free(dout_), k->mem_free(dlse), k->mem_free(ws);
+}
+
+static void check_gqa(int B, int T, int C, int NH, int NKV, float spread, uint64_t seed)
+{
+    check_gqa_window(B, T, C, NH, NKV, 0, spread, seed);
 }
 
 /* Multi-head attention: as many key/value heads as query heads. */
@@ -178,8 +197,8 @@ static void check_finite_differences(int B, int T, int C, int NH, int NKV, uint6
     float *dout = kt_devf(k, NULL, no), *dlse = kt_devf(k, NULL, (size_t)B * NH * T);
     void *ws = k->mem_alloc(k->attention_workspace_bytes(B, T, C, NH, NKV));
     cr_assert(ws);
-    cr_assert_eq(k->attention_forward(dout, dlse, dq, B, T, C, NH, NKV, ws), 0);
-    cr_assert_eq(k->attention_backward(dg, dr, dq, dout, dlse, B, T, C, NH, NKV, ws), 0);
+    cr_assert_eq(k->attention_forward(dout, dlse, dq, B, T, C, NH, NKV, 0, ws), 0);
+    cr_assert_eq(k->attention_backward(dg, dr, dq, dout, dlse, B, T, C, NH, NKV, 0, ws), 0);
     float *g = kt_down(k, dg, nq);
     const float h = 1e-2f;
     for (size_t e = 0; e < nq; e++) {
@@ -188,7 +207,7 @@ static void check_finite_differences(int B, int T, int C, int NH, int NKV, uint6
             float saved = qkv[e];
             qkv[e] = saved + (sgn ? -h : h);
             k->mem_copy(dq, qkv, nq * sizeof(float), KERNELS_COPY_H2D);
-            cr_assert_eq(k->attention_forward(dout, dlse, dq, B, T, C, NH, NKV, ws), 0);
+            cr_assert_eq(k->attention_forward(dout, dlse, dq, B, T, C, NH, NKV, 0, ws), 0);
             float *y = kt_down(k, dout, no);
             lv[sgn] = 0;
             for (size_t i = 0; i < no; i++)
@@ -230,9 +249,9 @@ Test(kernels_attention, rejects_heads_not_dividing)
 {
     const struct kernels *k = kt_backend();
     float dummy[64] = {0};
-    cr_assert_eq(k->attention_forward(dummy, dummy, dummy, 1, 1, 6, 3, 2, dummy), FSDP_EINVAL);
+    cr_assert_eq(k->attention_forward(dummy, dummy, dummy, 1, 1, 6, 3, 2, 0, dummy), FSDP_EINVAL);
     cr_assert(strstr(error_message(), "nkv=2"), "%s", error_message());
-    cr_assert_eq(k->attention_backward(dummy, dummy, dummy, dummy, dummy, 1, 1, 6, 3, 0, dummy), FSDP_EINVAL);
+    cr_assert_eq(k->attention_backward(dummy, dummy, dummy, dummy, dummy, 1, 1, 6, 3, 0, 0, dummy), FSDP_EINVAL);
 }
 
 /* bf16 mode. The kernel rounds q, k, v and dO to bf16 (so the reference takes the rounded values: the scores
@@ -243,7 +262,8 @@ Test(kernels_attention, rejects_heads_not_dividing)
  *   |err| <= 2^-8 x (the sum of the terms' magnitudes) + what fp32 allows; checked with 2^-7 of it, as P and
  *   dS also carry the fp32 error of the scores they come from.
  * And the result must differ from fp32 attention on the unrounded inputs, or bf16 was not applied. */
-static void check_attention_bf16_gqa(int B, int T, int C, int NH, int NKV, float spread, uint64_t seed)
+static void check_attention_bf16_window(int B, int T, int C, int NH, int NKV, int window, float spread,
+                                        uint64_t seed)
 {
     const struct kernels *k = kt_backend();
     if (!(k->matmul_dtypes & KERNELS_DTYPE_BIT(DTYPE_BF16)))
@@ -263,10 +283,15 @@ static void check_attention_bf16_gqa(int B, int T, int C, int NH, int NKV, float
     float *dout_ = kt_devf(k, NULL, no), *dlse = kt_devf(k, NULL, nl);
     void *ws = k->mem_alloc(k->attention_workspace_bytes(B, T, C, NH, NKV));
     cr_assert(ws);
-    cr_assert_eq(k->attention_forward(dout_, dlse, dqkv_, B, T, C, NH, NKV, ws), 0, "%s", error_message());
-    cr_assert_eq(k->attention_backward(dg, ddout, dqkv_, dout_, dlse, B, T, C, NH, NKV, ws), 0, "%s", error_message());
-    struct att_ref r = ref_attention_ex(rq, rd, g0, B, T, C, NH, NKV, 0), m = ref_attention_ex(rq, rd, NULL, B, T, C, NH, NKV, 1);
-    struct att_ref x = ref_attention(qkv, dout, g0, B, T, C, NH, NKV);
+    int rc = k->attention_forward(dout_, dlse, dqkv_, B, T, C, NH, NKV, window, ws);
+    if (rc == FSDP_EUNSUPPORTED && window > 0) /* the CUDA kernels (emulated) compute no window yet */
+        cr_skip_test("%s", error_message());
+    cr_assert_eq(rc, 0, "%s", error_message());
+    cr_assert_eq(k->attention_backward(dg, ddout, dqkv_, dout_, dlse, B, T, C, NH, NKV, window, ws), 0, "%s",
+                 error_message());
+    struct att_ref r = ref_attention_window(rq, rd, g0, B, T, C, NH, NKV, 0, window);
+    struct att_ref m = ref_attention_window(rq, rd, NULL, B, T, C, NH, NKV, 1, window);
+    struct att_ref x = ref_attention_window(qkv, dout, g0, B, T, C, NH, NKV, 0, window);
     float *o = kt_down(k, dout_, no), *l = kt_down(k, dlse, nl), *g = kt_down(k, dg, nq);
     kt_check("bf16 att lse", l, r.lse, nl, 2e-5, 2e-5);
     double worst = 0, off = 0;
@@ -293,6 +318,11 @@ static void check_attention_bf16_gqa(int B, int T, int C, int NH, int NKV, float
     free(r.out), free(r.lse), free(r.dqkv), free(m.out), free(m.lse), free(m.dqkv);
     free(x.out), free(x.lse), free(x.dqkv);
     k->mem_free(dqkv_), k->mem_free(ddout), k->mem_free(dg), k->mem_free(dout_), k->mem_free(dlse), k->mem_free(ws);
+}
+
+static void check_attention_bf16_gqa(int B, int T, int C, int NH, int NKV, float spread, uint64_t seed)
+{
+    check_attention_bf16_window(B, T, C, NH, NKV, 0, spread, seed);
 }
 
 /* Head size 64 (AVX512_BF16 tiles on this CPU): lengths around the 64-query/64-key tiles, the 16-wide vectors
@@ -326,6 +356,59 @@ Test(kernels_attention, bf16_grouped_query_heads, .timeout = 120)
     check_attention_bf16_gqa(1, 70, 256, 4, 2, 0.5f, 95); /* head size 64 */
     check_attention_bf16_gqa(2, 33, 48, 6, 2, 1.0f, 96);
     check_attention_bf16_gqa(1, 129, 128, 4, 1, 1.0f, 97);
+}
+
+/* Sliding-window attention (Mistral): windows of 1 (each query sees itself only), below a tile, not a multiple
+ * of any tile, exactly a tile, across several tiles and at or beyond the sequence (full causal), on the AVX-512
+ * tiles (head size 64: 64 x 64 tiles, whole tiles before the window skipped, the window's edge masked) and the
+ * sgemm tiles (other head sizes: 64 queries x 128 keys), multi-head and grouped-query, forward and backward. */
+static const int windows[] = {1, 2, 17, 63, 64, 65, 100, 129, 200, 1000};
+
+Test(kernels_attention, sliding_window_head_size_64, .timeout = 120)
+{
+    for (size_t i = 0; i < sizeof windows / sizeof windows[0]; i++)
+        check_gqa_window(1, 200, 128, 2, 2, windows[i], 1.0f, 300 + i);
+    check_gqa_window(2, 150, 256, 4, 2, 40, 2.0f, 320); /* grouped: a key/value head's dk, dv over its group */
+    check_gqa_window(1, 64, 64, 1, 1, 63, 1.0f, 321);
+}
+
+Test(kernels_attention, sliding_window_other_head_sizes, .timeout = 120)
+{
+    for (size_t i = 0; i < sizeof windows / sizeof windows[0]; i++)
+        check_gqa_window(1, 300, 48, 3, 1, windows[i], 1.0f, 340 + i);
+    check_gqa_window(2, 131, 12, 3, 3, 5, 1.0f, 360);
+}
+
+Test(kernels_attention, sliding_window_bf16, .timeout = 120)
+{
+    static const int w[] = {1, 17, 64, 65, 130};
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
+        check_attention_bf16_window(1, 200, 128, 2, 2, w[i], 0.5f, 380 + i); /* AVX512_BF16 tiles */
+        check_attention_bf16_window(1, 150, 48, 3, 1, w[i], 1.0f, 390 + i); /* rounded sgemm tiles */
+    }
+}
+
+/* A window changes the result (the test above would pass on a kernel that ignores it only if the window never
+ * cut a row): with window 1 each output row is its own value row. */
+Test(kernels_attention, sliding_window_one_is_identity)
+{
+    const struct kernels *k = kt_backend();
+    const int B = 1, T = 100, C = 64, NH = 1, W = 3 * C;
+    float *qkv = kt_host_rand((size_t)T * W, 400, -1, 1);
+    float *d = kt_devf(k, qkv, (size_t)T * W), *o = kt_devf(k, NULL, (size_t)T * C), *l = kt_devf(k, NULL, T);
+    void *ws = k->mem_alloc(k->attention_workspace_bytes(B, T, C, NH, NH));
+    cr_assert(ws);
+    int rc = k->attention_forward(o, l, d, B, T, C, NH, NH, 1, ws);
+    if (rc == FSDP_EUNSUPPORTED) /* the CUDA kernels (emulated) compute no window yet */
+        cr_skip_test("%s", error_message());
+    cr_assert_eq(rc, 0, "%s", error_message());
+    float *h = kt_down(k, o, (size_t)T * C);
+    for (int i = 0; i < T; i++)
+        for (int e = 0; e < C; e++)
+            cr_assert_float_eq(h[(size_t)i * C + e], qkv[(size_t)i * W + 2 * C + e], 1e-6, "row %d col %d", i, e);
+    cr_assert_eq(k->attention_forward(o, l, d, B, T, C, NH, NH, -1, ws), FSDP_EINVAL);
+    free(qkv), free(h);
+    k->mem_free(d), k->mem_free(o), k->mem_free(l), k->mem_free(ws);
 }
 
 /* Context-parallel attention as the allgather strategy uses it: a sequence of T tokens cut into 2*CP chunks,
@@ -738,8 +821,8 @@ static void check_attention_cp_bf16_as_attention(int B, int T, int NH, int NKV, 
     float *d_o1 = kt_devf(k, NULL, no), *d_l1 = kt_devf(k, NULL, nl), *d_d1 = kt_devf(k, NULL, nq);
     float *d_o2 = kt_devf(k, NULL, no), *d_l2 = kt_devf(k, NULL, nl), *d_d2 = kt_devf(k, NULL, nq);
     int *d_pos = kt_dev_from(k, pos, (size_t)T * sizeof(int));
-    cr_assert_eq(k->attention_forward(d_o1, d_l1, d_qkv, B, T, C, NH, NKV, ws), 0, "%s", error_message());
-    cr_assert_eq(k->attention_backward(d_d1, d_dout, d_qkv, d_o1, d_l1, B, T, C, NH, NKV, ws), 0, "%s",
+    cr_assert_eq(k->attention_forward(d_o1, d_l1, d_qkv, B, T, C, NH, NKV, 0, ws), 0, "%s", error_message());
+    cr_assert_eq(k->attention_backward(d_d1, d_dout, d_qkv, d_o1, d_l1, B, T, C, NH, NKV, 0, ws), 0, "%s",
                  error_message());
     struct kernels_attention_cp a = {.b = B, .tq = T, .tk = T, .c = C, .nh = NH, .ld = W, .qpos = d_pos,
                                      .kpos = d_pos, .nkv = NKV};

@@ -253,18 +253,18 @@ static void check_attention(int b, int t, int c, int nh, float qk_range)
     size_t wc = kc->attention_workspace_bytes(b, t, c, nh, nh), wg = kg->attention_workspace_bytes(b, t, c, nh, nh);
     void *wsc = kc->mem_alloc(wc), *wsg = kg->mem_alloc(wg);
     cr_assert(wsc && wsg);
-    cr_assert_eq(kc->attention_forward(O.c, L.c, QKV.c, b, t, c, nh, nh, wsc), 0);
-    cr_assert_eq(kg->attention_forward(O.g, L.g, QKV.g, b, t, c, nh, nh, wsg), 0, "%s", error_message());
+    cr_assert_eq(kc->attention_forward(O.c, L.c, QKV.c, b, t, c, nh, nh, 0, wsc), 0);
+    cr_assert_eq(kg->attention_forward(O.g, L.g, QKV.g, b, t, c, nh, nh, 0, wsg), 0, "%s", error_message());
     compare("attention out", kc, kg, &O, 2e-5, 1e-4);
     compare("attention lse", kc, kg, &L, 2e-5, 1e-5);
-    cr_assert_eq(kc->attention_backward(DQKV.c, DO.c, QKV.c, O.c, L.c, b, t, c, nh, nh, wsc), 0);
-    cr_assert_eq(kg->attention_backward(DQKV.g, DO.g, QKV.g, O.g, L.g, b, t, c, nh, nh, wsg), 0, "%s",
+    cr_assert_eq(kc->attention_backward(DQKV.c, DO.c, QKV.c, O.c, L.c, b, t, c, nh, nh, 0, wsc), 0);
+    cr_assert_eq(kg->attention_backward(DQKV.g, DO.g, QKV.g, O.g, L.g, b, t, c, nh, nh, 0, wsg), 0, "%s",
                  error_message());
     compare("attention dqkv", kc, kg, &DQKV, 5e-5, 1e-4);
     /* Deterministic: a second backward from the same start gives the same bits. */
     float *first = down(kg, DQKV.g, nqkv * sizeof(float));
     cr_assert_eq(kg->mem_copy(DQKV.g, g0, nqkv * sizeof(float), KERNELS_COPY_H2D), 0);
-    cr_assert_eq(kg->attention_backward(DQKV.g, DO.g, QKV.g, O.g, L.g, b, t, c, nh, nh, wsg), 0);
+    cr_assert_eq(kg->attention_backward(DQKV.g, DO.g, QKV.g, O.g, L.g, b, t, c, nh, nh, 0, wsg), 0);
     float *second = down(kg, DQKV.g, nqkv * sizeof(float));
     cr_assert_eq(memcmp(first, second, nqkv * sizeof(float)), 0, "attention backward is not deterministic");
     struct pair *all[] = {&QKV, &O, &L, &DO, &DQKV};

@@ -394,8 +394,8 @@ Test(kernels_llama, same_bits_for_any_thread_count)
         float *lse = kt_devf(k, NULL, (size_t)B * NH * T), *gq = kt_devf(k, NULL, nq);
         void *ws = k->mem_alloc(k->attention_workspace_bytes(B, T, C, NH, NKV));
         cr_assert(ws);
-        cr_assert_eq(k->attention_forward(o, lse, dq, B, T, C, NH, NKV, ws), 0);
-        cr_assert_eq(k->attention_backward(gq, dd, dq, o, lse, B, T, C, NH, NKV, ws), 0);
+        cr_assert_eq(k->attention_forward(o, lse, dq, B, T, C, NH, NKV, 0, ws), 0);
+        cr_assert_eq(k->attention_backward(gq, dd, dq, o, lse, B, T, C, NH, NKV, 0, ws), 0);
         g[run] = kt_down(k, gq, nq);
         k->mem_free(dq), k->mem_free(dd), k->mem_free(o), k->mem_free(lse), k->mem_free(gq), k->mem_free(ws);
     }

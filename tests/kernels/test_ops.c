@@ -652,7 +652,7 @@ Test(kernels_ops, memory_and_registry)
     float dummy[4] = {0};
     cr_assert_eq(k->matmul_forward(dummy, dummy, dummy, NULL, 1, 0, 1), FSDP_EINVAL);
     cr_assert_eq(k->layernorm_forward(dummy, dummy, dummy, dummy, dummy, dummy, 1, 0, 1e-5f), FSDP_EINVAL);
-    cr_assert_eq(k->attention_forward(dummy, dummy, dummy, 1, 1, 3, 2, 2, dummy), FSDP_EINVAL);
+    cr_assert_eq(k->attention_forward(dummy, dummy, dummy, 1, 1, 3, 2, 2, 0, dummy), FSDP_EINVAL);
 }
 
 /* mem_copy2d moves exactly width bytes of each row between pitched layouts, in every direction, leaves the
@@ -767,8 +767,8 @@ Test(kernels_ops, same_bits_for_any_thread_count)
         cr_assert_eq(k->layernorm_forward(out, mean, rstd, dx, dw, dw, N, 3 * C, 1e-5f), 0);
         cr_assert_eq(k->layernorm_backward(gx, gw, gb, ddy, dx, dw, mean, rstd, N, 3 * C), 0);
         cr_assert_eq(k->matmul_backward(NULL, NULL, gb, ddy, dx, dw, N, 3 * C, 3 * C), 0);
-        cr_assert_eq(k->attention_forward(ao, lse, dx, B, T, C, NH, NH, ws), 0);
-        cr_assert_eq(k->attention_backward(gq, ddy, dx, ao, lse, B, T, C, NH, NH, ws), 0);
+        cr_assert_eq(k->attention_forward(ao, lse, dx, B, T, C, NH, NH, 0, ws), 0);
+        cr_assert_eq(k->attention_backward(gq, ddy, dx, ao, lse, B, T, C, NH, NH, 0, ws), 0);
         cr_assert_eq(k->embedding_backward(gte, NULL, ddy, dt, 1, N, C, V), 0);
         res[run][0] = kt_down(k, out, (size_t)N * 3 * C);
         res[run][1] = kt_down(k, gx, (size_t)N * 3 * C);

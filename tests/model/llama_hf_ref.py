@@ -46,7 +46,9 @@ def parse():
     p.add_argument("--family", choices=["llama", "qwen2", "qwen3", "mistral"], default="llama")
     p.add_argument("--head_dim", type=int, default=0, help="0: n_embd / n_head")
     p.add_argument("--sliding_window", type=int, default=0,
-                   help="mistral, qwen2, qwen3: keys more than this many positions back are masked; 0: none")
+                   help="mistral, qwen2, qwen3: keys this many positions back or more are masked; 0: none")
+    p.add_argument("--max_window_layers", type=int, default=0,
+                   help="qwen2, qwen3: the first layer that attends through the window (earlier ones fully)")
     p.add_argument("--init_std", type=float, default=0.02)
     # grads
     p.add_argument("--weights")
@@ -83,15 +85,15 @@ def build(a):
         return MistralForCausalLM(MistralConfig(sliding_window=window, **common))
     if a.family == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(use_sliding_window=window is not None, sliding_window=window,
-                                             max_window_layers=0, attention_bias=False, **common))
+                                             max_window_layers=a.max_window_layers, attention_bias=False, **common))
         with torch.no_grad():  # the q/k norm gains start at 1: move them so that they count
             for n, p in model.named_parameters():
                 if n.endswith(("q_norm.weight", "k_norm.weight")):
                     p.add_(torch.randn_like(p) * 0.2)
         return model
     if a.family == "qwen2":
-        cfg = Qwen2Config(use_sliding_window=window is not None, sliding_window=window, max_window_layers=0,
-                          **common)
+        cfg = Qwen2Config(use_sliding_window=window is not None, sliding_window=window,
+                          max_window_layers=a.max_window_layers, **common)
         model = Qwen2ForCausalLM(cfg)
         with torch.no_grad():
             for n, p in model.named_parameters():

@@ -542,8 +542,14 @@ Test(model, families_declare_their_keys)
     cr_assert(model_family_reads_key("qwen3", "tie_word_embeddings"));
     cr_assert(model_family_reads_key("gpt2", "n_layer"));
     char readers[128];
-    cr_assert_eq(model_families_reading("rms_norm_eps", readers, sizeof readers), 3);
-    cr_assert_str_eq(readers, "llama, qwen2 or qwen3");
+    cr_assert_eq(model_families_reading("rms_norm_eps", readers, sizeof readers), 4);
+    cr_assert_str_eq(readers, "llama, qwen2, qwen3 or mistral");
+    /* the window: Mistral's in every layer, Qwen2's and Qwen3's from max_window_layers on; Llama has none */
+    cr_assert(!model_family_reads_key("llama", "sliding_window"));
+    cr_assert(model_family_reads_key("mistral", "sliding_window"));
+    cr_assert(!model_family_reads_key("mistral", "max_window_layers"));
+    cr_assert_eq(model_families_reading("max_window_layers", readers, sizeof readers), 2);
+    cr_assert_str_eq(readers, "qwen2 or qwen3");
     cr_assert_eq(model_families_reading("n_layer", readers, sizeof readers), 0);
     cr_assert_str_eq(readers, "");
     /* a family's key checks see the keys as set: an unset n_kv_head (0) is n_head, an odd derived head size

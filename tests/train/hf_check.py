@@ -16,6 +16,12 @@ transformers).
   hf_check.py make_qwen2 OUT_DIR DATA.bin BATCH BLOCK STEPS
       A tied Qwen2ForCausalLM with random q/k/v biases as OUT_DIR/model (sharded) and OUT_DIR/ref.json.
 
+  hf_check.py make_window OUT_DIR DATA.bin BATCH BLOCK STEPS
+      Sliding-window attention: a MistralForCausalLM with sliding_window 7 as OUT_DIR/mistral and a
+      Qwen2ForCausalLM with use_sliding_window, sliding_window 5 and max_window_layers 1 as OUT_DIR/qwen2w
+      (windows below BLOCK, so they change the loss), and OUT_DIR/ref.json with transformers' loss of each
+      ("mistral", "qwen2w") and of the same weights without the window ("mistral_full").
+
   hf_check.py tokenizer OUT.json
       A byte-level tokenizer.json for fsdp-prepare-data's byte tokens (token id = byte value): ByteLevel's
       character of byte b has id b, no merges, so transformers decodes a run's ids back to its text.
@@ -157,6 +163,28 @@ def make_qwen2(out, data, batch, block, steps):
         json.dump({"model": mean_loss(model, data, batch, block, steps)}, f)
 
 
+def make_window(out, data, batch, block, steps):
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(11)
+    shape = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=256, max_position_embeddings=48, rms_norm_eps=1e-6)
+    mistral = MistralForCausalLM(MistralConfig(sliding_window=7, **shape)).eval()
+    mistral.save_pretrained(os.path.join(out, "mistral"))
+    full = MistralForCausalLM(MistralConfig(sliding_window=None, **shape)).eval()
+    full.load_state_dict(mistral.state_dict())
+    qwen = Qwen2ForCausalLM(Qwen2Config(use_sliding_window=True, sliding_window=5, max_window_layers=1,
+                                        tie_word_embeddings=True, **shape)).eval()
+    with torch.no_grad():
+        for name, p in qwen.named_parameters():
+            if name.endswith("_proj.bias"):
+                p.normal_(0.0, 0.3)
+    qwen.save_pretrained(os.path.join(out, "qwen2w"))
+    with open(os.path.join(out, "ref.json"), "w") as f:
+        json.dump({"mistral": mean_loss(mistral, data, batch, block, steps),
+                   "mistral_full": mean_loss(full, data, batch, block, steps),
+                   "qwen2w": mean_loss(qwen, data, batch, block, steps)}, f)
+
+
 def byte_tokenizer(out):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
@@ -209,6 +237,8 @@ if __name__ == "__main__":
         make_llama(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
     elif sys.argv[1] == "make_qwen2":
         make_qwen2(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
+    elif sys.argv[1] == "make_window":
+        make_window(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
     elif sys.argv[1] == "tokenizer":
         byte_tokenizer(sys.argv[2])
     elif sys.argv[1] == "logits":

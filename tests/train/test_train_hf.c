@@ -432,6 +432,68 @@ Test(train_hf, llama_in_and_out, .timeout = 600)
     tt_teardown(&c);
 }
 
+/* Sliding-window attention the same way: a save_pretrained MistralForCausalLM (window 7 over windows of 32
+ * tokens) and a Qwen2ForCausalLM with the window from layer 1 on evaluate to transformers' losses (which the
+ * window changes: the Mistral's differs from its full-attention loss), and their exports open in transformers
+ * with the same losses and the same window in config.json. */
+Test(train_hf, sliding_window_in_and_out, .timeout = 300)
+{
+    need_venv();
+    struct tt_ctx c;
+    tt_setup(&c);
+    char hf[2048], val[2048], ref_path[2100];
+    snprintf(hf, sizeof hf, "%s/window", c.dir);
+    snprintf(val, sizeof val, "%s/val.bin", c.data);
+    hf_check(c.dir, "make_window", (const char *const[]){"make_window", hf, val, "4", "32", "3", NULL});
+    snprintf(ref_path, sizeof ref_path, "%s/ref.json", hf);
+    cJSON *ref = load_json(ref_path);
+    cr_assert(fabs(tu_json_num(ref, "mistral") - tu_json_num(ref, "mistral_full")) > 1e-4,
+              "the window does not change transformers' loss (%.9g): the test would not see it ignored",
+              tu_json_num(ref, "mistral"));
+    static const struct {
+        const char *name, *arch, *window_key;
+        int window;
+    } m[] = {{"mistral", "MistralForCausalLM", "sliding_window", 7}, {"qwen2w", "Qwen2ForCausalLM", "sliding_window", 5}};
+    for (int i = 0; i < 2; i++) {
+        char model[2200], json[2200], exp[2200], exp_json[2300], tag[64], cfg[2300];
+        snprintf(model, sizeof model, "%s/%s", hf, m[i].name);
+        snprintf(json, sizeof json, "%s/eval_%s.json", c.dir, m[i].name);
+        snprintf(tag, sizeof tag, "eval_%s", m[i].name);
+        char *err;
+        int code = ckpt_tool(c.dir, tag,
+                             (const char *const[]){"eval", model, "--data", val, "--batch", "4", "--block_size", "32",
+                                                   "--steps", "3", "--json", json, NULL},
+                             &err);
+        cr_assert_eq(code, 0, "eval %s: %s", m[i].name, err);
+        free(err);
+        cJSON *e = load_json(json);
+        double want = tu_json_num(ref, m[i].name), got = tu_json_num(e, "loss");
+        cr_assert(fabs(got - want) <= 1e-5 * fabs(want), "%s: fsdp-ckpt eval %.9g, transformers %.9g", m[i].name, got,
+                  want);
+        cr_log_info("%s: eval %.7f vs transformers %.7f", m[i].name, got, want);
+        snprintf(exp, sizeof exp, "%s/%s_export", c.dir, m[i].name);
+        snprintf(exp_json, sizeof exp_json, "%s/%s_export_loss.json", c.dir, m[i].name);
+        snprintf(tag, sizeof tag, "export_%s", m[i].name);
+        code = ckpt_tool(c.dir, tag, (const char *const[]){"export", model, exp, NULL}, &err);
+        cr_assert_eq(code, 0, "export %s: %s", m[i].name, err);
+        free(err);
+        snprintf(cfg, sizeof cfg, "%s/config.json", exp);
+        cJSON *cj = load_json(cfg);
+        cr_assert_eq(tu_json_num(cj, m[i].window_key), m[i].window, "%s: the export's config.json", m[i].name);
+        snprintf(tag, sizeof tag, "loss_%s", m[i].name);
+        hf_check(c.dir, tag, (const char *const[]){"loss", exp, val, "4", "32", "3", exp_json, NULL});
+        cJSON *x = load_json(exp_json);
+        cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(x, "architecture")->valuestring, m[i].arch);
+        cr_assert(fabs(tu_json_num(x, "loss") - want) <= 1e-6 * fabs(want), "%s export in transformers %.9g, original %.9g",
+                  m[i].name, tu_json_num(x, "loss"), want);
+        cJSON_Delete(x);
+        cJSON_Delete(cj);
+        cJSON_Delete(e);
+    }
+    cJSON_Delete(ref);
+    tt_teardown(&c);
+}
+
 /* Qwen2 the same way: a save_pretrained Qwen2ForCausalLM directory (q/k/v biases, tied head) evaluates to
  * transformers' loss, and its export opens in transformers with the same loss. */
 Test(train_hf, qwen2_in_and_out, .timeout = 300)

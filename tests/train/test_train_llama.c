@@ -157,7 +157,7 @@ Test(llama, wrap_class_of_another_family_is_refused, .timeout = 120)
     const char *kv[] = {"--model.n_kv_head=1", NULL};
     tt_run(&g, 1, "gpt2-kv", kv, &r);
     cr_assert_neq(r.code, 0);
-    cr_assert(strstr(r.err, "model.n_kv_head (command line) applies only to model_family = llama, qwen2 or qwen3"), "%s", r.err);
+    cr_assert(strstr(r.err, "model.n_kv_head (command line) applies only to model_family = llama, qwen2, qwen3 or mistral"), "%s", r.err);
     tt_result_free(&r);
     tt_teardown(&g);
     tt_teardown(&c);

@@ -204,6 +204,22 @@ static void dir_parity(const char *family, const char *ref_flags, const char *cl
     tt_teardown(&c);
 }
 
+/* Mistral: Llama's block with a sliding window of 5 tokens (itself included) over sequences of 16, so every
+ * query past the fifth loses keys; fsdpc reads the window from config.json's sliding_window. */
+Test(llama_hf, mistral_sliding_window_from_save_pretrained, .timeout = 600)
+{
+    dir_parity("mistral", "--sliding_window 5", "MistralForCausalLM",
+               "{\"model\":{\"family\":\"mistral\",\"sliding_window\":5,\"max_window_layers\":0}}");
+}
+
+/* Qwen2 with use_sliding_window: the window (6 tokens) in the layers from max_window_layers (1) on, full
+ * attention in layer 0, as transformers' layer_types say. */
+Test(llama_hf, qwen2_window_from_layer_1_from_save_pretrained, .timeout = 600)
+{
+    dir_parity("qwen2", "--sliding_window 6 --max_window_layers 1", "Qwen2ForCausalLM",
+               "{\"model\":{\"family\":\"qwen2\",\"sliding_window\":6,\"max_window_layers\":1}}");
+}
+
 /* Qwen3: q/k norms, no biases, head_dim 12 where hidden_size / num_attention_heads is 8. */
 Test(llama_hf, qwen3_qk_norm_head_dim_from_save_pretrained, .timeout = 600)
 {

@@ -131,6 +131,10 @@ static cJSON *build(const struct ckpt_meta *m, const struct model_layout *l)
     cJSON_AddNumberToObject(model, "rope_theta", s->model.rope_theta);
     cJSON_AddNumberToObject(model, "rms_norm_eps", s->model.rms_norm_eps);
     cJSON_AddBoolToObject(model, "tie_word_embeddings", s->model.tie_word_embeddings);
+    if (s->model.sliding_window > 0) { /* absent: no window (and in older checkpoints) */
+        cJSON_AddNumberToObject(model, "sliding_window", s->model.sliding_window);
+        cJSON_AddNumberToObject(model, "max_window_layers", s->model.max_window_layers);
+    }
     if (s->model.rope_scaling == MODEL_ROPE_LLAMA3) { /* absent: no scaling (and in older checkpoints) */
         cJSON *rs = cJSON_AddObjectToObject(model, "rope_scaling");
         cJSON_AddStringToObject(rs, "rope_type", "llama3");
@@ -365,6 +369,11 @@ static int parse(const char *path, const cJSON *root, struct ckpt_meta *m, char 
     if (get_num(model, "rms_norm_eps", &eps) == 0)
         s->model.rms_norm_eps = (float)eps;
     s->model.tie_word_embeddings = cJSON_IsTrue(tie);
+    if ((cJSON_GetObjectItemCaseSensitive(model, "sliding_window") &&
+         (get_int(model, "sliding_window", &s->model.sliding_window) || s->model.sliding_window < 0)) ||
+        (cJSON_GetObjectItemCaseSensitive(model, "max_window_layers") &&
+         (get_int(model, "max_window_layers", &s->model.max_window_layers) || s->model.max_window_layers < 0)))
+        return error_set(FSDP_EINVAL, "%s: malformed model.sliding_window or model.max_window_layers", path);
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(model, "rope_scaling");
     if (rs) {
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");

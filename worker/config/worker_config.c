@@ -18,7 +18,8 @@
 
 static const struct config_section sections[] = {
     {"model", "Model family, shape and initialisation. The defaults are a small byte-level GPT-2 that trains on a CPU; "
-              "model_family = llama (and qwen2, qwen3) adds the Llama keys (n_kv_head ... tie_word_embeddings)."},
+              "model_family = llama (and qwen2, qwen3, mistral) adds the Llama keys (n_kv_head ... tie_word_embeddings); "
+              "mistral, qwen2 and qwen3 add the attention window (sliding_window, max_window_layers)."},
     {"train", "Batch sizes, step counts and the device."},
     {"optim", "AdamW and the learning-rate schedule."},
     {"data", "Token files (nanoGPT uint16 or llm.c .bin)."},
@@ -29,12 +30,13 @@ static const struct config_section sections[] = {
 
 static const struct config_key keys[] = {
     /* [model] */
-    {.section = "model", .name = "model_family", .type = CONFIG_ENUM, .def = "gpt2", .values = LIST("gpt2", "llama", "qwen2", "qwen3"),
+    {.section = "model", .name = "model_family", .type = CONFIG_ENUM, .def = "gpt2", .values = LIST("gpt2", "llama", "qwen2", "qwen3", "mistral"),
      .value_aliases = ALIASES({"GPT2LMHeadModel", "gpt2"}, {"LlamaForCausalLM", "llama"},
-                              {"Qwen2ForCausalLM", "qwen2"}, {"Qwen3ForCausalLM", "qwen3"}),
+                              {"Qwen2ForCausalLM", "qwen2"}, {"Qwen3ForCausalLM", "qwen3"},
+                              {"MistralForCausalLM", "mistral"}),
      .help = "Model architecture: gpt2 (LayerNorm, GELU, learned positions, tied head), llama (RMSNorm, "
-             "SwiGLU, rotary positions, grouped-query attention), qwen2 (llama with q/k/v biases) or qwen3 "
-             "(llama with a per-head RMSNorm of q and k)"},
+             "SwiGLU, rotary positions, grouped-query attention), qwen2 (llama with q/k/v biases), qwen3 "
+             "(llama with a per-head RMSNorm of q and k) or mistral (llama with sliding-window attention)"},
     {.section = "model", .name = "n_layer", .type = CONFIG_INT, .def = "4", .min = 1, .max = 1024,
      .help = "Number of decoder blocks"},
     {.section = "model", .name = "n_head", .type = CONFIG_INT, .def = "4", .min = 1, .max = 1024,
@@ -64,6 +66,12 @@ static const struct config_key keys[] = {
      .help = "llama: epsilon of RMSNorm; unset = 1e-6"},
     {.section = "model", .name = "tie_word_embeddings", .type = CONFIG_BOOL, .def = "", .bare = "true",
      .help = "llama: the LM head reuses embed_tokens (no lm_head.weight); unset = false (gpt2 is always tied)"},
+    {.section = "model", .name = "sliding_window", .type = CONFIG_INT, .def = "", .min = 0, .max = 1048576,
+     .help = "mistral, qwen2, qwen3: sliding-window attention, each token sees the last sliding_window tokens "
+             "(itself included); unset or 0 = full causal attention"},
+    {.section = "model", .name = "max_window_layers", .type = CONFIG_INT, .def = "", .min = 0, .max = 1024,
+     .help = "qwen2, qwen3: layers below this one attend fully, the rest through sliding_window (Qwen2's rule); "
+             "unset = 0, every layer"},
     {.section = "model", .name = "vocab_size", .type = CONFIG_INT, .def = "256", .min = 2, .max = 1048576,
      .help = "Vocabulary size (256 = bytes; 50257 = GPT-2 BPE)"},
     {.section = "model", .name = "block_size", .type = CONFIG_INT, .def = "128", .min = 1, .max = 1048576,
@@ -255,6 +263,8 @@ void worker_config_model(const struct worker_config *wc, struct model_config *mc
     mc->rope_high_freq_factor = (float)wc->model.rope_high_freq_factor;
     mc->rope_original_max_position = wc->model.rope_original_max_position;
     mc->tie_word_embeddings = wc->model.tie_word_embeddings;
+    mc->sliding_window = wc->model.sliding_window;
+    mc->max_window_layers = wc->model.max_window_layers;
     mc->n_layer = wc->model.n_layer;
     mc->n_head = wc->model.n_head;
     mc->n_embd = wc->model.n_embd;
@@ -330,6 +340,8 @@ int worker_config_view(const struct config *cfg, struct worker_config *out)
                                                 ? (int)I(model, rope_original_max_position_embeddings)
                                                 : 8192;
     out->model.tie_word_embeddings = B(model, tie_word_embeddings);
+    out->model.sliding_window = (int)I(model, sliding_window);       /* unset: 0, no window */
+    out->model.max_window_layers = (int)I(model, max_window_layers); /* unset: 0, every layer */
     out->model.init_std = F(model, init_std);
     out->model.seed = (uint64_t)I(model, seed);
     copy_text(out->model.init_from, cfg, "model", "init_from");
@@ -449,6 +461,12 @@ int worker_config_validate_cp(const struct worker_config *wc)
                          "context ranks), which fsdp.sharding_strategy = NO_SHARD forbids; use FULL_SHARD, "
                          "SHARD_GRAD_OP, HYBRID_SHARD or HYBRID_SHARD_ZERO2, or context_parallel_size = 1",
                          c);
+    if (wc->model.sliding_window > 0 && wc->model.sliding_window < wc->model.block_size)
+        return error_set(FSDP_EINVAL,
+                         "fsdp.context_parallel_size = %d with model.sliding_window = %d: context-parallel attention "
+                         "does not compute a sliding window shorter than the sequence (model.block_size = %d); use "
+                         "context_parallel_size = 1, or no window",
+                         c, wc->model.sliding_window, wc->model.block_size);
     if (wc->model.block_size % (2 * c) != 0) {
         char ok[256] = "";
         size_t len = 0;

@@ -43,6 +43,7 @@ struct worker_config {
         int rope_scaling, rope_original_max_position;
         double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
         bool tie_word_embeddings;
+        int sliding_window, max_window_layers; /* unset: 0 (no window; every layer) */
         double init_std;
         uint64_t seed;
         char init_from[WORKER_TEXT_MAX]; /* "" = random init */

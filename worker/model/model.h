@@ -46,6 +46,10 @@ struct model_config {
     int rope_original_max_position;
     float rms_norm_eps;
     bool tie_word_embeddings; /* the LM head is embed_tokens (no lm_head.weight) */
+    /* Sliding-window attention (Mistral; Qwen2/Qwen3 with use_sliding_window): key j is visible to query i
+     * when i - sliding_window < j <= i; 0 = full causal. Layers below max_window_layers attend fully (Qwen2's
+     * rule; 0 = every layer has the window). model_layer_window gives a layer's. */
+    int sliding_window, max_window_layers;
     bool qkv_bias;            /* q, k and v projections have biases: set by the family (qwen2), not a key */
     bool qk_norm;             /* per-head RMSNorm of q and k before rope (head_dim gains each, shared by the
                                  heads): set by the family (qwen3), not a key */
@@ -113,6 +117,11 @@ void model_layout_free(struct model_layout *layout);
 static inline int model_head_dim(const struct model_config *c)
 {
     return c->head_dim > 0 ? c->head_dim : (c->n_head > 0 ? c->n_embd / c->n_head : 0);
+}
+/* The attention window of layer `layer` (attention_forward's window: 0 = full causal). */
+static inline int model_layer_window(const struct model_config *c, int layer)
+{
+    return c->sliding_window > 0 && layer >= c->max_window_layers ? c->sliding_window : 0;
 }
 /* Comma-separated registry names ("gpt2, llama"). */
 const char *model_family_names(void);

@@ -68,7 +68,7 @@ static int gpt2_forward_block(struct model *m, int layer, const float *w, void *
     if (m->cp.size > 1)
         FSDP_TRY(model_cp_attention_forward(m, a->atty, a->lse, a->qkv));
     else
-        FSDP_TRY(k->attention_forward(a->atty, a->lse, a->qkv, m->b, m->t, C, c->n_head, c->n_head, s->attn_ws));
+        FSDP_TRY(k->attention_forward(a->atty, a->lse, a->qkv, m->b, m->t, C, c->n_head, c->n_head, 0, s->attn_ws));
     FSDP_TRY(k->matmul_forward(s->tmp, a->atty, up(m, u, w, APROJ_W), up(m, u, w, APROJ_B), N, C, C));
     if (k->residual_layernorm_forward) { /* one pass: the residual add and ln_2, the same bits */
         FSDP_TRY(k->residual_layernorm_forward(a->xmid, a->ln2, a->ln2_mean, a->ln2_rstd, x, s->tmp,
@@ -150,7 +150,7 @@ static int gpt2_backward_block(struct model *m, int layer, const float *w, float
     } else {
         FSDP_TRY(k->mem_set(sc->dbig1, 0, 3 * NC * F));
         FSDP_TRY(k->attention_backward(sc->dbig1, s->tmp, a->qkv, a->atty, a->lse, m->b, m->t, C, c->n_head,
-                                       c->n_head, s->attn_ws));
+                                       c->n_head, 0, s->attn_ws));
     }
     FSDP_TRY(linear_backward(k, s->dln, upg(m, u, g, ATTN_W), upg(m, u, g, ATTN_B), sc->dbig1, a->ln1,
                         up(m, u, w, ATTN_W), N, C, 3 * C));

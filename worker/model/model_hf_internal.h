@@ -65,5 +65,6 @@ extern const struct model_hf_family model_gpt2_hf;
 extern const struct model_hf_family model_llama_hf;
 extern const struct model_hf_family model_qwen2_hf;
 extern const struct model_hf_family model_qwen3_hf;
+extern const struct model_hf_family model_mistral_hf;
 
 #endif

@@ -183,6 +183,9 @@ int model_llama_summary_fields(const struct model_config *cfg, struct model_fiel
 int model_llama_check(const struct model_config *cfg);
 /* The [model] keys the Llama-style families read, and their checks on a config as set. */
 extern const char *const model_llama_keys[];
+/* Mistral's: Llama's and sliding_window; Qwen2's and Qwen3's: those and max_window_layers. */
+extern const char *const model_mistral_keys[];
+extern const char *const model_qwen2_keys[];
 int model_llama_check_keys(const struct model_config *as_set);
 int model_llama_layout_build(struct model_layout *out, const struct model_config *cfg);
 extern const struct model_decoder model_llama_decoder;
@@ -190,6 +193,10 @@ extern const struct model_decoder model_llama_decoder;
 /* The Qwen2 family: Llama's block and layout with q/k/v biases and Qwen2's class names. */
 void model_qwen2_resolve(struct model_config *cfg);
 int model_qwen2_layout_build(struct model_layout *out, const struct model_config *cfg);
+
+/* The Mistral family: Llama's block and layout (sliding-window attention where sliding_window is set) with
+ * Mistral's class names. */
+int model_mistral_layout_build(struct model_layout *out, const struct model_config *cfg);
 
 /* The Qwen3 family: Llama's block and layout with a per-head RMSNorm of q and k (q_norm, k_norm) before rope,
  * no biases, and Qwen3's class names. */

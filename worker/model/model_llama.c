@@ -2,7 +2,8 @@
  * stream, model.norm, the LM head (lm_head, or embed_tokens when tied), the loss).
  *
  * Block (pre-norm): h = rms(x) [input_layernorm]; qkv = h [q|k|v]_proj^T; rope on q and k;
- * x_mid = x + o_proj(attn(qkv)) (grouped-query causal attention);
+ * x_mid = x + o_proj(attn(qkv)) (grouped-query causal attention; sliding-window where the config sets a window,
+ * Mistral's in every layer, Qwen2's from max_window_layers on);
  * y = x_mid + down_proj(silu(gate_proj(h2)) * up_proj(h2)), h2 = rms(x_mid) [post_attention_layernorm].
  * Linear weights are (out, in) as nn.Linear stores them, so every product is a gemm with a transposed
  * operand: y = x W^T, dx = dy W, dW += dy^T x.
@@ -313,7 +314,8 @@ static int llama_forward_block(struct model *m, int layer, const float *w, void 
     if (m->cp.size > 1)
         FSDP_TRY(model_cp_attention_forward(m, a->att, a->lse, a->qkv));
     else
-        FSDP_TRY(k->attention_forward(a->att, a->lse, a->qkv, m->b, m->t, d.Q, d.nh, d.nkv, s->attn_ws));
+        FSDP_TRY(k->attention_forward(a->att, a->lse, a->qkv, m->b, m->t, d.Q, d.nh, d.nkv, model_layer_window(c, layer),
+                                      s->attn_ws));
     FSDP_TRY(linear_forward(k, s->tmp, a->att, up(m, u, w, x.o_w), N, d.Q, C));
     if (k->residual_rmsnorm_forward) { /* one pass: the residual add and post_attention_layernorm, the same bits */
         FSDP_TRY(k->residual_rmsnorm_forward(a->xmid, a->h2, a->rstd2, xin, s->tmp, up(m, u, w, x.post_n), N, C,
@@ -356,7 +358,7 @@ static int llama_backward_block(struct model *m, int layer, const float *w, floa
     } else {
         FSDP_TRY(k->mem_set(ls->dwide, 0, (size_t)N * d.qkv * F));
         FSDP_TRY(k->attention_backward(ls->dwide, datt, a->qkv, a->att, a->lse, m->b, m->t, d.Q, d.nh, d.nkv,
-                                       s->attn_ws));
+                                       model_layer_window(c, layer), s->attn_ws));
     }
     /* the gradient of q and k before rope: the transposed rotation */
     FSDP_TRY(k->rope_backward(ls->dwide, N, d.qkv, d.nh + d.nkv, d.hs, ls->pos, ls->freqs, c->block_size));

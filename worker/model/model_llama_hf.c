@@ -50,32 +50,108 @@ static int rope_dict_read(struct model_hf_json *j, const cJSON *dict, const char
 
 /* What differs between the Llama-style families' config.json: the family, transformers' defaults for absent
  * keys, and whether the attention_bias/mlp_bias keys exist (Llama) or the q/k/v biases are built in and a
- * sliding window may be configured (Qwen2). */
+ * sliding window may be configured (Qwen2), or the window is Mistral's. */
+enum llama_window { WINDOW_NONE, WINDOW_QWEN2, WINDOW_MISTRAL };
 struct llama_style {
     const char *family;
     int layers, heads, hidden, intermediate, vocab, positions;
     int head_dim;    /* transformers' default; 0 = hidden_size / num_attention_heads */
-    bool qwen2_keys; /* use_sliding_window, max_window_layers, layer_types (else mlp_bias) */
+    enum llama_window window; /* QWEN2: use_sliding_window, sliding_window, max_window_layers, layer_types;
+                                 MISTRAL: sliding_window in every layer; NONE: mlp_bias (which must be false) */
     bool bias_key;   /* attention_bias, which must be false */
 };
-static const struct llama_style llama_style = {"llama", 32, 32, 4096, 11008, 32000, 2048, 0, false, true};
-static const struct llama_style qwen2_style = {"qwen2", 32, 32, 4096, 22016, 151936, 32768, 0, true, false};
-static const struct llama_style qwen3_style = {"qwen3", 32, 32, 4096, 22016, 151936, 32768, 128, true, true};
+static const struct llama_style llama_style = {"llama", 32, 32, 4096, 11008, 32000, 2048, 0, WINDOW_NONE, true};
+static const struct llama_style qwen2_style = {"qwen2", 32, 32, 4096, 22016, 151936, 32768, 0, WINDOW_QWEN2, false};
+static const struct llama_style qwen3_style = {"qwen3", 32, 32, 4096, 22016, 151936, 32768, 128, WINDOW_QWEN2, true};
+static const struct llama_style mistral_style = {"mistral", 32, 32, 4096, 14336, 32000, 131072, 0, WINDOW_MISTRAL,
+                                                 false};
 
-/* Qwen2's sliding window: fsdpc's attention is full causal, so a config must not use the window. */
-static int qwen2_window_check(struct model_hf_json *j)
+/* The window's size, as transformers reads "sliding_window": absent = its config class's default (4096), null
+ * = none (0), else an integer >= 1. */
+static int window_size_read(struct model_hf_json *j, int *dst)
 {
-    FSDP_TRY(model_hf_json_expect_bool(j, "use_sliding_window", false,
-                                       "fsdpc's Qwen2 attention is full causal attention (no sliding window)"));
-    const cJSON *types = cJSON_GetObjectItemCaseSensitive(j->root, "layer_types");
-    if (!cJSON_IsArray(types))
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j->root, "sliding_window");
+    if (cJSON_IsNull(v)) {
+        *dst = 0;
         return 0;
-    const cJSON *t;
-    cJSON_ArrayForEach(t, types)
-        if (!cJSON_IsString(t) || strcmp(t->valuestring, "full_attention") != 0)
-            return error_set(FSDP_EUNSUPPORTED, "%s: \"layer_types\" names a layer that is not \"full_attention\"; "
-                             "fsdpc's Qwen2 attention is full causal attention (no sliding window)", j->path);
+    }
+    FSDP_TRY(model_hf_json_int(j, "sliding_window", NULL, 4096, 0, dst));
+    if (*dst < 1)
+        return error_set(FSDP_EINVAL, "%s: \"sliding_window\" is %d; it must be null (no window) or >= 1 (tokens a "
+                         "query sees, itself included)", j->path, *dst);
     return 0;
+}
+
+/* Records the window as [model] settings (only where there is one: 0 is every key's default). */
+static int window_record(struct model_hf_json *j, const struct model_config *c, bool layers)
+{
+    char text[32];
+    if (c->sliding_window == 0)
+        return 0;
+    snprintf(text, sizeof text, "%d", c->sliding_window);
+    FSDP_TRY(model_hf_json_setting(j, "sliding_window", text, "sliding_window"));
+    if (!layers)
+        return 0;
+    snprintf(text, sizeof text, "%d", c->max_window_layers);
+    return model_hf_json_setting(j, "max_window_layers", text, "max_window_layers");
+}
+
+/* Qwen2's (and Qwen3's) window, as their config classes apply it: with use_sliding_window the layers from
+ * max_window_layers on see the last sliding_window tokens; "layer_types", where present, says per layer
+ * ("full_attention" or "sliding_attention") and wins. fsdpc's window starts at one layer and holds for every
+ * later one, so layer_types must be full layers then sliding ones. */
+static int qwen2_window_read(struct model_hf_json *j, struct model_config *c)
+{
+    bool use = false;
+    FSDP_TRY(model_hf_json_bool(j, "use_sliding_window", NULL, false, 0, &use));
+    int window = 0, first = 28; /* Qwen2Config's max_window_layers */
+    if (use)
+        FSDP_TRY(window_size_read(j, &window));
+    FSDP_TRY(model_hf_json_int(j, "max_window_layers", NULL, 28, 0, &first));
+    if (first < 0)
+        return error_set(FSDP_EINVAL, "%s: \"max_window_layers\" is %d; it must be >= 0", j->path, first);
+    const cJSON *types = cJSON_GetObjectItemCaseSensitive(j->root, "layer_types");
+    if (cJSON_IsArray(types)) {
+        int i = 0, first_sliding = -1;
+        const cJSON *t;
+        cJSON_ArrayForEach(t, types) {
+            bool full = cJSON_IsString(t) && strcmp(t->valuestring, "full_attention") == 0;
+            bool sliding = cJSON_IsString(t) && strcmp(t->valuestring, "sliding_attention") == 0;
+            if (!full && !sliding)
+                return error_set(FSDP_EUNSUPPORTED, "%s: \"layer_types\"[%d] is neither \"full_attention\" nor "
+                                 "\"sliding_attention\"", j->path, i);
+            if (sliding && !window)
+                return error_set(FSDP_EUNSUPPORTED, "%s: \"layer_types\"[%d] is \"sliding_attention\" but there is "
+                                 "no window (\"use_sliding_window\" false or \"sliding_window\" null); set "
+                                 "use_sliding_window and sliding_window, or make every layer \"full_attention\"",
+                                 j->path, i);
+            if (sliding && first_sliding < 0)
+                first_sliding = i;
+            if (full && first_sliding >= 0)
+                return error_set(FSDP_EUNSUPPORTED, "%s: \"layer_types\" has a \"full_attention\" layer (%d) after "
+                                 "a \"sliding_attention\" one (%d); fsdpc's window holds from one layer "
+                                 "(max_window_layers) to the last", j->path, i, first_sliding);
+            i++;
+        }
+        first = first_sliding >= 0 ? first_sliding : i;
+    }
+    if (window && first >= c->n_layer && c->n_layer > 0)
+        window = 0; /* no layer reaches the window */
+    c->sliding_window = window;
+    c->max_window_layers = window ? first : 0;
+    return window_record(j, c, true);
+}
+
+/* Mistral's window, in every layer. */
+static int mistral_window_read(struct model_hf_json *j, struct model_config *c)
+{
+    FSDP_TRY(window_size_read(j, &c->sliding_window));
+    c->max_window_layers = 0;
+    if (cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(j->root, "layer_types")))
+        return error_set(FSDP_EUNSUPPORTED, "%s: \"layer_types\" (a window in some layers only) is Ministral's, "
+                         "not MistralForCausalLM's; fsdpc's Mistral applies \"sliding_window\" in every layer",
+                         j->path);
+    return window_record(j, c, false);
 }
 
 static int style_config_read(struct model_hf_json *j, struct model_config *c, const struct llama_style *st)
@@ -108,13 +184,16 @@ static int style_config_read(struct model_hf_json *j, struct model_config *c, co
             return error_set(FSDP_EINVAL, "%s: \"rope_scaling\" must be an object or null", j->path);
     }
     FSDP_TRY(model_hf_json_expect_str(j, "hidden_act", silu, "fsdpc's Llama MLP is SwiGLU (\"silu\")"));
-    if (st->qwen2_keys)
-        FSDP_TRY(qwen2_window_check(j));
+    if (st->window == WINDOW_QWEN2)
+        FSDP_TRY(qwen2_window_read(j, c));
+    else if (st->window == WINDOW_MISTRAL)
+        FSDP_TRY(mistral_window_read(j, c));
     else
         FSDP_TRY(model_hf_json_expect_bool(j, "mlp_bias", false, "fsdpc's Llama has no biases"));
     if (st->bias_key)
         FSDP_TRY(model_hf_json_expect_bool(j, "attention_bias", false,
-                                           st->qwen2_keys ? "fsdpc's Qwen3 has no q/k/v biases" : "fsdpc's Llama has no biases"));
+                                           st->window == WINDOW_QWEN2 ? "fsdpc's Qwen3 has no q/k/v biases"
+                                                                      : "fsdpc's Llama has no biases"));
     /* transformers' default is hidden_size / num_attention_heads; any even width is computed (Qwen3's 128 with
      * a 1024-wide Qwen3-0.6B, for one) */
     if (c->n_head > 0)
@@ -138,6 +217,11 @@ static int qwen3_config_read(struct model_hf_json *j, struct model_config *c)
     return style_config_read(j, c, &qwen3_style);
 }
 
+static int mistral_config_read(struct model_hf_json *j, struct model_config *c)
+{
+    return style_config_read(j, c, &mistral_style);
+}
+
 static int style_config_write(const struct model_config *c, const struct model_hf_tokens *t, cJSON *o,
                               const struct llama_style *st);
 
@@ -154,6 +238,18 @@ static int llama_config_write(const struct model_config *c, const struct model_h
 static int qwen2_config_write(const struct model_config *c, const struct model_hf_tokens *t, cJSON *o)
 {
     return style_config_write(c, t, o, &qwen2_style);
+}
+
+static int mistral_config_write(const struct model_config *c, const struct model_hf_tokens *t, cJSON *o)
+{
+    return style_config_write(c, t, o, &mistral_style);
+}
+
+/* "sliding_window": the window, or null for none. */
+static bool add_window(cJSON *o, const struct model_config *c)
+{
+    return c->sliding_window > 0 ? cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window) != NULL
+                                 : cJSON_AddNullToObject(o, "sliding_window") != NULL;
 }
 
 static int style_config_write(const struct model_config *c, const struct model_hf_tokens *t, cJSON *o,
@@ -185,9 +281,11 @@ static int style_config_write(const struct model_config *c, const struct model_h
         ok = false;
     cJSON_Delete(rp);
     cJSON_Delete(rs);
-    if (st->qwen2_keys) /* full attention in every layer */
-        ok = ok && cJSON_AddBoolToObject(o, "use_sliding_window", false) &&
-             cJSON_AddNumberToObject(o, "max_window_layers", c->n_layer);
+    if (st->window == WINDOW_QWEN2) /* the config class derives layer_types from these */
+        ok = ok && cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0) && add_window(o, c) &&
+             cJSON_AddNumberToObject(o, "max_window_layers", c->sliding_window > 0 ? c->max_window_layers : c->n_layer);
+    else if (st->window == WINDOW_MISTRAL)
+        ok = ok && add_window(o, c);
     else
         ok = ok && cJSON_AddBoolToObject(o, "mlp_bias", false);
     if (st->bias_key)
@@ -238,6 +336,15 @@ const struct model_hf_family model_qwen3_hf = {
     .prefix = "",
     .config_read = qwen3_config_read,
     .config_write = qwen3_config_write,
+    .ignored = llama_ignored,
+};
+
+const struct model_hf_family model_mistral_hf = {
+    .architecture = "MistralForCausalLM",
+    .model_type = "mistral",
+    .prefix = "",
+    .config_read = mistral_config_read,
+    .config_write = mistral_config_write,
     .ignored = llama_ignored,
 };
 

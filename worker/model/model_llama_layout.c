@@ -25,6 +25,12 @@ const char *const model_llama_keys[] = {"n_kv_head", "intermediate_size", "rope_
                                         "rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
                                         "rope_original_max_position_embeddings", "rms_norm_eps",
                                         "tie_word_embeddings", NULL};
+/* The same plus the attention window: Mistral's in every layer, Qwen2's (and Qwen3's) from a first layer on. */
+#define LLAMA_KEYS                                                                                               \
+    "n_kv_head", "intermediate_size", "rope_theta", "rope_scaling", "rope_scaling_factor", "rope_low_freq_factor", \
+        "rope_high_freq_factor", "rope_original_max_position_embeddings", "rms_norm_eps", "tie_word_embeddings"
+const char *const model_mistral_keys[] = {LLAMA_KEYS, "sliding_window", NULL};
+const char *const model_qwen2_keys[] = {LLAMA_KEYS, "sliding_window", "max_window_layers", NULL};
 
 /* The rules between the keys as the user wrote them (an unset n_kv_head or head_dim is 0), so a message can
  * say which key to change; model_llama_check repeats the ones a Hugging Face config.json can break too. */
@@ -53,6 +59,11 @@ int model_llama_check_keys(const struct model_config *c)
                          "model.rope_high_freq_factor (%g) must be above model.rope_low_freq_factor (%g) for "
                          "rope_scaling = llama3",
                          (double)c->rope_high_freq_factor, (double)c->rope_low_freq_factor);
+    if (c->max_window_layers > 0 && c->sliding_window == 0)
+        return error_set(FSDP_EINVAL,
+                         "model.max_window_layers (%d) needs model.sliding_window: it is the first layer that attends "
+                         "through the window; set model.sliding_window or remove model.max_window_layers",
+                         c->max_window_layers);
     return 0;
 }
 
@@ -80,6 +91,9 @@ int model_llama_check(const struct model_config *c)
                          c->rope_original_max_position);
     if (!(c->rms_norm_eps >= 0))
         return error_set(FSDP_EINVAL, "model: rms_norm_eps must be >= 0 (got %g)", (double)c->rms_norm_eps);
+    if (c->sliding_window < 0 || c->max_window_layers < 0)
+        return error_set(FSDP_EINVAL, "model: sliding_window (%d) and max_window_layers (%d) must be >= 0",
+                         c->sliding_window, c->max_window_layers);
     return 0;
 }
 
@@ -92,6 +106,8 @@ static const struct llama_classes llama_classes = {"LlamaForCausalLM", "LlamaMod
                                                    "LlamaAttention", "LlamaMLP", "LlamaRMSNorm"};
 static const struct llama_classes qwen2_classes = {"Qwen2ForCausalLM", "Qwen2Model", "Qwen2DecoderLayer",
                                                    "Qwen2Attention", "Qwen2MLP", "Qwen2RMSNorm"};
+static const struct llama_classes mistral_classes = {"MistralForCausalLM", "MistralModel", "MistralDecoderLayer",
+                                                     "MistralAttention", "MistralMLP", "MistralRMSNorm"};
 static const struct llama_classes qwen3_classes = {"Qwen3ForCausalLM", "Qwen3Model", "Qwen3DecoderLayer",
                                                    "Qwen3Attention", "Qwen3MLP", "Qwen3RMSNorm"};
 
@@ -110,6 +126,11 @@ void model_qwen2_resolve(struct model_config *c)
 {
     model_llama_resolve(c);
     c->qkv_bias = true; /* Qwen2's q_proj, k_proj and v_proj have biases; o_proj and the MLP none */
+}
+
+int model_mistral_layout_build(struct model_layout *l, const struct model_config *c)
+{
+    return layout_build(l, c, &mistral_classes);
 }
 
 int model_llama_layout_build(struct model_layout *l, const struct model_config *c)
@@ -214,9 +235,17 @@ static int layout_build(struct model_layout *l, const struct model_config *c, co
 
 void model_llama_describe(const struct model_config *c, char *out, size_t cap)
 {
-    snprintf(out, cap, ", %d key/value heads, intermediate %d, rope_theta %g%s, rms_norm_eps %g, %s head", c->n_kv_head,
-             c->intermediate_size, (double)c->rope_theta, c->rope_scaling == MODEL_ROPE_LLAMA3 ? " (llama3 scaling)" : "",
-             (double)c->rms_norm_eps, c->tie_word_embeddings ? "tied" : "untied");
+    int n = snprintf(out, cap, ", %d key/value heads, intermediate %d, rope_theta %g%s, rms_norm_eps %g, %s head",
+                     c->n_kv_head, c->intermediate_size, (double)c->rope_theta,
+                     c->rope_scaling == MODEL_ROPE_LLAMA3 ? " (llama3 scaling)" : "", (double)c->rms_norm_eps,
+                     c->tie_word_embeddings ? "tied" : "untied");
+    if (c->sliding_window > 0 && n >= 0 && (size_t)n < cap) {
+        if (c->max_window_layers > 0)
+            snprintf(out + n, cap - (size_t)n, ", sliding window %d from layer %d", c->sliding_window,
+                     c->max_window_layers);
+        else
+            snprintf(out + n, cap - (size_t)n, ", sliding window %d", c->sliding_window);
+    }
 }
 
 /* The run summary's Llama fields: the values in effect, defaults resolved. */
@@ -238,5 +267,12 @@ int model_llama_summary_fields(const struct model_config *c, struct model_field 
     int n = scaled ? 10 : 6; /* the scaling's numbers only where they apply */
     for (int i = 0; i < n && i < cap; i++)
         out[i] = f[i];
+    if (c->sliding_window > 0) { /* the window only where there is one */
+        const struct model_field w[] = {{.name = "sliding_window", .num = c->sliding_window},
+                                        {.name = "max_window_layers", .num = c->max_window_layers}};
+        for (int i = 0; i < 2; i++, n++)
+            if (n < cap)
+                out[n] = w[i];
+    }
     return n;
 }

@@ -41,6 +41,14 @@ static const struct model_class_names qwen3_names[] = {
     {"Embedding", "Embedding", NULL}, {"ModuleList", "ModuleList", NULL}, {NULL, NULL, NULL},
 };
 
+/* transformers' MistralForCausalLM module classes (modeling_mistral.py). */
+static const struct model_class_names mistral_names[] = {
+    {"MistralForCausalLM", "MistralForCausalLM", NULL}, {"MistralModel", "MistralModel", NULL},
+    {"MistralDecoderLayer", "MistralDecoderLayer", "DecoderBlock"}, {"MistralAttention", "MistralAttention", NULL},
+    {"MistralMLP", "MistralMLP", NULL}, {"MistralRMSNorm", "MistralRMSNorm", NULL}, {"Linear", "Linear", NULL},
+    {"Embedding", "Embedding", NULL}, {"ModuleList", "ModuleList", NULL}, {NULL, NULL, NULL},
+};
+
 static const struct model_family families[] = {
     {.name = "gpt2", .check = model_gpt2_check, .layout_build = model_gpt2_layout_build, .decoder = &model_gpt2_decoder, .class_names = gpt2_names,
      .hf = &model_gpt2_hf},
@@ -49,12 +57,16 @@ static const struct model_family families[] = {
      .hf = &model_llama_hf, .describe = model_llama_describe, .summary_fields = model_llama_summary_fields},
     /* Qwen2 and Qwen2.5: Llama's block with q/k/v biases */
     {.name = "qwen2", .resolve = model_qwen2_resolve, .check = model_llama_check,
-     .keys = model_llama_keys, .check_keys = model_llama_check_keys, .layout_build = model_qwen2_layout_build, .decoder = &model_llama_decoder, .class_names = qwen2_names,
+     .keys = model_qwen2_keys, .check_keys = model_llama_check_keys, .layout_build = model_qwen2_layout_build, .decoder = &model_llama_decoder, .class_names = qwen2_names,
      .hf = &model_qwen2_hf, .describe = model_llama_describe, .summary_fields = model_llama_summary_fields},
     /* Qwen3: Llama's block with a per-head RMSNorm of q and k, head_dim its own */
     {.name = "qwen3", .resolve = model_qwen3_resolve, .check = model_llama_check,
-     .keys = model_llama_keys, .check_keys = model_llama_check_keys, .layout_build = model_qwen3_layout_build, .decoder = &model_llama_decoder, .class_names = qwen3_names,
+     .keys = model_qwen2_keys, .check_keys = model_llama_check_keys, .layout_build = model_qwen3_layout_build, .decoder = &model_llama_decoder, .class_names = qwen3_names,
      .hf = &model_qwen3_hf, .describe = model_llama_describe, .summary_fields = model_llama_summary_fields},
+    /* Mistral: Llama's block with sliding-window attention in every layer */
+    {.name = "mistral", .resolve = model_llama_resolve, .check = model_llama_check,
+     .keys = model_mistral_keys, .check_keys = model_llama_check_keys, .layout_build = model_mistral_layout_build, .decoder = &model_llama_decoder, .class_names = mistral_names,
+     .hf = &model_mistral_hf, .describe = model_llama_describe, .summary_fields = model_llama_summary_fields},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 

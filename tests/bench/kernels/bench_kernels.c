@@ -204,8 +204,8 @@ int main(int argc, char **argv)
         void *ws = k->mem_alloc(k->attention_workspace_bytes(B, T, C, NH, NH));
         double ffl = 2.0 * B * NH * (double)T * T * hs, bfl = 2.5 * ffl;
         double tf, tb;
-        BEST_OF(reps, tf, check(k->attention_forward(out, lse, qkv, B, T, C, NH, NH, ws)));
-        BEST_OF(reps, tb, check(k->attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, NH, ws)));
+        BEST_OF(reps, tf, check(k->attention_forward(out, lse, qkv, B, T, C, NH, NH, 0, ws)));
+        BEST_OF(reps, tb, check(k->attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, NH, 0, ws)));
         printf("bench=kernel_attention_fwd shape=B%d_T%d_C%d_NH%d gflops=%.1f sgemm_gflops=%.1f ratio=%.3f\n", B,
                T, C, NH, ffl / tf / 1e9, peak, ffl / tf / 1e9 / peak);
         printf("bench=kernel_attention_bwd shape=B%d_T%d_C%d_NH%d gflops=%.1f sgemm_gflops=%.1f ratio=%.3f\n", B,

@@ -123,14 +123,14 @@ static int p_rope_b(float *x, int n, int ld, int nh, int hs, const int32_t *pos,
 {
     PROF(P_ROPE, 0, real->rope_backward(x, n, ld, nh, hs, pos, f, np));
 }
-static int p_att_f(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv, void *ws)
+static int p_att_f(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv, int w, void *ws)
 {
-    PROF(P_ATT_F, 2.0 * b * (double)t * t * c, real->attention_forward(out, lse, qkv, b, t, c, nh, nkv, ws));
+    PROF(P_ATT_F, 2.0 * b * (double)t * t * c, real->attention_forward(out, lse, qkv, b, t, c, nh, nkv, w, ws));
 }
 static int p_att_b(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse, int b, int t,
-                   int c, int nh, int nkv, void *ws)
+                   int c, int nh, int nkv, int w, void *ws)
 {
-    PROF(P_ATT_B, 4.0 * b * (double)t * t * c, real->attention_backward(dqkv, dout, qkv, out, lse, b, t, c, nh, nkv, ws));
+    PROF(P_ATT_B, 4.0 * b * (double)t * t * c, real->attention_backward(dqkv, dout, qkv, out, lse, b, t, c, nh, nkv, w, ws));
 }
 static int p_swiglu_f(float *out, const float *gu, int n, int m)
 {

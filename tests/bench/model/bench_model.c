@@ -158,15 +158,15 @@ static int p_layernorm_backward(float *dinp, float *dweight, float *dbias, const
     PROF(P_LN_B, 0, real->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, n, c));
 }
 static int p_attention_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv,
-                               void *ws)
+                               int w, void *ws)
 {
-    PROF(P_ATT_F, 2.0 * b * (double)t * t * c, real->attention_forward(out, lse, qkv, b, t, c, nh, nkv, ws));
+    PROF(P_ATT_F, 2.0 * b * (double)t * t * c, real->attention_forward(out, lse, qkv, b, t, c, nh, nkv, w, ws));
 }
 static int p_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                                const float *lse, int b, int t, int c, int nh, int nkv, void *ws)
+                                const float *lse, int b, int t, int c, int nh, int nkv, int w, void *ws)
 {
     PROF(P_ATT_B, 4.0 * b * (double)t * t * c,
-         real->attention_backward(dqkv, dout, qkv, out, lse, b, t, c, nh, nkv, ws));
+         real->attention_backward(dqkv, dout, qkv, out, lse, b, t, c, nh, nkv, w, ws));
 }
 static int p_gelu_forward(float *out, const float *inp, size_t n)
 {
