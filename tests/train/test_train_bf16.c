@@ -128,6 +128,42 @@ Test(bf16, world_parity, .timeout = 300)
     tt_teardown(&c);
 }
 
+/* Mistral's sliding window in bf16: head size 64 (the AVX512_BF16 tiles), window 40 over 160 tokens, so key
+ * tiles before a query block's window are skipped and the window's edge is masked in bf16; the bounds of the
+ * tests above: within BF16_REL of its fp32 run, and world 2 (FULL_SHARD) within BF16_PARITY_REL of world 1. */
+Test(bf16, mistral_sliding_window, .timeout = 300)
+{
+    struct tt_ctx c;
+    tt_setup(&c);
+    char ini[1200], text[4096];
+    snprintf(text, sizeof text,
+             "[model]\nmodel_family = mistral\nn_layer = 2\nn_head = 2\nn_kv_head = 1\nn_embd = 128\n"
+             "intermediate_size = 256\nsliding_window = 40\nvocab_size = 256\nblock_size = 160\n"
+             "[train]\ndevice = cpu\ntrain_batch = 4\nmicro_batch = 1\nmax_steps = 20\neval_interval = 0\n[optim]\n"
+             "lr = 0.003\nwarmup_steps = 2\n[log]\ninterval = 10\n[data]\ntrain_file = %s/train.bin\norder = sequential\n",
+             c.data);
+    snprintf(ini, sizeof ini, "%s/mistral.ini", c.dir);
+    lu_write_text(ini, text);
+    if (!native_bf16(&c, ini)) {
+        tt_teardown(&c);
+        cr_skip_test("this CPU has no bf16 matmul instructions: bf16 computes in fp32 (test_train_math's bound)");
+    }
+    double f32[TT_STEPS], b16[TT_STEPS], w2[TT_STEPS];
+    const char *fp32[] = {"--fsdp.mixed_precision=fp32", NULL}, *bf16[] = {"--fsdp.mixed_precision=bf16", NULL};
+    run_losses(&c, ini, 1, "fp32", fp32, NULL, f32, TT_STEPS);
+    run_losses(&c, ini, 1, "bf16", bf16, NULL, b16, TT_STEPS);
+    run_losses(&c, ini, 2, "bf16-w2", bf16, NULL, w2, TT_STEPS);
+    double d = tt_max_rel(b16, f32, TT_STEPS), p = tt_max_rel(w2, b16, TT_STEPS);
+    fprintf(stderr, "mistral bf16 against fp32: %.3g (bound %.3g); world 2 against 1: %.3g (bound %.3g)\n", d,
+            BF16_REL, p, BF16_PARITY_REL);
+    cr_assert(d <= BF16_REL, "mistral bf16 losses differ from fp32 by %.3g relative (bound %.3g)", d, BF16_REL);
+    cr_assert(d > 1e-6, "mistral bf16 losses equal fp32's (%.3g): bf16 was not applied", d);
+    cr_assert(p <= BF16_PARITY_REL, "mistral bf16 at world 2 differs from world 1 by %.3g (bound %.3g)", p,
+              BF16_PARITY_REL);
+    cr_assert(f32[TT_STEPS - 1] < f32[0] - 0.5, "the model did not learn: %g -> %g", f32[0], f32[TT_STEPS - 1]);
+    tt_teardown(&c);
+}
+
 /* A CPU without bf16 instructions, forced: every rank says so in one log line, the plan computes in fp32,
  * and the run is today's mixed precision (bf16 parameters, fp32 compute): within its 1e-3 of fp32, and
  * not the bf16-compute run where the CPU has one. */
