@@ -25,7 +25,12 @@
  * The mode is a template parameter (BF16): the fp32 kernels are the same code as without it. fp16 mode
  * computes in fp32, as the CPU's attention does. In bf16 mode a head size that is a multiple of 8 goes to
  * tensor cores instead (attention_gemm.cu: the same rounding, GEMMs and a t x t score matrix in scratch);
- * these kernels keep the other head sizes and fp32. */
+ * these kernels keep the other head sizes and fp32.
+ *
+ * Sliding window (kernels.h: key j visible to query i when i - window < j <= i; 0 = full causal): forward and
+ * dQ start at the key tile of their first query's window, dK/dV stop at the query tile of their last key's,
+ * and the tile at the window's edge is masked per (query, key) like the causal diagonal; a warp skips its row
+ * in a tile that holds none of the row's keys. */
 #include <math.h>
 
 #include "kernels/cuda/cuda.h"
@@ -41,6 +46,18 @@
 template <bool BF16> __device__ __forceinline__ float att_op(float x)
 {
     return BF16 ? dtype_bf16_to_f32(dtype_f32_to_bf16(x)) : x;
+}
+
+/* The first key tile (a multiple of ATT_TILE) that a query tile starting at q0 can see. */
+__host__ __device__ __forceinline__ int att_first_tile(int q0, int window)
+{
+    return window > 0 && q0 - window + 1 > 0 ? (q0 - window + 1) / ATT_TILE * ATT_TILE : 0;
+}
+
+/* Key kj is visible to query qi: causal, and inside the window. */
+__device__ __forceinline__ bool att_visible(int qi, int kj, int window)
+{
+    return kj <= qi && (window <= 0 || kj > qi - window);
 }
 
 /* Column offsets of query head h's q, k and v in a qkv row of ld = c + 2 nkv hs floats. */
@@ -63,7 +80,7 @@ __device__ __forceinline__ att_cols att_cols_of(int c, int nh, int nkv, int h)
  * triangle's long blocks do not trail at the end. */
 template <int DPL, bool BF16>
 __global__ void __launch_bounds__(ATT_THREADS)
-    att_forward_kernel(float *out, float *lse, const float *qkv, int t, int c, int nh, int nkv, float scale)
+    att_forward_kernel(float *out, float *lse, const float *qkv, int t, int c, int nh, int nkv, float scale, int window)
 {
     extern __shared__ float sm[];
     const int hs = c / nh, hp = hs + 1;
@@ -89,7 +106,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
             o[rr][i] = 0.0f;
     }
     const int q_last = min(q0 + ATT_TILE, t) - 1;
-    for (int k0 = 0; k0 <= q_last; k0 += ATT_TILE) {
+    for (int k0 = att_first_tile(q0, window); k0 <= q_last; k0 += ATT_TILE) {
         __syncthreads(); /* the previous tile is no longer read */
         for (int idx = threadIdx.x; idx < ATT_TILE * hs; idx += ATT_THREADS) {
             int r = idx / hs, d = idx % hs;
@@ -102,15 +119,15 @@ __global__ void __launch_bounds__(ATT_THREADS)
 #pragma unroll
         for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
             const int r = warp * ATT_ROWS_PER_WARP + rr, qi = q0 + r;
-            if (qi >= t || k0 > qi)
-                continue; /* warp-uniform */
+            if (qi >= t || k0 > qi || (window > 0 && k0 + ATT_TILE - 1 <= qi - window))
+                continue; /* warp-uniform: no key of the tile is the row's */
             const float *qrow = qs + r * hs, *krow = ks + lane * hp;
             float s = 0.0f;
             for (int d = 0; d < hs; d++)
                 s += qrow[d] * krow[d];
             s *= scale;
-            const bool valid = k0 + lane <= qi;
-            const float mx = cuda_warp_max(valid ? s : -INFINITY); /* finite: key k0 <= qi is valid */
+            const bool valid = att_visible(qi, k0 + lane, window);
+            const float mx = cuda_warp_max(valid ? s : -INFINITY); /* finite: the tile holds a key of the row */
             const float m_new = fmaxf(m[rr], mx);
             const float p = valid ? __expf(s - m_new) : 0.0f;
             const float alpha = __expf(m[rr] - m_new); /* 0 on the first tile, where m is -inf */
@@ -173,7 +190,7 @@ __global__ void att_rowdot_kernel(float *dsum, const float *dout, const float *o
 template <int DPL, bool BF16>
 __global__ void __launch_bounds__(ATT_THREADS)
     att_backward_dq_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *dsum,
-                           int t, int c, int nh, int nkv, float scale)
+                           int t, int c, int nh, int nkv, float scale, int window)
 {
     extern __shared__ float sm[];
     const int hs = c / nh, hp = hs + 1;
@@ -203,7 +220,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
             dq[rr][i] = 0.0f;
     }
     const int q_last = min(q0 + ATT_TILE, t) - 1;
-    for (int k0 = 0; k0 <= q_last; k0 += ATT_TILE) {
+    for (int k0 = att_first_tile(q0, window); k0 <= q_last; k0 += ATT_TILE) {
         __syncthreads();
         for (int idx = threadIdx.x; idx < ATT_TILE * hs; idx += ATT_THREADS) {
             int r = idx / hs, d = idx % hs;
@@ -216,7 +233,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
 #pragma unroll
         for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
             const int r = warp * ATT_ROWS_PER_WARP + rr, qi = q0 + r;
-            if (qi >= t || k0 > qi)
+            if (qi >= t || k0 > qi || (window > 0 && k0 + ATT_TILE - 1 <= qi - window))
                 continue;
             const float *qrow = qs + r * hs, *dorow = dos + r * hs, *krow = ks + lane * hp, *vrow = vs + lane * hp;
             float s = 0.0f, dp = 0.0f;
@@ -224,7 +241,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
                 s += qrow[d] * krow[d];
                 dp += dorow[d] * vrow[d];
             }
-            const bool valid = k0 + lane <= qi;
+            const bool valid = att_visible(qi, k0 + lane, window);
             const float p = valid ? __expf(s * scale - row_lse[rr]) : 0.0f;
             const float ds = att_op<BF16>(p * (dp - row_d[rr]) * scale); /* from the unrounded p */
             const int jmax = min(ATT_TILE, qi - k0 + 1);
@@ -260,7 +277,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
 template <int DPL, bool BF16>
 __global__ void __launch_bounds__(ATT_THREADS)
     att_backward_dkv_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *dsum,
-                            int t, int c, int nh, int nkv, float scale)
+                            int t, int c, int nh, int nkv, float scale, int window)
 {
     extern __shared__ float sm[];
     const int hs = c / nh, hp = hs + 1, group = nh / nkv;
@@ -287,7 +304,9 @@ __global__ void __launch_bounds__(ATT_THREADS)
         for (int i = 0; i < DPL; i++)
             dk[rr][i] = dv[rr][i] = 0.0f;
     /* (query head, query tile) steps: the tiles at or after the key tile, for each head of the group */
-    const int tiles = (t - k0 + ATT_TILE - 1) / ATT_TILE;
+    int tiles = (t - k0 + ATT_TILE - 1) / ATT_TILE;
+    if (window > 0) /* the last query that sees a key of the tile is k0 + ATT_TILE - 2 + window */
+        tiles = min(tiles, (ATT_TILE - 2 + window) / ATT_TILE + 1);
     for (int step = 0; step < group * tiles; step++) {
         const int h = h0 + step / tiles, q0 = k0 + step % tiles * ATT_TILE, pair = bi * nh + h;
         const float *dobase = dout + (size_t)bi * t * c + (size_t)h * hs;
@@ -316,7 +335,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
                 s += qrow[d] * krow[d];
                 dp += dorow[d] * vrow[d];
             }
-            const bool valid = qi >= kj && qi < t;
+            const bool valid = qi < t && att_visible(qi, kj, window);
             const float p = valid ? __expf(s * scale - lse_t[lane]) : 0.0f;
             /* dS from the unrounded p; both rounded only as operands of P^T dO and dS^T Q */
             const float ds = att_op<BF16>(p * (dp - d_t[lane]) * scale), pv = att_op<BF16>(p);
@@ -378,20 +397,21 @@ template <typename K> static int att_prepare(const char *op, K kern, size_t smem
 }
 
 template <int DPL, bool BF16>
-static int att_forward_launch(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv)
+static int att_forward_launch(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv,
+                              int window)
 {
     const int hs = c / nh;
     size_t smem = (size_t)ATT_TILE * (2 * hs + hs + 1) * sizeof(float);
     FSDP_TRY(att_prepare("attention_forward", att_forward_kernel<DPL, BF16>, smem));
     dim3 grid((t + ATT_TILE - 1) / ATT_TILE, b * nh);
     att_forward_kernel<DPL, BF16><<<grid, ATT_THREADS, smem, cuda_ctx.stream>>>(out, lse, qkv, t, c, nh, nkv,
-                                                                                1.0f / sqrtf((float)hs));
+                                                                                1.0f / sqrtf((float)hs), window);
     return cuda_check_launch("attention_forward");
 }
 
 template <int DPL, bool BF16>
 static int att_backward_launch(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *dsum,
-                               int b, int t, int c, int nh, int nkv)
+                               int b, int t, int c, int nh, int nkv, int window)
 {
     const int hs = c / nh;
     const float scale = 1.0f / sqrtf((float)hs);
@@ -401,25 +421,26 @@ static int att_backward_launch(float *dqkv, const float *dout, const float *qkv,
     FSDP_TRY(att_prepare("attention_backward dk/dv", att_backward_dkv_kernel<DPL, BF16>, smem_dkv));
     dim3 grid((t + ATT_TILE - 1) / ATT_TILE, b * nh), grid_kv((t + ATT_TILE - 1) / ATT_TILE, b * nkv);
     att_backward_dq_kernel<DPL, BF16><<<grid, ATT_THREADS, smem_dq, cuda_ctx.stream>>>(dqkv, dout, qkv, lse, dsum,
-                                                                                       t, c, nh, nkv, scale);
+                                                                                       t, c, nh, nkv, scale, window);
     FSDP_TRY(cuda_check_launch("attention_backward dq"));
     att_backward_dkv_kernel<DPL, BF16><<<grid_kv, ATT_THREADS, smem_dkv, cuda_ctx.stream>>>(dqkv, dout, qkv, lse,
-                                                                                            dsum, t, c, nh, nkv, scale);
+                                                                                            dsum, t, c, nh, nkv, scale,
+                                                                                            window);
     return cuda_check_launch("attention_backward dk/dv");
 }
 
 /* The instantiation for the head size (DPL = ceil(hs / 32) rounded up to 1, 2, 4 or 8). */
 template <bool BF16>
-static int att_forward_hs(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv)
+static int att_forward_hs(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv, int window)
 {
     const int hs = c / nh;
     if (hs <= 32)
-        return att_forward_launch<1, BF16>(out, lse, qkv, b, t, c, nh, nkv);
+        return att_forward_launch<1, BF16>(out, lse, qkv, b, t, c, nh, nkv, window);
     if (hs <= 64)
-        return att_forward_launch<2, BF16>(out, lse, qkv, b, t, c, nh, nkv);
+        return att_forward_launch<2, BF16>(out, lse, qkv, b, t, c, nh, nkv, window);
     if (hs <= 128)
-        return att_forward_launch<4, BF16>(out, lse, qkv, b, t, c, nh, nkv);
-    return att_forward_launch<8, BF16>(out, lse, qkv, b, t, c, nh, nkv);
+        return att_forward_launch<4, BF16>(out, lse, qkv, b, t, c, nh, nkv, window);
+    return att_forward_launch<8, BF16>(out, lse, qkv, b, t, c, nh, nkv, window);
 }
 
 /* D = rowsum(dO O) into dsum, (b, nh, t) as lse. */
@@ -434,17 +455,17 @@ static int att_rowdot(float *dsum, const float *dout, const float *out, int b, i
 
 template <bool BF16>
 static int att_backward_hs(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                           float *dsum, int b, int t, int c, int nh, int nkv)
+                           float *dsum, int b, int t, int c, int nh, int nkv, int window)
 {
     FSDP_TRY(att_rowdot<BF16>(dsum, dout, out, b, t, c, nh));
     const int hs = c / nh;
     if (hs <= 32)
-        return att_backward_launch<1, BF16>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv);
+        return att_backward_launch<1, BF16>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv, window);
     if (hs <= 64)
-        return att_backward_launch<2, BF16>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv);
+        return att_backward_launch<2, BF16>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv, window);
     if (hs <= 128)
-        return att_backward_launch<4, BF16>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv);
-    return att_backward_launch<8, BF16>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv);
+        return att_backward_launch<4, BF16>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv, window);
+    return att_backward_launch<8, BF16>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv, window);
 }
 
 size_t cuda_attention_workspace_bytes(int b, int t, int c, int nh, int nkv)
@@ -457,12 +478,11 @@ size_t cuda_attention_workspace_bytes(int b, int t, int c, int nh, int nkv)
     return (size_t)b * nh * t * sizeof(float);
 }
 
-/* The sliding window is computed by the CPU kernels only so far: refused here rather than ignored. */
 static int check_window(const char *op, int window)
 {
-    if (window != 0)
-        return error_set(FSDP_EUNSUPPORTED, "kernels cuda: %s: a sliding window (%d) is not computed on CUDA yet; "
-                         "train this model with train.device = cpu", op, window);
+    if (window < 0)
+        return error_set(FSDP_EINVAL, "kernels cuda: %s: window %d must be >= 0 (0 = full causal attention)", op,
+                         window);
     return 0;
 }
 
@@ -475,10 +495,10 @@ int cuda_attention_forward(float *out, float *lse, const float *qkv, int b, int 
     if (b == 0 || t == 0)
         return 0;
     if (cuda_attention_gemm_applies(c, nh)) /* bf16 on tensor cores (attention_gemm.cu) */
-        return cuda_attention_gemm_forward(out, lse, qkv, b, t, c, nh, nkv);
+        return cuda_attention_gemm_forward(out, lse, qkv, b, t, c, nh, nkv, window);
     if (cuda_ctx.matmul_dtype == DTYPE_BF16)
-        return att_forward_hs<true>(out, lse, qkv, b, t, c, nh, nkv);
-    return att_forward_hs<false>(out, lse, qkv, b, t, c, nh, nkv);
+        return att_forward_hs<true>(out, lse, qkv, b, t, c, nh, nkv, window);
+    return att_forward_hs<false>(out, lse, qkv, b, t, c, nh, nkv, window);
 }
 
 int cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
@@ -494,10 +514,10 @@ int cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, co
     float *dsum = (float *)workspace;
     if (cuda_attention_gemm_applies(c, nh)) {
         FSDP_TRY(att_rowdot<true>(dsum, dout, out, b, t, c, nh));
-        return cuda_attention_gemm_backward(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv);
+        return cuda_attention_gemm_backward(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv, window);
     }
     /* the mode now, as on the CPU: a step's forward and backward run in the same one */
     if (cuda_ctx.matmul_dtype == DTYPE_BF16)
-        return att_backward_hs<true>(dqkv, dout, qkv, out, lse, dsum, b, t, c, nh, nkv);
-    return att_backward_hs<false>(dqkv, dout, qkv, out, lse, dsum, b, t, c, nh, nkv);
+        return att_backward_hs<true>(dqkv, dout, qkv, out, lse, dsum, b, t, c, nh, nkv, window);
+    return att_backward_hs<false>(dqkv, dout, qkv, out, lse, dsum, b, t, c, nh, nkv, window);
 }

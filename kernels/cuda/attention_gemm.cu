@@ -13,7 +13,11 @@
  *
  * Layout: qkv rows are [q (nh heads) | k (nkv heads) | v (nkv heads)], width W = c + 2 nkv hs; query head h
  * reads key/value head h / g, g = nh / nkv. The GEMMs of one sequence are batched over the key/value heads
- * for each j < g (query head kvh g + j): every operand's head stride is then constant. */
+ * for each j < g (query head kvh g + j): every operand's head stride is then constant.
+ *
+ * A sliding window (kernels.h: key j visible to query i when i - window < j <= i) is a mask of the row
+ * kernels: the GEMMs still compute every score (this path trades the masked work for tensor-core rates; the
+ * flash kernels of attention.cu skip the tiles outside the window). */
 #include <math.h>
 #include <stdint.h>
 
@@ -40,24 +44,31 @@ static int attg_gemm(const char *op, int ta, int tb, int m, int n, int k, float 
                                                           sc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-/* One warp per score row (row r = head h * t + query i of one sequence): P = exp(s - lse) for keys j <= i,
- * rounded to bf16, 0 above the diagonal. With write_lse the row's lse (max + log of the sum of the unrounded
- * exponentials) is computed and stored first; without it the forward's is read. */
-__global__ void attg_probs_kernel(uint16_t *p16, float *lse, const float *s, int t, int ld, int rows, int write_lse)
+/* The first key query i sees: 0, or the start of its window. */
+__device__ __forceinline__ int attg_first_key(int i, int window)
+{
+    return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;
+}
+
+/* One warp per score row (row r = head h * t + query i of one sequence): P = exp(s - lse) for keys
+ * lo <= j <= i (lo: the window's first), rounded to bf16, 0 elsewhere. With write_lse the row's lse (max + log
+ * of the sum of the unrounded exponentials) is computed and stored first; without it the forward's is read. */
+__global__ void attg_probs_kernel(uint16_t *p16, float *lse, const float *s, int t, int ld, int rows, int write_lse,
+                                  int window)
 {
     const int row = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
     if (row >= rows)
         return;
-    const int i = row % t;
+    const int i = row % t, lo = attg_first_key(i, window);
     const float *sr = s + (size_t)row * ld;
     float L;
     if (write_lse) {
         float m = -INFINITY;
-        for (int j = lane; j <= i; j += 32)
+        for (int j = lo + lane; j <= i; j += 32)
             m = fmaxf(m, sr[j]);
         m = cuda_warp_max(m);
         float l = 0.0f;
-        for (int j = lane; j <= i; j += 32)
+        for (int j = lo + lane; j <= i; j += 32)
             l += __expf(sr[j] - m);
         l = cuda_warp_sum(l);
         L = m + logf(l);
@@ -68,22 +79,22 @@ __global__ void attg_probs_kernel(uint16_t *p16, float *lse, const float *s, int
     }
     uint16_t *pr = p16 + (size_t)row * ld;
     for (int j = lane; j < t; j += 32)
-        pr[j] = j <= i ? dtype_f32_to_bf16(__expf(sr[j] - L)) : (uint16_t)0;
+        pr[j] = j <= i && j >= lo ? dtype_f32_to_bf16(__expf(sr[j] - L)) : (uint16_t)0;
 }
 
-/* dS = scale P (dP - D) for keys j <= i (P recomputed from the scores and lse, unrounded), rounded to bf16 as
- * the operand of dS K and dS^T Q; 0 above the diagonal. D = rowsum(dO O) (attention.cu's rowdot). */
+/* dS = scale P (dP - D) for keys lo <= j <= i (P recomputed from the scores and lse, unrounded), rounded to
+ * bf16 as the operand of dS K and dS^T Q; 0 elsewhere. D = rowsum(dO O) (attention.cu's rowdot). */
 __global__ void attg_dscores_kernel(uint16_t *ds16, const float *s, const float *dp, const float *lse,
-                                    const float *dsum, int t, int ld, int rows, float scale)
+                                    const float *dsum, int t, int ld, int rows, float scale, int window)
 {
     const int row = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
     if (row >= rows)
         return;
-    const int i = row % t;
+    const int i = row % t, lo = attg_first_key(i, window);
     const float L = lse[row], D = dsum[row];
     const size_t off = (size_t)row * ld;
     for (int j = lane; j < t; j += 32)
-        ds16[off + j] = j <= i ? dtype_f32_to_bf16(scale * __expf(s[off + j] - L) * (dp[off + j] - D)) : (uint16_t)0;
+        ds16[off + j] = j <= i && j >= lo ? dtype_f32_to_bf16(scale * __expf(s[off + j] - L) * (dp[off + j] - D)) : (uint16_t)0;
 }
 
 static size_t attg_round_up(size_t n)
@@ -140,7 +151,8 @@ static unsigned attg_warp_blocks(size_t rows)
     return (unsigned)((rows * 32 + CUDA_THREADS - 1) / CUDA_THREADS);
 }
 
-int cuda_attention_gemm_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv)
+int cuda_attention_gemm_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv,
+                                int window)
 {
     const char *op = "attention_forward";
     const int hs = c / nh, g = nh / nkv, W = c + 2 * nkv * hs, ld = attg_ld(t);
@@ -153,7 +165,7 @@ int cuda_attention_gemm_forward(float *out, float *lse, const float *qkv, int b,
     for (int bi = 0; bi < b; bi++) {
         FSDP_TRY(attg_scores(op, &w, bi, t, c, nh, nkv, scale));
         attg_probs_kernel<<<attg_warp_blocks(rows), CUDA_THREADS, 0, cuda_ctx.stream>>>(
-            w.p16, lse + (size_t)bi * rows, w.s, t, ld, rows, 1);
+            w.p16, lse + (size_t)bi * rows, w.s, t, ld, rows, 1, window);
         FSDP_TRY(cuda_check_launch(op));
         const uint16_t *v = w.qkv16 + (size_t)bi * t * W + c + (size_t)nkv * hs;
         for (int j = 0; j < g; j++) /* O_h = P_h V_kvh into out's columns of head h */
@@ -164,7 +176,7 @@ int cuda_attention_gemm_forward(float *out, float *lse, const float *qkv, int b,
 }
 
 int cuda_attention_gemm_backward(float *dqkv, const float *dout, const float *qkv, const float *lse,
-                                 const float *dsum, int b, int t, int c, int nh, int nkv)
+                                 const float *dsum, int b, int t, int c, int nh, int nkv, int window)
 {
     const char *op = "attention_backward";
     const int hs = c / nh, g = nh / nkv, W = c + 2 * nkv * hs, ld = attg_ld(t);
@@ -182,7 +194,7 @@ int cuda_attention_gemm_backward(float *dqkv, const float *dout, const float *qk
         const float *lse_b = lse + (size_t)bi * rows, *dsum_b = dsum + (size_t)bi * rows;
         FSDP_TRY(attg_scores(op, &w, bi, t, c, nh, nkv, scale));
         attg_probs_kernel<<<attg_warp_blocks(rows), CUDA_THREADS, 0, cuda_ctx.stream>>>(w.p16, (float *)lse_b, w.s,
-                                                                                       t, ld, rows, 0);
+                                                                                       t, ld, rows, 0, window);
         FSDP_TRY(cuda_check_launch(op));
         for (int j = 0; j < g; j++) {
             /* dV_kvh += P_h^T dO_h (summed over the group's heads, one j per call) */
@@ -193,7 +205,8 @@ int cuda_attention_gemm_backward(float *dqkv, const float *dout, const float *qk
                                ld, g * tt, nkv));
         }
         attg_dscores_kernel<<<attg_warp_blocks(rows), CUDA_THREADS, 0, cuda_ctx.stream>>>(w.p16, w.s, w.dp, lse_b,
-                                                                                         dsum_b, t, ld, rows, scale);
+                                                                                         dsum_b, t, ld, rows, scale,
+                                                                                         window);
         FSDP_TRY(cuda_check_launch(op));
         for (int j = 0; j < g; j++) {
             /* dQ_h += dS_h K_kvh; dK_kvh += dS_h^T Q_h */

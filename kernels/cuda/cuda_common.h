@@ -85,9 +85,10 @@ const void *cuda_lowp_find(const float *p, size_t span, enum dtype dtype);
 /* Causal attention in bf16 mode on tensor cores (attention_gemm.cu), for head sizes that are multiples of 8:
  * applies says whether the mode and shape are its; the entries take attention.cu's checked arguments. */
 bool cuda_attention_gemm_applies(int c, int nh);
-int cuda_attention_gemm_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv);
+int cuda_attention_gemm_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv,
+                                int window);
 int cuda_attention_gemm_backward(float *dqkv, const float *dout, const float *qkv, const float *lse,
-                                 const float *dsum, int b, int t, int c, int nh, int nkv);
+                                 const float *dsum, int b, int t, int c, int nh, int nkv, int window);
 /* Row-major C(m, n) = op(A) op(B) + beta C (+ bias[j] on every row when bias is not NULL: n floats) through
  * cuBLASLt with the bias as its epilogue (matmul_lt.cu). With gelu_pre, that sum goes to gelu_pre (laid out
  * as C) and C gets its GELU (the tanh form); with dgelu_pre (laid out as C), C = the product times the GELU's

@@ -242,7 +242,7 @@ Test(kernels_cuda, layernorm_matches_cpu)
     free(x), free(w), free(b), free(dy), free(g0);
 }
 
-static void check_attention(int b, int t, int c, int nh, float qk_range)
+static void check_attention_window(int b, int t, int c, int nh, float qk_range, int window)
 {
     const struct kernels *kg = gpu(), *kc = cpu();
     size_t nqkv = (size_t)b * t * 3 * c, nout = (size_t)b * t * c, nlse = (size_t)b * nh * t;
@@ -253,18 +253,18 @@ static void check_attention(int b, int t, int c, int nh, float qk_range)
     size_t wc = kc->attention_workspace_bytes(b, t, c, nh, nh), wg = kg->attention_workspace_bytes(b, t, c, nh, nh);
     void *wsc = kc->mem_alloc(wc), *wsg = kg->mem_alloc(wg);
     cr_assert(wsc && wsg);
-    cr_assert_eq(kc->attention_forward(O.c, L.c, QKV.c, b, t, c, nh, nh, 0, wsc), 0);
-    cr_assert_eq(kg->attention_forward(O.g, L.g, QKV.g, b, t, c, nh, nh, 0, wsg), 0, "%s", error_message());
+    cr_assert_eq(kc->attention_forward(O.c, L.c, QKV.c, b, t, c, nh, nh, window, wsc), 0);
+    cr_assert_eq(kg->attention_forward(O.g, L.g, QKV.g, b, t, c, nh, nh, window, wsg), 0, "%s", error_message());
     compare("attention out", kc, kg, &O, 2e-5, 1e-4);
     compare("attention lse", kc, kg, &L, 2e-5, 1e-5);
-    cr_assert_eq(kc->attention_backward(DQKV.c, DO.c, QKV.c, O.c, L.c, b, t, c, nh, nh, 0, wsc), 0);
-    cr_assert_eq(kg->attention_backward(DQKV.g, DO.g, QKV.g, O.g, L.g, b, t, c, nh, nh, 0, wsg), 0, "%s",
+    cr_assert_eq(kc->attention_backward(DQKV.c, DO.c, QKV.c, O.c, L.c, b, t, c, nh, nh, window, wsc), 0);
+    cr_assert_eq(kg->attention_backward(DQKV.g, DO.g, QKV.g, O.g, L.g, b, t, c, nh, nh, window, wsg), 0, "%s",
                  error_message());
     compare("attention dqkv", kc, kg, &DQKV, 5e-5, 1e-4);
     /* Deterministic: a second backward from the same start gives the same bits. */
     float *first = down(kg, DQKV.g, nqkv * sizeof(float));
     cr_assert_eq(kg->mem_copy(DQKV.g, g0, nqkv * sizeof(float), KERNELS_COPY_H2D), 0);
-    cr_assert_eq(kg->attention_backward(DQKV.g, DO.g, QKV.g, O.g, L.g, b, t, c, nh, nh, 0, wsg), 0);
+    cr_assert_eq(kg->attention_backward(DQKV.g, DO.g, QKV.g, O.g, L.g, b, t, c, nh, nh, window, wsg), 0);
     float *second = down(kg, DQKV.g, nqkv * sizeof(float));
     cr_assert_eq(memcmp(first, second, nqkv * sizeof(float)), 0, "attention backward is not deterministic");
     struct pair *all[] = {&QKV, &O, &L, &DO, &DQKV};
@@ -272,6 +272,25 @@ static void check_attention(int b, int t, int c, int nh, float qk_range)
         pair_free(kc, kg, all[i]);
     kc->mem_free(wsc), kg->mem_free(wsg);
     free(qkv), free(dout), free(g0), free(first), free(second);
+}
+
+static void check_attention(int b, int t, int c, int nh, float qk_range)
+{
+    check_attention_window(b, t, c, nh, qk_range, 0);
+}
+
+/* Sliding-window attention (Mistral): the flash kernels' first key tile, the dK/dV kernel's last query tile and
+ * the masks at the window's edge, against the CPU's, for windows of one token, below the 32-row tile, not a
+ * multiple of it, one tile, several and beyond the sequence. (bf16 mode, the tensor-core path's masks and
+ * the flash kernels', is kernels_attention::sliding_window_bf16 run on the CUDA table: its bounds against a
+ * double-precision reference.) */
+Test(kernels_cuda, attention_sliding_window_matches_cpu, .timeout = 120)
+{
+    static const int w[] = {1, 5, 31, 32, 33, 70, 300};
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
+        check_attention_window(2, 150, 64, 4, 1.0f, w[i]);  /* hs 16 */
+        check_attention_window(1, 100, 256, 4, 1.0f, w[i]); /* hs 64 */
+    }
 }
 
 Test(kernels_cuda, attention_matches_cpu)

@@ -345,3 +345,23 @@ Test(emu_train, qwen3_qk_norm_head_dim, .timeout = 600)
     }
     tt_teardown(&c);
 }
+
+/* Mistral's sliding window on the emulated device against the CPU backend, world 1 and world 2 (FULL_SHARD):
+ * a window of 5 tokens over the tiny Llama's sequences, the flash kernels' window tiles and masks in training. */
+Test(emu_train, mistral_sliding_window, .timeout = 600)
+{
+    struct tt_ctx c;
+    tt_setup_ini(&c, tt_llama_ini);
+    double ref[TT_STEPS], got[TT_STEPS];
+    const char *cpu[] = {"--train.device=cpu", fp32, "--model.model_family=mistral", "--model.sliding_window=5", NULL};
+    emu_losses(&c, 1, "mistral-cpu", cpu, ref);
+    for (int world = 1; world <= 2; world++) {
+        char tag[32], what[96];
+        snprintf(tag, sizeof tag, "mistral-w%d", world);
+        snprintf(what, sizeof what, "mistral sliding_window 5 world %d, emulated cuda vs cpu", world);
+        const char *x[] = {cuda_dev, fp32, "--model.model_family=mistral", "--model.sliding_window=5", NULL};
+        emu_losses(&c, world, tag, x, got);
+        assert_close(got, ref, EMU_REL, what);
+    }
+    tt_teardown(&c);
+}
