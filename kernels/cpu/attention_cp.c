@@ -30,11 +30,16 @@ static int check(const char *op, const struct kernels_attention_cp *a)
         return error_set(FSDP_EINVAL,
                          "%s: bad shape b=%d tq=%d tk=%d c=%d nh=%d nkv=%d ld=%d ldkv=%d qblock=%d kblock=%d", op, a->b,
                          a->tq, a->tk, a->c, a->nh, a->nkv, a->ld, a->ldkv, a->qblock, a->kblock);
-    /* the model refuses a sliding window with context parallelism before it gets here (worker/config) */
-    if (a->window)
-        return error_set(FSDP_EUNSUPPORTED, "%s: a sliding window (%d) is not computed by context-parallel "
-                         "attention; use context_parallel_size = 1", op, a->window);
+    if (a->window < 0)
+        return error_set(FSDP_EINVAL, "%s: window %d must be >= 0 (0 = full causal attention)", op, a->window);
     return 0;
+}
+
+/* Key at position kp is visible to the query at qp: causal, and inside the sliding window (w > 0); the
+ * difference in 64 bits, as qp may be a sentinel far below any position. */
+static inline bool cp_visible(int kp, int qp, int w)
+{
+    return kp <= qp && (w <= 0 || (long long)qp - kp < w);
 }
 
 /* Row of element i of sequence bb in a layout of blocks of blk rows (kernels.h); blk 0 = t, one block. */
@@ -77,7 +82,7 @@ static int scalar_forward(float *out, float *lse, const float *q, const float *k
             /* Running max m and sum l: a key raising the max rescales what was summed so far. */
             float m = -INFINITY, l = 0;
             for (int j = 0; j < a->tk; j++) {
-                if (a->kpos[j] > a->qpos[i])
+                if (!cp_visible(a->kpos[j], a->qpos[i], a->window))
                     continue;
                 size_t kr = row_of(bb, j, a->tk, a->kblock, a->b);
                 float s = scale * dot(qi, k + kr * ldkv + kh * hs, hs, lp);
@@ -128,7 +133,7 @@ static int scalar_backward(float *dq, float *dk, float *dv, const float *dout, c
                 for (int d = 0; d < hs; d++)
                     D += rd(doi[d], lp) * out[qr * a->c + h * hs + d];
                 for (int j = 0; j < a->tk; j++) {
-                    if (a->kpos[j] > a->qpos[i])
+                    if (!cp_visible(a->kpos[j], a->qpos[i], a->window))
                         continue;
                     size_t kr = row_of(bb, j, a->tk, a->kblock, a->b);
                     const float *kj = k + kr * ldkv + kh * hs, *vj = v + kr * ldkv + kh * hs;
@@ -180,15 +185,15 @@ static int max_pos(const int *p, int n)
     return m;
 }
 
-/* One query row of a score tile: the running max m and sum l take the visible keys (kp[c] <= qp); s
- * becomes the probabilities under the new max (0 where masked), o is rescaled to it. */
+/* One query row of a score tile: the running max m and sum l take the visible keys (cp_visible: kp[c] <= qp,
+ * within the window w); s becomes the probabilities under the new max (0 where masked), o is rescaled to it. */
 CPU_SIMD_CLONES
-static void cp_row_online(float *s, const int *kp, int nk, int qp, float *m, float *l, float *o, int hs)
+static void cp_row_online(float *s, const int *kp, int nk, int qp, int w, float *m, float *l, float *o, int hs)
 {
     float mx = *m;
 #pragma omp simd reduction(max : mx)
     for (int c = 0; c < nk; c++) {
-        float x = kp[c] <= qp ? s[c] : -INFINITY;
+        float x = cp_visible(kp[c], qp, w) ? s[c] : -INFINITY;
         mx = x > mx ? x : mx;
     }
     if (mx == -INFINITY) { /* nothing visible yet in this row */
@@ -199,7 +204,7 @@ static void cp_row_online(float *s, const int *kp, int nk, int qp, float *m, flo
     float corr = fastmath_expf(*m - mx), sum = 0; /* 0 while *m is -inf */
 #pragma omp simd reduction(+ : sum)
     for (int c = 0; c < nk; c++) {
-        float e = kp[c] <= qp ? fastmath_expf(s[c] - mx) : 0.0f;
+        float e = cp_visible(kp[c], qp, w) ? fastmath_expf(s[c] - mx) : 0.0f;
         s[c] = e;
         sum += e;
     }
@@ -215,13 +220,13 @@ static void cp_row_online(float *s, const int *kp, int nk, int qp, float *m, flo
 /* One query row in backward: p (scores in) becomes P = exp(s - lse) on the visible keys, dp (dO V^T in)
  * becomes dS = P (dP - D) scale; a row that saw no key (lse -inf) has P = 0. */
 CPU_SIMD_CLONES
-static void cp_row_grad(float *p, float *dp, const int *kp, int nk, int qp, float lse, float D, float scale)
+static void cp_row_grad(float *p, float *dp, const int *kp, int nk, int qp, int w, float lse, float D, float scale)
 {
     if (lse == -INFINITY)
         qp = -1;
 #pragma omp simd
     for (int c = 0; c < nk; c++) {
-        float e = kp[c] <= qp ? fastmath_expf(p[c] - lse) : 0.0f;
+        float e = cp_visible(kp[c], qp, w) ? fastmath_expf(p[c] - lse) : 0.0f;
         p[c] = e;
         dp[c] = e * (dp[c] - D) * scale;
     }
@@ -235,6 +240,15 @@ static float cp_dot(const float *x, const float *y, int n)
     for (int i = 0; i < n; i++)
         s += x[i] * y[i];
     return s;
+}
+
+/* Whether some query of a tile (positions qmin .. qmax) sees some key of keys j0 .. j0+nk-1: not when every
+ * key is after every query, nor (window) when every key is before every query's window. */
+static bool cp_tile_seen(const struct kernels_attention_cp *a, int j0, int nk, int qmin, int qmax)
+{
+    if (min_pos(a->kpos + j0, nk) > qmax)
+        return false;
+    return a->window <= 0 || (long long)qmin - max_pos(a->kpos + j0, nk) < a->window;
 }
 
 static int tiled_forward(float *out, float *lse, const float *q, const float *k, const float *v,
@@ -251,6 +265,7 @@ static int tiled_forward(float *out, float *lse, const float *q, const float *k,
             int bb = p / a->nh, h = p % a->nh, kh = h / group;
             for (int i0 = 0; i0 < a->tq;) {
                 int nq = run_len(i0, a->tq, a->qblock, CP_BQ), qmax = max_pos(a->qpos + i0, nq);
+                int qmin = min_pos(a->qpos + i0, nq);
                 size_t qr = row_of(bb, i0, a->tq, a->qblock, a->b);
                 const float *qt = q + qr * a->ld + h * hs;
                 float *ot = out + qr * a->c + h * hs;
@@ -262,13 +277,13 @@ static int tiled_forward(float *out, float *lse, const float *q, const float *k,
                 }
                 for (int j0 = 0; j0 < a->tk;) {
                     int nk = run_len(j0, a->tk, a->kblock, CP_BK);
-                    if (min_pos(a->kpos + j0, nk) <= qmax) {
+                    if (cp_tile_seen(a, j0, nk, qmin, qmax)) {
                         size_t kr = row_of(bb, j0, a->tk, a->kblock, a->b);
                         const float *kt = k + kr * ldkv + kh * hs, *vt = v + kr * ldkv + kh * hs;
                         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hs, scale, qt, a->ld, kt, ldkv,
                                     0.0f, s, CP_BK);
                         for (int r = 0; r < nq; r++)
-                            cp_row_online(s + (size_t)r * CP_BK, a->kpos + j0, nk, a->qpos[i0 + r], m + r, l + r,
+                            cp_row_online(s + (size_t)r * CP_BK, a->kpos + j0, nk, a->qpos[i0 + r], a->window, m + r, l + r,
                                           ot + (size_t)r * a->c, hs);
                         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hs, nk, 1.0f, s, CP_BK, vt, ldkv,
                                     1.0f, ot, a->c);
@@ -305,6 +320,7 @@ static int tiled_backward(float *dq, float *dk, float *dv, const float *dout, co
             for (int h = kh * group; h < (kh + 1) * group; h++)
                 for (int i0 = 0; i0 < a->tq;) {
                     int nq = run_len(i0, a->tq, a->qblock, CP_BQ), qmax = max_pos(a->qpos + i0, nq);
+                    int qmin = min_pos(a->qpos + i0, nq);
                     size_t qr = row_of(bb, i0, a->tq, a->qblock, a->b);
                     const float *qt = q + qr * a->ld + h * hs, *dot_ = dout + qr * a->c + h * hs;
                     const float *ot = out + qr * a->c + h * hs;
@@ -314,7 +330,7 @@ static int tiled_backward(float *dq, float *dk, float *dv, const float *dout, co
                         dsum[r] = cp_dot(dot_ + (size_t)r * a->c, ot + (size_t)r * a->c, hs);
                     for (int j0 = 0; j0 < a->tk;) {
                         int nk = run_len(j0, a->tk, a->kblock, CP_BK);
-                        if (min_pos(a->kpos + j0, nk) <= qmax) {
+                        if (cp_tile_seen(a, j0, nk, qmin, qmax)) {
                             size_t kr = row_of(bb, j0, a->tk, a->kblock, a->b);
                             const float *kt = k + kr * ldkv + kh * hs, *vt = v + kr * ldkv + kh * hs;
                             float *dkt = dk + kr * ldkv + kh * hs, *dvt = dv + kr * ldkv + kh * hs;
@@ -324,7 +340,7 @@ static int tiled_backward(float *dq, float *dk, float *dv, const float *dout, co
                                         ldkv, 0.0f, dp, CP_BK);
                             for (int r = 0; r < nq; r++)
                                 cp_row_grad(pt + (size_t)r * CP_BK, dp + (size_t)r * CP_BK, a->kpos + j0, nk,
-                                            a->qpos[i0 + r], L[r], dsum[r], scale);
+                                            a->qpos[i0 + r], a->window, L[r], dsum[r], scale);
                             /* dV += P^T dO; dQ += dS K; dK += dS^T Q */
                             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, nq, 1.0f, pt, CP_BK, dot_,
                                         a->c, 1.0f, dvt, ldkv);
@@ -617,7 +633,9 @@ ATT_TARGET static int cp512_backward(float *dq, float *dk, float *dv, const floa
 
 static int cp512_usable(const struct kernels_attention_cp *a)
 {
-    return a->c / a->nh == 64 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+    /* a sliding window takes the sgemm tiles (fp32) or the row-by-row path (bf16), which mask by position */
+    return a->c / a->nh == 64 && a->window == 0 && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("fma");
 }
 #else
 static int cp512_usable(const struct kernels_attention_cp *a)

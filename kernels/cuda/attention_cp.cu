@@ -42,8 +42,16 @@
 /* The call's shapes with the defaults resolved (qblock, kblock, nkv, ldkv never 0 here). */
 struct cp_shape {
     int b, tq, tk, c, nh, nkv, group, hs, ld, ldkv, qblock, kblock;
+    int window; /* sliding window (kernels.h); 0 = full causal */
     float scale;
 };
+
+/* Key at position kp is visible to the query at qp: causal, and inside the window (w > 0); the difference in
+ * 64 bits, as qp may be the INT_MIN of a padding row. */
+__device__ __forceinline__ bool cp_visible(int kp, int qp, int w)
+{
+    return kp <= qp && (w <= 0 || (long long)qp - kp < w);
+}
 
 /* x as an operand of a product in the mode: rounded to bf16 and back with BF16, else as it is (attention.cu's
  * att_op). */
@@ -124,7 +132,7 @@ __global__ void __launch_bounds__(CP_THREADS)
 #pragma unroll
         for (int rr = 0; rr < CP_ROWS; rr++) {
             const int r = warp * CP_ROWS + rr;
-            const bool valid = kp <= qp[rr]; /* false for the padding rows of both tiles */
+            const bool valid = cp_visible(kp, qp[rr], s.window); /* false for the padding rows of both tiles */
             if (!__any_sync(CP_FULL, valid))
                 continue; /* warp-uniform */
             const float *qrow = qs + r * hs, *krow = ks + lane * hp;
@@ -252,7 +260,7 @@ __global__ void __launch_bounds__(CP_THREADS)
 #pragma unroll
         for (int rr = 0; rr < CP_ROWS; rr++) {
             const int r = warp * CP_ROWS + rr;
-            const bool valid = kp <= qp[rr];
+            const bool valid = cp_visible(kp, qp[rr], s.window);
             if (!__any_sync(CP_FULL, valid))
                 continue; /* warp-uniform */
             const float *qrow = qs + r * hs, *dorow = dos + r * hs, *krow = ks + lane * hp, *vrow = vs + lane * hp;
@@ -360,7 +368,7 @@ __global__ void __launch_bounds__(CP_THREADS)
 #pragma unroll
             for (int rr = 0; rr < CP_ROWS; rr++) {
                 const int r = warp * CP_ROWS + rr;
-                const bool valid = kp[rr] <= qp_t[lane]; /* lane's query sees this row's key */
+                const bool valid = cp_visible(kp[rr], qp_t[lane], s.window); /* lane's query sees this row's key */
                 if (!__any_sync(CP_FULL, valid))
                     continue; /* warp-uniform */
                 const float *krow = kb + r * hs, *vrow = vb + r * hs, *qrow = qt + lane * hp, *dorow = dot + lane * hp;
@@ -418,9 +426,9 @@ static int cp_check(const char *op, const struct kernels_attention_cp *a, cp_sha
                          "kernels cuda: %s: bad shape b=%d tq=%d tk=%d c=%d nh=%d nkv=%d ld=%d ldkv=%d qblock=%d "
                          "kblock=%d",
                          op, a->b, a->tq, a->tk, a->c, a->nh, a->nkv, a->ld, a->ldkv, a->qblock, a->kblock);
-    if (a->window)
-        return error_set(FSDP_EUNSUPPORTED, "kernels cuda: %s: a sliding window (%d) is not computed by "
-                         "context-parallel attention; use context_parallel_size = 1", op, a->window);
+    if (a->window < 0)
+        return error_set(FSDP_EINVAL, "kernels cuda: %s: window %d must be >= 0 (0 = full causal attention)", op,
+                         a->window);
     if (a->c / a->nh > CP_MAX_HS)
         return error_set(FSDP_EUNSUPPORTED, "kernels cuda: %s: head size %d is above the supported %d", op,
                          a->c / a->nh, CP_MAX_HS);
@@ -439,6 +447,7 @@ static int cp_check(const char *op, const struct kernels_attention_cp *a, cp_sha
     s->ldkv = a->ldkv ? a->ldkv : a->ld;
     s->qblock = a->qblock ? a->qblock : (a->tq ? a->tq : 1);
     s->kblock = a->kblock ? a->kblock : (a->tk ? a->tk : 1);
+    s->window = a->window;
     s->scale = 1.0f / sqrtf((float)s->hs);
     return 0;
 }

@@ -425,7 +425,7 @@ static void att_down(const struct kernels *k, void *host, const void *dev, size_
 
 /* bf16: in bf16 mode, against the reference of the bf16-rounded inputs within check_attention_bf16's bounds
  * (2^-7 of each sum's magnitude; lse as fp32). */
-static void check_attention_cp_ex(int B, int T, int C, int NH, int CP, uint64_t seed, bool bf16)
+static void check_attention_cp_window(int B, int T, int C, int NH, int CP, uint64_t seed, bool bf16, int window)
 {
     const struct kernels *k = kt_backend();
     if (!k->attention_cp_forward || !k->attention_cp_backward)
@@ -441,8 +441,8 @@ static void check_attention_cp_ex(int B, int T, int C, int NH, int CP, uint64_t 
         rq[i] = bf16 ? kernels_bf16_to_f32(kernels_f32_to_bf16(qkv[i])) : qkv[i];
     for (size_t i = 0; i < no; i++)
         rdo[i] = bf16 ? kernels_bf16_to_f32(kernels_f32_to_bf16(dout[i])) : dout[i];
-    struct att_ref r = ref_attention(rq, rdo, NULL, B, T, C, NH, NH);
-    struct att_ref mg = ref_attention_ex(rq, rdo, NULL, B, T, C, NH, NH, 1);
+    struct att_ref r = ref_attention_window(rq, rdo, NULL, B, T, C, NH, NH, 0, window);
+    struct att_ref mg = ref_attention_window(rq, rdo, NULL, B, T, C, NH, NH, 1, window);
     size_t nloc = (size_t)B * (T / (2 * CP)) * 2 * C; /* a rank's query rows x C */
     double *mag_o = kt_dzeros(nloc), *mag_dq = kt_dzeros(nloc);
     double *mag_dkv = kt_dzeros(nq);
@@ -483,7 +483,7 @@ static void check_attention_cp_ex(int B, int T, int C, int NH, int CP, uint64_t 
         att_up(k, d_ldo, ldo, nlo * sizeof(float));
         att_up(k, d_qpos, qpos, (size_t)tq * sizeof(int));
         struct kernels_attention_cp a = {.b = B, .tq = tq, .tk = T, .c = C, .nh = NH, .ld = 3 * C,
-                                         .qpos = d_qpos, .kpos = d_kpos};
+                                         .qpos = d_qpos, .kpos = d_kpos, .window = window};
         cr_assert_eq(k->attention_cp_forward(d_lo, d_ll, d_lq, d_qkv + C, d_qkv + 2 * C, &a), 0, "%s",
                      error_message());
         cr_assert_eq(k->mem_set(d_ldq, 0, nlq * sizeof(float)), 0, "%s", error_message());
@@ -521,6 +521,25 @@ static void check_attention_cp_ex(int B, int T, int C, int NH, int CP, uint64_t 
     free(lo), free(ll), free(ldq), free(dkv), free(want_o), free(want_l), free(want_dq), free(want_dkv), free(got_dq);
     k->mem_free(d_qkv), k->mem_free(d_dkv), k->mem_free(d_lq), k->mem_free(d_ldo), k->mem_free(d_lo);
     k->mem_free(d_ll), k->mem_free(d_ldq), k->mem_free(d_kpos), k->mem_free(d_qpos);
+}
+
+static void check_attention_cp_ex(int B, int T, int C, int NH, int CP, uint64_t seed, bool bf16)
+{
+    check_attention_cp_window(B, T, C, NH, CP, seed, bf16, 0);
+}
+
+/* Context parallelism with a sliding window (Mistral): each rank's chunks against the whole sequence's keys,
+ * the window by global position, equal to full windowed attention; head size 64 (sgemm tiles: the AVX-512
+ * context-parallel tiles leave windows to them) and 16, windows within a chunk, across chunks and beyond
+ * the sequence; in bf16 the row-by-row path. */
+Test(kernels_attention, context_parallel_sliding_window, .timeout = 120)
+{
+    static const int w[] = {1, 7, 25, 64, 300};
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
+        check_attention_cp_window(2, 96, 128, 2, 2, 500 + i, false, w[i]);
+        check_attention_cp_window(1, 120, 64, 4, 3, 510 + i, false, w[i]);
+    }
+    check_attention_cp_window(1, 96, 128, 2, 2, 520, true, 25);
 }
 
 /* |got - want| <= 2^-7 mag + 1e-4 element by element (check_attention_bf16's bound). */

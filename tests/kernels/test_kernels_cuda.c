@@ -311,8 +311,8 @@ Test(kernels_cuda, attention_matches_cpu)
  * and dv columns of one gradient buffer. The keys sit kshift positions later than the queries, so a query
  * at a position below kshift sees no key (lse -inf, out 0, no gradient). Backward adds into gradients that
  * start random, and a second backward from the same start gives the same bits. */
-static void check_attention_cp(int B, int T, int C, int NH, int NKV, int S, bool alltoall, int rank, int kshift,
-                               uint64_t seed)
+static void check_attention_cp_window(int B, int T, int C, int NH, int NKV, int S, bool alltoall, int rank,
+                                      int kshift, uint64_t seed, int window)
 {
     const struct kernels *kg = gpu(), *kc = cpu();
     cr_assert(kg->attention_cp_forward && kg->attention_cp_backward, "the cuda table lacks attention_cp");
@@ -336,7 +336,8 @@ static void check_attention_cp(int B, int T, int C, int NH, int NKV, int S, bool
     struct pair DO = pair_new(kc, kg, hdo, nout);
     int *gq = up(kg, qpos, (size_t)tq * sizeof(int)), *gk = up(kg, kpos, (size_t)T * sizeof(int));
     struct kernels_attention_cp a = {.b = B, .tq = tq, .tk = T, .c = C, .nh = NH, .ld = W, .nkv = NKV,
-                                     .qblock = alltoall ? t : 0, .kblock = t, .ldkv = alltoall ? 0 : 2 * kvw};
+                                     .qblock = alltoall ? t : 0, .kblock = t, .ldkv = alltoall ? 0 : 2 * kvw,
+                                     .window = window};
     struct kernels_attention_cp ac = a, ag = a;
     ac.qpos = qpos, ac.kpos = kpos, ag.qpos = gq, ag.kpos = gk;
     /* k and v: columns C and C + kvw of the packed rows (alltoall), or 0 and kvw of the gathered ones */
@@ -377,6 +378,23 @@ static void check_attention_cp(int B, int T, int C, int NH, int NKV, int S, bool
     kg->mem_free(gq), kg->mem_free(gk);
     free(gpos), free(kpos), free(hq), free(hkv), free(hdo), free(hdq), free(hdkv);
     free(first), free(first_kv), free(second), free(second_kv);
+}
+
+static void check_attention_cp(int B, int T, int C, int NH, int NKV, int S, bool alltoall, int rank, int kshift,
+                               uint64_t seed)
+{
+    check_attention_cp_window(B, T, C, NH, NKV, S, alltoall, rank, kshift, seed, 0);
+}
+
+/* A sliding window by global position (Mistral under context parallelism), both layouts: windows inside a
+ * chunk, across chunks and longer than the sequence. */
+Test(kernels_cuda, attention_cp_sliding_window_matches_cpu, .timeout = 120)
+{
+    static const int w[] = {1, 9, 40, 500};
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
+        check_attention_cp_window(2, 64, 64, 4, 2, 2, false, 1, 0, 80 + i, w[i]); /* allgather, rank 1 */
+        check_attention_cp_window(1, 80, 128, 2, 2, 2, true, 0, 0, 90 + i, w[i]); /* alltoall, hs 64 */
+    }
 }
 
 Test(kernels_cuda, attention_cp_allgather_matches_cpu, .timeout = 120)

@@ -162,6 +162,32 @@ Test(cp, llama_alltoall, .timeout = 300)
     tt_teardown(&c);
 }
 
+/* Mistral's sliding window split across the context group: a window of 5 tokens over sequences of 16 cut in
+ * chunks of 4 (C = 2) or 2 (C = 4), so a query's window reaches into other ranks' chunks and some chunks are
+ * wholly outside it; both strategies against one rank with the same window, and that reference differs
+ * from full attention's (the window is applied at all). */
+Test(cp, mistral_sliding_window, .timeout = 300)
+{
+    struct tt_ctx c;
+    tt_setup_llama(&c);
+    double ref[TT_STEPS], full[TT_STEPS], worst = 0;
+    const char *win[] = {"--model.model_family=mistral", "--model.sliding_window=5", NULL};
+    reference_with(&c, "ref", win, ref);
+    const char *nowin[] = {"--model.model_family=mistral", NULL};
+    reference_with(&c, "ref-full", nowin, full);
+    cr_assert_gt(tt_max_rel(ref, full, TT_STEPS), 1e-4, "the window does not change the losses");
+    const char *ag[] = {"--model.model_family=mistral", "--model.sliding_window=5",
+                        "--fsdp.sharding_strategy=FULL_SHARD", NULL};
+    worst = fmax(worst, cp_point(&c, 2, 2, "allgather", "c2-allgather", ag, ref));
+    const char *ag4[] = {"--model.model_family=mistral", "--model.sliding_window=5", "--train.micro_batch=2",
+                         "--model.activation_checkpointing=true", NULL};
+    worst = fmax(worst, cp_point(&c, 4, 4, "allgather", "c4-allgather-ckpt", ag4, ref));
+    worst = fmax(worst, cp_point(&c, 2, 2, "alltoall", "c2-alltoall", ag, ref));
+    fprintf(stderr, "mistral, sliding window 5: 3 context-parallel runs, largest relative loss difference from one "
+                    "rank %.3g\n", worst);
+    tt_teardown(&c);
+}
+
 /* Evaluation splits sequences too: the validation losses (every 5 steps, 2 batches) at C = 2 are one rank's,
  * here under SHARD_GRAD_OP. */
 Test(cp, validation_loss_and_shard_grad_op, .timeout = 300)

@@ -461,12 +461,6 @@ int worker_config_validate_cp(const struct worker_config *wc)
                          "context ranks), which fsdp.sharding_strategy = NO_SHARD forbids; use FULL_SHARD, "
                          "SHARD_GRAD_OP, HYBRID_SHARD or HYBRID_SHARD_ZERO2, or context_parallel_size = 1",
                          c);
-    if (wc->model.sliding_window > 0 && wc->model.sliding_window < wc->model.block_size)
-        return error_set(FSDP_EINVAL,
-                         "fsdp.context_parallel_size = %d with model.sliding_window = %d: context-parallel attention "
-                         "does not compute a sliding window shorter than the sequence (model.block_size = %d); use "
-                         "context_parallel_size = 1, or no window",
-                         c, wc->model.sliding_window, wc->model.block_size);
     if (wc->model.block_size % (2 * c) != 0) {
         char ok[256] = "";
         size_t len = 0;

@@ -158,26 +158,26 @@ static int gather_kv(struct model *m, const struct cp_dims *d, const float *qkv)
     return m->cp.all_gather(m->cp.ctx, mine, m->cp_a, n);
 }
 
-static struct kernels_attention_cp allgather_shape(const struct model *m, const struct cp_dims *d)
+static struct kernels_attention_cp allgather_shape(const struct model *m, const struct cp_dims *d, int window)
 {
     return (struct kernels_attention_cp){.b = d->b, .tq = d->t, .tk = d->T, .c = d->C, .nh = d->nh, .ld = d->ld,
                                          .qpos = m->cp_qpos, .kpos = m->cp_kpos, .nkv = d->nkv, .kblock = d->t,
-                                         .ldkv = 2 * d->kvw};
+                                         .ldkv = 2 * d->kvw, .window = window};
 }
 
-static int allgather_forward(struct model *m, float *out, float *lse, const float *qkv)
+static int allgather_forward(struct model *m, float *out, float *lse, const float *qkv, int window)
 {
     struct cp_dims d = dims(m);
-    struct kernels_attention_cp a = allgather_shape(m, &d);
+    struct kernels_attention_cp a = allgather_shape(m, &d, window);
     FSDP_TRY(gather_kv(m, &d, qkv));
     return m->k->attention_cp_forward(out, lse, qkv, m->cp_a, m->cp_a + d.kvw, &a);
 }
 
 static int allgather_backward(struct model *m, float *dqkv, const float *dout, const float *qkv, const float *out,
-                              const float *lse)
+                              const float *lse, int window)
 {
     struct cp_dims d = dims(m);
-    struct kernels_attention_cp a = allgather_shape(m, &d);
+    struct kernels_attention_cp a = allgather_shape(m, &d, window);
     size_t n = (size_t)d.b * d.t * 2 * d.kvw;
     FSDP_TRY(gather_kv(m, &d, qkv));
     FSDP_TRY(m->k->mem_set(m->cp_b, 0, n * d.S * sizeof(float)));
@@ -241,20 +241,20 @@ static int from_heads(struct model *m, const struct segs *g, const float *src, f
     return heads_move(m, g, m->cp_a, rows, n, true);
 }
 
-static struct kernels_attention_cp alltoall_shape(const struct model *m, const struct cp_dims *d)
+static struct kernels_attention_cp alltoall_shape(const struct model *m, const struct cp_dims *d, int window)
 {
     return (struct kernels_attention_cp){.b = d->b, .tq = d->T, .tk = d->T, .c = d->C / d->S, .nh = d->nh / d->S,
                                          .ld = d->ld / d->S, .qpos = m->cp_kpos, .kpos = m->cp_kpos,
-                                         .nkv = d->nkv / d->S, .qblock = d->t, .kblock = d->t};
+                                         .nkv = d->nkv / d->S, .qblock = d->t, .kblock = d->t, .window = window};
 }
 
 /* qkv takes the head layout (the all-to-all's output may be its input's rows once they are packed), which
  * backward reads as it is: one all-to-all of q|k|v per layer, not two. */
-static int alltoall_forward(struct model *m, float *out, float *lse, float *qkv)
+static int alltoall_forward(struct model *m, float *out, float *lse, float *qkv, int window)
 {
     struct cp_dims d = dims(m);
     struct segs gq = qkv_segs(&d), go = out_segs(&d);
-    struct kernels_attention_cp a = alltoall_shape(m, &d);
+    struct kernels_attention_cp a = alltoall_shape(m, &d, window);
     float *hq = qkv, *ho = m->cp_c;
     int qw = d.C / d.S, kw = d.kvw / d.S;
     FSDP_TRY(to_heads(m, &gq, qkv, hq));
@@ -264,11 +264,11 @@ static int alltoall_forward(struct model *m, float *out, float *lse, float *qkv)
 }
 
 static int alltoall_backward(struct model *m, float *dqkv, const float *dout, const float *qkv, const float *out,
-                             const float *lse)
+                             const float *lse, int window)
 {
     struct cp_dims d = dims(m);
     struct segs gq = qkv_segs(&d), go = out_segs(&d);
-    struct kernels_attention_cp a = alltoall_shape(m, &d);
+    struct kernels_attention_cp a = alltoall_shape(m, &d, window);
     size_t rows = (size_t)d.b * d.t;
     const float *hq = qkv; /* forward left it in head layout */
     float *ho = m->cp_c, *hdo = ho + rows * d.C, *hdq = hdo + rows * d.C;
@@ -280,15 +280,15 @@ static int alltoall_backward(struct model *m, float *dqkv, const float *dout, co
     return from_heads(m, &gq, hdq, dqkv);
 }
 
-int model_cp_attention_forward(struct model *m, float *out, float *lse, float *qkv)
+int model_cp_attention_forward(struct model *m, float *out, float *lse, float *qkv, int window)
 {
-    return m->cp.strategy == MODEL_CP_ALLGATHER ? allgather_forward(m, out, lse, qkv)
-                                                : alltoall_forward(m, out, lse, qkv);
+    return m->cp.strategy == MODEL_CP_ALLGATHER ? allgather_forward(m, out, lse, qkv, window)
+                                                : alltoall_forward(m, out, lse, qkv, window);
 }
 
 int model_cp_attention_backward(struct model *m, float *dqkv, const float *dout, const float *qkv, const float *out,
-                                const float *lse)
+                                const float *lse, int window)
 {
-    return m->cp.strategy == MODEL_CP_ALLGATHER ? allgather_backward(m, dqkv, dout, qkv, out, lse)
-                                                : alltoall_backward(m, dqkv, dout, qkv, out, lse);
+    return m->cp.strategy == MODEL_CP_ALLGATHER ? allgather_backward(m, dqkv, dout, qkv, out, lse, window)
+                                                : alltoall_backward(m, dqkv, dout, qkv, out, lse, window);
 }

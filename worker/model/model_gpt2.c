@@ -66,7 +66,7 @@ static int gpt2_forward_block(struct model *m, int layer, const float *w, void *
                              LN_EPS));
     FSDP_TRY(k->matmul_forward(a->qkv, a->ln1, up(m, u, w, ATTN_W), up(m, u, w, ATTN_B), N, C, 3 * C));
     if (m->cp.size > 1)
-        FSDP_TRY(model_cp_attention_forward(m, a->atty, a->lse, a->qkv));
+        FSDP_TRY(model_cp_attention_forward(m, a->atty, a->lse, a->qkv, 0));
     else
         FSDP_TRY(k->attention_forward(a->atty, a->lse, a->qkv, m->b, m->t, C, c->n_head, c->n_head, 0, s->attn_ws));
     FSDP_TRY(k->matmul_forward(s->tmp, a->atty, up(m, u, w, APROJ_W), up(m, u, w, APROJ_B), N, C, C));
@@ -146,7 +146,7 @@ static int gpt2_backward_block(struct model *m, int layer, const float *w, float
     FSDP_TRY(linear_backward(k, s->tmp, upg(m, u, g, APROJ_W), upg(m, u, g, APROJ_B), s->dres, a->atty,
                         up(m, u, w, APROJ_W), N, C, C));
     if (m->cp.size > 1) {
-        FSDP_TRY(model_cp_attention_backward(m, sc->dbig1, s->tmp, a->qkv, a->atty, a->lse));
+        FSDP_TRY(model_cp_attention_backward(m, sc->dbig1, s->tmp, a->qkv, a->atty, a->lse, 0));
     } else {
         FSDP_TRY(k->mem_set(sc->dbig1, 0, 3 * NC * F));
         FSDP_TRY(k->attention_backward(sc->dbig1, s->tmp, a->qkv, a->atty, a->lse, m->b, m->t, C, c->n_head,

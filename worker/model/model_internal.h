@@ -32,12 +32,13 @@ int model_position(const struct model *m, int j);
  * this rank's rows of qkv ((b*t, ld) rows [q (nh heads) | k (nkv) | v (nkv)], as attention_forward's).
  * Forward may rewrite qkv into the layout its strategy computes in (alltoall: this rank's heads of the
  * whole sequence), so that backward, which takes the same buffer, need not move it again: after forward
- * qkv is for backward only. Backward writes dqkv (it does not add), in rows. */
+ * qkv is for backward only. Backward writes dqkv (it does not add), in rows. window: attention_forward's
+ * (the layer's sliding window by global position; 0 = full causal). */
 int model_cp_setup(struct model *m);
 void model_cp_release(struct model *m);
-int model_cp_attention_forward(struct model *m, float *out, float *lse, float *qkv);
+int model_cp_attention_forward(struct model *m, float *out, float *lse, float *qkv, int window);
 int model_cp_attention_backward(struct model *m, float *dqkv, const float *dout, const float *qkv, const float *out,
-                                const float *lse);
+                                const float *lse, int window);
 /* Embedding rows of this rank's chunks at their global positions (wpe may be NULL: no position table). */
 int model_cp_embedding_forward(struct model *m, float *out, const float *wte, const float *wpe);
 int model_cp_embedding_backward(struct model *m, float *dwte, float *dwpe, const float *dout);

@@ -312,7 +312,7 @@ static int llama_forward_block(struct model *m, int layer, const float *w, void 
         FSDP_TRY(qk_norm_forward(m, u, w, a, &d, &x));
     FSDP_TRY(k->rope_forward(a->qkv, N, d.qkv, d.nh + d.nkv, d.hs, ls->pos, ls->freqs, c->block_size));
     if (m->cp.size > 1)
-        FSDP_TRY(model_cp_attention_forward(m, a->att, a->lse, a->qkv));
+        FSDP_TRY(model_cp_attention_forward(m, a->att, a->lse, a->qkv, model_layer_window(c, layer)));
     else
         FSDP_TRY(k->attention_forward(a->att, a->lse, a->qkv, m->b, m->t, d.Q, d.nh, d.nkv, model_layer_window(c, layer),
                                       s->attn_ws));
@@ -354,7 +354,7 @@ static int llama_backward_block(struct model *m, int layer, const float *w, floa
     float *datt = ls->datt ? ls->datt : s->tmp;
     FSDP_TRY(linear_backward(k, datt, upg(m, u, g, x.o_w), s->dres, a->att, up(m, u, w, x.o_w), N, d.Q, C));
     if (m->cp.size > 1) {
-        FSDP_TRY(model_cp_attention_backward(m, ls->dwide, datt, a->qkv, a->att, a->lse));
+        FSDP_TRY(model_cp_attention_backward(m, ls->dwide, datt, a->qkv, a->att, a->lse, model_layer_window(c, layer)));
     } else {
         FSDP_TRY(k->mem_set(ls->dwide, 0, (size_t)N * d.qkv * F));
         FSDP_TRY(k->attention_backward(ls->dwide, datt, a->qkv, a->att, a->lse, m->b, m->t, d.Q, d.nh, d.nkv,

@@ -24,12 +24,6 @@ static int cp_check(const struct model_config *cfg, const struct kernels *k, int
         return error_set(FSDP_EINVAL,
                          "model: sequences of %d tokens cannot be cut into 2 x %d equal chunks (context parallelism)",
                          t, S);
-    if (cfg->sliding_window > 0 && cfg->sliding_window < t && cfg->max_window_layers < cfg->n_layer)
-        return error_set(FSDP_EUNSUPPORTED,
-                         "context parallelism (context_parallel_size = %d) with a sliding window of %d tokens, shorter "
-                         "than the sequence (%d): context-parallel attention computes full causal attention only; "
-                         "use context_parallel_size = 1",
-                         S, cfg->sliding_window, t);
     if (!k->attention_cp_forward || !k->attention_cp_backward)
         return error_set(FSDP_EUNSUPPORTED,
                          "context parallelism needs context-parallel attention, which the %s kernels do not have", k->name);
