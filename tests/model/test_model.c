@@ -485,6 +485,17 @@ Test(model, llama_layout_names_shapes_units)
         double mm = (double)L * block + C + V * C;
         cr_assert_float_eq(model_flops_per_token(&l), 6 * mm + 12.0 * L * C * 16, 1e-6);
         model_layout_free(&l);
+        /* a sliding window shorter than the context counts its keys in the layers that have it (Qwen2's rule:
+         * from max_window_layers on), a longer one the context's */
+        struct model_config w = c;
+        w.sliding_window = 5, w.max_window_layers = L - 1;
+        cr_assert_eq(model_layout_build(&l, &w), 0, "%s", error_message());
+        cr_assert_float_eq(model_flops_per_token(&l), 6 * mm + 12.0 * C * (16.0 * (L - 1) + 5), 1e-6);
+        model_layout_free(&l);
+        w.sliding_window = 100;
+        cr_assert_eq(model_layout_build(&l, &w), 0, "%s", error_message());
+        cr_assert_float_eq(model_flops_per_token(&l), 6 * mm + 12.0 * L * C * 16, 1e-6);
+        model_layout_free(&l);
     }
 }
 

@@ -150,7 +150,7 @@ void model_describe(const struct model_layout *layout, char *out, size_t cap);
 int model_summary_fields(const struct model_layout *layout, struct model_field *out, int cap);
 /* Model FLOPs per token of a training step (the PaLM count): 6 x the parameters that enter matmuls (not the
  * lookup-only tables) + 12 x n_layer x n_head x head_dim x block_size (causal attention, forward and
- * backward). */
+ * backward), a layer with a shorter sliding window counting its window instead of block_size. */
 double model_flops_per_token(const struct model_layout *layout);
 /* Index of the parameter with this name, or -1. */
 int model_layout_find(const struct model_layout *layout, const char *name);

@@ -173,7 +173,13 @@ double model_flops_per_token(const struct model_layout *l)
         if (!l->params[i].lookup_only)
             matmul += (double)l->params[i].init_rows * l->params[i].shape[1];
     const struct model_config *c = &l->config;
-    return 6.0 * matmul + 12.0 * c->n_layer * (double)c->n_head * model_head_dim(c) * c->block_size;
+    /* a query attends block_size keys in the PaLM count, or its window's where a layer has a shorter one */
+    double keys = 0;
+    for (int i = 0; i < c->n_layer; i++) {
+        int w = model_layer_window(c, i);
+        keys += w > 0 && w < c->block_size ? w : c->block_size;
+    }
+    return 6.0 * matmul + 12.0 * keys * (double)c->n_head * model_head_dim(c);
 }
 
 void model_config_default(struct model_config *cfg)
