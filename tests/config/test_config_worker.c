@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "tests/util/tu_file.h"
 #include "worker/config/worker_config.h"
+#include "worker/model/model.h"
 
 static struct config *make(void)
 {
@@ -189,6 +190,58 @@ Test(worker_config, model_family_unknown_lists_known)
     cr_assert_eq(config_set(cfg, "model.model_family", "LlamaForCausalLM"), 0, "%s", error_message());
     cr_assert_str_eq(config_get_string(cfg, "model", "model_family"), "llama");
     config_destroy(cfg);
+}
+
+/* model_family's values, aliases and help are the model registry's: every family, in the registry's order
+ * (the view's index is the family's place there), each Hugging Face architecture an alias of its family,
+ * and the error for an unknown family lists exactly the registry's names. */
+Test(worker_config, model_family_values_are_the_registry)
+{
+    const struct config_schema *s = worker_config_schema();
+    int k = config_find_key(s, "model.model_family");
+    cr_assert(k >= 0);
+    const struct config_key *key = &s->keys[k];
+    int n = model_family_count();
+    cr_assert_geq(n, 4, "gpt2, llama, qwen2 and qwen3 at least");
+    char listed[512] = "";
+    for (int i = 0; i < n; i++) {
+        cr_assert_str_eq(key->values[i], model_family_name(i), "value %d", i);
+        snprintf(listed + strlen(listed), sizeof listed - strlen(listed), "%s%s", i ? ", " : "", key->values[i]);
+        cr_assert(strstr(key->help, model_family_name(i)), "help does not name %s: %s", model_family_name(i),
+                  key->help);
+    }
+    cr_assert_null(key->values[n], "more values than families");
+    cr_assert_str_eq(listed, model_family_names());
+    int aliases = 0;
+    for (int i = 0; i < n; i++) {
+        const char *arch = model_family_hf_architecture(i);
+        if (!arch)
+            continue;
+        cr_assert_str_eq(key->value_aliases[aliases].from, arch);
+        cr_assert_str_eq(key->value_aliases[aliases].to, model_family_name(i));
+        aliases++;
+        /* the alias selects the family: the view's index names it */
+        struct config *cfg = make();
+        cr_assert_eq(config_set(cfg, "model.model_family", arch), 0, "%s: %s", arch, error_message());
+        struct worker_config wc;
+        cr_assert_eq(worker_config_view(cfg, &wc), 0, "%s: %s", arch, error_message());
+        cr_assert_eq(wc.model.family, i, "%s", arch);
+        cr_assert_str_eq(worker_model_family_name(wc.model.family), model_family_name(i));
+        config_destroy(cfg);
+    }
+    cr_assert_null(key->value_aliases[aliases].from, "an alias that is not a family's architecture");
+    struct config *cfg = make();
+    cr_assert_eq(config_set(cfg, "model.model_family", "mamba"), FSDP_EINVAL);
+    char want[600];
+    snprintf(want, sizeof want, "'mamba' is not valid; expected one of: %s (also ", listed);
+    cr_assert(strstr(error_message(), want), "want \"%s\" in: %s", want, error_message());
+    config_destroy(cfg);
+    /* a key only some families read names them, from the registry, before its help */
+    char readers[256], prefix[300];
+    cr_assert_gt(model_families_reading("n_kv_head", readers, sizeof readers), 0);
+    snprintf(prefix, sizeof prefix, "%s: ", readers);
+    k = config_find_key(s, "model.n_kv_head");
+    cr_assert_eq(strncmp(s->keys[k].help, prefix, strlen(prefix)), 0, "%s", s->keys[k].help);
 }
 
 /* The Llama keys: unset they take the family's defaults (0 = derived by the model); each bad combination

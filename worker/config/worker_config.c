@@ -2,7 +2,9 @@
  * typed, cross-checked view the rest of the worker reads. */
 #include "worker/config/worker_config.h"
 
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/error.h"
@@ -18,8 +20,7 @@
 
 static const struct config_section sections[] = {
     {"model", "Model family, shape and initialisation. The defaults are a small byte-level GPT-2 that trains on a CPU; "
-              "model_family = llama (and qwen2, qwen3, mistral) adds the Llama keys (n_kv_head ... tie_word_embeddings); "
-              "mistral, qwen2 and qwen3 add the attention window (sliding_window, max_window_layers)."},
+              "a key whose description starts with families applies to those families only."},
     {"train", "Batch sizes, step counts and the device."},
     {"optim", "AdamW and the learning-rate schedule."},
     {"data", "Token files (nanoGPT uint16 or llm.c .bin)."},
@@ -28,15 +29,12 @@ static const struct config_section sections[] = {
     {"checkpoint", "Saving and resuming."},
 };
 
-static const struct config_key keys[] = {
+/* Not const: worker_config_schema fills in, once, what the model registry says (model_family's values,
+ * aliases and help; which families read a key). */
+static struct config_key keys[] = {
     /* [model] */
-    {.section = "model", .name = "model_family", .type = CONFIG_ENUM, .def = "gpt2", .values = LIST("gpt2", "llama", "qwen2", "qwen3", "mistral"),
-     .value_aliases = ALIASES({"GPT2LMHeadModel", "gpt2"}, {"LlamaForCausalLM", "llama"},
-                              {"Qwen2ForCausalLM", "qwen2"}, {"Qwen3ForCausalLM", "qwen3"},
-                              {"MistralForCausalLM", "mistral"}),
-     .help = "Model architecture: gpt2 (LayerNorm, GELU, learned positions, tied head), llama (RMSNorm, "
-             "SwiGLU, rotary positions, grouped-query attention), qwen2 (llama with q/k/v biases), qwen3 "
-             "(llama with a per-head RMSNorm of q and k) or mistral (llama with sliding-window attention)"},
+    /* values, value_aliases and help come from the model registry (worker_config_schema) */
+    {.section = "model", .name = "model_family", .type = CONFIG_ENUM, .def = "gpt2"},
     {.section = "model", .name = "n_layer", .type = CONFIG_INT, .def = "4", .min = 1, .max = 1024,
      .help = "Number of decoder blocks"},
     {.section = "model", .name = "n_head", .type = CONFIG_INT, .def = "4", .min = 1, .max = 1024,
@@ -45,32 +43,32 @@ static const struct config_key keys[] = {
      .help = "Width of one attention head; unset = n_embd / n_head. Llama-style families take any even width "
              "(q is n_head x head_dim wide; Qwen3 checkpoints differ from n_embd / n_head); gpt2 only n_embd / n_head"},
     {.section = "model", .name = "n_kv_head", .type = CONFIG_INT, .def = "", .min = 1, .max = 1024,
-     .help = "llama: key/value heads (grouped-query attention; must divide n_head); unset = n_head"},
+     .help = "key/value heads (grouped-query attention; must divide n_head); unset = n_head"},
     {.section = "model", .name = "n_embd", .type = CONFIG_INT, .def = "128", .min = 1, .max = 65536,
      .help = "Embedding width"},
     {.section = "model", .name = "intermediate_size", .type = CONFIG_INT, .def = "", .min = 1, .max = 536870912,
-     .help = "llama: SwiGLU width of the MLP; unset = 8 n_embd / 3 rounded up to a multiple of 256"},
+     .help = "SwiGLU width of the MLP; unset = 8 n_embd / 3 rounded up to a multiple of 256"},
     {.section = "model", .name = "rope_theta", .type = CONFIG_FLOAT, .def = "", .min = 1e-3, .max = 1e12,
-     .help = "llama: base of the rotary position frequencies; unset = 10000 (Llama 3: 500000)"},
+     .help = "base of the rotary position frequencies; unset = 10000 (Llama 3: 500000)"},
     {.section = "model", .name = "rope_scaling", .type = CONFIG_ENUM, .def = "", .values = LIST("none", "llama3"),
-     .help = "llama: rotary frequency scaling; llama3 = Llama 3.1+'s (the four rope_* keys below); unset = none"},
+     .help = "rotary frequency scaling; llama3 = Llama 3.1+'s (the four rope_* keys below); unset = none"},
     {.section = "model", .name = "rope_scaling_factor", .type = CONFIG_FLOAT, .def = "", .min = 1, .max = 1e6,
-     .help = "llama, rope_scaling = llama3: divisor of the low frequencies; unset = 8"},
+     .help = "with rope_scaling = llama3, divisor of the low frequencies; unset = 8"},
     {.section = "model", .name = "rope_low_freq_factor", .type = CONFIG_FLOAT, .def = "", .min = 1e-6, .max = 1e6,
-     .help = "llama, rope_scaling = llama3: wavelengths above original / this are scaled; unset = 1"},
+     .help = "with rope_scaling = llama3, wavelengths above original / this are scaled; unset = 1"},
     {.section = "model", .name = "rope_high_freq_factor", .type = CONFIG_FLOAT, .def = "", .min = 1e-6, .max = 1e6,
-     .help = "llama, rope_scaling = llama3: wavelengths below original / this are kept; unset = 4"},
+     .help = "with rope_scaling = llama3, wavelengths below original / this are kept; unset = 4"},
     {.section = "model", .name = "rope_original_max_position_embeddings", .type = CONFIG_INT, .def = "", .min = 1,
-     .max = 1048576, .help = "llama, rope_scaling = llama3: the context the model was pretrained with; unset = 8192"},
+     .max = 1048576, .help = "with rope_scaling = llama3, the context the model was pretrained with; unset = 8192"},
     {.section = "model", .name = "rms_norm_eps", .type = CONFIG_FLOAT, .def = "", .min = 0, .max = 1,
-     .help = "llama: epsilon of RMSNorm; unset = 1e-6"},
+     .help = "epsilon of RMSNorm; unset = 1e-6"},
     {.section = "model", .name = "tie_word_embeddings", .type = CONFIG_BOOL, .def = "", .bare = "true",
-     .help = "llama: the LM head reuses embed_tokens (no lm_head.weight); unset = false (gpt2 is always tied)"},
+     .help = "the LM head reuses embed_tokens (no lm_head.weight); unset = false (gpt2 is always tied)"},
     {.section = "model", .name = "sliding_window", .type = CONFIG_INT, .def = "", .min = 0, .max = 1048576,
-     .help = "mistral, qwen2, qwen3: sliding-window attention, each token sees the last sliding_window tokens "
+     .help = "sliding-window attention, each token sees the last sliding_window tokens "
              "(itself included); unset or 0 = full causal attention"},
     {.section = "model", .name = "max_window_layers", .type = CONFIG_INT, .def = "", .min = 0, .max = 1024,
-     .help = "qwen2, qwen3: layers below this one attend fully, the rest through sliding_window (Qwen2's rule); "
+     .help = "layers below this one attend fully, the rest through sliding_window (Qwen2's rule); "
              "unset = 0, every layer"},
     {.section = "model", .name = "vocab_size", .type = CONFIG_INT, .def = "256", .min = 2, .max = 1048576,
      .help = "Vocabulary size (256 = bytes; 50257 = GPT-2 BPE)"},
@@ -238,14 +236,71 @@ static const struct config_schema schema = {
     .n_keys = sizeof keys / sizeof keys[0],
 };
 
-const struct config_schema *worker_config_schema(void) { return &schema; }
+/* What the schema takes from the model registry, so that a new family changes nothing here: model_family's
+ * values (the registry's names, in its order: config_get_enum's index is the family's place in the
+ * registry), each Hugging Face architecture class as an alias of its family, the key's help listing the
+ * families, and the families that read a family-specific key before its help. */
+#define FAMILIES_MAX 32
+static const char *family_values[FAMILIES_MAX + 1];
+static struct config_alias family_aliases[FAMILIES_MAX + 1];
+static char help_text[4096];
+
+static const char *help_append(size_t *used, const char *fmt, const char *a, const char *b)
+{
+    char *start = help_text + *used;
+    int n = snprintf(start, sizeof help_text - *used, fmt, a, b);
+    if (n < 0 || (size_t)n >= sizeof help_text - *used) {
+        fprintf(stderr, "fsdp-worker: the schema's generated help outgrew its buffer (worker_config.c)\n");
+        abort();
+    }
+    *used += (size_t)n + 1;
+    return start;
+}
+
+static void schema_from_registry(void)
+{
+    int n = model_family_count();
+    if (n > FAMILIES_MAX) {
+        fprintf(stderr, "fsdp-worker: the model registry has %d families, worker_config.c holds %d\n", n,
+                FAMILIES_MAX);
+        abort();
+    }
+    size_t used = 0;
+    char about[1024] = "Model architecture: ";
+    for (int i = 0, a = 0; i < n; i++) {
+        family_values[i] = model_family_name(i);
+        if (model_family_hf_architecture(i))
+            family_aliases[a++] = (struct config_alias){model_family_hf_architecture(i), model_family_name(i)};
+        size_t len = strlen(about);
+        snprintf(about + len, sizeof about - len, "%s%s (%s)", i == 0 ? "" : i == n - 1 ? " or " : ", ",
+                 model_family_name(i), model_family_about(i));
+    }
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        struct config_key *key = &keys[i];
+        if (strcmp(key->section, "model") != 0)
+            continue;
+        char readers[256];
+        if (strcmp(key->name, "model_family") == 0) {
+            key->values = family_values;
+            key->value_aliases = family_aliases;
+            key->help = help_append(&used, "%s%s", about, "");
+        } else if (model_families_reading(key->name, readers, sizeof readers) > 0) {
+            key->help = help_append(&used, "%s: %s", readers, key->help);
+        }
+    }
+}
+
+const struct config_schema *worker_config_schema(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, schema_from_registry);
+    return &schema;
+}
 
 const char *worker_model_family_name(int family)
 {
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
-        if (strcmp(keys[i].section, "model") == 0 && strcmp(keys[i].name, "model_family") == 0)
-            return keys[i].values[family];
-    return "?";
+    const char *name = model_family_name(family);
+    return name ? name : "?";
 }
 
 void worker_config_model(const struct worker_config *wc, struct model_config *mc)

@@ -123,6 +123,14 @@ static inline int model_layer_window(const struct model_config *c, int layer)
 {
     return c->sliding_window > 0 && layer >= c->max_window_layers ? c->sliding_window : 0;
 }
+/* The registry in its order, for worker/config's schema (model_family's values, their Hugging Face
+ * architecture aliases and help): how many families, and family i's name, its architecture class
+ * ("LlamaForCausalLM"; NULL for a family without Hugging Face names) and what sets it apart ("RMSNorm,
+ * SwiGLU, ..."). i out of range: NULL. */
+int model_family_count(void);
+const char *model_family_name(int i);
+const char *model_family_hf_architecture(int i);
+const char *model_family_about(int i);
 /* Comma-separated registry names ("gpt2, llama"). */
 const char *model_family_names(void);
 /* The [model] keys of fsdp-worker's config that a family declares as its own (n_kv_head, rope_theta, ...;

@@ -128,6 +128,8 @@ static inline struct model_core *model_core_of(const struct model *m)
 
 struct model_family {
     const char *name;
+    /* What sets it apart, for the help of model_family in fsdp-worker's schema ("RMSNorm, SwiGLU, ...") */
+    const char *about;
     /* Fills the family's derived defaults into cfg (NULL: none). */
     void (*resolve)(struct model_config *cfg);
     /* The family's own checks on a resolved config, after the generic ones (NULL: none). */

@@ -50,25 +50,45 @@ static const struct model_class_names mistral_names[] = {
 };
 
 static const struct model_family families[] = {
-    {.name = "gpt2", .check = model_gpt2_check, .layout_build = model_gpt2_layout_build, .decoder = &model_gpt2_decoder, .class_names = gpt2_names,
+    {.name = "gpt2", .about = "LayerNorm, GELU, learned positions, tied head", .check = model_gpt2_check, .layout_build = model_gpt2_layout_build, .decoder = &model_gpt2_decoder, .class_names = gpt2_names,
      .hf = &model_gpt2_hf},
-    {.name = "llama", .resolve = model_llama_resolve, .check = model_llama_check,
+    {.name = "llama", .about = "RMSNorm, SwiGLU, rotary positions, grouped-query attention", .resolve = model_llama_resolve, .check = model_llama_check,
      .keys = model_llama_keys, .check_keys = model_llama_check_keys, .layout_build = model_llama_layout_build, .decoder = &model_llama_decoder, .class_names = llama_names,
      .hf = &model_llama_hf, .describe = model_llama_describe, .summary_fields = model_llama_summary_fields},
     /* Qwen2 and Qwen2.5: Llama's block with q/k/v biases */
-    {.name = "qwen2", .resolve = model_qwen2_resolve, .check = model_llama_check,
+    {.name = "qwen2", .about = "llama with q/k/v biases", .resolve = model_qwen2_resolve, .check = model_llama_check,
      .keys = model_qwen2_keys, .check_keys = model_llama_check_keys, .layout_build = model_qwen2_layout_build, .decoder = &model_llama_decoder, .class_names = qwen2_names,
      .hf = &model_qwen2_hf, .describe = model_llama_describe, .summary_fields = model_llama_summary_fields},
     /* Qwen3: Llama's block with a per-head RMSNorm of q and k, head_dim its own */
-    {.name = "qwen3", .resolve = model_qwen3_resolve, .check = model_llama_check,
+    {.name = "qwen3", .about = "llama with a per-head RMSNorm of q and k", .resolve = model_qwen3_resolve, .check = model_llama_check,
      .keys = model_qwen2_keys, .check_keys = model_llama_check_keys, .layout_build = model_qwen3_layout_build, .decoder = &model_llama_decoder, .class_names = qwen3_names,
      .hf = &model_qwen3_hf, .describe = model_llama_describe, .summary_fields = model_llama_summary_fields},
     /* Mistral: Llama's block with sliding-window attention in every layer */
-    {.name = "mistral", .resolve = model_llama_resolve, .check = model_llama_check,
+    {.name = "mistral", .about = "llama with sliding-window attention", .resolve = model_llama_resolve, .check = model_llama_check,
      .keys = model_mistral_keys, .check_keys = model_llama_check_keys, .layout_build = model_mistral_layout_build, .decoder = &model_llama_decoder, .class_names = mistral_names,
      .hf = &model_mistral_hf, .describe = model_llama_describe, .summary_fields = model_llama_summary_fields},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
+
+int model_family_count(void)
+{
+    return (int)N_FAMILIES;
+}
+
+const char *model_family_name(int i)
+{
+    return i >= 0 && i < (int)N_FAMILIES ? families[i].name : NULL;
+}
+
+const char *model_family_hf_architecture(int i)
+{
+    return i >= 0 && i < (int)N_FAMILIES && families[i].hf ? families[i].hf->architecture : NULL;
+}
+
+const char *model_family_about(int i)
+{
+    return i >= 0 && i < (int)N_FAMILIES ? families[i].about : NULL;
+}
 
 const char *model_family_names(void)
 {
