@@ -21,6 +21,9 @@ transformers).
       Qwen2ForCausalLM with use_sliding_window, sliding_window 5 and max_window_layers 1 as OUT_DIR/qwen2w
       (windows below BLOCK, so they change the loss), and OUT_DIR/ref.json with transformers' loss of each
       ("mistral", "qwen2w") and of the same weights without the window ("mistral_full").
+  hf_check.py make_qwen3 OUT_DIR DATA.bin BATCH BLOCK STEPS
+      An untied Qwen3ForCausalLM with head_dim 16 where hidden_size / num_attention_heads is 12, its q/k norm
+      gains given random values, as OUT_DIR/model (sharded) and OUT_DIR/ref.json.
 
   hf_check.py tokenizer OUT.json
       A byte-level tokenizer.json for fsdp-prepare-data's byte tokens (token id = byte value): ByteLevel's
@@ -183,6 +186,23 @@ def make_window(out, data, batch, block, steps):
         json.dump({"mistral": mean_loss(mistral, data, batch, block, steps),
                    "mistral_full": mean_loss(full, data, batch, block, steps),
                    "qwen2w": mean_loss(qwen, data, batch, block, steps)}, f)
+def make_qwen3(out, data, batch, block, steps):
+    """An untied Qwen3ForCausalLM whose head_dim (16) is not hidden_size / num_attention_heads (48 / 4 = 12),
+    every 1-D tensor (the norms, q_norm and k_norm included) moved off its init so that a mix-up shows, saved
+    sharded as OUT_DIR/model, and OUT_DIR/ref.json with transformers' mean loss on the eval windows."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    torch.manual_seed(11)
+    cfg = Qwen3Config(hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, vocab_size=256, max_position_embeddings=48,
+                      rms_norm_eps=1e-6, tie_word_embeddings=False)
+    model = Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(0.2 * torch.randn_like(p))
+    model.save_pretrained(os.path.join(out, "model"), max_shard_size="60KB")
+    with open(os.path.join(out, "ref.json"), "w") as f:
+        json.dump({"model": mean_loss(model, data, batch, block, steps)}, f)
 
 
 def byte_tokenizer(out):
@@ -239,6 +259,8 @@ if __name__ == "__main__":
         make_qwen2(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
     elif sys.argv[1] == "make_window":
         make_window(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
+    elif sys.argv[1] == "make_qwen3":
+        make_qwen3(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
     elif sys.argv[1] == "tokenizer":
         byte_tokenizer(sys.argv[2])
     elif sys.argv[1] == "logits":

@@ -6,7 +6,8 @@
  *   key that disagrees, a pickle and a .pth resume_from fail before work with their messages.
  * - out: a run at world 2 with FULL_STATE_DICT; its checkpoint directory and `fsdp-ckpt export`'s sharded
  *   directory open with from_pretrained unchanged and give fsdpc's own logits (computed here with the model
- *   library from the checkpoint) within 1e-5, the run's tokenizer with them.
+ *   library from the checkpoint) within 1e-5, the run's tokenizer with them; the same for Llama and for a Qwen3
+ *   trained 3 steps (head_dim != hidden / heads), whose export gives transformers the trained model's loss.
  * And without transformers: a full checkpoint as init_from sets [model] and reports a disagreeing key. */
 #include <sys/stat.h>
 
@@ -532,5 +533,98 @@ Test(train_hf, qwen2_in_and_out, .timeout = 300)
     cJSON_Delete(x);
     cJSON_Delete(e);
     cJSON_Delete(ref);
+    tt_teardown(&c);
+}
+
+/* Qwen3 out: a save_pretrained Qwen3ForCausalLM (q/k norms, head_dim 16 where hidden / heads is 12)
+ * evaluates to transformers' loss; fsdp-worker trains it 3 steps at world 2 and saves a FULL_STATE_DICT
+ * checkpoint; that directory and its sharded export open in from_pretrained as Qwen3ForCausalLM with
+ * head_dim 16 and give fsdpc's logits (1e-5), and transformers' loss of the export on the eval windows is
+ * the trained model's loss that `fsdp-ckpt eval` computes from the checkpoint (the next step's loss, 1e-5),
+ * away from the untrained model's. */
+Test(train_hf, qwen3_out_of_training, .timeout = 600)
+{
+    need_venv();
+    struct tt_ctx c;
+    tt_setup(&c);
+    char hf[2048], val[2048], model[2100], ref_path[2100], json[2200];
+    snprintf(hf, sizeof hf, "%s/qwen3", c.dir);
+    snprintf(val, sizeof val, "%s/val.bin", c.data);
+    hf_check(c.dir, "make_qwen3", (const char *const[]){"make_qwen3", hf, val, "4", "32", "3", NULL});
+    snprintf(model, sizeof model, "%s/model", hf);
+    snprintf(ref_path, sizeof ref_path, "%s/ref.json", hf);
+    snprintf(json, sizeof json, "%s/eval_qwen3.json", c.dir);
+    char *err;
+    int code = ckpt_tool(c.dir, "eval_qwen3",
+                         (const char *const[]){"eval", model, "--data", val, "--batch", "4", "--block_size", "32",
+                                               "--steps", "3", "--json", json, NULL},
+                         &err);
+    cr_assert_eq(code, 0, "eval qwen3: %s", err);
+    free(err);
+    cJSON *ref = load_json(ref_path), *e = load_json(json);
+    double untrained = tu_json_num(ref, "model"), got = tu_json_num(e, "loss");
+    cr_assert(fabs(got - untrained) <= 1e-5 * fabs(untrained), "qwen3: fsdp-ckpt eval %.9g, transformers %.9g", got,
+              untrained);
+    cJSON_Delete(e);
+    cJSON_Delete(ref);
+
+    char ini[2200], text[8192], from[2200];
+    snprintf(ini, sizeof ini, "%s/qwen3.ini", c.dir);
+    snprintf(text, sizeof text,
+             "[train]\ndevice = cpu\ntrain_batch = 4\nmicro_batch = 2\nmax_steps = 3\neval_interval = 0\n"
+             "[optim]\nlr = 0.01\nwarmup_steps = 0\n[data]\ntrain_file = %s/train.bin\nval_file = %s\n",
+             c.data, val);
+    lu_write_text(ini, text);
+    snprintf(from, sizeof from, "--model.init_from=%s", model);
+    struct tt_result r;
+    tt_run_ini(&c, ini, 2, "w2",
+               (const char *const[]){from, "--checkpoint.state_dict_type=FULL_STATE_DICT", "--checkpoint.interval=0",
+                                     "--model.block_size=32", NULL},
+               &r);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_assert(tt_summary_matches(&r, 0, "{\"model\":{\"family\":\"qwen3\",\"head_dim\":16}}"), "%s", r.err);
+    tt_result_free(&r);
+
+    char root[2300], ck[2400], batch[2300], out_dir[2300], cfg_path[2400];
+    snprintf(root, sizeof root, "%s/w2/ckpt", c.dir);
+    snprintf(ck, sizeof ck, "%s/fsdp_cpt3", root);
+    snprintf(batch, sizeof batch, "%s/qwen3_batch.safetensors", c.dir);
+    our_logits(root, val, batch);
+    check_logits_of(&c, ck, batch, "qwen3_full_checkpoint", "Qwen3ForCausalLM", false);
+    snprintf(out_dir, sizeof out_dir, "%s/qwen3_export", c.dir);
+    code = ckpt_tool(c.dir, "qwen3_export",
+                     (const char *const[]){"export", root, out_dir, "--max_shard_size", "60KB", NULL}, &err);
+    cr_assert_eq(code, 0, "export qwen3: %s", err);
+    free(err);
+    check_logits_of(&c, out_dir, batch, "qwen3_export_sharded", "Qwen3ForCausalLM", false);
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", out_dir);
+    cJSON *cfg = load_json(cfg_path);
+    cr_assert_eq(tu_json_num(cfg, "head_dim"), 16, "the export's config.json: head_dim");
+    cr_assert_eq(tu_json_num(cfg, "hidden_size"), 48);
+    cr_assert_eq(tu_json_num(cfg, "num_attention_heads"), 4);
+    cJSON_Delete(cfg);
+
+    /* the next step's loss: fsdpc's of the trained checkpoint, transformers' of its export */
+    char ours_json[2400], theirs_json[2400];
+    snprintf(ours_json, sizeof ours_json, "%s/eval_trained.json", c.dir);
+    code = ckpt_tool(c.dir, "eval_trained",
+                     (const char *const[]){"eval", root, "--data", val, "--batch", "4", "--block_size", "32",
+                                           "--steps", "3", "--json", ours_json, NULL},
+                     &err);
+    cr_assert_eq(code, 0, "eval of the trained checkpoint: %s", err);
+    free(err);
+    snprintf(theirs_json, sizeof theirs_json, "%s/qwen3_export_loss.json", c.dir);
+    hf_check(c.dir, "loss", (const char *const[]){"loss", out_dir, val, "4", "32", "3", theirs_json, NULL});
+    cJSON *ours = load_json(ours_json), *theirs = load_json(theirs_json);
+    double want = tu_json_num(ours, "loss"), hf_loss = tu_json_num(theirs, "loss");
+    cr_assert_str_eq(tu_json_str(theirs, "architecture"), "Qwen3ForCausalLM");
+    cr_assert(fabs(hf_loss - want) <= 1e-5 * fabs(want), "qwen3 export in transformers %.9g, fsdpc %.9g", hf_loss,
+              want);
+    cr_assert(fabs(want - untrained) > 1e-3 * fabs(untrained),
+              "3 steps did not move the loss (%.9g, untrained %.9g): the check would not see a stale export", want,
+              untrained);
+    cr_log_info("qwen3: trained loss %.7f in fsdpc, %.7f in transformers (untrained %.7f)", want, hf_loss, untrained);
+    cJSON_Delete(ours);
+    cJSON_Delete(theirs);
     tt_teardown(&c);
 }
