@@ -17,6 +17,9 @@
  * OpenMP, OpenBLAS and FSDP_CPU_MATMUL are read once at start, so each (config, threads, precision) point
  * runs in a child: this binary re-executed as `bench_model --child CONFIG --precision P [--profile]`.
  *
+ * The step, the profile and the helpers that run children and the peer are bench_runner.h's, shared with
+ * bench_llama; this file adds the GPT-2 rows, the GEMM peaks and the three precisions.
+ *
  * Usage: bench_model [--rounds N] [--threads LIST] [S|L|M ...]   (default: 1 round, threads 1, S L)
  *        bench_model --child S|L|M --precision fp32|bf16 [--profile]
  * With N rounds each point runs ours and PyTorch alternately N times and keeps each side's best round, so a
@@ -29,33 +32,23 @@
 #include <cblas.h>
 #include <limits.h>
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/error.h"
 #include "kernels/kernels.h"
-#include "tests/util/tu_proc.h"
+#include "tests/bench/model/bench_runner.h"
 #include "tests/util/tu_venv.h"
 #include "worker/model/model.h"
 
-struct bench_config {
-    const char *name;
-    int n_layer, n_embd, n_head, vocab, t, b;
-    int warmup, steps; /* ours and torch's: L and M take seconds per step on one core */
-};
-
-static const struct bench_config configs[] = {
-    {"S", 4, 256, 4, 4096, 256, 8, 2, 10},
+static const struct bench_row configs[] = {
+    {.name = "S", .family = "gpt2", 4, 256, 4, 0, 0, 0, 4096, 256, 8, .warmup = 2, .steps = 10},
     /* 51.2M parameters (the issue's >= 50M config; bench_train's L with 4 rows) */
-    {"L", 8, 512, 8, 50304, 256, 4, 1, 4},
+    {.name = "L", .family = "gpt2", 8, 512, 8, 0, 0, 0, 50304, 256, 4, .warmup = 1, .steps = 4},
     /* GPT-2 small, 124M */
-    {"M", 12, 768, 12, 50304, 256, 4, 1, 3},
+    {.name = "M", .family = "gpt2", 12, 768, 12, 0, 0, 0, 50304, 256, 4, .warmup = 1, .steps = 3},
 };
 enum { NCONFIGS = sizeof configs / sizeof configs[0] };
 
@@ -65,23 +58,9 @@ static void die(const char *what)
     exit(1);
 }
 
-static const struct bench_config *config_find(const char *name)
+static const struct bench_row *config_find(const char *name)
 {
-    for (int i = 0; i < NCONFIGS; i++)
-        if (strcmp(configs[i].name, name) == 0)
-            return &configs[i];
-    return NULL;
-}
-
-static void config_to_model(const struct bench_config *bc, struct model_config *mc, bool ckpt)
-{
-    model_config_default(mc);
-    mc->n_layer = bc->n_layer;
-    mc->n_embd = bc->n_embd;
-    mc->n_head = bc->n_head;
-    mc->vocab_size = bc->vocab;
-    mc->block_size = bc->t;
-    mc->activation_checkpointing = ckpt;
+    return bench_row_find(configs, NCONFIGS, name);
 }
 
 /* Model FLOPs of one step, the PaLM/nanoGPT "MFU" count: 6 x (parameters that take part in matmuls) x
@@ -90,160 +69,10 @@ static void config_to_model(const struct bench_config *bc, struct model_config *
  * PV each 2 x (T/2) x C multiply-adds per token forward under the causal mask, twice that backward).
  * Elementwise work (layernorm, GELU, softmax, AdamW) is not counted: it is the overhead to minimise.
  * The same count divides PyTorch's step time, so gflops ratios equal tokens/s ratios. */
-static double step_flops(const struct bench_config *bc, const struct model_layout *l)
+static double step_flops(const struct bench_row *bc, const struct bench_step_result *r)
 {
     double tokens = (double)bc->b * bc->t;
-    double matmul_params = (double)l->numel_real - (double)bc->t * bc->n_embd;
-    return 6.0 * matmul_params * tokens + 6.0 * bc->n_layer * (double)bc->t * bc->n_embd * tokens;
-}
-
-/* CPU seconds this process has run: on a shared machine the time a step actually computed, whatever the
- * scheduler gave the other processes (with one thread, what the wall clock shows on a quiet machine). */
-static double cpu_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* ---- per-op profile: a copy of the CPU table whose entries time the real ones (CPU time: with one thread
- * the op's own time, undisturbed by other processes on the machine) ---- */
-enum prof_op { P_MATMUL_F, P_MATMUL_B, P_GEMM, P_GEMM_DX, P_LN_F, P_LN_B, P_ATT_F, P_ATT_B, P_GELU_F, P_GELU_B, P_RESID,
-               P_EMB_F, P_EMB_B, P_XENT, P_ADAMW, P_SQNORM, P_MEMSET, P_CAST, P_HOLD, P_N };
-static const char *prof_names[P_N] = {"matmul_fwd", "matmul_bwd", "gemm_lm_head", "gemm_linear_dx", "layernorm_fwd",
-                                      "layernorm_bwd", "attention_fwd", "attention_bwd", "gelu_fwd",
-                                      "gelu_bwd", "residual", "embedding_fwd", "embedding_bwd",
-                                      "crossentropy", "adamw", "sqnorm", "mem_set", "cast", "operand_hold"};
-static double prof_time[P_N];
-static double prof_flops[P_N];
-static const struct kernels *real;
-static int prof_vocab; /* the model's padded vocabulary: tells the LM head's GEMMs from the others */
-
-#define PROF(op, fl, call)                                                                                   \
-    do {                                                                                                     \
-        double t0_ = cpu_now();                                                                               \
-        int rc_ = (call);                                                                                    \
-        prof_time[op] += cpu_now() - t0_;                                                                     \
-        prof_flops[op] += (fl);                                                                              \
-        return rc_;                                                                                          \
-    } while (0)
-
-static int p_matmul_forward(float *y, const float *x, const float *w, const float *b, int n, int in, int out)
-{
-    PROF(P_MATMUL_F, 2.0 * n * in * out, real->matmul_forward(y, x, w, b, n, in, out));
-}
-static int p_matmul_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
-                             int n, int in, int out)
-{
-    PROF(P_MATMUL_B, 2.0 * n * in * out * ((dx != NULL) + (dw != NULL)),
-         real->matmul_backward(dx, dw, db, dy, x, w, n, in, out));
-}
-static int p_gemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
-                  int ldb, float beta, float *c, int ldc)
-{
-    /* The model calls gemm for the tied LM head (one of its dimensions is the padded vocabulary) and for
-     * every linear layer's input gradient (linear_backward): two lines, not one. */
-    bool head = m == prof_vocab || n == prof_vocab || k == prof_vocab;
-    PROF(head ? P_GEMM : P_GEMM_DX, 2.0 * m * n * k,
-         real->gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
-}
-static int p_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
-                               const float *bias, int n, int c, float eps)
-{
-    PROF(P_LN_F, 0, real->layernorm_forward(out, mean, rstd, inp, weight, bias, n, c, eps));
-}
-static int p_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                                const float *weight, const float *mean, const float *rstd, int n, int c)
-{
-    PROF(P_LN_B, 0, real->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, n, c));
-}
-static int p_attention_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv,
-                               int w, void *ws)
-{
-    PROF(P_ATT_F, 2.0 * b * (double)t * t * c, real->attention_forward(out, lse, qkv, b, t, c, nh, nkv, w, ws));
-}
-static int p_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                                const float *lse, int b, int t, int c, int nh, int nkv, int w, void *ws)
-{
-    PROF(P_ATT_B, 4.0 * b * (double)t * t * c,
-         real->attention_backward(dqkv, dout, qkv, out, lse, b, t, c, nh, nkv, w, ws));
-}
-static int p_gelu_forward(float *out, const float *inp, size_t n)
-{
-    PROF(P_GELU_F, 0, real->gelu_forward(out, inp, n));
-}
-static int p_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
-{
-    PROF(P_GELU_B, 0, real->gelu_backward(dinp, inp, dout, n));
-}
-static int p_residual_forward(float *out, const float *a, const float *b, size_t n)
-{
-    PROF(P_RESID, 0, real->residual_forward(out, a, b, n));
-}
-static int p_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe, int b,
-                               int t, int c, int vocab)
-{
-    PROF(P_EMB_F, 0, real->embedding_forward(out, tokens, wte, wpe, b, t, c, vocab));
-}
-static int p_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int b,
-                                int t, int c, int vocab)
-{
-    PROF(P_EMB_B, 0, real->embedding_backward(dwte, dwpe, dout, tokens, b, t, c, vocab));
-}
-static int p_crossentropy(float *losses, double *loss_acc, float *dlogits, const float *logits,
-                          const int32_t *targets, int n, int v, int vp, float dloss)
-{
-    PROF(P_XENT, 0, real->crossentropy_forward_backward(losses, loss_acc, dlogits, logits, targets, n, v, vp, dloss));
-}
-static int p_adamw(float *param, const float *grad, float *m, float *v, size_t n,
-                   const struct kernels_adamw_params *hp)
-{
-    PROF(P_ADAMW, 0, real->adamw(param, grad, m, v, n, hp));
-}
-static int p_sqnorm(double *result, const float *x, size_t n)
-{
-    PROF(P_SQNORM, 0, real->sqnorm(result, x, n));
-}
-static int p_mem_set(void *dst, int value, size_t bytes)
-{
-    PROF(P_MEMSET, 0, real->mem_set(dst, value, bytes));
-}
-static int p_cast(void *dst, enum dtype dd, const void *src, enum dtype sd, size_t n)
-{
-    PROF(P_CAST, 0, real->cast(dst, dd, src, sd, n));
-}
-
-static int p_lowp_hold(const float *x, size_t n)
-{
-    PROF(P_HOLD, 0, real->lowp_hold(x, n));
-}
-
-static struct kernels profiled;
-
-static const struct kernels *profile_table(const struct kernels *k)
-{
-    real = k;
-    profiled = *k;
-    profiled.matmul_forward = p_matmul_forward;
-    profiled.matmul_backward = p_matmul_backward;
-    profiled.gemm = p_gemm;
-    profiled.layernorm_forward = p_layernorm_forward;
-    profiled.layernorm_backward = p_layernorm_backward;
-    profiled.attention_forward = p_attention_forward;
-    profiled.attention_backward = p_attention_backward;
-    profiled.gelu_forward = p_gelu_forward;
-    profiled.gelu_backward = p_gelu_backward;
-    profiled.residual_forward = p_residual_forward;
-    profiled.embedding_forward = p_embedding_forward;
-    profiled.embedding_backward = p_embedding_backward;
-    profiled.crossentropy_forward_backward = p_crossentropy;
-    profiled.adamw = p_adamw;
-    profiled.sqnorm = p_sqnorm;
-    profiled.mem_set = p_mem_set;
-    profiled.cast = p_cast;
-    if (k->lowp_hold)
-        profiled.lowp_hold = p_lowp_hold;
-    return &profiled;
+    return 6.0 * r->matmul_params * tokens + 6.0 * bc->n_layer * (double)bc->t * bc->n_embd * tokens;
 }
 
 /* ---- the GEMM peaks of this machine, measured in the child ---- */
@@ -274,12 +103,12 @@ static double gemm_rate(const struct kernels *k, enum peak_kind kind, int m, int
         die("set_matmul_dtype");
     double best = 1e30;
     for (int r = 0; r < 6; r++) {
-        double t0 = cpu_now();
+        double t0 = bench_cpu_now();
         if (kind == PEAK_SGEMM)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, kk, 1.0f, a, kk, b, n, 0.0f, c, n);
         else if (k->gemm(0, 0, m, n, kk, 1.0f, a, kk, b, n, 0.0f, c, n))
             die("gemm");
-        double dt = cpu_now() - t0;
+        double dt = bench_cpu_now() - t0;
         if (r > 0 && dt < best)
             best = dt;
     }
@@ -291,7 +120,7 @@ static double gemm_rate(const struct kernels *k, enum peak_kind kind, int m, int
 }
 
 /* The best over GPT shapes: this config's MLP up-projection and GPT-2 small's (1024 tokens x 768 -> 3072). */
-static double gemm_peak(const struct kernels *k, enum peak_kind kind, const struct bench_config *bc)
+static double gemm_peak(const struct kernels *k, enum peak_kind kind, const struct bench_row *bc)
 {
     int n_tok = bc->b * bc->t;
     double a = gemm_rate(k, kind, n_tok, 4 * bc->n_embd, bc->n_embd), b = gemm_rate(k, kind, 1024, 3072, 768);
@@ -300,13 +129,7 @@ static double gemm_peak(const struct kernels *k, enum peak_kind kind, const stru
 
 /* ---- one (config, threads, precision) point, in this process ---- */
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static int run_child(const struct bench_config *bc, bool bf16, bool profile)
+static int run_child(const struct bench_row *bc, bool bf16, bool profile)
 {
     const struct kernels *base = kernels_cpu();
     /* the peaks first, in this process's library setting; then the mode the step runs in */
@@ -318,214 +141,32 @@ static int run_child(const struct bench_config *bc, bool bf16, bool profile)
         fprintf(stderr, "bench_model: this CPU has no bf16 matmul instructions: bf16 computes in fp32\n");
     if (base->set_matmul_dtype(bf16 ? DTYPE_BF16 : DTYPE_F32))
         die("set_matmul_dtype");
-    const struct kernels *k = profile ? profile_table(base) : base;
-    struct model_config mc;
-    config_to_model(bc, &mc, false);
-    struct model *m;
-    if (model_create(&m, &mc, k, bc->b, bc->t) != 0)
-        die("model_create");
-    const struct model_layout *l = model_get_layout(m);
-    prof_vocab = (int)l->vocab_padded;
-    size_t n = l->numel;
-    float *params = k->mem_alloc(n * sizeof(float)), *grads = k->mem_alloc(n * sizeof(float));
-    float *mom1 = k->mem_alloc(n * sizeof(float)), *mom2 = k->mem_alloc(n * sizeof(float));
-    /* bf16: the persistent bf16 copy (the engine's lp shard) and the gathered fp32 view of it */
-    uint16_t *lp = bf16 ? k->mem_alloc(n * sizeof(uint16_t)) : NULL;
-    float *full = bf16 ? k->mem_alloc(n * sizeof(float)) : params;
-    if (!params || !grads || !mom1 || !mom2 || !full || (bf16 && !lp))
-        die("allocating parameters and optimizer state");
-    if (model_init_params(l, params) != 0)
-        die("model_init_params");
-    k->mem_set(mom1, 0, n * sizeof(float));
-    k->mem_set(mom2, 0, n * sizeof(float));
-    if (bf16 && k->cast(lp, DTYPE_BF16, params, DTYPE_F32, n))
-        die("cast");
-    size_t ntok = (size_t)bc->b * bc->t;
-    int32_t *tokens = malloc(ntok * sizeof *tokens), *targets = malloc(ntok * sizeof *targets);
-    if (!tokens || !targets)
-        die("out of memory");
-    uint32_t rng = 1234;
-    double best = 1e30, times[64], cpu_times[64];
-    int timed = 0;
-    for (int step = 0; step < bc->warmup + bc->steps; step++) {
-        for (size_t i = 0; i < ntok; i++) {
-            rng = rng * 1664525u + 1013904223u;
-            tokens[i] = (int32_t)((rng >> 8) % (uint32_t)bc->vocab);
-        }
-        /* targets = tokens shifted left by one within each row, like the peer's */
-        for (int bi = 0; bi < bc->b; bi++)
-            for (int ti = 0; ti < bc->t; ti++)
-                targets[bi * bc->t + ti] = tokens[bi * bc->t + (ti + 1) % bc->t];
-        if (step == bc->warmup && profile)
-            memset(prof_time, 0, sizeof prof_time), memset(prof_flops, 0, sizeof prof_flops);
-        double t0 = tu_now(), c0 = cpu_now();
-        float loss;
-        /* bf16: the gather of a one-rank group (cast the bf16 copy to the fp32 view, bind the two) */
-        if (bf16 && (k->cast(full, DTYPE_F32, lp, DTYPE_BF16, n) || k->lowp_bind(full, lp, n)))
-            die("gathering");
-        if (k->mem_set(grads, 0, n * sizeof(float)) != 0 || model_set_batch(m, tokens, targets) != 0 ||
-            model_forward_backward(m, full, grads, &loss) != 0)
-            die("training step");
-        if (bf16 && k->lowp_unbind(full))
-            die("release");
-        /* gradient clipping at 1.0 like the peer: one norm over all gradients, folded into AdamW */
-        double sq = 0;
-        if (k->sqnorm(&sq, grads, n) != 0)
-            die("sqnorm");
-        double norm = sqrt(sq);
-        struct kernels_adamw_params hp = {.lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                                          .grad_scale = norm > 1.0 ? (float)(1.0 / (norm + 1e-6)) : 1.0f,
-                                          .step = step + 1};
-        for (int p = 0; p < l->n_params; p++) {
-            const struct model_param *mp = &l->params[p];
-            hp.weight_decay = mp->weight_decay ? 0.1f : 0.0f;
-            if (k->adamw(params + mp->offset, grads + mp->offset, mom1 + mp->offset, mom2 + mp->offset, mp->numel,
-                         &hp) != 0)
-                die("adamw");
-        }
-        /* bf16: the engine's refresh of the low-precision copy after the optimizer */
-        if (bf16 && k->cast(lp, DTYPE_BF16, params, DTYPE_F32, n))
-            die("refresh");
-        double dt = tu_now() - t0, dc = cpu_now() - c0;
-        if (!isfinite(loss))
-            die("non-finite loss");
-        if (step >= bc->warmup) {
-            best = dt < best ? dt : best;
-            if (timed < 64)
-                cpu_times[timed] = dc, times[timed++] = dt;
-        }
-    }
-    /* median of the timed steps, as the peer reports; best is printed too */
-    qsort(times, (size_t)timed, sizeof times[0], cmp_double);
-    qsort(cpu_times, (size_t)timed, sizeof cpu_times[0], cmp_double);
-    double med = times[timed / 2], cpu_med = cpu_times[timed / 2];
-    double fl = step_flops(bc, l);
-    double peak = bf16 ? bf16_peak : f32_peak;
+    const struct kernels *k = profile ? bench_profile_table(base) : base;
+    struct bench_step_result r;
+    bench_step_run(bc, k, bf16, profile, &r);
+    double fl = step_flops(bc, &r);
     printf("child tokens_per_s=%.1f best_tokens_per_s=%.1f cpu_tokens_per_s=%.1f gflops=%.2f f32_gemm_gflops=%.2f "
            "bf16_gemm_gflops=%.2f sgemm_gflops=%.2f params=%zu\n",
-           (double)ntok / med, (double)ntok / best, (double)ntok / cpu_med, fl / med / 1e9, f32_peak, bf16_peak,
-           sgemm_peak, l->numel_real);
-    if (profile) {
-        double tot = 0, gemm = 0;
-        for (int i = 0; i < P_N; i++)
-            tot += prof_time[i];
-        for (int i = 0; i < P_N; i++) {
-            if (prof_time[i] <= 0)
-                continue;
-            double gf = prof_flops[i] > 0 ? prof_flops[i] / prof_time[i] / 1e9 : 0.0;
-            if (i == P_MATMUL_F || i == P_MATMUL_B || i == P_GEMM || i == P_GEMM_DX)
-                gemm += prof_time[i];
-            printf("profile op=%s ms_per_step=%.2f share=%.3f gflops=%.1f frac_of_peak=%.3f\n", prof_names[i],
-                   1e3 * prof_time[i] / timed, prof_time[i] / tot, gf, gf / peak);
-        }
-        printf("profile op=total ms_per_step=%.2f step_ms=%.2f step_cpu_ms=%.2f gemm_ms=%.2f step_gflops=%.2f "
-               "peak_gflops=%.2f frac_of_peak=%.3f\n",
-               1e3 * tot / timed, 1e3 * med, 1e3 * cpu_med, 1e3 * gemm / timed, fl / cpu_med / 1e9, peak,
-               fl / cpu_med / 1e9 / peak);
-    }
-    free(tokens), free(targets);
-    k->mem_free(params), k->mem_free(grads), k->mem_free(mom1), k->mem_free(mom2);
-    if (bf16)
-        k->mem_free(lp), k->mem_free(full);
-    model_destroy(m);
+           r.tokens_per_s, r.best_tokens_per_s, r.cpu_tokens_per_s, fl / (r.step_ms * 1e-3) / 1e9, f32_peak, bf16_peak,
+           sgemm_peak, r.params);
+    if (profile)
+        bench_profile_print(r.timed, r.step_ms, r.step_cpu_ms, fl, bf16 ? bf16_peak : f32_peak);
     return 0;
 }
 
 /* ---- the driver: children per point, torch beside them ---- */
 
-/* Runs cmd through the shell and returns the value of `key=` in its output (the last occurrence), or
- * NAN; the output is echoed to stderr for the log, and the `profile` lines kept in prof (when given). */
-static double run_and_grab(const char *cmd, const char *key, char *line_out, size_t line_cap, char *prof,
-                           size_t prof_cap)
-{
-    FILE *f = popen(cmd, "r");
-    if (!f)
-        return NAN;
-    char line[4096];
-    double val = NAN;
-    size_t klen = strlen(key);
-    if (prof)
-        prof[0] = '\0';
-    while (fgets(line, sizeof line, f)) {
-        fputs(line, stderr);
-        if (prof && strncmp(line, "profile ", 8) == 0 && strlen(prof) + strlen(line) < prof_cap)
-            strcat(prof, line);
-        for (char *p = strstr(line, key); p; p = strstr(p + 1, key))
-            if ((p == line || p[-1] == ' ') && p[klen] == '=') {
-                val = strtod(p + klen + 1, NULL);
-                if (line_out)
-                    snprintf(line_out, line_cap, "%s", line);
-            }
-    }
-    int st = pclose(f);
-    return st == 0 ? val : NAN;
-}
-
-static double grab(const char *line, const char *key)
-{
-    size_t klen = strlen(key);
-    for (const char *p = strstr(line, key); p; p = strstr(p + 1, key))
-        if ((p == line || p[-1] == ' ') && p[klen] == '=')
-            return strtod(p + klen + 1, NULL);
-    return NAN;
-}
-
-/* Runs `sh -c cmd` with its standard output to out_path (stderr to ours) and returns the CPU seconds it and
- * everything it waited for used (user + system), or NAN when it failed. */
-static double cpu_of(const char *cmd, const char *out_path)
-{
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0)
-        return NAN;
-    if (pid == 0) {
-        if (!freopen(out_path, "w", stdout))
-            _exit(127);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    int st;
-    struct rusage ru;
-    if (wait4(pid, &st, 0, &ru) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
-        return NAN;
-    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
-           ru.ru_stime.tv_usec * 1e-6;
-}
-
-/* One PyTorch run of a point: its tokens/s (wall, the median step it prints) and its tokens per CPU-second:
- * the CPU time of the run minus that of a run of its warm-up steps alone, over the timed steps' tokens
- * (start-up, warm-up and exit cancel out). */
-static void torch_point(const char *python, const char *script, const struct bench_config *bc, int threads, bool bf16,
+/* One PyTorch run of a point (bench_torch_point: wall and CPU-time tokens/s). */
+static void torch_point(const char *python, const char *script, const struct bench_row *bc, int threads, bool bf16,
                         double *wall_tps, double *cpu_tps)
 {
-    char cmd[6 * PATH_MAX], base[5 * PATH_MAX], out[] = "/tmp/bench-model-torch-XXXXXX";
-    *wall_tps = *cpu_tps = NAN;
-    int fd = mkstemp(out);
-    if (fd < 0)
-        return;
-    close(fd);
+    char base[5 * PATH_MAX];
     snprintf(base, sizeof base,
              "OMP_NUM_THREADS=%d '%s' '%s' --mode single --n_layer %d --n_embd %d --n_head %d --vocab %d "
              "--block_size %d --global_batch %d --warmup %d%s",
              threads, python, script, bc->n_layer, bc->n_embd, bc->n_head, bc->vocab, bc->t, bc->b, bc->warmup,
              bf16 ? " --bf16" : "");
-    snprintf(cmd, sizeof cmd, "%s --steps %d", base, bc->warmup + bc->steps);
-    double full = cpu_of(cmd, out);
-    char line[4096] = "";
-    FILE *f = fopen(out, "r");
-    while (f && fgets(line, sizeof line, f)) {
-        fputs(line, stderr);
-        const char *p = strstr(line, "tokens_per_s=");
-        if (p)
-            *wall_tps = strtod(p + strlen("tokens_per_s="), NULL);
-    }
-    if (f)
-        fclose(f);
-    snprintf(cmd, sizeof cmd, "%s --steps %d", base, bc->warmup);
-    double warm = cpu_of(cmd, "/dev/null");
-    unlink(out);
-    if (full > warm)
-        *cpu_tps = (double)bc->steps * bc->b * bc->t / (full - warm);
+    bench_torch_point(base, bc->warmup, bc->steps, (double)bc->b * bc->t, wall_tps, cpu_tps);
 }
 
 /* The PyTorch 2.x peer: the venv's python and the anchor next to the project checkout
@@ -537,10 +178,10 @@ static bool torch_peer(char *python, size_t pcap, char *script, size_t scap)
     return tu_venv_bin("python", python, pcap) && access(script, R_OK) == 0;
 }
 
-static void print_arena(const struct bench_config *bc)
+static void print_arena(const struct bench_row *bc)
 {
     struct model_config mc;
-    config_to_model(bc, &mc, false);
+    bench_row_model(bc, &mc);
     const struct kernels *k = kernels_cpu();
     size_t full = model_arena_bytes(&mc, bc->b, bc->t, false, k);
     size_t ck = model_arena_bytes(&mc, bc->b, bc->t, true, k);
@@ -552,7 +193,7 @@ enum { PREC_FP32, PREC_FP32_OPENBLAS, PREC_BF16, NPREC };
 static const char *prec_names[NPREC] = {"fp32", "fp32_openblas", "bf16"};
 
 /* The profile lines of a child, re-printed as bench=model_profile lines of this point. */
-static void print_profile(const struct bench_config *bc, int threads, const char *prec, const char *prof)
+static void print_profile(const struct bench_row *bc, int threads, const char *prec, const char *prof)
 {
     char *copy = strdup(prof);
     for (char *line = strtok(copy, "\n"); line; line = strtok(NULL, "\n"))
@@ -560,7 +201,7 @@ static void print_profile(const struct bench_config *bc, int threads, const char
     free(copy);
 }
 
-static int run_point(const char *self, const struct bench_config *bc, int threads, int rounds, bool have_torch,
+static int run_point(const char *self, const struct bench_row *bc, int threads, int rounds, bool have_torch,
                      const char *python, const char *script)
 {
     double tps[NPREC], gf[NPREC], ctps[NPREC], ttps[2] = {NAN, NAN}, tctps[2] = {NAN, NAN};
@@ -572,14 +213,14 @@ static int run_point(const char *self, const struct bench_config *bc, int thread
             char cmd[3 * PATH_MAX], line[4096];
             snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d FSDP_CPU_MATMUL=%s '%s' --child %s --precision %s", threads,
                      p == PREC_FP32_OPENBLAS ? "openblas" : "auto", self, bc->name, p == PREC_BF16 ? "bf16" : "fp32");
-            double t = run_and_grab(cmd, "tokens_per_s", line, sizeof line, NULL, 0);
+            double t = bench_run_and_grab(cmd, "tokens_per_s", line, sizeof line, NULL, 0);
             if (isnan(t))
                 return 1;
             if (isnan(tps[p]) || t > tps[p]) {
                 tps[p] = t;
                 snprintf(best_line[p], sizeof best_line[p], "%s", line);
             }
-            double c = grab(line, "cpu_tokens_per_s");
+            double c = bench_grab(line, "cpu_tokens_per_s");
             if (isnan(ctps[p]) || c > ctps[p])
                 ctps[p] = c;
         }
@@ -593,7 +234,7 @@ static int run_point(const char *self, const struct bench_config *bc, int thread
         }
     }
     for (int p = 0; p < NPREC; p++) {
-        gf[p] = grab(best_line[p], "gflops");
+        gf[p] = bench_grab(best_line[p], "gflops");
         double peer = p == PREC_BF16 ? ttps[1] : ttps[0], cpeer = p == PREC_BF16 ? tctps[1] : tctps[0];
         printf("bench=model_step config=%s threads=%d precision=%s tokens_per_s=%.1f cpu_tokens_per_s=%.1f "
                "gflops=%.2f torch_precision=%s torch_tokens_per_s=%.1f torch_cpu_tokens_per_s=%.1f ratio=%.3f "
@@ -602,8 +243,8 @@ static int run_point(const char *self, const struct bench_config *bc, int thread
                peer, cpeer, tps[p] / peer, ctps[p] / cpeer, rounds, have_torch ? "" : " note=peer_skipped");
     }
     /* the peaks of the child that ran fp32 on the auto library (its bf16 peak is measured alike) */
-    double f32p = grab(best_line[PREC_FP32], "f32_gemm_gflops"), bfp = grab(best_line[PREC_FP32], "bf16_gemm_gflops");
-    double sgp = grab(best_line[PREC_FP32], "sgemm_gflops");
+    double f32p = bench_grab(best_line[PREC_FP32], "f32_gemm_gflops"), bfp = bench_grab(best_line[PREC_FP32], "bf16_gemm_gflops");
+    double sgp = bench_grab(best_line[PREC_FP32], "sgemm_gflops");
     /* the step's GFLOP per CPU-second against the peaks (also per CPU-second): the fraction of the peak */
     double cgf32 = gf[PREC_FP32] * ctps[PREC_FP32] / tps[PREC_FP32];
     double cgf16 = gf[PREC_BF16] * ctps[PREC_BF16] / tps[PREC_BF16];
@@ -619,12 +260,12 @@ static int run_point(const char *self, const struct bench_config *bc, int thread
         snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d FSDP_CPU_MATMUL=%s '%s' --child %s --precision %s --profile",
                  threads, p == PREC_FP32_OPENBLAS ? "openblas" : "auto", self, bc->name,
                  p == PREC_BF16 ? "bf16" : "fp32");
-        if (isnan(run_and_grab(cmd, "tokens_per_s", NULL, 0, prof, sizeof prof)))
+        if (isnan(bench_run_and_grab(cmd, "tokens_per_s", NULL, 0, prof, sizeof prof)))
             return 1;
         print_profile(bc, threads, prec_names[p], prof);
         const char *tot = strstr(prof, "op=total");
-        step_ms[p] = tot ? grab(tot, "ms_per_step") : NAN;
-        gemm_ms[p] = tot ? grab(tot, "gemm_ms") : NAN;
+        step_ms[p] = tot ? bench_grab(tot, "ms_per_step") : NAN;
+        gemm_ms[p] = tot ? bench_grab(tot, "gemm_ms") : NAN;
     }
     /* The ceiling of bf16 over fp32 on this machine: the GEMMs of the fp32 step sped up by the bf16/fp32
      * GEMM peak ratio, everything else as it is (the profiled fp32 step's other ops). */
@@ -652,7 +293,7 @@ static int run_point(const char *self, const struct bench_config *bc, int thread
 int main(int argc, char **argv)
 {
     if (argc >= 3 && strcmp(argv[1], "--child") == 0) {
-        const struct bench_config *bc = config_find(argv[2]);
+        const struct bench_row *bc = config_find(argv[2]);
         if (!bc) {
             fprintf(stderr, "bench_model: unknown config '%s' (S, L or M)\n", argv[2]);
             return 2;
@@ -676,14 +317,10 @@ int main(int argc, char **argv)
         return run_child(bc, bf16, profile);
     }
     char self[PATH_MAX];
-    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (len <= 0) {
-        perror("bench_model: /proc/self/exe");
+    if (!bench_self(self, sizeof self))
         return 1;
-    }
-    self[len] = '\0';
     int rounds = 1, threads[4] = {1}, nthreads = 1, nsel = 0;
-    const struct bench_config *sel[NCONFIGS * 2];
+    const struct bench_row *sel[NCONFIGS * 2];
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
             char *end = NULL;
