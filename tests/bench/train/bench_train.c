@@ -29,7 +29,11 @@
  * gloo, fp32 and MixedPrecisionPolicy(param_dtype=bf16)), the same per-rank batch. Goal (issue 14): at least
  * 1.3x FSDP2 at equal precision.
  *
- * Usage: bench_train [--rounds N] [S] [L] [llama]   (default: --rounds 2 S L)
+ * The families' rows (llama-S, qwen2-S, qwen3-S, llama3-S: bench_llama's S shape with 8 sequences per rank,
+ * as a Llama, with Qwen2's q/k/v biases, with Qwen3's q/k norms and heads of 128, with Llama 3.1's rope
+ * scaling) run the same way against FSDP2 on transformers' own model of the family (fsdp2_llama.py --family).
+ *
+ * Usage: bench_train [--rounds N] [S] [L] [llama] [llama-S] [qwen2-S] [qwen3-S] [llama3-S]   (default: --rounds 2 S L)
  * Output: bench=train config=S strategy=FULL_SHARD precision=fp32 world=2 ... tokens_per_s=... mfu=...
  *         torch_fsdp2_tokens_per_s=... ratio=... torch_ddp_tokens_per_s=... no_shard_ratio=... scaling=...
  *         wait_frac=...; the same for FULL_SHARD bf16 and NO_SHARD, and
@@ -57,15 +61,22 @@ struct bench_config {
     const char *name;
     int n_layer, n_embd, n_head, vocab, t, batch_per_rank;
     int warmup, steps;    /* untimed, timed */
-    bool llama;           /* model_family = llama (else gpt2) */
-    int n_kv_head, inter; /* llama: key/value heads, SwiGLU width */
+    const char *family;   /* a Llama-style model_family (llama, qwen2, qwen3: its peer is fsdp2_llama.py); NULL = gpt2 */
+    int n_kv_head, inter; /* Llama-style: key/value heads, SwiGLU width */
+    int head_dim;         /* 0 = n_embd / n_head */
+    bool rope_llama3;     /* Llama 3.1's rope scaling (factors 8, 1, 4; original context 64, as bench_llama's) */
 };
 
 static const struct bench_config configs[] = {
     /* S times 16 steps: with 8, one disturbed step moved the median by a few percent on a shared machine */
-    {"S", 4, 256, 4, 4096, 256, 8, 2, 16, false, 0, 0},
-    {"L", 8, 512, 8, 50304, 256, 2, 1, 4, false, 0, 0},
-    {"llama", 8, 512, 8, 32000, 256, 4, 1, 4, true, 4, 1536},
+    {"S", 4, 256, 4, 4096, 256, 8, 2, 16, NULL, 0, 0, 0, false},
+    {"L", 8, 512, 8, 50304, 256, 2, 1, 4, NULL, 0, 0, 0, false},
+    {"llama", 8, 512, 8, 32000, 256, 4, 1, 4, "llama", 4, 1536, 0, false},
+    /* bench_llama's family rows at world 2 (S as a Llama, then with each family's feature on) */
+    {"llama-S", 4, 256, 4, 4096, 256, 8, 2, 8, "llama", 2, 768, 0, false},
+    {"qwen2-S", 4, 256, 4, 4096, 256, 8, 2, 8, "qwen2", 2, 768, 0, false},
+    {"qwen3-S", 4, 256, 4, 4096, 256, 8, 2, 8, "qwen3", 2, 768, 128, false},
+    {"llama3-S", 4, 256, 4, 4096, 256, 8, 2, 8, "llama", 2, 768, 0, true},
 };
 enum { N_CONFIGS = sizeof configs / sizeof configs[0] };
 
@@ -123,8 +134,12 @@ static int run_fsdp_with(const char *build, const char *dir, const char *data, c
         return -1;
     int total = c->warmup + c->steps;
     fprintf(fi, "[model]\n");
-    if (c->llama)
-        fprintf(fi, "model_family = llama\nn_kv_head = %d\nintermediate_size = %d\n", c->n_kv_head, c->inter);
+    if (c->family)
+        fprintf(fi, "model_family = %s\nn_kv_head = %d\nintermediate_size = %d\n", c->family, c->n_kv_head, c->inter);
+    if (c->head_dim)
+        fprintf(fi, "head_dim = %d\n", c->head_dim);
+    if (c->rope_llama3)
+        fprintf(fi, "rope_scaling = llama3\nrope_original_max_position_embeddings = 64\n");
     fprintf(fi,
             "n_layer = %d\nn_head = %d\nn_embd = %d\nvocab_size = %d\nblock_size = %d\n"
             "[train]\ndevice = cpu\ntrain_batch = %d\nmicro_batch = %d\nmax_steps = %d\neval_interval = 0\n"
@@ -251,10 +266,11 @@ static double run_torch_llama(const char *venv_torchrun, const char *script, con
                               const struct bench_config *c, int round, bool bf16)
 {
     char out[4300], err[4300];
-    snprintf(out, sizeof out, "%s/torch-llama-%s-%d.out", dir, bf16 ? "bf16" : "fp32", round);
-    snprintf(err, sizeof err, "%s/torch-llama-%s-%d.err", dir, bf16 ? "bf16" : "fp32", round);
+    snprintf(out, sizeof out, "%s/torch-%s-%s-%d.out", dir, c->name, bf16 ? "bf16" : "fp32", round);
+    snprintf(err, sizeof err, "%s/torch-%s-%s-%d.err", dir, c->name, bf16 ? "bf16" : "fp32", round);
     char nproc[16], layers[16], dim[16], heads[16], kv[16], inter[16], vocab[16], seq[16], batch[16], steps[16],
-        warm[16];
+        warm[16], hd[16];
+    snprintf(hd, sizeof hd, "%d", c->head_dim ? c->head_dim : c->n_embd / c->n_head);
     snprintf(nproc, sizeof nproc, "%d", WORLD);
     snprintf(layers, sizeof layers, "%d", c->n_layer);
     snprintf(dim, sizeof dim, "%d", c->n_embd);
@@ -269,7 +285,8 @@ static double run_torch_llama(const char *venv_torchrun, const char *script, con
     const char *args[] = {venv_torchrun, "--standalone", "--nproc_per_node", nproc, script, "--n_layer", layers,
                           "--n_embd", dim, "--n_head", heads, "--n_kv_head", kv, "--intermediate_size", inter,
                           "--vocab", vocab, "--seq", seq, "--batch_per_rank", batch, "--steps", steps, "--warmup",
-                          warm, "--param_dtype", bf16 ? "bf16" : "fp32", NULL};
+                          warm, "--param_dtype", bf16 ? "bf16" : "fp32", "--family", c->family, "--head_dim", hd,
+                          c->rope_llama3 ? "--rope_llama3" : NULL, NULL};
     /* gloo on the loopback interface: no lookup of the host's name */
     static const char *const env[] = {"OMP_NUM_THREADS=1", "RANK=", "WORLD_SIZE=", "GLOO_SOCKET_IFNAME=lo", NULL};
     if (tu_run(args, out, err, env) != 0) {
@@ -357,7 +374,7 @@ int main(int argc, char **argv)
         else if (ci < N_CONFIGS && n_want < N_CONFIGS)
             want[n_want++] = &configs[ci];
         else {
-            fprintf(stderr, "usage: bench_train [--rounds N] [S] [L] [llama]\n");
+            fprintf(stderr, "usage: bench_train [--rounds N] [S] [L] [llama] [llama-S] [qwen2-S] [qwen3-S] [llama3-S]\n");
             return 2;
         }
     }
@@ -403,7 +420,7 @@ int main(int argc, char **argv)
     int status = 0;
     for (int w = 0; w < n_want; w++) {
         const struct bench_config *c = want[w];
-        if (c->llama) {
+        if (c->family) {
             status |= bench_llama_config(build, dir, data, torchrun, llama_script, llama_peer, c, rounds);
             continue;
         }

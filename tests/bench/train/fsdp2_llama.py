@@ -1,5 +1,6 @@
-"""PyTorch FSDP2 peer of bench_train's Llama configs: transformers' LlamaForCausalLM trained under torchrun
-with fully_shard on every LlamaDecoderLayer and then on the root (FULL_SHARD-like, gloo), the step fsdpc's
+"""PyTorch FSDP2 peer of bench_train's Llama-style configs: transformers' own model of the family
+(LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM: --family) trained under torchrun with fully_shard on
+every decoder layer and then on the root (FULL_SHARD-like, gloo), the step fsdpc's
 fsdp-worker runs: forward, cross-entropy over every position in fp32, backward, clip_grad_norm_(1.0),
 torch.optim.AdamW (weight decay 0.1 on 2-D tensors), on random tokens, the same per-rank batch on each rank.
 
@@ -20,9 +21,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM
 
 p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+p.add_argument("--family", choices=["llama", "qwen2", "qwen3"], default="llama")
+p.add_argument("--head_dim", type=int, default=0, help="0 = n_embd / n_head")
+p.add_argument("--rope_llama3", action="store_true",
+               help="Llama 3.1's rope scaling: factor 8, low 1, high 4, original context 64 (bench_train.c's)")
 p.add_argument("--n_layer", type=int, required=True)
 p.add_argument("--n_head", type=int, required=True)
 p.add_argument("--n_kv_head", type=int, required=True)
@@ -42,10 +46,22 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     torch.manual_seed(1234)
-    cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=a.n_embd, intermediate_size=a.intermediate_size,
-                      num_hidden_layers=a.n_layer, num_attention_heads=a.n_head, num_key_value_heads=a.n_kv_head,
-                      max_position_embeddings=a.seq, tie_word_embeddings=False, use_cache=False)
-    model = LlamaForCausalLM(cfg)
+    kw = dict(vocab_size=a.vocab, hidden_size=a.n_embd, intermediate_size=a.intermediate_size,
+              num_hidden_layers=a.n_layer, num_attention_heads=a.n_head, num_key_value_heads=a.n_kv_head,
+              max_position_embeddings=a.seq, tie_word_embeddings=False, use_cache=False)
+    if a.head_dim:
+        kw["head_dim"] = a.head_dim
+    if a.rope_llama3:
+        rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64}
+        # transformers 5 reads rope_parameters (with the base), 4.x rope_scaling
+        if "rope_parameters" in transformers.LlamaConfig.__init__.__code__.co_varnames:
+            kw["rope_parameters"] = dict(rope, rope_theta=10000.0)
+        else:
+            kw["rope_scaling"] = rope
+    classes = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+               "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}[a.family]
+    model = getattr(transformers, classes[1])(getattr(transformers, classes[0])(**kw))
     model.train()
     nparams = sum(q.numel() for q in model.parameters())
 
@@ -89,7 +105,8 @@ def main():
     if rank == 0:
         med = statistics.median(times)
         prec = "fsdp2-param-bf16" if a.param_dtype == "bf16" else "fp32"
-        print(f"peer=torch-{torch.__version__} transformers={transformers.__version__} mode=fsdp2 world={world} "
+        print(f"peer=torch-{torch.__version__} transformers={transformers.__version__} family={a.family} "
+              f"mode=fsdp2 world={world} "
               f"precision={prec} params={nparams} threads={torch.get_num_threads()} batch_per_rank={a.batch_per_rank} "
               f"seq={a.seq} steps_timed={len(times)} step_ms_median={med * 1e3:.1f} "
               f"tokens_per_s={world * a.batch_per_rank * a.seq / med:.0f}", flush=True)
