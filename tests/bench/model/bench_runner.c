@@ -57,11 +57,11 @@ double bench_cpu_now(void)
 
 /* ---- the per-op profile: a copy of the table whose entries time the real ones (CPU time: with one thread
  * the op's own time, undisturbed by other processes on the machine) ---- */
-enum prof_op { P_MATMUL_F, P_MATMUL_B, P_GEMM_HEAD, P_GEMM_FWD, P_GEMM_DX, P_GEMM_DW, P_LN_F, P_LN_B, P_RMS_F, P_RMS_B,
+enum prof_op { P_MATMUL_F, P_MATMUL_B, P_GEMM_HEAD, P_GEMM_NT, P_GEMM_NN, P_GEMM_TN, P_LN_F, P_LN_B, P_RMS_F, P_RMS_B,
                P_ROPE, P_ATT_F, P_ATT_B, P_GELU_F, P_GELU_B, P_SWIGLU_F, P_SWIGLU_B, P_RESID, P_EMB_F, P_EMB_B, P_XENT,
                P_ADAMW, P_SQNORM, P_MEMSET, P_CAST, P_HOLD, P_N };
 static const char *const prof_names[P_N] = {
-    "matmul_fwd", "matmul_bwd", "gemm_lm_head", "gemm_linear_fwd", "gemm_linear_dx", "gemm_linear_dw",
+    "matmul_fwd", "matmul_bwd", "gemm_lm_head", "gemm_nt", "gemm_nn", "gemm_tn",
     "layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "rope", "attention_fwd", "attention_bwd",
     "gelu_fwd", "gelu_bwd", "swiglu_fwd", "swiglu_bwd", "residual", "embedding_fwd", "embedding_bwd",
     "crossentropy", "adamw", "sqnorm", "mem_set", "cast", "operand_hold"};
@@ -89,15 +89,17 @@ static int p_matmul_b(float *dx, float *dw, float *db, const float *dy, const fl
     PROF(P_MATMUL_B, 2.0 * n * in * out * ((dx != NULL) + (dw != NULL)),
          real->matmul_backward(dx, dw, db, dy, x, w, n, in, out));
 }
-/* The models' GEMMs: y = x W^T (0, 1), dx = dy W (0, 0), dW += dy^T x (1, 0); the LM head's have the padded
- * vocabulary as a dimension. */
+/* The LM head's GEMMs have the padded vocabulary as a dimension; the others are named by their transposes,
+ * which mean different steps in different weight layouts: with nn.Linear's (out, in) weights (the
+ * Llama-style blocks) y = x W^T is nt, dx = dy W nn and dW += dy^T x tn; with GPT-2's Conv1D (in, out)
+ * weights, whose forward and weight gradients are matmul_fwd / matmul_bwd, the input gradient dy W^T is nt. */
 static int p_gemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
                   float beta, float *c, int ldc)
 {
     enum prof_op op = m == prof_vocab || n == prof_vocab || k == prof_vocab ? P_GEMM_HEAD
-                      : ta                                                 ? P_GEMM_DW
-                      : tb                                                 ? P_GEMM_FWD
-                                                                           : P_GEMM_DX;
+                      : ta                                                 ? P_GEMM_TN
+                      : tb                                                 ? P_GEMM_NT
+                                                                           : P_GEMM_NN;
     PROF(op, 2.0 * m * n * k, real->gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
 }
 static int p_ln_f(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b, int n, int c,
@@ -232,7 +234,7 @@ void bench_profile_print(int timed, double step_ms, double step_cpu_ms, double s
         if (prof_time[i] <= 0)
             continue;
         double gf = prof_flops[i] > 0 ? prof_flops[i] / prof_time[i] / 1e9 : 0.0;
-        if (i <= P_GEMM_DW)
+        if (i <= P_GEMM_TN)
             gemm += prof_time[i];
         printf("profile op=%s ms_per_step=%.2f share=%.3f gflops=%.1f frac_of_peak=%.3f\n", prof_names[i],
                1e3 * prof_time[i] / timed, prof_time[i] / tot, gf, gf / peak);
