@@ -186,6 +186,8 @@ def make_window(out, data, batch, block, steps):
         json.dump({"mistral": mean_loss(mistral, data, batch, block, steps),
                    "mistral_full": mean_loss(full, data, batch, block, steps),
                    "qwen2w": mean_loss(qwen, data, batch, block, steps)}, f)
+
+
 def make_qwen3(out, data, batch, block, steps):
     """An untied Qwen3ForCausalLM whose head_dim (16) is not hidden_size / num_attention_heads (48 / 4 = 12),
     every 1-D tensor (the norms, q_norm and k_norm included) moved off its init so that a mix-up shows, saved
