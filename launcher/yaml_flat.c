@@ -6,9 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <yaml.h>
 
 #include "common/error.h"
+#include "common/fs.h"
 
 #define MAX_DEPTH 8
 
@@ -162,15 +164,20 @@ static int node(struct reader *r, yaml_event_t *e, const char *key, int depth)
 int yaml_flat_read(const char *path, struct yaml_flat *out)
 {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return error_set(errno == ENOENT ? FSDP_ENOTFOUND : FSDP_EIO, "cannot open %s: %s", path, strerror(errno));
+    /* the type is checked before any blocking open: fopen of a FIFO with no writer would hang the launcher */
+    int fd = fs_open_regular(path, "accelerate config file");
+    if (fd < 0)
+        return fd;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        int e = errno;
+        close(fd);
+        return error_set(FSDP_EIO, "accelerate config file %s: cannot open: %s", path, strerror(e));
+    }
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > YAML_FLAT_MAX_BYTES) {
-        int rc = S_ISREG(st.st_mode)
-                     ? error_set(FSDP_EINVAL, "%s is %lld bytes; an accelerate config file is at most %d bytes", path,
-                                 (long long)st.st_size, YAML_FLAT_MAX_BYTES)
-                     : error_set(FSDP_EINVAL, "%s is not a regular file; name an accelerate config file", path);
+    if (fstat(fileno(f), &st) != 0 || st.st_size > YAML_FLAT_MAX_BYTES) {
+        int rc = error_set(FSDP_EINVAL, "%s is %lld bytes; an accelerate config file is at most %d bytes", path,
+                           (long long)st.st_size, YAML_FLAT_MAX_BYTES);
         fclose(f);
         return rc;
     }

@@ -1,6 +1,7 @@
 /* Unit tests of the launcher's configuration: SLURM hostlists, flag spellings, PET_* and SLURM_*. */
 #include <criterion/criterion.h>
 #include <ctype.h>
+#include <errno.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,8 @@
 #include <cjson/cJSON.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static void expect_hosts(const char *list, const char *const *want, size_t n)
 {
@@ -668,8 +671,30 @@ Test(args, yaml_errors_name_file_and_line)
     struct launch_args a;
     const char *missing[] = {"fsdp-launch", "--config_file", "/nonexistent/acc.yaml", "prog", NULL};
     cr_expect_eq(parse(&a, missing), FSDP_ENOTFOUND);
-    cr_expect(strstr(error_message(), "cannot open /nonexistent/acc.yaml"), "%s", error_message());
+    cr_expect(strstr(error_message(), "/nonexistent/acc.yaml: cannot open"), "%s", error_message());
     launch_args_free(&a);
+}
+
+/* A FIFO as --config_file is refused by its type before any read: a blocking open of a FIFO with no writer
+ * would hang the launcher (the test's timeout turns a hang into a failure). */
+Test(args, fifo_config_file_refused, .timeout = 20)
+{
+    clear_env();
+    char dir[] = "/tmp/fsdp-yaml-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof path, "%s/acc.yaml", dir);
+    cr_assert_eq(mkfifo(path, 0600), 0, "mkfifo %s: %s", path, strerror(errno));
+    struct launch_args a;
+    const char *argv[] = {"fsdp-launch", "--config_file", path, "prog", NULL};
+    int rc = parse(&a, argv);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", error_message());
+    launch_args_free(&a);
+    unlink(path);
+    rmdir(dir);
+    cr_expect_eq(rc, FSDP_EINVAL, "%s", msg);
+    cr_expect(strstr(msg, path) && strstr(msg, "is not a regular file (it is a FIFO)"), "%s", msg);
 }
 
 Test(args, print_config_json_names_origins)

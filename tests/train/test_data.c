@@ -4,7 +4,9 @@
 
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
+#include <errno.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -305,6 +307,19 @@ Test(data, bad_files_rejected_with_their_names)
     make_llmc(p, 300, 300, 256);
     o.vocab_size = 255;
     expect_open_error(p, &o, FSDP_EINVAL, "token 255");
+}
+
+/* A FIFO (or a directory) given as the token file is refused by its type before anything reads it: a
+ * blocking open of a FIFO with no writer would hang the rank forever. The timeout makes a hang a failure. */
+Test(data, fifo_or_directory_refused_naming_the_file, .timeout = 20)
+{
+    struct data_options o = opts(16, 4, DATA_ORDER_SEQUENTIAL, 0);
+    char p[160];
+    snprintf(p, sizeof p, "%s/tokens.fifo", tmpdir);
+    cr_assert_eq(mkfifo(p, 0600), 0, "mkfifo %s: %s", p, strerror(errno));
+    expect_open_error(p, &o, FSDP_EINVAL, "is not a regular file (it is a FIFO)");
+    cr_assert(strstr(error_message(), "token file"), "%s", error_message());
+    expect_open_error(tmpdir, &o, FSDP_EINVAL, "is not a regular file (it is a directory)");
 }
 
 /* A token file truncated under a running job: the next read fails naming the file instead of dying of

@@ -214,6 +214,23 @@ Test(config, missing_train_file, .timeout = 240)
     refused_in_training(2, "nodata", extra, want);
 }
 
+/* A FIFO as data.train_file: every rank refuses it by its type, naming the file, instead of blocking in
+ * open() forever (the wait in every_rank_refuses is bounded, so a hang fails the test). */
+Test(config, fifo_as_train_file, .timeout = 240)
+{
+    struct tt_ctx c;
+    tt_setup(&c);
+    char fifo[1100], arg[1200];
+    snprintf(fifo, sizeof fifo, "%s/train.fifo", c.dir);
+    cr_assert_eq(mkfifo(fifo, 0600), 0, "mkfifo %s: %s", fifo, strerror(errno));
+    snprintf(arg, sizeof arg, "--data.train_file=%s", fifo);
+    const char *extra[] = {arg, NULL};
+    const char *want[] = {fifo, "is not a regular file (it is a FIFO)", NULL};
+    every_rank_refuses(&c, 2, "fifo", extra, want, 2);
+    launcher_refuses(&c, 2, "fifo", extra, want, 2);
+    tt_teardown(&c);
+}
+
 Test(config, cuda_without_gpu, .timeout = 240)
 {
     if (access("/dev/nvidiactl", F_OK) == 0)

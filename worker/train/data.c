@@ -1,6 +1,7 @@
 #include "worker/train/data.h"
 
 #include "common/error.h"
+#include "common/fs.h"
 #include "common/log.h"
 
 #include <errno.h>
@@ -235,15 +236,15 @@ int data_open(const char *path, const struct data_options *opt, struct data_file
         goto fail;
     }
     d->opt = *opt;
-    fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* checks the type before a blocking open: a FIFO given as train_file or val_file would hang the rank */
+    fd = fs_open_regular(path, "token file");
     if (fd < 0) {
-        rc = error_set(errno == ENOENT ? FSDP_ENOTFOUND : FSDP_EIO, "%s: cannot open token file: %s", path,
-                       strerror(errno));
+        rc = fd;
         goto fail;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        rc = error_set(FSDP_EINVAL, "%s: not a regular file", path);
+    if (fstat(fd, &st) != 0) {
+        rc = error_set(FSDP_EIO, "token file %s: cannot stat: %s", path, strerror(errno));
         goto fail;
     }
     if (st.st_size == 0) {
