@@ -5,10 +5,14 @@
  * connections without the token is passed all along). The job must end with the losses of an undisturbed
  * run, the logs stay under 1 MB and the launcher's RSS, watched from the attack's start, under the store's
  * documented budget (64 MiB plus 8 KiB per connection without the token, 1024 of them) plus 64 MiB (in the
- * plain build). Prints the figures as a bench= line. */
+ * plain build). The attack must have landed, by the hostile clients' own record (hostile.json): they
+ * connected, the store's budget refused MULTI_GET bombs and its cap closed idle connections while the
+ * launcher ran. Prints the figures as bench= lines. */
 #include "tests/util/launch_util.h"
 
 #include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -18,6 +22,7 @@
 #include <sys/wait.h>
 
 #include "rendezvous/store_protocol.h"
+#include "tests/util/tu_summary.h"
 
 #define TINY                                                                                                   \
     "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nvocab_size = 256\nblock_size = 16\n"                       \
@@ -80,9 +85,138 @@ static void h_request(struct store_buf *b, uint8_t op)
     store_buf_put_u8(b, op);
 }
 
-/* ready: written once the flood, the bombs and the slowloris clients are in place */
-static void hostile(int store_port, int status_port, const char *run_id, int ready)
+/* What the hostile clients saw, so the test can check the attack landed rather than passing because it
+ * missed: written as one JSON record (tmp + rename) each time the launcher is seen alive after the
+ * observations it holds, so closures caused by the launcher's own exit are never counted. */
+struct tally {
+    long idle_opened, idle_closed_early, idle_closed_late, bombs_sent, bombs_refused, bombs_answered, guesses,
+        hello_answered, auth_refused;
+};
+
+/* An idle connection and when it was opened; fd -1 once the server was seen closing it. */
+struct idle_conn {
+    int fd;
+    double opened;
+};
+
+#define MAX_TRACKED 8192
+/* The store closes a connection that has not finished its handshake after 10 s (its idle timeout): one
+ * closed well before that was closed by the cap on connections without the token. */
+#define CAP_CLOSE_BEFORE_S 8.0
+
+/* The launcher lives (not exited, not a zombie the test has yet to reap). */
+static bool launcher_alive(pid_t pid)
 {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return false;
+    buf[n] = 0;
+    const char *paren = strrchr(buf, ')');
+    return paren && paren[1] == ' ' && paren[2] != 'Z' && paren[2] != 'X';
+}
+
+static void tally_write(const struct tally *t, const char *path)
+{
+    char tmp[2300], text[600];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int n = snprintf(text, sizeof text,
+                     "{\"idle_opened\":%ld,\"idle_closed_early\":%ld,\"idle_closed_late\":%ld,\"bombs_sent\":%ld,"
+                     "\"bombs_refused\":%ld,\"bombs_answered\":%ld,\"guesses\":%ld,\"hello_answered\":%ld,"
+                     "\"auth_refused\":%ld}\n",
+                     t->idle_opened, t->idle_closed_early, t->idle_closed_late, t->bombs_sent, t->bombs_refused,
+                     t->bombs_answered, t->guesses, t->hello_answered, t->auth_refused);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return;
+    bool ok = write(fd, text, (size_t)n) == n;
+    close(fd);
+    if (ok)
+        rename(tmp, path);
+}
+
+/* Readiness of a connection the client never reads from: 1 the server closed it having sent nothing,
+ * 2 bytes arrived, 0 nothing yet (checked with a peek, so a reply stays unread). */
+static int h_peek(int fd)
+{
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    if (poll(&pf, 1, 0) <= 0)
+        return 0;
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0)
+        return 2;
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+        return 1;
+    return 0;
+}
+
+/* Looks at every tracked idle connection and bomb: closures found go to *pend (committed by the caller
+ * only once the launcher is seen alive afterwards). */
+static void h_observe(struct idle_conn *idle, long n_idle, int *bombs, int n_bombs, struct tally *pend)
+{
+    double now = tu_now();
+    for (long i = 0; i < n_idle; i++) {
+        if (idle[i].fd < 0 || h_peek(idle[i].fd) == 0)
+            continue;
+        if (now - idle[i].opened < CAP_CLOSE_BEFORE_S)
+            pend->idle_closed_early++;
+        else
+            pend->idle_closed_late++;
+        close(idle[i].fd);
+        idle[i].fd = -1;
+    }
+    for (int i = 0; i < n_bombs; i++) {
+        int r = bombs[i] < 0 ? 0 : h_peek(bombs[i]);
+        if (r == 1) {
+            pend->bombs_refused++;
+            close(bombs[i]);
+            bombs[i] = -1;
+        } else if (r == 2) {
+            pend->bombs_answered++;
+            bombs[i] = -1; /* kept open and unread: the reply stays queued at the server */
+        }
+    }
+}
+
+static void tally_commit(struct tally *t, struct tally *pend)
+{
+    t->idle_closed_early += pend->idle_closed_early;
+    t->idle_closed_late += pend->idle_closed_late;
+    t->bombs_refused += pend->bombs_refused;
+    t->bombs_answered += pend->bombs_answered;
+    memset(pend, 0, sizeof *pend);
+}
+
+/* A guess's connection, just before it is closed: the HELLO answer (u8 OK, u16 version, u64 length, nonce)
+ * and, if the throttle let it be checked in time, the AUTH refusal that follows. */
+static void h_guess_replies(int fd, struct tally *t)
+{
+    uint8_t buf[256];
+    ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n < 1 || buf[0] != STORE_ST_OK)
+        return;
+    t->hello_answered++;
+    if (n < 11)
+        return;
+    uint64_t len = 0;
+    memcpy(&len, buf + 3, 8); /* little-endian on the machines this runs on */
+    if (len < 64 && (ssize_t)(11 + len) < n && buf[11 + len] == STORE_ST_REFUSED)
+        t->auth_refused++;
+}
+
+/* ready: written once the flood, the bombs and the slowloris clients are in place */
+static void hostile(int store_port, int status_port, const char *run_id, int ready, pid_t launcher,
+                    const char *tally_path)
+{
+    static struct idle_conn idle[MAX_TRACKED];
+    long n_idle = 0;
+    struct tally t = {0}, pend = {0};
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
         rl.rlim_cur = rl.rlim_max;
@@ -107,8 +241,13 @@ static void hostile(int store_port, int status_port, const char *run_id, int rea
         store_buf_put_bytes(&b, val, sizeof val);
         h_send(setter, &b);
     }
-    for (int i = 0; i < 1000; i++)
-        (void)h_connect(store_port); /* idle */
+    for (int i = 0; i < 1000; i++) {
+        int fd = h_connect(store_port); /* idle */
+        if (fd >= 0)
+            idle[n_idle++] = (struct idle_conn){fd, tu_now()};
+    }
+    t.idle_opened = n_idle;
+    int bombs[40];
     for (int i = 0; i < 40; i++) {
         h_request(&b, STORE_OP_MULTI_GET);
         store_buf_put_u64(&b, 7);
@@ -117,7 +256,9 @@ static void hostile(int store_port, int status_port, const char *run_id, int rea
             snprintf(key, sizeof key, "/v%d", k);
             store_buf_put_str(&b, key);
         }
-        h_send(h_connect(store_port), &b);
+        bombs[i] = h_connect(store_port);
+        h_send(bombs[i], &b);
+        t.bombs_sent += bombs[i] >= 0;
     }
     static char key[8000];
     for (int i = 0; i < 20; i++) {
@@ -142,9 +283,14 @@ static void hostile(int store_port, int status_port, const char *run_id, int rea
     close(ready);
     /* AUTH guessing until the end, one header byte per slowloris client every half second, and one more
      * idle connection per guess (the store stays over its cap while the ranks join) */
-    double next_drip = tu_now();
+    double next_drip = tu_now(), next_look = tu_now();
+    bool counting = true;
     uint8_t nonce[32] = {7}, mac[32] = {0};
     while (tu_now() < end) {
+        if (counting && tu_now() >= next_look) {
+            h_observe(idle, n_idle, bombs, 40, &pend);
+            next_look = tu_now() + 0.1;
+        }
         if (tu_now() >= next_drip) {
             for (int i = 0; i < 50; i++)
                 if (slow[i] >= 0)
@@ -160,10 +306,25 @@ static void hostile(int store_port, int status_port, const char *run_id, int rea
         store_buf_put_u8(&b, STORE_OP_AUTH);
         store_buf_put_bytes(&b, mac, sizeof mac);
         h_send(fd, &b);
-        (void)h_connect(store_port);
+        t.guesses += fd >= 0;
+        int more = h_connect(store_port);
+        if (more >= 0 && n_idle < MAX_TRACKED) {
+            idle[n_idle++] = (struct idle_conn){more, tu_now()};
+            t.idle_opened++;
+        }
+        /* the store accepted a connection after the look and the launcher still runs: what the look saw
+         * happened under the live launcher, not at its exit; after its exit nothing more is counted */
+        if (counting && more >= 0 && launcher_alive(launcher)) {
+            tally_commit(&t, &pend);
+            tally_write(&t, tally_path);
+        } else if (counting && !launcher_alive(launcher)) {
+            counting = false;
+        }
         tu_nap(0.01);
-        if (fd >= 0)
+        if (fd >= 0) {
+            h_guess_replies(fd, &t);
             close(fd);
+        }
     }
     _exit(0);
 }
@@ -272,13 +433,15 @@ Test(store_load, job_trains_through_hostile_clients, .timeout = 180)
     cr_assert_gt(store_port, 0, "no store port: %s", lu_slurp_tag(loud.dir, "job", "err"));
     cr_assert_gt(status_port, 0, "no status port: %s", lu_slurp_tag(loud.dir, "job", "err"));
     /* The attack starts before the ranks do: their handshakes meet the flood. */
+    char tally_path[2200];
+    snprintf(tally_path, sizeof tally_path, "%s/hostile.json", root);
     int ready[2];
     cr_assert_eq(pipe(ready), 0);
     pid_t h = fork();
     cr_assert_geq(h, 0);
     if (h == 0) {
         close(ready[0]);
-        hostile(store_port, status_port, "loud", ready[1]);
+        hostile(store_port, status_port, "loud", ready[1], loud.pid, tally_path);
     }
     close(ready[1]);
     /* the launcher's RSS is watched from the attack's start */
@@ -316,6 +479,23 @@ Test(store_load, job_trains_through_hostile_clients, .timeout = 180)
            "same_losses=%d\n", took, peak, BUDGET_KB + SLACK_KB, log_bytes, strcmp(lq, ll) == 0);
     fflush(stdout);
     cr_assert_str_eq(ll, lq, "the losses under load differ");
+    /* The attack landed: the clients connected, the budget refused bombs and the cap closed idle
+     * connections (before the store's 10 s handshake deadline could have), all while the launcher ran. */
+    char *tally = tu_slurp(tally_path);
+    cr_assert_not_null(tally, "the hostile clients wrote no tally (%s): they never saw the launcher alive",
+                       tally_path);
+    cJSON *tj = cJSON_Parse(tally);
+    cr_assert_not_null(tj, "tally: %s", tally);
+    printf("bench=store_hostile_tally %s", tally);
+    fflush(stdout);
+    cr_assert_geq(tu_json_num(tj, "idle_opened"), 1000, "too few idle connections got in: %s", tally);
+    cr_assert_gt(tu_json_num(tj, "bombs_sent"), 0, "no MULTI_GET bomb got in: %s", tally);
+    cr_assert_gt(tu_json_num(tj, "guesses"), 0, "no AUTH guess got in: %s", tally);
+    cr_assert_gt(tu_json_num(tj, "hello_answered"), 0, "no guess reached the AUTH step: %s", tally);
+    cr_assert_gt(tu_json_num(tj, "bombs_refused"), 0, "the store's budget refused no MULTI_GET bomb: %s", tally);
+    cr_assert_gt(tu_json_num(tj, "idle_closed_early"), 0, "the store's cap closed no idle connection: %s", tally);
+    cJSON_Delete(tj);
+    free(tally);
     /* Under AddressSanitizer (quarantine, shadow memory, redzones) RSS says nothing about what the store
      * holds: the bound is held in the plain build. */
     cr_assert(!RSS_MEANS_HELD || peak < BUDGET_KB + SLACK_KB, "the launcher's RSS reached %ld kB, over the %ld kB of "
