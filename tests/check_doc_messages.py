@@ -2,8 +2,8 @@
 """Every message the user guide quotes must be one the programs can print.
 
 The convention (docs/architecture.md, "Messages quoted in the docs"): in a page of docs/, a message a
-program prints is quoted as an inline code span either on a line that starts with `> ` (a quote line; each
-code span on it is a message) or in the first column of a table whose first header is `symptom` (each
+program prints is quoted as an inline code span either on a line that starts with `> ` (a quote line,
+indented or not, as under a list item; each code span on it is a message) or in the first column of a table whose first header is `symptom` (each
 code span of that column is a message). In a quoted message `...` stands for any text, and a word in
 capitals or a number (ADDR, PORT, N, DIR, 29500) stands for a value the program fills in; the rest must
 appear as written. So do a 'single-quoted value' and a file name or path (a word with a dot or a slash,
@@ -162,7 +162,7 @@ def quoted_messages(path):
                 continue
             if in_fence:
                 continue
-            if s.startswith("> "):
+            if s.lstrip(" ").startswith("> "):
                 out.extend((no, m) for m in CODE_SPAN.findall(s))
                 continue
             if s.startswith("|"):

@@ -2,7 +2,7 @@
 """Shows that check_doc_messages.py fails where it should: on a throwaway tree, quotes of messages the
 sources print (values as capitals, numbers, 'quoted' words and paths; layers joined with `...`; formats
 split over lines, with %% and a PRId64-style macro) must pass, and each stale quote (in a symptom table and
-on a `> ` line) must be reported, while code spans elsewhere (other tables, prose, fenced blocks) are not
+on a `> ` line, also one indented under a list item) must be reported, while code spans elsewhere (other tables, prose, fenced blocks) are not
 messages. Usage: check_doc_messages_selftest.py PATH_TO_check_doc_messages.py"""
 import os
 import subprocess
@@ -51,6 +51,12 @@ STALE_TABLE = '''| symptom | cause |
 STALE_QUOTE = '''> `join timeout: node ranks 2, 3 (host ...) never joined`
 '''
 
+# a quote line indented under a list item is a quote line too
+STALE_LIST_QUOTE = '''- an item:
+
+  > `the store refused nothing at all`
+'''
+
 
 def write(root, path, text):
     full = os.path.join(root, path)
@@ -74,10 +80,11 @@ def main():
         if rc != 0 or '4 quoted messages, 0' not in out:
             print(f'FAIL: the good page was refused or miscounted (rc {rc}):\n{out}')
             failures += 1
-        write(root, 'docs/stale.md', STALE_TABLE + '\n' + STALE_QUOTE)
+        write(root, 'docs/stale.md', STALE_TABLE + '\n' + STALE_QUOTE + '\n' + STALE_LIST_QUOTE)
         rc, out = run(checker, root)
         for needle in ('docs/stale.md:3: no program prints `fsdp-launch: port 29500',
-                       'docs/stale.md:5: no program prints `join timeout'):
+                       'docs/stale.md:5: no program prints `join timeout',
+                       'docs/stale.md:9: no program prints `the store refused nothing'):
             if rc != 1 or needle not in out:
                 print(f'FAIL: expected "{needle}" and exit 1, got rc {rc}:\n{out}')
                 failures += 1
