@@ -989,3 +989,22 @@ Test(ckpt_tool, fifo_as_a_shard_is_refused, .timeout = 60)
     cr_assert(strstr(out, weights) && strstr(out, "not a regular file"), "%s", out);
     model_layout_free(&l);
 }
+
+/* A FIFO as eval's --data token file: refused by its type, naming it, not waited on for a writer. */
+Test(ckpt_tool, fifo_as_eval_data_is_refused, .timeout = 60)
+{
+    struct model_layout l;
+    ct_layout(&l, 77);
+    ct_save_sharded(dir, &l, 9, 2, 2, 3, 0);
+    char data[128], target[128];
+    snprintf(data, sizeof data, "%s/val.fifo", dir);
+    cr_assert_eq(mkfifo(data, 0644), 0, "mkfifo: %s", strerror(errno));
+    snprintf(target, sizeof target, "%s:latest", dir);
+    int rc = run_with_alarm((char *[]){(char *)tool(), "eval", target, "--data", data, "--steps", "1", "--batch", "2",
+                                       NULL},
+                            out, sizeof out, 20);
+    cr_assert_neq(rc, 128 + SIGALRM, "fsdp-ckpt eval hung on the FIFO %s", data);
+    cr_assert_eq(rc, 1, "%s", out);
+    cr_assert(strstr(out, data) && strstr(out, "is not a regular file (it is a FIFO)"), "%s", out);
+    model_layout_free(&l);
+}
