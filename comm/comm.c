@@ -4,6 +4,7 @@
  * group and this rank, and make the communicator broken: once one collective failed the ranks are out of
  * step, so later ones fail fast. */
 #include "comm/comm_internal.h"
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/settings.h"
@@ -143,7 +144,7 @@ static void progress_run(struct comm_queue *q, struct comm_work *w)
         rc = work_skip(w);
     } else {
         pthread_mutex_unlock(&q->mu);
-        w->req.deadline = comm_now_s() + c->info.timeout_s;
+        w->req.deadline = clock_now_s() + c->info.timeout_s;
         error_clear();
         rc = run_work(c, w);
         work_fail_msg(w, rc);
@@ -163,7 +164,7 @@ static void progress_launch(struct comm_queue *q, struct comm_work *w)
         rc = work_skip(w);
     } else {
         pthread_mutex_unlock(&q->mu);
-        w->req.deadline = comm_now_s() + c->info.timeout_s; /* for the enqueue itself */
+        w->req.deadline = clock_now_s() + c->info.timeout_s; /* for the enqueue itself */
         error_clear();
         rc = c->be->launch(c->state, &w->req);
         work_fail_msg(w, rc);
@@ -190,7 +191,7 @@ static bool progress_poll(struct comm_queue *q, struct comm_work *w)
     }
     if (!w->polled) {
         w->polled = true;
-        w->req.deadline = comm_now_s() + c->info.timeout_s;
+        w->req.deadline = clock_now_s() + c->info.timeout_s;
     }
     pthread_mutex_unlock(&q->mu);
     bool done = false;
@@ -210,7 +211,7 @@ static bool progress_poll(struct comm_queue *q, struct comm_work *w)
  * doubling to 1 ms. */
 static void progress_nap(struct comm_queue *q, double t0, long *nap_ns)
 {
-    if (comm_now_s() - t0 < 1e-4) {
+    if (clock_now_s() - t0 < 1e-4) {
         pthread_mutex_unlock(&q->mu);
         sched_yield();
         pthread_mutex_lock(&q->mu);
@@ -246,7 +247,7 @@ static void *progress_main(void *arg)
         } else if (inflight) {
             if (q->head != oldest) {
                 oldest = q->head;
-                t0 = comm_now_s();
+                t0 = clock_now_s();
                 nap_ns = 20000;
             }
             if (!progress_poll(q, q->head))
@@ -525,12 +526,12 @@ int comm_split(struct comm *c, int color, int key, struct comm **out)
     if (!e)
         return error_set(FSDP_ENOMEM, "comm_split: out of memory");
     int m = 0, me = -1;
-    double deadline = comm_now_s() + c->info.timeout_s;
+    double deadline = clock_now_s() + c->info.timeout_s;
     for (int r = 0; r < size; r++) {
         snprintf(k, sizeof(k), "%s/split%d/%d", c->info.key_prefix, n, r);
         void *val = NULL;
         size_t len = 0;
-        double left = deadline - comm_now_s();
+        double left = deadline - clock_now_s();
         if ((rc = store_client_get(c->info.store, k, &val, &len, left > 0.01 ? left : 0.01)) != 0) {
             rc = error_set(rc, "comm_split #%d of group '%s': rank %d did not arrive: %s", n, c->info.group, r,
                            error_message());

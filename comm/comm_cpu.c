@@ -8,6 +8,7 @@
  * an f32 sum is (sum of host 0's ranks in rank order) + (host 1's) + ..., the same for every run with the
  * same layout. */
 #include "comm/comm_internal.h"
+#include "common/clock.h"
 #include "comm/comm_mem.h"
 #include "comm/comm_shm.h"
 #include "comm/comm_tcp.h"
@@ -114,7 +115,7 @@ static int setup_shm(struct cpu_state *st, const struct comm_info *info, double 
     } else {
         void *v = NULL;
         size_t vl = 0;
-        double left = deadline - comm_now_s();
+        double left = deadline - clock_now_s();
         FSDP_TRY(store_client_get(info->store, key, &v, &vl, left > 0.01 ? left : 0.01));
         snprintf(name, sizeof(name), "%s", (char *)v);
         free(v);
@@ -122,7 +123,7 @@ static int setup_shm(struct cpu_state *st, const struct comm_info *info, double 
     }
     /* Unlink once everyone has mapped it: from then on a crash cannot leave anything in /dev/shm. */
     snprintf(key, sizeof(key), "%s/shm_mapped/%d", info->key_prefix, st->host);
-    double left = deadline - comm_now_s();
+    double left = deadline - clock_now_s();
     FSDP_TRY_GOTO(store_client_barrier(info->store, key, st->nlocal, left > 0.01 ? left : 0.01), rc, mapped);
 mapped:
     if (st->local_rank == 0)
@@ -147,7 +148,7 @@ static int cpu_init(const struct comm_info *info, void **state)
     st->leader = calloc((size_t)info->size, sizeof(int));
     st->local_count = calloc((size_t)info->size, sizeof(int));
     char **ids = calloc((size_t)info->size, sizeof(char *));
-    double deadline = comm_now_s() + info->timeout_s;
+    double deadline = clock_now_s() + info->timeout_s;
     if (!st->host_of || !st->leader || !st->local_count || !ids) {
         rc = error_set(FSDP_ENOMEM, "comm cpu: out of memory");
         goto out;
@@ -159,7 +160,7 @@ static int cpu_init(const struct comm_info *info, void **state)
     for (int r = 0; r < info->size; r++) {
         snprintf(key, sizeof(key), "%s/host/%d", info->key_prefix, r);
         size_t len = 0;
-        double left = deadline - comm_now_s();
+        double left = deadline - clock_now_s();
         if ((rc = store_client_get(info->store, key, (void **)&ids[r], &len, left > 0.01 ? left : 0.01)) != 0) {
             rc = error_set(rc, "rank %d never published its host id: %s", r, error_message());
             goto out;

@@ -4,6 +4,7 @@
 #define FSDP_COMM_INTERNAL_H
 
 #include "comm/comm.h"
+#include "common/clock.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -28,7 +29,7 @@ struct comm_req {
     enum comm_op op;
     int peer; /* root for broadcast */
     uint64_t seq;
-    double deadline; /* monotonic seconds (comm_now_s) by which every wait of this request gives up */
+    double deadline; /* clock_now_s() seconds (common/clock.h) by which every wait of this request gives up */
     /* COMM_K_SENDRECV: the point-to-point operations to run together (a copy owned by the request). */
     const struct comm_p2p *p2p;
     int np2p;
@@ -107,7 +108,6 @@ const struct comm_backend *comm_backend_cpu(void);
 const struct comm_backend *comm_backend_nccl(void);
 
 /* comm_request.c, used by the core and the backends alike. */
-double comm_now_s(void);
 const char *comm_kind_name(enum comm_kind kind);
 
 /* dst[i] = srcs[0][i] (op) srcs[1][i] (op) ... in that order, accumulated in f32, then divided by

@@ -17,6 +17,7 @@
  * waiting. A batch of sends and receives (comm_sendrecv) is one
  * NCCL group. */
 #include "comm/comm_internal.h"
+#include "common/clock.h"
 #include "comm/comm_nccl.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -47,7 +48,7 @@ struct nccl_state {
  * then naps of *nap_ns, doubling to 1 ms. */
 static bool nccl_pause(double t0, double deadline, long *nap_ns)
 {
-    double now = comm_now_s();
+    double now = clock_now_s();
     if (now >= deadline)
         return false;
     if (now - t0 < 1e-4) {
@@ -62,7 +63,7 @@ static bool nccl_pause(double t0, double deadline, long *nap_ns)
 
 static ncclResult_t nccl_settle(ncclComm_t comm, double deadline)
 {
-    double t0 = comm_now_s();
+    double t0 = clock_now_s();
     long nap_ns = 20000;
     for (;;) {
         ncclResult_t state = ncclInProgress;
@@ -80,7 +81,7 @@ static ncclResult_t nccl_settle(ncclComm_t comm, double deadline)
  * there, ncclInProgress at the deadline. */
 static ncclResult_t nccl_wait_handle(ncclComm_t volatile *handle, double deadline)
 {
-    double t0 = comm_now_s();
+    double t0 = clock_now_s();
     long nap_ns = 20000;
     while (!*handle)
         if (!nccl_pause(t0, deadline, &nap_ns))
@@ -141,7 +142,7 @@ static void nccl_fini(void *state)
          * this rank from exiting: past the timeout the communicator is aborted instead. */
         ncclResult_t r = ncclCommFinalize(st->comm);
         if (r == ncclInProgress)
-            r = nccl_settle(st->comm, comm_now_s() + st->timeout_s);
+            r = nccl_settle(st->comm, clock_now_s() + st->timeout_s);
         if (r == ncclSuccess)
             r = ncclCommDestroy(st->comm);
         else
@@ -211,7 +212,7 @@ static int nccl_init(const struct comm_info *info, void **state)
     ncclUniqueId uid;
     memcpy(uid.internal, id, COMM_NCCL_ID_BYTES);
     ncclConfig_t cfg = nccl_config(st->group);
-    double deadline = comm_now_s() + info->timeout_s;
+    double deadline = clock_now_s() + info->timeout_s;
     ncclResult_t r = ncclCommInitRankConfig(&st->comm, info->size, uid, info->rank, &cfg);
     /* nonblocking: ncclSuccess can still leave the communicator initialising (as with the split) */
     if ((r == ncclInProgress || r == ncclSuccess) && st->comm)
@@ -265,7 +266,7 @@ static int nccl_split(void *parent_state, const struct comm_info *child_info, in
     cudaSetDevice(p->device);
     ncclConfig_t cfg = nccl_config(child_info ? child_info->group : p->group);
     ncclComm_t nc = NULL;
-    double deadline = comm_now_s() + p->timeout_s;
+    double deadline = clock_now_s() + p->timeout_s;
     ncclResult_t r = ncclCommSplit(p->comm, st && color >= 0 ? color : NCCL_SPLIT_NOCOLOR, key, &nc, &cfg);
     /* Nonblocking, the split is an operation of the parent: NCCL writes the child's handle into nc only when
      * the parent's state leaves ncclInProgress (NCCL issue 1472), and the child may then still be
@@ -355,7 +356,7 @@ static int nccl_poll(void *state, struct comm_req *q, bool *done)
         return error_set(FSDP_ECLOSED, "NCCL reported %s (a peer probably died); communicator aborted",
                          ncclGetErrorString(ar));
     }
-    if (comm_now_s() >= q->deadline) {
+    if (clock_now_s() >= q->deadline) {
         ncclCommAbort(st->comm);
         st->comm = NULL;
         return error_set(FSDP_ETIMEDOUT, "NCCL did not complete in time (some rank did not arrive; NCCL cannot "

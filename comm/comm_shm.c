@@ -17,6 +17,7 @@
  * by the read, dropped by the first operation that does not read them again), since every page mapped
  * here counts in this process's RSS as users measure it (peer_span_keep, peer_spans_retire). */
 #include "comm/comm_shm.h"
+#include "common/clock.h"
 #include "comm/comm_internal.h"
 #include "comm/comm_mem.h"
 #include "common/error.h"
@@ -395,7 +396,7 @@ int shm_barrier(struct shm_group *g, double deadline)
             shm_abort(g, why);
             return error_set(FSDP_ECLOSED, "%s; look at that rank's log and exit status for the cause", why);
         }
-        double now = comm_now_s();
+        double now = clock_now_s();
         if (now >= deadline) {
             char why[400];
             snprintf(why, sizeof(why), "rank%s %s did not arrive at the shared-memory barrier in time",

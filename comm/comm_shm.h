@@ -39,7 +39,7 @@ int shm_group_attach(const char *name, bool create, int local_rank, int n, const
 void shm_group_ready(struct shm_group *g);
 void shm_group_detach(struct shm_group *g);
 
-/* All wait until deadline (comm_now_s); a dead peer (its pid gone or a zombie) or a rank that aborted
+/* All wait until deadline (clock_now_s); a dead peer (its pid gone or a zombie) or a rank that aborted
  * makes every rank fail with a message naming it. */
 int shm_barrier(struct shm_group *g, double deadline);
 int shm_all_gather(struct shm_group *g, const void *in, void *out, size_t bytes_per_rank, double deadline);

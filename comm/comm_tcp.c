@@ -1,5 +1,6 @@
 /* TCP mesh and the poll()-driven exchange used for everything that crosses hosts (and for send/recv). */
 #include "comm/comm_tcp.h"
+#include "common/clock.h"
 #include "comm/comm_internal.h"
 #include "common/error.h"
 #include "rendezvous/store.h"
@@ -27,7 +28,7 @@ struct tcp_mesh {
 
 static int poll_ms(double deadline)
 {
-    double left = deadline - comm_now_s();
+    double left = deadline - clock_now_s();
     if (left <= 0)
         return 0;
     return left > 0.5 ? 500 : (int)(left * 1000) + 1;
@@ -57,7 +58,7 @@ static int io_full(int fd, void *buf, size_t len, bool wr, double deadline)
             return FSDP_ECLOSED;
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
             return FSDP_EIO;
-        if (comm_now_s() >= deadline)
+        if (clock_now_s() >= deadline)
             return FSDP_ETIMEDOUT;
         struct pollfd pf = {.fd = fd, .events = wr ? POLLOUT : POLLIN};
         poll(&pf, 1, poll_ms(deadline));
@@ -84,7 +85,7 @@ static int connect_to(const char *host, const char *port, double deadline, int *
         goto fail;
     }
     struct pollfd pf = {.fd = fd, .events = POLLOUT};
-    while (comm_now_s() < deadline && poll(&pf, 1, poll_ms(deadline)) == 0) {
+    while (clock_now_s() < deadline && poll(&pf, 1, poll_ms(deadline)) == 0) {
     }
     int err = 0;
     socklen_t el = sizeof(err);
@@ -150,7 +151,7 @@ int tcp_mesh_create(struct store_client *store, const char *key_prefix, int rank
         snprintf(key, sizeof(key), "%s/tcp/%d", key_prefix, peer);
         void *v = NULL;
         size_t vl = 0;
-        double left = deadline - comm_now_s();
+        double left = deadline - clock_now_s();
         FSDP_TRY_GOTO(store_client_get(store, key, &v, &vl, left > 0.01 ? left : 0.01), rc, fail);
         char ph[128] = "", pp[16] = "";
         sscanf((char *)v, "%127s %15s", ph, pp);
@@ -172,7 +173,7 @@ int tcp_mesh_create(struct store_client *store, const char *key_prefix, int rank
                 rc = error_set(FSDP_EIO, "tcp: accept: %s", strerror(errno));
                 goto fail;
             }
-            if (comm_now_s() >= deadline) {
+            if (clock_now_s() >= deadline) {
                 char miss[256] = "";
                 size_t ml = 0;
                 for (int p = rank + 1; p < size && ml < sizeof(miss) - 16; p++)
@@ -244,7 +245,7 @@ int tcp_exchange(struct tcp_mesh *m, struct tcp_xfer *x, int nx, double deadline
         }
         if (np == 0)
             return 0;
-        if (comm_now_s() >= deadline) {
+        if (clock_now_s() >= deadline) {
             char miss[256] = "";
             size_t ml = 0;
             for (int k = 0; k < np && ml < sizeof(miss) - 16; k++)

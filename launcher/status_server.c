@@ -95,20 +95,6 @@ struct status_server {
     int64_t eta_step0;
 };
 
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static double wall_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void curve_push(struct curve *c, double x, double y)
 {
     if (!c->x) {
@@ -156,14 +142,14 @@ static void take_record(struct status_server *s, int r, char *text)
     cJSON_Delete(rs->record);
     rs->record_text = text;
     rs->record = o;
-    rs->changed_mono = mono_s();
+    rs->changed_mono = clock_now_s();
     if (r != 0)
         return;
     int64_t step = (int64_t)num(o, "step", 0);
     if (step != s->last_step) {
         if (s->eta_step0 < 0 || step < s->last_step) {
             s->eta_step0 = step;
-            s->eta_mono0 = mono_s();
+            s->eta_mono0 = clock_now_s();
         }
         s->last_step = step;
         double l = num(o, "loss", NAN), t = num(o, "tokens_per_s", NAN);
@@ -244,7 +230,7 @@ static cJSON *snapshot(struct status_server *s)
     cJSON *o = cJSON_CreateObject();
     if (!o)
         return NULL;
-    double now = mono_s();
+    double now = clock_now_s();
     pthread_mutex_lock(&s->mu);
     cJSON_AddStringToObject(o, "run_id", s->run_id);
     cJSON_AddBoolToObject(o, "live", true);
@@ -673,7 +659,7 @@ static void accept_error_cb(struct evconnlistener *l, void *http)
     struct status_server *s = servers_find(http);
     if (!s) /* not one of ours (cannot happen): at least do not spin */
         return (void)evconnlistener_disable(l);
-    double now = mono_s();
+    double now = clock_now_s();
     if (s->accept_warned_s == 0 || now - s->accept_warned_s >= 1.0) {
         log_warn("status page: accept failed: %s (raise the open-files limit); pausing it 0.25 s at a time, %lu "
                  "failures not logged since the last warning", evutil_socket_error_to_string(err), s->accept_quiet);
@@ -727,8 +713,8 @@ int status_server_start(const struct status_server_options *opts, struct status_
     s->generation = -1;
     s->last_step = -1;
     s->eta_step0 = -1;
-    s->start_wall = wall_s();
-    s->start_mono = mono_s();
+    s->start_wall = clock_wall_s();
+    s->start_mono = clock_now_s();
     snprintf(s->bind_addr, sizeof s->bind_addr, "%s", addr);
     s->run_id = strdup(opts->run_id ? opts->run_id : "");
     s->store_host = strdup(opts->store_host ? opts->store_host : "127.0.0.1");
