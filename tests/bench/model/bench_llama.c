@@ -39,7 +39,7 @@
  * bench_train's 58M-parameter Llama with one rank's batch (8 layers of 512, 8/4 heads, width 1536). The
  * families' rows are S with the family's feature: qwen2-S its q/k/v biases; qwen3-S its q/k norms and
  * heads of 128 (q twice the stream's width, as Qwen3-0.6B's 16 x 128 on 1024); llama3-S Llama 3.1's rope
- * scaling. */
+ * scaling; mistral-S a sliding window of 64 over its 256 tokens. */
 static const struct bench_row rows[] = {
     {.name = "S", .family = "llama", 4, 256, 4, 2, 0, 768, 4096, 256, 8, .warmup = 2, .steps = 10},
     {.name = "M", .family = "llama", 12, 768, 12, 4, 0, 2048, 32000, 256, 4, .warmup = 1, .steps = 3},
@@ -48,9 +48,11 @@ static const struct bench_row rows[] = {
     {.name = "qwen3-S", .family = "qwen3", 4, 256, 4, 2, 128, 768, 4096, 256, 8, .warmup = 2, .steps = 10},
     {.name = "llama3-S", .family = "llama", 4, 256, 4, 2, 0, 768, 4096, 256, 8, .rope_llama3 = true, .warmup = 2,
      .steps = 10},
+    {.name = "mistral-S", .family = "mistral", 4, 256, 4, 2, 0, 768, 4096, 256, 8, .window = 64, .warmup = 2,
+     .steps = 10},
 };
 enum { NROWS = sizeof rows / sizeof rows[0] };
-static const char *const default_rows[] = {"S", "qwen2-S", "qwen3-S", "llama3-S"};
+static const char *const default_rows[] = {"S", "qwen2-S", "qwen3-S", "llama3-S", "mistral-S"};
 
 static int run_child(const struct bench_row *row, bool bf16, bool profile)
 {
@@ -82,10 +84,11 @@ static void torch_cmd(char *out, size_t cap, const char *py, const char *script,
     int hd = model_head_dim(&mc); /* explicit: Qwen3Config's default is 128, not n_embd / n_head */
     snprintf(out, cap,
              "OMP_NUM_THREADS=%d '%s' '%s' --family %s --n_layer %d --n_head %d --n_kv_head %d --n_embd %d "
-             "--head_dim %d --intermediate_size %d --vocab %d --seq %d --batch %d --warmup %d%s%s%s",
+             "--head_dim %d --intermediate_size %d --vocab %d --seq %d --batch %d --warmup %d "
+             "--sliding_window %d%s%s%s",
              threads, py, script, row->family, row->n_layer, row->n_head, row->n_kv_head, row->n_embd, hd, row->inter,
-             row->vocab, row->t, row->b, row->warmup, row->tie ? " --tie" : "", row->rope_llama3 ? " --rope_llama3" : "",
-             bf16 ? " --bf16" : "");
+             row->vocab, row->t, row->b, row->warmup, row->window, row->tie ? " --tie" : "",
+             row->rope_llama3 ? " --rope_llama3" : "", bf16 ? " --bf16" : "");
 }
 
 static const char *goal(double ratio)

@@ -42,6 +42,7 @@ void bench_row_model(const struct bench_row *row, struct model_config *mc)
     mc->vocab_size = row->vocab;
     mc->block_size = row->t;
     mc->tie_word_embeddings = row->tie;
+    mc->sliding_window = row->window;
     if (row->rope_llama3) {
         mc->rope_scaling = MODEL_ROPE_LLAMA3;
         mc->rope_original_max_position = 64; /* llama_torch_step.py --rope_llama3's */

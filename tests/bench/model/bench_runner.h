@@ -18,12 +18,13 @@
  * head_dim = n_embd / n_head, inter derived). warmup and steps: timed steps of ours and of the peer. */
 struct bench_row {
     const char *name;   /* what the command line names: "S", "qwen3-S", ... */
-    const char *family; /* model_family: "gpt2", "llama", "qwen2", "qwen3" */
+    const char *family; /* model_family: "gpt2", "llama", "qwen2", "qwen3", "mistral" */
     int n_layer, n_embd, n_head, n_kv_head, head_dim, inter, vocab, t, b;
     /* Llama 3.1's rotary scaling with its factors (8, 1, 4) and an original context of 64 tokens, below the
      * rows' sequences, so that transformers takes it as it is (it warns at 8192 > max_position_embeddings)
      * and every band of frequencies occurs */
     bool rope_llama3;
+    int window;       /* sliding window (mistral): each token sees the last `window`; 0 = full causal */
     bool tie;         /* tied LM head (gpt2 always is) */
     int warmup, steps;
 };

@@ -1,5 +1,5 @@
 """PyTorch peer of bench_llama: transformers' own model of a family (LlamaForCausalLM, Qwen2ForCausalLM,
-Qwen3ForCausalLM) trained a step at a time on one CPU process, the step bench_llama times in fsdpc:
+Qwen3ForCausalLM, MistralForCausalLM) trained a step at a time on one CPU process, the step bench_llama times in fsdpc:
 forward, cross-entropy over every position, backward, clip_grad_norm_(1.0), torch.optim.AdamW (weight decay
 on 2-D tensors only), on random tokens; in fp32, or with --bf16 under torch.autocast("cpu", bfloat16)
 around the forward (parameters, gradients and AdamW stay fp32; the loss is computed in fp32 from the
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import transformers
 
 p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-p.add_argument("--family", choices=["llama", "qwen2", "qwen3"], default="llama")
+p.add_argument("--family", choices=["llama", "qwen2", "qwen3", "mistral"], default="llama")
 p.add_argument("--n_layer", type=int, required=True)
 p.add_argument("--n_head", type=int, required=True)
 p.add_argument("--n_kv_head", type=int, required=True)
@@ -35,6 +35,7 @@ p.add_argument("--batch", type=int, required=True)
 p.add_argument("--tie", action="store_true")
 p.add_argument("--rope_llama3", action="store_true",
                help="Llama 3.1's rope scaling: factor 8, low 1, high 4, original context 64 (bench_runner.c's)")
+p.add_argument("--sliding_window", type=int, default=0, help="mistral: the window; 0 = none (full causal)")
 p.add_argument("--warmup", type=int, default=2)
 p.add_argument("--steps", type=int, default=12, help="optimizer steps in all (warm-up included)")
 p.add_argument("--bf16", action="store_true", help="torch.autocast('cpu', bfloat16) around the forward")
@@ -60,8 +61,11 @@ if a.family == "llama":
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw))
 elif a.family == "qwen2":
     model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kw))
-else:
+elif a.family == "qwen3":
     model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**kw))
+else:
+    model = transformers.MistralForCausalLM(
+        transformers.MistralConfig(sliding_window=a.sliding_window or None, **kw))
 model.train()
 decay = [q for q in model.parameters() if q.dim() == 2]
 no_decay = [q for q in model.parameters() if q.dim() < 2]
