@@ -112,6 +112,52 @@ Test(detect_blocks, table_of_the_configured_model, .timeout = 120)
     lu_rm_rf(d.dir);
 }
 
+/* Every Llama-style family of the registry: its decoder layers are the blocks, under its own Hugging Face
+ * class name (what accelerate's transformer_layer_cls_to_wrap takes), one per layer, all of one size, below
+ * its *ForCausalLM root. */
+Test(detect_blocks, every_family_names_its_decoder_layer, .timeout = 120)
+{
+    static const struct {
+        const char *family, *extra, *hf_block, *hf_root;
+    } fam[] = {
+        {"llama", "", "LlamaDecoderLayer", "LlamaForCausalLM"},
+        {"qwen2", "", "Qwen2DecoderLayer", "Qwen2ForCausalLM"},
+        {"qwen3", "head_dim = 12\n", "Qwen3DecoderLayer", "Qwen3ForCausalLM"},
+        {"mistral", "sliding_window = 8\n", "MistralDecoderLayer", "MistralForCausalLM"},
+    };
+    for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++) {
+        struct db d;
+        db_setup(&d);
+        char ini[512];
+        snprintf(ini, sizeof ini,
+                 "[model]\nmodel_family = %s\nn_layer = 3\nn_head = 4\nn_kv_head = 2\nn_embd = 32\n"
+                 "vocab_size = 100\nblock_size = 16\n%s",
+                 fam[i].family, fam[i].extra);
+        lu_write_text(d.ini, ini);
+        const char *args[] = {d.ini, NULL};
+        cJSON *j = detect(&d, args, NULL);
+        const cJSON *b = row(j, fam[i].hf_block);
+        cr_assert_not_null(b, "%s: no %s row", fam[i].family, fam[i].hf_block);
+        cr_expect_str_eq(str(b, "hf_class_name"), fam[i].hf_block, "%s", fam[i].family);
+        cr_expect_eq(num(b, "count"), 3, "%s", fam[i].family);
+        cr_expect_eq(num(b, "params_each_min"), num(b, "params_each_max"), "%s: blocks of one size", fam[i].family);
+        cr_expect_eq(num(b, "params_total"), 3 * num(b, "params_each_min"), "%s", fam[i].family);
+        cr_expect_str_eq(str(b, "fsdp_unit"), "yes", "%s", fam[i].family);
+        cr_expect_str_eq(str(j, "suggested_hf_class_names"), fam[i].hf_block, "%s", fam[i].family);
+        cr_expect_str_eq(str(j, "suggested_transformer_layer_cls_to_wrap"), fam[i].hf_block, "%s", fam[i].family);
+        const cJSON *root = NULL, *c;
+        cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "classes"))
+        {
+            if (strcmp(str(c, "fsdp_unit"), "root") == 0)
+                root = c;
+        }
+        cr_assert_not_null(root, "%s: no root row", fam[i].family);
+        cr_expect_str_eq(str(root, "hf_class_name"), fam[i].hf_root, "%s", fam[i].family);
+        cJSON_Delete(j);
+        lu_rm_rf(d.dir);
+    }
+}
+
 /* transformers' GPT2Model of the same shape: per class, the module count and parameters (subtree) agree. */
 Test(detect_blocks, counts_match_transformers, .timeout = 120)
 {
