@@ -19,6 +19,7 @@
 
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/fs.h"
 #include "common/log.h"
 #include "launcher/status_render.h"
 #include "rendezvous/evloop.h"
@@ -684,7 +685,7 @@ static bool user_token(const char *secret)
 {
     if (!secret || !*secret)
         return false;
-    char *loaded = NULL, path[4096];
+    char *loaded = NULL, path[FSDP_PATH_MAX];
     enum store_secret_source src;
     bool known = store_secret_load(&loaded, &src, path, sizeof path) == 0 && src != STORE_SECRET_NONE && loaded &&
                  strcmp(loaded, secret) == 0;

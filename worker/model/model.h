@@ -17,10 +17,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/fs.h"
 #include "kernels/kernels.h"
 
 #define MODEL_NAME_MAX 64
-#define MODEL_PATH_MAX 4096
 /* The vocabulary is padded to a multiple of this for matmul speed; padded logits never reach the loss. */
 #define MODEL_VOCAB_ALIGN 64
 
@@ -59,7 +59,7 @@ struct model_config {
     uint64_t seed;
     /* "" = random init from seed, else Hugging Face weights: a directory (config.json + model.safetensors or
      * an index and shards), a safetensors file or an index file (model_hf.h) */
-    char init_from[MODEL_PATH_MAX];
+    char init_from[FSDP_PATH_MAX];
     bool activation_checkpointing;
 };
 

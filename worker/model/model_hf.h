@@ -32,7 +32,7 @@ struct model_hf_setting {
 };
 
 struct model_hf_config {
-    char path[MODEL_PATH_MAX]; /* the config.json that was read */
+    char path[FSDP_PATH_MAX]; /* the config.json that was read */
     struct model_config config;
     struct model_hf_setting settings[MODEL_HF_MAX_SETTINGS];
     int n_settings;

@@ -15,7 +15,7 @@
 
 bool model_hf_is_dir(const char *path)
 {
-    char p[MODEL_PATH_MAX + 32];
+    char p[FSDP_PATH_MAX + 32];
     struct stat st;
     if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
         return false;
@@ -126,7 +126,7 @@ int model_hf_config_write(const struct model_layout *l, const char *dir, const s
         rc = error_set(FSDP_ENOMEM, "out of memory");
         goto out;
     }
-    char path[MODEL_PATH_MAX + 32];
+    char path[FSDP_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/%s", dir, MODEL_HF_CONFIG);
     size_t len = strlen(text);
     text[len] = '\n'; /* replaces the NUL: the file ends with a newline, the buffer is written by length */

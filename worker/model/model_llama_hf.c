@@ -17,7 +17,7 @@
 static int rope_dict_read(struct model_hf_json *j, const cJSON *dict, const char *key, bool has_theta,
                           struct model_config *c)
 {
-    char path[MODEL_PATH_MAX + 32];
+    char path[FSDP_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s (%s)", j->path, key);
     struct model_hf_json sub = {.root = dict, .path = path, .out = j->out};
     if (has_theta)

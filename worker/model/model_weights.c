@@ -19,7 +19,7 @@
 struct model_weights {
     const struct model_layout *l;
     const struct model_family *fam;
-    char path[MODEL_PATH_MAX];
+    char path[FSDP_PATH_MAX];
     struct safetensors_file **files;
     int n_files;
     /* per layout parameter: its file and tensor */
@@ -37,7 +37,7 @@ static bool has_suffix(const char *s, const char *suffix)
 
 static bool exists(const char *dir, const char *name, bool want_dir)
 {
-    char p[MODEL_PATH_MAX + 64];
+    char p[FSDP_PATH_MAX + 64];
     struct stat st;
     snprintf(p, sizeof p, "%s/%s", dir, name);
     return stat(p, &st) == 0 && (want_dir ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode));
@@ -116,7 +116,7 @@ static int open_index(struct model_weights *w, const char *index_path, const cha
                            index_path, e->string);
             goto out;
         }
-        char p[MODEL_PATH_MAX + 256];
+        char p[FSDP_PATH_MAX + 256];
         snprintf(p, sizeof p, "%s/%s", dir, e->valuestring);
         int fi = add_file(w, p);
         FSDP_TRY_GOTO(fi, rc, out);
@@ -220,7 +220,7 @@ static int classify(const char *path, const char *what, enum source *src)
     }
     static const char *const pickles[] = {"pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt",
                                           "model.pth", NULL};
-    char p[MODEL_PATH_MAX + 64];
+    char p[FSDP_PATH_MAX + 64];
     for (int i = 0; pickles[i]; i++)
         if (exists(path, pickles[i], false)) {
             snprintf(p, sizeof p, "%s/%s", path, pickles[i]);
@@ -267,7 +267,7 @@ int model_weights_open(const struct model_layout *l, const char *path, const cha
     }
     enum source src;
     FSDP_TRY_GOTO(classify(path, what, &src), rc, fail);
-    char p[MODEL_PATH_MAX + 64];
+    char p[FSDP_PATH_MAX + 64];
     if (src == SRC_WEIGHTS || src == SRC_FILE) {
         snprintf(p, sizeof p, src == SRC_WEIGHTS ? "%s/" MODEL_HF_WEIGHTS : "%s", path);
         FSDP_TRY_GOTO(add_file(w, p), rc, fail);
