@@ -183,31 +183,12 @@ int main(int argc, char **argv)
         return 1;
     int rounds = 1, threads[4] = {1, 2}, nthreads = 2, nsel = 0;
     const struct bench_row *sel[NROWS * 2];
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
-            char *end = NULL;
-            long r = strtol(argv[++i], &end, 10);
-            if (!end || *end || r < 1 || r > 20) {
-                fprintf(stderr, "bench_llama: --rounds %s: want a whole number from 1 to 20\n", argv[i]);
-                return 2;
-            }
-            rounds = (int)r;
-        } else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
-            nthreads = 0;
-            for (char *tok = strtok(argv[++i], ","); tok && nthreads < 4; tok = strtok(NULL, ",")) {
-                threads[nthreads] = atoi(tok);
-                if (threads[nthreads] < 1 || threads[nthreads] > 256) {
-                    fprintf(stderr, "bench_llama: --threads: want a list like 1,2\n");
-                    return 2;
-                }
-                nthreads++;
-            }
-        } else if (bench_row_find(rows, NROWS, argv[i]) && nsel < NROWS * 2) {
-            sel[nsel++] = bench_row_find(rows, NROWS, argv[i]);
-        } else {
+    const char *bad = NULL;
+    if (bench_driver_args(argc, argv, "bench_llama", rows, NROWS, &rounds, threads, &nthreads, sel, NROWS * 2, &nsel,
+                          &bad)) {
+        if (bad)
             usage();
-            return 2;
-        }
+        return 2;
     }
     if (!nsel)
         for (size_t i = 0; i < sizeof default_rows / sizeof default_rows[0]; i++)

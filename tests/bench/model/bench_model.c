@@ -321,31 +321,12 @@ int main(int argc, char **argv)
         return 1;
     int rounds = 1, threads[4] = {1}, nthreads = 1, nsel = 0;
     const struct bench_row *sel[NCONFIGS * 2];
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
-            char *end = NULL;
-            long r = strtol(argv[++i], &end, 10);
-            if (!end || *end || r < 1 || r > 20) {
-                fprintf(stderr, "bench_model: --rounds %s: want a whole number from 1 to 20\n", argv[i]);
-                return 2;
-            }
-            rounds = (int)r;
-        } else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
-            nthreads = 0;
-            for (char *tok = strtok(argv[++i], ","); tok && nthreads < 4; tok = strtok(NULL, ",")) {
-                threads[nthreads] = atoi(tok);
-                if (threads[nthreads] < 1 || threads[nthreads] > 256) {
-                    fprintf(stderr, "bench_model: --threads: want a list like 1,2\n");
-                    return 2;
-                }
-                nthreads++;
-            }
-        } else if (config_find(argv[i]) && nsel < NCONFIGS * 2) {
-            sel[nsel++] = config_find(argv[i]);
-        } else {
+    const char *bad = NULL;
+    if (bench_driver_args(argc, argv, "bench_model", configs, NCONFIGS, &rounds, threads, &nthreads, sel,
+                          NCONFIGS * 2, &nsel, &bad)) {
+        if (bad)
             fprintf(stderr, "usage: bench_model [--rounds N] [--threads 1,2] [S|L|M ...]\n");
-            return 2;
-        }
+        return 2;
     }
     if (!nsel)
         sel[nsel++] = config_find("S"), sel[nsel++] = config_find("L");

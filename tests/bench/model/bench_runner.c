@@ -453,3 +453,39 @@ bool bench_self(char *out, size_t cap)
     out[len] = '\0';
     return true;
 }
+
+int bench_driver_args(int argc, char **argv, const char *prog, const struct bench_row *rows, int n, int *rounds,
+                      int threads[4], int *nthreads, const struct bench_row **sel, int sel_cap, int *nsel,
+                      const char **bad_arg)
+{
+    *nsel = 0;
+    *bad_arg = NULL;
+    for (int i = 1; i < argc; i++) {
+        const struct bench_row *row;
+        if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
+            char *end = NULL;
+            long r = strtol(argv[++i], &end, 10);
+            if (!end || *end || r < 1 || r > 20) {
+                fprintf(stderr, "%s: --rounds %s: want a whole number from 1 to 20\n", prog, argv[i]);
+                return 2;
+            }
+            *rounds = (int)r;
+        } else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+            *nthreads = 0;
+            for (char *tok = strtok(argv[++i], ","); tok && *nthreads < 4; tok = strtok(NULL, ",")) {
+                threads[*nthreads] = atoi(tok);
+                if (threads[*nthreads] < 1 || threads[*nthreads] > 256) {
+                    fprintf(stderr, "%s: --threads: want a list like 1,2\n", prog);
+                    return 2;
+                }
+                (*nthreads)++;
+            }
+        } else if ((row = bench_row_find(rows, n, argv[i])) && *nsel < sel_cap) {
+            sel[(*nsel)++] = row;
+        } else {
+            *bad_arg = argv[i];
+            return 2;
+        }
+    }
+    return 0;
+}

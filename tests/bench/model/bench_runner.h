@@ -71,4 +71,12 @@ void bench_torch_point(const char *base_cmd, int warmup, int steps, double token
 /* This binary's path (for re-executing itself as a child); false with a message when unknown. */
 bool bench_self(char *out, size_t cap);
 
+/* The drivers' command line: [--rounds N] [--threads 1,2] [ROW ...], ROW a name of rows[0..n). Sets *rounds,
+ * threads[0..*nthreads) (at most 4; left as given when there is no --threads) and sel[0..*nsel) (at most
+ * sel_cap); 0, or 2 after a message naming prog (the exit status of a bad command line; an unknown
+ * argument is for the caller's usage line, so *bad_arg is set to it). */
+int bench_driver_args(int argc, char **argv, const char *prog, const struct bench_row *rows, int n, int *rounds,
+                      int threads[4], int *nthreads, const struct bench_row **sel, int sel_cap, int *nsel,
+                      const char **bad_arg);
+
 #endif
