@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 import transformers
 
+import hf_family  # beside this script
+
 p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 p.add_argument("--family", choices=["llama", "qwen2", "qwen3", "mistral"], default="llama")
 p.add_argument("--n_layer", type=int, required=True)
@@ -44,28 +46,10 @@ a = p.parse_args()
 threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
 torch.set_num_threads(threads)
 torch.manual_seed(1234)
-kw = dict(vocab_size=a.vocab, hidden_size=a.n_embd, intermediate_size=a.intermediate_size,
-          num_hidden_layers=a.n_layer, num_attention_heads=a.n_head, num_key_value_heads=a.n_kv_head,
-          max_position_embeddings=a.seq, tie_word_embeddings=a.tie, use_cache=False)
-if a.head_dim:
-    kw["head_dim"] = a.head_dim
-if a.rope_llama3:
-    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64}
-    # transformers 5 reads rope_parameters (with the base), 4.x rope_scaling
-    if "rope_parameters" in transformers.LlamaConfig.__init__.__code__.co_varnames:
-        kw["rope_parameters"] = dict(rope, rope_theta=10000.0)
-    else:
-        kw["rope_scaling"] = rope
-if a.family == "llama":
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw))
-elif a.family == "qwen2":
-    model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kw))
-elif a.family == "qwen3":
-    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**kw))
-else:
-    model = transformers.MistralForCausalLM(
-        transformers.MistralConfig(sliding_window=a.sliding_window or None, **kw))
+model = hf_family.build(transformers, a.family, vocab=a.vocab, n_embd=a.n_embd,
+                        intermediate_size=a.intermediate_size, n_layer=a.n_layer, n_head=a.n_head,
+                        n_kv_head=a.n_kv_head, seq=a.seq, tie=a.tie, head_dim=a.head_dim,
+                        rope_llama3=a.rope_llama3, sliding_window=a.sliding_window)
 model.train()
 decay = [q for q in model.parameters() if q.dim() == 2]
 no_decay = [q for q in model.parameters() if q.dim() < 2]

@@ -15,12 +15,17 @@ OMP_NUM_THREADS, as for fsdpc."""
 import argparse
 import os
 import statistics
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 import transformers
+
+# the model a row names, built as bench_llama's peer builds it (tests/bench/model/hf_family.py)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "model"))
+import hf_family  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 p.add_argument("--family", choices=["llama", "qwen2", "qwen3"], default="llama")
@@ -46,22 +51,9 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     torch.manual_seed(1234)
-    kw = dict(vocab_size=a.vocab, hidden_size=a.n_embd, intermediate_size=a.intermediate_size,
-              num_hidden_layers=a.n_layer, num_attention_heads=a.n_head, num_key_value_heads=a.n_kv_head,
-              max_position_embeddings=a.seq, tie_word_embeddings=False, use_cache=False)
-    if a.head_dim:
-        kw["head_dim"] = a.head_dim
-    if a.rope_llama3:
-        rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 64}
-        # transformers 5 reads rope_parameters (with the base), 4.x rope_scaling
-        if "rope_parameters" in transformers.LlamaConfig.__init__.__code__.co_varnames:
-            kw["rope_parameters"] = dict(rope, rope_theta=10000.0)
-        else:
-            kw["rope_scaling"] = rope
-    classes = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-               "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}[a.family]
-    model = getattr(transformers, classes[1])(getattr(transformers, classes[0])(**kw))
+    model = hf_family.build(transformers, a.family, vocab=a.vocab, n_embd=a.n_embd,
+                            intermediate_size=a.intermediate_size, n_layer=a.n_layer, n_head=a.n_head,
+                            n_kv_head=a.n_kv_head, seq=a.seq, head_dim=a.head_dim, rope_llama3=a.rope_llama3)
     model.train()
     nparams = sum(q.numel() for q in model.parameters())
 
