@@ -28,10 +28,7 @@ struct store_client;
 struct comm;
 struct comm_work;
 
-/* Element types are common/dtype.h's enum dtype, spelled DTYPE_* everywhere. comm's aliases of its size
- * and name functions (the same functions, not copies), as the tests and benchmarks spell them. */
-#define comm_dtype_size dtype_size
-#define comm_dtype_name dtype_name
+/* Element types are common/dtype.h's enum dtype, spelled DTYPE_* everywhere. */
 
 /* SUM of f32 adds in rank order (bitwise reproducible; see docs/collectives.md for the hierarchical
  * order); bf16/f16 accumulate in f32 and round once. AVG = SUM then one division by the group size. */

@@ -35,6 +35,9 @@ enum dtype {
     DTYPE_F16 = 2,  /* IEEE binary16 bits in uint16_t */
 };
 
+/* The bit of dtype d in a set of dtypes (e.g. struct kernels.matmul_dtypes). */
+#define DTYPE_BIT(d) (1u << (unsigned)(d))
+
 /* Whether d is one of the values above (an int from a file or a caller). */
 static inline DTYPE_HD int dtype_valid(enum dtype d)
 {

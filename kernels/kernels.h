@@ -30,18 +30,6 @@
 
 #include "common/dtype.h"
 
-/* The kernels' aliases of common/dtype.h's enum type and functions (the same type and the same functions,
- * not copies), as the worker and the tests spell them; new code uses the dtype_ names. The enum's values
- * have one spelling, DTYPE_*. */
-#define kernels_dtype dtype
-#define kernels_dtype_size dtype_size
-#define kernels_f32_to_bf16 dtype_f32_to_bf16
-#define kernels_bf16_to_f32 dtype_bf16_to_f32
-#define kernels_f32_to_f16 dtype_f32_to_f16
-#define kernels_f16_to_f32 dtype_f16_to_f32
-/* The bit of dtype d in a set of dtypes (struct kernels.matmul_dtypes). */
-#define KERNELS_DTYPE_BIT(d) (1u << (unsigned)(d))
-
 enum kernels_copy_kind {
     KERNELS_COPY_H2D = 0, /* host -> device */
     KERNELS_COPY_D2H = 1, /* device -> host */
@@ -118,8 +106,8 @@ struct kernels {
     /* The dtype that mixed precision "auto" gathers and computes in: bf16 on CUDA (tensor cores); fp32 on
      * the CPU, where bf16 compute is opt-in (mixed_precision = bf16) because it changes the numbers of a
      * run that asked for nothing. */
-    enum kernels_dtype auto_dtype;
-    /* The dtypes (bits KERNELS_DTYPE_BIT(d)) whose matmuls this table runs natively once set_matmul_dtype
+    enum dtype auto_dtype;
+    /* The dtypes (bits DTYPE_BIT(d)) whose matmuls this table runs natively once set_matmul_dtype
      * selects them: 16-bit operands, fp32 accumulation, faster than fp32. Decided when the table is first
      * made: the CPU backend has bf16 where oneDNN finds AVX512_BF16 or AMX on this CPU, and no fp16. A dtype
      * outside the set still works: its matmuls compute in fp32 (on the parameters as rounded). */

@@ -64,7 +64,7 @@ static pthread_once_t table_once = PTHREAD_ONCE_INIT;
 static void table_init(void)
 {
     cpu_table.matmul_dtypes =
-        KERNELS_DTYPE_BIT(DTYPE_F32) | (cpu_isa_get()->bf16 ? KERNELS_DTYPE_BIT(DTYPE_BF16) : 0);
+        DTYPE_BIT(DTYPE_F32) | (cpu_isa_get()->bf16 ? DTYPE_BIT(DTYPE_BF16) : 0);
     /* The pthread build of OpenBLAS keeps its own thread pool beside OpenMP's: with several ranks per
      * machine that oversubscribes the cores and ignores OMP_NUM_THREADS. The build links the OpenMP one
      * (rpath); say so loudly if something else was loaded anyway. */

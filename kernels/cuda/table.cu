@@ -10,7 +10,7 @@ static const struct kernels cuda_table = {
     .comm_backend = "nccl",
     .auto_dtype = DTYPE_BF16,
     /* 16-bit modes: matmul.cu rounds fp32 operands into scratch, or reads a bound or held copy (lowp.cu) */
-    .matmul_dtypes = KERNELS_DTYPE_BIT(DTYPE_F32) | KERNELS_DTYPE_BIT(DTYPE_BF16) | KERNELS_DTYPE_BIT(DTYPE_F16),
+    .matmul_dtypes = DTYPE_BIT(DTYPE_F32) | DTYPE_BIT(DTYPE_BF16) | DTYPE_BIT(DTYPE_F16),
     .peak_flops = NULL,
     .mem_alloc = cuda_mem_alloc,
     .mem_free = cuda_mem_free,

@@ -373,7 +373,7 @@ Test(ckpt_tool, export_bf16_and_f16)
         cr_assert_eq(safetensors_read(f, t, 200, v, sizeof v), 0);
         for (int i = 0; i < 50; i++) {
             float x = ct_value(&l, CKPT_PARAM, p, 100 + (size_t)i, 2);
-            uint16_t want = d == 0 ? kernels_f32_to_bf16(x) : kernels_f32_to_f16(x);
+            uint16_t want = d == 0 ? dtype_f32_to_bf16(x) : dtype_f32_to_f16(x);
             cr_assert_eq(v[i], want, "element %d: %04x vs %04x", i, v[i], want);
         }
         cr_assert_eq(safetensors_find(f, "wte.weight")->shape[0], 77, "padding rows exported");

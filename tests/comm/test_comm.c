@@ -23,7 +23,7 @@ static int body_collectives(struct rank_ctx *c)
     void *in = NULL, *out = NULL;
     for (size_t di = 0; di < 3; di++) {
         enum dtype dt = dtypes[di];
-        size_t es = comm_dtype_size(dt);
+        size_t es = dtype_size(dt);
         for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
             size_t n = counts[ci], total = n * (size_t)W;
             in = calloc(total + 1, es);
@@ -40,7 +40,7 @@ static int body_collectives(struct rank_ctx *c)
             for (int q = 0; q < W; q++)
                 for (size_t i = 0; i < n; i++)
                     if (!tu_same(dt, out, (size_t)q * n + i, tu_round(dt, tu_gen(q, i, salt))))
-                        FAIL("rank %d: all_gather %s n=%zu: block %d elem %zu wrong", r, comm_dtype_name(dt), n,
+                        FAIL("rank %d: all_gather %s n=%zu: block %d elem %zu wrong", r, dtype_name(dt), n,
                              q, i);
             salt++;
             memset(out, 0, total * es);
@@ -52,7 +52,7 @@ static int body_collectives(struct rank_ctx *c)
                 for (size_t i = 0; i < n; i++)
                     if (!tu_same(dt, out, (size_t)q * n + i, tu_round(dt, tu_gen(q, i, salt))))
                         FAIL("rank %d: in-place all_gather %s n=%zu: block %d elem %zu wrong", r,
-                             comm_dtype_name(dt), n, q, i);
+                             dtype_name(dt), n, q, i);
 
             for (enum comm_op op = COMM_SUM; op <= COMM_MAX; op++) {
                 /* all_reduce out of place, then in place */
@@ -64,12 +64,12 @@ static int body_collectives(struct rank_ctx *c)
                 for (size_t i = 0; i < n; i++)
                     if (!tu_same(dt, out, i, tu_ref_reduce(dt, op, W, hosts, NULL, i, salt)))
                         FAIL("rank %d: all_reduce %s op %d n=%zu elem %zu: got %.9g want %.9g", r,
-                             comm_dtype_name(dt), op, n, i, (double)tu_get(dt, out, i),
+                             dtype_name(dt), op, n, i, (double)tu_get(dt, out, i),
                              (double)tu_ref_reduce(dt, op, W, hosts, NULL, i, salt));
                 if (comm_all_reduce(c->comm, in, in, n, dt, op) != 0)
                     FAIL("rank %d: in-place all_reduce: %s", r, error_message());
                 if (memcmp(in, out, n * es) != 0)
-                    FAIL("rank %d: in-place all_reduce %s op %d differs from out of place", r, comm_dtype_name(dt),
+                    FAIL("rank %d: in-place all_reduce %s op %d differs from out of place", r, dtype_name(dt),
                          op);
 
                 /* reduce_scatter: rank r's input element j is gen(r, j); output i = reduce of j = r*n+i */
@@ -81,7 +81,7 @@ static int body_collectives(struct rank_ctx *c)
                 for (size_t i = 0; i < n; i++)
                     if (!tu_same(dt, out, i, tu_ref_reduce(dt, op, W, hosts, NULL, (size_t)r * n + i, salt)))
                         FAIL("rank %d: reduce_scatter %s op %d n=%zu elem %zu: got %.9g want %.9g", r,
-                             comm_dtype_name(dt), op, n, i, (double)tu_get(dt, out, i),
+                             dtype_name(dt), op, n, i, (double)tu_get(dt, out, i),
                              (double)tu_ref_reduce(dt, op, W, hosts, NULL, (size_t)r * n + i, salt));
             }
 
@@ -94,7 +94,7 @@ static int body_collectives(struct rank_ctx *c)
                 FAIL("rank %d: broadcast: %s", r, error_message());
             for (size_t i = 0; i < n; i++)
                 if (!tu_same(dt, out, i, tu_round(dt, tu_gen(root, i, salt))))
-                    FAIL("rank %d: broadcast %s n=%zu root %d elem %zu wrong", r, comm_dtype_name(dt), n, root, i);
+                    FAIL("rank %d: broadcast %s n=%zu root %d elem %zu wrong", r, dtype_name(dt), n, root, i);
             if (comm_barrier(c->comm) != 0)
                 FAIL("rank %d: barrier: %s", r, error_message());
             free(in);

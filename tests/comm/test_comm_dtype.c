@@ -7,10 +7,10 @@
 
 Test(comm_dtype, sizes_and_names)
 {
-    cr_assert_eq(comm_dtype_size(DTYPE_F32), 4);
-    cr_assert_eq(comm_dtype_size(DTYPE_BF16), 2);
-    cr_assert_eq(comm_dtype_size(DTYPE_F16), 2);
-    cr_assert_str_eq(comm_dtype_name(DTYPE_BF16), "bf16");
+    cr_assert_eq(dtype_size(DTYPE_F32), 4);
+    cr_assert_eq(dtype_size(DTYPE_BF16), 2);
+    cr_assert_eq(dtype_size(DTYPE_F16), 2);
+    cr_assert_str_eq(dtype_name(DTYPE_BF16), "bf16");
 }
 
 Test(comm_dtype, bf16_round_to_nearest_even)

@@ -44,7 +44,7 @@ static int check_all(struct comm *comm, bool plain, int salt0, const int *ranks,
     void *in = NULL, *out = NULL;
     for (size_t di = 0; di < 3; di++) {
         enum dtype dt = dtypes[di];
-        size_t es = comm_dtype_size(dt);
+        size_t es = dtype_size(dt);
         for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
             size_t n = counts[ci], total = n * (size_t)W;
             in = buf_alloc(comm, plain, (total + 1) * es);
@@ -61,7 +61,7 @@ static int check_all(struct comm *comm, bool plain, int salt0, const int *ranks,
             for (int q = 0; q < W; q++)
                 for (size_t i = 0; i < n; i++)
                     if (!tu_same(dt, out, (size_t)q * n + i, tu_round(dt, tu_gen(ranks ? ranks[q] : q, i, salt))))
-                        FAIL("rank %d: all_gather %s n=%zu: block %d elem %zu wrong", r, comm_dtype_name(dt), n,
+                        FAIL("rank %d: all_gather %s n=%zu: block %d elem %zu wrong", r, dtype_name(dt), n,
                              q, i);
             salt++;
             memset(out, 0, total * es);
@@ -73,7 +73,7 @@ static int check_all(struct comm *comm, bool plain, int salt0, const int *ranks,
                 for (size_t i = 0; i < n; i++)
                     if (!tu_same(dt, out, (size_t)q * n + i, tu_round(dt, tu_gen(ranks ? ranks[q] : q, i, salt))))
                         FAIL("rank %d: in-place all_gather %s n=%zu: block %d elem %zu wrong", r,
-                             comm_dtype_name(dt), n, q, i);
+                             dtype_name(dt), n, q, i);
             *nops += 2 * moved;
 
             for (enum comm_op op = COMM_SUM; op <= COMM_MAX; op++) {
@@ -85,12 +85,12 @@ static int check_all(struct comm *comm, bool plain, int salt0, const int *ranks,
                 for (size_t i = 0; i < n; i++)
                     if (!tu_same(dt, out, i, tu_ref_reduce(dt, op, W, hosts, ranks, i, salt)))
                         FAIL("rank %d: all_reduce %s op %d n=%zu elem %zu: got %.9g want %.9g", r,
-                             comm_dtype_name(dt), op, n, i, (double)tu_get(dt, out, i),
+                             dtype_name(dt), op, n, i, (double)tu_get(dt, out, i),
                              (double)tu_ref_reduce(dt, op, W, hosts, ranks, i, salt));
                 if (comm_all_reduce(comm, in, in, n, dt, op) != 0)
                     FAIL("rank %d: in-place all_reduce: %s", r, error_message());
                 if (memcmp(in, out, n * es) != 0)
-                    FAIL("rank %d: in-place all_reduce %s op %d differs from out of place", r, comm_dtype_name(dt),
+                    FAIL("rank %d: in-place all_reduce %s op %d differs from out of place", r, dtype_name(dt),
                          op);
                 salt++;
                 for (size_t j = 0; j < total; j++)
@@ -100,7 +100,7 @@ static int check_all(struct comm *comm, bool plain, int salt0, const int *ranks,
                 for (size_t i = 0; i < n; i++)
                     if (!tu_same(dt, out, i, tu_ref_reduce(dt, op, W, hosts, ranks, (size_t)r * n + i, salt)))
                         FAIL("rank %d: reduce_scatter %s op %d n=%zu elem %zu: got %.9g want %.9g", r,
-                             comm_dtype_name(dt), op, n, i, (double)tu_get(dt, out, i),
+                             dtype_name(dt), op, n, i, (double)tu_get(dt, out, i),
                              (double)tu_ref_reduce(dt, op, W, hosts, ranks, (size_t)r * n + i, salt));
                 *nops += 3 * moved;
             }
@@ -113,7 +113,7 @@ static int check_all(struct comm *comm, bool plain, int salt0, const int *ranks,
                 FAIL("rank %d: broadcast: %s", r, error_message());
             for (size_t i = 0; i < n; i++)
                 if (!tu_same(dt, out, i, tu_round(dt, tu_gen(ranks ? ranks[root] : root, i, salt))))
-                    FAIL("rank %d: broadcast %s n=%zu root %d elem %zu wrong", r, comm_dtype_name(dt), n, root, i);
+                    FAIL("rank %d: broadcast %s n=%zu root %d elem %zu wrong", r, dtype_name(dt), n, root, i);
             *nops += moved;
             buf_free(comm, plain, in);
             buf_free(comm, plain, out);

@@ -263,7 +263,7 @@ static void check_attention_bf16_window(int B, int T, int C, int NH, int NKV, in
                                         uint64_t seed)
 {
     const struct kernels *k = kt_backend();
-    if (!(k->matmul_dtypes & KERNELS_DTYPE_BIT(DTYPE_BF16)))
+    if (!(k->matmul_dtypes & DTYPE_BIT(DTYPE_BF16)))
         cr_skip_test("%s: no native bf16 matmuls on this machine (the fallback computes in fp32, tested above)",
                      k->name);
     cr_assert_eq(k->set_matmul_dtype(DTYPE_BF16), 0, "%s", error_message());
@@ -273,9 +273,9 @@ static void check_attention_bf16_window(int B, int T, int C, int NH, int NKV, in
     float *rq = malloc(nq * sizeof *rq), *rd = malloc(no * sizeof *rd);
     cr_assert(rq && rd);
     for (size_t i = 0; i < nq; i++)
-        rq[i] = kernels_bf16_to_f32(kernels_f32_to_bf16(qkv[i]));
+        rq[i] = dtype_bf16_to_f32(dtype_f32_to_bf16(qkv[i]));
     for (size_t i = 0; i < no; i++)
-        rd[i] = kernels_bf16_to_f32(kernels_f32_to_bf16(dout[i]));
+        rd[i] = dtype_bf16_to_f32(dtype_f32_to_bf16(dout[i]));
     float *dqkv_ = kt_devf(k, qkv, nq), *ddout = kt_devf(k, dout, no), *dg = kt_devf(k, g0, nq);
     float *dout_ = kt_devf(k, NULL, no), *dlse = kt_devf(k, NULL, nl);
     void *ws = k->mem_alloc(k->attention_workspace_bytes(B, T, C, NH, NKV));
@@ -430,7 +430,7 @@ static void check_attention_cp_window(int B, int T, int C, int NH, int CP, uint6
     const struct kernels *k = kt_backend();
     if (!k->attention_cp_forward || !k->attention_cp_backward)
         cr_skip_test("the %s kernels have no context-parallel attention", k->name);
-    if (bf16 && !(k->matmul_dtypes & KERNELS_DTYPE_BIT(DTYPE_BF16)))
+    if (bf16 && !(k->matmul_dtypes & DTYPE_BIT(DTYPE_BF16)))
         cr_skip_test("%s: no native bf16 matmuls on this machine", k->name);
     cr_assert_eq(k->set_matmul_dtype(bf16 ? DTYPE_BF16 : DTYPE_F32), 0);
     size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
@@ -438,9 +438,9 @@ static void check_attention_cp_window(int B, int T, int C, int NH, int CP, uint6
     float *rq = malloc(nq * sizeof *rq), *rdo = malloc(no * sizeof *rdo);
     cr_assert(rq && rdo);
     for (size_t i = 0; i < nq; i++)
-        rq[i] = bf16 ? kernels_bf16_to_f32(kernels_f32_to_bf16(qkv[i])) : qkv[i];
+        rq[i] = bf16 ? dtype_bf16_to_f32(dtype_f32_to_bf16(qkv[i])) : qkv[i];
     for (size_t i = 0; i < no; i++)
-        rdo[i] = bf16 ? kernels_bf16_to_f32(kernels_f32_to_bf16(dout[i])) : dout[i];
+        rdo[i] = bf16 ? dtype_bf16_to_f32(dtype_f32_to_bf16(dout[i])) : dout[i];
     struct att_ref r = ref_attention_window(rq, rdo, NULL, B, T, C, NH, NH, 0, window);
     struct att_ref mg = ref_attention_window(rq, rdo, NULL, B, T, C, NH, NH, 1, window);
     size_t nloc = (size_t)B * (T / (2 * CP)) * 2 * C; /* a rank's query rows x C */
@@ -814,7 +814,7 @@ static void check_attention_cp_bf16_as_attention(int B, int T, int NH, int NKV, 
     const struct kernels *k = kt_backend();
     if (!k->attention_cp_forward || !k->attention_cp_backward)
         cr_skip_test("the %s kernels have no context-parallel attention", k->name);
-    if (!(k->matmul_dtypes & KERNELS_DTYPE_BIT(DTYPE_BF16)))
+    if (!(k->matmul_dtypes & DTYPE_BIT(DTYPE_BF16)))
         cr_skip_test("%s: no native bf16 matmuls on this machine", k->name);
     cr_assert_eq(k->set_matmul_dtype(DTYPE_BF16), 0);
     int HS = 64, C = NH * HS, W = C + 2 * NKV * HS;

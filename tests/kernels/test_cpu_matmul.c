@@ -21,7 +21,7 @@
 static const struct kernels *cpu_or_skip_bf16(void)
 {
     const struct kernels *k = kernels_cpu();
-    if (!(k->matmul_dtypes & KERNELS_DTYPE_BIT(DTYPE_BF16)))
+    if (!(k->matmul_dtypes & DTYPE_BIT(DTYPE_BF16)))
         cr_skip_test("this CPU has no bf16 matmul instructions (oneDNN runs %s): the fallback is tested instead",
                      cpu_isa_get()->name);
     return k;
@@ -239,7 +239,7 @@ Test(cpu_matmul, forced_fallback_computes_in_fp32)
 {
     setenv("FSDP_TEST_CPU_NO_BF16", "1", 1);
     const struct kernels *k = kernels_cpu();
-    cr_assert(!(k->matmul_dtypes & KERNELS_DTYPE_BIT(DTYPE_BF16)), "bf16 still native with the CPU capped");
+    cr_assert(!(k->matmul_dtypes & DTYPE_BIT(DTYPE_BF16)), "bf16 still native with the CPU capped");
     cr_assert(!cpu_isa_get()->bf16 && cpu_isa_get()->capped, "oneDNN runs %s", cpu_isa_get()->name);
     const int n = 40, in = 72, out = 56;
     float *x = kt_host_rand((size_t)n * in, 41, -1, 1), *w = kt_host_rand((size_t)in * out, 42, -1, 1);

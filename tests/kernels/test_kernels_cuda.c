@@ -503,11 +503,11 @@ Test(kernels_cuda, casts_give_identical_bits)
     memcpy(f, special, sizeof special);
     for (size_t i = 100; i < 20000; i++) /* small magnitudes: f16 subnormal range */
         f[i] *= 1e-9f;
-    const enum kernels_dtype dts[] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16};
+    const enum dtype dts[] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16};
     for (int s = 0; s < 3; s++)
         for (int d = 0; d < 3; d++) {
             /* the source of a 16-bit dtype is made by the CPU backend, then both convert it */
-            size_t ss = kernels_dtype_size(dts[s]), ds = kernels_dtype_size(dts[d]);
+            size_t ss = dtype_size(dts[s]), ds = dtype_size(dts[d]);
             void *src = malloc(n * ss);
             cr_assert(src);
             cr_assert_eq(kc->cast(src, dts[s], f, DTYPE_F32, n), 0);
@@ -524,7 +524,7 @@ Test(kernels_cuda, casts_give_identical_bits)
             free(src), free(hc), free(hg);
         }
     free(f);
-    cr_assert_lt(kg->cast(NULL, (enum kernels_dtype)7, NULL, DTYPE_F32, 1), 0);
+    cr_assert_lt(kg->cast(NULL, (enum dtype)7, NULL, DTYPE_F32, 1), 0);
 }
 
 /* Embedding backward at GPT-2's shapes (B*T = 8192 rows, vocab 50257, C = 768) with a skewed token mix (a
@@ -816,11 +816,11 @@ Test(kernels_cuda, matmul_bf16_inputs_accumulate_in_fp32)
     float *wr[2] = {malloc(nw * sizeof(float)), malloc(nw * sizeof(float))};
     cr_assert(xr[0] && xr[1] && wr[0] && wr[1]);
     for (size_t i = 0; i < nx; i++) {
-        xr[0][i] = kernels_bf16_to_f32(kernels_f32_to_bf16(x[i]));
+        xr[0][i] = dtype_bf16_to_f32(dtype_f32_to_bf16(x[i]));
         xr[1][i] = bf16_truncated(x[i]);
     }
     for (size_t i = 0; i < nw; i++) {
-        wr[0][i] = kernels_bf16_to_f32(kernels_f32_to_bf16(w[i]));
+        wr[0][i] = dtype_bf16_to_f32(dtype_f32_to_bf16(w[i]));
         wr[1][i] = bf16_truncated(w[i]);
     }
     float *xg = upf(kg, x, nx), *wg = upf(kg, w, nw), *yg = upf(kg, NULL, ny);
@@ -892,7 +892,7 @@ Test(kernels_cuda, bound_copy_is_read_as_is)
     cr_assert(u2 && lp);
     for (size_t i = 0; i < nu; i++) {
         u2[i] = 2.0f * unit[i];
-        lp[i] = kernels_f32_to_bf16(u2[i]);
+        lp[i] = dtype_f32_to_bf16(u2[i]);
     }
     float *X = upf(kg, x, nx), *U = upf(kg, unit, nu), *U2 = upf(kg, u2, nu), *Y = upf(kg, NULL, ny);
     float *R = upf(kg, NULL, ny), *XB = upf(kg, NULL, nx), *RB = upf(kg, NULL, nx);

@@ -725,8 +725,8 @@ Test(kernels_ops, capabilities_match_the_table)
     cr_assert_eq(c->host(), c);
     cr_assert_str_eq(c->comm_backend, "cpu");
     cr_assert_eq(c->auto_dtype, DTYPE_F32);
-    cr_assert(c->matmul_dtypes & KERNELS_DTYPE_BIT(DTYPE_F32));
-    cr_assert(!(c->matmul_dtypes & KERNELS_DTYPE_BIT(DTYPE_F16)), "no fp16 matmuls on CPUs (oneDNN 2.6)");
+    cr_assert(c->matmul_dtypes & DTYPE_BIT(DTYPE_F32));
+    cr_assert(!(c->matmul_dtypes & DTYPE_BIT(DTYPE_F16)), "no fp16 matmuls on CPUs (oneDNN 2.6)");
     cr_assert(c->lowp_bind && c->lowp_unbind, "the CPU table takes bound bf16 copies");
     cr_assert(c->peak_flops, "the CPU table measures its peak FLOP/s");
     double peak = c->peak_flops();
@@ -810,15 +810,15 @@ Test(kernels_ops, same_bits_for_any_thread_count)
 Test(kernels_ops, matmul_dtype_setting)
 {
     const struct kernels *k = kt_backend();
-    cr_assert_lt(k->set_matmul_dtype((enum kernels_dtype)7), 0, "dtype 7 accepted");
+    cr_assert_lt(k->set_matmul_dtype((enum dtype)7), 0, "dtype 7 accepted");
     cr_assert(strstr(error_message(), "set_matmul_dtype"), "unclear message: %s", error_message());
-    cr_assert(k->matmul_dtypes & KERNELS_DTYPE_BIT(DTYPE_F32), "%s: fp32 matmuls must be native", k->name);
+    cr_assert(k->matmul_dtypes & DTYPE_BIT(DTYPE_F32), "%s: fp32 matmuls must be native", k->name);
     const int n = 33, in = 47, out = 29;
     float *x = kt_host_rand((size_t)n * in, 41, -1, 1), *w = kt_host_rand((size_t)in * out, 42, -1, 1);
     float *dx = kt_devf(k, x, (size_t)n * in), *dw = kt_devf(k, w, (size_t)in * out);
     float *y = kt_devf(k, NULL, (size_t)n * out);
     float *ref = NULL;
-    const enum kernels_dtype modes[] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_F32};
+    const enum dtype modes[] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_F32};
     for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
         cr_assert_eq(k->set_matmul_dtype(modes[m]), 0, "%s", error_message());
         cr_assert_eq(k->matmul_forward(y, dx, dw, NULL, n, in, out), 0, "%s", error_message());
@@ -826,7 +826,7 @@ Test(kernels_ops, matmul_dtype_setting)
         if (!ref)
             ref = h;
         else {
-            if (!(k->matmul_dtypes & KERNELS_DTYPE_BIT(modes[m])) || modes[m] == DTYPE_F32)
+            if (!(k->matmul_dtypes & DTYPE_BIT(modes[m])) || modes[m] == DTYPE_F32)
                 cr_assert_eq(memcmp(h, ref, (size_t)n * out * sizeof *h), 0, "mode %d changed fp32 results",
                              (int)modes[m]);
             free(h);

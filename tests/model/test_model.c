@@ -224,7 +224,7 @@ static void write_hf_file(const struct model_layout *l, const float *a, const ch
         }
         if (strcmp(p->name, "wte.weight") == 0) {
             for (int j = 0; j < 77 * 36; j++)
-                wte16[j] = kernels_f32_to_bf16(a[p->offset + j]);
+                wte16[j] = dtype_f32_to_bf16(a[p->offset + j]);
             e[n].dtype = SAFETENSORS_BF16;
             e[n].data = wte16;
         }
@@ -263,7 +263,7 @@ Test(model, weights_hf_names_prefix_masks_bf16, .init = setup_dir, .fini = teard
         for (size_t j = 0; j < p->numel; j++) {
             float want = a[p->offset + j];
             if (is_wte)
-                want = kernels_bf16_to_f32(kernels_f32_to_bf16(want));
+                want = dtype_bf16_to_f32(dtype_f32_to_bf16(want));
             cr_assert_eq(b[p->offset + j], want, "%s[%zu]", p->name, j);
         }
     }
@@ -661,7 +661,7 @@ Test(model, llama_weights_round_trip_and_hf_files, .init = setup_dir, .fini = te
             if (strcmp(p->name, "model.layers.0.self_attn.q_proj.weight") == 0) {
                 q16 = malloc(p->numel * 2);
                 for (size_t j = 0; j < p->numel; j++)
-                    q16[j] = kernels_f32_to_bf16(a[p->offset + j]);
+                    q16[j] = dtype_f32_to_bf16(a[p->offset + j]);
                 e[n].dtype = SAFETENSORS_BF16;
                 e[n].data = q16;
             }
@@ -677,7 +677,7 @@ Test(model, llama_weights_round_trip_and_hf_files, .init = setup_dir, .fini = te
         cr_assert_eq(model_weights_load(&l, path, b), 0, "%s", error_message());
         const struct model_param *qp = &l.params[model_layout_find(&l, "model.layers.0.self_attn.q_proj.weight")];
         for (size_t j = 0; j < qp->numel; j++)
-            cr_assert_eq(b[qp->offset + j], kernels_bf16_to_f32(q16[j]));
+            cr_assert_eq(b[qp->offset + j], dtype_bf16_to_f32(q16[j]));
         cr_assert_eq(memcmp(a, b, qp->offset * 4), 0);
         if (!tie) {
             /* untied without its head: missing */

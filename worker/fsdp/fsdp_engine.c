@@ -11,7 +11,7 @@
 #include "common/settings.h"
 #include "worker/fsdp/fsdp_internal.h"
 
-static enum kernels_dtype precision_dtype(enum worker_precision p, const struct kernels *k)
+static enum dtype precision_dtype(enum worker_precision p, const struct kernels *k)
 {
     switch (p) {
     case WORKER_BF16: return DTYPE_BF16;
@@ -140,7 +140,7 @@ int fsdp_create(struct fsdp **out, const struct worker_config *wc, struct model 
      * autocast does, where the table runs that dtype natively (CUDA's tensor cores; oneDNN on a CPU with
      * bf16 instructions); elsewhere they compute in fp32 on the rounded parameters. A table that takes
      * bound copies reads the gathered 16-bit parameters as they arrived, without rounding them again. */
-    f->compute_dtype = k->matmul_dtypes & KERNELS_DTYPE_BIT(f->param_dtype) ? f->param_dtype : DTYPE_F32;
+    f->compute_dtype = k->matmul_dtypes & DTYPE_BIT(f->param_dtype) ? f->param_dtype : DTYPE_F32;
     f->bind_lp = f->compute_dtype != DTYPE_F32 && k->lowp_bind && k->lowp_unbind;
     FSDP_TRY_GOTO(k->set_matmul_dtype(f->param_dtype), rc, fail);
     FSDP_TRY_GOTO(make_groups(f), rc, fail);

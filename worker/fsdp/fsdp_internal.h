@@ -90,8 +90,8 @@ struct fsdp {
     bool own_shard_comm, own_rep_comm;
     int shard_size, shard_rank, rep_size, rep_rank;
     int version;
-    enum kernels_dtype param_dtype, reduce_dtype;
-    enum kernels_dtype compute_dtype; /* param_dtype where the table's matmuls run it natively, else fp32 */
+    enum dtype param_dtype, reduce_dtype;
+    enum dtype compute_dtype; /* param_dtype where the table's matmuls run it natively, else fp32 */
     bool bind_lp;                     /* gathered units keep their param_dtype copy for the matmuls */
     enum worker_sharding strategy;
 

@@ -312,7 +312,7 @@ static void human(char *buf, size_t cap, double bytes)
         snprintf(buf, cap, "%.1f KiB", bytes / 1024.0);
 }
 
-static const char *precision_name(enum kernels_dtype d)
+static const char *precision_name(enum dtype d)
 {
     return d == DTYPE_F32 ? "fp32" : d == DTYPE_BF16 ? "bf16" : "fp16";
 }

@@ -71,7 +71,7 @@ static bool gemm_shape(int ta, int tb, int m, int n, int kk, const char *what)
     BEST_OF(reps, t_blas, cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
                                       n, kk, 1.0f, a, lda, b, ldb, 0.0f, c, n));
     BEST_OF(reps, t_dnn, check(cpu_onednn_matmul(DTYPE_F32, ta, tb, m, n, kk, 1.0f, a, lda, b, ldb, 0.0f, c, n, NULL)));
-    bool bf16 = k->matmul_dtypes & KERNELS_DTYPE_BIT(DTYPE_BF16);
+    bool bf16 = k->matmul_dtypes & DTYPE_BIT(DTYPE_BF16);
     t_bf = t_bfr = NAN;
     if (bf16) {
         BEST_OF(reps, t_bf,

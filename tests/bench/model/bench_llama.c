@@ -57,7 +57,7 @@ static const char *const default_rows[] = {"S", "qwen2-S", "qwen3-S", "llama3-S"
 static int run_child(const struct bench_row *row, bool bf16, bool profile)
 {
     const struct kernels *base = kernels_cpu();
-    if (bf16 && !(base->matmul_dtypes & KERNELS_DTYPE_BIT(DTYPE_BF16)))
+    if (bf16 && !(base->matmul_dtypes & DTYPE_BIT(DTYPE_BF16)))
         fprintf(stderr, "bench_llama: this CPU has no bf16 matmul instructions: bf16 computes in fp32\n");
     if (base->set_matmul_dtype(bf16 ? DTYPE_BF16 : DTYPE_F32)) {
         fprintf(stderr, "bench_llama: set_matmul_dtype: %s\n", error_message());

@@ -134,10 +134,10 @@ static int run_child(const struct bench_row *bc, bool bf16, bool profile)
     const struct kernels *base = kernels_cpu();
     /* the peaks first, in this process's library setting; then the mode the step runs in */
     double f32_peak = gemm_peak(base, PEAK_F32, bc), bf16_peak = NAN;
-    if (base->matmul_dtypes & KERNELS_DTYPE_BIT(DTYPE_BF16))
+    if (base->matmul_dtypes & DTYPE_BIT(DTYPE_BF16))
         bf16_peak = gemm_peak(base, PEAK_BF16, bc);
     double sgemm_peak = gemm_peak(base, PEAK_SGEMM, bc);
-    if (bf16 && !(base->matmul_dtypes & KERNELS_DTYPE_BIT(DTYPE_BF16)))
+    if (bf16 && !(base->matmul_dtypes & DTYPE_BIT(DTYPE_BF16)))
         fprintf(stderr, "bench_model: this CPU has no bf16 matmul instructions: bf16 computes in fp32\n");
     if (base->set_matmul_dtype(bf16 ? DTYPE_BF16 : DTYPE_F32))
         die("set_matmul_dtype");
