@@ -161,23 +161,36 @@ struct kernels {
      * already is left as it is. */
     int (*lowp_hold)(const float *x, size_t n);
     int (*lowp_release)(const float *x);
+    /* Activation storage (the GEMM inputs a model keeps for backward, in the matmul dtype, as bf16 autocast
+     * and llm.c keep them): the dtypes (bits DTYPE_BIT(d)) an act_bind range may hold; DTYPE_F32 alone where
+     * the table has none (then act_bind is NULL). act_bind marks [p, p + bytes) as holding elements of dtype
+     * (a 16-bit dtype of act_dtypes, which must be the matmul dtype whenever an op reads or writes there):
+     * the arguments marked [act] below that point inside it hold that dtype: the pointer (typed float * for
+     * the ops' one signature) is the address of the first 16-bit element, and a tensor of n elements spans 2n
+     * bytes. A 16-bit [act] output holds the fp32 result rounded to nearest even, so a matmul that reads it
+     * sees the bits it would have rounded from fp32 itself; only attention_backward then reads `out` rounded
+     * where it read fp32. Arguments not marked [act] must not point there. Ranges must not overlap;
+     * act_unbind(p) before the memory is reused. */
+    unsigned act_dtypes;
+    int (*act_bind)(void *p, size_t bytes, enum dtype dtype);
+    int (*act_unbind)(void *p);
 
     /* ---- matmul ---- */
-    /* y(n, out) = x(n, in) W(in, out) + b(out); b may be NULL. y must not alias x. */
+    /* y(n, out) = x(n, in) W(in, out) + b(out); b may be NULL. y must not alias x. x: [act]. */
     int (*matmul_forward)(float *y, const float *x, const float *w, const float *b, int n, int in,
                           int out);
     /* dx(n, in) += dy W^T; dw(in, out) += x^T dy; db(out) += column sums of dy. Any of dx, dw, db may be
-     * NULL. */
+     * NULL. x: [act]. */
     int (*matmul_backward)(float *dx, float *dw, float *db, const float *dy, const float *x,
                            const float *w, int n, int in, int out);
     /* General row-major SGEMM: C(m, n) = alpha op(A) op(B) + beta C, op = transpose when trans_* != 0
      * (A is (m, k), or (k, m) when transposed; likewise B). For layouts matmul does not cover, e.g. the
-     * tied LM head logits = x wte^T with wte stored (V, C). */
+     * tied LM head logits = x wte^T with wte stored (V, C). a and b: [act]. */
     int (*gemm)(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
                 const float *b, int ldb, float beta, float *c, int ldc);
 
     /* ---- layernorm over the last dimension (c) ---- */
-    /* out, inp: (n, c); weight, bias: (c); mean, rstd: (n), saved for backward. */
+    /* out, inp: (n, c); weight, bias: (c); mean, rstd: (n), saved for backward. out: [act]. */
     int (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
                              const float *weight, const float *bias, int n, int c, float eps);
     /* dinp += ..., dweight += ..., dbias += ...; any of the three may be NULL. */
@@ -191,7 +204,7 @@ struct kernels {
      * c_attn (nkv = nh) or Llama's q/k/v_proj, whose weights are adjacent, write it; query head h uses q
      * columns h*hs .. h*hs+hs-1 and the k and v columns of key/value head h / (nh/nkv).
      * out: (b*t, c), head h at columns h*hs ... lse: (b, nh, t) log-sum-exp of each row of scaled scores
-     * (scale 1/sqrt(hs)), saved for backward.
+     * (scale 1/sqrt(hs)), saved for backward. out: [act] (also backward's).
      * window: sliding-window attention (Mistral): key j is visible to query i when i - window < j <= i, the
      * window tokens ending at the query itself (transformers' sliding_window convention); 0 = full causal.
      * Key blocks entirely outside every query's window are skipped, not masked.
@@ -216,14 +229,14 @@ struct kernels {
                                  const struct kernels_attention_cp *a);
 
     /* ---- elementwise ---- */
-    /* GELU, tanh approximation (GPT-2's gelu_new). out may alias inp. */
+    /* GELU, tanh approximation (GPT-2's gelu_new). out may alias inp. out: [act] (then not aliasing inp). */
     int (*gelu_forward)(float *out, const float *inp, size_t n);
     /* dinp += gelu'(inp) * dout. */
     int (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
     /* Optional (NULL: matmul_forward then gelu_forward): pre(n, out) = x W + b (b may be NULL) and
      * y(n, out) = gelu(pre), GPT-2's MLP up-projection in one pass: a table that can apply the GELU as the
      * product is written (cuBLASLt's epilogue) saves reading pre back. Both are written: backward reads pre.
-     * y must alias neither pre nor x. */
+     * y must alias neither pre nor x. x and y: [act]. */
     int (*matmul_forward_gelu)(float *pre, float *y, const float *x, const float *w, const float *b, int n, int in,
                                int out);
     /* Optional (NULL: gemm for dy W^T, then gelu_backward into a zeroed buffer): dpre(n, in) = (dy(n, out)
@@ -235,7 +248,7 @@ struct kernels {
     /* Optional (NULL: residual_forward, then layernorm_forward): res = a + b, then out, mean, rstd as
      * layernorm_forward(out, mean, rstd, res, ...) writes them, with the same bits; the block's residual add
      * and the norm after it in one pass over the rows, so res is not read back from memory a third time.
-     * res may alias a or b; out aliases none of res, a, b. */
+     * res may alias a or b; out aliases none of res, a, b. out: [act]. */
     int (*residual_layernorm_forward)(float *res, float *out, float *mean, float *rstd, const float *a,
                                       const float *b, const float *weight, const float *bias, int n, int c,
                                       float eps);
@@ -297,12 +310,12 @@ struct kernels {
 
     /* ---- Llama: RMSNorm, rotary position embeddings, SwiGLU ---- */
     /* RMSNorm over the last dimension: out = (inp * rstd) * weight, rstd = 1 / sqrt(mean(inp^2) + eps) per
-     * row, saved for backward. out, inp: (n, c); weight: (c); rstd: (n). out must not alias inp. */
+     * row, saved for backward. out, inp: (n, c); weight: (c); rstd: (n). out must not alias inp. out: [act]. */
     int (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *weight, int n, int c,
                            float eps);
     /* Optional (NULL: residual_forward, then rmsnorm_forward): res = a + b, then out and rstd as
      * rmsnorm_forward(out, rstd, res, ...) writes them, with the same bits, in one pass over the rows. res may
-     * alias a or b; out aliases none of res, a, b. */
+     * alias a or b; out aliases none of res, a, b. out: [act]. */
     int (*residual_rmsnorm_forward)(float *res, float *out, float *rstd, const float *a, const float *b,
                                     const float *weight, int n, int c, float eps);
     /* dinp += ..., dweight += ...; either may be NULL. inp and rstd are forward's. */
@@ -319,7 +332,8 @@ struct kernels {
     /* The transpose, in place on a gradient of the same layout: rotation by the negative angle. */
     int (*rope_backward)(float *dx, int n, int ld, int nheads, int hs, const int32_t *pos, const float *freqs,
                          int npos);
-    /* SwiGLU: gu (n, 2m), rows [gate | up]; out (n, m) = silu(gate) * up, silu(g) = g / (1 + exp(-g)). */
+    /* SwiGLU: gu (n, 2m), rows [gate | up]; out (n, m) = silu(gate) * up, silu(g) = g / (1 + exp(-g)).
+     * out: [act]. */
     int (*swiglu_forward)(float *out, const float *gu, int n, int m);
     /* dgu (n, 2m) += [dout * up * silu'(gate) | dout * silu(gate)]. */
     int (*swiglu_backward)(float *dgu, const float *gu, const float *dout, int n, int m);

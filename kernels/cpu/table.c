@@ -26,6 +26,7 @@ static struct kernels cpu_table = {
     .lowp_unbind = cpu_lowp_unbind,
     .lowp_hold = cpu_lowp_hold,
     .lowp_release = cpu_lowp_release,
+    .act_dtypes = DTYPE_BIT(DTYPE_F32), /* no activation storage: bf16 operands are rounded per matmul */
     .matmul_forward = cpu_matmul_forward,
     .matmul_backward = cpu_matmul_backward,
     .gemm = cpu_gemm,

@@ -80,7 +80,8 @@ __device__ __forceinline__ att_cols att_cols_of(int c, int nh, int nkv, int h)
  * triangle's long blocks do not trail at the end. */
 template <int DPL, bool BF16>
 __global__ void __launch_bounds__(ATT_THREADS)
-    att_forward_kernel(float *out, float *lse, const float *qkv, int t, int c, int nh, int nkv, float scale, int window)
+    att_forward_kernel(float *out, float *lse, const float *qkv, int t, int c, int nh, int nkv, float scale, int window,
+                       bool out_lp)
 {
     extern __shared__ float sm[];
     const int hs = c / nh, hp = hs + 1;
@@ -155,12 +156,12 @@ __global__ void __launch_bounds__(ATT_THREADS)
         if (qi >= t)
             continue;
         const float inv = 1.0f / l[rr];
-        float *orow = out + ((size_t)bi * t + qi) * c + (size_t)h * hs;
+        const size_t orow = ((size_t)bi * t + qi) * c + (size_t)h * hs;
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
             const int d = lane + 32 * i;
             if (d < hs)
-                orow[d] = o[rr][i] * inv;
+                cuda_act_store_rt(out, orow + d, o[rr][i] * inv, out_lp);
         }
         if (lane == 0)
             lse[(size_t)pair * t + qi] = m[rr] + logf(l[rr]);
@@ -170,7 +171,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
 /* D[pair, i] = dO_i . O_i, one warp per (row, head); in bf16 mode dO rounded as dP = dO V^T reads it (so the
  * dS of a row still sum to about 0), O the forward's output as it is. */
 template <bool BF16>
-__global__ void att_rowdot_kernel(float *dsum, const float *dout, const float *out, int b, int t, int c, int nh)
+__global__ void att_rowdot_kernel(float *dsum, const float *dout, const float *out, int b, int t, int c, int nh,
+                                  bool out_lp)
 {
     const int hs = c / nh, lane = threadIdx.x & 31;
     const size_t w = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5, total = (size_t)b * nh * t;
@@ -180,7 +182,7 @@ __global__ void att_rowdot_kernel(float *dsum, const float *dout, const float *o
     const size_t off = ((size_t)bi * t + qi) * c + (size_t)h * hs;
     float s = 0.0f;
     for (int d = lane; d < hs; d += 32)
-        s += att_op<BF16>(dout[off + d]) * out[off + d];
+        s += att_op<BF16>(dout[off + d]) * cuda_act_load_rt(out, off + d, out_lp);
     s = cuda_warp_sum(s);
     if (lane == 0)
         dsum[w] = s;
@@ -400,12 +402,15 @@ template <int DPL, bool BF16>
 static int att_forward_launch(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv,
                               int window)
 {
+    bool out_lp;
+    FSDP_TRY(cuda_act_lowp("attention_forward", out, &out_lp));
     const int hs = c / nh;
     size_t smem = (size_t)ATT_TILE * (2 * hs + hs + 1) * sizeof(float);
     FSDP_TRY(att_prepare("attention_forward", att_forward_kernel<DPL, BF16>, smem));
     dim3 grid((t + ATT_TILE - 1) / ATT_TILE, b * nh);
     att_forward_kernel<DPL, BF16><<<grid, ATT_THREADS, smem, cuda_ctx.stream>>>(out, lse, qkv, t, c, nh, nkv,
-                                                                                1.0f / sqrtf((float)hs), window);
+                                                                                1.0f / sqrtf((float)hs), window,
+                                                                                out_lp);
     return cuda_check_launch("attention_forward");
 }
 
@@ -447,9 +452,11 @@ static int att_forward_hs(float *out, float *lse, const float *qkv, int b, int t
 template <bool BF16>
 static int att_rowdot(float *dsum, const float *dout, const float *out, int b, int t, int c, int nh)
 {
+    bool out_lp;
+    FSDP_TRY(cuda_act_lowp("attention_backward", out, &out_lp));
     size_t warps = (size_t)b * nh * t;
     att_rowdot_kernel<BF16><<<(unsigned)((warps * 32 + CUDA_THREADS - 1) / CUDA_THREADS), CUDA_THREADS, 0,
-                              cuda_ctx.stream>>>(dsum, dout, out, b, t, c, nh);
+                              cuda_ctx.stream>>>(dsum, dout, out, b, t, c, nh, out_lp);
     return cuda_check_launch("attention_backward (rowdot)");
 }
 

@@ -35,12 +35,12 @@ bool cuda_attention_gemm_applies(int c, int nh)
 /* Row-major C(m, n) = alpha op(A) op(B) + beta C for `batch` matrices at fixed strides: A and B bf16, C fp32,
  * fp32 accumulation (the operand swap of matmul.cu's gemm_rm). */
 static int attg_gemm(const char *op, int ta, int tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
-                     long long sa, const uint16_t *b, int ldb, long long sb, float beta, float *c, int ldc,
-                     long long sc, int batch)
+                     long long sa, const uint16_t *b, int ldb, long long sb, float beta, void *c, int ldc,
+                     long long sc, int batch, cudaDataType_t ctype = CUDA_R_32F)
 {
     cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     return cuda_check_blas(op, cublasGemmStridedBatchedEx(cuda_ctx.blas, opb, opa, n, m, k, &alpha, b, CUDA_R_16BF,
-                                                          ldb, sb, a, CUDA_R_16BF, lda, sa, &beta, c, CUDA_R_32F, ldc,
+                                                          ldb, sb, a, CUDA_R_16BF, lda, sa, &beta, c, ctype, ldc,
                                                           sc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
@@ -158,6 +158,8 @@ int cuda_attention_gemm_forward(float *out, float *lse, const float *qkv, int b,
     const int hs = c / nh, g = nh / nkv, W = c + 2 * nkv * hs, ld = attg_ld(t);
     const long long tt = (long long)t * ld;
     struct attg_scratch w;
+    bool out_lp; /* out in bf16 activation storage: the P V products write bf16 */
+    FSDP_TRY(cuda_act_lowp(op, out, &out_lp));
     FSDP_TRY(attg_scratch_get(op, b, t, c, nh, nkv, false, &w));
     FSDP_TRY(cuda_cast(w.qkv16, DTYPE_BF16, qkv, DTYPE_F32, (size_t)b * t * W));
     const float scale = 1.0f / sqrtf((float)hs);
@@ -168,9 +170,12 @@ int cuda_attention_gemm_forward(float *out, float *lse, const float *qkv, int b,
             w.p16, lse + (size_t)bi * rows, w.s, t, ld, rows, 1, window);
         FSDP_TRY(cuda_check_launch(op));
         const uint16_t *v = w.qkv16 + (size_t)bi * t * W + c + (size_t)nkv * hs;
-        for (int j = 0; j < g; j++) /* O_h = P_h V_kvh into out's columns of head h */
-            FSDP_TRY(attg_gemm(op, 0, 0, t, hs, t, 1.0f, w.p16 + j * tt, ld, g * tt, v, W, hs, 0.0f,
-                               out + (size_t)bi * t * c + (size_t)j * hs, c, (long long)g * hs, nkv));
+        for (int j = 0; j < g; j++) { /* O_h = P_h V_kvh into out's columns of head h */
+            size_t o = (size_t)bi * t * c + (size_t)j * hs;
+            void *oh = out_lp ? (void *)((uint16_t *)out + o) : (void *)(out + o);
+            FSDP_TRY(attg_gemm(op, 0, 0, t, hs, t, 1.0f, w.p16 + j * tt, ld, g * tt, v, W, hs, 0.0f, oh, c,
+                               (long long)g * hs, nkv, out_lp ? CUDA_R_16BF : CUDA_R_32F));
+        }
     }
     return 0;
 }

@@ -29,6 +29,8 @@ int cuda_lowp_bind(const float *f32, const void *lp, size_t n);
 int cuda_lowp_unbind(const float *f32);
 int cuda_lowp_hold(const float *x, size_t n);
 int cuda_lowp_release(const float *x);
+int cuda_act_bind(void *p, size_t bytes, enum dtype dtype);
+int cuda_act_unbind(void *p);
 int cuda_matmul_forward(float *y, const float *x, const float *w, const float *b, int n, int in, int out);
 int cuda_matmul_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
                          int n, int in, int out);

@@ -5,12 +5,12 @@
 #define GELU_K0 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_K1 0.044715f
 
-__global__ void gelu_forward_kernel(float *out, const float *inp, size_t n)
+template <bool LP> __global__ void gelu_forward_kernel(float *out, const float *inp, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float x = inp[i];
         float th = tanhf(GELU_K0 * (x + GELU_K1 * x * x * x));
-        out[i] = 0.5f * x * (1.0f + th);
+        cuda_act_store<LP>(out, i, 0.5f * x * (1.0f + th));
     }
 }
 
@@ -31,7 +31,14 @@ int cuda_gelu_forward(float *out, const float *inp, size_t n)
         return 0;
     if (!out || !inp)
         return error_set(FSDP_EINVAL, "kernels cuda: gelu_forward: NULL buffer");
-    gelu_forward_kernel<<<cuda_grid(n), CUDA_THREADS, 0, cuda_ctx.stream>>>(out, inp, n);
+    bool lp;
+    FSDP_TRY(cuda_act_lowp("gelu_forward", out, &lp));
+    if (lp && out == inp) /* a 16-bit element would overwrite half of an fp32 input not read yet */
+        return error_set(FSDP_EINVAL, "kernels cuda: gelu_forward: a bf16 activation output cannot alias the input");
+    if (lp)
+        gelu_forward_kernel<true><<<cuda_grid(n), CUDA_THREADS, 0, cuda_ctx.stream>>>(out, inp, n);
+    else
+        gelu_forward_kernel<false><<<cuda_grid(n), CUDA_THREADS, 0, cuda_ctx.stream>>>(out, inp, n);
     return cuda_check_launch("gelu_forward");
 }
 

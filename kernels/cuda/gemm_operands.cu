@@ -20,18 +20,22 @@ static size_t gemm_span(int rows, int cols, int ld)
 /* The operands of a row-major op(A) op(B) as the GEMM reads them. In bf16 (fp16) mode they are rounded to
  * bf16 (fp16) in scratch and cuBLAS multiplies those: CUBLAS_COMPUTE_32F_FAST_16BF on fp32 operands was seen
  * to give TF32's bits on an H200 (cuBLAS 13.1), not the bf16 rounding of the CPU table and of bf16 autocast.
- * An operand with a 16-bit copy already (a bound gathered unit, a held dy: lowp.cu) is read from that copy. */
+ * An operand with a 16-bit copy already (a bound gathered unit, a held dy: lowp.cu) is read from that copy, and
+ * one in activation storage (act.cu) as it is. */
 int cuda_gemm_operands(const char *op, int ta, int tb, int m, int n, int k, const float *a, int lda,
                        const float *b, int ldb, struct cuda_gemm_operands *g)
 {
     enum dtype lowp = cuda_ctx.matmul_dtype;
+    bool a_act, b_act; /* activation storage holds the matmul dtype already (act.cu) */
+    FSDP_TRY(cuda_act_lowp(op, a, &a_act));
+    FSDP_TRY(cuda_act_lowp(op, b, &b_act));
     if (lowp == DTYPE_F32 || k == 0) {
         *g = (struct cuda_gemm_operands){a, b, CUDA_R_32F, cuda_ctx.gemm_f32};
         return 0;
     }
     size_t na = ta ? gemm_span(k, m, lda) : gemm_span(m, k, lda);
     size_t nb = tb ? gemm_span(n, k, ldb) : gemm_span(k, n, ldb);
-    const void *a_lp = cuda_lowp_find(a, na, lowp), *b_lp = cuda_lowp_find(b, nb, lowp);
+    const void *a_lp = a_act ? a : cuda_lowp_find(a, na, lowp), *b_lp = b_act ? b : cuda_lowp_find(b, nb, lowp);
     size_t na_padded = a_lp ? 0 : (na + 7) & ~(size_t)7; /* b's copy 16-byte aligned, as cuBLAS prefers */
     size_t nb_need = b_lp ? 0 : nb;
     uint16_t *a16 = NULL, *b16 = NULL;

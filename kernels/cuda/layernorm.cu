@@ -10,6 +10,7 @@
 /* A row's norm from its lane's part of the row sum: the mean (the sum in double, as on the CPU: residual rows
  * can carry a large common offset that a float sum would lose), the variance from deviations (a second pass,
  * not E[x^2]-E[x]^2, which cancels badly for such rows), the output. */
+template <bool LP>
 static __device__ void ln_row_finish(float *y, float *mean, float *rstd, const float *x, const float *w, const float *b,
                                      int c, float eps, int row, int lane, double sum)
 {
@@ -21,13 +22,14 @@ static __device__ void ln_row_finish(float *y, float *mean, float *rstd, const f
     }
     float rs = rsqrtf(cuda_warp_sum(var) / (float)c + eps);
     for (int j = lane; j < c; j += 32)
-        y[j] = (x[j] - mu) * rs * w[j] + b[j];
+        cuda_act_store<LP>(y, j, (x[j] - mu) * rs * w[j] + b[j]);
     if (lane == 0) {
         mean[row] = mu;
         rstd[row] = rs;
     }
 }
 
+template <bool LP>
 __global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *inp,
                                          const float *w, const float *b, int n, int c, float eps)
 {
@@ -38,12 +40,13 @@ __global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, c
     double sum = 0.0;
     for (int j = lane; j < c; j += 32)
         sum += x[j];
-    ln_row_finish(out + (size_t)row * c, mean, rstd, x, w, b, c, eps, row, lane, sum);
+    ln_row_finish<LP>(cuda_act_row<LP>(out, (size_t)row * c), mean, rstd, x, w, b, c, eps, row, lane, sum);
 }
 
 /* The residual add and the norm in one launch: the first pass writes res = a + b and sums it, the later
  * passes read res back (the lane's own writes, mostly from cache), so the stream is read once less than
  * residual_forward + layernorm_forward, with the same arithmetic in the same order (the same bits). */
+template <bool LP>
 __global__ void residual_layernorm_forward_kernel(float *res, float *out, float *mean, float *rstd, const float *a,
                                                   const float *b, const float *w, const float *bias, int n, int c,
                                                   float eps)
@@ -58,7 +61,7 @@ __global__ void residual_layernorm_forward_kernel(float *res, float *out, float 
         res[o + j] = r;
         sum += r;
     }
-    ln_row_finish(out + o, mean, rstd, res + o, w, bias, c, eps, row, lane, sum);
+    ln_row_finish<LP>(cuda_act_row<LP>(out, o), mean, rstd, res + o, w, bias, c, eps, row, lane, sum);
 }
 
 __global__ void layernorm_backward_dinp_kernel(float *dinp, const float *dout, const float *inp, const float *w,
@@ -126,9 +129,15 @@ int cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *in
         return error_set(FSDP_EINVAL, "kernels cuda: layernorm_forward: bad n=%d c=%d eps=%g", n, c, (double)eps);
     if (n == 0)
         return 0;
+    bool lp;
+    FSDP_TRY(cuda_act_lowp("layernorm_forward", out, &lp));
     unsigned blocks = (unsigned)((n + LN_ROWS_PER_BLOCK - 1) / LN_ROWS_PER_BLOCK);
-    layernorm_forward_kernel<<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>(out, mean, rstd, inp, weight, bias, n, c,
-                                                                           eps);
+    if (lp)
+        layernorm_forward_kernel<true>
+            <<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>(out, mean, rstd, inp, weight, bias, n, c, eps);
+    else
+        layernorm_forward_kernel<false>
+            <<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>(out, mean, rstd, inp, weight, bias, n, c, eps);
     return cuda_check_launch("layernorm_forward");
 }
 
@@ -142,9 +151,15 @@ int cuda_residual_layernorm_forward(float *res, float *out, float *mean, float *
         return error_set(FSDP_EINVAL, "kernels cuda: residual_layernorm_forward: out aliases res, a or b");
     if (n == 0)
         return 0;
+    bool lp;
+    FSDP_TRY(cuda_act_lowp("residual_layernorm_forward", out, &lp));
     unsigned blocks = (unsigned)((n + LN_ROWS_PER_BLOCK - 1) / LN_ROWS_PER_BLOCK);
-    residual_layernorm_forward_kernel<<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>(res, out, mean, rstd, a, b, weight,
-                                                                                    bias, n, c, eps);
+    if (lp)
+        residual_layernorm_forward_kernel<true>
+            <<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>(res, out, mean, rstd, a, b, weight, bias, n, c, eps);
+    else
+        residual_layernorm_forward_kernel<false>
+            <<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>(res, out, mean, rstd, a, b, weight, bias, n, c, eps);
     return cuda_check_launch("residual_layernorm_forward");
 }
 

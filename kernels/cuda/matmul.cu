@@ -75,6 +75,12 @@ int cuda_matmul_forward_gelu(float *pre, float *y, const float *x, const float *
         return 0;
     if (!pre || pre == y || y == x)
         return error_set(FSDP_EINVAL, "kernels cuda: matmul_forward_gelu: y must alias neither pre nor x");
+    bool lp;
+    FSDP_TRY(cuda_act_lowp("matmul_forward_gelu", y, &lp));
+    if (lp) { /* y in bf16 activation storage: the product and bias into pre, then the GELU rounds as it writes */
+        FSDP_TRY(cuda_lt_matmul("matmul_forward_gelu", 0, 0, n, out, in, x, in, w, out, 0.0f, pre, out, b, NULL, NULL));
+        return cuda_gelu_forward(y, pre, (size_t)n * out);
+    }
     /* cuBLASLt's GELU_AUX(_BIAS) epilogue: pre written as the GELU's input, y as its output */
     return cuda_lt_matmul("matmul_forward_gelu", 0, 0, n, out, in, x, in, w, out, 0.0f, y, out, b, pre, NULL);
 }

@@ -7,16 +7,18 @@
 #define RMS_ROWS_PER_BLOCK (CUDA_THREADS / 32)
 
 /* A row's norm from its lane's part of the sum of squares. */
+template <bool LP>
 static __device__ void rms_row_finish(float *y, float *rstd, const float *x, const float *w, int c, float eps, int row,
                                       int lane, float ss)
 {
     float rs = rsqrtf(cuda_warp_sum(ss) / (float)c + eps);
     for (int j = lane; j < c; j += 32)
-        y[j] = (x[j] * rs) * w[j];
+        cuda_act_store<LP>(y, j, (x[j] * rs) * w[j]);
     if (lane == 0)
         rstd[row] = rs;
 }
 
+template <bool LP>
 __global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *inp, const float *w, int n, int c,
                                        float eps)
 {
@@ -27,11 +29,12 @@ __global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *inp
     float ss = 0.0f;
     for (int j = lane; j < c; j += 32)
         ss += x[j] * x[j];
-    rms_row_finish(out + (size_t)row * c, rstd, x, w, c, eps, row, lane, ss);
+    rms_row_finish<LP>(cuda_act_row<LP>(out, (size_t)row * c), rstd, x, w, c, eps, row, lane, ss);
 }
 
 /* The residual add and the norm in one launch: the first pass writes res = a + b and sums its squares, the
  * second reads res back (the lane's own writes), with rmsnorm_forward_kernel's arithmetic (the same bits). */
+template <bool LP>
 __global__ void residual_rmsnorm_forward_kernel(float *res, float *out, float *rstd, const float *a, const float *b,
                                                 const float *w, int n, int c, float eps)
 {
@@ -45,7 +48,7 @@ __global__ void residual_rmsnorm_forward_kernel(float *res, float *out, float *r
         res[o + j] = r;
         ss += r * r;
     }
-    rms_row_finish(out + o, rstd, res + o, w, c, eps, row, lane, ss);
+    rms_row_finish<LP>(cuda_act_row<LP>(out, o), rstd, res + o, w, c, eps, row, lane, ss);
 }
 
 /* With nrm = x rstd: dx += rstd (dy w - nrm mean(dy w nrm)). */
@@ -96,8 +99,13 @@ int cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float 
         return error_set(FSDP_EINVAL, "kernels cuda: rmsnorm_forward: bad n=%d c=%d eps=%g", n, c, (double)eps);
     if (n == 0)
         return 0;
+    bool lp;
+    FSDP_TRY(cuda_act_lowp("rmsnorm_forward", out, &lp));
     unsigned blocks = (unsigned)((n + RMS_ROWS_PER_BLOCK - 1) / RMS_ROWS_PER_BLOCK);
-    rmsnorm_forward_kernel<<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>(out, rstd, inp, weight, n, c, eps);
+    if (lp)
+        rmsnorm_forward_kernel<true><<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>(out, rstd, inp, weight, n, c, eps);
+    else
+        rmsnorm_forward_kernel<false><<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>(out, rstd, inp, weight, n, c, eps);
     return cuda_check_launch("rmsnorm_forward");
 }
 
@@ -111,9 +119,15 @@ int cuda_residual_rmsnorm_forward(float *res, float *out, float *rstd, const flo
         return error_set(FSDP_EINVAL, "kernels cuda: residual_rmsnorm_forward: out aliases res, a or b");
     if (n == 0)
         return 0;
+    bool lp;
+    FSDP_TRY(cuda_act_lowp("residual_rmsnorm_forward", out, &lp));
     unsigned blocks = (unsigned)((n + RMS_ROWS_PER_BLOCK - 1) / RMS_ROWS_PER_BLOCK);
-    residual_rmsnorm_forward_kernel<<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>(res, out, rstd, a, b, weight, n, c,
-                                                                                  eps);
+    if (lp)
+        residual_rmsnorm_forward_kernel<true>
+            <<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>(res, out, rstd, a, b, weight, n, c, eps);
+    else
+        residual_rmsnorm_forward_kernel<false>
+            <<<blocks, CUDA_THREADS, 0, cuda_ctx.stream>>>(res, out, rstd, a, b, weight, n, c, eps);
     return cuda_check_launch("residual_rmsnorm_forward");
 }
 

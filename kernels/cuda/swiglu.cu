@@ -2,13 +2,13 @@
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_common.h"
 
-__global__ void swiglu_forward_kernel(float *out, const float *gu, int n, int m)
+template <bool LP> __global__ void swiglu_forward_kernel(float *out, const float *gu, int n, int m)
 {
     const size_t total = (size_t)n * m;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         const size_t r = i / m, j = i % m;
         const float g = gu[r * 2 * m + j], u = gu[r * 2 * m + m + j];
-        out[i] = g / (1.0f + __expf(-g)) * u;
+        cuda_act_store<LP>(out, i, g / (1.0f + __expf(-g)) * u);
     }
 }
 
@@ -31,7 +31,12 @@ int cuda_swiglu_forward(float *out, const float *gu, int n, int m)
         return error_set(FSDP_EINVAL, "kernels cuda: swiglu_forward: bad n=%d m=%d", n, m);
     if (n == 0)
         return 0;
-    swiglu_forward_kernel<<<cuda_grid((size_t)n * m), CUDA_THREADS, 0, cuda_ctx.stream>>>(out, gu, n, m);
+    bool lp;
+    FSDP_TRY(cuda_act_lowp("swiglu_forward", out, &lp));
+    if (lp)
+        swiglu_forward_kernel<true><<<cuda_grid((size_t)n * m), CUDA_THREADS, 0, cuda_ctx.stream>>>(out, gu, n, m);
+    else
+        swiglu_forward_kernel<false><<<cuda_grid((size_t)n * m), CUDA_THREADS, 0, cuda_ctx.stream>>>(out, gu, n, m);
     return cuda_check_launch("swiglu_forward");
 }
 

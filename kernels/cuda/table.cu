@@ -25,6 +25,10 @@ static const struct kernels cuda_table = {
     .lowp_unbind = cuda_lowp_unbind,
     .lowp_hold = cuda_lowp_hold,
     .lowp_release = cuda_lowp_release,
+    /* GEMM inputs kept in bf16 by their producers (act.cu) */
+    .act_dtypes = DTYPE_BIT(DTYPE_F32) | DTYPE_BIT(DTYPE_BF16),
+    .act_bind = cuda_act_bind,
+    .act_unbind = cuda_act_unbind,
     .matmul_forward = cuda_matmul_forward,
     .matmul_backward = cuda_matmul_backward,
     .gemm = cuda_gemm,

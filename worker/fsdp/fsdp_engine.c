@@ -143,6 +143,8 @@ int fsdp_create(struct fsdp **out, const struct worker_config *wc, struct model 
     f->compute_dtype = k->matmul_dtypes & DTYPE_BIT(f->param_dtype) ? f->param_dtype : DTYPE_F32;
     f->bind_lp = f->compute_dtype != DTYPE_F32 && k->lowp_bind && k->lowp_unbind;
     FSDP_TRY_GOTO(k->set_matmul_dtype(f->param_dtype), rc, fail);
+    /* the GEMM inputs the model keeps for backward in that dtype too, where the table stores them so */
+    FSDP_TRY_GOTO(model_set_compute_dtype(model, f->compute_dtype), rc, fail);
     FSDP_TRY_GOTO(make_groups(f), rc, fail);
     FSDP_TRY_GOTO(fsdp_plan_build(f), rc, fail);
     FSDP_TRY_GOTO(alloc_state(f), rc, fail);

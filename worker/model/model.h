@@ -252,6 +252,11 @@ int model_create_cp(struct model **out, const struct model_config *cfg, const st
 /* Global position of row j of the t_local = t / size rows rank `rank` holds of a sequence. */
 int model_cp_position(int rank, int size, int t_local, int j);
 void model_destroy(struct model *m);
+/* The dtype the matmuls compute in (kernels.h set_matmul_dtype), before the first batch: where the table
+ * stores activations in it (act_dtypes), the activations that only matmuls read (the norms' outputs,
+ * attention's output, the MLP's activation) are kept in it, as bf16 autocast and llm.c keep them, in a new
+ * arena of fewer bytes; elsewhere (the CPU, fp32, context parallelism) nothing changes. */
+int model_set_compute_dtype(struct model *m, enum dtype dtype);
 const struct model_layout *model_get_layout(const struct model *m);
 size_t model_get_arena_bytes(const struct model *m);
 

@@ -27,12 +27,21 @@ void *model_carve(struct model_carver *c, size_t bytes)
     return p;
 }
 
-/* Walks the arena: with base == NULL only the size is computed (into throwaway structs), so sizing and
- * carving cannot disagree. cfg is resolved (the family's derived values filled in). */
-static size_t plan(const struct model_decoder *d, const struct model_config *cfg, int b, int t, bool ckpt,
-                   const struct kernels *k, char *base, struct model_core *s, int32_t **tokens, int32_t **targets)
+float *model_carve_act(struct model_carver *c, size_t n)
 {
-    struct model_carver c = {base, 0};
+    void *p = c->act_base ? c->act_base + c->act_off : NULL;
+    c->act_off += (n * c->act_elem + 63) & ~(size_t)63;
+    return p;
+}
+
+/* Walks the arena: with base == NULL only the sizes are computed (into throwaway structs), so sizing and
+ * carving cannot disagree. cfg is resolved (the family's derived values filled in). The activation region
+ * starts at act_base (NULL while sizing), its elements act_elem bytes; *act_bytes gets its size. */
+static size_t plan(const struct model_decoder *d, const struct model_config *cfg, int b, int t, bool ckpt,
+                   const struct kernels *k, char *base, char *act_base, size_t act_elem, size_t *act_bytes,
+                   struct model_core *s, int32_t **tokens, int32_t **targets)
+{
+    struct model_carver c = {base, 0, act_base, 0, act_elem};
     size_t N = (size_t)b * t, C = (size_t)cfg->n_embd, L = (size_t)cfg->n_layer, F = sizeof(float);
     size_t vp = (size_t)(cfg->vocab_size + MODEL_VOCAB_ALIGN - 1) / MODEL_VOCAB_ALIGN * MODEL_VOCAB_ALIGN;
     struct model_core dummy;
@@ -54,7 +63,7 @@ static size_t plan(const struct model_decoder *d, const struct model_config *cfg
     size_t nacts = ckpt ? 1 : L;
     for (size_t i = 0; i < nacts; i++)
         d->plan_acts(cfg, b, t, &c, base ? s->acts + i * d->acts_size : dummy_acts);
-    s->hn = model_carve(&c, N * C * F);
+    s->hn = model_carve_act(&c, N * C);
     s->hn_mean = d->norm == MODEL_NORM_LAYER ? model_carve(&c, N * F) : NULL;
     s->hn_rstd = model_carve(&c, N * F);
     s->logits = model_carve(&c, N * vp * F);
@@ -66,6 +75,7 @@ static size_t plan(const struct model_decoder *d, const struct model_config *cfg
     int nkv = d->grouped_query && cfg->n_kv_head > 0 ? cfg->n_kv_head : cfg->n_head;
     int qw = cfg->n_head * model_head_dim(cfg); /* the attention's width: n_head heads of head_dim */
     s->attn_ws = model_carve(&c, k ? k->attention_workspace_bytes(b, t, qw, cfg->n_head, nkv) : 0);
+    *act_bytes = c.act_off;
     return c.off;
 }
 
@@ -75,11 +85,14 @@ size_t model_core_arena_bytes(const struct model_family *f, const struct model_c
     struct model_config r = *cfg;
     if (f->resolve)
         f->resolve(&r);
-    return plan(f->decoder, &r, b, t, ckpt, k, NULL, NULL, NULL, NULL);
+    size_t act;
+    return plan(f->decoder, &r, b, t, ckpt, k, NULL, NULL, sizeof(float), &act, NULL, NULL, NULL) + act;
 }
 
 static void core_free(struct model *m, struct model_core *s)
 {
+    if (s->act_bound)
+        m->k->act_unbind(s->act_region);
     if (s->arena)
         m->k->mem_free(s->arena);
     free(s->acts);
@@ -104,16 +117,25 @@ int model_core_create(struct model *m)
     }
     s->ckpt = ckpt;
     const struct kernels *ws = m->cp.size > 1 ? NULL : m->k;
-    m->arena_bytes = plan(d, cfg, m->b, m->t, ckpt, ws, NULL, NULL, NULL, NULL);
+    size_t act_elem = dtype_size(m->act_dtype), act_bytes;
+    size_t main_bytes = plan(d, cfg, m->b, m->t, ckpt, ws, NULL, NULL, act_elem, &act_bytes, NULL, NULL, NULL);
+    m->arena_bytes = main_bytes + act_bytes;
     s->arena = m->k->mem_alloc(m->arena_bytes);
     if (!s->arena) {
         core_free(m, s);
         return error_set(FSDP_ENOMEM, "model: cannot allocate the %zu-byte activation arena (batch %d x %d)%s",
                          m->arena_bytes, m->b, m->t, ckpt ? "" : "; activation_checkpointing = true needs less");
     }
-    plan(d, cfg, m->b, m->t, ckpt, ws, s->arena, s, &m->tokens, &m->targets);
+    s->act_region = (char *)s->arena + main_bytes;
+    plan(d, cfg, m->b, m->t, ckpt, ws, s->arena, s->act_region, act_elem, &act_bytes, s, &m->tokens, &m->targets);
     m->family = s;
-    int rc = m->k->mem_set(s->loss_acc, 0, sizeof *s->loss_acc);
+    int rc = 0;
+    if (m->act_dtype != DTYPE_F32) { /* the ops read and write the region's tensors in that dtype */
+        rc = m->k->act_bind(s->act_region, act_bytes, m->act_dtype);
+        s->act_bound = rc == 0;
+    }
+    if (rc == 0)
+        rc = m->k->mem_set(s->loss_acc, 0, sizeof *s->loss_acc);
     if (rc == 0 && d->setup)
         rc = d->setup(m);
     if (rc) {

@@ -11,6 +11,8 @@
 
 #define LN_EPS 1e-5f
 
+/* ln1, atty, ln2 and fcg: [act] tensors of the activation region (model_carve_act), read only by matmuls
+ * (and atty by attention's backward). */
 struct gpt2_acts {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *xmid, *ln2, *ln2_mean, *ln2_rstd, *fc, *fcg;
 };
@@ -27,18 +29,18 @@ static void gpt2_plan_acts(const struct model_config *cfg, int b, int t, struct 
 {
     struct gpt2_acts *a = acts;
     size_t N = (size_t)b * t, C = (size_t)cfg->n_embd, F = sizeof(float);
-    a->ln1 = model_carve(c, N * C * F);
+    a->ln1 = model_carve_act(c, N * C);
     a->ln1_mean = model_carve(c, N * F);
     a->ln1_rstd = model_carve(c, N * F);
     a->qkv = model_carve(c, 3 * N * C * F);
-    a->atty = model_carve(c, N * C * F);
+    a->atty = model_carve_act(c, N * C);
     a->lse = model_carve(c, N * (size_t)cfg->n_head * F);
     a->xmid = model_carve(c, N * C * F);
-    a->ln2 = model_carve(c, N * C * F);
+    a->ln2 = model_carve_act(c, N * C);
     a->ln2_mean = model_carve(c, N * F);
     a->ln2_rstd = model_carve(c, N * F);
     a->fc = model_carve(c, 4 * N * C * F);
-    a->fcg = model_carve(c, 4 * N * C * F);
+    a->fcg = model_carve_act(c, 4 * N * C);
 }
 
 static void gpt2_plan_scratch(const struct model_config *cfg, int b, int t, struct model_carver *c, void *fam)

@@ -19,6 +19,9 @@ struct model {
     void *family; /* the core's state, struct model_core (activation pointers into its arena) */
     /* context parallelism (model.h): cp.size 1 = none; t is then this rank's rows of each sequence */
     struct model_cp cp;
+    /* The dtype of the activation region (model_carver): fp32 until model_set_compute_dtype picks the matmul
+     * dtype on a table that stores activations (kernels.h act_dtypes) */
+    enum dtype act_dtype;
     int t_seq;                 /* tokens of a whole sequence: t x cp.size */
     int *cp_qpos, *cp_kpos;    /* device: positions of this rank's rows (t), of the group's rows (t_seq) */
     float *cp_a, *cp_b, *cp_c; /* device scratch of the strategy (model_cp.c) */
@@ -58,13 +61,23 @@ struct model_hf_family;
  * and softmax cross-entropy. The core owns all of that and the activation arena; a family describes its
  * root tensors and brings its block. */
 
-/* Walks an arena: with base == NULL only the size is computed, so sizing and carving cannot disagree. */
+/* Walks an arena: with base == NULL only the size is computed, so sizing and carving cannot disagree. The
+ * activations that only matmuls read (the GEMM inputs a block keeps for backward: its norms' outputs,
+ * attention's output, the MLP's activation; the final norm's output) come from a second region after the
+ * first, in the model's activation dtype (m->act_dtype): bf16 where the table stores activations in the
+ * matmul dtype (kernels.h, act_bind), else fp32. */
 struct model_carver {
     char *base;
     size_t off;
+    char *act_base;  /* the activation region (NULL while sizing) */
+    size_t act_off;
+    size_t act_elem; /* bytes of one activation element */
 };
 /* The next 64-byte aligned piece of bytes (NULL while sizing). */
 void *model_carve(struct model_carver *c, size_t bytes);
+/* The next piece of n activation elements of the activation region: an [act] tensor of kernels.h, typed
+ * float * as the ops take it, that only [act] arguments may be given. */
+float *model_carve_act(struct model_carver *c, size_t n);
 
 enum model_norm { MODEL_NORM_LAYER, MODEL_NORM_RMS };
 
@@ -93,6 +106,8 @@ struct model_decoder {
 /* The core's state (m->family). */
 struct model_core {
     void *arena;
+    void *act_region;             /* the arena's activation region (model_carver), bound with act_bind when */
+    bool act_bound;               /* m->act_dtype is not fp32 */
     float *resid;                 /* (L + 1) x (N, C): block inputs, then the last block's output */
     char *acts;                   /* the family's activation structs */
     void *fam;                    /* the family's own state */

@@ -18,6 +18,8 @@
 #include "common/error.h"
 #include "worker/model/model_internal.h"
 
+/* h1, att, h2 and act: [act] tensors of the activation region (model_carve_act), read only by matmuls (and
+ * att by attention's backward). */
 struct llama_acts {
     float *h1, *rstd1, *qkv, *att, *lse, *xmid, *h2, *rstd2, *gu, *act;
     float *qraw, *kraw, *qrstd, *krstd; /* q/k norm (qwen3): q and k before their norms, (N, Q) and (N, KV) */
@@ -93,16 +95,16 @@ static void llama_plan_acts(const struct model_config *cfg, int b, int t, struct
     struct llama_acts *a = acts;
     struct dims d = dims_of(cfg, b, t);
     size_t N = (size_t)d.N, C = (size_t)d.C, F = sizeof(float), I = (size_t)d.I;
-    a->h1 = model_carve(c, N * C * F);
+    a->h1 = model_carve_act(c, N * C);
     a->rstd1 = model_carve(c, N * F);
     a->qkv = model_carve(c, N * (size_t)d.qkv * F);
-    a->att = model_carve(c, N * (size_t)d.Q * F);
+    a->att = model_carve_act(c, N * (size_t)d.Q);
     a->lse = model_carve(c, N * (size_t)d.nh * F);
     a->xmid = model_carve(c, N * C * F);
-    a->h2 = model_carve(c, N * C * F);
+    a->h2 = model_carve_act(c, N * C);
     a->rstd2 = model_carve(c, N * F);
     a->gu = model_carve(c, 2 * N * I * F);
-    a->act = model_carve(c, N * I * F);
+    a->act = model_carve_act(c, N * I);
     if (cfg->qk_norm) {
         a->qraw = model_carve(c, N * (size_t)d.Q * F);
         a->kraw = model_carve(c, N * (size_t)d.nkv * d.hs * F);

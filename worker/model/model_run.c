@@ -96,6 +96,29 @@ void model_destroy(struct model *m)
     free(m);
 }
 
+int model_set_compute_dtype(struct model *m, enum dtype dtype)
+{
+    const struct kernels *k = m->k;
+    /* Context-parallel attention moves and reads its output in fp32 (model_cp.c): such a model keeps fp32. */
+    bool store = dtype != DTYPE_F32 && (k->act_dtypes & DTYPE_BIT(dtype)) && k->act_bind && m->cp.size == 1;
+    enum dtype act = store ? dtype : DTYPE_F32;
+    if (act == m->act_dtype)
+        return 0;
+    /* a new arena: the activation region's size changes with its dtype (nothing in the old one is kept) */
+    enum dtype old = m->act_dtype;
+    model_core_destroy(m);
+    m->act_dtype = act;
+    int rc = model_core_create(m);
+    if (rc) {
+        m->act_dtype = old;
+        return rc;
+    }
+    m->batch_set = false;
+    log_debug("model %s: activations that only matmuls read are stored in %s; activation arena %zu bytes",
+              m->layout.config.model_family, dtype_name(act), m->arena_bytes);
+    return 0;
+}
+
 const struct model_layout *model_get_layout(const struct model *m)
 {
     return &m->layout;
