@@ -775,3 +775,104 @@ Test(model, llama_units_checkpointing_and_padding)
         free(grads[1]);
     }
 }
+
+/* ---------------- a block's output add, taken by the next norm ---------------- */
+
+/* The CPU table's ops, counted: which of the residual adds ran on their own and which fused with a norm. */
+static int n_residual, n_fused;
+static int count_residual(float *out, const float *a, const float *b, size_t n)
+{
+    n_residual++;
+    return kernels_cpu()->residual_forward(out, a, b, n);
+}
+static int count_residual_layernorm(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
+                                    const float *w, const float *bias, int n, int c, float eps)
+{
+    n_fused++;
+    return kernels_cpu()->residual_layernorm_forward(res, out, mean, rstd, a, b, w, bias, n, c, eps);
+}
+static int count_residual_rmsnorm(float *res, float *out, float *rstd, const float *a, const float *b, const float *w,
+                                  int n, int c, float eps)
+{
+    n_fused++;
+    return kernels_cpu()->residual_rmsnorm_forward(res, out, rstd, a, b, w, n, c, eps);
+}
+
+/* Loss and gradients of one forward_backward on table k; *again: the loss of a per-unit forward that runs
+ * block 0 twice (an add left pending by a step that is not followed by its consumer). */
+static float fused_run(const struct model_config *c, const struct kernels *k, float *grads, float *again)
+{
+    struct model *m;
+    cr_assert_eq(model_create(&m, c, k, 2, 16), 0, "%s", error_message());
+    const struct model_layout *l = model_get_layout(m);
+    float *p = k->mem_alloc(l->numel * 4);
+    cr_assert_eq(model_init_params(l, p), 0);
+    memset(grads, 0, l->numel * 4);
+    int32_t tok[32], tgt[32];
+    for (int i = 0; i < 32; i++) {
+        tok[i] = (i * 7) % 77;
+        tgt[i] = i % 9 == 4 ? -1 : (i * 13 + 1) % 77;
+    }
+    cr_assert_eq(model_set_batch(m, tok, tgt), 0);
+    float loss;
+    cr_assert_eq(model_forward_backward(m, p, grads, &loss), 0, "%s", error_message());
+    double sum;
+    cr_assert_eq(model_forward_embed(m, p + l->units[0].offset), 0);
+    cr_assert_eq(model_forward_block(m, 0, p + l->units[1].offset), 0);
+    for (int i = 0; i < c->n_layer; i++)
+        cr_assert_eq(model_forward_block(m, i, p + l->units[1 + i].offset), 0);
+    cr_assert_eq(model_forward_head(m, p + l->units[0].offset, 0.0f), 0);
+    cr_assert_eq(model_take_loss(m, &sum), 0);
+    *again = (float)(sum / model_batch_targets(m));
+    k->mem_free(p);
+    model_destroy(m);
+    return loss;
+}
+
+/* With the fused residual + norm ops, each block's last add is taken by the norm after it (the next block's
+ * first, or the final one): never run on its own, never lost, never done twice, and the loss and every
+ * gradient bit-identical to the table without the fused ops, with and without activation checkpointing. */
+Test(model, block_output_add_fused_into_next_norm)
+{
+    struct kernels fused = *kernels_cpu(), plain = *kernels_cpu();
+    fused.residual_forward = plain.residual_forward = count_residual;
+    fused.residual_layernorm_forward = count_residual_layernorm;
+    fused.residual_rmsnorm_forward = count_residual_rmsnorm;
+    plain.residual_layernorm_forward = NULL;
+    plain.residual_rmsnorm_forward = NULL;
+    for (int fam = 0; fam < 2; fam++) {
+        struct model_config c;
+        if (fam)
+            llama_config(&c, 2, false);
+        else
+            small_config(&c);
+        c.n_layer = 3;
+        int L = c.n_layer;
+        struct model_layout lay;
+        cr_assert_eq(model_layout_build(&lay, &c), 0, "%s", error_message());
+        size_t numel = lay.numel;
+        model_layout_free(&lay);
+        float *gf = malloc(numel * 4), *gp = malloc(numel * 4);
+        for (int ck = 0; ck < 2; ck++) {
+            c.activation_checkpointing = ck;
+            float again_f, again_p;
+            n_residual = n_fused = 0;
+            float lf = fused_run(&c, &fused, gf, &again_f);
+            /* forward_backward: L mid-block adds, L - 1 block inputs and the final norm, plus the L mid-block
+             * adds of the recompute; then the per-unit forward: block 0 twice (its first add flushed alone) */
+            cr_assert_eq(n_fused, 2 * L + (ck ? L : 0) + 2 * L + 1, "%s ck %d: %d fused", c.model_family, ck, n_fused);
+            cr_assert_eq(n_residual, 1, "%s ck %d: %d residual adds alone", c.model_family, ck, n_residual);
+            n_residual = n_fused = 0;
+            float lp = fused_run(&c, &plain, gp, &again_p);
+            cr_assert_eq(n_fused, 0);
+            cr_assert_eq(n_residual, 2 * L + (ck ? L : 0) + 2 * (L + 1), "%s ck %d: %d", c.model_family, ck,
+                         n_residual);
+            cr_assert_eq(lf, lp, "%s ck %d: loss %.9g fused, %.9g plain", c.model_family, ck, lf, lp);
+            cr_assert_eq(again_f, lf, "%s ck %d", c.model_family, ck);
+            cr_assert_eq(again_p, lp, "%s ck %d", c.model_family, ck);
+            cr_assert_arr_eq(gf, gp, numel * 4, "%s ck %d: the fused ops changed the gradients", c.model_family, ck);
+        }
+        free(gf);
+        free(gp);
+    }
+}

@@ -166,6 +166,7 @@ int model_core_forward_embed(struct model *m, const float *root)
     const struct model_decoder *d = m->decoder;
     const struct model_config *c = &m->layout.config;
     s->head_grad_ready = false;
+    s->pend = false; /* a new forward: an add left by one that stopped early is stale */
     const float *wte = model_unit_param(m, 0, root, d->root_embed);
     const float *wpe = d->root_pos >= 0 ? model_unit_param(m, 0, root, d->root_pos) : NULL;
     /* A position table is read at global positions: this rank's chunks with context parallelism. */
@@ -179,17 +180,75 @@ int model_core_forward_block(struct model *m, int layer, const float *w)
     return m->decoder->block_forward(m, layer, w, model_core_acts(m, layer));
 }
 
-static int norm_forward(const struct model *m, const float *root, const float *x)
+static bool has_fused_norm(const struct kernels *k, enum model_norm kind)
+{
+    return kind == MODEL_NORM_LAYER ? k->residual_layernorm_forward != NULL : k->residual_rmsnorm_forward != NULL;
+}
+
+/* The pending add on its own (residual_forward), for a forward step that cannot take it in its norm. */
+static int pending_flush(struct model *m)
+{
+    struct model_core *s = m->family;
+    size_t NC = (size_t)m->b * m->t * m->layout.config.n_embd;
+    s->pend = false;
+    return m->k->residual_forward(s->resid + (size_t)s->pend_layer * NC, s->pend_a, s->pend_b, NC);
+}
+
+/* The norm of x_layer into out, the pending add first: in the same call where the table fuses them and the
+ * add is x_layer's, else as residual_forward before the norm (a forward step run out of order). */
+static int input_norm(struct model *m, int layer, enum model_norm kind, float *out, float *mean, float *rstd,
+                      const float *w, const float *b, float eps)
+{
+    struct model_core *s = m->family;
+    const struct kernels *k = m->k;
+    int N = m->b * m->t, C = m->layout.config.n_embd;
+    float *x = s->resid + (size_t)layer * N * C;
+    if (s->pend && (s->pend_layer != layer || !has_fused_norm(k, kind)))
+        FSDP_TRY(pending_flush(m));
+    if (s->pend) {
+        s->pend = false;
+        if (kind == MODEL_NORM_LAYER)
+            return k->residual_layernorm_forward(x, out, mean, rstd, s->pend_a, s->pend_b, w, b, N, C, eps);
+        return k->residual_rmsnorm_forward(x, out, rstd, s->pend_a, s->pend_b, w, N, C, eps);
+    }
+    if (kind == MODEL_NORM_LAYER)
+        return k->layernorm_forward(out, mean, rstd, x, w, b, N, C, eps);
+    return k->rmsnorm_forward(out, rstd, x, w, N, C, eps);
+}
+
+int model_block_input_norm(struct model *m, int layer, float *out, float *mean, float *rstd, const float *w,
+                           const float *b, float eps)
+{
+    return input_norm(m, layer, m->decoder->block_norm, out, mean, rstd, w, b, eps);
+}
+
+int model_block_output(struct model *m, int layer, const float *xmid, const float *branch)
+{
+    struct model_core *s = m->family;
+    const struct model_config *c = &m->layout.config;
+    size_t NC = (size_t)m->b * m->t * c->n_embd;
+    /* backward reads x_layer only, and x_layer+1 is what the forward wrote: no add, and none left pending
+     * (backward overwrites the branch's scratch) */
+    if (s->recompute)
+        return 0;
+    enum model_norm next = layer + 1 < c->n_layer ? m->decoder->block_norm : m->decoder->norm;
+    if (!has_fused_norm(m->k, next))
+        return m->k->residual_forward(s->resid + (size_t)(layer + 1) * NC, xmid, branch, NC);
+    s->pend = true;
+    s->pend_layer = layer + 1;
+    s->pend_a = xmid;
+    s->pend_b = branch;
+    return 0;
+}
+
+static int norm_forward(struct model *m, const float *root)
 {
     const struct model_core *s = m->family;
     const struct model_decoder *d = m->decoder;
     const struct model_config *c = &m->layout.config;
-    int N = m->b * m->t, C = c->n_embd;
     const float *w = model_unit_param(m, 0, root, d->root_norm_w);
-    if (d->norm == MODEL_NORM_LAYER)
-        return m->k->layernorm_forward(s->hn, s->hn_mean, s->hn_rstd, x, w, model_unit_param(m, 0, root, d->root_norm_b),
-                                       N, C, d->norm_eps(c));
-    return m->k->rmsnorm_forward(s->hn, s->hn_rstd, x, w, N, C, d->norm_eps(c));
+    const float *b = d->norm == MODEL_NORM_LAYER ? model_unit_param(m, 0, root, d->root_norm_b) : NULL;
+    return input_norm(m, c->n_layer, d->norm, s->hn, s->hn_mean, s->hn_rstd, w, b, d->norm_eps(c));
 }
 
 int model_core_forward_head(struct model *m, const float *root, float dloss)
@@ -198,7 +257,7 @@ int model_core_forward_head(struct model *m, const float *root, float dloss)
     const struct kernels *k = m->k;
     const struct model_config *c = &m->layout.config;
     int N = m->b * m->t, C = c->n_embd, vp = m->layout.vocab_padded;
-    FSDP_TRY(norm_forward(m, root, s->resid + (size_t)c->n_layer * N * C));
+    FSDP_TRY(norm_forward(m, root));
     /* logits = hn W^T, W (vocab_padded, C): the untied head or the tied embedding */
     FSDP_TRY(k->gemm(0, 1, N, vp, C, 1.0f, s->hn, C, model_unit_param(m, 0, root, m->decoder->root_head(c)), C, 0.0f,
                      s->logits, vp));
@@ -277,8 +336,13 @@ out:
 int model_core_backward_block(struct model *m, int layer, const float *w, float *g)
 {
     struct model_core *s = m->family;
-    if (s->ckpt) /* recompute this block's activations from x_layer */
-        FSDP_TRY(m->decoder->block_forward(m, layer, w, model_core_acts(m, layer)));
+    s->pend = false; /* the forward's adds were taken by its steps; backward reuses their scratch */
+    if (s->ckpt) { /* recompute this block's activations from x_layer */
+        s->recompute = true;
+        int rc = m->decoder->block_forward(m, layer, w, model_core_acts(m, layer));
+        s->recompute = false;
+        FSDP_TRY(rc);
+    }
     return m->decoder->block_backward(m, layer, w, g, model_core_acts(m, layer));
 }
 

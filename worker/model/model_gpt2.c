@@ -63,9 +63,8 @@ static int gpt2_forward_block(struct model *m, int layer, const float *w, void *
     size_t NC = (size_t)N * C;
     struct gpt2_acts *a = acts;
     const float *x = s->resid + (size_t)layer * NC;
-    float *y = s->resid + (size_t)(layer + 1) * NC;
-    FSDP_TRY(k->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, up(m, u, w, LN1_W), up(m, u, w, LN1_B), N, C,
-                             LN_EPS));
+    FSDP_TRY(model_block_input_norm(m, layer, a->ln1, a->ln1_mean, a->ln1_rstd, up(m, u, w, LN1_W),
+                                    up(m, u, w, LN1_B), LN_EPS));
     FSDP_TRY(k->matmul_forward(a->qkv, a->ln1, up(m, u, w, ATTN_W), up(m, u, w, ATTN_B), N, C, 3 * C));
     if (m->cp.size > 1)
         FSDP_TRY(model_cp_attention_forward(m, a->atty, a->lse, a->qkv, 0));
@@ -87,7 +86,7 @@ static int gpt2_forward_block(struct model *m, int layer, const float *w, void *
         FSDP_TRY(k->gelu_forward(a->fcg, a->fc, 4 * NC));
     }
     FSDP_TRY(k->matmul_forward(s->tmp, a->fcg, up(m, u, w, MPROJ_W), up(m, u, w, MPROJ_B), N, 4 * C, C));
-    return k->residual_forward(y, a->xmid, s->tmp, NC);
+    return model_block_output(m, layer, a->xmid, s->tmp);
 }
 
 /* A linear layer's backward with a fresh input gradient: the parameter gradients accumulated (+=) by
@@ -174,6 +173,7 @@ static int gpt2_root_head(const struct model_config *c)
 
 const struct model_decoder model_gpt2_decoder = {
     .norm = MODEL_NORM_LAYER,
+    .block_norm = MODEL_NORM_LAYER,
     .norm_eps = gpt2_norm_eps,
     .root_embed = WTE,
     .root_pos = WPE,

@@ -82,7 +82,8 @@ float *model_carve_act(struct model_carver *c, size_t n);
 enum model_norm { MODEL_NORM_LAYER, MODEL_NORM_RMS };
 
 struct model_decoder {
-    enum model_norm norm; /* the final norm's kind (blocks use their own) */
+    enum model_norm norm;       /* the final norm's kind */
+    enum model_norm block_norm; /* the kind of norm a block opens with (model_block_input_norm) */
     float (*norm_eps)(const struct model_config *c);
     /* Indices among the root unit's parameters: the token embedding, the position table (-1: none; read at
      * global positions under context parallelism), the final norm's weight and bias (-1: none). */
@@ -97,8 +98,9 @@ struct model_decoder {
     void (*plan_acts)(const struct model_config *c, int b, int t, struct model_carver *cv, void *acts);
     void (*plan_scratch)(const struct model_config *c, int b, int t, struct model_carver *cv, void *fam);
     int (*setup)(struct model *m); /* after carving (tables the persistent tensors hold); NULL: none */
-    /* One block on the residual stream (model_core: x_layer in, x_layer+1 out; backward: dres holds dL/dy on
-     * entry and dL/dx on return); w, g: the block unit's slices; gradients are added. */
+    /* One block on the residual stream (model_core: x_layer in, opened by model_block_input_norm; x_layer+1
+     * out, through model_block_output; backward: dres holds dL/dy on entry and dL/dx on return); w, g: the
+     * block unit's slices; gradients are added. */
     int (*block_forward)(struct model *m, int layer, const float *w, void *acts);
     int (*block_backward)(struct model *m, int layer, const float *w, float *g, void *acts);
 };
@@ -118,6 +120,12 @@ struct model_core {
     void *attn_ws;
     double *loss_acc;             /* device: the sum of the heads' losses since the last model_take_loss */
     bool ckpt, head_grad_ready;
+    /* A block's output add left to the next forward step (model_block_output): x_pend_layer = pend_a +
+     * pend_b, not yet written; pend_b is scratch (tmp) that nothing may write before that step. */
+    bool pend;
+    int pend_layer;
+    const float *pend_a, *pend_b;
+    bool recompute; /* a block's forward run again by its backward (activation checkpointing) */
 };
 
 /* Tensor idx of a unit's buffer, with that unit's offsets (every block unit has one layout); grads NULL
@@ -134,6 +142,16 @@ static inline float *model_unit_grad(const struct model *m, int unit, float *buf
  * 16-bit dtype may round it once for both (kernels.h, lowp_hold); tables without the entry round per product. */
 int model_operand_hold(const struct kernels *k, const float *x, size_t n);
 void model_operand_release(const struct kernels *k, const float *x);
+/* A block's first norm, on x_layer (the decoder's block_norm kind; mean and b unused by RMSNorm): where the
+ * block before left its output add pending (model_block_output), the add that writes x_layer and this norm
+ * are one fused call (the table's residual_*norm_forward, the same bits as the two ops). */
+int model_block_input_norm(struct model *m, int layer, float *out, float *mean, float *rstd, const float *w,
+                           const float *b, float eps);
+/* A block's last step, x_layer+1 = xmid + branch. Where the table has the fused residual + norm op of the
+ * norm that reads x_layer+1 next (the next block's first norm, or the final norm), the add is left pending
+ * to that norm, so xmid and branch must stay unwritten until the next forward step. In a block's forward
+ * run again by backward (activation checkpointing), nothing is done: x_layer+1 already holds these bits. */
+int model_block_output(struct model *m, int layer, const float *xmid, const float *branch);
 /* The family's activation struct of a layer (the one set with activation checkpointing). */
 void *model_core_acts(const struct model *m, int layer);
 static inline struct model_core *model_core_of(const struct model *m)

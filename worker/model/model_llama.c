@@ -307,8 +307,7 @@ static int llama_forward_block(struct model *m, int layer, const float *w, void 
     struct llama_acts *a = acts;
     const float *xin = s->resid + (size_t)layer * NC;
     struct block_ix x = ix_of(c);
-    float *y = s->resid + (size_t)(layer + 1) * NC;
-    FSDP_TRY(k->rmsnorm_forward(a->h1, a->rstd1, xin, up(m, u, w, x.in_n), N, C, c->rms_norm_eps));
+    FSDP_TRY(model_block_input_norm(m, layer, a->h1, NULL, a->rstd1, up(m, u, w, x.in_n), NULL, c->rms_norm_eps));
     FSDP_TRY(qkv_forward(m, u, w, a->qkv, a->h1, &d, &x, ls->ones));
     if (c->qk_norm)
         FSDP_TRY(qk_norm_forward(m, u, w, a, &d, &x));
@@ -330,7 +329,7 @@ static int llama_forward_block(struct model *m, int layer, const float *w, void 
     FSDP_TRY(linear_forward(k, a->gu, a->h2, up(m, u, w, x.gate), N, C, 2 * d.I));
     FSDP_TRY(k->swiglu_forward(a->act, a->gu, N, d.I));
     FSDP_TRY(linear_forward(k, s->tmp, a->act, up(m, u, w, x.down), N, d.I, C));
-    return k->residual_forward(y, a->xmid, s->tmp, NC);
+    return model_block_output(m, layer, a->xmid, s->tmp);
 }
 
 static int llama_backward_block(struct model *m, int layer, const float *w, float *g, void *acts)
@@ -384,6 +383,7 @@ static int llama_root_head(const struct model_config *c)
 
 const struct model_decoder model_llama_decoder = {
     .norm = MODEL_NORM_RMS,
+    .block_norm = MODEL_NORM_RMS,
     .norm_eps = llama_norm_eps,
     .root_embed = EMB_W,
     .root_pos = -1,
