@@ -185,7 +185,7 @@ struct kernels {
                            const float *w, int n, int in, int out);
     /* General row-major SGEMM: C(m, n) = alpha op(A) op(B) + beta C, op = transpose when trans_* != 0
      * (A is (m, k), or (k, m) when transposed; likewise B). For layouts matmul does not cover, e.g. the
-     * tied LM head logits = x wte^T with wte stored (V, C). a and b: [act]. */
+     * tied LM head logits = x wte^T with wte stored (V, C). a, b and c: [act] (c with beta 0 only). */
     int (*gemm)(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
                 const float *b, int ldb, float beta, float *c, int ldc);
 
@@ -333,9 +333,9 @@ struct kernels {
     int (*rope_backward)(float *dx, int n, int ld, int nheads, int hs, const int32_t *pos, const float *freqs,
                          int npos);
     /* SwiGLU: gu (n, 2m), rows [gate | up]; out (n, m) = silu(gate) * up, silu(g) = g / (1 + exp(-g)).
-     * out: [act]. */
+     * out and gu: [act]. */
     int (*swiglu_forward)(float *out, const float *gu, int n, int m);
-    /* dgu (n, 2m) += [dout * up * silu'(gate) | dout * silu(gate)]. */
+    /* dgu (n, 2m) += [dout * up * silu'(gate) | dout * silu(gate)]. gu: [act]. */
     int (*swiglu_backward)(float *dgu, const float *gu, const float *dout, int n, int m);
 };
 

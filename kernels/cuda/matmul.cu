@@ -15,11 +15,21 @@ static int gemm_rm(const char *op, int ta, int tb, int m, int n, int k, float al
 {
     if (m == 0 || n == 0)
         return 0;
+    bool c_lp; /* C in bf16 activation storage: written rounded (beta 0 only: nothing is added to bf16) */
+    FSDP_TRY(cuda_act_lowp(op, c, &c_lp));
+    if (c_lp && beta != 0.0f)
+        return error_set(FSDP_EINVAL, "kernels cuda: %s: a bf16 activation is written (beta 0), not added to", op);
+    if (c_lp && k == 0) { /* an empty sum: C's rows are zero (cuBLAS has no fp32-operand, bf16-C form for it) */
+        for (int r = 0; r < m; r++)
+            FSDP_TRY(cuda_check(op, cudaMemsetAsync((uint16_t *)c + (size_t)r * ldc, 0, (size_t)n * 2, cuda_ctx.stream)));
+        return 0;
+    }
     cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     struct cuda_gemm_operands g;
     FSDP_TRY(cuda_gemm_operands(op, ta, tb, m, n, k, a, lda, b, ldb, &g));
     return cuda_check_blas(op, cublasGemmEx(cuda_ctx.blas, opb, opa, n, m, k, &alpha, g.b, g.type, ldb, g.a, g.type,
-                                            lda, &beta, c, CUDA_R_32F, ldc, g.compute, CUBLAS_GEMM_DEFAULT));
+                                            lda, &beta, c, c_lp ? CUDA_R_16BF : CUDA_R_32F, ldc, g.compute,
+                                            CUBLAS_GEMM_DEFAULT));
 }
 
 int cuda_set_matmul_dtype(enum dtype dtype)

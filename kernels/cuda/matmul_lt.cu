@@ -85,6 +85,10 @@ int cuda_lt_matmul(const char *op, int ta, int tb, int m, int n, int k, const fl
 {
     if (m == 0 || n == 0)
         return 0;
+    bool c_lp;
+    FSDP_TRY(cuda_act_lowp(op, c, &c_lp));
+    if (c_lp) /* the epilogues here write fp32 (matmul_forward_gelu rounds in its GELU kernel instead) */
+        return error_set(FSDP_EINVAL, "kernels cuda: %s: the product of an epilogue cannot be a bf16 activation", op);
     FSDP_TRY(lt_init(op));
     struct cuda_gemm_operands g;
     FSDP_TRY(cuda_gemm_operands(op, ta, tb, m, n, k, a, lda, b, ldb, &g));

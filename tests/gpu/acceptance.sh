@@ -44,7 +44,7 @@ src=$(cd "$here/../.." && pwd)
 # meson's 'gpu' suite (tests/kernels/meson.build, tests/common/meson.build): kernels_<t>_cuda runs
 # test_kernels_<t> with FSDP_KERNELS_BACKEND=cuda.
 kernel_tests="ops attention crossentropy_adamw cast llama_ops"
-gpu_tests="tests/kernels/test_kernels_cuda tests/kernels/test_gpu_module tests/common/test_dtype"
+gpu_tests="tests/kernels/test_kernels_cuda tests/kernels/test_kernels_act tests/model/test_model_act tests/kernels/test_gpu_module tests/common/test_dtype"
 programs="worker/fsdp-worker worker/fsdp-prepare-data worker/fsdp-ckpt launcher/fsdp-launch gpu/libfsdp_gpu.so"
 kit_binaries() {
   echo "$programs"

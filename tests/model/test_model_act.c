@@ -1,8 +1,10 @@
 /* A model that keeps its matmul-only activations in bf16 (model_set_compute_dtype on the CUDA table, kernels.h
- * act_bind) against the same model keeping them in fp32, both computing in bf16: the arena is smaller, the loss
- * has the same bits (every matmul reads the values it would have rounded itself), and the gradients differ only
- * where attention's backward reads its output rounded (its D = rowsum(dO O)): within 1e-2 of their norm. GPT-2
- * and Llama (grouped-query), with and without activation checkpointing. The CPU table keeps fp32 activations.
+ * act_bind) against the same model keeping them in fp32, both computing in bf16: the arena is smaller; GPT-2's
+ * loss is the same (every matmul reads the values it would have rounded itself: the same bits under the
+ * emulator, 1e-6 allowed for a GPU's bf16 products rounding their own sums); Llama's within 1e-3 (the bound of
+ * bf16 against fp32 on the CPU), as its SwiGLU also reads gate and up rounded; the gradients within 1e-2 of
+ * their norm (attention's backward reads its output rounded). GPT-2 and Llama (grouped-query), with and without
+ * activation checkpointing. The CPU table keeps fp32 activations.
  * Skips without a GPU (fails where a driver is present: tests/util/tu_gpu.h). */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -84,8 +86,9 @@ static void compare(bool llama, bool ckpt)
     struct run f = run_once(k, &c, DTYPE_F32), b = run_once(k, &c, DTYPE_BF16);
     const char *what = llama ? "llama" : "gpt2";
     cr_assert_lt(b.arena, f.arena, "%s: bf16 activations take %zu bytes, fp32 %zu", what, b.arena, f.arena);
-    cr_assert_eq(memcmp(&b.loss, &f.loss, sizeof f.loss), 0, "%s: loss %.9g with bf16 activations, %.9g with fp32",
-                 what, (double)b.loss, (double)f.loss);
+    double rel = fabs((double)b.loss - f.loss) / fabs((double)f.loss);
+    cr_assert_leq(rel, llama ? 1e-3 : 1e-6, "%s: loss %.9g with bf16 activations, %.9g with fp32", what, (double)b.loss,
+                  (double)f.loss);
     double diff = 0, norm = 0;
     for (size_t i = 0; i < f.numel; i++) {
         diff += ((double)b.grads[i] - f.grads[i]) * ((double)b.grads[i] - f.grads[i]);
@@ -93,8 +96,8 @@ static void compare(bool llama, bool ckpt)
     }
     cr_assert_gt(norm, 0);
     cr_assert_lt(sqrt(diff / norm), 1e-2, "%s: gradients differ by %.3g of their norm", what, sqrt(diff / norm));
-    cr_log_info("%s checkpointing %d: arena %zu -> %zu bytes, gradient difference %.3g of the norm", what, ckpt,
-                f.arena, b.arena, sqrt(diff / norm));
+    cr_log_info("%s checkpointing %d: arena %zu -> %zu bytes, loss difference %.3g relative, gradient difference "
+                "%.3g of the norm", what, ckpt, f.arena, b.arena, rel, sqrt(diff / norm));
     free(f.grads);
     free(b.grads);
     cr_assert_eq(k->set_matmul_dtype(DTYPE_F32), 0);

@@ -18,8 +18,8 @@
 #include "common/error.h"
 #include "worker/model/model_internal.h"
 
-/* h1, att, h2 and act: [act] tensors of the activation region (model_carve_act), read only by matmuls (and
- * att by attention's backward). */
+/* h1, att, h2, gu and act: [act] tensors of the activation region (model_carve_act): the matmuls' operands,
+ * att also read by attention's backward, gu (written by its matmul) by the SwiGLU's forward and backward. */
 struct llama_acts {
     float *h1, *rstd1, *qkv, *att, *lse, *xmid, *h2, *rstd2, *gu, *act;
     float *qraw, *kraw, *qrstd, *krstd; /* q/k norm (qwen3): q and k before their norms, (N, Q) and (N, KV) */
@@ -103,7 +103,7 @@ static void llama_plan_acts(const struct model_config *cfg, int b, int t, struct
     a->xmid = model_carve(c, N * C * F);
     a->h2 = model_carve_act(c, N * C);
     a->rstd2 = model_carve(c, N * F);
-    a->gu = model_carve(c, 2 * N * I * F);
+    a->gu = model_carve_act(c, 2 * N * I);
     a->act = model_carve_act(c, N * I);
     if (cfg->qk_norm) {
         a->qraw = model_carve(c, N * (size_t)d.Q * F);
