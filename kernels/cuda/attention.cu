@@ -6,7 +6,9 @@
  * memory; a lane computes the score of "its" key (or query) against the warp's row as a dot product over
  * a padded shared row (stride hs+1: the 32 lanes hit 32 different banks), the warp does the online
  * softmax with shuffles, and the output row is accumulated in registers with lane d owning head
- * dimensions d, d+32, ... (DPL = ceil(hs/32) of them). hs up to 256 is supported.
+ * dimensions d, d+32, ... (DPL = ceil(hs/32) of them). hs up to 256 is supported. What these kernels share
+ * with the context-parallel ones of attention_cp.cu (tile shape, staging, register rows, launch checks) is
+ * attention_tiles.cuh's.
  *
  * Backward is two kernels, both deterministic without atomics: dQ (blocks over query rows, looping over
  * key tiles, like forward) and dK/dV (blocks over key rows, looping over query tiles, and with grouped-query
@@ -35,18 +37,7 @@
 
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_common.h"
-
-#define ATT_TILE 32                         /* keys (or queries) per shared tile = lanes per warp */
-#define ATT_WARPS 8
-#define ATT_ROWS_PER_WARP (ATT_TILE / ATT_WARPS)
-#define ATT_THREADS (ATT_WARPS * 32)
-#define ATT_MAX_HS 256
-
-/* x as an operand of a product in the mode: rounded to bf16 and back with BF16, else as it is. */
-template <bool BF16> __device__ __forceinline__ float att_op(float x)
-{
-    return BF16 ? dtype_bf16_to_f32(dtype_f32_to_bf16(x)) : x;
-}
+#include "kernels/cuda/attention_tiles.cuh"
 
 /* The first key tile (a multiple of ATT_TILE) that a query tile starting at q0 can see. */
 __host__ __device__ __forceinline__ int att_first_tile(int q0, int window)
@@ -76,6 +67,28 @@ __device__ __forceinline__ att_cols att_cols_of(int c, int nh, int nkv, int h)
     return r;
 }
 
+/* The rows of a tile that starts at row r0 of a sequence of t rows, for att_stage. */
+struct att_rows {
+    int r0, t;
+    __device__ __forceinline__ bool operator()(int r, size_t *i) const
+    {
+        *i = (size_t)(r0 + r);
+        return r0 + r < t;
+    }
+};
+
+/* Key tile k0's rows of the head's K (padded: a lane reads a row) and V (row stride vld), staged between the
+ * syncs that keep the previous tile's readers and this tile's writers apart. */
+template <bool BF16>
+__device__ __forceinline__ void att_stage_keys(float *ks, float *vs, int vld, const float *base, const att_cols &col,
+                                               int hs, int k0, int t)
+{
+    __syncthreads(); /* the previous tile is no longer read */
+    att_stage<BF16>(hs, att_rows{k0, t}, att_operand{ks, hs + 1, base + col.k, (size_t)col.ld},
+                    att_operand{vs, vld, base + col.v, (size_t)col.ld});
+    __syncthreads();
+}
+
 /* Forward. grid (query tiles, b*nh); heaviest (last) query tiles are launched first so the causal
  * triangle's long blocks do not trail at the end. */
 template <int DPL, bool BF16>
@@ -93,61 +106,27 @@ __global__ void __launch_bounds__(ATT_THREADS)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float *base = qkv + (size_t)bi * t * ld;
 
-    for (int idx = threadIdx.x; idx < ATT_TILE * hs; idx += ATT_THREADS) {
-        int r = idx / hs, d = idx % hs;
-        qs[idx] = q0 + r < t ? att_op<BF16>(base[(size_t)(q0 + r) * ld + col.q + d]) : 0.0f;
-    }
-    float m[ATT_ROWS_PER_WARP], l[ATT_ROWS_PER_WARP], o[ATT_ROWS_PER_WARP][DPL];
+    att_stage<BF16>(hs, att_rows{q0, t}, att_operand{qs, hs, base + col.q, (size_t)ld});
+    float m[ATT_ROWS_PER_WARP], l[ATT_ROWS_PER_WARP], o[ATT_ROWS_PER_WARP][DPL] = {};
 #pragma unroll
     for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
         m[rr] = -INFINITY;
         l[rr] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < DPL; i++)
-            o[rr][i] = 0.0f;
     }
     const int q_last = min(q0 + ATT_TILE, t) - 1;
     for (int k0 = att_first_tile(q0, window); k0 <= q_last; k0 += ATT_TILE) {
-        __syncthreads(); /* the previous tile is no longer read */
-        for (int idx = threadIdx.x; idx < ATT_TILE * hs; idx += ATT_THREADS) {
-            int r = idx / hs, d = idx % hs;
-            bool in = k0 + r < t;
-            const float *row = base + (size_t)(k0 + r) * ld;
-            ks[r * hp + d] = in ? att_op<BF16>(row[col.k + d]) : 0.0f;
-            vs[r * hs + d] = in ? att_op<BF16>(row[col.v + d]) : 0.0f;
-        }
-        __syncthreads();
+        att_stage_keys<BF16>(ks, vs, hs, base, col, hs, k0, t);
 #pragma unroll
         for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
             const int r = warp * ATT_ROWS_PER_WARP + rr, qi = q0 + r;
             if (qi >= t || k0 > qi || (window > 0 && k0 + ATT_TILE - 1 <= qi - window))
                 continue; /* warp-uniform: no key of the tile is the row's */
-            const float *qrow = qs + r * hs, *krow = ks + lane * hp;
-            float s = 0.0f;
-            for (int d = 0; d < hs; d++)
-                s += qrow[d] * krow[d];
-            s *= scale;
-            const bool valid = att_visible(qi, k0 + lane, window);
-            const float mx = cuda_warp_max(valid ? s : -INFINITY); /* finite: the tile holds a key of the row */
-            const float m_new = fmaxf(m[rr], mx);
-            const float p = valid ? __expf(s - m_new) : 0.0f;
-            const float alpha = __expf(m[rr] - m_new); /* 0 on the first tile, where m is -inf */
-            l[rr] = l[rr] * alpha + cuda_warp_sum(p); /* the unrounded p */
-            m[rr] = m_new;
+            const float s = att_dot(qs + r * hs, ks + lane * hp, hs) * scale;
+            const float p = att_softmax_step(s, att_visible(qi, k0 + lane, window), m[rr], l[rr], o[rr]);
             const int jmax = min(ATT_TILE, qi - k0 + 1);
-#pragma unroll
-            for (int i = 0; i < DPL; i++)
-                o[rr][i] *= alpha;
             const float pv = att_op<BF16>(p); /* P as the operand of P V */
-            for (int j = 0; j < jmax; j++) {
-                const float pj = __shfl_sync(0xffffffffu, pv, j);
-#pragma unroll
-                for (int i = 0; i < DPL; i++) {
-                    const int d = lane + 32 * i;
-                    if (d < hs)
-                        o[rr][i] += pj * vs[j * hs + d];
-                }
-            }
+            for (int j = 0; j < jmax; j++)
+                att_lane_axpy(o[rr], __shfl_sync(ATT_FULL, pv, j), vs + j * hs, hs);
         }
     }
 #pragma unroll
@@ -155,21 +134,14 @@ __global__ void __launch_bounds__(ATT_THREADS)
         const int qi = q0 + warp * ATT_ROWS_PER_WARP + rr;
         if (qi >= t)
             continue;
-        const float inv = 1.0f / l[rr];
-        const size_t orow = ((size_t)bi * t + qi) * c + (size_t)h * hs;
-#pragma unroll
-        for (int i = 0; i < DPL; i++) {
-            const int d = lane + 32 * i;
-            if (d < hs)
-                cuda_act_store_rt(out, orow + d, o[rr][i] * inv, out_lp);
-        }
+        att_lane_store(cuda_act_row_rt(out, ((size_t)bi * t + qi) * c + (size_t)h * hs, out_lp), o[rr], 1.0f / l[rr],
+                       hs, out_lp);
         if (lane == 0)
             lse[(size_t)pair * t + qi] = m[rr] + logf(l[rr]);
     }
 }
 
-/* D[pair, i] = dO_i . O_i, one warp per (row, head); in bf16 mode dO rounded as dP = dO V^T reads it (so the
- * dS of a row still sum to about 0), O the forward's output as it is. */
+/* D[pair, i] = dO_i . O_i (att_warp_rowdot), one warp per (row, head). */
 template <bool BF16>
 __global__ void att_rowdot_kernel(float *dsum, const float *dout, const float *out, int b, int t, int c, int nh,
                                   bool out_lp)
@@ -180,10 +152,7 @@ __global__ void att_rowdot_kernel(float *dsum, const float *dout, const float *o
         return;
     const int qi = (int)(w % t), pair = (int)(w / t), bi = pair / nh, h = pair % nh;
     const size_t off = ((size_t)bi * t + qi) * c + (size_t)h * hs;
-    float s = 0.0f;
-    for (int d = lane; d < hs; d += 32)
-        s += att_op<BF16>(dout[off + d]) * cuda_act_load_rt(out, off + d, out_lp);
-    s = cuda_warp_sum(s);
+    const float s = att_warp_rowdot<BF16>(dout + off, cuda_act_row_rt(out, off, out_lp), hs, out_lp);
     if (lane == 0)
         dsum[w] = s;
 }
@@ -205,71 +174,38 @@ __global__ void __launch_bounds__(ATT_THREADS)
     const float *base = qkv + (size_t)bi * t * ld;
     const float *dobase = dout + (size_t)bi * t * c + (size_t)h * hs;
 
-    for (int idx = threadIdx.x; idx < ATT_TILE * hs; idx += ATT_THREADS) {
-        int r = idx / hs, d = idx % hs;
-        bool in = q0 + r < t;
-        qs[idx] = in ? att_op<BF16>(base[(size_t)(q0 + r) * ld + col.q + d]) : 0.0f;
-        dos[idx] = in ? att_op<BF16>(dobase[(size_t)(q0 + r) * c + d]) : 0.0f;
-    }
-    float dq[ATT_ROWS_PER_WARP][DPL], row_lse[ATT_ROWS_PER_WARP], row_d[ATT_ROWS_PER_WARP];
+    att_stage<BF16>(hs, att_rows{q0, t}, att_operand{qs, hs, base + col.q, (size_t)ld},
+                    att_operand{dos, hs, dobase, (size_t)c});
+    float dq[ATT_ROWS_PER_WARP][DPL] = {}, row_lse[ATT_ROWS_PER_WARP], row_d[ATT_ROWS_PER_WARP];
 #pragma unroll
     for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
         const int qi = q0 + warp * ATT_ROWS_PER_WARP + rr;
         row_lse[rr] = qi < t ? lse[(size_t)pair * t + qi] : 0.0f;
         row_d[rr] = qi < t ? dsum[(size_t)pair * t + qi] : 0.0f;
-#pragma unroll
-        for (int i = 0; i < DPL; i++)
-            dq[rr][i] = 0.0f;
     }
     const int q_last = min(q0 + ATT_TILE, t) - 1;
     for (int k0 = att_first_tile(q0, window); k0 <= q_last; k0 += ATT_TILE) {
-        __syncthreads();
-        for (int idx = threadIdx.x; idx < ATT_TILE * hs; idx += ATT_THREADS) {
-            int r = idx / hs, d = idx % hs;
-            bool in = k0 + r < t;
-            const float *row = base + (size_t)(k0 + r) * ld;
-            ks[r * hp + d] = in ? att_op<BF16>(row[col.k + d]) : 0.0f;
-            vs[r * hp + d] = in ? att_op<BF16>(row[col.v + d]) : 0.0f;
-        }
-        __syncthreads();
+        att_stage_keys<BF16>(ks, vs, hp, base, col, hs, k0, t);
 #pragma unroll
         for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
             const int r = warp * ATT_ROWS_PER_WARP + rr, qi = q0 + r;
             if (qi >= t || k0 > qi || (window > 0 && k0 + ATT_TILE - 1 <= qi - window))
                 continue;
-            const float *qrow = qs + r * hs, *dorow = dos + r * hs, *krow = ks + lane * hp, *vrow = vs + lane * hp;
-            float s = 0.0f, dp = 0.0f;
-            for (int d = 0; d < hs; d++) {
-                s += qrow[d] * krow[d];
-                dp += dorow[d] * vrow[d];
-            }
+            float s, dp;
+            att_dot2(&s, &dp, qs + r * hs, ks + lane * hp, dos + r * hs, vs + lane * hp, hs);
             const bool valid = att_visible(qi, k0 + lane, window);
             const float p = valid ? __expf(s * scale - row_lse[rr]) : 0.0f;
             const float ds = att_op<BF16>(p * (dp - row_d[rr]) * scale); /* from the unrounded p */
             const int jmax = min(ATT_TILE, qi - k0 + 1);
-            for (int j = 0; j < jmax; j++) {
-                const float dsj = __shfl_sync(0xffffffffu, ds, j);
-#pragma unroll
-                for (int i = 0; i < DPL; i++) {
-                    const int d = lane + 32 * i;
-                    if (d < hs)
-                        dq[rr][i] += dsj * ks[j * hp + d];
-                }
-            }
+            for (int j = 0; j < jmax; j++)
+                att_lane_axpy(dq[rr], __shfl_sync(ATT_FULL, ds, j), ks + j * hp, hs);
         }
     }
 #pragma unroll
     for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
         const int qi = q0 + warp * ATT_ROWS_PER_WARP + rr;
-        if (qi >= t)
-            continue;
-        float *g = dqkv + ((size_t)bi * t + qi) * ld + col.q;
-#pragma unroll
-        for (int i = 0; i < DPL; i++) {
-            const int d = lane + 32 * i;
-            if (d < hs)
-                g[d] += dq[rr][i];
-        }
+        if (qi < t)
+            att_lane_add(dqkv + ((size_t)bi * t + qi) * ld + col.q, dq[rr], hs);
     }
 }
 
@@ -292,19 +228,9 @@ __global__ void __launch_bounds__(ATT_THREADS)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float *base = qkv + (size_t)bi * t * ld;
 
-    for (int idx = threadIdx.x; idx < ATT_TILE * hs; idx += ATT_THREADS) {
-        int r = idx / hs, d = idx % hs;
-        bool in = k0 + r < t;
-        const float *row = base + (size_t)(k0 + r) * ld;
-        kb[idx] = in ? att_op<BF16>(row[col.k + d]) : 0.0f;
-        vb[idx] = in ? att_op<BF16>(row[col.v + d]) : 0.0f;
-    }
-    float dk[ATT_ROWS_PER_WARP][DPL], dv[ATT_ROWS_PER_WARP][DPL];
-#pragma unroll
-    for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++)
-#pragma unroll
-        for (int i = 0; i < DPL; i++)
-            dk[rr][i] = dv[rr][i] = 0.0f;
+    att_stage<BF16>(hs, att_rows{k0, t}, att_operand{kb, hs, base + col.k, (size_t)ld},
+                    att_operand{vb, hs, base + col.v, (size_t)ld});
+    float dk[ATT_ROWS_PER_WARP][DPL] = {}, dv[ATT_ROWS_PER_WARP][DPL] = {};
     /* (query head, query tile) steps: the tiles at or after the key tile, for each head of the group */
     int tiles = (t - k0 + ATT_TILE - 1) / ATT_TILE;
     if (window > 0) /* the last query that sees a key of the tile is k0 + ATT_TILE - 2 + window */
@@ -313,12 +239,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
         const int h = h0 + step / tiles, q0 = k0 + step % tiles * ATT_TILE, pair = bi * nh + h;
         const float *dobase = dout + (size_t)bi * t * c + (size_t)h * hs;
         __syncthreads();
-        for (int idx = threadIdx.x; idx < ATT_TILE * hs; idx += ATT_THREADS) {
-            int r = idx / hs, d = idx % hs;
-            bool in = q0 + r < t;
-            qt[r * hp + d] = in ? att_op<BF16>(base[(size_t)(q0 + r) * ld + (size_t)h * hs + d]) : 0.0f;
-            dot[r * hp + d] = in ? att_op<BF16>(dobase[(size_t)(q0 + r) * c + d]) : 0.0f;
-        }
+        att_stage<BF16>(hs, att_rows{q0, t}, att_operand{qt, hp, base + (size_t)h * hs, (size_t)ld},
+                        att_operand{dot, hp, dobase, (size_t)c});
         if (threadIdx.x < ATT_TILE) {
             int qi = q0 + threadIdx.x;
             lse_t[threadIdx.x] = qi < t ? lse[(size_t)pair * t + qi] : 0.0f;
@@ -331,27 +253,16 @@ __global__ void __launch_bounds__(ATT_THREADS)
             if (kj >= t)
                 continue;
             const int qi = q0 + lane;
-            const float *krow = kb + r * hs, *vrow = vb + r * hs, *qrow = qt + lane * hp, *dorow = dot + lane * hp;
-            float s = 0.0f, dp = 0.0f;
-            for (int d = 0; d < hs; d++) {
-                s += qrow[d] * krow[d];
-                dp += dorow[d] * vrow[d];
-            }
+            float s, dp;
+            att_dot2(&s, &dp, qt + lane * hp, kb + r * hs, dot + lane * hp, vb + r * hs, hs);
             const bool valid = qi < t && att_visible(qi, kj, window);
             const float p = valid ? __expf(s * scale - lse_t[lane]) : 0.0f;
             /* dS from the unrounded p; both rounded only as operands of P^T dO and dS^T Q */
             const float ds = att_op<BF16>(p * (dp - d_t[lane]) * scale), pv = att_op<BF16>(p);
             const int j0 = max(0, kj - q0), j1 = min(ATT_TILE, t - q0);
             for (int j = j0; j < j1; j++) {
-                const float pj = __shfl_sync(0xffffffffu, pv, j), dsj = __shfl_sync(0xffffffffu, ds, j);
-#pragma unroll
-                for (int i = 0; i < DPL; i++) {
-                    const int d = lane + 32 * i;
-                    if (d < hs) {
-                        dv[rr][i] += pj * dot[j * hp + d];
-                        dk[rr][i] += dsj * qt[j * hp + d];
-                    }
-                }
+                const float pj = __shfl_sync(ATT_FULL, pv, j), dsj = __shfl_sync(ATT_FULL, ds, j);
+                att_lane_axpy2(dv[rr], pj, dot + j * hp, dk[rr], dsj, qt + j * hp, hs);
             }
         }
     }
@@ -361,14 +272,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
         if (kj >= t)
             continue;
         float *g = dqkv + ((size_t)bi * t + kj) * ld;
-#pragma unroll
-        for (int i = 0; i < DPL; i++) {
-            const int d = lane + 32 * i;
-            if (d < hs) {
-                g[col.k + d] += dk[rr][i];
-                g[col.v + d] += dv[rr][i];
-            }
-        }
+        att_lane_add(g + col.k, dk[rr], hs);
+        att_lane_add(g + col.v, dv[rr], hs);
     }
 }
 
@@ -378,24 +283,7 @@ static int check_shape(const char *op, int b, int t, int c, int nh, int nkv)
         return error_set(FSDP_EINVAL,
                          "kernels cuda: %s: bad shape b=%d t=%d c=%d nh=%d nkv=%d (c %% nh and nh %% nkv must be 0)",
                          op, b, t, c, nh, nkv);
-    if (c / nh > ATT_MAX_HS)
-        return error_set(FSDP_EUNSUPPORTED, "kernels cuda: %s: head size %d is above the supported %d", op, c / nh,
-                         ATT_MAX_HS);
-    if ((long)b * nh > 65535)
-        return error_set(FSDP_EUNSUPPORTED, "kernels cuda: %s: b*nh = %ld is above 65535 (grid limit)", op,
-                         (long)b * nh);
-    return 0;
-}
-
-/* Launches kern with its dynamic shared memory, opting in above the 48 KiB default when needed. */
-template <typename K> static int att_prepare(const char *op, K kern, size_t smem)
-{
-    if (smem > (size_t)cuda_ctx.smem_optin)
-        return error_set(FSDP_EUNSUPPORTED, "kernels cuda: %s: needs %zu bytes of shared memory per block, the "
-                         "device allows %d", op, smem, cuda_ctx.smem_optin);
-    if (smem > 48 * 1024)
-        return cuda_check(op, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    return 0;
+    return att_check_limits(op, c / nh, (long)b * nh);
 }
 
 template <int DPL, bool BF16>
@@ -434,18 +322,13 @@ static int att_backward_launch(float *dqkv, const float *dout, const float *qkv,
     return cuda_check_launch("attention_backward dk/dv");
 }
 
-/* The instantiation for the head size (DPL = ceil(hs / 32) rounded up to 1, 2, 4 or 8). */
+/* The instantiation for the head size (att_by_head_size). */
 template <bool BF16>
 static int att_forward_hs(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv, int window)
 {
-    const int hs = c / nh;
-    if (hs <= 32)
-        return att_forward_launch<1, BF16>(out, lse, qkv, b, t, c, nh, nkv, window);
-    if (hs <= 64)
-        return att_forward_launch<2, BF16>(out, lse, qkv, b, t, c, nh, nkv, window);
-    if (hs <= 128)
-        return att_forward_launch<4, BF16>(out, lse, qkv, b, t, c, nh, nkv, window);
-    return att_forward_launch<8, BF16>(out, lse, qkv, b, t, c, nh, nkv, window);
+    return att_by_head_size(c / nh, [&](auto dpl) {
+        return att_forward_launch<decltype(dpl)::value, BF16>(out, lse, qkv, b, t, c, nh, nkv, window);
+    });
 }
 
 /* D = rowsum(dO O) into dsum, (b, nh, t) as lse. */
@@ -465,14 +348,9 @@ static int att_backward_hs(float *dqkv, const float *dout, const float *qkv, con
                            float *dsum, int b, int t, int c, int nh, int nkv, int window)
 {
     FSDP_TRY(att_rowdot<BF16>(dsum, dout, out, b, t, c, nh));
-    const int hs = c / nh;
-    if (hs <= 32)
-        return att_backward_launch<1, BF16>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv, window);
-    if (hs <= 64)
-        return att_backward_launch<2, BF16>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv, window);
-    if (hs <= 128)
-        return att_backward_launch<4, BF16>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv, window);
-    return att_backward_launch<8, BF16>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv, window);
+    return att_by_head_size(c / nh, [&](auto dpl) {
+        return att_backward_launch<decltype(dpl)::value, BF16>(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv, window);
+    });
 }
 
 size_t cuda_attention_workspace_bytes(int b, int t, int c, int nh, int nkv)
@@ -485,20 +363,12 @@ size_t cuda_attention_workspace_bytes(int b, int t, int c, int nh, int nkv)
     return (size_t)b * nh * t * sizeof(float);
 }
 
-static int check_window(const char *op, int window)
-{
-    if (window < 0)
-        return error_set(FSDP_EINVAL, "kernels cuda: %s: window %d must be >= 0 (0 = full causal attention)", op,
-                         window);
-    return 0;
-}
-
 int cuda_attention_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv,
                            int window, void *workspace)
 {
     (void)workspace;
     FSDP_TRY(check_shape("attention_forward", b, t, c, nh, nkv));
-    FSDP_TRY(check_window("attention_forward", window));
+    FSDP_TRY(att_check_window("attention_forward", window));
     if (b == 0 || t == 0)
         return 0;
     if (cuda_attention_gemm_applies(c, nh)) /* bf16 on tensor cores (attention_gemm.cu) */
@@ -512,7 +382,7 @@ int cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, co
                             int b, int t, int c, int nh, int nkv, int window, void *workspace)
 {
     FSDP_TRY(check_shape("attention_backward", b, t, c, nh, nkv));
-    FSDP_TRY(check_window("attention_backward", window));
+    FSDP_TRY(att_check_window("attention_backward", window));
     if (b == 0 || t == 0)
         return 0;
     if (!workspace)

@@ -111,6 +111,15 @@ __device__ __forceinline__ float cuda_act_load_rt(const float *p, size_t i, bool
 {
     return lp ? dtype_bf16_to_f32(((const uint16_t *)p)[i]) : p[i];
 }
+/* Element o of an [act] tensor, its storage known at run time. */
+__device__ __forceinline__ float *cuda_act_row_rt(float *p, size_t o, bool lp)
+{
+    return lp ? (float *)((uint16_t *)p + o) : p + o;
+}
+__device__ __forceinline__ const float *cuda_act_row_rt(const float *p, size_t o, bool lp)
+{
+    return lp ? (const float *)((const uint16_t *)p + o) : p + o;
+}
 /* Row offset o of an [act] tensor, in its own elements. */
 template <bool LP> __device__ __forceinline__ float *cuda_act_row(float *p, size_t o)
 {
