@@ -187,35 +187,24 @@ ATT_TARGET static inline void att_softmax_cols(float *st, int nk, int diag, floa
     }
 }
 
-/* Rows j .. j+R-1 of a transposed tile dst (ld 64): dst[j][r] = sum_d x[j][d] yt[d][r], x rows with
- * leading dimension ldx, yt the transposed 64 x 64 query (or dO) block; then the epilogue. Vectors below
- * V0 (queries before 16 V0) are masked for every row of the block on a diagonal tile: they are not
- * computed, only filled with the masked value. */
-ATT_INLINE void att_rows_xyt(const int R, const int V0, enum att_epi epi, float *dst, const float *x,
-                             size_t ldx, const float *yt, int j, int diag, int wo, const float *colv,
-                             const float *pt, float scale)
+/* The accumulators of rows 0 .. R-1 of a score tile set to 0, from vector V0 on (those before it are not
+ * computed; see att_rows_epilogue). */
+ATT_INLINE void att_rows_zero(const int R, const int V0, __m512 acc[ATT_R][4])
 {
-    __m512 acc[ATT_R][4];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
 #pragma GCC unroll 4
         for (int v = V0; v < 4; v++)
             acc[i][v] = _mm512_setzero_ps();
-    const float *xj = x + (size_t)j * ldx;
-    for (int d = 0; d < 64; d++) {
-        __m512 y[4];
-#pragma GCC unroll 4
-        for (int v = 0; v < 4; v++)
-            y[v] = _mm512_loadu_ps(yt + d * 64 + 16 * v);
-        ATT_IN_REGS(y[0], y[1], y[2], y[3]);
-#pragma GCC unroll 8
-        for (int i = 0; i < R; i++) {
-            __m512 b = _mm512_set1_ps(xj[(size_t)i * ldx + d]);
-#pragma GCC unroll 4
-            for (int v = V0; v < 4; v++)
-                acc[i][v] = _mm512_fmadd_ps(b, y[v], acc[i][v]);
-        }
-    }
+}
+
+/* The epilogue of rows j .. j+R-1 of a transposed score tile dst (ld 64), their sums in acc (vectors below V0
+ * not computed: masked for every row of the block on a diagonal tile, so only filled with the masked value):
+ * the scores (-inf where masked), P = exp(s - colv) (0 where masked) or dS = pt (s - colv) scale. The fp32 and
+ * bf16 tile products (attention_bf16.c) end with it. */
+ATT_INLINE void att_rows_epilogue(const int R, const int V0, enum att_epi epi, float *dst, __m512 acc[ATT_R][4],
+                                  int j, int diag, int wo, const float *colv, const float *pt, float scale)
+{
     const __m512 masked = _mm512_set1_ps(epi == ATT_EPI_SCORES ? -INFINITY : 0.0f);
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
@@ -238,6 +227,34 @@ ATT_INLINE void att_rows_xyt(const int R, const int V0, enum att_epi epi, float 
                                   _mm512_set1_ps(scale));
             _mm512_storeu_ps(o, s);
         }
+}
+
+/* Rows j .. j+R-1 of a transposed tile dst (ld 64): dst[j][r] = sum_d x[j][d] yt[d][r], x rows with
+ * leading dimension ldx, yt the transposed 64 x 64 query (or dO) block; then the epilogue. Vectors below
+ * V0 (queries before 16 V0) are masked for every row of the block on a diagonal tile: they are not
+ * computed, only filled with the masked value. */
+ATT_INLINE void att_rows_xyt(const int R, const int V0, enum att_epi epi, float *dst, const float *x,
+                             size_t ldx, const float *yt, int j, int diag, int wo, const float *colv,
+                             const float *pt, float scale)
+{
+    __m512 acc[ATT_R][4];
+    att_rows_zero(R, V0, acc);
+    const float *xj = x + (size_t)j * ldx;
+    for (int d = 0; d < 64; d++) {
+        __m512 y[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++)
+            y[v] = _mm512_loadu_ps(yt + d * 64 + 16 * v);
+        ATT_IN_REGS(y[0], y[1], y[2], y[3]);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m512 b = _mm512_set1_ps(xj[(size_t)i * ldx + d]);
+#pragma GCC unroll 4
+            for (int v = V0; v < 4; v++)
+                acc[i][v] = _mm512_fmadd_ps(b, y[v], acc[i][v]);
+        }
+    }
+    att_rows_epilogue(R, V0, epi, dst, acc, j, diag, wo, colv, pt, scale);
 }
 
 ATT_UNUSED static void att_pf_start(struct att_pf *pf, int r0, int r1, int iters)
@@ -293,13 +310,11 @@ ATT_TARGET ATT_UNUSED static void att_tile_xyt(enum att_epi epi, float *dst, con
     }
 }
 
-/* Rows o .. o+R-1 of out (ld ldo, 64 wide): out[o+i] = (zero ? 0 : alpha ? alpha[i] out[o+i] : out[o+i])
- * + sum_{x0 <= x < x1} coef[i*so + x*sx] z[x], z rows with leading dimension ldz. out, coef, alpha point
- * at row o's entries. */
-ATT_INLINE void att_rows_acc(const int R, float *out, size_t ldo, const float *coef, size_t so, size_t sx,
-                             const float *z, size_t ldz, int x0, int x1, const float *alpha, int zero)
+/* The accumulators of output rows 0 .. R-1 of out (ld ldo, 64 wide) before a tile's products are added: 0
+ * (zero), or the rows as they are, rescaled by alpha[i] where alpha is given; and their store after. */
+ATT_INLINE void att_rows_load(const int R, __m512 acc[ATT_R][4], const float *out, size_t ldo, const float *alpha,
+                              int zero)
 {
-    __m512 acc[ATT_R][4];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
 #pragma GCC unroll 4
@@ -312,6 +327,25 @@ ATT_INLINE void att_rows_acc(const int R, float *out, size_t ldo, const float *c
                 acc[i][v] = _mm512_mul_ps(acc[i][v], a);
         }
     }
+}
+
+ATT_INLINE void att_rows_store(const int R, __m512 acc[ATT_R][4], float *out, size_t ldo)
+{
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++)
+            _mm512_storeu_ps(out + (size_t)i * ldo + 16 * v, acc[i][v]);
+}
+
+/* Rows o .. o+R-1 of out (ld ldo, 64 wide): out[o+i] = (zero ? 0 : alpha ? alpha[i] out[o+i] : out[o+i])
+ * + sum_{x0 <= x < x1} coef[i*so + x*sx] z[x], z rows with leading dimension ldz. out, coef, alpha point
+ * at row o's entries. */
+ATT_INLINE void att_rows_acc(const int R, float *out, size_t ldo, const float *coef, size_t so, size_t sx,
+                             const float *z, size_t ldz, int x0, int x1, const float *alpha, int zero)
+{
+    __m512 acc[ATT_R][4];
+    att_rows_load(R, acc, out, ldo, alpha, zero);
     for (int x = x0; x < x1; x++) {
         const float *zx = z + (size_t)x * ldz;
         __m512 z0 = _mm512_loadu_ps(zx), z1 = _mm512_loadu_ps(zx + 16);
@@ -327,11 +361,7 @@ ATT_INLINE void att_rows_acc(const int R, float *out, size_t ldo, const float *c
             acc[i][3] = _mm512_fmadd_ps(b, z3, acc[i][3]);
         }
     }
-#pragma GCC unroll 8
-    for (int i = 0; i < R; i++)
-#pragma GCC unroll 4
-        for (int v = 0; v < 4; v++)
-            _mm512_storeu_ps(out + (size_t)i * ldo + 16 * v, acc[i][v]);
+    att_rows_store(R, acc, out, ldo);
 }
 
 /* n output rows in blocks of ATT_R. The contraction of block o runs over x in [lo, hi) where, on a

@@ -82,17 +82,13 @@ ATT16_TARGET static void att16_pair_rows(uint32_t *dst, const float *src, size_t
 }
 
 /* Rows j .. j+R-1 of the transposed tile dst: dst[j][r] = sum_d x[j][d] yt[d][r], x the bf16 rows (32 pairs
- * each) of k or v, ytp the pair layout of the transposed (scaled) query or dO block; epilogue as att_rows_xyt's. */
+ * each) of k or v, ytp the pair layout of the transposed (scaled) query or dO block; then att_rows_epilogue. */
 ATT16_INLINE void att16_rows_xyt(const int R, const int V0, enum att_epi epi, float *dst, const uint32_t *x,
                                  const uint32_t *ytp, int j, int diag, int wo, const float *colv,
                                  const float *pt, float scale)
 {
     __m512 acc[ATT_R][4];
-#pragma GCC unroll 8
-    for (int i = 0; i < R; i++)
-#pragma GCC unroll 4
-        for (int v = V0; v < 4; v++)
-            acc[i][v] = _mm512_setzero_ps();
+    att_rows_zero(R, V0, acc);
     const uint32_t *xj = x + (size_t)j * 32;
     for (int e = 0; e < 32; e++) {
         __m512i y0 = _mm512_loadu_si512(ytp + e * 64), y1 = _mm512_loadu_si512(ytp + e * 64 + 16);
@@ -107,28 +103,7 @@ ATT16_INLINE void att16_rows_xyt(const int R, const int V0, enum att_epi epi, fl
                 acc[i][v] = _mm512_dpbf16_ps(acc[i][v], (__m512bh)b, (__m512bh)y[v]);
         }
     }
-    const __m512 masked = _mm512_set1_ps(epi == ATT_EPI_SCORES ? -INFINITY : 0.0f);
-#pragma GCC unroll 8
-    for (int i = 0; i < R; i++)
-#pragma GCC unroll 4
-        for (int v = 0; v < 4; v++) {
-            float *o = dst + (size_t)(j + i) * 64 + 16 * v;
-            if (v < V0) {
-                _mm512_storeu_ps(o, masked);
-                continue;
-            }
-            __mmask16 m = (diag ? att_diag_mask(j + i, v) : (__mmask16)0xFFFF) & att_window_mask(j + i, v, wo);
-            __m512 s = acc[i][v];
-            if (epi == ATT_EPI_SCORES)
-                s = _mm512_mask_mov_ps(masked, m, s);
-            else if (epi == ATT_EPI_PROBS)
-                s = _mm512_maskz_mov_ps(m, att_exp512(_mm512_sub_ps(s, _mm512_loadu_ps(colv + 16 * v))));
-            else
-                s = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(pt + (size_t)(j + i) * 64 + 16 * v),
-                                                _mm512_sub_ps(s, _mm512_loadu_ps(colv + 16 * v))),
-                                  _mm512_set1_ps(scale));
-            _mm512_storeu_ps(o, s);
-        }
+    att_rows_epilogue(R, V0, epi, dst, acc, j, diag, wo, colv, pt, scale);
 }
 
 ATT16_TARGET static void att16_tile_xyt(enum att_epi epi, float *dst, const uint32_t *x, const uint32_t *ytp, int n,
@@ -158,18 +133,7 @@ ATT16_INLINE void att16_rows_acc(const int R, float *out, size_t ldo, const uint
                                  const uint32_t *zp, int e0, int e1, const float *alpha, int zero)
 {
     __m512 acc[ATT_R][4];
-#pragma GCC unroll 8
-    for (int i = 0; i < R; i++) {
-#pragma GCC unroll 4
-        for (int v = 0; v < 4; v++)
-            acc[i][v] = zero ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)i * ldo + 16 * v);
-        if (alpha && !zero) {
-            __m512 a = _mm512_set1_ps(alpha[i]);
-#pragma GCC unroll 4
-            for (int v = 0; v < 4; v++)
-                acc[i][v] = _mm512_mul_ps(acc[i][v], a);
-        }
-    }
+    att_rows_load(R, acc, out, ldo, alpha, zero);
     for (int e = e0; e < e1; e++) {
         const uint32_t *ze = zp + (size_t)e * 64;
         __m512i z0 = _mm512_loadu_si512(ze), z1 = _mm512_loadu_si512(ze + 16);
@@ -185,11 +149,7 @@ ATT16_INLINE void att16_rows_acc(const int R, float *out, size_t ldo, const uint
             acc[i][3] = _mm512_dpbf16_ps(acc[i][3], b, (__m512bh)z3);
         }
     }
-#pragma GCC unroll 8
-    for (int i = 0; i < R; i++)
-#pragma GCC unroll 4
-        for (int v = 0; v < 4; v++)
-            _mm512_storeu_ps(out + (size_t)i * ldo + 16 * v, acc[i][v]);
+    att_rows_store(R, acc, out, ldo);
 }
 
 /* n output rows in blocks of ATT_R; on a diagonal tile the contraction of block o starts at o (lo: rows are
