@@ -133,6 +133,12 @@ int cpu_residual_layernorm_forward(float *res, float *out, float *mean, float *r
                                    const float *weight, const float *bias, int n, int c, float eps);
 int cpu_residual_rmsnorm_forward(float *res, float *out, float *rstd, const float *a, const float *b,
                                  const float *weight, int n, int c, float eps);
+/* The fused residual add and norm of the two above (vector.c): after their checks (op names the call in the
+ * messages; out must alias none of res, a, b), res = a + b row by row, each row then normalised by
+ * row(ctx, i, res row i) while it is still in cache, where the two-op sequence would stream the whole residual
+ * stream through memory once more. */
+int cpu_residual_norm_rows(const char *op, float *res, const float *out, const float *a, const float *b, int n,
+                           int c, float eps, void (*row)(void *ctx, int i, const float *x), void *ctx);
 int cpu_scale(float *x, float s, size_t n);
 int cpu_axpy(float *y, float a, const float *x, size_t n);
 int cpu_sqnorm(double *result, const float *x, size_t n);

@@ -48,26 +48,27 @@ int cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp
     return 0;
 }
 
-/* The residual add and the norm after it, row by row: the row of res is still in cache when the norm reads it
- * (twice), where the two-op sequence streams the whole residual stream through memory once more. The row
- * function is the one layernorm_forward uses, so the bits are the same. */
+/* What a row of residual_layernorm_forward needs besides its input. */
+struct ln_rows {
+    float *out, *mean, *rstd;
+    const float *weight, *bias;
+    int c;
+    float eps;
+};
+
+static void ln_residual_row(void *ctx, int i, const float *x)
+{
+    const struct ln_rows *r = ctx;
+    ln_row_forward(r->out + (size_t)i * r->c, r->mean + i, r->rstd + i, x, r->weight, r->bias, r->c, r->eps);
+}
+
+/* The residual add and the norm after it, row by row (cpu_residual_norm_rows). The row function is the one
+ * layernorm_forward uses, so the bits are the same as the two ops'. */
 int cpu_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
                                    const float *weight, const float *bias, int n, int c, float eps)
 {
-    if (n < 0 || c <= 0 || !(eps >= 0.0f))
-        return error_set(FSDP_EINVAL, "kernels cpu: residual_layernorm_forward: bad n=%d c=%d eps=%g", n, c,
-                         (double)eps);
-    if (out == res || out == a || out == b)
-        return error_set(FSDP_EINVAL, "kernels cpu: residual_layernorm_forward: out aliases res, a or b");
-#pragma omp parallel for schedule(static) if ((long)n * c > CPU_CHUNK)
-    for (int i = 0; i < n; i++) {
-        size_t o = (size_t)i * c;
-#pragma omp simd
-        for (int j = 0; j < c; j++)
-            res[o + j] = a[o + j] + b[o + j];
-        ln_row_forward(out + o, mean + i, rstd + i, res + o, weight, bias, c, eps);
-    }
-    return 0;
+    struct ln_rows rows = {out, mean, rstd, weight, bias, c, eps};
+    return cpu_residual_norm_rows("residual_layernorm_forward", res, out, a, b, n, c, eps, ln_residual_row, &rows);
 }
 
 CPU_SIMD_CLONES

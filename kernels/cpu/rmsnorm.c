@@ -37,25 +37,27 @@ int cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *
     return 0;
 }
 
-/* The residual add and the norm after it, row by row (the row of res is still in cache when the norm reads
- * it), with rmsnorm_forward's own row function: the same bits as the two ops. */
+/* What a row of residual_rmsnorm_forward needs besides its input. */
+struct rms_rows {
+    float *out, *rstd;
+    const float *weight;
+    int c;
+    float eps;
+};
+
+static void rms_residual_row(void *ctx, int i, const float *x)
+{
+    const struct rms_rows *r = ctx;
+    rms_row_forward(r->out + (size_t)i * r->c, r->rstd + i, x, r->weight, r->c, r->eps);
+}
+
+/* The residual add and the norm after it, row by row (cpu_residual_norm_rows), with rmsnorm_forward's own row
+ * function: the same bits as the two ops. */
 int cpu_residual_rmsnorm_forward(float *res, float *out, float *rstd, const float *a, const float *b,
                                  const float *weight, int n, int c, float eps)
 {
-    if (n < 0 || c <= 0 || !(eps >= 0.0f))
-        return error_set(FSDP_EINVAL, "kernels cpu: residual_rmsnorm_forward: bad n=%d c=%d eps=%g", n, c,
-                         (double)eps);
-    if (out == res || out == a || out == b)
-        return error_set(FSDP_EINVAL, "kernels cpu: residual_rmsnorm_forward: out aliases res, a or b");
-#pragma omp parallel for schedule(static) if ((long)n * c > CPU_CHUNK)
-    for (int i = 0; i < n; i++) {
-        size_t o = (size_t)i * c;
-#pragma omp simd
-        for (int j = 0; j < c; j++)
-            res[o + j] = a[o + j] + b[o + j];
-        rms_row_forward(out + o, rstd + i, res + o, weight, c, eps);
-    }
-    return 0;
+    struct rms_rows rows = {out, rstd, weight, c, eps};
+    return cpu_residual_norm_rows("residual_rmsnorm_forward", res, out, a, b, n, c, eps, rms_residual_row, &rows);
 }
 
 /* With nrm = x rstd: dx = rstd (dy w - nrm mean(dy w nrm)). */

@@ -1,4 +1,4 @@
-/* Whole-buffer vector ops: residual add, scaling, axpy, squared norm. */
+/* Whole-buffer vector ops: residual add (also the one fused before a norm), scaling, axpy, squared norm. */
 #include "common/error.h"
 #include "kernels/cpu/cpu.h"
 
@@ -47,6 +47,24 @@ int cpu_residual_forward(float *out, const float *a, const float *b, size_t n)
     for (size_t ch = 0; ch < chunks; ch++) {
         size_t lo = ch * CPU_CHUNK, len = n - lo < CPU_CHUNK ? n - lo : CPU_CHUNK;
         add_chunk(out + lo, a + lo, b + lo, len);
+    }
+    return 0;
+}
+
+int cpu_residual_norm_rows(const char *op, float *res, const float *out, const float *a, const float *b, int n,
+                           int c, float eps, void (*row)(void *ctx, int i, const float *x), void *ctx)
+{
+    if (n < 0 || c <= 0 || !(eps >= 0.0f))
+        return error_set(FSDP_EINVAL, "kernels cpu: %s: bad n=%d c=%d eps=%g", op, n, c, (double)eps);
+    if (out == res || out == a || out == b)
+        return error_set(FSDP_EINVAL, "kernels cpu: %s: out aliases res, a or b", op);
+#pragma omp parallel for schedule(static) if ((long)n * c > CPU_CHUNK)
+    for (int i = 0; i < n; i++) {
+        size_t o = (size_t)i * c;
+#pragma omp simd
+        for (int j = 0; j < c; j++)
+            res[o + j] = a[o + j] + b[o + j];
+        row(ctx, i, res + o);
     }
     return 0;
 }
