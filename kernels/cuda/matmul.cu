@@ -32,6 +32,16 @@ static int gemm_rm(const char *op, int ta, int tb, int m, int n, int k, float al
                                             CUBLAS_GEMM_DEFAULT));
 }
 
+/* A 16-bit matmul mode (dtype, computed as compute), said once as the run enters it. */
+static int set_lowp_mode(enum dtype dtype, cublasComputeType_t compute, const char *name)
+{
+    if (cuda_ctx.gemm_compute != compute)
+        log_info("kernels cuda: matmuls take %s inputs and accumulate in fp32", name);
+    cuda_ctx.gemm_compute = compute;
+    cuda_ctx.matmul_dtype = dtype;
+    return 0;
+}
+
 int cuda_set_matmul_dtype(enum dtype dtype)
 {
     /* fp32 tensors stay fp32 in memory; each GEMM rounds its operands to bf16/fp16 in scratch (gemm_rm) and
@@ -42,18 +52,10 @@ int cuda_set_matmul_dtype(enum dtype dtype)
         cuda_ctx.matmul_dtype = dtype;
         return 0;
     case DTYPE_BF16:
-        if (cuda_ctx.gemm_compute != CUBLAS_COMPUTE_32F_FAST_16BF)
-            log_info("kernels cuda: matmuls take bf16 inputs and accumulate in fp32");
-        cuda_ctx.gemm_compute = CUBLAS_COMPUTE_32F_FAST_16BF;
-        cuda_ctx.matmul_dtype = dtype;
-        return 0;
+        return set_lowp_mode(dtype, CUBLAS_COMPUTE_32F_FAST_16BF, "bf16");
     case DTYPE_F16:
         /* attention computes in fp32 in this mode, as the CPU's does (attention.cu) */
-        if (cuda_ctx.gemm_compute != CUBLAS_COMPUTE_32F_FAST_16F)
-            log_info("kernels cuda: matmuls take fp16 inputs and accumulate in fp32");
-        cuda_ctx.gemm_compute = CUBLAS_COMPUTE_32F_FAST_16F;
-        cuda_ctx.matmul_dtype = dtype;
-        return 0;
+        return set_lowp_mode(dtype, CUBLAS_COMPUTE_32F_FAST_16F, "fp16");
     }
     return error_set(FSDP_EINVAL, "kernels cuda: set_matmul_dtype: unknown dtype %d", (int)dtype);
 }
