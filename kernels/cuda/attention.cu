@@ -89,8 +89,48 @@ __device__ __forceinline__ void att_stage_keys(float *ks, float *vs, int vld, co
     __syncthreads();
 }
 
-/* Forward. grid (query tiles, b*nh); heaviest (last) query tiles are launched first so the causal
- * triangle's long blocks do not trail at the end. */
+/* Where a block of forward or dQ works: pair = blockIdx.y = (sequence bi, query head h), the query tile q0 (the
+ * last, heaviest tiles launched first, so the causal triangle's long blocks do not trail at the end), the
+ * head's columns and the sequence's first qkv row. */
+struct att_qtile {
+    int pair, bi, h, q0;
+    att_cols col;
+    const float *base;
+};
+
+__device__ __forceinline__ att_qtile att_qtile_of(const float *qkv, int t, int c, int nh, int nkv)
+{
+    att_qtile b;
+    b.pair = blockIdx.y;
+    b.bi = b.pair / nh;
+    b.h = b.pair % nh;
+    b.col = att_cols_of(c, nh, nkv, b.h);
+    b.q0 = (gridDim.x - 1 - blockIdx.x) * ATT_TILE;
+    b.base = qkv + (size_t)b.bi * t * b.col.ld;
+    return b;
+}
+
+/* The key tiles that query tile q0 sees, in order, each staged (K padded, V of row stride vld); in each, for
+ * the warp's rows that have a key in it, row(rr, r, qi, k0): rr the warp's row, r its row in the tile, qi its
+ * query. Forward and dQ walk their key tiles so. */
+template <bool BF16, typename F>
+__device__ __forceinline__ void att_key_tiles(float *ks, float *vs, int vld, const att_qtile &blk, int hs, int t,
+                                              int window, F row)
+{
+    const int warp = threadIdx.x >> 5, q0 = blk.q0, q_last = min(q0 + ATT_TILE, t) - 1;
+    for (int k0 = att_first_tile(q0, window); k0 <= q_last; k0 += ATT_TILE) {
+        att_stage_keys<BF16>(ks, vs, vld, blk.base, blk.col, hs, k0, t);
+#pragma unroll
+        for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
+            const int r = warp * ATT_ROWS_PER_WARP + rr, qi = q0 + r;
+            if (qi >= t || k0 > qi || (window > 0 && k0 + ATT_TILE - 1 <= qi - window))
+                continue; /* warp-uniform: no key of the tile is the row's */
+            row(rr, r, qi, k0);
+        }
+    }
+}
+
+/* Forward. grid (query tiles, b*nh), blocks as att_qtile_of says. */
 template <int DPL, bool BF16>
 __global__ void __launch_bounds__(ATT_THREADS)
     att_forward_kernel(float *out, float *lse, const float *qkv, int t, int c, int nh, int nkv, float scale, int window,
@@ -99,45 +139,33 @@ __global__ void __launch_bounds__(ATT_THREADS)
     extern __shared__ float sm[];
     const int hs = c / nh, hp = hs + 1;
     float *qs = sm, *ks = qs + ATT_TILE * hs, *vs = ks + ATT_TILE * hp;
-    const int pair = blockIdx.y, bi = pair / nh, h = pair % nh;
-    const att_cols col = att_cols_of(c, nh, nkv, h);
-    const int ld = col.ld;
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * ATT_TILE;
+    const att_qtile blk = att_qtile_of(qkv, t, c, nh, nkv);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const float *base = qkv + (size_t)bi * t * ld;
 
-    att_stage<BF16>(hs, att_rows{q0, t}, att_operand{qs, hs, base + col.q, (size_t)ld});
+    att_stage<BF16>(hs, att_rows{blk.q0, t}, att_operand{qs, hs, blk.base + blk.col.q, (size_t)blk.col.ld});
     float m[ATT_ROWS_PER_WARP], l[ATT_ROWS_PER_WARP], o[ATT_ROWS_PER_WARP][DPL] = {};
 #pragma unroll
     for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
         m[rr] = -INFINITY;
         l[rr] = 0.0f;
     }
-    const int q_last = min(q0 + ATT_TILE, t) - 1;
-    for (int k0 = att_first_tile(q0, window); k0 <= q_last; k0 += ATT_TILE) {
-        att_stage_keys<BF16>(ks, vs, hs, base, col, hs, k0, t);
-#pragma unroll
-        for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
-            const int r = warp * ATT_ROWS_PER_WARP + rr, qi = q0 + r;
-            if (qi >= t || k0 > qi || (window > 0 && k0 + ATT_TILE - 1 <= qi - window))
-                continue; /* warp-uniform: no key of the tile is the row's */
-            const float s = att_dot(qs + r * hs, ks + lane * hp, hs) * scale;
-            const float p = att_softmax_step(s, att_visible(qi, k0 + lane, window), m[rr], l[rr], o[rr]);
-            const int jmax = min(ATT_TILE, qi - k0 + 1);
-            const float pv = att_op<BF16>(p); /* P as the operand of P V */
-            for (int j = 0; j < jmax; j++)
-                att_lane_axpy(o[rr], __shfl_sync(ATT_FULL, pv, j), vs + j * hs, hs);
-        }
-    }
+    att_key_tiles<BF16>(ks, vs, hs, blk, hs, t, window, [&](int rr, int r, int qi, int k0) {
+        const float s = att_dot(qs + r * hs, ks + lane * hp, hs) * scale;
+        const float p = att_softmax_step(s, att_visible(qi, k0 + lane, window), m[rr], l[rr], o[rr]);
+        const int jmax = min(ATT_TILE, qi - k0 + 1);
+        const float pv = att_op<BF16>(p); /* P as the operand of P V */
+        for (int j = 0; j < jmax; j++)
+            att_lane_axpy(o[rr], __shfl_sync(ATT_FULL, pv, j), vs + j * hs, hs);
+    });
 #pragma unroll
     for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
-        const int qi = q0 + warp * ATT_ROWS_PER_WARP + rr;
+        const int qi = blk.q0 + warp * ATT_ROWS_PER_WARP + rr;
         if (qi >= t)
             continue;
-        att_lane_store(cuda_act_row_rt(out, ((size_t)bi * t + qi) * c + (size_t)h * hs, out_lp), o[rr], 1.0f / l[rr],
-                       hs, out_lp);
+        att_lane_store(cuda_act_row_rt(out, ((size_t)blk.bi * t + qi) * c + (size_t)blk.h * hs, out_lp), o[rr],
+                       1.0f / l[rr], hs, out_lp);
         if (lane == 0)
-            lse[(size_t)pair * t + qi] = m[rr] + logf(l[rr]);
+            lse[(size_t)blk.pair * t + qi] = m[rr] + logf(l[rr]);
     }
 }
 
@@ -166,46 +194,34 @@ __global__ void __launch_bounds__(ATT_THREADS)
     extern __shared__ float sm[];
     const int hs = c / nh, hp = hs + 1;
     float *qs = sm, *dos = qs + ATT_TILE * hs, *ks = dos + ATT_TILE * hs, *vs = ks + ATT_TILE * hp;
-    const int pair = blockIdx.y, bi = pair / nh, h = pair % nh;
-    const att_cols col = att_cols_of(c, nh, nkv, h);
-    const int ld = col.ld;
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * ATT_TILE;
+    const att_qtile blk = att_qtile_of(qkv, t, c, nh, nkv);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const float *base = qkv + (size_t)bi * t * ld;
-    const float *dobase = dout + (size_t)bi * t * c + (size_t)h * hs;
+    const float *dobase = dout + (size_t)blk.bi * t * c + (size_t)blk.h * hs;
 
-    att_stage<BF16>(hs, att_rows{q0, t}, att_operand{qs, hs, base + col.q, (size_t)ld},
+    att_stage<BF16>(hs, att_rows{blk.q0, t}, att_operand{qs, hs, blk.base + blk.col.q, (size_t)blk.col.ld},
                     att_operand{dos, hs, dobase, (size_t)c});
     float dq[ATT_ROWS_PER_WARP][DPL] = {}, row_lse[ATT_ROWS_PER_WARP], row_d[ATT_ROWS_PER_WARP];
 #pragma unroll
     for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
-        const int qi = q0 + warp * ATT_ROWS_PER_WARP + rr;
-        row_lse[rr] = qi < t ? lse[(size_t)pair * t + qi] : 0.0f;
-        row_d[rr] = qi < t ? dsum[(size_t)pair * t + qi] : 0.0f;
+        const int qi = blk.q0 + warp * ATT_ROWS_PER_WARP + rr;
+        row_lse[rr] = qi < t ? lse[(size_t)blk.pair * t + qi] : 0.0f;
+        row_d[rr] = qi < t ? dsum[(size_t)blk.pair * t + qi] : 0.0f;
     }
-    const int q_last = min(q0 + ATT_TILE, t) - 1;
-    for (int k0 = att_first_tile(q0, window); k0 <= q_last; k0 += ATT_TILE) {
-        att_stage_keys<BF16>(ks, vs, hp, base, col, hs, k0, t);
-#pragma unroll
-        for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
-            const int r = warp * ATT_ROWS_PER_WARP + rr, qi = q0 + r;
-            if (qi >= t || k0 > qi || (window > 0 && k0 + ATT_TILE - 1 <= qi - window))
-                continue;
-            float s, dp;
-            att_dot2(&s, &dp, qs + r * hs, ks + lane * hp, dos + r * hs, vs + lane * hp, hs);
-            const bool valid = att_visible(qi, k0 + lane, window);
-            const float p = valid ? __expf(s * scale - row_lse[rr]) : 0.0f;
-            const float ds = att_op<BF16>(p * (dp - row_d[rr]) * scale); /* from the unrounded p */
-            const int jmax = min(ATT_TILE, qi - k0 + 1);
-            for (int j = 0; j < jmax; j++)
-                att_lane_axpy(dq[rr], __shfl_sync(ATT_FULL, ds, j), ks + j * hp, hs);
-        }
-    }
+    att_key_tiles<BF16>(ks, vs, hp, blk, hs, t, window, [&](int rr, int r, int qi, int k0) {
+        float s, dp;
+        att_dot2(&s, &dp, qs + r * hs, ks + lane * hp, dos + r * hs, vs + lane * hp, hs);
+        const bool valid = att_visible(qi, k0 + lane, window);
+        const float p = valid ? __expf(s * scale - row_lse[rr]) : 0.0f;
+        const float ds = att_op<BF16>(p * (dp - row_d[rr]) * scale); /* from the unrounded p */
+        const int jmax = min(ATT_TILE, qi - k0 + 1);
+        for (int j = 0; j < jmax; j++)
+            att_lane_axpy(dq[rr], __shfl_sync(ATT_FULL, ds, j), ks + j * hp, hs);
+    });
 #pragma unroll
     for (int rr = 0; rr < ATT_ROWS_PER_WARP; rr++) {
-        const int qi = q0 + warp * ATT_ROWS_PER_WARP + rr;
+        const int qi = blk.q0 + warp * ATT_ROWS_PER_WARP + rr;
         if (qi < t)
-            att_lane_add(dqkv + ((size_t)bi * t + qi) * ld + col.q, dq[rr], hs);
+            att_lane_add(dqkv + ((size_t)blk.bi * t + qi) * blk.col.ld + blk.col.q, dq[rr], hs);
     }
 }
 
