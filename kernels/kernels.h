@@ -176,7 +176,7 @@ struct kernels {
     int (*act_unbind)(void *p);
 
     /* ---- matmul ---- */
-    /* y(n, out) = x(n, in) W(in, out) + b(out); b may be NULL. y must not alias x. x: [act]. */
+    /* y(n, out) = x(n, in) W(in, out) + b(out); b may be NULL. y must not alias x. x and y: [act]. */
     int (*matmul_forward)(float *y, const float *x, const float *w, const float *b, int n, int in,
                           int out);
     /* dx(n, in) += dy W^T; dw(in, out) += x^T dy; db(out) += column sums of dy. Any of dx, dw, db may be
@@ -204,7 +204,7 @@ struct kernels {
      * c_attn (nkv = nh) or Llama's q/k/v_proj, whose weights are adjacent, write it; query head h uses q
      * columns h*hs .. h*hs+hs-1 and the k and v columns of key/value head h / (nh/nkv).
      * out: (b*t, c), head h at columns h*hs ... lse: (b, nh, t) log-sum-exp of each row of scaled scores
-     * (scale 1/sqrt(hs)), saved for backward. out: [act] (also backward's).
+     * (scale 1/sqrt(hs)), saved for backward. out and qkv: [act] (also backward's).
      * window: sliding-window attention (Mistral): key j is visible to query i when i - window < j <= i, the
      * window tokens ending at the query itself (transformers' sliding_window convention); 0 = full causal.
      * Key blocks entirely outside every query's window are skipped, not masked.

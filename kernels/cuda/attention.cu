@@ -379,6 +379,22 @@ size_t cuda_attention_workspace_bytes(int b, int t, int c, int nh, int nkv)
     return (size_t)b * nh * t * sizeof(float);
 }
 
+/* qkv as the flash kernels read it: fp32, widened into the scratch where it is a bf16 activation (act.cu; the
+ * kernels round it back to the same bf16 values in bf16 mode, the only mode such a tensor exists in). */
+static int att_qkv_f32(const char *op, const float **qkv, int b, int t, int c, int nh, int nkv)
+{
+    bool lp;
+    FSDP_TRY(cuda_act_lowp(op, *qkv, &lp));
+    if (!lp)
+        return 0;
+    size_t n = (size_t)b * t * (c + 2 * (size_t)nkv * (c / nh));
+    void *wide;
+    FSDP_TRY(cuda_scratch(op, &wide, n * sizeof(float)));
+    FSDP_TRY(cuda_cast(wide, DTYPE_F32, *qkv, DTYPE_BF16, n));
+    *qkv = (const float *)wide;
+    return 0;
+}
+
 int cuda_attention_forward(float *out, float *lse, const float *qkv, int b, int t, int c, int nh, int nkv,
                            int window, void *workspace)
 {
@@ -389,6 +405,7 @@ int cuda_attention_forward(float *out, float *lse, const float *qkv, int b, int 
         return 0;
     if (cuda_attention_gemm_applies(c, nh)) /* bf16 on tensor cores (attention_gemm.cu) */
         return cuda_attention_gemm_forward(out, lse, qkv, b, t, c, nh, nkv, window);
+    FSDP_TRY(att_qkv_f32("attention_forward", &qkv, b, t, c, nh, nkv));
     if (cuda_ctx.matmul_dtype == DTYPE_BF16)
         return att_forward_hs<true>(out, lse, qkv, b, t, c, nh, nkv, window);
     return att_forward_hs<false>(out, lse, qkv, b, t, c, nh, nkv, window);
@@ -409,6 +426,7 @@ int cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, co
         FSDP_TRY(att_rowdot<true>(dsum, dout, out, b, t, c, nh));
         return cuda_attention_gemm_backward(dqkv, dout, qkv, lse, dsum, b, t, c, nh, nkv, window);
     }
+    FSDP_TRY(att_qkv_f32("attention_backward", &qkv, b, t, c, nh, nkv));
     /* the mode now, as on the CPU: a step's forward and backward run in the same one */
     if (cuda_ctx.matmul_dtype == DTYPE_BF16)
         return att_backward_hs<true>(dqkv, dout, qkv, out, lse, dsum, b, t, c, nh, nkv, window);

@@ -115,16 +115,21 @@ struct attg_scratch {
     float *s, *dp;
 };
 
-static int attg_scratch_get(const char *op, int b, int t, int c, int nh, int nkv, bool backward,
+/* qkv: the caller's; read as it is where it is a bf16 activation (act.cu), else rounded into the scratch. */
+static int attg_scratch_get(const char *op, const float *qkv, int b, int t, int c, int nh, int nkv, bool backward,
                             struct attg_scratch *w)
 {
+    bool qkv_lp;
+    FSDP_TRY(cuda_act_lowp(op, qkv, &qkv_lp));
     const size_t W = (size_t)c + 2 * (size_t)nkv * (c / nh), tt = (size_t)nh * t * attg_ld(t), rows = (size_t)b * t;
-    size_t sizes[5] = {attg_round_up(rows * W * 2), backward ? attg_round_up(rows * c * 2) : 0,
+    size_t sizes[5] = {qkv_lp ? 0 : attg_round_up(rows * W * 2), backward ? attg_round_up(rows * c * 2) : 0,
                        attg_round_up(tt * 2), attg_round_up(tt * 4), backward ? attg_round_up(tt * 4) : 0};
     void *base;
     FSDP_TRY(cuda_scratch(op, &base, sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4]));
     char *at = (char *)base;
-    w->qkv16 = (uint16_t *)at, at += sizes[0];
+    w->qkv16 = qkv_lp ? (uint16_t *)qkv : (uint16_t *)at, at += sizes[0];
+    if (!qkv_lp)
+        FSDP_TRY(cuda_cast(w->qkv16, DTYPE_BF16, qkv, DTYPE_F32, rows * W));
     w->dout16 = backward ? (uint16_t *)at : NULL, at += sizes[1];
     w->p16 = (uint16_t *)at, at += sizes[2];
     w->s = (float *)at, at += sizes[3];
@@ -160,8 +165,7 @@ int cuda_attention_gemm_forward(float *out, float *lse, const float *qkv, int b,
     struct attg_scratch w;
     bool out_lp; /* out in bf16 activation storage: the P V products write bf16 */
     FSDP_TRY(cuda_act_lowp(op, out, &out_lp));
-    FSDP_TRY(attg_scratch_get(op, b, t, c, nh, nkv, false, &w));
-    FSDP_TRY(cuda_cast(w.qkv16, DTYPE_BF16, qkv, DTYPE_F32, (size_t)b * t * W));
+    FSDP_TRY(attg_scratch_get(op, qkv, b, t, c, nh, nkv, false, &w));
     const float scale = 1.0f / sqrtf((float)hs);
     const int rows = nh * t;
     for (int bi = 0; bi < b; bi++) {
@@ -187,8 +191,7 @@ int cuda_attention_gemm_backward(float *dqkv, const float *dout, const float *qk
     const int hs = c / nh, g = nh / nkv, W = c + 2 * nkv * hs, ld = attg_ld(t);
     const long long tt = (long long)t * ld, gq = (long long)g * hs;
     struct attg_scratch w;
-    FSDP_TRY(attg_scratch_get(op, b, t, c, nh, nkv, true, &w));
-    FSDP_TRY(cuda_cast(w.qkv16, DTYPE_BF16, qkv, DTYPE_F32, (size_t)b * t * W));
+    FSDP_TRY(attg_scratch_get(op, qkv, b, t, c, nh, nkv, true, &w));
     FSDP_TRY(cuda_cast(w.dout16, DTYPE_BF16, dout, DTYPE_F32, (size_t)b * t * c));
     const float scale = 1.0f / sqrtf((float)hs);
     const int rows = nh * t;

@@ -87,6 +87,9 @@ int cuda_matmul_forward_gelu(float *pre, float *y, const float *x, const float *
         return 0;
     if (!pre || pre == y || y == x)
         return error_set(FSDP_EINVAL, "kernels cuda: matmul_forward_gelu: y must alias neither pre nor x");
+    if (cuda_act_dtype(pre) != DTYPE_F32) /* not [act]: the GELU epilogue's aux would have to be D's type */
+        return error_set(FSDP_EINVAL, "kernels cuda: matmul_forward_gelu: the GELU's input is fp32, not an activation "
+                                      "in bf16");
     bool lp;
     FSDP_TRY(cuda_act_lowp("matmul_forward_gelu", y, &lp));
     if (lp) { /* y in bf16 activation storage: the product and bias into pre, then the GELU rounds as it writes */

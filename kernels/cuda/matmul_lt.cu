@@ -21,7 +21,7 @@
 
 struct lt_key {
     int ta, tb, m, n, k, lda, ldb, ldc;
-    int ab_type, compute, epilogue;
+    int ab_type, compute, epilogue, d_type;
 };
 
 struct lt_entry {
@@ -85,10 +85,11 @@ int cuda_lt_matmul(const char *op, int ta, int tb, int m, int n, int k, const fl
 {
     if (m == 0 || n == 0)
         return 0;
-    bool c_lp;
+    bool c_lp; /* D a bf16 activation: the bias epilogue writes it rounded (the GELU ones keep fp32 here) */
     FSDP_TRY(cuda_act_lowp(op, c, &c_lp));
-    if (c_lp) /* the epilogues here write fp32 (matmul_forward_gelu rounds in its GELU kernel instead) */
-        return error_set(FSDP_EINVAL, "kernels cuda: %s: the product of an epilogue cannot be a bf16 activation", op);
+    if (c_lp && (gelu_pre || dgelu_pre || beta != 0.0f))
+        return error_set(FSDP_EINVAL, "kernels cuda: %s: only a product plus bias is written to a bf16 activation", op);
+    cudaDataType_t d_type = c_lp ? CUDA_R_16BF : CUDA_R_32F;
     FSDP_TRY(lt_init(op));
     struct cuda_gemm_operands g;
     FSDP_TRY(cuda_gemm_operands(op, ta, tb, m, n, k, a, lda, b, ldb, &g));
@@ -98,7 +99,7 @@ int cuda_lt_matmul(const char *op, int ta, int tb, int m, int n, int k, const fl
     /* the aux matrix: the GELU's input, written by the forward epilogue or read by DGELU */
     const void *aux = dgelu_pre ? (const void *)dgelu_pre : (const void *)gelu_pre;
     /* ints only, no padding: compared as bytes */
-    struct lt_key key = {ta, tb, m, n, k, lda, ldb, ldc, (int)g.type, (int)g.compute, (int)epi};
+    struct lt_key key = {ta, tb, m, n, k, lda, ldb, ldc, (int)g.type, (int)g.compute, (int)epi, (int)d_type};
     cublasLtMatmulDesc_t desc = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
     cublasLtMatmulPreference_t pref = NULL;
@@ -116,6 +117,12 @@ int cuda_lt_matmul(const char *op, int ta, int tb, int m, int n, int k, const fl
     if (rc == 0 && bias)
         rc = lt_status(op, "the bias pointer",
                        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    /* an fp32 bias under a bf16 D (cuBLASLt's default is D's type) */
+    cudaDataType_t bias_type = CUDA_R_32F;
+    if (rc == 0 && bias && c_lp)
+        rc = lt_status(op, "the bias type",
+                       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                      sizeof bias_type));
     /* the GELU's input (after the bias), laid out as D (n rows of ldc in cuBLASLt's terms) */
     int64_t aux_ld = ldc;
     if (rc == 0 && aux)
@@ -132,7 +139,7 @@ int cuda_lt_matmul(const char *op, int ta, int tb, int m, int n, int k, const fl
     if (rc == 0)
         rc = lt_status(op, "a layout", lt_layout(&lb, g.type, ta ? k : m, ta ? m : k, lda));
     if (rc == 0)
-        rc = lt_status(op, "a layout", lt_layout(&lc, CUDA_R_32F, m, n, ldc));
+        rc = lt_status(op, "a layout", lt_layout(&lc, d_type, m, n, ldc));
     const cublasLtMatmulAlgo_t *algo = rc == 0 ? lt_cached(&key) : NULL;
     cublasLtMatmulHeuristicResult_t heur;
     if (rc == 0 && !algo) {

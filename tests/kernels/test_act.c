@@ -256,7 +256,13 @@ Test(act, matmuls_read_the_stored_values)
     expect_rounded(k, ya, y2, ny, 1, "gemm into an activation");
     cr_assert_eq(k->gemm(0, 1, N, out, in, 1.0f, xa, in, wt, in, 1.0f, ya, out), FSDP_EINVAL,
                  "a product added into a bf16 activation accepted");
-    cr_assert_eq(k->matmul_forward(ya, xa, w, b, N, in, out), FSDP_EINVAL, "an epilogue's product into bf16 accepted");
+    /* a linear layer's output with its bias (GPT-2's qkv): the bias epilogue writes it rounded */
+    cr_assert_eq(k->matmul_forward(ya, xa, w, b, N, in, out), 0, "%s", error_message());
+    cr_assert_eq(k->matmul_forward(y1, xa, w, b, N, in, out), 0, "%s", error_message());
+    expect_rounded(k, ya, y1, ny, 1, "matmul_forward into an activation");
+    if (k->matmul_forward_gelu) /* the GELU's input stays fp32 (its epilogue's aux would have to be D's type) */
+        cr_assert_eq(k->matmul_forward_gelu(ya, y2, xa, w, b, N, in, out), FSDP_EINVAL,
+                     "a GELU epilogue's input in bf16 accepted");
     act_free(k, ya);
     act_free(k, xa);
     free_all(k);
@@ -287,6 +293,23 @@ static void attention_case(const struct kernels *k, int b, int t, int nh, int nk
                  error_message());
     snprintf(what, sizeof what, "attention_backward hs %d window %d", hs, window);
     expect_same(k, dq1, dq2, nq, what);
+
+    /* q, k and v read from activation storage: as from their values in fp32 (attention rounds them so) */
+    float *qa = act_from(k, qkv, nq), *qw = act_widen(k, qa, nq), *o2 = dev_from(k, NULL, no);
+    cr_assert_eq(k->attention_forward(o32, lse1, qw, b, t, c, nh, nkv, window, ws), 0, "%s", error_message());
+    cr_assert_eq(k->attention_forward(o2, lse2, qa, b, t, c, nh, nkv, window, ws), 0, "%s", error_message());
+    snprintf(what, sizeof what, "attention_forward of stored q, k, v, hs %d window %d", hs, window);
+    expect_same(k, o32, o2, no, what);
+    expect_same(k, lse1, lse2, nl, what);
+    cr_assert_eq(k->mem_set(dq1, 0, nq * 4), 0);
+    cr_assert_eq(k->mem_set(dq2, 0, nq * 4), 0);
+    cr_assert_eq(k->attention_backward(dq1, dout, qw, o32, lse1, b, t, c, nh, nkv, window, ws), 0, "%s",
+                 error_message());
+    cr_assert_eq(k->attention_backward(dq2, dout, qa, o32, lse1, b, t, c, nh, nkv, window, ws), 0, "%s",
+                 error_message());
+    snprintf(what, sizeof what, "attention_backward of stored q, k, v, hs %d window %d", hs, window);
+    expect_same(k, dq1, dq2, nq, what);
+    act_free(k, qa);
     act_free(k, oa);
 }
 

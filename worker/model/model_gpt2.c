@@ -11,8 +11,8 @@
 
 #define LN_EPS 1e-5f
 
-/* ln1, atty, ln2 and fcg: [act] tensors of the activation region (model_carve_act), read only by matmuls
- * (and atty by attention's backward). */
+/* ln1, qkv, atty, ln2 and fcg: [act] tensors of the activation region (model_carve_act): the matmuls'
+ * operands, qkv (written by its matmul) read by attention, atty also by attention's backward. */
 struct gpt2_acts {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *xmid, *ln2, *ln2_mean, *ln2_rstd, *fc, *fcg;
 };
@@ -32,7 +32,7 @@ static void gpt2_plan_acts(const struct model_config *cfg, int b, int t, struct 
     a->ln1 = model_carve_act(c, N * C);
     a->ln1_mean = model_carve(c, N * F);
     a->ln1_rstd = model_carve(c, N * F);
-    a->qkv = model_carve(c, 3 * N * C * F);
+    a->qkv = model_carve_act(c, 3 * N * C);
     a->atty = model_carve_act(c, N * C);
     a->lse = model_carve(c, N * (size_t)cfg->n_head * F);
     a->xmid = model_carve(c, N * C * F);
