@@ -268,47 +268,64 @@ Test(act, matmuls_read_the_stored_values)
     free_all(k);
 }
 
-/* attention's output rounded as it is written, and backward reading it so: both paths (head sizes 16 and 9),
+/* One attention shape, its workspace and its dO. */
+struct att {
+    int b, t, nh, nkv, hs, c, window;
+    size_t nq, no, nl;
+    const float *dout;
+    void *ws;
+};
+
+static void att_forward(const struct kernels *k, const struct att *a, float *out, float *lse, const float *qkv)
+{
+    cr_assert_eq(k->attention_forward(out, lse, qkv, a->b, a->t, a->c, a->nh, a->nkv, a->window, a->ws), 0, "%s",
+                 error_message());
+}
+
+/* dqkv written afresh (backward adds into it) */
+static void att_backward(const struct kernels *k, const struct att *a, float *dqkv, const float *qkv,
+                         const float *out, const float *lse)
+{
+    cr_assert_eq(k->mem_set(dqkv, 0, a->nq * sizeof *dqkv), 0);
+    cr_assert_eq(k->attention_backward(dqkv, a->dout, qkv, out, lse, a->b, a->t, a->c, a->nh, a->nkv, a->window,
+                                       a->ws),
+                 0, "%s", error_message());
+}
+
+/* attention's output rounded as it is written and backward reading it so, then q, k and v read from activation
+ * storage as from their values in fp32 (attention rounds them so): both paths (head sizes 16 and 9),
  * grouped-query, a sliding window on one of them. */
 static void attention_case(const struct kernels *k, int b, int t, int nh, int nkv, int hs, int window)
 {
-    int c = nh * hs, W = c + 2 * nkv * hs;
-    size_t nq = (size_t)b * t * W, no = (size_t)b * t * c, nl = (size_t)b * nh * t;
-    float *qkv = dev_rand(k, nq, 20 + hs, -1, 1), *dout = dev_rand(k, no, 30 + hs, -1, 1);
-    float *o32 = dev_from(k, NULL, no), *lse1 = dev_from(k, NULL, nl), *lse2 = dev_from(k, NULL, nl);
-    float *oa = act_alloc(k, no);
-    size_t wsb = k->attention_workspace_bytes(b, t, c, nh, nkv);
-    void *ws = own(k->mem_alloc(wsb));
-    cr_assert_eq(k->attention_forward(o32, lse1, qkv, b, t, c, nh, nkv, window, ws), 0, "%s", error_message());
-    cr_assert_eq(k->attention_forward(oa, lse2, qkv, b, t, c, nh, nkv, window, ws), 0, "%s", error_message());
+    struct att a = {.b = b, .t = t, .nh = nh, .nkv = nkv, .hs = hs, .c = nh * hs, .window = window};
+    a.nq = (size_t)b * t * (a.c + 2 * nkv * hs), a.no = (size_t)b * t * a.c, a.nl = (size_t)b * nh * t;
+    a.dout = dev_rand(k, a.no, 30 + hs, -1, 1);
+    a.ws = own(k->mem_alloc(k->attention_workspace_bytes(b, t, a.c, nh, nkv)));
+    float *qkv = dev_rand(k, a.nq, 20 + hs, -1, 1), *o32 = dev_from(k, NULL, a.no), *o2 = dev_from(k, NULL, a.no);
+    float *lse1 = dev_from(k, NULL, a.nl), *lse2 = dev_from(k, NULL, a.nl), *oa = act_alloc(k, a.no);
+    float *dq1 = dev_from(k, NULL, a.nq), *dq2 = dev_from(k, NULL, a.nq);
     char what[96];
+
+    att_forward(k, &a, o32, lse1, qkv);
+    att_forward(k, &a, oa, lse2, qkv);
     snprintf(what, sizeof what, "attention_forward hs %d window %d", hs, window);
-    expect_rounded(k, oa, o32, no, hs % 8 == 0 ? 1 : 0, what); /* head sizes of 8s: cuBLAS writes it */
-    expect_same(k, lse1, lse2, nl, what);
-
-    float *ow = act_widen(k, oa, no), *dq1 = dev_from(k, NULL, nq), *dq2 = dev_from(k, NULL, nq);
-    cr_assert_eq(k->attention_backward(dq1, dout, qkv, ow, lse1, b, t, c, nh, nkv, window, ws), 0, "%s",
-                 error_message());
-    cr_assert_eq(k->attention_backward(dq2, dout, qkv, oa, lse1, b, t, c, nh, nkv, window, ws), 0, "%s",
-                 error_message());
+    expect_rounded(k, oa, o32, a.no, hs % 8 == 0 ? 1 : 0, what); /* head sizes of 8s: cuBLAS writes it */
+    expect_same(k, lse1, lse2, a.nl, what);
+    att_backward(k, &a, dq1, qkv, act_widen(k, oa, a.no), lse1);
+    att_backward(k, &a, dq2, qkv, oa, lse1);
     snprintf(what, sizeof what, "attention_backward hs %d window %d", hs, window);
-    expect_same(k, dq1, dq2, nq, what);
+    expect_same(k, dq1, dq2, a.nq, what);
 
-    /* q, k and v read from activation storage: as from their values in fp32 (attention rounds them so) */
-    float *qa = act_from(k, qkv, nq), *qw = act_widen(k, qa, nq), *o2 = dev_from(k, NULL, no);
-    cr_assert_eq(k->attention_forward(o32, lse1, qw, b, t, c, nh, nkv, window, ws), 0, "%s", error_message());
-    cr_assert_eq(k->attention_forward(o2, lse2, qa, b, t, c, nh, nkv, window, ws), 0, "%s", error_message());
+    float *qa = act_from(k, qkv, a.nq), *qw = act_widen(k, qa, a.nq);
+    att_forward(k, &a, o32, lse1, qw);
+    att_forward(k, &a, o2, lse2, qa);
     snprintf(what, sizeof what, "attention_forward of stored q, k, v, hs %d window %d", hs, window);
-    expect_same(k, o32, o2, no, what);
-    expect_same(k, lse1, lse2, nl, what);
-    cr_assert_eq(k->mem_set(dq1, 0, nq * 4), 0);
-    cr_assert_eq(k->mem_set(dq2, 0, nq * 4), 0);
-    cr_assert_eq(k->attention_backward(dq1, dout, qw, o32, lse1, b, t, c, nh, nkv, window, ws), 0, "%s",
-                 error_message());
-    cr_assert_eq(k->attention_backward(dq2, dout, qa, o32, lse1, b, t, c, nh, nkv, window, ws), 0, "%s",
-                 error_message());
+    expect_same(k, o32, o2, a.no, what);
+    expect_same(k, lse1, lse2, a.nl, what);
+    att_backward(k, &a, dq1, qw, o32, lse1);
+    att_backward(k, &a, dq2, qa, o32, lse1);
     snprintf(what, sizeof what, "attention_backward of stored q, k, v, hs %d window %d", hs, window);
-    expect_same(k, dq1, dq2, nq, what);
+    expect_same(k, dq1, dq2, a.nq, what);
     act_free(k, qa);
     act_free(k, oa);
 }
