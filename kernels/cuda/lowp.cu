@@ -71,6 +71,8 @@ int cuda_lowp_hold(const float *x, size_t n)
         return 0; /* nothing is rounded in fp32 */
     if (!x)
         return error_set(FSDP_EINVAL, "kernels cuda: lowp_hold: NULL buffer");
+    if (cuda_act_dtype(x) != DTYPE_F32)
+        return 0; /* an activation stored in 16 bits already (act.cu): the GEMMs read it as it is */
     for (int i = 0; i < n_ranges; i++)
         if (x >= ranges[i].f32 && x + n <= ranges[i].f32 + ranges[i].n)
             return 0; /* bound already: left as it is */

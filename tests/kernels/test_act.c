@@ -235,6 +235,11 @@ Test(act, matmuls_read_the_stored_values)
     cr_assert_eq(k->matmul_forward(y1, xw, w, b, N, in, out), 0, "%s", error_message());
     cr_assert_eq(k->matmul_forward(y2, xa, w, b, N, in, out), 0, "%s", error_message());
     expect_same(k, y1, y2, ny, "matmul_forward");
+    /* held (a linear layer's dy may be one): it is 16-bit already, nothing is rounded from it as fp32 */
+    cr_assert_eq(k->lowp_hold(xa, nx), 0, "%s", error_message());
+    cr_assert_eq(k->matmul_forward(y2, xa, w, b, N, in, out), 0, "%s", error_message());
+    cr_assert_eq(k->lowp_release(xa), 0);
+    expect_same(k, y1, y2, ny, "matmul_forward of a held activation");
 
     float *dw1 = dev_from(k, NULL, (size_t)in * out), *dw2 = dev_from(k, NULL, (size_t)in * out);
     cr_assert_eq(k->matmul_backward(NULL, dw1, NULL, dy, xw, w, N, in, out), 0, "%s", error_message());
