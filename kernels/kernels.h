@@ -161,15 +161,16 @@ struct kernels {
      * already is left as it is. */
     int (*lowp_hold)(const float *x, size_t n);
     int (*lowp_release)(const float *x);
-    /* Activation storage (the GEMM inputs a model keeps for backward, in the matmul dtype, as bf16 autocast
+    /* Activation storage (the activations a model keeps for backward, in the matmul dtype, as bf16 autocast
      * and llm.c keep them): the dtypes (bits DTYPE_BIT(d)) an act_bind range may hold; DTYPE_F32 alone where
      * the table has none (then act_bind is NULL). act_bind marks [p, p + bytes) as holding elements of dtype
      * (a 16-bit dtype of act_dtypes, which must be the matmul dtype whenever an op reads or writes there):
      * the arguments marked [act] below that point inside it hold that dtype: the pointer (typed float * for
      * the ops' one signature) is the address of the first 16-bit element, and a tensor of n elements spans 2n
-     * bytes. A 16-bit [act] output holds the fp32 result rounded to nearest even, so a matmul that reads it
-     * sees the bits it would have rounded from fp32 itself; only attention_backward then reads `out` rounded
-     * where it read fp32. Arguments not marked [act] must not point there. Ranges must not overlap;
+     * bytes. A 16-bit [act] output holds the fp32 result rounded to nearest even, so a matmul (or attention,
+     * on qkv) that reads it sees the bits it would have rounded from fp32 itself; the readers that compute in
+     * fp32 (attention_backward on `out`, the SwiGLU on gate and up) read the rounded values. Arguments not
+     * marked [act] must not point there (the CUDA table refuses those it checks). Ranges must not overlap;
      * act_unbind(p) before the memory is reused. */
     unsigned act_dtypes;
     int (*act_bind)(void *p, size_t bytes, enum dtype dtype);
