@@ -294,7 +294,8 @@ struct kernels {
      *   log line, not once per micro-batch), so the op costs no host round trip.
      * dlogits (optional; may equal logits for in-place): OVERWRITTEN with
      *   dloss * (softmax(logits[:v]) - onehot(target)), 0 in padded columns and in ignored rows.
-     * Chunked over the vocabulary with an online max/sum: no probability tensor is kept. */
+     * Chunked over the vocabulary with an online max/sum: no probability tensor is kept. logits and dlogits:
+     * [act]. */
     int (*crossentropy_forward_backward)(float *losses, double *loss_acc, float *dlogits,
                                          const float *logits, const int32_t *targets, int n, int v,
                                          int vp, float dloss);

@@ -1,7 +1,8 @@
 /* Fused softmax cross-entropy over a padded vocabulary: one block per row; each thread keeps an online
  * (max, sum) over its strided columns, the block combines them into the row's log-sum-exp, and a second
  * sweep writes dlogits. No probability tensor exists; logits are read twice (the second time mostly
- * from L2 for GPT-2's 50k vocabulary). Padded columns v..vp-1 are never read. */
+ * from L2 for GPT-2's 50k vocabulary). Padded columns v..vp-1 are never read. Logits and dlogits may be bf16
+ * activations (act.cu), llm.c's and autocast's bf16 logits: half the bytes of the step's largest tensor. */
 #include <math.h>
 
 #include "kernels/cuda/cuda.h"
@@ -11,18 +12,19 @@
 
 __global__ void __launch_bounds__(XENT_THREADS)
     xent_kernel(float *losses, double *row_loss, float *dlogits, const float *logits, const int32_t *targets,
-                int v, int vp, float dloss)
+                int v, int vp, float dloss, bool x_lp, bool dx_lp)
 {
     __shared__ float shf[32];
     __shared__ float sh_xt;
     int row = blockIdx.x;
-    const float *x = logits + (size_t)row * vp;
-    float *dx = dlogits ? dlogits + (size_t)row * vp : NULL;
+    /* logits and dlogits may be bf16 activations (act.cu): read and written in their own elements */
+    const float *x = cuda_act_row_rt(logits, (size_t)row * vp, x_lp);
+    float *dx = dlogits ? cuda_act_row_rt(dlogits, (size_t)row * vp, dx_lp) : NULL;
     int tgt = targets[row];
     if (tgt < 0 || tgt >= v) { /* -1: ignored; out of range: skipped here, reported by the range check */
         if (dx)
             for (int j = threadIdx.x; j < vp; j += blockDim.x)
-                dx[j] = 0.0f;
+                cuda_act_store_rt(dx, j, 0.0f, dx_lp);
         if (threadIdx.x == 0) {
             if (losses)
                 losses[row] = 0.0f;
@@ -32,10 +34,10 @@ __global__ void __launch_bounds__(XENT_THREADS)
         return;
     }
     if (threadIdx.x == 0)
-        sh_xt = x[tgt]; /* read before dx (possibly the same row) is overwritten */
+        sh_xt = cuda_act_load_rt(x, tgt, x_lp); /* read before dx (possibly the same row) is overwritten */
     float m = -INFINITY, s = 0.0f;
     for (int j = threadIdx.x; j < v; j += blockDim.x) {
-        float xj = x[j];
+        float xj = cuda_act_load_rt(x, j, x_lp);
         if (xj > m) {
             s *= __expf(m - xj);
             m = xj;
@@ -56,9 +58,10 @@ __global__ void __launch_bounds__(XENT_THREADS)
     __syncthreads();  /* every thread has read x[tgt] before anyone overwrites it */
     if (dx) {
         for (int j = threadIdx.x; j < v; j += blockDim.x)
-            dx[j] = dloss * (__expf(x[j] - lse) - (j == tgt ? 1.0f : 0.0f));
+            cuda_act_store_rt(dx, j, dloss * (__expf(cuda_act_load_rt(x, j, x_lp) - lse) - (j == tgt ? 1.0f : 0.0f)),
+                              dx_lp);
         for (int j = v + threadIdx.x; j < vp; j += blockDim.x)
-            dx[j] = 0.0f;
+            cuda_act_store_rt(dx, j, 0.0f, dx_lp);
     }
     if (threadIdx.x == 0) {
         float loss = lse - xt;
@@ -92,11 +95,15 @@ int cuda_crossentropy_forward_backward(float *losses, double *loss_acc, float *d
     FSDP_TRY(cuda_check_ids("crossentropy", "target (or -1 to ignore)", targets, n, -1, v));
     if (n == 0)
         return 0;
+    bool x_lp, dx_lp = false;
+    FSDP_TRY(cuda_act_lowp("crossentropy", logits, &x_lp));
+    if (dlogits)
+        FSDP_TRY(cuda_act_lowp("crossentropy", dlogits, &dx_lp));
     void *row_loss = NULL;
     if (loss_acc)
         FSDP_TRY(cuda_scratch("crossentropy", &row_loss, (size_t)n * sizeof(double)));
     xent_kernel<<<n, XENT_THREADS, 0, cuda_ctx.stream>>>(losses, (double *)row_loss, dlogits, logits, targets, v,
-                                                         vp, dloss);
+                                                         vp, dloss, x_lp, dx_lp);
     FSDP_TRY(cuda_check_launch("crossentropy"));
     if (!loss_acc)
         return 0;

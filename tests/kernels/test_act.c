@@ -344,6 +344,33 @@ Test(act, attention_writes_and_reads_its_output_rounded)
     free_all(k);
 }
 
+/* bf16 logits (the LM head's output) and their gradient written in place: the losses of their values in fp32,
+ * the fp32 gradient rounded; an ignored row and the padded columns still zero. */
+Test(act, crossentropy_reads_and_writes_bf16_logits)
+{
+    const struct kernels *k = gpu();
+    const int n = 9, v = 77, vp = 128;
+    size_t nl = (size_t)n * vp;
+    int32_t tgt[9] = {0, 5, 76, -1, 33, 2, 40, 41, 7};
+    int32_t *targets = own(k->mem_alloc(sizeof tgt));
+    cr_assert_eq(k->mem_copy(targets, tgt, sizeof tgt, KERNELS_COPY_H2D), 0);
+    float *l32 = dev_rand(k, nl, 50, -6, 6), *la = act_from(k, l32, nl), *lw = act_widen(k, la, nl);
+    float *loss1 = dev_from(k, NULL, n), *loss2 = dev_from(k, NULL, n);
+    double *acc = own(k->mem_alloc(2 * sizeof(double)));
+    cr_assert_eq(k->mem_set(acc, 0, 2 * sizeof(double)), 0);
+    cr_assert_eq(k->crossentropy_forward_backward(loss1, acc, lw, lw, targets, n, v, vp, 0.125f), 0, "%s",
+                 error_message());
+    cr_assert_eq(k->crossentropy_forward_backward(loss2, acc + 1, la, la, targets, n, v, vp, 0.125f), 0, "%s",
+                 error_message());
+    expect_same(k, loss1, loss2, n, "crossentropy losses of bf16 logits");
+    double sums[2];
+    cr_assert_eq(k->mem_copy(sums, acc, sizeof sums, KERNELS_COPY_D2H), 0);
+    cr_assert_eq(memcmp(&sums[0], &sums[1], sizeof sums[0]), 0, "loss sums %.17g and %.17g", sums[0], sums[1]);
+    expect_rounded(k, la, lw, nl, 0, "crossentropy dlogits in bf16");
+    act_free(k, la);
+    free_all(k);
+}
+
 Test(act, refusals_name_the_op)
 {
     const struct kernels *k = gpu();

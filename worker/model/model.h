@@ -289,7 +289,8 @@ int model_backward_embed(struct model *m, const float *root, float *root_grads);
  * forward_backward: mean loss, grads += d mean loss / d params. */
 int model_forward(struct model *m, const float *params, float *loss);
 int model_forward_backward(struct model *m, const float *params, float *grads, float *loss);
-/* (b*t, vocab_padded) logits after model_forward or forward_head with dloss 0 (device memory). */
+/* (b*t, vocab_padded) fp32 logits after model_forward or forward_head with dloss 0 (device memory); NULL
+ * (error_set) where model_set_compute_dtype stores them in bf16. */
 const float *model_logits(const struct model *m);
 
 #endif

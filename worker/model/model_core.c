@@ -66,7 +66,7 @@ static size_t plan(const struct model_decoder *d, const struct model_config *cfg
     s->hn = model_carve_act(&c, N * C);
     s->hn_mean = d->norm == MODEL_NORM_LAYER ? model_carve(&c, N * F) : NULL;
     s->hn_rstd = model_carve(&c, N * F);
-    s->logits = model_carve(&c, N * vp * F);
+    s->logits = model_carve_act(&c, N * vp); /* bf16 with bf16 activations, as autocast's and llm.c's */
     s->dres = model_carve(&c, N * C * F);
     s->tmp = model_carve(&c, N * C * F);
     s->dln = model_carve(&c, N * C * F);

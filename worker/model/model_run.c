@@ -230,6 +230,11 @@ int model_backward_embed(struct model *m, const float *root, float *root_grads)
 
 const float *model_logits(const struct model *m)
 {
+    if (m->act_dtype != DTYPE_F32) { /* bf16 elements: a reader of floats would misread them */
+        error_set(FSDP_EINVAL, "model: the logits are stored in %s (model_set_compute_dtype), not fp32",
+                  dtype_name(m->act_dtype));
+        return NULL;
+    }
     return model_core_logits(m);
 }
 
