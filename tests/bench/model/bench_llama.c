@@ -14,7 +14,9 @@
  * child: this binary re-executed as `bench_llama --child ROW [--bf16] [--profile]` with the variable set.
  *
  * Usage: bench_llama [--rounds N] [--threads LIST] [ROW ...]   (default: 1 round, threads 1,2, the S rows)
- *        bench_llama --child ROW [--bf16] [--profile]   one point in this process (--profile: CPU time per op)
+ *        bench_llama --child ROW [--bf16] [--profile] [--device cpu|cuda]   one point in this process
+ *        (--profile: the time per op, CPU time on the CPU; --device cuda: the step on the CUDA table, each
+ *        profiled op's device time, as bench_model's)
  * Rows: S, M, L (Llama), qwen2-S, qwen3-S, llama3-S.
  * With N rounds each point runs ours and PyTorch alternately N times and keeps each side's best round.
  * Output: `bench=llama_step config=ROW family=F threads=1 precision=fp32|bf16 tokens_per_s=...
@@ -54,9 +56,9 @@ static const struct bench_row rows[] = {
 enum { NROWS = sizeof rows / sizeof rows[0] };
 static const char *const default_rows[] = {"S", "qwen2-S", "qwen3-S", "llama3-S", "mistral-S"};
 
-static int run_child(const struct bench_row *row, bool bf16, bool profile)
+static int run_child(const struct bench_row *row, bool bf16, bool profile, const char *device)
 {
-    const struct kernels *base = kernels_cpu();
+    const struct kernels *base = bench_device_table(device);
     if (bf16 && !(base->matmul_dtypes & DTYPE_BIT(DTYPE_BF16)))
         fprintf(stderr, "bench_llama: this CPU has no bf16 matmul instructions: bf16 computes in fp32\n");
     if (base->set_matmul_dtype(bf16 ? DTYPE_BF16 : DTYPE_F32)) {
@@ -154,7 +156,7 @@ static void usage(void)
     fprintf(stderr, "usage: bench_llama [--rounds N] [--threads 1,2] [ROW ...]; rows:");
     for (int i = 0; i < NROWS; i++)
         fprintf(stderr, " %s", rows[i].name);
-    fprintf(stderr, "\n       bench_llama --child ROW [--bf16] [--profile]\n");
+    fprintf(stderr, "\n       bench_llama --child ROW [--bf16] [--profile] [--device cpu|cuda]\n");
 }
 
 int main(int argc, char **argv)
@@ -166,17 +168,20 @@ int main(int argc, char **argv)
             return 2;
         }
         bool bf16 = false, profile = false;
+        const char *device = "cpu";
         for (int i = 3; i < argc; i++) {
             if (strcmp(argv[i], "--bf16") == 0)
                 bf16 = true;
             else if (strcmp(argv[i], "--profile") == 0)
                 profile = true;
+            else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
+                device = argv[++i];
             else {
-                fprintf(stderr, "bench_llama: unknown child flag '%s' (--bf16, --profile)\n", argv[i]);
+                fprintf(stderr, "bench_llama: unknown child flag '%s' (--bf16, --profile, --device NAME)\n", argv[i]);
                 return 2;
             }
         }
-        return run_child(row, bf16, profile);
+        return run_child(row, bf16, profile, device);
     }
     char self[PATH_MAX];
     if (!bench_self(self, sizeof self))

@@ -20,8 +20,12 @@
  * The step, the profile and the helpers that run children and the peer are bench_runner.h's, shared with
  * bench_llama; this file adds the GPT-2 rows, the GEMM peaks and the three precisions.
  *
- * Usage: bench_model [--rounds N] [--threads LIST] [S|L|M ...]   (default: 1 round, threads 1, S L)
- *        bench_model --child S|L|M --precision fp32|bf16 [--profile]
+ * Usage: bench_model [--rounds N] [--threads LIST] [S|L|M|M1024|XS ...]   (default: 1 round, threads 1, S L)
+ *        bench_model --child CONFIG --precision fp32|bf16 [--profile] [--device cpu|cuda]
+ * --device cuda runs the child's peaks and step on the CUDA table (the GPU module; the emulator's where
+ * FSDP_GPU_MODULE names it): with --profile each op's time is its device time (the profile waits for the
+ * device before and after each op; `timing=device_sync` in its lines). M1024 (GPT-2 small at T 1024, batch 8)
+ * is for a GPU, XS (the GPU kit's dry-run shapes) for its plumbing.
  * With N rounds each point runs ours and PyTorch alternately N times and keeps each side's best round, so a
  * slow spell of the shared machine hits both sides alike rather than whichever ran during it.
  * Output: `bench=model_step config=S threads=1 precision=bf16 tokens_per_s=... cpu_tokens_per_s=... gflops=...
@@ -49,6 +53,11 @@ static const struct bench_row configs[] = {
     {.name = "L", .family = "gpt2", 8, 512, 8, 0, 0, 0, 50304, 256, 4, .warmup = 1, .steps = 4},
     /* GPT-2 small, 124M */
     {.name = "M", .family = "gpt2", 12, 768, 12, 0, 0, 0, 50304, 256, 4, .warmup = 1, .steps = 3},
+    /* GPT-2 small at llm.c's shapes (T 1024, batch 8, GPT-2's own vocabulary): the GPU kit's bench stage
+     * profiles it on the GPU (--device cuda); on a CPU a step takes minutes */
+    {.name = "M1024", .family = "gpt2", 12, 768, 12, 0, 0, 0, 50257, 1024, 8, .warmup = 2, .steps = 5},
+    /* the GPU kit's dry-run shapes (tests/gpu/acceptance.sh: 2 x 64, T 64, batch 2), for its plumbing */
+    {.name = "XS", .family = "gpt2", 2, 64, 2, 0, 0, 0, 4096, 64, 2, .warmup = 1, .steps = 2},
 };
 enum { NCONFIGS = sizeof configs / sizeof configs[0] };
 
@@ -86,13 +95,19 @@ static double gemm_rate(const struct kernels *k, enum peak_kind kind, int m, int
 {
     float *a = k->mem_alloc((size_t)m * kk * sizeof(float)), *b = k->mem_alloc((size_t)kk * n * sizeof(float));
     float *c = k->mem_alloc((size_t)m * n * sizeof(float));
-    uint16_t *ah = malloc((size_t)m * kk * 2), *bh = malloc((size_t)kk * n * 2);
-    if (!a || !b || !c || !ah || !bh)
+    uint16_t *ah = k->mem_alloc((size_t)m * kk * 2), *bh = k->mem_alloc((size_t)kk * n * 2);
+    /* the operands are made on the host and copied into the table's memory (a device's is not the host's) */
+    float *ha = malloc((size_t)m * kk * sizeof(float)), *hb = malloc((size_t)kk * n * sizeof(float));
+    if (!a || !b || !c || !ah || !bh || !ha || !hb)
         die("allocating the peak's matrices");
     for (size_t i = 0; i < (size_t)m * kk; i++)
-        a[i] = (float)(i % 17) * 0.01f;
+        ha[i] = (float)(i % 17) * 0.01f;
     for (size_t i = 0; i < (size_t)kk * n; i++)
-        b[i] = (float)(i % 13) * 0.01f;
+        hb[i] = (float)(i % 13) * 0.01f;
+    if (k->mem_copy(a, ha, (size_t)m * kk * sizeof(float), KERNELS_COPY_H2D) ||
+        k->mem_copy(b, hb, (size_t)kk * n * sizeof(float), KERNELS_COPY_H2D))
+        die("copying the peak's matrices");
+    free(ha), free(hb);
     if (kind == PEAK_BF16) {
         if (k->cast(ah, DTYPE_BF16, a, DTYPE_F32, (size_t)m * kk) ||
             k->cast(bh, DTYPE_BF16, b, DTYPE_F32, (size_t)kk * n) || k->lowp_bind(a, ah, (size_t)m * kk) ||
@@ -103,19 +118,19 @@ static double gemm_rate(const struct kernels *k, enum peak_kind kind, int m, int
         die("set_matmul_dtype");
     double best = 1e30;
     for (int r = 0; r < 6; r++) {
-        double t0 = bench_cpu_now();
+        double t0 = bench_op_now(k);
         if (kind == PEAK_SGEMM)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, kk, 1.0f, a, kk, b, n, 0.0f, c, n);
         else if (k->gemm(0, 0, m, n, kk, 1.0f, a, kk, b, n, 0.0f, c, n))
             die("gemm");
-        double dt = bench_cpu_now() - t0;
+        double dt = bench_op_now(k) - t0;
         if (r > 0 && dt < best)
             best = dt;
     }
     if (kind == PEAK_BF16 && (k->lowp_unbind(a) || k->lowp_unbind(b)))
         die("unbinding");
     k->mem_free(a), k->mem_free(b), k->mem_free(c);
-    free(ah), free(bh);
+    k->mem_free(ah), k->mem_free(bh);
     return 2.0 * m * n * kk / best / 1e9;
 }
 
@@ -129,14 +144,16 @@ static double gemm_peak(const struct kernels *k, enum peak_kind kind, const stru
 
 /* ---- one (config, threads, precision) point, in this process ---- */
 
-static int run_child(const struct bench_row *bc, bool bf16, bool profile)
+static int run_child(const struct bench_row *bc, bool bf16, bool profile, const char *device)
 {
-    const struct kernels *base = kernels_cpu();
-    /* the peaks first, in this process's library setting; then the mode the step runs in */
-    double f32_peak = gemm_peak(base, PEAK_F32, bc), bf16_peak = NAN;
+    const struct kernels *base = bench_device_table(device);
+    /* the peaks first, in this process's library setting; then the mode the step runs in (OpenBLAS's sgemm
+     * only on the CPU: a device's are the table's own) */
+    double f32_peak = gemm_peak(base, PEAK_F32, bc), bf16_peak = NAN, sgemm_peak = NAN;
     if (base->matmul_dtypes & DTYPE_BIT(DTYPE_BF16))
         bf16_peak = gemm_peak(base, PEAK_BF16, bc);
-    double sgemm_peak = gemm_peak(base, PEAK_SGEMM, bc);
+    if (base->host_visible)
+        sgemm_peak = gemm_peak(base, PEAK_SGEMM, bc);
     if (bf16 && !(base->matmul_dtypes & DTYPE_BIT(DTYPE_BF16)))
         fprintf(stderr, "bench_model: this CPU has no bf16 matmul instructions: bf16 computes in fp32\n");
     if (base->set_matmul_dtype(bf16 ? DTYPE_BF16 : DTYPE_F32))
@@ -295,12 +312,15 @@ int main(int argc, char **argv)
     if (argc >= 3 && strcmp(argv[1], "--child") == 0) {
         const struct bench_row *bc = config_find(argv[2]);
         if (!bc) {
-            fprintf(stderr, "bench_model: unknown config '%s' (S, L or M)\n", argv[2]);
+            fprintf(stderr, "bench_model: unknown config '%s' (S, L, M, M1024 or XS)\n", argv[2]);
             return 2;
         }
         bool bf16 = false, profile = false;
+        const char *device = "cpu";
         for (int i = 3; i < argc; i++) {
-            if (strcmp(argv[i], "--precision") == 0 && i + 1 < argc) {
+            if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
+                device = argv[++i];
+            } else if (strcmp(argv[i], "--precision") == 0 && i + 1 < argc) {
                 i++;
                 if (strcmp(argv[i], "bf16") != 0 && strcmp(argv[i], "fp32") != 0) {
                     fprintf(stderr, "bench_model: --precision %s: want fp32 or bf16\n", argv[i]);
@@ -314,7 +334,7 @@ int main(int argc, char **argv)
                 return 2;
             }
         }
-        return run_child(bc, bf16, profile);
+        return run_child(bc, bf16, profile, device);
     }
     char self[PATH_MAX];
     if (!bench_self(self, sizeof self))
@@ -325,7 +345,7 @@ int main(int argc, char **argv)
     if (bench_driver_args(argc, argv, "bench_model", configs, NCONFIGS, &rounds, threads, &nthreads, sel,
                           NCONFIGS * 2, &nsel, &bad)) {
         if (bad)
-            fprintf(stderr, "usage: bench_model [--rounds N] [--threads 1,2] [S|L|M ...]\n");
+            fprintf(stderr, "usage: bench_model [--rounds N] [--threads 1,2] [S|L|M|M1024|XS ...]\n");
         return 2;
     }
     if (!nsel)

@@ -56,16 +56,40 @@ double bench_cpu_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* ---- the per-op profile: a copy of the table whose entries time the real ones (CPU time: with one thread
- * the op's own time, undisturbed by other processes on the machine) ---- */
-enum prof_op { P_MATMUL_F, P_MATMUL_B, P_GEMM_HEAD, P_GEMM_NT, P_GEMM_NN, P_GEMM_TN, P_LN_F, P_LN_B, P_RMS_F, P_RMS_B,
-               P_ROPE, P_ATT_F, P_ATT_B, P_GELU_F, P_GELU_B, P_SWIGLU_F, P_SWIGLU_B, P_RESID, P_EMB_F, P_EMB_B, P_XENT,
-               P_ADAMW, P_SQNORM, P_MEMSET, P_CAST, P_HOLD, P_N };
+const struct kernels *bench_device_table(const char *device)
+{
+    const struct kernels *k = kernels_get(device);
+    if (!k) {
+        fprintf(stderr, "bench: --device %s: %s\n", device, error_message());
+        exit(1);
+    }
+    return k;
+}
+
+double bench_op_now(const struct kernels *k)
+{
+    if (k->host_visible)
+        return bench_cpu_now();
+    /* a failed wait shows again in the next op's own status, which the step checks */
+    (void)k->synchronize();
+    return tu_now();
+}
+
+/* ---- the per-op profile: a copy of the table whose entries time the real ones (bench_op_now: on the CPU,
+ * CPU time, with one thread the op's own time undisturbed by other processes on the machine; on a device,
+ * the wall time between two waits for the device, the op's device time) ---- */
+/* The products come first (up to P_MATMUL_DGELU: the profile's gemm_ms); the fused ops only where the table
+ * has them (the CUDA table's GELU epilogues, the residual adds fused into the norms). */
+enum prof_op { P_MATMUL_F, P_MATMUL_B, P_GEMM_HEAD, P_GEMM_NT, P_GEMM_NN, P_GEMM_TN, P_MATMUL_GELU_F, P_MATMUL_DGELU,
+               P_LN_F, P_LN_B, P_RESID_LN_F, P_RMS_F, P_RMS_B, P_RESID_RMS_F, P_ROPE, P_ATT_F, P_ATT_B, P_GELU_F,
+               P_GELU_B, P_SWIGLU_F, P_SWIGLU_B, P_RESID, P_EMB_F, P_EMB_B, P_XENT, P_ADAMW, P_SQNORM, P_MEMSET,
+               P_MEMCOPY, P_CAST, P_HOLD, P_N };
 static const char *const prof_names[P_N] = {
-    "matmul_fwd", "matmul_bwd", "gemm_lm_head", "gemm_nt", "gemm_nn", "gemm_tn",
-    "layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "rope", "attention_fwd", "attention_bwd",
-    "gelu_fwd", "gelu_bwd", "swiglu_fwd", "swiglu_bwd", "residual", "embedding_fwd", "embedding_bwd",
-    "crossentropy", "adamw", "sqnorm", "mem_set", "cast", "operand_hold"};
+    "matmul_fwd", "matmul_bwd", "gemm_lm_head", "gemm_nt", "gemm_nn", "gemm_tn", "matmul_gelu_fwd", "matmul_dx_dgelu",
+    "layernorm_fwd", "layernorm_bwd", "residual_layernorm_fwd", "rmsnorm_fwd", "rmsnorm_bwd", "residual_rmsnorm_fwd",
+    "rope", "attention_fwd", "attention_bwd", "gelu_fwd", "gelu_bwd", "swiglu_fwd", "swiglu_bwd", "residual",
+    "embedding_fwd", "embedding_bwd", "crossentropy", "adamw", "sqnorm", "mem_set", "mem_copy", "cast",
+    "operand_hold"};
 static double prof_time[P_N], prof_flops[P_N];
 static const struct kernels *real;
 static struct kernels profiled;
@@ -73,9 +97,9 @@ static int prof_vocab; /* the padded vocabulary: tells the LM head's GEMMs from 
 
 #define PROF(op, fl, call)                                                                                   \
     do {                                                                                                     \
-        double t0_ = bench_cpu_now();                                                                        \
+        double t0_ = bench_op_now(real);                                                                     \
         int rc_ = (call);                                                                                    \
-        prof_time[op] += bench_cpu_now() - t0_;                                                              \
+        prof_time[op] += bench_op_now(real) - t0_;                                                           \
         prof_flops[op] += (fl);                                                                              \
         return rc_;                                                                                          \
     } while (0)
@@ -113,6 +137,11 @@ static int p_ln_b(float *dinp, float *dw, float *db, const float *dout, const fl
 {
     PROF(P_LN_B, 0, real->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, n, c));
 }
+static int p_resid_ln_f(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
+                        const float *w, const float *bias, int n, int c, float eps)
+{
+    PROF(P_RESID_LN_F, 0, real->residual_layernorm_forward(res, out, mean, rstd, a, b, w, bias, n, c, eps));
+}
 static int p_rms_f(float *out, float *rstd, const float *inp, const float *w, int n, int c, float eps)
 {
     PROF(P_RMS_F, 0, real->rmsnorm_forward(out, rstd, inp, w, n, c, eps));
@@ -121,6 +150,11 @@ static int p_rms_b(float *dinp, float *dw, const float *dout, const float *inp, 
                    int n, int c)
 {
     PROF(P_RMS_B, 0, real->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, n, c));
+}
+static int p_resid_rms_f(float *res, float *out, float *rstd, const float *a, const float *b, const float *w, int n,
+                         int c, float eps)
+{
+    PROF(P_RESID_RMS_F, 0, real->residual_rmsnorm_forward(res, out, rstd, a, b, w, n, c, eps));
 }
 static int p_rope_f(float *x, int n, int ld, int nh, int hs, const int32_t *pos, const float *f, int np)
 {
@@ -156,6 +190,15 @@ static int p_swiglu_b(float *dgu, const float *gu, const float *dout, int n, int
 {
     PROF(P_SWIGLU_B, 0, real->swiglu_backward(dgu, gu, dout, n, m));
 }
+static int p_matmul_gelu_f(float *pre, float *y, const float *x, const float *w, const float *b, int n, int in,
+                           int out)
+{
+    PROF(P_MATMUL_GELU_F, 2.0 * n * in * out, real->matmul_forward_gelu(pre, y, x, w, b, n, in, out));
+}
+static int p_matmul_dgelu(float *dpre, const float *dy, const float *w, const float *pre, int n, int in, int out)
+{
+    PROF(P_MATMUL_DGELU, 2.0 * n * in * out, real->matmul_dx_dgelu(dpre, dy, w, pre, n, in, out));
+}
 static int p_resid(float *out, const float *a, const float *b, size_t n)
 {
     PROF(P_RESID, 0, real->residual_forward(out, a, b, n));
@@ -184,6 +227,15 @@ static int p_sqnorm(double *r, const float *x, size_t n)
 static int p_mem_set(void *dst, int value, size_t bytes)
 {
     PROF(P_MEMSET, 0, real->mem_set(dst, value, bytes));
+}
+static int p_mem_copy(void *dst, const void *src, size_t bytes, enum kernels_copy_kind kind)
+{
+    PROF(P_MEMCOPY, 0, real->mem_copy(dst, src, bytes, kind));
+}
+static int p_mem_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows,
+                        enum kernels_copy_kind kind)
+{
+    PROF(P_MEMCOPY, 0, real->mem_copy2d(dst, dpitch, src, spitch, width, rows, kind));
 }
 static int p_cast(void *dst, enum dtype dd, const void *src, enum dtype sd, size_t n)
 {
@@ -220,14 +272,29 @@ const struct kernels *bench_profile_table(const struct kernels *k)
     profiled.adamw = p_adamw;
     profiled.sqnorm = p_sqnorm;
     profiled.mem_set = p_mem_set;
+    profiled.mem_copy = p_mem_copy;
+    profiled.mem_copy2d = p_mem_copy2d;
     profiled.cast = p_cast;
     if (k->lowp_hold)
         profiled.lowp_hold = p_hold;
+    /* the optional fused ops stay NULL where the table has none, so the model takes the same path */
+    if (k->matmul_forward_gelu)
+        profiled.matmul_forward_gelu = p_matmul_gelu_f;
+    if (k->matmul_dx_dgelu)
+        profiled.matmul_dx_dgelu = p_matmul_dgelu;
+    if (k->residual_layernorm_forward)
+        profiled.residual_layernorm_forward = p_resid_ln_f;
+    if (k->residual_rmsnorm_forward)
+        profiled.residual_rmsnorm_forward = p_resid_rms_f;
     return &profiled;
 }
 
 void bench_profile_print(int timed, double step_ms, double step_cpu_ms, double step_flops, double peak)
 {
+    /* a device's ops are timed between waits for it: their own device time, and the step's time per wall
+     * second (the process's CPU time is the host's, not the device's) */
+    bool device = !real->host_visible;
+    const char *timing = device ? " timing=device_sync" : "";
     double tot = 0, gemm = 0;
     for (int i = 0; i < P_N; i++)
         tot += prof_time[i];
@@ -235,15 +302,15 @@ void bench_profile_print(int timed, double step_ms, double step_cpu_ms, double s
         if (prof_time[i] <= 0)
             continue;
         double gf = prof_flops[i] > 0 ? prof_flops[i] / prof_time[i] / 1e9 : 0.0;
-        if (i <= P_GEMM_TN)
+        if (i <= P_MATMUL_DGELU)
             gemm += prof_time[i];
-        printf("profile op=%s ms_per_step=%.2f share=%.3f gflops=%.1f frac_of_peak=%.3f\n", prof_names[i],
-               1e3 * prof_time[i] / timed, prof_time[i] / tot, gf, gf / peak);
+        printf("profile op=%s ms_per_step=%.2f share=%.3f gflops=%.1f frac_of_peak=%.3f%s\n", prof_names[i],
+               1e3 * prof_time[i] / timed, prof_time[i] / tot, gf, gf / peak, timing);
     }
-    double step_gf = step_flops / (step_cpu_ms * 1e-3) / 1e9;
+    double step_gf = step_flops / ((device ? step_ms : step_cpu_ms) * 1e-3) / 1e9;
     printf("profile op=total ms_per_step=%.2f step_ms=%.2f step_cpu_ms=%.2f gemm_ms=%.2f step_gflops=%.2f "
-           "peak_gflops=%.2f frac_of_peak=%.3f\n",
-           1e3 * tot / timed, step_ms, step_cpu_ms, 1e3 * gemm / timed, step_gf, peak, step_gf / peak);
+           "peak_gflops=%.2f frac_of_peak=%.3f%s\n",
+           1e3 * tot / timed, step_ms, step_cpu_ms, 1e3 * gemm / timed, step_gf, peak, step_gf / peak, timing);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -260,6 +327,10 @@ void bench_step_run(const struct bench_row *row, const struct kernels *k, bool b
     struct model *m;
     if (model_create(&m, &mc, k, row->b, row->t) != 0)
         die("model_create");
+    /* as the engine does: where the table stores activations in the matmul dtype (CUDA), the model keeps them
+     * so (on the CPU nothing changes) */
+    if (model_set_compute_dtype(m, bf16 && (k->matmul_dtypes & DTYPE_BIT(DTYPE_BF16)) ? DTYPE_BF16 : DTYPE_F32))
+        die("model_set_compute_dtype");
     const struct model_layout *l = model_get_layout(m);
     prof_vocab = l->vocab_padded;
     size_t n = l->numel;
@@ -270,8 +341,17 @@ void bench_step_run(const struct bench_row *row, const struct kernels *k, bool b
     float *full = bf16 ? k->mem_alloc(n * sizeof(float)) : params;
     if (!params || !grads || !mom1 || !mom2 || !full || (bf16 && !lp))
         die("allocating parameters and optimizer state");
-    if (model_init_params(l, params) != 0)
+    /* a device's parameters are made on the host and copied there (the host never touches its memory) */
+    float *init = k->host_visible ? params : malloc(n * sizeof(float));
+    if (!init)
+        die("out of memory");
+    if (model_init_params(l, init) != 0)
         die("model_init_params");
+    if (init != params) {
+        if (k->mem_copy(params, init, n * sizeof(float), KERNELS_COPY_H2D))
+            die("copying the parameters to the device");
+        free(init);
+    }
     k->mem_set(mom1, 0, n * sizeof(float));
     k->mem_set(mom2, 0, n * sizeof(float));
     if (bf16 && k->cast(lp, DTYPE_BF16, params, DTYPE_F32, n))
@@ -322,6 +402,9 @@ void bench_step_run(const struct bench_row *row, const struct kernels *k, bool b
         /* bf16: the engine's refresh of the low-precision copy after the optimizer */
         if (bf16 && k->cast(lp, DTYPE_BF16, params, DTYPE_F32, n))
             die("refresh");
+        /* a device's step ends when its queued work does */
+        if (!k->host_visible && k->synchronize())
+            die("synchronize");
         double dt = tu_now() - t0, dc = bench_cpu_now() - c0;
         if (!isfinite(loss))
             die("non-finite loss");

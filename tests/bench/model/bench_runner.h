@@ -34,10 +34,16 @@ void bench_row_model(const struct bench_row *row, struct model_config *mc);
 
 /* CPU seconds of this process: on a shared machine the time a step computed, whatever else ran. */
 double bench_cpu_now(void);
+/* The clock of work on k: on a host-visible table bench_cpu_now(); on a device, wall-clock (monotonic)
+ * seconds read after waiting for the work queued on it (k->synchronize), so that the difference of two
+ * readings around a call is the call's device time. */
+double bench_op_now(const struct kernels *k);
 
 /* ---- in the child ---- */
-/* k wrapped so that every op it runs is timed (CPU time) and counted; bench_profile_print prints one
- * `profile op=NAME ms_per_step= share= gflops= frac_of_peak=` line per op that ran and `profile op=total ...`. */
+/* k wrapped so that every op it runs is timed (bench_op_now: CPU time on the CPU, device time on a device)
+ * and counted; bench_profile_print prints one `profile op=NAME ms_per_step= share= gflops= frac_of_peak=`
+ * line per op that ran and `profile op=total ...` (on a device each line ends in `timing=device_sync`, and
+ * the total's step_gflops is per wall second of the step). */
 const struct kernels *bench_profile_table(const struct kernels *k);
 void bench_profile_print(int timed_steps, double step_ms, double step_cpu_ms, double step_flops, double peak);
 
@@ -50,9 +56,14 @@ struct bench_step_result {
     int timed;
 };
 /* Builds row's model on k and runs warmup + steps training steps on random tokens (fp32, or bf16 as a
- * world-1 rank runs mixed_precision = bf16); exits the process with a message on any failure. */
+ * world-1 rank runs mixed_precision = bf16); exits the process with a message on any failure. On a table
+ * that is not host-visible (CUDA) the parameters, gradients and optimizer state live in its memory (made on
+ * the host, copied there), and a step's time ends when the device's work does. */
 void bench_step_run(const struct bench_row *row, const struct kernels *k, bool bf16, bool profile,
                     struct bench_step_result *out);
+
+/* The table of a child's --device NAME (kernels_get); exits the process with a message when there is none. */
+const struct kernels *bench_device_table(const char *device);
 
 /* ---- in the driver ---- */
 /* Runs cmd through the shell and returns the value of `key=` in its output (the last occurrence), or NAN
