@@ -23,8 +23,9 @@
 #            checkpoint resumed on the GPU (exact) and on the CPU, a CPU one on the GPU; Hugging Face
 #            exports of the GPU runs open in transformers with fsdpc's own eval loss
 #   bench    GPT-2 124M, T = 1024, bf16: fsdpc's tokens/s, ms/step, peak memory, MFU (llm.c's formula),
-#            and in the same command on the same GPU and shapes llm.c (train_gpt2cu) and PyTorch
-#            (eager and torch.compile, tests/gpu/torch_gpt2_peer.py)
+#            the device time of each kernels-table op of its step (bench_model's profile), and in the
+#            same command on the same GPU and shapes llm.c (train_gpt2cu) and PyTorch (eager and
+#            torch.compile, tests/gpu/torch_gpt2_peer.py)
 #   llama    a Llama 3.2 1B shape (16 x 2048, 32 heads, 8 KV heads, FFN 8192, vocabulary 128256, tied),
 #            T = 2048, batch 4, bf16, random init: fsdpc's tokens/s and MFU beside PyTorch + transformers'
 #            LlamaForCausalLM, eager and torch.compile (torch_gpt2_peer.py --family llama), same tokens
@@ -46,8 +47,10 @@ src=$(cd "$here/../.." && pwd)
 kernel_tests="ops attention crossentropy_adamw cast llama_ops"
 gpu_tests="tests/kernels/test_kernels_cuda tests/kernels/test_kernels_act tests/model/test_model_act tests/kernels/test_gpu_module tests/common/test_dtype"
 programs="worker/fsdp-worker worker/fsdp-prepare-data worker/fsdp-ckpt launcher/fsdp-launch gpu/libfsdp_gpu.so"
+# the bench stage's per-op profile of the step (tests/bench/model/bench_model.c)
+bench_programs="tests/bench/model/bench_model"
 kit_binaries() {
-  echo "$programs"
+  echo "$programs $bench_programs"
   for t in $kernel_tests; do echo "tests/kernels/test_kernels_$t"; done
   echo "$gpu_tests tests/comm/test_comm_nccl tests/util/libfsdp_no_dns.so"
 }
@@ -69,7 +72,7 @@ while [ $# -gt 0 ]; do
     --batch) batch=$2; shift ;;
     --list-binaries) kit_binaries | tr ' ' '\n' | grep .; exit 0 ;;
     --stage-only) only=$2; shift ;; # internal: run one stage in this process
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "acceptance: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -495,6 +498,30 @@ fsdpc_bench() {
   return "${PIPESTATUS[0]}"
 }
 
+# profile_step: the per-op device times of fsdpc's step at the bench stage's shapes (bench_model's M1024 row:
+# GPT-2 124M, T 1024, batch 8, bf16; each op timed between two waits for the GPU, so the times add up to more
+# than an unprofiled step), as `bench=model_profile config=M1024 device=cuda precision=bf16 op=NAME
+# ms_per_step=... gflops=... timing=device_sync` lines in the stage's figures: the measured column of
+# docs/kernels_cuda.md's roofline plan. Expected to take about 10 s on an H100 (not yet measured), at most 45.
+# A dry run profiles the dry shapes (the XS row) on the CPU. A failure is reported in the figures, not as the
+# stage's: the verdict is the speed of the whole step.
+profile_step() {
+  local row=M1024 pdev=cuda code lines
+  [ "$dry" = 1 ] && { row=XS; pdev=cpu; }
+  echo "== fsdpc per-op profile: bench_model --child $row --precision bf16 --profile --device $pdev"
+  FSDP_CUDA_TF32=1 timeout 45 "$build/tests/bench/model/bench_model" --child "$row" --precision bf16 --profile \
+    --device "$pdev" > "$dir/profile.out" 2>&1
+  code=$?
+  if [ "$code" != 0 ]; then
+    tail -5 "$dir/profile.out"
+    echo "bench=model_profile config=$row device=$pdev precision=bf16 result=FAIL why=exit_$code" >> "$out/bench.figures"
+    return 1
+  fi
+  lines=$(sed -n "s/^profile /bench=model_profile config=$row device=$pdev precision=bf16 /p" "$dir/profile.out")
+  [ -n "$lines" ] || return 1
+  echo "$lines" | tee -a "$out/bench.figures"
+}
+
 stage_bench() {
   facts; kit_env
   local dir=$out/bench rc=0
@@ -533,6 +560,7 @@ interval = -1
 EOF
   echo "== fsdpc: GPT-2 $L x $C, T $T, batch $B, bf16 on $dev"
   fsdpc_bench "$dir" bench.ini 90 fsdpc_gpt2_124m_bf16 "$pk" "$skip" "$out/bench.figures" || rc=1
+  profile_step || echo "the per-op profile gave no lines (see bench/profile.out)"
   # llm.c: the kit's train_gpt2cu (built for this arch by bundle.sh), else built here by run_llmc.sh.
   if [ "$dry" = 1 ]; then
     echo "llm.c: dry run, no GPU"; echo "llmc=skipped_dry_run" >> "$out/bench.figures"
