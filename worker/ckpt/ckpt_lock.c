@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "worker/ckpt/ckpt_internal.h"
@@ -38,8 +39,7 @@ int ckpt_lock(const char *root, const char *owner, double wait_s, int *fd_out)
         close(fd);
         return error_set(FSDP_EINVAL, "%s is not a regular file; remove it", path);
     }
-    struct timespec t0, now;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = clock_now_s();
     bool said = false;
     for (;;) {
         if (flock(fd, LOCK_EX | LOCK_NB) == 0)
@@ -51,8 +51,7 @@ int ckpt_lock(const char *root, const char *owner, double wait_s, int *fd_out)
             close(fd);
             return error_set(FSDP_EIO, "%s: flock failed: %s", path, strerror(err));
         }
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        double waited = (double)(now.tv_sec - t0.tv_sec) + (double)(now.tv_nsec - t0.tv_nsec) * 1e-9;
+        double waited = clock_now_s() - t0;
         if (waited >= wait_s) {
             close(fd);
             return error_set(FSDP_EEXIST, "checkpoint directory %s is in use by another job: %s (it holds %s%s). "

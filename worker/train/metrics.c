@@ -1,5 +1,6 @@
 #include "worker/train/metrics.h"
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/tfevents.h"
 
@@ -11,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 struct metrics {
@@ -19,13 +19,6 @@ struct metrics {
     char *jsonl_path;
     struct tfevents_writer *events;
 };
-
-static double metrics_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Appends to buf at *len; sets *len past cap on overflow so the caller checks once. */
 static void metrics_append(char *buf, size_t cap, size_t *len, const char *fmt, ...)
@@ -103,7 +96,7 @@ int metrics_open(const char *dir, int64_t first_step, struct metrics **out)
     FSDP_TRY_GOTO(tfevents_open(dir, &m->events), rc, fail);
     /* This run (re)writes every step from first_step on; TensorBoard forgets what older files say about
      * those steps when it reads this record, as metrics.jsonl was trimmed for them. */
-    FSDP_TRY_GOTO(tfevents_write_session_start(m->events, metrics_now(), first_step), rc, fail);
+    FSDP_TRY_GOTO(tfevents_write_session_start(m->events, clock_wall_s(), first_step), rc, fail);
     *out = m;
     return 0;
 fail:
@@ -129,7 +122,7 @@ int metrics_log(struct metrics *m, const struct metrics_row *row)
     const char *tags[5] = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "val/loss"};
     float values[5] = {(float)row->loss, (float)row->lr, (float)row->grad_norm, (float)row->tokens_per_s,
                        (float)row->val_loss};
-    return tfevents_write_scalars(m->events, metrics_now(), row->step, row->has_val ? 5 : 4, tags, values);
+    return tfevents_write_scalars(m->events, clock_wall_s(), row->step, row->has_val ? 5 : 4, tags, values);
 }
 
 void metrics_close(struct metrics *m)

@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/clock.h"
@@ -21,13 +20,6 @@ struct status_report {
     double last_write;
     bool warned;
 };
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 int status_report_open(struct store_client *store, int rank, int restart_count, struct status_report **out)
 {
@@ -64,7 +56,7 @@ void status_report_step(struct status_report *r, const struct status_report_step
 {
     if (!r)
         return;
-    double now = mono_s();
+    double now = clock_now_s();
     if (!force && now - r->last_write < STATUS_REPORT_MIN_INTERVAL_S)
         return;
     r->last_write = now;

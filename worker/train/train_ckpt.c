@@ -19,9 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/fs.h"
 #include "common/log.h"
@@ -198,15 +198,13 @@ int train_ckpt_maybe_save(struct train_ckpt *c, struct fsdp *f, const struct wor
     int rc = env->rank == 0 ? fs_mkdir_p(root, "checkpoint.dir") : 0;
     FSDP_TRY(agree(f, rc, "creating checkpoint.dir"));
     bool sharded = wc->checkpoint.state_dict_type == WORKER_SHARDED_STATE_DICT;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = clock_now_s();
     rc = sharded ? save_sharded(c, f, wc, env, root, step) : save_full(c, f, wc, env, root, step);
     if (rc)
         return error_set(rc, "checkpoint at step %lld in %s failed; earlier checkpoints are intact: %s",
                          (long long)step, root, error_message());
     c->last_saved_step = step;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    double secs = clock_now_s() - t0;
     double mb = 3.0 * (double)fsdp_layout(f)->numel_real * 4 / 1e6; /* params + two moments, fp32 */
     c->stats.saves++;
     c->stats.save_step = step;
@@ -283,8 +281,7 @@ static const char *const KIND_NAME[3] = {"", " (Adam exp_avg)", " (Adam exp_avg_
 static int load_from(struct train_ckpt *c, struct fsdp *f, const struct worker_config *wc, struct train_env *env,
                      const char *root, const char *which, const char *path, int64_t *first_step)
 {
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = clock_now_s();
     struct ckpt_reader *r = NULL;
     float *tmp = NULL;
     int rc = 0;
@@ -316,8 +313,7 @@ static int load_from(struct train_ckpt *c, struct fsdp *f, const struct worker_c
     *first_step = st->step;
     c->last_saved_step = st->step;
     FSDP_TRY_GOTO(fsdp_state_loaded(f, st->step, st->loss_scale, st->scaler_good_steps), rc, out);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    double secs = clock_now_s() - t0;
     double mb = 3.0 * (double)fsdp_layout(f)->numel_real * 4 / 1e6;
     snprintf(c->stats.resumed_from, sizeof c->stats.resumed_from, "%s", ckpt_reader_path(r));
     c->stats.resumed_step = st->step;

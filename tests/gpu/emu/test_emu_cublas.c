@@ -7,6 +7,8 @@
  * inline, device memory is registered host memory. */
 #include "gpu/emu/emu.h"
 
+#include "common/clock.h"
+
 #include <criterion/criterion.h>
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -16,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 const char *emu_stub_last_failure(void);
 void emu_stub_reset(void);
@@ -1649,25 +1650,18 @@ Test(emu_cublaslt, range_check)
  * Speed (printed, not asserted)
  * --------------------------------------------------------------------------------------------------------- */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    timespec_get(&ts, TIME_UTC); /* C11; the wall clock is good enough for a printed rate */
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void speed(cublasHandle_t h, int m, int n, int k, cudaDataType_t t, cublasComputeType_t compute, int reps)
 {
     void *a = dev((size_t)m * k * tsize(t)), *b = dev((size_t)k * n * tsize(t)), *c = dev((size_t)m * n * 4);
     memset(a, 0x3c, (size_t)m * k * tsize(t)); /* small finite values in every type */
     memset(b, 0x3c, (size_t)k * n * tsize(t));
     float one = 1.0f, zero = 0.0f;
-    double t0 = now_s();
+    double t0 = clock_now_s();
     for (int r = 0; r < reps; r++)
         cr_assert_eq(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, m, n, k, &one, a, t, m, b, t, n, &zero, c, CUDA_R_32F, m,
                                   compute, CUBLAS_GEMM_DEFAULT),
                      CUBLAS_STATUS_SUCCESS);
-    double s = (now_s() - t0) / reps;
+    double s = (clock_now_s() - t0) / reps;
     printf("emu cuBLAS speed: %4d x %4d x %4d, %s inputs, compute %d: %8.3f ms, %.2f GFLOP/s\n", m, n, k,
            t == CUDA_R_32F ? "fp32" : "bf16", (int)compute, s * 1e3, 2.0 * m * n * k / s * 1e-9);
     fflush(stdout);

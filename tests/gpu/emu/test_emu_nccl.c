@@ -10,6 +10,8 @@
 
 #include "gpu/emu/emu.h"
 
+#include "common/clock.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <nccl.h>
@@ -54,13 +56,6 @@ struct shared {
 static struct shared *sh;
 
 typedef int (*rank_fn)(int rank, int n, void *arg);
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void sleep_s(double s)
 {
@@ -126,14 +121,14 @@ static void run_world(int n, rank_fn fn, void *arg, unsigned alarm_s)
             _exit(rc);
         }
     }
-    double deadline = now_s() + alarm_s + 5;
+    double deadline = clock_now_s() + alarm_s + 5;
     int status[MAXR];
     for (int r = 0; r < n; r++) {
         for (;;) {
             pid_t w = waitpid(pids[r], &status[r], WNOHANG);
             if (w == pids[r])
                 break;
-            if (now_s() > deadline) {
+            if (clock_now_s() > deadline) {
                 kill(pids[r], SIGKILL);
                 waitpid(pids[r], &status[r], 0);
                 break;
@@ -366,7 +361,7 @@ static void *dev_alloc(size_t bytes)
 
 static ncclResult_t settle(ncclComm_t comm, double secs)
 {
-    double deadline = now_s() + secs;
+    double deadline = clock_now_s() + secs;
     for (;;) {
         ncclResult_t state = ncclInProgress;
         ncclResult_t r = ncclCommGetAsyncError(comm, &state);
@@ -374,7 +369,7 @@ static ncclResult_t settle(ncclComm_t comm, double secs)
             return r;
         if (state != ncclInProgress)
             return state;
-        if (now_s() > deadline)
+        if (clock_now_s() > deadline)
             return ncclInProgress;
         sleep_s(0.0005);
     }
@@ -382,9 +377,9 @@ static ncclResult_t settle(ncclComm_t comm, double secs)
 
 static ncclResult_t wait_handle(ncclComm_t volatile *handle, double secs)
 {
-    double deadline = now_s() + secs;
+    double deadline = clock_now_s() + secs;
     while (!*handle) {
-        if (now_s() > deadline)
+        if (clock_now_s() > deadline)
             return ncclInProgress;
         sleep_s(0.0005);
     }
@@ -873,16 +868,16 @@ static int rank_peer_exit(int rank, int n, void *arg)
         pthread_t th;
         CHECK(rank, pthread_create(&th, NULL, loop_all_reduce, &la) == 0, "pthread_create");
         sleep_s(0.3);
-        sh->t[1][0] = now_s();
+        sh->t[1][0] = clock_now_s();
         _exit(0); /* in the middle of an all_reduce */
     }
-    double t0 = now_s(), t_err = 0;
+    double t0 = clock_now_s(), t_err = 0;
     ncclResult_t st = ncclSuccess, r = ncclSuccess;
-    for (int i = 0; i < 1000000 && now_s() < t0 + 15; i++) {
+    for (int i = 0; i < 1000000 && clock_now_s() < t0 + 15; i++) {
         r = ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, STREAM);
         ncclCommGetAsyncError(comm, &st);
         if (r != ncclSuccess || st != ncclSuccess) {
-            t_err = now_s();
+            t_err = clock_now_s();
             break;
         }
     }
@@ -895,9 +890,9 @@ static int rank_peer_exit(int rank, int n, void *arg)
     const char *msg = ncclGetLastError(comm);
     CHECK(rank, strstr(msg, want), "last error '%s' does not say '%s'", msg, want);
     /* later calls fail at once */
-    double t1 = now_s();
+    double t1 = clock_now_s();
     r = ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, STREAM);
-    CHECK(rank, r == ncclRemoteError && now_s() - t1 < 0.5, "a later all_reduce: %s", ncclGetErrorString(r));
+    CHECK(rank, r == ncclRemoteError && clock_now_s() - t1 < 0.5, "a later all_reduce: %s", ncclGetErrorString(r));
     r = ncclCommFinalize(comm);
     CHECK(rank, r == ncclRemoteError, "finalize after the error: %s", ncclGetErrorString(r));
     NCHECK(rank, ncclCommAbort(comm));
@@ -921,7 +916,7 @@ static void *abort_later(void *p)
 {
     struct abort_arg *a = p;
     sleep_s(0.2);
-    a->t = now_s();
+    a->t = clock_now_s();
     ncclCommAbort(a->comm);
     return NULL;
 }
@@ -942,7 +937,7 @@ static int rank_abort(int rank, int n, void *arg)
         pthread_t th;
         CHECK(rank, pthread_create(&th, NULL, abort_later, &a) == 0, "pthread_create");
         ncclResult_t r = ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, STREAM);
-        double t_ret = now_s();
+        double t_ret = clock_now_s();
         pthread_join(th, NULL);
         CHECK(rank, r == ncclSuccess, "the all_reduce was queued: %s", ncclGetErrorString(r));
         /* the abort rings the doorbell the op sleeps on: it returns at once (the slack is for a loaded machine;
@@ -951,13 +946,13 @@ static int rank_abort(int rank, int n, void *arg)
         sh->t[0][0] = t_ret - a.t;
         atomic_store(&sh->flag, 1);
         /* alive until the peer has looked: an exited rank is reported as exited, not aborted */
-        double t0 = now_s();
-        while (atomic_load(&sh->flag) != 2 && now_s() < t0 + 10)
+        double t0 = clock_now_s();
+        while (atomic_load(&sh->flag) != 2 && clock_now_s() < t0 + 10)
             sleep_s(0.01);
         return 0;
     }
-    double t0 = now_s();
-    while (!atomic_load(&sh->flag) && now_s() < t0 + 10)
+    double t0 = clock_now_s();
+    while (!atomic_load(&sh->flag) && clock_now_s() < t0 + 10)
         sleep_s(0.01);
     /* rank 0 published the first phase before its abort; the second finds it aborted */
     ncclResult_t r = ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, STREAM), st = ncclSuccess;
@@ -1195,9 +1190,9 @@ static int rank_init_failures(int rank, int n, void *arg)
     ncclComm_t c = NULL;
     if (rank == 0) {
         /* blocking: a peer that never joins */
-        double t0 = now_s();
+        double t0 = clock_now_s();
         ncclResult_t r = ncclCommInitRank(&c, n, sh->id[0], 0);
-        double dt = now_s() - t0;
+        double dt = clock_now_s() - t0;
         CHECK(rank, r == ncclRemoteError && !c, "blocking init without its peer: %s", ncclGetErrorString(r));
         CHECK(rank, dt > 0.8 && dt < 3, "it took %.3f s", dt);
         CHECK(rank, strstr(ncclGetLastError(NULL), "rank 1 did not arrive"), "%s", ncclGetLastError(NULL));
@@ -1216,19 +1211,19 @@ static int rank_init_failures(int rank, int n, void *arg)
         r = ncclCommInitRankConfig(&c, n, sh->id[2], 0, &cfg);
         CHECK(rank, r == ncclInProgress, "nonblocking init: %s", ncclGetErrorString(r));
         sleep_s(0.05);
-        t0 = now_s();
+        t0 = clock_now_s();
         NCHECK(rank, ncclCommAbort(c));
         /* the init's thread sees the flag within a 10 ms slice; the slack is for a loaded 2-core machine */
-        CHECK(rank, now_s() - t0 < 0.5, "the abort took %.3f s", now_s() - t0);
+        CHECK(rank, clock_now_s() - t0 < 0.5, "the abort took %.3f s", clock_now_s() - t0);
         atomic_store(&sh->flag, 1);
     } else {
-        double t0 = now_s();
-        while (!atomic_load(&sh->flag) && now_s() < t0 + 10)
+        double t0 = clock_now_s();
+        while (!atomic_load(&sh->flag) && clock_now_s() < t0 + 10)
             sleep_s(0.01);
         /* rank 0 creates the segment (its name is in the id): this rank is the one that finds the mismatch */
         char path[200];
         snprintf(path, sizeof path, "/dev/shm%s", sh->id[3].internal + 8);
-        while (access(path, F_OK) != 0 && now_s() < t0 + 15)
+        while (access(path, F_OK) != 0 && clock_now_s() < t0 + 15)
             sleep_s(0.001);
     }
     /* the ranks disagree on the number of ranks: both fail, bounded */
@@ -1260,14 +1255,14 @@ static int rank_departed(int rank, int n, void *arg)
         NCHECK(rank, ncclCommDestroy(a));
         NCHECK(rank, ncclCommDestroy(b));
         atomic_store(&sh->flag, 1);
-        double t0 = now_s(); /* alive until the peer has looked: the message says destroyed, not exited */
-        while (atomic_load(&sh->flag) != 2 && now_s() < t0 + 10)
+        double t0 = clock_now_s(); /* alive until the peer has looked: the message says destroyed, not exited */
+        while (atomic_load(&sh->flag) != 2 && clock_now_s() < t0 + 10)
             sleep_s(0.01);
         return 0;
     }
     NCHECK(rank, fini(a));
-    double t0 = now_s();
-    while (!atomic_load(&sh->flag) && now_s() < t0 + 10)
+    double t0 = clock_now_s();
+    while (!atomic_load(&sh->flag) && clock_now_s() < t0 + 10)
         sleep_s(0.01);
     float *x = dev_alloc(64 * 4);
     CHECK(rank, x, "ncclMemAlloc failed");
