@@ -1,26 +1,38 @@
-/* One reader of /proc/self/status for the resident-memory figures: the training loop, its status record
- * and the checkpoint glue each used to parse it themselves. */
+/* One reader of /proc/<pid>/status for the resident-memory figures: the training loop, its status record,
+ * the checkpoint glue and the tests each used to parse it themselves. */
 #include "common/rss.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* The "Field:   N kB" line of /proc/self/status, in bytes; 0 when absent. */
-static size_t status_bytes(const char *field)
+long rss_status_kib(int pid, const char *field)
 {
-    FILE *f = fopen("/proc/self/status", "r");
+    char path[64];
+    if (pid > 0)
+        snprintf(path, sizeof path, "/proc/%d/status", pid);
+    else
+        snprintf(path, sizeof path, "/proc/self/status");
+    FILE *f = fopen(path, "r");
     if (!f)
-        return 0;
+        return -1;
     char line[256];
-    size_t n = strlen(field), kib = 0;
+    size_t n = strlen(field);
+    long kib = -1;
     while (fgets(line, sizeof line, f))
         if (strncmp(line, field, n) == 0 && line[n] == ':') {
-            kib = strtoull(line + n + 1, NULL, 10);
+            kib = strtol(line + n + 1, NULL, 10);
             break;
         }
     fclose(f);
-    return kib * 1024;
+    return kib;
+}
+
+/* A field of this process's status in bytes; 0 when absent. */
+static size_t status_bytes(const char *field)
+{
+    long kib = rss_status_kib(0, field);
+    return kib < 0 ? 0 : (size_t)kib * 1024;
 }
 
 size_t rss_now(void)

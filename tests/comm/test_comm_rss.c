@@ -11,6 +11,7 @@
  * - 1: the pages read stay mapped, but pages never read are still not. */
 #include "comm_test_util.h"
 #include "comm/comm_shm.h"
+#include "common/rss.h"
 
 #define MIB ((size_t)1 << 20)
 #define SLACK_MIB 16 /* allocator, stacks, the store client: what a rank's RSS moves by on its own */
@@ -30,19 +31,8 @@ struct status_kib {
 
 static int status_read(struct status_kib *s)
 {
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f)
-        return -1;
-    char line[256];
-    int found = 0;
-    *s = (struct status_kib){-1, -1, -1};
-    while (fgets(line, sizeof(line), f)) {
-        found += sscanf(line, "VmRSS: %ld kB", &s->rss) == 1;
-        found += sscanf(line, "VmHWM: %ld kB", &s->hwm) == 1;
-        found += sscanf(line, "RssShmem: %ld kB", &s->shmem) == 1;
-    }
-    fclose(f);
-    return found == 3 ? 0 : -1;
+    *s = (struct status_kib){rss_status_kib(0, "VmRSS"), rss_status_kib(0, "VmHWM"), rss_status_kib(0, "RssShmem")};
+    return s->rss >= 0 && s->hwm >= 0 && s->shmem >= 0 ? 0 : -1;
 }
 
 #define FAIL(...) do { fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); goto out; } while (0)

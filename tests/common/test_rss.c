@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "common/rss.h"
 
@@ -26,4 +27,15 @@ Test(rss, touched_memory_is_resident_and_peaks)
     /* Kernels that refuse clear_refs keep the process's peak: only then is it still the 64 MiB one. */
     size_t peak = rss_peak();
     cr_expect_geq(peak, after);
+}
+
+Test(rss, status_fields_of_this_and_another_process)
+{
+    long self = rss_status_kib(0, "VmRSS");
+    cr_assert_gt(self, 0, "no VmRSS in /proc/self/status");
+    cr_expect_eq(rss_status_kib(0, "NoSuchField"), -1);
+    cr_expect_geq(rss_status_kib(0, "RssShmem"), 0, "RssShmem is a field of every process's status");
+    long by_pid = rss_status_kib((int)getpid(), "VmRSS");
+    cr_expect(by_pid > self / 2 && by_pid < self * 2, "VmRSS by pid %ld KiB, by self %ld KiB", by_pid, self);
+    cr_expect_eq(rss_status_kib(0x7ffffffe, "VmRSS"), -1, "a pid that does not exist");
 }

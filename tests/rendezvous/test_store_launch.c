@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 
 #include "common/error.h"
+#include "common/rss.h"
 #include "rendezvous/store.h"
 #include "rendezvous/store_protocol.h"
 #include "tests/util/launch_util.h"
@@ -237,15 +238,8 @@ Test(store_launch, secret_file, .timeout = 180)
 
 static long rss_kb(pid_t pid)
 {
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    cr_assert_not_null(f);
-    long kb = -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
-            break;
-    fclose(f);
+    long kb = rss_status_kib(pid, "VmRSS");
+    cr_assert_geq(kb, 0, "no VmRSS in /proc/%d/status", (int)pid);
     return kb;
 }
 

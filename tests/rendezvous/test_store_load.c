@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include "common/rss.h"
 #include "rendezvous/store_protocol.h"
 #include "tests/util/tu_summary.h"
 
@@ -37,20 +38,6 @@
 #else
 #define RSS_MEANS_HELD true
 #endif /* the hostile clients' own end, should the job outlive it */
-
-static long rss_kb(pid_t pid)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    long kb = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return kb;
-}
 
 /* ---- the hostile clients (a child process: no cr_* here) ---- */
 
@@ -449,7 +436,7 @@ Test(store_load, job_trains_through_hostile_clients, .timeout = 180)
     struct pollfd pf = {.fd = ready[0], .events = POLLIN};
     double r0 = tu_now();
     while (poll(&pf, 1, 10) == 0 && tu_now() - r0 < 60) {
-        long r = rss_kb(loud.pid);
+        long r = rss_status_kib(loud.pid, "VmRSS");
         peak = r > peak ? r : peak;
     }
     char byte = 0;
@@ -460,7 +447,7 @@ Test(store_load, job_trains_through_hostile_clients, .timeout = 180)
     double t0 = tu_now();
     pid_t done = 0;
     while ((done = waitpid(loud.pid, &st, WNOHANG)) == 0 && tu_now() - t0 < 150) {
-        long r = rss_kb(loud.pid);
+        long r = rss_status_kib(loud.pid, "VmRSS");
         peak = r > peak ? r : peak;
         tu_nap(0.01);
     }
