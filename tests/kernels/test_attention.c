@@ -3,7 +3,7 @@
  * per key/value head), plus finite differences of the backend's own forward for backward; and bf16 mode
  * (set_matmul_dtype(bf16) on a table that runs bf16 natively) against the same reference of the
  * bf16-rounded inputs, with bounds from the rounding it adds (check_attention_bf16). */
-#include "tests/kernels/ktest.h"
+#include "tests/util/tu_kernels.h"
 
 struct att_ref {
     double *out, *lse, *dqkv;
@@ -29,10 +29,10 @@ static struct att_ref ref_attention_window(const float *qkv, const float *dout, 
 {
     int hs = C / NH, W = C + 2 * NKV * hs, G = NH / NKV;
     double scale = 1.0 / sqrt((double)hs);
-    struct att_ref r = {kt_dzeros((size_t)B * T * C), kt_dzeros((size_t)B * NH * T), kt_dzeros((size_t)B * T * W)};
+    struct att_ref r = {tu_dzeros((size_t)B * T * C), tu_dzeros((size_t)B * NH * T), tu_dzeros((size_t)B * T * W)};
     for (size_t i = 0; i < (size_t)B * T * W; i++)
         r.dqkv[i] = dqkv0 ? dqkv0[i] : 0.0;
-    double *s = kt_dzeros(T), *p = kt_dzeros(T), *dp = kt_dzeros(T);
+    double *s = tu_dzeros(T), *p = tu_dzeros(T), *dp = tu_dzeros(T);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
             const int kc = C + h / G * hs, vc = C + NKV * hs + h / G * hs;
@@ -103,13 +103,13 @@ static struct att_ref ref_attention(const float *qkv, const float *dout, const f
 
 static void check_gqa_window(int B, int T, int C, int NH, int NKV, int window, float spread, uint64_t seed)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     const int W = C + 2 * NKV * (C / NH);
     size_t nq = (size_t)B * T * W, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
-    float *qkv = kt_host_rand(nq, seed, -spread, spread), *dout = kt_host_rand(no, seed + 1, -1, 1);
-    float *g0 = kt_host_rand(nq, seed + 2, -1, 1);
-    float *dqkv_ = kt_devf(k, qkv, nq), *ddout = kt_devf(k, dout, no), *dg = kt_devf(k, g0, nq);
-    float *dout_ = kt_devf(k, NULL, no), *dlse = kt_devf(k, NULL, nl);
+    float *qkv = tu_host_rand(nq, seed, -spread, spread), *dout = tu_host_rand(no, seed + 1, -1, 1);
+    float *g0 = tu_host_rand(nq, seed + 2, -1, 1);
+    float *dqkv_ = tu_devf(k, qkv, nq), *ddout = tu_devf(k, dout, no), *dg = tu_devf(k, g0, nq);
+    float *dout_ = tu_devf(k, NULL, no), *dlse = tu_devf(k, NULL, nl);
     size_t wsb = k->attention_workspace_bytes(B, T, C, NH, NKV);
     void *ws = k->mem_alloc(wsb);
     cr_assert(ws);
@@ -121,10 +121,10 @@ static void check_gqa_window(int B, int T, int C, int NH, int NKV, int window, f
     cr_assert_eq(k->attention_backward(dg, ddout, dqkv_, dout_, dlse, B, T, C, NH, NKV, window, ws), 0, "%s",
                  error_message());
     struct att_ref r = ref_attention_window(qkv, dout, g0, B, T, C, NH, NKV, 0, window);
-    float *o = kt_down(k, dout_, no), *l = kt_down(k, dlse, nl), *g = kt_down(k, dg, nq);
-    kt_check("att out", o, r.out, no, 2e-5, 1e-4);
-    kt_check("att lse", l, r.lse, nl, 2e-5, 2e-5);
-    kt_check("att dqkv", g, r.dqkv, nq, 1e-4, 2e-4);
+    float *o = tu_downf(k, dout_, no), *l = tu_downf(k, dlse, nl), *g = tu_downf(k, dg, nq);
+    tu_check_near("att out", o, r.out, no, 2e-5, 1e-4);
+    tu_check_near("att lse", l, r.lse, nl, 2e-5, 2e-5);
+    tu_check_near("att dqkv", g, r.dqkv, nq, 1e-4, 2e-4);
     free(qkv), free(dout), free(g0), free(o), free(l), free(g), free(r.out), free(r.lse), free(r.dqkv);
     k->mem_free(dqkv_), k->mem_free(ddout), k->mem_free(dg), k->mem_free(dout_), k->mem_free(dlse), k->mem_free(ws);
 }
@@ -186,17 +186,17 @@ Test(kernels_attention, head_size_64_long_and_large_scores, .timeout = 120)
 /* Finite differences of the backend's own forward against its backward, for every q, k and v element. */
 static void check_finite_differences(int B, int T, int C, int NH, int NKV, uint64_t seed)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     const int W = C + 2 * NKV * (C / NH);
     size_t nq = (size_t)B * T * W, no = (size_t)B * T * C;
-    float *qkv = kt_host_rand(nq, seed, -1, 1), *r = kt_host_rand(no, seed + 1, -1, 1);
-    float *dq = kt_devf(k, qkv, nq), *dr = kt_devf(k, r, no), *dg = kt_devf(k, NULL, nq);
-    float *dout = kt_devf(k, NULL, no), *dlse = kt_devf(k, NULL, (size_t)B * NH * T);
+    float *qkv = tu_host_rand(nq, seed, -1, 1), *r = tu_host_rand(no, seed + 1, -1, 1);
+    float *dq = tu_devf(k, qkv, nq), *dr = tu_devf(k, r, no), *dg = tu_devf(k, NULL, nq);
+    float *dout = tu_devf(k, NULL, no), *dlse = tu_devf(k, NULL, (size_t)B * NH * T);
     void *ws = k->mem_alloc(k->attention_workspace_bytes(B, T, C, NH, NKV));
     cr_assert(ws);
     cr_assert_eq(k->attention_forward(dout, dlse, dq, B, T, C, NH, NKV, 0, ws), 0);
     cr_assert_eq(k->attention_backward(dg, dr, dq, dout, dlse, B, T, C, NH, NKV, 0, ws), 0);
-    float *g = kt_down(k, dg, nq);
+    float *g = tu_downf(k, dg, nq);
     const float h = 1e-2f;
     for (size_t e = 0; e < nq; e++) {
         double lv[2];
@@ -205,7 +205,7 @@ static void check_finite_differences(int B, int T, int C, int NH, int NKV, uint6
             qkv[e] = saved + (sgn ? -h : h);
             k->mem_copy(dq, qkv, nq * sizeof(float), KERNELS_COPY_H2D);
             cr_assert_eq(k->attention_forward(dout, dlse, dq, B, T, C, NH, NKV, 0, ws), 0);
-            float *y = kt_down(k, dout, no);
+            float *y = tu_downf(k, dout, no);
             lv[sgn] = 0;
             for (size_t i = 0; i < no; i++)
                 lv[sgn] += (double)y[i] * r[i];
@@ -244,7 +244,7 @@ Test(kernels_attention, grouped_query_finite_differences)
 
 Test(kernels_attention, rejects_heads_not_dividing)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     float dummy[64] = {0};
     cr_assert_eq(k->attention_forward(dummy, dummy, dummy, 1, 1, 6, 3, 2, 0, dummy), FSDP_EINVAL);
     cr_assert(strstr(error_message(), "nkv=2"), "%s", error_message());
@@ -262,22 +262,22 @@ Test(kernels_attention, rejects_heads_not_dividing)
 static void check_attention_bf16_window(int B, int T, int C, int NH, int NKV, int window, float spread,
                                         uint64_t seed)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     if (!(k->matmul_dtypes & DTYPE_BIT(DTYPE_BF16)))
         cr_skip_test("%s: no native bf16 matmuls on this machine (the fallback computes in fp32, tested above)",
                      k->name);
     cr_assert_eq(k->set_matmul_dtype(DTYPE_BF16), 0, "%s", error_message());
     size_t nq = (size_t)B * T * (C + 2 * NKV * (C / NH)), no = (size_t)B * T * C, nl = (size_t)B * NH * T;
-    float *qkv = kt_host_rand(nq, seed, -spread, spread), *dout = kt_host_rand(no, seed + 1, -1, 1);
-    float *g0 = kt_host_rand(nq, seed + 2, -1, 1);
+    float *qkv = tu_host_rand(nq, seed, -spread, spread), *dout = tu_host_rand(no, seed + 1, -1, 1);
+    float *g0 = tu_host_rand(nq, seed + 2, -1, 1);
     float *rq = malloc(nq * sizeof *rq), *rd = malloc(no * sizeof *rd);
     cr_assert(rq && rd);
     for (size_t i = 0; i < nq; i++)
         rq[i] = dtype_bf16_to_f32(dtype_f32_to_bf16(qkv[i]));
     for (size_t i = 0; i < no; i++)
         rd[i] = dtype_bf16_to_f32(dtype_f32_to_bf16(dout[i]));
-    float *dqkv_ = kt_devf(k, qkv, nq), *ddout = kt_devf(k, dout, no), *dg = kt_devf(k, g0, nq);
-    float *dout_ = kt_devf(k, NULL, no), *dlse = kt_devf(k, NULL, nl);
+    float *dqkv_ = tu_devf(k, qkv, nq), *ddout = tu_devf(k, dout, no), *dg = tu_devf(k, g0, nq);
+    float *dout_ = tu_devf(k, NULL, no), *dlse = tu_devf(k, NULL, nl);
     void *ws = k->mem_alloc(k->attention_workspace_bytes(B, T, C, NH, NKV));
     cr_assert(ws);
     cr_assert_eq(k->attention_forward(dout_, dlse, dqkv_, B, T, C, NH, NKV, window, ws), 0, "%s", error_message());
@@ -286,8 +286,8 @@ static void check_attention_bf16_window(int B, int T, int C, int NH, int NKV, in
     struct att_ref r = ref_attention_window(rq, rd, g0, B, T, C, NH, NKV, 0, window);
     struct att_ref m = ref_attention_window(rq, rd, NULL, B, T, C, NH, NKV, 1, window);
     struct att_ref x = ref_attention_window(qkv, dout, g0, B, T, C, NH, NKV, 0, window);
-    float *o = kt_down(k, dout_, no), *l = kt_down(k, dlse, nl), *g = kt_down(k, dg, nq);
-    kt_check("bf16 att lse", l, r.lse, nl, 2e-5, 2e-5);
+    float *o = tu_downf(k, dout_, no), *l = tu_downf(k, dlse, nl), *g = tu_downf(k, dg, nq);
+    tu_check_near("bf16 att lse", l, r.lse, nl, 2e-5, 2e-5);
     double worst = 0, off = 0;
     const struct {
         const char *name;
@@ -387,14 +387,14 @@ Test(kernels_attention, sliding_window_bf16, .timeout = 120)
  * cut a row): with window 1 each output row is its own value row. */
 Test(kernels_attention, sliding_window_one_is_identity)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     const int B = 1, T = 100, C = 64, NH = 1, W = 3 * C;
-    float *qkv = kt_host_rand((size_t)T * W, 400, -1, 1);
-    float *d = kt_devf(k, qkv, (size_t)T * W), *o = kt_devf(k, NULL, (size_t)T * C), *l = kt_devf(k, NULL, T);
+    float *qkv = tu_host_rand((size_t)T * W, 400, -1, 1);
+    float *d = tu_devf(k, qkv, (size_t)T * W), *o = tu_devf(k, NULL, (size_t)T * C), *l = tu_devf(k, NULL, T);
     void *ws = k->mem_alloc(k->attention_workspace_bytes(B, T, C, NH, NH));
     cr_assert(ws);
     cr_assert_eq(k->attention_forward(o, l, d, B, T, C, NH, NH, 1, ws), 0, "%s", error_message());
-    float *h = kt_down(k, o, (size_t)T * C);
+    float *h = tu_downf(k, o, (size_t)T * C);
     for (int i = 0; i < T; i++)
         for (int e = 0; e < C; e++)
             cr_assert_float_eq(h[(size_t)i * C + e], qkv[(size_t)i * W + 2 * C + e], 1e-6, "row %d col %d", i, e);
@@ -427,14 +427,14 @@ static void att_down(const struct kernels *k, void *host, const void *dev, size_
  * (2^-7 of each sum's magnitude; lse as fp32). */
 static void check_attention_cp_window(int B, int T, int C, int NH, int CP, uint64_t seed, bool bf16, int window)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     if (!k->attention_cp_forward || !k->attention_cp_backward)
         cr_skip_test("the %s kernels have no context-parallel attention", k->name);
     if (bf16 && !(k->matmul_dtypes & DTYPE_BIT(DTYPE_BF16)))
         cr_skip_test("%s: no native bf16 matmuls on this machine", k->name);
     cr_assert_eq(k->set_matmul_dtype(bf16 ? DTYPE_BF16 : DTYPE_F32), 0);
     size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
-    float *qkv = kt_host_rand(nq, seed, -1, 1), *dout = kt_host_rand(no, seed + 1, -1, 1);
+    float *qkv = tu_host_rand(nq, seed, -1, 1), *dout = tu_host_rand(no, seed + 1, -1, 1);
     float *rq = malloc(nq * sizeof *rq), *rdo = malloc(no * sizeof *rdo);
     cr_assert(rq && rdo);
     for (size_t i = 0; i < nq; i++)
@@ -444,24 +444,24 @@ static void check_attention_cp_window(int B, int T, int C, int NH, int CP, uint6
     struct att_ref r = ref_attention_window(rq, rdo, NULL, B, T, C, NH, NH, 0, window);
     struct att_ref mg = ref_attention_window(rq, rdo, NULL, B, T, C, NH, NH, 1, window);
     size_t nloc = (size_t)B * (T / (2 * CP)) * 2 * C; /* a rank's query rows x C */
-    double *mag_o = kt_dzeros(nloc), *mag_dq = kt_dzeros(nloc);
-    double *mag_dkv = kt_dzeros(nq);
+    double *mag_o = tu_dzeros(nloc), *mag_dq = tu_dzeros(nloc);
+    double *mag_dkv = tu_dzeros(nq);
     int chunk = T / (2 * CP), tq = 2 * chunk;
     int *kpos = malloc((size_t)T * sizeof *kpos), *qpos = malloc((size_t)tq * sizeof *qpos);
     float *lq = calloc((size_t)B * tq * 3 * C, sizeof(float)), *ldo = calloc((size_t)B * tq * C, sizeof(float));
     float *lo = calloc((size_t)B * tq * C, sizeof(float)), *ll = calloc((size_t)B * NH * tq, sizeof(float));
     float *ldq = calloc((size_t)B * tq * 3 * C, sizeof(float)), *dkv = calloc(nq, sizeof(float));
-    double *want_o = kt_dzeros((size_t)B * tq * C), *want_l = kt_dzeros((size_t)B * NH * tq);
-    double *want_dq = kt_dzeros((size_t)B * tq * C), *want_dkv = kt_dzeros(nq);
+    double *want_o = tu_dzeros((size_t)B * tq * C), *want_l = tu_dzeros((size_t)B * NH * tq);
+    double *want_dq = tu_dzeros((size_t)B * tq * C), *want_dkv = tu_dzeros(nq);
     float *got_dq = calloc((size_t)B * tq * C, sizeof(float));
     cr_assert(kpos && qpos && lq && ldo && lo && ll && ldq && dkv && got_dq);
     for (int j = 0; j < T; j++)
         kpos[j] = j;
     size_t nlq = (size_t)B * tq * 3 * C, nlo = (size_t)B * tq * C, nll = (size_t)B * NH * tq;
-    float *d_qkv = kt_devf(k, qkv, nq), *d_dkv = kt_devf(k, NULL, nq), *d_lq = kt_devf(k, NULL, nlq);
-    float *d_ldo = kt_devf(k, NULL, nlo), *d_lo = kt_devf(k, NULL, nlo), *d_ll = kt_devf(k, NULL, nll);
-    float *d_ldq = kt_devf(k, NULL, nlq);
-    int *d_kpos = kt_dev_from(k, kpos, (size_t)T * sizeof(int)), *d_qpos = kt_dev_from(k, NULL, (size_t)tq * sizeof(int));
+    float *d_qkv = tu_devf(k, qkv, nq), *d_dkv = tu_devf(k, NULL, nq), *d_lq = tu_devf(k, NULL, nlq);
+    float *d_ldo = tu_devf(k, NULL, nlo), *d_lo = tu_devf(k, NULL, nlo), *d_ll = tu_devf(k, NULL, nll);
+    float *d_ldq = tu_devf(k, NULL, nlq);
+    int *d_kpos = tu_dev_from(k, kpos, (size_t)T * sizeof(int)), *d_qpos = tu_dev_from(k, NULL, (size_t)tq * sizeof(int));
     for (int rank = 0; rank < CP; rank++) {
         for (int i = 0; i < tq; i++)
             qpos[i] = i < chunk ? rank * chunk + i : (2 * CP - 1 - rank) * chunk + (i - chunk);
@@ -495,13 +495,13 @@ static void check_attention_cp_window(int B, int T, int C, int NH, int CP, uint6
         att_down(k, ldq, d_ldq, nlq * sizeof(float));
         for (size_t l = 0; l < (size_t)B * tq; l++)
             memcpy(got_dq + l * C, ldq + l * 3 * C, (size_t)C * sizeof(float));
-        kt_check("cp lse", ll, want_l, (size_t)B * NH * tq, 2e-5, 2e-5);
+        tu_check_near("cp lse", ll, want_l, (size_t)B * NH * tq, 2e-5, 2e-5);
         if (bf16) {
             check_mag("bf16 cp out", lo, want_o, mag_o, (size_t)B * tq * C);
             check_mag("bf16 cp dq", got_dq, want_dq, mag_dq, (size_t)B * tq * C);
         } else {
-            kt_check("cp out", lo, want_o, (size_t)B * tq * C, 2e-5, 1e-4);
-            kt_check("cp dq", got_dq, want_dq, (size_t)B * tq * C, 1e-4, 2e-4);
+            tu_check_near("cp out", lo, want_o, (size_t)B * tq * C, 2e-5, 1e-4);
+            tu_check_near("cp dq", got_dq, want_dq, (size_t)B * tq * C, 1e-4, 2e-4);
         }
     }
     att_down(k, dkv, d_dkv, nq * sizeof(float));
@@ -514,7 +514,7 @@ static void check_attention_cp_window(int B, int T, int C, int NH, int CP, uint6
     if (bf16)
         check_mag("bf16 cp dk dv summed over the group", dkv, want_dkv, mag_dkv, nq);
     else
-        kt_check("cp dk dv summed over the group", dkv, want_dkv, nq, 1e-4, 2e-4);
+        tu_check_near("cp dk dv summed over the group", dkv, want_dkv, nq, 1e-4, 2e-4);
     cr_assert_eq(k->set_matmul_dtype(DTYPE_F32), 0);
     free(rq), free(rdo), free(mg.out), free(mg.lse), free(mg.dqkv), free(mag_o), free(mag_dq), free(mag_dkv);
     free(qkv), free(dout), free(r.out), free(r.lse), free(r.dqkv), free(kpos), free(qpos), free(lq), free(ldo);
@@ -582,13 +582,13 @@ Test(kernels_attention, context_parallel_chunks_match_full_attention)
  * ranks. */
 static void check_attention_cp_blocks(int B, int T, int C, int NH, int NKV, int CP, uint64_t seed)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     if (!k->attention_cp_forward || !k->attention_cp_backward)
         cr_skip_test("the %s kernels have no context-parallel attention", k->name);
     cr_assert_eq(k->set_matmul_dtype(DTYPE_F32), 0);
     int W = C + 2 * NKV * (C / NH), tq = T / CP, s = T / (2 * CP);
     size_t nq = (size_t)B * T * W, no = (size_t)B * T * C;
-    float *qkv = kt_host_rand(nq, seed, -1, 1), *dout = kt_host_rand(no, seed + 1, -1, 1);
+    float *qkv = tu_host_rand(nq, seed, -1, 1), *dout = tu_host_rand(no, seed + 1, -1, 1);
     struct att_ref r = ref_attention(qkv, dout, NULL, B, T, C, NH, NKV);
     /* g: the gathered rows, rank-major; gpos: the global position of each gathered row of a sequence */
     float *g = malloc(nq * sizeof *g), *gdo = malloc(no * sizeof *gdo), *dg = calloc(nq, sizeof *dg);
@@ -614,10 +614,10 @@ static void check_attention_cp_blocks(int B, int T, int C, int NH, int NKV, int 
     for (size_t row = 0; row < (size_t)B * T; row++)
         memcpy(gkv + row * KV, g + row * W + C, (size_t)KV * sizeof(float));
     size_t nl = (size_t)B * NH * T, nkv = (size_t)B * T * KV;
-    float *d_g = kt_devf(k, g, nq), *d_gdo = kt_devf(k, gdo, no), *d_dg = kt_devf(k, NULL, nq);
-    float *d_o = kt_devf(k, NULL, no), *d_l = kt_devf(k, NULL, nl);
-    float *d_gkv = kt_devf(k, gkv, nkv), *d_dgkv = kt_devf(k, NULL, nkv);
-    int *d_gpos = kt_dev_from(k, gpos, (size_t)T * sizeof(int));
+    float *d_g = tu_devf(k, g, nq), *d_gdo = tu_devf(k, gdo, no), *d_dg = tu_devf(k, NULL, nq);
+    float *d_o = tu_devf(k, NULL, no), *d_l = tu_devf(k, NULL, nl);
+    float *d_gkv = tu_devf(k, gkv, nkv), *d_dgkv = tu_devf(k, NULL, nkv);
+    int *d_gpos = tu_dev_from(k, gpos, (size_t)T * sizeof(int));
     for (int rank = 0; rank < CP; rank++) {
         size_t base = (size_t)rank * B * tq;
         struct kernels_attention_cp a = {.b = B, .tq = tq, .tk = T, .c = C, .nh = NH, .ld = W,
@@ -637,7 +637,7 @@ static void check_attention_cp_blocks(int B, int T, int C, int NH, int NKV, int 
         memcpy(dg + row * W + C, dgkv + row * KV, (size_t)KV * sizeof(float));
     free(gkv), free(dgkv);
     k->mem_free(d_gkv), k->mem_free(d_dgkv);
-    double *wo = kt_dzeros(no), *wl = kt_dzeros((size_t)B * NH * T), *wd = kt_dzeros(nq);
+    double *wo = tu_dzeros(no), *wl = tu_dzeros((size_t)B * NH * T), *wd = tu_dzeros(nq);
     for (int rank = 0; rank < CP; rank++)
         for (int b = 0; b < B; b++)
             for (int i = 0; i < tq; i++) {
@@ -649,25 +649,25 @@ static void check_attention_cp_blocks(int B, int T, int C, int NH, int NKV, int 
                 for (int h = 0; h < NH; h++)
                     wl[(((size_t)rank * B + b) * NH + h) * tq + i] = r.lse[((size_t)b * NH + h) * T + gpos[rank * tq + i]];
             }
-    kt_check("cp blocks out", o, wo, no, 2e-5, 1e-4);
-    kt_check("cp blocks lse", l, wl, (size_t)B * NH * T, 2e-5, 2e-5);
-    kt_check("cp blocks dqkv", dg, wd, nq, 1e-4, 2e-4);
+    tu_check_near("cp blocks out", o, wo, no, 2e-5, 1e-4);
+    tu_check_near("cp blocks lse", l, wl, (size_t)B * NH * T, 2e-5, 2e-5);
+    tu_check_near("cp blocks dqkv", dg, wd, nq, 1e-4, 2e-4);
     /* all-to-all: the whole sequence's queries in one call, lse as (b, nh, T) in gathered order */
     float *o2 = calloc(no, sizeof *o2), *l2 = calloc((size_t)B * NH * T, sizeof *l2);
     cr_assert(o2 && l2);
-    float *d_o2 = kt_devf(k, NULL, no), *d_l2 = kt_devf(k, NULL, nl);
+    float *d_o2 = tu_devf(k, NULL, no), *d_l2 = tu_devf(k, NULL, nl);
     struct kernels_attention_cp a = {.b = B, .tq = T, .tk = T, .c = C, .nh = NH, .ld = W, .qpos = d_gpos,
                                      .kpos = d_gpos, .nkv = NKV, .qblock = tq, .kblock = tq};
     cr_assert_eq(k->attention_cp_forward(d_o2, d_l2, d_g, d_g + C, d_g + C + NKV * (C / NH), &a), 0, "%s",
                  error_message());
     att_down(k, o2, d_o2, no * sizeof(float));
     att_down(k, l2, d_l2, nl * sizeof(float));
-    kt_check("cp all-sequence out", o2, wo, no, 2e-5, 1e-4);
+    tu_check_near("cp all-sequence out", o2, wo, no, 2e-5, 1e-4);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
             for (int j = 0; j < T; j++)
                 wl[((size_t)b * NH + h) * T + j] = r.lse[((size_t)b * NH + h) * T + gpos[j]];
-    kt_check("cp all-sequence lse", l2, wl, (size_t)B * NH * T, 2e-5, 2e-5);
+    tu_check_near("cp all-sequence lse", l2, wl, (size_t)B * NH * T, 2e-5, 2e-5);
     free(qkv), free(dout), free(r.out), free(r.lse), free(r.dqkv), free(g), free(gdo), free(dg), free(o), free(l);
     free(gpos), free(wo), free(wl), free(wd), free(o2), free(l2);
     k->mem_free(d_g), k->mem_free(d_gdo), k->mem_free(d_dg), k->mem_free(d_o), k->mem_free(d_l);
@@ -698,14 +698,14 @@ Test(kernels_attention, context_parallel_grouped_heads_block_rows)
 static void check_attention_cp_positions(int B, int TQ, int TK, int NH, int NKV, int HS, int qoff, int koff,
                                          uint64_t seed)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     if (!k->attention_cp_forward || !k->attention_cp_backward)
         cr_skip_test("the %s kernels have no context-parallel attention", k->name);
     cr_assert_eq(k->set_matmul_dtype(DTYPE_F32), 0);
     int C = NH * HS, KV = NKV * HS, LD = C + 2 * KV, G = NH / NKV;
     size_t nq = (size_t)B * TQ * LD, nk = (size_t)B * TK * 2 * KV, no = (size_t)B * TQ * C;
-    float *q = kt_host_rand(nq, seed, -1.5f, 1.5f), *kv = kt_host_rand(nk, seed + 1, -1.5f, 1.5f);
-    float *dout = kt_host_rand(no, seed + 2, -1, 1);
+    float *q = tu_host_rand(nq, seed, -1.5f, 1.5f), *kv = tu_host_rand(nk, seed + 1, -1.5f, 1.5f);
+    float *dout = tu_host_rand(no, seed + 2, -1, 1);
     float *out = calloc(no, sizeof *out), *lse = calloc((size_t)B * NH * TQ, sizeof *lse);
     float *dq = calloc(nq, sizeof *dq), *dkv = calloc(nk, sizeof *dkv);
     int *qpos = malloc((size_t)TQ * sizeof *qpos), *kpos = malloc((size_t)TK * sizeof *kpos);
@@ -715,10 +715,10 @@ static void check_attention_cp_positions(int B, int TQ, int TK, int NH, int NKV,
     for (int j = 0; j < TK; j++)
         kpos[j] = koff + j;
     size_t nl = (size_t)B * NH * TQ;
-    float *d_q = kt_devf(k, q, nq), *d_kv = kt_devf(k, kv, nk), *d_dout = kt_devf(k, dout, no);
-    float *d_out = kt_devf(k, NULL, no), *d_lse = kt_devf(k, NULL, nl);
-    float *d_dq = kt_devf(k, NULL, nq), *d_dkv = kt_devf(k, NULL, nk);
-    int *d_qpos = kt_dev_from(k, qpos, (size_t)TQ * sizeof(int)), *d_kpos = kt_dev_from(k, kpos, (size_t)TK * sizeof(int));
+    float *d_q = tu_devf(k, q, nq), *d_kv = tu_devf(k, kv, nk), *d_dout = tu_devf(k, dout, no);
+    float *d_out = tu_devf(k, NULL, no), *d_lse = tu_devf(k, NULL, nl);
+    float *d_dq = tu_devf(k, NULL, nq), *d_dkv = tu_devf(k, NULL, nk);
+    int *d_qpos = tu_dev_from(k, qpos, (size_t)TQ * sizeof(int)), *d_kpos = tu_dev_from(k, kpos, (size_t)TK * sizeof(int));
     struct kernels_attention_cp a = {.b = B, .tq = TQ, .tk = TK, .c = C, .nh = NH, .ld = LD, .qpos = d_qpos,
                                      .kpos = d_kpos, .nkv = NKV, .ldkv = 2 * KV};
     cr_assert_eq(k->attention_cp_forward(d_out, d_lse, d_q, d_kv, d_kv + KV, &a), 0, "%s", error_message());
@@ -730,8 +730,8 @@ static void check_attention_cp_positions(int B, int TQ, int TK, int NH, int NKV,
     att_down(k, dkv, d_dkv, nk * sizeof(float));
     k->mem_free(d_q), k->mem_free(d_kv), k->mem_free(d_dout), k->mem_free(d_out), k->mem_free(d_lse);
     k->mem_free(d_dq), k->mem_free(d_dkv), k->mem_free(d_qpos), k->mem_free(d_kpos);
-    double *wo = kt_dzeros(no), *wl = kt_dzeros((size_t)B * NH * TQ), *wdq = kt_dzeros(nq), *wdkv = kt_dzeros(nk);
-    double *s = kt_dzeros(TK), *dp = kt_dzeros(TK), scale = 1.0 / sqrt((double)HS);
+    double *wo = tu_dzeros(no), *wl = tu_dzeros((size_t)B * NH * TQ), *wdq = tu_dzeros(nq), *wdkv = tu_dzeros(nk);
+    double *s = tu_dzeros(TK), *dp = tu_dzeros(TK), scale = 1.0 / sqrt((double)HS);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
             for (int i = 0; i < TQ; i++) {
@@ -775,16 +775,16 @@ static void check_attention_cp_positions(int B, int TQ, int TK, int NH, int NKV,
                     }
                 }
             }
-    kt_check("cp positions out", out, wo, no, 2e-5, 1e-4);
+    tu_check_near("cp positions out", out, wo, no, 2e-5, 1e-4);
     for (size_t i = 0; i < (size_t)B * NH * TQ; i++)
         if (wl[i] == -INFINITY) {
             cr_assert(lse[i] == -INFINITY, "cp positions lse[%zu]: got %g for a row that sees no key", i,
                       (double)lse[i]);
             wl[i] = lse[i] = 0;
         }
-    kt_check("cp positions lse", lse, wl, (size_t)B * NH * TQ, 2e-5, 2e-5);
-    kt_check("cp positions dq", dq, wdq, nq, 1e-4, 2e-4);
-    kt_check("cp positions dk dv", dkv, wdkv, nk, 1e-4, 2e-4);
+    tu_check_near("cp positions lse", lse, wl, (size_t)B * NH * TQ, 2e-5, 2e-5);
+    tu_check_near("cp positions dq", dq, wdq, nq, 1e-4, 2e-4);
+    tu_check_near("cp positions dk dv", dkv, wdkv, nk, 1e-4, 2e-4);
     free(q), free(kv), free(dout), free(out), free(lse), free(dq), free(dkv), free(qpos), free(kpos);
     free(wo), free(wl), free(wdq), free(wdkv), free(s), free(dp);
 }
@@ -811,7 +811,7 @@ Test(kernels_attention, context_parallel_any_positions)
  * 0.005). */
 static void check_attention_cp_bf16_as_attention(int B, int T, int NH, int NKV, uint64_t seed)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     if (!k->attention_cp_forward || !k->attention_cp_backward)
         cr_skip_test("the %s kernels have no context-parallel attention", k->name);
     if (!(k->matmul_dtypes & DTYPE_BIT(DTYPE_BF16)))
@@ -819,7 +819,7 @@ static void check_attention_cp_bf16_as_attention(int B, int T, int NH, int NKV, 
     cr_assert_eq(k->set_matmul_dtype(DTYPE_BF16), 0);
     int HS = 64, C = NH * HS, W = C + 2 * NKV * HS;
     size_t nq = (size_t)B * T * W, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
-    float *qkv = kt_host_rand(nq, seed, -2, 2), *dout = kt_host_rand(no, seed + 1, -1, 1);
+    float *qkv = tu_host_rand(nq, seed, -2, 2), *dout = tu_host_rand(no, seed + 1, -1, 1);
     float *o1 = calloc(no, sizeof(float)), *l1 = calloc(nl, sizeof(float)), *d1 = calloc(nq, sizeof(float));
     float *o2 = calloc(no, sizeof(float)), *l2 = calloc(nl, sizeof(float)), *d2 = calloc(nq, sizeof(float));
     int *pos = malloc((size_t)T * sizeof *pos);
@@ -828,10 +828,10 @@ static void check_attention_cp_bf16_as_attention(int B, int T, int NH, int NKV, 
     cr_assert(o1 && l1 && d1 && o2 && l2 && d2 && pos && ws);
     for (int j = 0; j < T; j++)
         pos[j] = j;
-    float *d_qkv = kt_devf(k, qkv, nq), *d_dout = kt_devf(k, dout, no);
-    float *d_o1 = kt_devf(k, NULL, no), *d_l1 = kt_devf(k, NULL, nl), *d_d1 = kt_devf(k, NULL, nq);
-    float *d_o2 = kt_devf(k, NULL, no), *d_l2 = kt_devf(k, NULL, nl), *d_d2 = kt_devf(k, NULL, nq);
-    int *d_pos = kt_dev_from(k, pos, (size_t)T * sizeof(int));
+    float *d_qkv = tu_devf(k, qkv, nq), *d_dout = tu_devf(k, dout, no);
+    float *d_o1 = tu_devf(k, NULL, no), *d_l1 = tu_devf(k, NULL, nl), *d_d1 = tu_devf(k, NULL, nq);
+    float *d_o2 = tu_devf(k, NULL, no), *d_l2 = tu_devf(k, NULL, nl), *d_d2 = tu_devf(k, NULL, nq);
+    int *d_pos = tu_dev_from(k, pos, (size_t)T * sizeof(int));
     cr_assert_eq(k->attention_forward(d_o1, d_l1, d_qkv, B, T, C, NH, NKV, 0, ws), 0, "%s", error_message());
     cr_assert_eq(k->attention_backward(d_d1, d_dout, d_qkv, d_o1, d_l1, B, T, C, NH, NKV, 0, ws), 0, "%s",
                  error_message());

@@ -1,7 +1,7 @@
 /* dtype casts: round to nearest even checked against an exact double-based reference (and against the
  * compiler's _Float16 where it has one), inf/nan, subnormals, overflow, and every f16 value through the
  * backend's cast op. */
-#include "tests/kernels/ktest.h"
+#include "tests/util/tu_kernels.h"
 
 static uint32_t bits_of(float f)
 {
@@ -94,7 +94,7 @@ Test(kernels_cast, bf16_matches_reference_on_many_floats)
 {
     uint64_t s = 77;
     for (int i = 0; i < 2000000; i++) {
-        uint32_t u = (uint32_t)(kt_rand(&s) * 4294967296.0);
+        uint32_t u = (uint32_t)(tu_rand(&s) * 4294967296.0);
         if (i & 1)
             u = (u & 0xffff0000u) | 0x8000u; /* exact ties are rare at random: make half of them ties */
         float f = float_of(u);
@@ -141,7 +141,7 @@ Test(kernels_cast, f16_every_value_round_trips_and_random_floats_round_right)
     uint64_t s = 99;
     for (int i = 0; i < 300000; i++) {
         /* exponents around the f16 range, including subnormal and overflow territory */
-        float f = ldexpf((float)kt_rand(&s) + 0.5f, (int)(kt_rand(&s) * 50) - 30);
+        float f = ldexpf((float)tu_rand(&s) + 0.5f, (int)(tu_rand(&s) * 50) - 30);
         if (i & 1)
             f = -f;
         if (i % 3 == 0) /* force a tie: keep 11 bits (+ subnormal shifts) and set the next one */
@@ -159,9 +159,9 @@ Test(kernels_cast, f16_every_value_round_trips_and_random_floats_round_right)
 
 Test(kernels_cast, table_cast_all_pairs)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     const size_t n = 70000;
-    float *src = kt_host_rand(n, 5, -70000, 70000);
+    float *src = tu_host_rand(n, 5, -70000, 70000);
     src[0] = NAN, src[1] = INFINITY, src[2] = -0.0f, src[3] = 1e-30f, src[4] = 0x1p-20f;
     enum dtype ty[3] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16};
     void *hsrc[3], *hdst = malloc(n * 4);
@@ -178,8 +178,8 @@ Test(kernels_cast, table_cast_all_pairs)
     }
     for (int a = 0; a < 3; a++)
         for (int b = 0; b < 3; b++) {
-            void *ds = kt_dev_from(k, hsrc[a], n * dtype_size(ty[a]));
-            void *dd = kt_dev_from(k, NULL, n * dtype_size(ty[b]));
+            void *ds = tu_dev_from(k, hsrc[a], n * dtype_size(ty[a]));
+            void *dd = tu_dev_from(k, NULL, n * dtype_size(ty[b]));
             cr_assert_eq(k->cast(dd, ty[b], ds, ty[a], n), 0, "%s", error_message());
             cr_assert_eq(k->mem_copy(hdst, dd, n * dtype_size(ty[b]), KERNELS_COPY_D2H), 0);
             for (size_t i = 0; i < n; i++) {

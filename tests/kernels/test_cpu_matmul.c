@@ -16,7 +16,7 @@
 #include <stdlib.h>
 
 #include "kernels/cpu/cpu.h"
-#include "ktest.h"
+#include "tests/util/tu_kernels.h"
 
 static const struct kernels *cpu_or_skip_bf16(void)
 {
@@ -83,8 +83,8 @@ Test(cpu_matmul, bf16_gemm_against_double_reference)
                 int m = shapes[s][0], n = shapes[s][1], kk = shapes[s][2];
                 int lda = (ta ? m : kk) + 3, ldb = (tb ? kk : n) + 1, ldc = n + 2;
                 size_t na = (size_t)(ta ? kk : m) * lda, nb = (size_t)(tb ? n : kk) * ldb, nc = (size_t)m * ldc;
-                float *a = kt_host_rand(na, 100 + s, -1, 1), *b = kt_host_rand(nb, 200 + s, -1, 1);
-                float *c0 = kt_host_rand(nc, 300 + s, -1, 1);
+                float *a = tu_host_rand(na, 100 + s, -1, 1), *b = tu_host_rand(nb, 200 + s, -1, 1);
+                float *c0 = tu_host_rand(nc, 300 + s, -1, 1);
                 const float alphas[2] = {1.0f, 0.5f}, betas[2] = {0.0f, 1.0f};
                 for (int v = 0; v < 2; v++) {
                     float *c = malloc(nc * sizeof *c);
@@ -110,10 +110,10 @@ Test(cpu_matmul, bf16_linear_forward_backward)
     const struct kernels *k = cpu_or_skip_bf16();
     cr_assert_eq(k->set_matmul_dtype(DTYPE_BF16), 0);
     const int n = 70, in = 96, out = 40;
-    float *x = kt_host_rand((size_t)n * in, 1, -1, 1), *w = kt_host_rand((size_t)in * out, 2, -1, 1);
-    float *bias = kt_host_rand(out, 3, -1, 1), *dy = kt_host_rand((size_t)n * out, 4, -1, 1);
-    float *dx0 = kt_host_rand((size_t)n * in, 5, -1, 1), *dw0 = kt_host_rand((size_t)in * out, 6, -1, 1);
-    float *db0 = kt_host_rand(out, 7, -1, 1);
+    float *x = tu_host_rand((size_t)n * in, 1, -1, 1), *w = tu_host_rand((size_t)in * out, 2, -1, 1);
+    float *bias = tu_host_rand(out, 3, -1, 1), *dy = tu_host_rand((size_t)n * out, 4, -1, 1);
+    float *dx0 = tu_host_rand((size_t)n * in, 5, -1, 1), *dw0 = tu_host_rand((size_t)in * out, 6, -1, 1);
+    float *db0 = tu_host_rand(out, 7, -1, 1);
     float *y = malloc((size_t)n * out * sizeof *y), *dx = malloc((size_t)n * in * sizeof *dx);
     float *dw = malloc((size_t)in * out * sizeof *dw), *db = malloc(out * sizeof *db);
     cr_assert(y && dx && dw && db);
@@ -147,8 +147,8 @@ Test(cpu_matmul, bound_copy_is_read_as_is)
     const struct kernels *k = cpu_or_skip_bf16();
     cr_assert_eq(k->set_matmul_dtype(DTYPE_BF16), 0);
     const int n = 20, in = 64, out = 48, pad = 100;
-    float *x = kt_host_rand((size_t)n * in, 11, -1, 1);
-    float *unit = kt_host_rand(pad + (size_t)in * out + pad, 12, -1, 1), *w = unit + pad;
+    float *x = tu_host_rand((size_t)n * in, 11, -1, 1);
+    float *unit = tu_host_rand(pad + (size_t)in * out + pad, 12, -1, 1), *w = unit + pad;
     size_t nu = 2 * pad + (size_t)in * out;
     uint16_t *lp = malloc(nu * sizeof *lp);
     float *w2 = malloc((size_t)in * out * sizeof *w2), *y = malloc((size_t)n * out * sizeof *y);
@@ -171,7 +171,7 @@ Test(cpu_matmul, bound_copy_is_read_as_is)
     cr_assert(strstr(error_message(), "overlaps"), "%s", error_message());
     cr_assert_eq(k->lowp_unbind(x), FSDP_ENOTFOUND);
     cr_assert_eq(k->lowp_unbind(unit), 0, "%s", error_message());
-    float *xr = kt_host_rand((size_t)n * in, 11, -1, 1);
+    float *xr = tu_host_rand((size_t)n * in, 11, -1, 1);
     cr_assert_eq(k->matmul_forward(y, xr, w, NULL, n, in, out), 0, "%s", error_message());
     check_gemm("unbound w", y, out, NULL, 0, 0, n, out, in, 1.0f, xr, in, w, out, 0.0f, TOL_ACC, TOL_BF16);
     free(x), free(xr), free(unit), free(lp), free(w2), free(y), free(y2);
@@ -185,7 +185,7 @@ Test(cpu_matmul, primitives_cached_per_shape)
     const struct kernels *k = cpu_or_skip_bf16();
     cr_assert_eq(k->set_matmul_dtype(DTYPE_BF16), 0);
     const int n = 64, in = 96, out = 80;
-    float *x = kt_host_rand((size_t)n * in, 21, -1, 1), *w = kt_host_rand((size_t)in * out, 22, -1, 1);
+    float *x = tu_host_rand((size_t)n * in, 21, -1, 1), *w = tu_host_rand((size_t)in * out, 22, -1, 1);
     float *y = malloc((size_t)n * out * sizeof *y);
     cr_assert(y);
     cr_assert_eq(k->matmul_forward(y, x, w, NULL, n, in, out), 0);
@@ -214,7 +214,7 @@ static void f32_library_case(const char *lib)
     cr_assert_eq(k->set_matmul_dtype(DTYPE_F32), 0);
     struct cpu_onednn_stats s0 = cpu_onednn_stats_get();
     const int m = 130, n = 96, kk = 160;
-    float *a = kt_host_rand((size_t)m * kk, 31, -1, 1), *b = kt_host_rand((size_t)kk * n, 32, -1, 1);
+    float *a = tu_host_rand((size_t)m * kk, 31, -1, 1), *b = tu_host_rand((size_t)kk * n, 32, -1, 1);
     float *c = calloc((size_t)m * n, sizeof *c);
     cr_assert(c);
     for (int ta = 0; ta < 2; ta++) {
@@ -242,7 +242,7 @@ Test(cpu_matmul, forced_fallback_computes_in_fp32)
     cr_assert(!(k->matmul_dtypes & DTYPE_BIT(DTYPE_BF16)), "bf16 still native with the CPU capped");
     cr_assert(!cpu_isa_get()->bf16 && cpu_isa_get()->capped, "oneDNN runs %s", cpu_isa_get()->name);
     const int n = 40, in = 72, out = 56;
-    float *x = kt_host_rand((size_t)n * in, 41, -1, 1), *w = kt_host_rand((size_t)in * out, 42, -1, 1);
+    float *x = tu_host_rand((size_t)n * in, 41, -1, 1), *w = tu_host_rand((size_t)in * out, 42, -1, 1);
     float *y32 = malloc((size_t)n * out * sizeof *y32), *y16 = malloc((size_t)n * out * sizeof *y16);
     uint16_t *lp = malloc((size_t)in * out * sizeof *lp);
     cr_assert(y32 && y16 && lp);
@@ -277,7 +277,7 @@ Test(cpu_matmul, threads_follow_openmp)
 {
     const struct kernels *k = kernels_cpu();
     const int n = 512, in = 512, out = 512;
-    float *x = kt_host_rand((size_t)n * in, 51, -1, 1), *w = kt_host_rand((size_t)in * out, 52, -1, 1);
+    float *x = tu_host_rand((size_t)n * in, 51, -1, 1), *w = tu_host_rand((size_t)in * out, 52, -1, 1);
     float *y = malloc((size_t)n * out * sizeof *y);
     cr_assert(y);
     omp_set_num_threads(1);
@@ -308,7 +308,7 @@ Test(cpu_matmul, operand_rounding_matches_dtype_h)
     cr_assert(src && dst);
     uint64_t s = 99;
     for (int i = 0; i < N; i++) {
-        uint32_t u = i < 16 ? special[i] : (uint32_t)(kt_rand(&s) * 4294967296.0);
+        uint32_t u = i < 16 ? special[i] : (uint32_t)(tu_rand(&s) * 4294967296.0);
         memcpy(&src[i], &u, sizeof u);
     }
     cpu_round_bf16(dst, src, 1, N, N);
@@ -329,8 +329,8 @@ Test(cpu_matmul, held_operand_same_bits)
 {
     const struct kernels *k = cpu_or_skip_bf16();
     const int n = 48, in = 40, out = 72;
-    float *dy = kt_host_rand((size_t)n * out, 61, -1, 1), *w = kt_host_rand((size_t)in * out, 62, -1, 1);
-    float *x = kt_host_rand((size_t)n * in, 63, -1, 1);
+    float *dy = tu_host_rand((size_t)n * out, 61, -1, 1), *w = tu_host_rand((size_t)in * out, 62, -1, 1);
+    float *x = tu_host_rand((size_t)n * in, 63, -1, 1);
     float *dx[2], *dw[2];
     for (int h = 0; h < 2; h++) {
         dx[h] = calloc((size_t)n * in, sizeof(float)), dw[h] = calloc((size_t)in * out, sizeof(float));

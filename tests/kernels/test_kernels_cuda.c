@@ -41,47 +41,6 @@ static const struct kernels *cpu(void)
     return k;
 }
 
-/* xorshift64*, reproducible everywhere. */
-static float *host_rand(size_t n, uint64_t seed, float lo, float hi)
-{
-    float *h = malloc((n ? n : 1) * sizeof *h);
-    cr_assert(h);
-    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (size_t i = 0; i < n; i++) {
-        s ^= s >> 12;
-        s ^= s << 25;
-        s ^= s >> 27;
-        h[i] = lo + (hi - lo) * (float)((double)((s * 2685821657736338717ull) >> 11) / 9007199254740992.0);
-    }
-    return h;
-}
-
-/* A buffer on the device of k filled from host (zeroed when host is NULL). */
-static void *up(const struct kernels *k, const void *host, size_t bytes)
-{
-    void *d = k->mem_alloc(bytes);
-    cr_assert(d, "%s mem_alloc(%zu): %s", k->name, bytes, error_message());
-    if (host)
-        cr_assert_eq(k->mem_copy(d, host, bytes, KERNELS_COPY_H2D), 0, "%s", error_message());
-    else
-        cr_assert_eq(k->mem_set(d, 0, bytes), 0, "%s", error_message());
-    return d;
-}
-
-static float *upf(const struct kernels *k, const float *host, size_t n)
-{
-    return up(k, host, n * sizeof(float));
-}
-
-static void *down(const struct kernels *k, const void *dev, size_t bytes)
-{
-    void *h = malloc(bytes ? bytes : 1);
-    cr_assert(h);
-    cr_assert_eq(k->synchronize(), 0, "%s synchronize: %s", k->name, error_message());
-    cr_assert_eq(k->mem_copy(h, dev, bytes, KERNELS_COPY_D2H), 0, "%s", error_message());
-    return h;
-}
-
 /* The same float buffer on both backends; compare downloads it from both and checks them. */
 struct pair {
     float *c, *g;
@@ -90,7 +49,7 @@ struct pair {
 
 static struct pair pair_new(const struct kernels *kc, const struct kernels *kg, const float *host, size_t n)
 {
-    return (struct pair){upf(kc, host, n), upf(kg, host, n), n};
+    return (struct pair){tu_devf(kc, host, n), tu_devf(kg, host, n), n};
 }
 
 static void pair_free(const struct kernels *kc, const struct kernels *kg, struct pair *p)
@@ -102,7 +61,7 @@ static void pair_free(const struct kernels *kc, const struct kernels *kg, struct
 static void compare(const char *what, const struct kernels *kc, const struct kernels *kg, const struct pair *p,
                     double atol, double rtol)
 {
-    float *want = down(kc, p->c, p->n * sizeof(float)), *got = down(kg, p->g, p->n * sizeof(float));
+    float *want = tu_down(kc, p->c, p->n * sizeof(float)), *got = tu_down(kg, p->g, p->n * sizeof(float));
     for (size_t i = 0; i < p->n; i++) {
         double err = fabs((double)got[i] - want[i]);
         if (got[i] != want[i] && !(err <= atol + rtol * fabs(want[i])) && !(isnan(got[i]) && isnan(want[i])))
@@ -131,7 +90,7 @@ Test(kernels_cuda, unavailable_device_fails_cleanly)
         for (size_t i = 0; i < nfn; i++)
             cr_assert(fn[i], "cuda table entry %zu is NULL", i);
         float h[3] = {1, 2, 3}, back[3] = {0};
-        float *d = up(k, h, sizeof h);
+        float *d = tu_dev_from(k, h, sizeof h);
         cr_assert_eq(k->mem_copy(back, d, sizeof h, KERNELS_COPY_D2H), 0, "%s", error_message());
         cr_assert_eq(memcmp(h, back, sizeof h), 0);
         k->mem_free(d);
@@ -159,9 +118,9 @@ Test(kernels_cuda, unavailable_device_fails_cleanly)
 static void check_matmul(int n, int in, int out, int bias)
 {
     const struct kernels *kg = gpu(), *kc = cpu();
-    float *x = host_rand((size_t)n * in, 1, -1, 1), *w = host_rand((size_t)in * out, 2, -1, 1);
-    float *b = host_rand(out, 3, -1, 1), *dy = host_rand((size_t)n * out, 4, -1, 1);
-    float *g0 = host_rand((size_t)(n > out ? n : out) * (in > out ? in : out), 5, -1, 1);
+    float *x = tu_host_rand((size_t)n * in, 1, -1, 1), *w = tu_host_rand((size_t)in * out, 2, -1, 1);
+    float *b = tu_host_rand(out, 3, -1, 1), *dy = tu_host_rand((size_t)n * out, 4, -1, 1);
+    float *g0 = tu_host_rand((size_t)(n > out ? n : out) * (in > out ? in : out), 5, -1, 1);
     struct pair X = pair_new(kc, kg, x, (size_t)n * in), W = pair_new(kc, kg, w, (size_t)in * out);
     struct pair B = pair_new(kc, kg, b, out), DY = pair_new(kc, kg, dy, (size_t)n * out);
     struct pair Y = pair_new(kc, kg, NULL, (size_t)n * out), DX = pair_new(kc, kg, g0, (size_t)n * in);
@@ -197,7 +156,7 @@ Test(kernels_cuda, gemm_all_transposes_match_cpu)
         for (int tb = 0; tb < 2; tb++) {
             int lda = (ta ? m : kk) + pad, ldb = (tb ? kk : n) + pad, ldc = n + pad;
             size_t na = (size_t)(ta ? kk : m) * lda, nb = (size_t)(tb ? n : kk) * ldb, nc = (size_t)m * ldc;
-            float *a = host_rand(na, 10 + ta, -1, 1), *b = host_rand(nb, 20 + tb, -1, 1), *c0 = host_rand(nc, 30, -1, 1);
+            float *a = tu_host_rand(na, 10 + ta, -1, 1), *b = tu_host_rand(nb, 20 + tb, -1, 1), *c0 = tu_host_rand(nc, 30, -1, 1);
             struct pair A = pair_new(kc, kg, a, na), B = pair_new(kc, kg, b, nb), C = pair_new(kc, kg, c0, nc);
             cr_assert_eq(kc->gemm(ta, tb, m, n, kk, 0.75f, A.c, lda, B.c, ldb, -0.5f, C.c, ldc), 0);
             cr_assert_eq(kg->gemm(ta, tb, m, n, kk, 0.75f, A.g, lda, B.g, ldb, -0.5f, C.g, ldc), 0, "%s",
@@ -214,11 +173,11 @@ Test(kernels_cuda, layernorm_matches_cpu)
 {
     const struct kernels *kg = gpu(), *kc = cpu();
     const int n = 67, c = 1600;
-    float *x = host_rand((size_t)n * c, 40, -2, 2), *w = host_rand(c, 41, 0.5f, 1.5f), *b = host_rand(c, 42, -1, 1);
+    float *x = tu_host_rand((size_t)n * c, 40, -2, 2), *w = tu_host_rand(c, 41, 0.5f, 1.5f), *b = tu_host_rand(c, 42, -1, 1);
     for (int i = 0; i < n; i++) /* rows with a large common offset, as the residual stream carries */
         for (int j = 0; j < c; j++)
             x[(size_t)i * c + j] += (float)(i % 5) * 100.0f;
-    float *dy = host_rand((size_t)n * c, 43, -1, 1), *g0 = host_rand((size_t)n * c, 44, -1, 1);
+    float *dy = tu_host_rand((size_t)n * c, 43, -1, 1), *g0 = tu_host_rand((size_t)n * c, 44, -1, 1);
     struct pair X = pair_new(kc, kg, x, (size_t)n * c), W = pair_new(kc, kg, w, c), B = pair_new(kc, kg, b, c);
     struct pair Y = pair_new(kc, kg, NULL, (size_t)n * c), M = pair_new(kc, kg, NULL, n), R = pair_new(kc, kg, NULL, n);
     struct pair DY = pair_new(kc, kg, dy, (size_t)n * c), DX = pair_new(kc, kg, g0, (size_t)n * c);
@@ -246,8 +205,8 @@ static void check_attention_window(int b, int t, int c, int nh, float qk_range, 
 {
     const struct kernels *kg = gpu(), *kc = cpu();
     size_t nqkv = (size_t)b * t * 3 * c, nout = (size_t)b * t * c, nlse = (size_t)b * nh * t;
-    float *qkv = host_rand(nqkv, 50, -qk_range, qk_range), *dout = host_rand(nout, 51, -1, 1);
-    float *g0 = host_rand(nqkv, 52, -1, 1);
+    float *qkv = tu_host_rand(nqkv, 50, -qk_range, qk_range), *dout = tu_host_rand(nout, 51, -1, 1);
+    float *g0 = tu_host_rand(nqkv, 52, -1, 1);
     struct pair QKV = pair_new(kc, kg, qkv, nqkv), O = pair_new(kc, kg, NULL, nout), L = pair_new(kc, kg, NULL, nlse);
     struct pair DO = pair_new(kc, kg, dout, nout), DQKV = pair_new(kc, kg, g0, nqkv);
     size_t wc = kc->attention_workspace_bytes(b, t, c, nh, nh), wg = kg->attention_workspace_bytes(b, t, c, nh, nh);
@@ -262,10 +221,10 @@ static void check_attention_window(int b, int t, int c, int nh, float qk_range, 
                  error_message());
     compare("attention dqkv", kc, kg, &DQKV, 5e-5, 1e-4);
     /* Deterministic: a second backward from the same start gives the same bits. */
-    float *first = down(kg, DQKV.g, nqkv * sizeof(float));
+    float *first = tu_down(kg, DQKV.g, nqkv * sizeof(float));
     cr_assert_eq(kg->mem_copy(DQKV.g, g0, nqkv * sizeof(float), KERNELS_COPY_H2D), 0);
     cr_assert_eq(kg->attention_backward(DQKV.g, DO.g, QKV.g, O.g, L.g, b, t, c, nh, nh, window, wsg), 0);
-    float *second = down(kg, DQKV.g, nqkv * sizeof(float));
+    float *second = tu_down(kg, DQKV.g, nqkv * sizeof(float));
     cr_assert_eq(memcmp(first, second, nqkv * sizeof(float)), 0, "attention backward is not deterministic");
     struct pair *all[] = {&QKV, &O, &L, &DO, &DQKV};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
@@ -328,13 +287,13 @@ static void check_attention_cp_window(int B, int T, int C, int NH, int NKV, int 
     const int *qpos = alltoall ? gpos : gpos + rank * t;
     size_t nq = (size_t)B * tq * W, nkv = alltoall ? 0 : (size_t)B * T * 2 * kvw, nout = (size_t)B * tq * C;
     size_t nlse = (size_t)B * NH * tq;
-    float *hq = host_rand(nq, seed, -1, 1), *hkv = host_rand(nkv, seed + 1, -1, 1);
-    float *hdo = host_rand(nout, seed + 2, -1, 1), *hdq = host_rand(nq, seed + 3, -1, 1);
-    float *hdkv = host_rand(nkv, seed + 4, -1, 1);
+    float *hq = tu_host_rand(nq, seed, -1, 1), *hkv = tu_host_rand(nkv, seed + 1, -1, 1);
+    float *hdo = tu_host_rand(nout, seed + 2, -1, 1), *hdq = tu_host_rand(nq, seed + 3, -1, 1);
+    float *hdkv = tu_host_rand(nkv, seed + 4, -1, 1);
     struct pair Q = pair_new(kc, kg, hq, nq), KV = pair_new(kc, kg, hkv, nkv), DQ = pair_new(kc, kg, hdq, nq);
     struct pair DKV = pair_new(kc, kg, hdkv, nkv), O = pair_new(kc, kg, NULL, nout), L = pair_new(kc, kg, NULL, nlse);
     struct pair DO = pair_new(kc, kg, hdo, nout);
-    int *gq = up(kg, qpos, (size_t)tq * sizeof(int)), *gk = up(kg, kpos, (size_t)T * sizeof(int));
+    int *gq = tu_dev_from(kg, qpos, (size_t)tq * sizeof(int)), *gk = tu_dev_from(kg, kpos, (size_t)T * sizeof(int));
     struct kernels_attention_cp a = {.b = B, .tq = tq, .tk = T, .c = C, .nh = NH, .ld = W, .nkv = NKV,
                                      .qblock = alltoall ? t : 0, .kblock = t, .ldkv = alltoall ? 0 : 2 * kvw,
                                      .window = window};
@@ -348,7 +307,7 @@ static void check_attention_cp_window(int B, int T, int C, int NH, int NKV, int 
     compare("attention_cp out", kc, kg, &O, 2e-5, 1e-4);
     compare("attention_cp lse", kc, kg, &L, 2e-5, 1e-5);
     if (kshift > 0) { /* the first query row (position 0 on rank 0 and in alltoall) sees no key */
-        float *l = down(kg, L.g, nlse * sizeof(float)), *o = down(kg, O.g, nout * sizeof(float));
+        float *l = tu_down(kg, L.g, nlse * sizeof(float)), *o = tu_down(kg, O.g, nout * sizeof(float));
         cr_assert(isinf(l[0]) && l[0] < 0, "lse of a row with no visible key: %g, want -inf", (double)l[0]);
         for (int d = 0; d < hs; d++)
             cr_assert_eq(o[d], 0.0f, "out of a row with no visible key: [%d] %g", d, (double)o[d]);
@@ -362,13 +321,13 @@ static void check_attention_cp_window(int B, int T, int C, int NH, int NKV, int 
     if (!alltoall)
         compare("attention_cp dk|dv", kc, kg, &DKV, 5e-5, 1e-4);
     /* deterministic: the same start gives the same bits */
-    float *first = down(kg, DQ.g, nq * sizeof(float)), *first_kv = down(kg, DKV.g, nkv * sizeof(float));
+    float *first = tu_down(kg, DQ.g, nq * sizeof(float)), *first_kv = tu_down(kg, DKV.g, nkv * sizeof(float));
     cr_assert_eq(kg->mem_copy(DQ.g, hdq, nq * sizeof(float), KERNELS_COPY_H2D), 0);
     if (nkv)
         cr_assert_eq(kg->mem_copy(DKV.g, hdkv, nkv * sizeof(float), KERNELS_COPY_H2D), 0);
     cr_assert_eq(kg->attention_cp_backward(DQ.g, dkgp, dkgp + kvw, DO.g, Q.g, kgp, kgp + kvw, O.g, L.g, &ag), 0,
                  "%s", error_message());
-    float *second = down(kg, DQ.g, nq * sizeof(float)), *second_kv = down(kg, DKV.g, nkv * sizeof(float));
+    float *second = tu_down(kg, DQ.g, nq * sizeof(float)), *second_kv = tu_down(kg, DKV.g, nkv * sizeof(float));
     cr_assert_eq(memcmp(first, second, nq * sizeof(float)), 0, "attention_cp backward (dq) is not deterministic");
     cr_assert_eq(memcmp(first_kv, second_kv, nkv * sizeof(float)), 0,
                  "attention_cp backward (dk, dv) is not deterministic");
@@ -417,8 +376,8 @@ Test(kernels_cuda, attention_cp_alltoall_matches_cpu, .timeout = 120)
 Test(kernels_cuda, attention_cp_rejects_bad_shapes)
 {
     const struct kernels *kg = gpu();
-    float *buf = up(kg, NULL, 64 * sizeof(float));
-    int *pos = up(kg, NULL, 8 * sizeof(int));
+    float *buf = tu_dev_from(kg, NULL, 64 * sizeof(float));
+    int *pos = tu_dev_from(kg, NULL, 8 * sizeof(int));
     struct kernels_attention_cp a = {.b = 1, .tq = 4, .tk = 4, .c = 8, .nh = 2, .ld = 8, .qpos = pos, .kpos = pos,
                                      .nkv = 3};
     cr_assert_eq(kg->attention_cp_forward(buf, buf, buf, buf, buf, &a), FSDP_EINVAL);
@@ -438,7 +397,7 @@ Test(kernels_cuda, elementwise_match_cpu)
 {
     const struct kernels *kg = gpu(), *kc = cpu();
     const size_t n = 300001;
-    float *a = host_rand(n, 60, -6, 6), *b = host_rand(n, 61, -1, 1), *g0 = host_rand(n, 62, -1, 1);
+    float *a = tu_host_rand(n, 60, -6, 6), *b = tu_host_rand(n, 61, -1, 1), *g0 = tu_host_rand(n, 62, -1, 1);
     struct pair A = pair_new(kc, kg, a, n), B = pair_new(kc, kg, b, n), Y = pair_new(kc, kg, NULL, n);
     struct pair D = pair_new(kc, kg, g0, n);
     cr_assert_eq(kc->gelu_forward(Y.c, A.c, n), 0);
@@ -474,7 +433,7 @@ Test(kernels_cuda, sqnorm_matches_cpu_and_is_deterministic)
     const size_t sizes[] = {1, 255, 257, 1000003, 5000000};
     for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
         size_t n = sizes[s];
-        float *x = host_rand(n, 70 + s, -3, 3);
+        float *x = tu_host_rand(n, 70 + s, -3, 3);
         x[0] = 1e4f; /* very different magnitudes: float accumulation would lose the small terms */
         struct pair X = pair_new(kc, kg, x, n);
         double rc = -1, rg = -1, rg2 = -2;
@@ -495,7 +454,7 @@ Test(kernels_cuda, casts_give_identical_bits)
 {
     const struct kernels *kg = gpu(), *kc = cpu();
     const size_t n = 70000;
-    float *f = host_rand(n, 80, -70000, 70000);
+    float *f = tu_host_rand(n, 80, -70000, 70000);
     /* edge cases: zeros, inf, nan, f16 overflow boundary, subnormals of both formats, ties */
     const uint32_t special[] = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00001u, 0xffa00000u,
                                 0x477fefffu, 0x477ff000u, 0x33000000u, 0x33000001u, 0x38800000u, 0x387fffffu,
@@ -511,11 +470,11 @@ Test(kernels_cuda, casts_give_identical_bits)
             void *src = malloc(n * ss);
             cr_assert(src);
             cr_assert_eq(kc->cast(src, dts[s], f, DTYPE_F32, n), 0);
-            void *sc = up(kc, src, n * ss), *sg = up(kg, src, n * ss);
-            void *dc = up(kc, NULL, n * ds), *dg = up(kg, NULL, n * ds);
+            void *sc = tu_dev_from(kc, src, n * ss), *sg = tu_dev_from(kg, src, n * ss);
+            void *dc = tu_dev_from(kc, NULL, n * ds), *dg = tu_dev_from(kg, NULL, n * ds);
             cr_assert_eq(kc->cast(dc, dts[d], sc, dts[s], n), 0);
             cr_assert_eq(kg->cast(dg, dts[d], sg, dts[s], n), 0, "%s", error_message());
-            unsigned char *hc = down(kc, dc, n * ds), *hg = down(kg, dg, n * ds);
+            unsigned char *hc = tu_down(kc, dc, n * ds), *hg = tu_down(kg, dg, n * ds);
             for (size_t i = 0; i < n * ds; i++)
                 if (hc[i] != hg[i])
                     cr_assert_fail("cast %d -> %d: byte %zu (element %zu, input %a) differs: cuda %02x cpu %02x",
@@ -539,18 +498,18 @@ Test(kernels_cuda, embedding_backward_gpt2_shapes_bit_identical, .timeout = 300)
     int32_t *tok = malloc(rows * sizeof *tok);
     for (size_t i = 0; i < rows; i++)
         tok[i] = i % 3 == 0 ? 50256 : (int32_t)((i * 2654435761u) % (unsigned)vocab);
-    float *dout = host_rand(rows * c, 95, -1, 1);
+    float *dout = tu_host_rand(rows * c, 95, -1, 1);
     struct pair WTE = pair_new(kc, kg, NULL, (size_t)vocab * c), WPE = pair_new(kc, kg, NULL, (size_t)t * c);
     struct pair DO = pair_new(kc, kg, dout, rows * c);
-    int32_t *tc = up(kc, tok, rows * sizeof *tok), *tg = up(kg, tok, rows * sizeof *tok);
+    int32_t *tc = tu_dev_from(kc, tok, rows * sizeof *tok), *tg = tu_dev_from(kg, tok, rows * sizeof *tok);
     cr_assert_eq(kc->embedding_backward(WTE.c, WPE.c, DO.c, tc, b, t, c, vocab), 0);
     cr_assert_eq(kg->embedding_backward(WTE.g, WPE.g, DO.g, tg, b, t, c, vocab), 0, "%s", error_message());
     compare("dwte (gpt2 shapes)", kc, kg, &WTE, 0, 0);
     compare("dwpe (gpt2 shapes)", kc, kg, &WPE, 0, 0);
-    float *first = down(kg, WTE.g, (size_t)vocab * c * sizeof(float));
+    float *first = tu_down(kg, WTE.g, (size_t)vocab * c * sizeof(float));
     cr_assert_eq(kg->mem_set(WTE.g, 0, (size_t)vocab * c * sizeof(float)), 0);
     cr_assert_eq(kg->embedding_backward(WTE.g, NULL, DO.g, tg, b, t, c, vocab), 0, "%s", error_message());
-    float *second = down(kg, WTE.g, (size_t)vocab * c * sizeof(float));
+    float *second = tu_down(kg, WTE.g, (size_t)vocab * c * sizeof(float));
     cr_assert_eq(memcmp(first, second, (size_t)vocab * c * sizeof(float)), 0, "two runs gave different bits");
     free(first), free(second), free(tok), free(dout);
     kc->mem_free(tc), kg->mem_free(tg);
@@ -566,7 +525,7 @@ Test(kernels_cuda, host_copies_are_staged_and_ordered, .timeout = 120)
 {
     const struct kernels *kg = gpu();
     size_t n = 10u << 20; /* floats: 40 MiB */
-    float *h = host_rand(n, 96, -4, 4), *pin = kg->host_alloc(n * sizeof(float)), *back = malloc(n * sizeof(float));
+    float *h = tu_host_rand(n, 96, -4, 4), *pin = kg->host_alloc(n * sizeof(float)), *back = malloc(n * sizeof(float));
     cr_assert(pin && back, "%s", error_message());
     float *d1 = kg->mem_alloc(n * sizeof(float)), *d2 = kg->mem_alloc(n * sizeof(float));
     cr_assert(d1 && d2, "%s", error_message());
@@ -619,11 +578,11 @@ Test(kernels_cuda, embedding_matches_cpu)
     int32_t tok[150];
     for (int i = 0; i < b * t; i++)
         tok[i] = (i * 37 + i / 7) % 13 == 0 ? 5 : (i * 31) % vocab; /* token 5 repeats many times */
-    float *wte = host_rand((size_t)vp * c, 90, -1, 1), *wpe = host_rand((size_t)t * c, 91, -1, 1);
-    float *dout = host_rand((size_t)b * t * c, 92, -1, 1);
+    float *wte = tu_host_rand((size_t)vp * c, 90, -1, 1), *wpe = tu_host_rand((size_t)t * c, 91, -1, 1);
+    float *dout = tu_host_rand((size_t)b * t * c, 92, -1, 1);
     struct pair WTE = pair_new(kc, kg, wte, (size_t)vp * c), WPE = pair_new(kc, kg, wpe, (size_t)t * c);
     struct pair O = pair_new(kc, kg, NULL, (size_t)b * t * c), DO = pair_new(kc, kg, dout, (size_t)b * t * c);
-    int32_t *tc = up(kc, tok, sizeof tok), *tg = up(kg, tok, sizeof tok);
+    int32_t *tc = tu_dev_from(kc, tok, sizeof tok), *tg = tu_dev_from(kg, tok, sizeof tok);
     cr_assert_eq(kc->embedding_forward(O.c, tc, WTE.c, WPE.c, b, t, c, vocab), 0);
     cr_assert_eq(kg->embedding_forward(O.g, tg, WTE.g, WPE.g, b, t, c, vocab), 0, "%s", error_message());
     compare("embedding out", kc, kg, &O, 0, 0);
@@ -671,13 +630,13 @@ static void check_xent(int n, int v, int vp, int in_place, float spread)
     cr_assert(tgt);
     for (int i = 0; i < n; i++)
         tgt[i] = i % 7 == 3 ? -1 : (int32_t)(((long)i * 7919) % v);
-    float *x = host_rand((size_t)n * vp, 100 + v, -spread, spread);
+    float *x = tu_host_rand((size_t)n * vp, 100 + v, -spread, spread);
     for (int i = 0; i < n; i++)
         for (int j = v; j < vp; j++)
             x[(size_t)i * vp + j] = NAN; /* padding is never read */
     struct pair X = pair_new(kc, kg, x, (size_t)n * vp), L = pair_new(kc, kg, NULL, n);
     struct pair D = pair_new(kc, kg, NULL, (size_t)n * vp);
-    int32_t *tc = up(kc, tgt, (size_t)n * sizeof *tgt), *tg = up(kg, tgt, (size_t)n * sizeof *tgt);
+    int32_t *tc = tu_dev_from(kc, tgt, (size_t)n * sizeof *tgt), *tg = tu_dev_from(kg, tgt, (size_t)n * sizeof *tgt);
     double sc = -1, sg = -2, sg2 = -3;
     cr_assert_eq(tu_xent(kc, L.c, &sc, in_place ? X.c : D.c, X.c, tc, n, v, vp, 0.5f), 0);
     cr_assert_eq(tu_xent(kg, L.g, &sg, in_place ? X.g : D.g, X.g, tg, n, v, vp, 0.5f), 0, "%s",
@@ -705,9 +664,9 @@ Test(kernels_cuda, crossentropy_rejects_bad_target)
 {
     const struct kernels *kg = gpu();
     int32_t tgt[4] = {0, 1, 10, -1};
-    float *x = host_rand(4 * 16, 110, -1, 1);
-    float *X = up(kg, x, 4 * 16 * sizeof(float));
-    int32_t *T = up(kg, tgt, sizeof tgt);
+    float *x = tu_host_rand(4 * 16, 110, -1, 1);
+    float *X = tu_dev_from(kg, x, 4 * 16 * sizeof(float));
+    int32_t *T = tu_dev_from(kg, tgt, sizeof tgt);
     double s;
     cr_assert_eq(tu_xent(kg, NULL, &s, NULL, X, T, 4, 10, 16, 1.0f), FSDP_ERANGE);
     cr_assert(strstr(error_message(), "position 2"), "%s", error_message());
@@ -721,7 +680,7 @@ Test(kernels_cuda, adamw_matches_cpu)
 {
     const struct kernels *kg = gpu(), *kc = cpu();
     const size_t n = 100003;
-    float *p = host_rand(n, 120, -1, 1), *g = host_rand(n, 121, -0.1f, 0.1f);
+    float *p = tu_host_rand(n, 120, -1, 1), *g = tu_host_rand(n, 121, -0.1f, 0.1f);
     struct pair P = pair_new(kc, kg, p, n), G = pair_new(kc, kg, g, n);
     struct pair M = pair_new(kc, kg, NULL, n), V = pair_new(kc, kg, NULL, n);
     for (int step = 1; step <= 5; step++) {
@@ -745,7 +704,7 @@ Test(kernels_cuda, memory_ops)
     float h[1000], back[1000];
     for (int i = 0; i < 1000; i++)
         h[i] = (float)i;
-    float *a = up(kg, h, sizeof h), *b = up(kg, NULL, sizeof h);
+    float *a = tu_dev_from(kg, h, sizeof h), *b = tu_dev_from(kg, NULL, sizeof h);
     cr_assert_eq(kg->mem_copy(b, a, sizeof h, KERNELS_COPY_D2D), 0);
     cr_assert_eq(kg->mem_copy(b + 10, b, 500 * sizeof(float), KERNELS_COPY_D2D), 0); /* overlapping */
     cr_assert_eq(kg->mem_set(a, 0, 100 * sizeof(float)), 0);
@@ -810,7 +769,7 @@ Test(kernels_cuda, matmul_bf16_inputs_accumulate_in_fp32)
     const struct kernels *kg = gpu();
     const int n = 300, in = 256, out = 288;
     const size_t nx = (size_t)n * in, nw = (size_t)in * out, ny = (size_t)n * out;
-    float *x = host_rand(nx, 51, -1, 1), *w = host_rand(nw, 52, -1, 1);
+    float *x = tu_host_rand(nx, 51, -1, 1), *w = tu_host_rand(nw, 52, -1, 1);
     /* [0]: rounded to nearest even, [1]: truncated */
     float *xr[2] = {malloc(nx * sizeof(float)), malloc(nx * sizeof(float))};
     float *wr[2] = {malloc(nw * sizeof(float)), malloc(nw * sizeof(float))};
@@ -823,11 +782,11 @@ Test(kernels_cuda, matmul_bf16_inputs_accumulate_in_fp32)
         wr[0][i] = dtype_bf16_to_f32(dtype_f32_to_bf16(w[i]));
         wr[1][i] = bf16_truncated(w[i]);
     }
-    float *xg = upf(kg, x, nx), *wg = upf(kg, w, nw), *yg = upf(kg, NULL, ny);
+    float *xg = tu_devf(kg, x, nx), *wg = tu_devf(kg, w, nw), *yg = tu_devf(kg, NULL, ny);
     cr_assert_eq(kg->set_matmul_dtype(DTYPE_BF16), 0, "%s", error_message());
     cr_assert_eq(kg->matmul_forward(yg, xg, wg, NULL, n, in, out), 0, "%s", error_message());
     cr_assert_eq(kg->set_matmul_dtype(DTYPE_F32), 0);
-    float *y = down(kg, yg, ny * sizeof(float));
+    float *y = tu_down(kg, yg, ny * sizeof(float));
     double *exact = host_matmul(x, w, n, in, out, false), *mag = host_matmul(x, w, n, in, out, true);
     double *ref[2][2]; /* [how x is rounded][how W is rounded] */
     for (int a = 0; a < 2; a++)
@@ -887,22 +846,22 @@ Test(kernels_cuda, bound_copy_is_read_as_is)
      * compared with, so a GPU picks the same GEMM kernel for both */
     const int n = 20, in = 64, out = 48, pad = 128;
     const size_t nw = (size_t)in * out, nu = 2 * pad + nw, ny = (size_t)n * out, nx = (size_t)n * in;
-    float *x = host_rand(nx, 11, -1, 1), *unit = host_rand(nu, 12, -1, 1), *u2 = malloc(nu * sizeof *u2);
+    float *x = tu_host_rand(nx, 11, -1, 1), *unit = tu_host_rand(nu, 12, -1, 1), *u2 = malloc(nu * sizeof *u2);
     uint16_t *lp = malloc(nu * sizeof *lp);
     cr_assert(u2 && lp);
     for (size_t i = 0; i < nu; i++) {
         u2[i] = 2.0f * unit[i];
         lp[i] = dtype_f32_to_bf16(u2[i]);
     }
-    float *X = upf(kg, x, nx), *U = upf(kg, unit, nu), *U2 = upf(kg, u2, nu), *Y = upf(kg, NULL, ny);
-    float *R = upf(kg, NULL, ny), *XB = upf(kg, NULL, nx), *RB = upf(kg, NULL, nx);
-    void *LP = up(kg, lp, nu * sizeof *lp);
+    float *X = tu_devf(kg, x, nx), *U = tu_devf(kg, unit, nu), *U2 = tu_devf(kg, u2, nu), *Y = tu_devf(kg, NULL, ny);
+    float *R = tu_devf(kg, NULL, ny), *XB = tu_devf(kg, NULL, nx), *RB = tu_devf(kg, NULL, nx);
+    void *LP = tu_dev_from(kg, lp, nu * sizeof *lp);
     cr_assert_eq(kg->matmul_forward(R, X, U2 + pad, NULL, n, in, out), 0, "%s", error_message());
     cr_assert_eq(kg->gemm(0, 1, n, in, out, 1.0f, R, out, U2 + pad, out, 0.0f, RB, in), 0);
     cr_assert_eq(kg->lowp_bind(U, LP, nu), 0, "%s", error_message());
     cr_assert_eq(kg->matmul_forward(Y, X, U + pad, NULL, n, in, out), 0, "%s", error_message());
     cr_assert_eq(kg->gemm(0, 1, n, in, out, 1.0f, R, out, U + pad, out, 0.0f, XB, in), 0);
-    float *y = down(kg, Y, ny * 4), *r = down(kg, R, ny * 4), *xb = down(kg, XB, nx * 4), *rb = down(kg, RB, nx * 4);
+    float *y = tu_down(kg, Y, ny * 4), *r = tu_down(kg, R, ny * 4), *xb = tu_down(kg, XB, nx * 4), *rb = tu_down(kg, RB, nx * 4);
     cr_assert_eq(memcmp(y, r, ny * 4), 0, "matmul_forward did not read the bound copy (2w)");
     cr_assert_eq(memcmp(xb, rb, nx * 4), 0, "gemm's transposed B did not read the bound copy (2w)");
     cr_assert_eq(kg->lowp_bind(U + 10, LP, 5), FSDP_EEXIST, "an overlapping bind was accepted");
@@ -910,7 +869,7 @@ Test(kernels_cuda, bound_copy_is_read_as_is)
     cr_assert_eq(kg->lowp_unbind(U), 0, "%s", error_message());
     cr_assert_eq(kg->matmul_forward(Y, X, U + pad, NULL, n, in, out), 0);
     free(y);
-    y = down(kg, Y, ny * 4);
+    y = tu_down(kg, Y, ny * 4);
     cr_assert_neq(memcmp(y, r, ny * 4), 0, "unbound, w still multiplied as 2w");
     cr_assert_eq(kg->set_matmul_dtype(DTYPE_F32), 0);
     free(x), free(unit), free(u2), free(lp), free(y), free(r), free(xb), free(rb);
@@ -925,12 +884,12 @@ Test(kernels_cuda, held_operand_same_bits)
     const struct kernels *kg = gpu();
     const int n = 48, in = 40, out = 72;
     const size_t ndy = (size_t)n * out, ndx = (size_t)n * in, ndw = (size_t)in * out;
-    float *dy = host_rand(ndy, 61, -1, 1), *w = host_rand(ndw, 62, -1, 1), *x = host_rand(ndx, 63, -1, 1);
-    float *DY = upf(kg, dy, ndy), *W = upf(kg, w, ndw), *X = upf(kg, x, ndx);
+    float *dy = tu_host_rand(ndy, 61, -1, 1), *w = tu_host_rand(ndw, 62, -1, 1), *x = tu_host_rand(ndx, 63, -1, 1);
+    float *DY = tu_devf(kg, dy, ndy), *W = tu_devf(kg, w, ndw), *X = tu_devf(kg, x, ndx);
     float *DX[2], *DW[2], *hx[2], *hw[2];
     cr_assert_eq(kg->set_matmul_dtype(DTYPE_BF16), 0);
     for (int h = 0; h < 2; h++) {
-        DX[h] = upf(kg, NULL, ndx), DW[h] = upf(kg, NULL, ndw);
+        DX[h] = tu_devf(kg, NULL, ndx), DW[h] = tu_devf(kg, NULL, ndw);
         if (h)
             cr_assert_eq(kg->lowp_hold(DY, ndy), 0, "%s", error_message());
         cr_assert_eq(kg->gemm(0, 1, n, in, out, 1.0f, DY, out, W, out, 0.0f, DX[h], in), 0, "%s", error_message());
@@ -939,7 +898,7 @@ Test(kernels_cuda, held_operand_same_bits)
             cr_assert_eq(kg->lowp_bind(DY, W, 4), FSDP_EEXIST, "a held range accepted a bind");
             cr_assert_eq(kg->lowp_release(DY), 0, "%s", error_message());
         }
-        hx[h] = down(kg, DX[h], ndx * 4), hw[h] = down(kg, DW[h], ndw * 4);
+        hx[h] = tu_down(kg, DX[h], ndx * 4), hw[h] = tu_down(kg, DW[h], ndw * 4);
     }
     cr_assert_eq(memcmp(hx[0], hx[1], ndx * 4), 0, "held dy changed dx");
     cr_assert_eq(memcmp(hw[0], hw[1], ndw * 4), 0, "held dy changed dw");

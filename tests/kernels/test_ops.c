@@ -3,7 +3,6 @@
  * of the backend's own forward. */
 #include <omp.h>
 
-#include "tests/kernels/ktest.h"
 #include "tests/util/tu_kernels.h"
 
 /* ---------- matmul ---------- */
@@ -21,27 +20,27 @@ static void ref_matmul(double *y, const float *x, const float *w, const float *b
 
 static void check_matmul(int n, int in, int out, int with_bias)
 {
-    const struct kernels *k = kt_backend();
-    float *x = kt_host_rand((size_t)n * in, 1, -1, 1), *w = kt_host_rand((size_t)in * out, 2, -1, 1);
-    float *b = kt_host_rand(out, 3, -1, 1), *dy = kt_host_rand((size_t)n * out, 4, -1, 1);
-    float *dx0 = kt_host_rand((size_t)n * in, 5, -1, 1), *dw0 = kt_host_rand((size_t)in * out, 6, -1, 1);
-    float *db0 = kt_host_rand(out, 7, -1, 1);
-    float *dx_ = kt_devf(k, x, (size_t)n * in), *dw_ = kt_devf(k, w, (size_t)in * out);
-    float *db_ = kt_devf(k, b, out), *ddy = kt_devf(k, dy, (size_t)n * out);
-    float *dy_out = kt_devf(k, NULL, (size_t)n * out);
-    float *gx = kt_devf(k, dx0, (size_t)n * in), *gw = kt_devf(k, dw0, (size_t)in * out);
-    float *gb = kt_devf(k, db0, out);
+    const struct kernels *k = tu_backend();
+    float *x = tu_host_rand((size_t)n * in, 1, -1, 1), *w = tu_host_rand((size_t)in * out, 2, -1, 1);
+    float *b = tu_host_rand(out, 3, -1, 1), *dy = tu_host_rand((size_t)n * out, 4, -1, 1);
+    float *dx0 = tu_host_rand((size_t)n * in, 5, -1, 1), *dw0 = tu_host_rand((size_t)in * out, 6, -1, 1);
+    float *db0 = tu_host_rand(out, 7, -1, 1);
+    float *dx_ = tu_devf(k, x, (size_t)n * in), *dw_ = tu_devf(k, w, (size_t)in * out);
+    float *db_ = tu_devf(k, b, out), *ddy = tu_devf(k, dy, (size_t)n * out);
+    float *dy_out = tu_devf(k, NULL, (size_t)n * out);
+    float *gx = tu_devf(k, dx0, (size_t)n * in), *gw = tu_devf(k, dw0, (size_t)in * out);
+    float *gb = tu_devf(k, db0, out);
 
     cr_assert_eq(k->matmul_forward(dy_out, dx_, dw_, with_bias ? db_ : NULL, n, in, out), 0, "%s",
                  error_message());
-    double *ref = kt_dzeros((size_t)n * out);
+    double *ref = tu_dzeros((size_t)n * out);
     ref_matmul(ref, x, w, with_bias ? b : NULL, n, in, out);
-    float *y = kt_down(k, dy_out, (size_t)n * out);
-    kt_check("matmul y", y, ref, (size_t)n * out, 1e-4 * sqrt(in), 1e-4);
+    float *y = tu_downf(k, dy_out, (size_t)n * out);
+    tu_check_near("matmul y", y, ref, (size_t)n * out, 1e-4 * sqrt(in), 1e-4);
 
     /* backward accumulates into the pre-filled gradients */
     cr_assert_eq(k->matmul_backward(gx, gw, with_bias ? gb : NULL, ddy, dx_, dw_, n, in, out), 0);
-    double *rdx = kt_dzeros((size_t)n * in), *rdw = kt_dzeros((size_t)in * out), *rdb = kt_dzeros(out);
+    double *rdx = tu_dzeros((size_t)n * in), *rdw = tu_dzeros((size_t)in * out), *rdb = tu_dzeros(out);
     for (int i = 0; i < n; i++)
         for (int p = 0; p < in; p++) {
             double s = dx0[i * in + p];
@@ -62,10 +61,10 @@ static void check_matmul(int n, int in, int out, int with_bias)
             s += dy[i * out + j];
         rdb[j] = with_bias ? s : db0[j];
     }
-    float *hx = kt_down(k, gx, (size_t)n * in), *hw = kt_down(k, gw, (size_t)in * out), *hb = kt_down(k, gb, out);
-    kt_check("matmul dx", hx, rdx, (size_t)n * in, 1e-4 * sqrt(out), 1e-4);
-    kt_check("matmul dw", hw, rdw, (size_t)in * out, 1e-4 * sqrt(n), 1e-4);
-    kt_check("matmul db", hb, rdb, out, 1e-4 * sqrt(n), 1e-4);
+    float *hx = tu_downf(k, gx, (size_t)n * in), *hw = tu_downf(k, gw, (size_t)in * out), *hb = tu_downf(k, gb, out);
+    tu_check_near("matmul dx", hx, rdx, (size_t)n * in, 1e-4 * sqrt(out), 1e-4);
+    tu_check_near("matmul dw", hw, rdw, (size_t)in * out, 1e-4 * sqrt(n), 1e-4);
+    tu_check_near("matmul db", hb, rdb, out, 1e-4 * sqrt(n), 1e-4);
     free(x), free(w), free(b), free(dy), free(dx0), free(dw0), free(db0), free(ref), free(y);
     free(rdx), free(rdw), free(rdb), free(hx), free(hw), free(hb);
     k->mem_free(dx_), k->mem_free(dw_), k->mem_free(db_), k->mem_free(ddy), k->mem_free(dy_out);
@@ -87,20 +86,20 @@ Test(kernels_ops, matmul_odd_shapes)
  * in bf16 mode (the same rounded operands either way). */
 static void check_matmul_gelu(const struct kernels *k, int n, int in, int out, bool bias, uint64_t seed)
 {
-    float *x = kt_host_rand((size_t)n * in, seed, -1, 1), *w = kt_host_rand((size_t)in * out, seed + 1, -0.5f, 0.5f);
-    float *b = kt_host_rand((size_t)out, seed + 2, -1, 1);
-    float *dx = kt_devf(k, x, (size_t)n * in), *dw = kt_devf(k, w, (size_t)in * out), *db = kt_devf(k, b, out);
+    float *x = tu_host_rand((size_t)n * in, seed, -1, 1), *w = tu_host_rand((size_t)in * out, seed + 1, -0.5f, 0.5f);
+    float *b = tu_host_rand((size_t)out, seed + 2, -1, 1);
+    float *dx = tu_devf(k, x, (size_t)n * in), *dw = tu_devf(k, w, (size_t)in * out), *db = tu_devf(k, b, out);
     size_t no = (size_t)n * out;
-    float *pre = kt_devf(k, NULL, no), *y = kt_devf(k, NULL, no), *rpre = kt_devf(k, NULL, no), *ry = kt_devf(k, NULL, no);
+    float *pre = tu_devf(k, NULL, no), *y = tu_devf(k, NULL, no), *rpre = tu_devf(k, NULL, no), *ry = tu_devf(k, NULL, no);
     cr_assert_eq(k->matmul_forward_gelu(pre, y, dx, dw, bias ? db : NULL, n, in, out), 0, "%s", error_message());
     cr_assert_eq(k->matmul_forward(rpre, dx, dw, bias ? db : NULL, n, in, out), 0);
     cr_assert_eq(k->gelu_forward(ry, rpre, no), 0);
-    float *g[2] = {kt_down(k, pre, no), kt_down(k, y, no)}, *r[2] = {kt_down(k, rpre, no), kt_down(k, ry, no)};
-    double *want = kt_dzeros(no);
+    float *g[2] = {tu_downf(k, pre, no), tu_downf(k, y, no)}, *r[2] = {tu_downf(k, rpre, no), tu_downf(k, ry, no)};
+    double *want = tu_dzeros(no);
     for (int t = 0; t < 2; t++) {
         for (size_t i = 0; i < no; i++)
             want[i] = r[t][i];
-        kt_check(t ? "matmul_forward_gelu y" : "matmul_forward_gelu pre", g[t], want, no, 1e-5, 1e-5);
+        tu_check_near(t ? "matmul_forward_gelu y" : "matmul_forward_gelu pre", g[t], want, no, 1e-5, 1e-5);
         free(g[t]), free(r[t]);
     }
     free(want), free(x), free(w), free(b);
@@ -110,7 +109,7 @@ static void check_matmul_gelu(const struct kernels *k, int n, int in, int out, b
 
 Test(kernels_ops, matmul_forward_gelu_is_matmul_then_gelu)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     if (!k->matmul_forward_gelu)
         cr_skip_test("the %s table has no fused matmul_forward_gelu (the model runs matmul_forward, gelu_forward)",
                      k->name);
@@ -119,7 +118,7 @@ Test(kernels_ops, matmul_forward_gelu_is_matmul_then_gelu)
     cr_assert_eq(k->set_matmul_dtype(DTYPE_BF16), 0);
     check_matmul_gelu(k, 64, 96, 384, true, 302);
     cr_assert_eq(k->set_matmul_dtype(DTYPE_F32), 0);
-    float *p = kt_devf(k, NULL, 4);
+    float *p = tu_devf(k, NULL, 4);
     cr_assert_neq(k->matmul_forward_gelu(p, p, p, p, NULL, 1, 2, 2), 0, "y aliasing pre is refused");
     k->mem_free(p);
 }
@@ -128,25 +127,25 @@ Test(kernels_ops, matmul_forward_gelu_is_matmul_then_gelu)
 static void check_dx_dgelu(const struct kernels *k, int n, int in, int out, uint64_t seed)
 {
     size_t ni = (size_t)n * in;
-    float *dy = kt_host_rand((size_t)n * out, seed, -1, 1), *w = kt_host_rand((size_t)in * out, seed + 1, -0.5f, 0.5f);
-    float *pre = kt_host_rand(ni, seed + 2, -3, 3);
-    float *ddy = kt_devf(k, dy, (size_t)n * out), *dw = kt_devf(k, w, (size_t)in * out), *dpre_in = kt_devf(k, pre, ni);
-    float *got = kt_devf(k, NULL, ni), *mid = kt_devf(k, NULL, ni), *ref = kt_devf(k, NULL, ni);
+    float *dy = tu_host_rand((size_t)n * out, seed, -1, 1), *w = tu_host_rand((size_t)in * out, seed + 1, -0.5f, 0.5f);
+    float *pre = tu_host_rand(ni, seed + 2, -3, 3);
+    float *ddy = tu_devf(k, dy, (size_t)n * out), *dw = tu_devf(k, w, (size_t)in * out), *dpre_in = tu_devf(k, pre, ni);
+    float *got = tu_devf(k, NULL, ni), *mid = tu_devf(k, NULL, ni), *ref = tu_devf(k, NULL, ni);
     cr_assert_eq(k->matmul_dx_dgelu(got, ddy, dw, dpre_in, n, in, out), 0, "%s", error_message());
     cr_assert_eq(k->gemm(0, 1, n, in, out, 1.0f, ddy, out, dw, out, 0.0f, mid, in), 0);
     cr_assert_eq(k->gelu_backward(ref, dpre_in, mid, ni), 0);
-    float *g = kt_down(k, got, ni), *r = kt_down(k, ref, ni);
-    double *want = kt_dzeros(ni);
+    float *g = tu_downf(k, got, ni), *r = tu_downf(k, ref, ni);
+    double *want = tu_dzeros(ni);
     for (size_t i = 0; i < ni; i++)
         want[i] = r[i];
-    kt_check("matmul_dx_dgelu", g, want, ni, 1e-5, 1e-5);
+    tu_check_near("matmul_dx_dgelu", g, want, ni, 1e-5, 1e-5);
     free(g), free(r), free(want), free(dy), free(w), free(pre);
     k->mem_free(ddy), k->mem_free(dw), k->mem_free(dpre_in), k->mem_free(got), k->mem_free(mid), k->mem_free(ref);
 }
 
 Test(kernels_ops, matmul_dx_dgelu_is_gemm_then_gelu_backward)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     if (!k->matmul_dx_dgelu)
         cr_skip_test("the %s table has no fused matmul_dx_dgelu (the model runs gemm, then gelu_backward)", k->name);
     check_dx_dgelu(k, 37, 200, 48, 310);
@@ -154,22 +153,22 @@ Test(kernels_ops, matmul_dx_dgelu_is_gemm_then_gelu_backward)
     cr_assert_eq(k->set_matmul_dtype(DTYPE_BF16), 0);
     check_dx_dgelu(k, 64, 384, 96, 312);
     cr_assert_eq(k->set_matmul_dtype(DTYPE_F32), 0);
-    float *p = kt_devf(k, NULL, 4);
+    float *p = tu_devf(k, NULL, 4);
     cr_assert_neq(k->matmul_dx_dgelu(p, p, p, p, 1, 2, 2), 0, "dpre aliasing dy is refused");
     k->mem_free(p);
 }
 
 Test(kernels_ops, matmul_finite_differences)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     const int n = 5, in = 6, out = 7;
-    float *x = kt_host_rand(n * in, 11, -1, 1), *w = kt_host_rand(in * out, 12, -1, 1);
-    float *b = kt_host_rand(out, 13, -1, 1), *r = kt_host_rand(n * out, 14, -1, 1);
-    float *dx = kt_devf(k, x, n * in), *dw = kt_devf(k, w, in * out), *db = kt_devf(k, b, out);
-    float *dr = kt_devf(k, r, n * out), *dy = kt_devf(k, NULL, n * out);
-    float *gx = kt_devf(k, NULL, n * in), *gw = kt_devf(k, NULL, in * out), *gb = kt_devf(k, NULL, out);
+    float *x = tu_host_rand(n * in, 11, -1, 1), *w = tu_host_rand(in * out, 12, -1, 1);
+    float *b = tu_host_rand(out, 13, -1, 1), *r = tu_host_rand(n * out, 14, -1, 1);
+    float *dx = tu_devf(k, x, n * in), *dw = tu_devf(k, w, in * out), *db = tu_devf(k, b, out);
+    float *dr = tu_devf(k, r, n * out), *dy = tu_devf(k, NULL, n * out);
+    float *gx = tu_devf(k, NULL, n * in), *gw = tu_devf(k, NULL, in * out), *gb = tu_devf(k, NULL, out);
     cr_assert_eq(k->matmul_backward(gx, gw, gb, dr, dx, dw, n, in, out), 0);
-    float *hgx = kt_down(k, gx, n * in), *hgw = kt_down(k, gw, in * out), *hgb = kt_down(k, gb, out);
+    float *hgx = tu_downf(k, gx, n * in), *hgw = tu_downf(k, gw, in * out), *hgb = tu_downf(k, gb, out);
     struct { float *host, *dev, *grad; int len; const char *name; } ps[] = {
         {x, dx, hgx, n * in, "x"}, {w, dw, hgw, in * out, "w"}, {b, db, hgb, out, "b"}};
     const float h = 1e-2f;
@@ -181,7 +180,7 @@ Test(kernels_ops, matmul_finite_differences)
                 ps[pi].host[e] = saved + (sgn ? -h : h);
                 k->mem_copy(ps[pi].dev, ps[pi].host, ps[pi].len * sizeof(float), KERNELS_COPY_H2D);
                 cr_assert_eq(k->matmul_forward(dy, dx, dw, db, n, in, out), 0);
-                float *y = kt_down(k, dy, n * out);
+                float *y = tu_downf(k, dy, n * out);
                 lv[sgn] = 0;
                 for (int i = 0; i < n * out; i++)
                     lv[sgn] += (double)y[i] * r[i];
@@ -200,20 +199,20 @@ Test(kernels_ops, matmul_finite_differences)
 
 Test(kernels_ops, gemm_all_transposes)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     const int m = 9, n = 11, kk = 7;
     for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++) {
             int lda = (ta ? m : kk) + 3, ldb = (tb ? kk : n) + 2, ldc = n + 1;
             int arows = ta ? kk : m, brows = tb ? n : kk;
-            float *a = kt_host_rand((size_t)arows * lda, 21 + ta, -1, 1);
-            float *b = kt_host_rand((size_t)brows * ldb, 23 + tb, -1, 1);
-            float *c = kt_host_rand((size_t)m * ldc, 25, -1, 1);
-            float *da = kt_devf(k, a, (size_t)arows * lda), *dbb = kt_devf(k, b, (size_t)brows * ldb);
-            float *dc = kt_devf(k, c, (size_t)m * ldc);
+            float *a = tu_host_rand((size_t)arows * lda, 21 + ta, -1, 1);
+            float *b = tu_host_rand((size_t)brows * ldb, 23 + tb, -1, 1);
+            float *c = tu_host_rand((size_t)m * ldc, 25, -1, 1);
+            float *da = tu_devf(k, a, (size_t)arows * lda), *dbb = tu_devf(k, b, (size_t)brows * ldb);
+            float *dc = tu_devf(k, c, (size_t)m * ldc);
             cr_assert_eq(k->gemm(ta, tb, m, n, kk, 0.5f, da, lda, dbb, ldb, 2.0f, dc, ldc), 0, "%s",
                          error_message());
-            double *ref = kt_dzeros((size_t)m * ldc);
+            double *ref = tu_dzeros((size_t)m * ldc);
             for (int i = 0; i < m; i++)
                 for (int j = 0; j < ldc; j++) {
                     if (j >= n) { /* padding columns of C must be left alone */
@@ -225,8 +224,8 @@ Test(kernels_ops, gemm_all_transposes)
                         s += (double)(ta ? a[p * lda + i] : a[i * lda + p]) * (tb ? b[j * ldb + p] : b[p * ldb + j]);
                     ref[i * ldc + j] = 0.5 * s + 2.0 * c[i * ldc + j];
                 }
-            float *got = kt_down(k, dc, (size_t)m * ldc);
-            kt_check(ta ? (tb ? "gemm TT" : "gemm TN") : (tb ? "gemm NT" : "gemm NN"), got, ref, (size_t)m * ldc,
+            float *got = tu_downf(k, dc, (size_t)m * ldc);
+            tu_check_near(ta ? (tb ? "gemm TT" : "gemm TN") : (tb ? "gemm NT" : "gemm NN"), got, ref, (size_t)m * ldc,
                      1e-5, 1e-5);
             free(a), free(b), free(c), free(ref), free(got);
             k->mem_free(da), k->mem_free(dbb), k->mem_free(dc);
@@ -257,29 +256,29 @@ static void ref_layernorm(double *out, double *mean, double *rstd, const float *
 
 Test(kernels_ops, layernorm_forward_backward)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     const int shapes[][2] = {{1, 1}, {3, 7}, {17, 129}, {64, 768}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int n = shapes[si][0], c = shapes[si][1];
         size_t nc = (size_t)n * c;
         /* a large common offset exercises the two-pass variance */
-        float *x = kt_host_rand(nc, 31 + si, 99, 101), *w = kt_host_rand(c, 32, 0.5, 1.5);
-        float *b = kt_host_rand(c, 33, -0.5, 0.5), *dy = kt_host_rand(nc, 34, -1, 1);
-        float *dx_ = kt_devf(k, x, nc), *dw_ = kt_devf(k, w, c), *db_ = kt_devf(k, b, c), *ddy = kt_devf(k, dy, nc);
-        float *dout = kt_devf(k, NULL, nc), *dmean = kt_devf(k, NULL, n), *drstd = kt_devf(k, NULL, n);
+        float *x = tu_host_rand(nc, 31 + si, 99, 101), *w = tu_host_rand(c, 32, 0.5, 1.5);
+        float *b = tu_host_rand(c, 33, -0.5, 0.5), *dy = tu_host_rand(nc, 34, -1, 1);
+        float *dx_ = tu_devf(k, x, nc), *dw_ = tu_devf(k, w, c), *db_ = tu_devf(k, b, c), *ddy = tu_devf(k, dy, nc);
+        float *dout = tu_devf(k, NULL, nc), *dmean = tu_devf(k, NULL, n), *drstd = tu_devf(k, NULL, n);
         cr_assert_eq(k->layernorm_forward(dout, dmean, drstd, dx_, dw_, db_, n, c, 1e-5f), 0);
-        double *ro = kt_dzeros(nc), *rm = kt_dzeros(n), *rr = kt_dzeros(n);
+        double *ro = tu_dzeros(nc), *rm = tu_dzeros(n), *rr = tu_dzeros(n);
         ref_layernorm(ro, rm, rr, x, w, b, n, c, 1e-5);
-        float *o = kt_down(k, dout, nc), *mm = kt_down(k, dmean, n), *rs = kt_down(k, drstd, n);
-        kt_check("ln out", o, ro, nc, 2e-4, 2e-4);
-        kt_check("ln mean", mm, rm, n, 1e-5, 1e-6);
-        kt_check("ln rstd", rs, rr, n, 1e-5, 5e-4);
+        float *o = tu_downf(k, dout, nc), *mm = tu_downf(k, dmean, n), *rs = tu_downf(k, drstd, n);
+        tu_check_near("ln out", o, ro, nc, 2e-4, 2e-4);
+        tu_check_near("ln mean", mm, rm, n, 1e-5, 1e-6);
+        tu_check_near("ln rstd", rs, rr, n, 1e-5, 5e-4);
 
         /* backward, starting from non-zero gradients (they must be accumulated into) */
-        float *g0 = kt_host_rand(nc, 35, -1, 1), *gw0 = kt_host_rand(c, 36, -1, 1), *gb0 = kt_host_rand(c, 37, -1, 1);
-        float *gx = kt_devf(k, g0, nc), *gw = kt_devf(k, gw0, c), *gb = kt_devf(k, gb0, c);
+        float *g0 = tu_host_rand(nc, 35, -1, 1), *gw0 = tu_host_rand(c, 36, -1, 1), *gb0 = tu_host_rand(c, 37, -1, 1);
+        float *gx = tu_devf(k, g0, nc), *gw = tu_devf(k, gw0, c), *gb = tu_devf(k, gb0, c);
         cr_assert_eq(k->layernorm_backward(gx, gw, gb, ddy, dx_, dw_, dmean, drstd, n, c), 0);
-        double *rgx = kt_dzeros(nc), *rgw = kt_dzeros(c), *rgb = kt_dzeros(c);
+        double *rgx = tu_dzeros(nc), *rgw = tu_dzeros(c), *rgb = tu_dzeros(c);
         for (int j = 0; j < c; j++)
             rgw[j] = gw0[j], rgb[j] = gb0[j];
         for (int i = 0; i < n; i++) {
@@ -295,11 +294,11 @@ Test(kernels_ops, layernorm_forward_backward)
                 rgx[i * c + j] = g0[i * c + j] + (dn - sdn / c - nrm * sdnn / c) * rr[i];
             }
         }
-        float *hgx = kt_down(k, gx, nc), *hgw = kt_down(k, gw, c), *hgb = kt_down(k, gb, c);
+        float *hgx = tu_downf(k, gx, nc), *hgw = tu_downf(k, gw, c), *hgb = tu_downf(k, gb, c);
         /* rstd of a row with offset 100 and spread 1 is ~3.5: scale tolerances with it */
-        kt_check("ln dx", hgx, rgx, nc, 5e-3, 1e-3);
-        kt_check("ln dw", hgw, rgw, c, 1e-4 * n, 1e-4);
-        kt_check("ln db", hgb, rgb, c, 1e-5 * n, 1e-5);
+        tu_check_near("ln dx", hgx, rgx, nc, 5e-3, 1e-3);
+        tu_check_near("ln dw", hgw, rgw, c, 1e-4 * n, 1e-4);
+        tu_check_near("ln db", hgb, rgb, c, 1e-5 * n, 1e-5);
         free(x), free(w), free(b), free(dy), free(ro), free(rm), free(rr), free(o), free(mm), free(rs);
         free(g0), free(gw0), free(gb0), free(rgx), free(rgw), free(rgb), free(hgx), free(hgw), free(hgb);
         k->mem_free(dx_), k->mem_free(dw_), k->mem_free(db_), k->mem_free(ddy), k->mem_free(dout);
@@ -309,16 +308,16 @@ Test(kernels_ops, layernorm_forward_backward)
 
 Test(kernels_ops, layernorm_finite_differences)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     const int n = 3, c = 10;
-    float *x = kt_host_rand(n * c, 41, -2, 2), *w = kt_host_rand(c, 42, 0.5, 1.5), *b = kt_host_rand(c, 43, -1, 1);
-    float *r = kt_host_rand(n * c, 44, -1, 1);
-    float *dx = kt_devf(k, x, n * c), *dw = kt_devf(k, w, c), *db = kt_devf(k, b, c), *dr = kt_devf(k, r, n * c);
-    float *dout = kt_devf(k, NULL, n * c), *dm = kt_devf(k, NULL, n), *ds = kt_devf(k, NULL, n);
-    float *gx = kt_devf(k, NULL, n * c), *gw = kt_devf(k, NULL, c), *gb = kt_devf(k, NULL, c);
+    float *x = tu_host_rand(n * c, 41, -2, 2), *w = tu_host_rand(c, 42, 0.5, 1.5), *b = tu_host_rand(c, 43, -1, 1);
+    float *r = tu_host_rand(n * c, 44, -1, 1);
+    float *dx = tu_devf(k, x, n * c), *dw = tu_devf(k, w, c), *db = tu_devf(k, b, c), *dr = tu_devf(k, r, n * c);
+    float *dout = tu_devf(k, NULL, n * c), *dm = tu_devf(k, NULL, n), *ds = tu_devf(k, NULL, n);
+    float *gx = tu_devf(k, NULL, n * c), *gw = tu_devf(k, NULL, c), *gb = tu_devf(k, NULL, c);
     cr_assert_eq(k->layernorm_forward(dout, dm, ds, dx, dw, db, n, c, 1e-5f), 0);
     cr_assert_eq(k->layernorm_backward(gx, gw, gb, dr, dx, dw, dm, ds, n, c), 0);
-    float *hg[3] = {kt_down(k, gx, n * c), kt_down(k, gw, c), kt_down(k, gb, c)};
+    float *hg[3] = {tu_downf(k, gx, n * c), tu_downf(k, gw, c), tu_downf(k, gb, c)};
     float *host[3] = {x, w, b}, *dev[3] = {dx, dw, db};
     int len[3] = {n * c, c, c};
     const float h = 1e-2f;
@@ -330,7 +329,7 @@ Test(kernels_ops, layernorm_finite_differences)
                 host[pi][e] = saved + (sgn ? -h : h);
                 k->mem_copy(dev[pi], host[pi], len[pi] * sizeof(float), KERNELS_COPY_H2D);
                 cr_assert_eq(k->layernorm_forward(dout, dm, ds, dx, dw, db, n, c, 1e-5f), 0);
-                float *y = kt_down(k, dout, n * c);
+                float *y = tu_downf(k, dout, n * c);
                 lv[sgn] = 0;
                 for (int i = 0; i < n * c; i++)
                     lv[sgn] += (double)y[i] * r[i];
@@ -356,25 +355,25 @@ static double ref_gelu(double x)
 
 Test(kernels_ops, gelu_forward_backward)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     const size_t n = 40000 + 3; /* several chunks and a ragged tail */
-    float *x = kt_host_rand(n, 51, -8, 8), *dy = kt_host_rand(n, 52, -1, 1), *g0 = kt_host_rand(n, 53, -1, 1);
+    float *x = tu_host_rand(n, 51, -8, 8), *dy = tu_host_rand(n, 52, -1, 1), *g0 = tu_host_rand(n, 53, -1, 1);
     x[0] = 0.0f, x[1] = -30.0f, x[2] = 30.0f, x[3] = 1e-6f, x[4] = -1e-6f;
-    float *dx = kt_devf(k, x, n), *ddy = kt_devf(k, dy, n), *dout = kt_devf(k, NULL, n), *gx = kt_devf(k, g0, n);
+    float *dx = tu_devf(k, x, n), *ddy = tu_devf(k, dy, n), *dout = tu_devf(k, NULL, n), *gx = tu_devf(k, g0, n);
     cr_assert_eq(k->gelu_forward(dout, dx, n), 0);
     cr_assert_eq(k->gelu_backward(gx, dx, ddy, n), 0);
-    double *ry = kt_dzeros(n), *rg = kt_dzeros(n);
+    double *ry = tu_dzeros(n), *rg = tu_dzeros(n);
     for (size_t i = 0; i < n; i++) {
         ry[i] = ref_gelu(x[i]);
         double hh = 1e-4 * (fabs(x[i]) > 1 ? fabs(x[i]) : 1); /* central difference of the double reference */
         rg[i] = g0[i] + dy[i] * (ref_gelu(x[i] + hh) - ref_gelu(x[i] - hh)) / (2 * hh);
     }
-    float *y = kt_down(k, dout, n), *g = kt_down(k, gx, n);
-    kt_check("gelu y", y, ry, n, 2e-6, 2e-6);
-    kt_check("gelu dx", g, rg, n, 1e-5, 1e-5);
+    float *y = tu_downf(k, dout, n), *g = tu_downf(k, gx, n);
+    tu_check_near("gelu y", y, ry, n, 2e-6, 2e-6);
+    tu_check_near("gelu dx", g, rg, n, 1e-5, 1e-5);
     /* in place */
     cr_assert_eq(k->gelu_forward(dx, dx, n), 0);
-    float *y2 = kt_down(k, dx, n);
+    float *y2 = tu_downf(k, dx, n);
     cr_assert_arr_eq(y2, y, n * sizeof(float));
     free(x), free(dy), free(g0), free(ry), free(rg), free(y), free(g), free(y2);
     k->mem_free(dx), k->mem_free(ddy), k->mem_free(dout), k->mem_free(gx);
@@ -386,7 +385,7 @@ Test(kernels_ops, gelu_forward_backward)
  * of them (more than one batch of the CUDA table's 256), into device memory. */
 Test(kernels_ops, sqnorm_sum_adds_each_buffers_sqnorm_in_order)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     enum { COUNT = 300 };
     static const size_t sizes_big[] = {0, 1, 7, 50001, 300000};
     const float *xs[COUNT];
@@ -394,12 +393,12 @@ Test(kernels_ops, sqnorm_sum_adds_each_buffers_sqnorm_in_order)
     float *dev[COUNT];
     for (int i = 0; i < COUNT; i++) {
         ns[i] = i < 5 ? sizes_big[i] : (size_t)(1 + i % 97);
-        float *h = kt_host_rand(ns[i] ? ns[i] : 1, 900 + (uint64_t)i, -2, 2);
-        dev[i] = ns[i] ? kt_devf(k, h, ns[i]) : NULL;
+        float *h = tu_host_rand(ns[i] ? ns[i] : 1, 900 + (uint64_t)i, -2, 2);
+        dev[i] = ns[i] ? tu_devf(k, h, ns[i]) : NULL;
         xs[i] = dev[i];
         free(h);
     }
-    double *dt = kt_dev_from(k, NULL, sizeof(double));
+    double *dt = tu_dev_from(k, NULL, sizeof(double));
     double got = -1, want = 0;
     cr_assert_eq(k->sqnorm_sum(dt, xs, ns, COUNT), 0, "%s", error_message());
     cr_assert_eq(k->mem_copy(&got, dt, sizeof got, KERNELS_COPY_D2H), 0, "%s", error_message());
@@ -424,10 +423,10 @@ Test(kernels_ops, sqnorm_sum_adds_each_buffers_sqnorm_in_order)
  * (the same bits as passing it in grad_scale) or changes nothing on NaN. */
 Test(kernels_ops, grad_clip_and_adamw_on_device_scale)
 {
-    const struct kernels *k = kt_backend();
-    struct kernels_grad_clip *dc = kt_dev_from(k, NULL, sizeof *dc), c;
+    const struct kernels *k = tu_backend();
+    struct kernels_grad_clip *dc = tu_dev_from(k, NULL, sizeof *dc), c;
     double parts[3] = {9.0, 16.0, 0.0}; /* norm 5 before unscaling */
-    double *dp = kt_dev_from(k, parts, sizeof parts);
+    double *dp = tu_dev_from(k, parts, sizeof parts);
     cr_assert_eq(k->grad_clip(dc, dp, 3, 2.0, 1.0), 0, "%s", error_message());
     cr_assert_eq(k->mem_copy(&c, dc, sizeof c, KERNELS_COPY_D2H), 0);
     double coef = 1.0 / (2.5 + 1e-6);
@@ -438,10 +437,10 @@ Test(kernels_ops, grad_clip_and_adamw_on_device_scale)
     cr_assert(c.norm == 5.0 && c.grad_scale == 1.0f, "no clip: norm %g scale %g", c.norm, (double)c.grad_scale);
     /* adamw reads the scale on the device */
     enum { N = 1000 };
-    float *p0 = kt_host_rand(N, 71, -1, 1), *g0 = kt_host_rand(N, 72, -1, 1);
+    float *p0 = tu_host_rand(N, 71, -1, 1), *g0 = tu_host_rand(N, 72, -1, 1);
     float *p[2], *g[2], *m[2], *v[2];
     for (int i = 0; i < 2; i++) {
-        p[i] = kt_devf(k, p0, N), g[i] = kt_devf(k, g0, N), m[i] = kt_devf(k, NULL, N), v[i] = kt_devf(k, NULL, N);
+        p[i] = tu_devf(k, p0, N), g[i] = tu_devf(k, g0, N), m[i] = tu_devf(k, NULL, N), v[i] = tu_devf(k, NULL, N);
     }
     cr_assert_eq(k->grad_clip(dc, dp, 3, 2.0, 1.0), 0);
     struct kernels_adamw_params hp = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
@@ -450,7 +449,7 @@ Test(kernels_ops, grad_clip_and_adamw_on_device_scale)
     hp.grad_scale = 1.0f;
     hp.grad_scale_dev = &dc->grad_scale;
     cr_assert_eq(k->adamw(p[1], g[1], m[1], v[1], N, &hp), 0, "%s", error_message());
-    float *a = kt_down(k, p[0], N), *b = kt_down(k, p[1], N);
+    float *a = tu_downf(k, p[0], N), *b = tu_downf(k, p[1], N);
     cr_assert_arr_eq(a, b, N * sizeof(float), "adamw with grad_scale_dev differs from grad_scale");
     free(a), free(b);
     /* a non-finite norm: NaN scale, and adamw leaves param and moments as they were */
@@ -459,10 +458,10 @@ Test(kernels_ops, grad_clip_and_adamw_on_device_scale)
     cr_assert_eq(k->grad_clip(dc, dp, 3, 1.0, 1.0), 0);
     cr_assert_eq(k->mem_copy(&c, dc, sizeof c, KERNELS_COPY_D2H), 0);
     cr_assert(isinf(c.norm) && isnan(c.grad_scale), "norm %g scale %g", c.norm, (double)c.grad_scale);
-    float *before = kt_down(k, p[1], N), *mb = kt_down(k, m[1], N);
+    float *before = tu_downf(k, p[1], N), *mb = tu_downf(k, m[1], N);
     hp.step = 2;
     cr_assert_eq(k->adamw(p[1], g[1], m[1], v[1], N, &hp), 0);
-    float *after = kt_down(k, p[1], N), *ma = kt_down(k, m[1], N);
+    float *after = tu_downf(k, p[1], N), *ma = tu_downf(k, m[1], N);
     cr_assert_arr_eq(before, after, N * sizeof(float), "a skipped step changed the parameters");
     cr_assert_arr_eq(mb, ma, N * sizeof(float), "a skipped step changed the moments");
     free(before), free(after), free(mb), free(ma), free(p0), free(g0);
@@ -473,25 +472,25 @@ Test(kernels_ops, grad_clip_and_adamw_on_device_scale)
 
 Test(kernels_ops, residual_scale_axpy_sqnorm)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     const size_t n = 50001;
-    float *a = kt_host_rand(n, 61, -3, 3), *b = kt_host_rand(n, 62, -3, 3);
-    float *da = kt_devf(k, a, n), *db = kt_devf(k, b, n), *dout = kt_devf(k, NULL, n);
+    float *a = tu_host_rand(n, 61, -3, 3), *b = tu_host_rand(n, 62, -3, 3);
+    float *da = tu_devf(k, a, n), *db = tu_devf(k, b, n), *dout = tu_devf(k, NULL, n);
     cr_assert_eq(k->residual_forward(dout, da, db, n), 0);
-    float *o = kt_down(k, dout, n);
+    float *o = tu_downf(k, dout, n);
     for (size_t i = 0; i < n; i++)
         cr_assert_eq(o[i], a[i] + b[i], "residual[%zu]", i);
     cr_assert_eq(k->residual_forward(da, da, db, n), 0); /* out aliases a */
-    float *o2 = kt_down(k, da, n);
+    float *o2 = tu_downf(k, da, n);
     cr_assert_arr_eq(o2, o, n * sizeof(float));
     cr_assert_eq(k->scale(db, -0.25f, n), 0);
-    float *sb = kt_down(k, db, n);
+    float *sb = tu_downf(k, db, n);
     for (size_t i = 0; i < n; i++)
         cr_assert_eq(sb[i], b[i] * -0.25f, "scale[%zu]", i);
-    float *y0 = kt_host_rand(n, 63, -1, 1);
-    float *dy0 = kt_devf(k, y0, n), *dbb = kt_devf(k, b, n);
+    float *y0 = tu_host_rand(n, 63, -1, 1);
+    float *dy0 = tu_devf(k, y0, n), *dbb = tu_devf(k, b, n);
     cr_assert_eq(k->axpy(dy0, 1.5f, dbb, n), 0);
-    float *ay = kt_down(k, dy0, n);
+    float *ay = tu_downf(k, dy0, n);
     for (size_t i = 0; i < n; i++)
         cr_assert_float_eq(ay[i], y0[i] + 1.5f * b[i], 1e-6f, "axpy[%zu]", i);
     free(y0), free(ay);
@@ -499,7 +498,7 @@ Test(kernels_ops, residual_scale_axpy_sqnorm)
     double got = -1, want = 0;
     for (size_t i = 0; i < n; i++)
         want += (double)a[i] * a[i];
-    float *d2 = kt_devf(k, a, n);
+    float *d2 = tu_devf(k, a, n);
     cr_assert_eq(k->sqnorm(&got, d2, n), 0);
     cr_assert(fabs(got - want) <= 1e-12 * want, "sqnorm %.17g want %.17g", got, want);
     /* double accumulation: 1 + many tiny values that a float sum would drop entirely */
@@ -509,7 +508,7 @@ Test(kernels_ops, residual_scale_axpy_sqnorm)
     tiny[0] = 1.0f;
     for (size_t i = 1; i < m; i++)
         tiny[i] = 1e-4f; /* square 1e-8 < float eps/2 relative to 1 */
-    float *dt = kt_devf(k, tiny, m);
+    float *dt = tu_devf(k, tiny, m);
     cr_assert_eq(k->sqnorm(&got, dt, m), 0);
     double want2 = 1.0 + (double)(m - 1) * (double)1e-4f * (double)1e-4f;
     cr_assert(fabs(got - want2) <= 1e-10, "sqnorm of tiny values %.17g want %.17g", got, want2);
@@ -525,13 +524,13 @@ Test(kernels_ops, residual_scale_axpy_sqnorm)
 static void check_residual_norms(const struct kernels *k, int n, int c, bool in_place, uint64_t seed)
 {
     size_t nc = (size_t)n * c;
-    float *a = kt_host_rand(nc, seed, 40, 44), *b = kt_host_rand(nc, seed + 1, -1, 1);
-    float *w = kt_host_rand((size_t)c, seed + 2, 0.5f, 1.5f), *bias = kt_host_rand((size_t)c, seed + 3, -1, 1);
-    float *da = kt_devf(k, a, nc), *db = kt_devf(k, b, nc), *dw = kt_devf(k, w, c), *dbias = kt_devf(k, bias, c);
-    float *res = in_place ? da : kt_devf(k, NULL, nc), *out = kt_devf(k, NULL, nc);
-    float *mean = kt_devf(k, NULL, n), *rstd = kt_devf(k, NULL, n);
-    float *rres = kt_devf(k, NULL, nc), *rout = kt_devf(k, NULL, nc), *rmean = kt_devf(k, NULL, n);
-    float *rrstd = kt_devf(k, NULL, n);
+    float *a = tu_host_rand(nc, seed, 40, 44), *b = tu_host_rand(nc, seed + 1, -1, 1);
+    float *w = tu_host_rand((size_t)c, seed + 2, 0.5f, 1.5f), *bias = tu_host_rand((size_t)c, seed + 3, -1, 1);
+    float *da = tu_devf(k, a, nc), *db = tu_devf(k, b, nc), *dw = tu_devf(k, w, c), *dbias = tu_devf(k, bias, c);
+    float *res = in_place ? da : tu_devf(k, NULL, nc), *out = tu_devf(k, NULL, nc);
+    float *mean = tu_devf(k, NULL, n), *rstd = tu_devf(k, NULL, n);
+    float *rres = tu_devf(k, NULL, nc), *rout = tu_devf(k, NULL, nc), *rmean = tu_devf(k, NULL, n);
+    float *rrstd = tu_devf(k, NULL, n);
     cr_assert_eq(k->residual_forward(rres, da, db, nc), 0);
     for (int norm = 0; norm < 2; norm++) {
         if (norm == 0) {
@@ -543,8 +542,8 @@ static void check_residual_norms(const struct kernels *k, int n, int c, bool in_
             cr_assert_eq(k->residual_rmsnorm_forward(res, out, rstd, da, db, dw, n, c, 1e-6f), 0, "%s",
                          error_message());
         }
-        float *g[4] = {kt_down(k, res, nc), kt_down(k, out, nc), kt_down(k, rstd, n), kt_down(k, mean, n)};
-        float *r[4] = {kt_down(k, rres, nc), kt_down(k, rout, nc), kt_down(k, rrstd, n), kt_down(k, rmean, n)};
+        float *g[4] = {tu_downf(k, res, nc), tu_downf(k, out, nc), tu_downf(k, rstd, n), tu_downf(k, mean, n)};
+        float *r[4] = {tu_downf(k, rres, nc), tu_downf(k, rout, nc), tu_downf(k, rrstd, n), tu_downf(k, rmean, n)};
         size_t len[4] = {nc, nc, (size_t)n, (size_t)n};
         const char *what[4] = {"res", "out", "rstd", "mean"};
         for (int t = 0; t < (norm == 0 ? 4 : 3); t++)
@@ -570,7 +569,7 @@ static void check_residual_norms(const struct kernels *k, int n, int c, bool in_
 
 Test(kernels_ops, residual_norms_fused_equal_the_two_ops)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     if (!k->residual_layernorm_forward || !k->residual_rmsnorm_forward)
         cr_skip_test("the %s table has no fused residual + norm (the model runs residual_forward, then the norm)",
                      k->name);
@@ -583,18 +582,18 @@ Test(kernels_ops, residual_norms_fused_equal_the_two_ops)
 
 Test(kernels_ops, embedding_forward_backward)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     const int B = 3, T = 5, C = 70, V = 11; /* C straddles the backward strip width */
     int32_t tok[15] = {0, 3, 3, 10, 7, 3, 3, 3, 0, 1, 10, 9, 2, 3, 4};
-    float *wte = kt_host_rand(V * C, 71, -1, 1), *wpe = kt_host_rand(T * C, 72, -1, 1);
-    float *dy = kt_host_rand(B * T * C, 73, -1, 1);
-    float *gte0 = kt_host_rand(V * C, 74, -1, 1), *gpe0 = kt_host_rand(T * C, 75, -1, 1);
-    int32_t *dtok = kt_dev_from(k, tok, sizeof tok);
-    float *dte = kt_devf(k, wte, V * C), *dpe = kt_devf(k, wpe, T * C), *dout = kt_devf(k, NULL, B * T * C);
-    float *ddy = kt_devf(k, dy, B * T * C), *gte = kt_devf(k, gte0, V * C), *gpe = kt_devf(k, gpe0, T * C);
+    float *wte = tu_host_rand(V * C, 71, -1, 1), *wpe = tu_host_rand(T * C, 72, -1, 1);
+    float *dy = tu_host_rand(B * T * C, 73, -1, 1);
+    float *gte0 = tu_host_rand(V * C, 74, -1, 1), *gpe0 = tu_host_rand(T * C, 75, -1, 1);
+    int32_t *dtok = tu_dev_from(k, tok, sizeof tok);
+    float *dte = tu_devf(k, wte, V * C), *dpe = tu_devf(k, wpe, T * C), *dout = tu_devf(k, NULL, B * T * C);
+    float *ddy = tu_devf(k, dy, B * T * C), *gte = tu_devf(k, gte0, V * C), *gpe = tu_devf(k, gpe0, T * C);
     cr_assert_eq(k->embedding_forward(dout, dtok, dte, dpe, B, T, C, V), 0);
     cr_assert_eq(k->embedding_backward(gte, gpe, ddy, dtok, B, T, C, V), 0);
-    double *ro = kt_dzeros(B * T * C), *rte = kt_dzeros(V * C), *rpe = kt_dzeros(T * C);
+    double *ro = tu_dzeros(B * T * C), *rte = tu_dzeros(V * C), *rpe = tu_dzeros(T * C);
     for (int i = 0; i < V * C; i++)
         rte[i] = gte0[i];
     for (int i = 0; i < T * C; i++)
@@ -605,10 +604,10 @@ Test(kernels_ops, embedding_forward_backward)
             rte[tok[i] * C + j] += dy[i * C + j];
             rpe[(i % T) * C + j] += dy[i * C + j];
         }
-    float *o = kt_down(k, dout, B * T * C), *ht = kt_down(k, gte, V * C), *hp = kt_down(k, gpe, T * C);
-    kt_check("emb out", o, ro, B * T * C, 0, 1e-7);
-    kt_check("emb dwte", ht, rte, V * C, 1e-6, 1e-6);
-    kt_check("emb dwpe", hp, rpe, T * C, 1e-6, 1e-6);
+    float *o = tu_downf(k, dout, B * T * C), *ht = tu_downf(k, gte, V * C), *hp = tu_downf(k, gpe, T * C);
+    tu_check_near("emb out", o, ro, B * T * C, 0, 1e-7);
+    tu_check_near("emb dwte", ht, rte, V * C, 1e-6, 1e-6);
+    tu_check_near("emb dwpe", hp, rpe, T * C, 1e-6, 1e-6);
     /* token out of range is an error, not a wild read: from the call (CPU) or from the next synchronising
      * call (CUDA checks ids without a host round trip) */
     int32_t bad[15];
@@ -628,7 +627,7 @@ Test(kernels_ops, embedding_forward_backward)
 
 Test(kernels_ops, memory_and_registry)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     cr_assert_eq(kernels_get("tpu"), NULL);
     cr_assert(strstr(error_message(), "unknown device") != NULL, "message: %s", error_message());
     cr_assert_eq(kernels_get(NULL), NULL);
@@ -659,7 +658,7 @@ Test(kernels_ops, memory_and_registry)
  * bytes between rows alone, and refuses pitches below the width and overlapping regions. */
 Test(kernels_ops, mem_copy2d_moves_strided_rows)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     enum { ROWS = 37, SP = 29, W = 11, DP = 16 };
     unsigned char host[ROWS * SP], back[ROWS * DP], full[ROWS * SP];
     for (int i = 0; i < ROWS * SP; i++)
@@ -698,7 +697,7 @@ Test(kernels_ops, mem_copy2d_moves_strided_rows)
  * its memory and its host table do, so the engine can ask the fields instead of the name. */
 Test(kernels_ops, capabilities_match_the_table)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     cr_assert(k->host && k->comm_backend && k->comm_backend[0], "%s: host and comm_backend must be set", k->name);
     cr_assert(k->auto_dtype == DTYPE_F32 || k->auto_dtype == DTYPE_BF16 || k->auto_dtype == DTYPE_F16,
               "%s: auto_dtype %d", k->name, (int)k->auto_dtype);
@@ -746,22 +745,22 @@ Test(kernels_ops, openblas_is_openmp_build)
  * the number of OpenMP threads: ranks with different OMP_NUM_THREADS still agree. */
 Test(kernels_ops, same_bits_for_any_thread_count)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     const int B = 2, T = 37, C = 96, NH = 3, N = B * T, V = 29;
-    float *x = kt_host_rand((size_t)N * 3 * C, 81, -1, 1), *dy = kt_host_rand((size_t)N * 3 * C, 82, -1, 1);
-    float *w = kt_host_rand(3 * C, 83, 0.5, 1.5);
+    float *x = tu_host_rand((size_t)N * 3 * C, 81, -1, 1), *dy = tu_host_rand((size_t)N * 3 * C, 82, -1, 1);
+    float *w = tu_host_rand(3 * C, 83, 0.5, 1.5);
     int32_t tok[74];
     for (int i = 0; i < N; i++)
         tok[i] = (i * 7) % V;
     float *res[2][6];
     for (int run = 0; run < 2; run++) {
         omp_set_num_threads(run ? 3 : 1);
-        float *dx = kt_devf(k, x, (size_t)N * 3 * C), *ddy = kt_devf(k, dy, (size_t)N * 3 * C), *dw = kt_devf(k, w, 3 * C);
-        float *out = kt_devf(k, NULL, (size_t)N * 3 * C), *mean = kt_devf(k, NULL, N), *rstd = kt_devf(k, NULL, N);
-        float *gx = kt_devf(k, NULL, (size_t)N * 3 * C), *gw = kt_devf(k, NULL, 3 * C), *gb = kt_devf(k, NULL, 3 * C);
-        float *ao = kt_devf(k, NULL, (size_t)N * C), *lse = kt_devf(k, NULL, (size_t)B * NH * T);
-        float *gq = kt_devf(k, NULL, (size_t)N * 3 * C), *gte = kt_devf(k, NULL, (size_t)V * C);
-        int32_t *dt = kt_dev_from(k, tok, sizeof tok);
+        float *dx = tu_devf(k, x, (size_t)N * 3 * C), *ddy = tu_devf(k, dy, (size_t)N * 3 * C), *dw = tu_devf(k, w, 3 * C);
+        float *out = tu_devf(k, NULL, (size_t)N * 3 * C), *mean = tu_devf(k, NULL, N), *rstd = tu_devf(k, NULL, N);
+        float *gx = tu_devf(k, NULL, (size_t)N * 3 * C), *gw = tu_devf(k, NULL, 3 * C), *gb = tu_devf(k, NULL, 3 * C);
+        float *ao = tu_devf(k, NULL, (size_t)N * C), *lse = tu_devf(k, NULL, (size_t)B * NH * T);
+        float *gq = tu_devf(k, NULL, (size_t)N * 3 * C), *gte = tu_devf(k, NULL, (size_t)V * C);
+        int32_t *dt = tu_dev_from(k, tok, sizeof tok);
         void *ws = k->mem_alloc(k->attention_workspace_bytes(B, T, C, NH, NH));
         cr_assert(ws);
         cr_assert_eq(k->layernorm_forward(out, mean, rstd, dx, dw, dw, N, 3 * C, 1e-5f), 0);
@@ -770,20 +769,20 @@ Test(kernels_ops, same_bits_for_any_thread_count)
         cr_assert_eq(k->attention_forward(ao, lse, dx, B, T, C, NH, NH, 0, ws), 0);
         cr_assert_eq(k->attention_backward(gq, ddy, dx, ao, lse, B, T, C, NH, NH, 0, ws), 0);
         cr_assert_eq(k->embedding_backward(gte, NULL, ddy, dt, 1, N, C, V), 0);
-        res[run][0] = kt_down(k, out, (size_t)N * 3 * C);
-        res[run][1] = kt_down(k, gx, (size_t)N * 3 * C);
-        res[run][2] = kt_down(k, gw, 3 * C);
-        res[run][3] = kt_down(k, gb, 3 * C);
-        res[run][4] = kt_down(k, gq, (size_t)N * 3 * C);
-        res[run][5] = kt_down(k, gte, (size_t)V * C);
+        res[run][0] = tu_downf(k, out, (size_t)N * 3 * C);
+        res[run][1] = tu_downf(k, gx, (size_t)N * 3 * C);
+        res[run][2] = tu_downf(k, gw, 3 * C);
+        res[run][3] = tu_downf(k, gb, 3 * C);
+        res[run][4] = tu_downf(k, gq, (size_t)N * 3 * C);
+        res[run][5] = tu_downf(k, gte, (size_t)V * C);
         k->mem_free(dx), k->mem_free(ddy), k->mem_free(dw), k->mem_free(out), k->mem_free(mean), k->mem_free(rstd);
         k->mem_free(gx), k->mem_free(gw), k->mem_free(gb), k->mem_free(ao), k->mem_free(lse), k->mem_free(gq);
         k->mem_free(gte), k->mem_free(dt), k->mem_free(ws);
     }
     /* the double reductions too: sqnorm and the cross-entropy loss sum */
-    float *big = kt_host_rand(300001, 84, -1, 1), *lg = kt_host_rand((size_t)N * V, 85, -5, 5);
-    float *dbig = kt_devf(k, big, 300001), *dlg = kt_devf(k, lg, (size_t)N * V);
-    int32_t *dt = kt_dev_from(k, tok, sizeof tok);
+    float *big = tu_host_rand(300001, 84, -1, 1), *lg = tu_host_rand((size_t)N * V, 85, -5, 5);
+    float *dbig = tu_devf(k, big, 300001), *dlg = tu_devf(k, lg, (size_t)N * V);
+    int32_t *dt = tu_dev_from(k, tok, sizeof tok);
     double sq[2], ls[2];
     for (int run = 0; run < 2; run++) {
         omp_set_num_threads(run ? 3 : 1);
@@ -809,20 +808,20 @@ Test(kernels_ops, same_bits_for_any_thread_count)
  * test_cpu_matmul and test_kernels_cuda. */
 Test(kernels_ops, matmul_dtype_setting)
 {
-    const struct kernels *k = kt_backend();
+    const struct kernels *k = tu_backend();
     cr_assert_lt(k->set_matmul_dtype((enum dtype)7), 0, "dtype 7 accepted");
     cr_assert(strstr(error_message(), "set_matmul_dtype"), "unclear message: %s", error_message());
     cr_assert(k->matmul_dtypes & DTYPE_BIT(DTYPE_F32), "%s: fp32 matmuls must be native", k->name);
     const int n = 33, in = 47, out = 29;
-    float *x = kt_host_rand((size_t)n * in, 41, -1, 1), *w = kt_host_rand((size_t)in * out, 42, -1, 1);
-    float *dx = kt_devf(k, x, (size_t)n * in), *dw = kt_devf(k, w, (size_t)in * out);
-    float *y = kt_devf(k, NULL, (size_t)n * out);
+    float *x = tu_host_rand((size_t)n * in, 41, -1, 1), *w = tu_host_rand((size_t)in * out, 42, -1, 1);
+    float *dx = tu_devf(k, x, (size_t)n * in), *dw = tu_devf(k, w, (size_t)in * out);
+    float *y = tu_devf(k, NULL, (size_t)n * out);
     float *ref = NULL;
     const enum dtype modes[] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_F32};
     for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
         cr_assert_eq(k->set_matmul_dtype(modes[m]), 0, "%s", error_message());
         cr_assert_eq(k->matmul_forward(y, dx, dw, NULL, n, in, out), 0, "%s", error_message());
-        float *h = kt_down(k, y, (size_t)n * out);
+        float *h = tu_downf(k, y, (size_t)n * out);
         if (!ref)
             ref = h;
         else {
