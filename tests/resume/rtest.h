@@ -34,80 +34,39 @@ static inline void job_setup(struct job *j)
     job_setup_model(j, TINY);
 }
 
-/* Runs fsdp-launch --standalone --nproc_per_node world fsdp-worker tiny.ini args...; returns the exit code. */
+/* Runs fsdp-launch --standalone --nproc_per_node world --max_restarts 3 fsdp-worker tiny.ini
+ * --log.dir=dir/tag args...; returns the exit code. */
 static inline int job_run(struct job *j, const char *tag, int world, const char *const *args, const char *const *env)
 {
-    const char *argv[40];
-    int n = 0;
-    char nproc[16], logdir[4300];
-    snprintf(nproc, sizeof nproc, "%d", world);
-    snprintf(logdir, sizeof logdir, "--log.dir=%s/%s", j->dir, tag);
-    argv[n++] = LU_LAUNCH;
-    argv[n++] = "--standalone";
-    argv[n++] = "--nproc_per_node";
-    argv[n++] = nproc;
-    argv[n++] = "--max_restarts";
-    argv[n++] = "3";
-    argv[n++] = lu_build_path("worker/fsdp-worker");
-    argv[n++] = j->ini;
-    argv[n++] = logdir;
-    for (int i = 0; args && args[i]; i++)
-        argv[n++] = args[i];
-    argv[n] = NULL;
-    const char *envs[16] = {"OMP_NUM_THREADS=1"};
-    int m = 1;
-    for (int i = 0; env && env[i]; i++)
-        envs[m++] = env[i];
-    envs[m] = NULL;
-    pid_t p = lu_spawn(argv, j->dir, tag, envs);
-    return lu_exit_code(lu_wait(p, 240));
+    char logdir[FSDP_PATH_MAX];
+    tu_pathf(logdir, sizeof logdir, "%s/%s", j->dir, tag);
+    static const char *const restarts[] = {"--max_restarts", "3", NULL};
+    struct lu_worker_run w = {.dir = j->dir, .tag = tag, .world = world, .launch_args = restarts, .ini = j->ini,
+                              .log_dir = logdir, .args = args, .env = env, .timeout_s = 240};
+    return lu_worker_run(&w);
 }
 
 /* Losses of metrics.jsonl of run `tag` as text (exact digits) and numbers; steps in file order. */
 static inline int losses(struct job *j, const char *tag, char text[][32], double *val, int cap)
 {
-    char p[FSDP_PATH_MAX];
-    snprintf(p, sizeof p, "%s/%s/metrics.jsonl", j->dir, tag);
-    char *s = tu_slurp(p);
-    int n = 0;
-    for (char *at = strstr(s, "\"loss\":"); at && n < cap; at = strstr(at + 1, "\"loss\":")) {
-        at += strlen("\"loss\":");
-        size_t len = strcspn(at, ",}");
-        snprintf(text[n], 32, "%.*s", (int)len, at);
-        val[n] = atof(text[n]);
-        n++;
-    }
-    free(s);
-    return n;
+    char logdir[FSDP_PATH_MAX];
+    return lu_metrics_read(tu_pathf(logdir, sizeof logdir, "%s/%s", j->dir, tag), "loss", text, val, cap);
 }
 
+/* A fresh "--key=..." argument that holds a path (fmt with two strings); the caller frees it. */
 static inline char *opt(const char *fmt, const char *a, const char *b)
 {
-    char *s = malloc(4400);
-    snprintf(s, 4400, fmt, a, b);
-    return s;
+    size_t cap = FSDP_PATH_MAX + 32; /* + 32: "--key=" and a path */
+    char *s = malloc(cap);
+    cr_assert_not_null(s);
+    return tu_pathf(s, cap, fmt, a, b);
 }
 
-/* fsdp-worker tiny.ini args... as one rank without a launcher (run id "local"); returns the exit code. */
+/* fsdp-worker tiny.ini --log.dir=dir/tag args... as one rank without a launcher (run id "local"); returns the
+ * exit code. */
 static inline int job_run_alone(struct job *j, const char *tag, const char *const *args, const char *const *env)
 {
-    const char *argv[40];
-    int n = 0;
-    char logdir[FSDP_PATH_MAX + 32]; /* + 32: "--key=" and a path */
-    snprintf(logdir, sizeof logdir, "--log.dir=%s/%s", j->dir, tag);
-    argv[n++] = lu_build_path("worker/fsdp-worker");
-    argv[n++] = j->ini;
-    argv[n++] = logdir;
-    for (int i = 0; args && args[i]; i++)
-        argv[n++] = args[i];
-    argv[n] = NULL;
-    const char *envs[16] = {"OMP_NUM_THREADS=1"};
-    int m = 1;
-    for (int i = 0; env && env[i]; i++)
-        envs[m++] = env[i];
-    envs[m] = NULL;
-    pid_t p = lu_spawn(argv, j->dir, tag, envs);
-    return lu_exit_code(lu_wait(p, 240));
+    return job_run(j, tag, 0, args, env);
 }
 
 #endif

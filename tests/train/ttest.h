@@ -86,44 +86,14 @@ static inline void tt_run_ini_env(const struct tt_ctx *c, const char *ini, int w
                                   const char *const *extra, const char *const *env_extra, struct tt_result *r)
 {
     memset(r, 0, sizeof *r);
-    char nproc[16], logarg[2300], ckarg[2300], rundir[2048];
-    snprintf(nproc, sizeof nproc, "%d", world);
-    snprintf(rundir, sizeof rundir, "%s/%s", c->dir, tag);
+    char rundir[FSDP_PATH_MAX], ckdir[FSDP_PATH_MAX];
+    tu_pathf(rundir, sizeof rundir, "%s/%s", c->dir, tag);
     cr_assert(mkdir(rundir, 0755) == 0, "run tag %s used twice", tag);
-    snprintf(r->logdir, sizeof r->logdir, "%s/log", rundir);
-    snprintf(logarg, sizeof logarg, "--log.dir=%s", r->logdir);
-    snprintf(ckarg, sizeof ckarg, "--checkpoint.dir=%s/ckpt", rundir);
-    const char *argv[64];
-    int n = 0;
-    if (world > 0) {
-        argv[n++] = LU_LAUNCH;
-        argv[n++] = "--standalone";
-        argv[n++] = "--nproc_per_node";
-        argv[n++] = nproc;
-    }
-    argv[n++] = lu_build_path("worker/fsdp-worker");
-    argv[n++] = ini;
-    argv[n++] = logarg;
-    argv[n++] = ckarg;
-    for (int i = 0; extra && extra[i]; i++) {
-        cr_assert(n < 62, "too many arguments");
-        argv[n++] = extra[i];
-    }
-    argv[n] = NULL;
-    /* Whatever torchrun-style variables the test runner inherited must not make a lone worker a rank. */
-    static const char *const base_env[] = {"OMP_NUM_THREADS=1", "RANK=", "WORLD_SIZE=", "LOCAL_RANK=",
-                                           "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=", "FSDP_STORE_PREFIX=",
-                                           "FSDP_STORE_PORT=", "TORCHELASTIC_RUN_ID=", "FSDP_LOG_LEVEL=", NULL};
-    const char *env[32];
-    int ne = 0;
-    for (int i = 0; base_env[i]; i++)
-        env[ne++] = base_env[i];
-    for (int i = 0; env_extra && env_extra[i]; i++) {
-        cr_assert(ne < 31, "too many environment settings");
-        env[ne++] = env_extra[i];
-    }
-    env[ne] = NULL;
-    r->code = lu_exit_code(lu_wait(lu_spawn(argv, rundir, "run", env), TT_RUN_TIMEOUT_S));
+    tu_pathf(r->logdir, sizeof r->logdir, "%s/log", rundir);
+    tu_pathf(ckdir, sizeof ckdir, "%s/ckpt", rundir);
+    struct lu_worker_run w = {.dir = rundir, .tag = "run", .world = world, .ini = ini, .log_dir = r->logdir,
+                              .ckpt_dir = ckdir, .args = extra, .env = env_extra, .timeout_s = TT_RUN_TIMEOUT_S};
+    r->code = lu_worker_run(&w);
     r->out = lu_slurp_tag(rundir, "run", "out");
     r->err = lu_slurp_tag(rundir, "run", "err");
 }
@@ -153,22 +123,7 @@ static inline void tt_run_ok(const struct tt_ctx *c, int world, const char *tag,
 /* Values of `key` in each row of metrics.jsonl, NAN where a row lacks it; returns the row count. */
 static inline int tt_metric(const struct tt_result *r, const char *key, double *v, int max)
 {
-    char path[2300];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", r->logdir);
-    FILE *f = fopen(path, "r");
-    cr_assert_not_null(f, "no %s", path);
-    char line[4096];
-    int n = 0;
-    while (fgets(line, sizeof line, f)) {
-        cJSON *o = cJSON_Parse(line);
-        cr_assert_not_null(o, "metrics.jsonl row %d is not JSON: %s", n, line);
-        cr_assert(n < max, "more than %d rows in %s", max, path);
-        const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
-        v[n++] = cJSON_IsNumber(x) ? x->valuedouble : NAN;
-        cJSON_Delete(o);
-    }
-    fclose(f);
-    return n;
+    return lu_metrics_read(r->logdir, key, NULL, v, max);
 }
 
 /* Largest relative difference |a - b| / |b| over n values (infinite when either is not finite). */

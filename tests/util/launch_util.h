@@ -6,6 +6,7 @@
 
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -46,8 +47,8 @@ static inline char *lu_tmpdir(void)
 static inline pid_t lu_spawn(const char *const *argv, const char *dir, const char *tag, const char *const *env_set)
 {
     char out[FSDP_PATH_MAX], err[FSDP_PATH_MAX];
-    snprintf(out, sizeof out, "%s/%s.out", dir, tag);
-    snprintf(err, sizeof err, "%s/%s.err", dir, tag);
+    tu_pathf(out, sizeof out, "%s/%s.out", dir, tag);
+    tu_pathf(err, sizeof err, "%s/%s.err", dir, tag);
     /* the test runner's own thread count is not the program's: unset unless env_set gives one */
     const char *env[64] = {"OMP_NUM_THREADS="};
     int n = 1;
@@ -93,8 +94,7 @@ static inline void lu_write_text(const char *path, const char *text)
 static inline char *lu_slurp_tag(const char *dir, const char *tag, const char *ext)
 {
     char p[FSDP_PATH_MAX];
-    snprintf(p, sizeof p, "%s/%s.%s", dir, tag, ext);
-    return tu_slurp(p);
+    return tu_slurp(tu_pathf(p, sizeof p, "%s/%s.%s", dir, tag, ext));
 }
 
 /* The port node 0 printed ("store listening on ADDR:PORT"), or -1 after timeout_s. */
@@ -168,6 +168,93 @@ static inline double lu_wait_pids_dead(const int *pids, int n, double timeout_s)
         tu_nap(0.02);
     }
     return -1;
+}
+
+/* One run of the real fsdp-worker for the training and resume tests: alone (world 0, no launcher) or as
+ * world ranks under `fsdp-launch --standalone --nproc_per_node world launch_args...`, with argv
+ * `fsdp-worker ini --log.dir=log_dir [--checkpoint.dir=ckpt_dir] args...`. */
+struct lu_worker_run {
+    const char *dir, *tag;          /* the streams go to dir/tag.{out,err} */
+    int world;                      /* 0: fsdp-worker alone */
+    const char *const *launch_args; /* more fsdp-launch options (NULL-terminated; may be NULL) */
+    const char *ini, *log_dir;
+    const char *ckpt_dir;           /* NULL: no --checkpoint.dir */
+    const char *const *args;        /* more fsdp-worker arguments (NULL-terminated; may be NULL) */
+    const char *const *env;         /* more KEY=VALUE settings (NULL-terminated; may be NULL) */
+    double timeout_s;
+};
+
+/* Runs it with one OpenMP thread per rank, and without the torchrun-style variables the test runner may
+ * have inherited (they must not make a lone worker a rank); returns the exit code (-1000: timed out). */
+static inline int lu_worker_run(const struct lu_worker_run *w)
+{
+    char nproc[16], logarg[FSDP_PATH_MAX + 32], ckarg[FSDP_PATH_MAX + 32]; /* + 32: "--key=" and a path */
+    snprintf(nproc, sizeof nproc, "%d", w->world);
+    tu_pathf(logarg, sizeof logarg, "--log.dir=%s", w->log_dir);
+    const char *argv[64];
+    int n = 0;
+    if (w->world > 0) {
+        argv[n++] = LU_LAUNCH;
+        argv[n++] = "--standalone";
+        argv[n++] = "--nproc_per_node";
+        argv[n++] = nproc;
+        for (int i = 0; w->launch_args && w->launch_args[i]; i++)
+            argv[n++] = w->launch_args[i];
+    }
+    argv[n++] = lu_build_path("worker/fsdp-worker");
+    argv[n++] = w->ini;
+    argv[n++] = logarg;
+    if (w->ckpt_dir)
+        argv[n++] = tu_pathf(ckarg, sizeof ckarg, "--checkpoint.dir=%s", w->ckpt_dir);
+    for (int i = 0; w->args && w->args[i]; i++) {
+        cr_assert(n < 62, "too many arguments");
+        argv[n++] = w->args[i];
+    }
+    argv[n] = NULL;
+    static const char *const base_env[] = {"OMP_NUM_THREADS=1", "RANK=", "WORLD_SIZE=", "LOCAL_RANK=",
+                                           "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=", "FSDP_STORE_PREFIX=",
+                                           "FSDP_STORE_PORT=", "TORCHELASTIC_RUN_ID=", "FSDP_LOG_LEVEL=", NULL};
+    const char *env[32];
+    int ne = 0;
+    for (int i = 0; base_env[i]; i++)
+        env[ne++] = base_env[i];
+    for (int i = 0; w->env && w->env[i]; i++) {
+        cr_assert(ne < 31, "too many environment settings");
+        env[ne++] = w->env[i];
+    }
+    env[ne] = NULL;
+    return lu_exit_code(lu_wait(lu_spawn(argv, w->dir, w->tag, env), w->timeout_s));
+}
+
+/* The values of key in each row of log_dir/metrics.jsonl, NAN where a row lacks it or it is not a number,
+ * and (text, may be NULL)
+ * as the file writes them (exact digits, "" where absent); returns the row count, asserting at most max. */
+static inline int lu_metrics_read(const char *log_dir, const char *key, char (*text)[32], double *v, int max)
+{
+    char path[FSDP_PATH_MAX], pat[64];
+    tu_pathf(path, sizeof path, "%s/metrics.jsonl", log_dir);
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    char *s = tu_read_ok(path, NULL);
+    int n = 0;
+    for (char *line = s, *nl; line && *line; line = nl ? nl + 1 : NULL) {
+        nl = strchr(line, '\n');
+        if (nl)
+            *nl = 0;
+        cr_assert(line[0] == '{' && line[strlen(line) - 1] == '}', "%s row %d is not a JSON object: %s", path, n,
+                  line);
+        cr_assert(n < max, "more than %d rows in %s", max, path);
+        char *at = strstr(line, pat);
+        size_t len = at ? strcspn(at += strlen(pat), ",}") : 0;
+        char digits[32];
+        snprintf(digits, sizeof digits, "%.*s", (int)len, at ? at : "");
+        if (text)
+            snprintf(text[n], 32, "%s", digits);
+        char *end;
+        double x = strtod(digits, &end);
+        v[n++] = end > digits ? x : NAN; /* absent, or not a number (null) */
+    }
+    free(s);
+    return n;
 }
 
 /* tu_rm_tree under the name the integration tests of every folder call. */
