@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/fs.h"
 #include "common/settings.h"
 #include "gpu/emu/emu_internal.h"
 
@@ -146,7 +147,7 @@ static bool trace_on;
 static struct trace_event *trace;
 static size_t trace_n, trace_dropped;
 static double trace_origin;
-static char trace_dir[4096];
+static char trace_dir[FSDP_PATH_MAX];
 
 static void trace_add(const struct trace_event *e)
 {
@@ -182,9 +183,15 @@ static void trace_name(FILE *f, const char *s)
 
 static void trace_write(void)
 {
-    char path[4200], tmp[4300];
-    snprintf(path, sizeof path, "%s/trace-%d.json", trace_dir, (int)getpid());
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    char path[FSDP_PATH_MAX], tmp[FSDP_PATH_MAX];
+    int n = snprintf(path, sizeof path, "%s/trace-%d.json", trace_dir, (int)getpid());
+    int m = n >= 0 && (size_t)n < sizeof path ? snprintf(tmp, sizeof tmp, "%s.tmp", path) : -1;
+    if (m < 0 || (size_t)m >= sizeof tmp) {
+        /* a cut name would write the trace somewhere else */
+        fprintf(stderr, "fsdpc CUDA emulator: the stream trace's path under %s is over %d bytes; no trace written\n",
+                trace_dir, FSDP_PATH_MAX - 1);
+        return;
+    }
     FILE *f = fopen(tmp, "w");
     if (!f) {
         fprintf(stderr, "fsdpc CUDA emulator: cannot write the stream trace %s\n", tmp);
@@ -213,6 +220,11 @@ static void trace_start(void)
     const char *dir = settings_get_string(SETTING_GPU_EMU_TRACE_DIR);
     if (!dir || !*dir)
         return;
+    if (strlen(dir) >= sizeof trace_dir) {
+        fprintf(stderr, "fsdpc CUDA emulator: FSDP_GPU_EMU_TRACE_DIR is over %d bytes; no stream trace\n",
+                FSDP_PATH_MAX - 1);
+        return;
+    }
     trace = malloc(TRACE_MAX * sizeof *trace);
     if (!trace)
         return;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/fs.h"
 #include "common/gpu_module.h"
 #include "kernels/kernels.h"
 #include "tests/util/tu_file.h"
@@ -82,7 +83,7 @@ Test(gpu_module, gpu_test_on_a_gpu_host_fails_instead_of_skipping, .timeout = 60
 {
     const char *root = getenv("FSDP_BUILD_ROOT");
     cr_assert(root, "FSDP_BUILD_ROOT not set: run through meson test");
-    char exe[4096], dir[] = "/tmp/fsdp-gpu-skip-XXXXXX", out[4200];
+    char exe[FSDP_PATH_MAX], dir[] = "/tmp/fsdp-gpu-skip-XXXXXX", out[FSDP_PATH_MAX];
     snprintf(exe, sizeof exe, "%s/tests/kernels/test_kernels_cuda", root);
     cr_assert(mkdtemp(dir));
     snprintf(out, sizeof out, "%s/out", dir);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/fs.h"
 #include "common/log.h"
 #include "rendezvous/rendezvous.h"
 
@@ -21,10 +22,10 @@ static int env_int(const char *n) { return getenv(n) ? atoi(getenv(n)) : -1; }
 
 static void write_file(const char *dir, const char *what, const char *text)
 {
-    char path[4096], tmp[4200];
-    snprintf(path, sizeof path, "%s/%s.%d", dir, what, env_int("RANK"));
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
+    char path[FSDP_PATH_MAX], tmp[FSDP_PATH_MAX];
+    int n = snprintf(path, sizeof path, "%s/%s.%d", dir, what, env_int("RANK"));
+    int m = snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = (size_t)n < sizeof path && (size_t)m < sizeof tmp ? fopen(tmp, "w") : NULL; /* never a cut path */
     if (!f)
         exit(90);
     fputs(text, f);
@@ -43,7 +44,7 @@ static int count_files(const char *dir, const char *what, int n)
 {
     int found = 0;
     for (int r = 0; r < n; r++) {
-        char path[4096];
+        char path[FSDP_PATH_MAX];
         snprintf(path, sizeof path, "%s/%s.%d", dir, what, r);
         found += access(path, F_OK) == 0;
     }

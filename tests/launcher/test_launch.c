@@ -41,7 +41,7 @@ Test(launch, env_contract_four_ranks, .timeout = 60)
     snprintf(ports, sizeof ports, "%d", port);
     char token[256] = "";
     for (int r = 0; r < 4; r++) {
-        char path[4200], want[32];
+        char path[FSDP_PATH_MAX], want[32];
         snprintf(path, sizeof path, "%s/env.%d", dir, r);
         char *t = tu_slurp(path);
         cr_assert(t[0], "rank %d wrote no environment", r);
@@ -85,7 +85,7 @@ Test(launch, user_omp_and_token_kept, .timeout = 60)
     char *err = lu_slurp_tag(dir, "launch", "err");
     cr_assert_eq(lu_exit_code(st), 0, "stderr:\n%s", err);
     cr_expect_null(strstr(err, "OMP_NUM_THREADS not set"), "notice printed although the user set it");
-    char path[4200];
+    char path[FSDP_PATH_MAX];
     snprintf(path, sizeof path, "%s/env.1", dir);
     char *t = tu_slurp(path);
     cr_expect_str_eq(env_value(t, "OMP_NUM_THREADS"), "3");
@@ -182,7 +182,7 @@ Test(launch, restart_after_first_attempt_fails, .timeout = 60)
     cr_assert_eq(lu_exit_code(st), 0, "launcher exit %d, stderr:\n%s", lu_exit_code(st), err);
     cr_expect(strstr(err, "restarting the job"), "no restart notice:\n%s", err);
     for (int r = 0; r < 2; r++) {
-        char path[4200];
+        char path[FSDP_PATH_MAX];
         snprintf(path, sizeof path, "%s/ok.%d", dir, r);
         char *t = tu_slurp(path);
         cr_expect_str_eq(t, "1\n", "rank %d did not see TORCHELASTIC_RESTART_COUNT=1", r);
@@ -226,7 +226,7 @@ Test(launch, sigkill_of_launcher_leaves_no_worker, .timeout = 60)
 Test(launch, sigkill_of_launcher_kills_grandchildren_of_a_wrapper_script, .timeout = 60)
 {
     char *dir = lu_tmpdir();
-    char script[4200], text[9000];
+    char script[FSDP_PATH_MAX], text[9000];
     snprintf(script, sizeof script, "%s/wrapper.sh", dir);
     snprintf(text, sizeof text, "#!/bin/sh\n'%s' sleep '%s'\necho the probe ended\n", LU_PROBE, dir);
     lu_write_text(script, text);
@@ -264,7 +264,7 @@ Test(launch, stalled_console_never_blocks_supervision, .timeout = 60)
     char *dir = lu_tmpdir();
     int pfd[2];
     cr_assert_eq(pipe(pfd), 0);
-    char err[4200];
+    char err[FSDP_PATH_MAX];
     snprintf(err, sizeof err, "%s/launch.err", dir);
     const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "2", "--log_dir", dir, "--rdzv_id", "stall",
                           LU_PROBE, "bigout", dir, NULL};
@@ -286,7 +286,7 @@ Test(launch, stalled_console_never_blocks_supervision, .timeout = 60)
     cr_assert_eq(lu_exit_code(st), 7, "exit %d after %.1f s (a launcher blocked on its console never reaps):\n%s",
                  lu_exit_code(st), took, text);
     cr_assert_lt(took, 20, "the launcher took %.1f s", took);
-    char log[4400];
+    char log[FSDP_PATH_MAX];
     snprintf(log, sizeof log, "%s/stall/attempt_0/0/stdout.log", dir);
     struct stat sb;
     cr_assert_eq(stat(log, &sb), 0, "%s", log);
@@ -327,9 +327,9 @@ Test(launch, log_max_bytes_rotates_log_files, .timeout = 60)
     cr_assert_eq(lu_exit_code(lu_wait(p, 40)), 0, "%s", lu_slurp_tag(dir, "launch", "err"));
     static const char *const streams[] = {"stdout", "stderr"};
     for (int i = 0; i < 2; i++) {
-        char cur[4400], old[4410];
+        char cur[FSDP_PATH_MAX], old[FSDP_PATH_MAX];
         snprintf(cur, sizeof cur, "%s/rot/attempt_0/0/%s.log", dir, streams[i]);
-        snprintf(old, sizeof old, "%s.1", cur);
+        tu_pathf(old, sizeof old, "%s.1", cur);
         long f1, l1, f0, l0;
         long long b1, b0;
         line_range(old, &f1, &l1, &b1);
@@ -433,7 +433,7 @@ Test(launch, log_dir_layout_and_tee, .timeout = 60)
     char *err = lu_slurp_tag(dir, "launch", "err");
     cr_assert_eq(lu_exit_code(st), 0, "stderr:\n%s", err);
     for (int r = 0; r < 2; r++) {
-        char path[4200], want[128];
+        char path[FSDP_PATH_MAX], want[128];
         snprintf(path, sizeof path, "%s/logrun/attempt_0/%d/stdout.log", dir, r);
         char *t = tu_slurp(path);
         snprintf(want, sizeof want, "out line 1 of rank %d\nout line 2 of rank %d\n", r, r);
@@ -499,7 +499,7 @@ Test(launch, redirects_keep_stream_off_console, .timeout = 60)
     cr_assert_eq(lu_exit_code(st), 0, "stderr:\n%s", err);
     cr_expect_str_eq(out, "", "redirected stdout reached the console");
     cr_expect(strstr(err, "err line of rank 0\n"), "stderr (not redirected) missing:\n%s", err);
-    char path[4200];
+    char path[FSDP_PATH_MAX];
     snprintf(path, sizeof path, "%s/r/attempt_0/0/stdout.log", dir);
     char *t = tu_slurp(path);
     cr_expect(strstr(t, "out line 2 of rank 0"), "%s: %s", path, t);
@@ -544,7 +544,7 @@ Test(launch, log_level_flag_reaches_workers, .timeout = 60)
     cr_assert_eq(lu_exit_code(st), 0, "stderr:\n%s", err);
     cr_expect(strstr(err, "] D: node 0 of 1"), "the launcher did not log at debug level:\n%s", err);
     for (int r = 0; r < 2; r++) {
-        char path[4200];
+        char path[FSDP_PATH_MAX];
         snprintf(path, sizeof path, "%s/env.%d", dir, r);
         char *t = tu_slurp(path);
         cr_expect_str_eq(env_value(t, "FSDP_LOG_LEVEL"), "debug", "rank %d", r);
@@ -566,7 +566,7 @@ Test(launch, log_level_environment_reaches_workers, .timeout = 60)
     cr_assert_eq(lu_exit_code(st), 0, "stderr:\n%s", err);
     cr_expect_null(strstr(err, "OMP_NUM_THREADS not set"), "an info line passed FSDP_LOG_LEVEL=WARN:\n%s", err);
     for (int r = 0; r < 2; r++) {
-        char path[4200];
+        char path[FSDP_PATH_MAX];
         snprintf(path, sizeof path, "%s/env.%d", dir, r);
         char *t = tu_slurp(path);
         cr_expect_str_eq(env_value(t, "FSDP_LOG_LEVEL"), "warn", "rank %d", r);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "common/fs.h"
 #include "launcher/args.h"
 #include "launcher/slurm.h"
 
@@ -373,7 +374,7 @@ static const struct launch_setting *setting(const struct launch_args *a, const c
 
 static const char *fixture(const char *name)
 {
-    static char buf[4][4096];
+    static char buf[4][FSDP_PATH_MAX];
     static int k;
     char *b = buf[k++ % 4];
     snprintf(b, 4096, "%s/tests/launcher/accelerate/%s", getenv("FSDP_SOURCE_ROOT"), name);

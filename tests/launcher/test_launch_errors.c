@@ -288,7 +288,7 @@ Test(launch_errors, execve_failure_names_path_and_errno, .timeout = 30)
         {"script", "#!/nonexistent/fsdpc-interpreter\necho hi\n", "No such file or directory (ENOENT)"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char prog[4200];
+        char prog[FSDP_PATH_MAX];
         snprintf(prog, sizeof prog, "%s/%s", dir, cases[i].name);
         lu_write_text(prog, cases[i].text);
         cr_assert_eq(chmod(prog, 0755), 0);

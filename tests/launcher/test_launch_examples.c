@@ -14,7 +14,7 @@
 
 struct ex {
     char *dir;
-    char ini[4200], data[4200], build[4200], src[4200];
+    char ini[FSDP_PATH_MAX], data[FSDP_PATH_MAX], build[FSDP_PATH_MAX], src[FSDP_PATH_MAX];
 };
 
 static void ex_setup(struct ex *e)
@@ -23,8 +23,8 @@ static void ex_setup(struct ex *e)
     snprintf(e->build, sizeof e->build, "%s", getenv("FSDP_BUILD_ROOT"));
     snprintf(e->src, sizeof e->src, "%s", getenv("FSDP_SOURCE_ROOT"));
     snprintf(e->data, sizeof e->data, "%s/data", e->dir);
-    char corpus[4300];
-    snprintf(corpus, sizeof corpus, "%s/tests/data/corpus", e->src);
+    char corpus[FSDP_PATH_MAX];
+    tu_pathf(corpus, sizeof corpus, "%s/tests/data/corpus", e->src);
     const char *argv[] = {lu_build_path("worker/fsdp-prepare-data"), "-o", e->data, corpus, NULL};
     cr_assert_eq(lu_exit_code(lu_wait(lu_spawn(argv, e->dir, "prep", NULL), 60)), 0, "fsdp-prepare-data: %s",
                  lu_slurp_tag(e->dir, "prep", "err"));
@@ -40,7 +40,7 @@ static void expect_trained(const char *run_dir, int world)
     cr_expect_eq(tu_json_num(s, "steps.run"), 6, "steps trained");
     cr_expect(isfinite(tu_json_num(s, "final_loss")), "final loss");
     cJSON_Delete(s);
-    char path[4400];
+    char path[FSDP_PATH_MAX];
     snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
     char *text = tu_slurp(path);
     int rows = 0;
@@ -54,9 +54,11 @@ Test(examples, multinode_sh_trains_on_two_nodes, .timeout = 120)
 {
     struct ex e;
     ex_setup(&e);
-    char script[4300], port[16], env_port[32], env_build[4300], env_cfg[4300], env_data[4300], env_ck[4300],
-        run0[4300], run1[4300], env_run0[4400], env_run1[4400];
-    snprintf(script, sizeof script, "%s/examples/multinode.sh", e.src);
+    char script[FSDP_PATH_MAX], port[16], env_port[32], run0[FSDP_PATH_MAX], run1[FSDP_PATH_MAX];
+    /* + 32: "KEY=" and a path */
+    char env_build[FSDP_PATH_MAX + 32], env_cfg[FSDP_PATH_MAX + 32], env_data[FSDP_PATH_MAX + 32],
+        env_ck[FSDP_PATH_MAX + 32], env_run0[FSDP_PATH_MAX + 32], env_run1[FSDP_PATH_MAX + 32];
+    tu_pathf(script, sizeof script, "%s/examples/multinode.sh", e.src);
     snprintf(port, sizeof port, "%d", tu_free_port());
     snprintf(env_port, sizeof env_port, "MASTER_PORT=%s", port);
     snprintf(env_build, sizeof env_build, "BUILD=%s", e.build);
@@ -82,7 +84,7 @@ Test(examples, multinode_sh_trains_on_two_nodes, .timeout = 120)
     cr_assert_not_null(s1, "rank 1 (node 1) wrote no run summary in its RUN_DIR");
     cr_expect_eq(tu_json_num(s1, "rank"), 1);
     cJSON_Delete(s1);
-    char latest[4400];
+    char latest[FSDP_PATH_MAX];
     snprintf(latest, sizeof latest, "%s/ckpt/latest", e.dir);
     cr_expect_eq(access(latest, F_OK), 0, "no checkpoint at the end in CKPT_DIR");
     lu_rm_rf(e.dir);
@@ -100,14 +102,16 @@ Test(examples, slurm_sbatch_trains_on_two_nodes, .timeout = 120)
 {
     struct ex e;
     ex_setup(&e);
-    char bin[4300], srun[4400], script[4300], path[8192], port[32], env_build[4300], env_cfg[4300],
-        env_data[4300], run[4300], env_run[4400], submit[4400];
+    char bin[FSDP_PATH_MAX], srun[FSDP_PATH_MAX], script[FSDP_PATH_MAX], path[8192], port[32], run[FSDP_PATH_MAX];
+    /* + 32: "KEY=" and a path */
+    char env_build[FSDP_PATH_MAX + 32], env_cfg[FSDP_PATH_MAX + 32], env_data[FSDP_PATH_MAX + 32],
+        env_run[FSDP_PATH_MAX + 32], submit[FSDP_PATH_MAX + 32];
     snprintf(bin, sizeof bin, "%s/bin", e.dir);
     cr_assert_eq(mkdir(bin, 0755), 0);
-    snprintf(srun, sizeof srun, "%s/srun", bin);
+    tu_pathf(srun, sizeof srun, "%s/srun", bin);
     lu_write_text(srun, FAKE_SRUN);
     cr_assert_eq(chmod(srun, 0755), 0);
-    snprintf(script, sizeof script, "%s/examples/slurm.sbatch", e.src);
+    tu_pathf(script, sizeof script, "%s/examples/slurm.sbatch", e.src);
     snprintf(path, sizeof path, "PATH=%s:%s", bin, getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
     snprintf(port, sizeof port, "MASTER_PORT=%d", tu_free_port());
     snprintf(env_build, sizeof env_build, "BUILD=%s", e.build);

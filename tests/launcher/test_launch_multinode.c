@@ -67,7 +67,7 @@ Test(launch_multinode, two_nodes_join_and_get_global_ranks, .timeout = 60)
     cr_assert_eq(lu_exit_code(s0), 0, "node 0:\n%s", e0);
     cr_assert_eq(lu_exit_code(s1), 0, "node 1:\n%s", e1);
     for (int r = 0; r < 4; r++) {
-        char path[4200], want[64];
+        char path[FSDP_PATH_MAX], want[64];
         snprintf(path, sizeof path, "%s/env.%d", dir, r);
         char *t = tu_slurp(path);
         snprintf(want, sizeof want, "\nLOCAL_RANK=%d\n", r % 2);
@@ -177,7 +177,7 @@ Test(launch_multinode, restart_on_both_nodes, .timeout = 60)
     cr_assert_eq(lu_exit_code(s0), 0, "node 0:\n%s", e0);
     cr_assert_eq(lu_exit_code(s1), 0, "node 1:\n%s", e1);
     for (int r = 0; r < 4; r++) {
-        char path[4200];
+        char path[FSDP_PATH_MAX];
         snprintf(path, sizeof path, "%s/ok.%d", dir, r);
         char *t = tu_slurp(path);
         cr_expect_str_eq(t, "1\n", "rank %d", r);
@@ -235,7 +235,7 @@ Test(launch_multinode, lost_node_is_noticed_and_rejoins, .timeout = 60)
     cr_expect(strstr(e0, "node 1 stopped sending heartbeats"), "node 0:\n%s", e0);
     cr_expect_geq(lu_wait_pids_dead(pids, 2, 5), 0);
     for (int r = 0; r < 2; r++) {
-        char path[4200];
+        char path[FSDP_PATH_MAX];
         snprintf(path, sizeof path, "%s/ok.%d", dir, r);
         char *t = tu_slurp(path);
         cr_expect_str_eq(t, "1\n", "rank %d", r);
@@ -310,7 +310,7 @@ Test(launch_multinode, two_network_namespaces_over_veth, .timeout = 90)
     cr_assert_gt(port, 0, "node 0 printed no port:\n%s", e0);
     cr_expect_eq(lu_exit_code(s0), 0, "node 0:\n%s", e0);
     cr_expect_eq(lu_exit_code(s1), 0, "node 1:\n%s", e1);
-    char path[4200];
+    char path[FSDP_PATH_MAX];
     snprintf(path, sizeof path, "%s/env.3", dir);
     char *t = tu_slurp(path);
     char want[64];

@@ -12,7 +12,7 @@
 
 static char *probe_path(void)
 {
-    static char p[4096];
+    static char p[FSDP_PATH_MAX];
     snprintf(p, sizeof p, "%s/tests/launcher/env_probe.py", getenv("FSDP_SOURCE_ROOT"));
     return p;
 }
@@ -26,7 +26,7 @@ static int launch(const char *dir, const char *tag, const char **argv, const cha
 
 static cJSON *rank_report(const char *dir, int rank)
 {
-    char p[4200];
+    char p[FSDP_PATH_MAX];
     snprintf(p, sizeof p, "%s/rank%d.json", dir, rank);
     char *text = tu_slurp(p);
     cJSON *j = text ? cJSON_Parse(text) : NULL;
@@ -65,7 +65,7 @@ Test(python, script_module_run_path_and_no_python, .timeout = 120)
         cJSON_Delete(j);
     }
 
-    char pypath[4200];
+    char pypath[FSDP_PATH_MAX];
     snprintf(pypath, sizeof pypath, "PYTHONPATH=%s/tests/launcher", getenv("FSDP_SOURCE_ROOT"));
     const char *env_m[] = {"PYTHON_EXEC=" PY, pypath, NULL};
     const char *mod[] = {NULL, "--nproc_per_node", "1", "-m", "env_probe", dir, "x", NULL};
@@ -85,7 +85,7 @@ Test(python, script_module_run_path_and_no_python, .timeout = 120)
     cJSON_Delete(j);
 
     /* a file that is not executable and has no .py: through Python, as torchrun would */
-    char noext[4200], text_cmd[16400];
+    char noext[FSDP_PATH_MAX], text_cmd[16400];
     snprintf(noext, sizeof noext, "%s/probe_noext", dir);
     snprintf(text_cmd, sizeof text_cmd, "cp '%s' '%s' && chmod 644 '%s'", probe_path(), noext, noext);
     cr_assert_eq(tu_sh(text_cmd), 0);
@@ -122,7 +122,7 @@ Test(python, script_module_run_path_and_no_python, .timeout = 120)
 Test(python, accelerate_settings_reach_the_workers, .timeout = 120)
 {
     char *dir = lu_tmpdir();
-    char yaml[4200];
+    char yaml[FSDP_PATH_MAX];
     snprintf(yaml, sizeof yaml, "%s/acc.yaml", dir);
     lu_write_text(yaml, "compute_environment: LOCAL_MACHINE\ndebug: false\ndistributed_type: FSDP\n"
                         "fsdp_config:\n  fsdp_version: 2\n  fsdp_offload_params: true\n"
@@ -165,7 +165,7 @@ Test(python, accelerate_settings_reach_the_workers, .timeout = 120)
 Test(python, yaml_ini_command_line_precedence_in_the_worker, .timeout = 120)
 {
     char *dir = lu_tmpdir();
-    char yaml[4200], ini[4200];
+    char yaml[FSDP_PATH_MAX], ini[FSDP_PATH_MAX];
     snprintf(yaml, sizeof yaml, "%s/acc.yaml", dir);
     snprintf(ini, sizeof ini, "%s/w.ini", dir);
     lu_write_text(yaml, "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 1\n  fsdp_offload_params: true\n"
@@ -192,7 +192,7 @@ Test(python, yaml_ini_command_line_precedence_in_the_worker, .timeout = 120)
  * with a reason: none is an unknown flag. */
 Test(python, every_torchrun_flag_is_known, .timeout = 120)
 {
-    char py[4096];
+    char py[FSDP_PATH_MAX];
     if (!tu_venv_bin("python", py, sizeof py))
         cr_skip_test("no PyPI venv with torch at %s (.ci/run makes it; FSDP_TORCH_VENV names another)", py);
     char *dir = lu_tmpdir();
@@ -258,17 +258,17 @@ Test(python, every_torchrun_flag_is_known, .timeout = 120)
 /* The installed accelerate's own config files read as the committed fixtures do. */
 Test(python, configs_written_by_accelerate_itself, .timeout = 120)
 {
-    char py[4096];
+    char py[FSDP_PATH_MAX];
     if (!tu_venv_bin("python", py, sizeof py))
         cr_skip_test("no PyPI venv with accelerate at %s (.ci/run makes it; FSDP_TORCH_VENV names another)", py);
     char *dir = lu_tmpdir();
-    char gen[4200];
+    char gen[FSDP_PATH_MAX];
     snprintf(gen, sizeof gen, "%s/tests/launcher/accelerate/make_configs.py", getenv("FSDP_SOURCE_ROOT"));
     const char *mk[] = {py, gen, dir, NULL};
     cr_assert_eq(lu_exit_code(lu_wait(lu_spawn(mk, dir, "mk", NULL), 100)), 0, "%s", lu_slurp_tag(dir, "mk", "err"));
     const char *names[] = {"fsdp2.yaml", "fsdp1.yaml", "multi_cpu.yaml", "default.json"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        char fresh[4300], committed[4300];
+        char fresh[FSDP_PATH_MAX], committed[FSDP_PATH_MAX];
         snprintf(fresh, sizeof fresh, "%s/%s", dir, names[i]);
         snprintf(committed, sizeof committed, "%s/tests/launcher/accelerate/%s", getenv("FSDP_SOURCE_ROOT"), names[i]);
         const char *a[] = {NULL, "--config_file", fresh, "--print-config=json", NULL};
@@ -289,7 +289,7 @@ Test(python, configs_written_by_accelerate_itself, .timeout = 120)
         cJSON_Delete(ja);
         cJSON_Delete(jb);
     }
-    char ds[4300];
+    char ds[FSDP_PATH_MAX];
     snprintf(ds, sizeof ds, "%s/deepspeed.yaml", dir);
     const char *d[] = {NULL, "--config_file", ds, "--print-config", NULL};
     cr_expect_eq(launch(dir, "ds", d, NULL), 2);
@@ -316,14 +316,14 @@ Test(python, tee_prefix_template, .timeout = 60)
     cr_expect(strstr(out, "[0] hi\n"), "%s", out);
     free(out);
     /* torchrun's --duplicate_stdout_filters: tee'd lines with a needle also go to filtered_stdout.log */
-    char logs[4200], filtered[4400];
+    char logs[FSDP_PATH_MAX], filtered[FSDP_PATH_MAX];
     snprintf(logs, sizeof logs, "%s/logs", dir);
     const char *dup[] = {NULL, "--nproc_per_node", "2", "--tee", "3", "--log_dir", logs, "--rdzv_id", "dup",
                          "--duplicate_stdout_filters", "loss,a,,b", "--no_python", "/bin/sh", "-c",
                          "echo \"step $RANK loss 1\"; echo quiet; echo \"a,b $RANK\"; echo \"to stderr loss\" >&2",
                          NULL};
     cr_assert_eq(launch(dir, "dup", dup, NULL), 0, "%s", lu_slurp_tag(dir, "dup", "err"));
-    snprintf(filtered, sizeof filtered, "%s/dup/attempt_0/filtered_stdout.log", logs);
+    tu_pathf(filtered, sizeof filtered, "%s/dup/attempt_0/filtered_stdout.log", logs);
     char *f = tu_slurp(filtered);
     cr_assert_not_null(f, "no %s", filtered);
     cr_expect(strstr(f, "[rank 0]:step 0 loss 1\n") && strstr(f, "[rank 1]:step 1 loss 1\n"), "%s", f);

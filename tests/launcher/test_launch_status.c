@@ -21,7 +21,7 @@
 
 struct job {
     char *dir;
-    char ini[4200];
+    char ini[FSDP_PATH_MAX];
     pid_t pid;
     int port;
 };
@@ -29,7 +29,7 @@ struct job {
 static void job_start(struct job *j, int max_steps, const char *run_id, const char *const *env, const char *stale)
 {
     j->dir = lu_tmpdir();
-    char data[4200], docs[4200];
+    char data[FSDP_PATH_MAX], docs[FSDP_PATH_MAX];
     snprintf(data, sizeof data, "%s/data", j->dir);
     snprintf(docs, sizeof docs, "%s/tests/data/corpus", getenv("FSDP_SOURCE_ROOT"));
     const char *pargv[] = {lu_build_path("worker/fsdp-prepare-data"), "-o", data, docs, NULL};
@@ -40,11 +40,11 @@ static void job_start(struct job *j, int max_steps, const char *run_id, const ch
     snprintf(text, sizeof text, "%s[data]\ntrain_file = %s/train.bin\nval_file = %s/val.bin\n", head, data, data);
     snprintf(j->ini, sizeof j->ini, "%s/tiny.ini", j->dir);
     lu_write_text(j->ini, text);
-    char logdir[4300];
+    char logdir[FSDP_PATH_MAX];
     snprintf(logdir, sizeof logdir, "--log.dir=%s/logs", j->dir);
     /* checkpoints in the test's own directory: under the default ./runs/RUN_ID/checkpoints a later run of the
      * suite would resume at max_steps and end before the page is asked anything */
-    char ckdir[4300];
+    char ckdir[FSDP_PATH_MAX];
     snprintf(ckdir, sizeof ckdir, "--checkpoint.dir=%s/ck", j->dir);
     const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "2", "--max_restarts", "1",
                           "--status_port", "0", "--status_stale_timeout", stale, "--run_id", run_id, lu_build_path("worker/fsdp-worker"), j->ini,
@@ -328,7 +328,7 @@ Test(launch_status, bad_requests_many_clients_and_a_slow_client, .timeout = 240)
     close(slow2);
 
     /* The finished run's page from its files: fsdp-launch status LOG_DIR. */
-    char logs[4300], out[4400], html[4400];
+    char logs[FSDP_PATH_MAX], out[FSDP_PATH_MAX], html[FSDP_PATH_MAX];
     snprintf(logs, sizeof logs, "%s/logs", j.dir);
     snprintf(out, sizeof out, "%s/status.json", j.dir);
     snprintf(html, sizeof html, "%s/status.html", j.dir);
@@ -402,7 +402,7 @@ static char *find_chromium(void)
     char *dup = strdup(path ? path : "/usr/bin:/bin");
     char *save = NULL;
     for (char *d = strtok_r(dup, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
-        char p[4200];
+        char p[FSDP_PATH_MAX];
         snprintf(p, sizeof p, "%s/chromium", d);
         if (access(p, X_OK) == 0) {
             free(dup);
@@ -423,7 +423,7 @@ Test(launch_status, headless_chromium_renders_the_page, .timeout = 240)
     struct job j;
     job_start(&j, 100000, "browser<b>", NULL, "30");
     cJSON_Delete(wait_running(&j, 25, 0, 120));
-    char url[64], shot[4400], prof[4400];
+    char url[64], shot[FSDP_PATH_MAX], prof[FSDP_PATH_MAX + 32]; /* + 32: "--key=" and a path */
     snprintf(url, sizeof url, "http://127.0.0.1:%d/", j.port);
     snprintf(shot, sizeof shot, "%s/shot.png", j.dir);
     snprintf(prof, sizeof prof, "--user-data-dir=%s/profile", j.dir);
@@ -438,7 +438,7 @@ Test(launch_status, headless_chromium_renders_the_page, .timeout = 240)
     free(html);
     const char *ss[] = {chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", prof,
                         "--window-size=1300,820", "--virtual-time-budget=3000", NULL, url, NULL};
-    char shot_opt[4500];
+    char shot_opt[FSDP_PATH_MAX + 32]; /* + 32: "--key=" and a path */
     snprintf(shot_opt, sizeof shot_opt, "--screenshot=%s", shot);
     ss[8] = shot_opt;
     code = lu_exit_code(lu_wait(lu_spawn(ss, j.dir, "shot", NULL), 90));
@@ -474,7 +474,7 @@ Test(launch_status, non_loopback_address_needs_a_token, .timeout = 60)
 Test(launch_status, one_node_without_a_user_token_refuses_a_public_address, .timeout = 60)
 {
     char *dir = lu_tmpdir();
-    char xdg[4200], home[4200];
+    char xdg[FSDP_PATH_MAX], home[FSDP_PATH_MAX];
     snprintf(xdg, sizeof xdg, "XDG_CONFIG_HOME=%s", dir);
     snprintf(home, sizeof home, "HOME=%s", dir);
     const char *argv[] = {LU_LAUNCH, "--standalone", "--nproc_per_node", "1", "--status_port", "0",

@@ -12,8 +12,8 @@
 
 struct tj {
     char *dir;
-    char py[4096], torchrun[4096], script[4200];
-    char py_env[4200];
+    char py[FSDP_PATH_MAX], torchrun[FSDP_PATH_MAX], script[FSDP_PATH_MAX];
+    char py_env[FSDP_PATH_MAX + 32]; /* + 32: "KEY=" and a path */
 };
 
 static void tj_setup(struct tj *t)
@@ -29,8 +29,9 @@ static void tj_setup(struct tj *t)
 
 static char *subdir(struct tj *t, const char *name)
 {
-    char *p = malloc(4400);
-    snprintf(p, 4400, "%s/%s", t->dir, name);
+    char *p = malloc(FSDP_PATH_MAX);
+    cr_assert_not_null(p);
+    tu_pathf(p, FSDP_PATH_MAX, "%s/%s", t->dir, name);
     cr_assert_eq(mkdir(p, 0755), 0);
     return p;
 }
@@ -38,7 +39,7 @@ static char *subdir(struct tj *t, const char *name)
 /* Rank 0's losses of a run whose output directory is out. */
 static int read_losses(const char *out, double *l)
 {
-    char p[4500];
+    char p[FSDP_PATH_MAX];
     snprintf(p, sizeof p, "%s/losses.json", out);
     char *text = tu_slurp(p);
     cJSON *j = text ? cJSON_Parse(text) : NULL;
@@ -85,7 +86,7 @@ Test(torch, fsdp2_same_losses_as_torchrun, .timeout = 400)
     cr_assert_eq(read_losses(b, lb), STEPS);
     for (int s = 0; s < STEPS; s++)
         cr_expect_eq(la[s], lb[s], "step %d: torchrun %.9g, fsdp-launch %.9g", s, la[s], lb[s]);
-    char p[4500];
+    char p[FSDP_PATH_MAX];
     snprintf(p, sizeof p, "%s/rank1.json", b);
     char *text = tu_slurp(p);
     cr_expect(strstr(text, "\"world\": 2") && strstr(text, "\"agent_store\": \"True\""),
@@ -158,7 +159,7 @@ Test(torch, max_restarts_restarts_the_job, .timeout = 400)
     cr_assert_eq(code, 0, "the restarted job did not finish:\n%s", err);
     cr_expect(strstr(err, "restarting"), "no restart announced:\n%s", err);
     free(err);
-    char p[4500];
+    char p[FSDP_PATH_MAX];
     snprintf(p, sizeof p, "%s/rank0.json", out);
     char *text = tu_slurp(p);
     cr_expect(strstr(text, "\"restart\": 1"), "the finishing attempt is restart 1: %s", text);

@@ -82,13 +82,13 @@ static void check_yaml(const char *dir, const char *yaml)
  * returns what it printed. */
 static char *wizard_on_stdin(const char *dir, const char *yaml)
 {
-    char ini[4200], in[4200], text[8192];
+    char ini[FSDP_PATH_MAX], in[FSDP_PATH_MAX], text[8192];
     snprintf(ini, sizeof ini, "%s/model.ini", dir);
     lu_write_text(ini, TINY);
     snprintf(in, sizeof in, "%s/answers", dir);
     answers(text, sizeof text, ini);
     lu_write_text(in, text);
-    char cache[4300];
+    char cache[FSDP_PATH_MAX];
     snprintf(cache, sizeof cache, "XDG_CACHE_HOME=%s/cache", dir);
     const char *env[] = {cache, NULL};
     char cmd[16000];
@@ -103,7 +103,7 @@ static char *wizard_on_stdin(const char *dir, const char *yaml)
 Test(wizard, answers_on_stdin_write_an_accelerate_yaml, .timeout = 240)
 {
     char *dir = lu_tmpdir();
-    char yaml[4200];
+    char yaml[FSDP_PATH_MAX];
     snprintf(yaml, sizeof yaml, "%s/acc.yaml", dir);
     char *out = wizard_on_stdin(dir, yaml);
     cr_expect(strstr(out, "Which type of machine are you using?"), "%s", out);
@@ -121,13 +121,13 @@ Test(wizard, answers_on_stdin_write_an_accelerate_yaml, .timeout = 240)
  * it) this is a reported skip, not a warning: Criterion 2.4 exits 1 after a warning. */
 Test(wizard, accelerate_loads_the_yaml, .timeout = 240)
 {
-    char py[4096], why[4400];
+    char py[FSDP_PATH_MAX], why[4400];
     if (tu_venv_python("accelerate", py, sizeof py, why, sizeof why) != 0) {
         cr_log_info("accelerate's loader not tried on the YAML: %s", why);
         cr_skip_test("%s", why);
     }
     char *dir = lu_tmpdir();
-    char yaml[4200];
+    char yaml[FSDP_PATH_MAX];
     snprintf(yaml, sizeof yaml, "%s/acc.yaml", dir);
     free(wizard_on_stdin(dir, yaml));
     const char *argv[] = {py, "-c",
@@ -150,7 +150,7 @@ Test(wizard, accelerate_loads_the_yaml, .timeout = 240)
 Test(wizard, wrong_answers_are_asked_again_and_eof_is_an_error, .timeout = 60)
 {
     char *dir = lu_tmpdir();
-    char yaml[4200], in[4200], cmd[16000];
+    char yaml[FSDP_PATH_MAX], in[FSDP_PATH_MAX], cmd[16000];
     snprintf(yaml, sizeof yaml, "%s/acc.yaml", dir);
     snprintf(in, sizeof in, "%s/answers", dir);
     /* "7" is no machine type, "maybe" no yes/no; then the answers stop */
@@ -195,7 +195,7 @@ static bool wait_for(int fd, char *buf, size_t cap, size_t *len, const char *wan
 Test(wizard, at_a_terminal, .timeout = 120)
 {
     char *dir = lu_tmpdir();
-    char ini[4200], yaml[4200], iniout[4200];
+    char ini[FSDP_PATH_MAX], yaml[FSDP_PATH_MAX], iniout[FSDP_PATH_MAX];
     snprintf(ini, sizeof ini, "%s/model.ini", dir);
     lu_write_text(ini, TINY);
     snprintf(yaml, sizeof yaml, "%s/acc.yaml", dir);
@@ -204,7 +204,7 @@ Test(wizard, at_a_terminal, .timeout = 120)
     cr_assert(master >= 0 && grantpt(master) == 0 && unlockpt(master) == 0, "no pty: %s", strerror(errno));
     char *slave_name = ptsname(master);
     cr_assert_not_null(slave_name);
-    char cache[4300];
+    char cache[FSDP_PATH_MAX];
     snprintf(cache, sizeof cache, "%s/cache", dir);
     pid_t pid = fork();
     cr_assert(pid >= 0);

@@ -18,7 +18,7 @@
 
 static void write_summary(const char *dir, int rank, const char *json)
 {
-    char path[4400];
+    char path[FSDP_PATH_MAX];
     snprintf(path, sizeof path, "%s/run_summary.rank%d.json", dir, rank);
     lu_write_text(path, json);
 }
@@ -62,7 +62,7 @@ Test(status_files, run_id_from_a_rank_above_63)
 Test(status_files, a_large_metrics_file_renders, .timeout = 120)
 {
     char *dir = lu_tmpdir();
-    char path[4400];
+    char path[FSDP_PATH_MAX];
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
     FILE *f = fopen(path, "w");
     cr_assert(f);
@@ -107,7 +107,7 @@ Test(status_files, a_large_metrics_file_renders, .timeout = 120)
 Test(status_files, small_metrics_file_keeps_every_point)
 {
     char *dir = lu_tmpdir();
-    char path[4400];
+    char path[FSDP_PATH_MAX];
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
     lu_write_text(path, "{\"step\":0,\"loss\":4,\"tokens_per_s\":10}\n"
                         "{\"step\":1,\"loss\":3.5,\"tokens_per_s\":null,\"val_loss\":3.75}\n"
@@ -134,7 +134,7 @@ Test(status_files, small_metrics_file_keeps_every_point)
 static void expect_fifo_refused(const char *name)
 {
     char *dir = lu_tmpdir();
-    char path[4400];
+    char path[FSDP_PATH_MAX];
     write_summary(dir, 0,
                   "{\"world_size\": 1, \"run_id\": \"r\", \"steps\": {\"first\": 0, \"run\": 1, \"max_steps\": 1}}");
     snprintf(path, sizeof path, "%s/%s", dir, name);

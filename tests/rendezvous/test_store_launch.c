@@ -138,7 +138,7 @@ Test(store_launch, local_addr_not_of_this_host_is_an_error, .timeout = 60)
 /* Several nodes and no secret: the store is open to anyone who reaches it, and every launcher says so. */
 Test(store_launch, multi_node_store_without_secret_warns, .timeout = 120)
 {
-    char *home = lu_tmpdir(), henv[4200];
+    char *home = lu_tmpdir(), henv[FSDP_PATH_MAX + 32]; /* + 32: "KEY=" and a path */
     snprintf(henv, sizeof henv, "HOME=%s", home);
     const char *env[] = {"FSDP_RDZV_TOKEN=", "FSDP_RDZV_TOKEN_FILE=", "XDG_CONFIG_HOME=", henv, NULL};
     const char *flags[] = {"--nnodes", "2", "--node_rank", "0", "--master_port", "0", "--rdzv_timeout", "60", NULL};
@@ -169,7 +169,7 @@ static void write_secret(const char *path, const char *text, mode_t mode)
  * refused before anything starts. */
 Test(store_launch, secret_file, .timeout = 180)
 {
-    char *home = lu_tmpdir(), path[4200], henv[4200];
+    char *home = lu_tmpdir(), path[FSDP_PATH_MAX], henv[FSDP_PATH_MAX + 32]; /* + 32: "KEY=" and a path */
     snprintf(henv, sizeof henv, "HOME=%s", home);
     snprintf(path, sizeof path, "%s/.config", home);
     mkdir(path, 0700);
@@ -222,7 +222,7 @@ Test(store_launch, secret_file, .timeout = 180)
     cr_assert(strstr(err, path) && strstr(err, "chmod 600"), "%s", err);
     free(err);
     /* FSDP_RDZV_TOKEN_FILE names a file that must exist */
-    char fenv[4300];
+    char fenv[FSDP_PATH_MAX + 32]; /* + 32: "KEY=" and a path */
     snprintf(fenv, sizeof fenv, "FSDP_RDZV_TOKEN_FILE=%s/none", home);
     const char *env3[] = {"FSDP_RDZV_TOKEN=", fenv, henv, NULL};
     code = lu_exit_code(lu_wait(lu_spawn(argv, dir, "launch3", env3), 30));
@@ -412,7 +412,7 @@ Test(store_launch, workers_get_the_agent_store_variables, .timeout = 60)
  * MASTER_ADDR, not every interface, and with a loud warning when the job spans nodes without a secret. */
 Test(store_launch, worker_store_under_torchrun_listens_on_master_addr, .timeout = 120)
 {
-    char *dir = lu_tmpdir(), ini[4200], data[4200];
+    char *dir = lu_tmpdir(), ini[FSDP_PATH_MAX], data[FSDP_PATH_MAX];
     snprintf(data, sizeof data, "%s/train.bin", dir);
     char zeros[4096] = {0};
     FILE *f = fopen(data, "wb");
@@ -431,7 +431,7 @@ Test(store_launch, worker_store_under_torchrun_listens_on_master_addr, .timeout 
     retry:;
         int port = free_port_pair();
         cr_assert_gt(port, 0);
-        char penv[64], home[4300];
+        char penv[64], home[FSDP_PATH_MAX];
         snprintf(penv, sizeof penv, "MASTER_PORT=%d", port);
         snprintf(home, sizeof home, "HOME=%s", dir); /* no secret file there */
         const char *env[] = {"WORLD_SIZE=2", "LOCAL_WORLD_SIZE=1", "RANK=0", "LOCAL_RANK=0", "MASTER_ADDR=127.0.0.1",

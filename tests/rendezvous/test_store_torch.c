@@ -16,7 +16,7 @@ static void need_torch(char *python, size_t cap)
 
 static const char *script(const char *name)
 {
-    static char buf[2][4096];
+    static char buf[2][FSDP_PATH_MAX];
     static int k;
     const char *src = getenv("FSDP_SOURCE_ROOT");
     cr_assert(src, "FSDP_SOURCE_ROOT not set: run through meson test");
@@ -45,9 +45,9 @@ static int launch(const char *dir, const char *const *argv)
 
 Test(store_torch, every_op_of_a_pytorch_client, .timeout = 300)
 {
-    char python[4096];
+    char python[FSDP_PATH_MAX];
     need_torch(python, sizeof python);
-    char *dir = lu_tmpdir(), out[4200];
+    char *dir = lu_tmpdir(), out[FSDP_PATH_MAX];
     snprintf(out, sizeof out, "%s/ops.json", dir);
     const char *argv[] = {LU_LAUNCH, "--nproc_per_node", "1", "--master_port", "0", "--", python,
                           script("store_ops.py"), out, NULL};
@@ -72,7 +72,7 @@ Test(store_torch, every_op_of_a_pytorch_client, .timeout = 300)
 static void check_gloo_ranks(const char *dir, int attempt)
 {
     for (int r = 0; r < 2; r++) {
-        char path[4200];
+        char path[FSDP_PATH_MAX];
         snprintf(path, sizeof path, "%s/rank%d.json", dir, r);
         cJSON *j = read_json(path);
         cr_assert_eq(cJSON_GetNumberValue(cJSON_GetObjectItem(j, "rank")), r);
@@ -88,7 +88,7 @@ static void check_gloo_ranks(const char *dir, int attempt)
 
 Test(store_torch, gloo_job_under_fsdp_launch, .timeout = 300)
 {
-    char python[4096];
+    char python[FSDP_PATH_MAX];
     need_torch(python, sizeof python);
     char *dir = lu_tmpdir();
     const char *argv[] = {LU_LAUNCH, "--nproc_per_node", "2", "--master_port", "0", "--", python,
@@ -102,7 +102,7 @@ Test(store_torch, gloo_job_under_fsdp_launch, .timeout = 300)
  * first attempt would be read as this one's. */
 Test(store_torch, gloo_job_restarts_with_fresh_keys, .timeout = 300)
 {
-    char python[4096];
+    char python[FSDP_PATH_MAX];
     need_torch(python, sizeof python);
     char *dir = lu_tmpdir();
     const char *argv[] = {LU_LAUNCH, "--nproc_per_node", "2", "--max_restarts", "1", "--master_port", "0", "--",
@@ -114,9 +114,9 @@ Test(store_torch, gloo_job_restarts_with_fresh_keys, .timeout = 300)
 
 Test(store_torch, no_torch_store_refuses_pytorch_clients, .timeout = 300)
 {
-    char python[4096];
+    char python[FSDP_PATH_MAX];
     need_torch(python, sizeof python);
-    char *dir = lu_tmpdir(), out[4200];
+    char *dir = lu_tmpdir(), out[FSDP_PATH_MAX];
     snprintf(out, sizeof out, "%s/ops.json", dir);
     const char *argv[] = {LU_LAUNCH, "--nproc_per_node", "1", "--master_port", "0", "--no_torch_store", "--",
                           python, script("store_ops.py"), out, "--refused", NULL};

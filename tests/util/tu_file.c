@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <ftw.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,4 +83,17 @@ bool tu_exists(const char *path)
 {
     struct stat st;
     return stat(path, &st) == 0;
+}
+
+char *tu_pathf_or_exit(char *buf, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, cap, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= cap) {
+        fprintf(stderr, "path too long (%d bytes, room for %zu): %s...\n", n, cap - 1, buf);
+        exit(2);
+    }
+    return buf;
 }

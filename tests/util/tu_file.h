@@ -26,4 +26,9 @@ int tu_rm_tree(const char *dir);
 /* Whether something exists at path. */
 bool tu_exists(const char *path);
 
+/* snprintf into a path buffer of cap bytes for a program without Criterion (a benchmark): a path that would
+ * not fit ends the program (status 2, naming it on stderr) rather than let it use a cut one. Tests use
+ * tu_pathf (tu_check.h). */
+char *tu_pathf_or_exit(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 #endif

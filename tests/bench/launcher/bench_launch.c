@@ -9,6 +9,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/fs.h"
+#include "tests/util/tu_file.h"
 #include "tests/util/tu_proc.h"
 
 #define FSDP_RUNS 21
@@ -51,7 +53,7 @@ int main(void)
         fprintf(stderr, "FSDP_BUILD_ROOT not set: run with meson test --benchmark\n");
         return 1;
     }
-    char launch[4096], demo[4096], port[16];
+    char launch[FSDP_PATH_MAX], demo[FSDP_PATH_MAX], port[16];
     snprintf(launch, sizeof launch, "%s/launcher/fsdp-launch", build);
     snprintf(demo, sizeof demo, "%s/launcher/fsdp-rdzv-demo", build);
 
@@ -70,11 +72,11 @@ int main(void)
     printf("bench=launch_noop_fsdp nproc=4 runs=%d median_ms=%.2f min_ms=%.2f max_ms=%.2f\n", FSDP_RUNS, fsdp_ms,
            t[0] * 1e3, t[FSDP_RUNS - 1] * 1e3);
 
-    char anchors[4096];
+    char anchors[FSDP_PATH_MAX];
     snprintf(anchors, sizeof anchors, "%s/../shared/anchors/torch", src ? src : ".");
-    char torchrun[4200], noop[4200];
-    snprintf(torchrun, sizeof torchrun, "%s/torchrun.py", anchors);
-    snprintf(noop, sizeof noop, "%s/noop.py", anchors);
+    char torchrun[FSDP_PATH_MAX], noop[FSDP_PATH_MAX];
+    tu_pathf_or_exit(torchrun, sizeof torchrun, "%s/torchrun.py", anchors);
+    tu_pathf_or_exit(noop, sizeof noop, "%s/noop.py", anchors);
     if (!src || access(torchrun, R_OK) || access(noop, R_OK) || access("/usr/bin/python3", X_OK)) {
         printf("bench=launch_noop nproc=4 fsdp_ms=%.2f torchrun_ms=nan ratio=nan note=peer_skipped_no_anchors\n",
                fsdp_ms);

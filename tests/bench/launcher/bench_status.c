@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "tests/util/tu_proc.h"
 
 #define REPS 9
@@ -69,7 +70,8 @@ static void fetch(int port, const char *path)
 /* One run; with_page: --status_port and a polling client. Returns the median tokens/s or -1. */
 static double run(const char *build, const char *dir, int rep, bool with_page)
 {
-    char launch[4200], worker[4200], ini[4200], logdir[4300], port[16], metrics[4400];
+    char launch[FSDP_PATH_MAX], worker[FSDP_PATH_MAX], ini[FSDP_PATH_MAX], port[16], metrics[FSDP_PATH_MAX];
+    char logdir[FSDP_PATH_MAX + 32]; /* + 32: "--key=" and a path */
     snprintf(launch, sizeof launch, "%s/launcher/fsdp-launch", build);
     snprintf(worker, sizeof worker, "%s/worker/fsdp-worker", build);
     snprintf(ini, sizeof ini, "%s/tiny.ini", dir);

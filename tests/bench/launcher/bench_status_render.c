@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "tests/util/tu_proc.h"
 
 #define RUNS 5
@@ -55,7 +56,7 @@ int main(void)
         perror("mkdtemp");
         return 1;
     }
-    char launch[4096], metrics[4200], summary[4200], out[4200];
+    char launch[FSDP_PATH_MAX], metrics[FSDP_PATH_MAX], summary[FSDP_PATH_MAX], out[FSDP_PATH_MAX];
     snprintf(launch, sizeof launch, "%s/launcher/fsdp-launch", build);
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", dir);
     snprintf(summary, sizeof summary, "%s/run_summary.rank0.json", dir);
@@ -97,7 +98,7 @@ int main(void)
     printf("bench=status_render lines=%ld lines_per_s=%.0f median_s=%.3f min_s=%.3f max_s=%.3f "
            "wc_lines_per_s=%.0f ratio_vs_wc=%.2f\n",
            lines, (double)lines / tm, tm, t[0], t[RUNS - 1], (double)lines / wm, wm / tm);
-    char rm[4300];
+    char rm[FSDP_PATH_MAX];
     snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
     tu_sh(rm);
     return 0;

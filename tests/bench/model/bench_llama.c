@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "common/fs.h"
 #include "tests/bench/model/bench_runner.h"
 #include "tests/util/tu_venv.h"
 
@@ -183,7 +184,7 @@ int main(int argc, char **argv)
         }
         return run_child(row, bf16, profile, device);
     }
-    char self[PATH_MAX];
+    char self[FSDP_PATH_MAX];
     if (!bench_self(self, sizeof self))
         return 1;
     int rounds = 1, threads[4] = {1, 2}, nthreads = 2, nsel = 0;
@@ -198,7 +199,7 @@ int main(int argc, char **argv)
     if (!nsel)
         for (size_t i = 0; i < sizeof default_rows / sizeof default_rows[0]; i++)
             sel[nsel++] = bench_row_find(rows, NROWS, default_rows[i]);
-    char py[1200], script[PATH_MAX];
+    char py[FSDP_PATH_MAX], script[FSDP_PATH_MAX];
     const char *src = getenv("FSDP_SOURCE_ROOT");
     snprintf(script, sizeof script, "%s/tests/bench/model/llama_torch_step.py", src ? src : ".");
     bool have_torch = tu_torch_python(py, sizeof py) == 0;

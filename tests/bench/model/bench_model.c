@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/fs.h"
 #include "kernels/kernels.h"
 #include "tests/bench/model/bench_runner.h"
 #include "tests/util/tu_venv.h"
@@ -336,7 +337,7 @@ int main(int argc, char **argv)
         }
         return run_child(bc, bf16, profile, device);
     }
-    char self[PATH_MAX];
+    char self[FSDP_PATH_MAX];
     if (!bench_self(self, sizeof self))
         return 1;
     int rounds = 1, threads[4] = {1}, nthreads = 1, nsel = 0;
@@ -350,7 +351,7 @@ int main(int argc, char **argv)
     }
     if (!nsel)
         sel[nsel++] = config_find("S"), sel[nsel++] = config_find("L");
-    char python[PATH_MAX], script[PATH_MAX + 64];
+    char python[FSDP_PATH_MAX], script[FSDP_PATH_MAX];
     bool have_torch = torch_peer(python, sizeof python, script, sizeof script);
     if (!have_torch)
         printf("bench_model: PyTorch 2.x peer not found (%s or %s missing); torch_* fields are nan\n", python, script);

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/fs.h"
 #include "common/log.h"
 #include "rendezvous/store.h"
 #include "tests/util/tu_proc.h"
@@ -196,7 +197,7 @@ struct peer {
 
 static bool peer_start(struct peer *p)
 {
-    char python[4096], script[4096];
+    char python[FSDP_PATH_MAX], script[FSDP_PATH_MAX];
     if (!tu_venv_bin("python", python, sizeof python)) {
         fprintf(stderr, "bench_store: no PyTorch venv (%s): the peer is skipped\n", python);
         return false;

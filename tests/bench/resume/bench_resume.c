@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "tests/util/tu_proc.h"
 #include "tests/util/tu_summary.h"
 
@@ -20,7 +21,7 @@
  * conv=fsync`, timed around the whole process. */
 static double disk_mb_per_s(const char *dir)
 {
-    char of[4200];
+    char of[FSDP_PATH_MAX];
     snprintf(of, sizeof of, "of=%s/dd.bin", dir);
     double t0 = tu_now();
     pid_t pid = fork();
@@ -42,7 +43,7 @@ static double disk_mb_per_s(const char *dir)
 /* Runs the job; its stderr (all ranks, --tee) lands in out. */
 static int run_job(const char *root, const char *dir, int world, const char *const *extra, char *out, size_t cap)
 {
-    char ini[4200], data[4200], log[4200], nproc[16];
+    char ini[FSDP_PATH_MAX], data[FSDP_PATH_MAX], log[FSDP_PATH_MAX], nproc[16];
     snprintf(ini, sizeof ini, "%s/big.ini", dir);
     snprintf(data, sizeof data, "%s/data", dir);
     snprintf(log, sizeof log, "%s/job.log", dir);
@@ -55,7 +56,7 @@ static int run_job(const char *root, const char *dir, int world, const char *con
                "[data]\ntrain_file = %s/train.bin\n[log]\ndir = %s/logs\n",
             data, dir);
     fclose(f);
-    char launch[4200], worker[4200];
+    char launch[FSDP_PATH_MAX], worker[FSDP_PATH_MAX];
     snprintf(launch, sizeof launch, "%s/launcher/fsdp-launch", root);
     snprintf(worker, sizeof worker, "%s/worker/fsdp-worker", root);
     const char *argv[24] = {launch, "--standalone", "--nproc_per_node", nproc, "--tee", "3", worker, ini};
@@ -76,7 +77,7 @@ static int run_job(const char *root, const char *dir, int world, const char *con
 /* The number at path in rank 0's run summary of the job just run (log.dir is dir/logs), -1 if absent. */
 static double summary_num(const char *dir, const char *path)
 {
-    char logdir[4200];
+    char logdir[FSDP_PATH_MAX];
     snprintf(logdir, sizeof logdir, "%s/logs", dir);
     cJSON *s = tu_summary_load(logdir, 0);
     double v = tu_json_num(s, path);
@@ -106,7 +107,7 @@ int main(void)
     const char *fmts[] = {"SHARDED_STATE_DICT", "FULL_STATE_DICT"};
     for (int w = 2; w <= 4; w += 2)
         for (int fi = 0; fi < 2; fi++) {
-            char ck[4300], type[64], res[4400];
+            char ck[FSDP_PATH_MAX + 32], type[64], res[4400]; /* + 32: "--key=" and a path */
             snprintf(ck, sizeof ck, "--checkpoint.dir=%s/ck", dir);
             snprintf(type, sizeof type, "--checkpoint.state_dict_type=%s", fmts[fi]);
             const char *save[] = {ck, type, NULL};

@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "tests/util/tu_file.h"
 #include "tests/util/tu_proc.h"
 
@@ -33,7 +34,7 @@
 #define INTERVAL 5
 #define TRIAL_LIMIT_S 240.0
 
-static char g_root[4096], g_dir[4200], g_ini[4300], g_wrapper[4300];
+static char g_root[FSDP_PATH_MAX], g_dir[FSDP_PATH_MAX], g_ini[FSDP_PATH_MAX], g_wrapper[FSDP_PATH_MAX];
 static unsigned g_seed;
 
 static double uniform(double lo, double hi)
@@ -51,8 +52,9 @@ struct node {
 static pid_t start_node(const char *tag, int rank, int port, const char *run_id, const char *trial_dir,
                         struct node *n, int instance)
 {
-    char launch[4200], nr[8], pt[16], ck[4400], logd[4400], out[4500], err[4500], host[32];
-    snprintf(launch, sizeof launch, "%s/launcher/fsdp-launch", g_root);
+    char launch[FSDP_PATH_MAX], nr[8], pt[16], out[FSDP_PATH_MAX], err[FSDP_PATH_MAX], host[32];
+    char ck[FSDP_PATH_MAX + 32], logd[FSDP_PATH_MAX + 32]; /* + 32: "--key=" and a path */
+    tu_pathf_or_exit(launch, sizeof launch, "%s/launcher/fsdp-launch", g_root);
     snprintf(nr, sizeof nr, "%d", rank);
     snprintf(pt, sizeof pt, "%d", port);
     snprintf(ck, sizeof ck, "--checkpoint.dir=%s/ck", trial_dir);
@@ -61,8 +63,8 @@ static pid_t start_node(const char *tag, int rank, int port, const char *run_id,
     snprintf(out, sizeof out, "%s/%s.out", trial_dir, n->tag);
     snprintf(err, sizeof err, "%s/%s.err", trial_dir, n->tag);
     snprintf(host, sizeof host, "FSDP_COMM_HOST_ID=node%d", rank);
-    char worker[4200];
-    snprintf(worker, sizeof worker, "%s/worker/fsdp-worker", g_root);
+    char worker[FSDP_PATH_MAX];
+    tu_pathf_or_exit(worker, sizeof worker, "%s/worker/fsdp-worker", g_root);
     const char *argv[] = {launch, "--nnodes", "2", "--node_rank", nr, "--nproc_per_node", "2", "--master_addr",
                           "127.0.0.1", "--master_port", pt, "--rdzv_id", run_id, "--max_restarts", "8",
                           "--monitor_interval", "0.1", "--shutdown_timeout", "2", "--rdzv_timeout", "60",
@@ -96,7 +98,7 @@ static int read_port(const char *trial_dir, const char *tag, double timeout_s)
 /* Rank 0's metrics.jsonl: number of lines and the text of the last loss. */
 static int metrics(const char *trial_dir, char *last_loss, size_t cap)
 {
-    char p[4400];
+    char p[FSDP_PATH_MAX];
     snprintf(p, sizeof p, "%s/log/metrics.jsonl", trial_dir);
     char *s = tu_slurp(p);
     if (!s)
@@ -247,10 +249,10 @@ static const char *const fault_names[] = {"none", "kill_rank", "stop_rank", "kil
 /* One trial: returns true when it survived; *final receives rank 0's last loss text. */
 static bool trial(int k, enum fault fault, const char *want_loss, char *final, size_t cap, double *secs)
 {
-    char tag[32], run_id[64], tdir[4300];
+    char tag[32], run_id[64], tdir[FSDP_PATH_MAX];
     snprintf(tag, sizeof tag, "t%d", k);
     snprintf(run_id, sizeof run_id, "soak%dt%d", (int)getpid(), k);
-    snprintf(tdir, sizeof tdir, "%s/%s", g_dir, tag);
+    tu_pathf_or_exit(tdir, sizeof tdir, "%s/%s", g_dir, tag);
     mkdir(tdir, 0755);
     double t0 = tu_now();
     struct node n0, n1;
@@ -347,8 +349,8 @@ static bool trial(int k, enum fault fault, const char *want_loss, char *final, s
     }
     *secs = tu_now() - t0;
     int lines = metrics(tdir, final, cap);
-    char e0[4500];
-    snprintf(e0, sizeof e0, "%s/%s.err", tdir, n0.tag);
+    char e0[FSDP_PATH_MAX];
+    tu_pathf_or_exit(e0, sizeof e0, "%s/%s.err", tdir, n0.tag);
     int restarts = count_lines(e0, "restarting the job");
     if (ok && (exit_code(n0.status) != 0 || exit_code(n1.status) != 0))
         snprintf(why, sizeof why, "exit codes: node 0 %d, node 1 %d (see %s/*.err)", exit_code(n0.status),
@@ -406,7 +408,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_soak: fsdp-prepare-data failed\n");
         return 2;
     }
-    snprintf(g_ini, sizeof g_ini, "%s/soak.ini", g_dir);
+    tu_pathf_or_exit(g_ini, sizeof g_ini, "%s/soak.ini", g_dir);
     char text[9000];
     snprintf(text, sizeof text,
              "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nvocab_size = 256\nblock_size = 16\n"
@@ -416,7 +418,7 @@ int main(int argc, char **argv)
              STEPS, INTERVAL, g_dir);
     tu_write_text(g_ini, text);
     /* Node 1's program: a shell that runs fsdp-worker as its child (no exec), as user job scripts do. */
-    snprintf(g_wrapper, sizeof g_wrapper, "%s/worker.sh", g_dir);
+    tu_pathf_or_exit(g_wrapper, sizeof g_wrapper, "%s/worker.sh", g_dir);
     snprintf(text, sizeof text, "#!/bin/sh\n'%s/worker/fsdp-worker' \"$@\"\nexit $?\n", root);
     tu_write_text(g_wrapper, text);
     chmod(g_wrapper, 0755);

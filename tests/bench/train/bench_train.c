@@ -52,6 +52,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/fs.h"
 #include "tests/util/tu_file.h"
 #include "tests/util/tu_proc.h"
 #include "tests/util/tu_summary.h"
@@ -122,13 +123,13 @@ static void show_tail(const char *what, const char *path)
 static int run_fsdp_with(const char *build, const char *dir, const char *data, const struct bench_config *c,
                          const char *strategy, const char *extra, int world, int round, struct figure *f)
 {
-    char ini[4200], tag[4300], logdir[4400], out[4400], err[4400];
+    char ini[FSDP_PATH_MAX], tag[FSDP_PATH_MAX], logdir[FSDP_PATH_MAX], out[FSDP_PATH_MAX], err[FSDP_PATH_MAX];
     snprintf(ini, sizeof ini, "%s/%s.ini", dir, c->name);
     snprintf(tag, sizeof tag, "%s/%s-%s-w%d-%d%s", dir, c->name, strategy, world, round,
              extra ? strchr(extra, '=') + 1 : "");
-    snprintf(logdir, sizeof logdir, "%s/log", tag);
-    snprintf(out, sizeof out, "%s.out", tag);
-    snprintf(err, sizeof err, "%s.err", tag);
+    tu_pathf_or_exit(logdir, sizeof logdir, "%s/log", tag);
+    tu_pathf_or_exit(out, sizeof out, "%s.out", tag);
+    tu_pathf_or_exit(err, sizeof err, "%s.err", tag);
     FILE *fi = fopen(ini, "w");
     if (!fi)
         return -1;
@@ -148,7 +149,8 @@ static int run_fsdp_with(const char *build, const char *dir, const char *data, c
             c->n_layer, c->n_head, c->n_embd, c->vocab, c->t, c->batch_per_rank * world, c->batch_per_rank, total,
             data);
     fclose(fi);
-    char launch[4200], worker[4200], nproc[16], port[16], logarg[4500], ckarg[4500], strat[128];
+    char launch[FSDP_PATH_MAX], worker[FSDP_PATH_MAX], nproc[16], port[16], strat[128];
+    char logarg[FSDP_PATH_MAX + 32], ckarg[FSDP_PATH_MAX + 32]; /* + 32: "--key=" and a path */
     snprintf(launch, sizeof launch, "%s/launcher/fsdp-launch", build);
     snprintf(worker, sizeof worker, "%s/worker/fsdp-worker", build);
     snprintf(nproc, sizeof nproc, "%d", world);
@@ -167,8 +169,8 @@ static int run_fsdp_with(const char *build, const char *dir, const char *data, c
     f->run_s = tu_now() - t0;
 
     /* tokens/s of the timed steps, from metrics.jsonl */
-    char path[4500];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", logdir);
+    char path[FSDP_PATH_MAX];
+    tu_pathf_or_exit(path, sizeof path, "%s/metrics.jsonl", logdir);
     char *m = tu_slurp(path);
     double tps[256];
     int n = 0, step = 0;
@@ -216,7 +218,7 @@ static double run_torch(const char *venv_python, const char *venv_torchrun, cons
                         const struct bench_config *c, int round, enum torch_mode mode)
 {
     static const char *tag[] = {"fsdp2", "fsdp2-bf16", "ddp", "single"};
-    char out[4300], err[4300];
+    char out[FSDP_PATH_MAX], err[FSDP_PATH_MAX];
     snprintf(out, sizeof out, "%s/torch-%s-%s-%d.out", dir, tag[mode], c->name, round);
     snprintf(err, sizeof err, "%s/torch-%s-%s-%d.err", dir, tag[mode], c->name, round);
     char nproc[16], layers[16], dim[16], heads[16], vocab[16], seq[16], batch[16], steps[16], warm[16];
@@ -265,7 +267,7 @@ static double run_torch(const char *venv_python, const char *venv_torchrun, cons
 static double run_torch_llama(const char *venv_torchrun, const char *script, const char *dir,
                               const struct bench_config *c, int round, bool bf16)
 {
-    char out[4300], err[4300];
+    char out[FSDP_PATH_MAX], err[FSDP_PATH_MAX];
     snprintf(out, sizeof out, "%s/torch-%s-%s-%d.out", dir, c->name, bf16 ? "bf16" : "fp32", round);
     snprintf(err, sizeof err, "%s/torch-%s-%s-%d.err", dir, c->name, bf16 ? "bf16" : "fp32", round);
     char nproc[16], layers[16], dim[16], heads[16], kv[16], inter[16], vocab[16], seq[16], batch[16], steps[16],

@@ -27,7 +27,7 @@ Test(emu_train, matches_pytorch_world2_full_and_world4_hybrid, .timeout = 600)
              c.dir, python, src, python, src, c.data, TT_STEPS);
     int rc = tu_sh(cmd);
     cr_assert_eq(rc, 0, "torch_gpt_ref.py failed (%d): see %s/torch.err", rc, c.dir);
-    char path[2300];
+    char path[FSDP_PATH_MAX];
     snprintf(path, sizeof path, "%s/torch.json", c.dir);
     char *text = tu_slurp(path);
     cJSON *o = cJSON_Parse(text);
@@ -38,7 +38,7 @@ Test(emu_train, matches_pytorch_world2_full_and_world4_hybrid, .timeout = 600)
         want[i] = cJSON_GetArrayItem(a, i)->valuedouble;
     cJSON_Delete(o);
     free(text);
-    char init[2300];
+    char init[FSDP_PATH_MAX];
     snprintf(init, sizeof init, "--model.init_from=%s/init.safetensors", c.dir);
     const char *base[] = {cuda_dev, init, "--train.train_batch=8", "--train.micro_batch=1", "--optim.lr=0.0006",
                           "--optim.min_lr=0.00006", "--optim.warmup_steps=10", "--data.order=sequential",

@@ -114,7 +114,7 @@ Test(emu_train, checkpoints_cross_devices, .timeout = 600)
     tt_run_ok(&c, 2, "cuda", gpu, &r);
     tt_result_free(&r);
     for (int dir = 0; dir < 2; dir++) {
-        char from[2300], tag[32];
+        char from[FSDP_PATH_MAX], tag[32];
         snprintf(from, sizeof from, "--checkpoint.resume_from=%s/%s/ckpt/fsdp_sharded_cpt10", c.dir,
                  dir ? "cpu" : "cuda");
         snprintf(tag, sizeof tag, "resume-%d", dir);
@@ -163,7 +163,7 @@ Test(emu_train, hf_directory_out_and_in_with_eval, .timeout = 600)
                       i, val[1][i], val[0][i]);
     double loss[2][TT_STEPS];
     for (int d = 0; d < 2; d++) {
-        char init[2300];
+        char init[FSDP_PATH_MAX];
         snprintf(init, sizeof init, "--model.init_from=%s/%s/ckpt/fsdp_cpt6", c.dir, d ? "out-cpu" : "out-cuda");
         const char *x[] = {dev[d], fp32, init, NULL};
         emu_losses(&c, 2, d ? "in-cuda" : "in-cpu", x, loss[d]);
@@ -178,7 +178,7 @@ Test(emu_train, stream_trace_shows_collectives_beside_kernels, .timeout = 300)
 {
     struct tt_ctx c;
     tt_setup(&c);
-    char dir[2300], envv[2400];
+    char dir[FSDP_PATH_MAX], envv[FSDP_PATH_MAX + 32]; /* + 32: "KEY=" and a path */
     snprintf(dir, sizeof dir, "%s/trace", c.dir);
     cr_assert_eq(mkdir(dir, 0755), 0);
     snprintf(envv, sizeof envv, "FSDP_GPU_EMU_TRACE_DIR=%s", dir);
@@ -195,7 +195,7 @@ Test(emu_train, stream_trace_shows_collectives_beside_kernels, .timeout = 300)
         if (strncmp(e->d_name, "trace-", 6) != 0)
             continue;
         files++;
-        char path[2600];
+        char path[FSDP_PATH_MAX + 256]; /* a directory and an entry's name */
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         char *text = tu_slurp(path);
         cJSON *o = cJSON_Parse(text);
@@ -263,7 +263,7 @@ Test(emu_train, stream_trace_shows_collectives_beside_kernels, .timeout = 300)
 /* The main thread's waits for the device (the trace's "host_wait" events) in a run of `steps` steps. */
 static int main_thread_waits(const struct tt_ctx *c, const char *tag, const char *micro, int steps)
 {
-    char dir[2300], envv[2400], ms[64];
+    char dir[FSDP_PATH_MAX], envv[FSDP_PATH_MAX + 32], ms[64]; /* + 32: "KEY=" and a path */
     snprintf(dir, sizeof dir, "%s/trace-%s", c->dir, tag);
     cr_assert_eq(mkdir(dir, 0755), 0);
     snprintf(envv, sizeof envv, "FSDP_GPU_EMU_TRACE_DIR=%s", dir);
@@ -281,7 +281,7 @@ static int main_thread_waits(const struct tt_ctx *c, const char *tag, const char
         if (strncmp(e->d_name, "trace-", 6) != 0)
             continue;
         cr_assert_eq(waits, -1, "more than one trace file in %s", dir);
-        char path[2600];
+        char path[FSDP_PATH_MAX + 256]; /* a directory and an entry's name */
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         char *text = tu_slurp(path);
         cJSON *o = cJSON_Parse(text);
