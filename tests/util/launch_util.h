@@ -227,16 +227,17 @@ static inline int lu_worker_run(const struct lu_worker_run *w)
 }
 
 /* The values of key in each row of log_dir/metrics.jsonl, NAN where a row lacks it or it is not a number,
- * and (text, may be NULL)
- * as the file writes them (exact digits, "" where absent); returns the row count, asserting at most max. */
+ * and (text, may be NULL) as the file writes them (exact digits, "" where absent); returns the row count,
+ * asserting at most max. */
 static inline int lu_metrics_read(const char *log_dir, const char *key, char (*text)[32], double *v, int max)
 {
     char path[FSDP_PATH_MAX], pat[64];
     tu_pathf(path, sizeof path, "%s/metrics.jsonl", log_dir);
     snprintf(pat, sizeof pat, "\"%s\":", key);
-    char *s = tu_read_ok(path, NULL);
+    char *s = tu_read_ok(path, NULL), *line = s;
+    size_t bytes = strlen(s);
     int n = 0;
-    for (char *line = s, *nl; line && *line; line = nl ? nl + 1 : NULL) {
+    for (char *nl; line && *line; line = nl ? nl + 1 : NULL) {
         nl = strchr(line, '\n');
         if (nl)
             *nl = 0;
@@ -253,6 +254,7 @@ static inline int lu_metrics_read(const char *log_dir, const char *key, char (*t
         double x = strtod(digits, &end);
         v[n++] = end > digits ? x : NAN; /* absent, or not a number (null) */
     }
+    cr_assert(!line || line == s + bytes, "%s has an empty row after row %d", path, n);
     free(s);
     return n;
 }

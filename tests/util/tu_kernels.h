@@ -96,13 +96,13 @@ static inline void tu_check_near(const char *what, const float *got, const doubl
     }
 }
 
+/* n zeroed doubles (a reference's accumulators). */
 static inline double *tu_dzeros(size_t n)
 {
     double *d = calloc(n ? n : 1, sizeof *d);
     cr_assert(d);
     return d;
 }
-
 
 /* crossentropy_forward_backward with *sum (host, may be NULL) = the loss sum of this call. The read back
  * synchronises, so a bad target the device found is returned here too. */
