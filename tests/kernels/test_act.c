@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "kernels/kernels.h"
 #include "tests/util/tu_gpu.h"
+#include "tests/util/tu_kernels.h"
 
 static const struct kernels *gpu(void)
 {
@@ -21,21 +22,6 @@ static const struct kernels *gpu(void)
         TU_GPU_UNAVAILABLE("no CUDA device (or no CUDA kernels in this build): %s", error_message());
     cr_assert_eq(k->set_matmul_dtype(DTYPE_BF16), 0, "%s", error_message());
     return k;
-}
-
-/* Reproducible values in [lo, hi). */
-static float *host_rand(size_t n, uint64_t seed, float lo, float hi)
-{
-    float *h = malloc(n * sizeof *h);
-    cr_assert(h);
-    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (size_t i = 0; i < n; i++) {
-        s ^= s >> 12;
-        s ^= s << 25;
-        s ^= s >> 27;
-        h[i] = lo + (hi - lo) * (float)((double)((s * 2685821657736338717ull) >> 11) / 9007199254740992.0);
-    }
-    return h;
 }
 
 /* The device buffers of a test, freed together at its end (free_all). */
@@ -67,7 +53,7 @@ static float *dev_from(const struct kernels *k, const float *host, size_t n)
 
 static float *dev_rand(const struct kernels *k, size_t n, uint64_t seed, float lo, float hi)
 {
-    float *h = host_rand(n, seed, lo, hi);
+    float *h = tu_host_rand(n, seed, lo, hi);
     float *d = dev_from(k, h, n);
     free(h);
     return d;
