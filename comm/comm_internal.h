@@ -123,10 +123,5 @@ void comm_copy_nt(void *dst, const void *src, size_t n);
  * non-temporal stores when n is large (same values, same order). */
 void comm_reduce_arrays_stream(enum dtype dtype, enum comm_op op, const void *const *srcs, int nsrc,
                                void *dst, size_t n, int divisor);
-/* comm's aliases of common/dtype.h's conversions (the same functions, not copies). */
-#define comm_bf16_to_f32 dtype_bf16_to_f32
-#define comm_f32_to_bf16 dtype_f32_to_bf16
-#define comm_f16_to_f32 dtype_f16_to_f32
-#define comm_f32_to_f16 dtype_f32_to_f16
 
 #endif

@@ -153,9 +153,9 @@ static inline float tu_gen(int rank, size_t i, int salt)
 static inline float tu_round(enum dtype dt, float f)
 {
     if (dt == DTYPE_BF16)
-        return comm_bf16_to_f32(comm_f32_to_bf16(f));
+        return dtype_bf16_to_f32(dtype_f32_to_bf16(f));
     if (dt == DTYPE_F16)
-        return comm_f16_to_f32(comm_f32_to_f16(f));
+        return dtype_f16_to_f32(dtype_f32_to_f16(f));
     return f;
 }
 
@@ -164,9 +164,9 @@ static inline void tu_put(enum dtype dt, void *buf, size_t i, float f)
     if (dt == DTYPE_F32)
         ((float *)buf)[i] = f;
     else if (dt == DTYPE_BF16)
-        ((uint16_t *)buf)[i] = comm_f32_to_bf16(f);
+        ((uint16_t *)buf)[i] = dtype_f32_to_bf16(f);
     else
-        ((uint16_t *)buf)[i] = comm_f32_to_f16(f);
+        ((uint16_t *)buf)[i] = dtype_f32_to_f16(f);
 }
 
 static inline float tu_get(enum dtype dt, const void *buf, size_t i)
@@ -174,8 +174,8 @@ static inline float tu_get(enum dtype dt, const void *buf, size_t i)
     if (dt == DTYPE_F32)
         return ((const float *)buf)[i];
     if (dt == DTYPE_BF16)
-        return comm_bf16_to_f32(((const uint16_t *)buf)[i]);
-    return comm_f16_to_f32(((const uint16_t *)buf)[i]);
+        return dtype_bf16_to_f32(((const uint16_t *)buf)[i]);
+    return dtype_f16_to_f32(((const uint16_t *)buf)[i]);
 }
 
 /* The documented order: per host (ranks split contiguously over `hosts`, or with hosts < -1 rank r on

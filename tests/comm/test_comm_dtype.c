@@ -15,25 +15,25 @@ Test(comm_dtype, sizes_and_names)
 
 Test(comm_dtype, bf16_round_to_nearest_even)
 {
-    cr_assert_eq(comm_f32_to_bf16(1.0f), 0x3f80);
-    cr_assert_eq(comm_bf16_to_f32(0x3f80), 1.0f);
+    cr_assert_eq(dtype_f32_to_bf16(1.0f), 0x3f80);
+    cr_assert_eq(dtype_bf16_to_f32(0x3f80), 1.0f);
     /* 1 + 2^-8 is exactly halfway between bf16 1.0 and 1.0078125: ties to even (1.0) */
-    cr_assert_eq(comm_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);
+    cr_assert_eq(dtype_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);
     /* 1.0078125 + 2^-8 is halfway to 1.015625: ties to even (0x3f82) */
-    cr_assert_eq(comm_f32_to_bf16(1.0078125f + 0x1p-8f), 0x3f82);
-    cr_assert_eq(comm_f32_to_bf16(-2.0f), 0xc000);
-    cr_assert(isnan(comm_bf16_to_f32(comm_f32_to_bf16(NAN))));
-    cr_assert(isinf(comm_bf16_to_f32(comm_f32_to_bf16(INFINITY))));
+    cr_assert_eq(dtype_f32_to_bf16(1.0078125f + 0x1p-8f), 0x3f82);
+    cr_assert_eq(dtype_f32_to_bf16(-2.0f), 0xc000);
+    cr_assert(isnan(dtype_bf16_to_f32(dtype_f32_to_bf16(NAN))));
+    cr_assert(isinf(dtype_bf16_to_f32(dtype_f32_to_bf16(INFINITY))));
 }
 
 Test(comm_dtype, f16_conversions)
 {
-    cr_assert_eq(comm_f32_to_f16(1.0f), 0x3c00);
-    cr_assert_eq(comm_f16_to_f32(0x3c00), 1.0f);
-    cr_assert_eq(comm_f32_to_f16(65504.0f), 0x7bff);
-    cr_assert_eq(comm_f32_to_f16(1e6f), 0x7c00); /* overflow to inf */
-    cr_assert_eq(comm_f16_to_f32(0x0001), 0x1p-24f); /* smallest subnormal */
-    cr_assert_eq(comm_f32_to_f16(1.0f + 0x1p-11f), 0x3c00); /* tie to even */
+    cr_assert_eq(dtype_f32_to_f16(1.0f), 0x3c00);
+    cr_assert_eq(dtype_f16_to_f32(0x3c00), 1.0f);
+    cr_assert_eq(dtype_f32_to_f16(65504.0f), 0x7bff);
+    cr_assert_eq(dtype_f32_to_f16(1e6f), 0x7c00); /* overflow to inf */
+    cr_assert_eq(dtype_f16_to_f32(0x0001), 0x1p-24f); /* smallest subnormal */
+    cr_assert_eq(dtype_f32_to_f16(1.0f + 0x1p-11f), 0x3c00); /* tie to even */
 }
 
 Test(comm_dtype, f32_sum_order_is_source_order)
@@ -54,19 +54,19 @@ Test(comm_dtype, f32_sum_order_is_source_order)
 Test(comm_dtype, bf16_accumulates_in_f32_and_rounds_once)
 {
     /* 256 + 1 + 1 in bf16 arithmetic would stay 256 (1 is below half an ulp twice); in f32 it is 258. */
-    uint16_t x[3] = {comm_f32_to_bf16(256.0f), comm_f32_to_bf16(256.0f), comm_f32_to_bf16(256.0f)};
-    uint16_t y[3] = {comm_f32_to_bf16(1.0f), comm_f32_to_bf16(2.0f), comm_f32_to_bf16(-1.0f)};
-    uint16_t z[3] = {comm_f32_to_bf16(1.0f), comm_f32_to_bf16(3.0f), comm_f32_to_bf16(5.0f)};
+    uint16_t x[3] = {dtype_f32_to_bf16(256.0f), dtype_f32_to_bf16(256.0f), dtype_f32_to_bf16(256.0f)};
+    uint16_t y[3] = {dtype_f32_to_bf16(1.0f), dtype_f32_to_bf16(2.0f), dtype_f32_to_bf16(-1.0f)};
+    uint16_t z[3] = {dtype_f32_to_bf16(1.0f), dtype_f32_to_bf16(3.0f), dtype_f32_to_bf16(5.0f)};
     uint16_t out[3];
     const void *srcs[3] = {x, y, z};
     comm_reduce_arrays(DTYPE_BF16, COMM_SUM, srcs, 3, out, 3, 1);
-    cr_assert_eq(comm_bf16_to_f32(out[0]), 258.0f);
-    cr_assert_eq(comm_bf16_to_f32(out[1]), 260.0f); /* 261 rounds to even 260 */
-    cr_assert_eq(comm_bf16_to_f32(out[2]), 260.0f);
+    cr_assert_eq(dtype_bf16_to_f32(out[0]), 258.0f);
+    cr_assert_eq(dtype_bf16_to_f32(out[1]), 260.0f); /* 261 rounds to even 260 */
+    cr_assert_eq(dtype_bf16_to_f32(out[2]), 260.0f);
     comm_reduce_arrays(DTYPE_BF16, COMM_SUM, srcs, 3, out, 3, 3); /* AVG: one division then one rounding */
-    cr_assert_eq(comm_bf16_to_f32(out[0]), comm_bf16_to_f32(comm_f32_to_bf16(258.0f / 3.0f)));
+    cr_assert_eq(dtype_bf16_to_f32(out[0]), dtype_bf16_to_f32(dtype_f32_to_bf16(258.0f / 3.0f)));
     comm_reduce_arrays(DTYPE_BF16, COMM_MAX, srcs, 3, out, 3, 1);
-    cr_assert_eq(comm_bf16_to_f32(out[1]), 256.0f);
+    cr_assert_eq(dtype_bf16_to_f32(out[1]), 256.0f);
 }
 
 Test(comm_dtype, f16_avg_and_aliasing)
@@ -74,13 +74,13 @@ Test(comm_dtype, f16_avg_and_aliasing)
     enum { N = 5000 }; /* more than one internal block */
     uint16_t a[N], b[N];
     for (int i = 0; i < N; i++) {
-        a[i] = comm_f32_to_f16((float)(i % 100));
-        b[i] = comm_f32_to_f16((float)(i % 7) * 0.5f);
+        a[i] = dtype_f32_to_f16((float)(i % 100));
+        b[i] = dtype_f32_to_f16((float)(i % 7) * 0.5f);
     }
     const void *srcs[2] = {a, b};
     comm_reduce_arrays(DTYPE_F16, COMM_SUM, srcs, 2, a, N, 2); /* dst aliases a */
     for (int i = 0; i < N; i++) {
         float ref = ((float)(i % 100) + (float)(i % 7) * 0.5f) / 2.0f;
-        cr_assert_eq(comm_f16_to_f32(a[i]), comm_f16_to_f32(comm_f32_to_f16(ref)), "elem %d", i);
+        cr_assert_eq(dtype_f16_to_f32(a[i]), dtype_f16_to_f32(dtype_f32_to_f16(ref)), "elem %d", i);
     }
 }

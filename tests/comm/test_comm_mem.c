@@ -317,7 +317,7 @@ static int body_large(struct rank_ctx *c)
     /* bf16 all_gather in place over the same buffer */
     uint16_t *h = (uint16_t *)out;
     for (size_t i = 0; i < n; i++)
-        h[(size_t)r * n + i] = comm_f32_to_bf16(tu_gen(r, i, salt + 1));
+        h[(size_t)r * n + i] = dtype_f32_to_bf16(tu_gen(r, i, salt + 1));
     if (comm_all_gather(c->comm, h + (size_t)r * n, h, n, DTYPE_BF16) != 0)
         FAIL("rank %d: bf16 in-place all_gather: %s", r, error_message());
     for (int q = 0; q < W; q++)
