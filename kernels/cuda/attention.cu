@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
         const int qi = blk.q0 + warp * ATT_ROWS_PER_WARP + rr;
         if (qi >= t)
             continue;
-        att_lane_store(cuda_act_row_rt(out, ((size_t)blk.bi * t + qi) * c + (size_t)blk.h * hs, out_lp), o[rr],
+        att_lane_store(cuda_act_row(out, ((size_t)blk.bi * t + qi) * c + (size_t)blk.h * hs, out_lp), o[rr],
                        1.0f / l[rr], hs, out_lp);
         if (lane == 0)
             lse[(size_t)blk.pair * t + qi] = m[rr] + logf(l[rr]);
@@ -180,7 +180,7 @@ __global__ void att_rowdot_kernel(float *dsum, const float *dout, const float *o
         return;
     const int qi = (int)(w % t), pair = (int)(w / t), bi = pair / nh, h = pair % nh;
     const size_t off = ((size_t)bi * t + qi) * c + (size_t)h * hs;
-    const float s = att_warp_rowdot<BF16>(dout + off, cuda_act_row_rt(out, off, out_lp), hs, out_lp);
+    const float s = att_warp_rowdot<BF16>(dout + off, cuda_act_row(out, off, out_lp), hs, out_lp);
     if (lane == 0)
         dsum[w] = s;
 }

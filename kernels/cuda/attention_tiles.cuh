@@ -119,7 +119,7 @@ static __device__ __forceinline__ void att_lane_store(float *g, const float (&ac
     for (int i = 0; i < DPL; i++) {
         const int d = lane + 32 * i;
         if (d < hs)
-            cuda_act_store_rt(g, d, acc[i] * inv, lp);
+            cuda_act_store(g, d, acc[i] * inv, lp);
     }
 }
 
@@ -169,7 +169,7 @@ static __device__ __forceinline__ float att_warp_rowdot(const float *dout, const
 {
     float s = 0.0f;
     for (int d = threadIdx.x & 31; d < hs; d += 32)
-        s += att_op<BF16>(dout[d]) * cuda_act_load_rt(out, d, lp);
+        s += att_op<BF16>(dout[d]) * cuda_act_load(out, d, lp);
     return cuda_warp_sum(s);
 }
 

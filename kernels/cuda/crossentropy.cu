@@ -18,13 +18,13 @@ __global__ void __launch_bounds__(XENT_THREADS)
     __shared__ float sh_xt;
     int row = blockIdx.x;
     /* logits and dlogits may be bf16 activations (act.cu): read and written in their own elements */
-    const float *x = cuda_act_row_rt(logits, (size_t)row * vp, x_lp);
-    float *dx = dlogits ? cuda_act_row_rt(dlogits, (size_t)row * vp, dx_lp) : NULL;
+    const float *x = cuda_act_row(logits, (size_t)row * vp, x_lp);
+    float *dx = dlogits ? cuda_act_row(dlogits, (size_t)row * vp, dx_lp) : NULL;
     int tgt = targets[row];
     if (tgt < 0 || tgt >= v) { /* -1: ignored; out of range: skipped here, reported by the range check */
         if (dx)
             for (int j = threadIdx.x; j < vp; j += blockDim.x)
-                cuda_act_store_rt(dx, j, 0.0f, dx_lp);
+                cuda_act_store(dx, j, 0.0f, dx_lp);
         if (threadIdx.x == 0) {
             if (losses)
                 losses[row] = 0.0f;
@@ -34,10 +34,10 @@ __global__ void __launch_bounds__(XENT_THREADS)
         return;
     }
     if (threadIdx.x == 0)
-        sh_xt = cuda_act_load_rt(x, tgt, x_lp); /* read before dx (possibly the same row) is overwritten */
+        sh_xt = cuda_act_load(x, tgt, x_lp); /* read before dx (possibly the same row) is overwritten */
     float m = -INFINITY, s = 0.0f;
     for (int j = threadIdx.x; j < v; j += blockDim.x) {
-        float xj = cuda_act_load_rt(x, j, x_lp);
+        float xj = cuda_act_load(x, j, x_lp);
         if (xj > m) {
             s *= __expf(m - xj);
             m = xj;
@@ -58,10 +58,10 @@ __global__ void __launch_bounds__(XENT_THREADS)
     __syncthreads();  /* every thread has read x[tgt] before anyone overwrites it */
     if (dx) {
         for (int j = threadIdx.x; j < v; j += blockDim.x)
-            cuda_act_store_rt(dx, j, dloss * (__expf(cuda_act_load_rt(x, j, x_lp) - lse) - (j == tgt ? 1.0f : 0.0f)),
+            cuda_act_store(dx, j, dloss * (__expf(cuda_act_load(x, j, x_lp) - lse) - (j == tgt ? 1.0f : 0.0f)),
                               dx_lp);
         for (int j = v + threadIdx.x; j < vp; j += blockDim.x)
-            cuda_act_store_rt(dx, j, 0.0f, dx_lp);
+            cuda_act_store(dx, j, 0.0f, dx_lp);
     }
     if (threadIdx.x == 0) {
         float loss = lse - xt;

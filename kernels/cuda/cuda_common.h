@@ -87,43 +87,27 @@ enum dtype cuda_act_dtype(const void *p);
 /* Whether [act] argument p holds 16-bit (bf16) elements: 0 with *lowp set, or FSDP_EINVAL naming op when its
  * dtype is not the matmuls' (the elements would be read as another type). */
 int cuda_act_lowp(const char *op, const void *p, bool *lowp);
-/* An [act] element as fp32, and an fp32 result stored as one (bf16 rounded to nearest even when LP). */
-template <bool LP> __device__ __forceinline__ float cuda_act_load(const float *p, size_t i)
+/* [act] tensors in kernels: element i as fp32, an fp32 result stored (bf16 rounded to nearest even when lp),
+ * and the address of element o, in the tensor's own elements. A kernel passes lp as a template parameter where
+ * it has one (the branch folds away), or as an argument. */
+__device__ __forceinline__ float cuda_act_load(const float *p, size_t i, bool lp)
 {
-    return LP ? dtype_bf16_to_f32(((const uint16_t *)p)[i]) : p[i];
+    return lp ? dtype_bf16_to_f32(((const uint16_t *)p)[i]) : p[i];
 }
-template <bool LP> __device__ __forceinline__ void cuda_act_store(float *p, size_t i, float v)
-{
-    if (LP)
-        ((uint16_t *)p)[i] = dtype_f32_to_bf16(v);
-    else
-        p[i] = v;
-}
-/* cuda_act_store with the storage known at run time (kernels that a template parameter more would double). */
-__device__ __forceinline__ void cuda_act_store_rt(float *p, size_t i, float v, bool lp)
+__device__ __forceinline__ void cuda_act_store(float *p, size_t i, float v, bool lp)
 {
     if (lp)
         ((uint16_t *)p)[i] = dtype_f32_to_bf16(v);
     else
         p[i] = v;
 }
-__device__ __forceinline__ float cuda_act_load_rt(const float *p, size_t i, bool lp)
-{
-    return lp ? dtype_bf16_to_f32(((const uint16_t *)p)[i]) : p[i];
-}
-/* Element o of an [act] tensor, its storage known at run time. */
-__device__ __forceinline__ float *cuda_act_row_rt(float *p, size_t o, bool lp)
+__device__ __forceinline__ float *cuda_act_row(float *p, size_t o, bool lp)
 {
     return lp ? (float *)((uint16_t *)p + o) : p + o;
 }
-__device__ __forceinline__ const float *cuda_act_row_rt(const float *p, size_t o, bool lp)
+__device__ __forceinline__ const float *cuda_act_row(const float *p, size_t o, bool lp)
 {
     return lp ? (const float *)((const uint16_t *)p + o) : p + o;
-}
-/* Row offset o of an [act] tensor, in its own elements. */
-template <bool LP> __device__ __forceinline__ float *cuda_act_row(float *p, size_t o)
-{
-    return LP ? (float *)((uint16_t *)p + o) : p + o;
 }
 /* Causal attention in bf16 mode on tensor cores (attention_gemm.cu), for head sizes that are multiples of 8:
  * applies says whether the mode and shape are its; the entries take attention.cu's checked arguments. */

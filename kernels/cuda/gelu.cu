@@ -10,7 +10,7 @@ template <bool LP> __global__ void gelu_forward_kernel(float *out, const float *
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float x = inp[i];
         float th = tanhf(GELU_K0 * (x + GELU_K1 * x * x * x));
-        cuda_act_store<LP>(out, i, 0.5f * x * (1.0f + th));
+        cuda_act_store(out, i, 0.5f * x * (1.0f + th), LP);
     }
 }
 

@@ -22,7 +22,7 @@ static __device__ void ln_row_finish(float *y, float *mean, float *rstd, const f
     }
     float rs = rsqrtf(cuda_warp_sum(var) / (float)c + eps);
     for (int j = lane; j < c; j += 32)
-        cuda_act_store<LP>(y, j, (x[j] - mu) * rs * w[j] + b[j]);
+        cuda_act_store(y, j, (x[j] - mu) * rs * w[j] + b[j], LP);
     if (lane == 0) {
         mean[row] = mu;
         rstd[row] = rs;
@@ -40,7 +40,7 @@ __global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, c
     double sum = 0.0;
     for (int j = lane; j < c; j += 32)
         sum += x[j];
-    ln_row_finish<LP>(cuda_act_row<LP>(out, (size_t)row * c), mean, rstd, x, w, b, c, eps, row, lane, sum);
+    ln_row_finish<LP>(cuda_act_row(out, (size_t)row * c, LP), mean, rstd, x, w, b, c, eps, row, lane, sum);
 }
 
 /* The residual add and the norm in one launch: the first pass writes res = a + b and sums it, the later
@@ -61,7 +61,7 @@ __global__ void residual_layernorm_forward_kernel(float *res, float *out, float 
         res[o + j] = r;
         sum += r;
     }
-    ln_row_finish<LP>(cuda_act_row<LP>(out, o), mean, rstd, res + o, w, bias, c, eps, row, lane, sum);
+    ln_row_finish<LP>(cuda_act_row(out, o, LP), mean, rstd, res + o, w, bias, c, eps, row, lane, sum);
 }
 
 __global__ void layernorm_backward_dinp_kernel(float *dinp, const float *dout, const float *inp, const float *w,

@@ -13,7 +13,7 @@ static __device__ void rms_row_finish(float *y, float *rstd, const float *x, con
 {
     float rs = rsqrtf(cuda_warp_sum(ss) / (float)c + eps);
     for (int j = lane; j < c; j += 32)
-        cuda_act_store<LP>(y, j, (x[j] * rs) * w[j]);
+        cuda_act_store(y, j, (x[j] * rs) * w[j], LP);
     if (lane == 0)
         rstd[row] = rs;
 }
@@ -29,7 +29,7 @@ __global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *inp
     float ss = 0.0f;
     for (int j = lane; j < c; j += 32)
         ss += x[j] * x[j];
-    rms_row_finish<LP>(cuda_act_row<LP>(out, (size_t)row * c), rstd, x, w, c, eps, row, lane, ss);
+    rms_row_finish<LP>(cuda_act_row(out, (size_t)row * c, LP), rstd, x, w, c, eps, row, lane, ss);
 }
 
 /* The residual add and the norm in one launch: the first pass writes res = a + b and sums its squares, the
@@ -48,7 +48,7 @@ __global__ void residual_rmsnorm_forward_kernel(float *res, float *out, float *r
         res[o + j] = r;
         ss += r * r;
     }
-    rms_row_finish<LP>(cuda_act_row<LP>(out, o), rstd, res + o, w, c, eps, row, lane, ss);
+    rms_row_finish<LP>(cuda_act_row(out, o, LP), rstd, res + o, w, c, eps, row, lane, ss);
 }
 
 /* With nrm = x rstd: dx += rstd (dy w - nrm mean(dy w nrm)). */

@@ -7,8 +7,8 @@ template <bool LP> __global__ void swiglu_forward_kernel(float *out, const float
     const size_t total = (size_t)n * m;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         const size_t r = i / m, j = i % m;
-        const float g = cuda_act_load_rt(gu, r * 2 * m + j, gu_lp), u = cuda_act_load_rt(gu, r * 2 * m + m + j, gu_lp);
-        cuda_act_store<LP>(out, i, g / (1.0f + __expf(-g)) * u);
+        const float g = cuda_act_load(gu, r * 2 * m + j, gu_lp), u = cuda_act_load(gu, r * 2 * m + m + j, gu_lp);
+        cuda_act_store(out, i, g / (1.0f + __expf(-g)) * u, LP);
     }
 }
 
@@ -18,7 +18,7 @@ __global__ void swiglu_backward_kernel(float *dgu, const float *gu, const float 
     const size_t total = (size_t)n * m;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         const size_t r = i / m, j = i % m;
-        const float g = cuda_act_load_rt(gu, r * 2 * m + j, gu_lp), u = cuda_act_load_rt(gu, r * 2 * m + m + j, gu_lp);
+        const float g = cuda_act_load(gu, r * 2 * m + j, gu_lp), u = cuda_act_load(gu, r * 2 * m + m + j, gu_lp);
         const float d = dout[i];
         const float s = 1.0f / (1.0f + __expf(-g));
         dgu[r * 2 * m + j] += d * u * (s * (1.0f + g * (1.0f - s)));
